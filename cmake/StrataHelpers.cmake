@@ -1,0 +1,49 @@
+# Build flags shared by every strata target (never exported: BUILD_INTERFACE only).
+add_library(strata_build_flags INTERFACE)
+target_compile_features(strata_build_flags INTERFACE cxx_std_20)
+target_compile_options(strata_build_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-missing-field-initializers>)
+if(STRATA_SANITIZE)
+  target_compile_options(strata_build_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX,C>:-fsanitize=${STRATA_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+  target_link_options(strata_build_flags INTERFACE -fsanitize=${STRATA_SANITIZE})
+endif()
+
+set_property(GLOBAL PROPERTY STRATA_LAYERS "")
+
+# strata_add_layer(NAME SOURCES a.cpp b.cpp [DEPS strata_core ...] [PRIVATE_DEPS ...])
+# Creates static library strata_<NAME> (alias strata::<NAME>), exported and installed with the
+# package; strata::strata links all layers.
+function(strata_add_layer name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;PRIVATE_DEPS" ${ARGN})
+  set(tgt strata_${name})
+  add_library(${tgt} STATIC ${ARG_SOURCES})
+  add_library(strata::${name} ALIAS ${tgt})
+  set_target_properties(${tgt} PROPERTIES POSITION_INDEPENDENT_CODE ON EXPORT_NAME ${name}
+                                          OUTPUT_NAME strata_${name})
+  target_include_directories(${tgt}
+    PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+           $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
+           $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_compile_features(${tgt} PUBLIC cxx_std_20)
+  target_link_libraries(${tgt} PUBLIC ${ARG_DEPS} PRIVATE ${ARG_PRIVATE_DEPS}
+                        $<BUILD_INTERFACE:strata_build_flags>)
+  set_property(GLOBAL APPEND PROPERTY STRATA_LAYERS ${tgt})
+endfunction()
+
+# strata_add_test(NAME SOURCES ... [DEPS ...] [LABELS ...] [TIMEOUT s])
+# A GoogleTest executable registered with CTest. Exit code 77 = SKIPPED (hardware missing).
+function(strata_add_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest strata_test_main strata_build_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${ARG_TIMEOUT}
+                       LABELS "${ARG_LABELS}"
+                       ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()

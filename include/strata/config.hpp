@@ -1,0 +1,160 @@
+// The typed, validated configuration every layer reads. Built from YAML by load_config(); every
+// field below has the default documented in docs/config.md and configs/default.yaml, except
+// model.parameters, which the user must give.
+//
+// Key names are the contract between the YAML, the CLI, the layers and the tests (DESIGN.md).
+//
+// Errors: load_config()/parse_config()/apply_override() throw ConfigError (file:line:col, key
+// path, message) for every bad input; they never crash on malformed YAML.
+// Thread-safety: Config is a plain value; loading has no global state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace strata {
+
+enum class DType { kFp16, kBf16, kFp32 };
+enum class OptimizerType { kAdam, kAdamW };
+// Where a piece of state lives. kCpu is host memory (pinned or pageable, see OffloadTarget).
+enum class Tier { kGpu, kCpu, kNvme };
+enum class IoEngineKind { kAuto, kIoUring, kThreads };
+enum class DirectIoMode { kAuto, kRequired, kOff };
+enum class DeviceKind { kAuto, kCuda, kHost };
+enum class CommBackend { kAuto, kInProcess, kMpi, kNccl };
+
+std::size_t dtype_size(DType t);
+const char* dtype_name(DType t);          // "fp16" | "bf16" | "fp32"
+const char* tier_name(Tier t);            // "gpu" | "cpu" | "nvme"
+const char* optimizer_name(OptimizerType t);
+const char* io_engine_name(IoEngineKind k);  // "auto" | "io_uring" | "threads"
+const char* direct_io_name(DirectIoMode m);  // "auto" | "required" | "off"
+const char* device_name(DeviceKind k);       // "auto" | "cuda" | "host"
+const char* comm_backend_name(CommBackend b);  // "auto" | "inprocess" | "mpi" | "nccl"
+
+struct ModelConfig {
+  std::uint64_t parameters = 0;     // required, > 0
+  std::uint64_t largest_layer = 0;  // 0 = unknown
+  // Optional shape for the activation estimate; 0 = not given.
+  std::uint32_t layers = 0;
+  std::uint32_t hidden_size = 0;
+  std::uint32_t heads = 0;
+  std::uint32_t sequence_length = 0;
+  std::uint32_t micro_batch = 1;
+  bool has_shape() const { return layers && hidden_size && heads && sequence_length && micro_batch; }
+};
+
+struct LossScaleConfig {
+  bool dynamic = true;             // dynamic loss scaling (only meaningful for fp16/bf16 grads)
+  double initial = 65536.0;        // initial (or static) loss scale, > 0
+  double growth_factor = 2.0;      // > 1
+  double backoff_factor = 0.5;     // in (0, 1)
+  std::uint32_t growth_interval = 1000;  // steps without overflow before growing, >= 1
+  double min_scale = 1.0;          // > 0
+};
+
+struct PrecisionConfig {
+  DType params = DType::kFp16;
+  DType grads = DType::kFp16;
+  LossScaleConfig loss_scale;
+};
+
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  double lr = 1.0e-4;      // >= 0
+  double beta1 = 0.9;      // [0, 1)
+  double beta2 = 0.999;    // [0, 1)
+  double eps = 1.0e-8;     // > 0
+  double weight_decay = 0.01;  // >= 0
+  double grad_clip = 0.0;  // max global gradient L2 norm; 0 = no clipping
+};
+
+struct WorldConfig {
+  std::uint32_t ranks = 1;           // >= 1
+  std::uint32_t ranks_per_node = 0;  // 0 = min(ranks, 8); must be <= ranks
+};
+
+struct ZeroConfig {
+  int stage = 2;                                   // 0..3
+  std::uint64_t sub_group_size = 100'000'000;      // elements, >= 1
+  std::uint64_t reduce_bucket_size = 500'000'000;  // elements, >= 1
+};
+
+struct OffloadTarget {
+  Tier tier = Tier::kGpu;
+  double fraction = 1.0;    // share of this state on `tier`; the rest stays on gpu. [0, 1]
+  bool pin_memory = false;  // for tier cpu: keep it in page-locked memory
+};
+
+struct OffloadConfig {
+  OffloadTarget optimizer;  // FP32 master + both moments
+  OffloadTarget gradients;
+  OffloadTarget params;     // cpu/nvme only at stage 3
+};
+
+struct GpuTierConfig {
+  std::uint64_t budget = 80'000'000'000ULL;
+};
+
+struct HostTierConfig {
+  std::uint64_t budget = 512ULL << 30;
+  std::uint64_t pinned_budget = 8ULL << 30;
+  std::uint32_t buffer_count = 4;          // >= 1
+  std::uint64_t buffer_size = 256ULL << 20;  // multiple of 4096
+};
+
+struct NvmeTierConfig {
+  std::vector<std::string> paths;
+  IoEngineKind engine = IoEngineKind::kAuto;
+  std::uint64_t block_size = 1ULL << 20;  // multiple of 4096
+  std::uint32_t queue_depth = 32;         // 1..4096
+  std::uint32_t io_threads = 1;           // rings (io_uring) or workers (threads), 1..64
+  DirectIoMode direct_io = DirectIoMode::kAuto;
+  bool checksum = true;
+  bool sqpoll = false;  // io_uring submission-queue polling thread
+};
+
+struct TiersConfig {
+  GpuTierConfig gpu;
+  HostTierConfig host;
+  NvmeTierConfig nvme;
+};
+
+struct RuntimeConfig {
+  DeviceKind device = DeviceKind::kAuto;
+  CommBackend communicator = CommBackend::kAuto;
+  double collective_timeout_s = 300.0;  // > 0
+  std::uint32_t cpu_threads = 0;        // optimizer threads; 0 = all cores
+};
+
+struct Config {
+  ModelConfig model;
+  PrecisionConfig precision;
+  OptimizerConfig optimizer;
+  WorldConfig world;
+  ZeroConfig zero;
+  OffloadConfig offload;
+  TiersConfig tiers;
+  RuntimeConfig runtime;
+
+  std::string source;  // file the config was loaded from ("<string>" for parse_config)
+
+  std::uint32_t ranks_per_node() const;
+  std::uint32_t nodes() const;  // ceil(ranks / ranks_per_node)
+};
+
+// Reads and validates a YAML file. Throws ConfigError on a missing, unreadable or empty file, a
+// syntax error, a document that is not a mapping, an unknown key (with the closest valid key
+// suggested), a wrong type, a value out of range, a malformed unit, or an impossible combination.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Same, from YAML text; `source_name` is used in error messages.
+Config parse_config(std::string_view yaml, const std::string& source_name = "<string>",
+                    const std::vector<std::string>& overrides = {});
+
+// Renders a Config back to YAML that load_config accepts (every key written).
+std::string to_yaml(const Config& config);
+
+}  // namespace strata

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages strata needs to build, test and benchmark. Idempotent and quiet
+# when everything is already there. Needs root (or sudo) only when something is missing.
+# The CUDA toolkit is not a Debian package: it is used when found (/usr/local/cuda), else skipped.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config ccache git
+  liburing-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libopenmpi-dev openmpi-bin
+  python3 python3-torch python3-yaml python3-matplotlib python3-numpy
+  fio util-linux procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then SUDO=sudo; else
+    echo "deps.sh: missing packages (${missing[*]}) and not root; run as root" >&2
+    exit 1
+  fi
+fi
+echo "deps.sh: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job: installs dependencies, builds, and runs strata on the shipped default config.
+# Usage: scripts/run.sh [CONFIG] [extra strata arguments...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/deps.sh"
+STRATA_TARGETS=strata_cli "$root/scripts/build.sh" "$root/build" >/dev/null
+config=${1:-$root/configs/default.yaml}
+shift || true
+exec "$root/build/strata" plan "$config" "$@"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds, runs every test under CTest, then again
+# under ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
+# Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+"$root/scripts/deps.sh" || exit 1
+export CTEST_OUTPUT_ON_FAILURE=1
+jobs=$(nproc)
+
+total_pass=0 total_fail=0 total_skip=0
+run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
+  local dir=$1
+  shift
+  local log
+  log=$(mktemp)
+  (cd "$dir" && ctest --timeout 900 -j "$jobs" "$@") 2>&1 | tee "$log"
+  local rc=${PIPESTATUS[0]}
+  local ran failed skipped
+  ran=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -1)
+  failed=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
+  skipped=$(grep -c '\*\*\*Skipped\|Not Run.*Skipped\|(Skipped)' "$log" || true)
+  ran=${ran:-0} failed=${failed:-0}
+  total_fail=$((total_fail + failed))
+  total_skip=$((total_skip + skipped))
+  total_pass=$((total_pass + ran - failed - skipped))
+  rm -f "$log"
+  [ "$rc" -eq 0 ] && [ "$ran" -gt 0 ]
+}
+
+status=0
+echo "== build (RelWithDebInfo) =="
+"$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON || exit 1
+echo "== tests =="
+run_ctest "$root/build" || status=1
+
+if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
+  echo "== build (ASan+UBSan) =="
+  if "$root/scripts/build.sh" "$root/build-asan" -DSTRATA_SANITIZE=address,undefined \
+      -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=Debug; then
+    echo "== tests under ASan+UBSan =="
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+      run_ctest "$root/build-asan" -LE no_sanitizer || status=1
+  else
+    status=1
+  fi
+  echo "== build (TSan, concurrent layers) =="
+  cmake -S "$root" -B "$root/build-tsan" -G Ninja -DSTRATA_SANITIZE=thread -DSTRATA_WITH_CUDA=OFF \
+    -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null || exit 1
+  tsan_targets=$(cd "$root/build-tsan" && ctest -N -L tsan | sed -n 's/^ *Test *#[0-9]*: //p' | tr '\n' ' ')
+  if [ -n "$tsan_targets" ]; then
+    # shellcheck disable=SC2086
+    if cmake --build "$root/build-tsan" -j "$jobs" --target $tsan_targets; then
+      echo "== tests under TSan =="
+      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest "$root/build-tsan" -L tsan || status=1
+    else
+      status=1
+    fi
+  fi
+fi
+
+echo
+echo "all: $total_pass passed, $total_fail failed, $total_skip skipped"
+exit $status

@@ -1,0 +1,96 @@
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "cli/command.hpp"
+#include "strata/build_info.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+
+namespace strata::cli {
+namespace {
+std::vector<CommandSpec>& registry() {
+  static std::vector<CommandSpec> specs;
+  return specs;
+}
+}  // namespace
+
+bool register_command(CommandSpec spec) {
+  registry().push_back(std::move(spec));
+  return true;
+}
+
+void add_set_option(CLI::App& cmd, std::vector<std::string>& overrides) {
+  cmd.add_option("--set", overrides,
+                 "Override a config value, e.g. --set zero.stage=3 (repeatable)")
+      ->type_name("KEY.PATH=VALUE")
+      ->allow_extra_args(false);
+}
+
+}  // namespace strata::cli
+
+int main(int argc, char** argv) {
+  using namespace strata;
+  CLI::App app{"strata: tiered ZeRO training state across GPU, pinned host memory and NVMe"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("strata ") + build::kVersion +
+                                        (build::kWithCuda ? " (CUDA" : " (no CUDA") +
+                                        (build::kWithMpi ? ", MPI)" : ", no MPI)"));
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "debug, info, warn, error, off (stderr)")
+      ->capture_default_str();
+
+  std::map<std::string, CLI::App*> groups;
+  std::vector<std::pair<CLI::App*, std::shared_ptr<cli::RunFn>>> runners;
+  auto specs = cli::registry();
+  std::stable_sort(specs.begin(), specs.end(),
+                   [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (auto& spec : specs) {
+    CLI::App* parent = &app;
+    std::string leaf = spec.name;
+    if (auto sp = spec.name.find(' '); sp != std::string::npos) {
+      std::string group = spec.name.substr(0, sp);
+      leaf = spec.name.substr(sp + 1);
+      auto it = groups.find(group);
+      if (it == groups.end()) {
+        CLI::App* g = app.add_subcommand(group, "Benchmarks: " + group + " io|adam|step");
+        g->require_subcommand(1);
+        it = groups.emplace(group, g).first;
+      }
+      parent = it->second;
+    }
+    CLI::App* sub = parent->add_subcommand(leaf, spec.description);
+    auto run = std::make_shared<cli::RunFn>(spec.setup(*sub));
+    runners.emplace_back(sub, run);
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+  try {
+    set_log_level(parse_log_level(log_level));
+    for (auto& [sub, run] : runners) {
+      if (sub->parsed()) return (*run)();
+    }
+    std::cerr << "strata: error: no command given (see --help)\n";
+    return 2;
+  } catch (const Error& e) {
+    std::cout.flush();
+    std::cerr << "strata: error: " << e.what() << "\n";
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << "strata: error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,48 @@
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+#include "strata/device_query.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+
+using namespace strata;
+
+TEST(Error, ConfigErrorNamesFileLineColumnAndKey) {
+  ConfigError e("a.yaml", 12, 3, "zero.stage", "must be 0, 1, 2 or 3");
+  EXPECT_STREQ(e.what(), "a.yaml:12:3: zero.stage: must be 0, 1, 2 or 3");
+  EXPECT_EQ(e.exit_code(), 2);
+  EXPECT_EQ(e.line(), 12);
+  EXPECT_EQ(e.key_path(), "zero.stage");
+}
+
+TEST(Error, IoErrorNamesPathOffsetLengthErrno) {
+  IoError e("read", "/mnt/x/swap.0", 4096, 1048576, EIO);
+  std::string w = e.what();
+  EXPECT_NE(w.find("/mnt/x/swap.0"), std::string::npos) << w;
+  EXPECT_NE(w.find("offset=4096"), std::string::npos) << w;
+  EXPECT_NE(w.find("length=1048576"), std::string::npos) << w;
+  EXPECT_NE(w.find("errno 5"), std::string::npos) << w;
+  EXPECT_EQ(e.exit_code(), 1);
+  EXPECT_EQ(e.errnum(), EIO);
+}
+
+TEST(Log, SinkReceivesMessagesAtOrAboveLevel) {
+  std::vector<std::string> got;
+  set_log_sink([&](LogLevel, std::string_view m) { got.emplace_back(m); });
+  set_log_level(LogLevel::kWarn);
+  log_info("hidden ", 1);
+  log_warn("shown ", 2);
+  set_log_sink(nullptr);
+  set_log_level(LogLevel::kInfo);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0], "shown 2");
+}
+
+TEST(DeviceQuery, NeverThrowsAndExplainsAbsence) {
+  auto q = query_cuda_devices();
+  EXPECT_FALSE(q.status.empty());
+  if (q.devices.empty()) {
+    EXPECT_EQ(q.status.rfind("no GPU", 0), 0u) << q.status;
+  }
+}
