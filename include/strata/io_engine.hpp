@@ -55,7 +55,10 @@ struct IoEngineOptions {
   IoEngineKind kind = IoEngineKind::kAuto;  // kAuto: io_uring if the probe passes, else threads
   std::uint64_t block_size = 1ULL << 20;    // split unit and stripe unit; multiple of 4096
   std::uint32_t queue_depth = 32;           // pieces in flight per ring / worker pool, 1..4096
-  std::uint32_t io_threads = 1;             // io_uring rings (each with its own thread) or workers
+  // io_uring: number of rings, each driven by its own thread (pieces go round-robin).
+  // threads: io_threads x queue_depth pread/pwrite workers (capped at 256), so that queue_depth
+  // means "pieces in flight" for both engines.
+  std::uint32_t io_threads = 1;
   DirectIoMode direct_io = DirectIoMode::kAuto;  // used by open_file() and the probe
   bool sqpoll = false;                      // io_uring: kernel submission-queue polling thread
   std::chrono::milliseconds shutdown_timeout{30000};
