@@ -114,6 +114,7 @@ struct NvmeTierConfig {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   bool checksum = true;
   bool sqpoll = false;  // io_uring submission-queue polling thread
+  std::uint64_t budget = 0;  // bytes of swap space per node across all paths; 0 = unlimited
 };
 
 struct TiersConfig {

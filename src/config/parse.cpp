@@ -1,0 +1,601 @@
+// YAML (+ --set overrides) -> validated Config. Every failure is a ConfigError naming
+// FILE:LINE:COL (1-based) or "--set key=value", the key path, and what is wrong.
+#include <yaml-cpp/yaml.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include "config/schema.hpp"
+#include "config/suggest.hpp"
+#include "strata/config.hpp"
+#include "strata/error.hpp"
+#include "strata/units.hpp"
+
+namespace strata {
+namespace {
+
+using config_detail::closest;
+using config_detail::schema_root;
+using config_detail::SchemaNode;
+
+std::string join_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+const char* kind_name(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Null: return "no value";
+    case YAML::NodeType::Undefined: return "nothing";
+  }
+  return "?";
+}
+
+// Reads one YAML tree into a Config; knows where every key came from.
+class Reader {
+ public:
+  explicit Reader(std::string file) : file_(std::move(file)) {}
+
+  [[noreturn]] void error(const std::string& path, const std::string& message) const {
+    // An overridden key (or one inside an overridden mapping) is reported at its --set.
+    for (std::string p = path;;) {
+      if (auto it = overrides_.find(p); it != overrides_.end())
+        throw ConfigError(it->second, 0, 0, path, message);
+      auto dot = p.rfind('.');
+      if (dot == std::string::npos) break;
+      p = p.substr(0, dot);
+    }
+    for (std::string p = path;;) {
+      if (auto it = marks_.find(p); it != marks_.end()) {
+        throw ConfigError(file_, it->second.line >= 0 ? it->second.line + 1 : 0,
+                          it->second.column >= 0 ? it->second.column + 1 : 0, path, message);
+      }
+      if (p.empty()) break;
+      auto dot = p.rfind('.');
+      p = dot == std::string::npos ? std::string() : p.substr(0, dot);
+    }
+    throw ConfigError(file_, 0, 0, path, message);
+  }
+
+  [[noreturn]] void error_at(const YAML::Mark& mark, const std::string& path,
+                             const std::string& message) const {
+    throw ConfigError(file_, mark.line >= 0 ? mark.line + 1 : 0,
+                      mark.column >= 0 ? mark.column + 1 : 0, path, message);
+  }
+
+  // --set key.path=value, applied to the tree before anything is read.
+  void apply_override(YAML::Node& root, const std::string& text) {
+    const std::string where = "--set " + text;
+    auto eq = text.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError(where, 0, 0, "", "expected KEY.PATH=VALUE, e.g. --set zero.stage=3");
+    std::string path = text.substr(0, eq);
+    std::string value_text = text.substr(eq + 1);
+    std::vector<std::string> parts;
+    {
+      std::stringstream ss(path);
+      std::string seg;
+      while (std::getline(ss, seg, '.')) parts.push_back(seg);
+    }
+    if (path.empty() || parts.empty())
+      throw ConfigError(where, 0, 0, "", "empty key path; expected KEY.PATH=VALUE");
+    const SchemaNode* schema = &schema_root();
+    std::string so_far;
+    for (const auto& seg : parts) {
+      const SchemaNode* next = schema->is_mapping() ? schema->child(seg) : nullptr;
+      std::string here = join_path(so_far, seg);
+      if (!next) {
+        if (!schema->is_mapping())
+          throw ConfigError(where, 0, 0, here, "'" + so_far + "' is a value, not a section");
+        std::string msg = "unknown key '" + seg + "'" +
+                          (so_far.empty() ? std::string() : " in '" + so_far + "'");
+        std::string s = closest(seg, schema->child_names());
+        if (!s.empty()) msg += "; did you mean '" + s + "'?";
+        msg += " (valid keys: " + list_names(schema->child_names()) + ")";
+        throw ConfigError(where, 0, 0, here, msg);
+      }
+      schema = next;
+      so_far = here;
+    }
+    YAML::Node value;
+    try {
+      value = YAML::Load(value_text);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(where, 0, 0, path, "the value is not valid YAML: " + e.msg);
+    }
+    if (value.IsNull())
+      throw ConfigError(where, 0, 0, path, "no value given after '='");
+    YAML::Node cur;
+    cur.reset(root);
+    so_far.clear();
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      so_far = join_path(so_far, parts[i]);
+      YAML::Node next = cur[parts[i]];
+      if (!next.IsDefined() || next.IsNull()) {
+        cur[parts[i]] = YAML::Node(YAML::NodeType::Map);
+      } else if (next.IsScalar() && so_far.rfind("offload.", 0) == 0) {
+        YAML::Node m(YAML::NodeType::Map);
+        m["tier"] = next.Scalar();
+        cur[parts[i]] = m;
+      } else if (!next.IsMap()) {
+        throw ConfigError(where, 0, 0, so_far,
+                          std::string("cannot set a key inside it: it is ") + kind_name(next) +
+                              " in the config, not a mapping");
+      }
+      YAML::Node child = cur[parts[i]];
+      cur.reset(child);
+    }
+    cur[parts.back()] = value;
+    overrides_[path] = where;
+  }
+
+  // Rejects unknown and duplicate keys everywhere; records where each value is.
+  void check_keys(const YAML::Node& map, const SchemaNode& schema, const std::string& path) {
+    std::set<std::string> seen;
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const YAML::Node& key = it->first;
+      const YAML::Node& value = it->second;
+      if (!key.IsScalar())
+        error_at(key.Mark(), path, std::string("a key must be a plain name, got ") + kind_name(key));
+      const std::string name = key.Scalar();
+      const std::string here = join_path(path, name);
+      const SchemaNode* child = schema.child(name);
+      if (!child) {
+        std::string msg = "unknown key '" + name + "'" +
+                          (path.empty() ? std::string() : " in '" + path + "'");
+        std::string s = closest(name, schema.child_names());
+        if (!s.empty()) msg += "; did you mean '" + s + "'?";
+        msg += " (valid keys: " + list_names(schema.child_names()) + ")";
+        if (overrides_.count(path) || overrides_.count(here)) error(here, msg);
+        error_at(key.Mark(), here, msg);
+      }
+      if (!seen.insert(name).second) error_at(key.Mark(), here, "duplicate key '" + name + "'");
+      marks_[here] = value.Mark().is_null() ? key.Mark() : value.Mark();
+      if (child->is_mapping()) {
+        if (value.IsMap()) {
+          check_keys(value, *child, here);
+        } else if (value.IsNull()) {
+          // An empty section: all defaults.
+        } else if (value.IsScalar() && path == "offload") {
+          // Shorthand `optimizer: cpu` = {tier: cpu}.
+        } else {
+          error(here, std::string("expected a mapping with keys (") +
+                          list_names(child->child_names()) + "), got " + kind_name(value));
+        }
+      }
+    }
+  }
+
+  // ---- values ----------------------------------------------------------------------------
+  const std::string& scalar(const YAML::Node& n, const std::string& path, const char* what) {
+    if (!n.IsScalar())
+      error(path, std::string("expected ") + what + ", got " + kind_name(n));
+    return n.Scalar();
+  }
+
+  std::uint64_t count(const YAML::Node& n, const std::string& path, std::uint64_t lo,
+                      std::uint64_t hi) {
+    const std::string& s = scalar(n, path, "a count (e.g. 7.5B, 350M, 1200)");
+    std::uint64_t v = 0;
+    try {
+      v = parse_count(s);
+    } catch (const Error& e) {
+      error(path, e.what());
+    }
+    range(path, s, v, lo, hi);
+    return v;
+  }
+
+  std::uint64_t integer(const YAML::Node& n, const std::string& path, std::uint64_t lo,
+                        std::uint64_t hi) {
+    return count(n, path, lo, hi);
+  }
+
+  std::uint64_t bytes(const YAML::Node& n, const std::string& path, std::uint64_t lo,
+                      std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
+    const std::string& s = scalar(n, path, "a size (e.g. 4GiB, 512MiB, 80GB)");
+    std::uint64_t v = 0;
+    try {
+      v = parse_bytes(s);
+    } catch (const Error& e) {
+      error(path, e.what());
+    }
+    range(path, s, v, lo, hi);
+    return v;
+  }
+
+  void range(const std::string& path, const std::string& s, std::uint64_t v, std::uint64_t lo,
+             std::uint64_t hi) {
+    if (v < lo || v > hi) {
+      std::string r = hi == std::numeric_limits<std::uint64_t>::max()
+                          ? ">= " + std::to_string(lo)
+                          : "in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+      error(path, "'" + s + "' is out of range: must be " + r);
+    }
+  }
+
+  double number(const YAML::Node& n, const std::string& path) {
+    const std::string& s = scalar(n, path, "a number");
+    const char* b = s.c_str();
+    char* end = nullptr;
+    errno = 0;
+    double v = std::strtod(b, &end);
+    if (s.empty() || end != b + s.size() || s.find_first_of("xXnN") != std::string::npos)
+      error(path, "'" + s + "' is not a number");
+    if (errno == ERANGE && std::fabs(v) > 1.0)
+      error(path, "'" + s + "' is out of range for a number");
+    if (!std::isfinite(v)) error(path, "'" + s + "' is not a finite number");
+    return v;
+  }
+
+  bool boolean(const YAML::Node& n, const std::string& path) {
+    const std::string& s = scalar(n, path, "true or false");
+    if (s == "true" || s == "True" || s == "TRUE" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "False" || s == "FALSE" || s == "no" || s == "off") return false;
+    error(path, "'" + s + "' is not a boolean: use true or false");
+  }
+
+  template <typename T>
+  T choice(const YAML::Node& n, const std::string& path,
+           const std::vector<std::pair<std::string, T>>& options) {
+    const std::string& s = scalar(n, path, "a name");
+    std::vector<std::string> names;
+    for (const auto& [name, v] : options) {
+      if (name == s) return v;
+      names.push_back(name);
+    }
+    std::string msg = "'" + s + "' is not one of: " + list_names(names);
+    std::string sug = closest(s, names);
+    if (!sug.empty()) msg += "; did you mean '" + sug + "'?";
+    error(path, msg);
+  }
+
+  std::vector<std::string> strings(const YAML::Node& n, const std::string& path) {
+    std::vector<std::string> out;
+    if (n.IsScalar()) {
+      out.push_back(n.Scalar());
+    } else if (n.IsSequence()) {
+      for (std::size_t i = 0; i < n.size(); ++i) {
+        std::string p = path + "[" + std::to_string(i) + "]";
+        if (!n[i].IsScalar()) error(path, p + ": expected a path, got " + kind_name(n[i]));
+        out.push_back(n[i].Scalar());
+      }
+    } else if (!n.IsNull()) {
+      error(path, std::string("expected a list of paths, got ") + kind_name(n));
+    }
+    for (const auto& s : out)
+      if (s.empty()) error(path, "an empty path");
+    return out;
+  }
+
+  // Calls fn(node, path) when `key` is present in `parent` and has a value.
+  template <typename F>
+  void with(const YAML::Node& parent, const std::string& parent_path, const char* key, F&& fn) {
+    if (!parent.IsMap()) return;
+    const YAML::Node n = parent[key];
+    if (!n.IsDefined()) return;
+    const std::string path = join_path(parent_path, key);
+    if (n.IsNull()) error(path, "no value given");
+    fn(n, path);
+  }
+
+  Config read(const YAML::Node& root);
+
+ private:
+  void read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t);
+  void validate(const Config& c);
+
+  std::string file_;
+  std::map<std::string, std::string> overrides_;
+  std::map<std::string, YAML::Mark> marks_;
+};
+
+const std::vector<std::pair<std::string, DType>> kDTypes = {
+    {"fp16", DType::kFp16}, {"bf16", DType::kBf16}, {"fp32", DType::kFp32}};
+const std::vector<std::pair<std::string, Tier>> kTiers = {
+    {"gpu", Tier::kGpu}, {"cpu", Tier::kCpu}, {"host", Tier::kCpu}, {"nvme", Tier::kNvme}};
+constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint64_t kU64 = std::numeric_limits<std::uint64_t>::max();
+
+void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t) {
+  if (!n.IsDefined() || n.IsNull()) return;
+  if (n.IsScalar()) {
+    t.tier = choice(n, path + ".tier", kTiers);
+    return;
+  }
+  with(n, path, "tier", [&](auto& v, auto& p) { t.tier = choice(v, p, kTiers); });
+  with(n, path, "fraction", [&](auto& v, auto& p) {
+    t.fraction = number(v, p);
+    if (t.fraction < 0.0 || t.fraction > 1.0)
+      error(p, "'" + v.Scalar() + "' is out of range: a fraction must be in [0, 1]");
+  });
+  with(n, path, "pin_memory", [&](auto& v, auto& p) { t.pin_memory = boolean(v, p); });
+}
+
+Config Reader::read(const YAML::Node& root) {
+  Config c;
+  marks_[""] = root.Mark();
+  check_keys(root, schema_root(), "");
+
+  const YAML::Node model = root["model"];
+  with(model, "model", "parameters",
+       [&](auto& v, auto& p) { c.model.parameters = count(v, p, 1, kU64); });
+  with(model, "model", "largest_layer",
+       [&](auto& v, auto& p) { c.model.largest_layer = count(v, p, 0, kU64); });
+  with(model, "model", "layers", [&](auto& v, auto& p) { c.model.layers = integer(v, p, 0, kU32); });
+  with(model, "model", "hidden_size",
+       [&](auto& v, auto& p) { c.model.hidden_size = integer(v, p, 0, kU32); });
+  with(model, "model", "heads", [&](auto& v, auto& p) { c.model.heads = integer(v, p, 0, kU32); });
+  with(model, "model", "sequence_length",
+       [&](auto& v, auto& p) { c.model.sequence_length = integer(v, p, 0, kU32); });
+  with(model, "model", "micro_batch",
+       [&](auto& v, auto& p) { c.model.micro_batch = integer(v, p, 1, kU32); });
+
+  const YAML::Node prec = root["precision"];
+  with(prec, "precision", "params", [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
+  with(prec, "precision", "grads", [&](auto& v, auto& p) { c.precision.grads = choice(v, p, kDTypes); });
+  const YAML::Node ls = prec.IsMap() ? prec["loss_scale"] : YAML::Node();
+  const std::string lsp = "precision.loss_scale";
+  auto& L = c.precision.loss_scale;
+  with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
+  with(ls, lsp, "initial", [&](auto& v, auto& p) {
+    L.initial = number(v, p);
+    if (L.initial <= 0) error(p, "must be > 0");
+  });
+  with(ls, lsp, "growth_factor", [&](auto& v, auto& p) {
+    L.growth_factor = number(v, p);
+    if (L.growth_factor <= 1) error(p, "must be > 1");
+  });
+  with(ls, lsp, "backoff_factor", [&](auto& v, auto& p) {
+    L.backoff_factor = number(v, p);
+    if (L.backoff_factor <= 0 || L.backoff_factor >= 1) error(p, "must be in (0, 1)");
+  });
+  with(ls, lsp, "growth_interval",
+       [&](auto& v, auto& p) { L.growth_interval = integer(v, p, 1, kU32); });
+  with(ls, lsp, "min_scale", [&](auto& v, auto& p) {
+    L.min_scale = number(v, p);
+    if (L.min_scale <= 0) error(p, "must be > 0");
+  });
+
+  const YAML::Node opt = root["optimizer"];
+  auto& O = c.optimizer;
+  with(opt, "optimizer", "type", [&](auto& v, auto& p) {
+    O.type = choice<OptimizerType>(v, p, {{"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}});
+  });
+  with(opt, "optimizer", "lr", [&](auto& v, auto& p) {
+    O.lr = number(v, p);
+    if (O.lr < 0) error(p, "must be >= 0");
+  });
+  with(opt, "optimizer", "betas", [&](auto& v, auto& p) {
+    if (!v.IsSequence() || v.size() != 2)
+      error(p, std::string("expected a list of two numbers [beta1, beta2], got ") + kind_name(v));
+    O.beta1 = number(v[0], p);
+    O.beta2 = number(v[1], p);
+    if (O.beta1 < 0 || O.beta1 >= 1 || O.beta2 < 0 || O.beta2 >= 1)
+      error(p, "each beta must be in [0, 1)");
+  });
+  with(opt, "optimizer", "eps", [&](auto& v, auto& p) {
+    O.eps = number(v, p);
+    if (O.eps <= 0) error(p, "must be > 0");
+  });
+  with(opt, "optimizer", "weight_decay", [&](auto& v, auto& p) {
+    O.weight_decay = number(v, p);
+    if (O.weight_decay < 0) error(p, "must be >= 0");
+  });
+  with(opt, "optimizer", "grad_clip", [&](auto& v, auto& p) {
+    O.grad_clip = number(v, p);
+    if (O.grad_clip < 0) error(p, "must be >= 0 (0 = no clipping)");
+  });
+
+  const YAML::Node world = root["world"];
+  with(world, "world", "ranks", [&](auto& v, auto& p) {
+    const std::string& s = scalar(v, p, "a count");
+    if (!s.empty() && s[0] == '-') error(p, "'" + s + "' is out of range: world.ranks must be >= 1");
+    c.world.ranks = integer(v, p, 1, 1u << 20);
+  });
+  with(world, "world", "ranks_per_node",
+       [&](auto& v, auto& p) { c.world.ranks_per_node = integer(v, p, 0, 1u << 20); });
+
+  const YAML::Node zero = root["zero"];
+  with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });
+  with(zero, "zero", "sub_group_size",
+       [&](auto& v, auto& p) { c.zero.sub_group_size = count(v, p, 1, kU64); });
+  with(zero, "zero", "reduce_bucket_size",
+       [&](auto& v, auto& p) { c.zero.reduce_bucket_size = count(v, p, 1, kU64); });
+
+  const YAML::Node off = root["offload"];
+  if (off.IsMap()) {
+    read_offload(off["optimizer"], "offload.optimizer", c.offload.optimizer);
+    read_offload(off["gradients"], "offload.gradients", c.offload.gradients);
+    read_offload(off["params"], "offload.params", c.offload.params);
+  }
+
+  const YAML::Node tiers = root["tiers"];
+  const YAML::Node gpu = tiers.IsMap() ? tiers["gpu"] : YAML::Node();
+  const YAML::Node host = tiers.IsMap() ? tiers["host"] : YAML::Node();
+  const YAML::Node nvme = tiers.IsMap() ? tiers["nvme"] : YAML::Node();
+  auto& T = c.tiers;
+  with(gpu, "tiers.gpu", "budget", [&](auto& v, auto& p) { T.gpu.budget = bytes(v, p, 1); });
+  with(host, "tiers.host", "budget", [&](auto& v, auto& p) { T.host.budget = bytes(v, p, 1); });
+  with(host, "tiers.host", "pinned_budget",
+       [&](auto& v, auto& p) { T.host.pinned_budget = bytes(v, p, 0); });
+  with(host, "tiers.host", "buffer_count",
+       [&](auto& v, auto& p) { T.host.buffer_count = integer(v, p, 1, 4096); });
+  with(host, "tiers.host", "buffer_size", [&](auto& v, auto& p) {
+    T.host.buffer_size = bytes(v, p, 4096);
+    if (T.host.buffer_size % 4096 != 0)
+      error(p, "'" + v.Scalar() + "' (" + std::to_string(T.host.buffer_size) +
+                   " bytes) is not a multiple of 4096");
+  });
+  with(nvme, "tiers.nvme", "paths", [&](auto& v, auto& p) { T.nvme.paths = strings(v, p); });
+  with(nvme, "tiers.nvme", "engine", [&](auto& v, auto& p) {
+    T.nvme.engine = choice<IoEngineKind>(
+        v, p, {{"auto", IoEngineKind::kAuto}, {"io_uring", IoEngineKind::kIoUring},
+               {"threads", IoEngineKind::kThreads}});
+  });
+  with(nvme, "tiers.nvme", "block_size", [&](auto& v, auto& p) {
+    T.nvme.block_size = bytes(v, p, 4096);
+    if (T.nvme.block_size % 4096 != 0)
+      error(p, "'" + v.Scalar() + "' (" + std::to_string(T.nvme.block_size) +
+                   " bytes) is not a multiple of 4096");
+  });
+  with(nvme, "tiers.nvme", "queue_depth",
+       [&](auto& v, auto& p) { T.nvme.queue_depth = integer(v, p, 1, 4096); });
+  with(nvme, "tiers.nvme", "io_threads",
+       [&](auto& v, auto& p) { T.nvme.io_threads = integer(v, p, 1, 64); });
+  with(nvme, "tiers.nvme", "direct_io", [&](auto& v, auto& p) {
+    T.nvme.direct_io = choice<DirectIoMode>(
+        v, p, {{"auto", DirectIoMode::kAuto}, {"required", DirectIoMode::kRequired},
+               {"off", DirectIoMode::kOff}});
+  });
+  with(nvme, "tiers.nvme", "checksum", [&](auto& v, auto& p) { T.nvme.checksum = boolean(v, p); });
+  with(nvme, "tiers.nvme", "sqpoll", [&](auto& v, auto& p) { T.nvme.sqpoll = boolean(v, p); });
+  with(nvme, "tiers.nvme", "budget", [&](auto& v, auto& p) { T.nvme.budget = bytes(v, p, 0); });
+
+  const YAML::Node rt = root["runtime"];
+  with(rt, "runtime", "device", [&](auto& v, auto& p) {
+    c.runtime.device = choice<DeviceKind>(
+        v, p, {{"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}});
+  });
+  with(rt, "runtime", "communicator", [&](auto& v, auto& p) {
+    c.runtime.communicator = choice<CommBackend>(
+        v, p, {{"auto", CommBackend::kAuto}, {"inprocess", CommBackend::kInProcess},
+               {"mpi", CommBackend::kMpi}, {"nccl", CommBackend::kNccl}});
+  });
+  with(rt, "runtime", "collective_timeout_s", [&](auto& v, auto& p) {
+    c.runtime.collective_timeout_s = number(v, p);
+    if (c.runtime.collective_timeout_s <= 0) error(p, "must be > 0 seconds");
+  });
+  with(rt, "runtime", "cpu_threads",
+       [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, 4096); });
+
+  validate(c);
+  return c;
+}
+
+void Reader::validate(const Config& c) {
+  if (c.model.parameters == 0)
+    error("model.parameters",
+          "required: the number of model parameters, e.g. `parameters: 7.5B` under `model:`");
+  if (c.model.largest_layer > c.model.parameters)
+    error("model.largest_layer", "is larger than model.parameters");
+  if (c.model.hidden_size && c.model.heads && c.model.hidden_size % c.model.heads != 0)
+    error("model.heads", "model.hidden_size (" + std::to_string(c.model.hidden_size) +
+                             ") must be a multiple of model.heads (" +
+                             std::to_string(c.model.heads) + ")");
+  if (c.precision.loss_scale.min_scale > c.precision.loss_scale.initial)
+    error("precision.loss_scale.min_scale", "must be <= precision.loss_scale.initial");
+  if (c.world.ranks_per_node > c.world.ranks)
+    error("world.ranks_per_node", "(" + std::to_string(c.world.ranks_per_node) +
+                                      ") must be <= world.ranks (" +
+                                      std::to_string(c.world.ranks) + ")");
+  if (c.tiers.host.pinned_budget > c.tiers.host.budget)
+    error("tiers.host.pinned_budget", "(" + format_bytes(c.tiers.host.pinned_budget) +
+                                          ") must be <= tiers.host.budget (" +
+                                          format_bytes(c.tiers.host.budget) + ")");
+  auto offloaded = [](const OffloadTarget& t) { return t.tier != Tier::kGpu && t.fraction > 0; };
+  const int s = c.zero.stage;
+  const std::string stage = "zero.stage is " + std::to_string(s);
+  if (offloaded(c.offload.params) && s < 3)
+    error("offload.params.tier",
+          "parameters can live on " + std::string(tier_name(c.offload.params.tier)) +
+              " only at zero.stage 3 (" + stage +
+              "): below stage 3 every rank needs all parameters on its gpu");
+  if (offloaded(c.offload.gradients) && s < 2)
+    error("offload.gradients.tier",
+          "gradients can be offloaded only at zero.stage >= 2 (" + stage +
+              "): below stage 2 every rank keeps the full gradient for the all-reduce");
+  if (offloaded(c.offload.optimizer) && s < 1)
+    error("offload.optimizer.tier",
+          "optimizer state can be offloaded only at zero.stage >= 1 (" + stage +
+              "): use stage 1 or higher to partition it first");
+  for (const auto* name : {"optimizer", "gradients", "params"}) {
+    const OffloadTarget& t = std::string(name) == "optimizer"   ? c.offload.optimizer
+                             : std::string(name) == "gradients" ? c.offload.gradients
+                                                                : c.offload.params;
+    if (t.tier == Tier::kNvme && t.fraction > 0 && c.tiers.nvme.paths.empty())
+      error(std::string("offload.") + name + ".tier",
+            "the nvme tier is used but tiers.nvme.paths is empty: give at least one directory, "
+            "e.g. tiers.nvme.paths: [/mnt/nvme0/strata]");
+  }
+}
+
+YAML::Node load_document(std::string_view yaml, const std::string& source) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(std::string(yaml));
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(source, e.mark.line >= 0 ? e.mark.line + 1 : 0,
+                      e.mark.column >= 0 ? e.mark.column + 1 : 0, "",
+                      "YAML syntax error: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source, 0, 0, "", std::string("YAML error: ") + e.what());
+  }
+  if (docs.empty() || (docs.size() == 1 && docs[0].IsNull()))
+    throw ConfigError(source, 0, 0, "", "the config is empty: it needs at least model.parameters");
+  if (docs.size() > 1) {
+    auto m = docs[1].Mark();
+    throw ConfigError(source, m.line >= 0 ? m.line + 1 : 0, m.column >= 0 ? m.column + 1 : 0, "",
+                      "more than one YAML document; a config is one mapping");
+  }
+  const YAML::Node& root = docs[0];
+  if (!root.IsMap()) {
+    auto m = root.Mark();
+    throw ConfigError(source, m.line >= 0 ? m.line + 1 : 1, m.column >= 0 ? m.column + 1 : 1, "",
+                      std::string("the config must be a mapping of sections (model, precision, "
+                                  "optimizer, world, zero, offload, tiers, runtime), got ") +
+                          kind_name(root));
+  }
+  return root;
+}
+
+}  // namespace
+
+Config parse_config(std::string_view yaml, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
+  YAML::Node root = load_document(yaml, source_name);
+  Reader reader(source_name);
+  for (const auto& o : overrides) reader.apply_override(root, o);
+  Config c = reader.read(root);
+  c.source = source_name;
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (path.empty()) throw ConfigError("", 0, 0, "", "no config file given");
+  auto status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    throw ConfigError(path, 0, 0, "", "cannot read the config: no such file");
+  if (std::filesystem::is_directory(status))
+    throw ConfigError(path, 0, 0, "", "cannot read the config: it is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    int err = errno;
+    throw ConfigError(path, 0, 0, "",
+                      std::string("cannot read the config: ") + std::strerror(err ? err : EACCES));
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, 0, 0, "", "cannot read the config: read failed");
+  return parse_config(ss.str(), path, overrides);
+}
+
+}  // namespace strata

@@ -1,0 +1,103 @@
+// Config -> YAML text that parse_config() reads back to an equal Config (every key written).
+#include <yaml-cpp/yaml.h>
+
+#include <charconv>
+#include <sstream>
+
+#include "strata/config.hpp"
+
+namespace strata {
+namespace {
+
+std::string num(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  std::string s(buf, r.ptr);
+  return s;
+}
+
+std::string boolean(bool b) { return b ? "true" : "false"; }
+
+std::string quoted(const std::string& s) {
+  YAML::Emitter e;
+  e << YAML::DoubleQuoted << s;
+  return e.c_str();
+}
+
+void target(std::ostringstream& o, const char* name, const OffloadTarget& t) {
+  o << "  " << name << ": {tier: " << tier_name(t.tier) << ", fraction: " << num(t.fraction)
+    << ", pin_memory: " << boolean(t.pin_memory) << "}\n";
+}
+
+}  // namespace
+
+std::string to_yaml(const Config& c) {
+  std::ostringstream o;
+  o << "model:\n"
+    << "  parameters: " << c.model.parameters << "\n"
+    << "  largest_layer: " << c.model.largest_layer << "\n"
+    << "  layers: " << c.model.layers << "\n"
+    << "  hidden_size: " << c.model.hidden_size << "\n"
+    << "  heads: " << c.model.heads << "\n"
+    << "  sequence_length: " << c.model.sequence_length << "\n"
+    << "  micro_batch: " << c.model.micro_batch << "\n";
+  const auto& ls = c.precision.loss_scale;
+  o << "precision:\n"
+    << "  params: " << dtype_name(c.precision.params) << "\n"
+    << "  grads: " << dtype_name(c.precision.grads) << "\n"
+    << "  loss_scale:\n"
+    << "    dynamic: " << boolean(ls.dynamic) << "\n"
+    << "    initial: " << num(ls.initial) << "\n"
+    << "    growth_factor: " << num(ls.growth_factor) << "\n"
+    << "    backoff_factor: " << num(ls.backoff_factor) << "\n"
+    << "    growth_interval: " << ls.growth_interval << "\n"
+    << "    min_scale: " << num(ls.min_scale) << "\n";
+  o << "optimizer:\n"
+    << "  type: " << optimizer_name(c.optimizer.type) << "\n"
+    << "  lr: " << num(c.optimizer.lr) << "\n"
+    << "  betas: [" << num(c.optimizer.beta1) << ", " << num(c.optimizer.beta2) << "]\n"
+    << "  eps: " << num(c.optimizer.eps) << "\n"
+    << "  weight_decay: " << num(c.optimizer.weight_decay) << "\n"
+    << "  grad_clip: " << num(c.optimizer.grad_clip) << "\n";
+  o << "world:\n"
+    << "  ranks: " << c.world.ranks << "\n"
+    << "  ranks_per_node: " << c.world.ranks_per_node << "\n";
+  o << "zero:\n"
+    << "  stage: " << c.zero.stage << "\n"
+    << "  sub_group_size: " << c.zero.sub_group_size << "\n"
+    << "  reduce_bucket_size: " << c.zero.reduce_bucket_size << "\n";
+  o << "offload:\n";
+  target(o, "optimizer", c.offload.optimizer);
+  target(o, "gradients", c.offload.gradients);
+  target(o, "params", c.offload.params);
+  const auto& t = c.tiers;
+  o << "tiers:\n"
+    << "  gpu:\n"
+    << "    budget: " << t.gpu.budget << "\n"
+    << "  host:\n"
+    << "    budget: " << t.host.budget << "\n"
+    << "    pinned_budget: " << t.host.pinned_budget << "\n"
+    << "    buffer_count: " << t.host.buffer_count << "\n"
+    << "    buffer_size: " << t.host.buffer_size << "\n"
+    << "  nvme:\n"
+    << "    paths: [";
+  for (std::size_t i = 0; i < t.nvme.paths.size(); ++i)
+    o << (i ? ", " : "") << quoted(t.nvme.paths[i]);
+  o << "]\n"
+    << "    engine: " << io_engine_name(t.nvme.engine) << "\n"
+    << "    block_size: " << t.nvme.block_size << "\n"
+    << "    queue_depth: " << t.nvme.queue_depth << "\n"
+    << "    io_threads: " << t.nvme.io_threads << "\n"
+    << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
+    << "    checksum: " << boolean(t.nvme.checksum) << "\n"
+    << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
+    << "    budget: " << t.nvme.budget << "\n";
+  o << "runtime:\n"
+    << "  device: " << device_name(c.runtime.device) << "\n"
+    << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"
+    << "  collective_timeout_s: " << num(c.runtime.collective_timeout_s) << "\n"
+    << "  cpu_threads: " << c.runtime.cpu_threads << "\n";
+  return o.str();
+}
+
+}  // namespace strata
