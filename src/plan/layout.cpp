@@ -1,0 +1,147 @@
+// Per-rank model state of a stage, its placement in tiers, link traffic and budget verdicts.
+#include <algorithm>
+#include <cmath>
+
+#include "strata/plan.hpp"
+
+namespace strata {
+
+BytesPerParam bytes_per_param(const PrecisionConfig& p) {
+  BytesPerParam b;
+  b.params = dtype_size(p.params);
+  b.grads = dtype_size(p.grads);
+  b.master = p.params == DType::kFp32 ? 0 : 4;  // fp32 params are their own master copy
+  b.moments = 2 * 4;                            // Adam/AdamW: exp_avg + exp_avg_sq in fp32
+  return b;
+}
+
+TierBytes& TierBytes::operator+=(const TierBytes& o) {
+  gpu += o.gpu;
+  pinned_host += o.pinned_host;
+  pageable_host += o.pageable_host;
+  nvme += o.nvme;
+  return *this;
+}
+
+StageFootprint stage_footprint(const Config& c, int stage) {
+  const std::uint64_t psi = c.model.parameters;
+  const std::uint64_t n = std::max<std::uint32_t>(c.world.ranks, 1);
+  const std::uint64_t shard = (psi + n - 1) / n;
+  const BytesPerParam b = bytes_per_param(c.precision);
+  StageFootprint f;
+  f.stage = stage;
+  f.optimizer_elements = stage >= 1 ? shard : psi;
+  f.grad_elements = stage >= 2 ? shard : psi;
+  f.param_elements = stage >= 3 ? shard : psi;
+  f.bytes.params = f.param_elements * b.params;
+  f.bytes.grads = f.grad_elements * b.grads;
+  f.bytes.optimizer = f.optimizer_elements * b.optimizer();
+  return f;
+}
+
+namespace {
+
+std::uint64_t share(std::uint64_t elements, const OffloadTarget& t) {
+  if (t.tier == Tier::kGpu) return 0;
+  const double f = std::clamp(t.fraction, 0.0, 1.0);
+  return std::min<std::uint64_t>(elements, static_cast<std::uint64_t>(std::llround(
+                                               static_cast<double>(elements) * f)));
+}
+
+std::string target_text(const char* what, const OffloadTarget& t) {
+  std::string s = std::string(what) + " on " + tier_name(t.tier);
+  if (t.fraction < 1.0) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, " (%g%%)", t.fraction * 100.0);
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
+bool Layout::fits() const {
+  return std::all_of(verdicts.begin(), verdicts.end(), [](const TierVerdict& v) { return v.fits(); });
+}
+
+std::string Layout::describe() const {
+  std::string s = "stage " + std::to_string(stage);
+  std::vector<std::string> parts;
+  auto off = [](const OffloadTarget& t) { return t.tier != Tier::kGpu && t.fraction > 0; };
+  if (off(offload.optimizer)) parts.push_back(target_text("optimizer", offload.optimizer));
+  if (off(offload.gradients)) parts.push_back(target_text("gradients", offload.gradients));
+  if (off(offload.params)) parts.push_back(target_text("params", offload.params));
+  if (parts.empty()) return s + ", no offload";
+  for (const auto& p : parts) s += ", " + p;
+  return s;
+}
+
+Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
+  const BytesPerParam b = bytes_per_param(c.precision);
+  Layout l;
+  l.stage = stage;
+  l.offload = offload;
+  l.footprint = stage_footprint(c, stage);
+  const StageFootprint& f = l.footprint;
+
+  // Elements of each kind that leave the gpu.
+  const std::uint64_t opt_off = share(f.optimizer_elements, offload.optimizer);
+  const std::uint64_t grad_off = share(f.grad_elements, offload.gradients);
+  const std::uint64_t param_off = share(f.param_elements, offload.params);
+
+  auto place = [&](std::uint64_t elements, std::uint64_t off, std::uint64_t bpe,
+                   const OffloadTarget& t, std::uint64_t StateBytes::*kind) {
+    l.on_gpu.*kind = (elements - off) * bpe;
+    const std::uint64_t moved = off * bpe;
+    if (t.tier == Tier::kCpu) {
+      l.on_host.*kind = moved;
+      (t.pin_memory ? l.per_rank.pinned_host : l.per_rank.pageable_host) += moved;
+    } else if (t.tier == Tier::kNvme) {
+      l.on_nvme.*kind = moved;
+      l.per_rank.nvme += moved;
+    }
+    l.per_rank.gpu += (elements - off) * bpe;
+  };
+  place(f.param_elements, param_off, b.params, offload.params, &StateBytes::params);
+  place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads);
+  place(f.optimizer_elements, opt_off, b.optimizer(), offload.optimizer, &StateBytes::optimizer);
+
+  if (l.per_rank.nvme > 0) {
+    l.swap_pool = static_cast<std::uint64_t>(c.tiers.host.buffer_count) * c.tiers.host.buffer_size;
+    l.per_rank.pinned_host += l.swap_pool;
+  }
+
+  const std::uint32_t rpn = std::min(c.ranks_per_node(), std::max<std::uint32_t>(c.world.ranks, 1));
+  l.per_node.gpu = l.per_rank.gpu * rpn;
+  l.per_node.pinned_host = l.per_rank.pinned_host * rpn;
+  l.per_node.pageable_host = l.per_rank.pageable_host * rpn;
+  l.per_node.nvme = l.per_rank.nvme * rpn;
+
+  // Traffic per rank per optimizer step (docs/config.md, "Bytes per step").
+  const std::uint64_t opt_nvme = offload.optimizer.tier == Tier::kNvme ? opt_off : 0;
+  const std::uint64_t grad_nvme = offload.gradients.tier == Tier::kNvme ? grad_off : 0;
+  const std::uint64_t param_nvme = offload.params.tier == Tier::kNvme ? param_off : 0;
+  LinkTraffic& t = l.traffic;
+  t.nvme_read = opt_nvme * b.optimizer() + grad_nvme * b.grads + 2 * param_nvme * b.params;
+  t.nvme_write = opt_nvme * b.optimizer() + grad_nvme * b.grads + param_nvme * b.params;
+  // Gradients leave the gpu for the off-gpu optimizer share or their own offload; updated
+  // parameters come back for the off-gpu optimizer share; offloaded stage-3 parameters are
+  // fetched for the forward and the backward pass.
+  t.device_to_host = std::max(opt_off, grad_off) * b.grads +
+                     (param_off > opt_off ? (param_off - opt_off) * b.params : 0);
+  t.host_to_device = 2 * param_off * b.params + (opt_off > param_off ? (opt_off - param_off) * b.params : 0);
+  const std::uint64_t psi = c.model.parameters;
+  if (c.world.ranks > 1) {
+    if (stage == 0) t.network = 2 * psi * b.grads;                  // all-reduce of gradients
+    else if (stage < 3) t.network = psi * b.grads + psi * b.params;  // reduce-scatter + all-gather
+    else t.network = psi * b.grads + 2 * psi * b.params;             // + forward/backward gathers
+  }
+
+  l.verdicts.push_back({"gpu", "rank", l.per_rank.gpu, c.tiers.gpu.budget, true});
+  l.verdicts.push_back({"host", "node", l.per_node.host(), c.tiers.host.budget, true});
+  l.verdicts.push_back({"pinned_host", "node", l.per_node.pinned_host, c.tiers.host.pinned_budget, true});
+  l.verdicts.push_back({"nvme", "node", l.per_node.nvme, c.tiers.nvme.budget, c.tiers.nvme.budget > 0});
+  return l;
+}
+
+}  // namespace strata
