@@ -1,0 +1,78 @@
+// Pieces shared by the communicator backends: byte accounting, count checks, handle types.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/numeric.hpp"
+#include "strata/communicator.hpp"
+#include "strata/error.hpp"
+
+namespace strata::comm {
+
+// Counters a backend updates as it issues collectives (one thread issues; stats() may be read
+// from another, hence relaxed atomics).
+class StatsCounter {
+ public:
+  void add(CollectiveKind kind, std::uint64_t bytes) {
+    bytes_[static_cast<std::size_t>(kind)].fetch_add(bytes, std::memory_order_relaxed);
+    calls_[static_cast<std::size_t>(kind)].fetch_add(1, std::memory_order_relaxed);
+  }
+  CommStats snapshot() const {
+    CommStats s;
+    for (std::size_t i = 0; i < kCollectiveKinds; ++i) {
+      s.bytes_sent[i] = bytes_[i].load(std::memory_order_relaxed);
+      s.calls[i] = calls_[i].load(std::memory_order_relaxed);
+    }
+    return s;
+  }
+
+ private:
+  std::atomic<std::uint64_t> bytes_[kCollectiveKinds]{};
+  std::atomic<std::uint64_t> calls_[kCollectiveKinds]{};
+};
+
+inline std::size_t sum_counts(std::span<const std::size_t> counts) {
+  return std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+}
+
+// Bytes a bandwidth-optimal algorithm sends from `rank` (see communicator.hpp).
+inline std::uint64_t scatter_gather_bytes(std::span<const std::size_t> counts, int rank, DType t) {
+  return (sum_counts(counts) - counts[static_cast<std::size_t>(rank)]) * elem_size(t);
+}
+// Equal split of `count` into n chunks (the first count % n chunks one element longer).
+inline std::vector<std::size_t> split_counts(std::size_t count, int n) {
+  std::vector<std::size_t> c(static_cast<std::size_t>(n), count / static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < count % static_cast<std::size_t>(n); ++i) ++c[i];
+  return c;
+}
+
+inline void check_counts(const char* op, std::span<const std::size_t> counts, int size) {
+  if (counts.size() != static_cast<std::size_t>(size))
+    fail(ErrorCode::kInvalidArgument, strcat(op, ": ", counts.size(), " counts for ", size, " ranks"));
+}
+
+// A handle whose work already finished (or failed) when it was created.
+class ReadyHandle final : public CommHandle {
+ public:
+  explicit ReadyHandle(std::exception_ptr error = nullptr) : error_(std::move(error)) {}
+  void wait() override {
+    if (error_) {
+      auto e = error_;
+      error_ = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+  bool done() override { return true; }
+
+ private:
+  std::exception_ptr error_;
+};
+
+}  // namespace strata::comm

@@ -1,0 +1,348 @@
+// NCCL backend (device buffers). The communicator is created non-blocking so that start-up and
+// every collective can be bounded: after each NCCL call the state is polled with
+// ncclCommGetAsyncError until it leaves ncclInProgress, and a handle's wait polls a CUDA event
+// plus the async error against the deadline; on timeout the communicator is aborted
+// (ncclCommAbort) and the error names the collective and this rank (NCCL does not say which peer).
+// Uneven reduce-scatter / all-gather are grouped ncclReduce / ncclBroadcast calls, one per root.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "comm/comm_internal.hpp"
+#include "strata/log.hpp"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void check_cuda(cudaError_t rc, const std::string& what) {
+  if (rc != cudaSuccess) fail(ErrorCode::kDevice, strcat(what, ": ", cudaGetErrorString(rc)));
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kFp32:
+      return ncclFloat32;
+    case DType::kFp16:
+      return ncclFloat16;
+    case DType::kBf16:
+      return ncclBfloat16;
+  }
+  return ncclFloat32;
+}
+
+Clock::time_point deadline_in(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+void write_unique_id(const std::string& path, const ncclUniqueId& id) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(id.internal, sizeof(id.internal));
+    if (!f) throw IoError("write", tmp, 0, sizeof(id.internal), errno, "NCCL unique id");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw IoError("rename", tmp, 0, 0, ec.value(), "NCCL unique id -> " + path);
+}
+
+ncclUniqueId read_unique_id(const std::string& path, double timeout_s) {
+  auto deadline = deadline_in(timeout_s);
+  for (;;) {
+    std::ifstream f(path, std::ios::binary);
+    ncclUniqueId id{};
+    if (f && f.read(id.internal, sizeof(id.internal)) && f.gcount() == sizeof(id.internal)) return id;
+    if (Clock::now() > deadline)
+      fail(ErrorCode::kTimeout, strcat("NCCL bootstrap: rank 0 did not write its unique id to ", path,
+                                       " within ", timeout_s, " s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+class NcclCommunicator;
+
+class NcclHandle final : public CommHandle {
+ public:
+  NcclHandle(NcclCommunicator* c, std::string what, cudaEvent_t ev, Clock::time_point deadline)
+      : comm_(c), what_(std::move(what)), event_(ev), deadline_(deadline) {}
+  ~NcclHandle() override;
+  void wait() override;
+  bool done() override;
+
+ private:
+  NcclCommunicator* comm_;
+  std::string what_;
+  cudaEvent_t event_;
+  Clock::time_point deadline_;
+  bool finished_ = false;
+  bool waited_ = false;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const NcclBootstrap& boot, int device, double timeout_s)
+      : Communicator(timeout_s), device_(device) {
+    if (boot.host) {
+      rank_ = boot.host->rank();
+      size_ = boot.host->size();
+    } else {
+      rank_ = boot.rank;
+      size_ = boot.size;
+      if (boot.file.empty())
+        fail(ErrorCode::kInvalidArgument, "NCCL bootstrap: neither a host communicator nor a file");
+    }
+    if (rank_ < 0 || rank_ >= size_)
+      fail(ErrorCode::kInvalidArgument, strcat("NCCL bootstrap: rank ", rank_, " of ", size_));
+    check_cuda(cudaSetDevice(device_), strcat("cudaSetDevice(", device_, ")"));
+    ncclUniqueId id{};
+    if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    if (boot.host) {
+      static_assert(sizeof(id.internal) % 4 == 0);
+      boot.host->broadcast(id.internal, sizeof(id.internal) / 4, DType::kFp32, 0);
+    } else if (rank_ == 0) {
+      write_unique_id(boot.file, id);
+    } else {
+      id = read_unique_id(boot.file, timeout_s);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t rc = ncclCommInitRankConfig(&comm_, size_, id, rank_, &config);
+    if (rc != ncclSuccess && rc != ncclInProgress) check_nccl(rc, "ncclCommInitRankConfig");
+    settle("ncclCommInitRankConfig");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc(barrier scratch)");
+    log_info("NCCL communicator: rank ", rank_, " of ", size_, " on device ", device_);
+  }
+  ~NcclCommunicator() override {
+    cudaSetDevice(device_);
+    if (comm_) {
+      if (broken_.empty()) {
+        cudaStreamSynchronize(stream_);
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+      }
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* backend_name() const override { return "nccl"; }
+  BufferLocation buffer_location() const override { return BufferLocation::kDevice; }
+
+  std::unique_ptr<CommHandle> all_reduce_async(const void* send, void* recv, std::size_t count,
+                                               DType dtype) override {
+    auto c = comm::split_counts(count, size_);
+    stats_.add(CollectiveKind::kAllReduce, 2 * comm::scatter_gather_bytes(c, rank_, dtype));
+    std::string what = begin(CollectiveKind::kAllReduce);
+    enqueue(what, [&] {
+      return ncclAllReduce(send, recv, count, nccl_type(dtype), ncclSum, comm_, stream_);
+    });
+    return finish(std::move(what));
+  }
+  std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
+                                                   std::span<const std::size_t> counts,
+                                                   DType dtype) override {
+    comm::check_counts("reduce_scatter", counts, size_);
+    stats_.add(CollectiveKind::kReduceScatter, comm::scatter_gather_bytes(counts, rank_, dtype));
+    std::string what = begin(CollectiveKind::kReduceScatter);
+    const std::size_t es = comm::elem_size(dtype);
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
+      enqueue(what, [&] {
+        return ncclReduceScatter(send, recv, counts[0], nccl_type(dtype), ncclSum, comm_, stream_);
+      });
+    } else {
+      enqueue(what, [&] {
+        ncclResult_t rc = ncclGroupStart();
+        std::size_t off = 0;
+        for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
+          std::size_t c = counts[static_cast<std::size_t>(p)];
+          if (c) rc = ncclReduce(static_cast<const unsigned char*>(send) + off * es, recv, c,
+                                 nccl_type(dtype), ncclSum, p, comm_, stream_);
+          off += c;
+        }
+        ncclResult_t rc2 = ncclGroupEnd();
+        return rc != ncclSuccess && rc != ncclInProgress ? rc : rc2;
+      });
+    }
+    return finish(std::move(what));
+  }
+  std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
+                                               std::span<const std::size_t> counts,
+                                               DType dtype) override {
+    comm::check_counts("all_gather", counts, size_);
+    stats_.add(CollectiveKind::kAllGather, comm::scatter_gather_bytes(counts, rank_, dtype));
+    std::string what = begin(CollectiveKind::kAllGather);
+    const std::size_t es = comm::elem_size(dtype);
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
+      enqueue(what, [&] {
+        return ncclAllGather(send, recv, counts[0], nccl_type(dtype), comm_, stream_);
+      });
+    } else {
+      enqueue(what, [&] {
+        ncclResult_t rc = ncclGroupStart();
+        std::size_t off = 0;
+        for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
+          std::size_t c = counts[static_cast<std::size_t>(p)];
+          if (c) rc = ncclBroadcast(send, static_cast<unsigned char*>(recv) + off * es, c,
+                                    nccl_type(dtype), p, comm_, stream_);
+          off += c;
+        }
+        ncclResult_t rc2 = ncclGroupEnd();
+        return rc != ncclSuccess && rc != ncclInProgress ? rc : rc2;
+      });
+    }
+    return finish(std::move(what));
+  }
+  std::unique_ptr<CommHandle> broadcast_async(void* buffer, std::size_t count, DType dtype,
+                                              int root) override {
+    if (root < 0 || root >= size_)
+      fail(ErrorCode::kInvalidArgument, strcat("broadcast: root ", root, " out of range"));
+    stats_.add(CollectiveKind::kBroadcast,
+               rank_ == root ? count * comm::elem_size(dtype) * (size_ - 1) : 0);
+    std::string what = begin(CollectiveKind::kBroadcast);
+    enqueue(what, [&] {
+      return ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_);
+    });
+    return finish(std::move(what));
+  }
+  std::unique_ptr<CommHandle> barrier_async() override {
+    stats_.add(CollectiveKind::kBarrier, 0);
+    std::string what = begin(CollectiveKind::kBarrier);
+    enqueue(what, [&] {
+      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
+    return finish(std::move(what));
+  }
+  CommStats stats() const override { return stats_.snapshot(); }
+
+  // Used by handles.
+  void poll_async_error(const std::string& what) {
+    ncclResult_t async = ncclSuccess;
+    ncclCommGetAsyncError(comm_, &async);
+    if (async != ncclSuccess && async != ncclInProgress) {
+      broken_ = strcat(what, ": ", ncclGetErrorString(async));
+      fail(ErrorCode::kComm, broken_);
+    }
+  }
+  void abort_on_timeout(const std::string& msg) {
+    broken_ = msg;
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+  int device() const { return device_; }
+
+ private:
+  void check_nccl(ncclResult_t rc, const std::string& what) {
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+      broken_ = strcat(what, ": ", ncclGetErrorString(rc));
+      fail(ErrorCode::kComm, strcat("NCCL ", broken_, " (rank ", rank_, " of ", size_, ")"));
+    }
+  }
+  // Polls a non-blocking communicator until its last call has left ncclInProgress.
+  void settle(const std::string& what) {
+    auto deadline = deadline_in(timeout_s_);
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
+      if (rc != ncclSuccess) check_nccl(rc, what + " (ncclCommGetAsyncError)");
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) check_nccl(state, what);
+      if (Clock::now() > deadline) {
+        std::string msg = strcat("nccl ", what, " (rank ", rank_, " of ", size_, "): timed out after ",
+                                 timeout_s_, " s (a peer did not join)");
+        abort_on_timeout(msg);
+        fail(ErrorCode::kTimeout, msg);
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+  std::string begin(CollectiveKind kind) {
+    std::string what = strcat("nccl ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
+    if (!broken_.empty() || !comm_) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
+    check_cuda(cudaSetDevice(device_), strcat(what, ": cudaSetDevice"));
+    return what;
+  }
+  template <typename F>
+  void enqueue(const std::string& what, F&& call) {
+    check_nccl(call(), what);
+    settle(what);
+  }
+  std::unique_ptr<CommHandle> finish(std::string what) {
+    cudaEvent_t ev = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what + ": cudaEventCreate");
+    cudaError_t rc = cudaEventRecord(ev, stream_);
+    if (rc != cudaSuccess) {
+      cudaEventDestroy(ev);
+      check_cuda(rc, what + ": cudaEventRecord");
+    }
+    return std::make_unique<NcclHandle>(this, std::move(what), ev, deadline_in(timeout_s_));
+  }
+
+  int device_;
+  int rank_ = 0;
+  int size_ = 1;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  void* scratch_ = nullptr;
+  std::uint64_t seq_ = 0;
+  std::string broken_;
+  comm::StatsCounter stats_;
+};
+
+NcclHandle::~NcclHandle() {
+  if (!waited_) {
+    try {
+      wait();
+    } catch (const std::exception& e) {
+      log_error("unwaited collective failed: ", e.what());
+    }
+  }
+  if (event_) cudaEventDestroy(event_);
+}
+
+bool NcclHandle::done() {
+  if (finished_) return true;
+  cudaError_t rc = cudaEventQuery(event_);
+  if (rc == cudaSuccess) {
+    finished_ = true;
+    return true;
+  }
+  if (rc != cudaErrorNotReady) check_cuda(rc, what_ + ": cudaEventQuery");
+  comm_->poll_async_error(what_);
+  return false;
+}
+
+void NcclHandle::wait() {
+  waited_ = true;
+  while (!done()) {
+    if (Clock::now() > deadline_) {
+      std::string msg = strcat(what_, ": timed out after ", comm_->timeout_s(),
+                               " s (a peer is dead or stalled; NCCL communicator aborted)");
+      finished_ = true;
+      comm_->abort_on_timeout(msg);
+      fail(ErrorCode::kTimeout, msg);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+}  // namespace
+
+bool nccl_available() { return true; }
+
+std::unique_ptr<Communicator> make_nccl_communicator(const NcclBootstrap& bootstrap, int device,
+                                                     double timeout_s) {
+  if (!(timeout_s > 0)) fail(ErrorCode::kInvalidArgument, "NCCL communicator: timeout must be > 0");
+  return std::make_unique<NcclCommunicator>(bootstrap, device, timeout_s);
+}
+
+}  // namespace strata
