@@ -1,0 +1,114 @@
+// The compute device the tier store moves data to and from: a CUDA GPU, or a host-emulated device
+// for machines without one (device memory is host memory, a stream is an ordered work queue on a
+// worker thread, events behave the same). Both run the same code paths above this interface.
+//
+// Ownership: make_device() returns the owner. DeviceMemory, Stream and Event are RAII owners of
+// their allocation / stream / event and must not outlive the Device that made them.
+//
+// Thread-safety: Device::alloc/free/create_* may be called from any thread. A Stream is meant to
+// be fed by one thread at a time (like a CUDA stream); an Event may be waited on from any thread.
+//
+// Failure behaviour: every CUDA return code is checked. Synchronous calls throw
+// Error(kOutOfMemory) for a failed allocation and Error(kDevice) otherwise, naming the call and the
+// CUDA error string. Work queued on a stream reports its failure at the wait that observes it
+// (Stream::synchronize, Event::synchronize) as Error(kDevice). No wait blocks forever: each takes
+// a timeout and throws Error(kTimeout) past it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "strata/config.hpp"
+
+namespace strata {
+
+class Device;
+
+// A recorded point in a stream. Waitable from any thread, reusable (record again).
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True when all work queued before the last record() has finished (an event never recorded is
+  // complete). Throws the stream's error if that work failed.
+  virtual bool query() = 0;
+  // Blocks until complete; throws Error(kTimeout) past `timeout`, Error(kDevice) on failure.
+  virtual void synchronize(std::chrono::milliseconds timeout) = 0;
+};
+
+// An ordered queue of asynchronous device work.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  // Queues a copy of `bytes` bytes. Either pointer may be device memory (Device::alloc) or host
+  // memory; host memory should be page-locked (Device::register_host / PinnedPool) for the copy to
+  // be truly asynchronous on a GPU. Both ranges must stay valid until the copy is complete.
+  virtual void memcpy_async(void* dst, const void* src, std::size_t bytes) = 0;
+  // Queues filling `bytes` bytes of device memory with `value`.
+  virtual void memset_async(void* dst, int value, std::size_t bytes) = 0;
+  // Marks the current end of the queue in `event` (which must come from the same Device).
+  virtual void record(Event& event) = 0;
+  // Work queued after this call starts only after `event` completes.
+  virtual void wait_event(Event& event) = 0;
+  // Blocks until everything queued so far is done. Throws Error(kTimeout) past `timeout` and the
+  // first error of queued work (Error(kDevice)); the stream stays unusable after such an error.
+  virtual void synchronize(std::chrono::milliseconds timeout) = 0;
+};
+
+// A device allocation, freed on destruction. Move-only.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(Device* device, void* ptr, std::size_t bytes) : device_(device), ptr_(ptr), bytes_(bytes) {}
+  DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() { reset(); }
+  void reset() noexcept;
+  void* get() const noexcept { return ptr_; }
+  std::size_t size() const noexcept { return bytes_; }
+  explicit operator bool() const noexcept { return ptr_ != nullptr; }
+
+ private:
+  Device* device_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;  // kCuda or kHost
+  // "cuda:0 NVIDIA H200" or "host-emulated".
+  virtual std::string name() const = 0;
+  // Memory the device has (for the host device: the value it was created with).
+  virtual std::uint64_t total_memory() const = 0;
+
+  // Device memory of `bytes` bytes (256-byte aligned at least). Throws Error(kOutOfMemory).
+  DeviceMemory allocate(std::size_t bytes) { return DeviceMemory(this, alloc(bytes), bytes); }
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void free(void* ptr) noexcept = 0;
+
+  virtual std::unique_ptr<Stream> create_stream() = 0;
+  virtual std::unique_ptr<Event> create_event() = 0;
+
+  // Page-locks host memory for fast asynchronous copies (cudaHostRegister). Returns false when
+  // this device has no such notion (host device): the caller then uses mlock itself.
+  virtual bool register_host(void* ptr, std::size_t bytes) = 0;
+  virtual void unregister_host(void* ptr) noexcept = 0;
+};
+
+// Probing factory. kAuto: the CUDA device when this build has CUDA and a GPU answers, else the
+// host-emulated device; kCuda without a usable GPU throws Error(kUnsupported) saying why; kHost
+// always works. The choice is logged. `host_memory` is the host device's total_memory().
+std::unique_ptr<Device> make_device(DeviceKind kind, int ordinal = 0,
+                                    std::uint64_t host_memory = 1ULL << 40);
+
+// The host-emulated device, directly (tests).
+std::unique_ptr<Device> make_host_device(std::uint64_t total_memory = 1ULL << 40);
+
+}  // namespace strata
