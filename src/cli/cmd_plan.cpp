@@ -1,0 +1,211 @@
+// `strata plan CONFIG [--set k=v]... [--json]`: what lives in which tier, what crosses each link
+// per step, and whether it fits (include/strata/plan.hpp).
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/command.hpp"
+#include "strata/config.hpp"
+#include "strata/plan.hpp"
+#include "strata/units.hpp"
+
+namespace {
+
+using nlohmann::json;
+using strata::format_bytes;
+
+json state_json(const strata::StateBytes& s) {
+  return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
+}
+
+json tiers_json(const strata::TierBytes& t) {
+  return {{"gpu", t.gpu},
+          {"pinned_host", t.pinned_host},
+          {"pageable_host", t.pageable_host},
+          {"nvme", t.nvme},
+          {"total", t.total()}};
+}
+
+json target_json(const strata::OffloadTarget& t) {
+  return {{"tier", strata::tier_name(t.tier)}, {"fraction", t.fraction}, {"pin_memory", t.pin_memory}};
+}
+
+json layout_json(const strata::Layout& l) {
+  json j;
+  j["stage"] = l.stage;
+  j["description"] = l.describe();
+  j["offload"] = {{"optimizer", target_json(l.offload.optimizer)},
+                  {"gradients", target_json(l.offload.gradients)},
+                  {"params", target_json(l.offload.params)}};
+  j["state_per_rank_bytes"] = state_json(l.footprint.bytes);
+  j["by_kind_per_rank_bytes"] = {{"gpu", state_json(l.on_gpu)},
+                                 {"host", state_json(l.on_host)},
+                                 {"nvme", state_json(l.on_nvme)}};
+  j["swap_pool_per_rank_bytes"] = l.swap_pool;
+  j["per_rank_bytes"] = tiers_json(l.per_rank);
+  j["per_node_bytes"] = tiers_json(l.per_node);
+  j["traffic_per_rank_per_step_bytes"] = {{"nvme_read", l.traffic.nvme_read},
+                                          {"nvme_write", l.traffic.nvme_write},
+                                          {"host_to_device", l.traffic.host_to_device},
+                                          {"device_to_host", l.traffic.device_to_host},
+                                          {"network", l.traffic.network}};
+  j["verdicts"] = json::array();
+  for (const auto& v : l.verdicts) {
+    json vj = {{"tier", v.tier}, {"scope", v.scope}, {"used_bytes", v.used}, {"fits", v.fits()}};
+    vj["budget_bytes"] = v.limited ? json(v.budget) : json(nullptr);
+    vj["overflow_bytes"] = v.overflow();
+    j["verdicts"].push_back(vj);
+  }
+  j["fits"] = l.fits();
+  return j;
+}
+
+json plan_json(const strata::Config& c, const strata::Plan& p) {
+  json j;
+  j["config"] = c.source;
+  j["parameters"] = p.parameters;
+  j["ranks"] = p.ranks;
+  j["ranks_per_node"] = p.ranks_per_node;
+  j["nodes"] = p.nodes;
+  j["precision"] = {{"params", strata::dtype_name(c.precision.params)},
+                    {"grads", strata::dtype_name(c.precision.grads)}};
+  const auto& b = p.bytes_per_param;
+  j["bytes_per_param"] = {{"params", b.params}, {"grads", b.grads}, {"master", b.master},
+                          {"moments", b.moments}, {"total", b.total()}};
+  j["stages"] = json::array();
+  for (const auto& s : p.stages)
+    j["stages"].push_back({{"stage", s.stage},
+                           {"param_elements", s.param_elements},
+                           {"grad_elements", s.grad_elements},
+                           {"optimizer_elements", s.optimizer_elements},
+                           {"per_rank_bytes", state_json(s.bytes)}});
+  j["configured"] = layout_json(p.configured);
+  json a = {{"available", p.activations.available}};
+  if (p.activations.available) {
+    a["per_layer_bytes"] = p.activations.per_layer;
+    a["without_checkpointing_bytes"] = p.activations.without_checkpointing;
+    a["with_checkpointing_bytes"] = p.activations.with_checkpointing;
+    a["fits_without_checkpointing"] = p.activations.fits_without_checkpointing;
+    a["fits_with_checkpointing"] = p.activations.fits_with_checkpointing;
+  }
+  j["activations_per_rank"] = a;
+  j["recommendation"] = {{"found", p.recommendation.found}, {"reason", p.recommendation.reason}};
+  if (p.recommendation.found) j["recommendation"]["layout"] = layout_json(p.recommendation.layout);
+  j["assumptions"] = p.assumptions;
+  j["notes"] = p.notes;
+  return j;
+}
+
+std::string cell(const std::string& s, std::size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
+std::string rcell(const std::string& s, std::size_t w) {
+  return s.size() >= w ? " " + s : std::string(w - s.size(), ' ') + s;
+}
+
+void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
+  const auto& b = p.bytes_per_param;
+  o << "strata plan: " << c.source << "\n"
+    << "  model: " << strata::format_count(p.parameters) << " parameters, "
+    << strata::dtype_name(c.precision.params) << " params, " << strata::dtype_name(c.precision.grads)
+    << " grads, " << strata::optimizer_name(c.optimizer.type) << "\n"
+    << "  bytes per parameter: " << b.params << " params + " << b.grads << " grads + "
+    << b.optimizer() << " optimizer (" << b.master << " master + " << b.moments
+    << " moments) = " << b.total() << "\n"
+    << "  world: " << p.ranks << " ranks, " << p.ranks_per_node << " per node, " << p.nodes
+    << " node(s)\n\n";
+
+  o << "Model state per rank by ZeRO stage (nothing offloaded):\n"
+    << "  " << cell("stage", 8) << rcell("params", 12) << rcell("grads", 12) << rcell("optimizer", 12)
+    << rcell("total", 12) << "\n";
+  for (const auto& s : p.stages)
+    o << "  " << cell(std::to_string(s.stage) + (s.stage == c.zero.stage ? " *" : ""), 8)
+      << rcell(format_bytes(s.bytes.params), 12) << rcell(format_bytes(s.bytes.grads), 12)
+      << rcell(format_bytes(s.bytes.optimizer), 12) << rcell(format_bytes(s.bytes.total()), 12)
+      << "\n";
+
+  const auto& l = p.configured;
+  o << "\nConfigured: " << l.describe() << "\n"
+    << "  " << cell("tier", 16) << rcell("per rank", 12) << rcell("per node", 12) << "\n";
+  auto row = [&](const char* name, std::uint64_t r, std::uint64_t n) {
+    o << "  " << cell(name, 16) << rcell(format_bytes(r), 12) << rcell(format_bytes(n), 12) << "\n";
+  };
+  row("gpu", l.per_rank.gpu, l.per_node.gpu);
+  row("pinned host", l.per_rank.pinned_host, l.per_node.pinned_host);
+  row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
+  row("nvme", l.per_rank.nvme, l.per_node.nvme);
+  o << "  pinned swap-buffer pool: "
+    << (l.swap_pool ? format_bytes(l.swap_pool) + " per rank (" +
+                          std::to_string(c.tiers.host.buffer_count) + " x " +
+                          format_bytes(c.tiers.host.buffer_size, true) + "), in pinned host"
+                    : std::string("none (nothing on nvme)"))
+    << "\n";
+
+  o << "\nBytes per optimizer step, per rank:\n";
+  auto link = [&](const char* name, std::uint64_t v) {
+    o << "  " << cell(name, 16) << rcell(format_bytes(v), 12) << "\n";
+  };
+  link("nvme read", l.traffic.nvme_read);
+  link("nvme write", l.traffic.nvme_write);
+  link("host->device", l.traffic.host_to_device);
+  link("device->host", l.traffic.device_to_host);
+  link("network", l.traffic.network);
+
+  o << "\nVerdict: " << (l.fits() ? "fits" : "DOES NOT FIT") << "\n";
+  for (const auto& v : l.verdicts) {
+    o << "  " << cell(v.tier, 12) << rcell(format_bytes(v.used), 12) << " per " << cell(v.scope, 5);
+    if (!v.limited) o << "  (no budget)\n";
+    else
+      o << " of " << rcell(format_bytes(v.budget), 10)
+        << (v.fits() ? "  ok" : "  OVER by " + format_bytes(v.overflow())) << "\n";
+  }
+
+  if (p.activations.available) {
+    const auto& a = p.activations;
+    o << "\nActivations per rank (Korthikanti et al., 16-bit):\n"
+      << "  without checkpointing: " << format_bytes(a.without_checkpointing)
+      << (a.fits_without_checkpointing ? " (fits with model state)" : " (does not fit with model state)")
+      << "\n  with checkpointing:    " << format_bytes(a.with_checkpointing)
+      << (a.fits_with_checkpointing ? " (fits with model state)" : " (does not fit with model state)")
+      << "\n";
+  }
+
+  o << "\nRecommendation: "
+    << (p.recommendation.found ? p.recommendation.layout.describe() : std::string("none"))
+    << "\n  " << p.recommendation.reason << "\n";
+  if (!p.notes.empty()) {
+    o << "\nNotes:\n";
+    for (const auto& n : p.notes) o << "  - " << n << "\n";
+  }
+  o << "\nAssumptions:\n";
+  for (const auto& a : p.assumptions) o << "  - " << a << "\n";
+}
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool json = false;
+};
+
+const bool kRegistered = strata::cli::register_command(
+    {"plan", "Show what a config puts in each tier, what crosses each link, and whether it fits",
+     [](CLI::App& cmd) {
+       auto opts = std::make_shared<Options>();
+       cmd.add_option("CONFIG", opts->config, "YAML config file")->required();
+       strata::cli::add_set_option(cmd, opts->overrides);
+       cmd.add_flag("--json", opts->json, "Print one JSON document (sizes in bytes)");
+       return [opts]() -> int {
+         strata::Config c = strata::load_config(opts->config, opts->overrides);
+         strata::Plan p = strata::make_plan(c);
+         if (opts->json) {
+           std::cout << plan_json(c, p).dump(2) << "\n";
+         } else {
+           print_human(std::cout, c, p);
+         }
+         return 0;
+       };
+     }});
+
+}  // namespace
