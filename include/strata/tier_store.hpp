@@ -1,0 +1,166 @@
+// TierStore: named buffers (an FP32 master shard, a moment shard...) with a home tier, moved
+// asynchronously between GPU memory (Device), host memory and NVMe (SwapSpace through the
+// IoEngine), within hard per-tier budgets, never losing or corrupting a byte.
+//
+// Model. Each buffer has at most one copy per tier. A copy is *valid* when it holds the current
+// contents. register_buffer() creates a zero-filled valid copy in the home tier (on NVMe: an
+// extent known to be zero, no I/O). Operations, each asynchronous and returning a Transfer:
+//   prefetch(id, t)  make the copy in t valid (copying from the nearest valid copy); keep others.
+//   move(id, t)      prefetch, then drop the memory-tier (gpu/cpu) copies other than t. A valid
+//                    NVMe copy is kept (it is clean: a later move to NVMe writes nothing).
+//   evict(id, t)     drop the copy in t; when it is the only valid copy, first write it to the
+//                    next lower allowed tier (gpu → cpu → nvme). A clean copy is not rewritten.
+//   acquire(id, t, access)  prefetch, then pin the copy in t and return its address (t gpu or cpu).
+//                    With Access::kWrite the other copies become invalid (the caller will modify it);
+//                    this needs no pins on other tiers. release(id, t) unpins.
+// Operations on one buffer run one at a time in submission order; different buffers run in
+// parallel on the mover threads. Nothing reads a copy while a transfer into it is in flight: an
+// acquire waits behind the transfer. A pinned copy is never dropped nor written into; a transfer
+// that would is failed (Error(kInvalidArgument) naming the buffer and the pins).
+// NVMe ⇄ GPU goes through the pinned pool in pieces of buffer_size, overlapping the NVMe leg of one
+// piece with the PCIe leg of another. Host ⇄ NVMe goes directly from the host copy (page-aligned).
+//
+// Budgets (checked when the transfer starts; failing = Error(kBudget) at the wait, nothing
+// changed): gpu copies ≤ tiers.gpu.budget; host copies + the pinned pool ≤ tiers.host.budget;
+// NVMe extents ≤ the swap space reserved at construction.
+// Checksums (tiers.nvme.checksum): CRC32C per piece of every NVMe write, verified on every read
+// back; a mismatch fails the transfer with Error(kChecksum) naming the buffer, the offset in the
+// buffer and the swap file and offset. The destination copy stays invalid, the source stays valid.
+//
+// Failures of a transfer surface at its Transfer::wait(), never silently: I/O errors as IoError,
+// device errors as Error(kDevice). A failed transfer leaves the source copy valid and the
+// destination invalid. Waits take timeouts (Error(kTimeout)).
+//
+// Ownership: the store borrows the Device, IoEngine and PinnedPool (they must outlive it) and owns
+// the SwapSpace (created at construction: swap files, fallocate) and every copy. The destructor
+// waits for queued transfers (bounded), frees every copy and removes the swap files.
+// Thread-safety: every member may be called concurrently from any thread. Addresses from acquire()
+// stay valid until the matching release().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/config.hpp"
+
+namespace strata {
+
+class Device;
+class IoEngine;
+class PinnedPool;
+class SwapSpace;
+
+using BufferId = std::uint32_t;
+
+enum class Access { kRead, kWrite };
+
+struct BufferSpec {
+  std::string name;          // unique in the store
+  std::uint64_t bytes = 0;   // > 0, any value (copies are padded to the I/O alignment)
+  DType dtype = DType::kFp32;
+  Tier home = Tier::kCpu;
+  std::vector<Tier> allowed;  // empty = all tiers; must contain home
+};
+
+struct TierStoreOptions {
+  std::uint64_t gpu_budget = 80'000'000'000ULL;  // tiers.gpu.budget
+  std::uint64_t host_budget = 512ULL << 30;      // tiers.host.budget (includes the pinned pool)
+  // NVMe swap space reserved for this rank at construction; 0 = no NVMe tier.
+  std::uint64_t nvme_capacity = 0;
+  std::vector<std::string> nvme_paths;           // tiers.nvme.paths
+  std::uint64_t block_size = 1ULL << 20;         // tiers.nvme.block_size (stripe unit)
+  bool checksum = true;                          // tiers.nvme.checksum
+  std::uint32_t rank = 0;
+  std::uint32_t movers = 2;                      // threads running transfers
+  std::chrono::milliseconds timeout{120000};     // bound on internal waits (I/O, device, pool)
+
+  // From the YAML. nvme_capacity: `nvme_capacity` if > 0, else tiers.nvme.budget divided among
+  // the node's ranks (0 when both are 0).
+  static TierStoreOptions from(const Config& config, std::uint32_t rank,
+                               std::uint64_t nvme_capacity = 0);
+};
+
+// The handle of one asynchronous operation. Copyable (shared state); a default-constructed one is
+// complete.
+class Transfer {
+ public:
+  struct State;
+  Transfer() = default;
+  explicit Transfer(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  bool ready() const;
+  // Blocks until done; rethrows the operation's error (every waiter gets it); Error(kTimeout) past
+  // `timeout` (the operation keeps running).
+  void wait(std::chrono::milliseconds timeout = std::chrono::minutes(2)) const;
+  // For acquire(): the pinned address, after wait().
+  void* pointer() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct BufferInfo {
+  std::string name;
+  std::uint64_t bytes = 0;
+  DType dtype = DType::kFp32;
+  Tier home = Tier::kCpu;
+  bool valid[3] = {false, false, false};      // indexed by Tier: holds the current contents
+  bool allocated[3] = {false, false, false};  // has storage in the tier
+  std::uint32_t pins[3] = {0, 0, 0};
+  bool in_flight = false;  // an operation is queued or running
+  bool dirty = false;      // the contents are not on NVMe (a write-back would write)
+};
+
+struct TierUsage {
+  std::uint64_t used = 0;    // bytes held by copies (and the pinned pool for cpu)
+  std::uint64_t budget = 0;  // capacity for nvme
+};
+
+struct TierStoreStats {
+  std::uint64_t bytes_to_nvme = 0, bytes_from_nvme = 0;
+  std::uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;
+  std::uint64_t writes_skipped_clean = 0;  // write-backs avoided because the NVMe copy was valid
+  std::uint64_t checksum_failures = 0;
+};
+
+class TierStore {
+ public:
+  TierStore(const TierStoreOptions& options, Device& device, IoEngine& engine, PinnedPool& pool);
+  ~TierStore();
+  TierStore(const TierStore&) = delete;
+  TierStore& operator=(const TierStore&) = delete;
+
+  // Throws Error(kInvalidArgument) for a duplicate name, 0 bytes, home not allowed, and
+  // Error(kBudget) when the home tier cannot hold it.
+  BufferId register_buffer(const BufferSpec& spec);
+  // Waits for the buffer's queued operations (bounded); fails if it is pinned.
+  void unregister_buffer(BufferId id);
+  BufferId find(const std::string& name) const;  // Error(kInvalidArgument) if unknown
+
+  Transfer move(BufferId id, Tier to);
+  Transfer prefetch(BufferId id, Tier to);
+  Transfer evict(BufferId id, Tier from);
+  Transfer acquire_async(BufferId id, Tier tier, Access access);
+  // acquire_async + wait: the address of the pinned copy.
+  void* acquire(BufferId id, Tier tier, Access access,
+                std::chrono::milliseconds timeout = std::chrono::minutes(2));
+  void release(BufferId id, Tier tier);
+
+  // Waits until no operation is queued or running.
+  void wait_idle(std::chrono::milliseconds timeout = std::chrono::minutes(2));
+
+  BufferInfo info(BufferId id) const;
+  TierUsage usage(Tier tier) const;
+  TierStoreStats stats() const;
+  const SwapSpace* swap_space() const;  // null without an NVMe tier
+  // Where the buffer's NVMe extent lies (tests): {swap offset, length}; {0,0} if none.
+  std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

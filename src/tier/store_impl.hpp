@@ -1,0 +1,147 @@
+// TierStore internals: per-buffer state, the job queue and the mover threads (tier_store.cpp), and
+// the data paths between tiers (tier_copy.cpp).
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "strata/device.hpp"
+#include "strata/io_engine.hpp"
+#include "strata/io_file.hpp"
+#include "strata/pinned_pool.hpp"
+#include "strata/swap_space.hpp"
+#include "strata/tier_store.hpp"
+
+namespace strata {
+
+struct Transfer::State {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;         // guarded by mutex
+  std::exception_ptr error;  // guarded by mutex
+  void* pointer = nullptr;   // guarded by mutex
+  void finish(std::exception_ptr err, void* ptr);
+};
+
+namespace tier {
+
+inline int ti(Tier t) { return static_cast<int>(t); }
+
+struct Copy {
+  IoBuffer host;        // Tier::kCpu storage
+  DeviceMemory gpu;     // Tier::kGpu storage
+  SwapExtent extent{};  // Tier::kNvme storage (length 0 = none)
+  bool valid = false;
+  std::uint32_t pins = 0;
+  std::uint32_t write_pins = 0;
+};
+
+struct Buf {
+  BufferId id = 0;
+  BufferSpec spec;
+  std::uint64_t padded = 0;  // bytes rounded up to the swap alignment
+  bool allowed[3] = {false, false, false};
+  Copy copy[3];
+  bool nvme_zero = false;          // the NVMe copy is valid and all zero (never written)
+  std::vector<std::uint32_t> crc;  // per piece of the NVMe copy, when checksums are on
+  std::uint32_t queued = 0;        // jobs queued or running
+  bool running = false;
+  std::vector<IoBuffer> quarantine;  // storage an unfinished (timed-out) transfer may still touch
+  std::vector<DeviceMemory> gpu_quarantine;
+};
+
+enum class OpKind { kMove, kPrefetch, kEvict, kAcquire };
+
+struct Job {
+  OpKind kind;
+  Buf* buf;
+  Tier tier;
+  Access access;
+  std::shared_ptr<Transfer::State> state;
+};
+
+// What one mover thread owns.
+struct WorkerContext {
+  std::unique_ptr<Stream> stream;
+  std::vector<std::unique_ptr<Event>> events;
+};
+
+}  // namespace tier
+
+class TierStore::Impl {
+ public:
+  Impl(const TierStoreOptions& options, Device& device, IoEngine& engine, PinnedPool& pool);
+  ~Impl();
+
+  BufferId register_buffer(const BufferSpec& spec);
+  void unregister_buffer(BufferId id);
+  BufferId find(const std::string& name) const;
+  Transfer submit(tier::OpKind kind, BufferId id, Tier tier, Access access);
+  void release(BufferId id, Tier tier);
+  void wait_idle(std::chrono::milliseconds timeout);
+  BufferInfo info(BufferId id) const;
+  TierUsage usage(Tier tier) const;
+  TierStoreStats stats() const;
+  const SwapSpace* swap() const { return swap_.get(); }
+  std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;
+
+ private:
+  // ---- scheduling (tier_store.cpp)
+  void worker_loop(tier::WorkerContext& ctx);
+  void run_job(tier::Job& job, tier::WorkerContext& ctx);
+  tier::Buf& buf_locked(BufferId id) const;  // mutex_ held
+  // Operations; run on a mover thread, the buffer is exclusively theirs (running).
+  void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
+  void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
+  void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
+  void reserve_locked(tier::Buf& b, Tier t);  // mutex_ held; budget check
+  void unreserve_locked(tier::Buf& b, Tier t);
+  std::string where(const tier::Buf& b) const;
+
+  // ---- data paths (tier_copy.cpp); the destination's storage exists. Throw on failure; never
+  // return while the device or the kernel may still touch a buffer (unless `*unsafe` is set).
+  void copy_host_to_nvme(tier::Buf& b, const std::uint8_t* src, bool* unsafe);
+  void copy_nvme_to_host(tier::Buf& b, std::uint8_t* dst, bool* unsafe);
+  void copy_gpu_to_nvme(tier::Buf& b, const std::uint8_t* src, tier::WorkerContext& ctx,
+                        bool* unsafe);
+  void copy_nvme_to_gpu(tier::Buf& b, std::uint8_t* dst, tier::WorkerContext& ctx, bool* unsafe);
+  void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
+                   bool* unsafe);
+  void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
+  std::uint64_t piece_size() const { return pool_.buffer_size(); }
+  std::size_t pieces(const tier::Buf& b) const {
+    return static_cast<std::size_t>((b.padded + piece_size() - 1) / piece_size());
+  }
+
+  TierStoreOptions options_;
+  Device& device_;
+  IoEngine& engine_;
+  PinnedPool& pool_;
+  std::unique_ptr<SwapSpace> swap_;
+  std::uint32_t align_ = 4096;
+  std::uint32_t window_ = 1;  // pinned buffers one transfer may hold
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;   // a job was queued or stop_
+  std::condition_variable state_cv_;  // a job finished
+  std::unordered_map<BufferId, std::unique_ptr<tier::Buf>> bufs_;  // guarded by mutex_
+  std::deque<tier::Job> queue_;                                     // guarded by mutex_
+  std::uint32_t running_ = 0;                                       // guarded by mutex_
+  BufferId next_id_ = 1;                                            // guarded by mutex_
+  std::uint64_t used_[3] = {0, 0, 0};                               // guarded by mutex_
+  TierStoreStats stats_;                                            // guarded by mutex_
+  bool stop_ = false;                                               // guarded by mutex_
+
+  std::mutex admin_mutex_;  // guards admin_stream_
+  std::unique_ptr<Stream> admin_stream_;
+  std::vector<std::unique_ptr<tier::WorkerContext>> contexts_;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace strata

@@ -1,0 +1,326 @@
+// The data paths of the tier store. NVMe I/O is cut into pieces of the pinned pool's buffer size;
+// each piece of an NVMe copy has its own CRC32C (when checksums are on), computed before the write
+// and verified after every read. GPU ⇄ NVMe goes through pinned pool buffers with a window of
+// pieces in flight, so the NVMe leg of one piece overlaps the PCIe leg of the next.
+#include <cstring>
+#include <deque>
+#include <utility>
+
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "tier/crc32c.hpp"
+#include "tier/store_impl.hpp"
+
+namespace strata {
+
+using tier::Buf;
+using tier::ti;
+using tier::WorkerContext;
+
+namespace {
+
+// Waits for every ticket (all of them, also after a failure, so no buffer is still in use when
+// this returns); rethrows the first failure. A ticket that does not finish within `timeout` sets
+// *unsafe (its buffer may still be written by the kernel) and becomes Error(kTimeout).
+class TicketSet {
+ public:
+  TicketSet(IoEngine& engine, std::chrono::milliseconds timeout) : engine_(engine), timeout_(timeout) {}
+  ~TicketSet() {
+    bool unsafe = false;
+    drain(&unsafe);
+  }
+  void add(IoTicket t) { tickets_.push_back(t); }
+  // Waits for the oldest ticket; returns its index in submission order.
+  void wait_front(bool* unsafe) {
+    IoTicket t = tickets_.front();
+    tickets_.pop_front();
+    wait_one(t, unsafe);
+  }
+  void drain(bool* unsafe) {
+    while (!tickets_.empty()) {
+      try {
+        wait_front(unsafe);
+      } catch (...) {
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+  }
+  void finish(bool* unsafe) {
+    drain(unsafe);
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+  std::size_t size() const { return tickets_.size(); }
+
+ private:
+  void wait_one(IoTicket t, bool* unsafe) {
+    if (!engine_.wait(t, timeout_)) {
+      *unsafe = true;
+      fail(ErrorCode::kTimeout, strcat("tier store: I/O not complete after ", timeout_.count(), " ms"));
+    }
+  }
+  IoEngine& engine_;
+  std::chrono::milliseconds timeout_;
+  std::deque<IoTicket> tickets_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
+  if (!options_.checksum || b.crc.empty()) return;
+  const std::uint32_t got = tier::crc32c(data, len);
+  if (got == b.crc[piece]) return;
+  const std::uint64_t off = piece * piece_size();
+  const auto [path, file_off] = swap_->locate(b.copy[ti(Tier::kNvme)].extent.offset + off);
+  {
+    std::lock_guard lock(mutex_);
+    ++stats_.checksum_failures;
+  }
+  fail(ErrorCode::kChecksum,
+       strcat("checksum mismatch reading buffer '", b.spec.name, "' back from NVMe at buffer offset ",
+              off, " (", len, " bytes; swap file ", path, " offset ", file_off,
+              "): CRC32C stored 0x", std::hex, b.crc[piece], ", read 0x", got, std::dec));
+}
+
+void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  TicketSet set(engine_, options_.timeout);
+  for (std::size_t i = 0, n = pieces(b); i < n; ++i) {
+    const std::uint64_t off = i * piece_size();
+    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
+    if (!b.crc.empty()) b.crc[i] = tier::crc32c(src + off, len);
+    set.add(engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
+                                     len, base + off}));
+  }
+  set.finish(unsafe);
+  std::lock_guard lock(mutex_);
+  stats_.bytes_to_nvme += b.padded;
+}
+
+void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe) {
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  TicketSet set(engine_, options_.timeout);
+  const std::size_t n = pieces(b);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t off = i * piece_size();
+    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
+    set.add(engine_.submit(IoRequest{IoOp::kRead, swap_->file(), dst + off, len, base + off}));
+  }
+  // Verify each piece as it lands, while the later ones are still being read.
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t off = i * piece_size();
+    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
+    set.wait_front(unsafe);  // throws: the destructor drains the rest
+    verify_piece(b, i, dst + off, len);
+  }
+  std::lock_guard lock(mutex_);
+  stats_.bytes_from_nvme += b.padded;
+}
+
+void TierStore::Impl::copy_device(void* dst, const void* src, std::size_t bytes, WorkerContext& ctx,
+                                  bool* unsafe) {
+  *unsafe = true;
+  ctx.stream->memcpy_async(dst, src, bytes);
+  ctx.stream->synchronize(options_.timeout);
+  *unsafe = false;
+}
+
+namespace {
+
+// One pinned piece in flight through a GPU ⇄ NVMe pipeline.
+struct Slot {
+  PinnedBuffer buf;
+  Event* event = nullptr;
+  std::size_t piece = 0;
+  std::uint64_t len = 0;
+  IoTicket ticket = 0;
+  int stage = 0;  // see the two pipelines
+};
+
+}  // namespace
+
+// Stage 0: device→pinned copy queued (event); stage 1: NVMe write submitted (ticket).
+void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerContext& ctx,
+                                       bool* unsafe) {
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  const auto timeout = options_.timeout;
+  std::deque<Slot> window;
+  std::vector<Event*> free_events;
+  for (auto& e : ctx.events) free_events.push_back(e.get());
+  std::exception_ptr error;
+
+  auto to_write = [&](Slot& s) {  // stage 0 → 1
+    s.event->synchronize(timeout);
+    if (!b.crc.empty()) b.crc[s.piece] = tier::crc32c(s.buf.data(), s.len);
+    s.ticket = engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len,
+                                        base + s.piece * piece_size()});
+    s.stage = 1;
+  };
+  auto retire_front = [&] {
+    Slot& s = window.front();
+    try {
+      if (s.stage == 0) to_write(s);
+      if (!engine_.wait(s.ticket, timeout)) {
+        *unsafe = true;
+        fail(ErrorCode::kTimeout, "tier store: NVMe write not complete in time");
+      }
+    } catch (...) {
+      if (!error) error = std::current_exception();
+      if (s.stage == 0) {
+        try {
+          s.event->synchronize(timeout);
+        } catch (...) {
+          *unsafe = true;
+        }
+      } else if (s.ticket) {
+        try {
+          engine_.wait(s.ticket, timeout);
+        } catch (...) {
+        }
+      }
+    }
+    free_events.push_back(s.event);
+    window.pop_front();
+  };
+
+  const std::size_t n = pieces(b);
+  for (std::size_t i = 0; i < n && !error; ++i) {
+    const std::uint64_t off = i * piece_size();
+    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
+    const std::uint64_t real = std::min<std::uint64_t>(len, b.spec.bytes - off);
+    PinnedBuffer pb;
+    while (!pb) {
+      if (window.size() < window_ && !free_events.empty()) pb = pool_.try_acquire();
+      if (pb) break;
+      if (!window.empty()) {
+        retire_front();
+        if (error) break;
+      } else {
+        try {
+          pb = pool_.acquire(timeout);
+        } catch (...) {
+          error = std::current_exception();
+          break;
+        }
+      }
+    }
+    if (error) break;
+    try {
+      Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
+      free_events.pop_back();
+      if (real < len) std::memset(s.buf.bytes() + real, 0, len - real);
+      ctx.stream->memcpy_async(s.buf.data(), src + off, real);
+      ctx.stream->record(*s.event);
+      window.push_back(std::move(s));
+      // Start the NVMe write of every piece whose device copy already finished.
+      for (auto& w : window) {
+        if (w.stage == 0) {
+          if (!w.event->query()) break;
+          to_write(w);
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  while (!window.empty()) retire_front();
+  if (error) std::rethrow_exception(error);
+  std::lock_guard lock(mutex_);
+  stats_.bytes_to_nvme += b.padded;
+  stats_.bytes_from_gpu += b.spec.bytes;
+}
+
+// Stage 0: NVMe read submitted (ticket); stage 1: pinned→device copy queued (event).
+void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext& ctx, bool* unsafe) {
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  const auto timeout = options_.timeout;
+  std::deque<Slot> window;
+  std::vector<Event*> free_events;
+  for (auto& e : ctx.events) free_events.push_back(e.get());
+  std::exception_ptr error;
+
+  auto to_device = [&](Slot& s) {  // stage 0 (read done) → 1
+    verify_piece(b, s.piece, s.buf.data(), s.len);
+    const std::uint64_t off = s.piece * piece_size();
+    const std::uint64_t real = std::min<std::uint64_t>(s.len, b.spec.bytes - off);
+    ctx.stream->memcpy_async(dst + off, s.buf.data(), real);
+    ctx.stream->record(*s.event);
+    s.stage = 1;
+  };
+  auto retire_front = [&] {
+    Slot& s = window.front();
+    try {
+      if (s.stage == 0) {
+        if (!engine_.wait(s.ticket, timeout)) {
+          *unsafe = true;
+          fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
+        }
+        s.ticket = 0;
+        to_device(s);
+      }
+      s.event->synchronize(timeout);
+    } catch (...) {
+      if (!error) error = std::current_exception();
+      if (s.stage == 0 && s.ticket) {
+        try {
+          engine_.wait(s.ticket, timeout);
+        } catch (...) {
+        }
+      } else if (s.stage == 1) {
+        try {
+          s.event->synchronize(timeout);
+        } catch (...) {
+          *unsafe = true;
+        }
+      }
+    }
+    free_events.push_back(s.event);
+    window.pop_front();
+  };
+
+  const std::size_t n = pieces(b);
+  for (std::size_t i = 0; i < n && !error; ++i) {
+    const std::uint64_t off = i * piece_size();
+    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
+    PinnedBuffer pb;
+    while (!pb) {
+      if (window.size() < window_ && !free_events.empty()) pb = pool_.try_acquire();
+      if (pb) break;
+      if (!window.empty()) {
+        retire_front();
+        if (error) break;
+      } else {
+        try {
+          pb = pool_.acquire(timeout);
+        } catch (...) {
+          error = std::current_exception();
+          break;
+        }
+      }
+    }
+    if (error) break;
+    try {
+      Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
+      free_events.pop_back();
+      s.ticket = engine_.submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
+      window.push_back(std::move(s));
+      // Queue the device copy of every piece whose read already finished (in order).
+      for (auto& w : window) {
+        if (w.stage == 0) {
+          if (!engine_.poll(w.ticket)) break;
+          w.ticket = 0;
+          to_device(w);
+        }
+      }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  while (!window.empty()) retire_front();
+  if (error) std::rethrow_exception(error);
+  std::lock_guard lock(mutex_);
+  stats_.bytes_from_nvme += b.padded;
+  stats_.bytes_to_gpu += b.spec.bytes;
+}
+
+}  // namespace strata

@@ -1,0 +1,601 @@
+#include "strata/tier_store.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "strata/units.hpp"
+#include "tier/store_impl.hpp"
+
+namespace strata {
+
+using tier::Buf;
+using tier::Job;
+using tier::OpKind;
+using tier::ti;
+using tier::WorkerContext;
+
+namespace {
+constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+}  // namespace
+
+// ---- Transfer ------------------------------------------------------------------------------------
+
+void Transfer::State::finish(std::exception_ptr err, void* ptr) {
+  {
+    std::lock_guard lock(mutex);
+    error = err;
+    pointer = ptr;
+    done = true;
+  }
+  cv.notify_all();
+}
+
+bool Transfer::ready() const {
+  if (!state_) return true;
+  std::lock_guard lock(state_->mutex);
+  return state_->done;
+}
+
+void Transfer::wait(std::chrono::milliseconds timeout) const {
+  if (!state_) return;
+  std::unique_lock lock(state_->mutex);
+  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+    fail(ErrorCode::kTimeout,
+         strcat("tier store: transfer not complete after ", timeout.count(), " ms"));
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+void* Transfer::pointer() const {
+  if (!state_) return nullptr;
+  std::lock_guard lock(state_->mutex);
+  return state_->pointer;
+}
+
+// ---- options -------------------------------------------------------------------------------------
+
+TierStoreOptions TierStoreOptions::from(const Config& c, std::uint32_t rank,
+                                        std::uint64_t nvme_capacity) {
+  TierStoreOptions o;
+  o.gpu_budget = c.tiers.gpu.budget;
+  o.host_budget = c.tiers.host.budget;
+  o.nvme_paths = c.tiers.nvme.paths;
+  o.block_size = c.tiers.nvme.block_size;
+  o.checksum = c.tiers.nvme.checksum;
+  o.rank = rank;
+  o.nvme_capacity = nvme_capacity;
+  if (o.nvme_capacity == 0 && c.tiers.nvme.budget > 0) {
+    o.nvme_capacity = c.tiers.nvme.budget / std::max<std::uint32_t>(1, c.ranks_per_node());
+  }
+  return o;
+}
+
+// ---- Impl: construction --------------------------------------------------------------------------
+
+TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine& engine,
+                      PinnedPool& pool)
+    : options_(options), device_(device), engine_(engine), pool_(pool) {
+  const std::uint64_t pool_bytes = std::uint64_t(pool.buffer_count()) * pool.buffer_size();
+  if (pool_bytes > options_.host_budget) {
+    fail(ErrorCode::kBudget,
+         strcat("tier store: the pinned pool (", pool_bytes, " bytes) exceeds tiers.host.budget (",
+                options_.host_budget, " bytes)"));
+  }
+  used_[ti(Tier::kCpu)] = pool_bytes;
+  if (options_.nvme_capacity > 0) {
+    SwapSpaceOptions so;
+    so.paths = options_.nvme_paths;
+    so.capacity = options_.nvme_capacity;
+    so.rank = options_.rank;
+    so.block_size = options_.block_size;
+    swap_ = std::make_unique<SwapSpace>(so, engine_);
+    align_ = swap_->alignment();
+    if (pool.buffer_size() % align_ != 0) {
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: tiers.host.buffer_size (", pool.buffer_size(),
+                  ") is not a multiple of the swap files' I/O alignment (", align_, ")"));
+    }
+  }
+  const std::uint32_t movers = std::max<std::uint32_t>(1, options_.movers);
+  window_ = std::max<std::uint32_t>(1, pool.buffer_count() / movers);
+  admin_stream_ = device_.create_stream();
+  for (std::uint32_t i = 0; i < movers; ++i) {
+    auto ctx = std::make_unique<WorkerContext>();
+    ctx->stream = device_.create_stream();
+    for (std::uint32_t e = 0; e < window_; ++e) ctx->events.push_back(device_.create_event());
+    contexts_.push_back(std::move(ctx));
+  }
+  for (auto& ctx : contexts_) workers_.emplace_back([this, c = ctx.get()] { worker_loop(*c); });
+}
+
+TierStore::Impl::~Impl() {
+  try {
+    wait_idle(options_.timeout);
+  } catch (const std::exception& e) {
+    log_error("tier store: shutting down with transfers in flight: ", e.what());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& w : workers_) w.join();
+  std::lock_guard lock(mutex_);
+  for (auto& [id, b] : bufs_) {
+    for (Tier t : kTiers) drop_locked(*b, t);
+  }
+  bufs_.clear();
+}
+
+// ---- registration ---------------------------------------------------------------------------------
+
+BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
+  if (spec.name.empty()) fail(ErrorCode::kInvalidArgument, "tier store: a buffer needs a name");
+  if (spec.bytes == 0) {
+    fail(ErrorCode::kInvalidArgument, strcat("tier store: buffer '", spec.name, "' has 0 bytes"));
+  }
+  auto b = std::make_unique<Buf>();
+  b->spec = spec;
+  b->padded = round_up(spec.bytes, align_);
+  if (spec.allowed.empty()) {
+    for (Tier t : kTiers) b->allowed[ti(t)] = true;
+  } else {
+    for (Tier t : spec.allowed) b->allowed[ti(t)] = true;
+  }
+  if (!swap_) b->allowed[ti(Tier::kNvme)] = false;
+  if (!b->allowed[ti(spec.home)]) {
+    fail(ErrorCode::kInvalidArgument,
+         strcat("tier store: buffer '", spec.name, "': home tier ", tier_name(spec.home),
+                spec.home == Tier::kNvme && !swap_ ? " has no swap space" : " is not allowed"));
+  }
+  Tier home = spec.home;
+  {
+    std::lock_guard lock(mutex_);
+    for (auto& [id, other] : bufs_) {
+      if (other->spec.name == spec.name) {
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: buffer '", spec.name, "' is already registered"));
+      }
+    }
+    reserve_locked(*b, home);  // nvme: allocates the extent
+  }
+  try {
+    if (home == Tier::kCpu) {
+      b->copy[ti(home)].host = IoBuffer::allocate(b->padded, HugePageMode::kTransparent);
+    } else if (home == Tier::kGpu) {
+      b->copy[ti(home)].gpu = device_.allocate(b->padded);
+      std::lock_guard lock(admin_mutex_);
+      admin_stream_->memset_async(b->copy[ti(home)].gpu.get(), 0, b->padded);
+      admin_stream_->synchronize(options_.timeout);
+    } else {
+      b->nvme_zero = true;
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    drop_locked(*b, home);
+    throw;
+  }
+  b->copy[ti(home)].valid = true;
+  std::lock_guard lock(mutex_);
+  for (auto& [id, other] : bufs_) {
+    if (other->spec.name == spec.name) {
+      drop_locked(*b, home);
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: buffer '", spec.name, "' is already registered"));
+    }
+  }
+  b->id = next_id_++;
+  BufferId id = b->id;
+  bufs_.emplace(id, std::move(b));
+  return id;
+}
+
+void TierStore::Impl::unregister_buffer(BufferId id) {
+  std::unique_lock lock(mutex_);
+  Buf& b = buf_locked(id);
+  if (!state_cv_.wait_for(lock, options_.timeout, [&] { return b.queued == 0; })) {
+    fail(ErrorCode::kTimeout,
+         strcat("tier store: buffer '", b.spec.name, "' still has transfers after ",
+                options_.timeout.count(), " ms"));
+  }
+  for (Tier t : kTiers) {
+    if (b.copy[ti(t)].pins) {
+      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot unregister buffer '",
+                                               b.spec.name, "': acquired on ", tier_name(t)));
+    }
+  }
+  for (Tier t : kTiers) drop_locked(b, t);
+  bufs_.erase(id);
+}
+
+BufferId TierStore::Impl::find(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  for (auto& [id, b] : bufs_) {
+    if (b->spec.name == name) return id;
+  }
+  fail(ErrorCode::kInvalidArgument, strcat("tier store: no buffer named '", name, "'"));
+}
+
+Buf& TierStore::Impl::buf_locked(BufferId id) const {
+  auto it = bufs_.find(id);
+  if (it == bufs_.end()) fail(ErrorCode::kInvalidArgument, strcat("tier store: no buffer ", id));
+  return *it->second;
+}
+
+// ---- budgets and storage ----------------------------------------------------------------------------
+
+void TierStore::Impl::reserve_locked(Buf& b, Tier t) {
+  if (t == Tier::kNvme) {
+    if (b.copy[ti(t)].extent.length == 0) {
+      b.copy[ti(t)].extent = swap_->allocate(b.padded, strcat("buffer '", b.spec.name, "'"));
+      b.crc.assign(options_.checksum ? pieces(b) : 0, 0);
+    }
+    return;
+  }
+  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
+  if (used_[ti(t)] + b.padded > budget) {
+    fail(ErrorCode::kBudget,
+         strcat("tier store: buffer '", b.spec.name, "' (", b.padded, " bytes) does not fit in the ",
+                tier_name(t), " tier: ", used_[ti(t)], " of ",
+                budget, " bytes in use (tiers.", t == Tier::kGpu ? "gpu" : "host", ".budget",
+                t == Tier::kCpu ? ", the pinned pool included" : "", ")"));
+  }
+  used_[ti(t)] += b.padded;
+}
+
+void TierStore::Impl::unreserve_locked(Buf& b, Tier t) {
+  if (t != Tier::kNvme) used_[ti(t)] -= b.padded;
+}
+
+// Frees the copy's storage (the quarantine keeps storage a timed-out transfer may still touch).
+void TierStore::Impl::drop_locked(Buf& b, Tier t) {
+  tier::Copy& c = b.copy[ti(t)];
+  c.valid = false;
+  if (t == Tier::kCpu && c.host) {
+    c.host = IoBuffer();
+    unreserve_locked(b, t);
+  } else if (t == Tier::kGpu && c.gpu) {
+    c.gpu.reset();
+    unreserve_locked(b, t);
+  } else if (t == Tier::kNvme && c.extent.length) {
+    swap_->free(c.extent);
+    c.extent = {};
+    b.nvme_zero = false;
+  }
+}
+
+std::string TierStore::Impl::where(const Buf& b) const {
+  std::string s;
+  for (Tier t : kTiers) {
+    if (b.copy[ti(t)].pins) s += strcat(s.empty() ? "" : ", ", tier_name(t), " (", b.copy[ti(t)].pins, " pin(s))");
+  }
+  return s;
+}
+
+// ---- the job queue ---------------------------------------------------------------------------------
+
+Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access access) {
+  auto state = std::make_shared<Transfer::State>();
+  {
+    std::lock_guard lock(mutex_);
+    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    Buf& b = buf_locked(id);
+    if (kind == OpKind::kAcquire && tier == Tier::kNvme) {
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: buffer '", b.spec.name, "': acquire needs the gpu or cpu tier"));
+    }
+    if (!b.allowed[ti(tier)]) {
+      fail(ErrorCode::kInvalidArgument, strcat("tier store: buffer '", b.spec.name, "': tier ",
+                                               tier_name(tier), " is not allowed"));
+    }
+    ++b.queued;
+    queue_.push_back(Job{kind, &b, tier, access, state});
+  }
+  work_cv_.notify_one();
+  return Transfer(state);
+}
+
+void TierStore::Impl::worker_loop(WorkerContext& ctx) {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    auto it = queue_.end();
+    work_cv_.wait(lock, [&] {
+      // The first queued job whose buffer is idle: jobs of one buffer run in submission order.
+      it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) { return !j.buf->running; });
+      return stop_ || it != queue_.end();
+    });
+    if (it == queue_.end()) return;  // stop_ and nothing runnable
+    Job job = std::move(*it);
+    queue_.erase(it);
+    job.buf->running = true;
+    ++running_;
+    lock.unlock();
+    run_job(job, ctx);
+    lock.lock();
+    job.buf->running = false;
+    --job.buf->queued;
+    --running_;
+    state_cv_.notify_all();
+    work_cv_.notify_all();  // a job of this buffer may be runnable now
+  }
+}
+
+void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
+  Buf& b = *job.buf;
+  const Tier t = job.tier;
+  void* ptr = nullptr;
+  std::exception_ptr err;
+  try {
+    switch (job.kind) {
+      case OpKind::kPrefetch:
+        ensure_valid(b, t, ctx);
+        break;
+      case OpKind::kMove: {
+        {
+          std::lock_guard lock(mutex_);
+          for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+            if (u != t && b.copy[ti(u)].pins) {
+              fail(ErrorCode::kInvalidArgument,
+                   strcat("tier store: cannot move buffer '", b.spec.name, "' to ", tier_name(t),
+                          ": it is acquired on ", where(b), "; release it first"));
+            }
+          }
+        }
+        ensure_valid(b, t, ctx);
+        std::lock_guard lock(mutex_);
+        for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+          if (u != t) drop_locked(b, u);
+        }
+        break;
+      }
+      case OpKind::kEvict:
+        evict_copy(b, t, ctx);
+        break;
+      case OpKind::kAcquire: {
+        ensure_valid(b, t, ctx);
+        std::lock_guard lock(mutex_);
+        tier::Copy& c = b.copy[ti(t)];
+        if (job.access == Access::kWrite) {
+          for (Tier u : kTiers) {
+            if (u != t && b.copy[ti(u)].pins) {
+              fail(ErrorCode::kInvalidArgument,
+                   strcat("tier store: cannot acquire buffer '", b.spec.name, "' for writing on ",
+                          tier_name(t), ": it is also acquired on ", where(b)));
+            }
+          }
+          // The other copies are about to be stale: memory copies are freed, the NVMe extent kept.
+          for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+            if (u != t) drop_locked(b, u);
+          }
+          b.copy[ti(Tier::kNvme)].valid = false;
+          b.nvme_zero = false;
+          ++c.write_pins;
+        }
+        ++c.pins;
+        ptr = t == Tier::kGpu ? c.gpu.get() : c.host.data();
+        break;
+      }
+    }
+  } catch (...) {
+    err = std::current_exception();
+  }
+  job.state->finish(err, ptr);
+}
+
+void TierStore::Impl::release(BufferId id, Tier tier) {
+  std::lock_guard lock(mutex_);
+  Buf& b = buf_locked(id);
+  tier::Copy& c = b.copy[ti(tier)];
+  if (c.pins == 0) {
+    fail(ErrorCode::kInvalidArgument, strcat("tier store: release of buffer '", b.spec.name,
+                                             "' on ", tier_name(tier), " which is not acquired"));
+  }
+  --c.pins;
+  if (c.write_pins > c.pins) c.write_pins = c.pins;  // a writer's release ends the write
+}
+
+void TierStore::Impl::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!state_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && running_ == 0; })) {
+    fail(ErrorCode::kTimeout, strcat("tier store: ", queue_.size() + running_,
+                                     " transfer(s) still pending after ", timeout.count(), " ms"));
+  }
+}
+
+// ---- operations ------------------------------------------------------------------------------------
+
+void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
+  Tier src = t;
+  {
+    std::lock_guard lock(mutex_);
+    if (b.copy[ti(t)].valid) {
+      if (t == Tier::kNvme) ++stats_.writes_skipped_clean;
+      return;
+    }
+    static constexpr Tier kPrefer[3][2] = {
+        {Tier::kCpu, Tier::kNvme}, {Tier::kGpu, Tier::kNvme}, {Tier::kCpu, Tier::kGpu}};
+    bool found = false;
+    for (Tier s : kPrefer[ti(t)]) {
+      if (b.copy[ti(s)].valid) {
+        src = s;
+        found = true;
+        break;
+      }
+    }
+    if (!found) {
+      fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+    }
+    if (b.copy[ti(src)].write_pins) {
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: buffer '", b.spec.name, "' is acquired for writing on ",
+                  tier_name(src), "; release it before copying it to ", tier_name(t)));
+    }
+    reserve_locked(b, t);  // memory tiers: budget; nvme: the extent (kept once allocated)
+  }
+  tier::Copy& d = b.copy[ti(t)];
+  const tier::Copy& s = b.copy[ti(src)];
+  bool unsafe = false;
+  try {
+    if (t == Tier::kCpu && !d.host) d.host = IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+    if (t == Tier::kGpu && !d.gpu) d.gpu = device_.allocate(b.padded);
+    if (src == Tier::kNvme && b.nvme_zero) {
+      if (t == Tier::kCpu) std::memset(d.host.data(), 0, b.padded);
+      else {
+        unsafe = true;
+        ctx.stream->memset_async(d.gpu.get(), 0, b.padded);
+        ctx.stream->synchronize(options_.timeout);
+        unsafe = false;
+      }
+    } else if (t == Tier::kNvme) {
+      if (src == Tier::kCpu) copy_host_to_nvme(b, s.host.bytes(), &unsafe);
+      else copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(s.gpu.get()), ctx, &unsafe);
+    } else if (src == Tier::kNvme) {
+      if (t == Tier::kCpu) copy_nvme_to_host(b, d.host.bytes(), &unsafe);
+      else copy_nvme_to_gpu(b, static_cast<std::uint8_t*>(d.gpu.get()), ctx, &unsafe);
+    } else {
+      void* dst = t == Tier::kGpu ? d.gpu.get() : d.host.data();
+      const void* from = src == Tier::kGpu ? s.gpu.get() : s.host.data();
+      copy_device(dst, from, b.spec.bytes, ctx, &unsafe);
+      std::lock_guard lock(mutex_);
+      (t == Tier::kGpu ? stats_.bytes_to_gpu : stats_.bytes_from_gpu) += b.spec.bytes;
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    if (unsafe) {  // a transfer may still write into it: keep the memory alive, account it gone
+      if (t == Tier::kCpu && d.host) b.quarantine.push_back(std::move(d.host));
+      if (t == Tier::kGpu && d.gpu) b.gpu_quarantine.push_back(std::move(d.gpu));
+    }
+    if (t == Tier::kNvme) {
+      d.valid = false;  // keep the extent; its contents are unknown
+      b.nvme_zero = false;
+    } else {
+      if (d.host || d.gpu) {
+        drop_locked(b, t);
+      } else {
+        unreserve_locked(b, t);
+      }
+    }
+    throw;
+  }
+  std::lock_guard lock(mutex_);
+  d.valid = true;
+  if (t == Tier::kNvme) b.nvme_zero = false;
+}
+
+void TierStore::Impl::evict_copy(Buf& b, Tier from, WorkerContext& ctx) {
+  Tier target = from;
+  bool need_copy = false;
+  {
+    std::lock_guard lock(mutex_);
+    tier::Copy& c = b.copy[ti(from)];
+    if (c.pins) {
+      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot evict buffer '", b.spec.name,
+                                               "' from ", tier_name(from), ": it is acquired on ",
+                                               where(b), "; release it first"));
+    }
+    bool other_valid = false;
+    for (Tier u : kTiers) other_valid |= (u != from && b.copy[ti(u)].valid);
+    if (c.valid && !other_valid) {
+      bool found = false;
+      for (int u = ti(from) + 1; u < 3; ++u) {
+        if (b.allowed[u]) {
+          target = static_cast<Tier>(u);
+          found = true;
+          break;
+        }
+      }
+      if (!found) {
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: cannot evict buffer '", b.spec.name, "' from ", tier_name(from),
+                    ": it is the only copy and no lower tier is allowed"));
+      }
+      need_copy = true;
+    } else if (c.valid && from != Tier::kNvme && b.copy[ti(Tier::kNvme)].valid) {
+      ++stats_.writes_skipped_clean;
+    }
+  }
+  if (need_copy) ensure_valid(b, target, ctx);
+  std::lock_guard lock(mutex_);
+  drop_locked(b, from);
+}
+
+// ---- queries ----------------------------------------------------------------------------------------
+
+BufferInfo TierStore::Impl::info(BufferId id) const {
+  std::lock_guard lock(mutex_);
+  const Buf& b = buf_locked(id);
+  BufferInfo i;
+  i.name = b.spec.name;
+  i.bytes = b.spec.bytes;
+  i.dtype = b.spec.dtype;
+  i.home = b.spec.home;
+  for (Tier t : kTiers) {
+    const tier::Copy& c = b.copy[ti(t)];
+    i.valid[ti(t)] = c.valid;
+    i.pins[ti(t)] = c.pins;
+    i.allocated[ti(t)] = t == Tier::kCpu ? bool(c.host) : t == Tier::kGpu ? bool(c.gpu) : c.extent.length > 0;
+  }
+  i.in_flight = b.queued > 0;
+  i.dirty = !b.copy[ti(Tier::kNvme)].valid;
+  return i;
+}
+
+TierUsage TierStore::Impl::usage(Tier t) const {
+  std::lock_guard lock(mutex_);
+  if (t == Tier::kNvme) {
+    return swap_ ? TierUsage{swap_->used(), swap_->capacity()} : TierUsage{};
+  }
+  return TierUsage{used_[ti(t)], t == Tier::kGpu ? options_.gpu_budget : options_.host_budget};
+}
+
+TierStoreStats TierStore::Impl::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::pair<std::uint64_t, std::uint64_t> TierStore::Impl::nvme_extent(BufferId id) const {
+  std::lock_guard lock(mutex_);
+  const auto& e = buf_locked(id).copy[ti(Tier::kNvme)].extent;
+  return {e.offset, e.length};
+}
+
+// ---- TierStore ----------------------------------------------------------------------------------------
+
+TierStore::TierStore(const TierStoreOptions& options, Device& device, IoEngine& engine,
+                     PinnedPool& pool)
+    : impl_(std::make_unique<Impl>(options, device, engine, pool)) {}
+TierStore::~TierStore() = default;
+BufferId TierStore::register_buffer(const BufferSpec& spec) { return impl_->register_buffer(spec); }
+void TierStore::unregister_buffer(BufferId id) { impl_->unregister_buffer(id); }
+BufferId TierStore::find(const std::string& name) const { return impl_->find(name); }
+Transfer TierStore::move(BufferId id, Tier to) {
+  return impl_->submit(OpKind::kMove, id, to, Access::kRead);
+}
+Transfer TierStore::prefetch(BufferId id, Tier to) {
+  return impl_->submit(OpKind::kPrefetch, id, to, Access::kRead);
+}
+Transfer TierStore::evict(BufferId id, Tier from) {
+  return impl_->submit(OpKind::kEvict, id, from, Access::kRead);
+}
+Transfer TierStore::acquire_async(BufferId id, Tier tier, Access access) {
+  return impl_->submit(OpKind::kAcquire, id, tier, access);
+}
+void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::milliseconds timeout) {
+  Transfer t = acquire_async(id, tier, access);
+  t.wait(timeout);
+  return t.pointer();
+}
+void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
+void TierStore::wait_idle(std::chrono::milliseconds timeout) { impl_->wait_idle(timeout); }
+BufferInfo TierStore::info(BufferId id) const { return impl_->info(id); }
+TierUsage TierStore::usage(Tier tier) const { return impl_->usage(tier); }
+TierStoreStats TierStore::stats() const { return impl_->stats(); }
+const SwapSpace* TierStore::swap_space() const { return impl_->swap(); }
+std::pair<std::uint64_t, std::uint64_t> TierStore::nvme_extent(BufferId id) const {
+  return impl_->nvme_extent(id);
+}
+
+}  // namespace strata
