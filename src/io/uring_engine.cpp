@@ -1,0 +1,447 @@
+// The io_uring engine: io_threads rings, each created and driven by its own thread (so that
+// SINGLE_ISSUER / DEFER_TASKRUN hold: every io_uring call on a ring, registration included, is
+// made by that ring's thread). Submitters hand pieces to a ring through a mutex-protected queue and
+// wake it through an eventfd whose read is always armed in the ring.
+#include <liburing.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <future>
+#include <thread>
+
+#include "io/engine_base.hpp"
+#include "io/uring_setup.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+
+namespace strata::io {
+
+namespace {
+
+constexpr std::uint64_t kWakeTag = 1;
+constexpr std::uint64_t kCancelTag = 2;
+constexpr unsigned kMaxFiles = 1024;
+constexpr std::uint32_t kMaxRetries = 1000;
+
+class UringEngine final : public EngineBase {
+ public:
+  explicit UringEngine(const IoEngineOptions& options);
+  ~UringEngine() override { shutdown(); }
+
+  IoEngineKind kind() const override { return IoEngineKind::kIoUring; }
+  const char* name() const override { return "io_uring"; }
+  void shutdown() override;
+
+ protected:
+  void dispatch(std::vector<Piece>& pieces) override;
+  int on_file_registered(int slot, int fd) override;
+  void on_file_unregistered(int slot) override;
+  bool on_buffers_registered(std::span<const IoRegion> regions) override;
+
+ private:
+  using Command = std::function<int(io_uring*)>;
+  struct Ring {
+    std::thread thread;
+    std::mutex mu;
+    std::vector<Piece*> incoming;
+    std::vector<std::pair<Command, std::promise<int>>> commands;
+    bool need_wake = false;
+    bool exited = false;
+    bool stopping = false;
+    std::chrono::steady_clock::time_point stop_deadline;
+    int efd = -1;
+    bool files_registered = false;
+  };
+
+  void run(Ring& r, std::promise<std::string>& ready);
+  void wake(Ring& r);
+  int run_on_ring(Ring& r, Command cmd);
+  int run_on_all(const Command& cmd);
+  void handle(Ring& r, io_uring* ring, Piece* p, int res, std::deque<Piece*>& pending,
+              bool cancelling);
+  static void prep(io_uring_sqe* sqe, Piece* p, bool files_registered);
+
+  std::vector<std::unique_ptr<Ring>> rings_;
+  std::atomic<std::uint64_t> rr_{0};
+  std::mutex shutdown_mu_;
+  bool shut_ = false;
+};
+
+UringEngine::UringEngine(const IoEngineOptions& options) : EngineBase(options) {
+  std::string error;
+  for (std::uint32_t i = 0; i < options_.io_threads; ++i) {
+    auto r = std::make_unique<Ring>();
+    r->efd = eventfd(0, EFD_CLOEXEC);
+    if (r->efd < 0) {
+      error = strcat("eventfd: ", std::strerror(errno));
+      break;
+    }
+    std::promise<std::string> ready;
+    auto fut = ready.get_future();
+    Ring* rp = r.get();
+    r->thread = std::thread([this, rp, &ready] { run(*rp, ready); });
+    rings_.push_back(std::move(r));
+    std::string e = fut.get();
+    if (!e.empty()) {
+      error = e;
+      break;
+    }
+  }
+  if (!error.empty()) {
+    shutdown();
+    fail(ErrorCode::kUnsupported, strcat("io_uring: ", error));
+  }
+}
+
+void UringEngine::shutdown() {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (shut_) return;
+  shut_ = true;
+  stop_accepting();
+  auto deadline = std::chrono::steady_clock::now() + options_.shutdown_timeout;
+  for (auto& r : rings_) {
+    {
+      std::lock_guard<std::mutex> rl(r->mu);
+      r->stopping = true;
+      r->stop_deadline = deadline;
+    }
+    wake(*r);
+  }
+  for (auto& r : rings_) {
+    if (r->thread.joinable()) r->thread.join();
+    if (r->efd >= 0) ::close(r->efd);
+    r->efd = -1;
+  }
+}
+
+void UringEngine::wake(Ring& r) {
+  std::uint64_t one = 1;
+  if (r.efd >= 0) {
+    ssize_t n = ::write(r.efd, &one, sizeof one);
+    (void)n;  // eventfd write cannot fail short of overflow, and any pending value wakes it
+  }
+}
+
+void UringEngine::dispatch(std::vector<Piece>& pieces) {
+  const std::size_t n = rings_.size();
+  std::vector<std::vector<Piece*>> per_ring(n);
+  std::uint64_t start = rr_.fetch_add(pieces.size(), std::memory_order_relaxed);
+  for (std::size_t i = 0; i < pieces.size(); ++i)
+    per_ring[(start + i) % n].push_back(new Piece(pieces[i]));
+  for (std::size_t i = 0; i < n; ++i) {
+    if (per_ring[i].empty()) continue;
+    Ring& r = *rings_[i];
+    bool wake_it = false, dead = false;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (r.exited) {
+        dead = true;
+      } else {
+        r.incoming.insert(r.incoming.end(), per_ring[i].begin(), per_ring[i].end());
+        wake_it = r.need_wake;
+        r.need_wake = false;
+      }
+    }
+    if (dead) {
+      for (Piece* p : per_ring[i]) {
+        cancel_piece(*p);
+        delete p;
+      }
+    } else if (wake_it) {
+      wake(r);
+    }
+  }
+}
+
+int UringEngine::run_on_ring(Ring& r, Command cmd) {
+  std::promise<int> prom;
+  auto fut = prom.get_future();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.exited) return -ESHUTDOWN;
+    r.commands.emplace_back(std::move(cmd), std::move(prom));
+    r.need_wake = false;
+  }
+  wake(r);
+  if (fut.wait_for(std::chrono::seconds(30)) != std::future_status::ready) return -ETIMEDOUT;
+  return fut.get();
+}
+
+int UringEngine::run_on_all(const Command& cmd) {
+  for (auto& r : rings_) {
+    int rc = run_on_ring(*r, cmd);
+    if (rc < 0) return rc;
+  }
+  return 0;
+}
+
+int UringEngine::on_file_registered(int slot, int fd) {
+  if (slot < 0 || static_cast<unsigned>(slot) >= kMaxFiles) return -1;
+  for (auto& r : rings_)
+    if (!r->files_registered) return -1;
+  int rc = run_on_all([slot, fd](io_uring* ring) {
+    int f = fd;
+    int n = io_uring_register_files_update(ring, static_cast<unsigned>(slot), &f, 1);
+    return n == 1 ? 0 : (n < 0 ? n : -EIO);
+  });
+  if (rc < 0) {
+    log_debug("io_uring: registering fd ", fd, " failed (", std::strerror(-rc),
+              "); using it unregistered");
+    return -1;
+  }
+  return slot;
+}
+
+void UringEngine::on_file_unregistered(int slot) {
+  run_on_all([slot](io_uring* ring) {
+    int f = -1;
+    io_uring_register_files_update(ring, static_cast<unsigned>(slot), &f, 1);
+    return 0;
+  });
+}
+
+bool UringEngine::on_buffers_registered(std::span<const IoRegion> regions) {
+  std::vector<iovec> iov;
+  for (auto& r : regions) iov.push_back({r.base, r.length});
+  int rc = run_on_all([&iov](io_uring* ring) {
+    io_uring_unregister_buffers(ring);  // -ENXIO when none: fine
+    return io_uring_register_buffers(ring, iov.data(), static_cast<unsigned>(iov.size()));
+  });
+  if (rc < 0) {
+    log_warn("io_uring: registering ", regions.size(), " buffer region(s) failed (",
+             std::strerror(-rc), "); using unregistered buffers");
+    run_on_all([](io_uring* ring) {
+      io_uring_unregister_buffers(ring);
+      return 0;
+    });
+    return false;
+  }
+  return true;
+}
+
+void UringEngine::prep(io_uring_sqe* sqe, Piece* p, bool files_registered) {
+  int fd = p->file->fd();
+  bool fixed_file = files_registered && p->fixed_file >= 0;
+  if (fixed_file) fd = p->fixed_file;
+  std::uint8_t* buf = p->buffer + p->done;
+  auto len = static_cast<unsigned>(p->length - p->done);
+  std::uint64_t off = p->offset + p->done;
+  if (p->kind == IoOp::kRead) {
+    if (p->buf_index >= 0) io_uring_prep_read_fixed(sqe, fd, buf, len, off, p->buf_index);
+    else io_uring_prep_read(sqe, fd, buf, len, off);
+  } else {
+    if (p->buf_index >= 0) io_uring_prep_write_fixed(sqe, fd, buf, len, off, p->buf_index);
+    else io_uring_prep_write(sqe, fd, buf, len, off);
+  }
+  if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
+  io_uring_sqe_set_data(sqe, p);
+}
+
+void UringEngine::handle(Ring& r, io_uring* ring, Piece* p, int res, std::deque<Piece*>& pending,
+                         bool cancelling) {
+  (void)r;
+  (void)ring;
+  long result = apply_raw_result_hook(*p, res);
+  if (result == -ECANCELED && cancelling) {
+    cancel_piece(*p);
+    delete p;
+    return;
+  }
+  if (result == -EAGAIN || result == -EINTR) {
+    if (++p->attempts <= kMaxRetries) {
+      count_retry();
+      pending.push_front(p);
+      return;
+    }
+    fail_piece(*p, static_cast<int>(-result), strcat("still failing after ", kMaxRetries, " retries").c_str());
+    delete p;
+    return;
+  }
+  if (result < 0) {
+    fail_piece(*p, static_cast<int>(-result), nullptr);
+    delete p;
+    return;
+  }
+  std::uint64_t remaining = p->length - p->done;
+  auto got = static_cast<std::uint64_t>(result);
+  if (got >= remaining) {
+    complete_piece(*p, nullptr);
+    delete p;
+    return;
+  }
+  if (got == 0) {
+    if (p->kind == IoOp::kRead || ++p->attempts > kMaxRetries) {
+      std::string ctx = strcat(p->kind == IoOp::kRead ? "short read: end of file after "
+                                                      : "short write: no progress after ",
+                               p->done, " of ", p->length, " bytes");
+      fail_piece(*p, 0, ctx.c_str());
+      delete p;
+      return;
+    }
+  }
+  // Short transfer: resubmit the rest (under O_DIRECT from the last aligned boundary).
+  p->done += got;
+  std::uint32_t a = p->file->alignment();
+  if (a > 1) p->done -= p->done % a;
+  count_retry();
+  pending.push_front(p);
+}
+
+void UringEngine::run(Ring& r, std::promise<std::string>& ready) {
+  io_uring ring{};
+  unsigned flags = 0;
+  UringSetup setup = setup_ring(&ring, options_.queue_depth + 2, options_.sqpoll);
+  if (setup.rc < 0) {
+    ready.set_value(strcat("io_uring_queue_init_params: ", std::strerror(-setup.rc),
+                           " (errno ", -setup.rc, ")"));
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.exited = true;
+    return;
+  }
+  flags = setup.flags;
+  r.files_registered = io_uring_register_files_sparse(&ring, kMaxFiles) == 0;
+  io_uring_register_ring_fd(&ring);  // optional speed-up; errors ignored
+  log_debug("io_uring: ring up, flags ", describe_setup_flags(flags),
+            r.files_registered ? ", registered files" : "");
+  ready.set_value({});
+
+  std::uint64_t efd_value = 0;
+  bool efd_armed = false;
+  auto arm_efd = [&] {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+    if (!sqe) return;
+    io_uring_prep_read(sqe, r.efd, &efd_value, sizeof efd_value, 0);
+    io_uring_sqe_set_data64(sqe, kWakeTag);
+    efd_armed = true;
+  };
+  arm_efd();
+
+  std::deque<Piece*> pending;
+  unsigned in_flight = 0;
+  bool cancelling = false, cancel_sent = false;
+  const unsigned qd = options_.queue_depth;
+  std::vector<std::pair<Command, std::promise<int>>> commands;
+
+  for (;;) {
+    bool stopping;
+    std::chrono::steady_clock::time_point deadline;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      for (Piece* p : r.incoming) pending.push_back(p);
+      r.incoming.clear();
+      commands.swap(r.commands);
+      stopping = r.stopping;
+      deadline = r.stop_deadline;
+    }
+    for (auto& [cmd, prom] : commands) prom.set_value(cmd(&ring));
+    commands.clear();
+
+    if (stopping && !cancelling && std::chrono::steady_clock::now() >= deadline) {
+      cancelling = true;
+      log_warn("io_uring: shutdown timeout; cancelling ", pending.size(), " queued and ",
+               in_flight, " in-flight I/O pieces");
+      for (Piece* p : pending) {
+        cancel_piece(*p);
+        delete p;
+      }
+      pending.clear();
+    }
+    if (cancelling && !cancel_sent && in_flight > 0) {
+      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring)) {
+        io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+        io_uring_sqe_set_data64(sqe, kCancelTag);
+        cancel_sent = true;
+      }
+    }
+    while (!cancelling && in_flight < qd && !pending.empty()) {
+      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
+      if (!sqe) break;
+      Piece* p = pending.front();
+      pending.pop_front();
+      prep(sqe, p, r.files_registered);
+      ++in_flight;
+    }
+    if (stopping && pending.empty() && in_flight == 0) {
+      std::lock_guard<std::mutex> lock(r.mu);
+      if (r.incoming.empty() && r.commands.empty()) break;
+      continue;
+    }
+
+    bool block;
+    {
+      std::lock_guard<std::mutex> lock(r.mu);
+      block = r.incoming.empty() && r.commands.empty() &&
+              (pending.empty() || in_flight >= qd || cancelling);
+      if (block) r.need_wake = true;
+    }
+    int rc;
+    if (block && stopping) {
+      if (cancelling && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(10)) {
+        log_error("io_uring: ", in_flight, " I/O piece(s) still in the kernel 10 s after cancel;"
+                  " giving up on them (their waits will time out)");
+        break;
+      }
+      __kernel_timespec ts{0, 100'000'000};  // wake up now and then to check the deadline
+      io_uring_cqe* cqe = nullptr;
+      rc = io_uring_submit_and_wait_timeout(&ring, &cqe, 1, &ts, nullptr);
+    } else if (block) {
+      rc = io_uring_submit_and_wait(&ring, 1);
+    } else {
+      rc = io_uring_submit_and_get_events(&ring);
+    }
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      log_error("io_uring: io_uring_enter failed: ", std::strerror(-rc), " (errno ", -rc, ")");
+      // Avoid a hot loop; completions still get reaped below.
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+
+    io_uring_cqe* cqe;
+    unsigned head, seen = 0;
+    io_uring_for_each_cqe(&ring, head, cqe) {
+      ++seen;
+      std::uint64_t tag = cqe->user_data;
+      if (tag == kWakeTag) {
+        efd_armed = false;
+        continue;
+      }
+      if (tag == kCancelTag) continue;
+      --in_flight;
+      handle(r, &ring, reinterpret_cast<Piece*>(tag), cqe->res, pending, cancelling);
+    }
+    io_uring_cq_advance(&ring, seen);
+    if (!efd_armed) arm_efd();
+    if (cancelling) {
+      for (Piece* p : pending) {  // retries requested while cancelling
+        cancel_piece(*p);
+        delete p;
+      }
+      pending.clear();
+    }
+  }
+
+  std::vector<Piece*> late;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.exited = true;
+    late.swap(r.incoming);
+    for (auto& [cmd, prom] : r.commands) prom.set_value(-ESHUTDOWN);
+    r.commands.clear();
+  }
+  for (Piece* p : late) {
+    cancel_piece(*p);
+    delete p;
+  }
+  io_uring_queue_exit(&ring);  // cancels the armed eventfd read
+}
+
+}  // namespace
+
+std::unique_ptr<IoEngine> make_uring_engine_impl(const IoEngineOptions& options) {
+  return std::make_unique<UringEngine>(options);
+}
+
+}  // namespace strata::io
