@@ -6,6 +6,9 @@
 //   all-gather: every rank sends its slice to each peer; all-reduce: reduce-scatter of an equal
 //   split, then all-gather; broadcast: the root sends to each peer; barrier: empty messages.
 // Messages larger than 1 GiB are cut into pieces (MPI counts are int).
+// The C API only: never pull in the deprecated C++ bindings (they need libmpi_cxx).
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
 #include <mpi.h>
 
 #include <chrono>
