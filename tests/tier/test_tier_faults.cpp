@@ -1,0 +1,155 @@
+// Fault injection: I/O errors, short reads and corrupted swap data mid-move surface at the wait,
+// and the source copy stays valid.
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "strata/error.hpp"
+#include "strata/swap_space.hpp"
+#include "strata/tier_store.hpp"
+#include "test_util.hpp"
+#include "tier_test_util.hpp"
+
+using namespace strata;
+using namespace std::chrono_literals;
+namespace st = strata::testing;
+
+namespace {
+
+constexpr std::uint64_t kOdd = (250 << 10) + 77;  // 4 pieces of 64 KiB
+
+void flip_bit_in_swap(st::StoreRig& rig, BufferId id, std::uint64_t buffer_offset, int bit) {
+  auto [ext, len] = rig.store->nvme_extent(id);
+  ASSERT_GT(len, buffer_offset);
+  auto [path, off] = rig.store->swap_space()->locate(ext + buffer_offset);
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  std::uint8_t byte = 0;
+  ASSERT_EQ(pread(fd, &byte, 1, off), 1);
+  byte ^= std::uint8_t(1u << bit);
+  ASSERT_EQ(pwrite(fd, &byte, 1, off), 1);
+  fsync(fd);
+  close(fd);
+}
+
+}  // namespace
+
+TEST(TierFaults, ReadErrorMidMoveKeepsTheSource) {
+  for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
+    st::StoreRig rig;
+    auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
+    auto data = st::random_bytes(kOdd, 5);
+    rig.write(id, Tier::kCpu, data);
+    rig.store->move(id, Tier::kNvme).wait();
+    auto f = rig.fault->add_fault(IoFault::fail_nth(3, EIO, IoOp::kRead));
+    try {
+      rig.store->move(id, dst).wait();
+      FAIL() << "expected EIO";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.errnum(), EIO) << e.what();
+    }
+    EXPECT_EQ(rig.fault->fired(f), 1u);
+    auto i = rig.store->info(id);
+    EXPECT_TRUE(i.valid[int(Tier::kNvme)]);
+    EXPECT_FALSE(i.valid[int(dst)]);
+    EXPECT_FALSE(i.allocated[int(dst)]);
+    rig.fault->clear_faults();
+    rig.store->move(id, dst).wait();
+    EXPECT_EQ(rig.read(id, dst, kOdd), data) << tier_name(dst);
+  }
+}
+
+TEST(TierFaults, ShortReadMidMoveIsAnError) {
+  for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
+    st::StoreRig rig;
+    auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
+    auto data = st::random_bytes(kOdd, 6);
+    rig.write(id, Tier::kCpu, data);
+    rig.store->evict(id, Tier::kCpu).wait();
+    rig.fault->add_fault(IoFault::short_nth(2, 4096, IoOp::kRead));
+    EXPECT_THROW(rig.store->prefetch(id, dst).wait(), IoError);
+    EXPECT_TRUE(rig.store->info(id).valid[int(Tier::kNvme)]);
+    rig.fault->clear_faults();
+    EXPECT_EQ(rig.read(id, dst, kOdd), data);
+  }
+}
+
+TEST(TierFaults, WriteErrorKeepsTheMemoryCopy) {
+  for (Tier src : {Tier::kCpu, Tier::kGpu}) {
+    st::StoreRig rig;
+    auto id = rig.store->register_buffer({"w", kOdd, DType::kFp32, src, {}});
+    auto data = st::random_bytes(kOdd, 8);
+    rig.write(id, src, data);
+    rig.fault->add_fault(IoFault::fail_nth(2, ENOSPC, IoOp::kWrite));
+    // cpu: evict writes it down to NVMe; gpu: a move to NVMe (evicting a GPU copy goes to cpu).
+    auto down = [&] {
+      return src == Tier::kCpu ? rig.store->evict(id, src) : rig.store->move(id, Tier::kNvme);
+    };
+    try {
+      down().wait();
+      FAIL() << "expected ENOSPC";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.errnum(), ENOSPC) << e.what();
+    }
+    auto i = rig.store->info(id);
+    EXPECT_TRUE(i.valid[int(src)]);
+    EXPECT_FALSE(i.valid[int(Tier::kNvme)]);
+    EXPECT_EQ(rig.read(id, src, kOdd), data);
+    rig.fault->clear_faults();
+    down().wait();
+    EXPECT_FALSE(rig.store->info(id).allocated[int(src)]);
+    EXPECT_EQ(rig.read(id, src == Tier::kCpu ? Tier::kGpu : Tier::kCpu, kOdd), data);
+  }
+}
+
+TEST(TierFaults, FlippedBitInTheSwapFileIsAChecksumError) {
+  for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
+    st::StoreRig rig;
+    auto id = rig.store->register_buffer({"moment1", kOdd, DType::kFp32, Tier::kCpu, {}});
+    auto data = st::random_bytes(kOdd, 12);
+    rig.write(id, Tier::kCpu, data);
+    rig.store->move(id, Tier::kNvme).wait();
+    flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // third piece
+    try {
+      rig.store->move(id, dst).wait();
+      FAIL() << "expected kChecksum";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
+      const std::string m = e.what();
+      EXPECT_NE(m.find("'moment1'"), std::string::npos) << m;
+      EXPECT_NE(m.find("buffer offset 131072"), std::string::npos) << m;
+      EXPECT_NE(m.find("swap.bin"), std::string::npos) << m;
+    }
+    EXPECT_EQ(rig.store->stats().checksum_failures, 1u);
+    EXPECT_FALSE(rig.store->info(id).valid[int(dst)]);
+    flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // repaired
+    rig.store->move(id, dst).wait();
+    EXPECT_EQ(rig.read(id, dst, kOdd), data);
+  }
+}
+
+TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
+  {
+    st::StoreRig rig;
+    auto id = rig.store->register_buffer({"c", kOdd, DType::kFp32, Tier::kCpu, {}});
+    rig.write(id, Tier::kCpu, st::random_bytes(kOdd, 13));
+    rig.store->evict(id, Tier::kCpu).wait();
+    rig.fault->add_fault(IoFault::corrupt_nth_read(2));
+    try {
+      rig.store->prefetch(id, Tier::kGpu).wait();
+      FAIL() << "expected kChecksum";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
+    }
+  }
+  st::RigOptions o;
+  o.checksum = false;
+  st::StoreRig rig(o);
+  auto id = rig.store->register_buffer({"c", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto data = st::random_bytes(kOdd, 14);
+  rig.write(id, Tier::kCpu, data);
+  rig.store->evict(id, Tier::kCpu).wait();
+  rig.fault->add_fault(IoFault::corrupt_nth_read(1, 100));
+  rig.store->prefetch(id, Tier::kCpu).wait();  // nothing checks: the corruption goes through
+  EXPECT_NE(rig.read(id, Tier::kCpu, kOdd), data);
+}

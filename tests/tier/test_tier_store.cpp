@@ -1,0 +1,221 @@
+#include <gtest/gtest.h>
+
+#include "strata/error.hpp"
+#include "strata/swap_space.hpp"
+#include "strata/tier_store.hpp"
+#include "test_util.hpp"
+#include "tier_test_util.hpp"
+
+using namespace strata;
+using namespace std::chrono_literals;
+namespace st = strata::testing;
+
+namespace {
+constexpr std::uint64_t kOdd = (200 << 10) + 13;  // 4 pieces of 64 KiB, the last one partial
+const std::vector<std::uint8_t> kZeros(kOdd, 0);
+}  // namespace
+
+TEST(TierStore, RegistersZeroFilledCopiesInEveryHomeTier) {
+  st::StoreRig rig;
+  for (Tier home : {Tier::kGpu, Tier::kCpu, Tier::kNvme}) {
+    auto id = rig.store->register_buffer({std::string("z-") + tier_name(home), kOdd, DType::kFp32, home, {}});
+    auto i = rig.store->info(id);
+    EXPECT_TRUE(i.valid[int(home)]);
+    EXPECT_EQ(i.bytes, kOdd);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), kZeros) << tier_name(home);
+    EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), kZeros) << tier_name(home);
+  }
+  EXPECT_EQ(rig.engine->stats().bytes_read, 0u);  // the zero NVMe copy needs no I/O
+  EXPECT_THROW(rig.store->register_buffer({"z-cpu", 10, DType::kFp32, Tier::kCpu, {}}), Error);
+  EXPECT_THROW(rig.store->register_buffer({"empty", 0, DType::kFp32, Tier::kCpu, {}}), Error);
+  EXPECT_THROW(rig.store->register_buffer({"bad", 10, DType::kFp32, Tier::kGpu, {Tier::kCpu}}), Error);
+  EXPECT_EQ(rig.store->find("z-nvme"), rig.store->find("z-nvme"));
+  EXPECT_THROW(rig.store->find("nope"), Error);
+}
+
+TEST(TierStore, EveryPathPreservesBytes) {
+  st::StoreRig rig;
+  auto id = rig.store->register_buffer({"master", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto data = st::random_bytes(kOdd, 42);
+  rig.write(id, Tier::kCpu, data);
+
+  rig.store->move(id, Tier::kNvme).wait();  // cpu → nvme
+  auto i = rig.store->info(id);
+  EXPECT_TRUE(i.valid[int(Tier::kNvme)]);
+  EXPECT_FALSE(i.allocated[int(Tier::kCpu)]);
+  EXPECT_FALSE(i.dirty);
+  rig.store->move(id, Tier::kGpu).wait();  // nvme → gpu through the pinned pool
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), data);
+  EXPECT_TRUE(rig.store->info(id).valid[int(Tier::kNvme)]);  // the clean copy stays
+
+  data = st::random_bytes(kOdd, 43);
+  rig.write(id, Tier::kGpu, data);  // the NVMe copy is stale now
+  i = rig.store->info(id);
+  EXPECT_FALSE(i.valid[int(Tier::kNvme)]);
+  EXPECT_TRUE(i.dirty);
+  rig.store->move(id, Tier::kNvme).wait();  // gpu → nvme through the pinned pool
+  EXPECT_FALSE(rig.store->info(id).allocated[int(Tier::kGpu)]);
+  rig.store->move(id, Tier::kCpu).wait();  // nvme → cpu
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), data);
+  rig.store->prefetch(id, Tier::kGpu).wait();  // cpu → gpu, keeps cpu
+  i = rig.store->info(id);
+  EXPECT_TRUE(i.valid[int(Tier::kGpu)] && i.valid[int(Tier::kCpu)] && i.valid[int(Tier::kNvme)]);
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), data);
+  rig.store->evict(id, Tier::kCpu).wait();
+  rig.store->move(id, Tier::kCpu).wait();  // gpu → cpu
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), data);
+  auto s = rig.store->stats();
+  EXPECT_GT(s.bytes_to_nvme, 0u);
+  EXPECT_GT(s.bytes_from_nvme, 0u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+}
+
+TEST(TierStore, CleanCopyIsNotWrittenAgain) {
+  st::StoreRig rig;
+  auto id = rig.store->register_buffer({"m1", kOdd, DType::kFp32, Tier::kCpu, {}});
+  rig.write(id, Tier::kCpu, st::random_bytes(kOdd, 1));
+  rig.store->evict(id, Tier::kCpu).wait();  // only copy: written down to NVMe
+  const auto written = rig.engine->stats().bytes_written;
+  EXPECT_GE(written, kOdd);
+  rig.store->prefetch(id, Tier::kCpu).wait();
+  rig.read(id, Tier::kCpu, kOdd);            // a read access does not dirty it
+  rig.store->evict(id, Tier::kCpu).wait();  // clean: nothing written
+  rig.store->prefetch(id, Tier::kGpu).wait();
+  rig.store->move(id, Tier::kNvme).wait();  // clean again
+  EXPECT_EQ(rig.engine->stats().bytes_written, written);
+  EXPECT_GE(rig.store->stats().writes_skipped_clean, 2u);
+}
+
+TEST(TierStore, AcquireWaitsForTheMoveInFlight) {
+  st::StoreRig rig;
+  auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto data = st::random_bytes(kOdd, 7);
+  rig.write(id, Tier::kCpu, data);
+  // Slow every NVMe read: the acquire below must wait behind the move, not see a partial copy.
+  rig.fault->add_fault([] {
+    IoFault f;
+    f.kind = IoFaultKind::kDelay;
+    f.op = IoOp::kRead;
+    f.nth = 1;
+    f.count = 0;
+    f.delay = 30ms;
+    return f;
+  }());
+  rig.store->move(id, Tier::kNvme);
+  auto t = rig.store->move(id, Tier::kGpu);
+  EXPECT_TRUE(rig.store->info(id).in_flight);
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), data);
+  EXPECT_TRUE(t.ready());
+}
+
+TEST(TierStore, BudgetsAreEnforced) {
+  st::RigOptions o;
+  o.gpu_budget = 300 << 10;
+  o.host_budget = (256 << 10) + (300 << 10);  // the pool (256 KiB) counts
+  o.nvme_capacity = 512 << 10;
+  st::StoreRig rig(o);
+  auto a = rig.store->register_buffer({"a", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto b = rig.store->register_buffer({"b", kOdd, DType::kFp32, Tier::kNvme, {}});
+  auto data = st::random_bytes(kOdd, 3);
+  rig.write(a, Tier::kCpu, data);
+  try {  // the host tier has room for one
+    rig.store->prefetch(b, Tier::kCpu).wait();
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(rig.store->info(b).allocated[int(Tier::kCpu)]);
+  rig.store->move(a, Tier::kGpu).wait();
+  EXPECT_EQ(rig.store->usage(Tier::kCpu).used, 256u << 10);
+  try {
+    rig.store->prefetch(b, Tier::kGpu).wait();
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+  }
+  EXPECT_EQ(rig.read(a, Tier::kGpu, kOdd), data);
+  EXPECT_LE(rig.store->usage(Tier::kGpu).used, o.gpu_budget);
+  // NVMe: 512 KiB hold two of these; a third does not fit.
+  rig.store->move(a, Tier::kNvme).wait();
+  try {
+    rig.store->register_buffer({"c", kOdd, DType::kFp32, Tier::kNvme, {}});
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+  }
+  try {
+    rig.store->register_buffer({"huge", 1 << 20, DType::kFp32, Tier::kCpu, {}});
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+  }
+  EXPECT_EQ(rig.read(a, Tier::kCpu, kOdd), data);
+}
+
+TEST(TierStore, PinnedCopiesAreProtected) {
+  st::StoreRig rig;
+  auto id = rig.store->register_buffer({"p", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto data = st::random_bytes(kOdd, 9);
+  rig.write(id, Tier::kCpu, data);
+  rig.store->acquire(id, Tier::kCpu, Access::kRead);
+  EXPECT_THROW(rig.store->evict(id, Tier::kCpu).wait(), Error);
+  EXPECT_THROW(rig.store->move(id, Tier::kGpu).wait(), Error);
+  rig.store->prefetch(id, Tier::kGpu).wait();  // copying from a read-pinned copy is fine
+  EXPECT_THROW(rig.store->acquire(id, Tier::kGpu, Access::kWrite), Error);
+  EXPECT_THROW(rig.store->unregister_buffer(id), Error);
+  rig.store->release(id, Tier::kCpu);
+  EXPECT_THROW(rig.store->release(id, Tier::kCpu), Error);
+  // A writer blocks copies out of its tier until released.
+  rig.store->acquire(id, Tier::kCpu, Access::kWrite);
+  EXPECT_FALSE(rig.store->info(id).valid[int(Tier::kGpu)]);
+  EXPECT_THROW(rig.store->prefetch(id, Tier::kNvme).wait(), Error);
+  rig.store->release(id, Tier::kCpu);
+  rig.store->prefetch(id, Tier::kNvme).wait();
+  EXPECT_THROW(rig.store->acquire(id, Tier::kNvme, Access::kRead), Error);
+  // An NVMe-only buffer cannot be evicted from NVMe; a gpu-less buffer cannot go to the GPU.
+  auto n = rig.store->register_buffer({"n", 5000, DType::kFp16, Tier::kNvme, {Tier::kNvme, Tier::kCpu}});
+  EXPECT_THROW(rig.store->evict(n, Tier::kNvme).wait(), Error);
+  EXPECT_THROW(rig.store->move(n, Tier::kGpu), Error);
+  rig.store->unregister_buffer(n);
+  rig.store->unregister_buffer(id);
+  EXPECT_EQ(rig.store->usage(Tier::kNvme).used, 0u);
+}
+
+TEST(TierStore, PoolExhaustionTimesOutAndKeepsTheSource) {
+  st::RigOptions o;
+  o.timeout = 200ms;
+  st::StoreRig rig(o);
+  auto id = rig.store->register_buffer({"g", kOdd, DType::kFp32, Tier::kGpu, {}});
+  auto data = st::random_bytes(kOdd, 11);
+  rig.write(id, Tier::kGpu, data);
+  std::vector<PinnedBuffer> hog;
+  for (std::uint32_t i = 0; i < rig.pool->buffer_count(); ++i) hog.push_back(rig.pool->acquire(1s));
+  try {
+    rig.store->move(id, Tier::kNvme).wait(10s);
+    FAIL() << "expected kTimeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("pinned pool exhausted"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(rig.store->info(id).valid[int(Tier::kGpu)]);
+  hog.clear();
+  rig.store->move(id, Tier::kNvme).wait(10s);
+  rig.store->move(id, Tier::kCpu).wait(10s);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), data);
+}
+
+TEST(TierStore, OptionsFromConfig) {
+  Config c;
+  c.world.ranks = 8;
+  c.world.ranks_per_node = 4;
+  c.tiers.nvme.budget = 4000;
+  c.tiers.nvme.paths = {"/x", "/y"};
+  c.tiers.gpu.budget = 123;
+  auto o = TierStoreOptions::from(c, 2);
+  EXPECT_EQ(o.nvme_capacity, 1000u);
+  EXPECT_EQ(o.gpu_budget, 123u);
+  EXPECT_EQ(o.rank, 2u);
+  EXPECT_EQ(o.nvme_paths.size(), 2u);
+  EXPECT_EQ(TierStoreOptions::from(c, 0, 777).nvme_capacity, 777u);
+}
