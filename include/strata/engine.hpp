@@ -1,0 +1,139 @@
+// The ZeRO engine: what a data-parallel training loop embeds. One Engine per rank, built from a
+// Config (zero.*, precision.*, optimizer.*, runtime.*) and a Communicator (borrowed, host-buffer
+// backends: in-process or MPI).
+//
+// Life cycle, on every rank in the same order:
+//   Engine e(config, comm);
+//   auto w = e.add_parameter("w1", initial_values);  ... (all tensors)
+//   e.finalize();                        // partitions; rank 0's initial values win everywhere
+//   loop:
+//     e.gather(ids) / e.release(ids)     // stage 3 only (no-ops otherwise): full tensors on demand
+//     forward with e.param(id) (model dtype, precision.params), loss *= e.loss_scale()
+//     backward: e.set_gradient(id, grad) per tensor as it is produced (precision.grads dtype)
+//     e.step()                           // reduce, norm/clip, overflow check, Adam, params back
+//
+// Stages (zero.stage):
+//   0: every rank keeps everything; gradients are all-reduced at step(); each rank runs Adam on
+//      all parameters.
+//   1: optimizer state sharded; gradients are reduce-scattered at step() (the part of an
+//      all-reduce a rank needs: 1 Ψ of traffic instead of 2), each rank updates its partition,
+//      parameters are all-gathered (1 Ψ).
+//   2: + gradients sharded: gradients are reduce-scattered in buckets of zero.reduce_bucket_size
+//      elements as soon as a bucket is complete, overlapping the rest of backward; only the own
+//      partition of the gradients is kept (plus the buckets in flight).
+//   3: + parameters sharded: each rank keeps only its partition of the parameters;
+//      gather(ids) all-gathers full tensors until release(ids). After the first step the engine
+//      replays the order of gather() calls and prefetches the next call's tensors asynchronously;
+//      prefetch(ids) does the same on request.
+// Traffic per rank and step (Ψ = padded element count × element size, N ranks, ring-equivalent
+// bytes): stages 0–2 2Ψ(N−1)/N, stage 3 3Ψ(N−1)/N when the loop gathers each tensor once in
+// forward and once in backward; plus 16(N−1) bytes for the norm/overflow exchange.
+//
+// The step: the global gradient norm over all ranks (gradients averaged over ranks and unscaled),
+// clipping to optimizer.grad_clip, an overflow (inf/NaN anywhere) agreed by all ranks; on
+// overflow the step is skipped on every rank and the dynamic loss scale backs off; otherwise Adam
+// (strata/adam.hpp) runs on the rank's partition in sub-groups of zero.sub_group_size elements
+// and the parameters come back in the model dtype. With precision.grads fp32 there is no loss
+// scaling (scale 1), but non-finite gradients still skip the step.
+// Determinism: in FP32 with a host communicator the result is bitwise identical to a single rank
+// running CpuAdam on the rank-ordered FP32 sum of the ranks' gradients, with grad_scale =
+// clip_coef / (loss_scale * N), for every stage and world size.
+//
+// Requirements on the loop: every rank registers the same tensors in the same order, and hands in
+// gradients, calls gather/prefetch/release and step() in the same order (collectives are matched
+// by order). Each tensor's gradient is handed in exactly once per step.
+//
+// Thread-safety: an Engine is driven by one thread. Failure: bad use (unknown id, gradient twice,
+// gradient missing at step(), param() of an ungathered stage-3 tensor, calls before finalize())
+// throws Error(kInvalidArgument); communication failures (timeouts, lost peers) propagate from the
+// communicator as Error(kTimeout/kComm) and leave the engine unusable.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/communicator.hpp"
+#include "strata/config.hpp"
+#include "strata/partition.hpp"
+
+namespace strata {
+
+using TensorId = std::size_t;
+
+struct StepResult {
+  bool applied = false;   // false: skipped for an overflow
+  bool overflow = false;
+  double grad_norm = 0;   // global, of the averaged, unscaled gradients (before clipping)
+  double clip_coef = 1;   // applied to the gradients (1 when no clipping)
+  double loss_scale = 1;  // the scale for the next step
+};
+
+struct EngineStats {
+  double loss_scale = 1;
+  std::uint64_t steps = 0;          // step() calls
+  std::uint64_t applied_steps = 0;  // Adam updates (the optimizer's step count)
+  std::uint64_t skipped_steps = 0;  // overflows
+  double last_grad_norm = 0;
+  CommStats comm;  // bytes sent and calls per collective kind, since construction
+  // Seconds spent, summed over steps, per phase.
+  double reduce_s = 0;     // gradient all-reduce / reduce-scatter (issue + waits)
+  double norm_s = 0;       // gradient statistics and their exchange
+  double optimizer_s = 0;  // Adam over the sub-groups
+  double gather_s = 0;     // parameter all-gather after the step, and stage-3 gathers
+  double step_s = 0;       // whole step() calls
+};
+
+class Engine {
+ public:
+  // `comm` is borrowed and must outlive the engine; its buffers must be host memory.
+  Engine(const Config& config, Communicator& comm);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Before finalize(): registers a tensor with its initial FP32 values (copied).
+  TensorId add_parameter(std::string name, std::span<const float> initial);
+  // Builds the partition and the state; rank 0's initial values are broadcast to all ranks.
+  void finalize();
+
+  int stage() const;
+  DType param_dtype() const;  // precision.params
+  DType grad_dtype() const;   // precision.grads
+  const Partition& partition() const;  // after finalize()
+  std::size_t numel(TensorId id) const;
+
+  // The tensor's current parameters in the model dtype (numel(id) elements). Stages 0–2: always
+  // valid, updated in place by step(). Stage 3: valid between gather() and release().
+  const void* param(TensorId id) const;
+  // The same, converted to FP32 into `out` (numel(id) elements).
+  void read_param(TensorId id, std::span<float> out) const;
+
+  // Stage 3: make full tensors available (blocking) / start doing so / drop them. No-ops at
+  // stages 0–2. Gathering a gathered tensor is a no-op; releasing a released one too.
+  void gather(std::span<const TensorId> ids);
+  void prefetch(std::span<const TensorId> ids);
+  void release(std::span<const TensorId> ids);
+
+  // The loss scale the loop multiplies its loss by (1 with fp32 gradients).
+  double loss_scale() const;
+
+  // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
+  // data is copied before return. At stages 2–3 this may start a bucket's reduce-scatter.
+  void set_gradient(TensorId id, const void* grad);
+  // All tensors at once, grads[i] for tensor i in registration order.
+  void set_gradients(std::span<const void* const> grads);
+
+  StepResult step();
+
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

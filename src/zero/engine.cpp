@@ -1,0 +1,488 @@
+// The ZeRO engine (see include/strata/engine.hpp for the contract).
+#include "strata/engine.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <deque>
+
+#include "comm/numeric.hpp"
+#include "strata/adam.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "zero/optimizer_state.hpp"
+
+namespace strata {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kMaxBucketsInFlight = 2;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::vector<unsigned char> zeros(std::size_t bytes) { return std::vector<unsigned char>(bytes, 0); }
+
+}  // namespace
+
+struct Engine::Impl {
+  Impl(const Config& c, Communicator& cm)
+      : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), stage(c.zero.stage),
+        pdt(c.precision.params), gdt(c.precision.grads), pes(comm::elem_size(pdt)),
+        ges(comm::elem_size(gdt)) {
+    if (stage < 0 || stage > 3)
+      fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
+    if (comm.buffer_location() != BufferLocation::kHost)
+      fail(ErrorCode::kUnsupported,
+           strcat("engine: the ", comm.backend_name(),
+                  " communicator needs device buffers; the engine keeps its state in host memory "
+                  "(use the in-process or MPI communicator)"));
+    scaling = gdt != DType::kFp32;
+    scale = scaling ? c.precision.loss_scale.initial : 1.0;
+  }
+
+  // ---- configuration and layout ----
+  Config cfg;
+  Communicator& comm;
+  int rank, world, stage;
+  DType pdt, gdt;
+  std::size_t pes, ges;
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<float>> initial;
+  bool finalized = false;
+  std::unique_ptr<Partition> part;
+  std::size_t own_begin = 0, psize = 0;
+  std::size_t opt_begin = 0, opt_count = 0;  // flat range this rank runs Adam on
+
+  // ---- state ----
+  std::unique_ptr<CpuAdam> adam;
+  std::unique_ptr<zero::OptimizerStateStore> state;
+  std::vector<unsigned char> flat_params;  // stages 0-2: every parameter, model dtype
+  std::vector<unsigned char> own_params;   // stage 3: own partition, model dtype
+  std::vector<unsigned char> flat_grads;   // stages 0-1
+  std::vector<unsigned char> own_grads;    // stages 2-3
+  std::vector<bool> arrived;
+
+  // ---- stage 2/3 buckets ----
+  std::size_t bucket_elems = 0, nbuckets = 0;
+  std::vector<std::size_t> bucket_expected, bucket_pending;
+  std::vector<std::vector<unsigned char>> bucket_buf;
+  std::vector<bool> bucket_issued;
+  std::vector<std::vector<unsigned char>> pool;
+  struct InFlight {
+    std::unique_ptr<CommHandle> handle;
+    std::size_t bucket;
+  };
+  std::deque<InFlight> inflight;
+
+  // ---- stage 3 gathers ----
+  std::vector<std::vector<unsigned char>> gathered;
+  std::vector<std::unique_ptr<CommHandle>> gathering;
+  std::vector<bool> is_gathered;
+  std::vector<std::vector<TensorId>> trace_prev, trace_cur;
+  std::size_t trace_pos = 0;
+  bool trace_ok = true;
+
+  // ---- loss scale, counters ----
+  bool scaling = false;
+  double scale = 1.0;
+  std::uint32_t good_steps = 0;
+  std::int64_t adam_step = 0;
+  EngineStats st;
+
+  void require_finalized(const char* what) const {
+    if (!finalized) fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " before finalize()"));
+  }
+  void check_id(TensorId id, const char* what) const {
+    if (id >= specs.size())
+      fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
+  }
+
+  std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems; }
+  std::size_t bucket_len(std::size_t b) const {
+    return std::min(bucket_elems, part->flat_size() - bucket_begin(b));
+  }
+
+  void finalize() {
+    if (finalized) fail(ErrorCode::kInvalidArgument, "engine: finalize() called twice");
+    part = std::make_unique<Partition>(specs, world, cfg.zero.sub_group_size);
+    own_begin = part->partition_begin(rank);
+    psize = part->partition_size();
+    const std::size_t flat = part->flat_size();
+    std::vector<float> init(flat, 0.0f);
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      std::copy(initial[i].begin(), initial[i].end(), init.begin() + static_cast<std::ptrdiff_t>(part->offset(i)));
+    initial.clear();
+    initial.shrink_to_fit();
+    if (world > 1) comm.broadcast(init.data(), flat, DType::kFp32, 0);
+
+    opt_begin = stage == 0 ? 0 : own_begin;
+    opt_count = stage == 0 ? flat : psize;
+    state = zero::make_resident_state_store(
+        std::span<const float>(init.data() + opt_begin, opt_count));
+    const unsigned threads = cfg.runtime.cpu_threads;
+    adam = std::make_unique<CpuAdam>(threads);
+
+    auto to_model = [&](std::size_t begin, std::size_t count, std::vector<unsigned char>& out) {
+      out.assign(count * pes, 0);
+      for (std::size_t i = 0; i < count; ++i) comm::store_elem(out.data(), i, pdt, init[begin + i]);
+    };
+    if (stage < 3) {
+      to_model(0, flat, flat_params);
+    } else {
+      to_model(own_begin, psize, own_params);
+      gathered.resize(specs.size());
+      gathering.resize(specs.size());
+      is_gathered.assign(specs.size(), false);
+    }
+    if (stage < 2) {
+      flat_grads = zeros(flat * ges);
+    } else {
+      own_grads = zeros(psize * ges);
+      bucket_elems = std::max<std::uint64_t>(1, cfg.zero.reduce_bucket_size);
+      nbuckets = (flat + bucket_elems - 1) / bucket_elems;
+      bucket_expected.assign(nbuckets, 0);
+      for (std::size_t i = 0; i < specs.size(); ++i) {
+        std::size_t b = part->offset(i), e = b + specs[i].numel;
+        for (std::size_t pos = b; pos < e;) {
+          std::size_t k = pos / bucket_elems;
+          std::size_t stop = std::min(e, (k + 1) * bucket_elems);
+          bucket_expected[k] += stop - pos;
+          pos = stop;
+        }
+      }
+      bucket_buf.resize(nbuckets);
+      reset_buckets();
+    }
+    arrived.assign(specs.size(), false);
+    finalized = true;
+    log_debug("engine rank ", rank, ": stage ", stage, ", ", specs.size(), " tensors, ",
+              part->numel(), " elements, flat ", flat, ", partition ", psize);
+  }
+
+  void reset_buckets() {
+    bucket_pending = bucket_expected;
+    bucket_issued.assign(nbuckets, false);
+  }
+
+  // ---- gradients ----
+  std::vector<unsigned char> take_buffer(std::size_t bytes) {
+    std::vector<unsigned char> b;
+    if (!pool.empty()) {
+      b = std::move(pool.back());
+      pool.pop_back();
+    }
+    b.assign(bytes, 0);
+    return b;
+  }
+
+  void retire_oldest() {
+    auto f = std::move(inflight.front());
+    inflight.pop_front();
+    f.handle->wait();
+    pool.push_back(std::move(bucket_buf[f.bucket]));
+    bucket_buf[f.bucket].clear();
+  }
+
+  void issue_bucket(std::size_t k) {
+    const std::size_t b = bucket_begin(k), e = b + bucket_len(k);
+    auto counts = part->counts_in(b, e);
+    const std::size_t mine = counts[static_cast<std::size_t>(rank)];
+    unsigned char* recv = own_grads.data();
+    if (mine) recv += (std::max(b, own_begin) - own_begin) * ges;
+    while (inflight.size() >= kMaxBucketsInFlight) retire_oldest();
+    inflight.push_back({comm.reduce_scatter_async(bucket_buf[k].data(), recv, counts, gdt), k});
+    bucket_issued[k] = true;
+  }
+
+  void set_gradient(TensorId id, const void* grad) {
+    require_finalized("set_gradient");
+    check_id(id, "set_gradient");
+    if (arrived[id])
+      fail(ErrorCode::kInvalidArgument,
+           strcat("engine: gradient of tensor '", specs[id].name, "' handed in twice in one step"));
+    arrived[id] = true;
+    const std::size_t n = specs[id].numel, off = part->offset(id);
+    if (n == 0) return;
+    if (grad == nullptr)
+      fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", specs[id].name, "'"));
+    auto t0 = Clock::now();
+    const auto* src = static_cast<const unsigned char*>(grad);
+    if (stage < 2) {
+      std::memcpy(flat_grads.data() + off * ges, src, n * ges);
+    } else {
+      for (std::size_t pos = off; pos < off + n;) {
+        std::size_t k = pos / bucket_elems;
+        std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+        if (bucket_buf[k].empty()) bucket_buf[k] = take_buffer(bucket_len(k) * ges);
+        std::memcpy(bucket_buf[k].data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
+                    (stop - pos) * ges);
+        bucket_pending[k] -= stop - pos;
+        if (bucket_pending[k] == 0) issue_bucket(k);
+        pos = stop;
+      }
+    }
+    st.reduce_s += seconds_since(t0);
+  }
+
+  void check_all_arrived() {
+    std::string missing;
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      if (!arrived[i]) missing += strcat(missing.empty() ? "" : ", ", "'", specs[i].name, "'");
+    if (!missing.empty())
+      fail(ErrorCode::kInvalidArgument, strcat("engine: step() without the gradients of ", missing));
+  }
+
+  // Reduces the gradients; returns the rank's gradient range (opt_count elements).
+  const unsigned char* reduce_gradients() {
+    auto t0 = Clock::now();
+    check_all_arrived();
+    const unsigned char* g = nullptr;
+    if (stage == 0) {
+      if (world > 1) comm.all_reduce(flat_grads.data(), flat_grads.data(), part->flat_size(), gdt);
+      g = flat_grads.data();
+    } else if (stage == 1) {
+      if (world > 1)
+        comm.reduce_scatter(flat_grads.data(), flat_grads.data() + own_begin * ges, psize, gdt);
+      g = flat_grads.data() + own_begin * ges;
+    } else {
+      // Buckets holding only padding are never handed in: their part of own_grads stays zero.
+      while (!inflight.empty()) retire_oldest();
+      for (std::size_t k = 0; k < nbuckets; ++k) {
+        if (!bucket_issued[k] && bucket_expected[k] > 0)
+          fail(ErrorCode::kInternal, strcat("engine: bucket ", k, " incomplete at step()"));
+        if (!bucket_buf[k].empty()) {
+          pool.push_back(std::move(bucket_buf[k]));
+          bucket_buf[k].clear();
+        }
+      }
+      g = own_grads.data();
+    }
+    st.reduce_s += seconds_since(t0);
+    return g;
+  }
+
+  // ---- stage 3 gathers ----
+  void start_gather(TensorId id) {
+    if (is_gathered[id] || gathering[id]) return;
+    const std::size_t n = specs[id].numel, off = part->offset(id);
+    gathered[id].assign(n * pes, 0);
+    if (n == 0) {
+      is_gathered[id] = true;
+      return;
+    }
+    auto counts = part->counts_in(off, off + n);
+    const unsigned char* send = own_params.data();
+    if (counts[static_cast<std::size_t>(rank)]) send += (std::max(off, own_begin) - own_begin) * pes;
+    gathering[id] = comm.all_gather_async(send, gathered[id].data(), counts, pdt);
+  }
+  void finish_gather(TensorId id) {
+    if (gathering[id]) {
+      auto h = std::move(gathering[id]);
+      h->wait();
+      is_gathered[id] = true;
+    }
+  }
+  void drop(TensorId id) {
+    finish_gather(id);
+    is_gathered[id] = false;
+    gathered[id].clear();
+    gathered[id].shrink_to_fit();
+  }
+
+  void gather(std::span<const TensorId> ids) {
+    require_finalized("gather");
+    for (auto id : ids) check_id(id, "gather");
+    if (stage < 3) return;
+    auto t0 = Clock::now();
+    std::vector<TensorId> call(ids.begin(), ids.end());
+    for (auto id : ids) start_gather(id);
+    // Replay of the previous step's gather order: prefetch the next call's tensors.
+    if (trace_ok && trace_pos < trace_prev.size() && trace_prev[trace_pos] == call) {
+      ++trace_pos;
+      if (trace_pos < trace_prev.size())
+        for (auto id : trace_prev[trace_pos]) start_gather(id);
+    } else {
+      trace_ok = false;
+    }
+    trace_cur.push_back(std::move(call));
+    for (auto id : ids) finish_gather(id);
+    st.gather_s += seconds_since(t0);
+  }
+  void prefetch(std::span<const TensorId> ids) {
+    require_finalized("prefetch");
+    for (auto id : ids) check_id(id, "prefetch");
+    if (stage < 3) return;
+    for (auto id : ids) start_gather(id);
+  }
+  void release(std::span<const TensorId> ids) {
+    require_finalized("release");
+    for (auto id : ids) check_id(id, "release");
+    if (stage < 3) return;
+    auto t0 = Clock::now();
+    for (auto id : ids) drop(id);
+    st.gather_s += seconds_since(t0);
+  }
+
+  const void* param(TensorId id) const {
+    require_finalized("param");
+    check_id(id, "param");
+    if (stage < 3) return flat_params.data() + part->offset(id) * pes;
+    if (!is_gathered[id])
+      fail(ErrorCode::kInvalidArgument,
+           strcat("engine: param('", specs[id].name, "') at stage 3 without gather()"));
+    return gathered[id].data();
+  }
+
+  // ---- the step ----
+  StepResult step() {
+    require_finalized("step");
+    auto t_step = Clock::now();
+    ++st.steps;
+    if (stage == 3) {  // in-flight prefetches read own_params, which Adam is about to change
+      for (std::size_t i = 0; i < specs.size(); ++i) drop(i);
+      trace_prev = std::move(trace_cur);
+      trace_cur.clear();
+      trace_pos = 0;
+      trace_ok = true;
+    }
+    const unsigned char* g = reduce_gradients();
+
+    // Norm and overflow over the rank's partition, agreed through an all-gather of
+    // (sum of squares as FP64 bits, finite flag): summed in rank order, identical everywhere.
+    auto t0 = Clock::now();
+    const double inv = 1.0 / (scale * world);
+    const std::size_t stat_begin = stage == 0 ? own_begin : 0;
+    AdamGradStats local = adam->grad_stats(g + stat_begin * ges, gdt, psize, static_cast<float>(inv));
+    std::uint32_t mine[4];
+    std::uint64_t bits = std::bit_cast<std::uint64_t>(local.finite ? local.sum_sq : 0.0);
+    mine[0] = static_cast<std::uint32_t>(bits);
+    mine[1] = static_cast<std::uint32_t>(bits >> 32);
+    mine[2] = local.finite ? 1u : 0u;
+    mine[3] = 0;
+    std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
+    if (world > 1) {
+      comm.all_gather(mine, all.data(), 4, DType::kFp32);
+    } else {
+      std::memcpy(all.data(), mine, sizeof(mine));
+    }
+    bool finite = true;
+    double sum_sq = 0;
+    for (int r = 0; r < world; ++r) {
+      const std::uint32_t* p = all.data() + 4 * r;
+      finite = finite && p[2] == 1u;
+      sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 32));
+    }
+    st.norm_s += seconds_since(t0);
+
+    StepResult res;
+    res.overflow = !finite;
+    if (!finite) {
+      ++st.skipped_steps;
+      good_steps = 0;
+      if (scaling && cfg.precision.loss_scale.dynamic)
+        scale = std::max(cfg.precision.loss_scale.min_scale,
+                         scale * cfg.precision.loss_scale.backoff_factor);
+      log_info("engine rank ", rank, ": gradient overflow, step skipped; loss scale ", scale);
+    } else {
+      res.grad_norm = std::sqrt(sum_sq);
+      const double clip = cfg.optimizer.grad_clip;
+      res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
+      const float grad_scale = static_cast<float>(res.clip_coef / (scale * world));
+      st.last_grad_norm = res.grad_norm;
+
+      t0 = Clock::now();
+      ++adam_step;
+      const AdamParams hp = AdamParams::from_config(cfg.optimizer);
+      unsigned char* p = stage == 3 ? own_params.data() : flat_params.data() + opt_begin * pes;
+      for (const Range& sg : part->sub_groups(0, opt_count)) {
+        zero::StateView v = state->acquire(sg);
+        AdamTensors t;
+        t.param = v.master;
+        t.exp_avg = v.exp_avg;
+        t.exp_avg_sq = v.exp_avg_sq;
+        t.grad = g + sg.begin * ges;
+        t.grad_dtype = gdt;
+        t.param_copy = p + sg.begin * pes;
+        t.param_copy_dtype = pdt;
+        t.n = sg.count;
+        adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
+        state->release(sg, true);
+      }
+      st.optimizer_s += seconds_since(t0);
+      if ((stage == 1 || stage == 2) && world > 1) {
+        t0 = Clock::now();
+        comm.all_gather(flat_params.data() + own_begin * pes, flat_params.data(), psize, pdt);
+        st.gather_s += seconds_since(t0);
+      }
+      ++st.applied_steps;
+      res.applied = true;
+      if (scaling && cfg.precision.loss_scale.dynamic &&
+          ++good_steps >= cfg.precision.loss_scale.growth_interval) {
+        scale *= cfg.precision.loss_scale.growth_factor;
+        good_steps = 0;
+      }
+    }
+    std::fill(arrived.begin(), arrived.end(), false);
+    if (stage >= 2) reset_buckets();
+    res.loss_scale = scale;
+    st.loss_scale = scale;
+    st.step_s += seconds_since(t_step);
+    return res;
+  }
+};
+
+Engine::Engine(const Config& config, Communicator& comm)
+    : impl_(std::make_unique<Impl>(config, comm)) {}
+Engine::~Engine() = default;
+
+TensorId Engine::add_parameter(std::string name, std::span<const float> initial) {
+  if (impl_->finalized)
+    fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "') after finalize()"));
+  impl_->specs.push_back({std::move(name), initial.size()});
+  impl_->initial.emplace_back(initial.begin(), initial.end());
+  return impl_->specs.size() - 1;
+}
+void Engine::finalize() { impl_->finalize(); }
+int Engine::stage() const { return impl_->stage; }
+DType Engine::param_dtype() const { return impl_->pdt; }
+DType Engine::grad_dtype() const { return impl_->gdt; }
+const Partition& Engine::partition() const {
+  impl_->require_finalized("partition");
+  return *impl_->part;
+}
+std::size_t Engine::numel(TensorId id) const {
+  impl_->check_id(id, "numel");
+  return impl_->specs[id].numel;
+}
+const void* Engine::param(TensorId id) const { return impl_->param(id); }
+void Engine::read_param(TensorId id, std::span<float> out) const {
+  const void* p = impl_->param(id);
+  const std::size_t n = impl_->specs[id].numel;
+  if (out.size() != n)
+    fail(ErrorCode::kInvalidArgument, strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
+  for (std::size_t i = 0; i < n; ++i) out[i] = comm::load_elem(p, i, impl_->pdt);
+}
+void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
+void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }
+void Engine::release(std::span<const TensorId> ids) { impl_->release(ids); }
+double Engine::loss_scale() const { return impl_->scale; }
+void Engine::set_gradient(TensorId id, const void* grad) { impl_->set_gradient(id, grad); }
+void Engine::set_gradients(std::span<const void* const> grads) {
+  if (grads.size() != impl_->specs.size())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: set_gradients: ", grads.size(),
+                                             " gradients for ", impl_->specs.size(), " tensors"));
+  for (std::size_t i = 0; i < grads.size(); ++i) impl_->set_gradient(i, grads[i]);
+}
+StepResult Engine::step() { return impl_->step(); }
+EngineStats Engine::stats() const {
+  EngineStats s = impl_->st;
+  s.loss_scale = impl_->scale;
+  s.comm = impl_->comm.stats();
+  return s;
+}
+
+}  // namespace strata

@@ -1,0 +1,38 @@
+// Where a rank's optimizer state (FP32 master weights and Adam's two moments) lives, behind a
+// small interface so that it can later live in the tier store (NVMe) and be streamed sub-group by
+// sub-group: the step acquires one sub-group, runs Adam on it and releases it (dirty) before the
+// next. This implementation keeps everything resident in host memory.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "strata/partition.hpp"
+
+namespace strata::zero {
+
+struct StateView {
+  float* master = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  std::size_t count = 0;
+};
+
+// Thread-safety: one user at a time. acquire() may block (a streaming store waits for its read);
+// failures throw strata::Error.
+class OptimizerStateStore {
+ public:
+  virtual ~OptimizerStateStore() = default;
+  virtual std::size_t size() const = 0;  // elements
+  // The state of elements [r.begin, r.end()); valid until release(r, ...).
+  virtual StateView acquire(Range r) = 0;
+  // dirty: the view was modified and must be kept (written back by a streaming store).
+  virtual void release(Range r, bool dirty) = 0;
+};
+
+// Host-resident store: master = `master_init`, moments zero.
+std::unique_ptr<OptimizerStateStore> make_resident_state_store(std::span<const float> master_init);
+
+}  // namespace strata::zero

@@ -1,0 +1,282 @@
+// The ZeRO engine over in-process ranks: stages 0-3 x world sizes 1-4 against the unsharded
+// single-rank reference (bitwise), bytes per step against the ZeRO analysis, overflow agreement,
+// clipping, overlap of the bucketed reduce-scatter, misuse, and a dead rank.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+
+#include "engine_test_util.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+struct Param {
+  int stage;
+  int world;
+  DType params;
+  DType grads;
+};
+
+std::string param_name(const ::testing::TestParamInfo<Param>& info) {
+  auto dn = [](DType t) { return t == DType::kFp32 ? "fp32" : t == DType::kFp16 ? "fp16" : "bf16"; };
+  return strcat("stage", info.param.stage, "_world", info.param.world, "_", dn(info.param.params), "_",
+                dn(info.param.grads));
+}
+
+class EngineMatchesReference : public ::testing::TestWithParam<Param> {};
+
+TEST_P(EngineMatchesReference, AfterSteps) {
+  const Param p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  c.params = p.params;
+  c.grads = p.grads;
+  const auto seed = test_seed("engine");
+  auto want = reference_params(c, p.world, seed);
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
+  }));
+  for (int r = 0; r < p.world; ++r) expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+}
+
+std::vector<Param> all_params() {
+  std::vector<Param> v;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world = 1; world <= 4; ++world) v.push_back({stage, world, DType::kFp32, DType::kFp32});
+  for (int stage = 0; stage <= 3; ++stage) {
+    v.push_back({stage, 3, DType::kFp16, DType::kFp16});
+    v.push_back({stage, 2, DType::kBf16, DType::kBf16});
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Stages, EngineMatchesReference, ::testing::ValuesIn(all_params()), param_name);
+
+// Bytes each rank sends per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3 (gathering in
+// forward and backward), up to padding and the 16(N-1)-byte norm exchange.
+TEST(EngineBytes, PerStepMatchZeroAnalysis) {
+  for (int world : {2, 4}) {
+    std::vector<double> per_stage(4);
+    for (int stage = 0; stage <= 3; ++stage) {
+      EngineCase c;
+      c.stage = stage;
+      c.params = DType::kFp16;
+      c.grads = DType::kFp16;
+      c.steps = 1;
+      c.sizes = {20000, 3, 15001, 0, 9000};
+      c.bucket = 4096;
+      c.sub_group = 10000;
+      auto comms = make_inprocess_communicators(world, 30.0);
+      std::vector<std::uint64_t> bytes(static_cast<std::size_t>(world));
+      std::size_t flat = 0;
+      rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+        Engine e(engine_config(c), comm);
+        std::vector<TensorId> ids;
+        for (std::size_t t = 0; t < c.sizes.size(); ++t)
+          ids.push_back(e.add_parameter("t", initial_values(1, t, c.sizes[t])));
+        e.finalize();
+        if (rank == 0) flat = e.partition().flat_size();
+        auto before = comm.stats().total_bytes_sent();
+        e.gather(ids);
+        e.release(ids);
+        e.gather(ids);
+        for (auto id : ids) {
+          auto g = grad_of(1, rank, 0, id, c.sizes[id], c.grads);
+          e.set_gradient(id, g.data());
+        }
+        e.release(ids);
+        e.step();
+        bytes[static_cast<std::size_t>(rank)] = comm.stats().total_bytes_sent() - before;
+      }));
+      const double psi = 20000 + 3 + 15001 + 9000;
+      const double k = stage == 3 ? 3 : 2;
+      const double want = k * psi * 2 * (world - 1) / world;
+      const double slack = k * static_cast<double>(flat - 44004) * 2 + 16.0 * (world - 1);
+      for (int r = 0; r < world; ++r) {
+        double b = static_cast<double>(bytes[static_cast<std::size_t>(r)]);
+        EXPECT_NEAR(b, want, slack) << "stage " << stage << " world " << world << " rank " << r;
+      }
+      per_stage[static_cast<std::size_t>(stage)] = static_cast<double>(bytes[0]);
+    }
+    EXPECT_NEAR(per_stage[3] / per_stage[2], 1.5, 0.02) << "world " << world;
+    EXPECT_NEAR(per_stage[1] / per_stage[0], 1.0, 0.02) << "world " << world;
+  }
+}
+
+// An overflow on one rank skips the step on every rank, backs the loss scale off everywhere and
+// leaves the parameters untouched; good steps grow the scale after growth_interval.
+TEST(EngineOverflow, SkipsAgreeAcrossRanks) {
+  const int world = 3;
+  for (int stage : {0, 1, 2, 3}) {
+    EngineCase c;
+    c.stage = stage;
+    c.params = DType::kFp16;
+    c.grads = DType::kFp16;
+    Config cfg = engine_config(c);
+    cfg.precision.loss_scale.growth_interval = 2;
+    auto comms = make_inprocess_communicators(world, 30.0);
+    std::vector<std::vector<StepResult>> res(world);
+    std::vector<EngineStats> stats(world);
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      Engine e(cfg, comm);
+      std::vector<TensorId> ids;
+      for (std::size_t t = 0; t < c.sizes.size(); ++t)
+        ids.push_back(e.add_parameter("t", initial_values(7, t, c.sizes[t])));
+      e.finalize();
+      for (int s = 0; s < 4; ++s) {
+        e.gather(ids);
+        std::vector<std::vector<float>> before;
+        for (auto id : ids) {
+          std::vector<float> v(c.sizes[id]);
+          e.read_param(id, v);
+          before.push_back(v);
+        }
+        for (auto id : ids) {
+          auto g = grad_of(7, rank, s, id, c.sizes[id], c.grads);
+          if (s == 1 && rank == 2 && id == 6) comm::store_elem(g.data(), 17, c.grads, INFINITY);
+          e.set_gradient(id, g.data());
+        }
+        e.release(ids);
+        res[rank].push_back(e.step());
+        e.gather(ids);
+        for (auto id : ids) {
+          std::vector<float> v(c.sizes[id]);
+          e.read_param(id, v);
+          if (s == 1) {
+            EXPECT_EQ(v, before[id]) << "skipped step changed tensor " << id;
+          } else if (c.sizes[id] > 2) {
+            EXPECT_NE(v, before[id]) << "step " << s << " did not update tensor " << id;
+          }
+        }
+        e.release(ids);
+      }
+      stats[rank] = e.stats();
+    }));
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(strcat("stage ", stage, " rank ", r));
+      EXPECT_TRUE(res[r][0].applied);
+      EXPECT_FALSE(res[r][1].applied);
+      EXPECT_TRUE(res[r][1].overflow);
+      EXPECT_EQ(res[r][0].loss_scale, 1024.0);
+      EXPECT_EQ(res[r][1].loss_scale, 512.0);
+      EXPECT_EQ(res[r][2].loss_scale, 512.0);
+      EXPECT_EQ(res[r][3].loss_scale, 1024.0);  // two good steps: growth
+      EXPECT_EQ(stats[r].skipped_steps, 1u);
+      EXPECT_EQ(stats[r].applied_steps, 3u);
+      EXPECT_EQ(res[r][3].grad_norm, res[0][3].grad_norm);
+    }
+  }
+}
+
+TEST(EngineClip, ClipsToGlobalNorm) {
+  const int world = 2;
+  EngineCase c;
+  c.stage = 2;
+  c.steps = 1;
+  const auto seed = test_seed("engine.clip");
+  // Reference norm of the averaged gradient.
+  double sum_sq = 0;
+  for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+    std::vector<std::vector<unsigned char>> per;
+    for (int r = 0; r < world; ++r) per.push_back(grad_of(seed, r, 0, t, c.sizes[t], c.grads));
+    auto s = reference_sum(per, 0, c.sizes[t], c.grads);
+    for (std::size_t i = 0; i < c.sizes[t]; ++i) {
+      double g = comm::load_elem(s.data(), i, c.grads) * 0.5;
+      sum_sq += g * g;
+    }
+  }
+  const double norm = std::sqrt(sum_sq);
+  c.clip = norm / 4;
+  auto comms = make_inprocess_communicators(world, 30.0);
+  std::vector<std::vector<StepResult>> res(world);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) { train_rank(comm, c, seed, &res[rank]); }));
+  for (int r = 0; r < world; ++r) {
+    EXPECT_NEAR(res[r][0].grad_norm, norm, 1e-4 * norm);
+    EXPECT_NEAR(res[r][0].clip_coef, 0.25, 1e-4);
+    EXPECT_EQ(res[r][0].clip_coef, res[0][0].clip_coef);
+  }
+}
+
+// Stage 2 with per-tensor gradients: buckets are reduce-scattered during "backward", before step().
+TEST(EngineOverlap, BucketsLeaveBeforeStep) {
+  auto comms = make_inprocess_communicators(2, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    EngineCase c;
+    c.stage = 2;
+    Engine e(engine_config(c), comm);
+    std::vector<TensorId> ids;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      ids.push_back(e.add_parameter("t", initial_values(3, t, c.sizes[t])));
+    e.finalize();
+    auto rs = [&] { return comm.stats().calls[static_cast<std::size_t>(CollectiveKind::kReduceScatter)]; };
+    const auto start = rs();
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      auto g = grad_of(3, rank, 0, *it, c.sizes[*it], c.grads);
+      e.set_gradient(*it, g.data());
+      if (*it == 6) {
+        EXPECT_GE(rs() - start, 2u) << "301 elements in buckets of 100: some must have left";
+      }
+    }
+    e.step();
+  }));
+}
+
+TEST(EngineMisuse, ClearErrors) {
+  auto comms = make_inprocess_communicators(1, 5.0);
+  EngineCase c;
+  c.stage = 3;
+  Engine e(engine_config(c), *comms[0]);
+  std::vector<float> init(10, 0.5f);
+  auto id = e.add_parameter("w", init);
+  EXPECT_THROW(e.step(), Error);  // before finalize
+  e.finalize();
+  EXPECT_THROW(e.add_parameter("late", init), Error);
+  EXPECT_THROW(e.param(id), Error);  // stage 3, not gathered
+  EXPECT_THROW(e.param(7), Error);
+  std::vector<float> g(10, 1.0f);
+  e.set_gradient(id, g.data());
+  EXPECT_THROW(e.set_gradient(id, g.data()), Error);
+  e.step();
+  try {
+    e.step();
+    ADD_FAILURE() << "step without gradients succeeded";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("'w'"), std::string::npos) << err.what();
+  }
+  Config bad = engine_config(c);
+  bad.zero.stage = 4;
+  EXPECT_THROW(Engine(bad, *comms[0]), Error);
+}
+
+// A rank that dies mid-training makes the others' step() fail within the timeout, naming it.
+TEST(EngineFaults, DeadRankFailsOthersWithinTimeout) {
+  for (int stage : {1, 3}) {
+    const double timeout = 0.3;
+    auto comms = make_inprocess_communicators(3, timeout);
+    comms[1] = make_faulty_communicator(std::move(comms[1]), {FaultSpec::Mode::kError, 6, 0});
+    EngineCase c;
+    c.stage = stage;
+    c.steps = 4;
+    c.timeout_s = timeout;
+    auto t0 = std::chrono::steady_clock::now();
+    auto errors = run_ranks(comms, [&](int, Communicator& comm) { train_rank(comm, c, 5); });
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_LT(s, 5.0);
+    for (int r : {0, 2}) {
+      ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "stage " << stage << " rank " << r;
+      try {
+        std::rethrow_exception(errors[static_cast<std::size_t>(r)]);
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
+      }
+    }
+    EXPECT_TRUE(errors[1]);
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing
