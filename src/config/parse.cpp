@@ -37,7 +37,17 @@ std::string list_names(const std::vector<std::string>& names) {
   return out;
 }
 
+// parent[key], or a null node when parent is not a mapping or has no such key (indexing a
+// missing yaml-cpp node throws).
+YAML::Node child(const YAML::Node& parent, const char* key) {
+  if (!parent.IsDefined() || !parent.IsMap()) return YAML::Node();
+  const YAML::Node n = parent[key];
+  if (!n.IsDefined()) return YAML::Node();
+  return n;
+}
+
 const char* kind_name(const YAML::Node& n) {
+  if (!n.IsDefined()) return "nothing";
   switch (n.Type()) {
     case YAML::NodeType::Map: return "a mapping";
     case YAML::NodeType::Sequence: return "a list";
@@ -288,7 +298,7 @@ class Reader {
   // Calls fn(node, path) when `key` is present in `parent` and has a value.
   template <typename F>
   void with(const YAML::Node& parent, const std::string& parent_path, const char* key, F&& fn) {
-    if (!parent.IsMap()) return;
+    if (!parent.IsDefined() || !parent.IsMap()) return;
     const YAML::Node n = parent[key];
     if (!n.IsDefined()) return;
     const std::string path = join_path(parent_path, key);
@@ -334,7 +344,7 @@ Config Reader::read(const YAML::Node& root) {
   marks_[""] = root.Mark();
   check_keys(root, schema_root(), "");
 
-  const YAML::Node model = root["model"];
+  const YAML::Node model = child(root, "model");
   with(model, "model", "parameters",
        [&](auto& v, auto& p) { c.model.parameters = count(v, p, 1, kU64); });
   with(model, "model", "largest_layer",
@@ -348,10 +358,10 @@ Config Reader::read(const YAML::Node& root) {
   with(model, "model", "micro_batch",
        [&](auto& v, auto& p) { c.model.micro_batch = integer(v, p, 1, kU32); });
 
-  const YAML::Node prec = root["precision"];
+  const YAML::Node prec = child(root, "precision");
   with(prec, "precision", "params", [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
   with(prec, "precision", "grads", [&](auto& v, auto& p) { c.precision.grads = choice(v, p, kDTypes); });
-  const YAML::Node ls = prec.IsMap() ? prec["loss_scale"] : YAML::Node();
+  const YAML::Node ls = child(prec, "loss_scale");
   const std::string lsp = "precision.loss_scale";
   auto& L = c.precision.loss_scale;
   with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
@@ -374,7 +384,7 @@ Config Reader::read(const YAML::Node& root) {
     if (L.min_scale <= 0) error(p, "must be > 0");
   });
 
-  const YAML::Node opt = root["optimizer"];
+  const YAML::Node opt = child(root, "optimizer");
   auto& O = c.optimizer;
   with(opt, "optimizer", "type", [&](auto& v, auto& p) {
     O.type = choice<OptimizerType>(v, p, {{"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}});
@@ -404,7 +414,7 @@ Config Reader::read(const YAML::Node& root) {
     if (O.grad_clip < 0) error(p, "must be >= 0 (0 = no clipping)");
   });
 
-  const YAML::Node world = root["world"];
+  const YAML::Node world = child(root, "world");
   with(world, "world", "ranks", [&](auto& v, auto& p) {
     const std::string& s = scalar(v, p, "a count");
     if (!s.empty() && s[0] == '-') error(p, "'" + s + "' is out of range: world.ranks must be >= 1");
@@ -413,24 +423,24 @@ Config Reader::read(const YAML::Node& root) {
   with(world, "world", "ranks_per_node",
        [&](auto& v, auto& p) { c.world.ranks_per_node = integer(v, p, 0, 1u << 20); });
 
-  const YAML::Node zero = root["zero"];
+  const YAML::Node zero = child(root, "zero");
   with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });
   with(zero, "zero", "sub_group_size",
        [&](auto& v, auto& p) { c.zero.sub_group_size = count(v, p, 1, kU64); });
   with(zero, "zero", "reduce_bucket_size",
        [&](auto& v, auto& p) { c.zero.reduce_bucket_size = count(v, p, 1, kU64); });
 
-  const YAML::Node off = root["offload"];
+  const YAML::Node off = child(root, "offload");
   if (off.IsMap()) {
-    read_offload(off["optimizer"], "offload.optimizer", c.offload.optimizer);
-    read_offload(off["gradients"], "offload.gradients", c.offload.gradients);
-    read_offload(off["params"], "offload.params", c.offload.params);
+    read_offload(child(off, "optimizer"), "offload.optimizer", c.offload.optimizer);
+    read_offload(child(off, "gradients"), "offload.gradients", c.offload.gradients);
+    read_offload(child(off, "params"), "offload.params", c.offload.params);
   }
 
-  const YAML::Node tiers = root["tiers"];
-  const YAML::Node gpu = tiers.IsMap() ? tiers["gpu"] : YAML::Node();
-  const YAML::Node host = tiers.IsMap() ? tiers["host"] : YAML::Node();
-  const YAML::Node nvme = tiers.IsMap() ? tiers["nvme"] : YAML::Node();
+  const YAML::Node tiers = child(root, "tiers");
+  const YAML::Node gpu = child(tiers, "gpu");
+  const YAML::Node host = child(tiers, "host");
+  const YAML::Node nvme = child(tiers, "nvme");
   auto& T = c.tiers;
   with(gpu, "tiers.gpu", "budget", [&](auto& v, auto& p) { T.gpu.budget = bytes(v, p, 1); });
   with(host, "tiers.host", "budget", [&](auto& v, auto& p) { T.host.budget = bytes(v, p, 1); });
@@ -469,7 +479,7 @@ Config Reader::read(const YAML::Node& root) {
   with(nvme, "tiers.nvme", "sqpoll", [&](auto& v, auto& p) { T.nvme.sqpoll = boolean(v, p); });
   with(nvme, "tiers.nvme", "budget", [&](auto& v, auto& p) { T.nvme.budget = bytes(v, p, 0); });
 
-  const YAML::Node rt = root["runtime"];
+  const YAML::Node rt = child(root, "runtime");
   with(rt, "runtime", "device", [&](auto& v, auto& p) {
     c.runtime.device = choice<DeviceKind>(
         v, p, {{"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}});

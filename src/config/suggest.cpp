@@ -35,9 +35,10 @@ std::string closest(std::string_view word, const std::vector<std::string>& candi
   // A typo: at most a third of the longer word wrong (at least 2 edits allowed), or one a prefix
   // of the other ("pin" for "pin_memory").
   const std::size_t limit = std::max<std::size_t>(2, std::max(word.size(), best.size()) / 3);
-  if (best.empty()) return "";
-  if (best_d <= limit) return best;
-  if (word.size() >= 3 && best.rfind(word, 0) == 0) return best;
+  if (!best.empty() && best_d <= limit) return best;
+  if (word.size() >= 3)
+    for (const auto& c : candidates)
+      if (c.rfind(word, 0) == 0) return c;
   return "";
 }
 

@@ -1,0 +1,253 @@
+// Loading, defaults, units, --set and to_yaml round trips.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "config/suggest.hpp"
+#include "strata/config.hpp"
+#include "strata/error.hpp"
+#include "strata/plan.hpp"
+#include "test_util.hpp"
+
+using namespace strata;
+
+namespace {
+Config parse(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  return parse_config(yaml, "test.yaml", sets);
+}
+bool operator_eq(const OffloadTarget& a, const OffloadTarget& b) {
+  return a.tier == b.tier && a.fraction == b.fraction && a.pin_memory == b.pin_memory;
+}
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(to_yaml(a), to_yaml(b));
+  EXPECT_EQ(a.model.parameters, b.model.parameters);
+  EXPECT_EQ(a.model.largest_layer, b.model.largest_layer);
+  EXPECT_EQ(a.model.layers, b.model.layers);
+  EXPECT_EQ(a.model.micro_batch, b.model.micro_batch);
+  EXPECT_EQ(a.precision.params, b.precision.params);
+  EXPECT_EQ(a.precision.grads, b.precision.grads);
+  EXPECT_EQ(a.precision.loss_scale.initial, b.precision.loss_scale.initial);
+  EXPECT_EQ(a.precision.loss_scale.dynamic, b.precision.loss_scale.dynamic);
+  EXPECT_EQ(a.optimizer.type, b.optimizer.type);
+  EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
+  EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
+  EXPECT_EQ(a.optimizer.beta2, b.optimizer.beta2);
+  EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
+  EXPECT_EQ(a.world.ranks, b.world.ranks);
+  EXPECT_EQ(a.world.ranks_per_node, b.world.ranks_per_node);
+  EXPECT_EQ(a.zero.stage, b.zero.stage);
+  EXPECT_EQ(a.zero.sub_group_size, b.zero.sub_group_size);
+  EXPECT_TRUE(operator_eq(a.offload.optimizer, b.offload.optimizer));
+  EXPECT_TRUE(operator_eq(a.offload.gradients, b.offload.gradients));
+  EXPECT_TRUE(operator_eq(a.offload.params, b.offload.params));
+  EXPECT_EQ(a.tiers.gpu.budget, b.tiers.gpu.budget);
+  EXPECT_EQ(a.tiers.host.pinned_budget, b.tiers.host.pinned_budget);
+  EXPECT_EQ(a.tiers.host.buffer_size, b.tiers.host.buffer_size);
+  EXPECT_EQ(a.tiers.nvme.paths, b.tiers.nvme.paths);
+  EXPECT_EQ(a.tiers.nvme.engine, b.tiers.nvme.engine);
+  EXPECT_EQ(a.tiers.nvme.block_size, b.tiers.nvme.block_size);
+  EXPECT_EQ(a.tiers.nvme.direct_io, b.tiers.nvme.direct_io);
+  EXPECT_EQ(a.tiers.nvme.budget, b.tiers.nvme.budget);
+  EXPECT_EQ(a.runtime.device, b.runtime.device);
+  EXPECT_EQ(a.runtime.communicator, b.runtime.communicator);
+  EXPECT_EQ(a.runtime.collective_timeout_s, b.runtime.collective_timeout_s);
+}
+}  // namespace
+
+TEST(Config, MinimalConfigGetsEveryDefault) {
+  Config c = parse("model: {parameters: 7.5B}\n");
+  Config d;  // the defaults written in config.hpp
+  d.model.parameters = 7'500'000'000ULL;
+  d.source = "test.yaml";
+  expect_same(c, d);
+  EXPECT_EQ(c.source, "test.yaml");
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_EQ(c.tiers.gpu.budget, 80'000'000'000ULL);
+  EXPECT_EQ(c.tiers.host.budget, 512ULL << 30);
+  EXPECT_EQ(c.tiers.host.buffer_size, 256ULL << 20);
+  EXPECT_TRUE(c.tiers.nvme.paths.empty());
+  EXPECT_EQ(c.ranks_per_node(), 1u);
+  EXPECT_EQ(c.nodes(), 1u);
+}
+
+TEST(Config, ReadsTheDesignExample) {
+  Config c = parse(R"(
+model:
+  parameters: 7.5B
+  largest_layer: 200M
+  layers: 32
+  hidden_size: 4096
+  heads: 32
+  sequence_length: 2048
+  micro_batch: 1
+precision: {params: bf16, grads: fp32, loss_scale: {dynamic: false, initial: 1024}}
+optimizer:
+  type: adam
+  lr: 3.0e-4
+  betas: [0.8, 0.95]
+  eps: 1.0e-6
+  weight_decay: 0.1
+  grad_clip: 1.0
+world: {ranks: 16, ranks_per_node: 8}
+zero: {stage: 3, sub_group_size: 50M, reduce_bucket_size: 1e8}
+offload:
+  optimizer: {tier: nvme, fraction: 0.75}
+  gradients: {tier: host, pin_memory: true}
+  params:    nvme
+tiers:
+  gpu:  {budget: 40GB}
+  host: {budget: 256GiB, pinned_budget: 16GiB, buffer_count: 8, buffer_size: 64MiB}
+  nvme:
+    paths: [/mnt/a, /mnt/b]
+    engine: threads
+    block_size: 512KiB
+    queue_depth: 64
+    io_threads: 4
+    direct_io: required
+    checksum: false
+    sqpoll: true
+    budget: 2TB
+runtime: {device: host, communicator: inprocess, collective_timeout_s: 12.5, cpu_threads: 2}
+)");
+  EXPECT_EQ(c.model.parameters, 7'500'000'000ULL);
+  EXPECT_EQ(c.model.largest_layer, 200'000'000ULL);
+  EXPECT_TRUE(c.model.has_shape());
+  EXPECT_EQ(c.precision.params, DType::kBf16);
+  EXPECT_EQ(c.precision.grads, DType::kFp32);
+  EXPECT_FALSE(c.precision.loss_scale.dynamic);
+  EXPECT_EQ(c.precision.loss_scale.initial, 1024.0);
+  EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.grad_clip, 1.0);
+  EXPECT_EQ(c.world.ranks, 16u);
+  EXPECT_EQ(c.nodes(), 2u);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.zero.sub_group_size, 50'000'000ULL);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 100'000'000ULL);
+  EXPECT_EQ(c.offload.optimizer.tier, Tier::kNvme);
+  EXPECT_DOUBLE_EQ(c.offload.optimizer.fraction, 0.75);
+  EXPECT_EQ(c.offload.gradients.tier, Tier::kCpu);  // host = cpu
+  EXPECT_TRUE(c.offload.gradients.pin_memory);
+  EXPECT_EQ(c.offload.params.tier, Tier::kNvme);
+  EXPECT_EQ(c.tiers.gpu.budget, 40'000'000'000ULL);
+  EXPECT_EQ(c.tiers.host.pinned_budget, 16ULL << 30);
+  EXPECT_EQ(c.tiers.host.buffer_count, 8u);
+  EXPECT_EQ(c.tiers.nvme.paths, (std::vector<std::string>{"/mnt/a", "/mnt/b"}));
+  EXPECT_EQ(c.tiers.nvme.engine, IoEngineKind::kThreads);
+  EXPECT_EQ(c.tiers.nvme.block_size, 512ULL << 10);
+  EXPECT_EQ(c.tiers.nvme.queue_depth, 64u);
+  EXPECT_EQ(c.tiers.nvme.direct_io, DirectIoMode::kRequired);
+  EXPECT_FALSE(c.tiers.nvme.checksum);
+  EXPECT_TRUE(c.tiers.nvme.sqpoll);
+  EXPECT_EQ(c.tiers.nvme.budget, 2'000'000'000'000ULL);
+  EXPECT_EQ(c.runtime.device, DeviceKind::kHost);
+  EXPECT_EQ(c.runtime.communicator, CommBackend::kInProcess);
+  EXPECT_DOUBLE_EQ(c.runtime.collective_timeout_s, 12.5);
+
+  // Round trip: to_yaml() reads back to the same Config, and is stable.
+  Config back = parse(to_yaml(c));
+  expect_same(c, back);
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+}
+
+TEST(Config, Units) {
+  EXPECT_EQ(parse("model: {parameters: 350M}").model.parameters, 350'000'000ULL);
+  EXPECT_EQ(parse("model: {parameters: 7.5e9}").model.parameters, 7'500'000'000ULL);
+  EXPECT_EQ(parse("model: {parameters: 1200}").model.parameters, 1200ULL);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 4GiB}}").tiers.gpu.budget, 4ULL << 30);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 80GB}}").tiers.gpu.budget, 80'000'000'000ULL);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 1MB}}").tiers.gpu.budget, 1'000'000ULL);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {host: {buffer_size: 512MiB}}").tiers.host.buffer_size,
+            512ULL << 20);
+}
+
+TEST(Config, RandomRoundTrips) {
+  std::mt19937_64 rng(strata::testing::test_seed("config round trip"));
+  for (int i = 0; i < 50; ++i) {
+    Config c;
+    c.model.parameters = 1 + rng() % 1'000'000'000'000ULL;
+    c.model.layers = rng() % 100;
+    c.precision.params = static_cast<DType>(rng() % 3);
+    c.precision.grads = static_cast<DType>(rng() % 3);
+    c.optimizer.lr = std::uniform_real_distribution<double>(0, 1)(rng);
+    c.optimizer.beta2 = std::uniform_real_distribution<double>(0, 0.99999)(rng);
+    c.world.ranks = 1 + rng() % 1024;
+    c.world.ranks_per_node = rng() % (c.world.ranks + 1);
+    c.zero.stage = 3;
+    c.offload.optimizer = {static_cast<Tier>(rng() % 3), std::uniform_real_distribution<double>(0, 1)(rng),
+                           static_cast<bool>(rng() % 2)};
+    c.offload.params.tier = static_cast<Tier>(rng() % 3);
+    c.tiers.nvme.paths = {"/tmp/a b", "/tmp/\"q\":x"};
+    c.tiers.nvme.block_size = 4096 * (1 + rng() % 1000);
+    c.tiers.host.buffer_size = 4096 * (1 + rng() % 100000);
+    c.tiers.nvme.budget = rng() % 1'000'000'000'000'000ULL;
+    c.runtime.collective_timeout_s = 0.001 + rng() % 1000;
+    c.source = "test.yaml";
+    Config back = parse(to_yaml(c));
+    expect_same(c, back);
+  }
+}
+
+TEST(Config, SetOverrides) {
+  const std::string base = "model: {parameters: 1B}\nzero: {stage: 1}\n";
+  Config c = parse(base, {"model.parameters=7.5B", "zero.stage=3", "tiers.nvme.paths=[/a,/b]",
+                          "offload.params.tier=nvme", "offload.optimizer={tier: cpu, fraction: 0.5}",
+                          "tiers.gpu.budget=40GB", "precision.loss_scale.dynamic=false"});
+  EXPECT_EQ(c.model.parameters, 7'500'000'000ULL);
+  EXPECT_EQ(c.zero.stage, 3);
+  EXPECT_EQ(c.tiers.nvme.paths, (std::vector<std::string>{"/a", "/b"}));
+  EXPECT_EQ(c.offload.params.tier, Tier::kNvme);
+  EXPECT_EQ(c.offload.optimizer.tier, Tier::kCpu);
+  EXPECT_DOUBLE_EQ(c.offload.optimizer.fraction, 0.5);
+  EXPECT_EQ(c.tiers.gpu.budget, 40'000'000'000ULL);
+  EXPECT_FALSE(c.precision.loss_scale.dynamic);
+  // The later --set wins; a shorthand scalar target can be refined by a key inside it.
+  Config d = parse("model: {parameters: 1B}\nzero: {stage: 2}\noffload: {optimizer: cpu}\n",
+                   {"zero.stage=1", "zero.stage=2", "offload.optimizer.fraction=0.25"});
+  EXPECT_EQ(d.zero.stage, 2);
+  EXPECT_EQ(d.offload.optimizer.tier, Tier::kCpu);
+  EXPECT_DOUBLE_EQ(d.offload.optimizer.fraction, 0.25);
+}
+
+TEST(Config, Suggestions) {
+  using config_detail::closest;
+  using config_detail::edit_distance;
+  EXPECT_EQ(edit_distance("stgae", "stage"), 1u);
+  EXPECT_EQ(edit_distance("", "abc"), 3u);
+  EXPECT_EQ(edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(closest("stgae", {"stage", "sub_group_size", "reduce_bucket_size"}), "stage");
+  EXPECT_EQ(closest("paramters", {"parameters", "largest_layer", "layers"}), "parameters");
+  EXPECT_EQ(closest("zzzzzzzz", {"stage", "sub_group_size"}), "");
+}
+
+TEST(Config, ShippedConfigsLoadAndPlan) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(strata::testing::source_dir()) / "configs";
+  int n = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(e.path().string());
+    Config c = load_config(e.path().string());
+    Plan p = make_plan(c);
+    EXPECT_GT(p.configured.per_rank.total(), 0u);
+    expect_same(c, parse_config(to_yaml(c), c.source));
+    ++n;
+  }
+  EXPECT_GE(n, 4);
+  // The default config is fully written out: every key of to_yaml appears in it.
+  std::ifstream in(dir / "default.yaml");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  std::istringstream lines(to_yaml(load_config((dir / "default.yaml").string())));
+  for (std::string line; std::getline(lines, line);) {
+    auto colon = line.find(':');
+    auto start = line.find_first_not_of(' ');
+    std::string key = line.substr(start, colon - start);
+    if (key.rfind("optimizer", 0) == 0 || key == "gradients" || key == "params") continue;
+    EXPECT_NE(text.find(key + ":"), std::string::npos) << key;
+  }
+}
