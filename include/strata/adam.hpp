@@ -7,8 +7,8 @@
 //   g   = float(grad) * grad_scale                     (grad_scale = clip_coef / loss_scale)
 //   Adam : g = g + weight_decay * p                    (L2 decay, only if weight_decay != 0)
 //   AdamW: p = p * float(1 - lr * weight_decay)        (decoupled decay, before the update)
-//   m   = m * beta1 + (1 - beta1) * g
-//   v   = v * beta2 + (1 - beta2) * g * g
+//   m   = m * beta1 + (1 - beta1) * g               (fused multiply-add, like torch's add_)
+//   v   = v * beta2 + ((1 - beta2) * g) * g          (fused multiply-add, like torch's addcmul_)
 //   bc1 = 1 - beta1^step, bc2 = 1 - beta2^step         (in double, `step` = this update's number)
 //   denom = sqrt(v) / float(sqrt(bc2)) + eps
 //   p   = p + (-(lr / bc1) * m) / denom
@@ -30,7 +30,8 @@
 // Thread-safety: CpuAdam serializes its own calls (a mutex); different CpuAdam objects run
 // concurrently. The arrays must not be touched by anyone else during a call. The free functions
 // are thread-safe. Failure: invalid arguments (null pointer with n > 0, bad dtype, step < 1,
-// beta out of [0,1), eps <= 0) throw Error(kInvalidArgument) before any state is changed.
+// lr/eps/weight_decay < 0, beta out of [0,1), misaligned or overlapping arrays) throw
+// Error(kInvalidArgument) before any state is changed.
 #pragma once
 
 #include <cstddef>
@@ -86,7 +87,8 @@ struct AdamStepResult {
 };
 
 // Result of a pass over the gradients (after grad_scale): finite flag and the sum of squares
-// (accumulated in double; meaningless when !finite) for the global norm / clip coefficient.
+// (float partial sums over blocks of 2048, added in double; meaningless when !finite) for the
+// global norm / clip coefficient.
 struct AdamGradStats {
   bool finite = true;
   double sum_sq = 0.0;
@@ -109,7 +111,15 @@ class CpuAdam {
 
   AdamStepResult step(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o);
 
+  // Finite check + sum of squares over n gradients (times grad_scale), on the pool's threads.
   AdamGradStats grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale = 1.0f);
+
+  // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
+  // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, for 16-bit grads, copies
+  // grad's bits to param_copy when set), on the same threads and tiles. Trivial arithmetic; it
+  // overwrites the arrays' contents. The bandwidth it reaches is the bound step() is measured
+  // against.
+  void stream_reference(const AdamTensors& t);
 
  private:
   struct Impl;

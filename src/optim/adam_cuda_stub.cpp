@@ -1,0 +1,25 @@
+// Built without CUDA: the CUDA entry points exist and say so.
+#include "strata/adam.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+
+bool adam_cuda_available() { return false; }
+
+void adam_step_cuda(const AdamParams&, const AdamTensors&, const AdamStepOptions&, void*, int*) {
+  fail(ErrorCode::kUnsupported, "adam_step_cuda: this build of strata has no CUDA support");
+}
+
+void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*) {
+  fail(ErrorCode::kUnsupported, "adam_check_finite_cuda: this build of strata has no CUDA support");
+}
+
+}  // namespace strata
+
+#include "optim/adam_bench.hpp"
+
+namespace strata::optim {
+AdamCudaBenchResult run_adam_cuda_bench(std::size_t, int) {
+  fail(ErrorCode::kUnsupported, "bench adam --device cuda: this build of strata has no CUDA support");
+}
+}  // namespace strata::optim

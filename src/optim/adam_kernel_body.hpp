@@ -1,0 +1,344 @@
+// Internal: the Adam / stream / statistics / conversion kernels, written once over a small
+// "vector traits" type V and included by each per-ISA translation unit (adam_kernel_*.cpp), which
+// defines V and then calls STRATA_DEFINE_KERNEL_TABLE. Everything here has internal linkage
+// (anonymous namespace): the code is compiled with different target flags in each TU.
+//
+// V provides: F (W floats), H (W 16-bit values), W, load/store (unaligned), load16/store16,
+// set1, add, mul, div, sqrt, fmadd(a, b, c) = a * b + c with one rounding,
+// bf16_to_f / f_to_bf16 / fp16_to_f / f_to_fp16 (round to nearest even; bf16 NaN -> 0x7FC0 like
+// torch), nan_if_nonfinite(x) = x * 0, and hsum(F) -> float, hsum_nan(F) for the finite check.
+//
+// Operation order (torch 1.13 _single_tensor_adam / _multi_tensor_adam, CPU kernels):
+//   grad.add(param, alpha=wd)         -> fmadd(p, wd, g)
+//   param.mul_(1 - lr*wd)             -> p * decay
+//   exp_avg.mul_(b1).add_(g, alpha)   -> fmadd(g, 1-b1, m * b1)
+//   exp_avg_sq.mul_(b2).addcmul_(g,g) -> fmadd((1-b2) * g, g, v * b2)
+// (checked element by element against torch 1.13's CPU kernels: m and v bit-exact.)
+//   (sqrt(v) / bc2_sqrt) + eps        -> add(div(sqrt(v), bc2s), eps)
+//   param.addcdiv_(m, denom, -step)   -> p + ((-step) * m) / denom
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "optim/adam_kernels.hpp"
+
+namespace {
+
+using strata::DType;
+using strata::optim::AdamConsts;
+using strata::optim::CopyKind;
+
+// ---- scalar helpers shared by every TU (used for the vector tails, so tails match lanes) -----
+inline std::uint32_t f2u(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float u2f(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline float s_bf16_to_f(std::uint16_t h) { return u2f(std::uint32_t(h) << 16); }
+inline std::uint16_t s_f_to_bf16(float f) {
+  std::uint32_t u = f2u(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN, as torch's round_to_nearest_even
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return std::uint16_t(u >> 16);
+}
+// IEEE fp16 <-> fp32 (exact, round to nearest even), after the FP16 library (M. Dukhan).
+inline float s_fp16_to_f(std::uint16_t h) {
+  const std::uint32_t w = std::uint32_t(h) << 16;
+  const std::uint32_t sign = w & 0x80000000u;
+  const std::uint32_t two_w = w + w;
+  const float normalized = u2f((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float denormalized = u2f((two_w >> 17) | (126u << 23)) - 0.5f;
+  const std::uint32_t result =
+      sign | (two_w < (1u << 27) ? f2u(denormalized) : f2u(normalized));
+  return u2f(result);
+}
+inline std::uint16_t s_f_to_fp16(float f) {
+  float absf = u2f(f2u(f) & 0x7FFFFFFFu);
+  float base = (absf * 0x1.0p+112f) * 0x1.0p-110f;
+  const std::uint32_t w = f2u(f);
+  const std::uint32_t shl1_w = w + w;
+  const std::uint32_t sign = w & 0x80000000u;
+  std::uint32_t bias = shl1_w & 0xFF000000u;
+  if (bias < 0x71000000u) bias = 0x71000000u;
+  base = u2f((bias >> 1) + 0x07800000u) + base;
+  const std::uint32_t bits = f2u(base);
+  const std::uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
+  const std::uint32_t mantissa_bits = bits & 0x00000FFFu;
+  const std::uint32_t nonsign = exp_bits + mantissa_bits;
+  return std::uint16_t((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
+}
+
+inline float s_load_grad(DType dt, const void* g, std::size_t i) {
+  switch (dt) {
+    case DType::kFp32: return static_cast<const float*>(g)[i];
+    case DType::kBf16: return s_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    default: return s_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+  }
+}
+
+// One element of the update, in exactly the vector kernels' order.
+inline void s_adam_elem(const AdamConsts& c, float& p, float& m, float& v, float g) {
+  g = g * c.grad_scale;
+  if (c.has_weight_decay) {
+    if (c.adamw)
+      p = p * c.decay_mul;
+    else
+      g = __builtin_fmaf(p, c.weight_decay, g);
+  }
+  m = __builtin_fmaf(g, c.one_minus_beta1, m * c.beta1);
+  v = __builtin_fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
+  const float denom = __builtin_sqrtf(v) / c.bc2_sqrt + c.eps;
+  p = p + (c.neg_step_size * m) / denom;
+}
+
+inline void s_store_copy(CopyKind k, void* out, std::size_t i, float p) {
+  switch (k) {
+    case CopyKind::kNone: break;
+    case CopyKind::kFp32: static_cast<float*>(out)[i] = p; break;
+    case CopyKind::kBf16: static_cast<std::uint16_t*>(out)[i] = s_f_to_bf16(p); break;
+    case CopyKind::kFp16: static_cast<std::uint16_t*>(out)[i] = s_f_to_fp16(p); break;
+  }
+}
+
+// ---- vector kernels ----------------------------------------------------------------------------
+template <class V, DType GD>
+inline typename V::F v_load_grad(const void* g, std::size_t i) {
+  if constexpr (GD == DType::kFp32) {
+    return V::load(static_cast<const float*>(g) + i);
+  } else if constexpr (GD == DType::kBf16) {
+    return V::bf16_to_f(V::load16(static_cast<const std::uint16_t*>(g) + i));
+  } else {
+    return V::fp16_to_f(V::load16(static_cast<const std::uint16_t*>(g) + i));
+  }
+}
+
+template <class V, CopyKind CK>
+inline void v_store_copy(void* out, std::size_t i, typename V::F p) {
+  if constexpr (CK == CopyKind::kFp32) {
+    V::store(static_cast<float*>(out) + i, p);
+  } else if constexpr (CK == CopyKind::kBf16) {
+    V::store16(static_cast<std::uint16_t*>(out) + i, V::f_to_bf16(p));
+  } else if constexpr (CK == CopyKind::kFp16) {
+    V::store16(static_cast<std::uint16_t*>(out) + i, V::f_to_fp16(p));
+  }
+}
+
+template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW>
+void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
+            std::size_t n) {
+  using F = typename V::F;
+  const F scale = V::set1(c.grad_scale), b1 = V::set1(c.beta1), omb1 = V::set1(c.one_minus_beta1),
+          b2 = V::set1(c.beta2), omb2 = V::set1(c.one_minus_beta2), wd = V::set1(c.weight_decay),
+          decay = V::set1(c.decay_mul), bc2s = V::set1(c.bc2_sqrt), eps = V::set1(c.eps),
+          nstep = V::set1(c.neg_step_size);
+  std::size_t i = 0;
+  const std::size_t nv = n - n % V::W;
+  for (; i < nv; i += V::W) {
+    F gv = V::mul(v_load_grad<V, GD>(g, i), scale);
+    F pv = V::load(p + i);
+    F mv = V::load(m + i);
+    F vv = V::load(v + i);
+    if constexpr (kWd) {
+      if constexpr (kAdamW)
+        pv = V::mul(pv, decay);
+      else
+        gv = V::fmadd(pv, wd, gv);
+    }
+    mv = V::fmadd(gv, omb1, V::mul(mv, b1));
+    vv = V::fmadd(V::mul(omb2, gv), gv, V::mul(vv, b2));
+    const F denom = V::add(V::div(V::sqrt(vv), bc2s), eps);
+    pv = V::add(pv, V::div(V::mul(nstep, mv), denom));
+    V::store(m + i, mv);
+    V::store(v + i, vv);
+    V::store(p + i, pv);
+    v_store_copy<V, CK>(out, i, pv);
+  }
+  for (; i < n; ++i) {
+    s_adam_elem(c, p[i], m[i], v[i], s_load_grad(GD, g, i));
+    s_store_copy(CK, out, i, p[i]);
+  }
+}
+
+template <class V, DType GD, CopyKind CK>
+void v_adam_wd(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
+               std::size_t n) {
+  if (!c.has_weight_decay)
+    v_adam<V, GD, CK, false, false>(c, p, m, v, g, out, n);
+  else if (c.adamw)
+    v_adam<V, GD, CK, true, true>(c, p, m, v, g, out, n);
+  else
+    v_adam<V, GD, CK, true, false>(c, p, m, v, g, out, n);
+}
+
+template <class V, DType GD>
+void v_adam_copy(const AdamConsts& c, CopyKind ck, float* p, float* m, float* v, const void* g,
+                 void* out, std::size_t n) {
+  switch (ck) {
+    case CopyKind::kNone: return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
+    case CopyKind::kFp32: return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
+    case CopyKind::kFp16: return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
+    case CopyKind::kBf16: return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
+  }
+}
+
+template <class V>
+void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, float* p, float* m, float* v,
+                  const void* g, void* out, std::size_t n) {
+  switch (gd) {
+    case DType::kFp32: return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
+    case DType::kBf16: return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp16: return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
+  }
+}
+
+// Finite check and sum of squares: float partial sums per block, added in double per block.
+template <class V, DType GD>
+void v_stats(const void* g, std::size_t n, float scale, bool* finite, double* sum_sq) {
+  using F = typename V::F;
+  constexpr std::size_t kBlock = 2048;
+  const F sc = V::set1(scale);
+  const F zero = V::set1(0.0f);
+  F nanacc = zero;
+  double total = 0.0;
+  std::size_t i = 0;
+  const std::size_t nv = n - n % V::W;
+  while (i < nv) {
+    const std::size_t end = (nv - i > kBlock) ? i + kBlock : nv;
+    F acc = zero;
+    for (; i < end; i += V::W) {
+      const F x = V::mul(v_load_grad<V, GD>(g, i), sc);
+      nanacc = V::add(nanacc, V::mul(x, zero));  // NaN iff some x is inf or NaN
+      acc = V::fmadd(x, x, acc);
+    }
+    total += double(V::hsum(acc));
+  }
+  float tail_nan = 0.0f;
+  for (; i < n; ++i) {
+    const float x = s_load_grad(GD, g, i) * scale;
+    tail_nan = tail_nan + x * 0.0f;
+    total += double(x) * double(x);
+  }
+  const float nanv = V::hsum(nanacc) + tail_nan;
+  if (nanv != nanv) *finite = false;
+  *sum_sq += total;
+}
+
+template <class V>
+void v_stats_entry(DType gd, const void* g, std::size_t n, float scale, bool* finite,
+                   double* sum_sq) {
+  switch (gd) {
+    case DType::kFp32: return v_stats<V, DType::kFp32>(g, n, scale, finite, sum_sq);
+    case DType::kBf16: return v_stats<V, DType::kBf16>(g, n, scale, finite, sum_sq);
+    case DType::kFp16: return v_stats<V, DType::kFp16>(g, n, scale, finite, sum_sq);
+  }
+}
+
+// The bandwidth reference: the same arrays, the same directions, trivial arithmetic.
+template <class V>
+void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out, std::size_t n) {
+  using F = typename V::F;
+  std::size_t i = 0;
+  const std::size_t nv = n - n % V::W;
+  if (gd == DType::kFp32) {
+    const float* gf = static_cast<const float*>(g);
+    for (; i < nv; i += V::W) {
+      const F gv = V::load(gf + i);
+      V::store(p + i, V::add(V::load(p + i), gv));
+      V::store(m + i, V::add(V::load(m + i), gv));
+      V::store(v + i, V::add(V::load(v + i), gv));
+    }
+    for (; i < n; ++i) {
+      p[i] += gf[i];
+      m[i] += gf[i];
+      v[i] += gf[i];
+    }
+    return;
+  }
+  const std::uint16_t* gh = static_cast<const std::uint16_t*>(g);
+  std::uint16_t* oh = static_cast<std::uint16_t*>(out);
+  for (; i < nv; i += V::W) {
+    const auto hv = V::load16(gh + i);
+    const F gv = V::bf16_to_f(hv);
+    V::store(p + i, V::add(V::load(p + i), gv));
+    V::store(m + i, V::add(V::load(m + i), gv));
+    V::store(v + i, V::add(V::load(v + i), gv));
+    if (oh) V::store16(oh + i, hv);
+  }
+  for (; i < n; ++i) {
+    const float gv = s_bf16_to_f(gh[i]);
+    p[i] += gv;
+    m[i] += gv;
+    v[i] += gv;
+    if (oh) oh[i] = gh[i];
+  }
+}
+
+template <class V>
+void v_f32_to_bf16(const void* src, void* dst, std::size_t n) {
+  const float* s = static_cast<const float*>(src);
+  std::uint16_t* d = static_cast<std::uint16_t*>(dst);
+  std::size_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store16(d + i, V::f_to_bf16(V::load(s + i)));
+  for (; i < n; ++i) d[i] = s_f_to_bf16(s[i]);
+}
+template <class V>
+void v_f32_to_fp16(const void* src, void* dst, std::size_t n) {
+  const float* s = static_cast<const float*>(src);
+  std::uint16_t* d = static_cast<std::uint16_t*>(dst);
+  std::size_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store16(d + i, V::f_to_fp16(V::load(s + i)));
+  for (; i < n; ++i) d[i] = s_f_to_fp16(s[i]);
+}
+template <class V>
+void v_bf16_to_f32(const void* src, void* dst, std::size_t n) {
+  const std::uint16_t* s = static_cast<const std::uint16_t*>(src);
+  float* d = static_cast<float*>(dst);
+  std::size_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(d + i, V::bf16_to_f(V::load16(s + i)));
+  for (; i < n; ++i) d[i] = s_bf16_to_f(s[i]);
+}
+template <class V>
+void v_fp16_to_f32(const void* src, void* dst, std::size_t n) {
+  const std::uint16_t* s = static_cast<const std::uint16_t*>(src);
+  float* d = static_cast<float*>(dst);
+  std::size_t i = 0;
+  for (; i + V::W <= n; i += V::W) V::store(d + i, V::fp16_to_f(V::load16(s + i)));
+  for (; i < n; ++i) d[i] = s_fp16_to_f(s[i]);
+}
+
+template <class V>
+strata::optim::KernelTable make_table() {
+  return {&v_adam_entry<V>,    &v_stats_entry<V>,  &v_stream<V>,       &v_f32_to_bf16<V>,
+          &v_f32_to_fp16<V>,   &v_bf16_to_f32<V>,  &v_fp16_to_f32<V>};
+}
+
+// Portable traits: one lane, the scalar helpers.
+struct ScalarV {
+  using F = float;
+  using H = std::uint16_t;
+  static constexpr std::size_t W = 1;
+  static F load(const float* p) { return *p; }
+  static void store(float* p, F x) { *p = x; }
+  static H load16(const std::uint16_t* p) { return *p; }
+  static void store16(std::uint16_t* p, H x) { *p = x; }
+  static F set1(float x) { return x; }
+  static F add(F a, F b) { return a + b; }
+  static F mul(F a, F b) { return a * b; }
+  static F div(F a, F b) { return a / b; }
+  static F sqrt(F a) { return __builtin_sqrtf(a); }
+  static F fmadd(F a, F b, F c) { return __builtin_fmaf(a, b, c); }
+  static F bf16_to_f(H h) { return s_bf16_to_f(h); }
+  static H f_to_bf16(F f) { return s_f_to_bf16(f); }
+  static F fp16_to_f(H h) { return s_fp16_to_f(h); }
+  static H f_to_fp16(F f) { return s_f_to_fp16(f); }
+  static float hsum(F a) { return a; }
+};
+
+}  // namespace

@@ -1,0 +1,121 @@
+// CpuAdam: argument checks, tiling over the persistent pool, the non-finite pre-pass.
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "optim/adam_kernels.hpp"
+#include "optim/thread_pool.hpp"
+#include "strata/error.hpp"
+
+namespace strata {
+
+namespace {
+// Elements per tile: 128 KiB of each FP32 array, 7 arrays ~ 900 KiB, about one L2. A multiple of
+// every vector width, so only the last tile of a call has a scalar tail.
+constexpr std::size_t kTile = 32768;
+
+std::size_t tiles_for(std::size_t n) { return (n + kTile - 1) / kTile; }
+
+const std::uint8_t* byte_ptr(const void* p) { return static_cast<const std::uint8_t*>(p); }
+std::uint8_t* byte_ptr(void* p) { return static_cast<std::uint8_t*>(p); }
+}  // namespace
+
+struct CpuAdam::Impl {
+  AdamPath path;
+  const optim::KernelTable* k;
+  optim::ThreadPool pool;
+  std::mutex mu;
+  Impl(AdamPath p, unsigned threads) : path(p), k(&optim::kernels_for(p)), pool(threads) {}
+
+  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float scale) {
+    const std::size_t tiles = tiles_for(n);
+    std::vector<double> sums(tiles, 0.0);
+    std::atomic<bool> finite{true};
+    const std::size_t esz = optim::elem_size(dtype);
+    auto task = [&](std::size_t t) {
+      const std::size_t off = t * kTile, len = std::min(kTile, n - off);
+      bool f = true;
+      double s = 0.0;
+      k->grad_stats(dtype, byte_ptr(grad) + off * esz, len, scale, &f, &s);
+      sums[t] = s;
+      if (!f) finite.store(false, std::memory_order_relaxed);
+    };
+    pool.parallel_for(tiles, task);
+    AdamGradStats r;
+    r.finite = finite.load();
+    for (double s : sums) r.sum_sq += s;
+    return r;
+  }
+};
+
+CpuAdam::CpuAdam(unsigned threads, AdamPath path) {
+  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  if (threads > 1024) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam: threads=", threads, " > 1024"));
+  const AdamPath resolved = path == AdamPath::kAuto ? adam_default_path() : path;
+  if (!adam_path_supported(resolved))
+    fail(ErrorCode::kUnsupported,
+         strcat("CpuAdam: path ", adam_path_name(resolved), " is not supported by this CPU"));
+  impl_ = std::make_unique<Impl>(resolved, threads);
+}
+
+CpuAdam::~CpuAdam() = default;
+
+AdamPath CpuAdam::path() const { return impl_->path; }
+unsigned CpuAdam::threads() const { return impl_->pool.size(); }
+
+AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
+                             const AdamStepOptions& o) {
+  optim::validate_adam_call(params, t, o, "CpuAdam::step");
+  AdamStepResult result;
+  if (t.n == 0) return result;
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (o.check_finite && !impl_->stats(t.grad, t.grad_dtype, t.n, o.grad_scale).finite) {
+    result.applied = false;
+    return result;
+  }
+  const optim::AdamConsts c = optim::make_adam_consts(params, o);
+  const optim::CopyKind ck = optim::copy_kind(t);
+  const std::size_t gsz = optim::elem_size(t.grad_dtype);
+  const std::size_t csz = t.param_copy ? optim::elem_size(t.param_copy_dtype) : 0;
+  const optim::KernelTable* k = impl_->k;
+  auto task = [&](std::size_t tile) {
+    const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
+    k->adam(c, t.grad_dtype, ck, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
+            byte_ptr(t.grad) + off * gsz, t.param_copy ? byte_ptr(t.param_copy) + off * csz : nullptr,
+            len);
+  };
+  impl_->pool.parallel_for(tiles_for(t.n), task);
+  return result;
+}
+
+AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale) {
+  if (n == 0) return {};
+  if (!grad) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam::grad_stats: null grad with n=", n));
+  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats: unknown dtype");
+  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats: grad not aligned to its element size");
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->stats(grad, dtype, n, grad_scale);
+}
+
+void CpuAdam::stream_reference(const AdamTensors& t) {
+  AdamStepOptions o;
+  optim::validate_adam_call(AdamParams{}, t, o, "CpuAdam::stream_reference");
+  if (t.n == 0) return;
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  const std::size_t gsz = optim::elem_size(t.grad_dtype);
+  const bool copy = t.param_copy && t.grad_dtype != DType::kFp32;
+  const optim::KernelTable* k = impl_->k;
+  auto task = [&](std::size_t tile) {
+    const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
+    k->stream(t.grad_dtype, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
+              byte_ptr(t.grad) + off * gsz, copy ? byte_ptr(t.param_copy) + off * 2 : nullptr, len);
+  };
+  impl_->pool.parallel_for(tiles_for(t.n), task);
+}
+
+}  // namespace strata
