@@ -116,6 +116,9 @@ struct BufferInfo {
 struct TierUsage {
   std::uint64_t used = 0;    // bytes held by copies (and the pinned pool for cpu)
   std::uint64_t budget = 0;  // capacity for nvme
+  // cpu only: freed host copies kept mapped for reuse (no page faults on the next copy of the
+  // same size). They count against the budget and are unmapped first when room is needed.
+  std::uint64_t cached = 0;
 };
 
 struct TierStoreStats {

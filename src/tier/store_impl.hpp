@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -100,7 +101,9 @@ class TierStore::Impl {
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
-  void reserve_locked(tier::Buf& b, Tier t);  // mutex_ held; budget check
+  // mutex_ held; budget check. For the cpu tier, a cached mapping of the right size is moved into
+  // *reuse when given.
+  void reserve_locked(tier::Buf& b, Tier t, IoBuffer* reuse = nullptr);
   void unreserve_locked(tier::Buf& b, Tier t);
   std::string where(const tier::Buf& b) const;
 
@@ -136,6 +139,9 @@ class TierStore::Impl {
   BufferId next_id_ = 1;                                            // guarded by mutex_
   std::uint64_t used_[3] = {0, 0, 0};                               // guarded by mutex_
   TierStoreStats stats_;                                            // guarded by mutex_
+  // Freed host copies by size, for reuse (see TierUsage::cached).
+  std::multimap<std::uint64_t, IoBuffer> host_cache_;  // guarded by mutex_
+  std::uint64_t cached_ = 0;                           // guarded by mutex_: bytes in host_cache_
   bool stop_ = false;                                               // guarded by mutex_
 
   std::mutex admin_mutex_;  // guards admin_stream_

@@ -159,6 +159,7 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
   auto retire_front = [&] {
     Slot& s = window.front();
     try {
+      if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
       if (s.stage == 0) to_write(s);
       if (!engine_.wait(s.ticket, timeout)) {
         *unsafe = true;
@@ -250,6 +251,7 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
   auto retire_front = [&] {
     Slot& s = window.front();
     try {
+      if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
       if (s.stage == 0) {
         if (!engine_.wait(s.ticket, timeout)) {
           *unsafe = true;

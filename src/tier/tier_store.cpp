@@ -128,6 +128,8 @@ TierStore::Impl::~Impl() {
     for (Tier t : kTiers) drop_locked(*b, t);
   }
   bufs_.clear();
+  host_cache_.clear();
+  cached_ = 0;
 }
 
 // ---- registration ---------------------------------------------------------------------------------
@@ -152,6 +154,7 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
                 spec.home == Tier::kNvme && !swap_ ? " has no swap space" : " is not allowed"));
   }
   Tier home = spec.home;
+  IoBuffer reuse;
   {
     std::lock_guard lock(mutex_);
     for (auto& [id, other] : bufs_) {
@@ -160,11 +163,13 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
              strcat("tier store: buffer '", spec.name, "' is already registered"));
       }
     }
-    reserve_locked(*b, home);  // nvme: allocates the extent
+    reserve_locked(*b, home, &reuse);  // nvme: allocates the extent
   }
   try {
     if (home == Tier::kCpu) {
-      b->copy[ti(home)].host = IoBuffer::allocate(b->padded, HugePageMode::kTransparent);
+      if (reuse) std::memset(reuse.data(), 0, b->padded);
+      b->copy[ti(home)].host =
+          reuse ? std::move(reuse) : IoBuffer::allocate(b->padded, HugePageMode::kTransparent);
     } else if (home == Tier::kGpu) {
       b->copy[ti(home)].gpu = device_.allocate(b->padded);
       std::lock_guard lock(admin_mutex_);
@@ -227,7 +232,7 @@ Buf& TierStore::Impl::buf_locked(BufferId id) const {
 
 // ---- budgets and storage ----------------------------------------------------------------------------
 
-void TierStore::Impl::reserve_locked(Buf& b, Tier t) {
+void TierStore::Impl::reserve_locked(Buf& b, Tier t, IoBuffer* reuse) {
   if (t == Tier::kNvme) {
     if (b.copy[ti(t)].extent.length == 0) {
       b.copy[ti(t)].extent = swap_->allocate(b.padded, strcat("buffer '", b.spec.name, "'"));
@@ -236,6 +241,26 @@ void TierStore::Impl::reserve_locked(Buf& b, Tier t) {
     return;
   }
   const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
+  if (t == Tier::kCpu) {
+    // A cached mapping of exactly this size is reused (it moves from cached to used); others are
+    // unmapped until the copy fits.
+    auto exact = host_cache_.find(b.padded);
+    const std::uint64_t reusable = exact != host_cache_.end() ? b.padded : 0;
+    for (auto it = host_cache_.begin();
+         it != host_cache_.end() && used_[ti(t)] + cached_ - reusable + b.padded > budget;) {
+      if (it == exact) {
+        ++it;
+        continue;
+      }
+      cached_ -= it->first;
+      it = host_cache_.erase(it);
+    }
+    if (used_[ti(t)] + b.padded <= budget && exact != host_cache_.end() && reuse) {
+      *reuse = std::move(exact->second);
+      host_cache_.erase(exact);
+      cached_ -= b.padded;
+    }
+  }
   if (used_[ti(t)] + b.padded > budget) {
     fail(ErrorCode::kBudget,
          strcat("tier store: buffer '", b.spec.name, "' (", b.padded, " bytes) does not fit in the ",
@@ -255,6 +280,10 @@ void TierStore::Impl::drop_locked(Buf& b, Tier t) {
   tier::Copy& c = b.copy[ti(t)];
   c.valid = false;
   if (t == Tier::kCpu && c.host) {
+    if (!stop_) {  // keep the mapping for the next copy of this size
+      cached_ += c.host.size();
+      host_cache_.emplace(c.host.size(), std::move(c.host));
+    }
     c.host = IoBuffer();
     unreserve_locked(b, t);
   } else if (t == Tier::kGpu && c.gpu) {
@@ -409,6 +438,7 @@ void TierStore::Impl::wait_idle(std::chrono::milliseconds timeout) {
 
 void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
   Tier src = t;
+  IoBuffer reuse;  // a cached host mapping taken with the reservation
   {
     std::lock_guard lock(mutex_);
     if (b.copy[ti(t)].valid) {
@@ -433,17 +463,32 @@ void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
            strcat("tier store: buffer '", b.spec.name, "' is acquired for writing on ",
                   tier_name(src), "; release it before copying it to ", tier_name(t)));
     }
-    reserve_locked(b, t);  // memory tiers: budget; nvme: the extent (kept once allocated)
+    reserve_locked(b, t, &reuse);  // memory tiers: budget; nvme: the extent (kept once allocated)
   }
   tier::Copy& d = b.copy[ti(t)];
   const tier::Copy& s = b.copy[ti(src)];
   bool unsafe = false;
   try {
-    if (t == Tier::kCpu && !d.host) d.host = IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
-    if (t == Tier::kGpu && !d.gpu) d.gpu = device_.allocate(b.padded);
+    // Storage is allocated outside the lock and installed under it (info() reads it).
+    bool fresh = false;  // a new mapping is already zero-filled
+    if (t == Tier::kCpu && !d.host) {
+      fresh = !reuse;
+      if (reuse && b.padded > b.spec.bytes) {  // no stale bytes of another buffer in the padding
+        std::memset(reuse.bytes() + b.spec.bytes, 0, b.padded - b.spec.bytes);
+      }
+      IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+      std::lock_guard lock(mutex_);
+      d.host = std::move(mem);
+    }
+    if (t == Tier::kGpu && !d.gpu) {
+      DeviceMemory mem = device_.allocate(b.padded);
+      std::lock_guard lock(mutex_);
+      d.gpu = std::move(mem);
+    }
     if (src == Tier::kNvme && b.nvme_zero) {
-      if (t == Tier::kCpu) std::memset(d.host.data(), 0, b.padded);
-      else {
+      if (t == Tier::kCpu) {
+        if (!fresh) std::memset(d.host.data(), 0, b.padded);
+      } else {  // gpu
         unsafe = true;
         ctx.stream->memset_async(d.gpu.get(), 0, b.padded);
         ctx.stream->synchronize(options_.timeout);
@@ -548,7 +593,8 @@ TierUsage TierStore::Impl::usage(Tier t) const {
   if (t == Tier::kNvme) {
     return swap_ ? TierUsage{swap_->used(), swap_->capacity()} : TierUsage{};
   }
-  return TierUsage{used_[ti(t)], t == Tier::kGpu ? options_.gpu_budget : options_.host_budget};
+  if (t == Tier::kGpu) return TierUsage{used_[ti(t)], options_.gpu_budget, 0};
+  return TierUsage{used_[ti(t)], options_.host_budget, cached_};
 }
 
 TierStoreStats TierStore::Impl::stats() const {

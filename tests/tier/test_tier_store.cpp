@@ -219,3 +219,30 @@ TEST(TierStore, OptionsFromConfig) {
   EXPECT_EQ(o.nvme_paths.size(), 2u);
   EXPECT_EQ(TierStoreOptions::from(c, 0, 777).nvme_capacity, 777u);
 }
+
+TEST(TierStore, FreedHostCopiesAreReusedWithinTheBudget) {
+  st::RigOptions o;
+  o.host_budget = (256 << 10) + 2 * (kOdd + 4096);
+  st::StoreRig rig(o);
+  auto a = rig.store->register_buffer({"a", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto b = rig.store->register_buffer({"b", kOdd, DType::kFp32, Tier::kNvme, {}});
+  auto c = rig.store->register_buffer({"c", 9000, DType::kFp32, Tier::kNvme, {}});
+  auto data = st::random_bytes(kOdd, 21);
+  rig.write(a, Tier::kCpu, data);
+  rig.store->evict(a, Tier::kCpu).wait();
+  auto u = rig.store->usage(Tier::kCpu);
+  EXPECT_EQ(u.used, 256u << 10);
+  EXPECT_GT(u.cached, kOdd);
+  // b reuses a's old mapping: it must read as zeros, not as a's bytes.
+  EXPECT_EQ(rig.read(b, Tier::kCpu, kOdd), kZeros);
+  EXPECT_EQ(rig.store->usage(Tier::kCpu).cached, 0u);
+  rig.write(b, Tier::kCpu, data);
+  rig.store->move(b, Tier::kNvme).wait();  // cached again
+  // c (another size) needs room: the cached mapping is unmapped to stay within the budget.
+  rig.store->prefetch(a, Tier::kCpu).wait();
+  rig.store->prefetch(c, Tier::kCpu).wait();
+  u = rig.store->usage(Tier::kCpu);
+  EXPECT_LE(u.used + u.cached, o.host_budget);
+  EXPECT_EQ(rig.read(a, Tier::kCpu, kOdd), data);
+  EXPECT_EQ(rig.read(b, Tier::kGpu, kOdd), data);
+}
