@@ -114,7 +114,7 @@ int run(const Options& o) {
     if (o.ranks && o.ranks != world)
       fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " but mpirun started ", world, " ranks"));
     backend = comm->backend_name();
-    log_info("train: MPI rank ", comm->rank(), " of ", world);
+    log_debug("train: MPI rank ", comm->rank(), " of ", world);
     outcome = train_rank(cfg, *comm, o);
     if (comm->rank() != 0) return 0;  // rank 0 reports
   } else {

@@ -386,7 +386,7 @@ struct Engine::Impl {
       if (scaling && cfg.precision.loss_scale.dynamic)
         scale = std::max(cfg.precision.loss_scale.min_scale,
                          scale * cfg.precision.loss_scale.backoff_factor);
-      log_info("engine rank ", rank, ": gradient overflow, step skipped; loss scale ", scale);
+      if (rank == 0) log_info("engine: gradient overflow, step skipped; loss scale now ", scale);
     } else {
       res.grad_norm = std::sqrt(sum_sq);
       const double clip = cfg.optimizer.grad_clip;
