@@ -1,0 +1,239 @@
+// The profiler behind `strata profile`: measures what each link of the configured tiers costs on
+// this machine (NVMe through the strata I/O engine, host <-> device copies, CPU/GPU Adam, memory
+// bandwidth, collectives), predicts the optimizer-step time and the per-step transfer overhead
+// from the plan's bytes per link (plan.hpp) with a cost model, checks the prediction against a
+// real step on a sample of the configured state (NVMe swap through the TierStore + CpuAdam), and
+// recommends I/O settings and a tier placement.
+//
+// The cost model (predict_step) is a pure function of a Config and measured Bandwidths; see
+// docs/performance.md "## Profile" for the formulas.
+//
+// Ownership: run_profile() owns everything it creates (engines, files, a temporary NVMe directory
+// when none is configured) and removes it before returning, also on failure.
+// Thread-safety: run_profile() and predict_step() are reentrant; ProfileOptions::progress is called
+// from the calling thread only.
+// Failure: bad input (a configured NVMe path that is missing, not a directory, not writable, or on
+// tmpfs with direct_io: required; bad options) throws Error(kInvalidArgument) naming the path and
+// the reason before anything is measured. Failures while measuring propagate (IoError, Error).
+// The GPU sections are skipped (reported, not failed) without a CUDA device; the host-emulated
+// device never counts as a GPU.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "strata/config.hpp"
+#include "strata/plan.hpp"
+
+namespace strata {
+
+// How much to measure. kTiny is for tests (a few points, kilobytes to megabytes).
+enum class ProfileMode { kTiny, kQuick, kDefault, kFull };
+const char* profile_mode_name(ProfileMode m);  // "tiny" | "quick" | "default" | "full"
+
+struct ProfileOptions {
+  ProfileMode mode = ProfileMode::kDefault;
+  // Target transfer overhead per step (seconds) for the placement recommendation.
+  double target_overhead_s = 1.0;
+  // Times the sample step is run (each mode: serial and pipelined); the median is reported.
+  std::uint32_t sample_repeats = 0;  // 0 = the mode's default
+  // Progress lines ("nvme /tmp/x: write 1 MiB qd 32 io_uring x1 ... 1.2 GB/s"); may be empty.
+  std::function<void(const std::string&)> progress;
+};
+
+// ---- environment ---------------------------------------------------------------------------------
+struct PathInfo {
+  std::string path;
+  std::string filesystem;  // "ext4", "xfs", "tmpfs"...
+  std::string device;      // mount source ("/dev/nvme0n1p1") or "" if unknown
+  std::string mount_point;
+  std::uint64_t free_bytes = 0;
+  bool temporary = false;  // created by the profiler because no path was configured
+};
+
+struct Environment {
+  std::string hostname, kernel, cpu_model;
+  unsigned cores = 0;
+  std::uint64_t memory_bytes = 0;
+  std::uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit (~0 = unlimited)
+  std::string gpu;                        // "NVIDIA H200 (139 GiB)" or "none: <reason>"
+  bool has_gpu = false;                   // a CUDA device (never the host-emulated one)
+  std::string adam_path;                  // CPU Adam code path
+  double load_average_1m = 0;
+  std::vector<PathInfo> paths;
+  std::string timestamp_utc;
+};
+
+// ---- measurements --------------------------------------------------------------------------------
+struct IoPoint {
+  std::string path;
+  std::string engine;  // "io_uring" | "threads"
+  std::string op;      // "read" | "write"
+  std::uint64_t block_size = 0;
+  std::uint32_t queue_depth = 0;
+  std::uint32_t rings = 0;  // io_threads
+  bool direct = false;      // O_DIRECT in effect
+  std::uint64_t bytes = 0;  // moved during the timed part
+  double seconds = 0;
+  double bytes_per_second = 0;
+};
+
+struct CopyPoint {
+  std::string direction;  // "host_to_device" | "device_to_host"
+  bool pinned = false;
+  std::uint64_t bytes = 0;
+  double seconds = 0;  // per copy (best of the repeats)
+  double bytes_per_second = 0;
+};
+
+struct AdamMeasure {
+  bool measured = false;
+  std::string skipped;  // reason when !measured
+  std::string device;   // "cpu avx2 x2" / "cuda:0 ..."
+  std::uint64_t elements = 0;
+  double seconds = 0;  // per step (best of the repeats)
+  double params_per_second = 0;
+  double bytes_per_second = 0;  // state bytes touched per second (fp32 p, m, v rw + grads r)
+};
+
+struct CollectivePoint {
+  std::string collective;  // "reduce_scatter" | "all_gather"
+  std::string backend;
+  int ranks = 0;
+  std::uint64_t bytes = 0;  // S: the full (gathered / pre-reduce) buffer per rank
+  double seconds = 0;
+  double algbw_bytes_per_second = 0;  // S / t
+  double busbw_bytes_per_second = 0;  // algbw * (n - 1) / n (nccl-tests)
+};
+
+// ---- the cost model ------------------------------------------------------------------------------
+// Bandwidths per rank the model uses. 0 = not measured (the leg then costs nothing and a note says
+// so), except that nvme/adam rates must be > 0 when the layout needs them.
+struct Bandwidths {
+  double nvme_read_bps = 0;   // through the tier store at the configured I/O settings
+  double nvme_write_bps = 0;
+  bool nvme_duplex = false;   // false: reads and writes share the devices (legs add up)
+  double h2d_bps = 0;         // pinned host -> GPU
+  double d2h_bps = 0;
+  double cpu_adam_params_per_s = 0;
+  double gpu_adam_params_per_s = 0;
+  double reduce_scatter_busbw = 0;
+  double all_gather_busbw = 0;
+};
+
+// The legs of one sub-group (seconds).
+struct SubGroupLegs {
+  std::uint64_t elements = 0;
+  double nvme_read_s = 0, h2d_s = 0, d2h_s = 0, adam_s = 0, nvme_write_s = 0;
+  double sum() const { return nvme_read_s + h2d_s + d2h_s + adam_s + nvme_write_s; }
+  // The busiest resource: NVMe (read + write, or the larger with duplex), PCIe, the optimizer.
+  double slot(bool nvme_duplex) const;
+};
+
+struct StepPrediction {
+  std::uint64_t optimizer_elements = 0;  // the rank's optimizer partition
+  std::uint64_t offloaded_elements = 0;  // of which off the GPU (cpu or nvme)
+  std::uint64_t sub_group_elements = 0;
+  std::uint64_t sub_groups = 0;
+  std::vector<SubGroupLegs> legs;  // distinct sub-group shapes: full ones, then the last partial
+  std::vector<std::uint64_t> legs_count;  // how many sub-groups have legs[i]
+  double nvme_read_s = 0, nvme_write_s = 0, h2d_s = 0, d2h_s = 0;
+  double adam_s = 0;         // optimizer compute over the whole partition (cpu + gpu share)
+  double network_s = 0;      // reduce-scatter of gradients + all-gather of parameters
+  double serial_s = 0;       // optimizer step, legs one after another: sum over sub-groups
+  double pipelined_s = 0;    // first sub-group's legs (fill/drain) + slot of each further one
+  // What the tiers add to a step over an in-GPU optimizer: step - adam + network.
+  double overhead_serial_s = 0;
+  double overhead_pipelined_s = 0;
+  std::vector<std::string> notes;
+};
+
+// Pure: the optimizer step of `config`'s layout `layout` (plan_layout / make_plan().configured)
+// with bandwidths `bw`. Sub-groups of zero.sub_group_size elements over the offloaded optimizer
+// elements; the plan's per-link bytes are spread over them in proportion to elements.
+StepPrediction predict_step(const Config& config, const Layout& layout, const Bandwidths& bw);
+
+// The same model for an explicit sample: `sub_groups` sub-groups of `elements` each, optimizer
+// state fully on NVMe (bytes_per_element_nvme read and written per element), CPU Adam.
+StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
+                              std::uint64_t bytes_per_element_nvme, const Bandwidths& bw);
+
+// ---- the sample step -----------------------------------------------------------------------------
+struct SampleRun {
+  std::string mode;  // "serial" | "pipelined"
+  std::vector<double> measured_s;  // each repeat
+  double measured_median_s = 0;
+  double predicted_s = 0;
+  double error = 0;  // (predicted - measured) / measured
+};
+
+struct SampleStep {
+  bool ran = false;
+  std::string implementation;  // what ran it (the profile layer's TierStore + CpuAdam loop)
+  std::uint64_t elements_per_sub_group = 0;
+  std::uint64_t sub_groups = 0;
+  std::uint64_t nvme_bytes_per_element = 0;
+  // Legs measured in isolation on the sample's buffers (inputs of the prediction).
+  double tier_read_bps = 0, tier_write_bps = 0, adam_params_per_s = 0;
+  SampleRun serial, pipelined;
+};
+
+// ---- recommendation ------------------------------------------------------------------------------
+struct IoRecommendation {
+  std::string path;
+  std::string engine;
+  std::uint64_t block_size = 0;
+  std::uint32_t queue_depth = 0;
+  std::uint32_t rings = 0;
+  double read_bps = 0, write_bps = 0;
+  std::string reason;
+};
+
+struct PlacementOption {
+  int stage = 0;
+  OffloadConfig offload;
+  std::string description;
+  bool fits = false;
+  std::uint64_t gpu_bytes_per_rank = 0;
+  double overhead_pipelined_s = 0;
+  double step_pipelined_s = 0;
+};
+
+struct PlacementRecommendation {
+  bool found = false;
+  PlacementOption choice;
+  std::string reason;
+  std::vector<PlacementOption> considered;
+};
+
+struct ProfileReport {
+  std::string config_source;
+  ProfileMode mode = ProfileMode::kDefault;
+  Environment environment;
+  std::vector<std::string> notes;  // "no NVMe path configured: using temporary directory ..."
+  std::vector<IoPoint> io;
+  std::string copies_skipped;  // "skipped: no GPU (...)" or ""
+  std::vector<CopyPoint> copies;
+  double triad_bytes_per_second = 0;
+  unsigned triad_threads = 0;
+  AdamMeasure cpu_adam, gpu_adam;
+  std::string collectives_skipped;
+  std::vector<CollectivePoint> collectives;
+  Bandwidths bandwidths;          // what the model used for the configured step
+  Plan plan;
+  StepPrediction configured;      // the configured model, stage and tiers
+  SampleStep sample;
+  std::vector<IoRecommendation> io_recommendations;
+  PlacementRecommendation placement;
+  Config tuned;  // the config with the recommendations applied (to_yaml for --write-config)
+  double elapsed_s = 0;
+};
+
+// Validates the NVMe paths (see "Failure" above). Returns their info. Exposed for tests.
+std::vector<PathInfo> check_nvme_paths(const NvmeTierConfig& nvme);
+
+ProfileReport run_profile(const Config& config, const ProfileOptions& options);
+
+}  // namespace strata

@@ -1,0 +1,431 @@
+// `strata profile CONFIG [--quick|--full] [--json] [--write-config tuned.yaml]`: measures the
+// configured tiers' links on this machine, predicts the step overhead and checks the prediction
+// against a sample step (include/strata/profile.hpp).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "cli/command.hpp"
+#include "strata/config.hpp"
+#include "strata/error.hpp"
+#include "strata/profile.hpp"
+#include "strata/units.hpp"
+
+namespace {
+
+using nlohmann::json;
+using strata::format_bytes;
+using strata::format_rate;
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  bool quick = false, full = false, tiny = false, json = false;
+  std::string write_config;
+  double target_overhead = 1.0;
+  unsigned repeats = 0;
+};
+
+json null_if_empty(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
+
+json prediction_json(const strata::StepPrediction& p) {
+  json legs = json::array();
+  for (std::size_t i = 0; i < p.legs.size(); ++i) {
+    const auto& l = p.legs[i];
+    legs.push_back({{"count", p.legs_count[i]},
+                    {"elements", l.elements},
+                    {"nvme_read_s", l.nvme_read_s},
+                    {"host_to_device_s", l.h2d_s},
+                    {"device_to_host_s", l.d2h_s},
+                    {"adam_s", l.adam_s},
+                    {"nvme_write_s", l.nvme_write_s}});
+  }
+  return {{"optimizer_elements", p.optimizer_elements},
+          {"offloaded_elements", p.offloaded_elements},
+          {"sub_group_elements", p.sub_group_elements},
+          {"sub_groups", p.sub_groups},
+          {"sub_group_legs", legs},
+          {"nvme_read_s", p.nvme_read_s},
+          {"nvme_write_s", p.nvme_write_s},
+          {"host_to_device_s", p.h2d_s},
+          {"device_to_host_s", p.d2h_s},
+          {"adam_s", p.adam_s},
+          {"network_s", p.network_s},
+          {"optimizer_step_serial_s", p.serial_s},
+          {"optimizer_step_pipelined_s", p.pipelined_s},
+          {"transfer_overhead_serial_s", p.overhead_serial_s},
+          {"transfer_overhead_pipelined_s", p.overhead_pipelined_s},
+          {"notes", p.notes}};
+}
+
+json offload_json(const strata::OffloadConfig& o) {
+  auto t = [](const strata::OffloadTarget& x) {
+    return json{{"tier", strata::tier_name(x.tier)}, {"fraction", x.fraction}, {"pin_memory", x.pin_memory}};
+  };
+  return {{"optimizer", t(o.optimizer)}, {"gradients", t(o.gradients)}, {"params", t(o.params)}};
+}
+
+json adam_json(const strata::AdamMeasure& a) {
+  if (!a.measured) return {{"measured", false}, {"skipped", a.skipped}};
+  return {{"measured", true},
+          {"device", a.device},
+          {"elements", a.elements},
+          {"seconds", a.seconds},
+          {"params_per_second", a.params_per_second},
+          {"bytes_per_second", a.bytes_per_second}};
+}
+
+json sample_run_json(const strata::SampleRun& s) {
+  return {{"measured_s", s.measured_s},
+          {"measured_median_s", s.measured_median_s},
+          {"predicted_s", s.predicted_s},
+          {"error", s.error}};
+}
+
+json report_json(const strata::ProfileReport& r) {
+  json j;
+  j["config"] = r.config_source;
+  j["mode"] = strata::profile_mode_name(r.mode);
+  j["elapsed_s"] = r.elapsed_s;
+  const auto& e = r.environment;
+  json paths = json::array();
+  for (const auto& p : e.paths)
+    paths.push_back({{"path", p.path},
+                     {"filesystem", p.filesystem},
+                     {"device", p.device},
+                     {"mount_point", p.mount_point},
+                     {"free_bytes", p.free_bytes},
+                     {"temporary", p.temporary}});
+  j["environment"] = {{"hostname", e.hostname},
+                      {"kernel", e.kernel},
+                      {"cpu_model", e.cpu_model},
+                      {"cores", e.cores},
+                      {"memory_bytes", e.memory_bytes},
+                      {"memlock_limit_bytes", e.memlock_limit_bytes},
+                      {"gpu", e.gpu},
+                      {"has_gpu", e.has_gpu},
+                      {"adam_path", e.adam_path},
+                      {"load_average_1m", e.load_average_1m},
+                      {"timestamp_utc", e.timestamp_utc},
+                      {"paths", paths}};
+  j["notes"] = r.notes;
+  json io = json::array();
+  for (const auto& p : r.io)
+    io.push_back({{"path", p.path},
+                  {"engine", p.engine},
+                  {"op", p.op},
+                  {"block_size", p.block_size},
+                  {"queue_depth", p.queue_depth},
+                  {"rings", p.rings},
+                  {"direct", p.direct},
+                  {"bytes", p.bytes},
+                  {"seconds", p.seconds},
+                  {"bytes_per_second", p.bytes_per_second}});
+  j["nvme"] = {{"points", io}};
+  json copies = json::array();
+  for (const auto& c : r.copies)
+    copies.push_back({{"direction", c.direction},
+                      {"pinned", c.pinned},
+                      {"bytes", c.bytes},
+                      {"seconds", c.seconds},
+                      {"bytes_per_second", c.bytes_per_second}});
+  j["host_device_copies"] = {{"skipped", null_if_empty(r.copies_skipped)}, {"points", copies}};
+  j["cpu_adam"] = adam_json(r.cpu_adam);
+  j["gpu_adam"] = adam_json(r.gpu_adam);
+  j["memory_bandwidth"] = {{"kernel", "triad"},
+                           {"threads", r.triad_threads},
+                           {"bytes_per_second", r.triad_bytes_per_second}};
+  json coll = json::array();
+  for (const auto& c : r.collectives)
+    coll.push_back({{"collective", c.collective},
+                    {"backend", c.backend},
+                    {"ranks", c.ranks},
+                    {"bytes", c.bytes},
+                    {"seconds", c.seconds},
+                    {"algbw_bytes_per_second", c.algbw_bytes_per_second},
+                    {"busbw_bytes_per_second", c.busbw_bytes_per_second}});
+  j["collectives"] = {{"skipped", null_if_empty(r.collectives_skipped)}, {"points", coll}};
+  const auto& b = r.bandwidths;
+  const auto& t = r.plan.configured.traffic;
+  j["model"] = {
+      {"bandwidths",
+       {{"nvme_read_bytes_per_second", b.nvme_read_bps},
+        {"nvme_write_bytes_per_second", b.nvme_write_bps},
+        {"nvme_duplex", b.nvme_duplex},
+        {"host_to_device_bytes_per_second", b.h2d_bps},
+        {"device_to_host_bytes_per_second", b.d2h_bps},
+        {"cpu_adam_params_per_second", b.cpu_adam_params_per_s},
+        {"gpu_adam_params_per_second", b.gpu_adam_params_per_s},
+        {"reduce_scatter_busbw_bytes_per_second", b.reduce_scatter_busbw},
+        {"all_gather_busbw_bytes_per_second", b.all_gather_busbw}}},
+      {"layout", r.plan.configured.describe()},
+      {"traffic_per_rank_per_step_bytes",
+       {{"nvme_read", t.nvme_read},
+        {"nvme_write", t.nvme_write},
+        {"host_to_device", t.host_to_device},
+        {"device_to_host", t.device_to_host},
+        {"network", t.network}}},
+      {"configured", prediction_json(r.configured)}};
+  const auto& s = r.sample;
+  j["sample_step"] = {{"ran", s.ran},
+                      {"implementation", s.implementation},
+                      {"elements_per_sub_group", s.elements_per_sub_group},
+                      {"sub_groups", s.sub_groups},
+                      {"nvme_bytes_per_element", s.nvme_bytes_per_element},
+                      {"tier_read_bytes_per_second", s.tier_read_bps},
+                      {"tier_write_bytes_per_second", s.tier_write_bps},
+                      {"adam_params_per_second", s.adam_params_per_s},
+                      {"serial", sample_run_json(s.serial)},
+                      {"pipelined", sample_run_json(s.pipelined)}};
+  json iorec = json::array();
+  for (const auto& x : r.io_recommendations)
+    iorec.push_back({{"path", x.path},
+                     {"engine", x.engine},
+                     {"block_size", x.block_size},
+                     {"queue_depth", x.queue_depth},
+                     {"rings", x.rings},
+                     {"read_bytes_per_second", x.read_bps},
+                     {"write_bytes_per_second", x.write_bps},
+                     {"reason", x.reason}});
+  json considered = json::array();
+  for (const auto& o : r.placement.considered)
+    considered.push_back({{"stage", o.stage},
+                          {"description", o.description},
+                          {"offload", offload_json(o.offload)},
+                          {"fits", o.fits},
+                          {"gpu_bytes_per_rank", o.gpu_bytes_per_rank},
+                          {"transfer_overhead_pipelined_s", o.overhead_pipelined_s},
+                          {"optimizer_step_pipelined_s", o.step_pipelined_s}});
+  json placement = {{"found", r.placement.found}, {"reason", r.placement.reason},
+                    {"considered", considered}};
+  if (r.placement.found)
+    placement["choice"] = {{"stage", r.placement.choice.stage},
+                           {"description", r.placement.choice.description},
+                           {"offload", offload_json(r.placement.choice.offload)},
+                           {"transfer_overhead_pipelined_s", r.placement.choice.overhead_pipelined_s}};
+  j["recommendation"] = {{"io", iorec}, {"placement", placement}};
+  return j;
+}
+
+std::string cell(const std::string& s, std::size_t w) {
+  return s.size() >= w ? s + " " : s + std::string(w - s.size(), ' ');
+}
+std::string rcell(const std::string& s, std::size_t w) {
+  return s.size() >= w ? " " + s : std::string(w - s.size(), ' ') + s;
+}
+std::string secs(double s) {
+  char buf[32];
+  if (s >= 100) std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  return buf;
+}
+std::string pct(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", f * 100.0);
+  return buf;
+}
+std::string rate_params(double p) {
+  return strata::format_count(static_cast<std::uint64_t>(p)) + " params/s";
+}
+
+void print_human(std::ostream& o, const strata::ProfileReport& r, const std::string& tuned_path) {
+  const auto& e = r.environment;
+  o << "strata profile: " << r.config_source << " (" << strata::profile_mode_name(r.mode)
+    << " mode, " << secs(r.elapsed_s) << ")\n"
+    << "  machine: " << e.kernel << "; " << e.cpu_model << ", " << e.cores << " cores, "
+    << format_bytes(e.memory_bytes, true) << " memory; load " << e.load_average_1m << "\n"
+    << "  GPU: " << e.gpu << "\n";
+  for (const auto& p : e.paths)
+    o << "  nvme path " << p.path << ": " << p.filesystem << " on " << p.device << " ("
+      << format_bytes(p.free_bytes) << " free)" << (p.temporary ? ", temporary" : "") << "\n";
+  for (const auto& n : r.notes) o << "  note: " << n << "\n";
+
+  // NVMe: one table per path, engine, rings and op; rows block sizes, columns queue depths.
+  std::map<std::tuple<std::string, std::string, std::uint32_t, std::string>,
+           std::map<std::uint64_t, std::map<std::uint32_t, double>>>
+      tables;
+  std::set<std::uint32_t> qds;
+  for (const auto& p : r.io) {
+    tables[{p.path, p.engine, p.rings, p.op}][p.block_size][p.queue_depth] = p.bytes_per_second;
+    qds.insert(p.queue_depth);
+  }
+  o << "\nNVMe through the strata I/O engine (throughput; rows block size, columns queue depth):\n";
+  for (const auto& [key, rows] : tables) {
+    const auto& [path, engine, rings, op] = key;
+    o << "  " << op << ", " << engine << " x" << rings << " ring(s), " << path << "\n    "
+      << cell("block", 9);
+    for (auto q : qds) o << rcell("qd " + std::to_string(q), 12);
+    o << "\n";
+    for (const auto& [bs, cols] : rows) {
+      o << "    " << cell(format_bytes(bs, true), 9);
+      for (auto q : qds) {
+        auto it = cols.find(q);
+        o << rcell(it == cols.end() ? "-" : format_rate(it->second), 12);
+      }
+      o << "\n";
+    }
+  }
+
+  o << "\nHost <-> device copies: ";
+  if (!r.copies_skipped.empty()) {
+    o << r.copies_skipped << "\n";
+  } else {
+    o << "\n    " << cell("size", 10) << rcell("h2d pinned", 13) << rcell("d2h pinned", 13)
+      << rcell("h2d pageable", 14) << rcell("d2h pageable", 14) << "\n";
+    std::map<std::uint64_t, std::map<std::string, double>> rows;
+    for (const auto& c : r.copies)
+      rows[c.bytes][(c.direction == "host_to_device" ? "h2d" : "d2h") +
+                    std::string(c.pinned ? "p" : "g")] = c.bytes_per_second;
+    for (auto& [bytes, m] : rows)
+      o << "    " << cell(format_bytes(bytes, true), 10) << rcell(format_rate(m["h2dp"]), 13)
+        << rcell(format_rate(m["d2hp"]), 13) << rcell(format_rate(m["h2dg"]), 14)
+        << rcell(format_rate(m["d2hg"]), 14) << "\n";
+  }
+
+  o << "\nCompute:\n";
+  const auto& ca = r.cpu_adam;
+  o << "  CPU Adam (" << ca.device << ", " << strata::format_count(ca.elements)
+    << " elements): " << rate_params(ca.params_per_second) << ", "
+    << format_rate(ca.bytes_per_second) << " of state\n";
+  o << "  memory bandwidth (triad, " << r.triad_threads
+    << " threads): " << format_rate(r.triad_bytes_per_second);
+  if (r.triad_bytes_per_second > 0)
+    o << "; CPU Adam reaches " << static_cast<int>(std::lround(100.0 * ca.bytes_per_second / r.triad_bytes_per_second))
+      << "% of it";
+  o << "\n  GPU Adam: "
+    << (r.gpu_adam.measured ? rate_params(r.gpu_adam.params_per_second) + " (" + r.gpu_adam.device + ")"
+                            : r.gpu_adam.skipped)
+    << "\n";
+
+  o << "\nCollectives (busbw = algbw x (n-1)/n): ";
+  if (r.collectives.empty()) o << r.collectives_skipped << "\n";
+  else {
+    o << (r.collectives_skipped.empty() ? "" : r.collectives_skipped) << "\n";
+    for (const auto& c : r.collectives)
+      o << "  " << cell(c.collective, 15) << cell(c.backend + " x" + std::to_string(c.ranks), 14)
+        << rcell(format_bytes(c.bytes, true), 10) << "  busbw " << rcell(format_rate(c.busbw_bytes_per_second), 11)
+        << "  algbw " << format_rate(c.algbw_bytes_per_second) << "\n";
+  }
+
+  const auto& s = r.sample;
+  o << "\nSample step through the real tiers (" << s.sub_groups << " sub-groups x "
+    << strata::format_count(s.elements_per_sub_group) << " elements, "
+    << format_bytes(s.elements_per_sub_group * s.nvme_bytes_per_element * s.sub_groups, true)
+    << " of optimizer state on NVMe):\n"
+    << "  legs measured alone: tier-store read " << format_rate(s.tier_read_bps) << ", write "
+    << format_rate(s.tier_write_bps) << ", CPU Adam " << rate_params(s.adam_params_per_s) << "\n"
+    << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
+    << "   (median of " << s.serial.measured_s.size() << ")\n";
+  for (const auto* run : {&s.serial, &s.pipelined})
+    o << "  " << cell(run == &s.serial ? "serial" : "pipelined", 11) << rcell(secs(run->predicted_s), 11)
+      << rcell(secs(run->measured_median_s), 11) << rcell(pct(run->error), 9)
+      << (std::fabs(run->error) <= 0.15 ? "" : "   (outside +-15%)") << "\n";
+
+  const auto& p = r.configured;
+  const auto& t = r.plan.configured.traffic;
+  o << "\nPredicted step for the configured layout (" << r.plan.configured.describe() << "), per rank:\n"
+    << "  bytes per step: nvme read " << format_bytes(t.nvme_read) << ", write "
+    << format_bytes(t.nvme_write) << ", host->device " << format_bytes(t.host_to_device)
+    << ", device->host " << format_bytes(t.device_to_host) << ", network " << format_bytes(t.network)
+    << "\n"
+    << "  optimizer: " << strata::format_count(p.offloaded_elements) << " of "
+    << strata::format_count(p.optimizer_elements) << " elements off the GPU, " << p.sub_groups
+    << " sub-group(s) of " << strata::format_count(p.sub_group_elements) << "\n"
+    << "  legs: nvme read " << secs(p.nvme_read_s) << ", adam " << secs(p.adam_s) << ", nvme write "
+    << secs(p.nvme_write_s) << ", h2d " << secs(p.h2d_s) << ", d2h " << secs(p.d2h_s)
+    << ", network " << secs(p.network_s) << "\n"
+    << "  " << cell("", 12) << rcell("optimizer step", 16) << rcell("transfer overhead", 19) << "\n"
+    << "  " << cell("serial", 12) << rcell(secs(p.serial_s), 16) << rcell(secs(p.overhead_serial_s), 19)
+    << "\n"
+    << "  " << cell("pipelined", 12) << rcell(secs(p.pipelined_s), 16)
+    << rcell(secs(p.overhead_pipelined_s), 19) << "\n";
+  for (const auto& n : p.notes) o << "  note: " << n << "\n";
+
+  o << "\nRecommendation:\n";
+  for (const auto& x : r.io_recommendations)
+    o << "  " << x.path << ": engine " << x.engine << ", block_size " << format_bytes(x.block_size, true)
+      << ", queue_depth " << x.queue_depth << ", io_threads " << x.rings << " (" << x.reason << ")\n";
+  o << "  placement: " << r.placement.reason << "\n";
+  if (!tuned_path.empty()) o << "  tuned config written to " << tuned_path << "\n";
+}
+
+const bool kRegistered = strata::cli::register_command(
+    {"profile", "Measure the configured tiers' links here and predict the step overhead",
+     [](CLI::App& cmd) {
+       auto o = std::make_shared<Options>();
+       cmd.add_option("config", o->config, "YAML config")->required();
+       strata::cli::add_set_option(cmd, o->overrides);
+       auto* quick = cmd.add_flag("--quick", o->quick, "A small subset of the measurements, small sizes");
+       auto* full = cmd.add_flag("--full", o->full, "Every block size, queue depth, ring count and size");
+       auto* tiny = cmd.add_flag("--tiny", o->tiny, "Tiny sizes (tests)")->group("");
+       quick->excludes(full)->excludes(tiny);
+       full->excludes(tiny);
+       cmd.add_flag("--json", o->json, "Print one JSON document with every measurement");
+       cmd.add_option("--write-config", o->write_config,
+                      "Write the config with the recommendations applied to this file");
+       cmd.add_option("--target-overhead", o->target_overhead,
+                      "Target transfer overhead per step in seconds, for the placement")
+           ->capture_default_str();
+       cmd.add_option("--repeats", o->repeats, "Sample-step repeats (default: per mode)");
+       return [o]() -> int {
+         const strata::Config config = strata::load_config(o->config, o->overrides);
+         strata::ProfileOptions po;
+         po.mode = o->tiny    ? strata::ProfileMode::kTiny
+                   : o->quick ? strata::ProfileMode::kQuick
+                   : o->full  ? strata::ProfileMode::kFull
+                              : strata::ProfileMode::kDefault;
+         po.target_overhead_s = o->target_overhead;
+         po.sample_repeats = o->repeats;
+         const bool tty = ::isatty(2) == 1;
+         if (tty) {
+           po.progress = [](const std::string& line) {
+             if (line.rfind("== ", 0) == 0) std::cerr << "\r\033[K" << line << "\n";
+             else std::cerr << "\r\033[K  " << line << std::flush;
+           };
+         }
+         // Fail on an unwritable --write-config before minutes of measurements.
+         if (!o->write_config.empty()) {
+           std::filesystem::path wp(o->write_config);
+           std::string dir = wp.parent_path().empty() ? "." : wp.parent_path().string();
+           std::error_code ec;
+           const bool exists = std::filesystem::exists(wp, ec);
+           if (::access(exists ? o->write_config.c_str() : dir.c_str(), W_OK) != 0)
+             strata::fail(strata::ErrorCode::kInvalidArgument,
+                          "--write-config: cannot write " + o->write_config + ": " +
+                              std::strerror(errno));
+         }
+         const strata::ProfileReport r = strata::run_profile(config, po);
+         if (tty) std::cerr << "\r\033[K" << std::flush;
+         if (!o->write_config.empty()) {
+           std::ofstream out(o->write_config);
+           out << "# Written by `strata profile` (" << strata::profile_mode_name(po.mode)
+               << " mode) from " << config.source << " on " << r.environment.timestamp_utc << "\n"
+               << strata::to_yaml(r.tuned);
+           out.close();
+           if (!out)
+             strata::fail(strata::ErrorCode::kIo, "--write-config: writing " + o->write_config + " failed");
+         }
+         if (o->json) {
+           json j = report_json(r);
+           j["recommendation"]["tuned_config"] = o->write_config.empty() ? json(nullptr) : json(o->write_config);
+           std::cout << j.dump(2) << "\n";
+         } else {
+           print_human(std::cout, r, o->write_config);
+         }
+         return 0;
+       };
+     }});
+
+}  // namespace

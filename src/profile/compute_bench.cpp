@@ -1,0 +1,195 @@
+// Compute references: CPU Adam and GPU Adam throughput on the configured dtypes, and the memory
+// bandwidth of a STREAM triad (a[i] = b[i] + s * c[i]) as the CPU's reference.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "profile/profile_internal.hpp"
+#include "strata/adam.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+#include "strata/plan.hpp"
+
+namespace strata::profile {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void fill_random(void* data, std::size_t bytes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  auto* p = static_cast<std::uint8_t*>(data);
+  std::size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    const std::uint64_t v = rng();
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < bytes; ++i) p[i] = static_cast<std::uint8_t>(rng());
+}
+
+namespace {
+
+// Small finite values of the dtype (random, never all zero).
+void fill_values(void* data, DType dtype, std::size_t n, std::uint64_t seed, float scale) {
+  std::mt19937 rng(static_cast<std::uint32_t>(seed));
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  if (dtype == DType::kFp32) {
+    auto* f = static_cast<float*>(data);
+    for (std::size_t i = 0; i < n; ++i) f[i] = dist(rng);
+    return;
+  }
+  std::vector<float> tmp(std::min<std::size_t>(n, 1 << 16));
+  auto* h = static_cast<std::uint16_t*>(data);
+  for (std::size_t off = 0; off < n; off += tmp.size()) {
+    const std::size_t k = std::min(tmp.size(), n - off);
+    for (std::size_t i = 0; i < k; ++i) tmp[i] = dist(rng);
+    if (dtype == DType::kFp16) convert_fp32_to_fp16(tmp.data(), h + off, k);
+    else convert_fp32_to_bf16(tmp.data(), h + off, k);
+  }
+}
+
+// Bytes of state one Adam update touches per element: p, m, v read + written (fp32), the
+// gradient read, the 16-bit parameter copy written.
+double adam_bytes_per_element(const Config& c) {
+  return 24.0 + static_cast<double>(dtype_size(c.precision.grads)) +
+         (c.precision.params == DType::kFp32 ? 0.0 : static_cast<double>(dtype_size(c.precision.params)));
+}
+
+}  // namespace
+
+AdamMeasure measure_cpu_adam(const Config& c, std::uint64_t elements) {
+  AdamMeasure m;
+  CpuAdam adam(c.runtime.cpu_threads);
+  const std::size_t n = elements;
+  std::vector<float> p(n), ma(n), va(n);
+  fill_values(p.data(), DType::kFp32, n, 1, 1.0f);
+  fill_values(ma.data(), DType::kFp32, n, 2, 0.01f);
+  fill_values(va.data(), DType::kFp32, n, 3, 0.01f);
+  for (auto& x : va) x = x * x;
+  std::vector<std::uint8_t> grad(n * dtype_size(c.precision.grads));
+  fill_values(grad.data(), c.precision.grads, n, 4, 0.1f);
+  std::vector<std::uint8_t> copy(c.precision.params == DType::kFp32 ? 0 : n * 2);
+  AdamTensors t;
+  t.param = p.data();
+  t.exp_avg = ma.data();
+  t.exp_avg_sq = va.data();
+  t.grad = grad.data();
+  t.grad_dtype = c.precision.grads;
+  t.param_copy = copy.empty() ? nullptr : copy.data();
+  t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
+  t.n = n;
+  const AdamParams hp = AdamParams::from_config(c.optimizer);
+  std::vector<double> times;
+  for (int i = 0; i < 6; ++i) {
+    Stopwatch sw;
+    adam.step(hp, t, {i + 1, 1.0f, false});
+    if (i > 0) times.push_back(sw.seconds());  // the first touches the pages
+  }
+  m.measured = true;
+  m.device = strcat("cpu ", adam_path_name(adam.path()), " x", adam.threads());
+  m.elements = elements;
+  m.seconds = median(times);
+  m.params_per_second = static_cast<double>(n) / m.seconds;
+  m.bytes_per_second = m.params_per_second * adam_bytes_per_element(c);
+  return m;
+}
+
+AdamMeasure measure_gpu_adam(const Config& c, Device& device, std::uint64_t elements) {
+  AdamMeasure m;
+  if (device.kind() != DeviceKind::kCuda) {
+    m.skipped = "skipped: no GPU";
+    return m;
+  }
+  if (!adam_cuda_available()) {
+    m.skipped = "skipped: this build has no CUDA Adam kernels";
+    return m;
+  }
+  const std::size_t n = elements;
+  const std::size_t gb = dtype_size(c.precision.grads);
+  DeviceMemory p = device.allocate(n * 4), ma = device.allocate(n * 4), va = device.allocate(n * 4);
+  DeviceMemory grad = device.allocate(n * gb);
+  DeviceMemory copy = device.allocate(n * 2);
+  {
+    // Random host values copied up (zeros would make the timing meaningless for no one, but keep
+    // the data honest).
+    std::vector<std::uint8_t> host(n * 4);
+    auto stream = device.create_stream();
+    fill_values(host.data(), DType::kFp32, n, 5, 1.0f);
+    stream->memcpy_async(p.get(), host.data(), n * 4);
+    stream->synchronize(std::chrono::seconds(60));
+    fill_values(host.data(), DType::kFp32, n, 6, 0.01f);
+    stream->memcpy_async(ma.get(), host.data(), n * 4);
+    stream->synchronize(std::chrono::seconds(60));
+    auto* f = reinterpret_cast<float*>(host.data());
+    for (std::size_t i = 0; i < n; ++i) f[i] = f[i] * f[i];
+    stream->memcpy_async(va.get(), host.data(), n * 4);
+    stream->synchronize(std::chrono::seconds(60));
+    fill_values(host.data(), c.precision.grads, n, 7, 0.1f);
+    stream->memcpy_async(grad.get(), host.data(), n * gb);
+    stream->synchronize(std::chrono::seconds(60));
+  }
+  AdamTensors t;
+  t.param = static_cast<float*>(p.get());
+  t.exp_avg = static_cast<float*>(ma.get());
+  t.exp_avg_sq = static_cast<float*>(va.get());
+  t.grad = grad.get();
+  t.grad_dtype = c.precision.grads;
+  t.param_copy = c.precision.params == DType::kFp32 ? nullptr : copy.get();
+  t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
+  t.n = n;
+  const AdamParams hp = AdamParams::from_config(c.optimizer);
+  adam_step_cuda(hp, t, {1, 1.0f, false}, nullptr);
+  gpu_synchronize();
+  std::vector<double> times;
+  for (int i = 0; i < 10; ++i) {
+    Stopwatch sw;
+    adam_step_cuda(hp, t, {i + 2, 1.0f, false}, nullptr);
+    gpu_synchronize();
+    times.push_back(sw.seconds());
+  }
+  m.measured = true;
+  m.device = device.name();
+  m.elements = elements;
+  m.seconds = median(times);
+  m.params_per_second = static_cast<double>(n) / m.seconds;
+  m.bytes_per_second = m.params_per_second * adam_bytes_per_element(c);
+  return m;
+}
+
+double measure_triad(std::uint64_t bytes, unsigned threads) {
+  const std::size_t n = std::max<std::uint64_t>(bytes / 24, 1024);
+  std::vector<double> a(n), b(n), c(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    b[i] = static_cast<double>(i % 1000) * 0.5;
+    c[i] = static_cast<double>(i % 77) * 0.25;
+  }
+  const double s = 3.0;
+  threads = std::max(1u, threads);
+  auto run = [&] {
+    std::vector<std::thread> pool;
+    for (unsigned t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const std::size_t lo = n * t / threads, hi = n * (t + 1) / threads;
+        for (std::size_t i = lo; i < hi; ++i) a[i] = b[i] + s * c[i];
+      });
+    }
+    for (auto& th : pool) th.join();
+  };
+  run();  // touch the pages
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    Stopwatch sw;
+    run();
+    best = std::min(best, sw.seconds());
+  }
+  if (a[n / 2] != b[n / 2] + s * c[n / 2]) fail(ErrorCode::kInternal, "triad: wrong result");
+  return static_cast<double>(3 * n * sizeof(double)) / best;
+}
+
+}  // namespace strata::profile

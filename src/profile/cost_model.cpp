@@ -1,0 +1,161 @@
+// The step cost model: plan bytes per link + measured bandwidths -> optimizer-step time and
+// per-step transfer overhead, serial and pipelined (docs/performance.md "## Profile").
+#include <algorithm>
+#include <cmath>
+
+#include "strata/error.hpp"
+#include "strata/profile.hpp"
+#include "strata/units.hpp"
+
+namespace strata {
+
+const char* profile_mode_name(ProfileMode m) {
+  switch (m) {
+    case ProfileMode::kTiny: return "tiny";
+    case ProfileMode::kQuick: return "quick";
+    case ProfileMode::kDefault: return "default";
+    case ProfileMode::kFull: return "full";
+  }
+  return "?";
+}
+
+double SubGroupLegs::slot(bool nvme_duplex) const {
+  const double nvme = nvme_duplex ? std::max(nvme_read_s, nvme_write_s) : nvme_read_s + nvme_write_s;
+  // Gradients down and parameters up share one PCIe link only in the sense of one copy engine
+  // each way; a GPU has both, so the larger direction bounds.
+  const double pcie = std::max(h2d_s, d2h_s);
+  return std::max({nvme, pcie, adam_s});
+}
+
+namespace {
+
+double seconds(double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; }
+
+// Fill in serial/pipelined from the per-shape legs (full sub-groups first, then the partial one).
+void finish_pipeline(StepPrediction& p, bool duplex) {
+  p.serial_s = 0;
+  p.pipelined_s = 0;
+  bool first = true;
+  for (std::size_t i = 0; i < p.legs.size(); ++i) {
+    const auto& l = p.legs[i];
+    const auto n = p.legs_count[i];
+    if (n == 0) continue;
+    p.serial_s += static_cast<double>(n) * l.sum();
+    p.nvme_read_s += static_cast<double>(n) * l.nvme_read_s;
+    p.nvme_write_s += static_cast<double>(n) * l.nvme_write_s;
+    p.h2d_s += static_cast<double>(n) * l.h2d_s;
+    p.d2h_s += static_cast<double>(n) * l.d2h_s;
+    if (first) {
+      // The first sub-group's legs run one after another (fill + drain); each further one adds
+      // its busiest resource's time.
+      p.pipelined_s += l.sum() + static_cast<double>(n - 1) * l.slot(duplex);
+      first = false;
+    } else {
+      p.pipelined_s += static_cast<double>(n) * l.slot(duplex);
+    }
+  }
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwidths& bw) {
+  StepPrediction p;
+  const BytesPerParam b = bytes_per_param(c.precision);
+  const std::uint64_t opt_bpe = std::max<std::uint64_t>(b.optimizer(), 1);
+  p.optimizer_elements = layout.footprint.optimizer_elements;
+  const std::uint64_t off_cpu = layout.on_host.optimizer / opt_bpe;
+  const std::uint64_t off_nvme = layout.on_nvme.optimizer / opt_bpe;
+  p.offloaded_elements = off_cpu + off_nvme;
+  const std::uint64_t on_gpu = p.optimizer_elements - std::min(p.optimizer_elements, p.offloaded_elements);
+  p.sub_group_elements = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
+
+  const LinkTraffic& t = layout.traffic;
+  const bool any_transfer = t.nvme_read || t.nvme_write || t.host_to_device || t.device_to_host;
+  // Every byte the plan moves over a tier link per step is spread over the optimizer's
+  // sub-groups in proportion to their elements; with nothing of the optimizer offloaded, the
+  // transfers form one group of their own.
+  const std::uint64_t spread = p.offloaded_elements ? p.offloaded_elements : (any_transfer ? 1 : 0);
+  if (spread) {
+    const std::uint64_t sg = p.offloaded_elements ? p.sub_group_elements : 1;
+    const std::uint64_t full = spread / sg, rem = spread % sg;
+    auto legs_for = [&](std::uint64_t e) {
+      const double share = static_cast<double>(e) / static_cast<double>(spread);
+      SubGroupLegs l;
+      l.elements = p.offloaded_elements ? e : 0;
+      l.nvme_read_s = seconds(share * static_cast<double>(t.nvme_read), bw.nvme_read_bps);
+      l.nvme_write_s = seconds(share * static_cast<double>(t.nvme_write), bw.nvme_write_bps);
+      l.h2d_s = seconds(share * static_cast<double>(t.host_to_device), bw.h2d_bps);
+      l.d2h_s = seconds(share * static_cast<double>(t.device_to_host), bw.d2h_bps);
+      l.adam_s = seconds(static_cast<double>(l.elements), bw.cpu_adam_params_per_s);
+      return l;
+    };
+    if (full) {
+      p.legs.push_back(legs_for(sg));
+      p.legs_count.push_back(full);
+    }
+    if (rem) {
+      p.legs.push_back(legs_for(rem));
+      p.legs_count.push_back(1);
+    }
+    p.sub_groups = full + (rem ? 1 : 0);
+  }
+  finish_pipeline(p, bw.nvme_duplex);
+  const double cpu_adam = seconds(static_cast<double>(p.offloaded_elements), bw.cpu_adam_params_per_s);
+  const double gpu_adam = seconds(static_cast<double>(on_gpu), bw.gpu_adam_params_per_s);
+  p.adam_s = cpu_adam + gpu_adam;
+  // The GPU share of the optimizer runs beside the CPU pipeline.
+  p.serial_s += gpu_adam;
+  p.pipelined_s = std::max(p.pipelined_s, gpu_adam);
+
+  if ((t.nvme_read || t.nvme_write) && (bw.nvme_read_bps <= 0 || bw.nvme_write_bps <= 0))
+    p.notes.push_back("NVMe bandwidth not measured: NVMe legs not counted");
+  if ((t.host_to_device || t.device_to_host) && (bw.h2d_bps <= 0 || bw.d2h_bps <= 0))
+    p.notes.push_back("no GPU measured: host<->device legs (" +
+                      format_bytes(t.host_to_device + t.device_to_host) + " per step) not counted");
+  if (p.offloaded_elements && bw.cpu_adam_params_per_s <= 0)
+    p.notes.push_back("CPU Adam not measured: its time is not counted");
+  if (on_gpu && bw.gpu_adam_params_per_s <= 0)
+    p.notes.push_back("no GPU measured: Adam on the GPU share (" + format_count(on_gpu) +
+                      " elements) not counted");
+
+  // Collectives: reduce-scatter of the gradients (psi * grad bytes), the rest of the plan's
+  // network bytes are parameter all-gathers (stage 0: the all-reduce's all-gather half). Time =
+  // S * (n-1)/n / busbw (nccl-tests' definition of bus bandwidth).
+  const std::uint32_t n = c.world.ranks;
+  if (n > 1 && t.network > 0) {
+    const double rs = static_cast<double>(std::min<std::uint64_t>(t.network, c.model.parameters * b.grads));
+    const double ag = static_cast<double>(t.network) - rs;
+    const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+    p.network_s = seconds(rs * f, bw.reduce_scatter_busbw) + seconds(ag * f, bw.all_gather_busbw);
+    if (bw.reduce_scatter_busbw <= 0 || bw.all_gather_busbw <= 0)
+      p.notes.push_back("collective bandwidth not measured: network time not counted");
+  }
+  p.overhead_serial_s = std::max(0.0, p.serial_s - p.adam_s) + p.network_s;
+  p.overhead_pipelined_s = std::max(0.0, p.pipelined_s - p.adam_s) + p.network_s;
+  return p;
+}
+
+StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
+                              std::uint64_t bytes_per_element_nvme, const Bandwidths& bw) {
+  if (elements == 0 || sub_groups == 0)
+    fail(ErrorCode::kInvalidArgument, "predict_sample: elements and sub_groups must be > 0");
+  StepPrediction p;
+  p.optimizer_elements = p.offloaded_elements = elements * sub_groups;
+  p.sub_group_elements = elements;
+  p.sub_groups = sub_groups;
+  SubGroupLegs l;
+  l.elements = elements;
+  const double bytes = static_cast<double>(elements * bytes_per_element_nvme);
+  l.nvme_read_s = seconds(bytes, bw.nvme_read_bps);
+  l.nvme_write_s = seconds(bytes, bw.nvme_write_bps);
+  l.adam_s = seconds(static_cast<double>(elements), bw.cpu_adam_params_per_s);
+  p.legs.push_back(l);
+  p.legs_count.push_back(sub_groups);
+  finish_pipeline(p, bw.nvme_duplex);
+  p.adam_s = static_cast<double>(sub_groups) * l.adam_s;
+  p.overhead_serial_s = std::max(0.0, p.serial_s - p.adam_s);
+  p.overhead_pipelined_s = std::max(0.0, p.pipelined_s - p.adam_s);
+  return p;
+}
+
+}  // namespace strata

@@ -1,0 +1,291 @@
+// The real step on a sample: a few sub-groups of the configured optimizer state (FP32 master and
+// both moments) with their home on NVMe in the TierStore's swap space, updated by CpuAdam, serial
+// (read i, Adam i, write i) and pipelined (read i+1 || Adam i || write i-1). The zero layer's
+// Engine does not yet run an offloaded step, so the loop lives here (see docs/performance.md).
+//
+// Before the timed runs the legs are measured in isolation on the same buffers (tier-store read of
+// a sub-group's state, its write-back, Adam in memory); those are the model's inputs.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "profile/profile_internal.hpp"
+#include "strata/adam.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+#include "strata/io_engine.hpp"
+#include "strata/log.hpp"
+#include "strata/pinned_pool.hpp"
+#include "strata/plan.hpp"
+#include "strata/tier_store.hpp"
+#include "strata/units.hpp"
+
+namespace strata::profile {
+namespace {
+
+constexpr auto kTimeout = std::chrono::milliseconds(300000);
+
+// One sub-group: its state buffers in the store (master unless params are fp32, then the FP32
+// parameters live in memory; m; v) and its gradients / parameter copy in host memory.
+struct SubGroup {
+  std::vector<BufferId> ids;  // [master,] exp_avg, exp_avg_sq
+  std::vector<float> param_in_memory;  // when there is no master copy
+  std::vector<std::uint8_t> grad;
+  std::vector<std::uint8_t> param_copy;
+};
+
+std::uint64_t pool_buffer_size(const Config& c) {
+  // The pool only sets the NVMe piece size on the host <-> NVMe path; keep it page-lockable.
+  std::uint64_t size = c.tiers.host.buffer_size;
+  struct rlimit rl {};
+  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+    size = std::min<std::uint64_t>(size, rl.rlim_cur / 4);
+  size = std::max<std::uint64_t>(size / (1 << 20) * (1 << 20), 1 << 20);
+  return size;
+}
+
+class Sample {
+ public:
+  Sample(const Config& c, const std::vector<std::string>& paths, std::uint64_t elements,
+         std::uint64_t sub_groups)
+      : c_(c), elements_(elements), adam_(c.runtime.cpu_threads), hp_(AdamParams::from_config(c.optimizer)) {
+    const BytesPerParam b = bytes_per_param(c.precision);
+    has_master_ = b.master > 0;
+    device_ = make_host_device();
+    IoEngineOptions eo = IoEngineOptions::from(c.tiers.nvme);
+    engine_ = make_io_engine(eo, paths.front());
+    PinnedPoolOptions po;
+    po.buffer_count = 1;
+    po.buffer_size = pool_buffer_size(c);
+    po.pinned_budget = po.buffer_size;
+    pool_ = std::make_unique<PinnedPool>(po, device_.get(), engine_.get());
+    TierStoreOptions so = TierStoreOptions::from(c, 0);
+    so.nvme_paths = paths;
+    so.host_budget = ~0ULL >> 2;
+    so.gpu_budget = 0;
+    const std::uint64_t per = (elements * 4 + (1 << 20)) / (1 << 20) * (1 << 20);
+    so.nvme_capacity = per * 3 * sub_groups + (16ULL << 20);
+    so.timeout = kTimeout;
+    store_ = std::make_unique<TierStore>(so, *device_, *engine_, *pool_);
+
+    const std::size_t gb = dtype_size(c.precision.grads);
+    for (std::uint64_t g = 0; g < sub_groups; ++g) {
+      SubGroup sg;
+      const char* names[3] = {"master", "exp_avg", "exp_avg_sq"};
+      for (int k = has_master_ ? 0 : 1; k < 3; ++k) {
+        BufferSpec spec;
+        spec.name = strcat("sample.", g, ".", names[k]);
+        spec.bytes = elements * 4;
+        spec.home = Tier::kNvme;
+        spec.allowed = {Tier::kCpu, Tier::kNvme};
+        sg.ids.push_back(store_->register_buffer(spec));
+      }
+      if (!has_master_) sg.param_in_memory.resize(elements);
+      sg.grad.resize(elements * gb);
+      fill_random(sg.grad.data(), sg.grad.size(), 100 + g);
+      // Small finite gradients: clear the top exponent bits.
+      if (gb == 2)
+        for (std::size_t i = 1; i < sg.grad.size(); i += 2) sg.grad[i] &= 0x27;
+      else
+        for (std::size_t i = 3; i < sg.grad.size(); i += 4) sg.grad[i] &= 0x3c;
+      if (c.precision.params != DType::kFp32) sg.param_copy.resize(elements * 2);
+      groups_.push_back(std::move(sg));
+    }
+    // Initial state: random weights, small moments, written to NVMe (untimed).
+    for (std::uint64_t g = 0; g < sub_groups; ++g) {
+      auto ptrs = acquire(g, Access::kWrite);
+      for (std::size_t k = 0; k < ptrs.size(); ++k) {
+        auto* f = static_cast<float*>(ptrs[k]);
+        std::uint32_t x = static_cast<std::uint32_t>(g * 7919 + k * 104729 + 1);
+        for (std::uint64_t i = 0; i < elements; ++i) {
+          x = x * 1664525u + 1013904223u;
+          const float u = static_cast<float>(x >> 8) / 16777216.0f;  // [0, 1)
+          f[i] = k == 0 && has_master_ ? u - 0.5f : u * 1e-3f;
+        }
+      }
+      if (!has_master_)
+        for (std::uint64_t i = 0; i < elements; ++i) groups_[g].param_in_memory[i] = 0.25f;
+      release(g);
+      write_back(g);
+    }
+  }
+
+  ~Sample() {
+    try {
+      store_->wait_idle(kTimeout);
+    } catch (const std::exception& e) {
+      log_warn("profile: sample step cleanup: ", e.what());
+    }
+  }
+
+  std::uint64_t bytes_per_element() const { return has_master_ ? 12 : 8; }
+  std::size_t groups() const { return groups_.size(); }
+
+  std::vector<Transfer> acquire_async(std::size_t g, Access access) {
+    std::vector<Transfer> t;
+    for (BufferId id : groups_[g].ids) t.push_back(store_->acquire_async(id, Tier::kCpu, access));
+    return t;
+  }
+  static std::vector<void*> wait_ptrs(const std::vector<Transfer>& ts) {
+    std::vector<void*> out;
+    for (const auto& t : ts) {
+      t.wait(kTimeout);
+      out.push_back(t.pointer());
+    }
+    return out;
+  }
+  std::vector<void*> acquire(std::size_t g, Access access) { return wait_ptrs(acquire_async(g, access)); }
+  void release(std::size_t g) {
+    for (BufferId id : groups_[g].ids) store_->release(id, Tier::kCpu);
+  }
+  // Writes a dirty host copy back to NVMe and drops it (clean copies are just dropped).
+  std::vector<Transfer> write_back_async(std::size_t g) {
+    std::vector<Transfer> t;
+    for (BufferId id : groups_[g].ids) t.push_back(store_->evict(id, Tier::kCpu));
+    return t;
+  }
+  void write_back(std::size_t g) {
+    for (auto& t : write_back_async(g)) t.wait(kTimeout);
+  }
+
+  void adam(std::size_t g, const std::vector<void*>& ptrs) {
+    SubGroup& sg = groups_[g];
+    AdamTensors t;
+    std::size_t k = 0;
+    t.param = has_master_ ? static_cast<float*>(ptrs[k++]) : sg.param_in_memory.data();
+    t.exp_avg = static_cast<float*>(ptrs[k++]);
+    t.exp_avg_sq = static_cast<float*>(ptrs[k++]);
+    t.grad = sg.grad.data();
+    t.grad_dtype = c_.precision.grads;
+    t.param_copy = sg.param_copy.empty() ? nullptr : sg.param_copy.data();
+    t.param_copy_dtype = c_.precision.params == DType::kFp32 ? DType::kBf16 : c_.precision.params;
+    t.n = elements_;
+    AdamStepOptions o;
+    o.step = ++step_;
+    o.check_finite = false;
+    adam_.step(hp_, t, o);
+    if (!std::isfinite(t.param[elements_ / 2]) || !std::isfinite(t.exp_avg_sq[elements_ - 1]))
+      fail(ErrorCode::kNumeric, "profile sample step: Adam produced a non-finite value");
+  }
+
+  // One optimizer step over the sample, legs one after another.
+  double serial() {
+    Stopwatch sw;
+    for (std::size_t g = 0; g < groups(); ++g) {
+      auto ptrs = acquire(g, Access::kWrite);
+      adam(g, ptrs);
+      release(g);
+      write_back(g);
+    }
+    return sw.seconds();
+  }
+
+  // Read i+1 || Adam i || write i-1.
+  double pipelined() {
+    Stopwatch sw;
+    std::vector<Transfer> next = acquire_async(0, Access::kWrite);
+    std::vector<Transfer> writes;
+    for (std::size_t g = 0; g < groups(); ++g) {
+      auto ptrs = wait_ptrs(next);
+      if (g + 1 < groups()) next = acquire_async(g + 1, Access::kWrite);
+      adam(g, ptrs);
+      release(g);
+      // The write-back of i-1 must be done before its memory is needed again; keep one in flight.
+      for (auto& t : writes) t.wait(kTimeout);
+      writes = write_back_async(g);
+    }
+    for (auto& t : writes) t.wait(kTimeout);
+    return sw.seconds();
+  }
+
+  // Leg bandwidths in isolation: {read bytes/s, write bytes/s, Adam params/s}.
+  std::array<double, 3> legs() {
+    double read_s = 0, write_s = 0;
+    std::vector<double> adam_rates;
+    const double bytes = static_cast<double>(elements_ * bytes_per_element());
+    for (std::size_t g = 0; g < groups(); ++g) {
+      Stopwatch r;
+      auto ptrs = acquire(g, Access::kWrite);
+      read_s += r.seconds();
+      Stopwatch a;
+      adam(g, ptrs);
+      adam_rates.push_back(static_cast<double>(elements_) / a.seconds());
+      release(g);
+      Stopwatch w;
+      write_back(g);
+      write_s += w.seconds();
+    }
+    const double total = bytes * static_cast<double>(groups());
+    return {total / read_s, total / write_s, median(adam_rates)};
+  }
+
+ private:
+  const Config& c_;
+  std::uint64_t elements_;
+  bool has_master_ = true;
+  CpuAdam adam_;
+  AdamParams hp_;
+  std::int64_t step_ = 0;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<PinnedPool> pool_;
+  std::unique_ptr<TierStore> store_;  // destroyed before the pool, engine and device
+  std::vector<SubGroup> groups_;
+};
+
+SampleRun summarize(const char* mode, std::vector<double> times, double predicted) {
+  SampleRun r;
+  r.mode = mode;
+  r.measured_s = times;
+  r.measured_median_s = median(std::move(times));
+  r.predicted_s = predicted;
+  r.error = r.measured_median_s > 0 ? (predicted - r.measured_median_s) / r.measured_median_s : 0;
+  return r;
+}
+
+}  // namespace
+
+SampleStep run_sample_step(const Config& c, const std::vector<std::string>& paths,
+                           std::uint64_t elements, std::uint64_t sub_groups, std::uint32_t repeats,
+                           const Progress& progress) {
+  SampleStep s;
+  s.elements_per_sub_group = elements;
+  s.sub_groups = sub_groups;
+  s.implementation =
+      "profile layer: TierStore (optimizer state homed on NVMe swap) + CpuAdam, serial and "
+      "pipelined loops in src/profile/sample_step.cpp";
+  Sample sample(c, paths, elements, sub_groups);
+  s.nvme_bytes_per_element = sample.bytes_per_element();
+  if (progress)
+    progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements),
+                    " elements (", format_bytes(elements * s.nvme_bytes_per_element * sub_groups, true),
+                    " on NVMe): measuring legs"));
+  sample.serial();  // warm-up: page cache of the swap files' metadata, allocator, thread pools
+  auto legs = sample.legs();
+  s.tier_read_bps = legs[0];
+  s.tier_write_bps = legs[1];
+  s.adam_params_per_s = legs[2];
+  Bandwidths bw;
+  bw.nvme_read_bps = s.tier_read_bps;
+  bw.nvme_write_bps = s.tier_write_bps;
+  bw.cpu_adam_params_per_s = s.adam_params_per_s;
+  const StepPrediction pred = predict_sample(elements, sub_groups, s.nvme_bytes_per_element, bw);
+  std::vector<double> ser, pip;
+  for (std::uint32_t i = 0; i < std::max(1u, repeats); ++i) {
+    ser.push_back(sample.serial());
+    pip.push_back(sample.pipelined());
+    if (progress)
+      progress(strcat("sample step ", i + 1, "/", repeats, ": serial ", ser.back(), " s (predicted ",
+                      pred.serial_s, "), pipelined ", pip.back(), " s (predicted ", pred.pipelined_s,
+                      ")"));
+  }
+  s.serial = summarize("serial", ser, pred.serial_s);
+  s.pipelined = summarize("pipelined", pip, pred.pipelined_s);
+  s.ran = true;
+  return s;
+}
+
+}  // namespace strata::profile
