@@ -20,13 +20,13 @@ using strata::testing::TempDir;
 
 namespace {
 
-struct Run {
+struct CliRun {
   int rc = -1;
   std::string out, err;
 };
 
-Run profile(const std::string& args, const TempDir& dir) {
-  Run r;
+CliRun profile(const std::string& args, const TempDir& dir) {
+  CliRun r;
   const std::string err_file = dir.str() + "/stderr.txt";
   r.rc = strata::testing::run_command("(" + strata::testing::binary_dir() + "/strata profile " + args +
                                           " 2>" + err_file + ")",
@@ -113,7 +113,7 @@ TEST(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
   fs::create_directory(nvme);
   const std::string cfg = write_file(dir, "c.yaml", config_text(nvme));
   const std::string tuned = dir.str() + "/tuned.yaml";
-  Run r = profile(cfg + " --tiny --json --write-config " + tuned, dir);
+  CliRun r = profile(cfg + " --tiny --json --write-config " + tuned, dir);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json j = json::parse(r.out);  // stdout holds exactly one JSON document
   expect_valid_report(j, strata::cuda_available());
@@ -134,7 +134,7 @@ TEST(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
 TEST(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
   TempDir dir("strata-profile-test");
   const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  Run r = profile(cfg + " --tiny --json", dir);
+  CliRun r = profile(cfg + " --tiny --json", dir);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json j = json::parse(r.out);
   expect_valid_report(j, strata::cuda_available());
@@ -152,7 +152,7 @@ TEST(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
 TEST(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
   TempDir dir("strata-profile-test");
   const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  Run r = profile(cfg + " --tiny", dir);
+  CliRun r = profile(cfg + " --tiny", dir);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   for (const char* s : {"NVMe through the strata I/O engine", "CPU Adam", "triad", "Collectives",
                         "Sample step", "predicted", "pipelined", "Recommendation", "block_size"})
@@ -169,7 +169,7 @@ TEST(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
 TEST(ProfileCli, MissingPathIsBadInput) {
   TempDir dir("strata-profile-test");
   const std::string missing = dir.str() + "/does-not-exist";
-  Run r = profile(write_file(dir, "c.yaml", config_text(missing)) + " --tiny", dir);
+  CliRun r = profile(write_file(dir, "c.yaml", config_text(missing)) + " --tiny", dir);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
@@ -179,7 +179,7 @@ TEST(ProfileCli, MissingPathIsBadInput) {
 TEST(ProfileCli, FileInsteadOfDirectoryIsBadInput) {
   TempDir dir("strata-profile-test");
   const std::string file = write_file(dir, "plain-file", "x");
-  Run r = profile(write_file(dir, "c.yaml", config_text(file)) + " --tiny", dir);
+  CliRun r = profile(write_file(dir, "c.yaml", config_text(file)) + " --tiny", dir);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
 }
@@ -195,7 +195,7 @@ TEST(ProfileCli, UnwritablePathIsBadInput) {
     if (::access(target.c_str(), W_OK) == 0 || !fs::is_directory(target))
       GTEST_SKIP() << "no unwritable directory available to this user";
   }
-  Run r = profile(write_file(dir, "c.yaml", config_text(target)) + " --tiny", dir);
+  CliRun r = profile(write_file(dir, "c.yaml", config_text(target)) + " --tiny", dir);
   ::chmod((dir.str() + "/read-only").c_str(), 0700);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("is not writable"), std::string::npos) << r.err;
@@ -205,7 +205,7 @@ TEST(ProfileCli, TmpfsWithDirectIoRequiredIsBadInput) {
   if (!fs::is_directory("/dev/shm") || !strata::is_tmpfs("/dev/shm"))
     GTEST_SKIP() << "/dev/shm is not tmpfs here";
   TempDir dir("strata-profile-test");
-  Run r = profile(write_file(dir, "c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny",
+  CliRun r = profile(write_file(dir, "c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny",
                   dir);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("tmpfs"), std::string::npos) << r.err;
@@ -217,7 +217,7 @@ TEST(ProfileCli, BadOptionsAreBadInput) {
   const std::string cfg = write_file(dir, "c.yaml", config_text(""));
   EXPECT_EQ(profile(cfg + " --quick --full", dir).rc, 2);
   EXPECT_EQ(profile(dir.str() + "/missing.yaml --tiny", dir).rc, 2);
-  Run r = profile(cfg + " --tiny --write-config /nonexistent-dir/t.yaml", dir);
+  CliRun r = profile(cfg + " --tiny --write-config /nonexistent-dir/t.yaml", dir);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("--write-config"), std::string::npos) << r.err;
 }
