@@ -14,7 +14,8 @@
 //                    With Access::kWrite the other copies become invalid (the caller will modify it);
 //                    this needs no pins on other tiers. release(id, t) unpins.
 // Operations on one buffer run one at a time in submission order; different buffers run in
-// parallel on the mover threads. Nothing reads a copy while a transfer into it is in flight: an
+// parallel on the mover threads. An operation that needs no data movement (acquiring a valid
+// copy, dropping a clean one) on a buffer with nothing queued completes at once in the caller. Nothing reads a copy while a transfer into it is in flight: an
 // acquire waits behind the transfer. A pinned copy is never dropped nor written into; a transfer
 // that would is failed (Error(kInvalidArgument) naming the buffer and the pins).
 // NVMe ⇄ GPU goes through the pinned pool in pieces of buffer_size, overlapping the NVMe leg of one
@@ -55,7 +56,10 @@ class SwapSpace;
 
 using BufferId = std::uint32_t;
 
-enum class Access { kRead, kWrite };
+// kRead: the caller only reads. kWrite: the caller modifies (the other copies become invalid).
+// kDiscard: the caller overwrites every byte: like kWrite, but the current contents are not
+// brought in (no copy, no zero-fill; the bytes are undefined until written).
+enum class Access { kRead, kWrite, kDiscard };
 
 struct BufferSpec {
   std::string name;          // unique in the store

@@ -96,6 +96,15 @@ class TierStore::Impl {
   // ---- scheduling (tier_store.cpp)
   void worker_loop(tier::WorkerContext& ctx);
   void run_job(tier::Job& job, tier::WorkerContext& ctx);
+  // Completes `job` in the caller when it needs no data movement (mutex_ held, buffer idle).
+  // Returns false when a mover must run it. Failures are stored in the job's state.
+  bool try_inline_locked(tier::Job& job);
+  // The pin step of an acquire whose copy is valid (mutex_ held); returns the address.
+  void* pin_locked(tier::Buf& b, Tier t, Access access);
+  // Throws unless `t` may be acquired for writing (no pins on other tiers); mutex_ held.
+  void check_writable_locked(tier::Buf& b, Tier t);
+  // Storage for the copy in `t` (gpu/cpu) without contents, within the budget (Access::kDiscard).
+  void ensure_storage(tier::Buf& b, Tier t);
   tier::Buf& buf_locked(BufferId id) const;  // mutex_ held
   // Operations; run on a mover thread, the buffer is exclusively theirs (running).
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);

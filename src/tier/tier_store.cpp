@@ -310,7 +310,7 @@ std::string TierStore::Impl::where(const Buf& b) const {
 Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access access) {
   auto state = std::make_shared<Transfer::State>();
   {
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
     Buf& b = buf_locked(id);
     if (kind == OpKind::kAcquire && tier == Tier::kNvme) {
@@ -321,8 +321,10 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
       fail(ErrorCode::kInvalidArgument, strcat("tier store: buffer '", b.spec.name, "': tier ",
                                                tier_name(tier), " is not allowed"));
     }
+    Job job{kind, &b, tier, access, state};
+    if (b.queued == 0 && !b.running && try_inline_locked(job)) return Transfer(state);
     ++b.queued;
-    queue_.push_back(Job{kind, &b, tier, access, state});
+    queue_.push_back(std::move(job));
   }
   work_cv_.notify_one();
   return Transfer(state);
@@ -385,27 +387,17 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
         evict_copy(b, t, ctx);
         break;
       case OpKind::kAcquire: {
-        ensure_valid(b, t, ctx);
-        std::lock_guard lock(mutex_);
-        tier::Copy& c = b.copy[ti(t)];
-        if (job.access == Access::kWrite) {
-          for (Tier u : kTiers) {
-            if (u != t && b.copy[ti(u)].pins) {
-              fail(ErrorCode::kInvalidArgument,
-                   strcat("tier store: cannot acquire buffer '", b.spec.name, "' for writing on ",
-                          tier_name(t), ": it is also acquired on ", where(b)));
-            }
+        if (job.access == Access::kDiscard) {
+          {
+            std::lock_guard lock(mutex_);
+            check_writable_locked(b, t);
           }
-          // The other copies are about to be stale: memory copies are freed, the NVMe extent kept.
-          for (Tier u : {Tier::kGpu, Tier::kCpu}) {
-            if (u != t) drop_locked(b, u);
-          }
-          b.copy[ti(Tier::kNvme)].valid = false;
-          b.nvme_zero = false;
-          ++c.write_pins;
+          ensure_storage(b, t);
+        } else {
+          ensure_valid(b, t, ctx);
         }
-        ++c.pins;
-        ptr = t == Tier::kGpu ? c.gpu.get() : c.host.data();
+        std::lock_guard lock(mutex_);
+        ptr = pin_locked(b, t, job.access);
         break;
       }
     }
@@ -413,6 +405,106 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
     err = std::current_exception();
   }
   job.state->finish(err, ptr);
+}
+
+void TierStore::Impl::check_writable_locked(Buf& b, Tier t) {
+  for (Tier u : kTiers) {
+    if (u != t && b.copy[ti(u)].pins) {
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: cannot acquire buffer '", b.spec.name, "' for writing on ",
+                  tier_name(t), ": it is also acquired on ", where(b)));
+    }
+  }
+}
+
+void* TierStore::Impl::pin_locked(Buf& b, Tier t, Access access) {
+  tier::Copy& c = b.copy[ti(t)];
+  if (access != Access::kRead) {
+    check_writable_locked(b, t);
+    // The other copies are about to be stale: memory copies are freed, the NVMe extent kept.
+    for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+      if (u != t) drop_locked(b, u);
+    }
+    b.copy[ti(Tier::kNvme)].valid = false;
+    b.nvme_zero = false;
+    c.valid = true;  // kDiscard: storage without loaded contents
+    ++c.write_pins;
+  }
+  if (!c.valid) fail(ErrorCode::kInternal, strcat("tier store: pinning an invalid copy of '", b.spec.name, "'"));
+  ++c.pins;
+  return t == Tier::kGpu ? c.gpu.get() : c.host.data();
+}
+
+void TierStore::Impl::ensure_storage(Buf& b, Tier t) {
+  IoBuffer reuse;
+  {
+    std::lock_guard lock(mutex_);
+    const tier::Copy& c = b.copy[ti(t)];
+    if (c.valid || c.host || c.gpu) return;
+    reserve_locked(b, t, &reuse);
+  }
+  try {
+    if (t == Tier::kCpu) {
+      IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+      std::lock_guard lock(mutex_);
+      b.copy[ti(t)].host = std::move(mem);
+    } else {
+      DeviceMemory mem = device_.allocate(b.padded);
+      std::lock_guard lock(mutex_);
+      b.copy[ti(t)].gpu = std::move(mem);
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    unreserve_locked(b, t);
+    throw;
+  }
+}
+
+bool TierStore::Impl::try_inline_locked(Job& job) {
+  Buf& b = *job.buf;
+  const Tier t = job.tier;
+  tier::Copy& c = b.copy[ti(t)];
+  void* ptr = nullptr;
+  try {
+    switch (job.kind) {
+      case OpKind::kPrefetch:
+        if (!c.valid) return false;
+        if (t == Tier::kNvme) ++stats_.writes_skipped_clean;
+        break;
+      case OpKind::kMove:
+        if (!c.valid) return false;
+        if (t == Tier::kNvme) ++stats_.writes_skipped_clean;
+        for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+          if (u != t && b.copy[ti(u)].pins) {
+            fail(ErrorCode::kInvalidArgument,
+                 strcat("tier store: cannot move buffer '", b.spec.name, "' to ", tier_name(t),
+                        ": it is acquired on ", where(b), "; release it first"));
+          }
+        }
+        for (Tier u : {Tier::kGpu, Tier::kCpu}) {
+          if (u != t) drop_locked(b, u);
+        }
+        break;
+      case OpKind::kEvict: {
+        if (c.pins) return false;  // the mover reports it, in order
+        bool other_valid = false;
+        for (Tier u : kTiers) other_valid |= (u != t && b.copy[ti(u)].valid);
+        if (c.valid && !other_valid) return false;  // needs a write-down
+        if (c.valid && t != Tier::kNvme && b.copy[ti(Tier::kNvme)].valid) ++stats_.writes_skipped_clean;
+        drop_locked(b, t);
+        break;
+      }
+      case OpKind::kAcquire:
+        if (!c.valid) return false;
+        ptr = pin_locked(b, t, job.access);
+        break;
+    }
+  } catch (...) {
+    job.state->finish(std::current_exception(), nullptr);
+    return true;
+  }
+  job.state->finish(nullptr, ptr);
+  return true;
 }
 
 void TierStore::Impl::release(BufferId id, Tier tier) {

@@ -87,13 +87,14 @@ void run_model(std::uint64_t seed, int ops) {
       ModelBuf& b = bufs[rng() % bufs.size()];
       Tier t = pick_tier(b);
       if (t == Tier::kNvme) continue;
-      const std::uint64_t at = rng() % b.ref.size();
-      const std::uint64_t n = 1 + rng() % (b.ref.size() - at);
+      const bool whole = rng() % 5 == 0;  // overwrite everything, without loading (kDiscard)
+      const std::uint64_t at = whole ? 0 : rng() % b.ref.size();
+      const std::uint64_t n = whole ? b.ref.size() : 1 + rng() % (b.ref.size() - at);
       auto fresh = st::random_bytes(n, rng());
       std::vector<std::uint8_t> next = b.ref;
       std::copy(fresh.begin(), fresh.end(), next.begin() + at);
       try {
-        rig.write(b.id, t, next, at, n);
+        rig.write(b.id, t, next, at, n, whole);
         b.ref = std::move(next);
         ++successes;
       } catch (const Error& e) {

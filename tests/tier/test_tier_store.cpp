@@ -246,3 +246,35 @@ TEST(TierStore, FreedHostCopiesAreReusedWithinTheBudget) {
   EXPECT_EQ(rig.read(a, Tier::kCpu, kOdd), data);
   EXPECT_EQ(rig.read(b, Tier::kGpu, kOdd), data);
 }
+
+TEST(TierStore, DiscardAcquireLoadsNothingAndInlineOpsDoNotWaitForMovers) {
+  st::StoreRig rig;
+  auto id = rig.store->register_buffer({"grad", kOdd, DType::kFp16, Tier::kCpu, {}});
+  auto data = st::random_bytes(kOdd, 31);
+  rig.write(id, Tier::kCpu, data);
+  rig.store->evict(id, Tier::kCpu).wait();
+  const auto before = rig.engine->stats();
+  auto fresh = st::random_bytes(kOdd, 32);
+  auto* p = static_cast<std::uint8_t*>(rig.store->acquire(id, Tier::kCpu, Access::kDiscard));
+  std::memcpy(p, fresh.data(), kOdd);
+  rig.store->release(id, Tier::kCpu);
+  EXPECT_EQ(rig.engine->stats().bytes_read, before.bytes_read);  // nothing was brought in
+  EXPECT_TRUE(rig.store->info(id).dirty);
+  rig.store->move(id, Tier::kNvme).wait();
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), fresh);
+  // While a slow transfer of another buffer occupies the movers, a valid copy is acquired at once.
+  st::RigOptions o;
+  o.movers = 1;
+  st::StoreRig one(o);
+  auto slow = one.store->register_buffer({"slow", kOdd, DType::kFp32, Tier::kCpu, {}});
+  auto fast = one.store->register_buffer({"fast", 4096, DType::kFp32, Tier::kCpu, {}});
+  one.fault->add_fault(IoFault::delay_nth(1, std::chrono::milliseconds(500), IoOp::kWrite));
+  one.write(slow, Tier::kCpu, data);
+  auto t = one.store->evict(slow, Tier::kCpu);
+  const auto t0 = std::chrono::steady_clock::now();
+  one.store->acquire(fast, Tier::kCpu, Access::kRead);
+  one.store->release(fast, Tier::kCpu);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(400));
+  EXPECT_FALSE(t.ready());
+  t.wait();
+}

@@ -96,10 +96,13 @@ struct StoreRig {
     store->release(id, t);
     return out;
   }
+  // Writes data[at, at+n) at the same offset. With `discard` (only for the whole buffer) the old
+  // contents are not loaded (Access::kDiscard).
   void write(BufferId id, Tier t, const std::vector<std::uint8_t>& data, std::uint64_t at = 0,
-             std::uint64_t n = ~0ULL) {
+             std::uint64_t n = ~0ULL, bool discard = false) {
     if (n == ~0ULL) n = data.size() - at;
-    auto* p = static_cast<std::uint8_t*>(store->acquire(id, t, Access::kWrite));
+    auto* p = static_cast<std::uint8_t*>(
+        store->acquire(id, t, discard ? Access::kDiscard : Access::kWrite));
     if (t == Tier::kGpu) {
       auto s = device->create_stream();
       s->memcpy_async(p + at, data.data() + at, n);
