@@ -85,12 +85,18 @@ void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   TicketSet set(engine_, options_.timeout);
-  for (std::size_t i = 0, n = pieces(b); i < n; ++i) {
+  const std::size_t n = pieces(b);
+  for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    if (!b.crc.empty()) b.crc[i] = tier::crc32c(src + off, len);
     set.add(engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
                                      len, base + off}));
+  }
+  // The checksums are computed while the writes are in flight (the engine and this thread only
+  // read the host copy, which nothing can modify during the transfer).
+  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i) {
+    const std::uint64_t off = i * piece_size();
+    b.crc[i] = tier::crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
   }
   set.finish(unsafe);
   std::lock_guard lock(mutex_);
