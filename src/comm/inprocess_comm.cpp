@@ -298,11 +298,13 @@ class InProcessCommunicator final : public Communicator {
         err = std::current_exception();
       }
       {
+        // Hand the only reference to the waiter: the exception object must not be released by
+        // this thread after publication (its refcount is invisible to ThreadSanitizer).
         std::lock_guard lock(op->mu);
         op->finished = true;
-        op->error = err;
+        op->error = std::move(err);
+        op->cv.notify_all();
       }
-      op->cv.notify_all();
     }
   }
 

@@ -8,6 +8,7 @@
 
 #include "engine_test_util.hpp"
 #include "strata/error.hpp"
+#include "strata/plan.hpp"
 #include "test_util.hpp"
 
 namespace strata::testing {
@@ -57,7 +58,8 @@ std::vector<Param> all_params() {
 INSTANTIATE_TEST_SUITE_P(Stages, EngineMatchesReference, ::testing::ValuesIn(all_params()), param_name);
 
 // Bytes each rank sends per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3 (gathering in
-// forward and backward), up to padding and the 16(N-1)-byte norm exchange.
+// forward and backward), up to padding and the 16(N-1)-byte norm exchange; and `strata plan`'s
+// link figure agrees.
 TEST(EngineBytes, PerStepMatchZeroAnalysis) {
   for (int world : {2, 4}) {
     std::vector<double> per_stage(4);
@@ -96,9 +98,17 @@ TEST(EngineBytes, PerStepMatchZeroAnalysis) {
       const double k = stage == 3 ? 3 : 2;
       const double want = k * psi * 2 * (world - 1) / world;
       const double slack = k * static_cast<double>(flat - 44004) * 2 + 16.0 * (world - 1);
+      // strata plan's per-rank network figure is the paper's volume; a ring sends (N-1)/N of it.
+      Config pc = engine_config(c);
+      pc.model.parameters = 44004;
+      pc.world.ranks = static_cast<std::uint32_t>(world);
+      const double planned = static_cast<double>(plan_layout(pc, stage, pc.offload).traffic.network) *
+                             (world - 1) / world;
+      EXPECT_NEAR(planned, want, 1.0) << "stage " << stage;
       for (int r = 0; r < world; ++r) {
         double b = static_cast<double>(bytes[static_cast<std::size_t>(r)]);
         EXPECT_NEAR(b, want, slack) << "stage " << stage << " world " << world << " rank " << r;
+        EXPECT_NEAR(b, planned, slack) << "stage " << stage << " world " << world << " rank " << r;
       }
       per_stage[static_cast<std::size_t>(stage)] = static_cast<double>(bytes[0]);
     }
