@@ -137,14 +137,20 @@ void run_model(std::uint64_t seed, int ops) {
             << rig.store->stats().writes_skipped_clean << " clean write-backs skipped\n";
 }
 
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr int kOps = 500;  // sanitizer builds run 5-20x slower
+#else
+constexpr int kOps = 1500;
+#endif
+
 }  // namespace
 
 TEST(TierModel, FixedSeeds) {
-  run_model(1, 1500);
-  run_model(2, 1500);
+  run_model(1, kOps);
+  run_model(2, kOps);
 }
 
-TEST(TierModel, RandomSeed) { run_model(st::test_seed("tier model"), 1500); }
+TEST(TierModel, RandomSeed) { run_model(st::test_seed("tier model"), kOps); }
 
 TEST(TierModel, ConcurrentUsers) {
   st::RigOptions o;
