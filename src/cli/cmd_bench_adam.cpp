@@ -24,6 +24,7 @@ struct Options {
   int rounds = 7;
   bool check_finite = false;
   bool json = false;
+  std::string device = "cpu";
 };
 
 strata::DType parse_dtype(const std::string& s, const char* opt) {
@@ -48,8 +49,39 @@ const char* name(strata::DType d) {
   return d == strata::DType::kFp32 ? "fp32" : d == strata::DType::kBf16 ? "bf16" : "fp16";
 }
 
+// GPU: Adam step (fp32 grads) vs a device-to-device copy of the same traffic, alternately.
+int run_cuda(const Options& o) {
+  using namespace strata;
+  const std::size_t n = parse_count(o.params);
+  const optim::AdamCudaBenchResult r = optim::run_adam_cuda_bench(n, o.rounds);
+  if (o.json) {
+    nlohmann::json j;
+    j["device"] = "cuda";
+    j["params"] = n;
+    j["grads"] = "fp32";
+    j["rounds"] = o.rounds;
+    j["bytes_per_param"] = 28;
+    j["adam"] = {{"params_per_second", r.adam_params_per_second},
+                 {"bytes_per_second", r.adam_bytes_per_second},
+                 {"seconds", r.adam_seconds}};
+    j["d2d_copy"] = {{"bytes_per_second", r.copy_bytes_per_second}, {"seconds", r.copy_seconds}};
+    j["fraction_of_copy"] = r.fraction_of_copy;
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "CUDA Adam step, " << format_count(n) << " params, grads fp32, 28 B/param\n"
+            << "  adam:      " << r.adam_params_per_second / 1e9 << " Gparams/s ("
+            << format_rate(r.adam_bytes_per_second) << ")\n"
+            << "  D2D copy:  " << format_rate(r.copy_bytes_per_second) << " (read + write)\n"
+            << "  fraction of copy bandwidth: " << r.fraction_of_copy << "\n";
+  return 0;
+}
+
 int run(const Options& o) {
   using namespace strata;
+  if (o.device == "cuda") return run_cuda(o);
+  if (o.device != "cpu")
+    fail(ErrorCode::kInvalidArgument, "--device must be cpu or cuda, not '" + o.device + "'");
   optim::AdamBenchOptions bo;
   bo.params = parse_count(o.params);
   bo.threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -87,6 +119,9 @@ int run(const Options& o) {
     j["fraction_of_bound"] = r.fraction_of_bound;
     j["fraction_of_bound_min"] = r.fraction_min;
     j["fraction_of_bound_max"] = r.fraction_max;
+    j["fraction_of_bound_cpu_time"] = r.fraction_of_bound_cpu_time;
+    j["adam"]["cpu_seconds"] = r.adam_cpu_seconds;
+    j["stream_bound"]["cpu_seconds"] = r.stream_cpu_seconds;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -101,6 +136,7 @@ int run(const Options& o) {
             << format_rate(r.stream_bytes_per_second) << ", same access pattern, same threads)\n";
   std::cout << "  fraction of bound: " << r.fraction_of_bound << " (rounds: " << r.fraction_min
             << " .. " << r.fraction_max << ")\n";
+  std::cout << "  fraction of bound by process CPU time: " << r.fraction_of_bound_cpu_time << "\n";
   return 0;
 }
 
@@ -120,6 +156,8 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--rounds", o->rounds, "Alternating rounds (Adam step + stream pass)")
            ->capture_default_str();
        cmd.add_flag("--check-finite", o->check_finite, "Include the inf/NaN pre-pass");
+       cmd.add_option("--device", o->device, "cpu, or cuda (GPU kernel vs device-to-device copy)")
+           ->capture_default_str();
        cmd.add_flag("--json", o->json, "Print one JSON document");
        return [o]() -> int { return run(*o); };
      }});

@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <utility>
+
+#include <time.h>
 
 #include "optim/adam_kernels.hpp"
 #include "strata/error.hpp"
@@ -33,8 +36,20 @@ double median(std::vector<double> v) {
   return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Wall and process CPU seconds of fn().
+template <class Fn>
+std::pair<double, double> timed(Fn&& fn) {
+  const double c0 = process_cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {wall, process_cpu_seconds() - c0};
 }
 
 }  // namespace
@@ -94,29 +109,27 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
   // Warm-up: one of each (first-touch effects, thread wake-up paths).
   adam.step(hp, t, {step++, 1.0f, o.check_finite});
   adam.stream_reference(ts);
-  std::vector<double> fractions;
+  std::vector<double> fractions, cpu_fractions;
+  auto run_adam = [&] { adam.step(hp, t, {step++, 1.0f, o.check_finite}); };
+  auto run_stream = [&] { adam.stream_reference(ts); };
   for (int round = 0; round < o.rounds; ++round) {
     // Alternate the order inside each round too (ABBA) so drift does not favour either.
-    double ta, tsr;
+    std::pair<double, double> ta, tsr;
     if (round % 2 == 0) {
-      auto t0 = std::chrono::steady_clock::now();
-      adam.step(hp, t, {step++, 1.0f, o.check_finite});
-      ta = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      adam.stream_reference(ts);
-      tsr = seconds_since(t0);
+      ta = timed(run_adam);
+      tsr = timed(run_stream);
     } else {
-      auto t0 = std::chrono::steady_clock::now();
-      adam.stream_reference(ts);
-      tsr = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      adam.step(hp, t, {step++, 1.0f, o.check_finite});
-      ta = seconds_since(t0);
+      tsr = timed(run_stream);
+      ta = timed(run_adam);
     }
-    r.adam_seconds.push_back(ta);
-    r.stream_seconds.push_back(tsr);
-    fractions.push_back(tsr / ta);
+    r.adam_seconds.push_back(ta.first);
+    r.stream_seconds.push_back(tsr.first);
+    r.adam_cpu_seconds.push_back(ta.second);
+    r.stream_cpu_seconds.push_back(tsr.second);
+    fractions.push_back(tsr.first / ta.first);
+    if (ta.second > 0) cpu_fractions.push_back(tsr.second / ta.second);
   }
+  if (!cpu_fractions.empty()) r.fraction_of_bound_cpu_time = median(cpu_fractions);
   // The stream reference moves the same bytes as one step without the finite pre-pass.
   const double stream_bytes = 24.0 + double(gsz) + (ts.param_copy ? 2.0 : 0.0);
   r.adam_seconds_median = median(r.adam_seconds);

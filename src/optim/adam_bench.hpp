@@ -33,8 +33,12 @@ struct AdamBenchResult {
   double adam_seconds_median = 0, stream_seconds_median = 0;
   double adam_params_per_second = 0, stream_params_per_second = 0;  // from the medians
   double adam_bytes_per_second = 0, stream_bytes_per_second = 0;
-  double fraction_of_bound = 0;  // median over rounds of stream_time / adam_time
+  double fraction_of_bound = 0;  // median over rounds of stream_time / adam_time (wall clock)
   double fraction_min = 0, fraction_max = 0;
+  // The same ratio from process CPU time (all threads) per pass: less sensitive to the
+  // scheduler on a loaded machine (time slices lost to other processes do not count).
+  std::vector<double> adam_cpu_seconds, stream_cpu_seconds;
+  double fraction_of_bound_cpu_time = 0;
 };
 
 // Throws Error(kInvalidArgument) for params == 0, threads == 0, rounds < 1; Error(kOutOfMemory)

@@ -54,7 +54,7 @@ State random_state(std::mt19937_64& rng, std::size_t n, bool moments) {
 //   AdamW steps with weight decay (float(1 - lr*wd) and the separately rounded decay).
 TEST(AdamCpu, MatchesDoubleReferenceOnEveryPath) {
   const std::uint64_t seed = testing::test_seed("AdamCpu.MatchesDoubleReferenceOnEveryPath");
-  const std::size_t n = 5003;  // odd: tails on every path
+  const std::size_t n = 2003;  // odd: tails on every path
   const int kSteps = 100;
   struct Case {
     OptimizerType type;
@@ -163,15 +163,18 @@ void expect_same(const State& a, const State& b, const std::string& what) {
 // All paths, every length class and alignment, give bit-identical results (same op order).
 TEST(AdamCpu, PathsAreBitIdenticalForAnyLengthAndAlignment) {
   const std::uint64_t seed = testing::test_seed("AdamCpu.PathsAreBitIdentical");
-  const std::size_t lengths[] = {0, 1, 2, 7, 15, 16, 17, 31, 33, 255, 1001, 32768 + 17, 70001};
+  const std::size_t lengths[] = {0, 1, 7, 15, 16, 17, 33, 1001, 32768 * 2 + 17};
   const AdamParams hps[] = {{OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.02},
                             {OptimizerType::kAdamW, 2e-3, 0.9, 0.99, 1e-7, 0.1}};
   CpuAdam scalar(1, AdamPath::kScalar);
   for (AdamPath path : testing::supported_paths()) {
+    if (path == AdamPath::kScalar) continue;  // the reference
     CpuAdam opt(2, path);
     for (std::size_t n : lengths) {
       for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
         for (DType cd : {DType::kBf16, DType::kFp16, DType::kFp32}) {
+          // Long arrays (several tiles): one copy dtype per grad dtype keeps the test fast.
+          if (n > 10000 && cd != (gd == DType::kFp32 ? DType::kFp16 : gd)) continue;
           for (std::size_t mis = 0; mis < 2; ++mis) {
             const AdamParams& hp = hps[(n + mis) % 2];
             const std::string what = std::string(adam_path_name(path)) + " n=" +
@@ -220,7 +223,7 @@ TEST(AdamCpu, NonFiniteGradientLeavesStateUntouched) {
     CpuAdam opt(3, path);
     for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
       for (int kind = 0; kind < 4; ++kind) {
-        const std::size_t n = 100000 + (rng() % 1000);
+        const std::size_t n = 40000 + (rng() % 1000);  // two tiles
         State s = random_state(rng, n, true);
         RandomGrads g = random_grads(rng, n, gd, 0.1f);
         const std::size_t bad = rng() % n;
