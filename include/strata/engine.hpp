@@ -131,6 +131,20 @@ class Engine {
 
   EngineStats stats() const;
 
+  // Checkpoints (after finalize(), between steps, called by every rank in the same order).
+  // save_checkpoint: each rank writes its shard (its parameters in the model dtype, FP32 master and
+  // Adam moments wherever offload.* keeps them, step counts, loss scale) into `dir` through the
+  // I/O engine; rank 0 then commits DIR/manifest.json (sizes, CRC32C per section, the config) by an
+  // atomic rename, and only then removes the previous checkpoint's shards: a process killed during
+  // a save leaves the previous checkpoint loadable. load_checkpoint: verifies the manifest and
+  // every shard's checksums (all ranks agree before anything changes), then restores into the
+  // tiers this engine's config names; resuming is bitwise identical to not stopping. The world
+  // size must equal the saved one (another world size: Error(kInvalidArgument), not supported);
+  // the stage may change within 1-3. Failures: IoError / Error(kChecksum / kInvalidArgument).
+  // Layout and format: src/zero/checkpoint.hpp, docs/offload.md.
+  void save_checkpoint(const std::string& dir);
+  void load_checkpoint(const std::string& dir);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -12,6 +12,8 @@
 #include "strata/adam.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "zero/checkpoint.hpp"
+#include "zero/offload_store.hpp"
 #include "zero/optimizer_state.hpp"
 
 namespace strata {
@@ -121,8 +123,9 @@ struct Engine::Impl {
 
     opt_begin = stage == 0 ? 0 : own_begin;
     opt_count = stage == 0 ? flat : psize;
-    state = zero::make_resident_state_store(
-        std::span<const float>(init.data() + opt_begin, opt_count));
+    // Resident, or streamed from NVMe per offload.optimizer (zero/offload_store.hpp).
+    state = zero::make_state_store(cfg, rank, std::span<const float>(init.data() + opt_begin, opt_count),
+                                   part->sub_groups(0, opt_count));
     const unsigned threads = cfg.runtime.cpu_threads;
     adam = std::make_unique<CpuAdam>(threads);
 
@@ -398,20 +401,19 @@ struct Engine::Impl {
       ++adam_step;
       const AdamParams hp = AdamParams::from_config(cfg.optimizer);
       unsigned char* p = stage == 3 ? own_params.data() : flat_params.data() + opt_begin * pes;
-      for (const Range& sg : part->sub_groups(0, opt_count)) {
-        zero::StateView v = state->acquire(sg);
+      const std::vector<Range> sgs = part->sub_groups(0, opt_count);
+      state->update(sgs, [&](Range r, const zero::StateView& v) {
         AdamTensors t;
         t.param = v.master;
         t.exp_avg = v.exp_avg;
         t.exp_avg_sq = v.exp_avg_sq;
-        t.grad = g + sg.begin * ges;
+        t.grad = g + r.begin * ges;
         t.grad_dtype = gdt;
-        t.param_copy = p + sg.begin * pes;
+        t.param_copy = p + r.begin * pes;
         t.param_copy_dtype = pdt;
-        t.n = sg.count;
+        t.n = r.count;
         adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
-        state->release(sg, true);
-      }
+      });
       st.optimizer_s += seconds_since(t0);
       if ((stage == 1 || stage == 2) && world > 1) {
         t0 = Clock::now();
@@ -433,7 +435,61 @@ struct Engine::Impl {
     st.step_s += seconds_since(t_step);
     return res;
   }
+
+  // ---- checkpoints (zero/checkpoint.cpp) ----
+  zero::RankState rank_state() {
+    Impl& m = *this;
+    zero::RankState r;
+    r.rank = m.rank;
+    r.world = m.world;
+    r.stage = m.stage;
+    r.param_dtype = m.pdt;
+    r.flat_size = m.part->flat_size();
+    r.partition_size = m.psize;
+    if (m.stage == 3) {
+      r.params = {m.own_params.data(), m.own_params.size()};
+    } else if (m.stage == 0) {
+      r.params = {m.flat_params.data(), m.flat_params.size()};
+    } else {
+      r.params = {m.flat_params.data() + m.own_begin * m.pes, m.psize * m.pes};
+    }
+    r.store = m.state.get();
+    r.adam_step = m.adam_step;
+    r.loss_scale = m.scale;
+    r.good_steps = m.good_steps;
+    r.steps = m.st.steps;
+    r.applied_steps = m.st.applied_steps;
+    r.skipped_steps = m.st.skipped_steps;
+    return r;
+  }
 };
+
+void Engine::save_checkpoint(const std::string& dir) {
+  impl_->require_finalized("save_checkpoint");
+  zero::RankState r = impl_->rank_state();
+  r.config_yaml = to_yaml(impl_->cfg);
+  zero::save_checkpoint(dir, r, impl_->comm);
+}
+
+void Engine::load_checkpoint(const std::string& dir) {
+  Impl& m = *impl_;
+  m.require_finalized("load_checkpoint");
+  if (m.stage == 3)
+    for (std::size_t i = 0; i < m.specs.size(); ++i) m.drop(i);
+  zero::RankState r = m.rank_state();
+  zero::load_checkpoint(dir, r, m.comm);
+  if ((m.stage == 1 || m.stage == 2) && m.world > 1)
+    m.comm.all_gather(m.flat_params.data() + m.own_begin * m.pes, m.flat_params.data(), m.psize, m.pdt);
+  m.adam_step = r.adam_step;
+  m.scale = r.loss_scale;
+  m.good_steps = r.good_steps;
+  m.st.steps = r.steps;
+  m.st.applied_steps = r.applied_steps;
+  m.st.skipped_steps = r.skipped_steps;
+  m.st.loss_scale = r.loss_scale;
+  std::fill(m.arrived.begin(), m.arrived.end(), false);
+  if (m.stage >= 2) m.reset_buckets();
+}
 
 Engine::Engine(const Config& config, Communicator& comm)
     : impl_(std::make_unique<Impl>(config, comm)) {}

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -30,6 +31,19 @@ class OptimizerStateStore {
   virtual StateView acquire(Range r) = 0;
   // dirty: the view was modified and must be kept (written back by a streaming store).
   virtual void release(Range r, bool dirty) = 0;
+
+  // One optimizer pass: fn(r, view) for pieces r covering `ranges` in order (a streaming store may
+  // cut a range into several pieces that fit its buffers; each piece's view holds exactly r's
+  // elements), every piece kept (dirty). Default: acquire / fn / release per range. A streaming
+  // store overlaps reading the next pieces and writing the previous ones with fn.
+  using UpdateFn = std::function<void(Range r, const StateView& view)>;
+  virtual void update(std::span<const Range> ranges, const UpdateFn& fn) {
+    for (const Range& r : ranges) {
+      StateView v = acquire(r);
+      fn(r, v);
+      release(r, true);
+    }
+  }
 };
 
 // Host-resident store: master = `master_init`, moments zero.

@@ -1,0 +1,521 @@
+// The offloaded optimizer state store and its pipelined step (see offload_store.hpp).
+#include "zero/offload_store.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "strata/pinned_pool.hpp"
+#include "strata/swap_space.hpp"
+#include "tier/crc32c.hpp"
+
+namespace strata::zero {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+constexpr std::size_t kElemAlign = 1024;  // chunk sizes are multiples of this (every SIMD width)
+
+}  // namespace
+
+struct OffloadStateStore::Chunk {
+  Range r;            // elements, in store space (all below nvme_elems)
+  SwapExtent extent;  // master | m | v, each array_bytes(r.count)
+  std::uint64_t bytes = 0;
+  std::uint32_t crc = 0;
+};
+
+struct OffloadStateStore::Unit {
+  Range r;
+  std::ptrdiff_t chunk = -1;  // -1: host-resident
+};
+
+OffloadStoreOptions OffloadStoreOptions::from(const Config& c, std::uint32_t rank, std::size_t total) {
+  OffloadStoreOptions o;
+  if (c.offload.optimizer.tier == Tier::kNvme && c.offload.optimizer.fraction > 0) {
+    const double want = std::ceil(c.offload.optimizer.fraction * static_cast<double>(total));
+    o.nvme_elems = std::min<std::size_t>(total, round_up(static_cast<std::uint64_t>(want), kElemAlign));
+  }
+  o.buffer_count = c.tiers.host.buffer_count;
+  o.buffer_size = c.tiers.host.buffer_size;
+  o.pinned_budget = c.tiers.host.pinned_budget;
+  o.paths = c.tiers.nvme.paths;
+  o.block_size = c.tiers.nvme.block_size;
+  o.nvme_budget = c.tiers.nvme.budget ? c.tiers.nvme.budget / std::max(1u, c.ranks_per_node()) : 0;
+  o.checksum = c.tiers.nvme.checksum;
+  o.rank = rank;
+  return o;
+}
+
+std::size_t OffloadStateStore::array_bytes(std::size_t count) const {
+  return round_up(count * sizeof(float), align_);
+}
+
+OffloadStateStore::OffloadStateStore(const OffloadStoreOptions& options, std::span<const float> init,
+                                     std::vector<Range> ranges, std::shared_ptr<IoEngine> engine)
+    : opt_(options), total_(init.size()), nvme_elems_(std::min(options.nvme_elems, init.size())),
+      ranges_(std::move(ranges)), engine_(std::move(engine)) {
+  if (!engine_) fail(ErrorCode::kInvalidArgument, "offload store: no I/O engine");
+  std::size_t pos = 0;
+  for (const Range& r : ranges_) {
+    if (r.begin != pos)
+      fail(ErrorCode::kInvalidArgument, strcat("offload store: ranges not consecutive at ", pos));
+    pos = r.end();
+  }
+  if (pos != total_)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("offload store: ranges cover ", pos, " of ", total_, " elements"));
+  if (nvme_elems_ > 0 && opt_.paths.empty())
+    fail(ErrorCode::kInvalidArgument,
+         "offload.optimizer.tier is nvme but tiers.nvme.paths is empty: name a directory on NVMe");
+  if (opt_.buffer_count < 1)
+    fail(ErrorCode::kInvalidArgument, "offload store: tiers.host.buffer_count must be >= 1");
+
+  host_master_.assign(init.begin() + static_cast<std::ptrdiff_t>(nvme_elems_), init.end());
+  host_m_.assign(total_ - nvme_elems_, 0.0f);
+  host_v_.assign(total_ - nvme_elems_, 0.0f);
+
+  // Chunks: ranges cut at nvme_elems and at the buffer capacity.
+  if (nvme_elems_ > 0) {
+    // The alignment comes from the swap space, but its size from the chunks: probe with a file
+    // alignment guess of 4096, the engine's maximum for real devices.
+    align_ = 4096;
+    const std::uint64_t min_buffer = 3 * align_;
+    if (opt_.buffer_size < min_buffer)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("offload store: tiers.host.buffer_size ", opt_.buffer_size,
+                  " bytes is below the minimum the pipelined step needs: one buffer of ",
+                  min_buffer, " bytes (3 arrays × ", align_, " B alignment) — set it to at least ",
+                  min_buffer, " (1 buffer works serially, 3 or more overlap read, update and write)"));
+    chunk_elems_ = (opt_.buffer_size / 3 / align_) * align_ / sizeof(float);
+    chunk_elems_ = std::max<std::size_t>(1, chunk_elems_ / kElemAlign * kElemAlign);
+  }
+  std::uint64_t swap_need = 0, biggest = 0;
+  std::vector<std::size_t> nvme_chunk_of_unit;
+  for (const Range& r : ranges_) {
+    std::size_t b = r.begin;
+    while (b < r.end()) {
+      if (b < nvme_elems_) {
+        const std::size_t e = std::min({r.end(), nvme_elems_, b + chunk_elems_});
+        Chunk c;
+        c.r = {b, e - b};
+        c.bytes = 3 * array_bytes(c.r.count);
+        swap_need += c.bytes;
+        biggest = std::max(biggest, c.bytes);
+        units_.push_back({c.r, static_cast<std::ptrdiff_t>(chunks_.size())});
+        chunks_.push_back(c);
+        b = e;
+      } else {
+        units_.push_back({{b, r.end() - b}, -1});
+        b = r.end();
+      }
+    }
+  }
+  if (chunks_.empty()) return;
+
+  if (opt_.nvme_budget && swap_need > opt_.nvme_budget)
+    fail(ErrorCode::kBudget,
+         strcat("offload store rank ", opt_.rank, ": the optimizer state on NVMe needs ", swap_need,
+                " bytes of swap space but tiers.nvme.budget leaves this rank ", opt_.nvme_budget));
+  SwapSpaceOptions so;
+  so.paths = opt_.paths;
+  so.capacity = swap_need;
+  so.rank = opt_.rank;
+  so.block_size = opt_.block_size;
+  swap_ = std::make_unique<SwapSpace>(so, *engine_);
+  if (swap_->alignment() > align_)
+    fail(ErrorCode::kUnsupported,
+         strcat("offload store: swap alignment ", swap_->alignment(), " above 4096 is not supported"));
+  for (std::size_t k = 0; k < chunks_.size(); ++k)
+    chunks_[k].extent = swap_->allocate(chunks_[k].bytes, strcat("optimizer state chunk ", k));
+
+  PinnedPoolOptions po;
+  po.buffer_count = static_cast<std::uint32_t>(std::min<std::size_t>(opt_.buffer_count, chunks_.size()));
+  po.buffer_size = round_up(std::min<std::uint64_t>(opt_.buffer_size, biggest), 4096);
+  po.pinned_budget = opt_.pinned_budget;
+  pool_ = std::make_unique<PinnedPool>(po, nullptr, engine_.get());
+  log_debug("offload store rank ", opt_.rank, ": ", nvme_elems_, " of ", total_, " elements on NVMe in ",
+            chunks_.size(), " chunks of <= ", chunk_elems_, " elements, pool ", po.buffer_count, " x ",
+            po.buffer_size, " B, swap ", swap_->describe());
+
+  // Initial contents: master from init, moments zero, written through the pool.
+  OffloadStepStats keep = stats_;
+  UpdateFn fill = [&](Range r, const StateView& v) {
+    std::memcpy(v.master, init.data() + r.begin, r.count * sizeof(float));
+    std::memset(v.exp_avg, 0, r.count * sizeof(float));
+    std::memset(v.exp_avg_sq, 0, r.count * sizeof(float));
+  };
+  run(&fill, /*read=*/false, /*write=*/true, true);
+  stats_ = keep;
+}
+
+OffloadStateStore::~OffloadStateStore() {
+  scratch_.clear();
+  pool_.reset();  // no I/O is in flight outside run()/sync_io(), which drain before returning
+  swap_.reset();
+}
+
+std::size_t OffloadStateStore::chunk_count() const { return chunks_.size(); }
+std::uint32_t OffloadStateStore::pool_buffers() const { return pool_ ? pool_->buffer_count() : 0; }
+std::uint64_t OffloadStateStore::pool_buffer_size() const { return pool_ ? pool_->buffer_size() : 0; }
+std::uint64_t OffloadStateStore::swap_bytes() const {
+  std::uint64_t b = 0;
+  for (const Chunk& c : chunks_) b += c.bytes;
+  return b;
+}
+std::pair<std::string, std::uint64_t> OffloadStateStore::chunk_location(std::size_t k) const {
+  if (k >= chunks_.size()) fail(ErrorCode::kInvalidArgument, strcat("offload store: no chunk ", k));
+  return swap_->locate(chunks_[k].extent.offset);
+}
+
+void OffloadStateStore::check_usable() const {
+  if (!failure_.empty())
+    fail(ErrorCode::kIo,
+         strcat("offload store rank ", opt_.rank, ": unusable after a failed step (", failure_,
+                "); restore the last checkpoint or restart"));
+}
+
+void OffloadStateStore::verify(const Chunk& c, const unsigned char* data, std::size_t k) const {
+  if (!opt_.checksum) return;
+  const std::uint32_t got = tier::crc32c(data, c.bytes);
+  if (got != c.crc) {
+    auto [path, off] = swap_->locate(c.extent.offset);
+    fail(ErrorCode::kChecksum,
+         strcat("offload store rank ", opt_.rank, ": checksum mismatch reading optimizer state chunk ",
+                k, " (elements [", c.r.begin, ", ", c.r.end(), ")) from ", path, " offset ", off,
+                " length ", c.bytes, ": CRC32C ", got, " != written ", c.crc));
+  }
+}
+
+// One synchronous chunk transfer through a pool buffer (acquire/release).
+void OffloadStateStore::sync_io(IoOp op, std::size_t k, unsigned char* buf) {
+  Chunk& c = chunks_[k];
+  if (op == IoOp::kWrite && opt_.checksum) c.crc = tier::crc32c(buf, c.bytes);
+  IoTicket t = engine_->submit({op, swap_->file(), buf, c.bytes, c.extent.offset});
+  if (!engine_->wait(t, opt_.timeout)) {
+    // Never leave with the buffer in flight: wait once more, bounded, then fail.
+    if (!engine_->wait(t, opt_.timeout)) {
+      failure_ = strcat("I/O on chunk ", k, " did not complete");
+      fail(ErrorCode::kTimeout, strcat("offload store: ", io_op_name(op), " of chunk ", k, " timed out"));
+    }
+  }
+  if (op == IoOp::kRead) verify(c, buf, k);
+}
+
+StateView OffloadStateStore::acquire(Range r) {
+  check_usable();
+  if (acquired_) fail(ErrorCode::kInvalidArgument, "offload store: acquire() while a range is acquired");
+  if (r.end() > total_)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("optimizer state: range [", r.begin, ", ", r.end(), ") beyond ", total_));
+  scratch_.assign(3 * r.count, 0.0f);
+  float* out[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
+  for (std::size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
+    if (b >= e) continue;
+    PinnedBuffer buf = pool_->acquire(opt_.timeout);
+    sync_io(IoOp::kRead, k, buf.bytes());
+    for (int a = 0; a < 3; ++a)
+      std::memcpy(out[a] + (b - r.begin),
+                  reinterpret_cast<const float*>(buf.bytes() + a * array_bytes(c.r.count)) + (b - c.r.begin),
+                  (e - b) * sizeof(float));
+  }
+  if (r.end() > nvme_elems_) {
+    const std::size_t b = std::max(r.begin, nvme_elems_);
+    const float* src[3] = {host_master_.data(), host_m_.data(), host_v_.data()};
+    for (int a = 0; a < 3; ++a)
+      std::memcpy(out[a] + (b - r.begin), src[a] + (b - nvme_elems_), (r.end() - b) * sizeof(float));
+  }
+  acquired_ = true;
+  return {out[0], out[1], out[2], r.count};
+}
+
+void OffloadStateStore::release(Range r, bool dirty) {
+  if (!acquired_) fail(ErrorCode::kInvalidArgument, "offload store: release() without acquire()");
+  acquired_ = false;
+  if (!dirty) return;
+  check_usable();
+  const float* in[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
+  for (std::size_t k = 0; k < chunks_.size(); ++k) {
+    const Chunk& c = chunks_[k];
+    const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
+    if (b >= e) continue;
+    PinnedBuffer buf = pool_->acquire(opt_.timeout);
+    if (b != c.r.begin || e != c.r.end()) sync_io(IoOp::kRead, k, buf.bytes());
+    for (int a = 0; a < 3; ++a)
+      std::memcpy(reinterpret_cast<float*>(buf.bytes() + a * array_bytes(c.r.count)) + (b - c.r.begin),
+                  in[a] + (b - r.begin), (e - b) * sizeof(float));
+    sync_io(IoOp::kWrite, k, buf.bytes());
+  }
+  if (r.end() > nvme_elems_) {
+    const std::size_t b = std::max(r.begin, nvme_elems_);
+    float* dst[3] = {host_master_.data(), host_m_.data(), host_v_.data()};
+    for (int a = 0; a < 3; ++a)
+      std::memcpy(dst[a] + (b - nvme_elems_), in[a] + (b - r.begin), (r.end() - b) * sizeof(float));
+  }
+}
+
+void OffloadStateStore::update(std::span<const Range> ranges, const UpdateFn& fn) {
+  check_usable();
+  bool same = ranges.size() == ranges_.size();
+  for (std::size_t i = 0; same && i < ranges.size(); ++i)
+    same = ranges[i].begin == ranges_[i].begin && ranges[i].count == ranges_[i].count;
+  if (!same)
+    fail(ErrorCode::kInvalidArgument, "offload store: update() with other ranges than at construction");
+  stats_ = run(&fn, true, true, opt_.pipelined);
+}
+
+OffloadStepStats OffloadStateStore::measure_read() {
+  check_usable();
+  return run(nullptr, true, false, true);
+}
+OffloadStepStats OffloadStateStore::measure_write() {
+  check_usable();
+  return run(nullptr, false, true, true);
+}
+OffloadStepStats OffloadStateStore::measure_update(const UpdateFn& fn) {
+  check_usable();
+  OffloadStepStats s;
+  s.buffers = 1;
+  s.buffer_size = pool_buffer_size();
+  auto t0 = Clock::now();
+  PinnedBuffer buf;
+  if (!chunks_.empty()) {
+    buf = pool_->acquire(opt_.timeout);
+    sync_io(IoOp::kRead, 0, buf.bytes());
+  }
+  for (const Unit& u : units_) {
+    auto t1 = Clock::now();
+    if (u.chunk < 0) {
+      const std::size_t o = u.r.begin - nvme_elems_;
+      fn(u.r, {host_master_.data() + o, host_m_.data() + o, host_v_.data() + o, u.r.count});
+      ++s.resident;
+    } else {
+      // Every chunk's update runs on the first chunk's state (the buffer is as large as any chunk).
+      const std::size_t ab = array_bytes(u.r.count);
+      auto* p = buf.bytes();
+      fn(u.r, {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + ab),
+               reinterpret_cast<float*>(p + 2 * ab), u.r.count});
+      ++s.chunks;
+    }
+    s.t_update += since(t1);
+  }
+  s.t_step = since(t0);
+  return s;
+}
+
+// The pipeline. read/write select which legs run (both for a step); fn may be null (no update).
+OffloadStepStats OffloadStateStore::run(const UpdateFn* fn, bool read, bool write, bool pipelined) {
+  OffloadStepStats s;
+  s.buffers = pool_buffers();
+  s.buffer_size = pool_buffer_size();
+  auto t0 = Clock::now();
+
+  struct Slot {
+    std::size_t unit = 0, chunk = 0;
+    PinnedBuffer buf;
+    IoTicket ticket = 0;
+  };
+  std::deque<Slot> reads, writes;  // in flight, oldest first
+  std::vector<std::size_t> nv;     // units on NVMe, in order
+  for (std::size_t i = 0; i < units_.size(); ++i)
+    if (units_[i].chunk >= 0) nv.push_back(i);
+  std::size_t next_issue = 0;  // index into nv
+  std::size_t done_units = 0;  // units fully processed (updated; their write submitted)
+  std::size_t persisted = 0;   // chunks whose write completed
+  const char* phase = "reading";
+  std::size_t phase_chunk = 0;
+  std::uint32_t phase_buffer = 0;
+
+  auto wait_ticket = [&](IoTicket t) {
+    if (!engine_->wait(t, opt_.timeout) && !engine_->wait(t, opt_.timeout))
+      fail(ErrorCode::kTimeout, strcat("offload store: I/O did not complete within ",
+                                       opt_.timeout.count(), " ms"));
+  };
+  std::size_t lost_writes = 0;
+  auto retire_write = [&](bool block) -> bool {
+    if (writes.empty()) return false;
+    Slot w = std::move(writes.front());
+    writes.pop_front();
+    phase = "writing";
+    phase_chunk = w.chunk;
+    phase_buffer = w.buf.index();
+    try {
+      if (block) {
+        auto t = Clock::now();
+        wait_ticket(w.ticket);
+        s.t_wait_write += since(t);
+      } else if (!engine_->poll(w.ticket)) {
+        writes.push_front(std::move(w));
+        return false;
+      }
+    } catch (const IoError&) {
+      ++lost_writes;  // retired with its error: the buffer is free again
+      throw;
+    }
+    ++persisted;
+    s.bytes_written += chunks_[w.chunk].bytes;
+    return true;
+  };
+  auto get_buffer = [&](bool must) -> PinnedBuffer {
+    while (true) {
+      PinnedBuffer b = pool_->try_acquire();
+      if (b) return b;
+      if (retire_write(false)) continue;
+      if (!must) return {};
+      if (!writes.empty()) {
+        retire_write(true);
+        continue;
+      }
+      return pool_->acquire(opt_.timeout);  // cannot happen with reads drained; bounded anyway
+    }
+  };
+  // Issues reads (or, without reads, just claims buffers) ahead of unit position `upto`.
+  auto issue = [&](std::size_t need_through) {
+    while (next_issue < nv.size()) {
+      const bool must = next_issue <= need_through;
+      if (!must && (!pipelined || !read)) break;
+      PinnedBuffer b = get_buffer(must);
+      if (!b) break;
+      Slot sl;
+      sl.unit = nv[next_issue];
+      sl.chunk = static_cast<std::size_t>(units_[sl.unit].chunk);
+      const Chunk& c = chunks_[sl.chunk];
+      if (read) {
+        phase = "reading";
+        phase_chunk = sl.chunk;
+        phase_buffer = b.index();
+        sl.ticket = engine_->submit({IoOp::kRead, swap_->file(), b.bytes(), c.bytes, c.extent.offset});
+      }
+      sl.buf = std::move(b);
+      reads.push_back(std::move(sl));
+      ++next_issue;
+    }
+  };
+
+  try {
+    std::size_t nvi = 0;  // position in nv of the next NVMe unit
+    for (std::size_t ui = 0; ui < units_.size(); ++ui) {
+      const Unit& u = units_[ui];
+      if (u.chunk < 0) {
+        if (fn) {
+          auto t = Clock::now();
+          const std::size_t o = u.r.begin - nvme_elems_;
+          (*fn)(u.r, {host_master_.data() + o, host_m_.data() + o, host_v_.data() + o, u.r.count});
+          s.t_update += since(t);
+        }
+        ++s.resident;
+        ++done_units;
+        continue;
+      }
+      issue(nvi);
+      Slot sl = std::move(reads.front());
+      reads.pop_front();
+      const Chunk& c = chunks_[sl.chunk];
+      phase = "reading";
+      phase_chunk = sl.chunk;
+      phase_buffer = sl.buf.index();
+      if (read) {
+        auto t = Clock::now();
+        wait_ticket(sl.ticket);
+        s.t_wait_read += since(t);
+        s.bytes_read += c.bytes;
+      }
+      // Keep the I/O busy while this chunk is updated.
+      issue(nvi);
+      auto t = Clock::now();
+      if (read) verify(c, sl.buf.bytes(), sl.chunk);
+      phase = "updating";
+      if (fn) {
+        const std::size_t ab = array_bytes(c.r.count);
+        auto* p = sl.buf.bytes();
+        (*fn)(c.r, {reinterpret_cast<float*>(p), reinterpret_cast<float*>(p + ab),
+                    reinterpret_cast<float*>(p + 2 * ab), c.r.count});
+      }
+      if (write) {
+        if (opt_.checksum) chunks_[sl.chunk].crc = tier::crc32c(sl.buf.bytes(), c.bytes);
+        s.t_update += since(t);
+        phase = "writing";
+        sl.ticket = engine_->submit({IoOp::kWrite, swap_->file(), sl.buf.bytes(), c.bytes, c.extent.offset});
+        writes.push_back(std::move(sl));
+        if (!pipelined) retire_write(true);
+      } else {
+        s.t_update += since(t);
+      }
+      ++s.chunks;
+      ++done_units;
+      ++nvi;
+    }
+    while (!writes.empty()) retire_write(true);
+  } catch (const std::exception& e) {
+    // Drain: never give a buffer back with I/O in flight. Later errors are secondary.
+    auto drain = [&](std::deque<Slot>& q, bool is_write) {
+      for (Slot& sl : q) {
+        if (!sl.ticket) continue;
+        try {
+          if (!engine_->wait(sl.ticket, opt_.timeout) && !engine_->wait(sl.ticket, opt_.timeout))
+            log_error("offload store: I/O of chunk ", sl.chunk, " still in flight after the drain");
+          if (is_write) ++persisted;
+        } catch (const std::exception&) {
+          if (is_write) ++lost_writes;
+        }
+      }
+      q.clear();
+    };
+    drain(reads, false);
+    drain(writes, true);
+    const std::size_t total_units = units_.size();
+    std::string state;
+    if (fn && write) {
+      state = strcat("rank ", opt_.rank, " state: ", done_units, " of ", total_units,
+                     " pieces of the step updated (", persisted, " NVMe chunks persisted",
+                     lost_writes ? strcat(", ", lost_writes, " writes lost") : std::string(),
+                     "), the rest not — the optimizer state is partially updated; "
+                     "restore the last checkpoint or restart");
+      failure_ = strcat("step failed ", phase, " chunk ", phase_chunk);
+    } else if (write) {
+      state = "the store's NVMe contents are incomplete";
+      failure_ = strcat("write pass failed at chunk ", phase_chunk);
+    } else {
+      state = "nothing was changed";
+    }
+    const Chunk& c = chunks_.empty() ? Chunk{} : chunks_[std::min(phase_chunk, chunks_.size() - 1)];
+    const std::string where =
+        strcat("optimizer step ", phase, " chunk ", phase_chunk, " (elements [", c.r.begin, ", ",
+               c.r.end(), "), pinned buffer ", phase_buffer, ", swap offset ", c.extent.offset, "); ", state);
+    if (const auto* io = dynamic_cast<const IoError*>(&e))
+      throw IoError(io->op(), io->path(), io->offset(), io->length(), io->errnum(), where);
+    if (const auto* er = dynamic_cast<const Error*>(&e)) throw Error(er->code(), strcat(er->what(), "; ", where));
+    throw Error(ErrorCode::kInternal, strcat(e.what(), "; ", where));
+  }
+  s.t_step = since(t0);
+  return s;
+}
+
+std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
+                                                      std::span<const float> init,
+                                                      std::vector<Range> ranges) {
+  OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
+  if (o.nvme_elems == 0) return make_resident_state_store(init);
+  for (const auto& p : o.paths) {
+    std::error_code ec;
+    if (!std::filesystem::exists(p, ec)) {
+      if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST)
+        throw IoError("mkdir", p, 0, 0, errno, "creating the tiers.nvme.paths directory");
+      log_info("offload: created swap directory ", p);
+    }
+  }
+  std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
+  return std::make_unique<OffloadStateStore>(o, init, std::move(ranges), std::move(engine));
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,164 @@
+// The offloaded optimizer state store: a rank's FP32 master weights and Adam moments, partly (the
+// leading `nvme_elems` elements, offload.optimizer.fraction of them) in swap space on NVMe and the
+// rest in host memory, updated by a pipelined step that streams the NVMe part through a fixed pool
+// of pinned buffers (tiers.host.buffer_count × buffer_size, never more, whatever the state size).
+//
+// Layout. The caller's ranges (the engine's sub-groups) are cut into *chunks*: a chunk is the part
+// of one range that fits a pinned buffer (master | exp_avg | exp_avg_sq, each padded to the swap
+// alignment). Each NVMe chunk has its own swap extent and a CRC32C of its bytes, kept in memory
+// (tiers.nvme.checksum); every read is verified, a mismatch is Error(kChecksum) naming the chunk,
+// swap file and offset.
+//
+// The pipelined step (update()): for chunk i it reads chunk i+1.. (as many as free buffers allow)
+// while `fn` updates chunk i on the calling thread, while chunk i−1.. is written back. Buffers:
+//   1  serial: read, update, write, one chunk at a time (works, no overlap)
+//   2  read of i+1 overlaps the update of i; the write of i−1 overlaps too when it is quick
+//   ≥3 read ‖ update ‖ write
+// The minimum is one buffer of 3 × alignment bytes (one padded element per array); below it the
+// constructor throws Error(kInvalidArgument) saying the minimum. The pool is sized to the need
+// when the whole NVMe state is smaller than buffer_count × buffer_size.
+//
+// Failure. Any I/O error (EIO, ENOSPC, short transfer, timeout) or checksum mismatch during
+// update() stops the step: every request in flight is drained (buffers are never released with
+// I/O in flight), then the error is rethrown — as IoError (same op, path, offset, errno; the
+// context names the chunk, its element range, the pinned buffer and what was already applied) or
+// Error(kChecksum). The store is then *failed*: chunks before the failing one are updated (and
+// persisted), the rest are not, so the rank's optimizer state mixes two steps. Every later call
+// throws Error(kIo) saying so; the caller must restore from the last checkpoint (or restart). This
+// is the documented state of docs/offload.md; there is never a silent partial update.
+//
+// Ownership: owns the swap space (files removed at destruction), the pinned pool and the host part;
+// shares the I/O engine (it must outlive the store: the store holds a shared_ptr).
+// Thread-safety: one caller at a time (the engine's thread); the I/O engine's threads touch the
+// pinned buffers only while requests are in flight.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "strata/config.hpp"
+#include "strata/io_engine.hpp"
+#include "strata/partition.hpp"
+#include "zero/optimizer_state.hpp"
+
+namespace strata {
+class PinnedPool;
+class SwapSpace;
+}  // namespace strata
+
+namespace strata::zero {
+
+struct OffloadStoreOptions {
+  std::size_t nvme_elems = 0;  // leading elements on NVMe (rounded to whole elements)
+  std::uint32_t buffer_count = 4;
+  std::uint64_t buffer_size = 256ULL << 20;
+  std::uint64_t pinned_budget = 8ULL << 30;
+  std::vector<std::string> paths;
+  std::uint64_t block_size = 1ULL << 20;
+  std::uint64_t nvme_budget = 0;  // per rank; 0 = unlimited
+  bool checksum = true;
+  std::uint32_t rank = 0;
+  std::chrono::milliseconds timeout{120000};  // bound on each I/O wait
+  bool pipelined = true;  // false: serial read → update → write (the bench's reference)
+
+  // From offload.optimizer and tiers.*: nvme_elems = fraction × total when the tier is nvme
+  // (rounded up to a multiple of 1024 elements, at most `total`), else 0.
+  static OffloadStoreOptions from(const Config& config, std::uint32_t rank, std::size_t total);
+};
+
+// Timings of the last update() or measure pass, in seconds.
+struct OffloadStepStats {
+  double t_step = 0;        // wall time of the whole call
+  double t_update = 0;      // sum of the time spent in fn (and checksums) on the calling thread
+  double t_wait_read = 0;   // time the calling thread waited for reads
+  double t_wait_write = 0;  // time it waited for writes (to free a buffer or at the end)
+  std::uint64_t bytes_read = 0, bytes_written = 0;
+  std::size_t chunks = 0;        // NVMe chunks streamed
+  std::size_t resident = 0;      // host-resident ranges updated in place
+  std::uint32_t buffers = 0;     // pinned buffers used
+  std::uint64_t buffer_size = 0;
+};
+
+class OffloadStateStore final : public OptimizerStateStore {
+ public:
+  // `init`: the rank's FP32 master weights (moments start at zero); `ranges`: the sub-groups the
+  // caller will pass to update() (consecutive, covering [0, init.size())). Writes the NVMe part
+  // once through the pool. Throws: Error(kInvalidArgument) (no path, buffer too small, ranges
+  // not covering), Error(kBudget) (nvme budget), IoError / swap space errors.
+  OffloadStateStore(const OffloadStoreOptions& options, std::span<const float> init,
+                    std::vector<Range> ranges, std::shared_ptr<IoEngine> engine);
+  ~OffloadStateStore() override;
+
+  std::size_t size() const override { return total_; }
+  // Synchronous access (checkpoints, tests): copies the range into host scratch; release(dirty)
+  // writes it back (read-modify-write of the chunks it touches). One acquire at a time.
+  StateView acquire(Range r) override;
+  void release(Range r, bool dirty) override;
+  // The pipelined step (see above). `ranges` must be the constructor's.
+  void update(std::span<const Range> ranges, const UpdateFn& fn) override;
+
+  // ---- measurement (strata bench step, the profiler) ----
+  const OffloadStepStats& last_stats() const { return stats_; }
+  // Reads every NVMe chunk (all buffers in flight, checksums verified); nothing changes.
+  OffloadStepStats measure_read();
+  // Runs fn over every chunk's range on one pinned buffer's contents (no I/O): the update alone.
+  // The buffer holds a real chunk's state; nothing is written back.
+  OffloadStepStats measure_update(const UpdateFn& fn);
+  // Writes every NVMe chunk from the pinned buffers as they are (all buffers in flight) and
+  // records the new checksums: the write alone. It replaces the state with buffer contents: for
+  // benchmarks only.
+  OffloadStepStats measure_write();
+
+  std::size_t nvme_elems() const { return nvme_elems_; }
+  std::size_t chunk_count() const;
+  std::uint32_t pool_buffers() const;
+  std::uint64_t pool_buffer_size() const;
+  std::uint64_t swap_bytes() const;
+  const SwapSpace& swap_space() const { return *swap_; }
+  // Swap file path and file offset of chunk k's extent (tests: flip a bit there).
+  std::pair<std::string, std::uint64_t> chunk_location(std::size_t k) const;
+  bool failed() const { return !failure_.empty(); }
+  // Switches update() between the pipelined and the serial schedule (benchmarks).
+  void set_pipelined(bool on) { opt_.pipelined = on; }
+  const char* io_engine_name() const { return engine_->name(); }
+
+ private:
+  struct Chunk;
+  struct Unit;
+  struct Inflight;
+  class Pipeline;
+  void check_usable() const;
+  std::size_t array_bytes(std::size_t count) const;
+  void verify(const Chunk& c, const unsigned char* data, std::size_t k) const;
+  void sync_io(IoOp op, std::size_t k, unsigned char* buf);
+  OffloadStepStats run(const UpdateFn* fn, bool read, bool write, bool pipelined);
+
+  OffloadStoreOptions opt_;
+  std::size_t total_ = 0, nvme_elems_ = 0, chunk_elems_ = 0;
+  std::vector<Range> ranges_;
+  std::shared_ptr<IoEngine> engine_;
+  std::unique_ptr<SwapSpace> swap_;
+  std::unique_ptr<PinnedPool> pool_;
+  std::uint32_t align_ = 4096;
+  std::vector<float> host_master_, host_m_, host_v_;  // elements [nvme_elems, total)
+  std::vector<Chunk> chunks_;
+  std::vector<Unit> units_;
+  std::vector<float> scratch_;  // acquire(): master | m | v
+  bool acquired_ = false;
+  OffloadStepStats stats_;
+  std::string failure_;
+};
+
+// The store the engine uses for a rank: resident when offload.optimizer puts nothing on NVMe, else
+// an OffloadStateStore (its I/O engine from tiers.nvme, probed in the first path; missing swap
+// directories are created, mode 0700).
+std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
+                                                      std::span<const float> init,
+                                                      std::vector<Range> ranges);
+
+}  // namespace strata::zero
