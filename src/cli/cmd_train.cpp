@@ -65,20 +65,32 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   std::vector<unsigned char> gbuf;
   for (int s = 0; s < o.steps; ++s) {
     model.make_batch(comm.rank(), static_cast<std::uint64_t>(s), static_cast<std::size_t>(o.batch));
-    engine.gather(ids);  // stage 3: full tensors for forward+backward (no-op otherwise)
-    for (std::size_t t = 0; t < ids.size(); ++t) {
-      params[t].resize(engine.numel(ids[t]));
-      engine.read_param(ids[t], params[t]);
+    // Forward, layer by layer: at stage 3 each layer is gathered only while it is used (and the
+    // engine prefetches the next layer from the second step on); no-ops at stages 0-2.
+    const std::vector<std::vector<TensorId>> layers{{ids[0], ids[1]}, {ids[2], ids[3]}};
+    for (const auto& layer : layers) {
+      engine.gather(layer);
+      for (TensorId id : layer) {
+        params[id].resize(engine.numel(id));
+        engine.read_param(id, params[id]);
+      }
+      engine.release(layer);
     }
-    engine.release(ids);
     double loss = model.forward_backward(params, grads);
     const float scale = static_cast<float>(engine.loss_scale());
-    // Hand the gradients in as backward produces them: last layer first.
-    for (std::size_t k = ids.size(); k-- > 0;) {
-      gbuf.resize(grads[k].size() * comm::elem_size(gdt));
-      for (std::size_t i = 0; i < grads[k].size(); ++i)
-        comm::store_elem(gbuf.data(), i, gdt, grads[k][i] * scale);
-      engine.set_gradient(ids[k], gbuf.data());
+    // Backward, last layer first: the layer is gathered again (a ZeRO-3 loop does not keep it
+    // between forward and backward), its gradients are handed in as they are produced (stages
+    // 2-3 reduce-scatter full buckets at once, overlapping the rest of backward).
+    for (std::size_t l = layers.size(); l-- > 0;) {
+      engine.gather(layers[l]);
+      for (std::size_t j = layers[l].size(); j-- > 0;) {
+        const TensorId k = layers[l][j];
+        gbuf.resize(grads[k].size() * comm::elem_size(gdt));
+        for (std::size_t i = 0; i < grads[k].size(); ++i)
+          comm::store_elem(gbuf.data(), i, gdt, grads[k][i] * scale);
+        engine.set_gradient(k, gbuf.data());
+      }
+      engine.release(layers[l]);
     }
     StepResult r = engine.step();
     float l = static_cast<float>(loss), total = 0;
