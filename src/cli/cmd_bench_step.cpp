@@ -1,0 +1,186 @@
+// `strata bench step CONFIG [--params N] [--rounds N] [--json]`: the offloaded optimizer step of
+// one rank, all optimizer state on NVMe (tiers.nvme.paths), CPU Adam, the pinned pool of
+// tiers.host: t_read, t_update, t_write alone, the pipelined step, the unpipelined step, overlap
+// efficiency = max(t_read, t_update, t_write) / t_step (target >= 0.85), and the peak RSS at 1x
+// and 4x the model size (target ratio <= 1.10, not counting the gradients and parameters the
+// caller holds). Each size runs in a child process so that each peak RSS is its own.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/command.hpp"
+#include "strata/config.hpp"
+#include "strata/error.hpp"
+#include "strata/units.hpp"
+#include "zero/step_bench.hpp"
+
+namespace {
+
+using namespace strata;
+using nlohmann::json;
+
+struct Options {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string params;  // default: model.parameters / world.ranks
+  int rounds = 3;
+  bool no_scaling = false;
+  bool json = false;
+};
+
+json to_json(const zero::StepBenchResult& r) {
+  return {{"elements", r.elements},
+          {"state_bytes", r.state_bytes},
+          {"pool_bytes", r.pool_bytes},
+          {"buffers", r.buffers},
+          {"buffer_size", r.buffer_size},
+          {"chunks", r.chunks},
+          {"io_engine", r.io_engine},
+          {"threads", r.threads},
+          {"t_read_s", r.t_read},
+          {"t_update_s", r.t_update},
+          {"t_write_s", r.t_write},
+          {"t_step_s", r.t_step},
+          {"t_step_serial_s", r.t_step_serial},
+          {"t_update_in_step_s", r.t_update_in_step},
+          {"t_wait_read_s", r.t_wait_read},
+          {"t_wait_write_s", r.t_wait_write},
+          {"overlap_efficiency", r.overlap_efficiency},
+          {"read_bytes_per_second", r.t_read > 0 ? static_cast<double>(r.state_bytes) / r.t_read : 0.0},
+          {"write_bytes_per_second", r.t_write > 0 ? static_cast<double>(r.state_bytes) / r.t_write : 0.0},
+          {"step_params_per_second", r.t_step > 0 ? static_cast<double>(r.elements) / r.t_step : 0.0},
+          {"peak_rss_bytes", r.peak_rss_bytes},
+          {"caller_held_bytes", r.caller_held_bytes}};
+}
+
+// Runs the benchmark in a forked child (its own peak RSS); the result comes back as JSON.
+json run_child(const zero::StepBenchOptions& bo) {
+  int fds[2];
+  if (::pipe(fds) != 0) throw IoError("pipe", "", 0, 0, errno, "bench step");
+  std::cout.flush();
+  pid_t pid = ::fork();
+  if (pid < 0) throw IoError("fork", "", 0, 0, errno, "bench step");
+  if (pid == 0) {
+    ::close(fds[0]);
+    json out;
+    try {
+      out = to_json(zero::run_step_bench(bo));
+    } catch (const Error& e) {
+      out = {{"error", e.what()}, {"exit_code", e.exit_code()}};
+    } catch (const std::exception& e) {
+      out = {{"error", e.what()}, {"exit_code", 1}};
+    }
+    const std::string s = out.dump();
+    std::size_t off = 0;
+    while (off < s.size()) {
+      ssize_t n = ::write(fds[1], s.data() + off, s.size() - off);
+      if (n <= 0) break;
+      off += static_cast<std::size_t>(n);
+    }
+    ::close(fds[1]);
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof(buf))) > 0) text.append(buf, static_cast<std::size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (text.empty())
+    fail(ErrorCode::kInternal, strcat("bench step: the measuring child died (status ", status, ")"));
+  json j = json::parse(text);
+  if (j.contains("error")) {
+    const int code = j.value("exit_code", 1);
+    fail(code == 2 ? ErrorCode::kInvalidArgument : ErrorCode::kIo, j["error"].get<std::string>());
+  }
+  return j;
+}
+
+int run(const Options& o) {
+  Config cfg = load_config(o.config, o.overrides);
+  if (cfg.tiers.nvme.paths.empty())
+    fail(ErrorCode::kInvalidArgument, "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
+  zero::StepBenchOptions bo;
+  bo.config = cfg;
+  bo.rounds = o.rounds;
+  bo.elements = o.params.empty() ? cfg.model.parameters / std::max(1u, cfg.world.ranks) : parse_count(o.params);
+  if (bo.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: --params must be > 0");
+  if (o.rounds < 1) fail(ErrorCode::kInvalidArgument, "bench step: --rounds must be >= 1");
+  json one = run_child(bo);
+  json four;
+  if (!o.no_scaling) {
+    zero::StepBenchOptions b4 = bo;
+    b4.elements *= 4;
+    b4.rounds = 1;
+    b4.serial = false;
+    four = run_child(b4);
+  }
+  auto own = [](const json& j) {
+    return static_cast<double>(j["peak_rss_bytes"].get<std::uint64_t>()) -
+           static_cast<double>(j["caller_held_bytes"].get<std::uint64_t>());
+  };
+  const double ratio = four.is_null() ? 0.0 : own(four) / own(one);
+  const double pool = static_cast<double>(one["pool_bytes"].get<std::uint64_t>());
+  if (o.json) {
+    json j;
+    j["config"] = o.config;
+    j["step"] = one;
+    if (!four.is_null()) {
+      j["step_4x"] = four;
+      j["rss_ratio_4x_vs_1x"] = ratio;
+    }
+    j["state_over_pool"] = static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool;
+    j["serial_over_pipelined"] = one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>();
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  auto ms = [](const json& j, const char* k) { return j[k].get<double>() * 1e3; };
+  std::cout << "Offloaded optimizer step: " << format_count(one["elements"].get<std::uint64_t>()) << " params, "
+            << format_bytes(one["state_bytes"].get<std::uint64_t>()) << " of state on NVMe ("
+            << one["io_engine"].get<std::string>() << "), pool " << one["buffers"].get<std::uint32_t>() << " x "
+            << format_bytes(one["buffer_size"].get<std::uint64_t>(), true) << " (state = "
+            << static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool << "x pool), "
+            << one["chunks"].get<std::size_t>() << " chunks, " << one["threads"].get<unsigned>() << " Adam threads\n";
+  std::cout << "  t_read   " << ms(one, "t_read_s") << " ms  ("
+            << format_rate(one["read_bytes_per_second"].get<double>()) << ")\n";
+  std::cout << "  t_update " << ms(one, "t_update_s") << " ms\n";
+  std::cout << "  t_write  " << ms(one, "t_write_s") << " ms  ("
+            << format_rate(one["write_bytes_per_second"].get<double>()) << ")\n";
+  std::cout << "  pipelined step " << ms(one, "t_step_s") << " ms  (update inside " << ms(one, "t_update_in_step_s")
+            << " ms, waited for reads " << ms(one, "t_wait_read_s") << " ms, writes "
+            << ms(one, "t_wait_write_s") << " ms)\n";
+  std::cout << "  overlap efficiency max(t_read, t_update, t_write) / t_step = "
+            << one["overlap_efficiency"].get<double>() << " (target >= 0.85)\n";
+  std::cout << "  unpipelined step " << ms(one, "t_step_serial_s") << " ms ("
+            << one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>() << "x the pipelined)\n";
+  std::cout << "  peak RSS 1x " << format_bytes(one["peak_rss_bytes"].get<std::uint64_t>(), true)
+            << " (caller-held " << format_bytes(one["caller_held_bytes"].get<std::uint64_t>(), true) << ")";
+  if (!four.is_null())
+    std::cout << ", 4x " << format_bytes(four["peak_rss_bytes"].get<std::uint64_t>(), true) << " (caller-held "
+              << format_bytes(four["caller_held_bytes"].get<std::uint64_t>(), true)
+              << "); ratio without caller-held " << ratio << " (target <= 1.10)";
+  std::cout << "\n";
+  return 0;
+}
+
+const bool kRegistered = strata::cli::register_command(
+    {"bench step", "The offloaded optimizer step: read/update/write alone, pipelined, overlap, RSS",
+     [](CLI::App& cmd) {
+       auto o = std::make_shared<Options>();
+       cmd.add_option("CONFIG", o->config, "YAML config (tiers.*, precision.*, optimizer.*)")->required();
+       cmd.add_option("--params", o->params, "Optimizer elements of the rank (default model.parameters / world.ranks)");
+       cmd.add_option("--rounds", o->rounds, "Measured rounds (medians)")->capture_default_str();
+       cmd.add_flag("--no-scaling", o->no_scaling, "Skip the 4x-size run (peak RSS ratio)");
+       cmd.add_flag("--json", o->json, "Print one JSON document");
+       strata::cli::add_set_option(cmd, o->overrides);
+       return [o]() -> int { return run(*o); };
+     }});
+
+}  // namespace

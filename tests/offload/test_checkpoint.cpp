@@ -1,0 +1,203 @@
+// Checkpoints: resume bitwise identical to an uninterrupted run (stages 1-3, 2 ranks, saved from
+// resident state and restored into NVMe-offloaded state and back), verification (flipped byte in a
+// shard, missing shard, other world size) changing nothing, and a helper process killed with
+// SIGKILL during a save leaving a loadable checkpoint.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "../comm/comm_test_util.hpp"
+#include "ckpt_model.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
+
+void expect_same(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
+                 const std::string& what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    ASSERT_EQ(a[t].size(), b[t].size());
+    for (std::size_t i = 0; i < a[t].size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(a[t][i]), std::bit_cast<std::uint32_t>(b[t][i]))
+          << what << " tensor " << t << " element " << i;
+  }
+}
+
+// Trains `first` steps, saves, trains `then` more; or (resume) loads and trains `then`.
+std::vector<std::vector<std::vector<float>>> run(int world, int stage, double fraction, const std::string& swap,
+                                                 const std::string& ckpt, int first, int then, bool resume,
+                                                 std::vector<std::uint64_t>* steps_after_load = nullptr) {
+  auto comms = make_inprocess_communicators(world, 30.0);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
+  if (steps_after_load) steps_after_load->assign(static_cast<std::size_t>(world), 0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(ckpt_config(stage, fraction, swap), comm);
+    ckpt_register(e, kSizes);
+    if (resume) {
+      e.load_checkpoint(ckpt);
+      if (steps_after_load) (*steps_after_load)[static_cast<std::size_t>(rank)] = e.stats().steps;
+    } else {
+      for (int s = 0; s < first; ++s) ckpt_step(e, kSizes, rank, s);
+      if (!ckpt.empty()) e.save_checkpoint(ckpt);
+    }
+    for (int s = first; s < first + then; ++s) ckpt_step(e, kSizes, rank, s);
+    out[static_cast<std::size_t>(rank)] = ckpt_params(e, kSizes);
+  }));
+  return out;
+}
+
+TEST(Checkpoint, ResumeIsBitwiseIdenticalAcrossTiers) {
+  for (int stage : {1, 2, 3}) {
+    TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
+    // Uninterrupted, resident.
+    auto want = run(2, stage, 0, swap.str(), "", 10, 12, false);
+    // Saved from resident state at step 10 (an overflow-skipped step 3 before), resumed into a
+    // half-NVMe store; and saved from NVMe, resumed resident.
+    run(2, stage, 0, swap.str(), ckpt.str(), 10, 0, false);
+    std::vector<std::uint64_t> steps;
+    auto got = run(2, stage, 0.5, swap.str(), ckpt.str(), 10, 12, true, &steps);
+    EXPECT_EQ(steps[0], 10u);
+    for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("stage ", stage, " nvme resume rank ", r));
+    run(2, stage, 1.0, swap.str(), ckpt.str(), 10, 0, false);
+    got = run(2, stage, 0, swap.str(), ckpt.str(), 10, 12, true);
+    for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("stage ", stage, " resident resume rank ", r));
+    // The second save replaced the first: one shard per rank left, one manifest.
+    std::size_t shards = 0;
+    for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
+      shards += e.path().filename().string().rfind("shard-", 0) == 0;
+    EXPECT_EQ(shards, 2u);
+    EXPECT_TRUE(std::filesystem::exists(ckpt.path() / "manifest.json"));
+    EXPECT_FALSE(std::filesystem::exists(ckpt.path() / "manifest.json.tmp"));
+  }
+}
+
+TEST(Checkpoint, VerificationFailuresChangeNothing) {
+  TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
+  run(2, 2, 0.5, swap.str(), ckpt.str(), 4, 0, false);
+  // Another world size.
+  try {
+    run(1, 2, 0, swap.str(), ckpt.str(), 4, 0, true);
+    FAIL() << "loaded into another world size";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("world size"), std::string::npos) << e.what();
+  }
+  // A flipped byte in rank 1's shard: both ranks refuse, nothing is restored.
+  std::string shard1;
+  for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
+    if (e.path().filename().string().find("-r1.bin") != std::string::npos) shard1 = e.path().string();
+  ASSERT_FALSE(shard1.empty());
+  {
+    std::fstream f(shard1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(8192 + 333);
+    char c = 0;
+    f.read(&c, 1);
+    c ^= 0x04;
+    f.seekp(8192 + 333);
+    f.write(&c, 1);
+  }
+  auto comms = make_inprocess_communicators(2, 30.0);
+  std::vector<int> codes(2, -1);
+  auto errs = run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(ckpt_config(2, 0.5, swap.str()), comm);
+    ckpt_register(e, kSizes);
+    auto before = ckpt_params(e, kSizes);
+    try {
+      e.load_checkpoint(ckpt.str());
+    } catch (const Error& err) {
+      codes[static_cast<std::size_t>(rank)] = static_cast<int>(err.code());
+    }
+    expect_same(ckpt_params(e, kSizes), before, "after a failed load");
+    EXPECT_EQ(e.stats().steps, 0u);
+  });
+  rethrow_any(errs);
+  EXPECT_EQ(codes[0], static_cast<int>(ErrorCode::kChecksum));
+  EXPECT_EQ(codes[1], static_cast<int>(ErrorCode::kChecksum));
+  // A missing shard.
+  std::filesystem::remove(shard1);
+  EXPECT_THROW(run(2, 2, 0, swap.str(), ckpt.str(), 4, 0, true), Error);
+}
+
+// Starts the helper with its stdout on a pipe; returns the pid and the read end.
+std::pair<pid_t, int> start_helper(const std::string& ckpt, const std::string& swap) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::execl(STRATA_CKPT_HELPER, STRATA_CKPT_HELPER, ckpt.c_str(), swap.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Reads lines until one equals `want` (or EOF / 60 s).
+bool read_until(int fd, const std::string& want, std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string line;
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    ssize_t n = ::read(fd, &c, 1);
+    if (n <= 0) return false;
+    if (c != '\n') {
+      line += c;
+      continue;
+    }
+    log += line + "\n";
+    if (line == want) return true;
+    line.clear();
+  }
+  return false;
+}
+
+TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
+  const std::vector<std::size_t> sizes{600000, 33, 900001};  // as in ckpt_helper.cpp
+  for (int delay_ms : {0, 2, 6, 15}) {
+    TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
+    auto [pid, fd] = start_helper(ckpt.str(), swap.str());
+    std::string log;
+    const bool saved = read_until(fd, "saved 2", log) && read_until(fd, "saving 3", log);
+    if (delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::close(fd);
+    ASSERT_TRUE(saved) << "helper output:\n" << log;
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the helper was not killed mid-run";
+    // Load in this process; the checkpoint is the one of step 2 or (the save completed) step 3.
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Engine e(ckpt_config(1, 0.5, swap.str()), *comms[0]);
+    ckpt_register(e, sizes);
+    ASSERT_NO_THROW(e.load_checkpoint(ckpt.str())) << "delay " << delay_ms;
+    const auto steps = e.stats().steps;
+    EXPECT_TRUE(steps == 2 || steps == 3) << steps;
+    auto got = ckpt_params(e, sizes);
+    Engine ref(ckpt_config(1, 0, swap.str()), *comms[0]);
+    ckpt_register(ref, sizes);
+    for (int s = 0; s < static_cast<int>(steps); ++s) ckpt_step(ref, sizes, 0, s);
+    expect_same(got, ckpt_params(ref, sizes), strcat("after SIGKILL, delay ", delay_ms, " ms"));
+    // And training continues identically.
+    ckpt_step(e, sizes, 0, static_cast<int>(steps));
+    ckpt_step(ref, sizes, 0, static_cast<int>(steps));
+    expect_same(ckpt_params(e, sizes), ckpt_params(ref, sizes), "one step after the resume");
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing
