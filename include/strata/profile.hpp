@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/config.hpp"
@@ -115,20 +116,32 @@ struct Bandwidths {
   double nvme_read_bps = 0;   // through the tier store at the configured I/O settings
   double nvme_write_bps = 0;
   bool nvme_duplex = false;   // false: reads and writes share the devices (legs add up)
+  // Read + write bytes per second when a read and a write-back run at the same time, as in the
+  // pipeline's steady state; 0 = derive from the two rates above (duplex or not).
+  double nvme_mixed_bps = 0;
   double h2d_bps = 0;         // pinned host -> GPU
   double d2h_bps = 0;
   double cpu_adam_params_per_s = 0;
   double gpu_adam_params_per_s = 0;
   double reduce_scatter_busbw = 0;
   double all_gather_busbw = 0;
+  // CPU contention in the pipeline (0 = not modelled): CPU-seconds the NVMe legs cost per byte
+  // moved (checksums, page faults of the host copies, submission), CPU-seconds per Adam element
+  // (over all its threads), and the cores they share.
+  double cpu_s_per_nvme_byte = 0;
+  double cpu_s_per_adam_element = 0;
+  double cores = 0;
 };
 
 // The legs of one sub-group (seconds).
 struct SubGroupLegs {
   std::uint64_t elements = 0;
   double nvme_read_s = 0, h2d_s = 0, d2h_s = 0, adam_s = 0, nvme_write_s = 0;
+  double cpu_s = 0;  // CPU-seconds of all legs / cores: the CPU as a shared resource
+  double nvme_mixed_s = 0;  // read + write bytes at nvme_mixed_bps (0 = not measured)
   double sum() const { return nvme_read_s + h2d_s + d2h_s + adam_s + nvme_write_s; }
-  // The busiest resource: NVMe (read + write, or the larger with duplex), PCIe, the optimizer.
+  // The busiest resource: NVMe (read + write, or the larger with duplex), PCIe, the optimizer,
+  // the CPU (cpu_s).
   double slot(bool nvme_duplex) const;
 };
 
@@ -175,8 +188,12 @@ struct SampleStep {
   std::uint64_t elements_per_sub_group = 0;
   std::uint64_t sub_groups = 0;
   std::uint64_t nvme_bytes_per_element = 0;
-  // Legs measured in isolation on the sample's buffers (inputs of the prediction).
+  // Legs measured in isolation on the sample's buffers (inputs of the prediction): the median
+  // over the repeats, each repeat measuring its legs just before its serial and pipelined runs.
   double tier_read_bps = 0, tier_write_bps = 0, adam_params_per_s = 0;
+  double tier_mixed_bps = 0;  // a read and a write-back at once: read + write bytes per second
+  std::vector<double> tier_read_runs, tier_write_runs, adam_runs, tier_mixed_runs;
+  double cpu_s_per_nvme_byte = 0, cpu_s_per_adam_element = 0;  // process CPU time (getrusage)
   SampleRun serial, pipelined;
 };
 
@@ -228,6 +245,7 @@ struct ProfileReport {
   std::vector<IoRecommendation> io_recommendations;
   PlacementRecommendation placement;
   Config tuned;  // the config with the recommendations applied (to_yaml for --write-config)
+  std::vector<std::pair<std::string, double>> phase_seconds;  // wall time of each phase
   double elapsed_s = 0;
 };
 

@@ -49,7 +49,8 @@ json prediction_json(const strata::StepPrediction& p) {
                     {"host_to_device_s", l.h2d_s},
                     {"device_to_host_s", l.d2h_s},
                     {"adam_s", l.adam_s},
-                    {"nvme_write_s", l.nvme_write_s}});
+                    {"nvme_write_s", l.nvme_write_s},
+                    {"cpu_s", l.cpu_s}});
   }
   return {{"optimizer_elements", p.optimizer_elements},
           {"offloaded_elements", p.offloaded_elements},
@@ -98,6 +99,8 @@ json report_json(const strata::ProfileReport& r) {
   j["config"] = r.config_source;
   j["mode"] = strata::profile_mode_name(r.mode);
   j["elapsed_s"] = r.elapsed_s;
+  j["phase_seconds"] = json::object();
+  for (const auto& [name, sec] : r.phase_seconds) j["phase_seconds"][name] = sec;
   const auto& e = r.environment;
   json paths = json::array();
   for (const auto& p : e.paths)
@@ -163,12 +166,16 @@ json report_json(const strata::ProfileReport& r) {
        {{"nvme_read_bytes_per_second", b.nvme_read_bps},
         {"nvme_write_bytes_per_second", b.nvme_write_bps},
         {"nvme_duplex", b.nvme_duplex},
+        {"nvme_mixed_bytes_per_second", b.nvme_mixed_bps},
         {"host_to_device_bytes_per_second", b.h2d_bps},
         {"device_to_host_bytes_per_second", b.d2h_bps},
         {"cpu_adam_params_per_second", b.cpu_adam_params_per_s},
         {"gpu_adam_params_per_second", b.gpu_adam_params_per_s},
         {"reduce_scatter_busbw_bytes_per_second", b.reduce_scatter_busbw},
-        {"all_gather_busbw_bytes_per_second", b.all_gather_busbw}}},
+        {"all_gather_busbw_bytes_per_second", b.all_gather_busbw},
+        {"cpu_seconds_per_nvme_byte", b.cpu_s_per_nvme_byte},
+        {"cpu_seconds_per_adam_element", b.cpu_s_per_adam_element},
+        {"cores", b.cores}}},
       {"layout", r.plan.configured.describe()},
       {"traffic_per_rank_per_step_bytes",
        {{"nvme_read", t.nvme_read},
@@ -186,6 +193,11 @@ json report_json(const strata::ProfileReport& r) {
                       {"tier_read_bytes_per_second", s.tier_read_bps},
                       {"tier_write_bytes_per_second", s.tier_write_bps},
                       {"adam_params_per_second", s.adam_params_per_s},
+                      {"tier_mixed_bytes_per_second", s.tier_mixed_bps},
+                      {"tier_mixed_runs_bytes_per_second", s.tier_mixed_runs},
+                      {"tier_read_runs_bytes_per_second", s.tier_read_runs},
+                      {"tier_write_runs_bytes_per_second", s.tier_write_runs},
+                      {"adam_runs_params_per_second", s.adam_runs},
                       {"serial", sample_run_json(s.serial)},
                       {"pipelined", sample_run_json(s.pipelined)}};
   json iorec = json::array();
@@ -325,7 +337,8 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     << format_bytes(s.elements_per_sub_group * s.nvme_bytes_per_element * s.sub_groups, true)
     << " of optimizer state on NVMe):\n"
     << "  legs measured alone: tier-store read " << format_rate(s.tier_read_bps) << ", write "
-    << format_rate(s.tier_write_bps) << ", CPU Adam " << rate_params(s.adam_params_per_s) << "\n"
+    << format_rate(s.tier_write_bps) << ", read || write-back " << format_rate(s.tier_mixed_bps)
+    << ", CPU Adam " << rate_params(s.adam_params_per_s) << "\n"
     << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
     << "   (median of " << s.serial.measured_s.size() << ")\n";
   for (const auto* run : {&s.serial, &s.pipelined})

@@ -53,7 +53,7 @@ std::vector<CollectivePoint> measure_collectives(const Config& c, const Sizes& s
             else
               for (std::size_t i = 3; i < full.size(); i += 4) full[i] &= 0x3f;
             std::copy_n(full.begin(), part.size(), part.begin());
-            for (int rep = 0; rep < 4; ++rep) {
+            for (int rep = 0; rep < 3; ++rep) {
               comm.barrier();
               Stopwatch sw;
               if (kind == CollectiveKind::kReduceScatter)

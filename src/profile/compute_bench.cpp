@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -23,32 +22,39 @@ double median(std::vector<double> v) {
 }
 
 void fill_random(void* data, std::size_t bytes, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
+  // xorshift64*: fast enough for gigabytes, and never all zero.
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 0x2545F4914F6CDD1DULL;
   auto* p = static_cast<std::uint8_t*>(data);
   std::size_t i = 0;
   for (; i + 8 <= bytes; i += 8) {
-    const std::uint64_t v = rng();
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    const std::uint64_t v = x * 0x2545F4914F6CDD1DULL;
     std::memcpy(p + i, &v, 8);
   }
-  for (; i < bytes; ++i) p[i] = static_cast<std::uint8_t>(rng());
+  for (; i < bytes; ++i) p[i] = static_cast<std::uint8_t>(i * 131 + seed);
 }
 
 namespace {
 
 // Small finite values of the dtype (random, never all zero).
 void fill_values(void* data, DType dtype, std::size_t n, std::uint64_t seed, float scale) {
-  std::mt19937 rng(static_cast<std::uint32_t>(seed));
-  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::uint32_t x = static_cast<std::uint32_t>(seed * 2654435761u + 12345u);
+  auto next = [&] {
+    x = x * 1664525u + 1013904223u;
+    return (static_cast<float>(x >> 8) / 8388608.0f - 1.0f) * scale;  // [-scale, scale)
+  };
   if (dtype == DType::kFp32) {
     auto* f = static_cast<float*>(data);
-    for (std::size_t i = 0; i < n; ++i) f[i] = dist(rng);
+    for (std::size_t i = 0; i < n; ++i) f[i] = next();
     return;
   }
   std::vector<float> tmp(std::min<std::size_t>(n, 1 << 16));
   auto* h = static_cast<std::uint16_t*>(data);
   for (std::size_t off = 0; off < n; off += tmp.size()) {
     const std::size_t k = std::min(tmp.size(), n - off);
-    for (std::size_t i = 0; i < k; ++i) tmp[i] = dist(rng);
+    for (std::size_t i = 0; i < k; ++i) tmp[i] = next();
     if (dtype == DType::kFp16) convert_fp32_to_fp16(tmp.data(), h + off, k);
     else convert_fp32_to_bf16(tmp.data(), h + off, k);
   }

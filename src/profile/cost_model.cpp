@@ -20,11 +20,13 @@ const char* profile_mode_name(ProfileMode m) {
 }
 
 double SubGroupLegs::slot(bool nvme_duplex) const {
-  const double nvme = nvme_duplex ? std::max(nvme_read_s, nvme_write_s) : nvme_read_s + nvme_write_s;
+  const double nvme = nvme_mixed_s > 0 ? nvme_mixed_s
+                     : nvme_duplex    ? std::max(nvme_read_s, nvme_write_s)
+                                      : nvme_read_s + nvme_write_s;
   // Gradients down and parameters up share one PCIe link only in the sense of one copy engine
   // each way; a GPU has both, so the larger direction bounds.
   const double pcie = std::max(h2d_s, d2h_s);
-  return std::max({nvme, pcie, adam_s});
+  return std::max({nvme, pcie, adam_s, cpu_s});
 }
 
 namespace {
@@ -84,9 +86,14 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
       l.elements = p.offloaded_elements ? e : 0;
       l.nvme_read_s = seconds(share * static_cast<double>(t.nvme_read), bw.nvme_read_bps);
       l.nvme_write_s = seconds(share * static_cast<double>(t.nvme_write), bw.nvme_write_bps);
+      l.nvme_mixed_s = seconds(share * static_cast<double>(t.nvme_read + t.nvme_write), bw.nvme_mixed_bps);
       l.h2d_s = seconds(share * static_cast<double>(t.host_to_device), bw.h2d_bps);
       l.d2h_s = seconds(share * static_cast<double>(t.device_to_host), bw.d2h_bps);
       l.adam_s = seconds(static_cast<double>(l.elements), bw.cpu_adam_params_per_s);
+      if (bw.cores > 0)
+        l.cpu_s = (share * static_cast<double>(t.nvme_read + t.nvme_write) * bw.cpu_s_per_nvme_byte +
+                   static_cast<double>(l.elements) * bw.cpu_s_per_adam_element) /
+                  bw.cores;
       return l;
     };
     if (full) {
@@ -148,7 +155,12 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
   const double bytes = static_cast<double>(elements * bytes_per_element_nvme);
   l.nvme_read_s = seconds(bytes, bw.nvme_read_bps);
   l.nvme_write_s = seconds(bytes, bw.nvme_write_bps);
+  l.nvme_mixed_s = seconds(2 * bytes, bw.nvme_mixed_bps);
   l.adam_s = seconds(static_cast<double>(elements), bw.cpu_adam_params_per_s);
+  if (bw.cores > 0)
+    l.cpu_s = (2 * bytes * bw.cpu_s_per_nvme_byte +
+               static_cast<double>(elements) * bw.cpu_s_per_adam_element) /
+              bw.cores;
   p.legs.push_back(l);
   p.legs_count.push_back(sub_groups);
   finish_pipeline(p, bw.nvme_duplex);

@@ -137,8 +137,9 @@ std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, cons
     auto engine = make_engine(g.kind, o);
     FileId f = engine->open_file(guard.path, {});
     const bool direct = engine->alignment(f) > 1;
-    // Two chunks in flight, each covering the queue depth twice, so the engine never runs dry.
-    const std::uint64_t chunk = std::clamp<std::uint64_t>(g.bs * g.qd * 2, g.bs, region) / g.bs * g.bs;
+    // Two chunks in flight, each filling the queue depth once, so the engine never runs dry.
+    const std::uint64_t chunk =
+        std::clamp<std::uint64_t>(g.bs * g.qd, g.bs, std::max(region / 2, g.bs)) / g.bs * g.bs;
     for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
       auto [bytes, secs] =
           timed_transfer(*engine, f, op, buffer.bytes(), region, chunk, sizes.io_point_s);

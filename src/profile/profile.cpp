@@ -56,7 +56,7 @@ Sizes mode_sizes(ProfileMode mode) {
       s.collective_sizes = {1 * M, 16 * M};
       s.sample_elements = 4 * M;
       s.sample_sub_groups = 4;
-      s.sample_repeats = 2;
+      s.sample_repeats = 3;
       break;
     case ProfileMode::kDefault:
       s.block_sizes = {128 * K, 512 * K, 1 * M, 2 * M, 8 * M};
@@ -67,11 +67,11 @@ Sizes mode_sizes(ProfileMode mode) {
       s.copy_sizes = {1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G};
       s.adam_elements = 16 * M;
       s.gpu_adam_elements = 64 * M;
-      s.triad_bytes = 384 * M;
-      s.collective_sizes = {1 * M, 16 * M, 64 * M};
+      s.triad_bytes = 192 * M;
+      s.collective_sizes = {1 * M, 16 * M};
       s.sample_elements = 8 * M;
       s.sample_sub_groups = 4;
-      s.sample_repeats = 3;
+      s.sample_repeats = 5;
       break;
     case ProfileMode::kFull:
       s.block_sizes = {128 * K, 256 * K, 512 * K, 1 * M, 2 * M, 4 * M, 8 * M};
@@ -181,8 +181,13 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   if (!(options.target_overhead_s >= 0))
     fail(ErrorCode::kInvalidArgument, "profile: the target overhead must be >= 0 seconds");
   const Progress& progress = options.progress;
+  Stopwatch phase_clock;
+  std::string phase_name;
   auto phase = [&](const std::string& s) {
-    if (progress) progress("== " + s);
+    if (!phase_name.empty()) r.phase_seconds.emplace_back(phase_name, phase_clock.seconds());
+    phase_name = s;
+    phase_clock = Stopwatch();
+    if (progress && !s.empty()) progress("== " + s);
   };
 
   // NVMe paths: the configured ones (checked), or a temporary directory.
@@ -207,6 +212,7 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
            r.environment.load_average_1m);
 
   // 1. NVMe through the I/O engine.
+  phase("setup");
   for (const auto& p : paths) {
     phase("NVMe sweep: " + p);
     auto pts = sweep_io(config, p, sizes, progress);
@@ -258,12 +264,18 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   r.sample = run_sample_step(config, paths, elements, sizes.sample_sub_groups, sizes.sample_repeats,
                              progress);
 
+  phase("");
+
   // 6. The model for the configured step.
   Bandwidths& bw = r.bandwidths;
   bw.nvme_read_bps = r.sample.tier_read_bps;
   bw.nvme_write_bps = r.sample.tier_write_bps;
   bw.nvme_duplex = false;
+  bw.nvme_mixed_bps = r.sample.tier_mixed_bps;
   bw.cpu_adam_params_per_s = r.sample.adam_params_per_s;
+  bw.cpu_s_per_nvme_byte = r.sample.cpu_s_per_nvme_byte;
+  bw.cpu_s_per_adam_element = r.sample.cpu_s_per_adam_element;
+  bw.cores = std::max(1u, std::thread::hardware_concurrency());
   if (r.gpu_adam.measured) bw.gpu_adam_params_per_s = r.gpu_adam.params_per_second;
   for (const auto& c : r.copies) {  // pinned, largest size
     if (!c.pinned) continue;

@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <thread>
 
 #include "profile/profile_internal.hpp"
 #include "strata/adam.hpp"
@@ -201,25 +202,61 @@ class Sample {
     return sw.seconds();
   }
 
-  // Leg bandwidths in isolation: {read bytes/s, write bytes/s, Adam params/s}.
-  std::array<double, 3> legs() {
-    double read_s = 0, write_s = 0;
+  // Leg bandwidths in isolation: {read bytes/s, write bytes/s, Adam params/s, CPU-seconds per
+  // NVMe byte, CPU-seconds per Adam element}.
+  std::array<double, 5> legs() {
+    double read_s = 0, write_s = 0, io_cpu = 0, adam_cpu = 0;
     std::vector<double> adam_rates;
     const double bytes = static_cast<double>(elements_ * bytes_per_element());
     for (std::size_t g = 0; g < groups(); ++g) {
+      double c0 = cpu_seconds();
       Stopwatch r;
       auto ptrs = acquire(g, Access::kWrite);
       read_s += r.seconds();
+      double c1 = cpu_seconds();
+      io_cpu += c1 - c0;
       Stopwatch a;
       adam(g, ptrs);
       adam_rates.push_back(static_cast<double>(elements_) / a.seconds());
+      c0 = cpu_seconds();
+      adam_cpu += c0 - c1;
       release(g);
       Stopwatch w;
       write_back(g);
       write_s += w.seconds();
+      io_cpu += cpu_seconds() - c0;
     }
     const double total = bytes * static_cast<double>(groups());
-    return {total / read_s, total / write_s, median(adam_rates)};
+    return {total / read_s, total / write_s, median(adam_rates), io_cpu / (2 * total),
+            adam_cpu / static_cast<double>(elements_ * groups())};
+  }
+
+  // The pipeline's NVMe steady state alone: the write-back of sub-group g while g+1 is read.
+  // Returns read + write bytes per second.
+  double mixed() {
+    double secs = 0;
+    const double bytes = static_cast<double>(elements_ * bytes_per_element());
+    auto cur = acquire(0, Access::kWrite);
+    for (std::size_t g = 0; g + 1 < groups(); ++g) {
+      release(g);
+      Stopwatch sw;
+      auto w = write_back_async(g);
+      auto next = acquire_async(g + 1, Access::kWrite);
+      for (auto& t : w) t.wait(kTimeout);
+      wait_ptrs(next);
+      secs += sw.seconds();
+    }
+    release(groups() - 1);
+    write_back(groups() - 1);
+    return secs > 0 ? 2 * bytes * static_cast<double>(groups() - 1) / secs : 0;
+  }
+
+  // User + system CPU time of this process (every thread).
+  static double cpu_seconds() {
+    struct rusage u {};
+    ::getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
   }
 
  private:
@@ -264,24 +301,37 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
                     " elements (", format_bytes(elements * s.nvme_bytes_per_element * sub_groups, true),
                     " on NVMe): measuring legs"));
   sample.serial();  // warm-up: page cache of the swap files' metadata, allocator, thread pools
-  auto legs = sample.legs();
-  s.tier_read_bps = legs[0];
-  s.tier_write_bps = legs[1];
-  s.adam_params_per_s = legs[2];
+  // Each repeat measures the legs alone, then a serial and a pipelined step, so that the inputs of
+  // the prediction and the measured steps see the same (drifting) machine.
+  std::vector<double> ser, pip, io_cpu, adam_cpu;
+  const std::uint32_t n = std::max(1u, repeats);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    auto legs = sample.legs();
+    s.tier_read_runs.push_back(legs[0]);
+    s.tier_write_runs.push_back(legs[1]);
+    s.adam_runs.push_back(legs[2]);
+    io_cpu.push_back(legs[3]);
+    if (sub_groups > 1) s.tier_mixed_runs.push_back(sample.mixed());
+    adam_cpu.push_back(legs[4]);
+    ser.push_back(sample.serial());
+    pip.push_back(sample.pipelined());
+    if (progress)
+      progress(strcat("sample step ", i + 1, "/", n, ": serial ", ser.back(), " s, pipelined ",
+                      pip.back(), " s"));
+  }
+  s.tier_read_bps = median(s.tier_read_runs);
+  s.tier_write_bps = median(s.tier_write_runs);
+  s.adam_params_per_s = median(s.adam_runs);
+  s.tier_mixed_bps = median(s.tier_mixed_runs);
   Bandwidths bw;
   bw.nvme_read_bps = s.tier_read_bps;
   bw.nvme_write_bps = s.tier_write_bps;
   bw.cpu_adam_params_per_s = s.adam_params_per_s;
+  bw.nvme_mixed_bps = s.tier_mixed_bps;
+  s.cpu_s_per_nvme_byte = bw.cpu_s_per_nvme_byte = median(io_cpu);
+  s.cpu_s_per_adam_element = bw.cpu_s_per_adam_element = median(adam_cpu);
+  bw.cores = std::max(1u, std::thread::hardware_concurrency());
   const StepPrediction pred = predict_sample(elements, sub_groups, s.nvme_bytes_per_element, bw);
-  std::vector<double> ser, pip;
-  for (std::uint32_t i = 0; i < std::max(1u, repeats); ++i) {
-    ser.push_back(sample.serial());
-    pip.push_back(sample.pipelined());
-    if (progress)
-      progress(strcat("sample step ", i + 1, "/", repeats, ": serial ", ser.back(), " s (predicted ",
-                      pred.serial_s, "), pipelined ", pip.back(), " s (predicted ", pred.pipelined_s,
-                      ")"));
-  }
   s.serial = summarize("serial", ser, pred.serial_s);
   s.pipelined = summarize("pipelined", pip, pred.pipelined_s);
   s.ran = true;

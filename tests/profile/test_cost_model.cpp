@@ -149,6 +149,20 @@ TEST(CostModel, Sample) {
   p = predict_sample(1000, 4, 12, bw);
   EXPECT_NEAR(p.pipelined_s, 5.0 + 3 * 2.0, 1e-12);  // slot max(max(1, 2), 2)
   EXPECT_THROW(predict_sample(0, 4, 12, bw), Error);
+  // The CPU as a shared resource: (24000 B x 1e-4 s/B + 1000 x 4e-3 s) / 2 cores = 3.2 s per
+  // sub-group, more than the disk's 3 s: it bounds the slot; the serial time does not change.
+  bw.nvme_duplex = false;
+  bw.cores = 2;
+  bw.cpu_s_per_nvme_byte = 1e-4;
+  bw.cpu_s_per_adam_element = 4e-3;
+  p = predict_sample(1000, 4, 12, bw);
+  EXPECT_NEAR(p.legs[0].cpu_s, 3.2, 1e-12);
+  EXPECT_NEAR(p.pipelined_s, 5.0 + 3 * 3.2, 1e-12);
+  EXPECT_NEAR(p.serial_s, 20.0, 1e-12);
+  // Measured mixed read + write rate: 24000 B at 4800 B/s = 5 s per slot.
+  bw.nvme_mixed_bps = 4800;
+  p = predict_sample(1000, 4, 12, bw);
+  EXPECT_NEAR(p.pipelined_s, 5.0 + 3 * 5.0, 1e-12);
 }
 
 TEST(ProfileRecommend, PicksTheLightestSettingNearTheBest) {
