@@ -157,10 +157,11 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
 
   auto to_write = [&](Slot& s) {  // stage 0 → 1
     s.event->synchronize(timeout);
-    if (!b.crc.empty()) b.crc[s.piece] = tier::crc32c(s.buf.data(), s.len);
     s.ticket = engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len,
                                         base + s.piece * piece_size()});
     s.stage = 1;
+    // Checksummed while the write is in flight (both only read the pinned buffer).
+    if (!b.crc.empty()) b.crc[s.piece] = tier::crc32c(s.buf.data(), s.len);
   };
   auto retire_front = [&] {
     Slot& s = window.front();
