@@ -102,7 +102,8 @@ def plot_step(report, out):
             bottom += v
     ax2.bar(1, m["optimizer_step_pipelined_s"], width=0.5, color="#55a868", label="pipelined step")
     if m["network_s"] > 0:
-        ax2.bar(1, m["network_s"], bottom=m["optimizer_step_pipelined_s"], width=0.5, color="#8172b2")
+        ax2.bar(1, m["network_s"], bottom=m["optimizer_step_pipelined_s"], width=0.5, color="#d62728",
+                alpha=0.6, label="network (pipelined column)")
     ax2.set_xticks([0, 1])
     ax2.set_xticklabels(["serial (legs summed)", "pipelined"])
     ax2.set_ylabel("seconds per step")
