@@ -282,6 +282,10 @@ OffloadStepStats OffloadStateStore::measure_write() {
   check_usable();
   return run(nullptr, false, true, true);
 }
+OffloadStepStats OffloadStateStore::measure_io() {
+  check_usable();
+  return run(nullptr, true, true, true);
+}
 OffloadStepStats OffloadStateStore::measure_update(const UpdateFn& fn) {
   check_usable();
   OffloadStepStats s;

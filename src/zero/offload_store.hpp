@@ -113,6 +113,9 @@ class OffloadStateStore final : public OptimizerStateStore {
   // records the new checksums: the write alone. It replaces the state with buffer contents: for
   // benchmarks only.
   OffloadStepStats measure_write();
+  // The step's I/O without the update: every chunk read and written back unchanged, pipelined
+  // (the device's bound for the step when reads and writes share its bandwidth).
+  OffloadStepStats measure_io();
 
   std::size_t nvme_elems() const { return nvme_elems_; }
   std::size_t chunk_count() const;

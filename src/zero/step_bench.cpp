@@ -117,11 +117,12 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   store->update(ranges, fn);  // warm-up: page faults of the caller's arrays, thread pool
   const bool hwm = reset_peak_rss();
   if (!hwm) log_warn("bench step: cannot reset VmHWM; the peak RSS includes the setup");
-  std::vector<double> tr, tu, tw, ts, tss, tin, twr, tww;
+  std::vector<double> tr, tu, tw, ts, tss, tin, twr, tww, tio, eff, deff;
   for (int round = 0; round < o.rounds; ++round) {
     tr.push_back(store->measure_read().t_step);
     tu.push_back(store->measure_update(fn).t_step);
     tw.push_back(store->measure_write().t_step);
+    tio.push_back(store->measure_io().t_step);
     ++step;
     store->set_pipelined(true);
     store->update(ranges, fn);
@@ -130,6 +131,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
     tin.push_back(s.t_update);
     twr.push_back(s.t_wait_read);
     tww.push_back(s.t_wait_write);
+    eff.push_back(std::max({tr.back(), tu.back(), tw.back()}) / s.t_step);
+    deff.push_back(std::max(tio.back(), tu.back()) / s.t_step);
     if (o.serial) {
       ++step;
       store->set_pipelined(false);
@@ -148,6 +151,9 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   res.t_wait_read = median(twr);
   res.t_wait_write = median(tww);
   res.overlap_efficiency = std::max({res.t_read, res.t_update, res.t_write}) / res.t_step;
+  res.overlap_efficiency_rounds = median(eff);
+  res.t_io = median(tio);
+  res.device_efficiency = median(deff);
   return res;
 }
 

@@ -37,7 +37,14 @@ struct StepBenchResult {
   double t_step = 0;         // pipelined
   double t_step_serial = 0;  // read → update → write, one chunk at a time (0 if not measured)
   double t_update_in_step = 0, t_wait_read = 0, t_wait_write = 0;  // inside the pipelined step
-  double overlap_efficiency = 0;  // max(t_read, t_update, t_write) / t_step
+  double overlap_efficiency = 0;  // max(t_read, t_update, t_write) / t_step (of the medians)
+  // The same ratio per round (legs and step measured back to back), median over rounds: steadier
+  // on a loaded machine.
+  double overlap_efficiency_rounds = 0;
+  // t_io: read ‖ write of every chunk with no update (the device's bound when reads and writes
+  // share its bandwidth); device_efficiency = max(t_io, t_update) / t_step.
+  double t_io = 0;
+  double device_efficiency = 0;
   // Peak RSS while the steps ran (VmHWM reset after setup), and the part of it the caller holds
   // (gradients and model-dtype parameters, which scale with the model).
   std::uint64_t peak_rss_bytes = 0;
