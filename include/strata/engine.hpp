@@ -46,7 +46,11 @@
 // Thread-safety: an Engine is driven by one thread. Failure: bad use (unknown id, gradient twice,
 // gradient missing at step(), param() of an ungathered stage-3 tensor, calls before finalize())
 // throws Error(kInvalidArgument); communication failures (timeouts, lost peers) propagate from the
-// communicator as Error(kTimeout/kComm) and leave the engine unusable.
+// communicator as Error(kTimeout/kComm) and leave the engine unusable. With the optimizer state
+// on NVMe (offload.optimizer.tier nvme), an I/O error or checksum mismatch during step() throws
+// IoError / Error(kChecksum) naming the chunk, pinned buffer, swap file and errno, after which the
+// rank's optimizer state is partially updated and step() keeps failing: destroy the engines and
+// load_checkpoint() the last checkpoint (docs/offload.md).
 #pragma once
 
 #include <cstddef>

@@ -509,6 +509,9 @@ std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int 
                                                       std::span<const float> init,
                                                       std::vector<Range> ranges) {
   OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
+  if (rank == 0 && (config.offload.gradients.tier == Tier::kNvme || config.offload.params.tier == Tier::kNvme))
+    log_warn("offload: gradients and parameters on nvme are not streamed yet: they stay in host memory "
+             "(only offload.optimizer is placed on NVMe)");
   if (o.nvme_elems == 0) return make_resident_state_store(init);
   for (const auto& p : o.paths) {
     std::error_code ec;
