@@ -195,6 +195,14 @@ struct SampleStep {
   std::vector<double> tier_read_runs, tier_write_runs, adam_runs, tier_mixed_runs;
   double cpu_s_per_nvme_byte = 0, cpu_s_per_adam_element = 0;  // process CPU time (getrusage)
   SampleRun serial, pipelined;
+  // The zero layer's own pipelined offloaded step (its OffloadStateStore, chunks of the pinned
+  // pool's buffers) on the same sample, predicted from its legs alone with the same model.
+  bool engine_ran = false;
+  std::string engine_skipped;  // why not, when !engine_ran
+  std::uint64_t engine_chunks = 0, engine_buffer_size = 0;
+  std::uint32_t engine_buffers = 0;
+  double engine_read_s = 0, engine_update_s = 0, engine_write_s = 0;  // legs alone (medians)
+  SampleRun engine_serial, engine_pipelined;
 };
 
 // ---- recommendation ------------------------------------------------------------------------------

@@ -200,6 +200,19 @@ json report_json(const strata::ProfileReport& r) {
                       {"adam_runs_params_per_second", s.adam_runs},
                       {"serial", sample_run_json(s.serial)},
                       {"pipelined", sample_run_json(s.pipelined)}};
+  json eng = {{"ran", s.engine_ran}, {"skipped", null_if_empty(s.engine_skipped)}};
+  if (s.engine_ran) {
+    eng["implementation"] = "zero layer: OffloadStateStore::update (src/zero), via zero::run_step_bench";
+    eng["chunks"] = s.engine_chunks;
+    eng["pinned_buffers"] = s.engine_buffers;
+    eng["pinned_buffer_size"] = s.engine_buffer_size;
+    eng["read_s"] = s.engine_read_s;
+    eng["update_s"] = s.engine_update_s;
+    eng["write_s"] = s.engine_write_s;
+    eng["serial"] = sample_run_json(s.engine_serial);
+    eng["pipelined"] = sample_run_json(s.engine_pipelined);
+  }
+  j["sample_step"]["engine_step"] = eng;
   json iorec = json::array();
   for (const auto& x : r.io_recommendations)
     iorec.push_back({{"path", x.path},
@@ -345,6 +358,20 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     o << "  " << cell(run == &s.serial ? "serial" : "pipelined", 11) << rcell(secs(run->predicted_s), 11)
       << rcell(secs(run->measured_median_s), 11) << rcell(pct(run->error), 9)
       << (std::fabs(run->error) <= 0.15 ? "" : "   (outside +-15%)") << "\n";
+
+  if (s.engine_ran) {
+    o << "  the zero layer's offloaded step on the same state (" << s.engine_chunks << " chunks, "
+      << s.engine_buffers << " x " << format_bytes(s.engine_buffer_size, true)
+      << " pinned buffers; legs alone: read " << secs(s.engine_read_s) << ", Adam "
+      << secs(s.engine_update_s) << ", write " << secs(s.engine_write_s) << "):\n";
+    for (const auto* run : {&s.engine_serial, &s.engine_pipelined})
+      o << "  " << cell(run == &s.engine_serial ? "serial" : "pipelined", 11)
+        << rcell(secs(run->predicted_s), 11) << rcell(secs(run->measured_median_s), 11)
+        << rcell(pct(run->error), 9) << (std::fabs(run->error) <= 0.15 ? "" : "   (outside +-15%)")
+        << "\n";
+  } else if (!s.engine_skipped.empty()) {
+    o << "  zero layer's offloaded step: " << s.engine_skipped << "\n";
+  }
 
   const auto& p = r.configured;
   const auto& t = r.plan.configured.traffic;

@@ -23,6 +23,7 @@
 #include "strata/plan.hpp"
 #include "strata/tier_store.hpp"
 #include "strata/units.hpp"
+#include "zero/step_bench.hpp"
 
 namespace strata::profile {
 namespace {
@@ -285,6 +286,10 @@ SampleRun summarize(const char* mode, std::vector<double> times, double predicte
 
 }  // namespace
 
+// The zero layer's offloaded step on the same sample (below).
+void run_engine_step(const Config& c, const std::vector<std::string>& paths, std::uint64_t elements,
+                     std::uint32_t repeats, SampleStep& s, const Progress& progress);
+
 SampleStep run_sample_step(const Config& c, const std::vector<std::string>& paths,
                            std::uint64_t elements, std::uint64_t sub_groups, std::uint32_t repeats,
                            const Progress& progress) {
@@ -335,7 +340,52 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
   s.serial = summarize("serial", ser, pred.serial_s);
   s.pipelined = summarize("pipelined", pip, pred.pipelined_s);
   s.ran = true;
+  run_engine_step(c, paths, elements * sub_groups, repeats, s, progress);
   return s;
+}
+
+void run_engine_step(const Config& c, const std::vector<std::string>& paths, std::uint64_t elements,
+                     std::uint32_t repeats, SampleStep& s, const Progress& progress) {
+  zero::StepBenchOptions o;
+  o.config = c;
+  o.config.tiers.nvme.paths = paths;
+  // The store page-locks its pool: keep it within RLIMIT_MEMLOCK.
+  o.config.tiers.host.buffer_size = pool_buffer_size(c);
+  o.config.tiers.host.buffer_count = std::min<std::uint32_t>(c.tiers.host.buffer_count, 3);
+  o.config.tiers.host.pinned_budget =
+      std::max<std::uint64_t>(o.config.tiers.host.pinned_budget,
+                              o.config.tiers.host.buffer_size * o.config.tiers.host.buffer_count);
+  o.elements = elements;
+  o.rounds = static_cast<int>(std::max(1u, repeats));
+  o.serial = true;
+  zero::StepBenchResult r;
+  try {
+    if (progress) progress("engine step (zero layer's offloaded step) on the same sample");
+    r = zero::run_step_bench(o);
+  } catch (const Error& e) {
+    s.engine_skipped = std::string("skipped: the zero layer's offloaded step failed: ") + e.what();
+    log_warn("profile: ", s.engine_skipped);
+    return;
+  }
+  s.engine_ran = true;
+  s.engine_chunks = r.chunks;
+  s.engine_buffers = r.buffers;
+  s.engine_buffer_size = r.buffer_size;
+  s.engine_read_s = r.t_read;
+  s.engine_update_s = r.t_update;
+  s.engine_write_s = r.t_write;
+  // The model on the engine's own unit (its chunks), from its legs alone.
+  Bandwidths bw;
+  const double bytes = static_cast<double>(r.state_bytes);
+  bw.nvme_read_bps = r.t_read > 0 ? bytes / r.t_read : 0;
+  bw.nvme_write_bps = r.t_write > 0 ? bytes / r.t_write : 0;
+  bw.cpu_adam_params_per_s = r.t_update > 0 ? static_cast<double>(elements) / r.t_update : 0;
+  const std::uint64_t chunks = std::max<std::uint64_t>(r.chunks, 1);
+  const std::uint64_t per_chunk = std::max<std::uint64_t>(elements / chunks, 1);
+  const std::uint64_t bpe = std::max<std::uint64_t>(r.state_bytes / std::max<std::uint64_t>(elements, 1), 1);
+  const StepPrediction pred = predict_sample(per_chunk, chunks, bpe, bw);
+  s.engine_serial = summarize("serial", {r.t_step_serial}, pred.serial_s);
+  s.engine_pipelined = summarize("pipelined", {r.t_step}, pred.pipelined_s);
 }
 
 }  // namespace strata::profile
