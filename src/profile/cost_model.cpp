@@ -33,6 +33,14 @@ namespace {
 
 double seconds(double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; }
 
+// Wall time the CPU needs for a sub-group when the legs overlap: Adam's CPU-seconds and the I/O's,
+// over the cores. Adam's share is capped at its own wall time (it cannot need the cores for longer
+// than it runs; a noisy CPU-time sample must not invent overhead).
+double cpu_bound(double nvme_bytes, double elements, double adam_s, const Bandwidths& bw) {
+  const double adam = std::min(elements * bw.cpu_s_per_adam_element / bw.cores, adam_s);
+  return adam + nvme_bytes * bw.cpu_s_per_nvme_byte / bw.cores;
+}
+
 // Fill in serial/pipelined from the per-shape legs (full sub-groups first, then the partial one).
 void finish_pipeline(StepPrediction& p, bool duplex) {
   p.serial_s = 0;
@@ -91,9 +99,8 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
       l.d2h_s = seconds(share * static_cast<double>(t.device_to_host), bw.d2h_bps);
       l.adam_s = seconds(static_cast<double>(l.elements), bw.cpu_adam_params_per_s);
       if (bw.cores > 0)
-        l.cpu_s = (share * static_cast<double>(t.nvme_read + t.nvme_write) * bw.cpu_s_per_nvme_byte +
-                   static_cast<double>(l.elements) * bw.cpu_s_per_adam_element) /
-                  bw.cores;
+        l.cpu_s = cpu_bound(share * static_cast<double>(t.nvme_read + t.nvme_write),
+                            static_cast<double>(l.elements), l.adam_s, bw);
       return l;
     };
     if (full) {
@@ -157,10 +164,7 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
   l.nvme_write_s = seconds(bytes, bw.nvme_write_bps);
   l.nvme_mixed_s = seconds(2 * bytes, bw.nvme_mixed_bps);
   l.adam_s = seconds(static_cast<double>(elements), bw.cpu_adam_params_per_s);
-  if (bw.cores > 0)
-    l.cpu_s = (2 * bytes * bw.cpu_s_per_nvme_byte +
-               static_cast<double>(elements) * bw.cpu_s_per_adam_element) /
-              bw.cores;
+  if (bw.cores > 0) l.cpu_s = cpu_bound(2 * bytes, static_cast<double>(elements), l.adam_s, bw);
   p.legs.push_back(l);
   p.legs_count.push_back(sub_groups);
   finish_pipeline(p, bw.nvme_duplex);
