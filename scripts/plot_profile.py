@@ -74,19 +74,21 @@ def plot_step(report, out):
     s = report["sample_step"]
     m = report["model"]["configured"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    modes = ("serial", "pipelined")
-    x = range(len(modes))
-    pred = [s[k]["predicted_s"] for k in modes]
-    meas = [s[k]["measured_median_s"] for k in modes]
+    runs = [("serial", s["serial"]), ("pipelined", s["pipelined"])]
+    eng = s.get("engine_step", {})
+    if eng.get("ran"):
+        runs += [("zero step\nserial", eng["serial"]), ("zero step\npipelined", eng["pipelined"])]
+    x = range(len(runs))
+    pred = [r["predicted_s"] for _, r in runs]
+    meas = [r["measured_median_s"] for _, r in runs]
     ax1.bar([i - 0.18 for i in x], pred, width=0.36, label="predicted", color="#4c72b0")
     ax1.bar([i + 0.18 for i in x], meas, width=0.36, label="measured (median)", color="#dd8452")
-    for i, k in enumerate(modes):
-        runs = s[k]["measured_s"]
-        ax1.scatter([i + 0.18] * len(runs), runs, color="black", s=10, zorder=3)
-        ax1.annotate(f"{s[k]['error'] * 100:+.1f}%", (i, max(pred[i], meas[i])), ha="center",
+    for i, (_, r) in enumerate(runs):
+        ax1.scatter([i + 0.18] * len(r["measured_s"]), r["measured_s"], color="black", s=10, zorder=3)
+        ax1.annotate(f"{r['error'] * 100:+.1f}%", (i, max(pred[i], meas[i])), ha="center",
                      va="bottom", fontsize=9)
     ax1.set_xticks(list(x))
-    ax1.set_xticklabels(modes)
+    ax1.set_xticklabels([name for name, _ in runs], fontsize=8)
     ax1.set_ylabel("seconds")
     ax1.set_title(f"sample step: {s['sub_groups']} sub-groups x {s['elements_per_sub_group'] / 1e6:g}M "
                   f"elements, state on NVMe", fontsize=9)
