@@ -19,7 +19,7 @@ run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
   local ran failed skipped
   ran=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -1)
   failed=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\1/p' "$log" | tail -1)
-  skipped=$(grep -c '\*\*\*Skipped\|Not Run.*Skipped\|(Skipped)' "$log" || true)
+  skipped=$(grep -c '\*\*\*Skipped' "$log" || true)
   ran=${ran:-0} failed=${failed:-0}
   total_fail=$((total_fail + failed))
   total_skip=$((total_skip + skipped))
