@@ -1,0 +1,47 @@
+// `strata bench step`: one JSON document with every leg, the pipelined and serial steps, overlap
+// figures and the 1x / 4x peak RSS; bad input exits 2.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+TEST(BenchStepCli, JsonHasEveryFigure) {
+  TempDir swap("strata-bench-step");
+  std::string out;
+  const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
+                          "/bench/step/step.yaml --params 600K --rounds 1 --json --set tiers.nvme.paths=[" +
+                          swap.str() + "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3";
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  // stdout and stderr come together: the document is the part from the line starting with '{'.
+  const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
+  auto j = nlohmann::json::parse(out.substr(start, out.rfind("\n}") + 2 - start));
+  const auto& s = j["step"];
+  for (const char* k : {"t_read_s", "t_update_s", "t_write_s", "t_step_s", "t_step_serial_s", "t_io_s"})
+    EXPECT_GT(s[k].get<double>(), 0.0) << k;
+  EXPECT_EQ(s["elements"].get<std::uint64_t>(), 600000u);
+  EXPECT_EQ(s["buffers"].get<std::uint32_t>(), 3u);
+  EXPECT_LE(s["buffer_size"].get<std::uint64_t>(), 1u << 20);
+  EXPECT_GT(j["state_over_pool"].get<double>(), 2.0);
+  EXPECT_GT(s["overlap_efficiency"].get<double>(), 0.0);
+  EXPECT_GT(j["rss_ratio_4x_vs_1x"].get<double>(), 0.5);
+  EXPECT_EQ(j["step_4x"]["elements"].get<std::uint64_t>(), 2400000u);
+  // Swap files are gone.
+  for (auto& e : std::filesystem::directory_iterator(swap.path())) ADD_FAILURE() << "left behind: " << e.path();
+}
+
+TEST(BenchStepCli, BadInputExits2) {
+  std::string out;
+  EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
+                            "/bench/step/step.yaml --params 1M --set tiers.host.buffer_size=4096",
+                        &out),
+            2)
+      << out;
+}
+
+}  // namespace
+}  // namespace strata::testing
