@@ -65,7 +65,10 @@ struct Engine::Impl {
   std::vector<unsigned char> flat_params;  // stages 0-2: every parameter, model dtype
   std::vector<unsigned char> own_params;   // stage 3: own partition, model dtype
   std::vector<unsigned char> flat_grads;   // stages 0-1
-  std::vector<unsigned char> own_grads;    // stages 2-3
+  std::vector<unsigned char> own_grads;    // stages 2-3 (allocated per step when spilled)
+  std::unique_ptr<zero::NvmeGradients> grad_nvme;  // offload.gradients nvme: the leading share
+  std::vector<unsigned char> grad_rest;    // the resident rest of a spilled step's gradients
+  std::vector<unsigned char> grad_tmp;     // one piece's gradients, read back from NVMe
   std::vector<bool> arrived;
 
   // ---- stage 2/3 buckets ----
@@ -145,6 +148,7 @@ struct Engine::Impl {
       flat_grads = zeros(flat * ges);
     } else {
       own_grads = zeros(psize * ges);
+      grad_nvme = zero::make_nvme_gradients(cfg, rank, psize, ges);
       bucket_elems = std::max<std::uint64_t>(1, cfg.zero.reduce_bucket_size);
       nbuckets = (flat + bucket_elems - 1) / bucket_elems;
       bucket_expected.assign(nbuckets, 0);
@@ -194,6 +198,7 @@ struct Engine::Impl {
     const std::size_t b = bucket_begin(k), e = b + bucket_len(k);
     auto counts = part->counts_in(b, e);
     const std::size_t mine = counts[static_cast<std::size_t>(rank)];
+    if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);  // freed by a spill
     unsigned char* recv = own_grads.data();
     if (mine) recv += (std::max(b, own_begin) - own_begin) * ges;
     while (inflight.size() >= kMaxBucketsInFlight) retire_oldest();
@@ -262,6 +267,7 @@ struct Engine::Impl {
           bucket_buf[k].clear();
         }
       }
+      if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);
       g = own_grads.data();
     }
     st.reduce_s += seconds_since(t0);
@@ -402,12 +408,33 @@ struct Engine::Impl {
       const AdamParams hp = AdamParams::from_config(cfg.optimizer);
       unsigned char* p = stage == 3 ? own_params.data() : flat_params.data() + opt_begin * pes;
       const std::vector<Range> sgs = part->sub_groups(0, opt_count);
+      // offload.gradients nvme: the leading share goes to NVMe and its host copy is freed; the
+      // step reads it back piece by piece.
+      const std::size_t gn = grad_nvme ? grad_nvme->elems() : 0;
+      if (grad_nvme) {
+        auto tg = Clock::now();
+        grad_nvme->put(g);
+        grad_rest.assign(g + gn * ges, g + psize * ges);
+        own_grads.clear();
+        own_grads.shrink_to_fit();
+        g = nullptr;
+        st.reduce_s += seconds_since(tg);
+      }
+      auto grad_of = [&](Range r) -> const unsigned char* {
+        if (!grad_nvme) return g + r.begin * ges;
+        if (r.begin >= gn) return grad_rest.data() + (r.begin - gn) * ges;
+        grad_tmp.resize(r.count * ges);
+        const std::size_t on = std::min(r.end(), gn) - r.begin;
+        grad_nvme->get({r.begin, on}, grad_tmp.data());
+        if (on < r.count) std::memcpy(grad_tmp.data() + on * ges, grad_rest.data(), (r.count - on) * ges);
+        return grad_tmp.data();
+      };
       state->update(sgs, [&](Range r, const zero::StateView& v) {
         AdamTensors t;
         t.param = v.master;
         t.exp_avg = v.exp_avg;
         t.exp_avg_sq = v.exp_avg_sq;
-        t.grad = g + r.begin * ges;
+        t.grad = grad_of(r);
         t.grad_dtype = gdt;
         t.param_copy = p + r.begin * pes;
         t.param_copy_dtype = pdt;

@@ -505,15 +505,9 @@ OffloadStepStats OffloadStateStore::run(const UpdateFn* fn, bool read, bool writ
   return s;
 }
 
-std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
-                                                      std::span<const float> init,
-                                                      std::vector<Range> ranges) {
-  OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
-  if (rank == 0 && (config.offload.gradients.tier == Tier::kNvme || config.offload.params.tier == Tier::kNvme))
-    log_warn("offload: gradients and parameters on nvme are not streamed yet: they stay in host memory "
-             "(only offload.optimizer is placed on NVMe)");
-  if (o.nvme_elems == 0) return make_resident_state_store(init);
-  for (const auto& p : o.paths) {
+namespace {
+void create_swap_dirs(const std::vector<std::string>& paths) {
+  for (const auto& p : paths) {
     std::error_code ec;
     if (!std::filesystem::exists(p, ec)) {
       if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST)
@@ -521,6 +515,161 @@ std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int 
       log_info("offload: created swap directory ", p);
     }
   }
+}
+}  // namespace
+
+NvmeGradients::NvmeGradients(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
+                             std::shared_ptr<IoEngine> engine)
+    : opt_(options), elems_(elems), es_(elem_size), engine_(std::move(engine)) {
+  if (!engine_) fail(ErrorCode::kInvalidArgument, "nvme gradients: no I/O engine");
+  if (opt_.paths.empty())
+    fail(ErrorCode::kInvalidArgument,
+         "offload.gradients.tier is nvme but tiers.nvme.paths is empty: name a directory on NVMe");
+  if (opt_.buffer_size < 4096 || opt_.buffer_count < 1)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("nvme gradients: tiers.host.buffer_size ", opt_.buffer_size,
+                " bytes is below the minimum of 4096 (one buffer of 4096 B)"));
+  if (elems_ == 0) return;
+  chunk_elems_ = std::max<std::size_t>(1, (opt_.buffer_size / 4096 * 4096) / es_);
+  std::uint64_t need = 0, biggest = 0;
+  for (std::size_t b = 0; b < elems_; b += chunk_elems_) {
+    Chunk c;
+    c.r = {b, std::min(chunk_elems_, elems_ - b)};
+    c.bytes = round_up(c.r.count * es_, 4096);
+    need += c.bytes;
+    biggest = std::max(biggest, c.bytes);
+    chunks_.push_back(c);
+  }
+  if (opt_.nvme_budget && need > opt_.nvme_budget)
+    fail(ErrorCode::kBudget, strcat("nvme gradients rank ", opt_.rank, ": need ", need,
+                                    " bytes of swap space but tiers.nvme.budget leaves this rank ",
+                                    opt_.nvme_budget));
+  SwapSpaceOptions so;
+  so.paths = opt_.paths;
+  so.capacity = need;
+  so.rank = opt_.rank;
+  so.block_size = opt_.block_size;
+  swap_ = std::make_unique<SwapSpace>(so, *engine_);
+  if (swap_->alignment() > 4096)
+    fail(ErrorCode::kUnsupported,
+         strcat("nvme gradients: swap alignment ", swap_->alignment(), " above 4096 is not supported"));
+  for (std::size_t k = 0; k < chunks_.size(); ++k)
+    chunks_[k].extent = swap_->allocate(chunks_[k].bytes, strcat("gradient chunk ", k));
+  PinnedPoolOptions po;
+  po.buffer_count = static_cast<std::uint32_t>(std::min<std::size_t>(opt_.buffer_count, chunks_.size()));
+  po.buffer_size = biggest;
+  po.pinned_budget = opt_.pinned_budget;
+  pool_ = std::make_unique<PinnedPool>(po, nullptr, engine_.get());
+}
+
+NvmeGradients::~NvmeGradients() { cache_buf_.reset(); }
+
+std::uint64_t NvmeGradients::swap_bytes() const {
+  std::uint64_t b = 0;
+  for (const Chunk& c : chunks_) b += c.bytes;
+  return b;
+}
+
+void NvmeGradients::wait(IoTicket t, const Chunk& c, std::size_t k) {
+  if (!engine_->wait(t, opt_.timeout) && !engine_->wait(t, opt_.timeout)) {
+    auto [path, off] = swap_->locate(c.extent.offset);
+    fail(ErrorCode::kTimeout, strcat("nvme gradients rank ", opt_.rank, ": I/O of gradient chunk ", k,
+                                     " at ", path, " offset ", off, " did not complete"));
+  }
+}
+
+void NvmeGradients::put(const unsigned char* src) {
+  cached_ = -1;
+  cache_buf_.reset();
+  struct Slot {
+    std::size_t k;
+    PinnedBuffer buf;
+    IoTicket t;
+  };
+  std::deque<Slot> q;
+  auto retire = [&] {
+    Slot s = std::move(q.front());
+    q.pop_front();
+    wait(s.t, chunks_[s.k], s.k);
+    written_ += chunks_[s.k].bytes;
+  };
+  try {
+    for (std::size_t k = 0; k < chunks_.size(); ++k) {
+      Chunk& c = chunks_[k];
+      PinnedBuffer b = pool_->try_acquire();
+      while (!b) {
+        retire();
+        b = pool_->try_acquire();
+      }
+      std::memcpy(b.bytes(), src + c.r.begin * es_, c.r.count * es_);
+      std::memset(b.bytes() + c.r.count * es_, 0, c.bytes - c.r.count * es_);
+      if (opt_.checksum) c.crc = tier::crc32c(b.bytes(), c.bytes);
+      IoTicket t = engine_->submit({IoOp::kWrite, swap_->file(), b.bytes(), c.bytes, c.extent.offset});
+      q.push_back({k, std::move(b), t});
+    }
+    while (!q.empty()) retire();
+  } catch (...) {
+    for (Slot& s : q)  // never give a buffer back with I/O in flight
+      try {
+        engine_->wait(s.t, opt_.timeout);
+      } catch (const std::exception&) {
+      }
+    q.clear();
+    throw;
+  }
+}
+
+void NvmeGradients::get(Range r, unsigned char* dst) {
+  if (r.end() > elems_)
+    fail(ErrorCode::kInvalidArgument, strcat("nvme gradients: range [", r.begin, ", ", r.end(),
+                                             ") beyond ", elems_));
+  for (std::size_t pos = r.begin; pos < r.end();) {
+    const std::size_t k = pos / chunk_elems_;
+    const Chunk& c = chunks_[k];
+    if (cached_ != static_cast<std::ptrdiff_t>(k)) {
+      if (!cache_buf_) cache_buf_ = std::make_unique<PinnedBuffer>(pool_->acquire(opt_.timeout));
+      cached_ = -1;
+      IoTicket t = engine_->submit({IoOp::kRead, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
+      wait(t, c, k);
+      if (opt_.checksum) {
+        const std::uint32_t got = tier::crc32c(cache_buf_->bytes(), c.bytes);
+        if (got != c.crc) {
+          auto [path, off] = swap_->locate(c.extent.offset);
+          fail(ErrorCode::kChecksum,
+               strcat("nvme gradients rank ", opt_.rank, ": checksum mismatch reading gradient chunk ", k,
+                      " from ", path, " offset ", off, " length ", c.bytes, ": CRC32C ", got,
+                      " != written ", c.crc));
+        }
+      }
+      cached_ = static_cast<std::ptrdiff_t>(k);
+    }
+    const std::size_t e = std::min(r.end(), c.r.end());
+    std::memcpy(dst + (pos - r.begin) * es_, cache_buf_->bytes() + (pos - c.r.begin) * es_, (e - pos) * es_);
+    pos = e;
+  }
+}
+
+std::unique_ptr<NvmeGradients> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
+                                                   std::size_t elem_size) {
+  const auto& g = config.offload.gradients;
+  if (config.zero.stage < 2 || g.tier != Tier::kNvme || g.fraction <= 0 || partition == 0) return nullptr;
+  OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), partition);
+  const double want = std::ceil(g.fraction * static_cast<double>(partition));
+  const std::size_t elems = std::min<std::size_t>(partition, round_up(static_cast<std::uint64_t>(want), kElemAlign));
+  create_swap_dirs(o.paths);
+  std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
+  return std::make_unique<NvmeGradients>(o, elems, elem_size, std::move(engine));
+}
+
+std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
+                                                      std::span<const float> init,
+                                                      std::vector<Range> ranges) {
+  OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
+  if (rank == 0 && config.offload.params.tier == Tier::kNvme)
+    log_warn("offload: parameters on nvme are not streamed yet: they stay in host memory "
+             "(offload.optimizer and offload.gradients are placed on NVMe)");
+  if (o.nvme_elems == 0) return make_resident_state_store(init);
+  create_swap_dirs(o.paths);
   std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
   return std::make_unique<OffloadStateStore>(o, init, std::move(ranges), std::move(engine));
 }

@@ -44,10 +44,12 @@
 #include "strata/config.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/partition.hpp"
+#include "strata/swap_space.hpp"
 #include "zero/optimizer_state.hpp"
 
 namespace strata {
 class PinnedPool;
+class PinnedBuffer;
 class SwapSpace;
 }  // namespace strata
 
@@ -156,6 +158,49 @@ class OffloadStateStore final : public OptimizerStateStore {
   OffloadStepStats stats_;
   std::string failure_;
 };
+
+// The NVMe share of a rank's reduced gradient partition (offload.gradients.tier nvme, stage >= 2):
+// the leading `elems` gradients (model grad dtype, `elem_size` bytes each) in swap space, in chunks
+// of one pinned buffer each (same swap space / pinned pool / CRC32C machinery as the store). put()
+// writes them after the reduce-scatter (all pool buffers in flight); get() reads a range back inside
+// the optimizer step (the chunk last read stays in a pinned buffer, so consecutive pieces of one
+// chunk cost one read). Failure: IoError / Error(kChecksum) naming chunk, path and offset; the
+// optimizer state is untouched by get() failures before the step's update of that piece.
+// Ownership and thread-safety: as OffloadStateStore.
+class NvmeGradients {
+ public:
+  NvmeGradients(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
+                std::shared_ptr<IoEngine> engine);
+  ~NvmeGradients();
+  std::size_t elems() const { return elems_; }
+  void put(const unsigned char* src);                  // elements [0, elems)
+  void get(Range r, unsigned char* dst);               // r within [0, elems)
+  std::uint64_t swap_bytes() const;                    // bytes of swap space held
+  std::uint64_t bytes_written() const { return written_; }
+
+ private:
+  struct Chunk {
+    Range r;
+    SwapExtent extent;
+    std::uint64_t bytes = 0;
+    std::uint32_t crc = 0;
+  };
+  void wait(IoTicket t, const Chunk& c, std::size_t k);
+  OffloadStoreOptions opt_;
+  std::size_t elems_, es_, chunk_elems_ = 0;
+  std::shared_ptr<IoEngine> engine_;
+  std::unique_ptr<SwapSpace> swap_;
+  std::unique_ptr<PinnedPool> pool_;
+  std::vector<Chunk> chunks_;
+  std::ptrdiff_t cached_ = -1;  // chunk held in cache_buf_
+  std::unique_ptr<PinnedBuffer> cache_buf_;
+  std::uint64_t written_ = 0;
+};
+
+// The gradient spill for a rank: null unless stage >= 2 and offload.gradients.tier is nvme with a
+// fraction > 0 (then fraction × partition elements, rounded up to 1024, at most the partition).
+std::unique_ptr<NvmeGradients> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
+                                                   std::size_t elem_size);
 
 // The store the engine uses for a rank: resident when offload.optimizer puts nothing on NVMe, else
 // an OffloadStateStore (its I/O engine from tiers.nvme, probed in the first path; missing swap

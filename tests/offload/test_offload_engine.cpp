@@ -21,6 +21,7 @@ struct RunSpec {
   int stage = 1;
   int world = 1;
   double fraction = 0;  // 0: resident
+  double grad_fraction = 0;  // offload.gradients on nvme (stage >= 2); 0: resident
   std::uint32_t buffers = 4;
   std::uint64_t buffer_size = 3 * 4096;
   int steps = 22;
@@ -39,9 +40,15 @@ Config offload_config(const RunSpec& r, const std::string& dir) {
   cfg.optimizer.grad_clip = 1.0;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
-  if (r.fraction > 0) {
-    cfg.offload.optimizer.tier = Tier::kNvme;
-    cfg.offload.optimizer.fraction = r.fraction;
+  if (r.grad_fraction > 0) {
+    cfg.offload.gradients.tier = Tier::kNvme;
+    cfg.offload.gradients.fraction = r.grad_fraction;
+  }
+  if (r.fraction > 0 || r.grad_fraction > 0) {
+    if (r.fraction > 0) {
+      cfg.offload.optimizer.tier = Tier::kNvme;
+      cfg.offload.optimizer.fraction = r.fraction;
+    }
     cfg.tiers.host.buffer_count = r.buffers;
     cfg.tiers.host.buffer_size = r.buffer_size;
     cfg.tiers.nvme.paths = {dir};
@@ -126,11 +133,18 @@ TEST_P(OffloadMatchesResident, Bitwise) {
     double fraction;
     std::uint32_t buffers;
     std::uint64_t size;
+    double grads = 0;  // offload.gradients fraction on nvme (stage >= 2 only)
   };
-  for (Variant v : {Variant{1.0, 4, 3 * 4096}, Variant{1.0, 1, 6 * 4096}, Variant{0.3, 2, 3 * 4096},
-                    Variant{1.0, 3, 1 << 20}}) {
+  std::vector<Variant> variants{Variant{1.0, 4, 3 * 4096}, Variant{1.0, 1, 6 * 4096},
+                                Variant{0.3, 2, 3 * 4096}, Variant{1.0, 3, 1 << 20}};
+  if (stage >= 2) {  // gradients on NVMe, with and without the optimizer state there
+    variants.push_back(Variant{1.0, 2, 3 * 4096, 1.0});
+    variants.push_back(Variant{0.0, 4, 4096, 0.3});
+  }
+  for (Variant v : variants) {
     RunSpec r = base;
     r.fraction = v.fraction;
+    r.grad_fraction = v.grads;
     r.buffers = v.buffers;
     r.buffer_size = v.size;
     int skipped = 0;
@@ -140,7 +154,7 @@ TEST_P(OffloadMatchesResident, Bitwise) {
       for (std::size_t t = 0; t < kSizes.size(); ++t)
         for (std::size_t i = 0; i < kSizes[t]; ++i)
           ASSERT_EQ(std::bit_cast<std::uint32_t>(got[k][t][i]), std::bit_cast<std::uint32_t>(want[k][t][i]))
-              << "fraction " << v.fraction << " buffers " << v.buffers << " size " << v.size << " rank "
+              << "fraction " << v.fraction << " grads " << v.grads << " buffers " << v.buffers << " size " << v.size << " rank "
               << k << " tensor " << t << " element " << i;
   }
 }
