@@ -63,10 +63,14 @@ struct Engine::Impl {
   std::unique_ptr<CpuAdam> adam;
   std::unique_ptr<zero::OptimizerStateStore> state;
   std::vector<unsigned char> flat_params;  // stages 0-2: every parameter, model dtype
-  std::vector<unsigned char> own_params;   // stage 3: own partition, model dtype
+  std::vector<unsigned char> own_params;   // stage 3: own partition [pn, psize), model dtype
+  std::unique_ptr<zero::NvmeArray> param_nvme;  // stage 3, offload.params nvme: [0, pn)
+  std::size_t pn = 0;
+  std::vector<std::vector<unsigned char>> gather_send;  // per tensor: own slice read from NVMe
+  std::vector<unsigned char> param_tmp, ckpt_params;
   std::vector<unsigned char> flat_grads;   // stages 0-1
   std::vector<unsigned char> own_grads;    // stages 2-3 (allocated per step when spilled)
-  std::unique_ptr<zero::NvmeGradients> grad_nvme;  // offload.gradients nvme: the leading share
+  std::unique_ptr<zero::NvmeArray> grad_nvme;  // offload.gradients nvme: the leading share
   std::vector<unsigned char> grad_rest;    // the resident rest of a spilled step's gradients
   std::vector<unsigned char> grad_tmp;     // one piece's gradients, read back from NVMe
   std::vector<bool> arrived;
@@ -140,6 +144,14 @@ struct Engine::Impl {
       to_model(0, flat, flat_params);
     } else {
       to_model(own_begin, psize, own_params);
+      param_nvme = zero::make_nvme_params(cfg, rank, psize, pes);
+      if (param_nvme) {
+        pn = param_nvme->elems();
+        param_nvme->put(own_params.data());
+        own_params.erase(own_params.begin(), own_params.begin() + static_cast<std::ptrdiff_t>(pn * pes));
+        own_params.shrink_to_fit();
+      }
+      gather_send.resize(specs.size());
       gathered.resize(specs.size());
       gathering.resize(specs.size());
       is_gathered.assign(specs.size(), false);
@@ -168,6 +180,18 @@ struct Engine::Impl {
     finalized = true;
     log_debug("engine rank ", rank, ": stage ", stage, ", ", specs.size(), " tensors, ",
               part->numel(), " elements, flat ", flat, ", partition ", psize);
+  }
+
+  // Stage 3: elements [b, b + n) of the own partition, from NVMe [0, pn) and host [pn, psize).
+  void read_own(std::size_t b, std::size_t n, unsigned char* dst) {
+    const std::size_t on = b < pn ? std::min(b + n, pn) - b : 0;
+    if (on) param_nvme->get({b, on}, dst);
+    if (on < n) std::memcpy(dst + on * pes, own_params.data() + (b + on - pn) * pes, (n - on) * pes);
+  }
+  void write_own(std::size_t b, std::size_t n, const unsigned char* src) {
+    const std::size_t on = b < pn ? std::min(b + n, pn) - b : 0;
+    if (on) param_nvme->set({b, on}, src);
+    if (on < n) std::memcpy(own_params.data() + (b + on - pn) * pes, src + on * pes, (n - on) * pes);
   }
 
   void reset_buckets() {
@@ -285,7 +309,16 @@ struct Engine::Impl {
     }
     auto counts = part->counts_in(off, off + n);
     const unsigned char* send = own_params.data();
-    if (counts[static_cast<std::size_t>(rank)]) send += (std::max(off, own_begin) - own_begin) * pes;
+    if (const std::size_t mine = counts[static_cast<std::size_t>(rank)]) {
+      const std::size_t b = std::max(off, own_begin) - own_begin;
+      if (pn) {
+        gather_send[id].resize(mine * pes);
+        read_own(b, mine, gather_send[id].data());
+        send = gather_send[id].data();
+      } else {
+        send += b * pes;
+      }
+    }
     gathering[id] = comm.all_gather_async(send, gathered[id].data(), counts, pdt);
   }
   void finish_gather(TensorId id) {
@@ -293,6 +326,10 @@ struct Engine::Impl {
       auto h = std::move(gathering[id]);
       h->wait();
       is_gathered[id] = true;
+      if (pn) {
+        gather_send[id].clear();
+        gather_send[id].shrink_to_fit();
+      }
     }
   }
   void drop(TensorId id) {
@@ -436,11 +473,14 @@ struct Engine::Impl {
         t.exp_avg_sq = v.exp_avg_sq;
         t.grad = grad_of(r);
         t.grad_dtype = gdt;
-        t.param_copy = p + r.begin * pes;
+        if (pn) param_tmp.resize(r.count * pes);
+        t.param_copy = pn ? param_tmp.data() : p + r.begin * pes;
         t.param_copy_dtype = pdt;
         t.n = r.count;
         adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
+        if (pn) write_own(r.begin, r.count, param_tmp.data());
       });
+      if (param_nvme) param_nvme->flush();
       st.optimizer_s += seconds_since(t0);
       if ((stage == 1 || stage == 2) && world > 1) {
         t0 = Clock::now();
@@ -473,7 +513,11 @@ struct Engine::Impl {
     r.param_dtype = m.pdt;
     r.flat_size = m.part->flat_size();
     r.partition_size = m.psize;
-    if (m.stage == 3) {
+    if (m.stage == 3 && m.pn) {  // materialized for the checkpoint (read back after a load)
+      m.ckpt_params.resize(m.psize * m.pes);
+      m.read_own(0, m.psize, m.ckpt_params.data());
+      r.params = {m.ckpt_params.data(), m.ckpt_params.size()};
+    } else if (m.stage == 3) {
       r.params = {m.own_params.data(), m.own_params.size()};
     } else if (m.stage == 0) {
       r.params = {m.flat_params.data(), m.flat_params.size()};
@@ -496,6 +540,8 @@ void Engine::save_checkpoint(const std::string& dir) {
   zero::RankState r = impl_->rank_state();
   r.config_yaml = to_yaml(impl_->cfg);
   zero::save_checkpoint(dir, r, impl_->comm);
+  impl_->ckpt_params.clear();
+  impl_->ckpt_params.shrink_to_fit();
 }
 
 void Engine::load_checkpoint(const std::string& dir) {
@@ -505,6 +551,12 @@ void Engine::load_checkpoint(const std::string& dir) {
     for (std::size_t i = 0; i < m.specs.size(); ++i) m.drop(i);
   zero::RankState r = m.rank_state();
   zero::load_checkpoint(dir, r, m.comm);
+  if (m.stage == 3 && m.pn) {
+    m.write_own(0, m.psize, m.ckpt_params.data());
+    m.param_nvme->flush();
+    m.ckpt_params.clear();
+    m.ckpt_params.shrink_to_fit();
+  }
   if ((m.stage == 1 || m.stage == 2) && m.world > 1)
     m.comm.all_gather(m.flat_params.data() + m.own_begin * m.pes, m.flat_params.data(), m.psize, m.pdt);
   m.adam_step = r.adam_step;

@@ -518,7 +518,7 @@ void create_swap_dirs(const std::vector<std::string>& paths) {
 }
 }  // namespace
 
-NvmeGradients::NvmeGradients(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
+NvmeArray::NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
                              std::shared_ptr<IoEngine> engine)
     : opt_(options), elems_(elems), es_(elem_size), engine_(std::move(engine)) {
   if (!engine_) fail(ErrorCode::kInvalidArgument, "nvme gradients: no I/O engine");
@@ -562,15 +562,15 @@ NvmeGradients::NvmeGradients(const OffloadStoreOptions& options, std::size_t ele
   pool_ = std::make_unique<PinnedPool>(po, nullptr, engine_.get());
 }
 
-NvmeGradients::~NvmeGradients() { cache_buf_.reset(); }
+NvmeArray::~NvmeArray() { cache_buf_.reset(); }
 
-std::uint64_t NvmeGradients::swap_bytes() const {
+std::uint64_t NvmeArray::swap_bytes() const {
   std::uint64_t b = 0;
   for (const Chunk& c : chunks_) b += c.bytes;
   return b;
 }
 
-void NvmeGradients::wait(IoTicket t, const Chunk& c, std::size_t k) {
+void NvmeArray::wait(IoTicket t, const Chunk& c, std::size_t k) {
   if (!engine_->wait(t, opt_.timeout) && !engine_->wait(t, opt_.timeout)) {
     auto [path, off] = swap_->locate(c.extent.offset);
     fail(ErrorCode::kTimeout, strcat("nvme gradients rank ", opt_.rank, ": I/O of gradient chunk ", k,
@@ -578,7 +578,8 @@ void NvmeGradients::wait(IoTicket t, const Chunk& c, std::size_t k) {
   }
 }
 
-void NvmeGradients::put(const unsigned char* src) {
+void NvmeArray::put(const unsigned char* src) {
+  dirty_ = false;  // put() replaces everything
   cached_ = -1;
   cache_buf_.reset();
   struct Slot {
@@ -619,55 +620,96 @@ void NvmeGradients::put(const unsigned char* src) {
   }
 }
 
-void NvmeGradients::get(Range r, unsigned char* dst) {
+void NvmeArray::load(std::size_t k) {
+  if (cached_ == static_cast<std::ptrdiff_t>(k)) return;
+  flush();
+  const Chunk& c = chunks_[k];
+  if (!cache_buf_) cache_buf_ = std::make_unique<PinnedBuffer>(pool_->acquire(opt_.timeout));
+  cached_ = -1;
+  IoTicket t = engine_->submit({IoOp::kRead, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
+  wait(t, c, k);
+  if (opt_.checksum) {
+    const std::uint32_t got = tier::crc32c(cache_buf_->bytes(), c.bytes);
+    if (got != c.crc) {
+      auto [path, off] = swap_->locate(c.extent.offset);
+      fail(ErrorCode::kChecksum,
+           strcat("nvme array rank ", opt_.rank, ": checksum mismatch reading chunk ", k, " from ", path,
+                  " offset ", off, " length ", c.bytes, ": CRC32C ", got, " != written ", c.crc));
+    }
+  }
+  cached_ = static_cast<std::ptrdiff_t>(k);
+}
+
+void NvmeArray::flush() {
+  if (!dirty_ || cached_ < 0) return;
+  Chunk& c = chunks_[static_cast<std::size_t>(cached_)];
+  if (opt_.checksum) c.crc = tier::crc32c(cache_buf_->bytes(), c.bytes);
+  dirty_ = false;
+  const std::size_t k = static_cast<std::size_t>(cached_);
+  cached_ = -1;  // until the write is known to have landed
+  IoTicket t = engine_->submit({IoOp::kWrite, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
+  wait(t, c, k);
+  written_ += c.bytes;
+  cached_ = static_cast<std::ptrdiff_t>(k);
+}
+
+void NvmeArray::get(Range r, unsigned char* dst) {
   if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme gradients: range [", r.begin, ", ", r.end(),
+    fail(ErrorCode::kInvalidArgument, strcat("nvme array: range [", r.begin, ", ", r.end(),
                                              ") beyond ", elems_));
   for (std::size_t pos = r.begin; pos < r.end();) {
     const std::size_t k = pos / chunk_elems_;
     const Chunk& c = chunks_[k];
-    if (cached_ != static_cast<std::ptrdiff_t>(k)) {
-      if (!cache_buf_) cache_buf_ = std::make_unique<PinnedBuffer>(pool_->acquire(opt_.timeout));
-      cached_ = -1;
-      IoTicket t = engine_->submit({IoOp::kRead, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
-      wait(t, c, k);
-      if (opt_.checksum) {
-        const std::uint32_t got = tier::crc32c(cache_buf_->bytes(), c.bytes);
-        if (got != c.crc) {
-          auto [path, off] = swap_->locate(c.extent.offset);
-          fail(ErrorCode::kChecksum,
-               strcat("nvme gradients rank ", opt_.rank, ": checksum mismatch reading gradient chunk ", k,
-                      " from ", path, " offset ", off, " length ", c.bytes, ": CRC32C ", got,
-                      " != written ", c.crc));
-        }
-      }
-      cached_ = static_cast<std::ptrdiff_t>(k);
-    }
+    load(k);
     const std::size_t e = std::min(r.end(), c.r.end());
     std::memcpy(dst + (pos - r.begin) * es_, cache_buf_->bytes() + (pos - c.r.begin) * es_, (e - pos) * es_);
     pos = e;
   }
 }
 
-std::unique_ptr<NvmeGradients> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
-                                                   std::size_t elem_size) {
-  const auto& g = config.offload.gradients;
-  if (config.zero.stage < 2 || g.tier != Tier::kNvme || g.fraction <= 0 || partition == 0) return nullptr;
+void NvmeArray::set(Range r, const unsigned char* src) {
+  if (r.end() > elems_)
+    fail(ErrorCode::kInvalidArgument, strcat("nvme array: range [", r.begin, ", ", r.end(),
+                                             ") beyond ", elems_));
+  for (std::size_t pos = r.begin; pos < r.end();) {
+    const std::size_t k = pos / chunk_elems_;
+    const Chunk& c = chunks_[k];
+    load(k);
+    const std::size_t e = std::min(r.end(), c.r.end());
+    std::memcpy(cache_buf_->bytes() + (pos - c.r.begin) * es_, src + (pos - r.begin) * es_, (e - pos) * es_);
+    dirty_ = true;
+    pos = e;
+  }
+}
+
+namespace {
+std::unique_ptr<NvmeArray> make_nvme_array(const Config& config, const OffloadTarget& g, int rank,
+                                           std::size_t partition, std::size_t elem_size) {
+  if (g.tier != Tier::kNvme || g.fraction <= 0 || partition == 0) return nullptr;
   OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), partition);
   const double want = std::ceil(g.fraction * static_cast<double>(partition));
   const std::size_t elems = std::min<std::size_t>(partition, round_up(static_cast<std::uint64_t>(want), kElemAlign));
   create_swap_dirs(o.paths);
   std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
-  return std::make_unique<NvmeGradients>(o, elems, elem_size, std::move(engine));
+  return std::make_unique<NvmeArray>(o, elems, elem_size, std::move(engine));
+}
+}  // namespace
+
+std::unique_ptr<NvmeArray> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
+                                               std::size_t elem_size) {
+  if (config.zero.stage < 2) return nullptr;
+  return make_nvme_array(config, config.offload.gradients, rank, partition, elem_size);
+}
+std::unique_ptr<NvmeArray> make_nvme_params(const Config& config, int rank, std::size_t partition,
+                                            std::size_t elem_size) {
+  if (config.zero.stage < 3) return nullptr;
+  return make_nvme_array(config, config.offload.params, rank, partition, elem_size);
 }
 
 std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
                                                       std::span<const float> init,
                                                       std::vector<Range> ranges) {
   OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
-  if (rank == 0 && config.offload.params.tier == Tier::kNvme)
-    log_warn("offload: parameters on nvme are not streamed yet: they stay in host memory "
-             "(offload.optimizer and offload.gradients are placed on NVMe)");
   if (o.nvme_elems == 0) return make_resident_state_store(init);
   create_swap_dirs(o.paths);
   std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());

@@ -159,7 +159,8 @@ class OffloadStateStore final : public OptimizerStateStore {
   std::string failure_;
 };
 
-// The NVMe share of a rank's reduced gradient partition (offload.gradients.tier nvme, stage >= 2):
+// The NVMe share of a rank's reduced gradient partition (offload.gradients.tier nvme, stage >= 2)
+// or of its stage-3 parameter partition (offload.params.tier nvme):
 // the leading `elems` gradients (model grad dtype, `elem_size` bytes each) in swap space, in chunks
 // of one pinned buffer each (same swap space / pinned pool / CRC32C machinery as the store). put()
 // writes them after the reduce-scatter (all pool buffers in flight); get() reads a range back inside
@@ -167,14 +168,18 @@ class OffloadStateStore final : public OptimizerStateStore {
 // chunk cost one read). Failure: IoError / Error(kChecksum) naming chunk, path and offset; the
 // optimizer state is untouched by get() failures before the step's update of that piece.
 // Ownership and thread-safety: as OffloadStateStore.
-class NvmeGradients {
+class NvmeArray {
  public:
-  NvmeGradients(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
+  NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
                 std::shared_ptr<IoEngine> engine);
-  ~NvmeGradients();
+  ~NvmeArray();
   std::size_t elems() const { return elems_; }
   void put(const unsigned char* src);                  // elements [0, elems)
   void get(Range r, unsigned char* dst);               // r within [0, elems)
+  // Stores r (read-modify-write of the chunks it touches through the cached chunk: ascending
+  // calls cost one read and one write per chunk); flush() writes the cached chunk when modified.
+  void set(Range r, const unsigned char* src);
+  void flush();
   std::uint64_t swap_bytes() const;                    // bytes of swap space held
   std::uint64_t bytes_written() const { return written_; }
 
@@ -195,12 +200,17 @@ class NvmeGradients {
   std::ptrdiff_t cached_ = -1;  // chunk held in cache_buf_
   std::unique_ptr<PinnedBuffer> cache_buf_;
   std::uint64_t written_ = 0;
+  bool dirty_ = false;
+  void load(std::size_t k);
 };
 
 // The gradient spill for a rank: null unless stage >= 2 and offload.gradients.tier is nvme with a
 // fraction > 0 (then fraction × partition elements, rounded up to 1024, at most the partition).
-std::unique_ptr<NvmeGradients> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
+std::unique_ptr<NvmeArray> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
                                                    std::size_t elem_size);
+// The same for the stage-3 parameter partition (offload.params.tier nvme; model dtype).
+std::unique_ptr<NvmeArray> make_nvme_params(const Config& config, int rank, std::size_t partition,
+                                            std::size_t elem_size);
 
 // The store the engine uses for a rank: resident when offload.optimizer puts nothing on NVMe, else
 // an OffloadStateStore (its I/O engine from tiers.nvme, probed in the first path; missing swap

@@ -22,6 +22,7 @@ struct RunSpec {
   int world = 1;
   double fraction = 0;  // 0: resident
   double grad_fraction = 0;  // offload.gradients on nvme (stage >= 2); 0: resident
+  double param_fraction = 0;  // offload.params on nvme (stage 3); 0: resident
   std::uint32_t buffers = 4;
   std::uint64_t buffer_size = 3 * 4096;
   int steps = 22;
@@ -44,7 +45,11 @@ Config offload_config(const RunSpec& r, const std::string& dir) {
     cfg.offload.gradients.tier = Tier::kNvme;
     cfg.offload.gradients.fraction = r.grad_fraction;
   }
-  if (r.fraction > 0 || r.grad_fraction > 0) {
+  if (r.param_fraction > 0) {
+    cfg.offload.params.tier = Tier::kNvme;
+    cfg.offload.params.fraction = r.param_fraction;
+  }
+  if (r.fraction > 0 || r.grad_fraction > 0 || r.param_fraction > 0) {
     if (r.fraction > 0) {
       cfg.offload.optimizer.tier = Tier::kNvme;
       cfg.offload.optimizer.fraction = r.fraction;
@@ -134,6 +139,7 @@ TEST_P(OffloadMatchesResident, Bitwise) {
     std::uint32_t buffers;
     std::uint64_t size;
     double grads = 0;  // offload.gradients fraction on nvme (stage >= 2 only)
+    double params = 0;  // offload.params fraction on nvme (stage 3 only)
   };
   std::vector<Variant> variants{Variant{1.0, 4, 3 * 4096}, Variant{1.0, 1, 6 * 4096},
                                 Variant{0.3, 2, 3 * 4096}, Variant{1.0, 3, 1 << 20}};
@@ -141,10 +147,15 @@ TEST_P(OffloadMatchesResident, Bitwise) {
     variants.push_back(Variant{1.0, 2, 3 * 4096, 1.0});
     variants.push_back(Variant{0.0, 4, 4096, 0.3});
   }
+  if (stage == 3) {  // parameters on NVMe too (read at each gather, written after each step)
+    variants.push_back(Variant{1.0, 2, 3 * 4096, 1.0, 1.0});
+    variants.push_back(Variant{0.0, 1, 4096, 0.0, 0.3});
+  }
   for (Variant v : variants) {
     RunSpec r = base;
     r.fraction = v.fraction;
     r.grad_fraction = v.grads;
+    r.param_fraction = v.params;
     r.buffers = v.buffers;
     r.buffer_size = v.size;
     int skipped = 0;
@@ -154,7 +165,7 @@ TEST_P(OffloadMatchesResident, Bitwise) {
       for (std::size_t t = 0; t < kSizes.size(); ++t)
         for (std::size_t i = 0; i < kSizes[t]; ++i)
           ASSERT_EQ(std::bit_cast<std::uint32_t>(got[k][t][i]), std::bit_cast<std::uint32_t>(want[k][t][i]))
-              << "fraction " << v.fraction << " grads " << v.grads << " buffers " << v.buffers << " size " << v.size << " rank "
+              << "fraction " << v.fraction << " grads " << v.grads << " params " << v.params << " buffers " << v.buffers << " size " << v.size << " rank "
               << k << " tensor " << t << " element " << i;
   }
 }

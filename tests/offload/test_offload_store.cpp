@@ -197,9 +197,9 @@ TEST(OffloadStore, MeasurePassesReportBytes) {
   f.store->update(ranges_of(kN, 3000), [&](Range r, const StateView& sv) { model_step(r, sv, 1); });
 }
 
-// offload.gradients on NVMe: put() then get() of uneven ranges (crossing chunks, repeated) gives
+// offload.gradients / offload.params on NVMe (NvmeArray): put() then get() of uneven ranges (crossing chunks, repeated) gives
 // the bytes back; the swap space holds exactly the padded chunks; a range beyond the share throws.
-TEST(NvmeGradients, RoundTripAndSwapBytes) {
+TEST(NvmeArray, RoundTripAndSwapBytes) {
   TempDir dir("strata-grad-spill");
   OffloadStoreOptions o;
   o.buffer_count = 2;
@@ -210,7 +210,7 @@ TEST(NvmeGradients, RoundTripAndSwapBytes) {
   IoEngineOptions io;
   io.queue_depth = 4;
   auto fe = std::make_shared<FaultInjectingIoEngine>(make_thread_io_engine(io));
-  zero::NvmeGradients g(o, n, sizeof(float), fe);
+  zero::NvmeArray g(o, n, sizeof(float), fe);
   EXPECT_EQ(g.swap_bytes(), 8192u + 8192u + 4096u);  // 2048 + 2048 + 907 elements, 4 KiB aligned
   std::mt19937_64 rng(test_seed("grad-spill"));
   std::uniform_real_distribution<float> d(-3, 3);
@@ -226,6 +226,19 @@ TEST(NvmeGradients, RoundTripAndSwapBytes) {
           << "round " << round << " range " << r.begin << "+" << r.count;
     }
   }
+  // set(): ascending pieces across chunk edges, read-modify-write, then flush(); get() sees them.
+  std::vector<float> all(n);
+  g.get({0, n}, reinterpret_cast<unsigned char*>(all.data()));
+  for (Range r : {Range{10, 2100}, Range{2110, 5}, Range{4000, 1003}}) {
+    std::vector<float> v(r.count);
+    for (auto& x : v) x = d(rng);
+    std::copy(v.begin(), v.end(), all.begin() + static_cast<std::ptrdiff_t>(r.begin));
+    g.set(r, reinterpret_cast<const unsigned char*>(v.data()));
+  }
+  g.flush();
+  std::vector<float> back(n);
+  g.get({0, n}, reinterpret_cast<unsigned char*>(back.data()));
+  EXPECT_EQ(0, std::memcmp(back.data(), all.data(), n * sizeof(float)));
   EXPECT_THROW(g.get({n - 1, 2}, nullptr), Error);
 }
 
