@@ -160,8 +160,9 @@ class Reader {
   void check_keys(const YAML::Node& map, const SchemaNode& schema, const std::string& path) {
     std::set<std::string> seen;
     for (auto it = map.begin(); it != map.end(); ++it) {
-      const YAML::Node& key = it->first;
-      const YAML::Node& value = it->second;
+      // Copies: yaml-cpp's iterator proxy (it->) is a temporary.
+      const YAML::Node key = it->first;
+      const YAML::Node value = it->second;
       if (!key.IsScalar())
         error_at(key.Mark(), path, std::string("a key must be a plain name, got ") + kind_name(key));
       const std::string name = key.Scalar();

@@ -1,5 +1,7 @@
 #include "io/engine_base.hpp"
 
+#include "core/rethrow.hpp"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -264,10 +266,15 @@ IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
 void EngineBase::complete_piece(Piece& piece, std::exception_ptr error) {
   Op* op = piece.op;
   if (error) {
+    // The worker must hold no reference to the error once the op can complete: the waiter may
+    // then drop the last one (libstdc++'s exception refcount is invisible to TSan).
+    std::exception_ptr unused;
     std::lock_guard<std::mutex> lock(op->error_mu);
     if (!op->error || piece.request_index < op->error_index) {
-      op->error = error;
+      op->error = std::move(error);
       op->error_index = piece.request_index;
+    } else {
+      unused = std::move(error);
     }
   } else {
     op->bytes.fetch_add(piece.length, std::memory_order_relaxed);
@@ -285,7 +292,7 @@ void EngineBase::fail_piece(Piece& piece, int errnum, const char* context) {
   } catch (...) {
     e = std::current_exception();
   }
-  complete_piece(piece, e);
+  complete_piece(piece, std::move(e));
 }
 
 void EngineBase::cancel_piece(Piece& piece) {
@@ -301,7 +308,7 @@ void EngineBase::cancel_piece(Piece& piece) {
   } catch (...) {
     e = std::current_exception();
   }
-  complete_piece(piece, e);
+  complete_piece(piece, std::move(e));
 }
 
 void EngineBase::finish_op(Op* op) {
@@ -333,7 +340,7 @@ bool EngineBase::retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
     std::lock_guard<std::mutex> elock(op->error_mu);
     e = op->error;
   }
-  if (e) std::rethrow_exception(e);
+  if (e) rethrow_detached(e);
   return true;
 }
 
@@ -371,7 +378,7 @@ bool EngineBase::wait_all(std::chrono::nanoseconds timeout) {
   std::sort(done.begin(), done.end(), [](auto& a, auto& b) { return a->id < b->id; });
   for (auto& op : done) {
     std::lock_guard<std::mutex> elock(op->error_mu);
-    if (op->error) std::rethrow_exception(op->error);
+    if (op->error) rethrow_detached(op->error);
   }
   return true;
 }

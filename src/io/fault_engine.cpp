@@ -2,6 +2,7 @@
 #include <random>
 #include <thread>
 
+#include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/io_fault.hpp"
 
@@ -278,8 +279,8 @@ bool FaultInjectingIoEngine::finish(IoTicket ticket, std::chrono::steady_clock::
     std::lock_guard<std::mutex> lock(mu_);
     pending_.erase(ticket);
   }
-  if (p->injected) std::rethrow_exception(p->injected);
-  if (p->inner_error) std::rethrow_exception(p->inner_error);
+  if (p->injected) rethrow_detached(p->injected);
+  if (p->inner_error) rethrow_detached(p->inner_error);
   return true;
 }
 
@@ -309,7 +310,7 @@ bool FaultInjectingIoEngine::wait_all(std::chrono::nanoseconds timeout) {
     }
   }
   if (!all) return false;
-  if (first) std::rethrow_exception(first);
+  if (first) rethrow_detached(first);
   return true;
 }
 

@@ -3,7 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "memory/rethrow.hpp"
+#include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
@@ -27,7 +27,7 @@ class HostEvent final : public Event {
   HostEvent() : state_(std::make_shared<EventState>()) {}
   bool query() override {
     std::lock_guard lock(state_->mutex);
-    if (state_->error) memory::rethrow_detached(state_->error);
+    if (state_->error) rethrow_detached(state_->error);
     return state_->completed >= state_->recorded;
   }
   void synchronize(std::chrono::milliseconds timeout) override {
@@ -37,7 +37,7 @@ class HostEvent final : public Event {
       fail(ErrorCode::kTimeout, strcat("host device: event not complete after ", timeout.count(),
                                        " ms"));
     }
-    if (state_->error) memory::rethrow_detached(state_->error);
+    if (state_->error) rethrow_detached(state_->error);
   }
   std::shared_ptr<EventState> state() const { return state_; }
 
@@ -99,7 +99,7 @@ class HostStream final : public Stream {
                               [&] { return state->completed >= target; })) {
         fail(ErrorCode::kTimeout, "host device: stream waited too long for another stream's event");
       }
-      if (state->error) memory::rethrow_detached(state->error);
+      if (state->error) rethrow_detached(state->error);
     });
   }
   void synchronize(std::chrono::milliseconds timeout) override {
@@ -109,7 +109,7 @@ class HostStream final : public Stream {
       fail(ErrorCode::kTimeout, strcat("host device: stream not idle after ", timeout.count(),
                                        " ms (", target - done_, " task(s) pending)"));
     }
-    if (error_) memory::rethrow_detached(error_);
+    if (error_) rethrow_detached(error_);
   }
 
  private:

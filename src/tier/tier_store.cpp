@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "memory/rethrow.hpp"
+#include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "strata/units.hpp"
@@ -47,7 +47,7 @@ void Transfer::wait(std::chrono::milliseconds timeout) const {
     fail(ErrorCode::kTimeout,
          strcat("tier store: transfer not complete after ", timeout.count(), " ms"));
   }
-  if (state_->error) memory::rethrow_detached(state_->error);
+  if (state_->error) rethrow_detached(state_->error);
 }
 
 void* Transfer::pointer() const {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
+#include "strata/io_fault.hpp"
 #include "strata/io_file.hpp"
 #include "strata/log.hpp"
 #include "tier/crc32c.hpp"
@@ -65,12 +67,24 @@ void fsync_path(const std::string& path, bool dir) {
   if (rc != 0) throw IoError("fsync", path, 0, 0, err, "checkpoint");
 }
 
+// Test hook: STRATA_CHECKPOINT_WRITE_DELAY_MS=N delays the completion of every checkpoint write by
+// N ms (through the fault-injecting engine), so that a test can kill a process reliably inside a
+// save. Unset (the normal case) = no wrapper.
 std::unique_ptr<IoEngine> checkpoint_engine() {
   IoEngineOptions o;
   o.kind = IoEngineKind::kThreads;
   o.direct_io = DirectIoMode::kOff;
   o.queue_depth = 8;
-  return make_thread_io_engine(o);
+  auto engine = make_thread_io_engine(o);
+  const char* delay = std::getenv("STRATA_CHECKPOINT_WRITE_DELAY_MS");
+  if (delay == nullptr || *delay == '\0') return engine;
+  const long ms = std::strtol(delay, nullptr, 10);
+  if (ms <= 0) return engine;
+  auto faulty = std::make_unique<FaultInjectingIoEngine>(std::move(engine));
+  IoFault f = IoFault::delay_nth(1, std::chrono::milliseconds(ms), IoOp::kWrite);
+  f.count = 0;  // every write
+  faulty->add_fault(f);
+  return faulty;
 }
 
 json read_manifest(const std::string& dir) {

@@ -1,10 +1,10 @@
-#include "memory/rethrow.hpp"
+#include "core/rethrow.hpp"
 
 #include <string>
 
 #include "strata/error.hpp"
 
-namespace strata::memory {
+namespace strata {
 
 void rethrow_detached(const std::exception_ptr& error) {
   try {
@@ -30,4 +30,4 @@ void rethrow_detached(const std::exception_ptr& error) {
   }
 }
 
-}  // namespace strata::memory
+}  // namespace strata

@@ -8,8 +8,8 @@
 
 #include <exception>
 
-namespace strata::memory {
+namespace strata {
 
 [[noreturn]] void rethrow_detached(const std::exception_ptr& error);
 
-}  // namespace strata::memory
+}  // namespace strata
