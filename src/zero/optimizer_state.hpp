@@ -1,7 +1,7 @@
 // Where a rank's optimizer state (FP32 master weights and Adam's two moments) lives, behind a
-// small interface so that it can later live in the tier store (NVMe) and be streamed sub-group by
-// sub-group: the step acquires one sub-group, runs Adam on it and releases it (dirty) before the
-// next. This implementation keeps everything resident in host memory.
+// small interface: the step acquires one sub-group, runs Adam on it and releases it (dirty)
+// before the next, or hands all its ranges to update(). Two implementations: the resident host
+// store here, and the NVMe-offloaded store with the pipelined update (zero/offload_store.hpp).
 #pragma once
 
 #include <cstddef>
