@@ -101,7 +101,9 @@ void expect_valid_report(const json& j, bool has_gpu) {
   EXPECT_GT(m["optimizer_step_serial_s"].get<double>(), 0.0);
   // (Pipelined is not always faster: a measured mixed read/write rate can be below both alone.)
   EXPECT_GT(m["optimizer_step_pipelined_s"].get<double>(), 0.0);
-  EXPECT_GE(m["optimizer_step_pipelined_s"].get<double>(), m["adam_s"].get<double>());
+  // Pipelined >= Adam alone; the model sums per-sub-group shares, so allow rounding (a few ulps).
+  EXPECT_GE(m["optimizer_step_pipelined_s"].get<double>(),
+            m["adam_s"].get<double>() * (1.0 - 1e-9));
   EXPECT_EQ(m["sub_groups"].get<std::uint64_t>(), 10u);  // 10M elements per rank in 1M sub-groups
   ASSERT_FALSE(j["recommendation"]["io"].empty());
   EXPECT_TRUE(j["recommendation"]["placement"]["found"].get<bool>());
