@@ -64,6 +64,32 @@ class TicketSet {
   std::exception_ptr error_;
 };
 
+// The pinned buffer for the next piece of a GPU <-> NVMe pipeline: a free one at once while the
+// window has room and an event is free; else the oldest piece in flight is retired to make room;
+// with nothing in flight, the pool is waited on. Returns an empty buffer once `error` is set.
+template <typename Window, typename Events, typename Retire>
+PinnedBuffer next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Window& window,
+                                 const Events& free_events, Retire& retire_front,
+                                 std::exception_ptr& error, std::chrono::milliseconds timeout) {
+  PinnedBuffer pb;
+  while (!pb) {
+    if (window.size() < window_cap && !free_events.empty()) pb = pool.try_acquire();
+    if (pb) break;
+    if (!window.empty()) {
+      retire_front();
+      if (error) break;
+    } else {
+      try {
+        pb = pool.acquire(timeout);
+      } catch (...) {
+        error = std::current_exception();
+        break;
+      }
+    }
+  }
+  return pb;
+}
+
 }  // namespace
 
 void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
@@ -196,22 +222,8 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
     const std::uint64_t real = std::min<std::uint64_t>(len, b.spec.bytes - off);
-    PinnedBuffer pb;
-    while (!pb) {
-      if (window.size() < window_ && !free_events.empty()) pb = pool_.try_acquire();
-      if (pb) break;
-      if (!window.empty()) {
-        retire_front();
-        if (error) break;
-      } else {
-        try {
-          pb = pool_.acquire(timeout);
-        } catch (...) {
-          error = std::current_exception();
-          break;
-        }
-      }
-    }
+    PinnedBuffer pb = next_staging_buffer(pool_, window_, window, free_events, retire_front,
+                                          error, timeout);
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
@@ -291,22 +303,8 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
   for (std::size_t i = 0; i < n && !error; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    PinnedBuffer pb;
-    while (!pb) {
-      if (window.size() < window_ && !free_events.empty()) pb = pool_.try_acquire();
-      if (pb) break;
-      if (!window.empty()) {
-        retire_front();
-        if (error) break;
-      } else {
-        try {
-          pb = pool_.acquire(timeout);
-        } catch (...) {
-          error = std::current_exception();
-          break;
-        }
-      }
-    }
+    PinnedBuffer pb = next_staging_buffer(pool_, window_, window, free_events, retire_front,
+                                          error, timeout);
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
