@@ -318,9 +318,16 @@ void EngineBase::finish_op(Op* op) {
     if (op->error) failures_.fetch_add(1, std::memory_order_relaxed);
   }
   for (auto* c : op->in_flight) c->fetch_sub(1);
-  std::lock_guard<std::mutex> lock(mu_);
-  op->done = true;
-  cv_.notify_all();
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    op->done = true;
+    wake = waiters_ > 0;
+  }
+  // Outside the lock, so the woken waiter does not block on mu_ at once; skipped when nobody
+  // waits (a waiter registers under mu_ before it sleeps and re-checks `done` first). The engine
+  // outlives every ring/worker thread, so cv_ is still alive here.
+  if (wake) cv_.notify_all();
 }
 
 bool EngineBase::retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
@@ -332,7 +339,12 @@ bool EngineBase::retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
     return true;  // already retired
   }
   std::shared_ptr<Op> op = it->second;
-  if (!op->done && !cv_.wait_until(lock, deadline, [&] { return op->done; })) return false;
+  if (!op->done) {
+    ++waiters_;
+    bool done = cv_.wait_until(lock, deadline, [&] { return op->done; });
+    --waiters_;
+    if (!done) return false;
+  }
   ops_.erase(ticket);
   lock.unlock();
   std::exception_ptr e;
@@ -364,7 +376,10 @@ bool EngineBase::wait_all(std::chrono::nanoseconds timeout) {
       if (id <= last && !op->done) return false;
     return true;
   };
-  if (!cv_.wait_until(lock, deadline, all_done)) return false;
+  ++waiters_;
+  bool finished = cv_.wait_until(lock, deadline, all_done);
+  --waiters_;
+  if (!finished) return false;
   std::vector<std::shared_ptr<Op>> done;
   for (auto it = ops_.begin(); it != ops_.end();) {
     if (it->first <= last) {

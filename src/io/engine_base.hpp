@@ -129,6 +129,7 @@ class EngineBase : public IoEngine {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::uint32_t waiters_ = 0;  // threads blocked on cv_, guarded by mu_ (no waiter: no wake)
   std::unordered_map<IoTicket, std::shared_ptr<Op>> ops_;
   IoTicket next_ticket_ = 1;
   std::atomic<bool> accepting_{true};

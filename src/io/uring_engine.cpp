@@ -376,7 +376,11 @@ void UringEngine::run(Ring& r, std::promise<std::string>& ready) {
       std::lock_guard<std::mutex> lock(r.mu);
       block = r.incoming.empty() && r.commands.empty() &&
               (pending.empty() || in_flight >= qd || cancelling);
-      if (block) r.need_wake = true;
+      // Ask submitters for an eventfd wake only when new pieces could be started now. Blocked on
+      // a full queue, the next completion wakes this thread anyway and it picks up whatever
+      // arrived meanwhile: a wake per submission would cost an extra io_uring_enter and re-arm.
+      // (Commands and shutdown always wake.)
+      if (block) r.need_wake = in_flight < qd && !cancelling;
     }
     int rc;
     if (block && stopping) {
