@@ -78,10 +78,12 @@ class IoError : public Error {
   std::uint64_t offset() const noexcept { return offset_; }
   std::uint64_t length() const noexcept { return length_; }
   int errnum() const noexcept { return errnum_; }
+  const std::string& context() const noexcept { return context_; }  // what the caller was doing
 
  private:
   std::string op_;
   std::string path_;
+  std::string context_;
   std::uint64_t offset_;
   std::uint64_t length_;
   int errnum_;

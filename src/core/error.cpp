@@ -74,6 +74,7 @@ IoError::IoError(std::string op, std::string path, std::uint64_t offset, std::ui
     : Error(ErrorCode::kIo, io_message(op, path, offset, length, errnum, context)),
       op_(std::move(op)),
       path_(std::move(path)),
+      context_(std::move(context)),
       offset_(offset),
       length_(length),
       errnum_(errnum) {}

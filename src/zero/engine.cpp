@@ -105,6 +105,15 @@ struct Engine::Impl {
   void require_finalized(const char* what) const {
     if (!finalized) fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " before finalize()"));
   }
+  // Set when a step failed after it began changing state (gradients moved, Adam started): the
+  // rank's state may mix two steps, whatever tier failed. Every later step / checkpoint refuses.
+  std::string broken;
+  void require_usable(const char* what) const {
+    if (!broken.empty())
+      fail(ErrorCode::kIo, strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (",
+                                  broken, "); build a new engine and load_checkpoint() the last checkpoint, "
+                                  "or restart"));
+  }
   void check_id(TensorId id, const char* what) const {
     if (id >= specs.size())
       fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
@@ -232,6 +241,7 @@ struct Engine::Impl {
 
   void set_gradient(TensorId id, const void* grad) {
     require_finalized("set_gradient");
+    require_usable("set_gradient");
     check_id(id, "set_gradient");
     if (arrived[id])
       fail(ErrorCode::kInvalidArgument,
@@ -537,6 +547,7 @@ struct Engine::Impl {
 
 void Engine::save_checkpoint(const std::string& dir) {
   impl_->require_finalized("save_checkpoint");
+  impl_->require_usable("save_checkpoint");
   zero::RankState r = impl_->rank_state();
   r.config_yaml = to_yaml(impl_->cfg);
   zero::save_checkpoint(dir, r, impl_->comm);
@@ -547,6 +558,7 @@ void Engine::save_checkpoint(const std::string& dir) {
 void Engine::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   m.require_finalized("load_checkpoint");
+  m.require_usable("load_checkpoint");
   if (m.stage == 3)
     for (std::size_t i = 0; i < m.specs.size(); ++i) m.drop(i);
   zero::RankState r = m.rank_state();
@@ -612,7 +624,18 @@ void Engine::set_gradients(std::span<const void* const> grads) {
                                              " gradients for ", impl_->specs.size(), " tensors"));
   for (std::size_t i = 0; i < grads.size(); ++i) impl_->set_gradient(i, grads[i]);
 }
-StepResult Engine::step() { return impl_->step(); }
+StepResult Engine::step() {
+  impl_->require_finalized("step");
+  impl_->require_usable("step");
+  try {
+    return impl_->step();
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (what.size() > 300) what = what.substr(0, 300) + "...";
+    impl_->broken = what;
+    throw;
+  }
+}
 EngineStats Engine::stats() const {
   EngineStats s = impl_->st;
   s.loss_scale = impl_->scale;

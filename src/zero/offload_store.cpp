@@ -9,6 +9,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <mutex>
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -497,7 +498,8 @@ OffloadStepStats OffloadStateStore::run(const UpdateFn* fn, bool read, bool writ
         strcat("optimizer step ", phase, " chunk ", phase_chunk, " (elements [", c.r.begin, ", ",
                c.r.end(), "), pinned buffer ", phase_buffer, ", swap offset ", c.extent.offset, "); ", state);
     if (const auto* io = dynamic_cast<const IoError*>(&e))
-      throw IoError(io->op(), io->path(), io->offset(), io->length(), io->errnum(), where);
+      throw IoError(io->op(), io->path(), io->offset(), io->length(), io->errnum(),
+                    io->context().empty() ? where : strcat(io->context(), "; ", where));
     if (const auto* er = dynamic_cast<const Error*>(&e)) throw Error(er->code(), strcat(er->what(), "; ", where));
     throw Error(ErrorCode::kInternal, strcat(e.what(), "; ", where));
   }
@@ -519,15 +521,15 @@ void create_swap_dirs(const std::vector<std::string>& paths) {
 }  // namespace
 
 NvmeArray::NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
-                             std::shared_ptr<IoEngine> engine)
-    : opt_(options), elems_(elems), es_(elem_size), engine_(std::move(engine)) {
-  if (!engine_) fail(ErrorCode::kInvalidArgument, "nvme gradients: no I/O engine");
+                     std::shared_ptr<IoEngine> engine, std::string label)
+    : opt_(options), elems_(elems), es_(elem_size), engine_(std::move(engine)), label_(std::move(label)) {
+  if (!engine_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": no I/O engine"));
   if (opt_.paths.empty())
     fail(ErrorCode::kInvalidArgument,
-         "offload.gradients.tier is nvme but tiers.nvme.paths is empty: name a directory on NVMe");
+         strcat("offload: ", label_, " on nvme but tiers.nvme.paths is empty: name a directory on NVMe"));
   if (opt_.buffer_size < 4096 || opt_.buffer_count < 1)
     fail(ErrorCode::kInvalidArgument,
-         strcat("nvme gradients: tiers.host.buffer_size ", opt_.buffer_size,
+         strcat("nvme ", label_, ": tiers.host.buffer_size ", opt_.buffer_size,
                 " bytes is below the minimum of 4096 (one buffer of 4096 B)"));
   if (elems_ == 0) return;
   chunk_elems_ = std::max<std::size_t>(1, (opt_.buffer_size / 4096 * 4096) / es_);
@@ -541,7 +543,7 @@ NvmeArray::NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std:
     chunks_.push_back(c);
   }
   if (opt_.nvme_budget && need > opt_.nvme_budget)
-    fail(ErrorCode::kBudget, strcat("nvme gradients rank ", opt_.rank, ": need ", need,
+    fail(ErrorCode::kBudget, strcat("nvme ", label_, " rank ", opt_.rank, ": need ", need,
                                     " bytes of swap space but tiers.nvme.budget leaves this rank ",
                                     opt_.nvme_budget));
   SwapSpaceOptions so;
@@ -552,9 +554,9 @@ NvmeArray::NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std:
   swap_ = std::make_unique<SwapSpace>(so, *engine_);
   if (swap_->alignment() > 4096)
     fail(ErrorCode::kUnsupported,
-         strcat("nvme gradients: swap alignment ", swap_->alignment(), " above 4096 is not supported"));
+         strcat("nvme ", label_, ": swap alignment ", swap_->alignment(), " above 4096 is not supported"));
   for (std::size_t k = 0; k < chunks_.size(); ++k)
-    chunks_[k].extent = swap_->allocate(chunks_[k].bytes, strcat("gradient chunk ", k));
+    chunks_[k].extent = swap_->allocate(chunks_[k].bytes, strcat(label_, " chunk ", k));
   PinnedPoolOptions po;
   po.buffer_count = static_cast<std::uint32_t>(std::min<std::size_t>(opt_.buffer_count, chunks_.size()));
   po.buffer_size = biggest;
@@ -562,7 +564,21 @@ NvmeArray::NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std:
   pool_ = std::make_unique<PinnedPool>(po, nullptr, engine_.get());
 }
 
-NvmeArray::~NvmeArray() { cache_buf_.reset(); }
+NvmeArray::~NvmeArray() {
+  drain();
+  if (stuck_) {
+    log_error("nvme ", label_, " rank ", opt_.rank,
+              ": I/O timed out earlier; leaking the pinned pool rather than freeing memory the "
+              "device may still write");
+    (void)pool_.release();
+  }
+}
+
+void NvmeArray::check_usable() const {
+  if (stuck_)
+    fail(ErrorCode::kIo, strcat("nvme ", label_, " rank ", opt_.rank,
+                                ": unusable after an I/O timeout; restart the job"));
+}
 
 std::uint64_t NvmeArray::swap_bytes() const {
   std::uint64_t b = 0;
@@ -570,140 +586,347 @@ std::uint64_t NvmeArray::swap_bytes() const {
   return b;
 }
 
-void NvmeArray::wait(IoTicket t, const Chunk& c, std::size_t k) {
-  if (!engine_->wait(t, opt_.timeout) && !engine_->wait(t, opt_.timeout)) {
-    auto [path, off] = swap_->locate(c.extent.offset);
-    fail(ErrorCode::kTimeout, strcat("nvme gradients rank ", opt_.rank, ": I/O of gradient chunk ", k,
-                                     " at ", path, " offset ", off, " did not complete"));
+std::pair<std::string, std::uint64_t> NvmeArray::chunk_location(std::size_t k) const {
+  if (k >= chunks_.size()) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": no chunk ", k));
+  return swap_->locate(chunks_[k].extent.offset);
+}
+
+std::string NvmeArray::where(std::size_t k) const {
+  const Chunk& c = chunks_[k];
+  return strcat("nvme ", label_, " rank ", opt_.rank, " chunk ", k, " (elements [", c.r.begin, ", ",
+                c.r.end(), "))");
+}
+
+IoTicket NvmeArray::submit(IoOp op, std::size_t k, unsigned char* buf) {
+  const Chunk& c = chunks_[k];
+  return engine_->submit({op, swap_->file(), buf, c.bytes, c.extent.offset});
+}
+
+// Waits for (and retires) ticket t of chunk k: IoError gains the chunk in its context.
+void NvmeArray::wait(IoTicket t, std::size_t k) {
+  try {
+    if (!engine_->wait(t, opt_.timeout) && !engine_->wait(t, opt_.timeout)) {
+      // The transfer may still land in its buffer: the pool is never reused or freed (see drain).
+      stuck_ = true;
+      auto [path, off] = swap_->locate(chunks_[k].extent.offset);
+      fail(ErrorCode::kTimeout, strcat(where(k), ": I/O at ", path, " offset ", off,
+                                       " did not complete within 2 x ", opt_.timeout.count(),
+                                       " ms; the array is unusable"));
+    }
+  } catch (const IoError& e) {
+    throw IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum(),
+                  e.context().empty() ? where(k) : strcat(e.context(), "; ", where(k)));
   }
 }
 
+void NvmeArray::verify(std::size_t k, const unsigned char* data) const {
+  if (!opt_.checksum) return;
+  const Chunk& c = chunks_[k];
+  const std::uint32_t got = tier::crc32c(data, c.bytes);
+  if (got != c.crc) {
+    auto [path, off] = swap_->locate(c.extent.offset);
+    fail(ErrorCode::kChecksum, strcat(where(k), ": checksum mismatch reading ", path, " offset ", off,
+                                      " length ", c.bytes, ": CRC32C ", got, " != written ", c.crc));
+  }
+}
+
+// Waits for the oldest write-behind; its buffer goes back to the pool.
+void NvmeArray::retire_oldest_write() {
+  Slot w = std::move(behind_.front());
+  behind_.pop_front();
+  wait(w.ticket, w.k);  // retired by the engine even when it throws: the buffer may be released
+  written_ += chunks_[w.k].bytes;
+}
+
+// A free pool buffer: a free one, else the oldest write-behind's once it lands, else the newest
+// read-ahead's (discarded). The caller holds no current chunk buffer it could want back.
+PinnedBuffer NvmeArray::take_buffer() {
+  for (;;) {
+    if (PinnedBuffer b = pool_->try_acquire()) return b;
+    if (!behind_.empty()) {
+      retire_oldest_write();
+      continue;
+    }
+    if (!ahead_.empty()) {
+      Slot a = std::move(ahead_.back());
+      ahead_.pop_back();
+      try {
+        engine_->wait(a.ticket, opt_.timeout);  // a speculative read: its error does not matter
+      } catch (const std::exception&) {
+      }
+      continue;
+    }
+    return pool_->acquire(opt_.timeout);  // bounded; only when the pool is smaller than one slot
+  }
+}
+
+// Brings elements [filled_, end) of a fresh current chunk in from NVMe, so the whole chunk is valid.
+void NvmeArray::materialize() {
+  const std::size_t k = cur_.k;
+  const Chunk& c = chunks_[k];
+  PinnedBuffer tmp = take_buffer();
+  wait(submit(IoOp::kRead, k, tmp.bytes()), k);
+  read_ += c.bytes;
+  verify(k, tmp.bytes());
+  std::memcpy(cur_.buf.bytes() + filled_ * es_, tmp.bytes() + filled_ * es_, (c.r.count - filled_) * es_);
+  fresh_ = false;
+}
+
+// Leaves the current chunk: a modified one is written behind, a clean one's buffer is freed.
+void NvmeArray::leave_current() {
+  if (!cur_.buf) return;
+  if (fresh_ && filled_ < chunks_[cur_.k].r.count) materialize();
+  fresh_ = false;
+  Slot s = std::move(cur_);
+  cur_ = Slot{};
+  if (!dirty_) return;
+  dirty_ = false;
+  Chunk& c = chunks_[s.k];
+  std::memset(s.buf.bytes() + c.r.count * es_, 0, c.bytes - c.r.count * es_);
+  if (opt_.checksum) c.crc = tier::crc32c(s.buf.bytes(), c.bytes);
+  s.ticket = submit(IoOp::kWrite, s.k, s.buf.bytes());
+  behind_.push_back(std::move(s));
+}
+
+// Reads ahead of the current chunk into free buffers (never a chunk with a write in flight), and
+// retires write-behinds that have landed on the way.
+void NvmeArray::read_ahead() {
+  std::size_t next = ahead_.empty() ? cur_.k + 1 : ahead_.back().k + 1;
+  while (next < chunks_.size()) {
+    for (const Slot& w : behind_)
+      if (w.k == next) return;
+    PinnedBuffer b = pool_->try_acquire();
+    while (!b && !behind_.empty() && engine_->poll(behind_.front().ticket)) {
+      Slot w = std::move(behind_.front());
+      behind_.pop_front();
+      written_ += chunks_[w.k].bytes;
+      b = std::move(w.buf);
+    }
+    if (!b) return;
+    Slot a;
+    a.k = next;
+    a.ticket = submit(IoOp::kRead, next, b.bytes());
+    a.buf = std::move(b);
+    ahead_.push_back(std::move(a));
+    ++next;
+  }
+}
+
+// Makes chunk k current. for_write with `from` == 0: a set() starting at the chunk's first
+// element, which needs no read.
+void NvmeArray::load(std::size_t k, bool for_write, std::size_t from) {
+  if (cur_.buf && cur_.k == k) {
+    if (fresh_ && !(for_write && from == filled_)) materialize();
+    return;
+  }
+  leave_current();
+  // From the read-ahead: discard what precedes k (a skip), or everything when k is not there.
+  std::size_t i = 0;
+  while (i < ahead_.size() && ahead_[i].k != k) ++i;
+  const bool hit = i < ahead_.size();
+  if (!hit) i = ahead_.size();
+  for (std::size_t j = 0; j < i; ++j) {
+    Slot a = std::move(ahead_.front());
+    ahead_.pop_front();
+    try {
+      engine_->wait(a.ticket, opt_.timeout);
+    } catch (const std::exception&) {
+    }
+  }
+  if (hit) {
+    Slot a = std::move(ahead_.front());
+    ahead_.pop_front();
+    wait(a.ticket, k);
+    read_ += chunks_[k].bytes;
+    verify(k, a.buf.bytes());
+    a.ticket = 0;
+    cur_ = std::move(a);
+  } else {
+    // Written behind and not yet landed: its buffer holds exactly the chunk.
+    for (auto it = behind_.begin(); it != behind_.end(); ++it) {
+      if (it->k != k) continue;
+      Slot w = std::move(*it);
+      behind_.erase(it);
+      wait(w.ticket, k);
+      written_ += chunks_[k].bytes;
+      w.ticket = 0;
+      cur_ = std::move(w);
+      break;
+    }
+    if (!cur_.buf) {
+      Slot s;
+      s.k = k;
+      s.buf = take_buffer();
+      if (for_write && from == 0 && pool_->buffer_count() > 1) {  // (1 buffer: no room to merge)
+        fresh_ = true;
+        filled_ = 0;
+      } else {
+        wait(submit(IoOp::kRead, k, s.buf.bytes()), k);
+        read_ += chunks_[k].bytes;
+        verify(k, s.buf.bytes());
+      }
+      cur_ = std::move(s);
+    }
+  }
+  if (!for_write) read_ahead();
+}
+
+void NvmeArray::drain() noexcept {
+  // Never give a buffer back with I/O in flight. A write-behind that fails here was never waited
+  // for by anyone: say so.
+  auto finish = [&](std::deque<Slot>& q, bool writes) {
+    for (Slot& s : q) {
+      try {
+        if (!engine_->wait(s.ticket, opt_.timeout) && !engine_->wait(s.ticket, opt_.timeout))
+          log_error(where(s.k), ": I/O still in flight after 2 x ", opt_.timeout.count(),
+                    " ms; leaking its pinned buffer");
+        else if (writes)
+          written_ += chunks_[s.k].bytes;
+      } catch (const std::exception& e) {
+        if (writes) log_error(where(s.k), ": write-behind failed and nobody waited for it: ", e.what());
+      }
+    }
+    q.clear();
+  };
+  finish(ahead_, false);
+  finish(behind_, true);
+  cur_ = Slot{};
+  dirty_ = fresh_ = false;
+}
+
 void NvmeArray::put(const unsigned char* src) {
-  dirty_ = false;  // put() replaces everything
-  cached_ = -1;
-  cache_buf_.reset();
-  struct Slot {
-    std::size_t k;
-    PinnedBuffer buf;
-    IoTicket t;
-  };
+  check_usable();
+  // Whatever is in flight targets the old contents: let it land first (writes must not reorder).
+  while (!behind_.empty()) retire_oldest_write();
+  drain();
   std::deque<Slot> q;
-  auto retire = [&] {
-    Slot s = std::move(q.front());
-    q.pop_front();
-    wait(s.t, chunks_[s.k], s.k);
-    written_ += chunks_[s.k].bytes;
-  };
   try {
     for (std::size_t k = 0; k < chunks_.size(); ++k) {
       Chunk& c = chunks_[k];
       PinnedBuffer b = pool_->try_acquire();
       while (!b) {
-        retire();
-        b = pool_->try_acquire();
+        Slot w = std::move(q.front());
+        q.pop_front();
+        wait(w.ticket, w.k);
+        written_ += chunks_[w.k].bytes;
+        b = std::move(w.buf);
       }
       std::memcpy(b.bytes(), src + c.r.begin * es_, c.r.count * es_);
       std::memset(b.bytes() + c.r.count * es_, 0, c.bytes - c.r.count * es_);
       if (opt_.checksum) c.crc = tier::crc32c(b.bytes(), c.bytes);
-      IoTicket t = engine_->submit({IoOp::kWrite, swap_->file(), b.bytes(), c.bytes, c.extent.offset});
-      q.push_back({k, std::move(b), t});
+      Slot s;
+      s.k = k;
+      s.ticket = submit(IoOp::kWrite, k, b.bytes());
+      s.buf = std::move(b);
+      q.push_back(std::move(s));
     }
-    while (!q.empty()) retire();
+    while (!q.empty()) {
+      Slot w = std::move(q.front());
+      q.pop_front();
+      wait(w.ticket, w.k);
+      written_ += chunks_[w.k].bytes;
+    }
   } catch (...) {
-    for (Slot& s : q)  // never give a buffer back with I/O in flight
-      try {
-        engine_->wait(s.t, opt_.timeout);
-      } catch (const std::exception&) {
-      }
-    q.clear();
+    behind_ = std::move(q);
+    drain();
     throw;
   }
 }
 
-void NvmeArray::load(std::size_t k) {
-  if (cached_ == static_cast<std::ptrdiff_t>(k)) return;
-  flush();
-  const Chunk& c = chunks_[k];
-  if (!cache_buf_) cache_buf_ = std::make_unique<PinnedBuffer>(pool_->acquire(opt_.timeout));
-  cached_ = -1;
-  IoTicket t = engine_->submit({IoOp::kRead, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
-  wait(t, c, k);
-  if (opt_.checksum) {
-    const std::uint32_t got = tier::crc32c(cache_buf_->bytes(), c.bytes);
-    if (got != c.crc) {
-      auto [path, off] = swap_->locate(c.extent.offset);
-      fail(ErrorCode::kChecksum,
-           strcat("nvme array rank ", opt_.rank, ": checksum mismatch reading chunk ", k, " from ", path,
-                  " offset ", off, " length ", c.bytes, ": CRC32C ", got, " != written ", c.crc));
-    }
-  }
-  cached_ = static_cast<std::ptrdiff_t>(k);
-}
-
 void NvmeArray::flush() {
-  if (!dirty_ || cached_ < 0) return;
-  Chunk& c = chunks_[static_cast<std::size_t>(cached_)];
-  if (opt_.checksum) c.crc = tier::crc32c(cache_buf_->bytes(), c.bytes);
-  dirty_ = false;
-  const std::size_t k = static_cast<std::size_t>(cached_);
-  cached_ = -1;  // until the write is known to have landed
-  IoTicket t = engine_->submit({IoOp::kWrite, swap_->file(), cache_buf_->bytes(), c.bytes, c.extent.offset});
-  wait(t, c, k);
-  written_ += c.bytes;
-  cached_ = static_cast<std::ptrdiff_t>(k);
+  check_usable();
+  if (cur_.buf && dirty_) {
+    const std::size_t k = cur_.k;
+    leave_current();  // written behind; wait for it below and keep its buffer as the current chunk
+    Slot w = std::move(behind_.back());
+    behind_.pop_back();
+    wait(w.ticket, k);
+    written_ += chunks_[k].bytes;
+    w.ticket = 0;
+    cur_ = std::move(w);
+  }
+  while (!behind_.empty()) retire_oldest_write();
 }
 
 void NvmeArray::get(Range r, unsigned char* dst) {
+  check_usable();
   if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme array: range [", r.begin, ", ", r.end(),
+    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
                                              ") beyond ", elems_));
   for (std::size_t pos = r.begin; pos < r.end();) {
     const std::size_t k = pos / chunk_elems_;
     const Chunk& c = chunks_[k];
-    load(k);
+    load(k, false, pos - c.r.begin);
     const std::size_t e = std::min(r.end(), c.r.end());
-    std::memcpy(dst + (pos - r.begin) * es_, cache_buf_->bytes() + (pos - c.r.begin) * es_, (e - pos) * es_);
+    std::memcpy(dst + (pos - r.begin) * es_, cur_.buf.bytes() + (pos - c.r.begin) * es_, (e - pos) * es_);
     pos = e;
   }
 }
 
 void NvmeArray::set(Range r, const unsigned char* src) {
+  check_usable();
   if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme array: range [", r.begin, ", ", r.end(),
+    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
                                              ") beyond ", elems_));
   for (std::size_t pos = r.begin; pos < r.end();) {
     const std::size_t k = pos / chunk_elems_;
     const Chunk& c = chunks_[k];
-    load(k);
+    load(k, true, pos - c.r.begin);
     const std::size_t e = std::min(r.end(), c.r.end());
-    std::memcpy(cache_buf_->bytes() + (pos - c.r.begin) * es_, src + (pos - r.begin) * es_, (e - pos) * es_);
+    std::memcpy(cur_.buf.bytes() + (pos - c.r.begin) * es_, src + (pos - r.begin) * es_, (e - pos) * es_);
+    if (fresh_) filled_ = e - c.r.begin;
     dirty_ = true;
     pos = e;
   }
 }
 
 namespace {
+std::mutex wrapper_mu;
+OffloadIoWrapper& wrapper() {
+  static OffloadIoWrapper w;
+  return w;
+}
+std::shared_ptr<IoEngine> offload_io_engine(const Config& config, const std::string& dir,
+                                            const char* what, int rank) {
+  std::unique_ptr<IoEngine> e = make_io_engine(IoEngineOptions::from(config.tiers.nvme), dir);
+  OffloadIoWrapper w;
+  {
+    std::lock_guard<std::mutex> lock(wrapper_mu);
+    w = wrapper();
+  }
+  if (w) return w(std::move(e), what, rank);
+  return std::shared_ptr<IoEngine>(std::move(e));
+}
+}  // namespace
+
+void set_offload_io_wrapper(OffloadIoWrapper wrap) {
+  std::lock_guard<std::mutex> lock(wrapper_mu);
+  wrapper() = std::move(wrap);
+}
+
+namespace {
 std::unique_ptr<NvmeArray> make_nvme_array(const Config& config, const OffloadTarget& g, int rank,
-                                           std::size_t partition, std::size_t elem_size) {
+                                           std::size_t partition, std::size_t elem_size,
+                                           const char* label) {
   if (g.tier != Tier::kNvme || g.fraction <= 0 || partition == 0) return nullptr;
   OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), partition);
   const double want = std::ceil(g.fraction * static_cast<double>(partition));
   const std::size_t elems = std::min<std::size_t>(partition, round_up(static_cast<std::uint64_t>(want), kElemAlign));
   create_swap_dirs(o.paths);
-  std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
-  return std::make_unique<NvmeArray>(o, elems, elem_size, std::move(engine));
+  return std::make_unique<NvmeArray>(o, elems, elem_size,
+                                     offload_io_engine(config, o.paths.front(), label, rank), label);
 }
 }  // namespace
 
 std::unique_ptr<NvmeArray> make_nvme_gradients(const Config& config, int rank, std::size_t partition,
                                                std::size_t elem_size) {
   if (config.zero.stage < 2) return nullptr;
-  return make_nvme_array(config, config.offload.gradients, rank, partition, elem_size);
+  return make_nvme_array(config, config.offload.gradients, rank, partition, elem_size, "gradients");
 }
 std::unique_ptr<NvmeArray> make_nvme_params(const Config& config, int rank, std::size_t partition,
                                             std::size_t elem_size) {
   if (config.zero.stage < 3) return nullptr;
-  return make_nvme_array(config, config.offload.params, rank, partition, elem_size);
+  return make_nvme_array(config, config.offload.params, rank, partition, elem_size, "parameters");
 }
 
 std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int rank,
@@ -712,8 +935,8 @@ std::unique_ptr<OptimizerStateStore> make_state_store(const Config& config, int 
   OffloadStoreOptions o = OffloadStoreOptions::from(config, static_cast<std::uint32_t>(rank), init.size());
   if (o.nvme_elems == 0) return make_resident_state_store(init);
   create_swap_dirs(o.paths);
-  std::shared_ptr<IoEngine> engine = make_io_engine(IoEngineOptions::from(config.tiers.nvme), o.paths.front());
-  return std::make_unique<OffloadStateStore>(o, init, std::move(ranges), std::move(engine));
+  return std::make_unique<OffloadStateStore>(o, init, std::move(ranges),
+                                             offload_io_engine(config, o.paths.front(), "optimizer", rank));
 }
 
 }  // namespace strata::zero

@@ -35,6 +35,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
@@ -44,12 +45,12 @@
 #include "strata/config.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/partition.hpp"
+#include "strata/pinned_pool.hpp"
 #include "strata/swap_space.hpp"
 #include "zero/optimizer_state.hpp"
 
 namespace strata {
 class PinnedPool;
-class PinnedBuffer;
 class SwapSpace;
 }  // namespace strata
 
@@ -160,28 +161,51 @@ class OffloadStateStore final : public OptimizerStateStore {
 };
 
 // The NVMe share of a rank's reduced gradient partition (offload.gradients.tier nvme, stage >= 2)
-// or of its stage-3 parameter partition (offload.params.tier nvme):
-// the leading `elems` gradients (model grad dtype, `elem_size` bytes each) in swap space, in chunks
-// of one pinned buffer each (same swap space / pinned pool / CRC32C machinery as the store). put()
-// writes them after the reduce-scatter (all pool buffers in flight); get() reads a range back inside
-// the optimizer step (the chunk last read stays in a pinned buffer, so consecutive pieces of one
-// chunk cost one read). Failure: IoError / Error(kChecksum) naming chunk, path and offset; the
-// optimizer state is untouched by get() failures before the step's update of that piece.
+// or of its stage-3 parameter partition (offload.params.tier nvme): the leading `elems` elements
+// (`elem_size` bytes each, the model's dtype) in swap space, in chunks of one pinned buffer each
+// (same swap space / pinned pool / CRC32C machinery as the store).
+//
+// Streaming. put() writes everything (all pool buffers in flight). get() and set() go through the
+// *current* chunk, held in a pinned buffer, and are pipelined with the caller's work when its
+// accesses ascend, as the optimizer step's do:
+//   - read-ahead: a get() that loads chunk k also submits reads of k+1, k+2, ... into the free
+//     pool buffers, so the next sub-group's gradients arrive while Adam runs on this one;
+//   - write-behind: leaving a modified chunk submits its write and moves on without waiting; the
+//     buffer returns to the pool when the write completes (waited for when a buffer is needed, by
+//     flush() and put());
+//   - a set() that starts at a chunk's first element starts that chunk without reading it (the
+//     step overwrites every parameter in order), and reads it only if the chunk is left, read, or
+//     written out before it is wholly overwritten.
+// A chunk with a write in flight is never read ahead (no stale read). With one buffer everything
+// is serial. Non-ascending access works too; speculative reads are then discarded.
+//
+// Failure: IoError (path, offset, length, errno; the context names the array and chunk) or
+// Error(kChecksum) naming chunk, path and offset, raised by the get/set/flush/put that needs the
+// failed transfer — for a write-behind that is the next call that waits for it (at the latest
+// flush()). The optimizer state is untouched by get() failures before the step's update of that
+// piece; a failed parameter write-behind leaves the engine's step failed as documented in
+// docs/offload.md. No buffer is ever returned to the pool with I/O in flight, also on errors and
+// in the destructor (which waits, bounded by the timeout, and logs what it gives up on).
 // Ownership and thread-safety: as OffloadStateStore.
 class NvmeArray {
  public:
+  // `label` names the array in errors and logs ("gradients", "parameters").
   NvmeArray(const OffloadStoreOptions& options, std::size_t elems, std::size_t elem_size,
-                std::shared_ptr<IoEngine> engine);
+            std::shared_ptr<IoEngine> engine, std::string label = "gradients");
   ~NvmeArray();
   std::size_t elems() const { return elems_; }
   void put(const unsigned char* src);                  // elements [0, elems)
   void get(Range r, unsigned char* dst);               // r within [0, elems)
-  // Stores r (read-modify-write of the chunks it touches through the cached chunk: ascending
-  // calls cost one read and one write per chunk); flush() writes the cached chunk when modified.
+  // Stores r (see Streaming); flush() writes the current chunk when modified and waits for every
+  // write-behind, after which everything set() is on NVMe.
   void set(Range r, const unsigned char* src);
   void flush();
   std::uint64_t swap_bytes() const;                    // bytes of swap space held
   std::uint64_t bytes_written() const { return written_; }
+  std::uint64_t bytes_read() const { return read_; }  // completed reads, read-ahead included
+  std::size_t chunk_count() const { return chunks_.size(); }
+  // Swap file path and file offset of chunk k's extent (tests: flip a bit there).
+  std::pair<std::string, std::uint64_t> chunk_location(std::size_t k) const;
 
  private:
   struct Chunk {
@@ -190,18 +214,40 @@ class NvmeArray {
     std::uint64_t bytes = 0;
     std::uint32_t crc = 0;
   };
-  void wait(IoTicket t, const Chunk& c, std::size_t k);
+  struct Slot {  // a pinned buffer with a chunk's bytes, or a transfer of them in flight
+    std::size_t k = 0;
+    PinnedBuffer buf;
+    IoTicket ticket = 0;  // 0: nothing in flight
+  };
+  std::string where(std::size_t k) const;
+  IoTicket submit(IoOp op, std::size_t k, unsigned char* buf);
+  void wait(IoTicket t, std::size_t k);
+  void verify(std::size_t k, const unsigned char* data) const;
+  void load(std::size_t k, bool for_write, std::size_t from);
+  void leave_current();
+  void materialize();
+  void read_ahead();
+  PinnedBuffer take_buffer();
+  void retire_oldest_write();
+  void drain() noexcept;
+  void check_usable() const;
+
   OffloadStoreOptions opt_;
   std::size_t elems_, es_, chunk_elems_ = 0;
   std::shared_ptr<IoEngine> engine_;
+  std::string label_;
   std::unique_ptr<SwapSpace> swap_;
   std::unique_ptr<PinnedPool> pool_;
   std::vector<Chunk> chunks_;
-  std::ptrdiff_t cached_ = -1;  // chunk held in cache_buf_
-  std::unique_ptr<PinnedBuffer> cache_buf_;
-  std::uint64_t written_ = 0;
-  bool dirty_ = false;
-  void load(std::size_t k);
+  // The current chunk (cur_.k valid when cur_.buf): dirty_ when modified; fresh_ when started by a
+  // set() at its first element without reading it, valid up to element filled_ (chunk-relative).
+  Slot cur_;
+  bool dirty_ = false, fresh_ = false;
+  std::size_t filled_ = 0;
+  std::deque<Slot> ahead_;   // reads in flight, ascending chunks
+  std::deque<Slot> behind_;  // writes in flight, oldest first
+  std::uint64_t written_ = 0, read_ = 0;
+  bool stuck_ = false;  // an I/O wait timed out: the transfer may still be running
 };
 
 // The gradient spill for a rank: null unless stage >= 2 and offload.gradients.tier is nvme with a
@@ -211,6 +257,14 @@ std::unique_ptr<NvmeArray> make_nvme_gradients(const Config& config, int rank, s
 // The same for the stage-3 parameter partition (offload.params.tier nvme; model dtype).
 std::unique_ptr<NvmeArray> make_nvme_params(const Config& config, int rank, std::size_t partition,
                                             std::size_t elem_size);
+
+// Test seam (fault injection into an Engine): when set, every I/O engine that make_state_store,
+// make_nvme_gradients and make_nvme_params create is passed through `wrap` together with what it
+// is for ("optimizer", "gradients", "parameters") and the rank; its result is used instead. Set it
+// before the engines are built and reset it (nullptr) afterwards; thread-safe.
+using OffloadIoWrapper =
+    std::function<std::shared_ptr<IoEngine>(std::unique_ptr<IoEngine>, const std::string& what, int rank)>;
+void set_offload_io_wrapper(OffloadIoWrapper wrap);
 
 // The store the engine uses for a rank: resident when offload.optimizer puts nothing on NVMe, else
 // an OffloadStateStore (its I/O engine from tiers.nvme, probed in the first path; missing swap

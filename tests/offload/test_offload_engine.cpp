@@ -7,12 +7,15 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
+#include "strata/io_fault.hpp"
 #include "test_util.hpp"
+#include "zero/offload_store.hpp"
 
 namespace strata::testing {
 namespace {
@@ -190,6 +193,101 @@ TEST(OffloadEngine, BufferBelowMinimumSaysWhatIsNeeded) {
   } catch (const Error& err) {
     EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(err.what()).find("12288"), std::string::npos) << err.what();
+  }
+}
+
+// offload.gradients / offload.params on NVMe with the optimizer state resident: an I/O fault in
+// the gradient spill (written after the reduce-scatter, read back by Adam) or in the parameter
+// write-back fails the step with an IoError naming the array, the swap path and errno, and the
+// engine then refuses further steps and checkpoints (its state may mix two steps) until a new
+// engine loads a checkpoint. A failed read at a stage-3 gather changes nothing: the gather can be
+// retried.
+TEST(OffloadEngine, GradientAndParameterFaultsFailTheStep) {
+  struct Case {
+    const char* what;
+    IoOp op;
+    int errnum;
+    bool at_gather;
+  };
+  const Case cases[] = {{"gradients", IoOp::kRead, EIO, false},
+                        {"gradients", IoOp::kWrite, ENOSPC, false},
+                        {"parameters", IoOp::kWrite, EIO, false},
+                        {"parameters", IoOp::kRead, EIO, true}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(strcat(c.what, " ", io_op_name(c.op), " errno ", c.errnum));
+    TempDir dir("strata-offload-fault");
+    RunSpec r;
+    r.stage = 3;
+    r.grad_fraction = 1.0;
+    r.param_fraction = 1.0;
+    r.buffers = 2;
+    r.buffer_size = 4096;
+    std::map<std::string, FaultInjectingIoEngine*> engines;
+    zero::set_offload_io_wrapper([&](std::unique_ptr<IoEngine> e, const std::string& what, int) {
+      auto f = std::make_shared<FaultInjectingIoEngine>(std::move(e));
+      engines[what] = f.get();
+      return std::shared_ptr<IoEngine>(f);
+    });
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Engine e(offload_config(r, dir.str()), *comms[0]);
+    std::vector<TensorId> ids;
+    for (std::size_t t = 0; t < kSizes.size(); ++t)
+      ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f + t)));
+    e.finalize();  // builds the state and its I/O engines
+    zero::set_offload_io_wrapper(nullptr);
+    ASSERT_EQ(engines.count("gradients"), 1u);
+    ASSERT_EQ(engines.count("parameters"), 1u);
+    EXPECT_EQ(engines.count("optimizer"), 0u);  // resident
+    auto one_step = [&](int s) {
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+        auto g = gradient(99, 0, 1, s + 20, *it, kSizes[*it]);
+        e.set_gradient(*it, g.data());
+      }
+      return e.step();
+    };
+    ASSERT_TRUE(one_step(0).applied);
+    IoFault fault = IoFault::fail_nth(2, c.errnum, c.op);
+    engines[c.what]->add_fault(fault);
+    if (c.at_gather) {
+      try {
+        e.gather(ids);
+        FAIL() << "gather ignored a failed parameter read";
+      } catch (const IoError& err) {
+        EXPECT_EQ(err.errnum(), c.errnum) << err.what();
+        EXPECT_NE(std::string(err.what()).find(dir.str()), std::string::npos) << err.what();
+        EXPECT_NE(std::string(err.what()).find("nvme parameters"), std::string::npos) << err.what();
+      }
+      engines[c.what]->clear_faults();
+      e.release(ids);
+      e.gather(ids);  // retried: nothing had changed
+      std::vector<float> p(kSizes[0]);
+      e.read_param(ids[0], p);
+      for (float x : p) ASSERT_TRUE(std::isfinite(x));
+      e.release(ids);
+      EXPECT_TRUE(one_step(1).applied);
+      continue;
+    }
+    try {
+      one_step(1);
+      FAIL() << "the step ignored the fault";
+    } catch (const IoError& err) {
+      const std::string msg = err.what();
+      EXPECT_EQ(err.errnum(), c.errnum) << msg;
+      EXPECT_NE(msg.find(dir.str()), std::string::npos) << msg;
+      EXPECT_NE(msg.find(strcat("nvme ", c.what)), std::string::npos) << msg;
+    }
+    engines[c.what]->clear_faults();
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      try {
+        if (attempt == 0) one_step(2);
+        else e.save_checkpoint((dir.path() / "ckpt").string());
+        FAIL() << (attempt == 0 ? "step" : "save_checkpoint") << " accepted after a failed step";
+      } catch (const Error& err) {
+        EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
+        EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos) << err.what();
+        EXPECT_NE(std::string(err.what()).find("load_checkpoint"), std::string::npos) << err.what();
+      }
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// OffloadStateStore alone: the pipelined update against an in-memory model for every pool size,
+// OffloadStateStore and NvmeArray alone: the pipelined update against an in-memory model for every pool size,
 // the fixed pool, acquire/release, and faults: EIO / ENOSPC / short read at every request of a
 // step → IoError naming buffer, path and errno, the store refusing further steps; a flipped bit in
 // the swap file → checksum error at swap-in.
@@ -240,6 +240,239 @@ TEST(NvmeArray, RoundTripAndSwapBytes) {
   g.get({0, n}, reinterpret_cast<unsigned char*>(back.data()));
   EXPECT_EQ(0, std::memcmp(back.data(), all.data(), n * sizeof(float)));
   EXPECT_THROW(g.get({n - 1, 2}, nullptr), Error);
+}
+
+// ---- NvmeArray streaming: read-ahead, write-behind, fresh chunks, faults ----
+
+struct ArrayFixture {
+  TempDir dir{"strata-nvme-array"};
+  FaultInjectingIoEngine* faults = nullptr;
+  std::unique_ptr<zero::NvmeArray> a;
+  static constexpr std::size_t kElems = 5003;  // 1024 fp32 per 4 KiB chunk: 4 full + 907
+
+  explicit ArrayFixture(std::uint32_t buffers) {
+    OffloadStoreOptions o;
+    o.buffer_count = buffers;
+    o.buffer_size = 4096;
+    o.paths = {dir.str()};
+    o.timeout = std::chrono::milliseconds(20000);
+    IoEngineOptions io;
+    io.queue_depth = 4;
+    auto fe = std::make_shared<FaultInjectingIoEngine>(make_thread_io_engine(io));
+    faults = fe.get();
+    a = std::make_unique<zero::NvmeArray>(o, kElems, sizeof(float), fe, "parameters");
+  }
+  std::uint64_t pieces() const { return faults->stats().pieces; }
+};
+
+const unsigned char* bytes_of(const float* p) { return reinterpret_cast<const unsigned char*>(p); }
+unsigned char* bytes_of(float* p) { return reinterpret_cast<unsigned char*>(p); }
+
+// Random get / set / ascending sweeps / flush / put against an in-memory model, for every pool
+// size: whatever the access order, every get sees the last set.
+TEST(NvmeArray, RandomAccessMatchesModelForEveryPool) {
+  const std::size_t n = ArrayFixture::kElems;
+  for (std::uint32_t buffers : {1u, 2u, 3u, 5u}) {
+    ArrayFixture f(buffers);
+    std::mt19937_64 rng(test_seed("nvme-array-model") + buffers);
+    std::uniform_real_distribution<float> d(-5, 5);
+    std::vector<float> model(n);
+    for (auto& x : model) x = d(rng);
+    f.a->put(bytes_of(model.data()));
+    auto random_range = [&] {
+      std::size_t b = rng() % n;
+      std::size_t len = 1 + rng() % std::min<std::size_t>(2500, n - b);
+      return Range{b, len};
+    };
+    for (int op = 0; op < 400; ++op) {
+      const unsigned kind = static_cast<unsigned>(rng() % 20);
+      if (kind < 7) {  // get
+        Range r = random_range();
+        std::vector<float> out(r.count);
+        f.a->get(r, bytes_of(out.data()));
+        ASSERT_EQ(0, std::memcmp(out.data(), model.data() + r.begin, r.count * sizeof(float)))
+            << "buffers " << buffers << " op " << op << " get " << r.begin << "+" << r.count;
+      } else if (kind < 12) {  // set
+        Range r = random_range();
+        std::vector<float> v(r.count);
+        for (auto& x : v) x = d(rng);
+        std::copy(v.begin(), v.end(), model.begin() + static_cast<std::ptrdiff_t>(r.begin));
+        f.a->set(r, bytes_of(v.data()));
+      } else if (kind < 15) {  // ascending sweep of sets or gets in uneven pieces, as the step does
+        const bool sets = kind < 14;
+        for (std::size_t b = 0; b < n;) {
+          const std::size_t len = std::min<std::size_t>(n - b, 1 + rng() % 1500);
+          if (sets) {
+            std::vector<float> v(len);
+            for (auto& x : v) x = d(rng);
+            std::copy(v.begin(), v.end(), model.begin() + static_cast<std::ptrdiff_t>(b));
+            f.a->set({b, len}, bytes_of(v.data()));
+          } else {
+            std::vector<float> out(len);
+            f.a->get({b, len}, bytes_of(out.data()));
+            ASSERT_EQ(0, std::memcmp(out.data(), model.data() + b, len * sizeof(float)))
+                << "buffers " << buffers << " op " << op << " sweep at " << b;
+          }
+          b += len;
+        }
+      } else if (kind < 18) {
+        f.a->flush();
+      } else {
+        for (auto& x : model) x = d(rng);
+        f.a->put(bytes_of(model.data()));
+      }
+    }
+    f.a->flush();
+    std::vector<float> all(n);
+    f.a->get({0, n}, bytes_of(all.data()));
+    EXPECT_EQ(0, std::memcmp(all.data(), model.data(), n * sizeof(float))) << "buffers " << buffers;
+  }
+}
+
+// The step's access pattern: an ascending get sweep reads each chunk exactly once, with the next
+// chunks' reads submitted ahead; an ascending set sweep from element 0 reads nothing and leaves
+// its writes in flight (write-behind) until flush().
+TEST(NvmeArray, AscendingSweepsReadAheadAndWriteBehind) {
+  const std::size_t n = ArrayFixture::kElems;
+  ArrayFixture f(3);
+  const std::size_t chunks = f.a->chunk_count();
+  ASSERT_EQ(chunks, 5u);
+  std::mt19937_64 rng(test_seed("nvme-array-sweep"));
+  std::uniform_real_distribution<float> d(-5, 5);
+  std::vector<float> src(n);
+  for (auto& x : src) x = d(rng);
+  f.a->put(bytes_of(src.data()));
+  const std::uint64_t after_put = f.pieces();
+  ASSERT_EQ(after_put, chunks);  // one 4 KiB piece per chunk
+
+  std::vector<float> out(n);
+  f.a->get({0, 10}, bytes_of(out.data()));
+  EXPECT_EQ(f.pieces() - after_put, 3u) << "chunk 0 plus 2 reads ahead (3 buffers)";
+  for (std::size_t b = 10; b < n; b += 700)
+    f.a->get({b, std::min<std::size_t>(700, n - b)}, bytes_of(out.data() + b));
+  EXPECT_EQ(0, std::memcmp(out.data(), src.data(), n * sizeof(float)));
+  EXPECT_EQ(f.a->bytes_read(), f.a->swap_bytes()) << "each chunk read exactly once";
+  EXPECT_EQ(f.pieces() - after_put, chunks);
+
+  const std::uint64_t read_before = f.a->bytes_read(), written_before = f.a->bytes_written();
+  const std::uint64_t pieces_before = f.pieces();
+  std::vector<float> upd(n);
+  for (auto& x : upd) x = d(rng);
+  for (std::size_t b = 0; b < 2100; b += 700) f.a->set({b, 700}, bytes_of(upd.data() + b));
+  EXPECT_EQ(f.pieces() - pieces_before, 2u) << "chunks 0 and 1 written behind, nothing read";
+  EXPECT_EQ(f.a->bytes_written(), written_before) << "no write waited for yet";
+  for (std::size_t b = 2100; b < n; b += 700)
+    f.a->set({b, std::min<std::size_t>(700, n - b)}, bytes_of(upd.data() + b));
+  f.a->flush();
+  EXPECT_EQ(f.a->bytes_read(), read_before) << "a sweep of sets from element 0 reads nothing";
+  EXPECT_EQ(f.a->bytes_written() - written_before, f.a->swap_bytes());
+  std::vector<float> back(n);
+  f.a->get({0, n}, bytes_of(back.data()));
+  EXPECT_EQ(0, std::memcmp(back.data(), upd.data(), n * sizeof(float)));
+
+  // A set that does not start a chunk at its first element reads it (read-modify-write).
+  const std::uint64_t r0 = f.a->bytes_read();
+  std::vector<float> mid(100, 1.5f);
+  f.a->set({1024 + 300, 100}, bytes_of(mid.data()));
+  f.a->flush();
+  EXPECT_GT(f.a->bytes_read(), r0);
+  std::copy(mid.begin(), mid.end(), upd.begin() + 1324);
+  f.a->get({0, n}, bytes_of(back.data()));
+  EXPECT_EQ(0, std::memcmp(back.data(), upd.data(), n * sizeof(float)));
+}
+
+// An injected fault at the k-th read or write after put(), for every k of a get sweep, a set sweep
+// and a flush: an IoError naming the array, the chunk, the swap path and errno — never a silent
+// loss: reading everything back afterwards returns the model or a checksum error.
+TEST(NvmeArray, FaultAtEveryRequestOfTheSweeps) {
+  const std::size_t n = ArrayFixture::kElems;
+  const FaultCase cases[] = {{IoFaultKind::kError, IoOp::kRead, EIO},
+                             {IoFaultKind::kShortResult, IoOp::kRead, 0},
+                             {IoFaultKind::kError, IoOp::kWrite, EIO},
+                             {IoFaultKind::kError, IoOp::kWrite, ENOSPC}};
+  for (const FaultCase& fc : cases) {
+    for (std::uint64_t k = 1; k <= 5; ++k) {
+      ArrayFixture f(3);
+      std::mt19937_64 rng(test_seed("nvme-array-fault") + k);
+      std::uniform_real_distribution<float> d(-5, 5);
+      std::vector<float> model(n), upd(n), out(n);
+      for (auto& x : model) x = d(rng);
+      for (auto& x : upd) x = d(rng);
+      f.a->put(bytes_of(model.data()));
+      IoFault fault;
+      fault.kind = fc.kind;
+      fault.op = fc.op;
+      fault.nth = k;
+      fault.errnum = fc.errnum == 0 ? EIO : fc.errnum;
+      const std::size_t id = f.faults->add_fault(fault);
+      bool threw = false;
+      std::size_t set_upto = 0;  // elements of upd handed to set()
+      try {
+        for (std::size_t b = 0; b < n; b += 900)
+          f.a->get({b, std::min<std::size_t>(900, n - b)}, bytes_of(out.data() + b));
+        for (std::size_t b = 0; b < n; b += 900) {
+          const std::size_t len = std::min<std::size_t>(900, n - b);
+          f.a->set({b, len}, bytes_of(upd.data() + b));
+          set_upto = b + len;
+        }
+        f.a->flush();
+      } catch (const IoError& e) {
+        threw = true;
+        const std::string msg = e.what();
+        EXPECT_EQ(e.errnum(), fc.errnum) << msg;
+        EXPECT_NE(msg.find("nvme parameters"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("chunk"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(f.dir.str()), std::string::npos) << msg;
+      }
+      EXPECT_EQ(threw, f.faults->fired(id) > 0) << "kind " << static_cast<int>(fc.kind) << " k " << k;
+      EXPECT_TRUE(threw) << "fault " << k << " of op " << static_cast<int>(fc.op) << " never surfaced";
+      f.faults->clear_faults();
+      // What is on NVMe now: each chunk is either its old or its new contents, or unreadable.
+      std::vector<float> now(model);
+      std::copy(upd.begin(), upd.begin() + static_cast<std::ptrdiff_t>(set_upto), now.begin());
+      try {
+        f.a->flush();
+        f.a->get({0, n}, bytes_of(out.data()));
+        for (std::size_t c = 0; c * 1024 < n; ++c) {
+          const std::size_t b = c * 1024, len = std::min<std::size_t>(1024, n - b);
+          const bool is_new = std::memcmp(out.data() + b, now.data() + b, len * sizeof(float)) == 0;
+          const bool is_old = std::memcmp(out.data() + b, model.data() + b, len * sizeof(float)) == 0;
+          EXPECT_TRUE(is_new || is_old) << "chunk " << c << " holds neither old nor new data";
+        }
+      } catch (const Error& e) {
+        EXPECT_TRUE(e.code() == ErrorCode::kChecksum || e.code() == ErrorCode::kIo) << e.what();
+      }
+    }
+  }
+}
+
+TEST(NvmeArray, FlippedBitInSwapFileIsAChecksumError) {
+  const std::size_t n = ArrayFixture::kElems;
+  ArrayFixture f(2);
+  std::vector<float> src(n, 0.25f);
+  f.a->put(bytes_of(src.data()));
+  const std::size_t k = 3;
+  auto [path, offset] = f.a->chunk_location(k);
+  {
+    int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path;
+    unsigned char b = 0;
+    const off_t at = static_cast<off_t>(offset + 77);
+    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
+    b ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
+    ::fsync(fd);
+    ::close(fd);
+  }
+  std::vector<float> out(n);
+  try {
+    f.a->get({0, n}, bytes_of(out.data()));
+    FAIL() << "the flipped bit went unnoticed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(strcat("chunk ", k)), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
