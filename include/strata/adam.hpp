@@ -34,6 +34,7 @@
 // Error(kInvalidArgument) before any state is changed.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -132,6 +133,38 @@ void convert_fp32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n);
 void convert_fp32_to_fp16(const float* src, std::uint16_t* dst, std::size_t n);
 void convert_bf16_to_fp32(const std::uint16_t* src, float* dst, std::size_t n);
 void convert_fp16_to_fp32(const std::uint16_t* src, float* dst, std::size_t n);
+
+// --- On a Device ---------------------------------------------------------------------------------
+class Device;
+class Stream;
+
+// Adam on a Device for arrays that live in host memory (pinned buffers of the offloaded step, or
+// host-resident state): each step() copies master, moments and gradients to device memory, runs the
+// update there and copies master, moments and the param copy back, on one stream, returning when
+// it is done. On a CUDA device the update is adam_step_cuda; on the host-emulated device it is
+// CpuAdam run on the stream's worker, so that the same code path is tested without a GPU (and is
+// bitwise identical to CpuAdam). Device buffers grow to the largest n seen and are kept.
+// Failure: Error(kOutOfMemory) for device memory, Error(kDevice) for a failed copy or kernel,
+// Error(kTimeout) past `timeout`; the host arrays are then in an unknown state (partly copied
+// back) and the caller must treat its step as failed. o.check_finite must be false (check the
+// gradients first, as the engine does): Error(kInvalidArgument) otherwise.
+// Ownership: borrows `device` (must outlive this); owns its stream and buffers.
+// Thread-safety: one caller at a time.
+class DeviceAdam {
+ public:
+  DeviceAdam(Device& device, unsigned cpu_threads, std::chrono::milliseconds timeout);
+  ~DeviceAdam();
+  DeviceAdam(const DeviceAdam&) = delete;
+  DeviceAdam& operator=(const DeviceAdam&) = delete;
+
+  void step(const AdamParams& params, const AdamTensors& host, const AdamStepOptions& o);
+  std::uint64_t device_bytes() const;  // device memory held
+  const Device& device() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // --- CUDA ---------------------------------------------------------------------------------------
 // Whether this build has the CUDA kernels (they may still fail at run time without a device).

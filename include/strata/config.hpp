@@ -18,6 +18,9 @@ namespace strata {
 
 enum class DType { kFp16, kBf16, kFp32 };
 enum class OptimizerType { kAdam, kAdamW };
+// Where the optimizer update runs: the CPU kernel on host memory, or the runtime.device's kernel
+// after a host-to-device copy (DeviceAdam).
+enum class OptimizerUpdate { kCpu, kDevice };
 // Where a piece of state lives. kCpu is host memory (pinned or pageable, see OffloadTarget).
 enum class Tier { kGpu, kCpu, kNvme };
 enum class IoEngineKind { kAuto, kIoUring, kThreads };
@@ -29,6 +32,7 @@ std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);          // "fp16" | "bf16" | "fp32"
 const char* tier_name(Tier t);            // "gpu" | "cpu" | "nvme"
 const char* optimizer_name(OptimizerType t);
+const char* optimizer_update_name(OptimizerUpdate u);  // "cpu" | "device"
 const char* io_engine_name(IoEngineKind k);  // "auto" | "io_uring" | "threads"
 const char* direct_io_name(DirectIoMode m);  // "auto" | "required" | "off"
 const char* device_name(DeviceKind k);       // "auto" | "cuda" | "host"
@@ -69,6 +73,7 @@ struct OptimizerConfig {
   double eps = 1.0e-8;     // > 0
   double weight_decay = 0.01;  // >= 0
   double grad_clip = 0.0;  // max global gradient L2 norm; 0 = no clipping
+  OptimizerUpdate update = OptimizerUpdate::kCpu;
 };
 
 struct WorldConfig {

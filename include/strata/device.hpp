@@ -53,6 +53,13 @@ class Stream {
   virtual void record(Event& event) = 0;
   // Work queued after this call starts only after `event` completes.
   virtual void wait_event(Event& event) = 0;
+  // Queues a host function to run after the work queued so far (cudaLaunchHostFunc on a GPU; the
+  // stream's worker thread on the host device). `fn` must not call the device API. An exception it
+  // throws fails the stream like failed device work: reported at the next synchronize().
+  virtual void launch_host_func(std::function<void()> fn) = 0;
+  // The backend's stream for launching kernels on it: the cudaStream_t of a CUDA stream, nullptr
+  // for the host device.
+  virtual void* native_handle() const noexcept = 0;
   // Blocks until everything queued so far is done. Throws Error(kTimeout) past `timeout` and the
   // first error of queued work (Error(kDevice)); the stream stays unusable after such an error.
   virtual void synchronize(std::chrono::milliseconds timeout) = 0;

@@ -32,6 +32,10 @@ const char* tier_name(Tier t) {
   return "?";
 }
 
+const char* optimizer_update_name(OptimizerUpdate u) {
+  return u == OptimizerUpdate::kDevice ? "device" : "cpu";
+}
+
 const char* optimizer_name(OptimizerType t) {
   switch (t) {
     case OptimizerType::kAdam: return "adam";

@@ -414,6 +414,9 @@ Config Reader::read(const YAML::Node& root) {
     O.grad_clip = number(v, p);
     if (O.grad_clip < 0) error(p, "must be >= 0 (0 = no clipping)");
   });
+  with(opt, "optimizer", "update", [&](auto& v, auto& p) {
+    O.update = choice<OptimizerUpdate>(v, p, {{"cpu", OptimizerUpdate::kCpu}, {"device", OptimizerUpdate::kDevice}});
+  });
 
   const YAML::Node world = child(root, "world");
   with(world, "world", "ranks", [&](auto& v, auto& p) {

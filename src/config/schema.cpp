@@ -34,7 +34,7 @@ SchemaNode build() {
                                   leaf("min_scale")}}}},
           SchemaNode{"optimizer",
                      {leaf("type"), leaf("lr"), leaf("betas"), leaf("eps"), leaf("weight_decay"),
-                      leaf("grad_clip")}},
+                      leaf("grad_clip"), leaf("update")}},
           SchemaNode{"world", {leaf("ranks"), leaf("ranks_per_node")}},
           SchemaNode{"zero", {leaf("stage"), leaf("sub_group_size"), leaf("reduce_bucket_size")}},
           SchemaNode{"offload",

@@ -58,7 +58,8 @@ std::string to_yaml(const Config& c) {
     << "  betas: [" << num(c.optimizer.beta1) << ", " << num(c.optimizer.beta2) << "]\n"
     << "  eps: " << num(c.optimizer.eps) << "\n"
     << "  weight_decay: " << num(c.optimizer.weight_decay) << "\n"
-    << "  grad_clip: " << num(c.optimizer.grad_clip) << "\n";
+    << "  grad_clip: " << num(c.optimizer.grad_clip) << "\n"
+    << "  update: " << optimizer_update_name(c.optimizer.update) << "\n";
   o << "world:\n"
     << "  ranks: " << c.world.ranks << "\n"
     << "  ranks_per_node: " << c.world.ranks_per_node << "\n";

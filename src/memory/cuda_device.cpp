@@ -2,6 +2,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <exception>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "strata/error.hpp"
@@ -89,11 +92,43 @@ class CudaStream final : public Stream {
   void wait_event(Event& event) override {
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, cuda_event(event).get(), 0));
   }
+  void launch_host_func(std::function<void()> fn) override {
+    auto* job = new HostJob{std::move(fn), this};
+    cudaError_t rc = cudaLaunchHostFunc(stream_, &CudaStream::run_host_job, job);
+    if (rc != cudaSuccess) {
+      delete job;
+      cuda_fail(rc, "cudaLaunchHostFunc");
+    }
+  }
+  void* native_handle() const noexcept override { return stream_; }
   void synchronize(std::chrono::milliseconds timeout) override {
     poll_until([&] { return cudaStreamQuery(stream_); }, timeout, "cudaStreamQuery");
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> lock(host_error_mu_);
+      e = host_error_;
+    }
+    if (e) std::rethrow_exception(e);
   }
 
  private:
+  struct HostJob {
+    std::function<void()> fn;
+    CudaStream* stream;
+  };
+  // Runs on a CUDA runtime thread: no CUDA calls, no exceptions out.
+  static void CUDART_CB run_host_job(void* p) {
+    std::unique_ptr<HostJob> job(static_cast<HostJob*>(p));
+    try {
+      job->fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(job->stream->host_error_mu_);
+      if (!job->stream->host_error_) job->stream->host_error_ = std::current_exception();
+    }
+  }
+  std::mutex host_error_mu_;
+  std::exception_ptr host_error_;  // first failure of a host function (sticky, like CUDA's)
+
   static CudaEvent& cuda_event(Event& event) {
     auto* e = dynamic_cast<CudaEvent*>(&event);
     if (!e) fail(ErrorCode::kInvalidArgument, "CUDA device: event from another device");

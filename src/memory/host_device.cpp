@@ -102,6 +102,8 @@ class HostStream final : public Stream {
       if (state->error) rethrow_detached(state->error);
     });
   }
+  void launch_host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void* native_handle() const noexcept override { return nullptr; }
   void synchronize(std::chrono::milliseconds timeout) override {
     std::unique_lock lock(mutex_);
     const std::uint64_t target = queued_;

@@ -10,6 +10,7 @@
 
 #include "comm/numeric.hpp"
 #include "strata/adam.hpp"
+#include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "zero/checkpoint.hpp"
@@ -61,6 +62,8 @@ struct Engine::Impl {
 
   // ---- state ----
   std::unique_ptr<CpuAdam> adam;
+  std::unique_ptr<Device> device;            // optimizer.update: device
+  std::unique_ptr<DeviceAdam> device_adam;   // (declared after `device`: destroyed first)
   std::unique_ptr<zero::OptimizerStateStore> state;
   std::vector<unsigned char> flat_params;  // stages 0-2: every parameter, model dtype
   std::vector<unsigned char> own_params;   // stage 3: own partition [pn, psize), model dtype
@@ -144,6 +147,13 @@ struct Engine::Impl {
                                    part->sub_groups(0, opt_count));
     const unsigned threads = cfg.runtime.cpu_threads;
     adam = std::make_unique<CpuAdam>(threads);
+    if (cfg.optimizer.update == OptimizerUpdate::kDevice) {
+      device = zero::make_optimizer_device(cfg);
+      const auto timeout = std::chrono::milliseconds(
+          static_cast<std::int64_t>(cfg.runtime.collective_timeout_s * 1000.0));
+      device_adam = std::make_unique<DeviceAdam>(*device, threads, timeout);
+      if (rank == 0) log_info("engine: optimizer update on ", device->name());
+    }
 
     auto to_model = [&](std::size_t begin, std::size_t count, std::vector<unsigned char>& out) {
       out.assign(count * pes, 0);
@@ -487,7 +497,8 @@ struct Engine::Impl {
         t.param_copy = pn ? param_tmp.data() : p + r.begin * pes;
         t.param_copy_dtype = pdt;
         t.n = r.count;
-        adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
+        if (device_adam) device_adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
+        else adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
         if (pn) write_own(r.begin, r.count, param_tmp.data());
       });
       if (param_nvme) param_nvme->flush();

@@ -13,6 +13,7 @@
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "strata/device.hpp"
 #include "strata/pinned_pool.hpp"
 #include "strata/swap_space.hpp"
 #include "tier/crc32c.hpp"
@@ -902,6 +903,28 @@ std::shared_ptr<IoEngine> offload_io_engine(const Config& config, const std::str
 void set_offload_io_wrapper(OffloadIoWrapper wrap) {
   std::lock_guard<std::mutex> lock(wrapper_mu);
   wrapper() = std::move(wrap);
+}
+
+namespace {
+DeviceWrapper& device_wrapper() {
+  static DeviceWrapper w;
+  return w;
+}
+}  // namespace
+
+void set_optimizer_device_wrapper(DeviceWrapper wrap) {
+  std::lock_guard<std::mutex> lock(wrapper_mu);
+  device_wrapper() = std::move(wrap);
+}
+
+std::unique_ptr<Device> make_optimizer_device(const Config& config) {
+  std::unique_ptr<Device> d = make_device(config.runtime.device);
+  DeviceWrapper w;
+  {
+    std::lock_guard<std::mutex> lock(wrapper_mu);
+    w = device_wrapper();
+  }
+  return w ? w(std::move(d)) : std::move(d);
 }
 
 namespace {

@@ -50,6 +50,7 @@
 #include "zero/optimizer_state.hpp"
 
 namespace strata {
+class Device;
 class PinnedPool;
 class SwapSpace;
 }  // namespace strata
@@ -265,6 +266,12 @@ std::unique_ptr<NvmeArray> make_nvme_params(const Config& config, int rank, std:
 using OffloadIoWrapper =
     std::function<std::shared_ptr<IoEngine>(std::unique_ptr<IoEngine>, const std::string& what, int rank)>;
 void set_offload_io_wrapper(OffloadIoWrapper wrap);
+
+// The device for optimizer.update: device (make_device(runtime.device)), passed through the device
+// wrapper when one is set (test seam, like set_offload_io_wrapper).
+std::unique_ptr<Device> make_optimizer_device(const Config& config);
+using DeviceWrapper = std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)>;
+void set_optimizer_device_wrapper(DeviceWrapper wrap);
 
 // The store the engine uses for a rank: resident when offload.optimizer puts nothing on NVMe, else
 // an OffloadStateStore (its I/O engine from tiers.nvme, probed in the first path; missing swap

@@ -89,6 +89,7 @@ optimizer:
   eps: 1.0e-6
   weight_decay: 0.1
   grad_clip: 1.0
+  update: device
 world: {ranks: 16, ranks_per_node: 8}
 zero: {stage: 3, sub_group_size: 50M, reduce_bucket_size: 1e8}
 offload:
@@ -122,6 +123,7 @@ runtime: {device: host, communicator: inprocess, collective_timeout_s: 12.5, cpu
   EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
   EXPECT_DOUBLE_EQ(c.optimizer.grad_clip, 1.0);
+  EXPECT_EQ(c.optimizer.update, OptimizerUpdate::kDevice);
   EXPECT_EQ(c.world.ranks, 16u);
   EXPECT_EQ(c.nodes(), 2u);
   EXPECT_EQ(c.zero.stage, 3);

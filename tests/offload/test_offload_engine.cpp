@@ -12,6 +12,8 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "strata/engine.hpp"
+#include "strata/device.hpp"
+#include "strata/device_fault.hpp"
 #include "strata/error.hpp"
 #include "strata/io_fault.hpp"
 #include "test_util.hpp"
@@ -29,6 +31,7 @@ struct RunSpec {
   std::uint32_t buffers = 4;
   std::uint64_t buffer_size = 3 * 4096;
   int steps = 22;
+  bool device_update = false;  // optimizer.update: device on the host-emulated device
 };
 
 Config offload_config(const RunSpec& r, const std::string& dir) {
@@ -44,6 +47,10 @@ Config offload_config(const RunSpec& r, const std::string& dir) {
   cfg.optimizer.grad_clip = 1.0;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
+  if (r.device_update) {
+    cfg.optimizer.update = OptimizerUpdate::kDevice;
+    cfg.runtime.device = DeviceKind::kHost;
+  }
   if (r.grad_fraction > 0) {
     cfg.offload.gradients.tier = Tier::kNvme;
     cfg.offload.gradients.fraction = r.grad_fraction;
@@ -143,9 +150,13 @@ TEST_P(OffloadMatchesResident, Bitwise) {
     std::uint64_t size;
     double grads = 0;  // offload.gradients fraction on nvme (stage >= 2 only)
     double params = 0;  // offload.params fraction on nvme (stage 3 only)
+    bool device = false;  // optimizer.update: device (host-emulated)
   };
   std::vector<Variant> variants{Variant{1.0, 4, 3 * 4096}, Variant{1.0, 1, 6 * 4096},
                                 Variant{0.3, 2, 3 * 4096}, Variant{1.0, 3, 1 << 20}};
+  // Adam on the device after a host-to-device copy: from the pinned buffers and from host memory.
+  variants.push_back(Variant{1.0, 3, 3 * 4096, 0, 0, true});
+  variants.push_back(Variant{0.0, 4, 3 * 4096, 0, 0, true});
   if (stage >= 2) {  // gradients on NVMe, with and without the optimizer state there
     variants.push_back(Variant{1.0, 2, 3 * 4096, 1.0});
     variants.push_back(Variant{0.0, 4, 4096, 0.3});
@@ -161,6 +172,7 @@ TEST_P(OffloadMatchesResident, Bitwise) {
     r.param_fraction = v.params;
     r.buffers = v.buffers;
     r.buffer_size = v.size;
+    r.device_update = v.device;
     int skipped = 0;
     auto got = run_world(r, seed, &skipped);
     EXPECT_EQ(skipped, 2);
@@ -168,7 +180,7 @@ TEST_P(OffloadMatchesResident, Bitwise) {
       for (std::size_t t = 0; t < kSizes.size(); ++t)
         for (std::size_t i = 0; i < kSizes[t]; ++i)
           ASSERT_EQ(std::bit_cast<std::uint32_t>(got[k][t][i]), std::bit_cast<std::uint32_t>(want[k][t][i]))
-              << "fraction " << v.fraction << " grads " << v.grads << " params " << v.params << " buffers " << v.buffers << " size " << v.size << " rank "
+              << "fraction " << v.fraction << " grads " << v.grads << " params " << v.params << " device " << v.device << " buffers " << v.buffers << " size " << v.size << " rank "
               << k << " tensor " << t << " element " << i;
   }
 }
@@ -288,6 +300,54 @@ TEST(OffloadEngine, GradientAndParameterFaultsFailTheStep) {
         EXPECT_NE(std::string(err.what()).find("load_checkpoint"), std::string::npos) << err.what();
       }
     }
+  }
+}
+
+// optimizer.update: device with a failing device copy in the middle of the step: the step throws
+// Error(kDevice), the NVMe store reports the partial update, and the engine refuses further steps.
+TEST(OffloadEngine, DeviceFaultDuringTheUpdateFailsTheStep) {
+  TempDir dir("strata-offload-devfault");
+  RunSpec r;
+  r.stage = 2;
+  r.fraction = 1.0;
+  r.buffers = 3;
+  r.device_update = true;
+  FaultInjectingDevice* faults = nullptr;
+  zero::set_optimizer_device_wrapper([&](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+    auto f = std::make_unique<FaultInjectingDevice>(std::move(d));
+    faults = f.get();
+    return f;
+  });
+  auto comms = make_inprocess_communicators(1, 30.0);
+  Engine e(offload_config(r, dir.str()), *comms[0]);
+  std::vector<TensorId> ids;
+  for (std::size_t t = 0; t < kSizes.size(); ++t)
+    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.25f)));
+  e.finalize();
+  zero::set_optimizer_device_wrapper(nullptr);
+  ASSERT_NE(faults, nullptr);
+  auto one_step = [&](int s) {
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      auto g = gradient(5, 0, 1, s + 30, *it, kSizes[*it]);
+      e.set_gradient(*it, g.data());
+    }
+    return e.step();
+  };
+  ASSERT_TRUE(one_step(0).applied);
+  const std::size_t id = faults->add_fault({DeviceFaultKind::kCopyFail, 11, 1, {}});  // 3rd update's copy in
+  try {
+    one_step(1);
+    FAIL() << "the failed device copy went unnoticed";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kDevice) << err.what();
+    EXPECT_NE(std::string(err.what()).find("partially updated"), std::string::npos) << err.what();
+  }
+  EXPECT_EQ(faults->fired(id), 1u);
+  try {
+    one_step(2);
+    FAIL() << "a step was accepted after a failed one";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
   }
 }
 

@@ -265,7 +265,6 @@ struct ArrayFixture {
   std::uint64_t pieces() const { return faults->stats().pieces; }
 };
 
-const unsigned char* bytes_of(const float* p) { return reinterpret_cast<const unsigned char*>(p); }
 unsigned char* bytes_of(float* p) { return reinterpret_cast<unsigned char*>(p); }
 
 // Random get / set / ascending sweeps / flush / put against an in-memory model, for every pool
