@@ -58,6 +58,9 @@ class PinnedBuffer {
   ~PinnedBuffer() { release(); }
 
   void release() noexcept;
+  // Forgets the buffer without returning it to the pool: for a buffer a timed-out transfer may
+  // still write. The pool then never sees it free again (its owner should leak the pool too).
+  void detach() noexcept { pool_ = nullptr; data_ = nullptr; size_ = 0; }
   void* data() const noexcept { return data_; }
   std::uint8_t* bytes() const noexcept { return static_cast<std::uint8_t*>(data_); }
   std::size_t size() const noexcept { return size_; }

@@ -638,6 +638,7 @@ void Engine::set_gradients(std::span<const void* const> grads) {
 StepResult Engine::step() {
   impl_->require_finalized("step");
   impl_->require_usable("step");
+  impl_->check_all_arrived();  // a usage error, before anything changes: not a failed step
   try {
     return impl_->step();
   } catch (const std::exception& e) {

@@ -631,6 +631,24 @@ void NvmeArray::verify(std::size_t k, const unsigned char* data) const {
   }
 }
 
+// Drops a speculative read: waits for it (its error does not matter: nobody needs the data).
+// Past the timeout the transfer may still land in the buffer: the array becomes unusable.
+void NvmeArray::discard(Slot&& a) {
+  Slot s = std::move(a);
+  bool done = false;
+  try {
+    done = engine_->wait(s.ticket, opt_.timeout) || engine_->wait(s.ticket, opt_.timeout);
+  } catch (const std::exception&) {
+    done = true;  // retired with its error
+  }
+  if (!done) {
+    stuck_ = true;
+    (void)s.buf.detach();  // never handed out again (the pool is leaked at destruction)
+    fail(ErrorCode::kTimeout, strcat(where(s.k), ": a read-ahead did not complete within 2 x ",
+                                     opt_.timeout.count(), " ms; the array is unusable"));
+  }
+}
+
 // Waits for the oldest write-behind; its buffer goes back to the pool.
 void NvmeArray::retire_oldest_write() {
   Slot w = std::move(behind_.front());
@@ -651,10 +669,7 @@ PinnedBuffer NvmeArray::take_buffer() {
     if (!ahead_.empty()) {
       Slot a = std::move(ahead_.back());
       ahead_.pop_back();
-      try {
-        engine_->wait(a.ticket, opt_.timeout);  // a speculative read: its error does not matter
-      } catch (const std::exception&) {
-      }
+      discard(std::move(a));
       continue;
     }
     return pool_->acquire(opt_.timeout);  // bounded; only when the pool is smaller than one slot
@@ -697,7 +712,20 @@ void NvmeArray::read_ahead() {
     for (const Slot& w : behind_)
       if (w.k == next) return;
     PinnedBuffer b = pool_->try_acquire();
-    while (!b && !behind_.empty() && engine_->poll(behind_.front().ticket)) {
+    while (!b && !behind_.empty()) {
+      bool landed;
+      try {
+        landed = engine_->poll(behind_.front().ticket);
+      } catch (const IoError& e) {  // the write failed: retired with its error
+        const std::size_t k = behind_.front().k;
+        behind_.pop_front();
+        throw IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum(),
+                      e.context().empty() ? where(k) : strcat(e.context(), "; ", where(k)));
+      } catch (...) {
+        behind_.pop_front();
+        throw;
+      }
+      if (!landed) break;
       Slot w = std::move(behind_.front());
       behind_.pop_front();
       written_ += chunks_[w.k].bytes;
@@ -729,10 +757,7 @@ void NvmeArray::load(std::size_t k, bool for_write, std::size_t from) {
   for (std::size_t j = 0; j < i; ++j) {
     Slot a = std::move(ahead_.front());
     ahead_.pop_front();
-    try {
-      engine_->wait(a.ticket, opt_.timeout);
-    } catch (const std::exception&) {
-    }
+    discard(std::move(a));
   }
   if (hit) {
     Slot a = std::move(ahead_.front());
@@ -778,10 +803,12 @@ void NvmeArray::drain() noexcept {
   auto finish = [&](std::deque<Slot>& q, bool writes) {
     for (Slot& s : q) {
       try {
-        if (!engine_->wait(s.ticket, opt_.timeout) && !engine_->wait(s.ticket, opt_.timeout))
+        if (!engine_->wait(s.ticket, opt_.timeout) && !engine_->wait(s.ticket, opt_.timeout)) {
           log_error(where(s.k), ": I/O still in flight after 2 x ", opt_.timeout.count(),
                     " ms; leaking its pinned buffer");
-        else if (writes)
+          stuck_ = true;
+          (void)s.buf.detach();
+        } else if (writes)
           written_ += chunks_[s.k].bytes;
       } catch (const std::exception& e) {
         if (writes) log_error(where(s.k), ": write-behind failed and nobody waited for it: ", e.what());
@@ -800,6 +827,7 @@ void NvmeArray::put(const unsigned char* src) {
   // Whatever is in flight targets the old contents: let it land first (writes must not reorder).
   while (!behind_.empty()) retire_oldest_write();
   drain();
+  check_usable();
   std::deque<Slot> q;
   try {
     for (std::size_t k = 0; k < chunks_.size(); ++k) {

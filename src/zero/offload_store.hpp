@@ -229,6 +229,7 @@ class NvmeArray {
   void materialize();
   void read_ahead();
   PinnedBuffer take_buffer();
+  void discard(Slot&& a);
   void retire_oldest_write();
   void drain() noexcept;
   void check_usable() const;

@@ -351,5 +351,32 @@ TEST(OffloadEngine, DeviceFaultDuringTheUpdateFailsTheStep) {
   }
 }
 
+// A usage error in step() (a gradient missing) changes nothing and does not fail the engine.
+TEST(OffloadEngine, MissingGradientIsAUsageErrorNotAFailedStep) {
+  TempDir dir("strata-offload-usage");
+  RunSpec r;
+  r.stage = 2;
+  r.fraction = 1.0;
+  auto comms = make_inprocess_communicators(1, 30.0);
+  Engine e(offload_config(r, dir.str()), *comms[0]);
+  std::vector<TensorId> ids;
+  for (std::size_t t = 0; t < kSizes.size(); ++t)
+    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f)));
+  e.finalize();
+  for (std::size_t t = 1; t < kSizes.size(); ++t) {
+    auto g = gradient(3, 0, 1, 0, t, kSizes[t]);
+    e.set_gradient(ids[t], g.data());
+  }
+  try {
+    e.step();
+    FAIL() << "step() without every gradient";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
+  }
+  auto g = gradient(3, 0, 1, 0, 0, kSizes[0]);
+  e.set_gradient(ids[0], g.data());
+  EXPECT_TRUE(e.step().applied);
+}
+
 }  // namespace
 }  // namespace strata::testing
