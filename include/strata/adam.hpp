@@ -112,7 +112,11 @@ class CpuAdam {
 
   AdamStepResult step(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o);
 
-  // Finite check + sum of squares over n gradients (times grad_scale), on the pool's threads.
+  // Finite check + sum of squares over n gradients (times grad_scale), on the pool's threads. The
+  // sum is formed per tile of kStatsTileElems elements, and the tiles' sums are added in order
+  // starting from 0.0: splitting a call at multiples of kStatsTileElems and adding the parts'
+  // sum_sq in order gives the same bits (how the engine checks gradients spilled to NVMe).
+  static constexpr std::size_t kStatsTileElems = 32768;
   AdamGradStats grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale = 1.0f);
 
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,

@@ -85,6 +85,7 @@ struct EngineStats {
   CommStats comm;  // bytes sent and calls per collective kind, since construction
   // Seconds spent, summed over steps, per phase.
   double reduce_s = 0;     // gradient all-reduce / reduce-scatter (issue + waits)
+  double grad_spill_s = 0; // of which: writing the NVMe share of the gradients (offload.gradients nvme)
   double norm_s = 0;       // gradient statistics and their exchange
   double optimizer_s = 0;  // Adam over the sub-groups
   double gather_s = 0;     // parameter all-gather after the step, and stage-3 gathers

@@ -15,7 +15,7 @@ namespace strata {
 namespace {
 // Elements per tile: 128 KiB of each FP32 array, 7 arrays ~ 900 KiB, about one L2. A multiple of
 // every vector width, so only the last tile of a call has a scalar tail.
-constexpr std::size_t kTile = 32768;
+constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
 
 std::size_t tiles_for(std::size_t n) { return (n + kTile - 1) / kTile; }
 

@@ -72,9 +72,10 @@ struct Engine::Impl {
   std::vector<std::vector<unsigned char>> gather_send;  // per tensor: own slice read from NVMe
   std::vector<unsigned char> param_tmp, ckpt_params;
   std::vector<unsigned char> flat_grads;   // stages 0-1
-  std::vector<unsigned char> own_grads;    // stages 2-3 (allocated per step when spilled)
-  std::unique_ptr<zero::NvmeArray> grad_nvme;  // offload.gradients nvme: the leading share
-  std::vector<unsigned char> grad_rest;    // the resident rest of a spilled step's gradients
+  std::vector<unsigned char> own_grads;    // stages 2-3, unless offload.gradients puts a share on NVMe
+  std::unique_ptr<zero::NvmeArray> grad_nvme;  // offload.gradients nvme: the leading share [0, gn)
+  std::size_t gn = 0;
+  std::vector<unsigned char> grad_rest;    // offload.gradients nvme: the resident share [gn, psize)
   std::vector<unsigned char> grad_tmp;     // one piece's gradients, read back from NVMe
   std::vector<bool> arrived;
 
@@ -87,7 +88,12 @@ struct Engine::Impl {
   struct InFlight {
     std::unique_ptr<CommHandle> handle;
     std::size_t bucket;
+    // With gradients on NVMe: the rank's share of the bucket ([share_begin, +share_count) of the
+    // partition) lands here and is spilled (NVMe part) / copied (resident part) when it completes.
+    std::vector<unsigned char> recv;
+    std::size_t share_begin = 0, share_count = 0;
   };
+  unsigned char dummy_recv[16] = {};  // receive buffer of a rank with no share of a bucket
   std::deque<InFlight> inflight;
 
   // ---- stage 3 gathers ----
@@ -178,8 +184,9 @@ struct Engine::Impl {
     if (stage < 2) {
       flat_grads = zeros(flat * ges);
     } else {
-      own_grads = zeros(psize * ges);
       grad_nvme = zero::make_nvme_gradients(cfg, rank, psize, ges);
+      if (grad_nvme) gn = grad_nvme->elems();
+      else own_grads = zeros(psize * ges);
       bucket_elems = std::max<std::uint64_t>(1, cfg.zero.reduce_bucket_size);
       nbuckets = (flat + bucket_elems - 1) / bucket_elems;
       bucket_expected.assign(nbuckets, 0);
@@ -229,24 +236,82 @@ struct Engine::Impl {
     return b;
   }
 
+  // Where this backward's reduced gradients go: own_grads (resident), or — offload.gradients on
+  // NVMe — grad_rest for the resident share and the NVMe array, filled bucket by bucket, for the
+  // rest, so the partition is never held whole in host memory.
+  void ensure_grad_targets() {
+    if (!grad_nvme) return;
+    if (grad_nvme->filling()) return;
+    grad_nvme->begin_fill();
+    grad_rest.assign((psize - gn) * ges, 0);
+  }
+
   void retire_oldest() {
     auto f = std::move(inflight.front());
     inflight.pop_front();
     f.handle->wait();
     pool.push_back(std::move(bucket_buf[f.bucket]));
     bucket_buf[f.bucket].clear();
+    if (!f.recv.empty()) {
+      const std::size_t on = std::min(f.share_begin + f.share_count, gn) - f.share_begin;
+      auto t0 = Clock::now();
+      grad_nvme->fill({f.share_begin, on}, f.recv.data());
+      st.grad_spill_s += seconds_since(t0);
+      if (on < f.share_count)  // the share runs past gn: its tail starts grad_rest
+        std::memcpy(grad_rest.data(), f.recv.data() + on * ges, (f.share_count - on) * ges);
+      pool.push_back(std::move(f.recv));
+    }
   }
 
   void issue_bucket(std::size_t k) {
     const std::size_t b = bucket_begin(k), e = b + bucket_len(k);
     auto counts = part->counts_in(b, e);
     const std::size_t mine = counts[static_cast<std::size_t>(rank)];
-    if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);  // freed by a spill
-    unsigned char* recv = own_grads.data();
-    if (mine) recv += (std::max(b, own_begin) - own_begin) * ges;
     while (inflight.size() >= kMaxBucketsInFlight) retire_oldest();
-    inflight.push_back({comm.reduce_scatter_async(bucket_buf[k].data(), recv, counts, gdt), k});
+    const std::size_t s = mine ? std::max(b, own_begin) - own_begin : 0;
+    InFlight f;
+    f.bucket = k;
+    unsigned char* recv = dummy_recv;
+    if (!grad_nvme) {
+      if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);
+      if (mine) recv = own_grads.data() + s * ges;
+    } else if (mine) {
+      ensure_grad_targets();
+      if (s >= gn) {
+        recv = grad_rest.data() + (s - gn) * ges;
+      } else {
+        f.recv = take_buffer(mine * ges);
+        f.share_begin = s;
+        f.share_count = mine;
+        recv = f.recv.data();
+      }
+    }
+    f.handle = comm.reduce_scatter_async(bucket_buf[k].data(), recv, counts, gdt);
+    inflight.push_back(std::move(f));
     bucket_issued[k] = true;
+  }
+
+  // Gradients [b, b + n) of the partition into dst, from NVMe [0, gn) and grad_rest [gn, psize).
+  void fetch_grads(std::size_t b, std::size_t n, unsigned char* dst) {
+    const std::size_t on = b < gn ? std::min(b + n, gn) - b : 0;
+    if (on) grad_nvme->get({b, on}, dst);
+    if (on < n) std::memcpy(dst + on * ges, grad_rest.data() + (b + on - gn) * ges, (n - on) * ges);
+  }
+
+  // grad_stats over the spilled partition, streamed in tiles: bitwise what one call over the
+  // whole partition gives (CpuAdam::kStatsTileElems).
+  AdamGradStats spilled_grad_stats(float scale) {
+    const std::size_t tile = CpuAdam::kStatsTileElems;
+    std::vector<unsigned char> tmp(std::min(tile, psize) * ges);
+    AdamGradStats r;
+    for (std::size_t b = 0; b < psize; b += tile) {
+      const std::size_t n = std::min(tile, psize - b);
+      fetch_grads(b, n, tmp.data());
+      const AdamGradStats s = adam->grad_stats(tmp.data(), gdt, n, scale);
+      r.finite = r.finite && s.finite;
+      r.sum_sq += s.sum_sq;
+    }
+    return r;
   }
 
   void set_gradient(TensorId id, const void* grad) {
@@ -263,19 +328,25 @@ struct Engine::Impl {
       fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", specs[id].name, "'"));
     auto t0 = Clock::now();
     const auto* src = static_cast<const unsigned char*>(grad);
-    if (stage < 2) {
-      std::memcpy(flat_grads.data() + off * ges, src, n * ges);
-    } else {
-      for (std::size_t pos = off; pos < off + n;) {
-        std::size_t k = pos / bucket_elems;
-        std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
-        if (bucket_buf[k].empty()) bucket_buf[k] = take_buffer(bucket_len(k) * ges);
-        std::memcpy(bucket_buf[k].data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
-                    (stop - pos) * ges);
-        bucket_pending[k] -= stop - pos;
-        if (bucket_pending[k] == 0) issue_bucket(k);
-        pos = stop;
+    // From here on a failure (a collective, the gradient spill) leaves the backward half done.
+    try {
+      if (stage < 2) {
+        std::memcpy(flat_grads.data() + off * ges, src, n * ges);
+      } else {
+        for (std::size_t pos = off; pos < off + n;) {
+          std::size_t k = pos / bucket_elems;
+          std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+          if (bucket_buf[k].empty()) bucket_buf[k] = take_buffer(bucket_len(k) * ges);
+          std::memcpy(bucket_buf[k].data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
+                      (stop - pos) * ges);
+          bucket_pending[k] -= stop - pos;
+          if (bucket_pending[k] == 0) issue_bucket(k);
+          pos = stop;
+        }
       }
+    } catch (const std::exception& e) {
+      broken = e.what();
+      throw;
     }
     st.reduce_s += seconds_since(t0);
   }
@@ -311,8 +382,16 @@ struct Engine::Impl {
           bucket_buf[k].clear();
         }
       }
-      if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);
-      g = own_grads.data();
+      if (grad_nvme) {
+        ensure_grad_targets();  // (no bucket had a share for this rank)
+        auto t1 = Clock::now();
+        grad_nvme->end_fill();
+        st.grad_spill_s += seconds_since(t1);
+        g = nullptr;  // spilled: read back by spilled_grad_stats and fetch_grads
+      } else {
+        if (own_grads.size() != psize * ges) own_grads = zeros(psize * ges);
+        g = own_grads.data();
+      }
     }
     st.reduce_s += seconds_since(t0);
     return g;
@@ -422,7 +501,8 @@ struct Engine::Impl {
     auto t0 = Clock::now();
     const double inv = 1.0 / (scale * world);
     const std::size_t stat_begin = stage == 0 ? own_begin : 0;
-    AdamGradStats local = adam->grad_stats(g + stat_begin * ges, gdt, psize, static_cast<float>(inv));
+    AdamGradStats local = g ? adam->grad_stats(g + stat_begin * ges, gdt, psize, static_cast<float>(inv))
+                            : spilled_grad_stats(static_cast<float>(inv));
     std::uint32_t mine[4];
     std::uint64_t bits = std::bit_cast<std::uint64_t>(local.finite ? local.sum_sq : 0.0);
     mine[0] = static_cast<std::uint32_t>(bits);
@@ -465,25 +545,13 @@ struct Engine::Impl {
       const AdamParams hp = AdamParams::from_config(cfg.optimizer);
       unsigned char* p = stage == 3 ? own_params.data() : flat_params.data() + opt_begin * pes;
       const std::vector<Range> sgs = part->sub_groups(0, opt_count);
-      // offload.gradients nvme: the leading share goes to NVMe and its host copy is freed; the
-      // step reads it back piece by piece.
-      const std::size_t gn = grad_nvme ? grad_nvme->elems() : 0;
-      if (grad_nvme) {
-        auto tg = Clock::now();
-        grad_nvme->put(g);
-        grad_rest.assign(g + gn * ges, g + psize * ges);
-        own_grads.clear();
-        own_grads.shrink_to_fit();
-        g = nullptr;
-        st.reduce_s += seconds_since(tg);
-      }
+      // offload.gradients nvme: the NVMe share was spilled during the backward; the update reads
+      // it back piece by piece (the array reads ahead).
       auto grad_of = [&](Range r) -> const unsigned char* {
         if (!grad_nvme) return g + r.begin * ges;
         if (r.begin >= gn) return grad_rest.data() + (r.begin - gn) * ges;
         grad_tmp.resize(r.count * ges);
-        const std::size_t on = std::min(r.end(), gn) - r.begin;
-        grad_nvme->get({r.begin, on}, grad_tmp.data());
-        if (on < r.count) std::memcpy(grad_tmp.data() + on * ges, grad_rest.data(), (r.count - on) * ges);
+        fetch_grads(r.begin, r.count, grad_tmp.data());
         return grad_tmp.data();
       };
       state->update(sgs, [&](Range r, const zero::StateView& v) {

@@ -824,6 +824,9 @@ void NvmeArray::drain() noexcept {
 
 void NvmeArray::put(const unsigned char* src) {
   check_usable();
+  for (Slot& s : staged_) s.buf.release();  // an unfinished fill is abandoned: put replaces all
+  staged_.clear();
+  filling_ = false;
   // Whatever is in flight targets the old contents: let it land first (writes must not reorder).
   while (!behind_.empty()) retire_oldest_write();
   drain();
@@ -864,6 +867,7 @@ void NvmeArray::put(const unsigned char* src) {
 
 void NvmeArray::flush() {
   check_usable();
+  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": flush() while filling"));
   if (cur_.buf && dirty_) {
     const std::size_t k = cur_.k;
     leave_current();  // written behind; wait for it below and keep its buffer as the current chunk
@@ -877,8 +881,106 @@ void NvmeArray::flush() {
   while (!behind_.empty()) retire_oldest_write();
 }
 
+void NvmeArray::begin_fill() {
+  check_usable();
+  // (A fill left unfinished by an error is abandoned.) Writes in flight target the old contents: let them land; reads ahead are of no use now.
+  while (!behind_.empty()) retire_oldest_write();
+  drain();
+  check_usable();
+  for (Slot& s : staged_) s.buf.release();
+  staged_.clear();
+  fill_count_.assign(chunks_.size(), 0);
+  fill_on_disk_.assign(chunks_.size(), false);
+  filling_ = true;
+}
+
+// Writes an assembled (or partial) chunk behind.
+void NvmeArray::write_staged(Slot&& s) {
+  Chunk& c = chunks_[s.k];
+  if (opt_.checksum) c.crc = tier::crc32c(s.buf.bytes(), c.bytes);
+  s.ticket = submit(IoOp::kWrite, s.k, s.buf.bytes());
+  behind_.push_back(std::move(s));
+}
+
+void NvmeArray::fill(Range r, const unsigned char* src) {
+  check_usable();
+  if (!filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": fill() without begin_fill()"));
+  if (r.end() > elems_)
+    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
+                                             ") beyond ", elems_));
+  for (std::size_t pos = r.begin; pos < r.end();) {
+    const std::size_t k = pos / chunk_elems_;
+    const Chunk& c = chunks_[k];
+    const std::size_t e = std::min(r.end(), c.r.end());
+    auto it = std::find_if(staged_.begin(), staged_.end(), [&](const Slot& s) { return s.k == k; });
+    if (it == staged_.end()) {
+      Slot s;
+      s.k = k;
+      // A free buffer; else the oldest landed write's; else write the oldest partial chunk as it
+      // is (it is read back when the rest of it arrives).
+      for (;;) {
+        s.buf = pool_->try_acquire();
+        if (s.buf) break;
+        if (!behind_.empty()) {
+          retire_oldest_write();
+          continue;
+        }
+        if (!staged_.empty()) {
+          Slot old = std::move(staged_.front());
+          staged_.pop_front();
+          fill_on_disk_[old.k] = true;
+          write_staged(std::move(old));
+          continue;
+        }
+        s.buf = pool_->acquire(opt_.timeout);
+        break;
+      }
+      if (fill_on_disk_[k]) {  // continue what was written partially
+        wait(submit(IoOp::kRead, k, s.buf.bytes()), k);
+        read_ += c.bytes;
+        verify(k, s.buf.bytes());
+      } else {
+        std::memset(s.buf.bytes(), 0, c.bytes);
+      }
+      staged_.push_back(std::move(s));
+      it = staged_.end() - 1;
+    }
+    std::memcpy(it->buf.bytes() + (pos - c.r.begin) * es_, src + (pos - r.begin) * es_, (e - pos) * es_);
+    fill_count_[k] += e - pos;
+    if (fill_count_[k] > c.r.count)
+      fail(ErrorCode::kInvalidArgument, strcat(where(k), ": filled more than once"));
+    if (fill_count_[k] == c.r.count) {
+      Slot done = std::move(*it);
+      staged_.erase(it);
+      write_staged(std::move(done));
+    }
+    pos = e;
+  }
+}
+
+void NvmeArray::end_fill() {
+  check_usable();
+  if (!filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": end_fill() without begin_fill()"));
+  while (!staged_.empty()) {
+    Slot s = std::move(staged_.front());
+    staged_.pop_front();
+    write_staged(std::move(s));
+  }
+  for (std::size_t k = 0; k < chunks_.size(); ++k) {
+    if (fill_count_[k] > 0 || fill_on_disk_[k]) continue;
+    Slot s;  // nothing arrived for this chunk (padding only): zeros
+    s.k = k;
+    s.buf = take_buffer();
+    std::memset(s.buf.bytes(), 0, chunks_[k].bytes);
+    write_staged(std::move(s));
+  }
+  while (!behind_.empty()) retire_oldest_write();
+  filling_ = false;
+}
+
 void NvmeArray::get(Range r, unsigned char* dst) {
   check_usable();
+  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": get() while filling"));
   if (r.end() > elems_)
     fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
                                              ") beyond ", elems_));
@@ -894,6 +996,7 @@ void NvmeArray::get(Range r, unsigned char* dst) {
 
 void NvmeArray::set(Range r, const unsigned char* src) {
   check_usable();
+  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": set() while filling"));
   if (r.end() > elems_)
     fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
                                              ") beyond ", elems_));

@@ -201,6 +201,20 @@ class NvmeArray {
   // write-behind, after which everything set() is on NVMe.
   void set(Range r, const unsigned char* src);
   void flush();
+
+  // Filling: replaces the whole contents from pieces that arrive in any order (the backward's
+  // reduce-scatter buckets), without ever holding more than the pool. Each chunk is assembled in
+  // a pinned buffer (zeroed first) and written as soon as all its elements have arrived; a chunk
+  // whose buffer is needed before it is complete is written as it is and read back (and completed)
+  // when the rest arrives. end_fill() writes what is still partial and every chunk that got
+  // nothing, with zeros where nothing arrived, and waits for all writes. Every element must be
+  // filled at most once between begin_fill() and end_fill(); get/set/put/flush are refused in
+  // between. Errors as for put(); after one, begin_fill() again (or put()) before anything else.
+  void begin_fill();
+  void fill(Range r, const unsigned char* src);
+  void end_fill();
+  bool filling() const { return filling_; }
+
   std::uint64_t swap_bytes() const;                    // bytes of swap space held
   std::uint64_t bytes_written() const { return written_; }
   std::uint64_t bytes_read() const { return read_; }  // completed reads, read-ahead included
@@ -250,6 +264,12 @@ class NvmeArray {
   std::deque<Slot> behind_;  // writes in flight, oldest first
   std::uint64_t written_ = 0, read_ = 0;
   bool stuck_ = false;  // an I/O wait timed out: the transfer may still be running
+  // Filling state: elements received per chunk, and the chunks being assembled.
+  bool filling_ = false;
+  std::vector<std::size_t> fill_count_;
+  std::vector<bool> fill_on_disk_;  // written partially during this fill: read back to continue
+  std::deque<Slot> staged_;         // chunks being assembled, oldest first
+  void write_staged(Slot&& s);
 };
 
 // The gradient spill for a rank: null unless stage >= 2 and offload.gradients.tier is nvme with a

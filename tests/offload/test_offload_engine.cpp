@@ -378,5 +378,46 @@ TEST(OffloadEngine, MissingGradientIsAUsageErrorNotAFailedStep) {
   EXPECT_TRUE(e.step().applied);
 }
 
+// offload.gradients on NVMe: the reduced gradients are spilled bucket by bucket during the
+// backward (written before step() is called), not collected whole in host memory first.
+TEST(OffloadEngine, GradientsSpillDuringTheBackward) {
+  TempDir dir("strata-offload-spill");
+  RunSpec r;
+  r.stage = 2;
+  r.grad_fraction = 1.0;
+  r.buffers = 2;
+  r.buffer_size = 4096;
+  FaultInjectingIoEngine* grads = nullptr;
+  zero::set_offload_io_wrapper([&](std::unique_ptr<IoEngine> e, const std::string& what, int) {
+    auto f = std::make_shared<FaultInjectingIoEngine>(std::move(e));
+    if (what == "gradients") grads = f.get();
+    return std::shared_ptr<IoEngine>(f);
+  });
+  auto comms = make_inprocess_communicators(1, 30.0);
+  Engine e(offload_config(r, dir.str()), *comms[0]);
+  std::vector<TensorId> ids;
+  std::size_t total = 0;
+  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f)));
+    total += kSizes[t];
+  }
+  e.finalize();
+  zero::set_offload_io_wrapper(nullptr);
+  ASSERT_NE(grads, nullptr);
+  for (int s = 0; s < 2; ++s) {
+    const std::uint64_t before = grads->stats().bytes_written;
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+      auto g = gradient(17, 0, 1, s, *it, kSizes[*it]);
+      e.set_gradient(*it, g.data());
+    }
+    const std::uint64_t during = grads->stats().bytes_written - before;
+    EXPECT_GT(during, 0u) << "step " << s << ": nothing spilled before step()";
+    e.step();
+    // Everything (the partition, 4 KiB chunks) is on NVMe once the step has run.
+    EXPECT_GE(grads->stats().bytes_written - before, total * sizeof(float)) << "step " << s;
+  }
+  EXPECT_GT(e.stats().grad_spill_s, 0.0);
+}
+
 }  // namespace
 }  // namespace strata::testing

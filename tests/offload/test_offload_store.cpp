@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 
@@ -471,6 +472,65 @@ TEST(NvmeArray, FlippedBitInSwapFileIsAChecksumError) {
     EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(strcat("chunk ", k)), std::string::npos) << e.what();
+  }
+}
+
+// Filling (the backward's gradient spill): pieces in random order, some never sent (zeros), for
+// every pool size, three rounds; get/set/flush are refused while filling.
+TEST(NvmeArray, FillInAnyOrderWithGapsMatchesModel) {
+  const std::size_t n = ArrayFixture::kElems;
+  for (std::uint32_t buffers : {1u, 2u, 3u, 5u}) {
+    ArrayFixture f(buffers);
+    std::mt19937_64 rng(test_seed("nvme-array-fill") + buffers);
+    std::uniform_real_distribution<float> d(-5, 5);
+    for (int round = 0; round < 3; ++round) {
+      std::vector<float> model(n, 0.0f);
+      std::vector<Range> pieces;
+      for (std::size_t b = 0; b < n;) {
+        const std::size_t len = std::min<std::size_t>(n - b, 1 + rng() % 1800);
+        pieces.push_back({b, len});
+        b += len;
+      }
+      std::shuffle(pieces.begin(), pieces.end(), rng);
+      f.a->begin_fill();
+      EXPECT_THROW(f.a->get({0, 1}, nullptr), Error);
+      for (std::size_t i = 0; i < pieces.size(); ++i) {
+        if (i % 7 == 3) continue;  // a gap: stays zero
+        const Range r = pieces[i];
+        std::vector<float> v(r.count);
+        for (auto& x : v) x = d(rng);
+        std::copy(v.begin(), v.end(), model.begin() + static_cast<std::ptrdiff_t>(r.begin));
+        f.a->fill(r, bytes_of(v.data()));
+      }
+      f.a->end_fill();
+      std::vector<float> out(n, -1.0f);
+      f.a->get({0, n}, bytes_of(out.data()));
+      ASSERT_EQ(0, std::memcmp(out.data(), model.data(), n * sizeof(float)))
+          << "buffers " << buffers << " round " << round;
+    }
+  }
+}
+
+// A write fault during a fill surfaces from fill() or end_fill() as an IoError naming the chunk.
+TEST(NvmeArray, WriteFaultDuringFill) {
+  const std::size_t n = ArrayFixture::kElems;
+  for (std::uint64_t k = 1; k <= 5; ++k) {
+    ArrayFixture f(2);
+    f.faults->add_fault(IoFault::fail_nth(k, EIO, IoOp::kWrite));
+    std::vector<float> v(n, 1.25f);
+    try {
+      f.a->begin_fill();
+      for (std::size_t b = n; b > 0;) {  // descending pieces, as buckets arrive in a backward
+        const std::size_t len = std::min<std::size_t>(b, 1500);
+        b -= len;
+        f.a->fill({b, len}, bytes_of(v.data() + b));
+      }
+      f.a->end_fill();
+      FAIL() << "write fault " << k << " went unnoticed";
+    } catch (const IoError& e) {
+      EXPECT_EQ(e.errnum(), EIO) << e.what();
+      EXPECT_NE(std::string(e.what()).find("chunk"), std::string::npos) << e.what();
+    }
   }
 }
 
