@@ -127,11 +127,18 @@ class Engine {
   double loss_scale() const;
 
   // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
-  // data is copied before return. At stages 2–3 this may start a bucket's reduce-scatter.
+  // data is copied before return. At stages 2–3 this may start a bucket's reduce-scatter, finish
+  // an earlier one and (offload.gradients nvme) write its share to NVMe. Argument errors throw
+  // Error(kInvalidArgument) and change nothing; a failed collective or gradient write throws and
+  // leaves the engine failed: every later set_gradient / step / checkpoint call throws Error(kIo)
+  // until a new engine loads a checkpoint (docs/offload.md, "Faults").
   void set_gradient(TensorId id, const void* grad);
   // All tensors at once, grads[i] for tensor i in registration order.
   void set_gradients(std::span<const void* const> grads);
 
+  // Reduces, checks and applies the step. A missing gradient throws Error(kInvalidArgument) and
+  // changes nothing. Any other failure (collective, NVMe I/O, checksum, device) throws it and
+  // leaves the engine failed, as for set_gradient; its state may mix two steps.
   StepResult step();
 
   EngineStats stats() const;
