@@ -32,6 +32,24 @@ std::vector<unsigned char> zeros(std::size_t bytes) { return std::vector<unsigne
 }  // namespace
 
 struct Engine::Impl {
+  // Collectives still in flight (an engine destroyed mid-backward, e.g. after a failure) read the
+  // bucket buffers and write the receive buffers: let them finish before anything is freed. Each
+  // wait is bounded by the communicator's timeout; their errors were or will never be reported.
+  ~Impl() {
+    for (auto& f : inflight) {
+      try {
+        f.handle->wait();
+      } catch (const std::exception&) {
+      }
+    }
+    for (auto& h : gathering) {
+      if (!h) continue;
+      try {
+        h->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
   Impl(const Config& c, Communicator& cm)
       : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), stage(c.zero.stage),
         pdt(c.precision.params), gdt(c.precision.grads), pes(comm::elem_size(pdt)),
