@@ -116,24 +116,6 @@ TEST(DeviceFactory, ProbesAndForces) {
   }
 }
 
-TEST(CudaDevice, RoundTripAndEvents) {
-  if (!cuda_available()) GTEST_SKIP() << "no GPU";
-  auto dev = make_device(DeviceKind::kCuda);
-  round_trip(*dev, (5 << 20) + 123, 4);
-  auto ev = dev->create_event();
-  auto s = dev->create_stream();
-  auto m = dev->allocate(1 << 20);
-  s->memset_async(m.get(), 7, 1 << 20);
-  s->record(*ev);
-  ev->synchronize(10s);
-  std::vector<std::uint8_t> back(1 << 20);
-  s->memcpy_async(back.data(), m.get(), back.size());
-  s->synchronize(10s);
-  EXPECT_EQ(back[0], 7);
-  EXPECT_EQ(back.back(), 7);
-  EXPECT_THROW(dev->allocate(std::size_t(1) << 50), Error);
-}
-
 TEST(HostDevice, ConcurrentStreams) {
   auto dev = make_host_device();
   std::vector<std::thread> threads;

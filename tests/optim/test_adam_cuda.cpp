@@ -1,6 +1,6 @@
 // CUDA Adam/AdamW against the CPU kernel (bit for bit: same operation order, correctly rounded
 // intrinsics), vectorized and misaligned (element-wise) variants, and the asynchronous
-// non-finite flag. Skipped without a CUDA device.
+// non-finite flag, DeviceAdam on a CUDA device. Skipped without a CUDA device.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +11,7 @@
 
 #include "optim/adam_test_util.hpp"
 #include "strata/adam.hpp"
+#include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
@@ -118,6 +119,45 @@ TEST(AdamCuda, NonFiniteFlagSkipsTheUpdate) {
   CUDA_OK(cudaMemcpy(out.data(), dp.p, n * 4, cudaMemcpyDeviceToHost));
   EXPECT_EQ(h, 0);
   EXPECT_NE(out[0], 1.0f);
+}
+
+// optimizer.update: device on a GPU — DeviceAdam (copies in, adam_step_cuda on its stream, copies
+// out) against CpuAdam on the same host arrays, bit for bit, and a host function on a CUDA stream.
+TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  auto dev = make_device(DeviceKind::kCuda);
+  DeviceAdam dadam(*dev, 2, std::chrono::milliseconds(20000));
+  CpuAdam cpu(2);
+  std::mt19937_64 rng(testing::test_seed("AdamCuda.DeviceAdam"));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const AdamParams hp{OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  for (std::size_t n : {std::size_t(5), std::size_t(70001), std::size_t(4096)}) {
+    std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+    for (auto& x : p) x = nd(rng);
+    std::vector<float> p2 = p, m2 = m, v2 = v;
+    std::vector<std::uint16_t> c1(n), c2(n);
+    for (int step = 1; step <= 3; ++step) {
+      testing::RandomGrads g = testing::random_grads(rng, n, DType::kBf16, 0.1f);
+      AdamTensors a{p.data(), m.data(), v.data(), g.data(DType::kBf16), DType::kBf16, c1.data(), DType::kBf16, n};
+      AdamTensors b{p2.data(), m2.data(), v2.data(), g.data(DType::kBf16), DType::kBf16, c2.data(), DType::kBf16, n};
+      cpu.step(hp, a, {step, 0.5f, false});
+      dadam.step(hp, b, {step, 0.5f, false});
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      ASSERT_EQ(testing::bits_of(p2[i]), testing::bits_of(p[i])) << "n=" << n << " p[" << i << "]";
+      ASSERT_EQ(testing::bits_of(m2[i]), testing::bits_of(m[i])) << "n=" << n << " m[" << i << "]";
+      ASSERT_EQ(testing::bits_of(v2[i]), testing::bits_of(v[i])) << "n=" << n << " v[" << i << "]";
+      ASSERT_EQ(c2[i], c1[i]) << "n=" << n << " copy[" << i << "]";
+    }
+  }
+  // A host function runs in stream order, and its exception fails the stream.
+  auto s = dev->create_stream();
+  int seen = 0;
+  s->launch_host_func([&] { seen = 42; });
+  s->synchronize(std::chrono::milliseconds(10000));
+  EXPECT_EQ(seen, 42);
+  s->launch_host_func([] { fail(ErrorCode::kDevice, "host function failed on purpose"); });
+  EXPECT_THROW(s->synchronize(std::chrono::milliseconds(10000)), Error);
 }
 
 }  // namespace

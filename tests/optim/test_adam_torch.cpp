@@ -117,14 +117,18 @@ TEST(AdamTorch, MasterMatchesTorchOptim) {
       }
       const std::vector<float> ref = read_file<float>(dir.str() + "/" + c.name + ".torch", c.n);
       double max_rel = 0, max_rel_floor = 0;
-      std::size_t exact = 0;
+      std::size_t exact = 0, unmoved = 0;
       for (std::size_t i = 0; i < c.n; ++i) {
         const double d = std::fabs(double(p[i]) - double(ref[i]));
         max_rel = std::max(max_rel, d / std::max(std::fabs(double(ref[i])), 1e-30));
         max_rel_floor = std::max(max_rel_floor, d / std::max(std::fabs(double(ref[i])), 1e-3));
         exact += p[i] == ref[i];
-        ASSERT_NE(ref[i], inits[ci][i]) << "torch did not move element " << i;
+        unmoved += ref[i] == inits[ci][i];
       }
+      // torch really ran: (nearly) every element moved. A random walk of 50-80 Adam steps lands
+      // exactly on its start now and then (about one run in twenty had one such element of 3001),
+      // so a few are allowed.
+      EXPECT_LE(unmoved, c.n < 100 ? c.n - 1 : c.n / 100) << "torch left " << unmoved << " of " << c.n << " elements unchanged";
       std::printf("[torch] %-6s %-22s max rel %.3g (floor 1e-3: %.3g), bit-exact %zu/%zu\n",
                   adam_path_name(path), c.name.c_str(), max_rel, max_rel_floor, exact, c.n);
       EXPECT_LE(max_rel_floor, 1e-6);
