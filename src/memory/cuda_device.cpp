@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
@@ -108,7 +109,7 @@ class CudaStream final : public Stream {
       std::lock_guard<std::mutex> lock(host_error_mu_);
       e = host_error_;
     }
-    if (e) std::rethrow_exception(e);
+    if (e) rethrow_detached(e);
   }
 
  private:
