@@ -122,7 +122,8 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const std::uint64_t grad_nvme = offload.gradients.tier == Tier::kNvme ? grad_off : 0;
   const std::uint64_t param_nvme = offload.params.tier == Tier::kNvme ? param_off : 0;
   LinkTraffic& t = l.traffic;
-  t.nvme_read = opt_nvme * b.optimizer() + grad_nvme * b.grads + 2 * param_nvme * b.params;
+  // Offloaded gradients are read twice by the step: the norm/overflow pass and the update.
+  t.nvme_read = opt_nvme * b.optimizer() + 2 * grad_nvme * b.grads + 2 * param_nvme * b.params;
   t.nvme_write = opt_nvme * b.optimizer() + grad_nvme * b.grads + param_nvme * b.params;
   // Gradients leave the gpu for the off-gpu optimizer share or their own offload; updated
   // parameters come back for the off-gpu optimizer share; offloaded stage-3 parameters are

@@ -95,6 +95,18 @@ TEST(Plan, PartialPinnedCpuOffloadAtStage2) {
   EXPECT_EQ(l.describe(), "stage 2, optimizer on cpu (50%)");
 }
 
+// Gradients on NVMe: written once during the backward, read twice by the step (norm, update).
+TEST(Plan, NvmeGradientsAreReadTwice) {
+  Config c = config(1'000'000'000ULL, 4, 2);
+  c.offload.optimizer.tier = Tier::kNvme;
+  c.offload.gradients.tier = Tier::kNvme;
+  c.tiers.nvme.paths = {"/tmp/x"};
+  Layout l = make_plan(c).configured;
+  // 250M elements per rank: 3 GB of optimizer state, 0.5 GB of fp16 gradients.
+  EXPECT_EQ(l.traffic.nvme_read, 3 * kGB + 2 * 500'000'000ULL);
+  EXPECT_EQ(l.traffic.nvme_write, 3 * kGB + 500'000'000ULL);
+}
+
 TEST(Plan, NvmeOffloadAtStage3) {
   Config c = config(1'000'000'000ULL, 4, 3);
   c.offload.optimizer.tier = Tier::kNvme;
