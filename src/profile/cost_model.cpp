@@ -31,6 +31,13 @@ double SubGroupLegs::slot(bool nvme_duplex) const {
 
 namespace {
 
+// a − b, or 0 when b covers a up to rounding: a and b are sums over sub-groups in different
+// orders and can differ by an ulp, which must not print as a 4e-16 s overhead.
+double excess(double a, double b) {
+  const double d = a - b;
+  return d <= 1e-9 * std::max(std::fabs(a), std::fabs(b)) ? 0.0 : d;
+}
+
 double seconds(double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; }
 
 // Wall time the CPU needs for a sub-group when the legs overlap: Adam's CPU-seconds and the I/O's,
@@ -144,8 +151,8 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
     if (bw.reduce_scatter_busbw <= 0 || bw.all_gather_busbw <= 0)
       p.notes.push_back("collective bandwidth not measured: network time not counted");
   }
-  p.overhead_serial_s = std::max(0.0, p.serial_s - p.adam_s) + p.network_s;
-  p.overhead_pipelined_s = std::max(0.0, p.pipelined_s - p.adam_s) + p.network_s;
+  p.overhead_serial_s = excess(p.serial_s, p.adam_s) + p.network_s;
+  p.overhead_pipelined_s = excess(p.pipelined_s, p.adam_s) + p.network_s;
   return p;
 }
 
@@ -169,8 +176,8 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
   p.legs_count.push_back(sub_groups);
   finish_pipeline(p, bw.nvme_duplex);
   p.adam_s = static_cast<double>(sub_groups) * l.adam_s;
-  p.overhead_serial_s = std::max(0.0, p.serial_s - p.adam_s);
-  p.overhead_pipelined_s = std::max(0.0, p.pipelined_s - p.adam_s);
+  p.overhead_serial_s = excess(p.serial_s, p.adam_s);
+  p.overhead_pipelined_s = excess(p.pipelined_s, p.adam_s);
   return p;
 }
 
