@@ -916,9 +916,22 @@ void NvmeArray::fill(Range r, const unsigned char* src) {
     if (it == staged_.end()) {
       Slot s;
       s.k = k;
-      // A free buffer; else the oldest landed write's; else write the oldest partial chunk as it
-      // is (it is read back when the rest of it arrives).
-      for (;;) {
+      bool has_contents = false;
+      // Written partially and still in flight: wait for that write; its buffer holds the chunk.
+      for (auto w = behind_.begin(); w != behind_.end(); ++w) {
+        if (w->k != k) continue;
+        Slot pending = std::move(*w);
+        behind_.erase(w);
+        wait(pending.ticket, k);
+        written_ += c.bytes;
+        pending.ticket = 0;
+        s = std::move(pending);
+        has_contents = true;
+        break;
+      }
+      // Else a free buffer; else the oldest landed write's; else write the oldest partial chunk
+      // as it is (it is read back when the rest of it arrives).
+      for (; !s.buf;) {
         s.buf = pool_->try_acquire();
         if (s.buf) break;
         if (!behind_.empty()) {
@@ -935,7 +948,9 @@ void NvmeArray::fill(Range r, const unsigned char* src) {
         s.buf = pool_->acquire(opt_.timeout);
         break;
       }
-      if (fill_on_disk_[k]) {  // continue what was written partially
+      if (has_contents) {
+        // the buffer is the partial chunk as written
+      } else if (fill_on_disk_[k]) {  // continue what was written partially
         wait(submit(IoOp::kRead, k, s.buf.bytes()), k);
         read_ += c.bytes;
         verify(k, s.buf.bytes());

@@ -7,7 +7,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <random>
 
 #include "strata/error.hpp"
@@ -245,9 +248,61 @@ TEST(NvmeArray, RoundTripAndSwapBytes) {
 
 // ---- NvmeArray streaming: read-ahead, write-behind, fresh chunks, faults ----
 
+// Counts ordering hazards at the engine interface: a read or write submitted for bytes that a
+// write (or, for writes, a read) still in flight covers — the device may then reorder them. A
+// request is in flight from submit() until a wait()/poll() retires it.
+class HazardCheckingIoEngine : public FaultInjectingIoEngine {
+ public:
+  using FaultInjectingIoEngine::FaultInjectingIoEngine;
+  IoTicket submit(const IoRequest& r) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [t, f] : flight_)
+        if (f.file == r.file && f.offset < r.offset + r.length && r.offset < f.offset + f.length &&
+            (f.op == IoOp::kWrite || r.op == IoOp::kWrite))
+          ++hazards_;
+    }
+    const IoTicket t = FaultInjectingIoEngine::submit(r);
+    std::lock_guard<std::mutex> lock(mu_);
+    flight_[t] = r;
+    return t;
+  }
+  bool wait(IoTicket t, std::chrono::nanoseconds timeout) override {
+    return retire(t, [&] { return FaultInjectingIoEngine::wait(t, timeout); });
+  }
+  bool poll(IoTicket t) override {
+    return retire(t, [&] { return FaultInjectingIoEngine::poll(t); });
+  }
+  std::uint64_t hazards() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hazards_;
+  }
+
+ private:
+  template <typename F>
+  bool retire(IoTicket t, F f) {
+    bool done = true;
+    try {
+      done = f();
+    } catch (...) {
+      forget(t);
+      throw;
+    }
+    if (done) forget(t);
+    return done;
+  }
+  void forget(IoTicket t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    flight_.erase(t);
+  }
+  mutable std::mutex mu_;
+  std::map<IoTicket, IoRequest> flight_;
+  std::uint64_t hazards_ = 0;
+};
+
 struct ArrayFixture {
   TempDir dir{"strata-nvme-array"};
-  FaultInjectingIoEngine* faults = nullptr;
+  HazardCheckingIoEngine* faults = nullptr;
   std::unique_ptr<zero::NvmeArray> a;
   static constexpr std::size_t kElems = 5003;  // 1024 fp32 per 4 KiB chunk: 4 full + 907
 
@@ -259,7 +314,7 @@ struct ArrayFixture {
     o.timeout = std::chrono::milliseconds(20000);
     IoEngineOptions io;
     io.queue_depth = 4;
-    auto fe = std::make_shared<FaultInjectingIoEngine>(make_thread_io_engine(io));
+    auto fe = std::make_shared<HazardCheckingIoEngine>(make_thread_io_engine(io));
     faults = fe.get();
     a = std::make_unique<zero::NvmeArray>(o, kElems, sizeof(float), fe, "parameters");
   }
@@ -326,6 +381,7 @@ TEST(NvmeArray, RandomAccessMatchesModelForEveryPool) {
     std::vector<float> all(n);
     f.a->get({0, n}, bytes_of(all.data()));
     EXPECT_EQ(0, std::memcmp(all.data(), model.data(), n * sizeof(float))) << "buffers " << buffers;
+    EXPECT_EQ(f.faults->hazards(), 0u) << "buffers " << buffers << ": a request overlapped a write in flight";
   }
 }
 
@@ -476,12 +532,21 @@ TEST(NvmeArray, FlippedBitInSwapFileIsAChecksumError) {
 }
 
 // Filling (the backward's gradient spill): pieces in random order, some never sent (zeros), for
-// every pool size, three rounds; get/set/flush are refused while filling.
+// every pool size, three rounds; get/set/flush are refused while filling. With slow writes, a
+// chunk written partially is still in flight when the rest of it arrives (it must not be read
+// back before its write lands).
 TEST(NvmeArray, FillInAnyOrderWithGapsMatchesModel) {
   const std::size_t n = ArrayFixture::kElems;
-  for (std::uint32_t buffers : {1u, 2u, 3u, 5u}) {
+  for (std::uint32_t variant = 0; variant < 6; ++variant) {
+    const std::uint32_t buffers = std::array<std::uint32_t, 6>{1, 2, 3, 5, 3, 5}[variant];
+    const bool slow_writes = variant >= 4;
     ArrayFixture f(buffers);
-    std::mt19937_64 rng(test_seed("nvme-array-fill") + buffers);
+    if (slow_writes) {
+      IoFault slow = IoFault::delay_nth(1, std::chrono::milliseconds(3), IoOp::kWrite);
+      slow.count = 0;  // every write
+      f.faults->add_fault(slow);
+    }
+    std::mt19937_64 rng(test_seed("nvme-array-fill") + variant);
     std::uniform_real_distribution<float> d(-5, 5);
     for (int round = 0; round < 3; ++round) {
       std::vector<float> model(n, 0.0f);
@@ -506,7 +571,9 @@ TEST(NvmeArray, FillInAnyOrderWithGapsMatchesModel) {
       std::vector<float> out(n, -1.0f);
       f.a->get({0, n}, bytes_of(out.data()));
       ASSERT_EQ(0, std::memcmp(out.data(), model.data(), n * sizeof(float)))
-          << "buffers " << buffers << " round " << round;
+          << "buffers " << buffers << " slow writes " << slow_writes << " round " << round;
+      ASSERT_EQ(f.faults->hazards(), 0u)
+          << "buffers " << buffers << " round " << round << ": a request overlapped a write in flight";
     }
   }
 }
