@@ -42,6 +42,7 @@ json to_json(const zero::StepBenchResult& r) {
           {"chunks", r.chunks},
           {"io_engine", r.io_engine},
           {"threads", r.threads},
+          {"update_on", r.update_on},
           {"t_read_s", r.t_read},
           {"t_update_s", r.t_update},
           {"t_write_s", r.t_write},
@@ -150,7 +151,8 @@ int run(const Options& o) {
             << one["io_engine"].get<std::string>() << "), pool " << one["buffers"].get<std::uint32_t>() << " x "
             << format_bytes(one["buffer_size"].get<std::uint64_t>(), true) << " (state = "
             << static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool << "x pool), "
-            << one["chunks"].get<std::size_t>() << " chunks, " << one["threads"].get<unsigned>() << " Adam threads\n";
+            << one["chunks"].get<std::size_t>() << " chunks, Adam on " << one["update_on"].get<std::string>()
+            << " (" << one["threads"].get<unsigned>() << " CPU threads)\n";
   std::cout << "  t_read   " << ms(one, "t_read_s") << " ms  ("
             << format_rate(one["read_bytes_per_second"].get<double>()) << ")\n";
   std::cout << "  t_update " << ms(one, "t_update_s") << " ms\n";

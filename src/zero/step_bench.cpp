@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "strata/adam.hpp"
+#include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "strata/partition.hpp"
@@ -98,6 +99,15 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   }
   res.caller_held_bytes = grads.size() + params.size();
   CpuAdam adam(cfg.runtime.cpu_threads);
+  // optimizer.update: device — the update copies each chunk to runtime.device and back.
+  std::unique_ptr<Device> device;
+  std::unique_ptr<DeviceAdam> dadam;
+  res.update_on = "cpu";
+  if (cfg.optimizer.update == OptimizerUpdate::kDevice) {
+    device = make_optimizer_device(cfg);
+    dadam = std::make_unique<DeviceAdam>(*device, cfg.runtime.cpu_threads, std::chrono::milliseconds(120000));
+    res.update_on = device->name();
+  }
   const AdamParams hp = AdamParams::from_config(cfg.optimizer);
   std::int64_t step = 0;
   auto fn = [&](Range r, const StateView& v) {
@@ -110,7 +120,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
     t.param_copy = params.data() + r.begin * dtype_size(pdt);
     t.param_copy_dtype = pdt;
     t.n = r.count;
-    adam.step(hp, t, AdamStepOptions{step, 1.0f, false});
+    if (dadam) dadam->step(hp, t, AdamStepOptions{step, 1.0f, false});
+    else adam.step(hp, t, AdamStepOptions{step, 1.0f, false});
   };
 
   ++step;

@@ -32,6 +32,7 @@ struct StepBenchResult {
   std::size_t chunks = 0;
   std::string io_engine;
   unsigned threads = 0;
+  std::string update_on;  // "cpu", or the device's name with optimizer.update: device
   // Medians over rounds, seconds.
   double t_read = 0, t_update = 0, t_write = 0;
   double t_step = 0;         // pipelined

@@ -34,6 +34,23 @@ TEST(BenchStepCli, JsonHasEveryFigure) {
   for (auto& e : std::filesystem::directory_iterator(swap.path())) ADD_FAILURE() << "left behind: " << e.path();
 }
 
+// optimizer.update: device (the host-emulated device here): same figures, and the JSON says where
+// Adam ran.
+TEST(BenchStepCli, DeviceUpdate) {
+  TempDir swap("strata-bench-step");
+  std::string out;
+  const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
+                          "/bench/step/step.yaml --params 300K --rounds 1 --no-scaling --json --set tiers.nvme.paths=[" +
+                          swap.str() + "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3" +
+                          " --set optimizer.update=device --set runtime.device=host";
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
+  auto j = nlohmann::json::parse(out.substr(start, out.rfind("\n}") + 2 - start));
+  EXPECT_EQ(j["step"]["update_on"].get<std::string>(), "host-emulated");
+  EXPECT_GT(j["step"]["t_update_s"].get<double>(), 0.0);
+  EXPECT_GT(j["step"]["t_step_s"].get<double>(), 0.0);
+}
+
 TEST(BenchStepCli, BadInputExits2) {
   std::string out;
   EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
