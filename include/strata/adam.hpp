@@ -118,6 +118,11 @@ class CpuAdam {
   // sum_sq in order gives the same bits (how the engine checks gradients spilled to NVMe).
   static constexpr std::size_t kStatsTileElems = 32768;
   AdamGradStats grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale = 1.0f);
+  // The same pass continued over the next part of the array: this part's tile sums are added to
+  // so_far.sum_sq in order (finite flags ANDed). Parts that are whole multiples of
+  // kStatsTileElems (all but the last) give bitwise what one grad_stats over the whole array gives.
+  AdamGradStats grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
+                                    std::size_t n, float grad_scale = 1.0f);
 
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
   // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, for 16-bit grads, copies

@@ -30,7 +30,7 @@ struct CpuAdam::Impl {
   std::mutex mu;
   Impl(AdamPath p, unsigned threads) : path(p), k(&optim::kernels_for(p)), pool(threads) {}
 
-  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float scale) {
+  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float scale, double start = 0.0) {
     const std::size_t tiles = tiles_for(n);
     std::vector<double> sums(tiles, 0.0);
     std::atomic<bool> finite{true};
@@ -46,6 +46,7 @@ struct CpuAdam::Impl {
     pool.parallel_for(tiles, task);
     AdamGradStats r;
     r.finite = finite.load();
+    r.sum_sq = start;
     for (double s : sums) r.sum_sq += s;
     return r;
   }
@@ -100,6 +101,20 @@ AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, 
     fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats: grad not aligned to its element size");
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->stats(grad, dtype, n, grad_scale);
+}
+
+AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
+                                           std::size_t n, float grad_scale) {
+  if (n == 0) return so_far;
+  if (!grad) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam::grad_stats_continue: null grad with n=", n));
+  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats_continue: unknown dtype");
+  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats_continue: grad not aligned to its element size");
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  AdamGradStats r = impl_->stats(grad, dtype, n, grad_scale, so_far.sum_sq);
+  r.finite = r.finite && so_far.finite;
+  return r;
 }
 
 void CpuAdam::stream_reference(const AdamTensors& t) {

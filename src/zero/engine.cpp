@@ -316,18 +316,16 @@ struct Engine::Impl {
     if (on < n) std::memcpy(dst + on * ges, grad_rest.data() + (b + on - gn) * ges, (n - on) * ges);
   }
 
-  // grad_stats over the spilled partition, streamed in tiles: bitwise what one call over the
-  // whole partition gives (CpuAdam::kStatsTileElems).
+  // grad_stats over the spilled partition, streamed in parts of whole stats tiles (on all of
+  // CpuAdam's threads): bitwise what one call over the whole partition gives.
   AdamGradStats spilled_grad_stats(float scale) {
-    const std::size_t tile = CpuAdam::kStatsTileElems;
-    std::vector<unsigned char> tmp(std::min(tile, psize) * ges);
+    const std::size_t part_elems = 32 * CpuAdam::kStatsTileElems;  // 1M elements: 2-4 MB
+    std::vector<unsigned char> tmp(std::min(part_elems, psize) * ges);
     AdamGradStats r;
-    for (std::size_t b = 0; b < psize; b += tile) {
-      const std::size_t n = std::min(tile, psize - b);
+    for (std::size_t b = 0; b < psize; b += part_elems) {
+      const std::size_t n = std::min(part_elems, psize - b);
       fetch_grads(b, n, tmp.data());
-      const AdamGradStats s = adam->grad_stats(tmp.data(), gdt, n, scale);
-      r.finite = r.finite && s.finite;
-      r.sum_sq += s.sum_sq;
+      r = adam->grad_stats_continue(r, tmp.data(), gdt, n, scale);
     }
     return r;
   }

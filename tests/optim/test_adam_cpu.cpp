@@ -2,6 +2,7 @@
 // alignment, thread counts, non-finite gradients, conversions, argument checks, $STRATA_ADAM_PATH.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -280,6 +281,41 @@ TEST(AdamCpu, GradStatsSumOfSquares) {
       }
     }
   }
+}
+
+// grad_stats_continue over tile-aligned parts is bitwise one grad_stats over the whole array
+// (how the engine checks gradients spilled to NVMe), also across threads counts; an inf in any
+// part clears the finite flag.
+TEST(AdamCpu, GradStatsContinueIsBitwiseOnePass) {
+  std::mt19937_64 rng(testing::test_seed("AdamCpu.GradStatsContinue"));
+  const std::size_t tile = CpuAdam::kStatsTileElems;
+  const std::size_t n = 5 * tile + 1234;  // uneven: a short last part
+  for (DType gd : {DType::kFp32, DType::kBf16}) {
+    RandomGrads g = random_grads(rng, n, gd, 0.3f);
+    const std::size_t es = gd == DType::kFp32 ? 4 : 2;
+    const auto* base = static_cast<const unsigned char*>(g.data(gd));
+    CpuAdam whole_adam(2), part_adam(1);
+    const AdamGradStats whole = whole_adam.grad_stats(g.data(gd), gd, n, 0.25f);
+    for (std::size_t part_tiles : {std::size_t(1), std::size_t(2), std::size_t(4)}) {
+      AdamGradStats r;
+      for (std::size_t b = 0; b < n; b += part_tiles * tile) {
+        const std::size_t len = std::min(part_tiles * tile, n - b);
+        r = part_adam.grad_stats_continue(r, base + b * es, gd, len, 0.25f);
+      }
+      EXPECT_TRUE(r.finite);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(r.sum_sq), std::bit_cast<std::uint64_t>(whole.sum_sq))
+          << testing::dt_name(gd) << " parts of " << part_tiles << " tiles";
+    }
+  }
+  std::vector<float> bad(2 * tile, 0.5f);
+  bad[tile + 3] = std::numeric_limits<float>::infinity();
+  CpuAdam a(2);
+  AdamGradStats r = a.grad_stats_continue({}, bad.data(), DType::kFp32, tile);
+  EXPECT_TRUE(r.finite);
+  r = a.grad_stats_continue(r, bad.data() + tile, DType::kFp32, tile);
+  EXPECT_FALSE(r.finite);
+  r = a.grad_stats_continue(r, bad.data(), DType::kFp32, tile);
+  EXPECT_FALSE(r.finite) << "the flag is sticky";
 }
 
 TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
