@@ -866,8 +866,7 @@ void NvmeArray::put(const unsigned char* src) {
 }
 
 void NvmeArray::flush() {
-  check_usable();
-  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": flush() while filling"));
+  require_mode("flush", false);
   if (cur_.buf && dirty_) {
     const std::size_t k = cur_.k;
     leave_current();  // written behind; wait for it below and keep its buffer as the current chunk
@@ -879,6 +878,31 @@ void NvmeArray::flush() {
     cur_ = std::move(w);
   }
   while (!behind_.empty()) retire_oldest_write();
+}
+
+// check_usable(), then that the array is (filling) or is not (!filling) between begin_fill() and
+// end_fill(); `call` names the refused call.
+void NvmeArray::require_mode(const char* call, bool filling) const {
+  check_usable();
+  if (filling_ != filling)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("nvme ", label_, ": ", call, filling ? "() without begin_fill()" : "() while filling"));
+}
+
+// Checks r against the array, then calls fn(k, chunk, pos, end) for each piece [pos, end) of r
+// that lies in chunk k, in ascending order.
+template <typename F>
+void NvmeArray::for_each_piece(Range r, F&& fn) {
+  if (r.end() > elems_)
+    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
+                                             ") beyond ", elems_));
+  for (std::size_t pos = r.begin; pos < r.end();) {
+    const std::size_t k = pos / chunk_elems_;
+    const Chunk& c = chunks_[k];
+    const std::size_t e = std::min(r.end(), c.r.end());
+    fn(k, c, pos, e);
+    pos = e;
+  }
 }
 
 void NvmeArray::begin_fill() {
@@ -903,15 +927,8 @@ void NvmeArray::write_staged(Slot&& s) {
 }
 
 void NvmeArray::fill(Range r, const unsigned char* src) {
-  check_usable();
-  if (!filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": fill() without begin_fill()"));
-  if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
-                                             ") beyond ", elems_));
-  for (std::size_t pos = r.begin; pos < r.end();) {
-    const std::size_t k = pos / chunk_elems_;
-    const Chunk& c = chunks_[k];
-    const std::size_t e = std::min(r.end(), c.r.end());
+  require_mode("fill", true);
+  for_each_piece(r, [&](std::size_t k, const Chunk& c, std::size_t pos, std::size_t e) {
     auto it = std::find_if(staged_.begin(), staged_.end(), [&](const Slot& s) { return s.k == k; });
     if (it == staged_.end()) {
       Slot s;
@@ -969,13 +986,11 @@ void NvmeArray::fill(Range r, const unsigned char* src) {
       staged_.erase(it);
       write_staged(std::move(done));
     }
-    pos = e;
-  }
+  });
 }
 
 void NvmeArray::end_fill() {
-  check_usable();
-  if (!filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": end_fill() without begin_fill()"));
+  require_mode("end_fill", true);
   while (!staged_.empty()) {
     Slot s = std::move(staged_.front());
     staged_.pop_front();
@@ -994,37 +1009,21 @@ void NvmeArray::end_fill() {
 }
 
 void NvmeArray::get(Range r, unsigned char* dst) {
-  check_usable();
-  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": get() while filling"));
-  if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
-                                             ") beyond ", elems_));
-  for (std::size_t pos = r.begin; pos < r.end();) {
-    const std::size_t k = pos / chunk_elems_;
-    const Chunk& c = chunks_[k];
+  require_mode("get", false);
+  for_each_piece(r, [&](std::size_t k, const Chunk& c, std::size_t pos, std::size_t e) {
     load(k, false, pos - c.r.begin);
-    const std::size_t e = std::min(r.end(), c.r.end());
     std::memcpy(dst + (pos - r.begin) * es_, cur_.buf.bytes() + (pos - c.r.begin) * es_, (e - pos) * es_);
-    pos = e;
-  }
+  });
 }
 
 void NvmeArray::set(Range r, const unsigned char* src) {
-  check_usable();
-  if (filling_) fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": set() while filling"));
-  if (r.end() > elems_)
-    fail(ErrorCode::kInvalidArgument, strcat("nvme ", label_, ": range [", r.begin, ", ", r.end(),
-                                             ") beyond ", elems_));
-  for (std::size_t pos = r.begin; pos < r.end();) {
-    const std::size_t k = pos / chunk_elems_;
-    const Chunk& c = chunks_[k];
+  require_mode("set", false);
+  for_each_piece(r, [&](std::size_t k, const Chunk& c, std::size_t pos, std::size_t e) {
     load(k, true, pos - c.r.begin);
-    const std::size_t e = std::min(r.end(), c.r.end());
     std::memcpy(cur_.buf.bytes() + (pos - c.r.begin) * es_, src + (pos - r.begin) * es_, (e - pos) * es_);
     if (fresh_) filled_ = e - c.r.begin;
     dirty_ = true;
-    pos = e;
-  }
+  });
 }
 
 namespace {

@@ -247,6 +247,9 @@ class NvmeArray {
   void retire_oldest_write();
   void drain() noexcept;
   void check_usable() const;
+  void require_mode(const char* call, bool filling) const;
+  template <typename F>
+  void for_each_piece(Range r, F&& fn);
 
   OffloadStoreOptions opt_;
   std::size_t elems_, es_, chunk_elems_ = 0;
