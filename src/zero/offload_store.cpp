@@ -658,7 +658,9 @@ void NvmeArray::retire_oldest_write() {
 }
 
 // A free pool buffer: a free one, else the oldest write-behind's once it lands, else the newest
-// read-ahead's (discarded). The caller holds no current chunk buffer it could want back.
+// read-ahead's (discarded), else — while filling — the oldest partial chunk's, written as it is
+// (it is read back when the rest of it arrives). The caller holds no current chunk buffer it
+// could want back.
 PinnedBuffer NvmeArray::take_buffer() {
   for (;;) {
     if (PinnedBuffer b = pool_->try_acquire()) return b;
@@ -670,6 +672,13 @@ PinnedBuffer NvmeArray::take_buffer() {
       Slot a = std::move(ahead_.back());
       ahead_.pop_back();
       discard(std::move(a));
+      continue;
+    }
+    if (!staged_.empty()) {
+      Slot old = std::move(staged_.front());
+      staged_.pop_front();
+      fill_on_disk_[old.k] = true;
+      write_staged(std::move(old));
       continue;
     }
     return pool_->acquire(opt_.timeout);  // bounded; only when the pool is smaller than one slot
@@ -946,25 +955,7 @@ void NvmeArray::fill(Range r, const unsigned char* src) {
         has_contents = true;
         break;
       }
-      // Else a free buffer; else the oldest landed write's; else write the oldest partial chunk
-      // as it is (it is read back when the rest of it arrives).
-      for (; !s.buf;) {
-        s.buf = pool_->try_acquire();
-        if (s.buf) break;
-        if (!behind_.empty()) {
-          retire_oldest_write();
-          continue;
-        }
-        if (!staged_.empty()) {
-          Slot old = std::move(staged_.front());
-          staged_.pop_front();
-          fill_on_disk_[old.k] = true;
-          write_staged(std::move(old));
-          continue;
-        }
-        s.buf = pool_->acquire(opt_.timeout);
-        break;
-      }
+      if (!s.buf) s.buf = take_buffer();
       if (has_contents) {
         // the buffer is the partial chunk as written
       } else if (fill_on_disk_[k]) {  // continue what was written partially
