@@ -92,13 +92,20 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   return result;
 }
 
+namespace {
+// The argument checks of grad_stats / grad_stats_continue (`what` names the call); n > 0.
+void check_grad_args(const char* what, const void* grad, DType dtype, std::size_t n) {
+  if (!grad) fail(ErrorCode::kInvalidArgument, strcat(what, ": null grad with n=", n));
+  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
+    fail(ErrorCode::kInvalidArgument, strcat(what, ": unknown dtype"));
+  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
+    fail(ErrorCode::kInvalidArgument, strcat(what, ": grad not aligned to its element size"));
+}
+}  // namespace
+
 AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale) {
   if (n == 0) return {};
-  if (!grad) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam::grad_stats: null grad with n=", n));
-  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
-    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats: unknown dtype");
-  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
-    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats: grad not aligned to its element size");
+  check_grad_args("CpuAdam::grad_stats", grad, dtype, n);
   std::lock_guard<std::mutex> lk(impl_->mu);
   return impl_->stats(grad, dtype, n, grad_scale);
 }
@@ -106,11 +113,7 @@ AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, 
 AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
                                            std::size_t n, float grad_scale) {
   if (n == 0) return so_far;
-  if (!grad) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam::grad_stats_continue: null grad with n=", n));
-  if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
-    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats_continue: unknown dtype");
-  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
-    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats_continue: grad not aligned to its element size");
+  check_grad_args("CpuAdam::grad_stats_continue", grad, dtype, n);
   std::lock_guard<std::mutex> lk(impl_->mu);
   AdamGradStats r = impl_->stats(grad, dtype, n, grad_scale, so_far.sum_sq);
   r.finite = r.finite && so_far.finite;
