@@ -6,6 +6,7 @@
 #include "strata/device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
+#include "memory/device_test_util.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -14,23 +15,14 @@ namespace st = strata::testing;
 
 namespace {
 
-void round_trip(Device& dev, std::size_t n, std::uint64_t seed) {
-  auto src = st::random_bytes(n, seed);
-  std::vector<std::uint8_t> back(n, 0);
-  auto mem = dev.allocate(n);
-  auto stream = dev.create_stream();
-  stream->memcpy_async(mem.get(), src.data(), n);
-  stream->memcpy_async(back.data(), mem.get(), n);
-  stream->synchronize(10s);
-  EXPECT_EQ(back, src);
-}
+using st::device_round_trip;
 
 }  // namespace
 
 TEST(HostDevice, CopiesInStreamOrder) {
   auto dev = make_host_device();
   EXPECT_EQ(dev->kind(), DeviceKind::kHost);
-  round_trip(*dev, 12345, 1);
+  device_round_trip(*dev, 12345, 1);
   // Ordered queue: a later memset must not overtake an earlier copy.
   auto mem = dev->allocate(3 << 20);
   auto src = st::random_bytes(3 << 20, 2);

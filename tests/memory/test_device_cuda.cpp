@@ -7,6 +7,7 @@
 #include "strata/device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
+#include "memory/device_test_util.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -15,23 +16,14 @@ namespace st = strata::testing;
 
 namespace {
 
-void round_trip(Device& dev, std::size_t n, std::uint64_t seed) {
-  auto src = st::random_bytes(n, seed);
-  std::vector<std::uint8_t> back(n, 0);
-  auto mem = dev.allocate(n);
-  auto stream = dev.create_stream();
-  stream->memcpy_async(mem.get(), src.data(), n);
-  stream->memcpy_async(back.data(), mem.get(), n);
-  stream->synchronize(10s);
-  EXPECT_EQ(back, src);
-}
+using st::device_round_trip;
 
 }  // namespace
 
 TEST(CudaDevice, RoundTripAndEvents) {
   if (!cuda_available()) GTEST_SKIP() << "no GPU";
   auto dev = make_device(DeviceKind::kCuda);
-  round_trip(*dev, (5 << 20) + 123, 4);
+  device_round_trip(*dev, (5 << 20) + 123, 4);
   auto ev = dev->create_event();
   auto s = dev->create_stream();
   auto m = dev->allocate(1 << 20);

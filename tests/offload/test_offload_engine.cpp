@@ -11,6 +11,7 @@
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
+#include "ckpt_model.hpp"
 #include "strata/engine.hpp"
 #include "strata/device.hpp"
 #include "strata/device_fault.hpp"
@@ -106,15 +107,7 @@ std::vector<std::vector<float>> train(Communicator& comm, const RunSpec& run, co
     }
     if (!e.step().applied) ++*skipped;
   }
-  std::vector<std::vector<float>> out;
-  for (auto id : ids) {
-    e.gather({&id, 1});
-    std::vector<float> p(kSizes[id]);
-    e.read_param(id, p);
-    out.push_back(std::move(p));
-    e.release({&id, 1});
-  }
-  return out;
+  return ckpt_params(e, kSizes);  // ids are 0..kSizes.size()-1
 }
 
 std::vector<std::vector<std::vector<float>>> run_world(const RunSpec& r, std::uint64_t seed, int* skipped) {
@@ -208,6 +201,23 @@ TEST(OffloadEngine, BufferBelowMinimumSaysWhatIsNeeded) {
   }
 }
 
+// The single-rank engine tests below: kSizes tensors, tensor t filled with value + t * per_tensor.
+std::vector<TensorId> add_constant_tensors(Engine& e, float value, float per_tensor = 0.0f) {
+  std::vector<TensorId> ids;
+  for (std::size_t t = 0; t < kSizes.size(); ++t)
+    ids.push_back(e.add_parameter("t" + std::to_string(t),
+                                  std::vector<float>(kSizes[t], value + static_cast<float>(t) * per_tensor)));
+  return ids;
+}
+
+// Hands in every gradient of one rank-0 / world-1 step in backward order (last tensor first).
+void hand_in_gradients(Engine& e, const std::vector<TensorId>& ids, std::uint64_t seed, int step) {
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    auto g = gradient(seed, 0, 1, step, *it, kSizes[*it]);
+    e.set_gradient(*it, g.data());
+  }
+}
+
 // offload.gradients / offload.params on NVMe with the optimizer state resident: an I/O fault in
 // the gradient spill (written after the reduce-scatter, read back by Adam) or in the parameter
 // write-back fails the step with an IoError naming the array, the swap path and errno, and the
@@ -242,19 +252,14 @@ TEST(OffloadEngine, GradientAndParameterFaultsFailTheStep) {
     });
     auto comms = make_inprocess_communicators(1, 30.0);
     Engine e(offload_config(r, dir.str()), *comms[0]);
-    std::vector<TensorId> ids;
-    for (std::size_t t = 0; t < kSizes.size(); ++t)
-      ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f + t)));
+    const std::vector<TensorId> ids = add_constant_tensors(e, 0.5f, 1.0f);
     e.finalize();  // builds the state and its I/O engines
     zero::set_offload_io_wrapper(nullptr);
     ASSERT_EQ(engines.count("gradients"), 1u);
     ASSERT_EQ(engines.count("parameters"), 1u);
     EXPECT_EQ(engines.count("optimizer"), 0u);  // resident
     auto one_step = [&](int s) {
-      for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-        auto g = gradient(99, 0, 1, s + 20, *it, kSizes[*it]);
-        e.set_gradient(*it, g.data());
-      }
+      hand_in_gradients(e, ids, 99, s + 20);
       return e.step();
     };
     ASSERT_TRUE(one_step(0).applied);
@@ -320,17 +325,12 @@ TEST(OffloadEngine, DeviceFaultDuringTheUpdateFailsTheStep) {
   });
   auto comms = make_inprocess_communicators(1, 30.0);
   Engine e(offload_config(r, dir.str()), *comms[0]);
-  std::vector<TensorId> ids;
-  for (std::size_t t = 0; t < kSizes.size(); ++t)
-    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.25f)));
+  const std::vector<TensorId> ids = add_constant_tensors(e, 0.25f);
   e.finalize();
   zero::set_optimizer_device_wrapper(nullptr);
   ASSERT_NE(faults, nullptr);
   auto one_step = [&](int s) {
-    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-      auto g = gradient(5, 0, 1, s + 30, *it, kSizes[*it]);
-      e.set_gradient(*it, g.data());
-    }
+    hand_in_gradients(e, ids, 5, s + 30);
     return e.step();
   };
   ASSERT_TRUE(one_step(0).applied);
@@ -359,9 +359,7 @@ TEST(OffloadEngine, MissingGradientIsAUsageErrorNotAFailedStep) {
   r.fraction = 1.0;
   auto comms = make_inprocess_communicators(1, 30.0);
   Engine e(offload_config(r, dir.str()), *comms[0]);
-  std::vector<TensorId> ids;
-  for (std::size_t t = 0; t < kSizes.size(); ++t)
-    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f)));
+  const std::vector<TensorId> ids = add_constant_tensors(e, 0.5f);
   e.finalize();
   for (std::size_t t = 1; t < kSizes.size(); ++t) {
     auto g = gradient(3, 0, 1, 0, t, kSizes[t]);
@@ -395,21 +393,15 @@ TEST(OffloadEngine, GradientsSpillDuringTheBackward) {
   });
   auto comms = make_inprocess_communicators(1, 30.0);
   Engine e(offload_config(r, dir.str()), *comms[0]);
-  std::vector<TensorId> ids;
+  const std::vector<TensorId> ids = add_constant_tensors(e, 0.5f);
   std::size_t total = 0;
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
-    ids.push_back(e.add_parameter("t" + std::to_string(t), std::vector<float>(kSizes[t], 0.5f)));
-    total += kSizes[t];
-  }
+  for (std::size_t n : kSizes) total += n;
   e.finalize();
   zero::set_offload_io_wrapper(nullptr);
   ASSERT_NE(grads, nullptr);
   for (int s = 0; s < 2; ++s) {
     const std::uint64_t before = grads->stats().bytes_written;
-    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-      auto g = gradient(17, 0, 1, s, *it, kSizes[*it]);
-      e.set_gradient(*it, g.data());
-    }
+    hand_in_gradients(e, ids, 17, s);
     const std::uint64_t during = grads->stats().bytes_written - before;
     EXPECT_GT(during, 0u) << "step " << s << ": nothing spilled before step()";
     e.step();

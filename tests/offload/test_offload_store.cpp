@@ -163,30 +163,40 @@ TEST(OffloadStore, FaultAtEveryRequestOfAStep) {
   }
 }
 
-TEST(OffloadStore, FlippedBitInSwapFileIsAChecksumError) {
-  Fixture f(3);
-  const std::size_t k = f.store->chunk_count() / 2;
-  auto [path, offset] = f.store->chunk_location(k);
-  {
-    int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    unsigned char b = 0;
-    const off_t at = static_cast<off_t>(offset + 4 * 37 + 1);
-    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
-    b ^= 0x10;
-    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
-    ::fsync(fd);
-    ::close(fd);
-  }
-  auto ranges = ranges_of(kN, 3000);
+// Flips the bits of `mask` in the byte at `at` of `path`, behind the store's back.
+void flip_bits(const std::string& path, std::uint64_t at, unsigned char mask) {
+  int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  unsigned char b = 0;
+  ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(at)), 1);
+  b ^= mask;
+  ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// `read_back` must fail with a checksum error naming the swap file and chunk k.
+template <typename F>
+void expect_checksum_error(F read_back, const std::string& path, std::size_t k) {
   try {
-    f.store->update(ranges, [&](Range r, const StateView& sv) { model_step(r, sv, 1); });
+    read_back();
     FAIL() << "the flipped bit went unnoticed";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(strcat("chunk ", k)), std::string::npos) << e.what();
   }
+}
+
+TEST(OffloadStore, FlippedBitInSwapFileIsAChecksumError) {
+  Fixture f(3);
+  const std::size_t k = f.store->chunk_count() / 2;
+  auto [path, offset] = f.store->chunk_location(k);
+  ASSERT_NO_FATAL_FAILURE(flip_bits(path, offset + 4 * 37 + 1, 0x10));
+  auto ranges = ranges_of(kN, 3000);
+  expect_checksum_error(
+      [&] { f.store->update(ranges, [&](Range r, const StateView& sv) { model_step(r, sv, 1); }); },
+      path, k);
 }
 
 TEST(OffloadStore, MeasurePassesReportBytes) {
@@ -509,26 +519,9 @@ TEST(NvmeArray, FlippedBitInSwapFileIsAChecksumError) {
   f.a->put(bytes_of(src.data()));
   const std::size_t k = 3;
   auto [path, offset] = f.a->chunk_location(k);
-  {
-    int fd = ::open(path.c_str(), O_RDWR);
-    ASSERT_GE(fd, 0) << path;
-    unsigned char b = 0;
-    const off_t at = static_cast<off_t>(offset + 77);
-    ASSERT_EQ(::pread(fd, &b, 1, at), 1);
-    b ^= 0x01;
-    ASSERT_EQ(::pwrite(fd, &b, 1, at), 1);
-    ::fsync(fd);
-    ::close(fd);
-  }
+  ASSERT_NO_FATAL_FAILURE(flip_bits(path, offset + 77, 0x01));
   std::vector<float> out(n);
-  try {
-    f.a->get({0, n}, bytes_of(out.data()));
-    FAIL() << "the flipped bit went unnoticed";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(strcat("chunk ", k)), std::string::npos) << e.what();
-  }
+  expect_checksum_error([&] { f.a->get({0, n}, bytes_of(out.data())); }, path, k);
 }
 
 // Filling (the backward's gradient spill): pieces in random order, some never sent (zeros), for
