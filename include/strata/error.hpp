@@ -79,6 +79,9 @@ class IoError : public Error {
   std::uint64_t length() const noexcept { return length_; }
   int errnum() const noexcept { return errnum_; }
   const std::string& context() const noexcept { return context_; }  // what the caller was doing
+  // The same error with `more` added after the context ("context; more"): for a layer that
+  // rethrows with what it was doing (docs/errors.md, rule 7).
+  IoError with_context(const std::string& more) const;
 
  private:
   std::string op_;

@@ -79,6 +79,11 @@ IoError::IoError(std::string op, std::string path, std::uint64_t offset, std::ui
       length_(length),
       errnum_(errnum) {}
 
+IoError IoError::with_context(const std::string& more) const {
+  return IoError(op_, path_, offset_, length_, errnum_,
+                 context_.empty() ? more : context_ + "; " + more);
+}
+
 void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
 
 }  // namespace strata

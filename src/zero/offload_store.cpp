@@ -499,8 +499,7 @@ OffloadStepStats OffloadStateStore::run(const UpdateFn* fn, bool read, bool writ
         strcat("optimizer step ", phase, " chunk ", phase_chunk, " (elements [", c.r.begin, ", ",
                c.r.end(), "), pinned buffer ", phase_buffer, ", swap offset ", c.extent.offset, "); ", state);
     if (const auto* io = dynamic_cast<const IoError*>(&e))
-      throw IoError(io->op(), io->path(), io->offset(), io->length(), io->errnum(),
-                    io->context().empty() ? where : strcat(io->context(), "; ", where));
+      throw io->with_context(where);
     if (const auto* er = dynamic_cast<const Error*>(&e)) throw Error(er->code(), strcat(er->what(), "; ", where));
     throw Error(ErrorCode::kInternal, strcat(e.what(), "; ", where));
   }
@@ -615,8 +614,7 @@ void NvmeArray::wait(IoTicket t, std::size_t k) {
                                        " ms; the array is unusable"));
     }
   } catch (const IoError& e) {
-    throw IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum(),
-                  e.context().empty() ? where(k) : strcat(e.context(), "; ", where(k)));
+    throw e.with_context(where(k));
   }
 }
 
@@ -728,8 +726,7 @@ void NvmeArray::read_ahead() {
       } catch (const IoError& e) {  // the write failed: retired with its error
         const std::size_t k = behind_.front().k;
         behind_.pop_front();
-        throw IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum(),
-                      e.context().empty() ? where(k) : strcat(e.context(), "; ", where(k)));
+        throw e.with_context(where(k));
       } catch (...) {
         behind_.pop_front();
         throw;

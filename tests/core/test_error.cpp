@@ -27,6 +27,19 @@ TEST(Error, IoErrorNamesPathOffsetLengthErrno) {
   EXPECT_EQ(e.errnum(), EIO);
 }
 
+TEST(Error, IoErrorWithContextKeepsTheFieldsAndAppends) {
+  IoError e("write", "/mnt/x/swap.0", 8192, 4096, ENOSPC, "chunk 3");
+  IoError outer = e.with_context("optimizer step");
+  EXPECT_EQ(outer.op(), "write");
+  EXPECT_EQ(outer.path(), "/mnt/x/swap.0");
+  EXPECT_EQ(outer.offset(), 8192u);
+  EXPECT_EQ(outer.length(), 4096u);
+  EXPECT_EQ(outer.errnum(), ENOSPC);
+  EXPECT_EQ(outer.context(), "chunk 3; optimizer step");
+  EXPECT_NE(std::string(outer.what()).find("chunk 3; optimizer step"), std::string::npos) << outer.what();
+  EXPECT_EQ(IoError("read", "/p", 0, 1, EIO).with_context("x").context(), "x");
+}
+
 TEST(Log, SinkReceivesMessagesAtOrAboveLevel) {
   std::vector<std::string> got;
   set_log_sink([&](LogLevel, std::string_view m) { got.emplace_back(m); });
