@@ -205,8 +205,8 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
     adam_check_finite_cuda(t.grad, t.grad_dtype, t.n, o.grad_scale, device_found_nonfinite, stream);
   const AdamConsts c = optim::make_adam_consts(params, o);
   const CopyKind ck = optim::copy_kind(t);
-  const std::size_t gsz = optim::elem_size(t.grad_dtype);
-  const std::size_t csz = t.param_copy ? optim::elem_size(t.param_copy_dtype) : 4;
+  const std::size_t gsz = dtype_size(t.grad_dtype);
+  const std::size_t csz = t.param_copy ? dtype_size(t.param_copy_dtype) : 4;
   const bool vec4 = aligned(t.param, 16) && aligned(t.exp_avg, 16) && aligned(t.exp_avg_sq, 16) &&
                     aligned(t.grad, 4 * gsz) && aligned(t.param_copy, 4 * csz);
   const int* flag = o.check_finite ? device_found_nonfinite : nullptr;

@@ -8,7 +8,7 @@
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 #include "tier/store_impl.hpp"
 
 namespace strata {
@@ -94,7 +94,7 @@ PinnedBuffer next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Windo
 
 void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
   if (!options_.checksum || b.crc.empty()) return;
-  const std::uint32_t got = tier::crc32c(data, len);
+  const std::uint32_t got = crc32c(data, len);
   if (got == b.crc[piece]) return;
   const std::uint64_t off = piece * piece_size();
   const auto [path, file_off] = swap_->locate(b.copy[ti(Tier::kNvme)].extent.offset + off);
@@ -122,7 +122,7 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
   // read the host copy, which nothing can modify during the transfer).
   for (std::size_t i = 0; i < n && !b.crc.empty(); ++i) {
     const std::uint64_t off = i * piece_size();
-    b.crc[i] = tier::crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
+    b.crc[i] = crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
   }
   set.finish(unsafe);
   std::lock_guard lock(mutex_);
@@ -187,7 +187,7 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
                                         base + s.piece * piece_size()});
     s.stage = 1;
     // Checksummed while the write is in flight (both only read the pinned buffer).
-    if (!b.crc.empty()) b.crc[s.piece] = tier::crc32c(s.buf.data(), s.len);
+    if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
   };
   auto retire_front = [&] {
     Slot& s = window.front();
