@@ -19,9 +19,9 @@
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/log.hpp"
-#include "strata/pinned_pool.hpp"
+#include "device/pinned_pool.hpp"
 #include "strata/plan.hpp"
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 #include "strata/units.hpp"
 #include "profile/step_bench.hpp"
 

@@ -15,9 +15,9 @@
 #include "strata/device.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_file.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/swap_space.hpp"
-#include "strata/tier_store.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/swap_space.hpp"
+#include "tier/tier_store.hpp"
 
 namespace strata {
 

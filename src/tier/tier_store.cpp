@@ -1,4 +1,4 @@
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 
 #include <algorithm>
 #include <cstring>

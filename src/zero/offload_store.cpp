@@ -14,8 +14,8 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "strata/device.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/swap_space.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/swap_space.hpp"
 #include "core/crc32c.hpp"
 
 namespace strata::zero {

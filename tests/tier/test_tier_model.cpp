@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "strata/error.hpp"
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 #include "test_util.hpp"
 #include "tier_test_util.hpp"
 

@@ -36,8 +36,8 @@ class TmpfsMount {
 #include "strata/device.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_fault.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/tier_store.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/tier_store.hpp"
 #include "test_util.hpp"
 
 namespace strata::testing {
