@@ -67,6 +67,9 @@
 namespace strata {
 
 class Device;
+namespace zero {
+struct EngineAccess;  // tests and measurements (src/zero/engine_access.hpp)
+}
 
 using TensorId = std::size_t;
 // A parameter group (torch's param_groups): its own learning rate and weight decay; betas and eps
@@ -210,6 +213,7 @@ class Engine {
   void load_checkpoint(const std::string& dir);
 
  private:
+  friend struct zero::EngineAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -109,7 +109,7 @@ void Filler::stage(std::size_t k) {
   st.k = k;
   st.buf = take_buffer();
   if (b.on_disk) {
-    store_.read(b.id, 0, 0, st.buf.data(), Tier::kCpu).wait(timeout_);
+    store_.read(b.id, 0, 0, st.buf.data(), Tier::kCpu, true).wait(timeout_);
   } else {
     std::memset(st.buf.data(), 0, b.padded);
   }

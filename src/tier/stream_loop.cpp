@@ -232,7 +232,7 @@ class Runner {
       auto* at = static_cast<unsigned char*>(p.slot.base) + pp.slot_offset;
       p.views[k] = at;
       if (sp.in) {
-        p.reads.emplace_back(store_.read(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, at, t_), k);
+        p.reads.emplace_back(store_.read(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, at, t_, true), k);
         stats_.bytes_in += pp.bytes;
       }
     }

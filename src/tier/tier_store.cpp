@@ -335,7 +335,7 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
 }
 
 Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t offset,
-                                        std::uint64_t bytes, void* ptr, Tier memory) {
+                                        std::uint64_t bytes, void* ptr, Tier memory, bool padded) {
   auto state = std::make_shared<Transfer::State>();
   {
     std::unique_lock lock(mutex_);
@@ -365,7 +365,7 @@ Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t 
                strcat("tier store: write of '", b.spec.name, "' to nvme from host memory that is not 4096-aligned"));
       }
     }
-    Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr};
+    Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr, padded};
     ++b.queued;
     queue_.push_back(std::move(job));
   }
@@ -813,8 +813,9 @@ void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::mil
   return t.pointer();
 }
 void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
-Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory) {
-  return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory);
+Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory,
+                         bool padded) {
+  return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory, padded);
 }
 Transfer TierStore::write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
                           Tier memory) {
