@@ -19,6 +19,18 @@ using tier::WorkerContext;
 
 namespace {
 constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kMove: return "tier store: moving";
+    case OpKind::kPrefetch: return "tier store: prefetching";
+    case OpKind::kEvict: return "tier store: evicting";
+    case OpKind::kAcquire: return "tier store: acquiring";
+    case OpKind::kRead: return "tier store: reading";
+    case OpKind::kWrite: return "tier store: writing";
+    case OpKind::kZero: return "tier store: zeroing";
+  }
+  return "tier store:";
+}
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
@@ -182,6 +194,14 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
     } else {
       b->nvme_zero = true;
     }
+  } catch (const Error& e) {
+    {
+      std::lock_guard lock(mutex_);
+      drop_locked(*b, home);
+    }
+    // Name the buffer and the tier (memory errors say which tier and buffer).
+    throw Error(e.code(), strcat(e.what(), "; registering buffer '", spec.name, "' (", b->padded,
+                                 " bytes) in the ", tier_name(home), " tier"));
   } catch (...) {
     std::lock_guard lock(mutex_);
     drop_locked(*b, home);
@@ -453,8 +473,15 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
         break;
       }
     }
+  } catch (const IoError& e) {
+    err = std::make_exception_ptr(e.with_context(strcat(op_name(job.kind), " buffer '", b.spec.name, "'")));
+  } catch (const Error& e) {
+    err = std::make_exception_ptr(
+        Error(e.code(), strcat(e.what(), "; ", op_name(job.kind), " buffer '", b.spec.name, "'")));
   } catch (...) {
     err = std::current_exception();
+  }
+  if (err) {
     std::lock_guard lock(mutex_);
     check_lost_locked(b, err);
   }

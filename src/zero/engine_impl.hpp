@@ -203,6 +203,7 @@ struct Engine::Impl {
   const void* param(TensorId id) const;
   void read_param(TensorId id, std::span<float> out);
   void start_gather(TensorId id);
+  void start_gather_io(TensorId id);  // the send slice and the collective
   void finish_gather(TensorId id);
   void drop(TensorId id);
   void gather(std::span<const TensorId> ids);

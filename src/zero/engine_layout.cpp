@@ -114,7 +114,12 @@ zero::StorageNeeds Engine::Impl::storage_needs() const {
   });
   n.pool = offloaded || storage->device().kind() == DeviceKind::kCuda;
   if (n.pool) {
-    n.pool_buffer_size = std::min<std::uint64_t>(cfg.tiers.host.buffer_size, std::max<std::uint64_t>(need, kAlign));
+    // tiers.host.buffer_size, unless the whole state is smaller than one chunk of it (then the
+    // buffers are sized to the need).
+    const bool capped = std::any_of(chunks.begin(), chunks.end(),
+                                    [&](const zero::Chunk& c) { return c.r.count == chunk_cap; });
+    n.pool_buffer_size = capped ? cfg.tiers.host.buffer_size
+                                : std::min<std::uint64_t>(cfg.tiers.host.buffer_size, std::max<std::uint64_t>(need, kAlign));
     n.pool_buffers = static_cast<std::uint32_t>(
         std::min<std::size_t>(cfg.tiers.host.buffer_count, std::max<std::size_t>(1, chunks.size())));
   }

@@ -3,6 +3,7 @@
 // and the checkpoint seam (zero::RankState).
 #include <algorithm>
 #include <cstring>
+#include <exception>
 
 #include "strata/log.hpp"
 #include "zero/engine_impl.hpp"
@@ -61,12 +62,24 @@ void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* 
 void Engine::Impl::start_gather(TensorId id) {
   Gathered& g = gathered[id];
   if (g.ready || g.handle) return;
-  const std::size_t n = specs[id].numel, off = part->offset(id);
+  const std::size_t n = specs[id].numel;
   if (n == 0) {
     g.ready = true;
     return;
   }
   g.buf = make_dev_buf(strcat("rt.gather.", id), n * pes);
+  try {
+    start_gather_io(id);
+  } catch (...) {  // a failed read changes nothing: the gather can be retried
+    free_dev_buf(g.send);
+    free_dev_buf(g.buf);
+    throw;
+  }
+}
+
+void Engine::Impl::start_gather_io(TensorId id) {
+  Gathered& g = gathered[id];
+  const std::size_t n = specs[id].numel, off = part->offset(id);
   auto counts = part->counts_in(off, off + n);
   const unsigned char* send = g.buf.ptr;  // a rank with no share sends nothing
   if (const std::size_t mine = counts[static_cast<std::size_t>(rank)]) {
@@ -80,7 +93,15 @@ void Engine::Impl::start_gather(TensorId id) {
                                    g.send.ptr + (pos - b) * pes, Tier::kGpu));
       pos = stop;
     }
-    for (auto& t : reads) t.wait(timeout);
+    std::exception_ptr error;  // every read lands (or fails) before the buffer may be freed
+    for (auto& t : reads) {
+      try {
+        t.wait(timeout);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
     send = g.send.ptr;
   }
   g.handle = comm.all_gather_async(send, g.buf.ptr, counts, pdt);
@@ -104,6 +125,7 @@ void Engine::Impl::drop(TensorId id) {
 
 void Engine::Impl::gather(std::span<const TensorId> ids) {
   require_finalized("gather");
+  require_usable("gather");
   for (auto id : ids) check_id(id, "gather");
   if (stage < 3) return;
   auto t0 = zero::Clock::now();
@@ -124,6 +146,7 @@ void Engine::Impl::gather(std::span<const TensorId> ids) {
 
 void Engine::Impl::prefetch(std::span<const TensorId> ids) {
   require_finalized("prefetch");
+  require_usable("prefetch");
   for (auto id : ids) check_id(id, "prefetch");
   if (stage < 3) return;
   for (auto id : ids) start_gather(id);
