@@ -1,7 +1,11 @@
 // The engine's own step measured (see step_bench.hpp).
 #include "profile/step_bench.hpp"
 
+#include <stdlib.h>
 #include <sys/resource.h>
+
+#include <cerrno>
+#include <filesystem>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +18,7 @@
 #include "core/numeric.hpp"
 #include "strata/communicator.hpp"
 #include "strata/device.hpp"
+#include "strata/device_query.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -56,6 +61,32 @@ std::uint64_t peak_rss() {
   return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
 }
 
+// The one rank's communicator: NCCL (device buffers) when the engine will run on a CUDA device,
+// else the in-process one. A single NCCL rank bootstraps through a file in a private directory.
+std::unique_ptr<Communicator> one_rank(const Config& cfg) {
+  const bool cuda = cfg.runtime.device == DeviceKind::kCuda ||
+                    (cfg.runtime.device == DeviceKind::kAuto && cuda_available() && nccl_available());
+  if (!cuda) return std::move(make_inprocess_communicators(1, cfg.runtime.collective_timeout_s)[0]);
+  char tmpl[] = "/tmp/strata-bench-XXXXXX";
+  if (!::mkdtemp(tmpl)) throw IoError("mkdtemp", tmpl, 0, 0, errno, "bench step: the NCCL bootstrap directory");
+  const std::string dir = tmpl;
+  NcclBootstrap b;
+  b.file = dir + "/nccl-id";
+  b.rank = 0;
+  b.size = 1;
+  std::unique_ptr<Communicator> c;
+  try {
+    c = make_nccl_communicator(b, 0, cfg.runtime.collective_timeout_s);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return c;
+}
+
 }  // namespace
 
 StepBenchResult run_step_bench(const StepBenchOptions& o) {
@@ -69,8 +100,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   res.elements = n;
   res.threads = cfg.runtime.cpu_threads ? cfg.runtime.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
 
-  auto comms = make_inprocess_communicators(1, cfg.runtime.collective_timeout_s);
-  auto engine = std::make_unique<Engine>(cfg, *comms[0]);
+  std::unique_ptr<Communicator> comm = one_rank(cfg);
+  auto engine = std::make_unique<Engine>(cfg, *comm);
   {
     std::vector<float> init(n);
     std::mt19937 rng(5);
