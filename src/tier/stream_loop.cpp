@@ -112,8 +112,8 @@ class Runner {
         Pending& p = find(i);
         wait_inputs(p);
         compute(p);
-        write_back(p);
-        if (!o_.pipelined) finish_writes(p.item);
+        write_back(p);  // may retire p (nothing written behind): do not touch it after
+        if (!o_.pipelined) finish_writes(i);
       }
       while (!inflight_.empty()) finish_writes(inflight_.front().item);
     } catch (const std::exception& e) {
