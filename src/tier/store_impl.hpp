@@ -42,6 +42,8 @@ struct Copy {
   bool valid = false;
   std::uint32_t pins = 0;
   std::uint32_t write_pins = 0;
+  bool locked = false;            // host: page-locked (BufferSpec::pinned)
+  bool locked_by_device = false;  // ... through Device::register_host (else mlock)
 };
 
 struct Buf {
@@ -168,6 +170,8 @@ class TierStore::Impl {
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
+  // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
+  void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.
   void stream_read(tier::Job& job, tier::WorkerContext& ctx);
   void stream_write(tier::Job& job, tier::WorkerContext& ctx);
@@ -225,6 +229,7 @@ class TierStore::Impl {
   std::uint64_t cached_ = 0;                           // guarded by mutex_: bytes in host_cache_
   bool stop_ = false;                                               // guarded by mutex_
   std::string failure_;                                             // guarded by mutex_
+  std::uint64_t pinned_used_ = 0;                                   // guarded by mutex_
 
   std::mutex admin_mutex_;  // guards admin_stream_
   std::unique_ptr<Stream> admin_stream_;

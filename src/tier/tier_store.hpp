@@ -92,11 +92,15 @@ struct BufferSpec {
   DType dtype = DType::kFp32;
   Tier home = Tier::kCpu;
   std::vector<Tier> allowed;  // empty = all tiers; must contain home
+  // Host copies page-locked (offload.X.pin_memory): cudaHostRegister on a GPU (asynchronous device
+  // copies), mlock on the host device; counted against pinned_budget with the pool.
+  bool pinned = false;
 };
 
 struct TierStoreOptions {
   std::uint64_t gpu_budget = 80'000'000'000ULL;  // tiers.gpu.budget
   std::uint64_t host_budget = 512ULL << 30;      // tiers.host.budget (includes the pinned pool)
+  std::uint64_t pinned_budget = ~0ULL;           // page-locked bytes: the pool + pinned host copies
   // NVMe swap space reserved for this rank at construction; 0 = no NVMe tier.
   std::uint64_t nvme_capacity = 0;
   std::vector<std::string> nvme_paths;           // tiers.nvme.paths

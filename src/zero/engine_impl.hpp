@@ -162,7 +162,9 @@ struct Engine::Impl {
   // ---- engine_layout.cpp ----
   void build_layout();                    // chunks, storage needs, buffers
   zero::StorageNeeds storage_needs() const;
-  BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind);
+  // pinned: a cpu home is page-locked (offload.X.pin_memory).
+  BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind,
+                      bool pinned = false);
   void initialize_state(std::vector<float>& init);  // master, params from the FP32 initial values
   zero::StorageReport report() const;
   const zero::Chunk& chunk_at(std::size_t element) const;  // chunk holding an optimizer element

@@ -82,9 +82,14 @@ void Engine::Impl::build_layout() {
   }
   for (std::size_t k = 0; k < chunks.size(); ++k) {
     zero::Chunk& c = chunks[k];
-    c.opt = add_buffer(strcat("opt.", k), 12 * c.r.count, c.opt_tier, zero::BufferKind::kOptimizer);
-    if (stage >= 2) c.grad = add_buffer(strcat("grad.", k), c.r.count * ges, c.grad_tier, zero::BufferKind::kGrads);
-    if (stage == 3) c.param = add_buffer(strcat("param.", k), c.r.count * pes, c.param_tier, zero::BufferKind::kParams);
+    c.opt = add_buffer(strcat("opt.", k), 12 * c.r.count, c.opt_tier, zero::BufferKind::kOptimizer,
+                       cfg.offload.optimizer.pin_memory);
+    if (stage >= 2)
+      c.grad = add_buffer(strcat("grad.", k), c.r.count * ges, c.grad_tier, zero::BufferKind::kGrads,
+                          cfg.offload.gradients.pin_memory);
+    if (stage == 3)
+      c.param = add_buffer(strcat("param.", k), c.r.count * pes, c.param_tier, zero::BufferKind::kParams,
+                           cfg.offload.params.pin_memory);
   }
   norm_id = add_buffer("rt.norm", 16 * static_cast<std::uint64_t>(world + 1), Tier::kGpu, zero::BufferKind::kRuntime);
   norm_dev = static_cast<unsigned char*>(store().acquire(norm_id, Tier::kGpu, Access::kRead, timeout));
@@ -127,7 +132,8 @@ zero::StorageNeeds Engine::Impl::storage_needs() const {
   return n;
 }
 
-BufferId Engine::Impl::add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind) {
+BufferId Engine::Impl::add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind,
+                                  bool pinned) {
   BufferSpec spec;
   spec.name = name;
   spec.bytes = bytes;
@@ -136,6 +142,7 @@ BufferId Engine::Impl::add_buffer(const std::string& name, std::uint64_t bytes, 
                                                     : pdt;
   spec.home = home;
   spec.allowed = {home};
+  spec.pinned = pinned && home == Tier::kCpu;
   const BufferId id = store().register_buffer(spec);
   kinds.emplace_back(id, kind);
   return id;

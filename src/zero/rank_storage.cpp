@@ -118,6 +118,7 @@ void RankStorage::open(const StorageNeeds& needs) {
   TierStoreOptions so;
   so.gpu_budget = c.tiers.gpu.budget;
   so.host_budget = host_budget();
+  so.pinned_budget = pinned_budget();
   so.nvme_capacity = needs.nvme_bytes;
   so.nvme_paths = c.tiers.nvme.paths;
   so.block_size = c.tiers.nvme.block_size;

@@ -289,3 +289,29 @@ TEST(TierStore, DiscardAcquireLoadsNothingAndInlineOpsDoNotWaitForMovers) {
   EXPECT_FALSE(t.ready());
   t.wait();
 }
+
+// pin_memory: host copies page-locked (mlock on the host device), counted against pinned_budget
+// with the pool; over it, kBudget naming the buffer; dropping a copy unlocks it.
+TEST(TierStore, PinnedHostCopiesCountAgainstThePinnedBudget) {
+  st::StoreRig rig;
+  TierStoreOptions so;
+  so.host_budget = 64 << 20;
+  so.pinned_budget = (4 << 16) + (200 << 10);  // the pool + 200 KiB
+  TierStore store(so, *rig.device, nullptr, rig.pool.get());
+  BufferSpec a{"a", 150 << 10, DType::kFp32, Tier::kCpu, {Tier::kCpu, Tier::kGpu}, true};
+  const BufferId ida = store.register_buffer(a);
+  BufferSpec b{"b", 100 << 10, DType::kFp32, Tier::kCpu, {}, true};
+  try {
+    store.register_buffer(b);
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+  b.pinned = false;  // pageable: fits the host budget
+  store.register_buffer(b);
+  store.move(ida, Tier::kGpu).wait(10s);  // drops (and unlocks) a's host copy
+  b.name = "c";
+  b.pinned = true;
+  store.register_buffer(b);  // now there is room
+}

@@ -28,6 +28,7 @@ struct Placement {
   double fraction = 1.0;  // of each offloaded kind
   int world = 1;
   DType pdt = DType::kFp32, gdt = DType::kFp32;
+  bool pin = false;  // offload.*.pin_memory: the cpu share page-locked
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
@@ -36,6 +37,7 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
                          tier_name(p.params), "_world", p.world);
   if (p.fraction < 1) s += strata::strcat("_fraction", static_cast<int>(p.fraction * 100));
   if (p.pdt != DType::kFp32 || p.gdt != DType::kFp32) s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
+  if (p.pin) s += "_pinned";
   return s;
 }
 
@@ -64,6 +66,8 @@ inline std::vector<Placement> all_cases() {
                  DType::kBf16, DType::kFp16});
   }
   v.push_back({3, Tier::kGpu, Tier::kGpu, Tier::kGpu, 1.0, 2, DType::kFp16, DType::kBf16});
+  // The cpu share page-locked (pin_memory).
+  v.push_back({3, Tier::kCpu, Tier::kCpu, Tier::kCpu, 1.0, 2, DType::kFp32, DType::kFp32, true});
   return v;
 }
 
@@ -86,9 +90,9 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
   cfg.runtime.device = DeviceKind::kHost;
-  cfg.offload.optimizer = {p.opt, p.fraction, false};
-  cfg.offload.gradients = {p.grads, p.fraction, false};
-  cfg.offload.params = {p.params, p.fraction, false};
+  cfg.offload.optimizer = {p.opt, p.fraction, p.pin};
+  cfg.offload.gradients = {p.grads, p.fraction, p.pin};
+  cfg.offload.params = {p.params, p.fraction, p.pin};
   cfg.tiers.host.buffer_count = 3;
   cfg.tiers.host.buffer_size = 16 << 10;  // ~640 elements per chunk: several chunks per rank
   cfg.tiers.nvme.paths = {dir};
