@@ -48,6 +48,9 @@ class Filler {
   // src_memory: kCpu for host memory, kGpu for device memory of the store's Device.
   void fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src, Tier src_memory);
   void end();
+  // Gives up the round (the caller failed elsewhere): waits for the writes in flight and returns
+  // every pool buffer; the buffers' contents are undefined until the next round.
+  void abandon() noexcept { drain(); }
   bool active() const { return active_; }
 
   std::size_t size() const { return bufs_.size(); }

@@ -61,6 +61,14 @@ void Engine::Impl::require_usable(const char* what) const {
                                 "or restart"));
 }
 
+void Engine::Impl::mark_broken(const std::string& what) noexcept {
+  try {
+    broken = what.size() > 300 ? what.substr(0, 300) + "..." : what;
+  } catch (...) {
+  }
+  if (grad_fill) grad_fill->abandon();
+}
+
 void Engine::Impl::check_id(TensorId id, const char* what) const {
   if (id >= specs.size())
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
@@ -261,9 +269,7 @@ StepResult Engine::step() {
   try {
     return impl_->step();
   } catch (const std::exception& e) {
-    std::string what = e.what();
-    if (what.size() > 300) what = what.substr(0, 300) + "...";
-    impl_->broken = what;
+    impl_->mark_broken(e.what());
     throw;
   }
 }

@@ -59,7 +59,7 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
       }
     }
   } catch (const std::exception& e) {
-    broken = e.what();
+    mark_broken(e.what());
     throw;
   }
   st.reduce_s += zero::seconds_since(t0);

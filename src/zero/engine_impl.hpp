@@ -154,6 +154,8 @@ struct Engine::Impl {
   // ---- engine.cpp ----
   void require_finalized(const char* what) const;
   void require_usable(const char* what) const;
+  // The engine failed (its state may mix two steps): remembered, and the fill's pool buffers let go.
+  void mark_broken(const std::string& what) noexcept;
   void check_id(TensorId id, const char* what) const;
   void finalize();
   template <typename F>
