@@ -29,7 +29,7 @@
 #include "strata/config.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
-#include "zero/step_bench.hpp"
+#include "profile/step_bench.hpp"
 
 namespace {
 
@@ -147,7 +147,7 @@ std::uint64_t size_to_machine(const Config& c, const Options& o) {
   return lo;
 }
 
-json to_json(const zero::StepBenchResult& r) {
+json to_json(const profile::StepBenchResult& r) {
   return {{"elements", r.elements},
           {"state_bytes", r.state_bytes},
           {"pool_bytes", r.pool_bytes},
@@ -177,7 +177,7 @@ json to_json(const zero::StepBenchResult& r) {
 }
 
 // Runs the benchmark in a forked child (its own peak RSS); the result comes back as JSON.
-json run_child(const zero::StepBenchOptions& bo) {
+json run_child(const profile::StepBenchOptions& bo) {
   int fds[2];
   if (::pipe(fds) != 0) throw IoError("pipe", "", 0, 0, errno, "bench step");
   std::cout.flush();
@@ -190,7 +190,7 @@ json run_child(const zero::StepBenchOptions& bo) {
     if (::getppid() == 1) ::_exit(1);
     json out;
     try {
-      out = to_json(zero::run_step_bench(bo));
+      out = to_json(profile::run_step_bench(bo));
     } catch (const Error& e) {
       out = {{"error", e.what()}, {"exit_code", e.exit_code()}};
     } catch (const std::exception& e) {
@@ -228,12 +228,12 @@ int run(const Options& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (cfg.tiers.nvme.paths.empty())
     fail(ErrorCode::kInvalidArgument, "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
-  zero::StepBenchOptions bo;
+  profile::StepBenchOptions bo;
   bo.config = cfg;
   bo.rounds = o.rounds;
   if (o.rounds < 1) fail(ErrorCode::kInvalidArgument, "bench step: --rounds must be >= 1");
   bo.elements = size_to_machine(cfg, o);
-  auto measured = [&](const zero::StepBenchOptions& b, const char* what) {
+  auto measured = [&](const profile::StepBenchOptions& b, const char* what) {
     const Needs n = needs_for(cfg, b.elements);
     std::cerr << "strata: bench step: " << what << ": " << format_count(b.elements) << " params, "
               << format_bytes(b.elements * 12, true) << " of optimizer state on NVMe under "
@@ -250,7 +250,7 @@ int run(const Options& o) {
   json one = measured(bo, o.no_scaling ? "run 1 of 1" : "run 1 of 2");
   json four;
   if (!o.no_scaling) {
-    zero::StepBenchOptions b4 = bo;
+    profile::StepBenchOptions b4 = bo;
     b4.elements *= 4;
     b4.rounds = 1;
     b4.serial = false;

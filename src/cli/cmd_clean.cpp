@@ -9,7 +9,7 @@
 
 #include "cli/command.hpp"
 #include "strata/error.hpp"
-#include "strata/swap_space.hpp"
+#include "tier/swap_space.hpp"
 #include "strata/units.hpp"
 
 namespace {

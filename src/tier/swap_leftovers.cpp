@@ -1,5 +1,5 @@
 // find_swap_leftovers(): what killed strata processes left under a swap path (see
-// include/strata/swap_space.hpp for the contract).
+// src/tier/swap_space.hpp for the contract).
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 
 #include "core/safe_fs.hpp"
 #include "strata/error.hpp"
-#include "strata/swap_space.hpp"
+#include "tier/swap_space.hpp"
 
 namespace strata {
 namespace {

@@ -1,4 +1,4 @@
-#include "strata/swap_space.hpp"
+#include "tier/swap_space.hpp"
 
 #include <sys/file.h>
 #include <sys/stat.h>
