@@ -166,9 +166,14 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   UniqueFd fd = dir.create_file(e.file, O_WRONLY);
   std::vector<std::uint32_t> crcs[kSections];
   for (auto& c : crcs) c.reserve(l.nblocks);
+  // Per block; the section's last block also covers the zero padding after the section.
+  const std::vector<unsigned char> zeros(4096, 0);
   auto block_crcs = [&](int sec, const unsigned char* p, std::uint64_t n) {
-    for (std::uint64_t b = 0; b < n; b += be)
-      crcs[sec].push_back(tier::crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]));
+    for (std::uint64_t b = 0; b < n; b += be) {
+      std::uint32_t c = tier::crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
+      if (crcs[sec].size() + 1 == l.nblocks) c = tier::crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
+      crcs[sec].push_back(c);
+    }
   };
   const std::uint64_t piece = round_up(kPiece, be);
   // Piece by piece: the parameters straight from the span, the optimizer state streamed from the

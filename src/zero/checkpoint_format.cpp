@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "strata/error.hpp"
+#include "strata/partition.hpp"
 #include "tier/crc32c.hpp"
 
 namespace strata::zero::ckpt {
@@ -251,7 +252,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   m.strata_version = f.str(j, "", "strata_version");
   if (m.format_version != kFormatVersion)
     f.bad("format_version", strcat(m.format_version, " (written by strata ", m.strata_version,
-                                   "); this strata reads format ", kFormatVersion));
+                                   "); this strata reads format ", kFormatVersion,
+                                   m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
   // 3. Every field.
   m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
   m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
@@ -276,6 +278,17 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     t.offset = f.u64(tensors[i], where, "offset", end, m.flat_size - t.numel);
     end = t.offset + t.numel;
     m.tensors.push_back(std::move(t));
+  }
+  {  // The layout is the engine's (strata/partition.hpp): offsets and partition size follow from
+     // the tensor sizes and the world.
+    std::vector<TensorSpec> specs;
+    for (const auto& t : m.tensors) specs.push_back({t.name, t.numel});
+    const Partition p(std::move(specs), m.world, 1);
+    for (std::size_t i = 0; i < m.tensors.size(); ++i)
+      if (p.offset(i) != m.tensors[i].offset)
+        f.bad(strcat("tensors[", i, "].offset"), strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
+    if (p.partition_size() != m.partition_size)
+      f.bad("partition_size", strcat(m.partition_size, " is not the layout's ", p.partition_size()));
   }
   m.adam_step = f.i64(j, "", "adam_step", 0);
   m.loss_scale = f.positive(j, "", "loss_scale");
@@ -340,6 +353,7 @@ ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t b
     l.offset[s] = off;
     l.bytes[s] = count * l.elem_bytes[s];
     off = round_up(off + l.bytes[s], kAlign);
+    l.padded[s] = off - l.offset[s];
   }
   l.total = off;
   return l;
@@ -407,7 +421,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
   for (int i = 0; i < 10; ++i)
     if (fields[i] != want[i])
       fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header field ", names[i], " is ", fields[i],
-                                        ", the manifest implies ", want[i]));
+                                        ", the manifest ", m.path, " implies ", want[i]));
   for (int s = 0; s < kSections; ++s) {
     crc_[s].resize(layout_.nblocks);
     std::memcpy(crc_[s].data(), h.data() + kHeaderFixed + 4 * layout_.nblocks * static_cast<std::uint64_t>(s),
@@ -421,17 +435,20 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   const std::uint64_t first = b0 * be, last = std::min(count, b1 * be);
   Cache& c = cache_[s];
   c.b0 = c.b1 = 0;
-  c.buf.resize((last - first) * eb);
+  // The last block's checksum covers the section's padding too.
+  const std::uint64_t pad = b1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
+  c.buf.resize((last - first) * eb + pad);
   const std::uint64_t off = layout_.offset[s] + first * eb;
   pread_full(fd_.get(), c.buf.data(), c.buf.size(), off, path_);
   bytes_read_ += c.buf.size();
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
-    const std::uint32_t crc = tier::crc32c(c.buf.data() + (e0 - first) * eb, (e1 - e0) * eb);
+    const std::uint64_t n = (e1 - e0) * eb + (b + 1 == layout_.nblocks ? pad : 0);
+    const std::uint32_t crc = tier::crc32c(c.buf.data() + (e0 - first) * eb, n);
     if (crc != crc_[s][b])
       fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
-                                        " (offset ", layout_.offset[s] + e0 * eb, ", ", (e1 - e0) * eb,
-                                        " bytes) CRC32C ", hex8(crc), ", the header says ", hex8(crc_[s][b])));
+                                        " (offset ", layout_.offset[s] + e0 * eb, ", ", n, " bytes) CRC32C ",
+                                        hex8(crc), ", the header says ", hex8(crc_[s][b])));
   }
   c.b0 = b0;
   c.b1 = b1;

@@ -14,7 +14,9 @@
 //                                at stages 1-3; the same slice of the replicated state at stage 0):
 //                                header | params (model dtype) | master | exp_avg | exp_avg_sq.
 // The header (a multiple of 4096 bytes) repeats the shard's identity and holds a CRC32C per block
-// of block_elems elements of each of the four sections; the manifest holds the header's CRC32C.
+// of block_elems elements of each of the four sections (a section's last block's CRC also covers
+// the zero padding after it, so every byte of the file is checksummed); the manifest holds the
+// header's CRC32C.
 // So a reader that needs some elements of a shard reads the header (verified against the
 // manifest), then only the blocks holding those elements, each verified against the header.
 // All integers little-endian. Sections start at multiples of 4096.
@@ -112,8 +114,9 @@ struct ShardLayout {
   std::uint64_t header_bytes = 0;  // multiple of 4096
   std::uint64_t elem_bytes[kSections] = {};
   std::uint64_t offset[kSections] = {};
-  std::uint64_t bytes[kSections] = {};
-  std::uint64_t total = 0;         // file size
+  std::uint64_t bytes[kSections] = {};   // data
+  std::uint64_t padded[kSections] = {};  // data + the zero padding up to the next section / the end
+  std::uint64_t total = 0;               // file size
 };
 // Throws Error(kInvalidArgument) when the header would exceed kMaxHeaderBytes.
 ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t block_elems);
