@@ -38,13 +38,13 @@
 #include <vector>
 
 #include "strata/config.hpp"
-#include "zero/ckpt_fs.hpp"
+#include "core/safe_fs.hpp"
 
 namespace strata::zero::ckpt {
 
-using ckptfs::SafeDir;
-using ckptfs::UniqueFd;
-using ckptfs::SafeDirOptions;
+using strata::SafeDir;
+using strata::SafeDirOptions;
+using strata::UniqueFd;
 
 inline constexpr std::uint32_t kFormatVersion = 2;
 inline constexpr const char* kFormatName = "strata-checkpoint";
