@@ -18,6 +18,7 @@
 
 #include "cli/command.hpp"
 #include "comm/numeric.hpp"
+#include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/engine.hpp"
@@ -158,6 +159,12 @@ int run(const Options& o) {
   if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
     fail(ErrorCode::kInvalidArgument, "--save-every and --resume need --checkpoint-dir");
   if (o.save_every < 0) fail(ErrorCode::kInvalidArgument, "--save-every must be >= 1");
+  if (!o.checkpoint_dir.empty()) {  // an unusable directory fails now, not after the first steps
+    SafeDirOptions d;
+    d.create = true;
+    d.role = "--checkpoint-dir";
+    SafeDir::open(o.checkpoint_dir, d);
+  }
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
   if (cfg.runtime.communicator == CommBackend::kNccl)
