@@ -24,7 +24,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "zero/mlp_model.hpp"
+#include "cli/mlp_model.hpp"
 
 namespace {
 
@@ -74,10 +74,10 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
 // all ranks' batches, exchanged through the communicator).
 RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) {
-  zero::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
+  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
   Engine engine(cfg, comm);
   std::vector<TensorId> ids;
-  for (std::size_t t = 0; t < zero::MlpModel::kTensors; ++t)
+  for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
     ids.push_back(engine.add_parameter(model.tensor_name(t), model.initial(t)));
   engine.finalize();
   const DType gdt = engine.grad_dtype();
@@ -215,7 +215,7 @@ int run(const Options& o) {
   const bool trained = !outcome.steps.empty();
   const double first = trained ? outcome.steps.front().loss : 0.0, last = trained ? outcome.steps.back().loss : 0.0;
   const int ran = static_cast<int>(outcome.steps.size());
-  zero::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
+  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
   const double params = static_cast<double>(shape_only.parameters());
   if (o.json) {
     nlohmann::json j;

@@ -17,7 +17,7 @@
 #include "strata/build_info.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 #include "zero/checkpoint_format.hpp"
 
 namespace strata::zero {
@@ -170,8 +170,8 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   const std::vector<unsigned char> zeros(4096, 0);
   auto block_crcs = [&](int sec, const unsigned char* p, std::uint64_t n) {
     for (std::uint64_t b = 0; b < n; b += be) {
-      std::uint32_t c = tier::crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
-      if (crcs[sec].size() + 1 == l.nblocks) c = tier::crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
+      std::uint32_t c = crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
+      if (crcs[sec].size() + 1 == l.nblocks) c = crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
       crcs[sec].push_back(c);
     }
   };
@@ -204,7 +204,7 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   if (::ftruncate(fd.get(), static_cast<off_t>(l.total)) != 0)
     throw IoError("ftruncate", path, l.total, 0, errno, "checkpoint shard");
   if (::fdatasync(fd.get()) != 0) throw IoError("fdatasync", path, 0, l.total, errno, "checkpoint shard");
-  return tier::crc32c(header.data(), header.size());
+  return crc32c(header.data(), header.size());
 }
 
 void commit_manifest(const SafeDir& dir, const Manifest& m) {

@@ -15,7 +15,7 @@
 
 #include "strata/error.hpp"
 #include "strata/partition.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 
 namespace strata::zero::ckpt {
 namespace {
@@ -203,7 +203,7 @@ std::string serialize_manifest(const Manifest& m) {
   std::string body = j.dump(1, ' ', false, json::error_handler_t::replace);
   // body ends with "\n}": the seal goes before the closing brace.
   body.resize(body.size() - 2);
-  const std::uint32_t crc = tier::crc32c(body.data(), body.size());
+  const std::uint32_t crc = crc32c(body.data(), body.size());
   body += kTrailerHead;
   body += hex8(crc);
   body += kTrailerTail;
@@ -232,7 +232,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                 "with its \"manifest_crc32c\" seal"));
   }
   const std::string_view body = text.substr(0, text.size() - kTrailerBytes);
-  const std::uint32_t crc = tier::crc32c(body.data(), body.size());
+  const std::uint32_t crc = crc32c(body.data(), body.size());
   if (crc != stored) {
     explain_foreign_format(text, path, "its checksum does not verify");
     fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", path, ": field 'manifest_crc32c': CRC32C of the ",
@@ -403,7 +403,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
   std::vector<unsigned char> h(layout_.header_bytes);
   pread_full(fd_.get(), h.data(), h.size(), 0, path_);
   bytes_read_ += h.size();
-  const std::uint32_t crc = tier::crc32c(h.data(), h.size());
+  const std::uint32_t crc = crc32c(h.data(), h.size());
   if (crc != e.header_crc32c)
     fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header (", h.size(), " bytes at offset 0) CRC32C ",
                                       hex8(crc), ", the manifest says ", hex8(e.header_crc32c)));
@@ -444,7 +444,7 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
     const std::uint64_t n = (e1 - e0) * eb + (b + 1 == layout_.nblocks ? pad : 0);
-    const std::uint32_t crc = tier::crc32c(c.buf.data() + (e0 - first) * eb, n);
+    const std::uint32_t crc = crc32c(c.buf.data() + (e0 - first) * eb, n);
     if (crc != crc_[s][b])
       fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
                                         " (offset ", layout_.offset[s] + e0 * eb, ", ", n, " bytes) CRC32C ",

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "strata/error.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 
 namespace strata::testing {
 
@@ -31,7 +31,7 @@ inline std::string seal(nlohmann::json j) {
   std::string body = j.dump(1);
   body.resize(body.size() - 2);
   char hex[9];
-  std::snprintf(hex, sizeof(hex), "%08x", tier::crc32c(body.data(), body.size()));
+  std::snprintf(hex, sizeof(hex), "%08x", crc32c(body.data(), body.size()));
   return body + ",\n \"manifest_crc32c\": \"" + hex + "\"\n}\n";
 }
 
