@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "strata/units.hpp"
 #include "strata/build_info.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
@@ -627,7 +628,7 @@ class Importer {
       set("tiers.nvme.paths", list + "]", "zero_optimization.offload_*.nvme_path");
     }
     if (buffers) set("tiers.host.buffer_count", fmt(buffers), buffers_from + " (one pool per rank: the larger)");
-    if (buffer_bytes) set("tiers.host.buffer_size", fmt(buffer_bytes), bytes_from);
+    if (buffer_bytes) set("tiers.host.buffer_size", format_bytes_exact(buffer_bytes), bytes_from);
     // The rest of zero_optimization.
     const std::map<std::string, std::string> reasons{
         {"allgather_partitions", "strata all-gathers the updated parameters after every step (stages 1-2)"},
@@ -671,7 +672,7 @@ class Importer {
     if (const json* v = find("/aio/block_size")) {
       const std::uint64_t b = count("/aio/block_size", *v, 1, 1ull << 30);
       const std::uint64_t r = (b + 4095) / 4096 * 4096;
-      set("tiers.nvme.block_size", fmt(r), src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
+      set("tiers.nvme.block_size", format_bytes_exact(r), src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
       if (r != b) warn(strcat("aio.block_size ", b, " rounded up to ", r, " (strata's requests are 4 KiB multiples)"));
     }
     if (const json* v = find("/aio/queue_depth"))
