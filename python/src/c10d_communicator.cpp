@@ -196,6 +196,7 @@ class C10dCommunicator final : public Communicator {
   }
 
   // ---- used by the handles ----
+  const std::string& broken() const { return broken_; }
   [[noreturn]] void broke(const std::string& what, const std::string& why, bool timeout) {
     if (broken_.empty()) broken_ = what + ": " + why;
     fail(timeout ? ErrorCode::kTimeout : ErrorCode::kComm, strcat(what, ": ", why));
@@ -317,6 +318,13 @@ void C10dHandle::complete_stage() {
 
 void C10dHandle::wait() {
   if (failed_) fail(ErrorCode::kComm, strcat(what_, ": waited on again after it failed"));
+  // Another collective already failed: this one cannot complete either (its peer is gone or out
+  // of step); don't wait out its deadline. (The work keeps its staged tensors alive.)
+  if (!finished_ && !comm_.broken().empty()) {
+    failed_ = true;
+    work_.reset();
+    fail(ErrorCode::kComm, strcat(what_, ": abandoned: the communicator is broken (", comm_.broken(), ")"));
+  }
   while (!finished_) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
     bool completed = false;

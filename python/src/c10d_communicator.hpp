@@ -14,8 +14,8 @@
 // can never write into the caller's memory. Every operation carries runtime.collective_timeout_s
 // as its c10d timeout and wait() waits no longer: a dead or stalled peer gives Error(kTimeout)
 // (deadline) or Error(kComm) (the backend saw the peer's connection close), naming the collective,
-// its sequence number and this rank; the communicator is then broken and later collectives throw
-// Error(kComm) at once.
+// its sequence number and this rank; the communicator is then broken: later collectives, and
+// waits on those still in flight, throw Error(kComm) at once.
 // Thread-safety: as every Communicator (one issuing thread). The GIL is not needed.
 #pragma once
 

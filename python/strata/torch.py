@@ -344,6 +344,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- failures ----
     def _call(self, fn, *args):
+        """Calls an engine method whose failure (other than bad input) leaves the engine failed
+        (engine.hpp: set_gradient, step, and the stage-3 gathers, which are collectives of the
+        step): marks this optimizer failed and adds how to recover to the message. Checkpoints and
+        state access verify before they change anything and are called directly."""
         try:
             return fn(*args)
         except errors.StrataError as e:
@@ -408,19 +412,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _read(self, tid, kind):
         t = torch.empty(self._shapes[tid], dtype=torch.float32)
         if t.numel():
-            self._call(self._engine.read_state, tid, kind, t.data_ptr())
+            self._engine.read_state(tid, kind, t.data_ptr())
         return t
 
-    def _write(self, tid, kind, value):
-        name = self._name(self._params[tid])
+    def _checked(self, tid, kind, value):
+        """`value` as a contiguous FP32 CPU tensor of parameter tid's shape, or InvalidArgumentError."""
         value = torch.as_tensor(value)
         if tuple(value.shape) != tuple(self._shapes[tid]):
-            raise errors.InvalidArgumentError("strata: load_state_dict: %s of '%s' has shape %s, the "
-                                              "parameter %s" % (kind, name, tuple(value.shape),
-                                                                tuple(self._shapes[tid])))
-        v = value.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        if v.numel():
-            self._call(self._engine.write_state, tid, kind, v.data_ptr())
+            raise errors.InvalidArgumentError(
+                "strata: load_state_dict: %s of '%s' has shape %s, the parameter %s; nothing was loaded"
+                % (kind, self._name(self._params[tid]), tuple(value.shape), tuple(self._shapes[tid])))
+        return value.detach().to(device="cpu", dtype=torch.float32).contiguous()
 
     def state_dict(self):
         """torch's optimizer format (torch.optim.AdamW.load_state_dict accepts it): per parameter
@@ -453,24 +455,34 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.InvalidArgumentError(
                 "strata: load_state_dict: the state has groups of %s parameters, this optimizer %s"
                 % ([len(g["params"]) for g in groups], [len(g["params"]) for g in self.param_groups]))
+        betas, eps = tuple(self._cfg["betas"]), self._cfg["eps"]
+        for gi, g in enumerate(groups):
+            if tuple(g.get("betas", betas)) != betas or g.get("eps", eps) != eps:
+                raise errors.InvalidArgumentError(
+                    "strata: load_state_dict: param_groups[%d] has betas/eps %s/%s, the config %s/%s "
+                    "(strata uses the config's for every group); nothing was loaded"
+                    % (gi, g.get("betas"), g.get("eps"), betas, eps))
         index = [i for g in groups for i in g["params"]]
-        steps = set()
-        for tid, idx in enumerate(index):
+        steps, values = set(), []
+        for tid, idx in enumerate(index):  # everything is checked before anything is written
             st = state_dict["state"].get(idx, {})
             if "step" in st:
                 steps.add(int(float(st["step"])))
-        if len(steps) > 1:
-            raise errors.InvalidArgumentError(
-                "strata: load_state_dict: the parameters have different step counts %s; strata keeps "
-                "one step count for all" % sorted(steps))
-        for tid, idx in enumerate(index):
-            st = state_dict["state"].get(idx, {})
             master = st.get("master")
             if master is None:
                 master = self._current_param(tid)
-            self._write(tid, "master", master)
-            for kind in ("exp_avg", "exp_avg_sq"):
-                self._write(tid, kind, st[kind] if kind in st else torch.zeros(self._shapes[tid]))
+            values.append([(kind, self._checked(tid, kind, v)) for kind, v in (
+                ("master", master),
+                ("exp_avg", st.get("exp_avg", torch.zeros(self._shapes[tid]))),
+                ("exp_avg_sq", st.get("exp_avg_sq", torch.zeros(self._shapes[tid]))))])
+        if len(steps) > 1:
+            raise errors.InvalidArgumentError(
+                "strata: load_state_dict: the parameters have different step counts %s; strata keeps "
+                "one step count for all; nothing was loaded" % sorted(steps))
+        for tid, kinds in enumerate(values):
+            for kind, v in kinds:
+                if v.numel():
+                    self._engine.write_state(tid, kind, v.data_ptr())
         self._engine.set_optimizer_step(steps.pop() if steps else 0)
         for g, saved in zip(self.param_groups, groups):
             for k, v in saved.items():
@@ -487,13 +499,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """The engine's checkpoint (every rank's shard + a manifest, committed atomically; see
         docs/offload.md). Collective."""
         self._check_usable()
-        self._call(self._engine.save_checkpoint, os.fspath(directory))
+        self._engine.save_checkpoint(os.fspath(directory))
 
     def load_checkpoint(self, directory):
         """Restores a checkpoint written by save_checkpoint (same world size; verified before
         anything changes). Collective."""
         self._check_usable()
-        self._call(self._engine.load_checkpoint, os.fspath(directory))
+        self._engine.load_checkpoint(os.fspath(directory))
 
     # ---- information ----
     @property

@@ -16,6 +16,10 @@ optimizer for --steps steps, and writes DIR/rank<R>.json; `check` reads those fi
 reference and fails (exit 1) on any difference. Cases:
   s0 s1 s2 s3         zero.stage 0..3, state in host memory: bitwise equal (params, exp_avg, exp_avg_sq)
   nvme<S>             stage S with offload.optimizer on NVMe (a temp dir): bitwise equal
+  ckpt<S>             stage S, save_checkpoint after 15 steps; a new model (other initial values)
+                      and optimizer at stage 3 (1 if S is 3) load_checkpoint and run the other
+                      15: bitwise equal
+  sdict<S>            the same through state_dict() / load_state_dict()
   bf16<S>             stage S, bf16 parameters and gradients, dynamic loss scaling (initial 1024,
                       growth every 10 steps); at step 25 the last rank's loss is made inf: every
                       rank must skip that step and back the loss scale off alike. Checked two ways:
@@ -191,16 +195,39 @@ def case_config(case, tmp):
     return cfg
 
 
-def run_case(strata, case, data, steps, tmp):
+def run_case(strata, case, data, steps, tmp, shared):
+    """One case: `steps` steps; ckpt<S> / sdict<S> stop half-way, save (checkpoint / state_dict),
+    and continue in a new model and optimizer with another stage (and other initial values).
+    tmp: this rank's scratch directory (NVMe swap); shared: the ranks' common one (checkpoints)."""
     bf16 = case.startswith("bf16")
+    resume = case.startswith(("ckpt", "sdict"))
+    stage = int(case[-1])
     model = build_model(torch.bfloat16 if bf16 else torch.float32)
     names = names_in_group_order(model)  # (at stage 3 the parameters are empty once registered)
     opt = strata.torch.ZeroOptimizer(model, case_config(case, tmp), param_groups=groups(model))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup)
+    sched = None if resume else torch.optim.lr_scheduler.LambdaLR(opt, warmup)
     rank, world = opt.rank, opt.world
     rec = {"backend": opt.backend, "world": world, "rank": rank, "losses": [], "overflow": [], "loss_scale": []}
     t0 = time.time()
     for step in range(steps):
+        if resume and step == steps // 2:
+            if case.startswith("ckpt"):
+                opt.save_checkpoint(os.path.join(shared, "ckpt-" + case))
+            else:
+                saved = opt.state_dict()
+            opt.close()
+            torch.manual_seed(SEED + 1)  # other initial values: everything must come from the save
+            model = G.GPT(**MODEL)
+            cfg = case_config(case, tmp)
+            cfg["zero"]["stage"] = 3 if stage < 3 else 1
+            opt = strata.torch.ZeroOptimizer(model, cfg, param_groups=groups(model))
+            if case.startswith("ckpt"):
+                opt.load_checkpoint(os.path.join(shared, "ckpt-" + case))
+            else:
+                opt.load_state_dict(saved)
+        if resume:  # what LambdaLR(opt, warmup) sets (its state is not in the checkpoint)
+            for g in opt.param_groups:
+                g["lr"] = LR * warmup(step)
         x, y = G.global_batch(data, step, world * ROWS, MODEL["seq_len"])
         loss = model(x[rank * ROWS:(rank + 1) * ROWS], y[rank * ROWS:(rank + 1) * ROWS])
         rec["losses"].append(float(loss))
@@ -208,7 +235,8 @@ def run_case(strata, case, data, steps, tmp):
             loss = loss * float("inf")
         opt.backward(loss)
         r = opt.step()
-        sched.step()
+        if sched is not None:
+            sched.step()
         rec["overflow"].append(r.overflow)
         rec["loss_scale"].append(r.loss_scale)
     rec["seconds"] = time.time() - t0
@@ -255,7 +283,7 @@ def train(args):
     rank = None
     for case in args.cases.split(","):
         with tempfile.TemporaryDirectory(prefix="strata-nvme-", dir=args.tmp) as tmp:
-            rec, state, params = run_case(strata, case, data, args.steps, tmp)
+            rec, state, params = run_case(strata, case, data, args.steps, tmp, args.out)
         rank = rec["rank"]
         bf16 = case.startswith("bf16")
         ref = torch.load("%s.%s.pt" % (args.ref, "bf16" if bf16 else "fp32"))

@@ -175,6 +175,20 @@ class TorchContract(unittest.TestCase):
         self.assertEqual(model.wte.weight.shape, torch.Size([256, 32]))  # close(): ordinary tensors again
         self.assertIs(model.head.weight, model.wte.weight)
 
+    def test_stage2_reduce_scatters_overlap_the_backward(self):
+        m = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, base_config(2))  # 5000-element buckets: several
+        seen = []
+        for p in m.parameters():  # tensor hooks run as autograd produces each gradient
+            p.register_hook(lambda g: seen.append(opt.stats()["comm_calls"]["reduce_scatter"]) or g)
+        x, y = batch(0)
+        opt.backward(m(x, y))
+        after = opt.stats()["comm_calls"]["reduce_scatter"]
+        self.assertGreater(seen[-1], seen[0], "no bucket was reduced before the backward ended")
+        self.assertGreaterEqual(after, 5)
+        opt.step()
+        opt.close()
+
     def test_closure_zero_grad_and_loss_scale(self):
         model = tiny_gpt()
         opt = strata.torch.ZeroOptimizer(model, base_config(1))
@@ -301,6 +315,27 @@ class Errors(unittest.TestCase):
         with self.assertRaises(strata.ConfigError) as cm:
             strata.torch.ZeroOptimizer(tiny_gpt(), "/nonexistent/strata.yaml")
         self.assertIn("no such file", str(cm.exception))
+
+    def test_failed_loads_change_nothing(self):
+        m = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, base_config(1))
+        train(m, opt, 2)
+        before = opt.state_dict()
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(strata.IoError) as cm:
+                opt.load_checkpoint(d)  # no checkpoint there
+            self.assertIn("manifest.json", str(cm.exception))
+        bad = copy.deepcopy(before)
+        bad["state"][len(bad["state"]) - 1]["exp_avg"] = torch.zeros(3)
+        with self.assertRaises(strata.InvalidArgumentError) as cm:
+            opt.load_state_dict(bad)
+        self.assertIn("nothing was loaded", str(cm.exception))
+        after = opt.state_dict()
+        for i in before["state"]:
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                self.assertTrue(torch.equal(before["state"][i][k], after["state"][i][k]), (i, k))
+        train(m, opt, 1, start=2)  # still usable
+        opt.close()
 
     def test_failed_engine_says_how_to_recover(self):
         with tempfile.TemporaryDirectory() as d:
