@@ -112,7 +112,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         trainable = [p for p in _unique_params(model) if p.requires_grad]
         if not trainable:
             raise errors.InvalidArgumentError("strata: the model has no parameter that requires grad")
-        defaults = ["model.parameters=%d" % sum(max(1, p.numel()) for p in trainable)]
+        defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in trainable))]
         # precision.params / precision.grads the config leaves out follow the model's dtype.
         dt = {v: k for k, v in _DTYPES.items()}.get(trainable[0].dtype)
         if dt is not None:
@@ -133,25 +133,32 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._param_dtype = _DTYPES[cfg["params_dtype"]]
         self._grad_dtype = _DTYPES[cfg["grads_dtype"]]
         self._failed = None
+        self._engine = None
         self._backward_s = 0.0
         self._handin_s = 0.0
+        # Every parameter is checked before anything else happens (no process group, no engine).
+        self._params, self._shapes, self._ids = [], [], {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._check_param(p)
+                self._ids[id(p)] = len(self._params)
+                self._params.append(p)
+                self._shapes.append(p.shape)
         self._engine = self._make_engine(process_group)
         self.rank = self._engine.rank
         self.world = self._engine.world
         self.stage = self._engine.stage
 
-        # Register every parameter (group order, then parameter order: the same on every rank).
-        self._params, self._shapes, self._ids = [], [], {}
+        # Register them (group order, then parameter order: the same on every rank).
+        tid = 0
         for gi, group in enumerate(self.param_groups):
             if gi > 0:
                 self._engine.add_param_group(float(group["lr"]), float(group["weight_decay"]))
             for p in group["params"]:
-                self._check_param(p)
                 init = p.detach().to(torch.float32).contiguous()
-                tid = self._engine.add_parameter(self._name(p), init.data_ptr(), init.numel(), gi)
-                self._ids[id(p)] = tid
-                self._params.append(p)
-                self._shapes.append(p.shape)
+                got = self._engine.add_parameter(self._name(p), init.data_ptr(), init.numel(), gi)
+                assert got == tid, (got, tid)
+                tid += 1
         self._sync_groups()
         self._engine.finalize()
         self._arrived = [False] * len(self._params)
