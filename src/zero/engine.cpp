@@ -8,7 +8,7 @@
 #include <cstring>
 #include <deque>
 
-#include "comm/numeric.hpp"
+#include "core/numeric.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -52,8 +52,8 @@ struct Engine::Impl {
   }
   Impl(const Config& c, Communicator& cm)
       : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), stage(c.zero.stage),
-        pdt(c.precision.params), gdt(c.precision.grads), pes(comm::elem_size(pdt)),
-        ges(comm::elem_size(gdt)) {
+        pdt(c.precision.params), gdt(c.precision.grads), pes(elem_size(pdt)),
+        ges(elem_size(gdt)) {
     if (stage < 0 || stage > 3)
       fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
     if (comm.buffer_location() != BufferLocation::kHost)
@@ -196,7 +196,7 @@ struct Engine::Impl {
 
     auto to_model = [&](std::size_t begin, std::size_t count, std::vector<unsigned char>& out) {
       out.assign(count * pes, 0);
-      for (std::size_t i = 0; i < count; ++i) comm::store_elem(out.data(), i, pdt, init[begin + i]);
+      for (std::size_t i = 0; i < count; ++i) store_elem(out.data(), i, pdt, init[begin + i]);
     };
     if (stage < 3) {
       to_model(0, flat, flat_params);
@@ -705,18 +705,18 @@ struct Engine::Impl {
     }
     if (kind != StateKind::kMaster) return;
     if (stage < 3) {
-      for (std::size_t i = 0; i < n; ++i) comm::store_elem(flat_params.data() + off * pes, i, pdt, in[i]);
+      for (std::size_t i = 0; i < n; ++i) store_elem(flat_params.data() + off * pes, i, pdt, in[i]);
       return;
     }
     if (sp.local.count) {
       std::vector<unsigned char> tmp(sp.local.count * pes);
-      for (std::size_t i = 0; i < sp.local.count; ++i) comm::store_elem(tmp.data(), i, pdt, in[from + i]);
+      for (std::size_t i = 0; i < sp.local.count; ++i) store_elem(tmp.data(), i, pdt, in[from + i]);
       write_own(sp.local.begin, sp.local.count, tmp.data());
       if (param_nvme) param_nvme->flush();
     }
     finish_gather(id);
     if (is_gathered[id])
-      for (std::size_t i = 0; i < n; ++i) comm::store_elem(gathered[id].data(), i, pdt, in[i]);
+      for (std::size_t i = 0; i < n; ++i) store_elem(gathered[id].data(), i, pdt, in[i]);
   }
 
   // ---- checkpoints (zero/checkpoint.cpp) ----
@@ -886,7 +886,7 @@ void Engine::read_param(TensorId id, std::span<float> out) const {
   const std::size_t n = impl_->specs[id].numel;
   if (out.size() != n)
     fail(ErrorCode::kInvalidArgument, strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
-  for (std::size_t i = 0; i < n; ++i) out[i] = comm::load_elem(p, i, impl_->pdt);
+  for (std::size_t i = 0; i < n; ++i) out[i] = load_elem(p, i, impl_->pdt);
 }
 void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }

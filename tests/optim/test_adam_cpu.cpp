@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numeric.hpp"
 #include "optim/adam_test_util.hpp"
 #include "strata/adam.hpp"
 #include "strata/error.hpp"
@@ -351,12 +352,25 @@ TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
   convert_fp32_to_bf16(src.data() + 1, h.data(), src.size() - 1);  // misaligned source
   for (std::size_t i = 0; i + 1 < src.size(); ++i)
     ASSERT_EQ(h[i], testing::ref_f_to_bf16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+  // The one scalar copy (core/numeric.hpp, used by the tails, the engine and the reductions)
+  // gives the vector lanes' bits.
+  for (std::size_t i = 0; i + 1 < src.size(); ++i)
+    ASSERT_EQ(h[i], float_to_bf16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(testing::bits_of(bf16_to_float(all[i])), testing::bits_of(testing::ref_bf16_to_f(all[i])));
+    if (!std::isnan(testing::ref_fp16_to_f(all[i]))) {
+      ASSERT_EQ(testing::bits_of(half_to_float(all[i])), testing::bits_of(testing::ref_fp16_to_f(all[i])));
+    }
+  }
   convert_fp32_to_fp16(src.data() + 1, h.data(), src.size() - 1);
   for (std::size_t i = 0; i + 1 < src.size(); ++i) {
     if (std::isnan(src[i + 1]))
       ASSERT_EQ(h[i] & 0x7E00, 0x7E00);
     else
       ASSERT_EQ(h[i], testing::ref_f_to_fp16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+    if (!std::isnan(src[i + 1])) {
+      ASSERT_EQ(h[i], float_to_half(src[i + 1]));
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "core/numeric.hpp"
 #include "engine_test_util.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
@@ -129,7 +130,7 @@ TEST_P(EngineGroups, WriteThenReadStateRoundTrips) {
       e.release({&id, 1});
       auto master = initial_values(seed + 17, id, c.sizes[id]);
       for (std::size_t i = 0; i < param.size(); ++i)
-        ASSERT_EQ(param[i], comm::bf16_to_float(comm::float_to_bf16(master[i])))
+        ASSERT_EQ(param[i], bf16_to_float(float_to_bf16(master[i])))
             << "rank " << rank << " t" << id << " element " << i;
     }
     EXPECT_EQ(e.optimizer_step(), 7);

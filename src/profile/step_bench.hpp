@@ -12,7 +12,7 @@
 
 #include "strata/config.hpp"
 
-namespace strata::zero {
+namespace strata::profile {
 
 struct StepBenchOptions {
   // tiers.* (pool, NVMe paths and engine), precision.* (grads/params dtypes), optimizer.*,
@@ -54,4 +54,4 @@ struct StepBenchResult {
 
 StepBenchResult run_step_bench(const StepBenchOptions& options);
 
-}  // namespace strata::zero
+}  // namespace strata::profile

@@ -12,7 +12,7 @@
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
-#include "strata/pinned_pool.hpp"
+#include "device/pinned_pool.hpp"
 #include "test_util.hpp"
 
 using namespace strata;

@@ -1,5 +1,5 @@
 // The offloaded optimizer step benchmark (see step_bench.hpp).
-#include "zero/step_bench.hpp"
+#include "profile/step_bench.hpp"
 
 #include <sys/resource.h>
 
@@ -17,8 +17,13 @@
 #include "strata/partition.hpp"
 #include "zero/offload_store.hpp"
 
-namespace strata::zero {
+namespace strata::profile {
 namespace {
+
+using zero::OffloadStateStore;
+using zero::OffloadStepStats;
+using zero::OffloadStoreOptions;
+using zero::StateView;
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -104,7 +109,7 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   std::unique_ptr<DeviceAdam> dadam;
   res.update_on = "cpu";
   if (cfg.optimizer.update == OptimizerUpdate::kDevice) {
-    device = make_optimizer_device(cfg);
+    device = zero::make_optimizer_device(cfg);
     dadam = std::make_unique<DeviceAdam>(*device, cfg.runtime.cpu_threads, std::chrono::milliseconds(120000));
     res.update_on = device->name();
   }
@@ -168,4 +173,4 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   return res;
 }
 
-}  // namespace strata::zero
+}  // namespace strata::profile

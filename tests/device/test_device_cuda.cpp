@@ -7,7 +7,7 @@
 #include "strata/device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
-#include "memory/device_test_util.hpp"
+#include "device/device_test_util.hpp"
 #include "test_util.hpp"
 
 using namespace strata;

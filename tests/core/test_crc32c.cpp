@@ -3,9 +3,9 @@
 #include <cstring>
 
 #include "test_util.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 
-using namespace strata::tier;
+using namespace strata;
 namespace st = strata::testing;
 
 TEST(Crc32c, KnownVectors) {

@@ -1,4 +1,4 @@
-// Internal: the Adam kernel benchmark shared by `strata bench adam` and bench/optim.
+// Internal: the Adam kernel benchmark shared by `strata bench adam`, bench/optim and the profiler.
 //
 // Allocates the arrays for `params` elements, then measures, ALTERNATELY for `rounds` rounds and
 // on the same CpuAdam (same threads, same tiles, same arrays), one Adam step and one pass of the
@@ -12,7 +12,7 @@
 
 #include "strata/adam.hpp"
 
-namespace strata::optim {
+namespace strata::profile {
 
 struct AdamBenchOptions {
   std::size_t params = 50'000'000;
@@ -45,9 +45,9 @@ struct AdamBenchResult {
 // when the arrays cannot be allocated.
 AdamBenchResult run_adam_bench(const AdamBenchOptions& o);
 
-}  // namespace strata::optim
+}  // namespace strata::profile
 
-namespace strata::optim {
+namespace strata::profile {
 
 // GPU: one Adam step (fp32 grads, 28 B/param) and one cudaMemcpy device-to-device of the same
 // traffic (14 B/param read + written), alternately; fraction = copy_time / adam_time (median).
@@ -60,4 +60,4 @@ struct AdamCudaBenchResult {
 // Throws Error(kUnsupported) without CUDA (build or device).
 AdamCudaBenchResult run_adam_cuda_bench(std::size_t params, int rounds);
 
-}  // namespace strata::optim
+}  // namespace strata::profile

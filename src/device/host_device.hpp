@@ -13,7 +13,7 @@
 
 #include "strata/device.hpp"
 
-namespace strata::memory {
+namespace strata::device {
 
 class HostDevice final : public Device {
  public:
@@ -37,4 +37,4 @@ class HostDevice final : public Device {
   std::uint64_t allocated_ = 0;               // guarded by mutex_
 };
 
-}  // namespace strata::memory
+}  // namespace strata::device

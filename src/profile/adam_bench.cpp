@@ -1,4 +1,4 @@
-#include "optim/adam_bench.hpp"
+#include "profile/adam_bench.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -10,10 +10,10 @@
 
 #include <time.h>
 
-#include "optim/adam_kernels.hpp"
+#include "core/numeric.hpp"
 #include "strata/error.hpp"
 
-namespace strata::optim {
+namespace strata::profile {
 
 namespace {
 
@@ -144,4 +144,4 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
   return r;
 }
 
-}  // namespace strata::optim
+}  // namespace strata::profile

@@ -5,9 +5,9 @@
 
 #include "strata/device.hpp"
 
-namespace strata::memory {
+namespace strata::device {
 
 // Throws Error(kUnsupported) when the device cannot be used (no driver, no such ordinal).
 std::unique_ptr<Device> make_cuda_device(int ordinal);
 
-}  // namespace strata::memory
+}  // namespace strata::device

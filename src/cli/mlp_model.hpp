@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace strata::zero {
+namespace strata::cli {
 
 struct MlpShape {
   std::size_t input = 16;
@@ -47,4 +47,4 @@ class MlpModel {
   std::size_t batch_ = 0;
 };
 
-}  // namespace strata::zero
+}  // namespace strata::cli

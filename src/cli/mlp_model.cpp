@@ -1,12 +1,12 @@
 // Two-layer MLP, FP32 forward and backward (see mlp_model.hpp).
-#include "zero/mlp_model.hpp"
+#include "cli/mlp_model.hpp"
 
 #include <cmath>
 #include <random>
 
 #include "strata/error.hpp"
 
-namespace strata::zero {
+namespace strata::cli {
 
 MlpModel::MlpModel(MlpShape shape, std::uint64_t seed) : shape_(shape), seed_(seed) {
   if (shape.input == 0 || shape.hidden == 0 || shape.output == 0)
@@ -120,4 +120,4 @@ double MlpModel::forward_backward(const std::vector<std::vector<float>>& p,
   return loss / static_cast<double>(batch_ * s.output);
 }
 
-}  // namespace strata::zero
+}  // namespace strata::cli

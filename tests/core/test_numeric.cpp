@@ -1,4 +1,4 @@
-// FP16/BF16 conversions used by the host reductions: exhaustive against the compiler's _Float16
+// The one copy of the FP16/BF16 conversions (core/numeric.hpp): exhaustive against the compiler's _Float16
 // and against a bit-exact BF16 reference.
 #include <gtest/gtest.h>
 
@@ -6,10 +6,10 @@
 #include <cmath>
 #include <random>
 
-#include "comm/numeric.hpp"
+#include "core/numeric.hpp"
 #include "test_util.hpp"
 
-namespace strata::comm {
+namespace strata {
 namespace {
 
 TEST(Numeric, HalfRoundTripsEveryValue) {
@@ -48,14 +48,24 @@ TEST(Numeric, Bf16RoundsToNearestEven) {
   EXPECT_EQ(bf16_to_float(0xc0a0), -5.0f);
 }
 
-TEST(Numeric, OrderedSumIsRankOrderedFp32) {
-  // (1e8 + 1) + -1e8 = 0 in FP32 but 1 in other orders: the order is part of the contract.
-  float a[1] = {1e8f}, b[1] = {1.0f}, c[1] = {-1e8f};
-  const void* srcs[3] = {a, b, c};
-  float out[1];
-  ordered_sum(srcs, 3, out, 1, DType::kFp32);
-  EXPECT_EQ(out[0], (1e8f + 1.0f) + -1e8f);
+TEST(Numeric, NanAndInfinity) {
+  EXPECT_EQ(float_to_bf16(std::bit_cast<float>(0xffc00001u)), 0x7fc0);  // NaN: torch's quiet NaN
+  EXPECT_EQ(float_to_half(NAN), 0x7e00);
+  EXPECT_EQ(float_to_half(-INFINITY), 0xfc00);
+  EXPECT_EQ(float_to_half(70000.0f), 0x7c00);  // overflow rounds to infinity
+  EXPECT_EQ(float_to_bf16(-INFINITY), 0xff80);
+}
+
+TEST(Numeric, LoadStoreElem) {
+  std::uint16_t h[2];
+  float f[2];
+  for (DType t : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    void* base = t == DType::kFp32 ? static_cast<void*>(f) : static_cast<void*>(h);
+    store_elem(base, 1, t, -2.5f);
+    EXPECT_EQ(load_elem(base, 1, t), -2.5f) << static_cast<int>(t);
+    EXPECT_EQ(elem_size(t), t == DType::kFp32 ? 4u : 2u);
+  }
 }
 
 }  // namespace
-}  // namespace strata::comm
+}  // namespace strata

@@ -1,11 +1,11 @@
 #include "strata/device.hpp"
 
-#include "memory/host_device.hpp"
+#include "device/host_device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #ifdef STRATA_HAVE_CUDA
-#include "memory/cuda_device.hpp"
+#include "device/cuda_device.hpp"
 #endif
 
 namespace strata {
@@ -31,7 +31,7 @@ void DeviceMemory::reset() noexcept {
 }
 
 std::unique_ptr<Device> make_host_device(std::uint64_t total_memory) {
-  return std::make_unique<memory::HostDevice>(total_memory);
+  return std::make_unique<device::HostDevice>(total_memory);
 }
 
 std::unique_ptr<Device> make_device(DeviceKind kind, int ordinal, std::uint64_t host_memory) {
@@ -41,13 +41,13 @@ std::unique_ptr<Device> make_device(DeviceKind kind, int ordinal, std::uint64_t 
   }
 #ifdef STRATA_HAVE_CUDA
   if (kind == DeviceKind::kCuda) {
-    auto dev = memory::make_cuda_device(ordinal);
+    auto dev = device::make_cuda_device(ordinal);
     log_info("device: ", dev->name(), " (forced by runtime.device: cuda)");
     return dev;
   }
   if (cuda_available()) {
     try {
-      auto dev = memory::make_cuda_device(ordinal);
+      auto dev = device::make_cuda_device(ordinal);
       log_info("device: ", dev->name(), " (auto: a GPU answered)");
       return dev;
     } catch (const Error& e) {

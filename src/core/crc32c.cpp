@@ -1,4 +1,4 @@
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 
 #include <array>
 #include <cstring>
@@ -8,7 +8,7 @@
 #define STRATA_CRC_X86 1
 #endif
 
-namespace strata::tier {
+namespace strata {
 namespace {
 
 constexpr std::uint32_t kPoly = 0x82F63B78u;  // reflected Castagnoli polynomial
@@ -183,4 +183,4 @@ std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc) {
   return crc32c_hw_available() ? crc32c_hw(data, n, crc) : crc32c_portable(data, n, crc);
 }
 
-}  // namespace strata::tier
+}  // namespace strata

@@ -1,4 +1,4 @@
-#include "memory/host_device.hpp"
+#include "device/host_device.hpp"
 
 #include <cstdlib>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
-namespace strata::memory {
+namespace strata::device {
 namespace {
 
 constexpr std::size_t kAlign = 4096;
@@ -219,4 +219,4 @@ std::uint64_t HostDevice::allocated() const {
 std::unique_ptr<Stream> HostDevice::create_stream() { return std::make_unique<HostStream>(); }
 std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(); }
 
-}  // namespace strata::memory
+}  // namespace strata::device

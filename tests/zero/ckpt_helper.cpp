@@ -1,6 +1,6 @@
 // Helper process for the SIGKILL-during-save test: one rank, optimizer state half on NVMe; trains
 // one step, then saves a checkpoint, forever, printing "saving K" before and "saved K" after each
-// save (K = steps done). Usage: offload_ckpt_helper CHECKPOINT_DIR SWAP_DIR
+// save (K = steps done). Usage: zero_ckpt_helper CHECKPOINT_DIR SWAP_DIR
 #include <cstdio>
 #include <exception>
 

@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace strata::tier {
+namespace strata {
 
 // CRC32C of `n` bytes, continuing from `crc` (0 for a fresh checksum).
 std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc = 0);
@@ -14,4 +14,4 @@ std::uint32_t crc32c_portable(const void* data, std::size_t n, std::uint32_t crc
 std::uint32_t crc32c_hw(const void* data, std::size_t n, std::uint32_t crc = 0);  // x86 SSE4.2
 bool crc32c_hw_available();
 
-}  // namespace strata::tier
+}  // namespace strata

@@ -1,4 +1,4 @@
-#include "memory/cuda_device.hpp"
+#include "device/cuda_device.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -11,7 +11,7 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
-namespace strata::memory {
+namespace strata::device {
 namespace {
 
 [[noreturn]] void cuda_fail(cudaError_t rc, const char* call, ErrorCode code = ErrorCode::kDevice) {
@@ -202,4 +202,4 @@ class CudaDevice final : public Device {
 
 std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
 
-}  // namespace strata::memory
+}  // namespace strata::device

@@ -1,4 +1,4 @@
-#include "strata/pinned_pool.hpp"
+#include "device/pinned_pool.hpp"
 
 #include <sys/mman.h>
 #include <sys/resource.h>
