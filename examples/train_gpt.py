@@ -167,7 +167,7 @@ def write_plot(path, records, world, cfg):
     if "torch_loss" in records[0]:
         ax.plot(steps, [r["torch_loss"] for r in records], "--", label="torch.optim.AdamW (one process)")
     ax.set_xlabel("step")
-    ax.set_ylabel("loss (rank 0's micro-batch; torch: whole batch)")
+    ax.set_ylabel("loss" if world == 1 else "loss (strata: rank 0's micro-batch; torch: global batch)")
     ax.set_title("small GPT on Debian's license texts")
     ax.legend()
     fig.tight_layout()
