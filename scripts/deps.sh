@@ -11,6 +11,7 @@ PACKAGES=(
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-yaml python3-matplotlib python3-numpy
   fio util-linux procps
+  clang libclang-rt-14-dev
 )
 
 missing=()
