@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "strata/units.hpp"
 #include "strata/build_info.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
@@ -35,14 +36,6 @@ std::string fmt(double v) {
   return std::string(buf, r.ptr);
 }
 std::string fmt(std::uint64_t v) { return std::to_string(v); }
-// A size for the YAML (sizes take a unit): the largest binary unit that divides it exactly.
-std::string fmt_bytes(std::uint64_t v) {
-  const char* units[] = {"GiB", "MiB", "KiB"};
-  const std::uint64_t scale[] = {1ull << 30, 1ull << 20, 1ull << 10};
-  for (int i = 0; i < 3; ++i)
-    if (v >= scale[i] && v % scale[i] == 0) return std::to_string(v / scale[i]) + units[i];
-  return std::to_string(v) + "B";
-}
 
 // A key as a JSON-pointer token ("~" -> "~0", "/" -> "~1").
 std::string esc(const std::string& k) {
@@ -635,7 +628,7 @@ class Importer {
       set("tiers.nvme.paths", list + "]", "zero_optimization.offload_*.nvme_path");
     }
     if (buffers) set("tiers.host.buffer_count", fmt(buffers), buffers_from + " (one pool per rank: the larger)");
-    if (buffer_bytes) set("tiers.host.buffer_size", fmt_bytes(buffer_bytes), bytes_from);
+    if (buffer_bytes) set("tiers.host.buffer_size", format_bytes_exact(buffer_bytes), bytes_from);
     // The rest of zero_optimization.
     const std::map<std::string, std::string> reasons{
         {"allgather_partitions", "strata all-gathers the updated parameters after every step (stages 1-2)"},
@@ -679,7 +672,7 @@ class Importer {
     if (const json* v = find("/aio/block_size")) {
       const std::uint64_t b = count("/aio/block_size", *v, 1, 1ull << 30);
       const std::uint64_t r = (b + 4095) / 4096 * 4096;
-      set("tiers.nvme.block_size", fmt_bytes(r), src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
+      set("tiers.nvme.block_size", format_bytes_exact(r), src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
       if (r != b) warn(strcat("aio.block_size ", b, " rounded up to ", r, " (strata's requests are 4 KiB multiples)"));
     }
     if (const json* v = find("/aio/queue_depth"))
