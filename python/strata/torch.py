@@ -509,8 +509,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._engine.save_checkpoint(os.fspath(directory))
 
     def load_checkpoint(self, directory):
-        """Restores a checkpoint written by save_checkpoint (same world size; verified before
-        anything changes). Collective."""
+        """Restores a checkpoint written by save_checkpoint (verified before anything changes; the
+        world size and stage may differ: the load reshards). Collective."""
         self._check_usable()
         self._engine.load_checkpoint(os.fspath(directory))
 

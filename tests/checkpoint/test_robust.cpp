@@ -205,8 +205,11 @@ TEST(CheckpointRobust, EveryManifestFieldIsValidated) {
       [](const json&) { return json(~0ull); },
   };
   int variants = 0, loaded = 0;
-  for (const auto& leaf : leaves) {
+  const std::size_t every = std::string(build::kSanitize).empty() ? 1 : 3;  // (sanitizers: a third)
+  for (std::size_t li = 0; li < leaves.size(); ++li) {
+    const auto& leaf = leaves[li];
     for (std::size_t k = 0; k <= mutations.size(); ++k) {
+      if ((li + k) % every != 0) continue;
       json j = orig;
       if (k == mutations.size()) {
         j[leaf.parent_pointer()].erase(leaf.back());

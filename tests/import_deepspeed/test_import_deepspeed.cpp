@@ -56,6 +56,8 @@ struct ImportCase {
   std::vector<std::string> warnings;  // words each expected somewhere in the warnings
 };
 
+void PrintTo(const ImportCase& c, std::ostream* os) { *os << c.file << " " << c.args; }
+
 class ImportDeepSpeed : public ::testing::TestWithParam<ImportCase> {};
 
 TEST_P(ImportDeepSpeed, MapsEveryKeyAndPassesPlan) {
