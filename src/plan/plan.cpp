@@ -1,4 +1,5 @@
 // make_plan(): the whole plan for a Config.
+#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 
 #include <algorithm>
@@ -53,7 +54,7 @@ Plan make_plan(const Config& c) {
                       ") does not fit its budgets; see the recommendation");
   if (c.zero.stage == 3 && c.model.largest_layer > 0)
     p.notes.push_back("stage 3 gathers whole layers on the gpu: add about " +
-                      format_bytes(c.model.largest_layer * p.bytes_per_param.params) +
+                      format_bytes(sat_mul(c.model.largest_layer, p.bytes_per_param.params)) +
                       " (model.largest_layer x param bytes) at the peak, not counted above");
   return p;
 }

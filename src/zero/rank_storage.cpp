@@ -1,12 +1,8 @@
 // A rank's one storage layer (see rank_storage.hpp).
 #include "zero/rank_storage.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "strata/device_query.hpp"
@@ -28,18 +24,6 @@ int local_ordinal(const Config& c, int rank) {
     }
   }
   return rank % static_cast<int>(std::max<std::uint32_t>(1, c.ranks_per_node()));
-}
-
-// Missing tiers.nvme.paths directories are created (mode 0700), as documented in docs/offload.md.
-void create_swap_dirs(const std::vector<std::string>& paths) {
-  for (const auto& p : paths) {
-    std::error_code ec;
-    if (!std::filesystem::exists(p, ec)) {
-      if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST)
-        throw IoError("mkdir", p, 0, 0, errno, "creating the tiers.nvme.paths directory");
-      log_info("storage: created swap directory ", p);
-    }
-  }
 }
 
 }  // namespace
@@ -104,7 +88,7 @@ void RankStorage::open(const StorageNeeds& needs) {
            strcat("storage rank ", rank_, ": the state placed on nvme needs ", needs.nvme_bytes, " bytes (",
                   format_bytes(needs.nvme_bytes, true), ") of swap space but tiers.nvme.budget leaves this rank ",
                   nvme_budget(), " bytes (", format_bytes(nvme_budget(), true), ")"));
-    create_swap_dirs(c.tiers.nvme.paths);
+    // Missing swap directories are created by the SwapSpace (safely: tier/swap_space.hpp).
     io_ = make_io_engine(IoEngineOptions::from(c.tiers.nvme), c.tiers.nvme.paths.front());
     if (wrap_.io) io_ = wrap_.io(std::move(io_));
   }
