@@ -64,8 +64,8 @@ class Sample {
     e.tiers.nvme.paths = paths;
     e.tiers.host.buffer_size = pool_buffer_size(c);
     e.tiers.host.buffer_count = std::min<std::uint32_t>(c.tiers.host.buffer_count, 3);
-    e.tiers.host.pinned_budget =
-        std::max<std::uint64_t>(e.tiers.host.pinned_budget, e.tiers.host.buffer_size * e.tiers.host.buffer_count);
+    e.tiers.host.pinned_budget = std::max<std::uint64_t>(
+        e.tiers.host.pinned_budget, e.tiers.host.buffer_size * e.tiers.host.buffer_count);
     e.tiers.host.budget = std::max(e.tiers.host.budget, e.tiers.host.pinned_budget);
     e.runtime.device = DeviceKind::kHost;
     comms_ = make_inprocess_communicators(1, e.runtime.collective_timeout_s);
@@ -119,7 +119,8 @@ class Sample {
     c1 = cpu_seconds();
     const double write_s = std::max(io_s - read_s, 1e-9);
     mixed_ = io_s > 0 ? 2 * bytes / io_s : 0;
-    return {bytes / read_s, bytes / write_s, n / adam_s, (io_cpu_read + (c1 - c0)) / (3 * bytes), adam_cpu / n};
+    return {bytes / read_s, bytes / write_s, n / adam_s, (io_cpu_read + (c1 - c0)) / (3 * bytes),
+            adam_cpu / n};
   }
   double mixed() const { return mixed_; }
 
@@ -156,8 +157,9 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
   Sample sample(c, paths, elements, sub_groups);
   s.nvme_bytes_per_element = sample.bytes_per_element();
   if (progress)
-    progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements), " elements (",
-                    format_bytes(sample.state_bytes(), true), " on NVMe): measuring legs"));
+    progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements),
+                    " elements (", format_bytes(sample.state_bytes(), true),
+                    " on NVMe): measuring legs"));
   sample.step(false);  // warm-up: the swap files' metadata, allocator, thread pools
   // Each repeat measures the legs alone, then a serial and a pipelined step, so that the inputs of
   // the prediction and the measured steps see the same (drifting) machine.
@@ -174,7 +176,8 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
     ser.push_back(sample.step(false));
     pip.push_back(sample.step(true));
     if (progress)
-      progress(strcat("sample step ", i + 1, "/", n, ": serial ", ser.back(), " s, pipelined ", pip.back(), " s"));
+      progress(strcat("sample step ", i + 1, "/", n, ": serial ", ser.back(), " s, pipelined ",
+                      pip.back(), " s"));
   }
   s.tier_read_bps = median(s.tier_read_runs);
   s.tier_write_bps = median(s.tier_write_runs);
@@ -191,7 +194,8 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
   // The model on the loop's own unit, the engine's chunks.
   const std::uint64_t chunks = std::max<std::uint64_t>(1, sample.chunks());
   const StepPrediction pred =
-      predict_sample(std::max<std::uint64_t>(1, elements * sub_groups / chunks), chunks, s.nvme_bytes_per_element, bw);
+      predict_sample(std::max<std::uint64_t>(1, elements * sub_groups / chunks), chunks,
+                     s.nvme_bytes_per_element, bw);
   s.serial = summarize("serial", ser, pred.serial_s);
   s.pipelined = summarize("pipelined", pip, pred.pipelined_s);
   s.ran = true;

@@ -4,12 +4,11 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 
-#include <cerrno>
-#include <filesystem>
-
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <thread>
@@ -64,11 +63,13 @@ std::uint64_t peak_rss() {
 // The one rank's communicator: NCCL (device buffers) when the engine will run on a CUDA device,
 // else the in-process one. A single NCCL rank bootstraps through a file in a private directory.
 std::unique_ptr<Communicator> one_rank(const Config& cfg) {
-  const bool cuda = cfg.runtime.device == DeviceKind::kCuda ||
-                    (cfg.runtime.device == DeviceKind::kAuto && cuda_available() && nccl_available());
+  const bool cuda =
+      cfg.runtime.device == DeviceKind::kCuda ||
+      (cfg.runtime.device == DeviceKind::kAuto && cuda_available() && nccl_available());
   if (!cuda) return std::move(make_inprocess_communicators(1, cfg.runtime.collective_timeout_s)[0]);
   char tmpl[] = "/tmp/strata-bench-XXXXXX";
-  if (!::mkdtemp(tmpl)) throw IoError("mkdtemp", tmpl, 0, 0, errno, "bench step: the NCCL bootstrap directory");
+  if (!::mkdtemp(tmpl))
+    throw IoError("mkdtemp", tmpl, 0, 0, errno, "bench step: the NCCL bootstrap directory");
   const std::string dir = tmpl;
   NcclBootstrap b;
   b.file = dir + "/nccl-id";
@@ -98,7 +99,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   const std::size_t n = o.elements;
   StepBenchResult res;
   res.elements = n;
-  res.threads = cfg.runtime.cpu_threads ? cfg.runtime.cpu_threads : std::max(1u, std::thread::hardware_concurrency());
+  res.threads = cfg.runtime.cpu_threads ? cfg.runtime.cpu_threads
+                                        : std::max(1u, std::thread::hardware_concurrency());
 
   std::unique_ptr<Communicator> comm = one_rank(cfg);
   auto engine = std::make_unique<Engine>(cfg, *comm);
@@ -124,7 +126,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
     res.pool_bytes = static_cast<std::uint64_t>(res.buffers) * res.buffer_size;
   }
   res.io_engine = storage.io() ? storage.io()->name() : "none";
-  res.update_on = cfg.optimizer.update == OptimizerUpdate::kDevice ? storage.device().name() : "cpu";
+  res.update_on =
+      cfg.optimizer.update == OptimizerUpdate::kDevice ? storage.device().name() : "cpu";
 
   // The gradients the loop hands in (precision.grads), from host memory.
   const DType gdt = cfg.precision.grads;
@@ -181,7 +184,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   res.t_update_in_step = median(tin);
   res.t_wait_read = median(twr);
   res.t_wait_write = median(tww);
-  res.overlap_efficiency = res.t_step > 0 ? std::max({res.t_read, res.t_update, res.t_write}) / res.t_step : 0;
+  res.overlap_efficiency =
+      res.t_step > 0 ? std::max({res.t_read, res.t_update, res.t_write}) / res.t_step : 0;
   res.overlap_efficiency_rounds = median(eff);
   res.t_io = median(tio);
   res.device_efficiency = median(deff);

@@ -31,8 +31,9 @@ tier::Staging TierStore::Impl::take_staging() {
     std::lock_guard lock(mutex_);
     if (used_[ti(Tier::kCpu)] + bytes > options_.host_budget)
       fail(ErrorCode::kBudget,
-           strcat("tier store: a staging buffer of ", bytes, " bytes does not fit in the host tier (",
-                  used_[ti(Tier::kCpu)], " of ", options_.host_budget, " bytes in use) and every pool buffer is taken"));
+           strcat("tier store: a staging buffer of ", bytes,
+                  " bytes does not fit in the host tier (", used_[ti(Tier::kCpu)], " of ",
+                  options_.host_budget, " bytes in use) and every pool buffer is taken"));
     used_[ti(Tier::kCpu)] += bytes;
   }
   return tier::Staging(IoBuffer::allocate(bytes, HugePageMode::kNone), [this, bytes] {
@@ -71,10 +72,12 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
       try {
         if (!engine_->wait(d.t, options_.timeout)) {
           *unsafe = true;
-          fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
-                                           "' not complete after ", options_.timeout.count(), " ms"));
+          fail(ErrorCode::kTimeout,
+               strcat("tier store: NVMe read of buffer '", b.spec.name, "' not complete after ",
+                      options_.timeout.count(), " ms"));
         }
-        if (!error) verify_piece(b, static_cast<std::size_t>(d.p), out + (d.p * piece - offset), d.len);
+        if (!error)
+          verify_piece(b, static_cast<std::size_t>(d.p), out + (d.p * piece - offset), d.len);
       } catch (...) {
         if (!error) error = std::current_exception();
       }
@@ -86,21 +89,26 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
       const std::uint64_t off = p * piece;
       const std::uint64_t len = std::min<std::uint64_t>(piece, b.padded - off);
       const bool inside = off >= offset && off + len <= offset + bytes;
-      if (memory == Tier::kCpu && inside && reinterpret_cast<std::uintptr_t>(out + (off - offset)) % 4096 == 0) {
-        direct.push_back({p, len, engine_->submit(IoRequest{IoOp::kRead, swap_->file(), out + (off - offset), len, base + off})});
+      if (memory == Tier::kCpu && inside &&
+          reinterpret_cast<std::uintptr_t>(out + (off - offset)) % 4096 == 0) {
+        direct.push_back({p, len,
+                          engine_->submit(IoRequest{IoOp::kRead, swap_->file(),
+                                                    out + (off - offset), len, base + off})});
         continue;
       }
       tier::Staging pb = take_staging();
-      const IoTicket t = engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
+      const IoTicket t =
+          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
       if (!engine_->wait(t, options_.timeout)) {
         pb.detach();  // the kernel may still write into it
         *unsafe = true;
-        fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name, "' not complete after ",
-                                         options_.timeout.count(), " ms"));
+        fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
+                                         "' not complete after ", options_.timeout.count(), " ms"));
       }
       verify_piece(b, static_cast<std::size_t>(p), pb.data(), len);
       const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
-      copy_memory(out + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory, Tier::kCpu, ctx, unsafe);
+      copy_memory(out + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory, Tier::kCpu, ctx,
+                  unsafe);
     }
   } catch (...) {
     error = std::current_exception();
@@ -128,7 +136,9 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
         break;
       }
     }
-    if (!found) fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+    if (!found)
+      fail(ErrorCode::kInternal,
+           strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
     if (src != Tier::kNvme) from = copy_ptr(b.copy[ti(src)], src);
     zero = src == Tier::kNvme && b.nvme_zero;
   }
@@ -136,7 +146,8 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
   auto* dst = static_cast<std::uint8_t*>(job.ptr);
   const bool whole = job.offset == 0 && job.bytes == b.spec.bytes;
   if (src != Tier::kNvme) {
-    copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src, ctx, &unsafe);
+    copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src,
+                ctx, &unsafe);
     if (src == Tier::kGpu && job.tier == Tier::kCpu) {
       std::lock_guard lock(mutex_);
       stats_.bytes_from_gpu += job.bytes;
@@ -148,7 +159,8 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
       ctx.stream->memset_async(dst, 0, job.bytes);
       ctx.stream->synchronize(options_.timeout);
     }
-  } else if (whole && job.padded && job.tier == Tier::kCpu && reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0) {
+  } else if (whole && job.padded && job.tier == Tier::kCpu &&
+             reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0) {
     copy_nvme_to_host(b, dst, &unsafe);  // the caller's memory has room for the padding
   } else if (whole && job.tier == Tier::kGpu && pool_) {
     copy_nvme_to_gpu(b, dst, ctx, &unsafe);
@@ -168,8 +180,8 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     std::lock_guard lock(mutex_);
     for (Tier u : kMemTiers) {
       if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: cannot write buffer '", b.spec.name, "': it is acquired on ", where(b)));
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot write buffer '", b.spec.name,
+                                                 "': it is acquired on ", where(b)));
       }
     }
     if (home == Tier::kNvme) {
@@ -187,7 +199,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     if (job.tier == Tier::kCpu) {
       copy_host_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), &unsafe);
     } else {
-        copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), ctx, &unsafe);
+      copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), ctx, &unsafe);
     }
     std::lock_guard lock(mutex_);
     b.copy[ti(Tier::kNvme)].valid = true;
@@ -205,15 +217,19 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     base = copy_ptr(b.copy[ti(home)], home);
   }
   try {
-    copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier, ctx, &unsafe);
+    copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier,
+                ctx, &unsafe);
   } catch (...) {
     std::lock_guard lock(mutex_);
     // The home copy holds a partial write: not the contents any more.
     b.copy[ti(home)].valid = false;
     if (unsafe) {
-      log_error("tier store: a copy into buffer '", b.spec.name, "' did not finish; its memory is kept");
-      if (home == Tier::kCpu && !b.copy[ti(home)].pins) b.quarantine.push_back(std::move(b.copy[ti(home)].host));
-      if (home == Tier::kGpu && !b.copy[ti(home)].pins) b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
+      log_error("tier store: a copy into buffer '", b.spec.name,
+                "' did not finish; its memory is kept");
+      if (home == Tier::kCpu && !b.copy[ti(home)].pins)
+        b.quarantine.push_back(std::move(b.copy[ti(home)].host));
+      if (home == Tier::kGpu && !b.copy[ti(home)].pins)
+        b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
     }
     throw;
   }
@@ -233,8 +249,8 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
     std::lock_guard lock(mutex_);
     for (Tier u : kMemTiers) {
       if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: cannot zero buffer '", b.spec.name, "': it is acquired on ", where(b)));
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot zero buffer '", b.spec.name,
+                                                 "': it is acquired on ", where(b)));
       }
     }
     if (home == Tier::kNvme) {

@@ -13,8 +13,15 @@
 namespace strata {
 
 Engine::Impl::Impl(const Config& c, Communicator& cm)
-    : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), stage(c.zero.stage),
-      pdt(c.precision.params), gdt(c.precision.grads), pes(elem_size(pdt)), ges(elem_size(gdt)) {
+    : cfg(c),
+      comm(cm),
+      rank(cm.rank()),
+      world(cm.size()),
+      stage(c.zero.stage),
+      pdt(c.precision.params),
+      gdt(c.precision.grads),
+      pes(elem_size(pdt)),
+      ges(elem_size(gdt)) {
   if (stage < 0 || stage > 3)
     fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
   // Refused here, before anything is built: a device the communicator cannot reach.
@@ -56,9 +63,10 @@ void Engine::Impl::require_usable(const char* what) const {
   std::string why = broken;
   if (why.empty() && storage && storage->is_open()) why = storage->store().failure();
   if (!why.empty())
-    fail(ErrorCode::kIo, strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (",
-                                why, "); build a new engine and load_checkpoint() the last checkpoint, "
-                                "or restart"));
+    fail(ErrorCode::kIo,
+         strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (", why,
+                "); build a new engine and load_checkpoint() the last checkpoint, "
+                "or restart"));
 }
 
 void Engine::Impl::mark_broken(const std::string& what) noexcept {
@@ -86,7 +94,8 @@ void Engine::Impl::finalize() {
   group_runs.clear();
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const std::size_t b = i == 0 ? 0 : part->offset(i);
-    if (group_runs.empty() || group_runs.back().second != tensor_group[i]) group_runs.push_back({b, tensor_group[i]});
+    if (group_runs.empty() || group_runs.back().second != tensor_group[i])
+      group_runs.push_back({b, tensor_group[i]});
   }
   if (group_runs.empty()) group_runs.push_back({0, 0});
 
@@ -97,17 +106,19 @@ void Engine::Impl::finalize() {
   const unsigned threads = cfg.runtime.cpu_threads;
   adam = std::make_unique<CpuAdam>(threads);
   update_on_device = cfg.optimizer.update == OptimizerUpdate::kDevice;
-  const bool any_gpu_state =
-      std::any_of(chunks.begin(), chunks.end(), [](const zero::Chunk& c) { return c.opt_tier == Tier::kGpu; });
+  const bool any_gpu_state = std::any_of(
+      chunks.begin(), chunks.end(), [](const zero::Chunk& c) { return c.opt_tier == Tier::kGpu; });
   if (update_on_device || any_gpu_state) {
     device_adam = std::make_unique<DeviceAdam>(storage->device(), threads, timeout);
-    if (rank == 0 && update_on_device) log_info("engine: optimizer update on ", storage->device().name());
+    if (rank == 0 && update_on_device)
+      log_info("engine: optimizer update on ", storage->device().name());
   }
 
   // Rank 0's initial values win everywhere.
   std::vector<float> init(flat, 0.0f);
   for (std::size_t i = 0; i < specs.size(); ++i)
-    std::copy(initial[i].begin(), initial[i].end(), init.begin() + static_cast<std::ptrdiff_t>(part->offset(i)));
+    std::copy(initial[i].begin(), initial[i].end(),
+              init.begin() + static_cast<std::ptrdiff_t>(part->offset(i)));
   initial.clear();
   initial.shrink_to_fit();
   if (world > 1) broadcast_host(init.data(), flat, DType::kFp32, 0);
@@ -136,11 +147,13 @@ void Engine::Impl::finalize() {
   if (stage == 3) gathered.resize(specs.size());
   arrived.assign(specs.size(), false);
   finalized = true;
-  log_debug("engine rank ", rank, ": stage ", stage, ", ", specs.size(), " tensors, ", part->numel(),
-            " elements, flat ", flat, ", partition ", psize, ", ", chunks.size(), " chunks of <= ", chunk_cap);
+  log_debug("engine rank ", rank, ": stage ", stage, ", ", specs.size(), " tensors, ",
+            part->numel(), " elements, flat ", flat, ", partition ", psize, ", ", chunks.size(),
+            " chunks of <= ", chunk_cap);
 }
 
-// ---- the public API -------------------------------------------------------------------------------
+// ---- the public API
+// -------------------------------------------------------------------------------
 
 void Engine::save_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
@@ -164,20 +177,25 @@ void Engine::load_checkpoint(const std::string& dir) {
     zero::load_checkpoint(dir, r, m.comm);
   } catch (const std::exception& e) {
     // Verification failures change nothing; a failure while restoring left partial state.
-    if (r.restore_started) m.mark_broken(strcat("checkpoint load failed while restoring: ", e.what()));
+    if (r.restore_started)
+      m.mark_broken(strcat("checkpoint load failed while restoring: ", e.what()));
     throw;
   }
   m.after_load(r);
 }
 
-Engine::Engine(const Config& config, Communicator& comm) : impl_(std::make_unique<Impl>(config, comm)) {}
+Engine::Engine(const Config& config, Communicator& comm)
+    : impl_(std::make_unique<Impl>(config, comm)) {}
 Engine::~Engine() = default;
 
 const char* state_kind_name(StateKind kind) {
   switch (kind) {
-    case StateKind::kMaster: return "master";
-    case StateKind::kExpAvg: return "exp_avg";
-    case StateKind::kExpAvgSq: return "exp_avg_sq";
+    case StateKind::kMaster:
+      return "master";
+    case StateKind::kExpAvg:
+      return "exp_avg";
+    case StateKind::kExpAvgSq:
+      return "exp_avg_sq";
   }
   return "?";
 }
@@ -189,24 +207,27 @@ void check_group_value(double x, const char* what) {
 }
 ParamGroupOptions& group_ref(std::vector<ParamGroupOptions>& groups, GroupId g, const char* what) {
   if (g >= groups.size())
-    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown group ", g, " (", groups.size(), " groups)"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: ", what, ": unknown group ", g, " (", groups.size(), " groups)"));
   return groups[g];
 }
 }  // namespace
 
 TensorId Engine::add_parameter(std::string name, std::span<const float> initial, GroupId group) {
   if (impl_->finalized)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "') after finalize()"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: add_parameter('", name, "') after finalize()"));
   if (group >= impl_->groups.size())
-    fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "'): unknown group ", group,
-                                             " (", impl_->groups.size(), " groups)"));
+    fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "'): unknown group ",
+                                             group, " (", impl_->groups.size(), " groups)"));
   impl_->tensor_group.push_back(group);
   impl_->specs.push_back({std::move(name), initial.size()});
   impl_->initial.emplace_back(initial.begin(), initial.end());
   return impl_->specs.size() - 1;
 }
 GroupId Engine::add_param_group(const ParamGroupOptions& options) {
-  if (impl_->finalized) fail(ErrorCode::kInvalidArgument, "engine: add_param_group() after finalize()");
+  if (impl_->finalized)
+    fail(ErrorCode::kInvalidArgument, "engine: add_param_group() after finalize()");
   check_group_value(options.lr, "add_param_group: lr");
   check_group_value(options.weight_decay, "add_param_group: weight_decay");
   impl_->groups.push_back(options);
@@ -233,13 +254,17 @@ Device& Engine::device() {
   impl_->require_finalized("device");
   return impl_->storage->device();
 }
-void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) { impl_->read_state(id, kind, out); }
+void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
+  impl_->read_state(id, kind, out);
+}
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const { return impl_->adam_step; }
 void Engine::set_optimizer_step(std::int64_t step) {
-  if (step < 0) fail(ErrorCode::kInvalidArgument, strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
+  if (step < 0)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
   impl_->adam_step = step;
 }
 void Engine::finalize() { impl_->finalize(); }
@@ -260,12 +285,16 @@ void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }
 void Engine::release(std::span<const TensorId> ids) { impl_->release(ids); }
 double Engine::loss_scale() const { return impl_->scale; }
-void Engine::set_gradient(TensorId id, const void* grad) { impl_->set_gradient(id, grad, Tier::kGpu); }
-void Engine::set_gradient_host(TensorId id, const void* grad) { impl_->set_gradient(id, grad, Tier::kCpu); }
+void Engine::set_gradient(TensorId id, const void* grad) {
+  impl_->set_gradient(id, grad, Tier::kGpu);
+}
+void Engine::set_gradient_host(TensorId id, const void* grad) {
+  impl_->set_gradient(id, grad, Tier::kCpu);
+}
 void Engine::set_gradients(std::span<const void* const> grads) {
   if (grads.size() != impl_->specs.size())
-    fail(ErrorCode::kInvalidArgument, strcat("engine: set_gradients: ", grads.size(), " gradients for ",
-                                             impl_->specs.size(), " tensors"));
+    fail(ErrorCode::kInvalidArgument, strcat("engine: set_gradients: ", grads.size(),
+                                             " gradients for ", impl_->specs.size(), " tensors"));
   for (std::size_t i = 0; i < grads.size(); ++i) impl_->set_gradient(i, grads[i], Tier::kGpu);
 }
 StepResult Engine::step() {

@@ -8,7 +8,8 @@
 namespace strata::zero {
 
 void EngineAccess::set_storage_wrap(Engine& e, StorageWrap wrap) {
-  if (e.impl_->finalized) fail(ErrorCode::kInvalidArgument, "engine: set_storage_wrap after finalize()");
+  if (e.impl_->finalized)
+    fail(ErrorCode::kInvalidArgument, "engine: set_storage_wrap after finalize()");
   e.impl_->wrap = std::move(wrap);
 }
 
@@ -41,13 +42,17 @@ tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined)
     if (items.empty()) return {};
     std::vector<std::vector<unsigned char>> held;
     std::vector<std::uint64_t> sizes;
-    tier::run_stream(m.store(), std::span(items).first(1), [&](std::size_t, std::span<void* const> v) {
-      for (std::size_t k = 0; k < v.size(); ++k) {
-        const auto& p = items[0].parts[k];
-        const std::uint64_t n = p.bytes ? p.bytes : m.store().info(p.id).bytes;
-        held.emplace_back(static_cast<unsigned char*>(v[k]), static_cast<unsigned char*>(v[k]) + n);
-      }
-    }, o);
+    tier::run_stream(
+        m.store(), std::span(items).first(1),
+        [&](std::size_t, std::span<void* const> v) {
+          for (std::size_t k = 0; k < v.size(); ++k) {
+            const auto& p = items[0].parts[k];
+            const std::uint64_t n = p.bytes ? p.bytes : m.store().info(p.id).bytes;
+            held.emplace_back(static_cast<unsigned char*>(v[k]),
+                              static_cast<unsigned char*>(v[k]) + n);
+          }
+        },
+        o);
     std::vector<const Chunk*> of;
     for (const Chunk& c : m.chunks)
       if (c.opt_tier != Tier::kGpu) of.push_back(&c);
@@ -66,7 +71,8 @@ tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined)
     tier::StreamStats s;
     auto t0 = Clock::now();
     for (const Chunk* c : of) {
-      const StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest, c->r.count};
+      const StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest,
+                        c->r.count};
       m.adam_chunk(*c, v, grads.data(), params.data(), false, 1.0f);
     }
     s.t_compute = s.t_total = seconds_since(t0);
@@ -81,7 +87,8 @@ tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined)
       it.parts.resize(1);
     }
   }
-  return tier::run_stream(m.store(), items, [](std::size_t, std::span<void* const>) {}, o);
+  return tier::run_stream(
+      m.store(), items, [](std::size_t, std::span<void* const>) {}, o);
 }
 
 }  // namespace strata::zero

@@ -32,7 +32,8 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
   if (n == 0) return;
   auto t0 = zero::Clock::now();
   const auto* src = static_cast<const unsigned char*>(grad);
-  // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half done.
+  // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half
+  // done.
   try {
     if (stage < 2) {
       store().write(grads_id, off * ges, n * ges, src, memory).wait(timeout);
@@ -51,7 +52,8 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
           }
         }
         store()
-            .write(bucket_of[k].id, (pos - bucket_begin(k)) * ges, (stop - pos) * ges, src + (pos - off) * ges, memory)
+            .write(bucket_of[k].id, (pos - bucket_begin(k)) * ges, (stop - pos) * ges,
+                   src + (pos - off) * ges, memory)
             .wait(timeout);
         bucket_pending[k] -= stop - pos;
         if (bucket_pending[k] == 0) issue_bucket(k);
@@ -69,7 +71,8 @@ void Engine::Impl::check_all_arrived() {
   std::string missing;
   for (std::size_t i = 0; i < specs.size(); ++i)
     if (!arrived[i]) missing += strcat(missing.empty() ? "" : ", ", "'", specs[i].name, "'");
-  if (!missing.empty()) fail(ErrorCode::kInvalidArgument, strcat("engine: step() without the gradients of ", missing));
+  if (!missing.empty())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: step() without the gradients of ", missing));
 }
 
 // Starts bucket k's reduce-scatter on the device buffers; the rank's share lands in a receive
@@ -107,8 +110,8 @@ void Engine::Impl::retire_oldest() {
       std::size_t ci = static_cast<std::size_t>(&chunk_at(pos) - chunks.data());
       const zero::Chunk& c = chunks[ci];
       const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
-      grad_fill->fill(ci, (pos - c.r.begin) * ges, (stop - pos) * ges, f.recv.ptr + (pos - f.share_begin) * ges,
-                      Tier::kGpu);
+      grad_fill->fill(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
+                      f.recv.ptr + (pos - f.share_begin) * ges, Tier::kGpu);
       pos = stop;
     }
     st.grad_spill_s += zero::seconds_since(t0);

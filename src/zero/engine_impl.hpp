@@ -91,15 +91,15 @@ struct Engine::Impl {
   // ---- storage (declared first among the stateful members: destroyed last) ----
   std::unique_ptr<zero::RankStorage> storage;
   std::vector<zero::Chunk> chunks;
-  std::size_t chunk_cap = 0;       // elements per chunk at most
-  BufferId params_id = 0;          // stages 0-2
-  BufferId grads_id = 0;           // stages 0-1
-  BufferId norm_id = 0;            // rt.norm: 16 B send + 16 B per rank
+  std::size_t chunk_cap = 0;  // elements per chunk at most
+  BufferId params_id = 0;     // stages 0-2
+  BufferId grads_id = 0;      // stages 0-1
+  BufferId norm_id = 0;       // rt.norm: 16 B send + 16 B per rank
   unsigned char* params_dev = nullptr;
   unsigned char* grads_dev = nullptr;
   unsigned char* norm_dev = nullptr;
   std::vector<std::pair<BufferId, zero::BufferKind>> kinds;  // every registered state buffer
-  std::unique_ptr<zero::TierStateStore> state;  // the checkpoint seam's host views
+  std::unique_ptr<zero::TierStateStore> state;               // the checkpoint seam's host views
 
   // ---- compute ----
   std::unique_ptr<CpuAdam> adam;
@@ -114,9 +114,9 @@ struct Engine::Impl {
     BufferId id = 0;
     unsigned char* ptr = nullptr;
   };
-  std::vector<DevBuf> bucket_of;      // per bucket: its device buffer while it fills / reduces
-  std::vector<DevBuf> free_buckets;   // reusable bucket buffers (rt.bucket.<n>)
-  std::vector<DevBuf> free_recvs;     // reusable receive buffers (rt.recv.<n>)
+  std::vector<DevBuf> bucket_of;     // per bucket: its device buffer while it fills / reduces
+  std::vector<DevBuf> free_buckets;  // reusable bucket buffers (rt.bucket.<n>)
+  std::vector<DevBuf> free_recvs;    // reusable receive buffers (rt.recv.<n>)
   std::size_t dev_bufs_made = 0;
   struct InFlight {
     std::unique_ptr<CommHandle> handle;
@@ -154,7 +154,8 @@ struct Engine::Impl {
   // ---- engine.cpp ----
   void require_finalized(const char* what) const;
   void require_usable(const char* what) const;
-  // The engine failed (its state may mix two steps): remembered, and the fill's pool buffers let go.
+  // The engine failed (its state may mix two steps): remembered, and the fill's pool buffers let
+  // go.
   void mark_broken(const std::string& what) noexcept;
   void check_id(TensorId id, const char* what) const;
   void finalize();
@@ -162,11 +163,11 @@ struct Engine::Impl {
   void for_each_group_run(std::size_t flat_b, std::size_t n, F&& fn) const;
 
   // ---- engine_layout.cpp ----
-  void build_layout();                    // chunks, storage needs, buffers
+  void build_layout();  // chunks, storage needs, buffers
   zero::StorageNeeds storage_needs() const;
   // pinned: a cpu home is page-locked (offload.X.pin_memory).
-  BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind,
-                      bool pinned = false);
+  BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home,
+                      zero::BufferKind kind, bool pinned = false);
   void initialize_state(std::vector<float>& init);  // master, params from the FP32 initial values
   zero::StorageReport report() const;
   const zero::Chunk& chunk_at(std::size_t element) const;  // chunk holding an optimizer element
@@ -191,11 +192,11 @@ struct Engine::Impl {
 
   // ---- engine_step.cpp ----
   StepResult step();
-  AdamGradStats local_grad_stats(float inv);                       // the stats pass (streamed)
+  AdamGradStats local_grad_stats(float inv);  // the stats pass (streamed)
   void agree(const AdamGradStats& local, bool* finite, double* sum_sq);  // step part 2
-  void apply_loss_scale(bool finite, StepResult& res);             // step part 3
-  void update(float grad_scale);                                   // step part 4
-  void gather_params();                                            // step part 5
+  void apply_loss_scale(bool finite, StepResult& res);                   // step part 3
+  void update(float grad_scale);                                         // step part 4
+  void gather_params();                                                  // step part 5
   AdamStepOptions step_options(float grad_scale) const;
   void adam_chunk(const zero::Chunk& c, const zero::StateView& v, const void* grad,
                   void* param_copy, bool on_device, float grad_scale);

@@ -27,7 +27,8 @@ void Engine::Impl::build_layout() {
   const std::size_t opt_on = leading(cfg.offload.optimizer, count);
   const std::size_t grad_on = stage >= 2 ? leading(cfg.offload.gradients, count) : 0;
   const std::size_t param_on = stage == 3 ? leading(cfg.offload.params, count) : 0;
-  const bool staging = storage->device().kind() == DeviceKind::kCuda || opt_on || grad_on || param_on;
+  const bool staging =
+      storage->device().kind() == DeviceKind::kCuda || opt_on || grad_on || param_on;
   // Chunk capacity: what one pinned buffer stages — master | m | v + gradients + parameters, each
   // padded to 4096 B.
   chunk_cap = count ? count : 1;
@@ -36,19 +37,24 @@ void Engine::Impl::build_layout() {
     // buffer, cut to a multiple of 64 (1024 when large).
     const std::uint64_t buf = cfg.tiers.host.buffer_size;
     auto fits = [&](std::uint64_t n) {
-      return round_up(12 * n, kAlign) + round_up(n * ges, kAlign) + round_up(n * pes, kAlign) <= buf;
+      return round_up(12 * n, kAlign) + round_up(n * ges, kAlign) + round_up(n * pes, kAlign) <=
+             buf;
     };
     std::uint64_t lo = 0, hi = buf;
     while (lo < hi) {
       const std::uint64_t mid = (lo + hi + 1) / 2;
-      if (fits(mid)) lo = mid;
-      else hi = mid - 1;
+      if (fits(mid))
+        lo = mid;
+      else
+        hi = mid - 1;
     }
     std::uint64_t cap = lo >= 1024 ? lo / 1024 * 1024 : lo >= 64 ? lo / 64 * 64 : lo;
     if (cap == 0)
       fail(ErrorCode::kInvalidArgument,
-           strcat("engine: tiers.host.buffer_size ", buf, " bytes is below the minimum of ", 3 * kAlign,
-                  " bytes: one pinned buffer stages a chunk (FP32 master and moments, gradients, parameters: ",
+           strcat("engine: tiers.host.buffer_size ", buf, " bytes is below the minimum of ",
+                  3 * kAlign,
+                  " bytes: one pinned buffer stages a chunk (FP32 master and moments, gradients, "
+                  "parameters: ",
                   12 + ges + pes, " B per element) in 3 regions of 4096-byte alignment"));
     chunk_cap = static_cast<std::size_t>(cap);
   }
@@ -74,25 +80,29 @@ void Engine::Impl::build_layout() {
   const std::size_t flat = part->flat_size();
   if (stage < 3 && flat) {
     params_id = add_buffer("params", flat * pes, Tier::kGpu, zero::BufferKind::kParams);
-    params_dev = static_cast<unsigned char*>(store().acquire(params_id, Tier::kGpu, Access::kRead, timeout));
+    params_dev =
+        static_cast<unsigned char*>(store().acquire(params_id, Tier::kGpu, Access::kRead, timeout));
   }
   if (stage < 2 && flat) {
     grads_id = add_buffer("grads", flat * ges, Tier::kGpu, zero::BufferKind::kGrads);
-    grads_dev = static_cast<unsigned char*>(store().acquire(grads_id, Tier::kGpu, Access::kRead, timeout));
+    grads_dev =
+        static_cast<unsigned char*>(store().acquire(grads_id, Tier::kGpu, Access::kRead, timeout));
   }
   for (std::size_t k = 0; k < chunks.size(); ++k) {
     zero::Chunk& c = chunks[k];
     c.opt = add_buffer(strcat("opt.", k), 12 * c.r.count, c.opt_tier, zero::BufferKind::kOptimizer,
                        cfg.offload.optimizer.pin_memory);
     if (stage >= 2)
-      c.grad = add_buffer(strcat("grad.", k), c.r.count * ges, c.grad_tier, zero::BufferKind::kGrads,
-                          cfg.offload.gradients.pin_memory);
+      c.grad = add_buffer(strcat("grad.", k), c.r.count * ges, c.grad_tier,
+                          zero::BufferKind::kGrads, cfg.offload.gradients.pin_memory);
     if (stage == 3)
-      c.param = add_buffer(strcat("param.", k), c.r.count * pes, c.param_tier, zero::BufferKind::kParams,
-                           cfg.offload.params.pin_memory);
+      c.param = add_buffer(strcat("param.", k), c.r.count * pes, c.param_tier,
+                           zero::BufferKind::kParams, cfg.offload.params.pin_memory);
   }
-  norm_id = add_buffer("rt.norm", 16 * static_cast<std::uint64_t>(world + 1), Tier::kGpu, zero::BufferKind::kRuntime);
-  norm_dev = static_cast<unsigned char*>(store().acquire(norm_id, Tier::kGpu, Access::kRead, timeout));
+  norm_id = add_buffer("rt.norm", 16 * static_cast<std::uint64_t>(world + 1), Tier::kGpu,
+                       zero::BufferKind::kRuntime);
+  norm_dev =
+      static_cast<unsigned char*>(store().acquire(norm_id, Tier::kGpu, Access::kRead, timeout));
 }
 
 zero::StorageNeeds Engine::Impl::storage_needs() const {
@@ -124,16 +134,17 @@ zero::StorageNeeds Engine::Impl::storage_needs() const {
     const bool capped = std::any_of(chunks.begin(), chunks.end(),
                                     [&](const zero::Chunk& c) { return c.r.count == chunk_cap; });
     n.pool_buffer_size = capped ? cfg.tiers.host.buffer_size
-                                : std::min<std::uint64_t>(cfg.tiers.host.buffer_size, std::max<std::uint64_t>(need, kAlign));
-    n.pool_buffers = static_cast<std::uint32_t>(
-        std::min<std::size_t>(cfg.tiers.host.buffer_count, std::max<std::size_t>(1, chunks.size())));
+                                : std::min<std::uint64_t>(cfg.tiers.host.buffer_size,
+                                                          std::max<std::uint64_t>(need, kAlign));
+    n.pool_buffers = static_cast<std::uint32_t>(std::min<std::size_t>(
+        cfg.tiers.host.buffer_count, std::max<std::size_t>(1, chunks.size())));
   }
   n.movers = std::clamp<std::uint32_t>(n.pool_buffers, 2, 4);
   return n;
 }
 
-BufferId Engine::Impl::add_buffer(const std::string& name, std::uint64_t bytes, Tier home, zero::BufferKind kind,
-                                  bool pinned) {
+BufferId Engine::Impl::add_buffer(const std::string& name, std::uint64_t bytes, Tier home,
+                                  zero::BufferKind kind, bool pinned) {
   BufferSpec spec;
   spec.name = name;
   spec.bytes = bytes;
@@ -156,7 +167,8 @@ void Engine::Impl::put(BufferId id, std::uint64_t offset, std::uint64_t bytes, c
     return;
   }
   IoBuffer buf = IoBuffer::allocate(store().padded_bytes(id), HugePageMode::kNone);  // zero padding
-  if (offset != 0 || bytes != info.bytes) store().read(id, 0, 0, buf.data(), Tier::kCpu, true).wait(timeout);
+  if (offset != 0 || bytes != info.bytes)
+    store().read(id, 0, 0, buf.data(), Tier::kCpu, true).wait(timeout);
   std::memcpy(buf.bytes() + offset, host, bytes);
   store().write(id, 0, 0, buf.data(), Tier::kCpu).wait(timeout);
 }
@@ -168,7 +180,8 @@ void Engine::Impl::get(BufferId id, std::uint64_t offset, std::uint64_t bytes, v
 
 Engine::Impl::DevBuf Engine::Impl::make_dev_buf(const std::string& name, std::uint64_t bytes) {
   DevBuf d;
-  d.id = add_buffer(name, std::max<std::uint64_t>(bytes, 16), Tier::kGpu, zero::BufferKind::kRuntime);
+  d.id =
+      add_buffer(name, std::max<std::uint64_t>(bytes, 16), Tier::kGpu, zero::BufferKind::kRuntime);
   d.ptr = static_cast<unsigned char*>(store().acquire(d.id, Tier::kGpu, Access::kRead, timeout));
   return d;
 }
@@ -177,7 +190,9 @@ void Engine::Impl::free_dev_buf(DevBuf& d) {
   if (!d.id) return;
   store().release(d.id, Tier::kGpu);
   store().unregister_buffer(d.id);
-  kinds.erase(std::remove_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == d.id; }), kinds.end());
+  kinds.erase(
+      std::remove_if(kinds.begin(), kinds.end(), [&](const auto& k) { return k.first == d.id; }),
+      kinds.end());
   d = {};
 }
 
@@ -198,7 +213,8 @@ void Engine::Impl::initialize_state(std::vector<float>& init) {
     const std::size_t n = c.r.count;
     if (stage == 3) {
       tmp.resize(n * pes);
-      for (std::size_t i = 0; i < n; ++i) store_elem(tmp.data(), i, pdt, init[own_begin + c.r.begin + i]);
+      for (std::size_t i = 0; i < n; ++i)
+        store_elem(tmp.data(), i, pdt, init[own_begin + c.r.begin + i]);
       put(c.param, 0, n * pes, tmp.data());
     }
     // FP32 master from the initial values, moments zero.
@@ -211,7 +227,8 @@ void Engine::Impl::initialize_state(std::vector<float>& init) {
 const zero::Chunk& Engine::Impl::chunk_at(std::size_t element) const {
   auto it = std::upper_bound(chunks.begin(), chunks.end(), element,
                              [](std::size_t x, const zero::Chunk& c) { return x < c.r.begin; });
-  if (it == chunks.begin()) fail(ErrorCode::kInternal, strcat("engine: no chunk holds element ", element));
+  if (it == chunks.begin())
+    fail(ErrorCode::kInternal, strcat("engine: no chunk holds element ", element));
   return *std::prev(it);
 }
 

@@ -10,7 +10,8 @@
 
 namespace strata {
 
-// ---- parameters -------------------------------------------------------------------------------------
+// ---- parameters
+// -------------------------------------------------------------------------------------
 
 const void* Engine::Impl::param(TensorId id) const {
   require_finalized("param");
@@ -18,7 +19,8 @@ const void* Engine::Impl::param(TensorId id) const {
   if (stage < 3) return params_dev ? params_dev + part->offset(id) * pes : nullptr;
   const Gathered& g = gathered[id];
   if (!g.ready)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: param('", specs[id].name, "') at stage 3 without gather()"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: param('", specs[id].name, "') at stage 3 without gather()"));
   return g.buf.ptr;
 }
 
@@ -27,12 +29,15 @@ void Engine::Impl::read_param(TensorId id, std::span<float> out) {
   check_id(id, "read_param");
   const std::size_t n = specs[id].numel;
   if (out.size() != n)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
   (void)param(id);  // stage 3: must be gathered
   if (n == 0) return;
   std::vector<unsigned char> tmp(n * pes);
-  if (stage < 3) get(params_id, part->offset(id) * pes, n * pes, tmp.data());
-  else get(gathered[id].buf.id, 0, n * pes, tmp.data());
+  if (stage < 3)
+    get(params_id, part->offset(id) * pes, n * pes, tmp.data());
+  else
+    get(gathered[id].buf.id, 0, n * pes, tmp.data());
   for (std::size_t i = 0; i < n; ++i) out[i] = load_elem(tmp.data(), i, pdt);
 }
 
@@ -55,7 +60,8 @@ void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* 
   }
 }
 
-// ---- stage-3 gathers ------------------------------------------------------------------------------------
+// ---- stage-3 gathers
+// ------------------------------------------------------------------------------------
 
 // The tensor's own slice is copied from the param chunks (wherever they live) into a device send
 // buffer, and the all-gather fills a device buffer with the whole tensor.
@@ -161,7 +167,8 @@ void Engine::Impl::release(std::span<const TensorId> ids) {
   st.gather_s += zero::seconds_since(t0);
 }
 
-// ---- collectives on host arrays ---------------------------------------------------------------------------
+// ---- collectives on host arrays
+// ---------------------------------------------------------------------------
 
 // Staged through a device buffer in pieces: collectives run where the buffers live.
 void Engine::Impl::broadcast_host(void* data, std::size_t count, DType dt, int root) {
@@ -184,7 +191,8 @@ void Engine::Impl::broadcast_host(void* data, std::size_t count, DType dt, int r
   free_dev_buf(x);
 }
 
-void Engine::Impl::all_gather_host(const void* send, void* recv, std::span<const std::size_t> counts, DType dt) {
+void Engine::Impl::all_gather_host(const void* send, void* recv,
+                                   std::span<const std::size_t> counts, DType dt) {
   const std::size_t es = elem_size(dt);
   std::size_t total = 0;
   for (auto c : counts) total += c;
@@ -201,11 +209,14 @@ void Engine::Impl::all_gather_host(const void* send, void* recv, std::span<const
   free_dev_buf(x);
 }
 
-// ---- optimizer state access ---------------------------------------------------------------------------------
+// ---- optimizer state access
+// ---------------------------------------------------------------------------------
 
 namespace {
 float* state_array(const zero::StateView& v, StateKind kind) {
-  return kind == StateKind::kMaster ? v.master : kind == StateKind::kExpAvg ? v.exp_avg : v.exp_avg_sq;
+  return kind == StateKind::kMaster   ? v.master
+         : kind == StateKind::kExpAvg ? v.exp_avg
+                                      : v.exp_avg_sq;
 }
 }  // namespace
 
@@ -215,8 +226,8 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
   check_id(id, "read_state");
   const std::size_t n = specs[id].numel, off = part->offset(id);
   if (out.size() != n)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: read_state('", specs[id].name, "'): ", out.size(),
-                                             " elements given, the tensor has ", n));
+    fail(ErrorCode::kInvalidArgument, strcat("engine: read_state('", specs[id].name, "'): ",
+                                             out.size(), " elements given, the tensor has ", n));
   if (n == 0) return;
   // The part of the tensor this rank's optimizer range holds, and the all-gather counts.
   std::vector<std::size_t> counts;
@@ -245,8 +256,8 @@ void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const floa
   check_id(id, "write_state");
   const std::size_t n = specs[id].numel, off = part->offset(id);
   if (in.size() != n)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: write_state('", specs[id].name, "'): ", in.size(),
-                                             " elements given, the tensor has ", n));
+    fail(ErrorCode::kInvalidArgument, strcat("engine: write_state('", specs[id].name, "'): ",
+                                             in.size(), " elements given, the tensor has ", n));
   if (n == 0) return;
   Range local{off, n};
   if (stage > 0) {
@@ -281,7 +292,8 @@ void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const floa
   }
 }
 
-// ---- checkpoints ---------------------------------------------------------------------------------------------
+// ---- checkpoints
+// ---------------------------------------------------------------------------------------------
 
 // The seam: the rank's parameters (model dtype) materialized in host memory for the duration of
 // the call, and the optimizer state through host views of the TierStore.

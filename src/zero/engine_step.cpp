@@ -10,12 +10,16 @@
 
 namespace strata {
 
-// ---- gradient statistics over pieces ---------------------------------------------------------------
+// ---- gradient statistics over pieces
+// ---------------------------------------------------------------
 
 namespace zero {
 
 StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale)
-    : adam_(adam), dt_(dtype), es_(elem_size(dtype)), scale_(scale),
+    : adam_(adam),
+      dt_(dtype),
+      es_(elem_size(dtype)),
+      scale_(scale),
       carry_(CpuAdam::kStatsTileElems * elem_size(dtype)) {}
 
 void StatsStream::feed(const void* grads, std::size_t n) {
@@ -47,7 +51,8 @@ AdamGradStats StatsStream::finish() {
 
 }  // namespace zero
 
-// ---- the loops' items ----------------------------------------------------------------------------------
+// ---- the loops' items
+// ----------------------------------------------------------------------------------
 
 tier::StreamOptions Engine::Impl::stream_options(tier::Where where, const char* what) const {
   tier::StreamOptions o;
@@ -97,7 +102,8 @@ std::vector<tier::StreamItem> Engine::Impl::stats_items() const {
   return items;
 }
 
-// ---- the step -------------------------------------------------------------------------------------------
+// ---- the step
+// -------------------------------------------------------------------------------------------
 
 StepResult Engine::Impl::step() {
   auto t_step = zero::Clock::now();
@@ -152,12 +158,16 @@ AdamGradStats Engine::Impl::local_grad_stats(float inv) {
   const auto items = stats_items();
   const tier::Where where = storage->pool() ? tier::Where::kHost : tier::Where::kDevice;
   if (where == tier::Where::kDevice && storage->device().kind() != DeviceKind::kHost)
-    fail(ErrorCode::kInternal, "engine: gradient statistics in device memory need the host-emulated device");
-  tier::run_stream(store(), items, [&](std::size_t i, std::span<void* const> v) {
-    const BufferInfo info = store().info(items[i].parts[0].id);
-    const std::uint64_t bytes = items[i].parts[0].bytes ? items[i].parts[0].bytes : info.bytes;
-    stats.feed(v[0], bytes / ges);
-  }, stream_options(where, "gradient statistics"));
+    fail(ErrorCode::kInternal,
+         "engine: gradient statistics in device memory need the host-emulated device");
+  tier::run_stream(
+      store(), items,
+      [&](std::size_t i, std::span<void* const> v) {
+        const BufferInfo info = store().info(items[i].parts[0].id);
+        const std::uint64_t bytes = items[i].parts[0].bytes ? items[i].parts[0].bytes : info.bytes;
+        stats.feed(v[0], bytes / ges);
+      },
+      stream_options(where, "gradient statistics"));
   return stats.finish();
 }
 
@@ -184,7 +194,8 @@ void Engine::Impl::agree(const AdamGradStats& local, bool* finite, double* sum_s
   for (int r = 0; r < world; ++r) {
     const std::uint32_t* p = all.data() + 4 * r;
     *finite = *finite && p[2] == 1u;
-    *sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 32));
+    *sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) |
+                                     (static_cast<std::uint64_t>(p[1]) << 32));
   }
 }
 
@@ -195,7 +206,8 @@ void Engine::Impl::apply_loss_scale(bool finite, StepResult& res) {
   ++st.skipped_steps;
   good_steps = 0;
   if (scaling && cfg.precision.loss_scale.dynamic)
-    scale = std::max(cfg.precision.loss_scale.min_scale, scale * cfg.precision.loss_scale.backoff_factor);
+    scale = std::max(cfg.precision.loss_scale.min_scale,
+                     scale * cfg.precision.loss_scale.backoff_factor);
   if (rank == 0) log_info("engine: gradient overflow, step skipped; loss scale now ", scale);
 }
 
@@ -211,24 +223,28 @@ void Engine::Impl::adam_chunk(const zero::Chunk& c, const zero::StateView& v, co
                               void* param_copy, bool on_device, float grad_scale) {
   const auto* g = static_cast<const unsigned char*>(grad);
   auto* p = static_cast<unsigned char*>(param_copy);
-  for_each_group_run(opt_begin + c.r.begin, c.r.count, [&](std::size_t o, std::size_t n, GroupId gid) {
-    AdamParams hp = AdamParams::from_config(cfg.optimizer);
-    hp.lr = groups[gid].lr;
-    hp.weight_decay = groups[gid].weight_decay;
-    AdamTensors t;
-    t.param = v.master + o;
-    t.exp_avg = v.exp_avg + o;
-    t.exp_avg_sq = v.exp_avg_sq + o;
-    t.grad = g + o * ges;
-    t.grad_dtype = gdt;
-    t.param_copy = p + o * pes;
-    t.param_copy_dtype = pdt;
-    t.n = n;
-    const AdamStepOptions so = step_options(grad_scale);
-    if (on_device) device_adam->step_resident(hp, t, so);
-    else if (update_on_device) device_adam->step(hp, t, so);
-    else adam->step(hp, t, so);
-  });
+  for_each_group_run(opt_begin + c.r.begin, c.r.count,
+                     [&](std::size_t o, std::size_t n, GroupId gid) {
+                       AdamParams hp = AdamParams::from_config(cfg.optimizer);
+                       hp.lr = groups[gid].lr;
+                       hp.weight_decay = groups[gid].weight_decay;
+                       AdamTensors t;
+                       t.param = v.master + o;
+                       t.exp_avg = v.exp_avg + o;
+                       t.exp_avg_sq = v.exp_avg_sq + o;
+                       t.grad = g + o * ges;
+                       t.grad_dtype = gdt;
+                       t.param_copy = p + o * pes;
+                       t.param_copy_dtype = pdt;
+                       t.n = n;
+                       const AdamStepOptions so = step_options(grad_scale);
+                       if (on_device)
+                         device_adam->step_resident(hp, t, so);
+                       else if (update_on_device)
+                         device_adam->step(hp, t, so);
+                       else
+                         adam->step(hp, t, so);
+                     });
 }
 
 // Step part 4: Adam over the chunk grid. Chunks whose state is on cpu or nvme run CpuAdam on the
@@ -251,9 +267,10 @@ void Engine::Impl::update(float grad_scale) {
       const zero::StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
       adam_chunk(c, sv, v[1], v[2], device, grad_scale);
     };
-    const auto s = tier::run_stream(store(), items, fn,
-                                    stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
-                                                   device ? "optimizer step (device)" : "optimizer step"));
+    const auto s =
+        tier::run_stream(store(), items, fn,
+                         stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
+                                        device ? "optimizer step (device)" : "optimizer step"));
     if (!device) last_update = s;
   }
   st.optimizer_s += zero::seconds_since(t0);

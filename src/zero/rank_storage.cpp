@@ -16,7 +16,8 @@ namespace {
 // The rank's GPU on its node: LOCAL_RANK (torchrun), the MPI launchers' local rank, else the rank
 // modulo the node's ranks; modulo the visible devices.
 int local_ordinal(const Config& c, int rank) {
-  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+  for (const char* v :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
     if (const char* s = std::getenv(v)) {
       char* end = nullptr;
       const long x = std::strtol(s, &end, 10);
@@ -34,9 +35,10 @@ DeviceKind resolve_device_kind(const Config& c, const Communicator& comm) {
   if (k == DeviceKind::kAuto) return device_buffers ? DeviceKind::kCuda : DeviceKind::kHost;
   if (k == DeviceKind::kCuda && !device_buffers)
     fail(ErrorCode::kUnsupported,
-         strcat("engine: runtime.device is cuda but the ", comm.backend_name(),
-                " communicator works on host memory; collectives run where the buffers live: use the "
-                "nccl communicator with a GPU (runtime.communicator: nccl), or runtime.device: host"));
+         strcat(
+             "engine: runtime.device is cuda but the ", comm.backend_name(),
+             " communicator works on host memory; collectives run where the buffers live: use the "
+             "nccl communicator with a GPU (runtime.communicator: nccl), or runtime.device: host"));
   if (k == DeviceKind::kHost && device_buffers)
     fail(ErrorCode::kUnsupported,
          strcat("engine: the ", comm.backend_name(),
@@ -56,7 +58,9 @@ RankStorage::RankStorage(const Config& config, const Communicator& comm, const S
   }
   device_ = make_device(kind, ordinal, config.tiers.gpu.budget);
   if (wrap_.device) device_ = wrap_.device(std::move(device_));
-  if (rank_ == 0) log_info("engine: device ", device_->name(), " (runtime.device ", device_name(config.runtime.device), ")");
+  if (rank_ == 0)
+    log_info("engine: device ", device_->name(), " (runtime.device ",
+             device_name(config.runtime.device), ")");
 }
 
 RankStorage::~RankStorage() {
@@ -82,12 +86,14 @@ void RankStorage::open(const StorageNeeds& needs) {
   if (needs.nvme_bytes > 0) {
     if (c.tiers.nvme.paths.empty())
       fail(ErrorCode::kInvalidArgument,
-           "storage: state is placed on nvme but tiers.nvme.paths is empty: name a directory on NVMe");
+           "storage: state is placed on nvme but tiers.nvme.paths is empty: name a directory on "
+           "NVMe");
     if (nvme_budget() > 0 && needs.nvme_bytes > nvme_budget())
       fail(ErrorCode::kBudget,
-           strcat("storage rank ", rank_, ": the state placed on nvme needs ", needs.nvme_bytes, " bytes (",
-                  format_bytes(needs.nvme_bytes, true), ") of swap space but tiers.nvme.budget leaves this rank ",
-                  nvme_budget(), " bytes (", format_bytes(nvme_budget(), true), ")"));
+           strcat("storage rank ", rank_, ": the state placed on nvme needs ", needs.nvme_bytes,
+                  " bytes (", format_bytes(needs.nvme_bytes, true),
+                  ") of swap space but tiers.nvme.budget leaves this rank ", nvme_budget(),
+                  " bytes (", format_bytes(nvme_budget(), true), ")"));
     // Missing swap directories are created by the SwapSpace (safely: tier/swap_space.hpp).
     io_ = make_io_engine(IoEngineOptions::from(c.tiers.nvme), c.tiers.nvme.paths.front());
     if (wrap_.io) io_ = wrap_.io(std::move(io_));
@@ -109,11 +115,12 @@ void RankStorage::open(const StorageNeeds& needs) {
   so.checksum = c.tiers.nvme.checksum;
   so.rank = static_cast<std::uint32_t>(rank_);
   so.movers = std::max<std::uint32_t>(1, needs.movers);
-  so.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(
-      std::max(1.0, c.runtime.collective_timeout_s) * 1000.0));
+  so.timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::max(1.0, c.runtime.collective_timeout_s) * 1000.0));
   store_ = std::make_unique<TierStore>(so, *device_, io_.get(), pool_.get());
   log_debug("storage rank ", rank_, ": ", device_->name(), ", pool ",
-            pool_ ? strcat(pool_->buffer_count(), " x ", pool_->buffer_size(), " B (", pool_->lock_method(), ")")
+            pool_ ? strcat(pool_->buffer_count(), " x ", pool_->buffer_size(), " B (",
+                           pool_->lock_method(), ")")
                   : std::string("none"),
             ", swap ", needs.nvme_bytes, " B");
 }

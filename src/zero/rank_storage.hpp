@@ -40,11 +40,11 @@ struct StorageWrap {
 
 // What the engine's layout asks of the storage (after the device is known).
 struct StorageNeeds {
-  bool pool = false;                  // anything is staged between host and device or NVMe
+  bool pool = false;  // anything is staged between host and device or NVMe
   std::uint32_t pool_buffers = 0;
   std::uint64_t pool_buffer_size = 0;
-  std::uint64_t nvme_bytes = 0;       // swap space to reserve (0: no NVMe tier)
-  std::uint32_t movers = 2;           // the store's transfer threads
+  std::uint64_t nvme_bytes = 0;  // swap space to reserve (0: no NVMe tier)
+  std::uint32_t movers = 2;      // the store's transfer threads
 };
 
 // The device kind a rank's engine uses with this communicator (see above).

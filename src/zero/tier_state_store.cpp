@@ -31,7 +31,8 @@ void TierStateStore::store_chunk(std::size_t k, const std::vector<float>& in) {
 }
 
 StateView TierStateStore::acquire(Range r) {
-  if (acquired_) fail(ErrorCode::kInvalidArgument, "optimizer state: acquire() while a range is acquired");
+  if (acquired_)
+    fail(ErrorCode::kInvalidArgument, "optimizer state: acquire() while a range is acquired");
   if (r.end() > size_)
     fail(ErrorCode::kInvalidArgument,
          strcat("optimizer state: range [", r.begin, ", ", r.end(), ") beyond ", size_));
@@ -44,7 +45,8 @@ StateView TierStateStore::acquire(Range r) {
     if (b >= e) continue;
     load(k, chunk);
     for (int a = 0; a < 3; ++a)
-      std::memcpy(out[a] + (b - r.begin), chunk.data() + a * c.r.count + (b - c.r.begin), (e - b) * sizeof(float));
+      std::memcpy(out[a] + (b - r.begin), chunk.data() + a * c.r.count + (b - c.r.begin),
+                  (e - b) * sizeof(float));
   }
   acquired_ = true;
   range_ = r;
@@ -68,7 +70,8 @@ void TierStateStore::release(Range r, bool dirty) {
       chunk.assign(3 * c.r.count, 0.0f);
     }
     for (int a = 0; a < 3; ++a)
-      std::memcpy(chunk.data() + a * c.r.count + (b - c.r.begin), in[a] + (b - r.begin), (e - b) * sizeof(float));
+      std::memcpy(chunk.data() + a * c.r.count + (b - c.r.begin), in[a] + (b - r.begin),
+                  (e - b) * sizeof(float));
     store_chunk(k, chunk);
   }
 }

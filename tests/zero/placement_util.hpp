@@ -33,10 +33,12 @@ struct Placement {
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   const Placement& p = i.param;
-  std::string s = strata::strcat("stage", p.stage, "_opt_", tier_name(p.opt), "_grads_", tier_name(p.grads), "_params_",
-                         tier_name(p.params), "_world", p.world);
+  std::string s =
+      strata::strcat("stage", p.stage, "_opt_", tier_name(p.opt), "_grads_", tier_name(p.grads),
+                     "_params_", tier_name(p.params), "_world", p.world);
   if (p.fraction < 1) s += strata::strcat("_fraction", static_cast<int>(p.fraction * 100));
-  if (p.pdt != DType::kFp32 || p.gdt != DType::kFp32) s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
+  if (p.pdt != DType::kFp32 || p.gdt != DType::kFp32)
+    s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
   if (p.pin) s += "_pinned";
   return s;
 }
@@ -50,7 +52,8 @@ inline std::vector<Placement> all_cases() {
     for (Tier o : tiers)
       for (Tier g : tiers)
         for (Tier p : tiers) {
-          if ((stage < 1 && o != Tier::kGpu) || (stage < 2 && g != Tier::kGpu) || (stage < 3 && p != Tier::kGpu))
+          if ((stage < 1 && o != Tier::kGpu) || (stage < 2 && g != Tier::kGpu) ||
+              (stage < 3 && p != Tier::kGpu))
             continue;
           for (int world = 1; world <= 4; ++world) v.push_back({stage, o, g, p, 1.0, world});
         }
@@ -62,8 +65,8 @@ inline std::vector<Placement> all_cases() {
   // 16-bit parameters and gradients: loss scaling, overflow backs the scale off.
   for (int stage = 0; stage <= 3; ++stage) {
     const Tier t = stage == 0 ? Tier::kGpu : Tier::kNvme;
-    v.push_back({stage, t, stage >= 2 ? Tier::kCpu : Tier::kGpu, stage == 3 ? Tier::kNvme : Tier::kGpu, 1.0, 3,
-                 DType::kBf16, DType::kFp16});
+    v.push_back({stage, t, stage >= 2 ? Tier::kCpu : Tier::kGpu,
+                 stage == 3 ? Tier::kNvme : Tier::kGpu, 1.0, 3, DType::kBf16, DType::kFp16});
   }
   v.push_back({3, Tier::kGpu, Tier::kGpu, Tier::kGpu, 1.0, 2, DType::kFp16, DType::kBf16});
   // The cpu share page-locked (pin_memory).
@@ -113,24 +116,28 @@ inline std::vector<float> initial(std::size_t t) {
 // Rank-distinct gradients (in the gradient dtype); steps 4 and 11 carry an inf / a NaN on the last
 // rank.
 inline std::vector<unsigned char> gradient(int rank, int world, int step, std::size_t t, DType dt) {
-  std::mt19937_64 rng(0x5eed ^ (static_cast<std::uint64_t>(rank) << 40) ^ (static_cast<std::uint64_t>(step) << 20) ^ t);
+  std::mt19937_64 rng(0x5eed ^ (static_cast<std::uint64_t>(rank) << 40) ^
+                      (static_cast<std::uint64_t>(step) << 20) ^ t);
   std::normal_distribution<float> d(0.0f, 0.5f);
   std::vector<unsigned char> g(kSizes[t] * elem_size(dt));
   for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(g.data(), i, dt, d(rng));
   if (kSizes[t] > 3 && rank == world - 1 && (step == 4 || step == 11) && t == 3)
-    store_elem(g.data(), kSizes[t] / 2, dt, step == 4 ? std::numeric_limits<float>::infinity() : std::nanf(""));
+    store_elem(g.data(), kSizes[t] / 2, dt,
+               step == 4 ? std::numeric_limits<float>::infinity() : std::nanf(""));
   return g;
 }
 
 // One rank's loop. Gradients are handed in from device memory of the engine's device (a copy on a
 // stream: on the host-emulated device that is host memory too).
-inline std::vector<std::vector<float>> train(Communicator& comm, const Placement& p, const std::string& dir,
-                                             int* skipped, DeviceKind device = DeviceKind::kHost) {
+inline std::vector<std::vector<float>> train(Communicator& comm, const Placement& p,
+                                             const std::string& dir, int* skipped,
+                                             DeviceKind device = DeviceKind::kHost) {
   Config cfg = placement_config(p, dir);
   cfg.runtime.device = device;
   Engine e(cfg, comm);
   std::vector<TensorId> ids;
-  for (std::size_t t = 0; t < kSizes.size(); ++t) ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
+  for (std::size_t t = 0; t < kSizes.size(); ++t)
+    ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
   e.finalize();
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
   for (int s = 0; s < kSteps; ++s) {
@@ -192,16 +199,20 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
       std::vector<std::vector<unsigned char>> per_rank;
       for (int r = 0; r < p.world; ++r) per_rank.push_back(gradient(r, p.world, s, t, p.gdt));
       sums.push_back(reference_sum(per_rank, 0, kSizes[t], p.gdt));
-      for (std::size_t i = 0; i < kSizes[t]; ++i) finite = finite && std::isfinite(load_elem(sums[t].data(), i, p.gdt) * inv);
+      for (std::size_t i = 0; i < kSizes[t]; ++i)
+        finite = finite && std::isfinite(load_elem(sums[t].data(), i, p.gdt) * inv);
     }
     if (!finite) {
       ++*skipped;
-      if (scaling) scale = std::max(cfg.precision.loss_scale.min_scale, scale * cfg.precision.loss_scale.backoff_factor);
+      if (scaling)
+        scale = std::max(cfg.precision.loss_scale.min_scale,
+                         scale * cfg.precision.loss_scale.backoff_factor);
       continue;
     }
     ++step;
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
-      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sums[t].data(), p.gdt, copy[t].data(), p.pdt, kSizes[t]};
+      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sums[t].data(), p.gdt,
+                     copy[t].data(),   p.pdt,       kSizes[t]};
       adam.step(hp, at, AdamStepOptions{step, inv, false});
     }
   }

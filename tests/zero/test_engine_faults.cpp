@@ -5,9 +5,8 @@
 // that observes them with an error naming the tier or buffer, the path and errno, and leave the
 // engine failed (every later call: Error(kIo) "unusable after a failed step"); a failed gradient
 // spill fails the backward; nothing is left in flight (the pool is whole again).
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <random>
@@ -96,7 +95,8 @@ struct Rank {
       FAIL() << "a failed engine took another step";
     } catch (const Error& err) {
       EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
-      EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos)
+          << err.what();
     }
     TempDir ckpt("strata-faults-ckpt");
     try {
@@ -126,7 +126,8 @@ TEST(EngineFaults, BudgetsAreEnforcedAtFinalizeNamingTierAndBuffer) {
       {"gpu", Tier::kGpu, [](Config& c) { c.tiers.gpu.budget = 40000; }, "gpu tier"},
       {"host", Tier::kCpu, [](Config& c) { c.tiers.host.budget = 60000; }, "cpu tier"},
       {"nvme", Tier::kNvme, [](Config& c) { c.tiers.nvme.budget = 50000; }, "nvme"},
-      {"pinned", Tier::kNvme, [](Config& c) { c.tiers.host.pinned_budget = 20000; }, "pinned_budget"},
+      {"pinned", Tier::kNvme, [](Config& c) { c.tiers.host.pinned_budget = 20000; },
+       "pinned_budget"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -148,7 +149,8 @@ TEST(EngineFaults, BudgetsAreEnforcedAtFinalizeNamingTierAndBuffer) {
     r.e->step();
   }
   const zero::StorageReport rep = EngineAccess::report(*r.e);
-  for (int t = 0; t < 3; ++t) EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
+  for (int t = 0; t < 3; ++t)
+    EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
 }
 
 TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
@@ -168,7 +170,8 @@ TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
     FAIL() << "no allocation error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
-    EXPECT_NE(std::string(e.what()).find("registering buffer 'params'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("registering buffer 'params'"), std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
   }
 }
@@ -223,10 +226,11 @@ TEST_P(EngineIoFaults, FailTheStepNamingPathAndErrnoAndLeaveTheEngineFailed) {
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, EngineIoFaults,
-    ::testing::Values(IoCase{"eio_reading_the_state", IoFault::fail_nth(2, EIO, IoOp::kRead), false},
-                      IoCase{"enospc_writing_the_state_back", IoFault::fail_nth(3, ENOSPC, IoOp::kWrite), false},
-                      IoCase{"short_read", IoFault::short_nth(3, 0, IoOp::kRead), false},
-                      IoCase{"eio_spilling_gradients", IoFault::fail_nth(1, EIO, IoOp::kWrite), true}),
+    ::testing::Values(
+        IoCase{"eio_reading_the_state", IoFault::fail_nth(2, EIO, IoOp::kRead), false},
+        IoCase{"enospc_writing_the_state_back", IoFault::fail_nth(3, ENOSPC, IoOp::kWrite), false},
+        IoCase{"short_read", IoFault::short_nth(3, 0, IoOp::kRead), false},
+        IoCase{"eio_spilling_gradients", IoFault::fail_nth(1, EIO, IoOp::kWrite), true}),
     io_case_name);
 
 // A failed read of the own parameter slice in a stage-3 gather() changes nothing: the gather can be

@@ -1,6 +1,6 @@
-// Same numbers wherever the state lives: the Engine on the host-emulated device, for every placement
-// of {optimizer, gradients, params} x {gpu, cpu, nvme} that a stage allows, stages 0-3, 1-4
-// in-process ranks, 22 steps of which two overflow (an inf, a NaN on the last rank: skipped
+// Same numbers wherever the state lives: the Engine on the host-emulated device, for every
+// placement of {optimizer, gradients, params} x {gpu, cpu, nvme} that a stage allows, stages 0-3,
+// 1-4 in-process ranks, 22 steps of which two overflow (an inf, a NaN on the last rank: skipped
 // everywhere), bitwise identical to the unsharded single-rank CpuAdam reference (the rank-ordered
 // sum of the ranks' gradients, rounded to the gradient dtype as the collective does, grad_scale =
 // 1 / (loss_scale * world), the dynamic loss scale backed off on each overflow). Plus: mixed
@@ -26,7 +26,8 @@ TEST_P(Placements, BitwiseIdenticalToTheUnshardedReference) {
   std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
   std::vector<int> skipped(static_cast<std::size_t>(p.world), 0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    got[static_cast<std::size_t>(rank)] = train(comm, p, dir.str(), &skipped[static_cast<std::size_t>(rank)]);
+    got[static_cast<std::size_t>(rank)] =
+        train(comm, p, dir.str(), &skipped[static_cast<std::size_t>(rank)]);
   }));
   for (int r = 0; r < p.world; ++r) {
     EXPECT_EQ(skipped[static_cast<std::size_t>(r)], 2) << "rank " << r;
@@ -35,7 +36,8 @@ TEST_P(Placements, BitwiseIdenticalToTheUnshardedReference) {
     for (std::size_t t = 0; t < g.size(); ++t)
       for (std::size_t i = 0; i < g[t].size(); ++i)
         ASSERT_EQ(std::bit_cast<std::uint32_t>(g[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-            << "rank " << r << " tensor " << t << " element " << i << ": " << g[t][i] << " vs " << want[t][i];
+            << "rank " << r << " tensor " << t << " element " << i << ": " << g[t][i] << " vs "
+            << want[t][i];
   }
 }
 

@@ -36,7 +36,9 @@ TEST_P(PlacementsCuda, MatchTheUnshardedReference) {
   if (gpus() < p.world) GTEST_SKIP() << p.world << " GPUs needed, " << gpus() << " present";
   // Ranks are threads here: the engine's device is rank % world.ranks_per_node (placement_config
   // sets both to the world), not a launcher's LOCAL_RANK.
-  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) ::unsetenv(v);
+  for (const char* v :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    ::unsetenv(v);
   TempDir dir("strata-placement-cuda");
   int want_skipped = 0;
   const auto want = reference(p, &want_skipped);
@@ -70,7 +72,8 @@ TEST_P(PlacementsCuda, MatchTheUnshardedReference) {
       for (std::size_t i = 0; i < g[t].size(); ++i) {
         if (p.world <= 2) {
           ASSERT_EQ(std::bit_cast<std::uint32_t>(g[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-              << "rank " << r << " tensor " << t << " element " << i << ": " << g[t][i] << " vs " << want[t][i];
+              << "rank " << r << " tensor " << t << " element " << i << ": " << g[t][i] << " vs "
+              << want[t][i];
         } else {
           ASSERT_NEAR(g[t][i], want[t][i], 1e-6 * std::max(1.0f, std::fabs(want[t][i])))
               << "rank " << r << " tensor " << t << " element " << i;
