@@ -190,11 +190,13 @@ class Engine {
 
   // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
   // data is copied (on the device) before return. At stages 2–3 this may start a bucket's
-  // reduce-scatter on the device, finish an earlier one and copy the rank's share of it where
-  // offload.gradients puts it (device→host on the storage's copy streams, then on to NVMe).
-  // Argument errors throw Error(kInvalidArgument) and change nothing; a failed collective, copy or
-  // gradient write throws and leaves the engine failed: every later set_gradient / step /
-  // checkpoint call throws Error(kIo) until a new engine loads a checkpoint (docs/offload.md).
+  // reduce-scatter on the device, finish an earlier one and queue the copy of the rank's share of
+  // it to where offload.gradients puts it (device→host on the storage's copy streams, then on to
+  // NVMe) without waiting for it: a later set_gradient() or step() collects it, and a failure of
+  // that copy is thrown there. Argument errors throw Error(kInvalidArgument) and change nothing;
+  // a failed collective, copy or gradient write throws and leaves the engine failed: every later
+  // set_gradient / step / checkpoint call throws Error(kIo) until a new engine loads a checkpoint
+  // (docs/offload.md).
   // `grad` is device() memory (host memory on the host-emulated device).
   void set_gradient(TensorId id, const void* grad);
   // The same from host memory, whatever the device (a convenience: one host-to-device copy on a

@@ -1,8 +1,9 @@
-// Filling buffers from pieces in any order (see fill.hpp).
+// Filling buffers from pieces in any order, asynchronously (see fill.hpp).
 #include "tier/fill.hpp"
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -32,7 +33,6 @@ Filler::~Filler() { drain(); }
 
 void Filler::begin() {
   drain();
-  staged_.clear();
   for (Buf& b : bufs_) {
     b.filled = 0;
     b.touched = false;
@@ -42,18 +42,9 @@ void Filler::begin() {
   active_ = true;
 }
 
-void Filler::copy_in(void* dst, const void* src, std::uint64_t bytes, Tier src_memory) {
-  if (src_memory == Tier::kCpu) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-  if (!stream_) stream_ = store_.device().create_stream();
-  stream_->memcpy_async(dst, src, bytes);
-  stream_->synchronize(timeout_);
-}
-
 PinnedBuffer Filler::take_buffer() {
   PinnedPool& pool = *store_.pool();
+  collect();
   while (true) {
     PinnedBuffer b = pool.try_acquire();
     if (b) return b;
@@ -62,6 +53,10 @@ PinnedBuffer Filler::take_buffer() {
       continue;
     }
     if (!staged_.empty()) {  // every buffer holds a partial chunk: write the oldest as it is
+      if (staged_[0].copies > 0) {
+        wait_copies(staged_[0].k);  // may write it (when it became full)
+        continue;
+      }
       write_staged(0, true);
       continue;
     }
@@ -82,6 +77,7 @@ void Filler::retire_oldest_write() {
 }
 
 // Writes staged_[s] (complete, or partial: read back later) and forgets it.
+// REQUIRES: staged_[s].copies == 0.
 void Filler::write_staged(std::size_t s, bool partial) {
   Staged st = std::move(staged_[s]);
   staged_.erase(staged_.begin() + static_cast<std::ptrdiff_t>(s));
@@ -119,8 +115,8 @@ void Filler::stage(std::size_t k) {
   b.staged = static_cast<int>(staged_.size() - 1);
 }
 
-void Filler::fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
-                  Tier src_memory) {
+Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint64_t bytes,
+                                  const void* src, Tier src_memory) {
   if (!active_) fail(ErrorCode::kInvalidArgument, "filler: fill() outside begin()/end()");
   if (k >= bufs_.size()) fail(ErrorCode::kInvalidArgument, strcat("filler: no buffer ", k));
   Buf& b = bufs_[k];
@@ -128,36 +124,138 @@ void Filler::fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, cons
     fail(ErrorCode::kInvalidArgument,
          strcat("filler: piece [", offset, ", ", offset + bytes, ") of buffer ", k, " beyond its ",
                 b.bytes, " bytes or filled twice"));
-  if (bytes == 0) return;
+  Piece p;
+  p.k = k;
   try {
-    if (!b.nvme) {
-      if (!b.touched) {
-        Transfer z = store_.zero(b.id);
-        Transfer w = store_.write(b.id, offset, bytes, src, src_memory);
-        z.wait(timeout_);
-        w.wait(timeout_);
-      } else {
-        store_.write(b.id, offset, bytes, src, src_memory).wait(timeout_);
-      }
+    if (bytes == 0) {
+      p.done = true;
+    } else if (!b.nvme) {  // on the store's movers, in submission order per buffer
+      if (!b.touched) p.zero = store_.zero(b.id);
+      p.write = store_.write(b.id, offset, bytes, src, src_memory);
       b.touched = true;
       b.filled += bytes;
-      return;
+    } else {
+      if (b.staged < 0) stage(k);
+      b.touched = true;
+      Staged& s = staged_[static_cast<std::size_t>(b.staged)];
+      auto* dst = static_cast<unsigned char*>(s.buf.data()) + offset;
+      if (src_memory == Tier::kCpu) {
+        std::memcpy(dst, src, bytes);
+        p.done = true;
+      } else {
+        if (!stream_) stream_ = store_.device().create_stream();
+        if (free_events_.empty()) {
+          p.event = store_.device().create_event();
+        } else {
+          p.event = std::move(free_events_.back());
+          free_events_.pop_back();
+        }
+        stream_->memcpy_async(dst, src, bytes);
+        stream_->record(*p.event);
+        ++s.copies;
+      }
+      b.filled += bytes;
+      if (b.filled == b.bytes) s.full = true;
+      if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
     }
-    if (b.staged < 0) stage(k);
-    b.touched = true;
-    copy_in(static_cast<unsigned char*>(staged_[static_cast<std::size_t>(b.staged)].buf.data()) +
-                offset,
-            src, bytes, src_memory);
-    b.filled += bytes;
-    if (b.filled == b.bytes) write_staged(static_cast<std::size_t>(b.staged), false);
-    while (!writing_.empty() && writing_.front().t.ready()) retire_oldest_write();
+    // Numbered only now: what ran above (stage(), take_buffer()) may have collected pieces, and
+    // tickets below next_ticket_ must all be queued.
+    p.ticket = next_ticket_++;
+    pieces_.push_back(std::move(p));
   } catch (const std::exception& e) {
+    if (!active_) throw;  // failed() ran already (the round was drained, the error named)
     failed(e, k, "filling");
   }
+  const Ticket ticket = next_ticket_ - 1;
+  collect();
+  return ticket;
+}
+
+bool Filler::finish(Piece& p, bool block) {
+  if (p.done) return true;
+  if (p.event) {
+    if (block) {
+      p.event->synchronize(timeout_);
+    } else if (!p.event->query()) {
+      return false;
+    }
+  } else {
+    if (!block && !(p.zero.ready() && p.write.ready())) return false;
+    p.zero.wait(timeout_);
+    p.write.wait(timeout_);
+  }
+  completed(p);
+  return true;
+}
+
+// A piece finished: its source may be reused; a staged buffer whose last copy it was and that has
+// all its bytes is written.
+void Filler::completed(Piece& p) {
+  p.done = true;
+  if (!p.event) return;
+  free_events_.push_back(std::move(p.event));
+  Buf& b = bufs_[p.k];
+  if (b.staged < 0) return;  // cannot happen: a staged buffer waits for its copies
+  Staged& s = staged_[static_cast<std::size_t>(b.staged)];
+  if (--s.copies == 0 && s.full) write_staged(static_cast<std::size_t>(b.staged), false);
+}
+
+void Filler::collect() {
+  for (Piece& p : pieces_) {
+    try {
+      finish(p, false);
+    } catch (const std::exception& e) {
+      failed(e, p.k, "copying into");
+    }
+  }
+  while (!pieces_.empty() && pieces_.front().done) {
+    done_through_ = pieces_.front().ticket;
+    pieces_.pop_front();
+  }
+  if (pieces_.empty()) done_through_ = next_ticket_ - 1;
+  while (!writing_.empty() && writing_.front().t.ready()) {
+    const std::size_t k = writing_.front().k;
+    try {
+      retire_oldest_write();
+    } catch (const std::exception& e) {
+      failed(e, k, "writing");
+    }
+  }
+}
+
+void Filler::wait_copies(std::size_t k) {
+  for (Piece& p : pieces_) {
+    if (p.k != k || p.done) continue;
+    try {
+      finish(p, true);
+    } catch (const std::exception& e) {
+      failed(e, p.k, "copying into");
+    }
+  }
+}
+
+bool Filler::done(Ticket t) {
+  if (!active_) return t <= done_through_;
+  collect();
+  return t <= done_through_;
+}
+
+void Filler::wait(Ticket t) {
+  for (Piece& p : pieces_) {
+    if (p.ticket > t) break;
+    if (p.done) continue;
+    try {
+      finish(p, true);
+    } catch (const std::exception& e) {
+      failed(e, p.k, "copying into");
+    }
+  }
+  if (active_) collect();
 }
 
 void Filler::end() {
   if (!active_) fail(ErrorCode::kInvalidArgument, "filler: end() without begin()");
+  wait(next_ticket_ - 1);
   std::size_t k = 0;
   try {
     while (!staged_.empty()) {
@@ -182,6 +280,31 @@ void Filler::end() {
 }
 
 void Filler::drain() noexcept {
+  bool stuck = false;  // a copy or write may still touch memory: its pool buffer is not reused
+  auto note = [&](const Error& e) {
+    if (e.code() == ErrorCode::kTimeout) stuck = true;
+  };
+  first_error_ = nullptr;
+  for (Piece& p : pieces_) {
+    if (p.done) continue;
+    try {
+      if (p.event) {
+        p.event->synchronize(timeout_);
+      } else {
+        p.zero.wait(timeout_);
+        p.write.wait(timeout_);
+      }
+    } catch (const Error& e) {
+      note(e);
+      if (!first_error_) {
+        first_error_ = std::current_exception();
+        first_error_k_ = p.k;
+      }
+    } catch (...) {
+    }
+  }
+  pieces_.clear();
+  done_through_ = next_ticket_ - 1;
   for (auto& w : writing_) {
     try {
       w.t.wait(timeout_);
@@ -195,18 +318,58 @@ void Filler::drain() noexcept {
     }
   }
   writing_.clear();
-  staged_.clear();
   if (stream_) {
     try {
       stream_->synchronize(timeout_);
+    } catch (const Error& e) {
+      note(e);
+      if (e.code() != ErrorCode::kTimeout) {
+        stream_.reset();  // a failed stream stays failed: the next round gets a new one
+        free_events_.clear();
+      }
     } catch (...) {
     }
   }
+  if (stuck) {
+    log_error("filler: a device copy did not finish; its pool buffers are not reused");
+    for (Staged& s : staged_) s.buf.detach();
+  }
+  staged_.clear();
   active_ = false;
+}
+
+std::exception_ptr Filler::abandon_for_cause() noexcept {
+  drain();
+  std::exception_ptr cause = std::exchange(first_error_, nullptr);
+  if (!cause) return nullptr;
+  try {
+    try {
+      std::rethrow_exception(cause);
+    } catch (const std::exception& c) {
+      name_and_throw(c, first_error_k_, "copying into");
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+  return cause;
 }
 
 void Filler::failed(const std::exception& e, std::size_t k, const char* doing) {
   drain();
+  // The first piece that failed is the cause; what the caller saw may be its consequence (the
+  // store refusing work once a failed copy left a buffer without contents).
+  if (first_error_) {
+    std::exception_ptr cause = std::exchange(first_error_, nullptr);
+    try {
+      std::rethrow_exception(cause);
+    } catch (const std::exception& c) {
+      if (&c != &e) name_and_throw(c, first_error_k_, "copying into");
+    }
+  }
+  name_and_throw(e, k, doing);
+}
+
+void Filler::name_and_throw(const std::exception& e, std::size_t k, const char* doing) {
   std::string name = "?";
   try {
     if (k < bufs_.size()) name = store_.info(bufs_[k].id).name;

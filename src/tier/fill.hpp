@@ -1,30 +1,43 @@
 // Filling a set of TierStore buffers from pieces that arrive in any order (the backward's
 // reduce-scatter buckets filling a rank's gradient partition), without ever holding more than the
-// store's pinned pool for the buffers that live on NVMe.
+// store's pinned pool for the buffers that live on NVMe, and without making the caller wait for
+// the copies (ZeRO-Offload: the rank's share of a bucket goes device→host while the backward goes
+// on).
 //
 // begin() starts a round: every buffer's contents are to be replaced; elements no piece fills are
-// zero at end(). fill(k, offset, bytes, src) copies a piece (host or device memory) into buffer k:
+// zero at end(). fill_async(k, offset, bytes, src) queues a piece (host or device memory) into
+// buffer k and returns a ticket at once:
 //   - home gpu / cpu: straight into the copy (TierStore::write of the range, on a mover's stream;
 //     the first piece of a round is preceded by TierStore::zero of the buffer);
-//   - home nvme: assembled in a pinned pool buffer (zeroed first); when the buffer is complete it
-//     is written (write-behind: the pool buffer returns when the write has landed). A buffer
-//     whose pool buffer is needed before it is complete is written as it is and read back (CRC
-//     checked) when its next piece arrives. end() writes what is still partial, and marks the
-//     buffers that got no piece zero (no I/O).
-// fill() returns once `src` may be reused. Every byte must be filled at most once per round.
+//   - home nvme: assembled in a pinned pool buffer (zeroed first); a piece in device memory is
+//     copied into it on the filler's copy stream (an event marks its end), one in host memory at
+//     once. When every byte of the buffer has arrived and its copies have completed, it is
+//     written (write-behind: the pool buffer returns when the write has landed). A buffer whose
+//     pool buffer is needed before it is complete is written as it is (after its copies) and read
+//     back (CRC checked) when its next piece arrives. end() writes what is still partial, and
+//     marks the buffers that got no piece zero (no I/O).
+// Completion is collected, never pushed: done(t) / poll() look at what finished without blocking
+// (and start the NVMe writes of buffers that became complete), wait(t) blocks. Tickets count up
+// from 1 per filler; done(t) is true when the pieces of tickets <= t have all completed, i.e. when
+// their sources may be reused. fill() is fill_async() + wait(). fill_async() itself blocks only
+// when it needs a pool buffer and none is free (it retires writes, or writes a partial buffer
+// after waiting for that buffer's copies) or when a buffer written partially is read back.
+// `src` must stay valid and unchanged until its ticket is done. Every byte must be filled at most
+// once per round.
 //
-// Failure: errors of the store (IoError, Error(kChecksum / kDevice / kTimeout / kBudget)) are
-// rethrown by the fill()/end() that observes them, with the buffer named; before that every
-// transfer of the filler is waited for (no pool buffer is given back with I/O in flight). The
-// round is then broken: call begin() again before anything else (the buffers' contents are
-// undefined; a buffer whose NVMe write failed has no valid copy and fails the store, see
-// tier_store.hpp).
+// Failure: errors of the store or the device (IoError, Error(kChecksum / kDevice / kTimeout /
+// kBudget)) are rethrown by the fill_async()/fill()/done()/poll()/wait()/end() that observes them,
+// with the buffer named; before that every transfer and copy of the filler is waited for (bounded:
+// a pool buffer a copy or write may still touch is never given back). The round is then broken:
+// call begin() again before anything else (the buffers' contents are undefined; a buffer whose
+// NVMe write failed has no valid copy and fails the store, see tier_store.hpp).
 // Ownership: borrows the store (it must outlive the filler). Thread-safety: one thread.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -32,13 +45,16 @@
 #include "tier/tier_store.hpp"
 
 namespace strata {
+class Event;
 class Stream;
-}
+}  // namespace strata
 
 namespace strata::tier {
 
 class Filler {
  public:
+  using Ticket = std::uint64_t;
+
   Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout);
   ~Filler();
   Filler(const Filler&) = delete;
@@ -46,24 +62,41 @@ class Filler {
 
   void begin();
   // src_memory: kCpu for host memory, kGpu for device memory of the store's Device.
+  // REQUIRES: active(); the piece lies in buffer k and was not filled before this round.
+  Ticket fill_async(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
+                    Tier src_memory);
   void fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
-            Tier src_memory);
+            Tier src_memory) {
+    wait(fill_async(k, offset, bytes, src, src_memory));
+  }
+  // True when every piece of ticket <= t has completed (non-blocking; collects what finished).
+  bool done(Ticket t);
+  void poll() { (void)done(0); }
+  // Blocks until done(t) (each wait bounded by the timeout).
+  void wait(Ticket t);
+  // Waits for every piece, writes the partial buffers, zeroes the untouched ones, waits for the
+  // writes.
   void end();
-  // Gives up the round (the caller failed elsewhere): waits for the writes in flight and returns
-  // every pool buffer; the buffers' contents are undefined until the next round.
+  // Gives up the round (the caller failed elsewhere): waits for the copies and writes in flight
+  // and returns every pool buffer; the buffers' contents are undefined until the next round.
   void abandon() noexcept { drain(); }
+  // abandon(), and the error of the first piece that had failed (named as done() would throw it),
+  // or null: what the caller saw may be its consequence (a store that refuses work because a
+  // failed copy left a buffer without contents).
+  std::exception_ptr abandon_for_cause() noexcept;
   bool active() const { return active_; }
 
   std::size_t size() const { return bufs_.size(); }
   std::uint64_t bytes_written() const { return written_; }  // to NVMe, this filler's lifetime
   std::uint64_t partial_writes() const { return partial_writes_; }
+  std::size_t pending() const { return pieces_.size(); }  // pieces queued, not yet collected
 
  private:
   struct Buf {
     BufferId id = 0;
     std::uint64_t bytes = 0, padded = 0;
     bool nvme = false;
-    std::uint64_t filled = 0;  // bytes received this round
+    std::uint64_t filled = 0;  // bytes queued this round
     bool touched = false;      // got a piece this round
     bool on_disk = false;      // written partially this round: read back to continue
     int staged = -1;           // index into staged_ while assembled in a pool buffer
@@ -71,27 +104,48 @@ class Filler {
   struct Staged {
     std::size_t k = 0;
     PinnedBuffer buf;
+    std::uint32_t copies = 0;  // device copies into buf not yet completed
+    bool full = false;         // every byte queued: written once copies reaches 0
   };
   struct Writing {
     std::size_t k = 0;
     PinnedBuffer buf;
     Transfer t;
   };
+  // One queued piece: store transfers (memory homes) or a device copy into a staged buffer.
+  struct Piece {
+    Ticket ticket = 0;
+    std::size_t k = 0;
+    Transfer zero, write;
+    std::unique_ptr<Event> event;  // recorded after the copy on stream_
+    bool done = false;
+  };
   void stage(std::size_t k);
   void write_staged(std::size_t s, bool partial);
   PinnedBuffer take_buffer();
   void retire_oldest_write();
-  void copy_in(void* dst, const void* src, std::uint64_t bytes, Tier src_memory);
+  // Completes `p` if it has finished (or, with block, once it has); rethrows its error.
+  bool finish(Piece& p, bool block);
+  void completed(Piece& p);
+  void collect();                    // non-blocking progress (throws the first error)
+  void wait_copies(std::size_t k);   // every queued piece of buffer k completed
   void drain() noexcept;
+  // Drains, then throws the first failed piece's error (the cause), else `e`, naming the buffer.
   [[noreturn]] void failed(const std::exception& e, std::size_t k, const char* doing);
+  [[noreturn]] void name_and_throw(const std::exception& e, std::size_t k, const char* doing);
 
   TierStore& store_;
   std::chrono::milliseconds timeout_;
   std::vector<Buf> bufs_;
-  std::vector<Staged> staged_;      // buffers being assembled (nvme)
-  std::deque<Writing> writing_;     // nvme writes in flight, oldest first
-  std::vector<Transfer> direct_;    // memory-tier zero/range writes of this round
+  std::vector<Staged> staged_;    // buffers being assembled (nvme)
+  std::deque<Writing> writing_;   // nvme writes in flight, oldest first
+  std::deque<Piece> pieces_;      // queued pieces, ticket order, not yet collected
+  std::vector<std::unique_ptr<Event>> free_events_;
   std::unique_ptr<Stream> stream_;  // device → pinned copies
+  std::exception_ptr first_error_;  // drain(): the first failed piece's error (ticket order)
+  std::size_t first_error_k_ = 0;
+  Ticket next_ticket_ = 1;
+  Ticket done_through_ = 0;  // every piece of ticket <= this has completed
   bool active_ = false;
   std::uint64_t written_ = 0, partial_writes_ = 0;
 };

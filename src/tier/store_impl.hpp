@@ -156,6 +156,7 @@ class TierStore::Impl {
   // ---- scheduling (tier_store.cpp)
   void worker_loop(tier::WorkerContext& ctx);
   void run_job(tier::Job& job, tier::WorkerContext& ctx);
+  void renew_stream(tier::WorkerContext& ctx) noexcept;  // after a failed job
   // Completes `job` in the caller when it needs no data movement (mutex_ held, buffer idle).
   // Returns false when a mover must run it. Failures are stored in the job's state.
   bool try_inline_locked(tier::Job& job);

@@ -527,10 +527,28 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
     err = std::current_exception();
   }
   if (err) {
+    renew_stream(ctx);
     std::lock_guard lock(mutex_);
     check_lost_locked(b, err);
   }
   job.state->finish(err, ptr);
+}
+
+// A stream whose work failed stays failed (Stream::synchronize): the mover's next job gets a new
+// one instead of the old error. A stream with work still in flight (a timed-out copy) is kept.
+void TierStore::Impl::renew_stream(WorkerContext& ctx) noexcept {
+  try {
+    ctx.stream->synchronize(std::chrono::milliseconds(0));
+    return;  // idle and healthy
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kTimeout) return;
+  } catch (...) {
+  }
+  try {
+    ctx.stream = device_.create_stream();
+  } catch (const std::exception& e) {
+    log_error("tier store: cannot replace a failed copy stream: ", e.what());
+  }
 }
 
 void TierStore::Impl::check_lost_locked(Buf& b, const std::exception_ptr& err) {

@@ -77,6 +77,21 @@ void Engine::Impl::mark_broken(const std::string& what) noexcept {
   if (grad_fill) grad_fill->abandon();
 }
 
+std::exception_ptr Engine::Impl::fail_call(const std::exception& e) noexcept {
+  std::exception_ptr cause = grad_fill ? grad_fill->abandon_for_cause() : nullptr;
+  std::string what = e.what();
+  if (cause) {
+    try {
+      std::rethrow_exception(cause);
+    } catch (const std::exception& c) {
+      what = c.what();
+    } catch (...) {
+    }
+  }
+  mark_broken(what);
+  return cause ? cause : std::current_exception();
+}
+
 void Engine::Impl::check_id(TensorId id, const char* what) const {
   if (id >= specs.size())
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
@@ -304,8 +319,7 @@ StepResult Engine::step() {
   try {
     return impl_->step();
   } catch (const std::exception& e) {
-    impl_->mark_broken(e.what());
-    throw;
+    std::rethrow_exception(impl_->fail_call(e));
   }
 }
 EngineStats Engine::stats() const {

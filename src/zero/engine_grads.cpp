@@ -1,6 +1,8 @@
 // Gradients: set_gradient, the stage-2/3 buckets reduce-scattered as the backward produces them,
 // the rank's share of each bucket filled into the gradient chunks wherever they live (device
-// memory, or device→host on the store's copy streams, spilled on to NVMe), and step()'s reduction.
+// memory, or device→host on the store's copy streams, spilled on to NVMe) — queued, not waited
+// for: the backward goes on while the share is copied out, and its receive buffer is reused only
+// once the copy completed — and step()'s reduction.
 #include <algorithm>
 #include <cstring>
 
@@ -11,6 +13,9 @@ namespace strata {
 
 namespace {
 constexpr std::size_t kMaxBucketsInFlight = 2;
+// Receive buffers: those of the collectives in flight, and one whose share is still being copied
+// out while the next buckets reduce.
+constexpr std::size_t kMaxRecvBuffers = kMaxBucketsInFlight + 1;
 }  // namespace
 
 void Engine::Impl::reset_buckets() {
@@ -59,10 +64,10 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
         if (bucket_pending[k] == 0) issue_bucket(k);
         pos = stop;
       }
+      collect_copies(false);  // progress: finished copies free their buffers, spills start
     }
   } catch (const std::exception& e) {
-    mark_broken(e.what());
-    throw;
+    std::rethrow_exception(fail_call(e));
   }
   st.reduce_s += zero::seconds_since(t0);
 }
@@ -84,17 +89,29 @@ void Engine::Impl::issue_bucket(std::size_t k) {
   while (inflight.size() >= kMaxBucketsInFlight) retire_oldest();
   InFlight f;
   f.bucket = k;
-  if (!free_recvs.empty()) {
-    f.recv = free_recvs.back();
-    free_recvs.pop_back();
-  } else {
-    f.recv = make_dev_buf(strcat("rt.recv.", dev_bufs_made++), std::min(bucket_elems, psize) * ges);
-  }
+  f.recv = take_recv();
   f.share_begin = mine ? std::max(b, own_begin) - own_begin : 0;
   f.share_count = mine;
   f.handle = comm.reduce_scatter_async(bucket_of[k].ptr, f.recv.ptr, counts, gdt);
   inflight.push_back(std::move(f));
   bucket_issued[k] = true;
+}
+
+Engine::Impl::DevBuf Engine::Impl::take_recv() {
+  collect_copies(false);
+  if (free_recvs.empty() && recvs_made < kMaxRecvBuffers) {
+    ++recvs_made;
+    return make_dev_buf(strcat("rt.recv.", dev_bufs_made++), std::min(bucket_elems, psize) * ges);
+  }
+  if (free_recvs.empty()) {  // every buffer is copying out: wait for the oldest
+    auto t0 = zero::Clock::now();
+    grad_fill->wait(copying.front().ticket);
+    st.grad_spill_s += zero::seconds_since(t0);
+    collect_copies(false);
+  }
+  DevBuf b = free_recvs.back();
+  free_recvs.pop_back();
+  return b;
 }
 
 void Engine::Impl::retire_oldest() {
@@ -103,20 +120,41 @@ void Engine::Impl::retire_oldest() {
   f.handle->wait();
   free_buckets.push_back(bucket_of[f.bucket]);
   bucket_of[f.bucket] = {};
-  if (f.share_count) {
-    auto t0 = zero::Clock::now();
-    if (!grad_fill->active()) grad_fill->begin();
-    for (std::size_t pos = f.share_begin; pos < f.share_begin + f.share_count;) {
-      std::size_t ci = static_cast<std::size_t>(&chunk_at(pos) - chunks.data());
-      const zero::Chunk& c = chunks[ci];
-      const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
-      grad_fill->fill(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
-                      f.recv.ptr + (pos - f.share_begin) * ges, Tier::kGpu);
-      pos = stop;
-    }
-    st.grad_spill_s += zero::seconds_since(t0);
+  if (!f.share_count) {
+    free_recvs.push_back(f.recv);
+    return;
   }
-  free_recvs.push_back(f.recv);
+  auto t0 = zero::Clock::now();
+  if (!grad_fill->active()) grad_fill->begin();
+  tier::Filler::Ticket last = 0;
+  for (std::size_t pos = f.share_begin; pos < f.share_begin + f.share_count;) {
+    std::size_t ci = static_cast<std::size_t>(&chunk_at(pos) - chunks.data());
+    const zero::Chunk& c = chunks[ci];
+    const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
+    last = grad_fill->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
+                                 f.recv.ptr + (pos - f.share_begin) * ges, Tier::kGpu);
+    pos = stop;
+  }
+  copying.push_back({f.recv, last});
+  st.grad_spill_s += zero::seconds_since(t0);
+}
+
+void Engine::Impl::collect_copies(bool all) {
+  if (copying.empty()) {
+    if (grad_fill && grad_fill->active()) grad_fill->poll();  // NVMe writes that landed
+    return;
+  }
+  auto t0 = zero::Clock::now();
+  while (!copying.empty()) {
+    if (all) {
+      grad_fill->wait(copying.front().ticket);
+    } else if (!grad_fill->done(copying.front().ticket)) {
+      break;
+    }
+    free_recvs.push_back(copying.front().recv);
+    copying.pop_front();
+  }
+  st.grad_spill_s += zero::seconds_since(t0);
 }
 
 // Step part 1: every gradient reduced into the rank's range. Stages 0-1: the all-reduce /
@@ -130,6 +168,7 @@ void Engine::Impl::reduce() {
     if (world > 1) comm.reduce_scatter(grads_dev, grads_dev + own_begin * ges, psize, gdt);
   } else {
     while (!inflight.empty()) retire_oldest();
+    collect_copies(true);
     for (std::size_t k = 0; k < nbuckets; ++k) {
       if (!bucket_issued[k] && bucket_expected[k] > 0)
         fail(ErrorCode::kInternal, strcat("engine: bucket ", k, " incomplete at step()"));

@@ -124,7 +124,16 @@ struct Engine::Impl {
     DevBuf recv;
     std::size_t share_begin = 0, share_count = 0;  // the rank's share, partition elements
   };
-  std::deque<InFlight> inflight;
+  std::deque<InFlight> inflight;  // collectives in flight, oldest first (at most 2)
+  // Receive buffers whose share is being copied into the gradient chunks (device→host on the
+  // store's copy streams while the backward goes on): back to free_recvs once their ticket is
+  // done, never reused in flight.
+  struct Copying {
+    DevBuf recv;
+    tier::Filler::Ticket ticket = 0;
+  };
+  std::deque<Copying> copying;
+  std::size_t recvs_made = 0;
   std::unique_ptr<tier::Filler> grad_fill;  // stage >= 2: into the grad.<k> chunks
   std::vector<bool> arrived;
 
@@ -157,6 +166,10 @@ struct Engine::Impl {
   // The engine failed (its state may mix two steps): remembered, and the fill's pool buffers let
   // go.
   void mark_broken(const std::string& what) noexcept;
+  // A call failed with `e` after it began changing state: the engine is marked failed and the
+  // error to report is returned — the gradient filler's first failed copy when there is one (the
+  // cause: `e` may be the store refusing work because of it), else `e`.
+  std::exception_ptr fail_call(const std::exception& e) noexcept;
   void check_id(TensorId id, const char* what) const;
   void finalize();
   template <typename F>
@@ -183,7 +196,12 @@ struct Engine::Impl {
   void check_all_arrived();
   void reset_buckets();
   void issue_bucket(std::size_t k);
+  // The oldest collective completed: its bucket buffer freed, its share's copy queued (not
+  // waited for).
   void retire_oldest();
+  // Receive buffers whose copy completed go back to free_recvs; all: wait for every copy.
+  void collect_copies(bool all);
+  DevBuf take_recv();  // a free receive buffer (made, or waited for: at most kMaxRecvBuffers)
   void reduce();  // step part 1: every gradient reduced into the rank's gradient range
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems; }
   std::size_t bucket_len(std::size_t b) const {

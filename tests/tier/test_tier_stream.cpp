@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <deque>
 #include <numeric>
 #include <random>
 
@@ -277,6 +278,120 @@ INSTANTIATE_TEST_SUITE_P(Pools, FillerModel,
                          ::testing::Values(FillCase{1, false}, FillCase{2, true},
                                            FillCase{3, false}, FillCase{5, true}),
                          fill_name);
+
+// Asynchronous filling: every piece's source is kept until its ticket is done, then scribbled
+// over at once (a ticket reported done before its copy had read the source would show in the
+// buffers); device copies are delayed so that pieces stay in flight while later ones are queued,
+// pool buffers run out, partial buffers are written and read back. At most 6 pieces in flight.
+// (That the caller does not wait is shown deterministically at the engine, with a held copy:
+// tests/zero/test_grad_overlap.cpp.)
+TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
+  const FillCase c = GetParam();
+  const std::uint64_t seed = st::test_seed("filler async model");
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  st::RigOptions ro;
+  ro.pool_buffers = c.pool;
+  ro.pool_buffer_size = 64 << 10;
+  ro.fault_device = true;
+  st::StoreRig rig(ro);
+  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, 2ms});  // every device copy
+  Model m{rig};
+  std::vector<BufferId> bufs;
+  for (int k = 0; k < 9; ++k)
+    bufs.push_back(
+        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
+  tier::Filler filler(*rig.store, bufs, 20s);
+  const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
+  struct Pending {
+    tier::Filler::Ticket t;
+    std::unique_ptr<st::CallerMemory> src;
+    std::uint64_t n;
+  };
+  std::deque<Pending> pending;
+  auto scribble = [&](Pending& p) { p.src->put(std::vector<std::uint8_t>(p.n, 0xEE)); };
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::pair<std::size_t, std::pair<std::uint64_t, std::uint64_t>>> pieces;
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      if (k == static_cast<std::size_t>(round) + 3) continue;
+      const std::uint64_t size = m.ref[k].size();
+      for (std::uint64_t at = 0; at < size;) {
+        const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
+        pieces.push_back({k, {at, n}});
+        at += n;
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    pieces.resize(pieces.size() * 9 / 10);
+    for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
+    filler.begin();
+    for (const auto& [k, range] : pieces) {
+      const auto [at, n] = range;
+      auto data = st::random_bytes(n, rng());
+      auto src = std::make_unique<st::CallerMemory>(*rig.device, mem, n);
+      src->put(data);
+      const tier::Filler::Ticket t = filler.fill_async(k, at, n, src->data(), mem);
+      ASSERT_TRUE(pending.empty() || t > pending.back().t);
+      pending.push_back({t, std::move(src), n});
+      std::copy(data.begin(), data.end(), m.ref[k].begin() + static_cast<std::ptrdiff_t>(at));
+      if (pending.size() > 6) filler.wait(pending.front().t);
+      while (!pending.empty() && filler.done(pending.front().t)) {
+        scribble(pending.front());
+        pending.pop_front();
+      }
+    }
+    filler.end();
+    for (Pending& p : pending) {
+      EXPECT_TRUE(filler.done(p.t));
+      scribble(p);
+    }
+    pending.clear();
+    EXPECT_EQ(filler.pending(), 0u);
+    ASSERT_NO_FATAL_FAILURE(m.check("round " + std::to_string(round)));
+    EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  }
+}
+
+// A device copy that fails while the caller goes on: reported by the call that observes it (here
+// end()), naming the buffer; every pool buffer back, the next round works.
+TEST(FillerFaults, AFailedAsynchronousCopyIsReportedNamingTheBuffer) {
+  st::RigOptions ro;
+  ro.pool_buffers = 2;
+  ro.fault_device = true;
+  st::StoreRig rig(ro);
+  Model m{rig};
+  const BufferId a = m.add("grad.a", 20000, Tier::kNvme, 1);
+  const BufferId b = m.add("grad.b", 20000, Tier::kCpu, 2);
+  tier::Filler filler(*rig.store, {a, b}, 20s);
+  st::CallerMemory src(*rig.device, Tier::kGpu, 20000);
+  src.put(st::random_bytes(20000, 3));
+  // The first piece's copy is held back, the second fails: neither call waits for them.
+  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 1, 200ms});
+  rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 2, 1});
+  filler.begin();
+  const auto t1 = filler.fill_async(0, 0, 10000, src.data(), Tier::kGpu);
+  const auto t2 = filler.fill_async(0, 10000, 10000, static_cast<char*>(src.data()) + 10000,
+                                    Tier::kGpu);
+  EXPECT_LT(t1, t2);
+  try {
+    filler.end();
+    FAIL() << "no device error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'grad.a'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  EXPECT_EQ(filler.pending(), 0u);
+  // The next round (a new copy stream) fills both.
+  rig.fdev->clear_faults();
+  filler.begin();
+  filler.fill(0, 0, 20000, src.data(), Tier::kGpu);
+  filler.fill(1, 0, 20000, src.data(), Tier::kGpu);
+  filler.end();
+  m.ref[0] = m.ref[1] = src.get(20000);
+  ASSERT_NO_FATAL_FAILURE(m.check("after the failed round"));
+  EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+}
 
 // ---- faults
 // ----------------------------------------------------------------------------------------

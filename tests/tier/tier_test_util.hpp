@@ -34,6 +34,7 @@ class TmpfsMount {
 #include <vector>
 
 #include "strata/device.hpp"
+#include "strata/device_fault.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_fault.hpp"
 #include "device/pinned_pool.hpp"
@@ -52,6 +53,7 @@ struct RigOptions {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   std::uint32_t movers = 2;
   std::chrono::milliseconds timeout{20000};
+  bool fault_device = false;  // the device goes through a FaultInjectingDevice (StoreRig::fdev)
 };
 
 // Caller memory for the streaming calls: host (4096-aligned) or device memory, with helpers to
@@ -95,6 +97,11 @@ class CallerMemory {
 struct StoreRig {
   explicit StoreRig(const RigOptions& o = {}) : dir("strata-tier") {
     device = make_host_device();
+    if (o.fault_device) {
+      auto f = std::make_unique<FaultInjectingDevice>(std::move(device));
+      fdev = f.get();
+      device = std::move(f);
+    }
     IoEngineOptions io;
     io.block_size = 64 << 10;
     io.direct_io = o.direct_io;
@@ -151,6 +158,7 @@ struct StoreRig {
 
   TempDir dir;
   std::unique_ptr<Device> device;
+  FaultInjectingDevice* fdev = nullptr;  // with RigOptions::fault_device
   FaultInjectingIoEngine* fault = nullptr;
   std::unique_ptr<IoEngine> engine;
   std::unique_ptr<PinnedPool> pool;

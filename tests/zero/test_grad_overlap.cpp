@@ -1,0 +1,303 @@
+// ZeRO-Offload's overlap at the engine's interface (stages 2-3, gradients on cpu or nvme, the
+// host-emulated device): when a bucket's reduce-scatter completes, the rank's share is copied
+// device→host (and spilled to NVMe) on the store's copy streams while the backward goes on.
+//   - A share's device→host copy held back (WatchedDevice's gate): the set_gradient() calls of the
+//     next buckets return while it is held; released, the step is bitwise the reference's.
+//   - The held copy fails once released: the failure surfaces at the wait that observes it
+//     (step(), or the set_gradient() that needs the copy's receive buffer), as Error(kDevice)
+//     naming the gradient chunk, and the engine is failed for good.
+//   - Every device→host copy delayed, 2 ranks, 2 steps: receive buffers are never reused while
+//     their copy is in flight (bitwise the undelayed run).
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <random>
+#include <thread>
+
+#include "../comm/comm_test_util.hpp"
+#include "device_watch.hpp"
+#include "strata/engine.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+#include "zero/engine_access.hpp"
+
+namespace strata::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::size_t kTensorsPerBucket = 8;
+constexpr std::size_t kTensorElems = 256;
+constexpr std::uint64_t kBucket = kTensorsPerBucket * kTensorElems;
+
+Config overlap_config(int stage, Tier grads, const std::string& dir) {
+  Config cfg;
+  cfg.zero.stage = stage;
+  cfg.zero.reduce_bucket_size = kBucket;
+  cfg.zero.sub_group_size = 1500;  // chunks cut inside the buckets' shares
+  cfg.precision.params = DType::kFp32;
+  cfg.precision.grads = DType::kFp32;
+  cfg.optimizer.lr = 1e-2;
+  cfg.runtime.cpu_threads = 1;
+  cfg.runtime.collective_timeout_s = 60.0;
+  cfg.runtime.device = DeviceKind::kHost;
+  cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
+  cfg.offload.gradients = {grads, 1.0, false};
+  cfg.offload.params = {stage == 3 ? Tier::kCpu : Tier::kGpu, 1.0, false};
+  // Enough pool buffers for every gradient chunk one share touches: a filler that needs a pool
+  // buffer while every one holds a chunk waits for the oldest chunk's copies (fill.hpp).
+  cfg.tiers.host.buffer_count = 8;
+  cfg.tiers.host.buffer_size = 16 << 10;
+  cfg.tiers.nvme.paths = {dir};
+  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  return cfg;
+}
+
+// One rank's engine (optionally on a WatchedDevice) and its gradients in device memory.
+struct Rank {
+  std::unique_ptr<Engine> e;
+  WatchedDevice* dev = nullptr;
+  std::size_t tensors;
+  std::vector<DeviceMemory> grads;
+
+  Rank(const Config& cfg, Communicator& comm, std::size_t buckets, bool watched)
+      : tensors(buckets * kTensorsPerBucket) {
+    e = std::make_unique<Engine>(cfg, comm);
+    if (watched) {
+      zero::StorageWrap w;
+      w.device = [this](std::unique_ptr<Device> d) {
+        auto f = std::make_unique<WatchedDevice>(std::move(d), std::make_shared<AllocationMap>());
+        dev = f.get();
+        return std::unique_ptr<Device>(std::move(f));
+      };
+      zero::EngineAccess::set_storage_wrap(*e, std::move(w));
+    }
+    for (std::size_t t = 0; t < tensors; ++t) {
+      std::vector<float> init(kTensorElems);
+      for (std::size_t i = 0; i < init.size(); ++i)
+        init[i] = 0.5f - 0.001f * static_cast<float>((t * 31 + i) % 997);
+      e->add_parameter(strcat("t", t), init);
+    }
+    e->finalize();
+  }
+  // The gradients of `step` in device memory (a host→device copy: not counted as device→host).
+  void make_grads(int rank, int step) {
+    grads.clear();
+    auto s = e->device().create_stream();
+    std::vector<std::vector<float>> host(tensors);
+    for (std::size_t t = 0; t < tensors; ++t) {
+      std::mt19937 rng(static_cast<std::uint32_t>(step * 1000 + rank * 100 + t));
+      std::normal_distribution<float> d(0, 1);
+      host[t].resize(kTensorElems);
+      for (auto& x : host[t]) x = d(rng);
+      grads.push_back(e->device().allocate(kTensorElems * sizeof(float)));
+      s->memcpy_async(grads.back().get(), host[t].data(), kTensorElems * sizeof(float));
+    }
+    s->synchronize(30s);
+  }
+  // Backward call i (0-based): tensors in reverse order (the last bucket completes first).
+  void backward_call(std::size_t i) {
+    const TensorId id = tensors - 1 - i;
+    e->gather({&id, 1});
+    e->set_gradient(id, grads[id].get());
+    e->release({&id, 1});
+  }
+  std::vector<std::vector<float>> params() {
+    std::vector<std::vector<float>> out;
+    for (TensorId id = 0; id < tensors; ++id) {
+      e->gather({&id, 1});
+      std::vector<float> p(kTensorElems);
+      e->read_param(id, p);
+      e->release({&id, 1});
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+};
+
+void expect_bitwise(const std::vector<std::vector<float>>& got,
+                    const std::vector<std::vector<float>>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t t = 0; t < got.size(); ++t)
+    for (std::size_t i = 0; i < got[t].size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
+          << what << ": tensor " << t << " element " << i;
+}
+
+// Waits (bounded) until `cond` holds: a condition, not a timing assumption.
+template <typename F>
+bool eventually(F cond) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// The unwatched engine's parameters after `steps` steps (one rank).
+std::vector<std::vector<float>> reference(const Config& cfg, std::size_t buckets, int steps) {
+  auto comms = make_inprocess_communicators(1, 60.0);
+  Rank r(cfg, *comms[0], buckets, false);
+  for (int s = 0; s < steps; ++s) {
+    r.make_grads(0, s);
+    for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+    r.e->step();
+  }
+  return r.params();
+}
+
+struct OverlapCase {
+  int stage;
+  Tier grads;
+};
+
+std::string overlap_name(const ::testing::TestParamInfo<OverlapCase>& i) {
+  return strcat("stage", i.param.stage, "_grads_", tier_name(i.param.grads));
+}
+
+class GradOverlap : public ::testing::TestWithParam<OverlapCase> {};
+
+// Four buckets of eight tensors. The share copy of the first bucket retired (the last one in
+// flat order) is held: the calls of the next bucket return while it is held (the one that
+// completes that bucket would need its receive buffer: the gate opens before it).
+TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
+  const OverlapCase c = GetParam();
+  TempDir dir("strata-overlap");
+  const Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  const auto want = reference(cfg, 4, 2);
+  auto comms = make_inprocess_communicators(1, 60.0);
+  Rank r(cfg, *comms[0], 4, true);
+  ASSERT_NE(r.dev, nullptr);
+  r.make_grads(0, 0);
+  r.dev->hold(1, 1, false);
+  std::size_t after_queued = 0;  // calls made (and returned) with the held copy queued
+  for (std::size_t i = 0; i + 1 < r.tensors; ++i) {
+    const bool queued = r.dev->d2h_queued() >= 1;
+    r.backward_call(i);
+    after_queued += queued;
+  }
+  ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }))
+      << "the share's copy never reached its stream";
+  EXPECT_FALSE(r.dev->gate_timed_out()) << "a set_gradient() waited for the held copy";
+  EXPECT_GE(after_queued, kTensorsPerBucket - 2)
+      << "set_gradient() calls that returned while the share was being copied";
+  const std::uint64_t queued = r.dev->d2h_queued();  // the first share's pieces, one per chunk
+  r.dev->open();
+  r.backward_call(r.tensors - 1);
+  r.e->step();
+  EXPECT_GT(r.dev->d2h_queued(), queued);  // the other shares
+  // A second step, nothing held.
+  r.make_grads(0, 1);
+  for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+  r.e->step();
+  EXPECT_FALSE(r.dev->gate_timed_out());
+  expect_bitwise(r.params(), want, "after the overlapped steps");
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
+                         ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
+                                           OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme}),
+                         overlap_name);
+
+void expect_failed_for_good(Rank& r) {
+  try {
+    r.make_grads(0, 5);
+    for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+    r.e->step();
+    FAIL() << "a failed engine took another step";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
+    EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos)
+        << err.what();
+  }
+}
+
+void expect_copy_error(const Error& err) {
+  EXPECT_EQ(err.code(), ErrorCode::kDevice) << err.what();
+  EXPECT_NE(std::string(err.what()).find("injected by the test"), std::string::npos) << err.what();
+  EXPECT_NE(std::string(err.what()).find("'grad."), std::string::npos) << err.what();
+}
+
+class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {};
+
+// Three buckets: no set_gradient() needs the failing copy's receive buffer; the failure surfaces
+// at step().
+TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
+  const OverlapCase c = GetParam();
+  TempDir dir("strata-overlap");
+  auto comms = make_inprocess_communicators(1, 60.0);
+  Rank r(overlap_config(c.stage, c.grads, dir.str()), *comms[0], 3, true);
+  r.make_grads(0, 0);
+  r.dev->hold(1, 1, true);
+  for (std::size_t i = 0; i < r.tensors; ++i) ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
+  ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
+  r.dev->open();
+  try {
+    r.e->step();
+    FAIL() << "the failed copy went unnoticed";
+  } catch (const Error& err) {
+    expect_copy_error(err);
+  }
+  EXPECT_FALSE(r.dev->gate_timed_out());
+  expect_failed_for_good(r);
+}
+
+// Four buckets: the call that completes the last bucket needs a receive buffer, waits for the
+// failed copy and reports it.
+TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtTheSetGradientThatWaitsForIt) {
+  const OverlapCase c = GetParam();
+  TempDir dir("strata-overlap");
+  auto comms = make_inprocess_communicators(1, 60.0);
+  Rank r(overlap_config(c.stage, c.grads, dir.str()), *comms[0], 4, true);
+  r.make_grads(0, 0);
+  r.dev->hold(1, 1, true);
+  for (std::size_t i = 0; i + 1 < r.tensors; ++i)
+    ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
+  ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
+  r.dev->open();
+  try {
+    r.backward_call(r.tensors - 1);
+    FAIL() << "the failed copy went unnoticed";
+  } catch (const Error& err) {
+    expect_copy_error(err);
+  }
+  expect_failed_for_good(r);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GradOverlapFaults,
+                         ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
+                                           OverlapCase{3, Tier::kNvme}),
+                         overlap_name);
+
+// Two ranks, every device→host copy delayed, eight buckets: a receive buffer reused while its
+// share was still being copied would change the numbers.
+TEST_P(GradOverlap, DelayedCopiesNeverLoseAShare) {
+  const OverlapCase c = GetParam();
+  TempDir dir("strata-overlap");
+  const Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  constexpr int kWorld = 2, kSteps = 2;
+  constexpr std::size_t kBuckets = 8;
+  std::vector<std::vector<std::vector<float>>> got(kWorld), want(kWorld);
+  for (bool delayed : {false, true}) {
+    auto comms = make_inprocess_communicators(kWorld, 60.0);
+    auto& out = delayed ? got : want;
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      Rank r(cfg, comm, kBuckets, delayed);
+      if (delayed) r.dev->delay_every_d2h(3ms);
+      for (int s = 0; s < kSteps; ++s) {
+        r.make_grads(rank, s);
+        for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+        r.e->step();
+      }
+      out[static_cast<std::size_t>(rank)] = r.params();
+    }));
+  }
+  for (int rank = 0; rank < kWorld; ++rank)
+    expect_bitwise(got[static_cast<std::size_t>(rank)], want[static_cast<std::size_t>(rank)],
+                   strcat("rank ", rank, " with delayed copies"));
+}
+
+}  // namespace
+}  // namespace strata::testing
