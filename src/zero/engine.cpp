@@ -59,9 +59,21 @@ void Engine::Impl::require_finalized(const char* what) const {
   if (!finalized) fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " before finalize()"));
 }
 
-void Engine::Impl::require_usable(const char* what) const {
-  std::string why = broken;
-  if (why.empty() && storage && storage->is_open()) why = storage->store().failure();
+void Engine::Impl::require_usable(const char* what) {
+  if (broken.empty() && storage && storage->is_open()) {
+    const std::string failure = storage->store().failure();
+    if (!failure.empty()) {
+      // The first call to see the store failed by a transfer that ran on its own (a gradient
+      // share's copy while the backward went on) reports that failure itself — the failed copy
+      // when the filler has it — and the engine is failed from here on.
+      try {
+        fail(ErrorCode::kIo, failure);
+      } catch (const std::exception& e) {
+        std::rethrow_exception(fail_call(e));
+      }
+    }
+  }
+  const std::string& why = broken;
   if (!why.empty())
     fail(ErrorCode::kIo,
          strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (", why,

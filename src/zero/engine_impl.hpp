@@ -162,7 +162,9 @@ struct Engine::Impl {
 
   // ---- engine.cpp ----
   void require_finalized(const char* what) const;
-  void require_usable(const char* what) const;
+  // Throws Error(kIo) "unusable after a failed step" once the engine failed; the first call to
+  // find the store failed (by a share's copy that ran on its own) throws that failure instead.
+  void require_usable(const char* what);
   // The engine failed (its state may mix two steps): remembered, and the fill's pool buffers let
   // go.
   void mark_broken(const std::string& what) noexcept;
