@@ -76,15 +76,38 @@ struct Outcome {
   }
 };
 
+// The exchange of `bytes` bytes per rank (host memory in and out) where the communicator's buffers
+// live: through the engine's staging (RankState::all_gather), or directly on the host arrays for a
+// host-buffer communicator. A device-buffer communicator without staging is refused on every rank
+// alike (each sees the same communicator), before the collective: nothing hangs.
+void all_gather_bytes(Communicator& comm, const RankState& s, const void* send, void* recv,
+                      std::size_t bytes) {
+  if (s.all_gather) {
+    s.all_gather(send, recv, bytes);
+    return;
+  }
+  if (comm.buffer_location() != BufferLocation::kHost)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint: the ", comm.backend_name(),
+                " communicator takes device memory; the ranks' agreement needs "
+                "RankState::all_gather to stage it"));
+  comm.all_gather(send, recv, bytes / 4, DType::kFp32);  // raw 32-bit words, no arithmetic
+}
+
 // Returns every rank's extra; throws on every rank when any rank failed: the rank's own error, or
 // an error with the failed rank's code naming it.
-std::vector<std::uint64_t> agree(Communicator& comm, int world, const Outcome& mine, const std::string& what) {
+std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const Outcome& mine,
+                                 const std::string& what) {
+  const int world = s.world;
   const std::uint32_t local[4] = {mine.error ? 0u : 1u, static_cast<std::uint32_t>(mine.code),
                                   static_cast<std::uint32_t>(mine.extra),
                                   static_cast<std::uint32_t>(mine.extra >> 32)};
   std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
-  if (world > 1) comm.all_gather(local, all.data(), 4, DType::kFp32);
-  else std::memcpy(all.data(), local, sizeof(local));
+  if (world > 1) {
+    all_gather_bytes(comm, s, local, all.data(), sizeof(local));
+  } else {
+    std::memcpy(all.data(), local, sizeof(local));
+  }
   if (mine.error) std::rethrow_exception(mine.error);
   std::vector<std::uint64_t> extras(static_cast<std::size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -327,7 +350,7 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
   } catch (...) {
     o.capture();
   }
-  const std::uint64_t serial = agree(comm, s.world, o, what)[0];
+  const std::uint64_t serial = agree(comm, s, o, what)[0];
   // 2. Every rank's shard.
   Manifest m;
   o = Outcome{};
@@ -339,7 +362,7 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
     o.capture();
     if (dir) dir.try_remove(shard_file_name(serial, s.rank), false);
   }
-  const std::vector<std::uint64_t> crcs = agree(comm, s.world, o, what);
+  const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   // 3. Rank 0 commits; everyone learns whether it did.
   o = Outcome{};
   if (s.rank == 0) {
@@ -352,7 +375,7 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
       o.capture();
     }
   }
-  agree(comm, s.world, o, what);
+  agree(comm, s, o, what);
 }
 
 void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& comm) {
@@ -383,7 +406,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   } catch (...) {
     o.capture();
   }
-  const std::vector<std::uint64_t> crcs = agree(comm, s.world, o, what);
+  const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   for (int r = 1; r < s.world; ++r)
     if (crcs[static_cast<std::size_t>(r)] != crcs[0])
       fail(ErrorCode::kChecksum, strcat(what, ": ranks 0 and ", r, " read different manifests (the checkpoint ",

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -54,6 +55,13 @@ struct RankState {
   std::uint32_t good_steps = 0;
   std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
+  // The ranks' agreement (a few bytes per rank, host memory in and out) run where the
+  // communicator's buffers live: all_gather(send, recv, bytes) leaves every rank's `bytes` bytes
+  // in recv, in rank order (bytes a multiple of 4). The engine stages it through its device memory
+  // (required with a device-buffer communicator such as NCCL); empty: the communicator is called
+  // on the host arrays (host-buffer communicators only; a device one fails with
+  // Error(kInvalidArgument) on every rank, before anything is written or read).
+  std::function<void(const void* send, void* recv, std::size_t bytes)> all_gather;
   // Set by load_checkpoint.
   bool restore_started = false;  // pass 2 began: a failure from here on left partial state
   std::uint64_t bytes_read = 0;  // checkpoint bytes this rank read (both passes)

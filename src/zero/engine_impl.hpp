@@ -241,6 +241,9 @@ struct Engine::Impl {
   // buffers live: the host-emulated device's memory, or CUDA memory for NCCL).
   void broadcast_host(void* data, std::size_t count, DType dt, int root);
   void all_gather_host(const void* send, void* recv, std::span<const std::size_t> counts, DType dt);
+  // `bytes` bytes per rank (a multiple of 4), host memory in and out, staged through device
+  // memory (rt.norm when bytes <= 16: nothing is allocated). The checkpoint's agreement.
+  void all_gather_bytes(const void* send, void* recv, std::size_t bytes);
   void read_state(TensorId id, StateKind kind, std::span<float> out);
   void write_state(TensorId id, StateKind kind, std::span<const float> in);
   zero::RankState rank_state();

@@ -209,6 +209,25 @@ void Engine::Impl::all_gather_host(const void* send, void* recv,
   free_dev_buf(x);
 }
 
+// A few bytes per rank (the checkpoint's agreement): through rt.norm, which exists from
+// finalize() on, so that the exchange allocates nothing (a rank failing to allocate would leave the
+// others waiting in the collective); larger exchanges through all_gather_host.
+void Engine::Impl::all_gather_bytes(const void* send, void* recv, std::size_t bytes) {
+  if (bytes % 4 != 0)
+    fail(ErrorCode::kInternal,
+         strcat("engine: an exchange of ", bytes, " bytes (not 4-byte words)"));
+  if (bytes > 16) {
+    const std::vector<std::size_t> counts(static_cast<std::size_t>(world), bytes / 4);
+    all_gather_host(send, recv, counts, DType::kFp32);
+    return;
+  }
+  store().write(norm_id, 0, bytes, send, Tier::kCpu).wait(timeout);
+  comm.all_gather(norm_dev, norm_dev + 16, bytes / 4, DType::kFp32);
+  store()
+      .read(norm_id, 16, bytes * static_cast<std::size_t>(world), recv, Tier::kCpu)
+      .wait(timeout);
+}
+
 // ---- optimizer state access
 // ---------------------------------------------------------------------------------
 
@@ -319,6 +338,9 @@ zero::RankState Engine::Impl::rank_state() {
   }
   r.params = {ckpt_params.data(), ckpt_params.size()};
   r.store = state.get();
+  r.all_gather = [this](const void* send, void* recv, std::size_t bytes) {
+    all_gather_bytes(send, recv, bytes);
+  };
   r.adam_step = adam_step;
   r.loss_scale = scale;
   r.good_steps = good_steps;

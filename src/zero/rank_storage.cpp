@@ -56,7 +56,9 @@ RankStorage::RankStorage(const Config& config, const Communicator& comm, const S
     const int n = std::max<int>(1, static_cast<int>(q.devices.size()));
     ordinal = local_ordinal(config, rank_) % n;
   }
-  device_ = make_device(kind, ordinal, config.tiers.gpu.budget);
+  device_ =
+      wrap_.make ? wrap_.make(kind, ordinal) : make_device(kind, ordinal, config.tiers.gpu.budget);
+  if (!device_) fail(ErrorCode::kInternal, "engine: the storage wrap made no device");
   if (wrap_.device) device_ = wrap_.device(std::move(device_));
   if (rank_ == 0)
     log_info("engine: device ", device_->name(), " (runtime.device ",
