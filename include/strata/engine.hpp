@@ -33,11 +33,13 @@
 // clipping to optimizer.grad_clip, an overflow (inf/NaN anywhere) agreed by all ranks; on
 // overflow the step is skipped on every rank and the dynamic loss scale backs off; otherwise Adam
 // (strata/adam.hpp) runs on the rank's partition in sub-groups of zero.sub_group_size elements
-// and the parameters come back in the model dtype. With precision.grads fp32 there is no loss
-// scaling (scale 1), but non-finite gradients still skip the step.
+// and the parameters come back in the model dtype. Loss scaling (precision.loss_scale) applies to
+// fp16 gradients; bf16 and fp32 gradients are not scaled (scale 1, as torch AMP and DeepSpeed)
+// unless precision.loss_scale.enabled is true; non-finite gradients always skip the step.
 // Determinism: in FP32 with a host communicator the result is bitwise identical to a single rank
-// running CpuAdam on the rank-ordered FP32 sum of the ranks' gradients, with grad_scale =
-// clip_coef / (loss_scale * N), for every stage and world size.
+// running CpuAdam on the rank-ordered FP32 sum of the ranks' gradients, divided by N as torch
+// averages (AdamStepOptions::grad_divisor = N, then grad_scale = clip_coef / loss_scale), for
+// every stage and world size.
 //
 // Requirements on the loop: every rank registers the same tensors in the same order, and hands in
 // gradients, calls gather/prefetch/release and step() in the same order (collectives are matched

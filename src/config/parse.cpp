@@ -365,6 +365,10 @@ Config Reader::read(const YAML::Node& root) {
   const YAML::Node ls = child(prec, "loss_scale");
   const std::string lsp = "precision.loss_scale";
   auto& L = c.precision.loss_scale;
+  with(ls, lsp, "enabled", [&](auto& v, auto& p) {
+    if (v.IsScalar() && v.Scalar() == "auto") L.enabled = LossScaling::kAuto;
+    else L.enabled = boolean(v, p) ? LossScaling::kOn : LossScaling::kOff;
+  });
   with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
   with(ls, lsp, "initial", [&](auto& v, auto& p) {
     L.initial = number(v, p);
@@ -426,6 +430,8 @@ Config Reader::read(const YAML::Node& root) {
   });
   with(world, "world", "ranks_per_node",
        [&](auto& v, auto& p) { c.world.ranks_per_node = integer(v, p, 0, 1u << 20); });
+  with(world, "world", "network_bandwidth",
+       [&](auto& v, auto& p) { c.world.network_bandwidth = bytes(v, p, 0); });
 
   const YAML::Node zero = child(root, "zero");
   with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });

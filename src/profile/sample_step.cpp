@@ -39,15 +39,40 @@ struct SubGroup {
   std::vector<std::uint8_t> param_copy;
 };
 
-std::uint64_t pool_buffer_size(const Config& c) {
-  // The pool only sets the NVMe piece size on the host <-> NVMe path; keep it page-lockable.
-  std::uint64_t size = c.tiers.host.buffer_size;
+}  // namespace
+
+// The pinned pool a measurement can really page-lock: the configured buffer_count x buffer_size,
+// unless RLIMIT_MEMLOCK is below it, when buffers are cut to a quarter of the limit each (whole
+// MiB, at least 1 MiB) and at most `max_cut_buffers` of them, so that all of them lock. The
+// reason says which, in words a user can act on.
+PoolUse choose_pool(const Config& c, std::uint32_t max_buffers, std::uint32_t max_cut_buffers) {
+  PoolUse u;
+  u.configured_buffers = c.tiers.host.buffer_count;
+  u.configured_buffer_size = c.tiers.host.buffer_size;
+  u.buffers = std::min(u.configured_buffers, max_buffers);
+  u.buffer_size = u.configured_buffer_size;
   struct rlimit rl {};
-  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-    size = std::min<std::uint64_t>(size, rl.rlim_cur / 4);
-  size = std::max<std::uint64_t>(size / (1 << 20) * (1 << 20), 1 << 20);
-  return size;
+  const bool limited = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+  u.memlock_limit = limited ? rl.rlim_cur : ~0ULL;
+  if (limited && static_cast<std::uint64_t>(u.buffers) * u.buffer_size > u.memlock_limit / 4 * 3) {
+    u.buffer_size = std::min<std::uint64_t>(u.buffer_size, u.memlock_limit / 4);
+    u.buffer_size = std::max<std::uint64_t>(u.buffer_size / (1 << 20) * (1 << 20), 1 << 20);
+    u.buffers = std::min(u.buffers, max_cut_buffers);
+    u.reason = strcat("RLIMIT_MEMLOCK is ", format_bytes(u.memlock_limit, true),
+                      ": this process cannot page-lock the configured ", u.configured_buffers,
+                      " x ", format_bytes(u.configured_buffer_size, true),
+                      ", so the pool was cut to fit; raise the limit (ulimit -l, systemd "
+                      "LimitMEMLOCK=, docker --ulimit memlock=) to measure the configured pool");
+  } else if (u.buffers < u.configured_buffers) {
+    u.reason = strcat("the sample needs ", u.buffers, " of the configured ", u.configured_buffers,
+                      " buffers");
+  } else {
+    u.reason = "as configured";
+  }
+  return u;
 }
+
+namespace {
 
 class Sample {
  public:
@@ -59,9 +84,10 @@ class Sample {
     device_ = make_host_device();
     IoEngineOptions eo = IoEngineOptions::from(c.tiers.nvme);
     engine_ = make_io_engine(eo, paths.front());
+    pool_use_ = choose_pool(c, 1, 1);
     PinnedPoolOptions po;
     po.buffer_count = 1;
-    po.buffer_size = pool_buffer_size(c);
+    po.buffer_size = pool_use_.buffer_size;
     po.pinned_budget = po.buffer_size;
     pool_ = std::make_unique<PinnedPool>(po, device_.get(), engine_.get());
     TierStoreOptions so = TierStoreOptions::from(c, 0);
@@ -124,6 +150,7 @@ class Sample {
   }
 
   std::uint64_t bytes_per_element() const { return has_master_ ? 12 : 8; }
+  const PoolUse& pool_use() const { return pool_use_; }
   std::size_t groups() const { return groups_.size(); }
 
   std::vector<Transfer> acquire_async(std::size_t g, Access access) {
@@ -272,12 +299,14 @@ class Sample {
   std::unique_ptr<PinnedPool> pool_;
   std::unique_ptr<TierStore> store_;  // destroyed before the pool, engine and device
   std::vector<SubGroup> groups_;
+  PoolUse pool_use_;
 };
 
 SampleRun summarize(const char* mode, std::vector<double> times, double predicted) {
   SampleRun r;
   r.mode = mode;
   r.measured_s = times;
+  r.repeats = static_cast<std::uint32_t>(times.size());
   r.measured_median_s = median(std::move(times));
   r.predicted_s = predicted;
   r.error = r.measured_median_s > 0 ? (predicted - r.measured_median_s) / r.measured_median_s : 0;
@@ -301,6 +330,7 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
       "pipelined loops in src/profile/sample_step.cpp";
   Sample sample(c, paths, elements, sub_groups);
   s.nvme_bytes_per_element = sample.bytes_per_element();
+  s.pool = sample.pool_use();
   if (progress)
     progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements),
                     " elements (", format_bytes(elements * s.nvme_bytes_per_element * sub_groups, true),
@@ -349,9 +379,10 @@ void run_engine_step(const Config& c, const std::vector<std::string>& paths, std
   zero::StepBenchOptions o;
   o.config = c;
   o.config.tiers.nvme.paths = paths;
-  // The store page-locks its pool: keep it within RLIMIT_MEMLOCK.
-  o.config.tiers.host.buffer_size = pool_buffer_size(c);
-  o.config.tiers.host.buffer_count = std::min<std::uint32_t>(c.tiers.host.buffer_count, 3);
+  // The store page-locks its pool: keep it within RLIMIT_MEMLOCK (and say so).
+  s.engine_pool = choose_pool(c, c.tiers.host.buffer_count, 3);
+  o.config.tiers.host.buffer_size = s.engine_pool.buffer_size;
+  o.config.tiers.host.buffer_count = s.engine_pool.buffers;
   o.config.tiers.host.pinned_budget =
       std::max<std::uint64_t>(o.config.tiers.host.pinned_budget,
                               o.config.tiers.host.buffer_size * o.config.tiers.host.buffer_count);
@@ -371,6 +402,11 @@ void run_engine_step(const Config& c, const std::vector<std::string>& paths, std
   s.engine_chunks = r.chunks;
   s.engine_buffers = r.buffers;
   s.engine_buffer_size = r.buffer_size;
+  if (r.buffers != s.engine_pool.buffers || r.buffer_size != s.engine_pool.buffer_size)
+    s.engine_pool.reason += strcat("; the store allocated ", r.buffers, " x ",
+                                   format_bytes(r.buffer_size, true), " of it");
+  s.engine_pool.buffers = r.buffers;
+  s.engine_pool.buffer_size = r.buffer_size;
   s.engine_read_s = r.t_read;
   s.engine_update_s = r.t_update;
   s.engine_write_s = r.t_write;
@@ -384,8 +420,14 @@ void run_engine_step(const Config& c, const std::vector<std::string>& paths, std
   const std::uint64_t per_chunk = std::max<std::uint64_t>(elements / chunks, 1);
   const std::uint64_t bpe = std::max<std::uint64_t>(r.state_bytes / std::max<std::uint64_t>(elements, 1), 1);
   const StepPrediction pred = predict_sample(per_chunk, chunks, bpe, bw);
+  // zero::run_step_bench reports medians over its rounds, not each round: say so (repeats), with
+  // no per-repeat list.
   s.engine_serial = summarize("serial", {r.t_step_serial}, pred.serial_s);
   s.engine_pipelined = summarize("pipelined", {r.t_step}, pred.pipelined_s);
+  for (SampleRun* run : {&s.engine_serial, &s.engine_pipelined}) {
+    run->measured_s.clear();
+    run->repeats = static_cast<std::uint32_t>(o.rounds);
+  }
 }
 
 }  // namespace strata::profile

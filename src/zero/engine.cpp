@@ -61,7 +61,7 @@ struct Engine::Impl {
            strcat("engine: the ", comm.backend_name(),
                   " communicator needs device buffers; the engine keeps its state in host memory "
                   "(use the in-process or MPI communicator)"));
-    scaling = gdt != DType::kFp32;
+    scaling = c.precision.loss_scaling();  // fp16 gradients unless precision.loss_scale.enabled says
     scale = scaling ? c.precision.loss_scale.initial : 1.0;
   }
 
@@ -553,7 +553,7 @@ struct Engine::Impl {
       res.grad_norm = std::sqrt(sum_sq);
       const double clip = cfg.optimizer.grad_clip;
       res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
-      const float grad_scale = static_cast<float>(res.clip_coef / (scale * world));
+      const float grad_scale = static_cast<float>(res.clip_coef / scale);  // after g / world
       st.last_grad_norm = res.grad_norm;
 
       t0 = Clock::now();
@@ -581,8 +581,9 @@ struct Engine::Impl {
         t.param_copy = pn ? param_tmp.data() : p + r.begin * pes;
         t.param_copy_dtype = pdt;
         t.n = r.count;
-        if (device_adam) device_adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
-        else adam->step(hp, t, AdamStepOptions{adam_step, grad_scale, false});
+        const AdamStepOptions o{adam_step, grad_scale, false, static_cast<float>(world)};
+        if (device_adam) device_adam->step(hp, t, o);
+        else adam->step(hp, t, o);
         if (pn) write_own(r.begin, r.count, param_tmp.data());
       });
       if (param_nvme) param_nvme->flush();
