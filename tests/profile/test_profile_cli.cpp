@@ -322,3 +322,35 @@ TEST(ProfileCli, BadOptionsAreBadInput) {
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("--write-config"), std::string::npos) << r.err;
 }
+
+// `strata info` (ds_report's counterpart): one JSON document with the GPU status ("no NVIDIA
+// driver" when there is none, not the runtime's "driver version is insufficient"), io_uring
+// availability (a real probe: the test hook makes it fail), the memlock limit, huge pages and the
+// CPU's Adam path (which $STRATA_ADAM_PATH forces).
+TEST(InfoCli, ReportsDriverIoUringMemlockHugePagesAndAdamPath) {
+  const std::string bin = strata::testing::binary_dir() + "/strata info";
+  std::string out;
+  ASSERT_EQ(strata::testing::run_command("(" + bin + " --json 2>/dev/null)", &out), 0) << out;
+  json j = json::parse(out);
+  EXPECT_TRUE(j["io_uring"]["available"].is_boolean());
+  EXPECT_TRUE(j["memlock_limit_bytes"].is_null() || j["memlock_limit_bytes"].is_number());
+  EXPECT_TRUE(j["huge_pages"]["2MiB_total"].is_number());
+  EXPECT_FALSE(j["huge_pages"]["transparent"].get<std::string>().empty());
+  const std::string path = j["cpu_adam_path"];
+  EXPECT_TRUE(path == "avx512" || path == "avx2" || path == "scalar") << path;
+  const std::string gpu = j["gpu_status"];
+  if (!fs::exists("/proc/driver/nvidia/version") && j["cuda"].get<bool>()) {
+    EXPECT_NE(gpu.find("no NVIDIA driver"), std::string::npos) << gpu;
+    EXPECT_EQ(gpu.find("insufficient"), std::string::npos) << gpu;
+  }
+  ASSERT_EQ(strata::testing::run_command("(STRATA_ADAM_PATH=scalar STRATA_IO_URING_FAIL=1 " + bin +
+                                             " --json 2>/dev/null)", &out), 0) << out;
+  j = json::parse(out);
+  EXPECT_EQ(j["cpu_adam_path"], "scalar");
+  EXPECT_FALSE(j["io_uring"]["available"].get<bool>());
+  EXPECT_FALSE(j["io_uring"]["reason"].get<std::string>().empty());
+  // The text form says the same.
+  ASSERT_EQ(strata::testing::run_command("(" + bin + " 2>/dev/null)", &out), 0);
+  for (const char* s : {"io_uring:", "memlock:", "huge pages:", "CPU Adam:", "GPUs:"})
+    EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+}
