@@ -1,9 +1,11 @@
 #include "test_util.hpp"
 
+#include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -71,6 +73,28 @@ int run_command(const std::string& command, std::string* output) {
   if (output) *output = out;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return -1;
+}
+
+bool can_switch_user() { return ::geteuid() == 0; }
+
+int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn) {
+  std::cout.flush();
+  std::cerr.flush();
+  pid_t pid = ::fork();
+  if (pid < 0) return -1;
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 ||
+        ::setresuid(uid, uid, uid) != 0)
+      ::_exit(255);
+    int rc = fn();
+    ::_exit(rc & 0xff);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) == 255) return -1;
+  return WEXITSTATUS(status);
 }
 
 }  // namespace strata::testing

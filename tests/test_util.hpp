@@ -1,8 +1,11 @@
 // Helpers shared by tests: temporary directories, random data, the source/binary dirs.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -35,5 +38,17 @@ std::string binary_dir();  // build root ($STRATA_BINARY_DIR set by CTest)
 
 // Runs a shell command, returns its exit status; stdout+stderr captured into *output.
 int run_command(const std::string& command, std::string* output);
+
+// The attacker of the file-safety tests: user `nobody` (uid/gid 65534).
+constexpr uid_t kNobodyUid = 65534;
+constexpr gid_t kNobodyGid = 65534;
+// True when this process can act as another user (it runs as root): tests that need it
+// GTEST_SKIP otherwise.
+bool can_switch_user();
+// Runs fn in a forked child that has dropped to uid/gid (supplementary groups cleared) and
+// returns its result (fn's return value, or -1 if the child died or could not switch).
+// REQUIRES: can_switch_user(). fn must only make plain syscalls (the child of a threaded
+// process).
+int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn);
 
 }  // namespace strata::testing

@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "optim/adam_bench.hpp"
+#include "profile/adam_bench.hpp"
 #include "strata/adam.hpp"
 
 namespace {
@@ -67,7 +67,7 @@ void BM_AdamStep_Bf16GradsBf16Copy(benchmark::State& s) { run_adam(s, true); }
 void BM_StreamBound_Bf16Pattern(benchmark::State& s) { run_stream(s, true); }
 
 void BM_AdamVsStream(benchmark::State& state) {
-  strata::optim::AdamBenchOptions o;
+  strata::profile::AdamBenchOptions o;
   o.params = kParams;
   o.threads = kThreads;
   const bool half = state.range(0) != 0;
@@ -76,7 +76,7 @@ void BM_AdamVsStream(benchmark::State& state) {
   o.rounds = 5;
   double fraction = 0, adam_pps = 0, stream_pps = 0;
   for (auto _ : state) {
-    const auto r = strata::optim::run_adam_bench(o);
+    const auto r = strata::profile::run_adam_bench(o);
     fraction = r.fraction_of_bound;
     adam_pps = r.adam_params_per_second;
     stream_pps = r.stream_params_per_second;

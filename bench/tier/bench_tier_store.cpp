@@ -18,9 +18,9 @@
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/tier_store.hpp"
-#include "tier/crc32c.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/tier_store.hpp"
+#include "core/crc32c.hpp"
 
 using namespace strata;
 using Clock = std::chrono::steady_clock;
@@ -219,8 +219,8 @@ void BM_Crc32c(benchmark::State& state) {
   for (std::size_t i = 0; i < data.size(); ++i) data[i] = std::uint8_t(i * 131 + 7);
   const bool hw = state.range(0) != 0;
   for (auto _ : state) {
-    benchmark::DoNotOptimize(hw ? tier::crc32c_hw(data.data(), data.size())
-                                : tier::crc32c_portable(data.data(), data.size()));
+    benchmark::DoNotOptimize(hw ? crc32c_hw(data.data(), data.size())
+                                : crc32c_portable(data.data(), data.size()));
   }
   state.counters["bytes_per_second"] =
       benchmark::Counter(double(data.size()) * state.iterations(), benchmark::Counter::kIsRate);

@@ -68,7 +68,22 @@
 
 namespace strata {
 
+class Device;
+
 using TensorId = std::size_t;
+// A parameter group (torch's param_groups): its own learning rate and weight decay; betas and eps
+// are optimizer.* for every group. Group 0 always exists and starts with optimizer.lr and
+// optimizer.weight_decay.
+using GroupId = std::size_t;
+
+struct ParamGroupOptions {
+  double lr = 1.0e-3;
+  double weight_decay = 0.0;
+};
+
+// Which FP32 optimizer array of a tensor (read_state / write_state).
+enum class StateKind { kMaster, kExpAvg, kExpAvgSq };
+const char* state_kind_name(StateKind kind);  // "master" | "exp_avg" | "exp_avg_sq"
 
 struct StepResult {
   bool applied = false;   // false: skipped for an overflow
@@ -102,8 +117,21 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Before finalize(): registers a tensor with its initial FP32 values (copied).
-  TensorId add_parameter(std::string name, std::span<const float> initial);
+  // Before finalize(): registers a tensor with its initial FP32 values (copied), in parameter
+  // group `group` (0, or an id from add_param_group). Unknown group: Error(kInvalidArgument).
+  TensorId add_parameter(std::string name, std::span<const float> initial, GroupId group = 0);
+  // Before finalize(): a new parameter group; returns its id (1, 2, ...). lr >= 0 and
+  // weight_decay >= 0, else Error(kInvalidArgument).
+  GroupId add_param_group(const ParamGroupOptions& options);
+  std::size_t num_groups() const;
+  GroupId group_of(TensorId id) const;
+
+  // The learning rate of a group, used by the next step() (torch LR schedulers set it between
+  // steps). Any time, on every rank alike; lr >= 0 (Error(kInvalidArgument) otherwise).
+  void set_lr(double lr, GroupId group = 0);
+  double lr(GroupId group = 0) const;
+  void set_weight_decay(double weight_decay, GroupId group = 0);
+  double weight_decay(GroupId group = 0) const;
   // Builds the partition and the state; rank 0's initial values are broadcast to all ranks.
   void finalize();
 
@@ -113,8 +141,14 @@ class Engine {
   const Partition& partition() const;  // after finalize()
   std::size_t numel(TensorId id) const;
 
-  // The tensor's current parameters in the model dtype (numel(id) elements). Stages 0–2: always
-  // valid, updated in place by step(). Stage 3: valid between gather() and release().
+  // The device the engine's parameters and gradients live on (runtime.device): a CUDA GPU, or the
+  // host-emulated device, whose "device memory" is host memory. After finalize().
+  Device& device();
+
+  // The tensor's current parameters in the model dtype (numel(id) elements), in device() memory.
+  // Stages 0–2: always valid, at the same address for the engine's lifetime (a training loop may
+  // alias its model tensors to it), updated in place by step() and load_checkpoint(). Stage 3:
+  // valid between gather() and release().
   const void* param(TensorId id) const;
   // The same, converted to FP32 into `out` (numel(id) elements).
   void read_param(TensorId id, std::span<float> out) const;
@@ -134,8 +168,12 @@ class Engine {
   // Error(kInvalidArgument) and change nothing; a failed collective or gradient write throws and
   // leaves the engine failed: every later set_gradient / step / checkpoint call throws Error(kIo)
   // until a new engine loads a checkpoint (docs/offload.md, "Faults").
+  // `grad` is device() memory (host memory on the host-emulated device).
   void set_gradient(TensorId id, const void* grad);
-  // All tensors at once, grads[i] for tensor i in registration order.
+  // The same from host memory, whatever the device (a convenience: one extra host-to-device copy
+  // on a GPU).
+  void set_gradient_host(TensorId id, const void* grad);
+  // All tensors at once, grads[i] for tensor i in registration order (device() memory).
   void set_gradients(std::span<const void* const> grads);
 
   // Reduces, checks and applies the step. A missing gradient throws Error(kInvalidArgument) and
@@ -144,6 +182,20 @@ class Engine {
   StepResult step();
 
   EngineStats stats() const;
+
+  // The optimizer state of one tensor, between steps (after finalize(), not inside a backward).
+  // Both are collective: every rank calls them for the same tensors in the same order.
+  // read_state: `out` (numel(id) elements) receives the tensor's FP32 master weights or moments,
+  // gathered from the ranks that own them; every rank gets the whole tensor.
+  // write_state: every rank passes the same whole tensor; each keeps the part it owns. Writing
+  // kMaster also sets the model-dtype parameters (rounded to precision.params) on every rank.
+  // Wrong sizes: Error(kInvalidArgument), nothing changed. A failed engine refuses (Error(kIo)).
+  void read_state(TensorId id, StateKind kind, std::span<float> out);
+  void write_state(TensorId id, StateKind kind, std::span<const float> in);
+  // Adam's step count (torch's state["step"]): applied updates since the start or the checkpoint.
+  std::int64_t optimizer_step() const;
+  // Between steps, on every rank alike (load_state_dict); >= 0.
+  void set_optimizer_step(std::int64_t step);
 
   // Checkpoints (after finalize(), between steps, called by every rank in the same order).
   // save_checkpoint: each rank writes its shard (its parameters in the model dtype, FP32 master and

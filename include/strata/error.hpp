@@ -40,8 +40,12 @@ class Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message);
   ErrorCode code() const noexcept { return code_; }
-  // Process exit code the CLI uses for this error: 2 for bad input, 1 for everything else.
+  // Process exit code the CLI uses for this error: 2 for bad input (kConfig, kInvalidArgument,
+  // and an IoError that is a path error, see IoError::bad_path()), 1 for everything else.
   int exit_code() const noexcept;
+
+ protected:
+  bool bad_input_ = false;  // set by subclasses whose instance is bad input despite its code
 
  private:
   ErrorCode code_;
@@ -79,6 +83,11 @@ class IoError : public Error {
   std::uint64_t length() const noexcept { return length_; }
   int errnum() const noexcept { return errnum_; }
   const std::string& context() const noexcept { return context_; }  // what the caller was doing
+  // True when the error is about the path the caller gave rather than the device: a path
+  // operation (open, stat, mkdir, rmdir, unlink, rename, access, readlink, opendir, statvfs,
+  // mkdtemp) failing with ENOENT, ENOTDIR, EISDIR, EACCES, EPERM, ELOOP, ENAMETOOLONG, EEXIST,
+  // EROFS, ENXIO, ENODEV or EINVAL (O_DIRECT refused). exit_code() is 2 for these.
+  bool bad_path() const noexcept { return bad_input_; }
   // The same error with `more` added after the context ("context; more"): for a layer that
   // rethrows with what it was doing (docs/errors.md, rule 7).
   IoError with_context(const std::string& more) const;

@@ -40,6 +40,12 @@ class IoFile {
   // Opens `path` as described above. Throws IoError (open failures, O_DIRECT refused with
   // kRequired) naming the path and errno.
   static IoFile open(const std::string& path, const IoFileOptions& options = {});
+  // The same, relative to an open directory: openat(dirfd, name, ...), so that the directory's
+  // path is not resolved again (safe files, docs/errors.md). `display_path` is the path used in
+  // messages and returned by path(). `name` must be a single component when dirfd is not
+  // AT_FDCWD. The fd is not kept: the caller keeps the directory open as long as it needs it.
+  static IoFile open_at(int dirfd, const std::string& name, const std::string& display_path,
+                        const IoFileOptions& options = {});
 
   IoFile(IoFile&& other) noexcept;
   IoFile& operator=(IoFile&& other) noexcept;

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "cli/command.hpp"
-#include "optim/adam_bench.hpp"
+#include "profile/adam_bench.hpp"
 #include "strata/adam.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
@@ -53,7 +53,7 @@ const char* name(strata::DType d) {
 int run_cuda(const Options& o) {
   using namespace strata;
   const std::size_t n = parse_count(o.params);
-  const optim::AdamCudaBenchResult r = optim::run_adam_cuda_bench(n, o.rounds);
+  const profile::AdamCudaBenchResult r = profile::run_adam_cuda_bench(n, o.rounds);
   if (o.json) {
     nlohmann::json j;
     j["device"] = "cuda";
@@ -82,7 +82,7 @@ int run(const Options& o) {
   if (o.device == "cuda") return run_cuda(o);
   if (o.device != "cpu")
     fail(ErrorCode::kInvalidArgument, "--device must be cpu or cuda, not '" + o.device + "'");
-  optim::AdamBenchOptions bo;
+  profile::AdamBenchOptions bo;
   bo.params = parse_count(o.params);
   bo.threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   bo.grads = parse_dtype(o.grads, "--grads");
@@ -96,7 +96,7 @@ int run(const Options& o) {
   bo.path = parse_path(o.path);
   bo.rounds = o.rounds;
   bo.check_finite = o.check_finite;
-  const optim::AdamBenchResult r = optim::run_adam_bench(bo);
+  const profile::AdamBenchResult r = profile::run_adam_bench(bo);
   const char* copy = bo.param_copy ? name(bo.copy_dtype) : "none";
   if (o.json) {
     nlohmann::json j;

@@ -17,7 +17,7 @@
 #include "strata/config.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
-#include "zero/step_bench.hpp"
+#include "profile/step_bench.hpp"
 
 namespace {
 
@@ -33,7 +33,7 @@ struct Options {
   bool json = false;
 };
 
-json to_json(const zero::StepBenchResult& r) {
+json to_json(const profile::StepBenchResult& r) {
   return {{"elements", r.elements},
           {"state_bytes", r.state_bytes},
           {"pool_bytes", r.pool_bytes},
@@ -63,7 +63,7 @@ json to_json(const zero::StepBenchResult& r) {
 }
 
 // Runs the benchmark in a forked child (its own peak RSS); the result comes back as JSON.
-json run_child(const zero::StepBenchOptions& bo) {
+json run_child(const profile::StepBenchOptions& bo) {
   int fds[2];
   if (::pipe(fds) != 0) throw IoError("pipe", "", 0, 0, errno, "bench step");
   std::cout.flush();
@@ -73,7 +73,7 @@ json run_child(const zero::StepBenchOptions& bo) {
     ::close(fds[0]);
     json out;
     try {
-      out = to_json(zero::run_step_bench(bo));
+      out = to_json(profile::run_step_bench(bo));
     } catch (const Error& e) {
       out = {{"error", e.what()}, {"exit_code", e.exit_code()}};
     } catch (const std::exception& e) {
@@ -111,7 +111,7 @@ int run(const Options& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (cfg.tiers.nvme.paths.empty())
     fail(ErrorCode::kInvalidArgument, "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
-  zero::StepBenchOptions bo;
+  profile::StepBenchOptions bo;
   bo.config = cfg;
   bo.rounds = o.rounds;
   bo.elements = o.params.empty() ? cfg.model.parameters / std::max(1u, cfg.world.ranks) : parse_count(o.params);
@@ -120,7 +120,7 @@ int run(const Options& o) {
   json one = run_child(bo);
   json four;
   if (!o.no_scaling) {
-    zero::StepBenchOptions b4 = bo;
+    profile::StepBenchOptions b4 = bo;
     b4.elements *= 4;
     b4.rounds = 1;
     b4.serial = false;

@@ -18,7 +18,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "zero/mlp_model.hpp"
+#include "cli/mlp_model.hpp"
 
 namespace {
 
@@ -52,10 +52,10 @@ struct RankOutcome {
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
 // all ranks' batches, exchanged through the communicator).
 RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) {
-  zero::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
+  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
   Engine engine(cfg, comm);
   std::vector<TensorId> ids;
-  for (std::size_t t = 0; t < zero::MlpModel::kTensors; ++t)
+  for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
     ids.push_back(engine.add_parameter(model.tensor_name(t), model.initial(t)));
   engine.finalize();
   const DType gdt = engine.grad_dtype();
@@ -154,7 +154,7 @@ int run(const Options& o) {
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& st = outcome.stats;
   const double first = outcome.steps.front().loss, last = outcome.steps.back().loss;
-  zero::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
+  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
   const double params = static_cast<double>(shape_only.parameters());
   if (o.json) {
     nlohmann::json j;

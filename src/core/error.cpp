@@ -1,5 +1,6 @@
 #include "strata/error.hpp"
 
+#include <cerrno>
 #include <cstring>
 
 namespace strata {
@@ -26,7 +27,8 @@ const char* error_code_name(ErrorCode code) {
 Error::Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
 
 int Error::exit_code() const noexcept {
-  return (code_ == ErrorCode::kConfig || code_ == ErrorCode::kInvalidArgument) ? 2 : 1;
+  return (bad_input_ || code_ == ErrorCode::kConfig || code_ == ErrorCode::kInvalidArgument) ? 2
+                                                                                            : 1;
 }
 
 namespace {
@@ -58,6 +60,22 @@ std::string io_message(const std::string& op, const std::string& path, std::uint
   if (!context.empty()) out += ": " + context;
   return out;
 }
+
+bool is_path_error(const std::string& op, int errnum) {
+  static const char* const kPathOps[] = {"open",     "stat",   "lstat",   "mkdir",   "rmdir",
+                                         "unlink",   "rename", "access",  "readlink", "opendir",
+                                         "statvfs",  "mkdtemp"};
+  bool path_op = false;
+  for (const char* p : kPathOps) path_op = path_op || op == p;
+  if (!path_op) return false;
+  switch (errnum) {
+    case ENOENT: case ENOTDIR: case EISDIR: case EACCES: case EPERM: case ELOOP:
+    case ENAMETOOLONG: case EEXIST: case EROFS: case ENXIO: case ENODEV: case EINVAL:
+      return true;
+    default:
+      return false;
+  }
+}
 }  // namespace
 
 ConfigError::ConfigError(std::string file, int line, int column, std::string key_path,
@@ -77,7 +95,9 @@ IoError::IoError(std::string op, std::string path, std::uint64_t offset, std::ui
       context_(std::move(context)),
       offset_(offset),
       length_(length),
-      errnum_(errnum) {}
+      errnum_(errnum) {
+  bad_input_ = is_path_error(op_, errnum_);
+}
 
 IoError IoError::with_context(const std::string& more) const {
   return IoError(op_, path_, offset_, length_, errnum_,

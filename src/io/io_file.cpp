@@ -23,10 +23,10 @@ bool fd_on_tmpfs(int fd) {
   return static_cast<unsigned long>(st.f_type) == TMPFS_MAGIC;
 }
 
-int open_raw(const std::string& path, int flags, unsigned mode) {
+int open_raw(int dirfd, const std::string& name, int flags, unsigned mode) {
   int fd;
   do {
-    fd = ::open(path.c_str(), flags, mode);
+    fd = ::openat(dirfd, name.c_str(), flags, mode);
   } while (fd < 0 && errno == EINTR);
   return fd;
 }
@@ -52,6 +52,13 @@ bool is_tmpfs(const std::string& dir) {
 }
 
 IoFile IoFile::open(const std::string& path, const IoFileOptions& options) {
+  return open_at(AT_FDCWD, path, path, options);
+}
+
+IoFile IoFile::open_at(int dirfd, const std::string& name, const std::string& path,
+                       const IoFileOptions& options) {
+  if (dirfd != AT_FDCWD && (name.empty() || name.find('/') != std::string::npos))
+    fail(ErrorCode::kInvalidArgument, strcat("io: '", name, "' is not a single file name"));
   int flags = O_CLOEXEC | O_NOFOLLOW | (options.read_only ? O_RDONLY : O_RDWR);
   if (options.create) flags |= O_CREAT;
   if (options.create && options.exclusive) flags |= O_EXCL;
@@ -61,7 +68,7 @@ IoFile IoFile::open(const std::string& path, const IoFileOptions& options) {
   f.read_only_ = options.read_only;
 
   if (options.direct_io != DirectIoMode::kOff) {
-    int fd = open_raw(path, flags | O_DIRECT, options.mode);
+    int fd = open_raw(dirfd, name, flags | O_DIRECT, options.mode);
     int err = errno;
     bool refused = false;
     if (fd >= 0 && fd_on_tmpfs(fd)) {
@@ -97,10 +104,10 @@ IoFile IoFile::open(const std::string& path, const IoFileOptions& options) {
                     "O_DIRECT refused by the file system (direct_io: required)");
     log_warn("io: ", path, ": the file system refuses O_DIRECT; using buffered I/O");
   }
-  int fd = open_raw(path, flags, options.mode);
+  int fd = open_raw(dirfd, name, flags, options.mode);
   if (fd < 0 && errno == EEXIST && options.direct_io != DirectIoMode::kOff && (flags & O_EXCL)) {
     // Some file systems create the file before refusing O_DIRECT with EINVAL; open that one.
-    fd = open_raw(path, flags & ~(O_CREAT | O_EXCL), options.mode);
+    fd = open_raw(dirfd, name, flags & ~(O_CREAT | O_EXCL), options.mode);
   }
   if (fd < 0) throw IoError(op, path, 0, 0, errno);
   f.fd_ = fd;

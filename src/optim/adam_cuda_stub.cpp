@@ -16,10 +16,3 @@ void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*,
 
 }  // namespace strata
 
-#include "optim/adam_bench.hpp"
-
-namespace strata::optim {
-AdamCudaBenchResult run_adam_cuda_bench(std::size_t, int) {
-  fail(ErrorCode::kUnsupported, "bench adam --device cuda: this build of strata has no CUDA support");
-}
-}  // namespace strata::optim

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/numeric.hpp"
 #include "optim/adam_kernels.hpp"
 #include "strata/error.hpp"
 

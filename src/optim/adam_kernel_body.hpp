@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/numeric.hpp"
 #include "optim/adam_kernels.hpp"
 
 namespace {
@@ -31,49 +32,12 @@ using strata::optim::AdamConsts;
 using strata::optim::CopyKind;
 
 // ---- scalar helpers shared by every TU (used for the vector tails, so tails match lanes) -----
-inline std::uint32_t f2u(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-inline float u2f(std::uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline float s_bf16_to_f(std::uint16_t h) { return u2f(std::uint32_t(h) << 16); }
-inline std::uint16_t s_f_to_bf16(float f) {
-  std::uint32_t u = f2u(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN, as torch's round_to_nearest_even
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return std::uint16_t(u >> 16);
-}
-// IEEE fp16 <-> fp32 (exact, round to nearest even), after the FP16 library (M. Dukhan).
-inline float s_fp16_to_f(std::uint16_t h) {
-  const std::uint32_t w = std::uint32_t(h) << 16;
-  const std::uint32_t sign = w & 0x80000000u;
-  const std::uint32_t two_w = w + w;
-  const float normalized = u2f((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
-  const float denormalized = u2f((two_w >> 17) | (126u << 23)) - 0.5f;
-  const std::uint32_t result =
-      sign | (two_w < (1u << 27) ? f2u(denormalized) : f2u(normalized));
-  return u2f(result);
-}
-inline std::uint16_t s_f_to_fp16(float f) {
-  float absf = u2f(f2u(f) & 0x7FFFFFFFu);
-  float base = (absf * 0x1.0p+112f) * 0x1.0p-110f;
-  const std::uint32_t w = f2u(f);
-  const std::uint32_t shl1_w = w + w;
-  const std::uint32_t sign = w & 0x80000000u;
-  std::uint32_t bias = shl1_w & 0xFF000000u;
-  if (bias < 0x71000000u) bias = 0x71000000u;
-  base = u2f((bias >> 1) + 0x07800000u) + base;
-  const std::uint32_t bits = f2u(base);
-  const std::uint32_t exp_bits = (bits >> 13) & 0x00007C00u;
-  const std::uint32_t mantissa_bits = bits & 0x00000FFFu;
-  const std::uint32_t nonsign = exp_bits + mantissa_bits;
-  return std::uint16_t((sign >> 16) | (shl1_w > 0xFF000000u ? 0x7E00u : nonsign));
-}
+// The scalar conversions are core's (one copy, core/numeric.hpp); the vector lanes give the same
+// bits.
+inline float s_bf16_to_f(std::uint16_t h) { return strata::bf16_to_float(h); }
+inline std::uint16_t s_f_to_bf16(float f) { return strata::float_to_bf16(f); }
+inline float s_fp16_to_f(std::uint16_t h) { return strata::half_to_float(h); }
+inline std::uint16_t s_f_to_fp16(float f) { return strata::float_to_half(f); }
 
 inline float s_load_grad(DType dt, const void* g, std::size_t i) {
   switch (dt) {

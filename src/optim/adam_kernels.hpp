@@ -64,9 +64,6 @@ AdamConsts make_adam_consts(const AdamParams& p, const AdamStepOptions& o);
 }  // namespace strata::optim
 
 namespace strata::optim {
-// Bytes per element (the optim layer depends on core only, not on config's dtype_size()).
-inline std::size_t elem_size(DType d) { return d == DType::kFp32 ? 4 : 2; }
-
 // Throws Error(kInvalidArgument) naming `who` and the bad argument; used by CPU and CUDA entries.
 void validate_adam_call(const AdamParams& p, const AdamTensors& t, const AdamStepOptions& o,
                         const char* who);

@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/numeric.hpp"
 #include "optim/adam_kernels.hpp"
 #include "optim/thread_pool.hpp"
 #include "strata/error.hpp"
@@ -36,7 +37,7 @@ struct CpuAdam::Impl {
     const std::size_t tiles = tiles_for(n);
     std::vector<double> sums(tiles, 0.0);
     std::atomic<bool> finite{true};
-    const std::size_t esz = optim::elem_size(dtype);
+    const std::size_t esz = elem_size(dtype);
     auto task = [&](std::size_t t) {
       const std::size_t off = t * kTile, len = std::min(kTile, n - off);
       bool f = true;
@@ -82,8 +83,8 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   }
   const optim::AdamConsts c = optim::make_adam_consts(params, o);
   const optim::CopyKind ck = optim::copy_kind(t);
-  const std::size_t gsz = optim::elem_size(t.grad_dtype);
-  const std::size_t csz = t.param_copy ? optim::elem_size(t.param_copy_dtype) : 0;
+  const std::size_t gsz = elem_size(t.grad_dtype);
+  const std::size_t csz = t.param_copy ? elem_size(t.param_copy_dtype) : 0;
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
@@ -104,7 +105,7 @@ void check_grad_args(const char* what, const void* grad, DType dtype, std::size_
     fail(ErrorCode::kInvalidArgument, strcat(what, ": grad_divisor=", divisor, " must be finite and > 0"));
   if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
     fail(ErrorCode::kInvalidArgument, strcat(what, ": unknown dtype"));
-  if (reinterpret_cast<std::uintptr_t>(grad) % optim::elem_size(dtype) != 0)
+  if (reinterpret_cast<std::uintptr_t>(grad) % elem_size(dtype) != 0)
     fail(ErrorCode::kInvalidArgument, strcat(what, ": grad not aligned to its element size"));
 }
 }  // namespace
@@ -133,7 +134,7 @@ void CpuAdam::stream_reference(const AdamTensors& t) {
   optim::validate_adam_call(AdamParams{}, t, o, "CpuAdam::stream_reference");
   if (t.n == 0) return;
   std::lock_guard<std::mutex> lk(impl_->mu);
-  const std::size_t gsz = optim::elem_size(t.grad_dtype);
+  const std::size_t gsz = elem_size(t.grad_dtype);
   const bool copy = t.param_copy && t.grad_dtype != DType::kFp32;
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {

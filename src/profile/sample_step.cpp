@@ -19,11 +19,11 @@
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/log.hpp"
-#include "strata/pinned_pool.hpp"
+#include "device/pinned_pool.hpp"
 #include "strata/plan.hpp"
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 #include "strata/units.hpp"
-#include "zero/step_bench.hpp"
+#include "profile/step_bench.hpp"
 
 namespace strata::profile {
 namespace {
@@ -376,7 +376,7 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
 
 void run_engine_step(const Config& c, const std::vector<std::string>& paths, std::uint64_t elements,
                      std::uint32_t repeats, SampleStep& s, const Progress& progress) {
-  zero::StepBenchOptions o;
+  StepBenchOptions o;
   o.config = c;
   o.config.tiers.nvme.paths = paths;
   // The store page-locks its pool: keep it within RLIMIT_MEMLOCK (and say so).
@@ -389,10 +389,10 @@ void run_engine_step(const Config& c, const std::vector<std::string>& paths, std
   o.elements = elements;
   o.rounds = static_cast<int>(std::max(1u, repeats));
   o.serial = true;
-  zero::StepBenchResult r;
+  StepBenchResult r;
   try {
     if (progress) progress("engine step (zero layer's offloaded step) on the same sample");
-    r = zero::run_step_bench(o);
+    r = run_step_bench(o);
   } catch (const Error& e) {
     s.engine_skipped = std::string("skipped: the zero layer's offloaded step failed: ") + e.what();
     log_warn("profile: ", s.engine_skipped);

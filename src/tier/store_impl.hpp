@@ -15,9 +15,9 @@
 #include "strata/device.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_file.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/swap_space.hpp"
-#include "strata/tier_store.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/swap_space.hpp"
+#include "tier/tier_store.hpp"
 
 namespace strata {
 
@@ -57,14 +57,17 @@ struct Buf {
   std::vector<DeviceMemory> gpu_quarantine;
 };
 
-enum class OpKind { kMove, kPrefetch, kEvict, kAcquire };
+enum class OpKind { kMove, kPrefetch, kEvict, kAcquire, kRead, kWrite, kZero };
 
 struct Job {
   OpKind kind;
   Buf* buf;
-  Tier tier;
+  Tier tier;  // kRead/kWrite: the caller's memory (kCpu host, kGpu device)
   Access access;
   std::shared_ptr<Transfer::State> state;
+  // kRead / kWrite: the byte range and the caller's memory.
+  std::uint64_t offset = 0, bytes = 0;
+  void* ptr = nullptr;
 };
 
 // What one mover thread owns.
@@ -77,13 +80,19 @@ struct WorkerContext {
 
 class TierStore::Impl {
  public:
-  Impl(const TierStoreOptions& options, Device& device, IoEngine& engine, PinnedPool& pool);
+  Impl(const TierStoreOptions& options, Device& device, IoEngine* engine, PinnedPool* pool);
   ~Impl();
 
   BufferId register_buffer(const BufferSpec& spec);
   void unregister_buffer(BufferId id);
   BufferId find(const std::string& name) const;
   Transfer submit(tier::OpKind kind, BufferId id, Tier tier, Access access);
+  Transfer submit_stream(tier::OpKind kind, BufferId id, std::uint64_t offset, std::uint64_t bytes,
+                         void* ptr, Tier memory);
+  std::uint64_t padded_bytes(BufferId id) const;
+  PinnedPool* pool() const { return pool_; }
+  Device& device() const { return device_; }
+  std::string failure() const;
   void release(BufferId id, Tier tier);
   void wait_idle(std::chrono::milliseconds timeout);
   BufferInfo info(BufferId id) const;
@@ -110,6 +119,18 @@ class TierStore::Impl {
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
+  // Streaming operations (read / write / zero), on a mover.
+  void stream_read(tier::Job& job, tier::WorkerContext& ctx);
+  void stream_write(tier::Job& job, tier::WorkerContext& ctx);
+  void stream_zero(tier::Buf& b, tier::WorkerContext& ctx);
+  // Bytes [offset, offset + bytes) of the NVMe copy into dst (host or device), through pool pieces.
+  void read_nvme_range(tier::Buf& b, std::uint64_t offset, std::uint64_t bytes, void* dst,
+                       Tier memory, tier::WorkerContext& ctx, bool* unsafe);
+  // Copies between memory locations on the mover's stream (any of host/device on either side).
+  void copy_memory(void* dst, const void* src, std::size_t bytes, Tier dst_mem, Tier src_mem,
+                   tier::WorkerContext& ctx, bool* unsafe);
+  // mutex_ held: after a failed transfer, fail the store if the buffer has no valid copy left.
+  void check_lost_locked(tier::Buf& b, const std::exception_ptr& err);
   // mutex_ held; budget check. For the cpu tier, a cached mapping of the right size is moved into
   // *reuse when given.
   void reserve_locked(tier::Buf& b, Tier t, IoBuffer* reuse = nullptr);
@@ -126,15 +147,15 @@ class TierStore::Impl {
   void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
                    bool* unsafe);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
-  std::uint64_t piece_size() const { return pool_.buffer_size(); }
+  std::uint64_t piece_size() const { return pool_ ? pool_->buffer_size() : (1ULL << 20); }
   std::size_t pieces(const tier::Buf& b) const {
     return static_cast<std::size_t>((b.padded + piece_size() - 1) / piece_size());
   }
 
   TierStoreOptions options_;
   Device& device_;
-  IoEngine& engine_;
-  PinnedPool& pool_;
+  IoEngine* engine_;  // null without an NVMe tier
+  PinnedPool* pool_;  // null without staging
   std::unique_ptr<SwapSpace> swap_;
   std::uint32_t align_ = 4096;
   std::uint32_t window_ = 1;  // pinned buffers one transfer may hold
@@ -152,6 +173,7 @@ class TierStore::Impl {
   std::multimap<std::uint64_t, IoBuffer> host_cache_;  // guarded by mutex_
   std::uint64_t cached_ = 0;                           // guarded by mutex_: bytes in host_cache_
   bool stop_ = false;                                               // guarded by mutex_
+  std::string failure_;                                             // guarded by mutex_
 
   std::mutex admin_mutex_;  // guards admin_stream_
   std::unique_ptr<Stream> admin_stream_;

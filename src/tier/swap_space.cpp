@@ -1,4 +1,4 @@
-#include "strata/swap_space.hpp"
+#include "tier/swap_space.hpp"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>

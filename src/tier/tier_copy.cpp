@@ -8,7 +8,7 @@
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 #include "tier/store_impl.hpp"
 
 namespace strata {
@@ -94,7 +94,7 @@ PinnedBuffer next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Windo
 
 void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
   if (!options_.checksum || b.crc.empty()) return;
-  const std::uint32_t got = tier::crc32c(data, len);
+  const std::uint32_t got = crc32c(data, len);
   if (got == b.crc[piece]) return;
   const std::uint64_t off = piece * piece_size();
   const auto [path, file_off] = swap_->locate(b.copy[ti(Tier::kNvme)].extent.offset + off);
@@ -110,19 +110,19 @@ void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, 
 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
-  TicketSet set(engine_, options_.timeout);
+  TicketSet set(*engine_, options_.timeout);
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
+    set.add(engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
                                      len, base + off}));
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
   for (std::size_t i = 0; i < n && !b.crc.empty(); ++i) {
     const std::uint64_t off = i * piece_size();
-    b.crc[i] = tier::crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
+    b.crc[i] = crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
   }
   set.finish(unsafe);
   std::lock_guard lock(mutex_);
@@ -131,12 +131,12 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
 
 void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
-  TicketSet set(engine_, options_.timeout);
+  TicketSet set(*engine_, options_.timeout);
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_.submit(IoRequest{IoOp::kRead, swap_->file(), dst + off, len, base + off}));
+    set.add(engine_->submit(IoRequest{IoOp::kRead, swap_->file(), dst + off, len, base + off}));
   }
   // Verify each piece as it lands, while the later ones are still being read.
   for (std::size_t i = 0; i < n; ++i) {
@@ -183,18 +183,18 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
 
   auto to_write = [&](Slot& s) {  // stage 0 → 1
     s.event->synchronize(timeout);
-    s.ticket = engine_.submit(IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len,
+    s.ticket = engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len,
                                         base + s.piece * piece_size()});
     s.stage = 1;
     // Checksummed while the write is in flight (both only read the pinned buffer).
-    if (!b.crc.empty()) b.crc[s.piece] = tier::crc32c(s.buf.data(), s.len);
+    if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
   };
   auto retire_front = [&] {
     Slot& s = window.front();
     try {
       if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
       if (s.stage == 0) to_write(s);
-      if (!engine_.wait(s.ticket, timeout)) {
+      if (!engine_->wait(s.ticket, timeout)) {
         *unsafe = true;
         fail(ErrorCode::kTimeout, "tier store: NVMe write not complete in time");
       }
@@ -208,7 +208,7 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
         }
       } else if (s.ticket) {
         try {
-          engine_.wait(s.ticket, timeout);
+          engine_->wait(s.ticket, timeout);
         } catch (...) {
         }
       }
@@ -222,7 +222,7 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
     const std::uint64_t real = std::min<std::uint64_t>(len, b.spec.bytes - off);
-    PinnedBuffer pb = next_staging_buffer(pool_, window_, window, free_events, retire_front,
+    PinnedBuffer pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
                                           error, timeout);
     if (error) break;
     try {
@@ -272,7 +272,7 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
     try {
       if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
       if (s.stage == 0) {
-        if (!engine_.wait(s.ticket, timeout)) {
+        if (!engine_->wait(s.ticket, timeout)) {
           *unsafe = true;
           fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
         }
@@ -284,7 +284,7 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
       if (!error) error = std::current_exception();
       if (s.stage == 0 && s.ticket) {
         try {
-          engine_.wait(s.ticket, timeout);
+          engine_->wait(s.ticket, timeout);
         } catch (...) {
         }
       } else if (s.stage == 1) {
@@ -303,18 +303,18 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
   for (std::size_t i = 0; i < n && !error; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    PinnedBuffer pb = next_staging_buffer(pool_, window_, window, free_events, retire_front,
+    PinnedBuffer pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
                                           error, timeout);
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
       free_events.pop_back();
-      s.ticket = engine_.submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
+      s.ticket = engine_->submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
       window.push_back(std::move(s));
       // Queue the device copy of every piece whose read already finished (in order).
       for (auto& w : window) {
         if (w.stage == 0) {
-          if (!engine_.poll(w.ticket)) break;
+          if (!engine_->poll(w.ticket)) break;
           w.ticket = 0;
           to_device(w);
         }

@@ -1,4 +1,4 @@
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -76,32 +76,35 @@ TierStoreOptions TierStoreOptions::from(const Config& c, std::uint32_t rank,
 
 // ---- Impl: construction --------------------------------------------------------------------------
 
-TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine& engine,
-                      PinnedPool& pool)
+TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine* engine,
+                      PinnedPool* pool)
     : options_(options), device_(device), engine_(engine), pool_(pool) {
-  const std::uint64_t pool_bytes = std::uint64_t(pool.buffer_count()) * pool.buffer_size();
+  const std::uint64_t pool_bytes =
+      pool ? std::uint64_t(pool->buffer_count()) * pool->buffer_size() : 0;
   if (pool_bytes > options_.host_budget) {
     fail(ErrorCode::kBudget,
          strcat("tier store: the pinned pool (", pool_bytes, " bytes) exceeds tiers.host.budget (",
-                options_.host_budget, " bytes)"));
+                options_.host_budget, " bytes for this rank)"));
   }
   used_[ti(Tier::kCpu)] = pool_bytes;
   if (options_.nvme_capacity > 0) {
+    if (!engine_ || !pool_)
+      fail(ErrorCode::kInvalidArgument, "tier store: an NVMe tier needs an I/O engine and a pinned pool");
     SwapSpaceOptions so;
     so.paths = options_.nvme_paths;
     so.capacity = options_.nvme_capacity;
     so.rank = options_.rank;
     so.block_size = options_.block_size;
-    swap_ = std::make_unique<SwapSpace>(so, engine_);
+    swap_ = std::make_unique<SwapSpace>(so, *engine_);
     align_ = swap_->alignment();
-    if (pool.buffer_size() % align_ != 0) {
+    if (pool_->buffer_size() % align_ != 0) {
       fail(ErrorCode::kInvalidArgument,
-           strcat("tier store: tiers.host.buffer_size (", pool.buffer_size(),
+           strcat("tier store: tiers.host.buffer_size (", pool_->buffer_size(),
                   ") is not a multiple of the swap files' I/O alignment (", align_, ")"));
     }
   }
   const std::uint32_t movers = std::max<std::uint32_t>(1, options_.movers);
-  window_ = std::max<std::uint32_t>(1, pool.buffer_count() / movers);
+  window_ = pool ? std::max<std::uint32_t>(1, pool->buffer_count() / movers) : 1;
   admin_stream_ = device_.create_stream();
   for (std::uint32_t i = 0; i < movers; ++i) {
     auto ctx = std::make_unique<WorkerContext>();
@@ -312,6 +315,7 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
   {
     std::unique_lock lock(mutex_);
     if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
     Buf& b = buf_locked(id);
     if (kind == OpKind::kAcquire && tier == Tier::kNvme) {
       fail(ErrorCode::kInvalidArgument,
@@ -323,6 +327,45 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
     }
     Job job{kind, &b, tier, access, state};
     if (b.queued == 0 && !b.running && try_inline_locked(job)) return Transfer(state);
+    ++b.queued;
+    queue_.push_back(std::move(job));
+  }
+  work_cv_.notify_one();
+  return Transfer(state);
+}
+
+Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t offset,
+                                        std::uint64_t bytes, void* ptr, Tier memory) {
+  auto state = std::make_shared<Transfer::State>();
+  {
+    std::unique_lock lock(mutex_);
+    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    Buf& b = buf_locked(id);
+    if (kind != OpKind::kZero) {
+      const char* what = kind == OpKind::kRead ? "read" : "write";
+      if (offset > b.spec.bytes)
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, " of buffer '", b.spec.name,
+                                                 "' at offset ", offset, " beyond its ", b.spec.bytes, " bytes"));
+      if (bytes == 0) bytes = b.spec.bytes - offset;
+      if (offset + bytes > b.spec.bytes)
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: ", what, " of bytes [", offset, ", ", offset + bytes, ") of buffer '",
+                    b.spec.name, "' beyond its ", b.spec.bytes, " bytes"));
+      if (!ptr) fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, " of '", b.spec.name, "' with a null pointer"));
+      if (memory == Tier::kNvme)
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, ": the caller's memory is host or device memory"));
+      if (kind == OpKind::kWrite && b.spec.home == Tier::kNvme) {
+        if (offset != 0 || bytes != b.spec.bytes)
+          fail(ErrorCode::kInvalidArgument,
+               strcat("tier store: buffer '", b.spec.name, "' lives on nvme: write() replaces the whole buffer, not bytes [",
+                      offset, ", ", offset + bytes, ")"));
+        if (memory == Tier::kCpu && reinterpret_cast<std::uintptr_t>(ptr) % 4096 != 0)
+          fail(ErrorCode::kInvalidArgument,
+               strcat("tier store: write of '", b.spec.name, "' to nvme from host memory that is not 4096-aligned"));
+      }
+    }
+    Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr};
     ++b.queued;
     queue_.push_back(std::move(job));
   }
@@ -386,6 +429,15 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
       case OpKind::kEvict:
         evict_copy(b, t, ctx);
         break;
+      case OpKind::kRead:
+        stream_read(job, ctx);
+        break;
+      case OpKind::kWrite:
+        stream_write(job, ctx);
+        break;
+      case OpKind::kZero:
+        stream_zero(b, ctx);
+        break;
       case OpKind::kAcquire: {
         if (job.access == Access::kDiscard) {
           {
@@ -403,8 +455,27 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
     }
   } catch (...) {
     err = std::current_exception();
+    std::lock_guard lock(mutex_);
+    check_lost_locked(b, err);
   }
   job.state->finish(err, ptr);
+}
+
+void TierStore::Impl::check_lost_locked(Buf& b, const std::exception_ptr& err) {
+  for (Tier t : kTiers)
+    if (b.copy[ti(t)].valid) return;
+  if (!failure_.empty()) return;
+  std::string what = "unknown error";
+  try {
+    std::rethrow_exception(err);
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+  }
+  failure_ = strcat("tier store rank ", options_.rank, ": failed: buffer '", b.spec.name,
+                    "' lost its contents (", what, "); the store refuses every operation — "
+                    "restore the last checkpoint or restart");
+  log_error(failure_);
 }
 
 void TierStore::Impl::check_writable_locked(Buf& b, Tier t) {
@@ -498,6 +569,10 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
         if (!c.valid) return false;
         ptr = pin_locked(b, t, job.access);
         break;
+      case OpKind::kRead:
+      case OpKind::kWrite:
+      case OpKind::kZero:
+        return false;  // always on a mover (submit_stream never inlines)
     }
   } catch (...) {
     job.state->finish(std::current_exception(), nullptr);
@@ -690,6 +765,16 @@ TierUsage TierStore::Impl::usage(Tier t) const {
   return TierUsage{used_[ti(t)], options_.host_budget, cached_};
 }
 
+std::uint64_t TierStore::Impl::padded_bytes(BufferId id) const {
+  std::lock_guard lock(mutex_);
+  return buf_locked(id).padded;
+}
+
+std::string TierStore::Impl::failure() const {
+  std::lock_guard lock(mutex_);
+  return failure_;
+}
+
 TierStoreStats TierStore::Impl::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
@@ -703,8 +788,8 @@ std::pair<std::uint64_t, std::uint64_t> TierStore::Impl::nvme_extent(BufferId id
 
 // ---- TierStore ----------------------------------------------------------------------------------------
 
-TierStore::TierStore(const TierStoreOptions& options, Device& device, IoEngine& engine,
-                     PinnedPool& pool)
+TierStore::TierStore(const TierStoreOptions& options, Device& device, IoEngine* engine,
+                     PinnedPool* pool)
     : impl_(std::make_unique<Impl>(options, device, engine, pool)) {}
 TierStore::~TierStore() = default;
 BufferId TierStore::register_buffer(const BufferSpec& spec) { return impl_->register_buffer(spec); }
@@ -728,6 +813,20 @@ void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::mil
   return t.pointer();
 }
 void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
+Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory) {
+  return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory);
+}
+Transfer TierStore::write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
+                          Tier memory) {
+  return impl_->submit_stream(OpKind::kWrite, id, offset, bytes, const_cast<void*>(src), memory);
+}
+Transfer TierStore::zero(BufferId id) {
+  return impl_->submit_stream(OpKind::kZero, id, 0, 0, nullptr, Tier::kCpu);
+}
+std::uint64_t TierStore::padded_bytes(BufferId id) const { return impl_->padded_bytes(id); }
+PinnedPool* TierStore::pool() const { return impl_->pool(); }
+Device& TierStore::device() const { return impl_->device(); }
+std::string TierStore::failure() const { return impl_->failure(); }
 void TierStore::wait_idle(std::chrono::milliseconds timeout) { impl_->wait_idle(timeout); }
 BufferInfo TierStore::info(BufferId id) const { return impl_->info(id); }
 TierUsage TierStore::usage(Tier tier) const { return impl_->usage(tier); }

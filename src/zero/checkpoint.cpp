@@ -18,7 +18,7 @@
 #include "strata/io_fault.hpp"
 #include "strata/io_file.hpp"
 #include "strata/log.hpp"
-#include "tier/crc32c.hpp"
+#include "core/crc32c.hpp"
 
 namespace strata::zero {
 namespace {
@@ -140,10 +140,10 @@ void save_checkpoint(const std::string& dir, const RankState& s, Communicator& c
                                      static_cast<std::uint64_t>(s.stage), static_cast<std::uint64_t>(s.param_dtype),
                                      s.flat_size, s.partition_size, s.store->size()};
     for (int i = 0; i < 8; ++i) put_u64(header.data() + 16 + 8 * i, fields[i]);
-    crc[0] = tier::crc32c(header.data(), header.size());
+    crc[0] = crc32c(header.data(), header.size());
     std::vector<IoRequest> reqs{{IoOp::kWrite, id, header.data(), kHeader, 0}};
     if (!s.params.empty()) {
-      crc[1] = tier::crc32c(s.params.data(), s.params.size());
+      crc[1] = crc32c(s.params.data(), s.params.size());
       reqs.push_back({IoOp::kWrite, id, s.params.data(), s.params.size(), l.offset[1]});
     }
     io(*engine, reqs);
@@ -154,7 +154,7 @@ void save_checkpoint(const std::string& dir, const RankState& s, Communicator& c
       float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
       reqs.clear();
       for (int a = 0; a < 3; ++a) {
-        crc[2 + a] = tier::crc32c(arrays[a], r.count * sizeof(float), crc[2 + a]);
+        crc[2 + a] = crc32c(arrays[a], r.count * sizeof(float), crc[2 + a]);
         reqs.push_back({IoOp::kWrite, id, arrays[a], r.count * sizeof(float), l.offset[2 + a] + b * sizeof(float)});
       }
       try {
@@ -303,7 +303,7 @@ void load_checkpoint(const std::string& dir, RankState& s, Communicator& comm) {
       for (std::uint64_t off = 0; off < l.bytes[i]; off += buf.size()) {
         const std::uint64_t n = std::min<std::uint64_t>(buf.size(), l.bytes[i] - off);
         io(*engine, std::vector<IoRequest>{{IoOp::kRead, id, buf.data(), n, l.offset[i] + off}});
-        crc = tier::crc32c(buf.data(), n, crc);
+        crc = crc32c(buf.data(), n, crc);
       }
       if (crc != sec.at("crc32c").get<std::uint32_t>())
         fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path, ": section ", kSections[i], " (offset ",

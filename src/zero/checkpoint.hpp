@@ -35,6 +35,8 @@ struct RankState {
   int rank = 0, world = 1, stage = 0;
   DType param_dtype = DType::kFp32;
   std::size_t flat_size = 0, partition_size = 0;
+  const Partition* partition = nullptr;  // the engine's layout (tensor names, sizes, offsets)
+  std::size_t opt_begin = 0;  // flat offset of the store's element 0 (0 at stage 0, else own_begin)
   std::span<unsigned char> params;  // this rank's parameters (model dtype) as saved/restored
   OptimizerStateStore* store = nullptr;  // the rank's optimizer range
   // Scalars (saved from / restored into).

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <deque>
 
-#include "comm/numeric.hpp"
+#include "core/numeric.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -52,8 +52,8 @@ struct Engine::Impl {
   }
   Impl(const Config& c, Communicator& cm)
       : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), stage(c.zero.stage),
-        pdt(c.precision.params), gdt(c.precision.grads), pes(comm::elem_size(pdt)),
-        ges(comm::elem_size(gdt)) {
+        pdt(c.precision.params), gdt(c.precision.grads), pes(elem_size(pdt)),
+        ges(elem_size(gdt)) {
     if (stage < 0 || stage > 3)
       fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
     if (comm.buffer_location() != BufferLocation::kHost)
@@ -63,6 +63,7 @@ struct Engine::Impl {
                   "(use the in-process or MPI communicator)"));
     scaling = c.precision.loss_scaling();  // fp16 gradients unless precision.loss_scale.enabled says
     scale = scaling ? c.precision.loss_scale.initial : 1.0;
+    groups.push_back({c.optimizer.lr, c.optimizer.weight_decay});
   }
 
   // ---- configuration and layout ----
@@ -73,6 +74,13 @@ struct Engine::Impl {
   std::size_t pes, ges;
   std::vector<TensorSpec> specs;
   std::vector<std::vector<float>> initial;
+  // ---- parameter groups ----
+  std::vector<ParamGroupOptions> groups;  // [0]: optimizer.lr / optimizer.weight_decay
+  std::vector<GroupId> tensor_group;      // per tensor
+  // Runs of the flat element space by group, ascending: {first flat element, group}. Padding takes
+  // the group of the tensor before it (it stays zero whatever the group: zero gradient, zero decay).
+  std::vector<std::pair<std::size_t, GroupId>> group_runs;
+  std::unique_ptr<Device> main_device;  // device(): the host-emulated device for now
   bool finalized = false;
   std::unique_ptr<Partition> part;
   std::size_t own_begin = 0, psize = 0;
@@ -154,6 +162,7 @@ struct Engine::Impl {
   void finalize() {
     if (finalized) fail(ErrorCode::kInvalidArgument, "engine: finalize() called twice");
     part = std::make_unique<Partition>(specs, world, cfg.zero.sub_group_size);
+    main_device = make_host_device();
     own_begin = part->partition_begin(rank);
     psize = part->partition_size();
     const std::size_t flat = part->flat_size();
@@ -164,6 +173,12 @@ struct Engine::Impl {
     initial.shrink_to_fit();
     if (world > 1) comm.broadcast(init.data(), flat, DType::kFp32, 0);
 
+    group_runs.clear();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::size_t b = i == 0 ? 0 : part->offset(i);
+      if (group_runs.empty() || group_runs.back().second != tensor_group[i]) group_runs.push_back({b, tensor_group[i]});
+    }
+    if (group_runs.empty()) group_runs.push_back({0, 0});
     opt_begin = stage == 0 ? 0 : own_begin;
     opt_count = stage == 0 ? flat : psize;
     // Resident, or streamed from NVMe per offload.optimizer (zero/offload_store.hpp).
@@ -181,7 +196,7 @@ struct Engine::Impl {
 
     auto to_model = [&](std::size_t begin, std::size_t count, std::vector<unsigned char>& out) {
       out.assign(count * pes, 0);
-      for (std::size_t i = 0; i < count; ++i) comm::store_elem(out.data(), i, pdt, init[begin + i]);
+      for (std::size_t i = 0; i < count; ++i) store_elem(out.data(), i, pdt, init[begin + i]);
     };
     if (stage < 3) {
       to_model(0, flat, flat_params);
@@ -558,7 +573,6 @@ struct Engine::Impl {
 
       t0 = Clock::now();
       ++adam_step;
-      const AdamParams hp = AdamParams::from_config(cfg.optimizer);
       unsigned char* p = stage == 3 ? own_params.data() : flat_params.data() + opt_begin * pes;
       const std::vector<Range> sgs = part->sub_groups(0, opt_count);
       // offload.gradients nvme: the NVMe share was spilled during the backward; the update reads
@@ -571,19 +585,28 @@ struct Engine::Impl {
         return grad_tmp.data();
       };
       state->update(sgs, [&](Range r, const zero::StateView& v) {
-        AdamTensors t;
-        t.param = v.master;
-        t.exp_avg = v.exp_avg;
-        t.exp_avg_sq = v.exp_avg_sq;
-        t.grad = grad_of(r);
-        t.grad_dtype = gdt;
+        const unsigned char* grad = grad_of(r);
         if (pn) param_tmp.resize(r.count * pes);
-        t.param_copy = pn ? param_tmp.data() : p + r.begin * pes;
-        t.param_copy_dtype = pdt;
-        t.n = r.count;
-        const AdamStepOptions o{adam_step, grad_scale, false, static_cast<float>(world)};
-        if (device_adam) device_adam->step(hp, t, o);
-        else adam->step(hp, t, o);
+        unsigned char* copy = pn ? param_tmp.data() : p + r.begin * pes;
+        // One Adam call per parameter group the piece spans (usually one): element-wise, so the
+        // cut changes no bit.
+        for_each_group_run(opt_begin + r.begin, r.count, [&](std::size_t o, std::size_t n, GroupId gid) {
+          AdamParams hp = AdamParams::from_config(cfg.optimizer);
+          hp.lr = groups[gid].lr;
+          hp.weight_decay = groups[gid].weight_decay;
+          AdamTensors t;
+          t.param = v.master + o;
+          t.exp_avg = v.exp_avg + o;
+          t.exp_avg_sq = v.exp_avg_sq + o;
+          t.grad = grad + o * ges;
+          t.grad_dtype = gdt;
+          t.param_copy = copy + o * pes;
+          t.param_copy_dtype = pdt;
+          t.n = n;
+          const AdamStepOptions so{adam_step, grad_scale, false, static_cast<float>(world)};
+          if (device_adam) device_adam->step(hp, t, so);
+          else adam->step(hp, t, so);
+        });
         if (pn) write_own(r.begin, r.count, param_tmp.data());
       });
       if (param_nvme) param_nvme->flush();
@@ -609,6 +632,94 @@ struct Engine::Impl {
     return res;
   }
 
+  // fn(offset in the run [flat_b, flat_b + n), count, group) for the group runs covering it.
+  template <typename F>
+  void for_each_group_run(std::size_t flat_b, std::size_t n, F&& fn) const {
+    auto it = std::upper_bound(group_runs.begin(), group_runs.end(), flat_b,
+                               [](std::size_t x, const auto& run) { return x < run.first; });
+    --it;  // group_runs[0].first == 0 <= flat_b
+    for (std::size_t pos = flat_b; pos < flat_b + n; ++it) {
+      const std::size_t stop = std::next(it) == group_runs.end() ? flat_b + n
+                                                                 : std::min(flat_b + n, std::next(it)->first);
+      if (stop > pos) fn(pos - flat_b, stop - pos, it->second);
+      pos = std::max(pos, stop);
+    }
+  }
+
+  // ---- optimizer state access (read_state / write_state) ----
+  // The part of tensor id's flat range [off, off + n) that this rank's optimizer range holds:
+  // {begin within the optimizer range, count}, and the all-gather counts (stages 1-3).
+  struct StatePart {
+    Range local;
+    std::vector<std::size_t> counts;
+  };
+  StatePart state_part(TensorId id) const {
+    const std::size_t n = specs[id].numel, off = part->offset(id);
+    StatePart sp;
+    if (stage == 0) {
+      sp.local = {off, n};
+      return sp;
+    }
+    sp.counts = part->counts_in(off, off + n);
+    const std::size_t mine = sp.counts[static_cast<std::size_t>(rank)];
+    sp.local = {mine ? std::max(off, own_begin) - own_begin : 0, mine};
+    return sp;
+  }
+  static float* state_array(const zero::StateView& v, StateKind kind) {
+    return kind == StateKind::kMaster ? v.master : kind == StateKind::kExpAvg ? v.exp_avg : v.exp_avg_sq;
+  }
+  void check_state_call(TensorId id, std::size_t size, const char* what) const {
+    require_finalized(what);
+    require_usable(what);
+    check_id(id, what);
+    if (size != specs[id].numel)
+      fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, "('", specs[id].name, "'): ", size,
+                                               " elements given, the tensor has ", specs[id].numel));
+  }
+  void read_state(TensorId id, StateKind kind, std::span<float> out) {
+    check_state_call(id, out.size(), "read_state");
+    const std::size_t n = specs[id].numel;
+    if (n == 0) return;
+    const StatePart sp = state_part(id);
+    std::vector<float> mine(sp.local.count);
+    if (sp.local.count) {
+      zero::StateView v = state->acquire(sp.local);
+      std::memcpy(mine.data(), state_array(v, kind), sp.local.count * sizeof(float));
+      state->release(sp.local, false);
+    }
+    if (stage == 0 || world == 1) {
+      std::copy(mine.begin(), mine.end(), out.begin());
+      return;
+    }
+    comm.all_gather(mine.data(), out.data(), sp.counts, DType::kFp32);
+  }
+  void write_state(TensorId id, StateKind kind, std::span<const float> in) {
+    check_state_call(id, in.size(), "write_state");
+    const std::size_t n = specs[id].numel, off = part->offset(id);
+    if (n == 0) return;
+    const StatePart sp = state_part(id);
+    const std::size_t from = sp.local.count ? opt_begin + sp.local.begin - off : 0;  // in `in`
+    if (sp.local.count) {
+      zero::StateView v = state->acquire(sp.local);
+      std::memcpy(state_array(v, kind), in.data() + from, sp.local.count * sizeof(float));
+      state->release(sp.local, true);
+    }
+    if (kind != StateKind::kMaster) return;
+    if (stage < 3) {
+      for (std::size_t i = 0; i < n; ++i) store_elem(flat_params.data() + off * pes, i, pdt, in[i]);
+      return;
+    }
+    if (sp.local.count) {
+      std::vector<unsigned char> tmp(sp.local.count * pes);
+      for (std::size_t i = 0; i < sp.local.count; ++i) store_elem(tmp.data(), i, pdt, in[from + i]);
+      write_own(sp.local.begin, sp.local.count, tmp.data());
+      if (param_nvme) param_nvme->flush();
+    }
+    finish_gather(id);
+    if (is_gathered[id])
+      for (std::size_t i = 0; i < n; ++i) store_elem(gathered[id].data(), i, pdt, in[i]);
+  }
+
   // ---- checkpoints (zero/checkpoint.cpp) ----
   zero::RankState rank_state() {
     Impl& m = *this;
@@ -619,6 +730,8 @@ struct Engine::Impl {
     r.param_dtype = m.pdt;
     r.flat_size = m.part->flat_size();
     r.partition_size = m.psize;
+    r.partition = m.part.get();
+    r.opt_begin = m.opt_begin;
     if (m.stage == 3 && m.pn) {  // materialized for the checkpoint (read back after a load)
       m.ckpt_params.resize(m.psize * m.pes);
       m.read_own(0, m.psize, m.ckpt_params.data());
@@ -682,12 +795,79 @@ Engine::Engine(const Config& config, Communicator& comm)
     : impl_(std::make_unique<Impl>(config, comm)) {}
 Engine::~Engine() = default;
 
-TensorId Engine::add_parameter(std::string name, std::span<const float> initial) {
+const char* state_kind_name(StateKind kind) {
+  switch (kind) {
+    case StateKind::kMaster: return "master";
+    case StateKind::kExpAvg: return "exp_avg";
+    case StateKind::kExpAvgSq: return "exp_avg_sq";
+  }
+  return "?";
+}
+
+namespace {
+void check_group_value(double x, const char* what) {
+  if (!(x >= 0) || !std::isfinite(x))
+    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " ", x, " must be finite and >= 0"));
+}
+}  // namespace
+
+TensorId Engine::add_parameter(std::string name, std::span<const float> initial, GroupId group) {
   if (impl_->finalized)
     fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "') after finalize()"));
+  if (group >= impl_->groups.size())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "'): unknown group ", group,
+                                             " (", impl_->groups.size(), " groups)"));
+  impl_->tensor_group.push_back(group);
   impl_->specs.push_back({std::move(name), initial.size()});
   impl_->initial.emplace_back(initial.begin(), initial.end());
   return impl_->specs.size() - 1;
+}
+GroupId Engine::add_param_group(const ParamGroupOptions& options) {
+  if (impl_->finalized) fail(ErrorCode::kInvalidArgument, "engine: add_param_group() after finalize()");
+  check_group_value(options.lr, "add_param_group: lr");
+  check_group_value(options.weight_decay, "add_param_group: weight_decay");
+  impl_->groups.push_back(options);
+  return impl_->groups.size() - 1;
+}
+std::size_t Engine::num_groups() const { return impl_->groups.size(); }
+GroupId Engine::group_of(TensorId id) const {
+  impl_->check_id(id, "group_of");
+  return impl_->tensor_group[id];
+}
+namespace {
+ParamGroupOptions& group_ref(std::vector<ParamGroupOptions>& groups, GroupId g, const char* what) {
+  if (g >= groups.size())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown group ", g, " (", groups.size(), " groups)"));
+  return groups[g];
+}
+}  // namespace
+void Engine::set_lr(double lr, GroupId group) {
+  check_group_value(lr, "set_lr: lr");
+  group_ref(impl_->groups, group, "set_lr").lr = lr;
+}
+double Engine::lr(GroupId group) const {
+  return group_ref(impl_->groups, group, "lr").lr;
+}
+void Engine::set_weight_decay(double weight_decay, GroupId group) {
+  check_group_value(weight_decay, "set_weight_decay: weight_decay");
+  group_ref(impl_->groups, group, "set_weight_decay").weight_decay = weight_decay;
+}
+double Engine::weight_decay(GroupId group) const {
+  return group_ref(impl_->groups, group, "weight_decay").weight_decay;
+}
+Device& Engine::device() {
+  impl_->require_finalized("device");
+  return *impl_->main_device;
+}
+void Engine::set_gradient_host(TensorId id, const void* grad) { impl_->set_gradient(id, grad); }
+void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) { impl_->read_state(id, kind, out); }
+void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
+  impl_->write_state(id, kind, in);
+}
+std::int64_t Engine::optimizer_step() const { return impl_->adam_step; }
+void Engine::set_optimizer_step(std::int64_t step) {
+  if (step < 0) fail(ErrorCode::kInvalidArgument, strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
+  impl_->adam_step = step;
 }
 void Engine::finalize() { impl_->finalize(); }
 int Engine::stage() const { return impl_->stage; }
@@ -707,7 +887,7 @@ void Engine::read_param(TensorId id, std::span<float> out) const {
   const std::size_t n = impl_->specs[id].numel;
   if (out.size() != n)
     fail(ErrorCode::kInvalidArgument, strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
-  for (std::size_t i = 0; i < n; ++i) out[i] = comm::load_elem(p, i, impl_->pdt);
+  for (std::size_t i = 0; i < n; ++i) out[i] = load_elem(p, i, impl_->pdt);
 }
 void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }

@@ -14,9 +14,9 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "strata/device.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/swap_space.hpp"
-#include "tier/crc32c.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/swap_space.hpp"
+#include "core/crc32c.hpp"
 
 namespace strata::zero {
 namespace {
@@ -187,7 +187,7 @@ void OffloadStateStore::check_usable() const {
 
 void OffloadStateStore::verify(const Chunk& c, const unsigned char* data, std::size_t k) const {
   if (!opt_.checksum) return;
-  const std::uint32_t got = tier::crc32c(data, c.bytes);
+  const std::uint32_t got = crc32c(data, c.bytes);
   if (got != c.crc) {
     auto [path, off] = swap_->locate(c.extent.offset);
     fail(ErrorCode::kChecksum,
@@ -200,7 +200,7 @@ void OffloadStateStore::verify(const Chunk& c, const unsigned char* data, std::s
 // One synchronous chunk transfer through a pool buffer (acquire/release).
 void OffloadStateStore::sync_io(IoOp op, std::size_t k, unsigned char* buf) {
   Chunk& c = chunks_[k];
-  if (op == IoOp::kWrite && opt_.checksum) c.crc = tier::crc32c(buf, c.bytes);
+  if (op == IoOp::kWrite && opt_.checksum) c.crc = crc32c(buf, c.bytes);
   IoTicket t = engine_->submit({op, swap_->file(), buf, c.bytes, c.extent.offset});
   if (!engine_->wait(t, opt_.timeout)) {
     // Never leave with the buffer in flight: wait once more, bounded, then fail.
@@ -448,7 +448,7 @@ OffloadStepStats OffloadStateStore::run(const UpdateFn* fn, bool read, bool writ
                     reinterpret_cast<float*>(p + 2 * ab), c.r.count});
       }
       if (write) {
-        if (opt_.checksum) chunks_[sl.chunk].crc = tier::crc32c(sl.buf.bytes(), c.bytes);
+        if (opt_.checksum) chunks_[sl.chunk].crc = crc32c(sl.buf.bytes(), c.bytes);
         s.t_update += since(t);
         phase = "writing";
         sl.ticket = engine_->submit({IoOp::kWrite, swap_->file(), sl.buf.bytes(), c.bytes, c.extent.offset});
@@ -621,7 +621,7 @@ void NvmeArray::wait(IoTicket t, std::size_t k) {
 void NvmeArray::verify(std::size_t k, const unsigned char* data) const {
   if (!opt_.checksum) return;
   const Chunk& c = chunks_[k];
-  const std::uint32_t got = tier::crc32c(data, c.bytes);
+  const std::uint32_t got = crc32c(data, c.bytes);
   if (got != c.crc) {
     auto [path, off] = swap_->locate(c.extent.offset);
     fail(ErrorCode::kChecksum, strcat(where(k), ": checksum mismatch reading ", path, " offset ", off,
@@ -706,7 +706,7 @@ void NvmeArray::leave_current() {
   dirty_ = false;
   Chunk& c = chunks_[s.k];
   std::memset(s.buf.bytes() + c.r.count * es_, 0, c.bytes - c.r.count * es_);
-  if (opt_.checksum) c.crc = tier::crc32c(s.buf.bytes(), c.bytes);
+  if (opt_.checksum) c.crc = crc32c(s.buf.bytes(), c.bytes);
   s.ticket = submit(IoOp::kWrite, s.k, s.buf.bytes());
   behind_.push_back(std::move(s));
 }
@@ -851,7 +851,7 @@ void NvmeArray::put(const unsigned char* src) {
       }
       std::memcpy(b.bytes(), src + c.r.begin * es_, c.r.count * es_);
       std::memset(b.bytes() + c.r.count * es_, 0, c.bytes - c.r.count * es_);
-      if (opt_.checksum) c.crc = tier::crc32c(b.bytes(), c.bytes);
+      if (opt_.checksum) c.crc = crc32c(b.bytes(), c.bytes);
       Slot s;
       s.k = k;
       s.ticket = submit(IoOp::kWrite, k, b.bytes());
@@ -927,7 +927,7 @@ void NvmeArray::begin_fill() {
 // Writes an assembled (or partial) chunk behind.
 void NvmeArray::write_staged(Slot&& s) {
   Chunk& c = chunks_[s.k];
-  if (opt_.checksum) c.crc = tier::crc32c(s.buf.bytes(), c.bytes);
+  if (opt_.checksum) c.crc = crc32c(s.buf.bytes(), c.bytes);
   s.ticket = submit(IoOp::kWrite, s.k, s.buf.bytes());
   behind_.push_back(std::move(s));
 }

@@ -45,8 +45,8 @@
 #include "strata/config.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/partition.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/swap_space.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/swap_space.hpp"
 #include "zero/optimizer_state.hpp"
 
 namespace strata {

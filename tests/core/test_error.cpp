@@ -59,3 +59,17 @@ TEST(DeviceQuery, NeverThrowsAndExplainsAbsence) {
     EXPECT_EQ(q.status.rfind("no GPU", 0), 0u) << q.status;
   }
 }
+
+TEST(Error, PathErrorsFromOpenAreBadInput) {
+  // A path the user gave that cannot be used exits 2, like other bad input; a device failure 1.
+  EXPECT_EQ(IoError("open", "/missing/x", 0, 0, ENOENT).exit_code(), 2);
+  EXPECT_TRUE(IoError("open", "/missing/x", 0, 0, ENOENT).bad_path());
+  EXPECT_EQ(IoError("mkdir", "/ro/x", 0, 0, EACCES).exit_code(), 2);
+  EXPECT_EQ(IoError("open", "/x/swap.bin", 0, 0, EEXIST).exit_code(), 2);
+  EXPECT_EQ(IoError("open", "/dev/shm/f", 0, 0, EINVAL, "O_DIRECT refused").exit_code(), 2);
+  EXPECT_EQ(IoError("open", "/x", 0, 0, EIO).exit_code(), 1);
+  EXPECT_EQ(IoError("read", "/x", 0, 4096, ENOENT).exit_code(), 1);
+  EXPECT_EQ(IoError("fallocate", "/x", 0, 4096, ENOSPC).exit_code(), 1);
+  // Context added on the way up keeps the classification.
+  EXPECT_EQ(IoError("open", "/missing/x", 0, 0, ENOENT).with_context("bench io").exit_code(), 2);
+}

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/numeric.hpp"
 #include "optim/adam_test_util.hpp"
 #include "strata/adam.hpp"
 #include "strata/error.hpp"
@@ -285,11 +286,12 @@ TEST(AdamCpu, GradDivisorDividesBeforeScaling) {
           ASSERT_TRUE(opt.step(hp, t, o).applied);
           double ref_sq = 0;
           for (std::size_t i = 0; i < n; ++i) {
-            const float want = divisor == 1.0f ? g.f32[i] * 0.25f : (g.f32[i] / divisor) * 0.25f;
+            const float gs = divisor == 1.0f ? g.f32[i] * 0.25f : (g.f32[i] / divisor) * 0.25f;
+            const float want = gs + 0.0f;  // m = g * 1 + 0 * 0: a -0 gradient gives +0
             ASSERT_EQ(testing::bits_of(m[i]), testing::bits_of(want))
                 << adam_path_name(path) << " " << testing::dt_name(gd) << " n=" << n << " N="
                 << divisor << " i=" << i;
-            ref_sq += double(want) * double(want);
+            ref_sq += double(gs) * double(gs);
           }
           const AdamGradStats st = opt.grad_stats(g.data(gd), gd, n, 0.25f, divisor);
           EXPECT_TRUE(st.finite);
@@ -395,12 +397,25 @@ TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
   convert_fp32_to_bf16(src.data() + 1, h.data(), src.size() - 1);  // misaligned source
   for (std::size_t i = 0; i + 1 < src.size(); ++i)
     ASSERT_EQ(h[i], testing::ref_f_to_bf16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+  // The one scalar copy (core/numeric.hpp, used by the tails, the engine and the reductions)
+  // gives the vector lanes' bits.
+  for (std::size_t i = 0; i + 1 < src.size(); ++i)
+    ASSERT_EQ(h[i], float_to_bf16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    ASSERT_EQ(testing::bits_of(bf16_to_float(all[i])), testing::bits_of(testing::ref_bf16_to_f(all[i])));
+    if (!std::isnan(testing::ref_fp16_to_f(all[i]))) {
+      ASSERT_EQ(testing::bits_of(half_to_float(all[i])), testing::bits_of(testing::ref_fp16_to_f(all[i])));
+    }
+  }
   convert_fp32_to_fp16(src.data() + 1, h.data(), src.size() - 1);
   for (std::size_t i = 0; i + 1 < src.size(); ++i) {
     if (std::isnan(src[i + 1]))
       ASSERT_EQ(h[i] & 0x7E00, 0x7E00);
     else
       ASSERT_EQ(h[i], testing::ref_f_to_fp16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+    if (!std::isnan(src[i + 1])) {
+      ASSERT_EQ(h[i], float_to_half(src[i + 1]));
+    }
   }
 }
 

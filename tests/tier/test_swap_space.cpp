@@ -9,7 +9,7 @@
 
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
-#include "strata/swap_space.hpp"
+#include "tier/swap_space.hpp"
 #include "test_util.hpp"
 #include "tier_test_util.hpp"
 

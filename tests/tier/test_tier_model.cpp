@@ -1,6 +1,7 @@
 // Model-based randomized test: thousands of random register / move / prefetch / evict / acquire /
-// write / read operations over the three tiers, several in flight at once, checked against a plain
-// in-memory reference. Fixed seeds plus one random seed (printed; STRATA_TEST_SEED reproduces it).
+// write / read operations over the three tiers, several in flight at once, and the streaming
+// read / write / zero against host and device memory, checked against a plain in-memory
+// reference. Fixed seeds plus one random seed (printed; STRATA_TEST_SEED reproduces it).
 // Also: concurrent users of one store (label tsan).
 #include <gtest/gtest.h>
 
@@ -9,7 +10,7 @@
 #include <thread>
 
 #include "strata/error.hpp"
-#include "strata/tier_store.hpp"
+#include "tier/tier_store.hpp"
 #include "test_util.hpp"
 #include "tier_test_util.hpp"
 
@@ -103,6 +104,35 @@ void run_model(std::uint64_t seed, int ops) {
       }
     } else if (kind < 35) {  // read and compare
       ASSERT_NO_FATAL_FAILURE(check(bufs[rng() % bufs.size()]));
+    } else if (kind < 48) {  // streaming: read / write a range against caller memory, or zero
+      ModelBuf& b = bufs[rng() % bufs.size()];
+      const BufferInfo info = rig.store->info(b.id);
+      const int what = int(rng() % 3);
+      const bool whole = info.home == Tier::kNvme || rng() % 4 == 0;
+      const std::uint64_t at = whole ? 0 : rng() % b.ref.size();
+      const std::uint64_t n = whole ? b.ref.size() : 1 + rng() % (b.ref.size() - at);
+      const Tier mem = rng() % 2 ? Tier::kCpu : Tier::kGpu;  // the caller's memory
+      st::CallerMemory cm(*rig.device, mem, rig.store->padded_bytes(b.id));
+      try {
+        if (what == 0) {
+          rig.store->read(b.id, at, whole ? 0 : n, cm.data(), mem).wait(30s);
+          auto got = cm.get(n);
+          ASSERT_TRUE(std::equal(got.begin(), got.end(), b.ref.begin() + static_cast<std::ptrdiff_t>(at)))
+              << b.name << " read [" << at << ", " << at + n << ") into " << tier_name(mem);
+        } else if (what == 1) {
+          auto fresh = st::random_bytes(n, rng());
+          cm.put(fresh);
+          rig.store->write(b.id, at, whole ? 0 : n, cm.data(), mem).wait(30s);
+          std::copy(fresh.begin(), fresh.end(), b.ref.begin() + static_cast<std::ptrdiff_t>(at));
+        } else {
+          rig.store->zero(b.id).wait(30s);
+          std::fill(b.ref.begin(), b.ref.end(), 0);
+        }
+        ++successes;
+      } catch (const Error& e) {
+        ASSERT_TRUE(expected_failure(e)) << e.what();
+        ++failures;
+      }
     } else {  // a burst of asynchronous moves, on random buffers (repeats included)
       std::vector<std::pair<Transfer, int>> inflight;
       const int burst = 1 + int(rng() % 4);

@@ -1,8 +1,8 @@
 #include <gtest/gtest.h>
 
 #include "strata/error.hpp"
-#include "strata/swap_space.hpp"
-#include "strata/tier_store.hpp"
+#include "tier/swap_space.hpp"
+#include "tier/tier_store.hpp"
 #include "test_util.hpp"
 #include "tier_test_util.hpp"
 

@@ -36,8 +36,8 @@ class TmpfsMount {
 #include "strata/device.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_fault.hpp"
-#include "strata/pinned_pool.hpp"
-#include "strata/tier_store.hpp"
+#include "device/pinned_pool.hpp"
+#include "tier/tier_store.hpp"
 #include "test_util.hpp"
 
 namespace strata::testing {
@@ -52,6 +52,42 @@ struct RigOptions {
   DirectIoMode direct_io = DirectIoMode::kAuto;
   std::uint32_t movers = 2;
   std::chrono::milliseconds timeout{20000};
+};
+
+// Caller memory for the streaming calls: host (4096-aligned) or device memory, with helpers to
+// fill it and read it back.
+class CallerMemory {
+ public:
+  CallerMemory(Device& device, Tier where, std::uint64_t bytes) : device_(device), where_(where) {
+    const std::uint64_t n = (bytes + 4095) / 4096 * 4096;
+    if (where == Tier::kGpu) {
+      dev_ = device.allocate(n);
+    } else {
+      host_ = IoBuffer::allocate(n, HugePageMode::kNone);
+    }
+  }
+  void* data() { return where_ == Tier::kGpu ? dev_.get() : host_.data(); }
+  void put(const std::vector<std::uint8_t>& v) { copy(data(), v.data(), v.size()); }
+  std::vector<std::uint8_t> get(std::uint64_t n) {
+    std::vector<std::uint8_t> out(n);
+    copy(out.data(), data(), n);
+    return out;
+  }
+
+ private:
+  void copy(void* dst, const void* src, std::size_t n) {
+    if (where_ == Tier::kCpu) {
+      std::memcpy(dst, src, n);
+      return;
+    }
+    auto s = device_.create_stream();
+    s->memcpy_async(dst, src, n);
+    s->synchronize(std::chrono::seconds(10));
+  }
+  Device& device_;
+  Tier where_;
+  DeviceMemory dev_;
+  IoBuffer host_;
 };
 
 // A host-emulated device, a fault-injecting I/O engine, a small pinned pool and a store with its

@@ -1,0 +1,71 @@
+#include "strata/device.hpp"
+
+#include "device/host_device.hpp"
+#include "strata/device_query.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#ifdef STRATA_HAVE_CUDA
+#include "device/cuda_device.hpp"
+#endif
+
+namespace strata {
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    reset();
+    device_ = other.device_;
+    ptr_ = other.ptr_;
+    bytes_ = other.bytes_;
+    other.device_ = nullptr;
+    other.ptr_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceMemory::reset() noexcept {
+  if (ptr_ && device_) device_->free(ptr_);
+  device_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+std::unique_ptr<Device> make_host_device(std::uint64_t total_memory) {
+  return std::make_unique<device::HostDevice>(total_memory);
+}
+
+std::unique_ptr<Device> make_device(DeviceKind kind, int ordinal, std::uint64_t host_memory) {
+  if (kind == DeviceKind::kHost) {
+    log_info("device: host-emulated (forced by runtime.device: host)");
+    return make_host_device(host_memory);
+  }
+#ifdef STRATA_HAVE_CUDA
+  if (kind == DeviceKind::kCuda) {
+    auto dev = device::make_cuda_device(ordinal);
+    log_info("device: ", dev->name(), " (forced by runtime.device: cuda)");
+    return dev;
+  }
+  if (cuda_available()) {
+    try {
+      auto dev = device::make_cuda_device(ordinal);
+      log_info("device: ", dev->name(), " (auto: a GPU answered)");
+      return dev;
+    } catch (const Error& e) {
+      log_warn("device: CUDA device ", ordinal, " unusable (", e.what(),
+               "); using the host-emulated device");
+    }
+  } else {
+    log_info("device: host-emulated (auto: ", query_cuda_devices().status, ")");
+  }
+  return make_host_device(host_memory);
+#else
+  (void)ordinal;
+  if (kind == DeviceKind::kCuda) {
+    fail(ErrorCode::kUnsupported, "runtime.device: cuda, but this build of strata has no CUDA");
+  }
+  log_info("device: host-emulated (auto: built without CUDA)");
+  return make_host_device(host_memory);
+#endif
+}
+
+}  // namespace strata

@@ -1,0 +1,222 @@
+#include "device/host_device.hpp"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/rethrow.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+
+namespace strata::device {
+namespace {
+
+constexpr std::size_t kAlign = 4096;
+// How long a stream's worker waits on another stream's event before declaring the stream failed.
+constexpr auto kCrossStreamWait = std::chrono::minutes(10);
+
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;   // guarded by mutex: tickets handed out by record()
+  std::uint64_t completed = 0;  // guarded by mutex: highest ticket the stream reached
+  std::exception_ptr error;     // guarded by mutex: error of the work before the last ticket
+};
+
+class HostEvent final : public Event {
+ public:
+  HostEvent() : state_(std::make_shared<EventState>()) {}
+  bool query() override {
+    std::lock_guard lock(state_->mutex);
+    if (state_->error) rethrow_detached(state_->error);
+    return state_->completed >= state_->recorded;
+  }
+  void synchronize(std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(state_->mutex);
+    const std::uint64_t target = state_->recorded;
+    if (!state_->cv.wait_for(lock, timeout, [&] { return state_->completed >= target; })) {
+      fail(ErrorCode::kTimeout, strcat("host device: event not complete after ", timeout.count(),
+                                       " ms"));
+    }
+    if (state_->error) rethrow_detached(state_->error);
+  }
+  std::shared_ptr<EventState> state() const { return state_; }
+
+ private:
+  std::shared_ptr<EventState> state_;
+};
+
+class HostStream final : public Stream {
+ public:
+  HostStream() : worker_([this] { run(); }) {}
+  ~HostStream() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
+    enqueue([=] { std::memcpy(dst, src, bytes); });
+  }
+  void memset_async(void* dst, int value, std::size_t bytes) override {
+    enqueue([=] { std::memset(dst, value, bytes); });
+  }
+  void record(Event& event) override {
+    auto state = host_event(event).state();
+    std::uint64_t ticket;
+    {
+      std::lock_guard lock(state->mutex);
+      ticket = ++state->recorded;
+      state->error = nullptr;
+    }
+    // Runs even after an earlier task failed, so that waiters on the event learn of the failure.
+    enqueue_always([this, state, ticket] {
+      std::exception_ptr err;
+      {
+        std::lock_guard lock(mutex_);
+        err = error_;
+      }
+      {
+        std::lock_guard lock(state->mutex);
+        if (ticket > state->completed) state->completed = ticket;
+        if (err) state->error = err;
+      }
+      state->cv.notify_all();
+    });
+  }
+  void wait_event(Event& event) override {
+    auto state = host_event(event).state();
+    std::uint64_t target;
+    {
+      std::lock_guard lock(state->mutex);
+      target = state->recorded;
+    }
+    enqueue([state, target] {
+      std::unique_lock lock(state->mutex);
+      if (!state->cv.wait_for(lock, kCrossStreamWait,
+                              [&] { return state->completed >= target; })) {
+        fail(ErrorCode::kTimeout, "host device: stream waited too long for another stream's event");
+      }
+      if (state->error) rethrow_detached(state->error);
+    });
+  }
+  void launch_host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void* native_handle() const noexcept override { return nullptr; }
+  void synchronize(std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t target = queued_;
+    if (!done_cv_.wait_for(lock, timeout, [&] { return done_ >= target; })) {
+      fail(ErrorCode::kTimeout, strcat("host device: stream not idle after ", timeout.count(),
+                                       " ms (", target - done_, " task(s) pending)"));
+    }
+    if (error_) rethrow_detached(error_);
+  }
+
+ private:
+  struct Task {
+    std::function<void()> fn;
+    bool always;  // run even when the stream has failed
+  };
+  static HostEvent& host_event(Event& event) {
+    auto* e = dynamic_cast<HostEvent*>(&event);
+    if (!e) fail(ErrorCode::kInvalidArgument, "host device: event from another device");
+    return *e;
+  }
+  void enqueue(std::function<void()> fn) { push(Task{std::move(fn), false}); }
+  void enqueue_always(std::function<void()> fn) { push(Task{std::move(fn), true}); }
+  void push(Task task) {
+    {
+      std::lock_guard lock(mutex_);
+      tasks_.push_back(std::move(task));
+      ++queued_;
+    }
+    cv_.notify_one();
+  }
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stop_ and drained
+      Task task = std::move(tasks_.front());
+      tasks_.pop_front();
+      const bool skip = error_ && !task.always;
+      lock.unlock();
+      std::exception_ptr err;
+      if (!skip) {
+        try {
+          task.fn();
+        } catch (const Error&) {
+          err = std::current_exception();
+        } catch (const std::exception& e) {
+          err = std::make_exception_ptr(Error(ErrorCode::kDevice, strcat("host device: ", e.what())));
+        }
+      }
+      lock.lock();
+      if (err && !error_) error_ = err;
+      ++done_;
+      done_cv_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;       // work arrived or stop
+  std::condition_variable done_cv_;  // a task finished
+  std::deque<Task> tasks_;           // guarded by mutex_
+  std::uint64_t queued_ = 0;         // guarded by mutex_
+  std::uint64_t done_ = 0;           // guarded by mutex_
+  std::exception_ptr error_;         // guarded by mutex_: first failure, sticky
+  bool stop_ = false;                // guarded by mutex_
+  std::thread worker_;               // last: started after every member above exists
+};
+
+}  // namespace
+
+HostDevice::HostDevice(std::uint64_t total_memory) : total_(total_memory) {}
+
+HostDevice::~HostDevice() {
+  std::lock_guard lock(mutex_);
+  if (!allocations_.empty()) {
+    log_warn("host device: ", allocations_.size(), " allocation(s) still live at destruction");
+    for (auto& [p, n] : allocations_) std::free(p);
+  }
+}
+
+void* HostDevice::alloc(std::size_t bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
+  std::lock_guard lock(mutex_);
+  if (allocated_ + rounded > total_) {
+    fail(ErrorCode::kOutOfMemory,
+         strcat("host device: cannot allocate ", bytes, " bytes: ", allocated_, " of ", total_,
+                " bytes in use"));
+  }
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) fail(ErrorCode::kOutOfMemory, strcat("host device: aligned_alloc(", rounded, ") failed"));
+  allocations_.emplace(p, rounded);
+  allocated_ += rounded;
+  return p;
+}
+
+void HostDevice::free(void* ptr) noexcept {
+  if (!ptr) return;
+  std::lock_guard lock(mutex_);
+  auto it = allocations_.find(ptr);
+  if (it == allocations_.end()) {
+    log_error("host device: free of unknown pointer ", ptr);
+    return;
+  }
+  allocated_ -= it->second;
+  allocations_.erase(it);
+  std::free(ptr);
+}
+
+std::uint64_t HostDevice::allocated() const {
+  std::lock_guard lock(mutex_);
+  return allocated_;
+}
+
+std::unique_ptr<Stream> HostDevice::create_stream() { return std::make_unique<HostStream>(); }
+std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(); }
+
+}  // namespace strata::device

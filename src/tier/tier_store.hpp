@@ -1,0 +1,215 @@
+// TierStore: a rank's one storage layer. Named buffers (an FP32 master shard, a moment shard, a
+// gradient chunk, the model-dtype parameters...) with a home tier, moved asynchronously between
+// GPU memory (the Device), host memory and NVMe (the SwapSpace, through the IoEngine), within hard
+// per-tier budgets, never losing or corrupting a byte. The engine (src/zero) keeps every byte of
+// a rank's training state here; the streaming loop (tier/stream_loop.hpp) and the filler
+// (tier/fill.hpp) move it through the pinned pool.
+//
+// Model. Each buffer has at most one copy per tier. A copy is *valid* when it holds the current
+// contents. register_buffer() creates a zero-filled valid copy in the home tier (on NVMe: an
+// extent known to be zero, no I/O). Operations, each asynchronous and returning a Transfer:
+//   prefetch(id, t)  make the copy in t valid (copying from the nearest valid copy); keep others.
+//   move(id, t)      prefetch, then drop the memory-tier (gpu/cpu) copies other than t. A valid
+//                    NVMe copy is kept (it is clean: a later move to NVMe writes nothing).
+//   evict(id, t)     drop the copy in t; when it is the only valid copy, first write it to the
+//                    next lower allowed tier (gpu → cpu → nvme). A clean copy is not rewritten.
+//   acquire(id, t, access)  prefetch, then pin the copy in t and return its address (t gpu or cpu).
+//                    With Access::kWrite the other copies become invalid (the caller will modify it);
+//                    this needs no pins on other tiers. release(id, t) unpins.
+// Streaming (no copy is created: the caller's memory is the other end):
+//   read(id, range, dst)   the current contents of a byte range into caller memory (host, or
+//                    device memory of the store's Device), from the valid copy nearest to dst.
+//                    From NVMe: the pieces holding the range are read and their CRCs checked; a
+//                    whole-buffer read into 4096-aligned host memory with room for padded_bytes()
+//                    goes straight into it, any other range through pinned pool buffers.
+//   write(id, range, src)  replaces a byte range: the home copy is written and becomes the only
+//                    valid copy (the others are dropped). Home nvme: the whole buffer only, from
+//                    4096-aligned host memory holding padded_bytes() (the padding is written too),
+//                    or from device memory through the pool; fresh CRCs.
+//   zero(id)         the contents become zero (an NVMe home is marked zero: no I/O).
+// Operations on one buffer run one at a time in submission order; different buffers run in
+// parallel on the mover threads (each with its own device stream: the store's copy streams). An
+// operation that needs no data movement (acquiring a valid copy, dropping a clean one) on a
+// buffer with nothing queued completes at once in the caller. Nothing reads a copy while a
+// transfer into it is in flight: an acquire waits behind the transfer. A pinned copy is never
+// dropped; a transfer that would drop it, or write a copy pinned on another tier, is failed
+// (Error(kInvalidArgument) naming the buffer and the pins). A write or zero into a home copy that
+// is pinned on its own tier is allowed (the pin holder coordinates with it, like a kWrite acquire).
+// NVMe ⇄ GPU goes through the pinned pool in pieces of buffer_size, overlapping the NVMe leg of one
+// piece with the PCIe leg of another. Host ⇄ NVMe goes directly from the host copy (page-aligned).
+//
+// Budgets (checked when the transfer starts; failing = Error(kBudget) at the wait, nothing
+// changed): gpu copies ≤ gpu_budget; host copies + the pinned pool ≤ host_budget; NVMe extents ≤
+// the swap space reserved at construction. The engine passes per-rank budgets (DESIGN.md: every
+// budget is enforced once, here).
+// Checksums (checksum): CRC32C per piece of every NVMe write, verified on every read back; a
+// mismatch fails the transfer with Error(kChecksum) naming the buffer, the offset in the buffer
+// and the swap file and offset. The destination stays invalid, the source stays valid.
+//
+// Failures of a transfer surface at its Transfer::wait(), never silently: I/O errors as IoError,
+// device errors as Error(kDevice). A failed transfer leaves the source copy valid and the
+// destination invalid. Waits take timeouts (Error(kTimeout)). The failed state: a transfer after
+// which a buffer has no valid copy left (a write to NVMe that failed after the other copies were
+// dropped) makes the store *failed*: every later operation throws Error(kIo) naming the buffer and
+// the first error (failure() says it too); the contents are lost, restore a checkpoint.
+//
+// Ownership: the store borrows the Device, IoEngine and PinnedPool (they must outlive it; the
+// engine and pool may be null when there is no NVMe tier and nothing is staged) and owns the
+// SwapSpace (created at construction: swap files, fallocate) and every copy. The destructor waits
+// for queued transfers (bounded), frees every copy and removes the swap files.
+// Thread-safety: every member may be called concurrently from any thread. Addresses from acquire()
+// stay valid until the matching release().
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "strata/config.hpp"
+
+namespace strata {
+
+class Device;
+class IoEngine;
+class PinnedPool;
+class SwapSpace;
+
+using BufferId = std::uint32_t;
+
+// kRead: the caller only reads. kWrite: the caller modifies (the other copies become invalid).
+// kDiscard: the caller overwrites every byte: like kWrite, but the current contents are not
+// brought in (no copy, no zero-fill; the bytes are undefined until written).
+enum class Access { kRead, kWrite, kDiscard };
+
+struct BufferSpec {
+  std::string name;          // unique in the store
+  std::uint64_t bytes = 0;   // > 0, any value (copies are padded to the I/O alignment)
+  DType dtype = DType::kFp32;
+  Tier home = Tier::kCpu;
+  std::vector<Tier> allowed;  // empty = all tiers; must contain home
+};
+
+struct TierStoreOptions {
+  std::uint64_t gpu_budget = 80'000'000'000ULL;  // tiers.gpu.budget
+  std::uint64_t host_budget = 512ULL << 30;      // tiers.host.budget (includes the pinned pool)
+  // NVMe swap space reserved for this rank at construction; 0 = no NVMe tier.
+  std::uint64_t nvme_capacity = 0;
+  std::vector<std::string> nvme_paths;           // tiers.nvme.paths
+  std::uint64_t block_size = 1ULL << 20;         // tiers.nvme.block_size (stripe unit)
+  bool checksum = true;                          // tiers.nvme.checksum
+  std::uint32_t rank = 0;
+  std::uint32_t movers = 2;                      // threads running transfers (>= 1)
+  std::chrono::milliseconds timeout{120000};     // bound on internal waits (I/O, device, pool)
+
+  // From the YAML. nvme_capacity: `nvme_capacity` if > 0, else tiers.nvme.budget divided among
+  // the node's ranks (0 when both are 0).
+  static TierStoreOptions from(const Config& config, std::uint32_t rank,
+                               std::uint64_t nvme_capacity = 0);
+};
+
+// The handle of one asynchronous operation. Copyable (shared state); a default-constructed one is
+// complete.
+class Transfer {
+ public:
+  struct State;
+  Transfer() = default;
+  explicit Transfer(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  bool ready() const;
+  // Blocks until done; rethrows the operation's error (every waiter gets it); Error(kTimeout) past
+  // `timeout` (the operation keeps running).
+  void wait(std::chrono::milliseconds timeout = std::chrono::minutes(2)) const;
+  // For acquire(): the pinned address, after wait().
+  void* pointer() const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct BufferInfo {
+  std::string name;
+  std::uint64_t bytes = 0;
+  DType dtype = DType::kFp32;
+  Tier home = Tier::kCpu;
+  bool valid[3] = {false, false, false};      // indexed by Tier: holds the current contents
+  bool allocated[3] = {false, false, false};  // has storage in the tier
+  std::uint32_t pins[3] = {0, 0, 0};
+  bool in_flight = false;  // an operation is queued or running
+  bool dirty = false;      // the contents are not on NVMe (a write-back would write)
+};
+
+struct TierUsage {
+  std::uint64_t used = 0;    // bytes held by copies (and the pinned pool for cpu)
+  std::uint64_t budget = 0;  // capacity for nvme
+  // cpu only: freed host copies kept mapped for reuse (no page faults on the next copy of the
+  // same size). They count against the budget and are unmapped first when room is needed.
+  std::uint64_t cached = 0;
+};
+
+struct TierStoreStats {
+  std::uint64_t bytes_to_nvme = 0, bytes_from_nvme = 0;
+  std::uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;
+  std::uint64_t writes_skipped_clean = 0;  // write-backs avoided because the NVMe copy was valid
+  std::uint64_t checksum_failures = 0;
+  std::uint64_t reads = 0, writes = 0;      // streaming read() / write() calls completed
+};
+
+class TierStore {
+ public:
+  // `engine` and `pool` may be null without an NVMe tier (nvme_capacity 0); without a pool,
+  // nothing can be staged (GPU ⇄ NVMe, ranged NVMe reads, tier/stream_loop.hpp on the host).
+  TierStore(const TierStoreOptions& options, Device& device, IoEngine* engine, PinnedPool* pool);
+  TierStore(const TierStoreOptions& options, Device& device, IoEngine& engine, PinnedPool& pool)
+      : TierStore(options, device, &engine, &pool) {}
+  ~TierStore();
+  TierStore(const TierStore&) = delete;
+  TierStore& operator=(const TierStore&) = delete;
+
+  // Throws Error(kInvalidArgument) for a duplicate name, 0 bytes, home not allowed, and
+  // Error(kBudget) when the home tier cannot hold it.
+  BufferId register_buffer(const BufferSpec& spec);
+  // Waits for the buffer's queued operations (bounded); fails if it is pinned.
+  void unregister_buffer(BufferId id);
+  BufferId find(const std::string& name) const;  // Error(kInvalidArgument) if unknown
+
+  Transfer move(BufferId id, Tier to);
+  Transfer prefetch(BufferId id, Tier to);
+  Transfer evict(BufferId id, Tier from);
+  Transfer acquire_async(BufferId id, Tier tier, Access access);
+  // acquire_async + wait: the address of the pinned copy.
+  void* acquire(BufferId id, Tier tier, Access access,
+                std::chrono::milliseconds timeout = std::chrono::minutes(2));
+  void release(BufferId id, Tier tier);
+
+  // Streaming (see the model above). `offset`/`bytes` select a byte range of the contents (bytes
+  // 0 = to the end); `memory` says whether the caller's pointer is host memory (kCpu) or device
+  // memory of this store's Device (kGpu). The caller's memory must stay valid until the wait.
+  Transfer read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst,
+                Tier memory = Tier::kCpu);
+  Transfer write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
+                 Tier memory = Tier::kCpu);
+  Transfer zero(BufferId id);
+  // The buffer's size rounded up to the swap alignment: what an NVMe copy occupies.
+  std::uint64_t padded_bytes(BufferId id) const;
+
+  // Waits until no operation is queued or running.
+  void wait_idle(std::chrono::milliseconds timeout = std::chrono::minutes(2));
+
+  BufferInfo info(BufferId id) const;
+  TierUsage usage(Tier tier) const;
+  TierStoreStats stats() const;
+  const SwapSpace* swap_space() const;  // null without an NVMe tier
+  PinnedPool* pool() const;             // null without one
+  Device& device() const;
+  // Empty while usable; else what failed the store (see "The failed state").
+  std::string failure() const;
+  // Where the buffer's NVMe extent lies (tests): {swap offset, length}; {0,0} if none.
+  std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata

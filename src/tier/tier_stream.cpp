@@ -1,0 +1,213 @@
+// The tier store's streaming operations: read() / write() / zero() of a buffer's contents against
+// the caller's memory (host or device), run on a mover thread in the buffer's order (see
+// tier_store.hpp, "Streaming").
+#include <cstring>
+
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "tier/store_impl.hpp"
+
+namespace strata {
+
+using tier::Buf;
+using tier::Job;
+using tier::ti;
+using tier::WorkerContext;
+
+namespace {
+constexpr Tier kMemTiers[2] = {Tier::kGpu, Tier::kCpu};
+void* copy_ptr(tier::Copy& c, Tier t) { return t == Tier::kGpu ? c.gpu.get() : c.host.data(); }
+}  // namespace
+
+void TierStore::Impl::copy_memory(void* dst, const void* src, std::size_t bytes, Tier dst_mem,
+                                  Tier src_mem, WorkerContext& ctx, bool* unsafe) {
+  if (bytes == 0) return;
+  if (dst_mem == Tier::kCpu && src_mem == Tier::kCpu) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  copy_device(dst, src, bytes, ctx, unsafe);
+}
+
+void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_t bytes, void* dst,
+                                      Tier memory, WorkerContext& ctx, bool* unsafe) {
+  if (!pool_) fail(ErrorCode::kInvalidArgument, "tier store: a ranged NVMe read needs the pinned pool");
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  const std::uint64_t piece = piece_size();
+  const std::uint64_t first = offset / piece, last = (offset + bytes - 1) / piece;
+  for (std::uint64_t p = first; p <= last; ++p) {
+    PinnedBuffer pb = pool_->acquire(options_.timeout);
+    const std::uint64_t off = p * piece;
+    const std::uint64_t len = std::min<std::uint64_t>(piece, b.padded - off);
+    const IoTicket t = engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
+    if (!engine_->wait(t, options_.timeout)) {
+      pb.detach();  // the kernel may still write into it
+      *unsafe = true;
+      fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name, "' not complete after ",
+                                       options_.timeout.count(), " ms"));
+    }
+    verify_piece(b, static_cast<std::size_t>(p), pb.data(), len);
+    const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
+    copy_memory(static_cast<std::uint8_t*>(dst) + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory,
+                Tier::kCpu, ctx, unsafe);
+  }
+  std::lock_guard lock(mutex_);
+  stats_.bytes_from_nvme += (last - first + 1) * piece;
+}
+
+void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
+  Buf& b = *job.buf;
+  Tier src = Tier::kNvme;
+  bool found = false;
+  const void* from = nullptr;
+  bool zero = false;
+  {
+    std::lock_guard lock(mutex_);
+    const Tier order[3] = {job.tier == Tier::kGpu ? Tier::kGpu : Tier::kCpu,
+                           job.tier == Tier::kGpu ? Tier::kCpu : Tier::kGpu, Tier::kNvme};
+    for (Tier t : order) {
+      if (b.copy[ti(t)].valid) {
+        src = t;
+        found = true;
+        break;
+      }
+    }
+    if (!found) fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+    if (src != Tier::kNvme) from = copy_ptr(b.copy[ti(src)], src);
+    zero = src == Tier::kNvme && b.nvme_zero;
+  }
+  bool unsafe = false;
+  auto* dst = static_cast<std::uint8_t*>(job.ptr);
+  const bool whole = job.offset == 0 && job.bytes == b.spec.bytes;
+  if (src != Tier::kNvme) {
+    copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src, ctx, &unsafe);
+    if (src == Tier::kGpu && job.tier == Tier::kCpu) {
+      std::lock_guard lock(mutex_);
+      stats_.bytes_from_gpu += job.bytes;
+    }
+  } else if (zero) {
+    if (job.tier == Tier::kCpu) {
+      std::memset(dst, 0, job.bytes);
+    } else {
+      ctx.stream->memset_async(dst, 0, job.bytes);
+      ctx.stream->synchronize(options_.timeout);
+    }
+  } else if (whole && job.tier == Tier::kCpu && reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0) {
+    copy_nvme_to_host(b, dst, &unsafe);  // straight into the caller's (padded) memory
+  } else if (whole && job.tier == Tier::kGpu && pool_) {
+    copy_nvme_to_gpu(b, dst, ctx, &unsafe);
+  } else {
+    read_nvme_range(b, job.offset, job.bytes, dst, job.tier, ctx, &unsafe);
+  }
+  std::lock_guard lock(mutex_);
+  ++stats_.reads;
+}
+
+void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
+  Buf& b = *job.buf;
+  const Tier home = b.spec.home;
+  const bool whole = job.offset == 0 && job.bytes == b.spec.bytes;
+  bool need_load = false;
+  {
+    std::lock_guard lock(mutex_);
+    for (Tier u : kMemTiers) {
+      if (u != home && b.copy[ti(u)].pins) {
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: cannot write buffer '", b.spec.name, "': it is acquired on ", where(b)));
+      }
+    }
+    if (home == Tier::kNvme) {
+      // The other copies are stale from here on; the write makes the NVMe copy the only one.
+      for (Tier u : kMemTiers) drop_locked(b, u);
+      reserve_locked(b, Tier::kNvme);
+      b.copy[ti(Tier::kNvme)].valid = false;
+      b.nvme_zero = false;
+    } else {
+      need_load = !b.copy[ti(home)].valid && !whole;
+    }
+  }
+  bool unsafe = false;
+  if (home == Tier::kNvme) {
+    if (job.tier == Tier::kCpu) {
+      copy_host_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), &unsafe);
+    } else {
+      if (!pool_) fail(ErrorCode::kInvalidArgument, "tier store: a device-to-NVMe write needs the pinned pool");
+      copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), ctx, &unsafe);
+    }
+    std::lock_guard lock(mutex_);
+    b.copy[ti(Tier::kNvme)].valid = true;
+    ++stats_.writes;
+    return;
+  }
+  if (need_load) {
+    ensure_valid(b, home, ctx);
+  } else {
+    ensure_storage(b, home);
+  }
+  void* base = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    base = copy_ptr(b.copy[ti(home)], home);
+  }
+  try {
+    copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier, ctx, &unsafe);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    // The home copy holds a partial write: not the contents any more.
+    b.copy[ti(home)].valid = false;
+    if (unsafe) {
+      log_error("tier store: a copy into buffer '", b.spec.name, "' did not finish; its memory is kept");
+      if (home == Tier::kCpu && !b.copy[ti(home)].pins) b.quarantine.push_back(std::move(b.copy[ti(home)].host));
+      if (home == Tier::kGpu && !b.copy[ti(home)].pins) b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
+    }
+    throw;
+  }
+  std::lock_guard lock(mutex_);
+  for (Tier u : kMemTiers)
+    if (u != home) drop_locked(b, u);
+  b.copy[ti(Tier::kNvme)].valid = false;
+  b.nvme_zero = false;
+  b.copy[ti(home)].valid = true;
+  ++stats_.writes;
+  if (home == Tier::kGpu && job.tier == Tier::kCpu) stats_.bytes_to_gpu += job.bytes;
+}
+
+void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
+  const Tier home = b.spec.home;
+  {
+    std::lock_guard lock(mutex_);
+    for (Tier u : kMemTiers) {
+      if (u != home && b.copy[ti(u)].pins) {
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: cannot zero buffer '", b.spec.name, "': it is acquired on ", where(b)));
+      }
+    }
+    if (home == Tier::kNvme) {
+      for (Tier u : kMemTiers) drop_locked(b, u);
+      reserve_locked(b, Tier::kNvme);
+      b.copy[ti(Tier::kNvme)].valid = true;
+      b.nvme_zero = true;
+      return;
+    }
+  }
+  ensure_storage(b, home);
+  void* base = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    base = copy_ptr(b.copy[ti(home)], home);
+  }
+  if (home == Tier::kCpu) {
+    std::memset(base, 0, b.padded);
+  } else {
+    ctx.stream->memset_async(base, 0, b.padded);
+    ctx.stream->synchronize(options_.timeout);
+  }
+  std::lock_guard lock(mutex_);
+  for (Tier u : kMemTiers)
+    if (u != home) drop_locked(b, u);
+  b.copy[ti(Tier::kNvme)].valid = false;
+  b.nvme_zero = false;
+  b.copy[ti(home)].valid = true;
+}
+
+}  // namespace strata

@@ -1,0 +1,132 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "strata/device.hpp"
+#include "strata/device_query.hpp"
+#include "strata/error.hpp"
+#include "device/device_test_util.hpp"
+#include "test_util.hpp"
+
+using namespace strata;
+using namespace std::chrono_literals;
+namespace st = strata::testing;
+
+namespace {
+
+using st::device_round_trip;
+
+}  // namespace
+
+TEST(HostDevice, CopiesInStreamOrder) {
+  auto dev = make_host_device();
+  EXPECT_EQ(dev->kind(), DeviceKind::kHost);
+  device_round_trip(*dev, 12345, 1);
+  // Ordered queue: a later memset must not overtake an earlier copy.
+  auto mem = dev->allocate(3 << 20);
+  auto src = st::random_bytes(3 << 20, 2);
+  std::vector<std::uint8_t> back(3 << 20);
+  auto s = dev->create_stream();
+  s->memcpy_async(mem.get(), src.data(), src.size());
+  s->memset_async(mem.get(), 0x5A, 100);
+  s->memcpy_async(back.data(), mem.get(), back.size());
+  s->synchronize(10s);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(back[i], 0x5A);
+  EXPECT_EQ(0, std::memcmp(back.data() + 100, src.data() + 100, src.size() - 100));
+}
+
+TEST(HostDevice, EventsOrderTwoStreams) {
+  auto dev = make_host_device();
+  auto a = dev->create_stream();
+  auto b = dev->create_stream();
+  auto ev = dev->create_event();
+  EXPECT_TRUE(ev->query());  // never recorded
+  const std::size_t n = 8 << 20;
+  auto src = st::random_bytes(n, 3);
+  auto mem = dev->allocate(n);
+  std::vector<std::uint8_t> back(n);
+  a->memcpy_async(mem.get(), src.data(), n);
+  a->record(*ev);
+  b->wait_event(*ev);
+  b->memcpy_async(back.data(), mem.get(), n);
+  b->synchronize(10s);
+  ev->synchronize(1s);
+  EXPECT_TRUE(ev->query());
+  EXPECT_EQ(back, src);
+}
+
+TEST(HostDevice, AllocationBeyondCapacityFails) {
+  auto dev = make_host_device(1 << 20);
+  auto m = dev->allocate(600 << 10);
+  try {
+    auto m2 = dev->allocate(600 << 10);
+    FAIL() << "expected kOutOfMemory";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    EXPECT_NE(std::string(e.what()).find("614400"), std::string::npos) << e.what();
+  }
+  m.reset();
+  auto m3 = dev->allocate(900 << 10);  // freed memory is available again
+  EXPECT_TRUE(m3);
+}
+
+TEST(HostDevice, SynchronizeTimesOutWhileBlocked) {
+  auto dev = make_host_device();
+  auto a = dev->create_stream();
+  auto b = dev->create_stream();
+  auto never = dev->create_event();
+  auto gate = dev->create_stream();
+  // `b` waits for an event recorded behind a long copy on `a`: synchronize with a tiny timeout
+  // must throw kTimeout instead of blocking.
+  const std::size_t n = 16 << 20;
+  std::vector<std::uint8_t> x(n, 1), y(n);
+  for (int i = 0; i < 4; ++i) a->memcpy_async(y.data(), x.data(), n);
+  a->record(*never);
+  b->wait_event(*never);
+  try {
+    b->synchronize(std::chrono::milliseconds(0));
+    // The copies may legitimately have finished already on a fast machine.
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+  }
+  b->synchronize(30s);
+}
+
+TEST(DeviceFactory, ProbesAndForces) {
+  auto host = make_device(DeviceKind::kHost);
+  EXPECT_EQ(host->kind(), DeviceKind::kHost);
+  auto any = make_device(DeviceKind::kAuto);
+  EXPECT_EQ(any->kind(), cuda_available() ? DeviceKind::kCuda : DeviceKind::kHost);
+  if (!cuda_available()) {
+    try {
+      make_device(DeviceKind::kCuda);
+      FAIL() << "expected kUnsupported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    }
+  }
+}
+
+TEST(HostDevice, ConcurrentStreams) {
+  auto dev = make_host_device();
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto s = dev->create_stream();
+      for (int i = 0; i < 50; ++i) {
+        const std::size_t n = 1000 + 977 * i + t;
+        auto src = st::random_bytes(n, t * 1000 + i);
+        std::vector<std::uint8_t> back(n);
+        auto m = dev->allocate(n);
+        s->memcpy_async(m.get(), src.data(), n);
+        s->memcpy_async(back.data(), m.get(), n);
+        s->synchronize(10s);
+        if (back != src) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}

@@ -1,0 +1,399 @@
+// The streaming API of the tier store, model-based: the one pipelined loop (tier/stream_loop.hpp)
+// over items whose parts live on gpu, cpu and nvme, computed in host or device memory, for
+// windows 1..5 and the serial schedule; the filler (tier/fill.hpp) with pieces in any order and
+// gaps, pools of 1..5 buffers, two rounds; and their faults: an I/O error at every request of a
+// run, a flipped bit, the sticky failed state of a store that lost a buffer's only copy. Every
+// result is compared with a plain in-memory reference. Named parameters (gloo style) say the case.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <numeric>
+#include <random>
+
+#include "strata/device_fault.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+#include "tier/fill.hpp"
+#include "tier/stream_loop.hpp"
+#include "tier/swap_space.hpp"
+#include "tier_test_util.hpp"
+
+using namespace strata;
+using namespace std::chrono_literals;
+namespace st = strata::testing;
+
+namespace {
+
+constexpr Tier kHomes[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+
+// A reference copy of every buffer, checked against the store through read().
+struct Model {
+  st::StoreRig& rig;
+  std::vector<BufferId> ids;
+  std::vector<std::vector<std::uint8_t>> ref;
+
+  BufferId add(const std::string& name, std::uint64_t bytes, Tier home, std::uint64_t seed) {
+    const BufferId id = rig.store->register_buffer({name, bytes, DType::kFp32, home, {home}});
+    auto data = st::random_bytes(bytes, seed);
+    st::CallerMemory cm(*rig.device, Tier::kCpu, rig.store->padded_bytes(id));
+    cm.put(data);
+    rig.store->write(id, 0, 0, cm.data(), Tier::kCpu).wait(30s);
+    ids.push_back(id);
+    ref.push_back(std::move(data));
+    return id;
+  }
+  std::size_t index(BufferId id) const {
+    return static_cast<std::size_t>(std::find(ids.begin(), ids.end(), id) - ids.begin());
+  }
+  void check(const std::string& what) {
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      st::CallerMemory cm(*rig.device, Tier::kCpu, rig.store->padded_bytes(ids[i]));
+      rig.store->read(ids[i], 0, 0, cm.data(), Tier::kCpu).wait(30s);
+      ASSERT_EQ(cm.get(ref[i].size()), ref[i]) << what << ": buffer " << rig.store->info(ids[i]).name;
+    }
+  }
+};
+
+// The compute: every in/out part becomes f(its old bytes, item, the first part's bytes).
+std::uint8_t mix(std::uint8_t old, std::size_t item, std::uint8_t first, std::size_t i) {
+  return static_cast<std::uint8_t>(old * 3u + item * 7u + first + (i & 0xff));
+}
+
+// Copies between host and the compute's memory inside fn (device views need a stream).
+struct Views {
+  Device& device;
+  tier::Where where;
+  std::unique_ptr<Stream> stream = device.create_stream();
+  std::vector<std::uint8_t> get(void* p, std::size_t n) {
+    std::vector<std::uint8_t> v(n);
+    if (where == tier::Where::kHost) {
+      std::memcpy(v.data(), p, n);
+    } else {
+      stream->memcpy_async(v.data(), p, n);
+      stream->synchronize(10s);
+    }
+    return v;
+  }
+  void put(void* p, const std::vector<std::uint8_t>& v) {
+    if (where == tier::Where::kHost) {
+      std::memcpy(p, v.data(), v.size());
+    } else {
+      stream->memcpy_async(p, v.data(), v.size());
+      stream->synchronize(10s);
+    }
+  }
+};
+
+struct LoopCase {
+  tier::Where where;
+  std::uint32_t window;
+  bool pipelined;
+};
+
+std::string loop_name(const ::testing::TestParamInfo<LoopCase>& i) {
+  return std::string(i.param.where == tier::Where::kHost ? "host" : "device") + "_window" +
+         std::to_string(i.param.window) + (i.param.pipelined ? "_pipelined" : "_serial");
+}
+
+class StreamLoopModel : public ::testing::TestWithParam<LoopCase> {};
+
+TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
+  const LoopCase c = GetParam();
+  const std::uint64_t seed = st::test_seed("stream loop model");
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  st::RigOptions ro;
+  ro.pool_buffers = 5;
+  ro.pool_buffer_size = 128 << 10;
+  ro.movers = 3;
+  st::StoreRig rig(ro);
+  Model m{rig};
+  // Two big buffers parts of which are ranged (home gpu and cpu: ranges need a memory home).
+  const BufferId big_gpu = m.add("big.gpu", 200'003, Tier::kGpu, rng());
+  const BufferId big_cpu = m.add("big.cpu", 150'001, Tier::kCpu, rng());
+  std::vector<tier::StreamItem> items;
+  for (int i = 0; i < 23; ++i) {
+    tier::StreamItem it;
+    // Part 0: a whole chunk (in + out) on a random tier, of uneven size (0 < n <= 30000).
+    const BufferId own = m.add("chunk." + std::to_string(i), 1 + rng() % 30000, kHomes[rng() % 3], rng());
+    it.parts.push_back({own, 0, 0, true, true});
+    // Part 1: an input range of a big buffer's first half (outputs go to the second halves: a
+    // read-ahead never races an earlier item's write).
+    const BufferId src = rng() % 2 ? big_gpu : big_cpu;
+    const std::uint64_t half = m.ref[m.index(src)].size() / 2;
+    const std::uint64_t n = 1 + rng() % 20000, at = rng() % (half - n);
+    it.parts.push_back({src, at, n, true, false});
+    // Part 2 (sometimes): an output only, whole or a range of a big buffer's second half.
+    if (rng() % 2) {
+      if (rng() % 2) {
+        const BufferId out = m.add("out." + std::to_string(i), 1 + rng() % 20000, kHomes[rng() % 3], rng());
+        it.parts.push_back({out, 0, 0, false, true});
+      } else {
+        const BufferId dst = rng() % 2 ? big_gpu : big_cpu;
+        const std::uint64_t dsz = m.ref[m.index(dst)].size();
+        // Disjoint output ranges per item keep the reference order-independent.
+        const std::uint64_t slot = (dsz - dsz / 2) / 23;
+        it.parts.push_back({dst, dsz / 2 + slot * static_cast<std::uint64_t>(i), 1 + rng() % (slot - 1), false, true});
+      }
+    }
+    items.push_back(std::move(it));
+  }
+  // The reference, computed in item order (outputs of an item never feed a later input).
+  auto expected = m.ref;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const auto& ps = items[i].parts;
+    const auto& in1 = m.ref[m.index(ps[1].id)];
+    const std::uint8_t first = in1[ps[1].offset];
+    auto& own = expected[m.index(ps[0].id)];
+    for (std::size_t k = 0; k < own.size(); ++k) own[k] = mix(own[k], i, first, k);
+    if (ps.size() > 2) {
+      auto& out = expected[m.index(ps[2].id)];
+      const std::uint64_t n = ps[2].bytes ? ps[2].bytes : out.size();
+      for (std::uint64_t k = 0; k < n; ++k) out[ps[2].offset + k] = mix(0, i, first, k);
+    }
+  }
+  Views v{*rig.device, c.where};
+  tier::StreamOptions o;
+  o.where = c.where;
+  o.window = c.window;
+  o.pipelined = c.pipelined;
+  o.what = "model loop";
+  auto fn = [&](std::size_t i, std::span<void* const> views) {
+    const auto& ps = items[i].parts;
+    const std::uint8_t first = v.get(views[1], 1)[0];
+    const auto& in1 = m.ref[m.index(ps[1].id)];
+    ASSERT_EQ(v.get(views[1], ps[1].bytes),
+              std::vector<std::uint8_t>(in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset),
+                                        in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset + ps[1].bytes)))
+        << "item " << i << ": input range";
+    const std::size_t n0 = m.ref[m.index(ps[0].id)].size();
+    auto own = v.get(views[0], n0);
+    ASSERT_EQ(own, m.ref[m.index(ps[0].id)]) << "item " << i << ": chunk contents";
+    for (std::size_t k = 0; k < own.size(); ++k) own[k] = mix(own[k], i, first, k);
+    v.put(views[0], own);
+    if (ps.size() > 2) {
+      const std::uint64_t n = ps[2].bytes ? ps[2].bytes : m.ref[m.index(ps[2].id)].size();
+      std::vector<std::uint8_t> out(n);
+      for (std::uint64_t k = 0; k < n; ++k) out[k] = mix(0, i, first, k);
+      v.put(views[2], out);
+    }
+  };
+  const tier::StreamStats s = tier::run_stream(*rig.store, items, fn, o);
+  EXPECT_EQ(s.items, items.size());
+  m.ref = expected;
+  ASSERT_NO_FATAL_FAILURE(m.check("after the loop"));
+  EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  if (c.where == tier::Where::kHost) {
+    EXPECT_LE(s.slots, ro.pool_buffers);
+  }
+  EXPECT_TRUE(rig.store->failure().empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, StreamLoopModel,
+                         ::testing::Values(LoopCase{tier::Where::kHost, 1, true},
+                                           LoopCase{tier::Where::kHost, 2, true},
+                                           LoopCase{tier::Where::kHost, 3, true},
+                                           LoopCase{tier::Where::kHost, 5, true},
+                                           LoopCase{tier::Where::kHost, 4, false},
+                                           LoopCase{tier::Where::kDevice, 1, true},
+                                           LoopCase{tier::Where::kDevice, 3, true},
+                                           LoopCase{tier::Where::kDevice, 3, false}),
+                         loop_name);
+
+// ---- the filler ----------------------------------------------------------------------------------
+
+struct FillCase {
+  std::uint32_t pool;
+  bool device_source;
+};
+
+std::string fill_name(const ::testing::TestParamInfo<FillCase>& i) {
+  return "pool" + std::to_string(i.param.pool) + (i.param.device_source ? "_from_device" : "_from_host");
+}
+
+class FillerModel : public ::testing::TestWithParam<FillCase> {};
+
+TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
+  const FillCase c = GetParam();
+  const std::uint64_t seed = st::test_seed("filler model");
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  st::RigOptions ro;
+  ro.pool_buffers = c.pool;
+  ro.pool_buffer_size = 64 << 10;
+  st::StoreRig rig(ro);
+  Model m{rig};
+  std::vector<BufferId> bufs;
+  for (int k = 0; k < 9; ++k) bufs.push_back(m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10),
+                                                   kHomes[k % 3], rng()));
+  tier::Filler filler(*rig.store, bufs, 20s);
+  for (int round = 0; round < 2; ++round) {
+    // Pieces: every buffer cut at random points; some pieces (and one whole buffer) left out.
+    struct Piece {
+      std::size_t k;
+      std::uint64_t at, n;
+    };
+    std::vector<Piece> pieces;
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      if (k == static_cast<std::size_t>(round) + 3) continue;  // gets nothing: zero, no I/O
+      const std::uint64_t size = m.ref[k].size();
+      for (std::uint64_t at = 0; at < size;) {
+        const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
+        pieces.push_back({k, at, n});
+        at += n;
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    pieces.resize(pieces.size() * 9 / 10);  // gaps
+    for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
+    filler.begin();
+    const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
+    for (const Piece& p : pieces) {
+      auto data = st::random_bytes(p.n, rng());
+      st::CallerMemory src(*rig.device, mem, p.n);
+      src.put(data);
+      filler.fill(p.k, p.at, p.n, src.data(), mem);
+      std::copy(data.begin(), data.end(), m.ref[p.k].begin() + static_cast<std::ptrdiff_t>(p.at));
+    }
+    filler.end();
+    ASSERT_NO_FATAL_FAILURE(m.check("round " + std::to_string(round)));
+    EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  }
+  if (c.pool == 1) {
+    EXPECT_GT(filler.partial_writes(), 0u);  // one buffer: chunks left half-done
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Pools, FillerModel,
+                         ::testing::Values(FillCase{1, false}, FillCase{2, true}, FillCase{3, false},
+                                           FillCase{5, true}),
+                         fill_name);
+
+// ---- faults ----------------------------------------------------------------------------------------
+
+// Items of NVMe chunks, read-modify-written by the loop.
+struct NvmeLoop {
+  st::StoreRig rig;
+  Model m{rig};
+  std::vector<tier::StreamItem> items;
+  explicit NvmeLoop(std::uint64_t seed, const st::RigOptions& o) : rig(o) {
+    std::mt19937_64 rng(seed);
+    for (int i = 0; i < 7; ++i) {
+      const BufferId id = m.add("c" + std::to_string(i), 1 + rng() % 40000, Tier::kNvme, rng());
+      items.push_back({{{id, 0, 0, true, true}}});
+    }
+  }
+  tier::StreamStats run(tier::Where where = tier::Where::kHost) {
+    Views v{*rig.device, where};
+    tier::StreamOptions o;
+    o.where = where;
+    o.window = 3;
+    o.what = "fault loop";
+    return tier::run_stream(*rig.store, items, [&](std::size_t i, std::span<void* const> views) {
+      auto b = v.get(views[0], m.ref[i].size());
+      for (auto& x : b) x = static_cast<std::uint8_t>(x + 1);
+      v.put(views[0], b);
+    }, o);
+  }
+};
+
+TEST(StreamLoopFaults, AnIoErrorAtEveryRequestStopsTheLoopAndDrains) {
+  st::RigOptions ro;
+  ro.pool_buffer_size = 64 << 10;
+  // A clean run counts the requests.
+  std::uint64_t requests = 0;
+  {
+    NvmeLoop l(7, ro);
+    const auto f = l.rig.fault->add_fault({IoFaultKind::kDelay, {}, {}, 1, 0, EIO, 0, 0ms});
+    l.run();
+    requests = l.rig.fault->fired(f);
+  }
+  ASSERT_GT(requests, 10u);
+  for (std::uint64_t nth = 1; nth <= requests; ++nth) {
+    SCOPED_TRACE(::testing::Message() << "EIO at request " << nth);
+    NvmeLoop l(7, ro);
+    l.rig.fault->add_fault(IoFault::fail_nth(nth, EIO));
+    try {
+      l.run();
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      // The IoError itself, or (when a write lost a chunk first) the failed store's Error(kIo)
+      // carrying it.
+      EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Input/output error"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fault loop failed"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(l.rig.pool->available(), l.rig.pool->buffer_count()) << "a slot was not given back";
+    l.rig.fault->clear_faults();
+    const std::string failure = l.rig.store->failure();
+    if (failure.empty()) {
+      // Nothing was lost: every chunk holds either the old or the new contents, and can be read.
+      for (std::size_t i = 0; i < l.m.ids.size(); ++i) {
+        st::CallerMemory cm(*l.rig.device, Tier::kCpu, l.rig.store->padded_bytes(l.m.ids[i]));
+        l.rig.store->read(l.m.ids[i], 0, 0, cm.data(), Tier::kCpu).wait(30s);
+        auto got = cm.get(l.m.ref[i].size());
+        auto bumped = l.m.ref[i];
+        for (auto& x : bumped) x = static_cast<std::uint8_t>(x + 1);
+        EXPECT_TRUE(got == l.m.ref[i] || got == bumped) << "chunk " << i;
+      }
+    } else {
+      // A write lost a chunk's only copy: the store is failed for good, naming the buffer.
+      EXPECT_NE(failure.find("lost its contents"), std::string::npos) << failure;
+      try {
+        l.rig.store->zero(l.m.ids[0]);
+        FAIL() << "a failed store accepted an operation";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+      }
+    }
+  }
+}
+
+TEST(StreamLoopFaults, AFlippedBitIsAChecksumErrorNamingTheBuffer) {
+  for (tier::Where where : {tier::Where::kHost, tier::Where::kDevice}) {
+    NvmeLoop l(11, {});
+    auto [ext, len] = l.rig.store->nvme_extent(l.m.ids[4]);
+    auto [path, off] = l.rig.store->swap_space()->locate(ext + 100);
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    std::uint8_t byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(off)), 1);
+    byte ^= 0x10;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(off)), 1);
+    ::close(fd);
+    try {
+      l.run(where);
+      FAIL() << "no checksum error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'c4'"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(l.rig.pool->available(), l.rig.pool->buffer_count());
+    EXPECT_TRUE(l.rig.store->failure().empty());  // the chunk's copy is still there (bad bits)
+  }
+}
+
+TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
+  // Items on gpu computed on the host: each is staged by a device→host copy.
+  st::RigOptions ro;
+  st::StoreRig rig(ro);
+  auto* fdev = new FaultInjectingDevice(make_host_device());
+  std::unique_ptr<Device> dev(fdev);
+  TierStoreOptions so;
+  so.host_budget = 64 << 20;
+  TierStore store(so, *dev, nullptr, rig.pool.get());
+  const BufferId id = store.register_buffer({"g", 5000, DType::kFp32, Tier::kGpu, {Tier::kGpu}});
+  fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
+  std::vector<tier::StreamItem> items{{{{id, 0, 0, true, true}}}};
+  try {
+    tier::run_stream(store, items, [](std::size_t, std::span<void* const>) {}, {});
+    FAIL() << "no device error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();
+  }
+  EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+}
+
+}  // namespace

@@ -1,0 +1,176 @@
+// The engine's embedder API beyond the basic loop: parameter groups (own lr and weight decay per
+// group, learning rate changed between steps) against the unsharded reference, and read_state /
+// write_state of the FP32 master and moments, gathered across ranks, for stages 0-3 x 1-4 ranks.
+#include <gtest/gtest.h>
+
+#include <optional>
+
+#include "core/numeric.hpp"
+#include "engine_test_util.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+struct StateParam {
+  int stage;
+  int world;
+};
+std::string state_param_name(const ::testing::TestParamInfo<StateParam>& info) {
+  return strcat("stage", info.param.stage, "_world", info.param.world);
+}
+
+// Tensors alternate between group 0 (config lr / decay) and group 1 (its own); the lr of both
+// changes after every step, as a scheduler would.
+constexpr double kGroup1Lr = 3e-3, kGroup1Decay = 0.0;
+double lr_at(int step, GroupId g) { return (g == 0 ? 1e-2 : kGroup1Lr) / (1.0 + step); }
+
+// The reference: per tensor CpuAdam with its group's lr / weight decay.
+std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world, std::uint64_t seed,
+                                                  std::vector<std::vector<float>>* m_out) {
+  Config cfg = engine_config(c);
+  CpuAdam adam(1);
+  std::vector<std::vector<float>> master, m, v;
+  for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+    master.push_back(initial_values(seed, t, c.sizes[t]));
+    m.emplace_back(c.sizes[t], 0.0f);
+    v.emplace_back(c.sizes[t], 0.0f);
+  }
+  for (int s = 0; s < c.steps; ++s)
+    for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+      std::vector<std::vector<unsigned char>> per_rank;
+      for (int r = 0; r < world; ++r) per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
+      auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
+      AdamParams hp = AdamParams::from_config(cfg.optimizer);
+      const GroupId g = t % 2;
+      hp.lr = lr_at(s, g);
+      hp.weight_decay = g == 0 ? cfg.optimizer.weight_decay : kGroup1Decay;
+      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(), c.grads,
+                     nullptr, DType::kFp32, c.sizes[t]};
+      adam.step(hp, at, AdamStepOptions{s + 1, 1.0f, false, static_cast<float>(world)});
+    }
+  if (m_out) *m_out = m;
+  return master;
+}
+
+class EngineGroups : public ::testing::TestWithParam<StateParam> {};
+
+TEST_P(EngineGroups, PerGroupLrAndDecayMatchReference) {
+  const StateParam p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  const auto seed = test_seed("engine-groups");
+  std::vector<std::vector<float>> want_m;
+  auto want = grouped_reference(c, p.world, seed, &want_m);
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(engine_config(c), comm);
+    const GroupId g1 = e.add_param_group({kGroup1Lr, kGroup1Decay});
+    EXPECT_EQ(g1, 1u);
+    std::vector<TensorId> ids;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      ids.push_back(e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]), t % 2));
+    e.finalize();
+    EXPECT_EQ(e.num_groups(), 2u);
+    EXPECT_EQ(e.group_of(ids[1]), 1u);
+    for (int s = 0; s < c.steps; ++s) {
+      e.set_lr(lr_at(s, 0), 0);
+      e.set_lr(lr_at(s, 1), 1);
+      for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+        auto g = grad_of(seed, rank, s, *it, c.sizes[*it], c.grads);
+        e.gather({&*it, 1});
+        e.set_gradient(*it, g.data());
+        e.release({&*it, 1});
+      }
+      EXPECT_TRUE(e.step().applied);
+    }
+    EXPECT_EQ(e.optimizer_step(), c.steps);
+    for (auto id : ids) {
+      std::vector<float> master(c.sizes[id]), m(c.sizes[id]);
+      e.read_state(id, StateKind::kMaster, master);
+      e.read_state(id, StateKind::kExpAvg, m);
+      expect_bitwise_equal({master}, {want[id]}, strcat("rank ", rank, " master of t", id));
+      expect_bitwise_equal({m}, {want_m[id]}, strcat("rank ", rank, " exp_avg of t", id));
+    }
+  }));
+}
+
+// write_state of rank-independent random values, then read_state of every kind on every rank:
+// each rank gets back exactly what was written, and the parameters follow the master.
+TEST_P(EngineGroups, WriteThenReadStateRoundTrips) {
+  const StateParam p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  c.params = DType::kBf16;
+  c.grads = DType::kBf16;
+  const auto seed = test_seed("engine-state");
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(engine_config(c), comm);
+    std::vector<TensorId> ids;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      ids.push_back(e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t])));
+    e.finalize();
+    const StateKind kinds[] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+    for (auto id : ids)
+      for (int k = 0; k < 3; ++k)
+        e.write_state(id, kinds[k], initial_values(seed + 17 * (k + 1), id, c.sizes[id]));
+    e.set_optimizer_step(7);
+    for (auto id : ids) {
+      for (int k = 0; k < 3; ++k) {
+        std::vector<float> got(c.sizes[id]);
+        e.read_state(id, kinds[k], got);
+        expect_bitwise_equal({got}, {initial_values(seed + 17 * (k + 1), id, c.sizes[id])},
+                             strcat("rank ", rank, " ", state_kind_name(kinds[k]), " of t", id));
+      }
+      e.gather({&id, 1});
+      std::vector<float> param(c.sizes[id]);
+      e.read_param(id, param);
+      e.release({&id, 1});
+      auto master = initial_values(seed + 17, id, c.sizes[id]);
+      for (std::size_t i = 0; i < param.size(); ++i)
+        ASSERT_EQ(param[i], bf16_to_float(float_to_bf16(master[i])))
+            << "rank " << rank << " t" << id << " element " << i;
+    }
+    EXPECT_EQ(e.optimizer_step(), 7);
+    std::vector<float> wrong(c.sizes[0] + 1);
+    try {
+      e.read_state(ids[0], StateKind::kMaster, wrong);
+      ADD_FAILURE() << "a wrong size was accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+    }
+  }));
+}
+
+std::vector<StateParam> state_params() {
+  std::vector<StateParam> v;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {1, 2, 3, 4}) v.push_back({stage, world});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Stages, EngineGroups, ::testing::ValuesIn(state_params()), state_param_name);
+
+TEST(EngineGroupsMisuse, ClearErrors) {
+  auto comms = make_inprocess_communicators(1, 10.0);
+  Engine e(engine_config(EngineCase{}), *comms[0]);
+  auto code = [](auto&& fn) -> std::optional<ErrorCode> {
+    try {
+      fn();
+    } catch (const Error& err) {
+      return err.code();
+    }
+    return std::nullopt;
+  };
+  std::vector<float> x(4, 1.0f);
+  EXPECT_EQ(code([&] { e.add_parameter("x", x, 1); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.add_param_group({-1.0, 0.0}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.set_lr(1e-3, 5); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.set_lr(-1.0); }), ErrorCode::kInvalidArgument);
+  e.set_lr(0.5);
+  EXPECT_EQ(e.lr(), 0.5);
+}
+
+}  // namespace
+}  // namespace strata::testing
