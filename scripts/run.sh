@@ -40,8 +40,9 @@ if ! "${launch[@]}" "$strata" profile "${args[@]}"; then
   echo "run.sh: the $np-process run failed; running one process instead" >&2
   "$strata" profile "${args[@]}"
 fi
-# The tuned config names this run's temporary directory: put the placeholder back.
-sed -i "s#$work/nvme#RUN_NVME_DIR#g" "$out/tuned.yaml"
+# The tuned config names this run's temporary directory: put the placeholder (and the shipped
+# config's path) back.
+sed -i "s#$work/nvme#RUN_NVME_DIR#g; s#$work/config.yaml#$config#g" "$out/tuned.yaml"
 echo "run.sh: wrote $out/profile.json and $out/tuned.yaml (tiers.nvme.paths: set RUN_NVME_DIR)" >&2
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then
   /usr/bin/python3 "$root/scripts/plot_profile.py" "$out/profile.json" -o "$out" | sed 's/^/run.sh: plot /' >&2
