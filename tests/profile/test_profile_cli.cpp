@@ -323,6 +323,22 @@ TEST(ProfileCli, BadOptionsAreBadInput) {
   EXPECT_NE(r.err.find("--write-config"), std::string::npos) << r.err;
 }
 
+// One process with world.network_bandwidth: the network leg is taken from the key (not measured
+// between threads), counted in the prediction, and the report says where it came from.
+TEST(ProfileCli, NetworkBandwidthKeyIsUsedWhenNotLaunchedAcrossProcesses) {
+  TempDir dir("strata-profile-test");
+  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
+  CliRun r = profile(cfg + " --tiny --json --set world.network_bandwidth=10GB", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = json::parse(r.out);
+  EXPECT_TRUE(j["collectives"]["points"].empty());
+  const std::string src = j["model"]["bandwidths"]["network_source"];
+  EXPECT_NE(src.find("configured: world.network_bandwidth"), std::string::npos) << src;
+  EXPECT_EQ(j["model"]["bandwidths"]["reduce_scatter_busbw_bytes_per_second"].get<double>(), 10e9);
+  // 20M fp16 parameters on 2 ranks at stage 2: 80 MB per rank, (n-1)/n of it at 10 GB/s.
+  EXPECT_NEAR(j["model"]["configured"]["network_s"].get<double>(), 80e6 * 0.5 / 10e9, 1e-9);
+}
+
 // `strata info` (ds_report's counterpart): one JSON document with the GPU status ("no NVIDIA
 // driver" when there is none, not the runtime's "driver version is insufficient"), io_uring
 // availability (a real probe: the test hook makes it fail), the memlock limit, huge pages and the

@@ -93,5 +93,39 @@ TEST(EngineTorch, AveragedGradientsMatchTorchBitwise) {
   }
 }
 
+// Loss scaling as torch AMP and DeepSpeed do it: fp16 gradients are scaled (dynamic, from
+// precision.loss_scale.initial), bf16 and fp32 are not, unless precision.loss_scale.enabled says
+// otherwise; the key takes auto, true or false and nothing else.
+TEST(EngineTorch, Bf16GradientsAreNotLossScaledByDefault) {
+  auto scale_of = [](const std::string& yaml) {
+    const Config cfg = parse_config(yaml, "<test>");
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Engine e(cfg, *comms[0]);
+    std::vector<float> init(8, 0.5f);
+    e.add_parameter("w", init);
+    e.finalize();
+    return e.loss_scale();
+  };
+  const std::string base = "model: {parameters: 8}\nzero: {stage: 0}\n";
+  EXPECT_EQ(scale_of(base + "precision: {params: bf16, grads: bf16}\n"), 1.0);
+  EXPECT_EQ(scale_of(base + "precision: {params: fp32, grads: fp32}\n"), 1.0);
+  EXPECT_EQ(scale_of(base + "precision: {params: fp16, grads: fp16}\n"), 65536.0);
+  EXPECT_EQ(scale_of(base + "precision: {params: bf16, grads: bf16, loss_scale: {enabled: true, "
+                            "initial: 1024}}\n"),
+            1024.0);
+  EXPECT_EQ(scale_of(base + "precision: {params: fp16, grads: fp16, loss_scale: {enabled: false}}\n"), 1.0);
+  EXPECT_EQ(scale_of(base + "precision: {grads: fp16, loss_scale: {enabled: auto}}\n"), 65536.0);
+  try {
+    parse_config(base + "precision: {loss_scale: {enabled: sometimes}}\n", "<test>");
+    ADD_FAILURE() << "enabled: sometimes was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("precision.loss_scale.enabled"), std::string::npos) << e.what();
+  }
+  // It survives to_yaml.
+  const Config c = parse_config(base + "precision: {loss_scale: {enabled: false}}\n", "<test>");
+  EXPECT_EQ(parse_config(to_yaml(c), "<round trip>").precision.loss_scale.enabled, LossScaling::kOff);
+}
+
 }  // namespace
 }  // namespace strata::testing
