@@ -45,7 +45,8 @@ fi
 results=$(mktemp)
 echo "bench_fio: load before: $(uptime)" >&2
 run_strata() {  # engine rw bs qd
-  "$strata" bench io --dir "$dir" --file "$file" --size "$size_bytes" --block-size "$3" \
+  # The file is the one this script laid out: --overwrite lets the write cases write into it.
+  "$strata" bench io --dir "$dir" --file "$file" --size "${size_bytes}B" --block-size "$3" --overwrite \
     --queue-depth "$4" --rw "$2" --engine "$1" --direct-io required --json |
     $py -c 'import json,sys; print(json.load(sys.stdin)["bytes_per_second"])'
 }

@@ -2,6 +2,9 @@
 # Installs the Debian 12 packages strata needs to build, test and benchmark. Idempotent and quiet
 # when everything is already there. Needs root (or sudo) only when something is missing.
 # The CUDA toolkit is not a Debian package: it is used when found (/usr/local/cuda), else skipped.
+# python3-dev, pybind11-dev and libtorch-dev build the Python package (import strata);
+# libopenblas0-serial becomes the system BLAS torch's FP32 matmuls go through (Debian's default,
+# the netlib reference BLAS, is ~5x slower; the serial build keeps results independent of threads).
 set -euo pipefail
 
 PACKAGES=(
@@ -10,7 +13,9 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3 python3-torch python3-yaml python3-matplotlib python3-numpy
+  python3-dev pybind11-dev libtorch-dev libopenblas0-serial
   fio util-linux procps
+  clang libclang-rt-14-dev
 )
 
 missing=()

@@ -1,6 +1,5 @@
 // The typed, validated configuration every layer reads. Built from YAML by load_config(); every
-// field below has the default documented in docs/config.md and configs/default.yaml, except
-// model.parameters, which the user must give.
+// field below has the default documented in docs/config.md and configs/default.yaml.
 //
 // Key names are the contract between the YAML, the CLI, the layers and the tests (DESIGN.md).
 //
@@ -38,8 +37,34 @@ const char* direct_io_name(DirectIoMode m);  // "auto" | "required" | "off"
 const char* device_name(DeviceKind k);       // "auto" | "cuda" | "host"
 const char* comm_backend_name(CommBackend b);  // "auto" | "inprocess" | "mpi" | "nccl"
 
+// The ranges the loader enforces (docs/config.md, "Ranges"). They are chosen so that everything
+// strata derives from a config fits its type: 28 B of state and traffic per parameter, times
+// kMaxRanksPerNode, stays below 2^64; the collective timeout in nanoseconds fits an int64.
+namespace limits {
+constexpr std::uint64_t kMaxParameters = 100'000'000'000'000ULL;  // 100T (also sub_group_size,
+                                                                  // reduce_bucket_size)
+constexpr std::uint32_t kMaxLayers = 1u << 20;
+constexpr std::uint32_t kMaxHiddenSize = 1u << 20;
+constexpr std::uint32_t kMaxHeads = 1u << 16;
+constexpr std::uint32_t kMaxSequenceLength = 1u << 24;
+constexpr std::uint32_t kMaxMicroBatch = 1u << 16;
+constexpr double kMaxLossScale = 4294967296.0;  // 2^32 (initial and min_scale)
+constexpr std::uint32_t kMaxRanks = 1u << 20;
+constexpr std::uint32_t kMaxRanksPerNode = 4096;
+constexpr std::uint32_t kMaxBufferCount = 4096;
+constexpr std::uint64_t kMaxBufferSize = 1ULL << 36;  // 64 GiB
+constexpr std::uint64_t kMaxBlockSize = 1ULL << 30;   // 1 GiB, as the I/O engines accept
+constexpr std::uint32_t kMaxQueueDepth = 4096;
+constexpr std::uint32_t kMaxIoThreads = 64;
+constexpr double kMinCollectiveTimeoutS = 0.001;
+constexpr double kMaxCollectiveTimeoutS = 1e6;  // 11.6 days; 1e15 ns fits an int64
+constexpr std::uint32_t kMaxCpuThreads = 1024;   // as CpuAdam accepts
+}  // namespace limits
+
 struct ModelConfig {
-  std::uint64_t parameters = 0;     // required, > 0
+  // 0 = unknown: the engine and `strata train` take sizes from the parameters they are given;
+  // `strata plan` needs it. At most limits::kMaxParameters.
+  std::uint64_t parameters = 0;
   std::uint64_t largest_layer = 0;  // 0 = unknown
   // Optional shape for the activation estimate; 0 = not given.
   std::uint32_t layers = 0;

@@ -205,9 +205,11 @@ class Engine {
   // a save leaves the previous checkpoint loadable. load_checkpoint: verifies the manifest and
   // every shard's checksums (all ranks agree before anything changes), then restores into the
   // tiers this engine's config names; resuming is bitwise identical to not stopping. The world
-  // size must equal the saved one (another world size: Error(kInvalidArgument), not supported);
-  // the stage may change within 1-3. Failures: IoError / Error(kChecksum / kInvalidArgument).
-  // Layout and format: src/zero/checkpoint.hpp, docs/offload.md.
+  // size and the stage (0-3) may differ from the saved ones: the load reshards, each rank reading
+  // only what it holds; the tensors and precision.params must match (else Error(kInvalidArgument),
+  // nothing changed). Failures: IoError / Error(kChecksum / kInvalidArgument), nothing changed,
+  // unless the files change between verification and restore (the engine then refuses to step).
+  // Layout and format: src/zero/checkpoint_format.hpp, docs/offload.md.
   void save_checkpoint(const std::string& dir);
   void load_checkpoint(const std::string& dir);
 

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -156,13 +157,23 @@ class IoEngine {
 struct IoUringProbe {
   bool ok = false;
   std::string reason;  // why not (errno text and which step), empty when ok
+  // Set when the probe file could not be created for a reason that is not io_uring's (the
+  // directory is unusable, unsafe, or refuses O_DIRECT with direct_io: required): the same
+  // failure would meet any engine, so make_io_engine() throws it instead of falling back.
+  std::exception_ptr file_error;
 };
+// Writes and reads back 4 KiB through a fresh ring, on a file created (O_EXCL, unlinked at once)
+// in `dir` opened safely (src/core/safe_fs.hpp); a `dir` that does not exist yet is probed in
+// its nearest existing ancestor, the file system it will be created on.
 IoUringProbe probe_io_uring(const IoEngineOptions& options, const std::string& dir);
 
 // Builds the engine for options.kind:
 //   kAuto      probe io_uring in `probe_dir`; on failure use threads and log_warn one line with
 //              the reason ("io_uring unavailable (<reason>); using the thread-pool engine").
 //   kIoUring   probe; on failure throw Error(kUnsupported) with the reason.
+//   (either)   a probe whose file could not be created (IoUringProbe::file_error) throws that
+//              error (IoError naming the path and errno, or Error(kInvalidArgument) for an
+//              unsafe directory): a bad directory is not reported as "io_uring unavailable".
 //   kThreads   the thread-pool engine, no probe.
 // Test hook: environment STRATA_IO_URING_FAIL=1 makes every io_uring setup (probe and ring
 // creation) fail with ENOSYS, as in a seccomp-filtered container.

@@ -1,6 +1,17 @@
 // `strata bench io`: sequential O_DIRECT throughput of an I/O engine at a given block size and
 // queue depth (pieces in flight per ring), buffers from 2 MiB-aligned huge-page memory registered
 // with the engine. Compared with fio by scripts/bench_fio.sh.
+//
+// It does no harm: the test file is created (O_EXCL, mode 0600, through the directory's fd) as
+// "--dir/.strata-bench-io-<pid>-<random>" and removed afterwards, also on SIGINT/SIGTERM
+// (strata/cleanup.hpp) and by `strata clean` after a SIGKILL. With --file it uses that file:
+// an existing one is only read, and written (or extended) only with --overwrite; one it creates
+// is removed afterwards unless --keep.
+#include <linux/magic.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -13,6 +24,8 @@
 #include <unistd.h>
 
 #include "cli/command.hpp"
+#include "core/safe_fs.hpp"
+#include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/log.hpp"
@@ -31,7 +44,52 @@ struct Options {
   std::uint32_t rings = 1;
   std::uint32_t chunks = 8;  // requests the outstanding queue_depth x rings x block_size is cut into
   std::string direct_io = "required";
+  bool overwrite = false;  // --file: allow writing into an existing file
+  bool keep = false;       // --file: keep a file that bench io created
   bool json = false;
+};
+
+// Refuses directories that are not on a disk: /proc, /sys and the like.
+void check_disk_directory(int fd, const std::string& dir) {
+  struct statfs st {};
+  if (::fstatfs(fd, &st) != 0) throw strata::IoError("statfs", dir, 0, 0, errno, "bench io --dir");
+  const char* kind = nullptr;
+  switch (static_cast<unsigned long>(st.f_type)) {
+    case PROC_SUPER_MAGIC: kind = "proc"; break;
+    case SYSFS_MAGIC: kind = "sysfs"; break;
+    case DEVPTS_SUPER_MAGIC: kind = "devpts"; break;
+    case CGROUP_SUPER_MAGIC: kind = "cgroup"; break;
+    case CGROUP2_SUPER_MAGIC: kind = "cgroup2"; break;
+    case DEBUGFS_MAGIC: kind = "debugfs"; break;
+    case SECURITYFS_MAGIC: kind = "securityfs"; break;
+    default: break;
+  }
+  if (kind)
+    strata::fail(strata::ErrorCode::kInvalidArgument,
+                 strata::strcat("bench io --dir ", dir, " is on a ", kind,
+                                " file system, not on a disk: name a directory on the device to "
+                                "measure"));
+}
+
+std::string random_hex() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+  return buf;
+}
+
+// The file bench io works on: opened through its directory's fd, removed at the end when bench
+// io created it (and on a signal meanwhile).
+struct BenchFile {
+  strata::SafeDir dir;
+  std::string name;
+  std::string path;
+  bool created = false;
+  bool remove_at_end = false;
+  strata::CleanupRegistration on_signal;
+  ~BenchFile() {
+    if (created && remove_at_end) dir.try_remove(name, false);
+  }
 };
 
 strata::IoEngineKind parse_engine(const std::string& s) {
@@ -67,24 +125,59 @@ int run(const Options& o) {
   if (size == 0 || size % bs != 0)
     fail(ErrorCode::kInvalidArgument,
          strcat("--size ", size, " must be a positive multiple of --block-size ", bs));
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.dir, ec))
-    fail(ErrorCode::kInvalidArgument, "--dir " + o.dir + " is not a directory");
+  SafeDir dir = SafeDir::open(o.dir, {.role = "bench io --dir"});
+  check_disk_directory(dir.fd(), dir.path());
 
-  auto engine = make_io_engine(eo, o.dir);
+  BenchFile bf;
   const bool temp = o.file.empty();
-  std::string path = temp ? strcat(o.dir, "/.strata-bench-io-", ::getpid()) : o.file;
-  IoFileOptions fo;
-  fo.create = true;
-  fo.exclusive = temp;
-  fo.direct_io = eo.direct_io;
-  auto file = std::make_shared<IoFile>(IoFile::open(path, fo));
-  struct Cleanup {
-    std::string path;
-    ~Cleanup() {
-      if (!path.empty()) std::filesystem::remove(path);
+  if (temp) {
+    bf.dir = std::move(dir);
+    bf.name = strcat(".strata-bench-io-", ::getpid(), "-", random_hex());
+  } else {
+    const std::string f = normalize_path(o.file);
+    const auto slash = f.rfind('/');
+    bf.name = slash == std::string::npos ? f : f.substr(slash + 1);
+    if (bf.name == "." || bf.name == ".." || bf.name.empty())
+      fail(ErrorCode::kInvalidArgument, "bench io --file " + o.file + " names a directory, not a file");
+    bf.dir = SafeDir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : f.substr(0, slash),
+                           {.role = "bench io --file"});
+  }
+  bf.path = bf.dir.child_path(bf.name);
+  struct stat existing {};
+  const bool exists = !temp && bf.dir.stat_entry(bf.name, &existing);
+  if (exists) {
+    if (!S_ISREG(existing.st_mode))
+      fail(ErrorCode::kInvalidArgument, "bench io --file " + bf.path + " is not a regular file");
+    const bool needs_write = o.rw == "write" || static_cast<std::uint64_t>(existing.st_size) < size;
+    if (needs_write && !o.overwrite) {
+      fail(ErrorCode::kInvalidArgument,
+           o.rw == "write"
+               ? strcat("bench io --file ", bf.path, " exists: --rw write would overwrite it with "
+                        "random data; pass --overwrite to allow that, or name a new file")
+               : strcat("bench io --file ", bf.path, " holds ", existing.st_size,
+                        " bytes, fewer than --size ", size, ": reading it needs writing it first; "
+                        "pass --overwrite to allow that, or lower --size"));
     }
-  } cleanup{temp ? path : std::string()};
+  }
+  if (!temp && !exists) {
+    log_info("bench io: creating ", bf.path, o.keep ? " (kept afterwards: --keep)" : " (removed afterwards)");
+  }
+
+  auto engine = make_io_engine(eo, bf.dir.path());
+  IoFileOptions fo;
+  fo.create = !exists;
+  fo.exclusive = !exists;
+  fo.read_only = exists && o.rw == "read" && !o.overwrite;
+  fo.direct_io = eo.direct_io;
+  auto file = std::make_shared<IoFile>(IoFile::open_at(bf.dir.fd(), bf.name, bf.path, fo));
+  if (!exists) {
+    bf.created = true;
+    bf.remove_at_end = temp || !o.keep;
+    bf.on_signal = CleanupRegistration(bf.dir.fd(), bf.name, false);
+    // Marks the file as in use for `strata clean` in another process.
+    if (temp) ::flock(file->fd(), LOCK_SH | LOCK_NB);
+  }
+  const std::string& path = bf.path;
   FileId id = engine->register_file(file);
 
   // Like fio, the benchmark keeps queue_depth x rings x block_size bytes outstanding in a buffer
@@ -122,9 +215,9 @@ int run(const Options& o) {
 
   if (o.rw == "read" && file->size() < size) {
     log_info("bench io: writing ", format_bytes(size, true), " to ", path, " first");
-    if (temp) file->allocate(size);
+    if (bf.created) file->allocate(size);
     pass(IoOp::kWrite);
-  } else if (o.rw == "write" && temp) {
+  } else if (o.rw == "write" && bf.created) {
     file->allocate(size);
   }
   IoStats before = engine->stats();
@@ -165,7 +258,11 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--dir", o->dir, "Directory for the test file (and the io_uring probe)")
            ->required();
        cmd.add_option("--file", o->file,
-                      "Use this file (kept afterwards) instead of a temporary one in --dir");
+                      "Use this file instead of a temporary one in --dir: an existing file is only "
+                      "read unless --overwrite; one bench io creates is removed unless --keep");
+       cmd.add_flag("--overwrite", o->overwrite,
+                    "Allow --rw write (or a read that must lay out data first) into an existing --file");
+       cmd.add_flag("--keep", o->keep, "Keep the --file that bench io created");
        cmd.add_option("--size", o->size, "Bytes to transfer (e.g. 4GiB)")->capture_default_str();
        cmd.add_option("--block-size", o->block_size, "Request size")->capture_default_str();
        cmd.add_option("--queue-depth", o->queue_depth, "Requests in flight per ring")

@@ -4,10 +4,22 @@
 // efficiency = max(t_read, t_update, t_write) / t_step (target >= 0.85), and the peak RSS at 1x
 // and 4x the model size (target ratio <= 1.10, not counting the gradients and parameters the
 // caller holds). Each size runs in a child process so that each peak RSS is its own.
+//
+// Before anything is allocated it sizes the run to the machine: the default size
+// (model.parameters / world.ranks, or 8x the pinned pool when model.parameters is not given) is
+// reduced, with a note on stderr, until the host memory (half of MemAvailable) and the disk under
+// every tiers.nvme.paths entry (90 % of the free space) hold the larger (4x) run; an explicit
+// --params that does not fit is refused up front (exit 2) with the memory and disk it needs.
+// Missing swap directories are created (SwapSpace); progress goes to stderr, one line per run.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,6 +44,108 @@ struct Options {
   bool no_scaling = false;
   bool json = false;
 };
+
+// MemAvailable from /proc/meminfo, in bytes (0 when unknown).
+std::uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  std::uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+// Free bytes on the file system that holds `path` (or would hold it: its nearest existing
+// ancestor); 0 when unknown.
+std::uint64_t free_bytes_under(const std::string& path) {
+  std::string p = path.empty() ? "." : path;
+  for (;;) {
+    struct statvfs v {};
+    if (::statvfs(p.c_str(), &v) == 0) return std::uint64_t(v.f_bavail) * v.f_frsize;
+    if (errno != ENOENT) return 0;
+    const auto slash = p.find_last_of('/', p.size() > 1 && p.back() == '/' ? p.size() - 2 : std::string::npos);
+    if (slash == std::string::npos) p = ".";
+    else p = slash == 0 ? "/" : p.substr(0, slash);
+  }
+}
+
+// What a run of `elements` needs: host memory (the caller-held gradients and parameters, the
+// initial FP32 values, the pinned pool) and swap space per path (12 B of optimizer state per
+// element, split over the paths).
+struct Needs {
+  std::uint64_t host = 0;
+  std::uint64_t disk_per_path = 0;
+};
+Needs needs_for(const Config& c, std::uint64_t elements) {
+  const std::uint64_t per_elem = 4 + dtype_size(c.precision.grads) + dtype_size(c.precision.params);
+  const std::uint64_t pool = std::uint64_t{c.tiers.host.buffer_count} * c.tiers.host.buffer_size;
+  const std::uint64_t paths = std::max<std::size_t>(1, c.tiers.nvme.paths.size());
+  Needs n;
+  n.host = elements * per_elem + pool;
+  n.disk_per_path = (elements * 12 + paths - 1) / paths + c.tiers.nvme.block_size;
+  return n;
+}
+
+// The elements to measure (see the top of this file). Throws Error(kInvalidArgument) for an
+// explicit size that does not fit, Error(kBudget) when not even a small run fits.
+std::uint64_t size_to_machine(const Config& c, const Options& o) {
+  const std::uint64_t factor = o.no_scaling ? 1 : 4;  // the 4x run is the larger one
+  const std::uint64_t mem = mem_available();
+  const std::uint64_t host_limit = mem / 2;
+  std::uint64_t disk_limit = ~std::uint64_t{0};
+  std::string disk_path;
+  for (const auto& p : c.tiers.nvme.paths) {
+    const std::uint64_t f = free_bytes_under(p) / 10 * 9;
+    if (f < disk_limit) {
+      disk_limit = f;
+      disk_path = p;
+    }
+  }
+  auto fits = [&](std::uint64_t elements) {
+    const Needs n = needs_for(c, elements * factor);
+    return (mem == 0 || n.host <= host_limit) && n.disk_per_path <= disk_limit;
+  };
+  auto describe = [&](std::uint64_t elements) {
+    const Needs n = needs_for(c, elements * factor);
+    return strcat(format_count(elements), " params", factor > 1 ? " (and a 4x run)" : "",
+                  " need ", format_bytes(n.host, true), " of host memory and ",
+                  format_bytes(n.disk_per_path, true), " of disk under ", disk_path,
+                  "; this machine has ", format_bytes(mem, true), " available (half is used at most) and ",
+                  format_bytes(disk_limit / 9 * 10, true), " free there");
+  };
+  if (!o.params.empty()) {
+    const std::uint64_t n = parse_count(o.params);
+    if (n == 0 || n > limits::kMaxParameters)
+      fail(ErrorCode::kInvalidArgument, strcat("bench step: --params ", o.params, " must be in [1, ",
+                                               format_count(limits::kMaxParameters), "]"));
+    if (!fits(n))
+      fail(ErrorCode::kInvalidArgument,
+           strcat("bench step: --params ", o.params, ": ", describe(n),
+                  o.no_scaling ? "" : "; --no-scaling skips the 4x run", "; choose a smaller --params"));
+    return n;
+  }
+  const std::uint64_t pool = std::uint64_t{c.tiers.host.buffer_count} * c.tiers.host.buffer_size;
+  const std::uint64_t wanted = c.model.parameters > 0
+                                   ? c.model.parameters / std::max(1u, c.world.ranks)
+                                   : std::max<std::uint64_t>(1, pool * 8 / 12);
+  if (fits(wanted)) return wanted;
+  // The largest size that fits, found by halving then bisecting.
+  std::uint64_t lo = 0, hi = wanted;
+  while (hi - lo > std::max<std::uint64_t>(1, wanted / 1000)) {
+    const std::uint64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  const std::uint64_t smallest = std::min<std::uint64_t>(wanted, std::max<std::uint64_t>(1, pool / 12 * 2));
+  if (lo < smallest)
+    fail(ErrorCode::kBudget, strcat("bench step: even ", format_count(smallest),
+                                    " params (twice the pinned pool) do not fit: ", describe(smallest)));
+  std::cerr << "strata: bench step: " << (c.model.parameters > 0 ? "model.parameters / world.ranks = " : "the default ")
+            << format_count(wanted) << " params would not fit (" << describe(wanted)
+            << "); measuring " << format_count(lo) << " params instead (--params to choose)\n";
+  return lo;
+}
 
 json to_json(const profile::StepBenchResult& r) {
   return {{"elements", r.elements},
@@ -71,6 +185,9 @@ json run_child(const profile::StepBenchOptions& bo) {
   if (pid < 0) throw IoError("fork", "", 0, 0, errno, "bench step");
   if (pid == 0) {
     ::close(fds[0]);
+    // If this command is killed, the child is told to end too (and removes its swap files).
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() == 1) ::_exit(1);
     json out;
     try {
       out = to_json(profile::run_step_bench(bo));
@@ -114,17 +231,30 @@ int run(const Options& o) {
   profile::StepBenchOptions bo;
   bo.config = cfg;
   bo.rounds = o.rounds;
-  bo.elements = o.params.empty() ? cfg.model.parameters / std::max(1u, cfg.world.ranks) : parse_count(o.params);
-  if (bo.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: --params must be > 0");
   if (o.rounds < 1) fail(ErrorCode::kInvalidArgument, "bench step: --rounds must be >= 1");
-  json one = run_child(bo);
+  bo.elements = size_to_machine(cfg, o);
+  auto measured = [&](const profile::StepBenchOptions& b, const char* what) {
+    const Needs n = needs_for(cfg, b.elements);
+    std::cerr << "strata: bench step: " << what << ": " << format_count(b.elements) << " params, "
+              << format_bytes(b.elements * 12, true) << " of optimizer state on NVMe under "
+              << cfg.tiers.nvme.paths.front() << (cfg.tiers.nvme.paths.size() > 1 ? " (striped)" : "")
+              << ", about " << format_bytes(n.host, true) << " of host memory, " << b.rounds
+              << " round(s)..." << std::endl;
+    const auto t0 = std::chrono::steady_clock::now();
+    json j = run_child(b);
+    std::cerr << "strata: bench step: " << what << " done in "
+              << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+              << " s" << std::endl;
+    return j;
+  };
+  json one = measured(bo, o.no_scaling ? "run 1 of 1" : "run 1 of 2");
   json four;
   if (!o.no_scaling) {
     profile::StepBenchOptions b4 = bo;
     b4.elements *= 4;
     b4.rounds = 1;
     b4.serial = false;
-    four = run_child(b4);
+    four = measured(b4, "run 2 of 2 (4x, for the peak RSS ratio)");
   }
   auto own = [](const json& j) {
     return static_cast<double>(j["peak_rss_bytes"].get<std::uint64_t>()) -
@@ -183,7 +313,9 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("CONFIG", o->config, "YAML config (tiers.*, precision.*, optimizer.*)")->required();
-       cmd.add_option("--params", o->params, "Optimizer elements of the rank (default model.parameters / world.ranks)");
+       cmd.add_option("--params", o->params,
+                      "Optimizer elements of the rank (default model.parameters / world.ranks, "
+                      "or 8x the pinned pool; reduced to what the machine holds)");
        cmd.add_option("--rounds", o->rounds, "Measured rounds (medians)")->capture_default_str();
        cmd.add_flag("--no-scaling", o->no_scaling, "Skip the 4x-size run (peak RSS ratio)");
        cmd.add_flag("--json", o->json, "Print one JSON document");

@@ -1,9 +1,14 @@
-// `strata train CONFIG [--steps N] [--ranks N] [--json]`: the example training loop. Trains a
-// two-layer MLP on synthetic regression through the ZeRO Engine (zero.stage, precision.*,
-// optimizer.* from the config) on in-process ranks (threads), or one rank per process under
-// mpirun, printing the loss as it falls.
+// `strata train CONFIG [--steps N] [--ranks N] [--checkpoint-dir DIR [--save-every N] [--resume]]
+// [--json]`: the example training loop. Trains a two-layer MLP on synthetic regression through the
+// ZeRO Engine (zero.stage, precision.*, optimizer.* from the config) on in-process ranks (threads;
+// --ranks, else world.ranks), or one rank per process under mpirun, printing the loss, the step
+// time and samples/s per step. With --checkpoint-dir it saves a checkpoint every --save-every steps
+// and after the last; --resume continues from the checkpoint in DIR (if there is one) at the step
+// it was saved after, with any world size or stage: the batches are a function of (rank, step), so
+// a run killed and resumed gives the losses of a run that never stopped (same options, same world).
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -13,6 +18,7 @@
 
 #include "cli/command.hpp"
 #include "comm/numeric.hpp"
+#include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/engine.hpp"
@@ -28,10 +34,13 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   int steps = 50;
-  int ranks = 0;  // 0: 1 in-process rank, or the MPI world under mpirun
+  int ranks = 0;  // 0 (not given): world.ranks in-process ranks, or the MPI world under mpirun
   int batch = 32;
   int hidden = 64;
-  std::uint64_t seed = 1;
+  std::int64_t seed = 1;
+  std::string checkpoint_dir;
+  int save_every = 0;  // 0: only after the last step
+  bool resume = false;
   bool json = false;
 };
 
@@ -41,18 +50,31 @@ struct StepRecord {
   double grad_norm;
   double loss_scale;
   bool applied;
+  double seconds;             // the step's wall time on rank 0 (forward, backward, step(), loss)
+  double samples_per_second;  // batch x ranks / seconds
+};
+
+struct SaveRecord {
+  int step;
+  double seconds;
 };
 
 struct RankOutcome {
   std::vector<StepRecord> steps;
+  std::vector<SaveRecord> saves;
+  int resumed_from = -1;  // the step the checkpoint was saved after; -1: not resumed
   EngineStats stats;
   std::size_t flat_size = 0;
 };
 
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
 // all ranks' batches, exchanged through the communicator).
 RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) {
-  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
+  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
   Engine engine(cfg, comm);
   std::vector<TensorId> ids;
   for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
@@ -61,9 +83,20 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   const DType gdt = engine.grad_dtype();
   RankOutcome out;
   out.flat_size = engine.partition().flat_size();
+  const bool print = comm.rank() == 0 && !o.json;
+  int first = 0;
+  if (o.resume && std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "manifest.json")) {
+    engine.load_checkpoint(o.checkpoint_dir);
+    first = static_cast<int>(std::min<std::uint64_t>(engine.stats().steps, static_cast<std::uint64_t>(o.steps)));
+    out.resumed_from = static_cast<int>(engine.stats().steps);
+    if (print) std::cout << "resumed from the checkpoint in " << o.checkpoint_dir << " after step " << out.resumed_from << std::endl;
+  } else if (o.resume && comm.rank() == 0) {
+    log_info("train: no checkpoint in ", o.checkpoint_dir, " yet; starting at step 1");
+  }
   std::vector<std::vector<float>> params(ids.size()), grads;
   std::vector<unsigned char> gbuf;
-  for (int s = 0; s < o.steps; ++s) {
+  for (int s = first; s < o.steps; ++s) {
+    const auto t_step = std::chrono::steady_clock::now();
     model.make_batch(comm.rank(), static_cast<std::uint64_t>(s), static_cast<std::size_t>(o.batch));
     // Forward, layer by layer: at stage 3 each layer is gathered only while it is used (and the
     // engine prefetches the next layer from the second step on); no-ops at stages 0-2.
@@ -95,12 +128,23 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
     StepResult r = engine.step();
     float l = static_cast<float>(loss), total = 0;
     comm.all_reduce(&l, &total, 1, DType::kFp32);
-    StepRecord rec{s + 1, total / static_cast<float>(comm.size()), r.grad_norm, r.loss_scale, r.applied};
+    const double secs = seconds_since(t_step);
+    const double samples = static_cast<double>(o.batch) * comm.size();
+    StepRecord rec{s + 1, total / static_cast<float>(comm.size()), r.grad_norm, r.loss_scale, r.applied, secs,
+                   secs > 0 ? samples / secs : 0.0};
     out.steps.push_back(rec);
-    if (comm.rank() == 0 && !o.json)
+    if (print)
       std::cout << "step " << rec.step << "  loss " << rec.loss << "  grad_norm " << rec.grad_norm
-                << "  loss_scale " << rec.loss_scale << (rec.applied ? "" : "  (skipped: overflow)")
-                << std::endl;
+                << "  loss_scale " << rec.loss_scale << "  time " << rec.seconds * 1e3 << " ms  samples/s "
+                << rec.samples_per_second << (rec.applied ? "" : "  (skipped: overflow)") << std::endl;
+    if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+      const auto t_save = std::chrono::steady_clock::now();
+      engine.save_checkpoint(o.checkpoint_dir);
+      out.saves.push_back({s + 1, seconds_since(t_save)});
+      if (print)
+        std::cout << "saved checkpoint after step " << s + 1 << " in " << o.checkpoint_dir << " ("
+                  << out.saves.back().seconds * 1e3 << " ms)" << std::endl;
+    }
   }
   out.stats = engine.stats();
   return out;
@@ -110,6 +154,17 @@ int run(const Options& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (o.steps < 1) fail(ErrorCode::kInvalidArgument, "--steps must be >= 1");
   if (o.batch < 1 || o.hidden < 1) fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
+  if (o.seed < 0) fail(ErrorCode::kInvalidArgument, strcat("--seed ", o.seed, " must be >= 0"));
+  if (o.ranks < 0) fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " must be >= 1"));
+  if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
+    fail(ErrorCode::kInvalidArgument, "--save-every and --resume need --checkpoint-dir");
+  if (o.save_every < 0) fail(ErrorCode::kInvalidArgument, "--save-every must be >= 1");
+  if (!o.checkpoint_dir.empty()) {  // an unusable directory fails now, not after the first steps
+    SafeDirOptions d;
+    d.create = true;
+    d.role = "--checkpoint-dir";
+    SafeDir::open(o.checkpoint_dir, d);
+  }
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
   if (cfg.runtime.communicator == CommBackend::kNccl)
@@ -125,13 +180,17 @@ int run(const Options& o) {
     world = comm->size();
     if (o.ranks && o.ranks != world)
       fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " but mpirun started ", world, " ranks"));
+    if (!o.ranks && cfg.world.ranks != 1 && static_cast<int>(cfg.world.ranks) != world && comm->rank() == 0)
+      log_warn("train: world.ranks is ", cfg.world.ranks, " but mpirun started ", world, " ranks; using ", world);
     backend = comm->backend_name();
     log_debug("train: MPI rank ", comm->rank(), " of ", world);
     outcome = train_rank(cfg, *comm, o);
     if (comm->rank() != 0) return 0;  // rank 0 reports
   } else {
-    world = o.ranks ? o.ranks : 1;
-    if (world < 1 || world > 256) fail(ErrorCode::kInvalidArgument, "--ranks must be in 1..256");
+    world = o.ranks ? o.ranks : static_cast<int>(std::min<std::uint32_t>(cfg.world.ranks, 100000));
+    if (world < 1 || world > 256)
+      fail(ErrorCode::kInvalidArgument, strcat(o.ranks ? "--ranks " : "world.ranks ", world,
+                                               ": strata train runs 1..256 in-process ranks (use mpirun for more)"));
     if (cfg.runtime.cpu_threads == 0)
       cfg.runtime.cpu_threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
     auto comms = make_inprocess_communicators(world, timeout);
@@ -153,8 +212,10 @@ int run(const Options& o) {
   }
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& st = outcome.stats;
-  const double first = outcome.steps.front().loss, last = outcome.steps.back().loss;
-  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, o.seed);
+  const bool trained = !outcome.steps.empty();
+  const double first = trained ? outcome.steps.front().loss : 0.0, last = trained ? outcome.steps.back().loss : 0.0;
+  const int ran = static_cast<int>(outcome.steps.size());
+  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
   const double params = static_cast<double>(shape_only.parameters());
   if (o.json) {
     nlohmann::json j;
@@ -164,29 +225,43 @@ int run(const Options& o) {
     j["params"] = shape_only.parameters();
     j["padded_params"] = outcome.flat_size;
     j["precision"] = {{"params", dtype_name(cfg.precision.params)}, {"grads", dtype_name(cfg.precision.grads)}};
-    j["initial_loss"] = first;
-    j["final_loss"] = last;
+    j["initial_loss"] = trained ? nlohmann::json(first) : nlohmann::json();
+    j["final_loss"] = trained ? nlohmann::json(last) : nlohmann::json();
     j["skipped_steps"] = st.skipped_steps;
     j["loss_scale"] = st.loss_scale;
     auto& steps = j["steps"] = nlohmann::json::array();
     for (auto& s : outcome.steps)
       steps.push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm},
-                       {"loss_scale", s.loss_scale}, {"applied", s.applied}});
+                       {"loss_scale", s.loss_scale}, {"applied", s.applied}, {"seconds", s.seconds},
+                       {"samples_per_second", s.samples_per_second}});
+    if (!o.checkpoint_dir.empty()) {
+      nlohmann::json c;
+      c["dir"] = o.checkpoint_dir;
+      c["resumed_from_step"] = outcome.resumed_from >= 0 ? nlohmann::json(outcome.resumed_from) : nlohmann::json();
+      auto& saves = c["saves"] = nlohmann::json::array();
+      for (auto& v : outcome.saves) saves.push_back({{"step", v.step}, {"seconds", v.seconds}});
+      j["checkpoint"] = c;
+    }
     nlohmann::json bytes;
     for (std::size_t k = 0; k < kCollectiveKinds; ++k)
       bytes[collective_name(static_cast<CollectiveKind>(k))] = st.comm.bytes_sent[k];
     j["rank0_bytes_sent"] = bytes;
     j["seconds"] = {{"wall", wall}, {"step", st.step_s}, {"reduce", st.reduce_s}, {"norm", st.norm_s},
                     {"optimizer", st.optimizer_s}, {"gather", st.gather_s}};
-    j["params_per_second"] = wall > 0 ? params * o.steps / wall : 0.0;
+    j["params_per_second"] = wall > 0 ? params * ran / wall : 0.0;
+    j["samples_per_second"] = wall > 0 ? static_cast<double>(o.batch) * world * ran / wall : 0.0;
     std::cout << j.dump(2) << "\n";
+  } else if (!trained) {
+    std::cout << "nothing to train: the checkpoint in " << o.checkpoint_dir << " is already at step "
+              << outcome.resumed_from << " (--steps " << o.steps << ")\n";
   } else {
     std::cout << "trained " << static_cast<std::size_t>(params) << " parameters, ZeRO stage "
               << cfg.zero.stage << ", " << world << " " << backend << " rank(s), "
               << dtype_name(cfg.precision.params) << " params / " << dtype_name(cfg.precision.grads)
-              << " grads: loss " << first << " -> " << last << " in " << o.steps << " steps ("
-              << st.skipped_steps << " skipped), rank 0 sent " << st.comm.total_bytes_sent()
-              << " bytes, " << wall << " s\n";
+              << " grads: loss " << first << " -> " << last << " in steps " << outcome.steps.front().step
+              << ".." << outcome.steps.back().step << " (" << st.skipped_steps << " skipped in all), rank 0 sent "
+              << st.comm.total_bytes_sent() << " bytes, " << wall << " s, "
+              << static_cast<double>(o.batch) * world * ran / wall << " samples/s\n";
   }
   return 0;
 }
@@ -196,12 +271,24 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("config", o->config, "YAML configuration")->required();
-       cmd.add_option("--steps", o->steps, "Training steps")->capture_default_str();
+       cmd.add_option("--steps", o->steps, "Training steps in all (a resumed run continues up to this step)")
+           ->capture_default_str()
+           ->check(CLI::PositiveNumber);
        cmd.add_option("--ranks", o->ranks,
-                      "In-process ranks (threads); under mpirun the MPI world size is used");
+                      "In-process ranks (threads), 1..256; default world.ranks; under mpirun the MPI world size")
+           ->check(CLI::Range(1, 256));
        cmd.add_option("--batch", o->batch, "Samples per rank and step")->capture_default_str();
        cmd.add_option("--hidden", o->hidden, "Hidden units of the MLP")->capture_default_str();
-       cmd.add_option("--seed", o->seed, "Model and data seed")->capture_default_str();
+       cmd.add_option("--seed", o->seed, "Model and data seed (>= 0)")
+           ->capture_default_str()
+           ->check(CLI::NonNegativeNumber);
+       cmd.add_option("--checkpoint-dir", o->checkpoint_dir,
+                      "Save checkpoints here (after every --save-every steps and after the last step)");
+       cmd.add_option("--save-every", o->save_every, "Steps between checkpoints (default: only after the last)")
+           ->check(CLI::PositiveNumber);
+       cmd.add_flag("--resume", o->resume,
+                    "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
+                    "stage; the same model options)");
        cmd.add_flag("--json", o->json, "Print one JSON document");
        strata::cli::add_set_option(cmd, o->overrides);
        return [o]() -> int { return run(*o); };

@@ -1,3 +1,7 @@
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -5,6 +9,7 @@
 
 #include "cli/command.hpp"
 #include "strata/build_info.hpp"
+#include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
@@ -28,10 +33,38 @@ void add_set_option(CLI::App& cmd, std::vector<std::string>& overrides) {
       ->allow_extra_args(false);
 }
 
+namespace {
+
+// SIGTERM, SIGINT, SIGHUP: remove the files registered with strata/cleanup.hpp (swap files,
+// benchmark files), then end the way the signal would have (status 128 + signal).
+extern "C" void on_terminating_signal(int sig) {
+  run_signal_cleanup();
+  ::signal(sig, SIG_DFL);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  ::raise(sig);
+}
+
+void install_cleanup_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_terminating_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&sa.sa_mask, sig);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction old {};
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;  // nohup, &
+    sigaction(sig, &sa, nullptr);
+  }
+}
+
+}  // namespace
 }  // namespace strata::cli
 
 int main(int argc, char** argv) {
   using namespace strata;
+  cli::install_cleanup_handlers();
   CLI::App app{"strata: tiered ZeRO training state across GPU, pinned host memory and NVMe"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("strata ") + build::kVersion +
@@ -74,6 +107,23 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // An unknown command reads better than CLI11's "A subcommand is required".
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a.empty() || a[0] == '-') {
+        if (a == "--log-level") ++i;
+        continue;
+      }
+      const auto subs = app.get_subcommands([](CLI::App*) { return true; });
+      if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* sub) { return sub->check_name(a); })) {
+        std::string names;
+        for (const auto* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
+        std::cerr << "strata: error: unknown command '" << a << "' (commands: " << names
+                  << "; see --help)\n";
+        return 2;
+      }
+      break;
+    }
     app.exit(e);
     return 2;
   }

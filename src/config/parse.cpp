@@ -1,5 +1,9 @@
 // YAML (+ --set overrides) -> validated Config. Every failure is a ConfigError naming
 // FILE:LINE:COL (1-based) or "--set key=value", the key path, and what is wrong.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
@@ -24,6 +28,8 @@ namespace strata {
 namespace {
 
 using config_detail::closest;
+
+constexpr std::size_t kMaxConfigBytes = 1 << 20;  // a config file or text is at most 1 MiB
 using config_detail::schema_root;
 using config_detail::SchemaNode;
 
@@ -57,6 +63,9 @@ const char* kind_name(const YAML::Node& n) {
   }
   return "?";
 }
+
+YAML::Node load_single_document(std::string_view yaml, const std::string& source,
+                                const std::string& key);
 
 // Reads one YAML tree into a Config; knows where every key came from.
 class Reader {
@@ -126,11 +135,11 @@ class Reader {
     }
     YAML::Node value;
     try {
-      value = YAML::Load(value_text);
-    } catch (const YAML::Exception& e) {
-      throw ConfigError(where, 0, 0, path, "the value is not valid YAML: " + e.msg);
+      value = load_single_document(value_text, where, path);
+    } catch (const ConfigError& e) {
+      throw ConfigError(where, 0, 0, path, "the value is not valid YAML: " + e.detail());
     }
-    if (value.IsNull())
+    if (!value.IsDefined() || value.IsNull())
       throw ConfigError(where, 0, 0, path, "no value given after '='");
     YAML::Node cur;
     cur.reset(root);
@@ -256,6 +265,24 @@ class Reader {
     return v;
   }
 
+  // A number in [lo, hi] (lo excluded when lo_open, hi excluded when hi_open).
+  double number_in(const YAML::Node& n, const std::string& path, double lo, double hi,
+                   bool lo_open = false, bool hi_open = false) {
+    const double v = number(n, path);
+    const bool low = lo_open ? !(v > lo) : !(v >= lo);
+    const bool high = hi_open ? !(v < hi) : !(v <= hi);
+    if (low || high) {
+      auto fmt = [](double x) {
+        std::ostringstream os;
+        os << x;
+        return os.str();
+      };
+      error(path, "'" + n.Scalar() + "' is out of range: must be in " + (lo_open ? "(" : "[") +
+                      fmt(lo) + ", " + fmt(hi) + (hi_open ? ")" : "]"));
+    }
+    return v;
+  }
+
   bool boolean(const YAML::Node& n, const std::string& path) {
     const std::string& s = scalar(n, path, "true or false");
     if (s == "true" || s == "True" || s == "TRUE" || s == "yes" || s == "on") return true;
@@ -323,7 +350,19 @@ const std::vector<std::pair<std::string, DType>> kDTypes = {
 const std::vector<std::pair<std::string, Tier>> kTiers = {
     {"gpu", Tier::kGpu}, {"cpu", Tier::kCpu}, {"host", Tier::kCpu}, {"nvme", Tier::kNvme}};
 constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
-constexpr std::uint64_t kU64 = std::numeric_limits<std::uint64_t>::max();
+using limits::kMaxParameters;
+constexpr std::uint64_t kMaxLayers = limits::kMaxLayers;
+constexpr std::uint64_t kMaxHidden = limits::kMaxHiddenSize;
+constexpr std::uint64_t kMaxHeads = limits::kMaxHeads;
+constexpr std::uint64_t kMaxSequence = limits::kMaxSequenceLength;
+constexpr std::uint64_t kMaxMicroBatch = limits::kMaxMicroBatch;
+using limits::kMaxLossScale;
+constexpr std::uint64_t kMaxRanks = limits::kMaxRanks;
+using limits::kMaxBufferSize;
+using limits::kMaxBlockSize;
+using limits::kMinCollectiveTimeoutS;
+using limits::kMaxCollectiveTimeoutS;
+constexpr std::uint64_t kMaxCpuThreads = limits::kMaxCpuThreads;
 
 void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t) {
   if (!n.IsDefined() || n.IsNull()) return;
@@ -347,17 +386,18 @@ Config Reader::read(const YAML::Node& root) {
 
   const YAML::Node model = child(root, "model");
   with(model, "model", "parameters",
-       [&](auto& v, auto& p) { c.model.parameters = count(v, p, 1, kU64); });
+       [&](auto& v, auto& p) { c.model.parameters = count(v, p, 0, kMaxParameters); });
   with(model, "model", "largest_layer",
-       [&](auto& v, auto& p) { c.model.largest_layer = count(v, p, 0, kU64); });
-  with(model, "model", "layers", [&](auto& v, auto& p) { c.model.layers = integer(v, p, 0, kU32); });
+       [&](auto& v, auto& p) { c.model.largest_layer = count(v, p, 0, kMaxParameters); });
+  with(model, "model", "layers",
+       [&](auto& v, auto& p) { c.model.layers = integer(v, p, 0, kMaxLayers); });
   with(model, "model", "hidden_size",
-       [&](auto& v, auto& p) { c.model.hidden_size = integer(v, p, 0, kU32); });
-  with(model, "model", "heads", [&](auto& v, auto& p) { c.model.heads = integer(v, p, 0, kU32); });
+       [&](auto& v, auto& p) { c.model.hidden_size = integer(v, p, 0, kMaxHidden); });
+  with(model, "model", "heads", [&](auto& v, auto& p) { c.model.heads = integer(v, p, 0, kMaxHeads); });
   with(model, "model", "sequence_length",
-       [&](auto& v, auto& p) { c.model.sequence_length = integer(v, p, 0, kU32); });
+       [&](auto& v, auto& p) { c.model.sequence_length = integer(v, p, 0, kMaxSequence); });
   with(model, "model", "micro_batch",
-       [&](auto& v, auto& p) { c.model.micro_batch = integer(v, p, 1, kU32); });
+       [&](auto& v, auto& p) { c.model.micro_batch = integer(v, p, 1, kMaxMicroBatch); });
 
   const YAML::Node prec = child(root, "precision");
   with(prec, "precision", "params", [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
@@ -370,34 +410,23 @@ Config Reader::read(const YAML::Node& root) {
     else L.enabled = boolean(v, p) ? LossScaling::kOn : LossScaling::kOff;
   });
   with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
-  with(ls, lsp, "initial", [&](auto& v, auto& p) {
-    L.initial = number(v, p);
-    if (L.initial <= 0) error(p, "must be > 0");
-  });
-  with(ls, lsp, "growth_factor", [&](auto& v, auto& p) {
-    L.growth_factor = number(v, p);
-    if (L.growth_factor <= 1) error(p, "must be > 1");
-  });
-  with(ls, lsp, "backoff_factor", [&](auto& v, auto& p) {
-    L.backoff_factor = number(v, p);
-    if (L.backoff_factor <= 0 || L.backoff_factor >= 1) error(p, "must be in (0, 1)");
-  });
+  with(ls, lsp, "initial",
+       [&](auto& v, auto& p) { L.initial = number_in(v, p, 0, kMaxLossScale, true); });
+  with(ls, lsp, "growth_factor",
+       [&](auto& v, auto& p) { L.growth_factor = number_in(v, p, 1, 1024, true); });
+  with(ls, lsp, "backoff_factor",
+       [&](auto& v, auto& p) { L.backoff_factor = number_in(v, p, 0, 1, true, true); });
   with(ls, lsp, "growth_interval",
        [&](auto& v, auto& p) { L.growth_interval = integer(v, p, 1, kU32); });
-  with(ls, lsp, "min_scale", [&](auto& v, auto& p) {
-    L.min_scale = number(v, p);
-    if (L.min_scale <= 0) error(p, "must be > 0");
-  });
+  with(ls, lsp, "min_scale",
+       [&](auto& v, auto& p) { L.min_scale = number_in(v, p, 0, kMaxLossScale, true); });
 
   const YAML::Node opt = child(root, "optimizer");
   auto& O = c.optimizer;
   with(opt, "optimizer", "type", [&](auto& v, auto& p) {
     O.type = choice<OptimizerType>(v, p, {{"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}});
   });
-  with(opt, "optimizer", "lr", [&](auto& v, auto& p) {
-    O.lr = number(v, p);
-    if (O.lr < 0) error(p, "must be >= 0");
-  });
+  with(opt, "optimizer", "lr", [&](auto& v, auto& p) { O.lr = number_in(v, p, 0, 1e3); });
   with(opt, "optimizer", "betas", [&](auto& v, auto& p) {
     if (!v.IsSequence() || v.size() != 2)
       error(p, std::string("expected a list of two numbers [beta1, beta2], got ") + kind_name(v));
@@ -406,18 +435,11 @@ Config Reader::read(const YAML::Node& root) {
     if (O.beta1 < 0 || O.beta1 >= 1 || O.beta2 < 0 || O.beta2 >= 1)
       error(p, "each beta must be in [0, 1)");
   });
-  with(opt, "optimizer", "eps", [&](auto& v, auto& p) {
-    O.eps = number(v, p);
-    if (O.eps <= 0) error(p, "must be > 0");
-  });
-  with(opt, "optimizer", "weight_decay", [&](auto& v, auto& p) {
-    O.weight_decay = number(v, p);
-    if (O.weight_decay < 0) error(p, "must be >= 0");
-  });
-  with(opt, "optimizer", "grad_clip", [&](auto& v, auto& p) {
-    O.grad_clip = number(v, p);
-    if (O.grad_clip < 0) error(p, "must be >= 0 (0 = no clipping)");
-  });
+  with(opt, "optimizer", "eps", [&](auto& v, auto& p) { O.eps = number_in(v, p, 0, 1, true); });
+  with(opt, "optimizer", "weight_decay",
+       [&](auto& v, auto& p) { O.weight_decay = number_in(v, p, 0, 1e3); });
+  with(opt, "optimizer", "grad_clip",
+       [&](auto& v, auto& p) { O.grad_clip = number_in(v, p, 0, 1e30); });
   with(opt, "optimizer", "update", [&](auto& v, auto& p) {
     O.update = choice<OptimizerUpdate>(v, p, {{"cpu", OptimizerUpdate::kCpu}, {"device", OptimizerUpdate::kDevice}});
   });
@@ -426,19 +448,21 @@ Config Reader::read(const YAML::Node& root) {
   with(world, "world", "ranks", [&](auto& v, auto& p) {
     const std::string& s = scalar(v, p, "a count");
     if (!s.empty() && s[0] == '-') error(p, "'" + s + "' is out of range: world.ranks must be >= 1");
-    c.world.ranks = integer(v, p, 1, 1u << 20);
+    c.world.ranks = integer(v, p, 1, kMaxRanks);
   });
   with(world, "world", "ranks_per_node",
-       [&](auto& v, auto& p) { c.world.ranks_per_node = integer(v, p, 0, 1u << 20); });
+       [&](auto& v, auto& p) {
+         c.world.ranks_per_node = integer(v, p, 0, limits::kMaxRanksPerNode);
+       });
   with(world, "world", "network_bandwidth",
        [&](auto& v, auto& p) { c.world.network_bandwidth = bytes(v, p, 0); });
 
   const YAML::Node zero = child(root, "zero");
   with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });
   with(zero, "zero", "sub_group_size",
-       [&](auto& v, auto& p) { c.zero.sub_group_size = count(v, p, 1, kU64); });
+       [&](auto& v, auto& p) { c.zero.sub_group_size = count(v, p, 1, kMaxParameters); });
   with(zero, "zero", "reduce_bucket_size",
-       [&](auto& v, auto& p) { c.zero.reduce_bucket_size = count(v, p, 1, kU64); });
+       [&](auto& v, auto& p) { c.zero.reduce_bucket_size = count(v, p, 1, kMaxParameters); });
 
   const YAML::Node off = child(root, "offload");
   if (off.IsMap()) {
@@ -457,9 +481,9 @@ Config Reader::read(const YAML::Node& root) {
   with(host, "tiers.host", "pinned_budget",
        [&](auto& v, auto& p) { T.host.pinned_budget = bytes(v, p, 0); });
   with(host, "tiers.host", "buffer_count",
-       [&](auto& v, auto& p) { T.host.buffer_count = integer(v, p, 1, 4096); });
+       [&](auto& v, auto& p) { T.host.buffer_count = integer(v, p, 1, limits::kMaxBufferCount); });
   with(host, "tiers.host", "buffer_size", [&](auto& v, auto& p) {
-    T.host.buffer_size = bytes(v, p, 4096);
+    T.host.buffer_size = bytes(v, p, 4096, kMaxBufferSize);
     if (T.host.buffer_size % 4096 != 0)
       error(p, "'" + v.Scalar() + "' (" + std::to_string(T.host.buffer_size) +
                    " bytes) is not a multiple of 4096");
@@ -471,15 +495,15 @@ Config Reader::read(const YAML::Node& root) {
                {"threads", IoEngineKind::kThreads}});
   });
   with(nvme, "tiers.nvme", "block_size", [&](auto& v, auto& p) {
-    T.nvme.block_size = bytes(v, p, 4096);
+    T.nvme.block_size = bytes(v, p, 4096, kMaxBlockSize);
     if (T.nvme.block_size % 4096 != 0)
       error(p, "'" + v.Scalar() + "' (" + std::to_string(T.nvme.block_size) +
                    " bytes) is not a multiple of 4096");
   });
   with(nvme, "tiers.nvme", "queue_depth",
-       [&](auto& v, auto& p) { T.nvme.queue_depth = integer(v, p, 1, 4096); });
+       [&](auto& v, auto& p) { T.nvme.queue_depth = integer(v, p, 1, limits::kMaxQueueDepth); });
   with(nvme, "tiers.nvme", "io_threads",
-       [&](auto& v, auto& p) { T.nvme.io_threads = integer(v, p, 1, 64); });
+       [&](auto& v, auto& p) { T.nvme.io_threads = integer(v, p, 1, limits::kMaxIoThreads); });
   with(nvme, "tiers.nvme", "direct_io", [&](auto& v, auto& p) {
     T.nvme.direct_io = choice<DirectIoMode>(
         v, p, {{"auto", DirectIoMode::kAuto}, {"required", DirectIoMode::kRequired},
@@ -500,22 +524,23 @@ Config Reader::read(const YAML::Node& root) {
                {"mpi", CommBackend::kMpi}, {"nccl", CommBackend::kNccl}});
   });
   with(rt, "runtime", "collective_timeout_s", [&](auto& v, auto& p) {
-    c.runtime.collective_timeout_s = number(v, p);
-    if (c.runtime.collective_timeout_s <= 0) error(p, "must be > 0 seconds");
+    c.runtime.collective_timeout_s =
+        number_in(v, p, kMinCollectiveTimeoutS, kMaxCollectiveTimeoutS);
   });
   with(rt, "runtime", "cpu_threads",
-       [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, 4096); });
+       [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, kMaxCpuThreads); });
 
   validate(c);
   return c;
 }
 
 void Reader::validate(const Config& c) {
-  if (c.model.parameters == 0)
-    error("model.parameters",
-          "required: the number of model parameters, e.g. `parameters: 7.5B` under `model:`");
-  if (c.model.largest_layer > c.model.parameters)
+  if (c.model.parameters != 0 && c.model.largest_layer > c.model.parameters)
     error("model.largest_layer", "is larger than model.parameters");
+  if (c.model.hidden_size && c.model.heads > c.model.hidden_size)
+    error("model.heads", "model.heads (" + std::to_string(c.model.heads) +
+                             ") must be <= model.hidden_size (" +
+                             std::to_string(c.model.hidden_size) + ")");
   if (c.model.hidden_size && c.model.heads && c.model.hidden_size % c.model.heads != 0)
     error("model.heads", "model.hidden_size (" + std::to_string(c.model.hidden_size) +
                              ") must be a multiple of model.heads (" +
@@ -557,25 +582,98 @@ void Reader::validate(const Config& c) {
   }
 }
 
-YAML::Node load_document(std::string_view yaml, const std::string& source) {
-  std::vector<YAML::Node> docs;
+// Records the first event of one YAML document (yaml-cpp's event interface).
+class FirstEvent : public YAML::EventHandler {
+ public:
+  bool any = false;
+  bool lone_null = false;  // the document is one null and nothing else
+  YAML::Mark mark;
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t) override { note(m, true); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { note(m, false); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override {
+    note(m, false);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    note(m, false);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    note(m, false);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void note(const YAML::Mark& m, bool is_null) {
+    if (!any) {
+      any = true;
+      mark = m;
+      lone_null = is_null;
+    } else {
+      lone_null = false;
+    }
+  }
+};
+
+[[noreturn]] void throw_at(const std::string& source, const YAML::Mark& m, const std::string& key,
+                           const std::string& message) {
+  throw ConfigError(source, m.line >= 0 ? m.line + 1 : 0, m.column >= 0 ? m.column + 1 : 0, key,
+                    message);
+}
+
+// Parses YAML text that must hold at most one document, without yaml-cpp's LoadAll: LoadAll
+// loops forever, allocating, on a flow indicator (',', ']' or '}') outside a flow collection,
+// e.g. "," or "{a: 1},": yaml-cpp's document parser returns a null document without consuming the
+// token, so the "next" document is the same one again. Here the stream is walked with a counting
+// event handler for at most two documents (the second one, if any, is an error: a stray
+// indicator or a second document), and only then is the first document built with YAML::Load.
+// Returns a null node for an empty stream. Throws ConfigError at the offending position.
+YAML::Node load_single_document(std::string_view yaml, const std::string& source,
+                                const std::string& key) {
+  if (yaml.size() > kMaxConfigBytes)
+    throw ConfigError(source, 0, 0, key,
+                      strcat("the YAML text is ", yaml.size(), " bytes; a config is at most ",
+                             kMaxConfigBytes, " bytes (1 MiB)"));
+  const std::string text(yaml);
+  auto stray = [&](const FirstEvent& ev) -> char {
+    if (!ev.lone_null || ev.mark.pos < 0 || static_cast<std::size_t>(ev.mark.pos) >= text.size())
+      return 0;
+    const char c = text[static_cast<std::size_t>(ev.mark.pos)];
+    return (c == ',' || c == ']' || c == '}') ? c : 0;
+  };
   try {
-    docs = YAML::LoadAll(std::string(yaml));
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    FirstEvent first;
+    if (!parser.HandleNextDocument(first)) return YAML::Node();  // empty stream
+    if (char c = stray(first))
+      throw_at(source, first.mark, key,
+               strcat("YAML syntax error: unexpected '", c,
+                      "' outside a flow collection ([...] or {...})"));
+    FirstEvent second;
+    if (parser.HandleNextDocument(second)) {
+      if (char c = stray(second))
+        throw_at(source, second.mark, key,
+                 strcat("YAML syntax error: unexpected '", c,
+                        "' after the end of the document (a trailing comma or bracket?)"));
+      throw_at(source, second.mark, key, "more than one YAML document; a config is one mapping");
+    }
+    return YAML::Load(text);
   } catch (const YAML::ParserException& e) {
-    throw ConfigError(source, e.mark.line >= 0 ? e.mark.line + 1 : 0,
-                      e.mark.column >= 0 ? e.mark.column + 1 : 0, "",
-                      "YAML syntax error: " + e.msg);
+    throw_at(source, e.mark, key, "YAML syntax error: " + e.msg);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(source, 0, 0, "", std::string("YAML error: ") + e.what());
+    throw ConfigError(source, 0, 0, key, std::string("YAML error: ") + e.what());
   }
-  if (docs.empty() || (docs.size() == 1 && docs[0].IsNull()))
-    throw ConfigError(source, 0, 0, "", "the config is empty: it needs at least model.parameters");
-  if (docs.size() > 1) {
-    auto m = docs[1].Mark();
-    throw ConfigError(source, m.line >= 0 ? m.line + 1 : 0, m.column >= 0 ? m.column + 1 : 0, "",
-                      "more than one YAML document; a config is one mapping");
-  }
-  const YAML::Node& root = docs[0];
+}
+
+YAML::Node load_document(std::string_view yaml, const std::string& source) {
+  YAML::Node root = load_single_document(yaml, source, "");
+  if (!root.IsDefined() || root.IsNull())
+    throw ConfigError(source, 0, 0, "", "the config is empty: give at least one section, e.g. "
+                                        "`model: {parameters: 7.5B}`");
   if (!root.IsMap()) {
     auto m = root.Mark();
     throw ConfigError(source, m.line >= 0 ? m.line + 1 : 1, m.column >= 0 ? m.column + 1 : 1, "",
@@ -599,23 +697,54 @@ Config parse_config(std::string_view yaml, const std::string& source_name,
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::error_code ec;
   if (path.empty()) throw ConfigError("", 0, 0, "", "no config file given");
-  auto status = std::filesystem::status(path, ec);
-  if (ec || !std::filesystem::exists(status))
-    throw ConfigError(path, 0, 0, "", "cannot read the config: no such file");
-  if (std::filesystem::is_directory(status))
-    throw ConfigError(path, 0, 0, "", "cannot read the config: it is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    int err = errno;
-    throw ConfigError(path, 0, 0, "",
-                      std::string("cannot read the config: ") + std::strerror(err ? err : EACCES));
+  auto cannot = [&](const std::string& why) {
+    return ConfigError(path, 0, 0, "", "cannot read the config: " + why);
+  };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below.
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    const int err = errno;
+    throw cannot(err == ENOENT ? std::string("no such file") : std::strerror(err));
   }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw ConfigError(path, 0, 0, "", "cannot read the config: read failed");
-  return parse_config(ss.str(), path, overrides);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw cannot(std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) throw cannot("it is a directory");
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
+                       : S_ISCHR(st.st_mode) ? "a character device"
+                       : S_ISBLK(st.st_mode) ? "a block device"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                                              : "not a regular file";
+    throw cannot(strcat("it is ", kind, "; a config must be a regular file"));
+  }
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxConfigBytes)
+    throw cannot(strcat("it is ", st.st_size, " bytes; a config is at most ", kMaxConfigBytes,
+                        " bytes (1 MiB)"));
+  // Read at most one byte past the cap, whatever the size said (the file may grow meanwhile).
+  std::string text;
+  text.resize(kMaxConfigBytes + 1);
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw cannot(std::strerror(errno));
+    }
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got > kMaxConfigBytes)
+    throw cannot(strcat("it is more than ", kMaxConfigBytes, " bytes; a config is at most 1 MiB"));
+  text.resize(got);
+  return parse_config(text, path, overrides);
 }
 
 }  // namespace strata

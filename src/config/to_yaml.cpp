@@ -1,10 +1,10 @@
 // Config -> YAML text that parse_config() reads back to an equal Config (every key written).
-#include <yaml-cpp/yaml.h>
-
 #include <charconv>
+#include <cstdio>
 #include <sstream>
 
 #include "strata/config.hpp"
+#include "strata/units.hpp"
 
 namespace strata {
 namespace {
@@ -18,11 +18,34 @@ std::string num(double v) {
 
 std::string boolean(bool b) { return b ? "true" : "false"; }
 
+// A double-quoted YAML scalar that load_config() reads back byte for byte: '"' and '\\' and
+// control characters are escaped; bytes >= 0x80 are written as they are, so UTF-8 stays readable
+// and a path that is not valid UTF-8 (Linux allows any byte but '/' and NUL) is not turned into
+// U+FFFD, which yaml-cpp's emitter would do. (yaml-cpp passes such bytes through unchanged;
+// "\xNN" would mean the code point U+00NN, two bytes in UTF-8.)
 std::string quoted(const std::string& s) {
-  YAML::Emitter e;
-  e << YAML::DoubleQuoted << s;
-  return e.c_str();
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\x%02x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  out += '"';
+  return out;
 }
+
+std::string bytes_text(std::uint64_t bytes) { return format_bytes_exact(bytes); }
 
 void target(std::ostringstream& o, const char* name, const OffloadTarget& t) {
   o << "  " << name << ": {tier: " << tier_name(t.tier) << ", fraction: " << num(t.fraction)
@@ -77,25 +100,25 @@ std::string to_yaml(const Config& c) {
   const auto& t = c.tiers;
   o << "tiers:\n"
     << "  gpu:\n"
-    << "    budget: " << t.gpu.budget << "\n"
+    << "    budget: " << bytes_text(t.gpu.budget) << "\n"
     << "  host:\n"
-    << "    budget: " << t.host.budget << "\n"
-    << "    pinned_budget: " << t.host.pinned_budget << "\n"
+    << "    budget: " << bytes_text(t.host.budget) << "\n"
+    << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"
     << "    buffer_count: " << t.host.buffer_count << "\n"
-    << "    buffer_size: " << t.host.buffer_size << "\n"
+    << "    buffer_size: " << bytes_text(t.host.buffer_size) << "\n"
     << "  nvme:\n"
     << "    paths: [";
   for (std::size_t i = 0; i < t.nvme.paths.size(); ++i)
     o << (i ? ", " : "") << quoted(t.nvme.paths[i]);
   o << "]\n"
     << "    engine: " << io_engine_name(t.nvme.engine) << "\n"
-    << "    block_size: " << t.nvme.block_size << "\n"
+    << "    block_size: " << bytes_text(t.nvme.block_size) << "\n"
     << "    queue_depth: " << t.nvme.queue_depth << "\n"
     << "    io_threads: " << t.nvme.io_threads << "\n"
     << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
     << "    checksum: " << boolean(t.nvme.checksum) << "\n"
     << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
-    << "    budget: " << t.nvme.budget << "\n";
+    << "    budget: " << bytes_text(t.nvme.budget) << "\n";
   o << "runtime:\n"
     << "  device: " << device_name(c.runtime.device) << "\n"
     << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"

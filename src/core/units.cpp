@@ -76,6 +76,26 @@ std::uint64_t to_u64(double v, const std::string& text, const char* what) {
   return static_cast<std::uint64_t>(r);
 }
 
+// number × mult: exact in integers when `number` is plain digits (so sizes above 2^53 keep every
+// bit), through a double otherwise ("1.5GiB", "7.5e9").
+std::uint64_t scale(const std::string& number, double mult, const std::string& text,
+                    const char* what, const char* unit_what) {
+  const bool digits = !number.empty() && number.find_first_not_of("0123456789") == std::string::npos;
+  const double m = std::round(mult);
+  if (digits && m == mult && m < 18446744073709551616.0) {
+    std::uint64_t v = 0;
+    for (char c : number) {
+      if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, static_cast<unsigned>(c - '0'), &v))
+        fail(ErrorCode::kInvalidArgument, strcat("'", text, "' is too large for a ", what));
+    }
+    std::uint64_t out = 0;
+    if (__builtin_mul_overflow(v, static_cast<std::uint64_t>(m), &out))
+      fail(ErrorCode::kInvalidArgument, strcat("'", text, "' is too large for a ", what));
+    return out;
+  }
+  return to_u64(to_double(number, text, what) * mult, text, unit_what);
+}
+
 std::string trim_zeros(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
@@ -91,26 +111,67 @@ std::string trim_zeros(double v, int decimals) {
 
 std::uint64_t parse_bytes(std::string_view text) {
   static constexpr const char* kAccepted =
-      "use a whole number of bytes with an optional unit: B, kB, MB, GB, TB, PB (powers of 1000) "
+      "use a whole number of bytes with a unit: B, kB, MB, GB, TB, PB (powers of 1000) "
       "or KiB, MiB, GiB, TiB, PiB (powers of 1024), e.g. 4GiB, 512MiB, 80GB";
   Split s = split_number(text, "size");
   std::string t = trim(text);
   double mult = 0;
   const std::string& u = s.unit;
-  if (u.empty() || u == "B") mult = 1;
-  else if (u == "kB" || u == "KB" || u == "k" || u == "K") mult = 1e3;
-  else if (u == "MB" || u == "M") mult = 1e6;
-  else if (u == "GB" || u == "G") mult = 1e9;
-  else if (u == "TB" || u == "T") mult = 1e12;
-  else if (u == "PB" || u == "P") mult = 1e15;
+  if (u == "B") mult = 1;
+  else if (u == "kB" || u == "KB") mult = 1e3;
+  else if (u == "MB") mult = 1e6;
+  else if (u == "GB") mult = 1e9;
+  else if (u == "TB") mult = 1e12;
+  else if (u == "PB") mult = 1e15;
   else if (u == "KiB") mult = 1024.0;
   else if (u == "MiB") mult = 1024.0 * 1024;
   else if (u == "GiB") mult = 1024.0 * 1024 * 1024;
   else if (u == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
   else if (u == "PiB") mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
-  else fail(ErrorCode::kInvalidArgument, strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
-  double v = to_double(s.number, t, "size");
-  return to_u64(v * mult, t, "byte");
+  else if (u.size() == 1 && std::string_view("kKmMgGtTpP").find(u[0]) != std::string_view::npos) {
+    // fio and dd read "1M" as 2^20, other tools as 10^6: ask instead of guessing.
+    const char up = static_cast<char>(std::toupper(static_cast<unsigned char>(u[0])));
+    const std::string si = up == 'K' ? "kB" : std::string(1, up) + "B";
+    fail(ErrorCode::kInvalidArgument,
+         strcat("'", t, "': '", u, "' is ambiguous (2^", up == 'K' ? 10 : up == 'M' ? 20 : up == 'G' ? 30 : up == 'T' ? 40 : 50,
+                " for fio, 10^", up == 'K' ? 3 : up == 'M' ? 6 : up == 'G' ? 9 : up == 'T' ? 12 : 15,
+                " for others): did you mean ", s.number, up, "iB (or ", s.number, si, ")?"));
+  } else if (u.empty()) {
+    const double v = to_double(s.number, t, "size");
+    if (v == 0) return 0;
+    fail(ErrorCode::kInvalidArgument,
+         strcat("'", t, "' has no unit: write ", t, "B for bytes, or e.g. ", t, "GB, ", t, "GiB; ",
+                kAccepted, " (0 needs no unit)"));
+  } else {
+    fail(ErrorCode::kInvalidArgument, strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
+  }
+  return scale(s.number, mult, t, "size", "byte");
+}
+
+std::string format_bytes_exact(std::uint64_t bytes) {
+  if (bytes == 0) return "0";
+  static const char* kBin[] = {"PiB", "TiB", "GiB", "MiB", "KiB"};
+  static const int kBinShift[] = {50, 40, 30, 20, 10};
+  static const char* kSi[] = {"PB", "TB", "GB", "MB", "kB"};
+  static const std::uint64_t kSiDiv[] = {1'000'000'000'000'000ULL, 1'000'000'000'000ULL,
+                                         1'000'000'000ULL, 1'000'000ULL, 1'000ULL};
+  std::string best = std::to_string(bytes) + "B";
+  for (int i = 0; i < 5; ++i) {
+    const std::uint64_t unit = 1ULL << kBinShift[i];
+    if (bytes % unit == 0) {
+      std::string c = std::to_string(bytes / unit) + kBin[i];
+      if (c.size() < best.size()) best = c;
+      break;
+    }
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (bytes % kSiDiv[i] == 0) {
+      std::string c = std::to_string(bytes / kSiDiv[i]) + kSi[i];
+      if (c.size() < best.size()) best = c;
+      break;
+    }
+  }
+  return best;
 }
 
 std::uint64_t parse_count(std::string_view text) {
@@ -127,8 +188,7 @@ std::uint64_t parse_count(std::string_view text) {
     fail(ErrorCode::kInvalidArgument,
          strcat("'", t, "': unknown count suffix '", u,
                 "'; use a number with an optional K, M, B (or G), T suffix, e.g. 7.5B, 350M, 7.5e9"));
-  double v = to_double(s.number, t, "count");
-  return to_u64(v * mult, t, "count");
+  return scale(s.number, mult, t, "count", "count");
 }
 
 std::string format_bytes(std::uint64_t bytes, bool binary) {

@@ -1,5 +1,6 @@
 // Options, the io_uring probe, and the engine factory.
 #include <liburing.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/safe_fs.hpp"
 #include "io/engine_base.hpp"
 #include "io/uring_setup.hpp"
 #include "strata/error.hpp"
@@ -64,10 +66,22 @@ void IoEngine::wait_all_for(std::chrono::nanoseconds timeout) {
 
 namespace {
 
-std::string probe_path(const std::string& dir) {
+std::string probe_name() {
   static std::atomic<unsigned> counter{0};
   std::random_device rd;
-  return strcat(dir, "/.strata-io-probe-", ::getpid(), "-", counter.fetch_add(1), "-", rd());
+  return strcat(".strata-io-probe-", ::getpid(), "-", counter.fetch_add(1), "-", rd());
+}
+
+// `dir`, or its nearest ancestor that exists (where `dir` would be created).
+std::string existing_ancestor(const std::string& dir) {
+  std::string p = normalize_path(dir.empty() ? "." : dir);
+  for (;;) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) == 0 || errno != ENOENT) return p;
+    const auto slash = p.rfind('/');
+    if (slash == std::string::npos) return ".";
+    p = slash == 0 ? "/" : p.substr(0, slash);
+  }
 }
 
 // One I/O through the ring, checked; returns "" or what failed.
@@ -100,14 +114,26 @@ IoUringProbe probe_io_uring(const IoEngineOptions& options, const std::string& d
     out.reason = strcat("io_uring_setup failed: ", std::strerror(-setup.rc), " (errno ", -setup.rc, ")");
     return out;
   }
-  std::string path = probe_path(dir);
+  const std::string at = existing_ancestor(dir);
+  if (at != normalize_path(dir)) log_debug("io: ", dir, " does not exist yet; probing io_uring in ", at);
+  std::string path;
   try {
+    SafeDir d = SafeDir::open(at, {.role = "I/O directory"});
+    const std::string name = probe_name();
+    path = d.child_path(name);
     IoFileOptions fo;
     fo.create = true;
     fo.exclusive = true;
     fo.direct_io = options.direct_io;
-    IoFile file = IoFile::open(path, fo);
-    ::unlink(path.c_str());
+    IoFile file = [&] {
+      try {
+        return IoFile::open_at(d.fd(), name, path, fo);
+      } catch (const Error&) {
+        out.file_error = std::current_exception();
+        throw;
+      }
+    }();
+    d.try_remove(name, false);
     const unsigned len = 4096;
     IoBuffer wbuf = IoBuffer::allocate(2 * len, HugePageMode::kNone);
     std::mt19937 rng(std::random_device{}());
@@ -118,8 +144,10 @@ IoUringProbe probe_io_uring(const IoEngineOptions& options, const std::string& d
     if (e.empty() && std::memcmp(wbuf.data(), rbuf, len) != 0) e = "data read back differs";
     if (e.empty()) out.ok = true;
     else out.reason = strcat("round trip on ", dir, ": ", e);
+  } catch (const Error& ex) {
+    if (!out.file_error && path.empty()) out.file_error = std::current_exception();  // SafeDir
+    out.reason = strcat("probe file in ", dir, ": ", ex.what());
   } catch (const std::exception& ex) {
-    ::unlink(path.c_str());
     out.reason = strcat("probe file in ", dir, ": ", ex.what());
   }
   io_uring_queue_exit(&ring);
@@ -142,6 +170,7 @@ std::unique_ptr<IoEngine> make_io_engine(const IoEngineOptions& options,
     return make_thread_io_engine(options);
   }
   IoUringProbe probe = probe_io_uring(options, probe_dir);
+  if (probe.file_error) std::rethrow_exception(probe.file_error);
   if (probe.ok) {
     try {
       auto engine = make_io_uring_engine(options);

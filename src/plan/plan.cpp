@@ -1,4 +1,5 @@
 // make_plan(): the whole plan for a Config.
+#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 
 #include <algorithm>
@@ -17,7 +18,7 @@ Plan make_plan(const Config& c) {
   for (int s = 0; s <= 3; ++s) p.stages[s] = stage_footprint(c, s);
   p.configured = plan_layout(c, c.zero.stage, c.offload);
   p.configured_rung = evaluate_rung(c, c.zero.stage, c.offload);
-  p.activations = estimate_activations(c, p.configured.per_rank.gpu + p.configured_rung.gathered);
+  p.activations = estimate_activations(c, sat_add(p.configured.per_rank.gpu, p.configured_rung.gathered));
   p.recommendation = recommend(c);
 
   p.assumptions = {

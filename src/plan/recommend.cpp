@@ -2,6 +2,7 @@
 // ladder documented in plan.hpp and docs/config.md, counting activations and stage-3 gathers.
 #include <algorithm>
 
+#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 #include "strata/units.hpp"
 
@@ -33,8 +34,10 @@ std::string gpu_text(const Rung& r, std::uint64_t budget) {
   if (r.gathered) s += " + " + format_bytes(r.gathered) + " gathered largest layer";
   if (r.activations || r.gathered) s += " = " + format_bytes(r.gpu_total);
   s += " per rank";
-  if (r.gpu_total > budget)
-    s += " > budget " + format_bytes(budget) + " (over by " + format_bytes(r.gpu_total - budget) + ")";
+  if (!fits_budget(r.gpu_total, budget))
+    s += " > budget " + format_bytes(budget) +
+         (r.gpu_total == kSaturated ? std::string(" (beyond 2^64 bytes)")
+                                    : " (over by " + format_bytes(r.gpu_total - budget) + ")");
   return s;
 }
 
@@ -58,16 +61,16 @@ Rung evaluate_rung(const Config& c, int stage, const OffloadConfig& offload) {
   r.layout = plan_layout(c, stage, offload);
   const std::uint64_t state = r.layout.per_rank.gpu;
   if (stage == 3 && c.model.largest_layer > 0)
-    r.gathered = c.model.largest_layer * bytes_per_param(c.precision).params;
-  const ActivationEstimate a = estimate_activations(c, state + r.gathered);
+    r.gathered = sat_mul(c.model.largest_layer, bytes_per_param(c.precision).params);
+  const ActivationEstimate a = estimate_activations(c, sat_add(state, r.gathered));
   if (a.available) {
     r.checkpointing = !a.fits_without_checkpointing;
     r.activations = r.checkpointing ? a.with_checkpointing : a.without_checkpointing;
   }
-  r.gpu_total = state + r.activations + r.gathered;
+  r.gpu_total = sat_add(state, r.activations, r.gathered);  // saturated: never fits
   const std::uint64_t gpu_budget = c.tiers.gpu.budget;
   std::string over;
-  if (r.gpu_total > gpu_budget) over = gpu_text(r, gpu_budget);
+  if (!fits_budget(r.gpu_total, gpu_budget)) over = gpu_text(r, gpu_budget);
   for (const auto& v : r.layout.verdicts) {
     if (v.tier == "gpu" || v.fits()) continue;
     if (!over.empty()) over += "; ";

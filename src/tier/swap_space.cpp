@@ -1,11 +1,16 @@
 #include "tier/swap_space.hpp"
 
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <random>
+
+#include "core/safe_fs.hpp"
+#include "strata/cleanup.hpp"
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -17,24 +22,6 @@ namespace {
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
 
-void check_swap_path(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) {
-    throw IoError("stat", path, 0, 0, errno, "tiers.nvme.paths entry is not usable");
-  }
-  if (S_ISLNK(st.st_mode)) {
-    fail(ErrorCode::kInvalidArgument,
-         strcat("tiers.nvme.paths: ", path, " is a symbolic link; swap files are never created "
-                "through a symlink: configure the real directory"));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    fail(ErrorCode::kInvalidArgument, strcat("tiers.nvme.paths: ", path, " is not a directory"));
-  }
-  if (access(path.c_str(), W_OK | X_OK) != 0) {
-    throw IoError("access", path, 0, 0, errno, "tiers.nvme.paths entry is not writable");
-  }
-}
-
 std::string run_suffix() {
   std::random_device rd;
   std::uint64_t r = (std::uint64_t(rd()) << 32) | rd();
@@ -43,7 +30,20 @@ std::string run_suffix() {
   return std::string(buf, 8);
 }
 
+constexpr const char* kSwapFile = "swap.bin";
+
 }  // namespace
+
+// One configured path: the directory (opened safely), the per-run directory in it, and their
+// registrations for removal on a signal.
+struct SwapSpace::RunDir {
+  SafeDir parent;
+  std::string name;  // of the per-run directory in parent
+  SafeDir dir;
+  bool file_created = false;
+  CleanupRegistration dir_reg;
+  CleanupRegistration file_reg;
+};
 
 SwapSpace::SwapSpace(const SwapSpaceOptions& options, IoEngine& engine)
     : engine_(engine), block_size_(options.block_size) {
@@ -58,13 +58,36 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, IoEngine& engine)
   const std::uint64_t n = options.paths.size();
   const std::uint64_t blocks = (options.capacity + block_size_ - 1) / block_size_;
   const std::uint64_t per_file = (blocks + n - 1) / n * block_size_;
-  for (const auto& p : options.paths) check_swap_path(p);
   try {
-    std::vector<std::shared_ptr<IoFile>> files;
-    const std::string suffix = strcat("strata-swap-r", options.rank, "-", getpid(), "-", run_suffix());
+    // Open (and check) every path before creating anything.
     for (const auto& p : options.paths) {
+      auto run = std::make_unique<RunDir>();
+      run->parent = SafeDir::open(p, {.create = options.create_paths, .role = "tiers.nvme.paths"});
+      runs_.push_back(std::move(run));
+    }
+    if (options.clean_leftovers) {
+      for (const auto& run : runs_) {
+        try {
+          for (const auto& l : find_swap_leftovers(run->parent.path(), true)) {
+            if (l.status == SwapLeftover::Status::kRemoved) {
+              log_info("swap space: removed ", l.path, " left by process ", l.pid,
+                       " (no longer running): freed ", format_bytes(l.bytes, true));
+            } else if (l.status == SwapLeftover::Status::kFailed) {
+              log_warn("swap space: cannot remove ", l.path, " left by process ", l.pid, ": ",
+                       l.detail);
+            }
+          }
+        } catch (const std::exception& e) {
+          log_warn("swap space: looking for leftovers in ", run->parent.path(), ": ", e.what());
+        }
+      }
+    }
+    std::vector<std::shared_ptr<IoFile>> files;
+    const std::string name = strcat("strata-swap-", getpid(), "-r", options.rank, "-", run_suffix());
+    for (auto& run : runs_) {
+      const std::string& p = run->parent.path();
       struct statvfs vfs {};
-      if (statvfs(p.c_str(), &vfs) == 0) {
+      if (fstatvfs(run->parent.fd(), &vfs) == 0) {
         const std::uint64_t free_bytes = std::uint64_t(vfs.f_bavail) * vfs.f_frsize;
         if (free_bytes < per_file) {
           throw IoError("fallocate", p, 0, per_file, ENOSPC,
@@ -74,18 +97,23 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, IoEngine& engine)
                                ") are free"));
         }
       }
-      const std::string dir = p + "/" + suffix;
-      if (mkdir(dir.c_str(), 0700) != 0) {
-        throw IoError("mkdir", dir, 0, 0, errno, "creating the per-run swap directory");
-      }
-      dirs_.push_back(dir);
+      run->dir = run->parent.make_dir(name, 0700);
+      run->name = name;
+      dirs_.push_back(run->dir.path());
+      run->dir_reg = CleanupRegistration(run->parent.fd(), name, true);
+      // Marks the directory as in use: find_swap_leftovers() in another process (or pid
+      // namespace) sees the lock and keeps it.
+      if (flock(run->dir.fd(), LOCK_EX | LOCK_NB) != 0)
+        throw IoError("flock", run->dir.path(), 0, 0, errno, "locking the per-run swap directory");
       IoFileOptions fo;
       fo.create = true;
       fo.exclusive = true;
       fo.mode = 0600;
       fo.direct_io = engine_.options().direct_io;
-      const std::string path = dir + "/swap.bin";
-      auto file = std::make_shared<IoFile>(IoFile::open(path, fo));
+      const std::string path = run->dir.child_path(kSwapFile);
+      auto file = std::make_shared<IoFile>(IoFile::open_at(run->dir.fd(), kSwapFile, path, fo));
+      run->file_created = true;
+      run->file_reg = CleanupRegistration(run->dir.fd(), kSwapFile, false);
       files_.push_back(path);
       file->allocate(per_file, 0);  // ENOSPC: IoError naming size and free space
       files.push_back(std::move(file));
@@ -114,12 +142,25 @@ void SwapSpace::cleanup() noexcept {
     }
     registered_ = false;
   }
-  for (const auto& f : files_) {
-    if (unlink(f.c_str()) != 0 && errno != ENOENT) log_error("swap space: cannot remove ", f);
+  for (auto& run : runs_) {
+    if (run->file_created) {
+      const int err = run->dir.try_remove(kSwapFile, false);
+      if (err != 0 && err != ENOENT)
+        log_error("swap space: cannot remove ", run->dir.child_path(kSwapFile), ": ",
+                  std::strerror(err));
+      run->file_created = false;
+    }
+    run->file_reg.reset();
+    if (!run->name.empty()) {
+      const int err = run->parent.try_remove(run->name, true);
+      if (err != 0 && err != ENOENT)
+        log_error("swap space: cannot remove ", run->parent.child_path(run->name), ": ",
+                  std::strerror(err));
+      run->name.clear();
+    }
+    run->dir_reg.reset();
   }
-  for (const auto& d : dirs_) {
-    if (rmdir(d.c_str()) != 0 && errno != ENOENT) log_error("swap space: cannot remove ", d);
-  }
+  runs_.clear();
   files_.clear();
   dirs_.clear();
 }

@@ -1,349 +1,436 @@
-// Checkpoints of the engine's sharded state (see checkpoint.hpp).
+// Checkpoints of the engine's sharded state: save, and load with resharding (see checkpoint.hpp).
 #include "zero/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
+#include <exception>
+#include <memory>
+#include <thread>
 #include <vector>
 
+#include "strata/build_info.hpp"
 #include "strata/error.hpp"
-#include "strata/io_engine.hpp"
-#include "strata/io_fault.hpp"
-#include "strata/io_file.hpp"
 #include "strata/log.hpp"
 #include "core/crc32c.hpp"
+#include "zero/checkpoint_format.hpp"
 
 namespace strata::zero {
 namespace {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
+using namespace ckpt;
 
-constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
-constexpr std::uint32_t kVersion = 1;
-constexpr std::uint64_t kHeader = 4096;
-constexpr std::size_t kPiece = 1 << 20;  // elements per streamed piece
-constexpr auto kIoTimeout = std::chrono::minutes(5);
-const char* const kSections[5] = {"header", "params", "master", "exp_avg", "exp_avg_sq"};
+constexpr std::uint64_t kPiece = 1u << 20;  // elements per streamed piece (rounded to blocks)
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
-struct Layout {
-  std::uint64_t offset[5] = {};
-  std::uint64_t bytes[5] = {};
-  std::uint64_t total = 0;
+void check_state(const RankState& s, const char* what) {
+  if (!s.store || !s.partition)
+    fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": no optimizer state store or partition"));
+  if (s.params.size() != s.store->size() * dtype_size(s.param_dtype))
+    fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": ", s.params.size(), " parameter bytes for ",
+                                      s.store->size(), " optimizer elements"));
+  if (s.partition->world() != s.world || s.partition->flat_size() != s.flat_size ||
+      s.partition->partition_size() != s.partition_size || s.opt_begin + s.store->size() > s.flat_size)
+    fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": inconsistent rank layout"));
+}
+
+// Test hook: STRATA_CHECKPOINT_WRITE_DELAY_MS=N sleeps N ms before writing each piece of a shard,
+// its header and the manifest, so that a test can kill a process reliably inside a save. Unset
+// (the normal case): no delay.
+std::chrono::milliseconds write_delay() {
+  const char* v = std::getenv("STRATA_CHECKPOINT_WRITE_DELAY_MS");
+  if (v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
+  const long ms = std::strtol(v, nullptr, 10);
+  return std::chrono::milliseconds(ms > 0 ? ms : 0);
+}
+
+void write_at(int fd, const void* p, std::uint64_t n, std::uint64_t off, const std::string& path,
+              std::chrono::milliseconds delay) {
+  if (delay.count() > 0) std::this_thread::sleep_for(delay);
+  pwrite_full(fd, p, n, off, path);
+}
+
+// ---- agreement between ranks -----------------------------------------------------------------------
+
+// Every rank's outcome of a phase, exchanged so that all ranks fail together (nothing hangs on a
+// rank that gave up). `extra` carries one value per rank (a checksum, a size).
+struct Outcome {
+  std::exception_ptr error;
+  ErrorCode code = ErrorCode::kInternal;
+  std::uint64_t extra = 0;
+  void capture() {
+    error = std::current_exception();
+    try {
+      throw;
+    } catch (const Error& e) {
+      code = e.code();
+    } catch (...) {
+      code = ErrorCode::kInternal;
+    }
+  }
 };
 
-Layout layout_of(const RankState& s) {
-  Layout l;
-  const std::uint64_t n = s.store->size() * sizeof(float);
-  l.bytes[0] = kHeader;
-  l.bytes[1] = s.params.size();
-  l.bytes[2] = l.bytes[3] = l.bytes[4] = n;
-  std::uint64_t off = 0;
-  for (int i = 0; i < 5; ++i) {
-    l.offset[i] = off;
-    off = round_up(off + l.bytes[i], 4096);
+// Returns every rank's extra; throws on every rank when any rank failed: the rank's own error, or
+// an error with the failed rank's code naming it.
+std::vector<std::uint64_t> agree(Communicator& comm, int world, const Outcome& mine, const std::string& what) {
+  const std::uint32_t local[4] = {mine.error ? 0u : 1u, static_cast<std::uint32_t>(mine.code),
+                                  static_cast<std::uint32_t>(mine.extra),
+                                  static_cast<std::uint32_t>(mine.extra >> 32)};
+  std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
+  if (world > 1) comm.all_gather(local, all.data(), 4, DType::kFp32);
+  else std::memcpy(all.data(), local, sizeof(local));
+  if (mine.error) std::rethrow_exception(mine.error);
+  std::vector<std::uint64_t> extras(static_cast<std::size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    const std::uint32_t* p = all.data() + 4 * r;
+    if (p[0] != 1)
+      fail(static_cast<ErrorCode>(p[1]), strcat(what, ": rank ", r, " failed (", error_code_name(static_cast<ErrorCode>(p[1])),
+                                                "; see that rank's error); nothing was changed"));
+    extras[static_cast<std::size_t>(r)] = p[2] | static_cast<std::uint64_t>(p[3]) << 32;
   }
-  l.total = off;
-  return l;
+  return extras;
 }
 
-std::string shard_name(std::uint64_t serial, int rank) { return strcat("shard-", serial, "-r", rank, ".bin"); }
+// ---- save ------------------------------------------------------------------------------------------
 
-void fsync_path(const std::string& path, bool dir) {
-  int fd = ::open(path.c_str(), (dir ? O_DIRECTORY : 0) | O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError("open", path, 0, 0, errno, "fsync for the checkpoint");
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) throw IoError("fsync", path, 0, 0, err, "checkpoint");
-}
-
-// Test hook: STRATA_CHECKPOINT_WRITE_DELAY_MS=N delays the completion of every checkpoint write by
-// N ms (through the fault-injecting engine), so that a test can kill a process reliably inside a
-// save. Unset (the normal case) = no wrapper.
-std::unique_ptr<IoEngine> checkpoint_engine() {
-  IoEngineOptions o;
-  o.kind = IoEngineKind::kThreads;
-  o.direct_io = DirectIoMode::kOff;
-  o.queue_depth = 8;
-  auto engine = make_thread_io_engine(o);
-  const char* delay = std::getenv("STRATA_CHECKPOINT_WRITE_DELAY_MS");
-  if (delay == nullptr || *delay == '\0') return engine;
-  const long ms = std::strtol(delay, nullptr, 10);
-  if (ms <= 0) return engine;
-  auto faulty = std::make_unique<FaultInjectingIoEngine>(std::move(engine));
-  IoFault f = IoFault::delay_nth(1, std::chrono::milliseconds(ms), IoOp::kWrite);
-  f.count = 0;  // every write
-  faulty->add_fault(f);
-  return faulty;
-}
-
-json read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / "manifest.json").string();
-  std::ifstream in(path);
-  if (!in) throw IoError("open", path, 0, 0, errno ? errno : ENOENT, "no checkpoint in this directory");
-  try {
-    return json::parse(in);
-  } catch (const std::exception& e) {
-    fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", path, " is not valid JSON: ", e.what()));
-  }
-}
-
-void put_u64(unsigned char* p, std::uint64_t v) { std::memcpy(p, &v, 8); }
-
-// Runs one batch and waits (the buffers are the caller's until it returns).
-void io(IoEngine& e, std::span<const IoRequest> reqs) {
-  IoTicket t = e.submit_batch(reqs);
-  e.wait_for(t, kIoTimeout);
-}
-
-}  // namespace
-
-void save_checkpoint(const std::string& dir, const RankState& s, Communicator& comm) {
-  if (!s.store) fail(ErrorCode::kInternal, "checkpoint: no optimizer state store");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw IoError("mkdir", dir, 0, 0, ec.value(), "checkpoint directory");
-  std::uint64_t serial = 1;
-  if (fs::exists(fs::path(dir) / "manifest.json")) {
+// The next serial: above the committed manifest's and above every shard file present (leftovers of
+// killed saves), so that a new shard never meets an old file of its name.
+std::uint64_t next_serial(const SafeDir& dir) {
+  std::uint64_t serial = 0;
+  struct stat st {};
+  if (dir.stat_entry(kManifestName, &st)) {
     try {
-      serial = read_manifest(dir).at("serial").get<std::uint64_t>() + 1;
+      serial = read_manifest(dir).serial;
     } catch (const std::exception& e) {
-      log_warn("checkpoint: the existing manifest in ", dir, " is unreadable (", e.what(), "); starting over");
+      log_warn("checkpoint: the existing manifest in ", dir.path(), " is unreadable (", e.what(),
+               "); it will be replaced");
     }
   }
-  const Layout l = layout_of(s);
-  const std::string path = (fs::path(dir) / shard_name(serial, s.rank)).string();
-  auto engine = checkpoint_engine();
-  std::uint32_t crc[5] = {};
-  {
-    IoFileOptions fo;
-    fo.create = true;
-    fo.direct_io = DirectIoMode::kOff;
-    auto file = std::make_shared<IoFile>(IoFile::open(path, fo));
-    file->truncate(0);
-    FileId id = engine->register_file(file);
-    // Header.
-    std::vector<unsigned char> header(kHeader, 0);
-    std::memcpy(header.data(), kMagic, 8);
-    std::memcpy(header.data() + 8, &kVersion, 4);
-    const std::uint64_t fields[8] = {serial, static_cast<std::uint64_t>(s.rank), static_cast<std::uint64_t>(s.world),
-                                     static_cast<std::uint64_t>(s.stage), static_cast<std::uint64_t>(s.param_dtype),
-                                     s.flat_size, s.partition_size, s.store->size()};
-    for (int i = 0; i < 8; ++i) put_u64(header.data() + 16 + 8 * i, fields[i]);
-    crc[0] = crc32c(header.data(), header.size());
-    std::vector<IoRequest> reqs{{IoOp::kWrite, id, header.data(), kHeader, 0}};
-    if (!s.params.empty()) {
-      crc[1] = crc32c(s.params.data(), s.params.size());
-      reqs.push_back({IoOp::kWrite, id, s.params.data(), s.params.size(), l.offset[1]});
-    }
-    io(*engine, reqs);
-    // Optimizer state, streamed from the store in pieces.
-    for (std::size_t b = 0; b < s.store->size(); b += kPiece) {
-      const Range r{b, std::min(kPiece, s.store->size() - b)};
-      StateView v = s.store->acquire(r);
-      float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
-      reqs.clear();
-      for (int a = 0; a < 3; ++a) {
-        crc[2 + a] = crc32c(arrays[a], r.count * sizeof(float), crc[2 + a]);
-        reqs.push_back({IoOp::kWrite, id, arrays[a], r.count * sizeof(float), l.offset[2 + a] + b * sizeof(float)});
-      }
-      try {
-        io(*engine, reqs);
-      } catch (...) {
-        s.store->release(r, false);
-        throw;
-      }
-      s.store->release(r, false);
-    }
-    file->truncate(l.total);
-    file->sync();
-    engine->unregister_file(id);
+  for (const std::string& name : dir.entries()) {
+    std::uint64_t s = 0;
+    int r = 0;
+    if (parse_shard_file_name(name, &s, &r)) serial = std::max(serial, s);
   }
-  // Every rank's size and checksums to every rank; rank 0 commits the manifest.
-  std::uint32_t mine[8] = {static_cast<std::uint32_t>(l.total), static_cast<std::uint32_t>(l.total >> 32),
-                           crc[0], crc[1], crc[2], crc[3], crc[4], 0};
-  std::vector<std::uint32_t> all(8 * static_cast<std::size_t>(s.world));
-  if (s.world > 1) {
-    comm.all_gather(mine, all.data(), 8, DType::kFp32);
-  } else {
-    std::memcpy(all.data(), mine, sizeof(mine));
-  }
-  if (s.rank == 0) {
-    json m;
-    m["format"] = "strata-checkpoint";
-    m["version"] = kVersion;
-    m["serial"] = serial;
-    m["world"] = s.world;
-    m["stage"] = s.stage;
-    m["param_dtype"] = dtype_name(s.param_dtype);
-    m["flat_size"] = s.flat_size;
-    m["partition_size"] = s.partition_size;
-    m["optimizer_elements"] = s.store->size();
-    m["adam_step"] = s.adam_step;
-    m["loss_scale"] = s.loss_scale;
-    m["good_steps"] = s.good_steps;
-    m["steps"] = s.steps;
-    m["applied_steps"] = s.applied_steps;
-    m["skipped_steps"] = s.skipped_steps;
-    m["config"] = s.config_yaml;
-    json shards = json::array();
-    for (int r = 0; r < s.world; ++r) {
-      const std::uint32_t* p = all.data() + 8 * r;
-      json sh;
-      sh["rank"] = r;
-      sh["file"] = shard_name(serial, r);
-      sh["bytes"] = static_cast<std::uint64_t>(p[0]) | (static_cast<std::uint64_t>(p[1]) << 32);
-      json secs = json::array();
-      for (int i = 0; i < 5; ++i)
-        secs.push_back({{"name", kSections[i]}, {"offset", l.offset[i]}, {"bytes", l.bytes[i]}, {"crc32c", p[2 + i]}});
-      sh["sections"] = secs;
-      shards.push_back(sh);
-    }
-    m["shards"] = shards;
-    const std::string tmp = (fs::path(dir) / "manifest.json.tmp").string();
-    const std::string final_path = (fs::path(dir) / "manifest.json").string();
-    {
-      std::ofstream out(tmp, std::ios::trunc);
-      out << m.dump(1) << "\n";
-      out.flush();
-      if (!out) throw IoError("write", tmp, 0, 0, errno ? errno : EIO, "checkpoint manifest");
-    }
-    fsync_path(tmp, false);
-    if (::rename(tmp.c_str(), final_path.c_str()) != 0)
-      throw IoError("rename", tmp, 0, 0, errno, strcat("to ", final_path));
-    fsync_path(dir, true);
-    // The previous checkpoint (and leftovers of killed saves) can go now.
-    const std::string keep = strcat("shard-", serial, "-");
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("shard-", 0) == 0 && name.rfind(keep, 0) != 0) fs::remove(e.path(), ec);
-    }
-    log_info("checkpoint: saved serial ", serial, " (", s.world, " shards) in ", dir);
-  }
-  comm.barrier();
+  return serial + 1;
 }
 
-void load_checkpoint(const std::string& dir, RankState& s, Communicator& comm) {
-  if (!s.store) fail(ErrorCode::kInternal, "checkpoint: no optimizer state store");
-  const json m = read_manifest(dir);
-  const std::string mpath = (fs::path(dir) / "manifest.json").string();
-  auto bad = [&](const std::string& what) {
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", mpath, ": ", what));
+Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_elems) {
+  Manifest m;
+  m.strata_version = build::kVersion;
+  m.serial = serial;
+  m.world = s.world;
+  m.stage = s.stage;
+  m.param_dtype = s.param_dtype;
+  m.flat_size = s.flat_size;
+  m.partition_size = s.partition_size;
+  m.block_elems = block_elems;
+  const Partition& p = *s.partition;
+  for (std::size_t i = 0; i < p.num_tensors(); ++i) m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
+  m.adam_step = s.adam_step;
+  m.loss_scale = s.loss_scale;
+  m.good_steps = s.good_steps;
+  m.steps = s.steps;
+  m.applied_steps = s.applied_steps;
+  m.skipped_steps = s.skipped_steps;
+  m.config_yaml = s.config_yaml;
+  const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
+  for (int r = 0; r < s.world; ++r) {
+    ShardEntry e;
+    e.rank = r;
+    e.file = shard_file_name(serial, r);
+    e.bytes = l.total;
+    e.begin = static_cast<std::uint64_t>(r) * s.partition_size;
+    e.count = s.partition_size;
+    m.shards.push_back(e);
+  }
+  return m;
+}
+
+// Writes this rank's shard; returns the header's CRC32C.
+std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState& s) {
+  const ShardEntry& e = m.shards[static_cast<std::size_t>(s.rank)];
+  const ShardLayout l = shard_layout(e.count, m.param_dtype, m.block_elems);
+  const std::uint64_t be = m.block_elems, pes = l.elem_bytes[kParams];
+  if (e.begin < s.opt_begin || e.begin + e.count > s.opt_begin + s.store->size())
+    fail(ErrorCode::kInternal, strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
+  const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
+  const std::string path = dir.child_path(e.file);
+  const auto delay = write_delay();
+  dir.try_remove(e.file, false);  // a leftover of a killed save of this serial
+  UniqueFd fd = dir.create_file(e.file, O_WRONLY);
+  std::vector<std::uint32_t> crcs[kSections];
+  for (auto& c : crcs) c.reserve(l.nblocks);
+  // Per block; the section's last block also covers the zero padding after the section.
+  const std::vector<unsigned char> zeros(4096, 0);
+  auto block_crcs = [&](int sec, const unsigned char* p, std::uint64_t n) {
+    for (std::uint64_t b = 0; b < n; b += be) {
+      std::uint32_t c = crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
+      if (crcs[sec].size() + 1 == l.nblocks) c = crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
+      crcs[sec].push_back(c);
+    }
   };
-  try {
-    if (m.at("format") != "strata-checkpoint" || m.at("version").get<std::uint32_t>() != kVersion)
-      bad("not a strata checkpoint of version 1");
-    const int world = m.at("world").get<int>();
-    if (world != s.world)
-      bad(strcat("saved by ", world, " ranks, this run has ", s.world,
-                 "; loading into another world size is not supported (the shards hold partition slices)"));
-    const int stage = m.at("stage").get<int>();
-    if ((stage == 0) != (s.stage == 0))
-      bad(strcat("saved at zero.stage ", stage, ", this run is at stage ", s.stage,
-                 " (stage 0 and stages 1-3 shard differently)"));
-    if (m.at("flat_size").get<std::size_t>() != s.flat_size ||
-        m.at("partition_size").get<std::size_t>() != s.partition_size ||
-        m.at("optimizer_elements").get<std::size_t>() != s.store->size())
-      bad("the model's layout (tensors, sizes) differs from the checkpoint's");
-    if (m.at("param_dtype").get<std::string>() != dtype_name(s.param_dtype))
-      bad(strcat("parameters saved as ", m.at("param_dtype").get<std::string>(), ", this run uses ",
-                 dtype_name(s.param_dtype)));
-  } catch (const nlohmann::json::exception& e) {
-    fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", mpath, " is incomplete: ", e.what()));
-  }
-  const json* shard = nullptr;
-  for (const auto& sh : m.at("shards"))
-    if (sh.at("rank").get<int>() == s.rank) shard = &sh;
-  if (!shard) bad(strcat("no shard for rank ", s.rank));
-  const Layout l = layout_of(s);
-  const std::string path = (fs::path(dir) / shard->at("file").get<std::string>()).string();
-  auto engine = checkpoint_engine();
-  std::shared_ptr<IoFile> file;
-  FileId id = 0;
-  struct Unreg {
-    IoEngine& e;
-    FileId id = 0;
-    bool on = false;
-    ~Unreg() {
-      try {
-        if (on) e.unregister_file(id);
-      } catch (...) {
-      }
-    }
-  } unreg{*engine};
-  // Pass 1: verify every section before anything changes; all ranks agree on the verdict.
-  std::string problem;
-  try {
-    IoFileOptions fo;
-    fo.read_only = true;
-    fo.direct_io = DirectIoMode::kOff;
-    file = std::make_shared<IoFile>(IoFile::open(path, fo));
-    if (file->size() != shard->at("bytes").get<std::uint64_t>() || file->size() != l.total)
-      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path, ": ", file->size(),
-                                        " bytes, the manifest says ", shard->at("bytes").get<std::uint64_t>()));
-    id = engine->register_file(file);
-    unreg.id = id;
-    unreg.on = true;
-    std::vector<unsigned char> buf(kPiece * sizeof(float));
-    for (int i = 0; i < 5; ++i) {
-      const json& sec = shard->at("sections").at(static_cast<std::size_t>(i));
-      if (sec.at("offset").get<std::uint64_t>() != l.offset[i] || sec.at("bytes").get<std::uint64_t>() != l.bytes[i])
-        fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path, ": section ", kSections[i], " layout differs"));
-      std::uint32_t crc = 0;
-      for (std::uint64_t off = 0; off < l.bytes[i]; off += buf.size()) {
-        const std::uint64_t n = std::min<std::uint64_t>(buf.size(), l.bytes[i] - off);
-        io(*engine, std::vector<IoRequest>{{IoOp::kRead, id, buf.data(), n, l.offset[i] + off}});
-        crc = crc32c(buf.data(), n, crc);
-      }
-      if (crc != sec.at("crc32c").get<std::uint32_t>())
-        fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path, ": section ", kSections[i], " (offset ",
-                                          l.offset[i], ", ", l.bytes[i], " bytes) CRC32C ", crc, " != manifest ",
-                                          sec.at("crc32c").get<std::uint32_t>()));
-    }
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
-  std::uint32_t ok = problem.empty() ? 1u : 0u;
-  std::vector<std::uint32_t> oks(static_cast<std::size_t>(s.world), ok);
-  if (s.world > 1) comm.all_gather(&ok, oks.data(), 1, DType::kFp32);
-  if (!problem.empty()) fail(ErrorCode::kChecksum, problem);
-  for (int r = 0; r < s.world; ++r)
-    if (!oks[static_cast<std::size_t>(r)])
-      fail(ErrorCode::kChecksum, strcat("checkpoint ", dir, ": rank ", r, "'s shard failed verification; nothing restored"));
-  // Pass 2: restore.
-  if (!s.params.empty())
-    io(*engine, std::vector<IoRequest>{{IoOp::kRead, id, s.params.data(), s.params.size(), l.offset[1]}});
-  for (std::size_t b = 0; b < s.store->size(); b += kPiece) {
-    const Range r{b, std::min(kPiece, s.store->size() - b)};
+  const std::uint64_t piece = round_up(kPiece, be);
+  // Piece by piece: the parameters straight from the span, the optimizer state streamed from the
+  // store (whatever tier it lives in).
+  for (std::uint64_t b = 0; b < e.count; b += piece) {
+    const std::uint64_t n = std::min(piece, e.count - b);
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    const unsigned char* p = s.params.data() + (base + b) * pes;
+    block_crcs(kParams, p, n);
+    pwrite_full(fd.get(), p, n * pes, l.offset[kParams] + b * pes, path);
+    const Range r{base + b, n};
     StateView v = s.store->acquire(r);
-    float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
-    std::vector<IoRequest> reqs;
-    for (int a = 0; a < 3; ++a)
-      reqs.push_back({IoOp::kRead, id, arrays[a], r.count * sizeof(float), l.offset[2 + a] + b * sizeof(float)});
     try {
-      io(*engine, reqs);
+      const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
+      for (int a = 0; a < 3; ++a) {
+        const auto* q = reinterpret_cast<const unsigned char*>(arrays[a]);
+        block_crcs(kMaster + a, q, n);
+        pwrite_full(fd.get(), q, n * 4, l.offset[kMaster + a] + b * 4, path);
+      }
     } catch (...) {
       s.store->release(r, false);
       throw;
     }
-    s.store->release(r, true);
+    s.store->release(r, false);
   }
-  s.adam_step = m.at("adam_step").get<std::int64_t>();
-  s.loss_scale = m.at("loss_scale").get<double>();
-  s.good_steps = m.at("good_steps").get<std::uint32_t>();
-  s.steps = m.at("steps").get<std::uint64_t>();
-  s.applied_steps = m.at("applied_steps").get<std::uint64_t>();
-  s.skipped_steps = m.at("skipped_steps").get<std::uint64_t>();
+  const std::vector<unsigned char> header = encode_shard_header(m, s.rank, l, crcs);
+  write_at(fd.get(), header.data(), header.size(), 0, path, delay);
+  if (::ftruncate(fd.get(), static_cast<off_t>(l.total)) != 0)
+    throw IoError("ftruncate", path, l.total, 0, errno, "checkpoint shard");
+  if (::fdatasync(fd.get()) != 0) throw IoError("fdatasync", path, 0, l.total, errno, "checkpoint shard");
+  return crc32c(header.data(), header.size());
+}
+
+void commit_manifest(const SafeDir& dir, const Manifest& m) {
+  const std::string text = serialize_manifest(m);
+  const std::string tmp = dir.child_path(kManifestTmpName);
+  // A leftover of a killed save (or anything planted there: unlinkat removes a link, never its
+  // target); then an exclusive, no-follow create.
+  dir.try_remove(kManifestTmpName, false);
+  {
+    UniqueFd fd = dir.create_file(kManifestTmpName, O_WRONLY);
+    write_at(fd.get(), text.data(), text.size(), 0, tmp, write_delay());
+    if (::fsync(fd.get()) != 0) throw IoError("fsync", tmp, 0, text.size(), errno, "checkpoint manifest");
+  }
+  dir.rename(kManifestTmpName, kManifestName);
+  dir.sync();
+  // The previous checkpoint (and leftovers of killed saves) can go now.
+  for (const std::string& name : dir.entries()) {
+    std::uint64_t serial = 0;
+    int rank = 0;
+    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial) dir.try_remove(name, false);
+  }
+}
+
+// ---- load ------------------------------------------------------------------------------------------
+
+// A run of this rank's range: `count` elements at `dst` (offset in the store's range) come from
+// shard `shard` at element `src` of that shard, or are padding (shard -1: zero).
+struct Segment {
+  std::uint64_t dst = 0, count = 0;
+  int shard = -1;
+  std::uint64_t src = 0;
+};
+
+void check_model(const Manifest& m, const RankState& s) {
+  const Partition& p = *s.partition;
+  if (m.param_dtype != s.param_dtype)
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": field 'param_dtype': parameters saved as ",
+                                             dtype_name(m.param_dtype), ", this run uses precision.params ",
+                                             dtype_name(s.param_dtype)));
+  if (m.tensors.size() != p.num_tensors())
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": field 'tensors': ", m.tensors.size(),
+                                             " tensors saved, this model registers ", p.num_tensors()));
+  for (std::size_t i = 0; i < m.tensors.size(); ++i)
+    if (m.tensors[i].name != p.tensor(i).name || m.tensors[i].numel != p.tensor(i).numel)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": field 'tensors[", i, "]': saved '", m.tensors[i].name, "' (",
+                  m.tensors[i].numel, " elements), this model registers '", p.tensor(i).name, "' (",
+                  p.tensor(i).numel, " elements) there"));
+}
+
+std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
+  const Partition& p = *s.partition;
+  const std::uint64_t begin = s.opt_begin, end = begin + s.store->size();
+  std::vector<Segment> out;
+  std::uint64_t pos = begin;
+  for (std::size_t i = 0; i < p.num_tensors(); ++i) {
+    const std::uint64_t off = p.offset(i), x0 = std::max<std::uint64_t>(begin, off);
+    const std::uint64_t x1 = std::min<std::uint64_t>(end, off + p.tensor(i).numel);
+    if (x0 >= x1) continue;
+    if (pos < x0) out.push_back({pos - begin, x0 - pos, -1, 0});
+    std::uint64_t old = m.tensors[i].offset + (x0 - off);
+    for (std::uint64_t x = x0; x < x1;) {
+      const auto shard = static_cast<int>(old / m.partition_size);
+      const std::uint64_t take = std::min(x1 - x, (static_cast<std::uint64_t>(shard) + 1) * m.partition_size - old);
+      out.push_back({x - begin, take, shard, old - static_cast<std::uint64_t>(shard) * m.partition_size});
+      x += take;
+      old += take;
+    }
+    pos = x1;
+  }
+  if (pos < end) out.push_back({pos - begin, end - pos, -1, 0});
+  return out;
+}
+
+// Open shard readers, one per saved shard at most, opened when first needed.
+class Shards {
+ public:
+  Shards(const SafeDir& dir, const Manifest& m) : dir_(dir), m_(m), readers_(m.shards.size()) {}
+  ShardReader& at(int shard) {
+    auto& r = readers_[static_cast<std::size_t>(shard)];
+    if (!r) r = std::make_unique<ShardReader>(dir_, m_, shard);
+    if (shard != current_) {  // shards are visited in ascending order: free the previous cache
+      if (current_ >= 0 && readers_[static_cast<std::size_t>(current_)])
+        readers_[static_cast<std::size_t>(current_)]->drop_cache();
+      current_ = shard;
+    }
+    return *r;
+  }
+  std::uint64_t bytes_read() const {
+    std::uint64_t n = 0;
+    for (const auto& r : readers_)
+      if (r) n += r->bytes_read();
+    return n;
+  }
+
+ private:
+  const SafeDir& dir_;
+  const Manifest& m_;
+  std::vector<std::unique_ptr<ShardReader>> readers_;
+  int current_ = -1;
+};
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm, const SaveOptions& options) {
+  check_state(s, "save");
+  const std::uint64_t block_elems = options.block_elems ? options.block_elems : kDefaultBlockElems;
+  const std::string what = strcat("checkpoint save into ", dir_path);
+  // 1. The directory (created if missing), and the serial (rank 0's, for every rank).
+  SafeDir dir;
+  Outcome o;
+  try {
+    SafeDirOptions opt;
+    opt.create = true;
+    opt.role = "checkpoint directory";
+    if (s.rank == 0) {
+      dir = SafeDir::open(dir_path, opt);
+      o.extra = next_serial(dir);
+    }
+  } catch (...) {
+    o.capture();
+  }
+  const std::uint64_t serial = agree(comm, s.world, o, what)[0];
+  // 2. Every rank's shard.
+  Manifest m;
+  o = Outcome{};
+  try {
+    if (s.rank != 0) dir = SafeDir::open(dir_path, {});
+    m = skeleton(s, serial, block_elems);
+    o.extra = write_shard(dir, m, s);
+  } catch (...) {
+    o.capture();
+    if (dir) dir.try_remove(shard_file_name(serial, s.rank), false);
+  }
+  const std::vector<std::uint64_t> crcs = agree(comm, s.world, o, what);
+  // 3. Rank 0 commits; everyone learns whether it did.
+  o = Outcome{};
+  if (s.rank == 0) {
+    try {
+      for (int r = 0; r < s.world; ++r)
+        m.shards[static_cast<std::size_t>(r)].header_crc32c = static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
+      commit_manifest(dir, m);
+      log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage, ") in ", dir.path());
+    } catch (...) {
+      o.capture();
+    }
+  }
+  agree(comm, s.world, o, what);
+}
+
+void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& comm) {
+  check_state(s, "load");
+  s.restore_started = false;
+  s.bytes_read = 0;
+  const std::string what = strcat("checkpoint load from ", dir_path);
+  SafeDir dir;
+  Manifest m;
+  std::vector<Segment> segs;
+  std::unique_ptr<Shards> shards;
+  // Pass 1: the manifest, the model, and every block this rank needs; nothing changes.
+  Outcome o;
+  try {
+    dir = SafeDir::open(dir_path, {});
+    m = read_manifest(dir);
+    o.extra = m.crc32c;
+    check_model(m, s);
+    segs = plan_segments(m, s);
+    shards = std::make_unique<Shards>(dir, m);
+    for (const Segment& g : segs) {
+      if (g.shard < 0) continue;
+      ShardReader& r = shards->at(g.shard);
+      for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
+    }
+    if (s.rank == 0)  // every shard is present, of its size, with its header, even if nobody reads it
+      for (int j = 0; j < m.world; ++j) shards->at(j);
+  } catch (...) {
+    o.capture();
+  }
+  const std::vector<std::uint64_t> crcs = agree(comm, s.world, o, what);
+  for (int r = 1; r < s.world; ++r)
+    if (crcs[static_cast<std::size_t>(r)] != crcs[0])
+      fail(ErrorCode::kChecksum, strcat(what, ": ranks 0 and ", r, " read different manifests (the checkpoint ",
+                                        "changed during the load?); nothing was changed"));
+  // Pass 2: restore, piece by piece of the store.
+  s.restore_started = true;
+  const std::uint64_t pes = dtype_size(s.param_dtype), total = s.store->size();
+  const std::uint64_t piece = round_up(kPiece, m.block_elems);
+  std::size_t k = 0;  // first segment that may overlap the piece
+  for (std::uint64_t p = 0; p < total; p += piece) {
+    const Range range{p, std::min(piece, total - p)};
+    StateView v = s.store->acquire(range);
+    try {
+      float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
+      while (k < segs.size() && segs[k].dst + segs[k].count <= p) ++k;
+      for (std::size_t i = k; i < segs.size() && segs[i].dst < range.end(); ++i) {
+        const Segment& g = segs[i];
+        const std::uint64_t x0 = std::max(g.dst, p), x1 = std::min(g.dst + g.count, range.end());
+        unsigned char* params = s.params.data() + x0 * pes;
+        if (g.shard < 0) {
+          for (float* a : arrays) std::memset(a + (x0 - p), 0, (x1 - x0) * sizeof(float));
+          std::memset(params, 0, (x1 - x0) * pes);
+          continue;
+        }
+        ShardReader& r = shards->at(g.shard);
+        const std::uint64_t src = g.src + (x0 - g.dst);
+        r.read(kParams, src, x1 - x0, params);
+        for (int a = 0; a < 3; ++a) r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
+      }
+    } catch (...) {
+      s.store->release(range, false);
+      s.bytes_read = shards->bytes_read();
+      throw;
+    }
+    s.store->release(range, true);
+  }
+  s.bytes_read = shards->bytes_read();
+  s.adam_step = m.adam_step;
+  s.loss_scale = m.loss_scale;
+  s.good_steps = m.good_steps;
+  s.steps = m.steps;
+  s.applied_steps = m.applied_steps;
+  s.skipped_steps = m.skipped_steps;
+  const std::string done = strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
+                                  " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");
+  if (s.rank == 0) log_info(done);
+  else log_debug(done);
 }
 
 }  // namespace strata::zero

@@ -1,24 +1,32 @@
-// Checkpoints of the engine's sharded state (Engine::save_checkpoint / load_checkpoint).
+// Checkpoints of the engine's sharded state (Engine::save_checkpoint / load_checkpoint), in the
+// format of zero/checkpoint_format.hpp (version 2; docs/offload.md, "Checkpoints").
 //
-// Directory layout (DIR is the caller's directory, created if missing):
-//   DIR/manifest.json           the complete checkpoint: serial, world, stage, flat and partition
-//                               sizes, dtypes, step counters, loss scale, the config (YAML), and
-//                               per rank the shard file name, its size and per-section CRC32C.
-//   DIR/shard-<serial>-r<rank>.bin  one per rank: header, the rank's parameters in the model dtype,
-//                               FP32 master, exp_avg, exp_avg_sq (the rank's optimizer range).
-// Save: every rank writes its shard through the I/O engine (streamed from the optimizer state
-// store, whatever tier it lives in), fdatasyncs it, and the ranks' sizes and checksums are
-// all-gathered; rank 0 writes the manifest as manifest.json.tmp, fsyncs it, renames it over
-// manifest.json (atomic) and fsyncs DIR; then the shards of the previous serial are removed and a
-// barrier ends the call. A process killed at any point leaves manifest.json naming a complete set
-// of shards: the previous checkpoint until the rename, the new one after. Leftovers of a killed
-// save (shards of an unreferenced serial, manifest.json.tmp) are removed by the next save.
-// Load: reads manifest.json, checks world size, stage class and layout against the engine, checks
-// every section's size and CRC32C of this rank's shard before changing anything, then restores
-// into the engine's current store (the tiers of the current YAML) and parameters.
-// World size: loading into another world size is refused (Error kInvalidArgument); the shards
-// hold partition-ordered slices, a resharding loader is not implemented.
-// The directory must be visible to every rank (a shared file system for multi-node MPI runs).
+// The seam with the engine is RankState: the rank's layout (partition, stage, world, dtype), the
+// flat element range it holds, [opt_begin, opt_begin + store->size()), its optimizer state for
+// that range (store) and its parameters for the same range (params, model dtype, host memory),
+// and the scalars.
+//
+// Save (collective): rank r writes shard r, the flat range [r * partition_size, +partition_size)
+// (its partition at stages 1-3, the same slice of its replicated state at stage 0), streamed from
+// the store in pieces, with a CRC32C per block, then fdatasyncs it. The ranks agree that every
+// shard is written; rank 0 writes manifest.json.tmp (O_EXCL, no symlink), fsyncs it, renames it
+// over manifest.json (atomic), fsyncs the directory, removes the shards of other serials; the
+// ranks agree again. A process killed at any point leaves manifest.json naming a complete set of
+// shards: the previous checkpoint until the rename, the new one after. Any rank's failure fails
+// the call on every rank (nothing hangs), and the previous checkpoint stays.
+//
+// Load (collective, any world size 1..N and any stage 0-3, resharding as it goes): every rank
+// reads and checks the manifest (seal, every field, the model's tensors and dtype), maps its own
+// range onto the saved shards, and reads the header of each shard it needs and every block that
+// holds its elements, verifying each CRC32C (pass 1; nothing changes). The ranks agree (all
+// succeeded, all read the same manifest); only then does pass 2 read the same blocks again
+// (verified again) into the store and params, piece by piece (memory: a few blocks per section,
+// never a whole tensor), and set the scalars. Each rank reads only the blocks that hold its
+// elements. Padding elements of the new layout are zero.
+// Failures: see checkpoint_format.hpp; a failure of pass 1 on any rank throws on every rank with
+// nothing changed. A failure in pass 2 (I/O error, or a shard changed between the passes) leaves
+// the rank partially restored: restore_started tells the engine, which then refuses to step.
+// The directory must be visible to every rank (a shared file system for multi-node runs).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +45,8 @@ struct RankState {
   std::size_t flat_size = 0, partition_size = 0;
   const Partition* partition = nullptr;  // the engine's layout (tensor names, sizes, offsets)
   std::size_t opt_begin = 0;  // flat offset of the store's element 0 (0 at stage 0, else own_begin)
-  std::span<unsigned char> params;  // this rank's parameters (model dtype) as saved/restored
+  // This rank's parameters (model dtype) for the store's flat range: store->size() elements.
+  std::span<unsigned char> params;
   OptimizerStateStore* store = nullptr;  // the rank's optimizer range
   // Scalars (saved from / restored into).
   std::int64_t adam_step = 0;
@@ -45,9 +54,17 @@ struct RankState {
   std::uint32_t good_steps = 0;
   std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
+  // Set by load_checkpoint.
+  bool restore_started = false;  // pass 2 began: a failure from here on left partial state
+  std::uint64_t bytes_read = 0;  // checkpoint bytes this rank read (both passes)
 };
 
-void save_checkpoint(const std::string& dir, const RankState& state, Communicator& comm);
+struct SaveOptions {
+  std::uint64_t block_elems = 0;  // elements per checksummed block; 0 = the default (256 Ki)
+};
+
+void save_checkpoint(const std::string& dir, const RankState& state, Communicator& comm,
+                     const SaveOptions& options = {});
 // Fills params, the store and the scalars of `state`; layout fields must be set by the caller.
 void load_checkpoint(const std::string& dir, RankState& state, Communicator& comm);
 

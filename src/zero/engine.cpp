@@ -771,7 +771,13 @@ void Engine::load_checkpoint(const std::string& dir) {
   if (m.stage == 3)
     for (std::size_t i = 0; i < m.specs.size(); ++i) m.drop(i);
   zero::RankState r = m.rank_state();
-  zero::load_checkpoint(dir, r, m.comm);
+  try {
+    zero::load_checkpoint(dir, r, m.comm);
+  } catch (const std::exception& e) {
+    // Verification failures change nothing; a failure while restoring left partial state.
+    if (r.restore_started) m.broken = strcat("checkpoint load failed while restoring: ", e.what());
+    throw;
+  }
   if (m.stage == 3 && m.pn) {
     m.write_own(0, m.psize, m.ckpt_params.data());
     m.param_nvme->flush();

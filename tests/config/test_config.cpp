@@ -193,6 +193,33 @@ TEST(Config, RandomRoundTrips) {
   }
 }
 
+// issue 15: paths are bytes; to_yaml must not turn non-UTF-8 bytes into U+FFFD.
+TEST(Config, PathsSurviveToYamlByteForByte) {
+  Config c;
+  c.tiers.nvme.paths = {"/mnt/nvme\xff\xfe\x80/swap", "/tmp/caf\xc3\xa9", "/a\"b\\c\td\ne\x01\x7f",
+                        "/x: #y [z], {w}", " lead and trail ", "'single'"};
+  const std::string y = to_yaml(c);
+  Config back = parse(y);
+  ASSERT_EQ(back.tiers.nvme.paths.size(), c.tiers.nvme.paths.size()) << y;
+  for (std::size_t i = 0; i < c.tiers.nvme.paths.size(); ++i)
+    EXPECT_EQ(back.tiers.nvme.paths[i], c.tiers.nvme.paths[i]) << i << "\n" << y;
+  EXPECT_EQ(to_yaml(back), y);
+}
+
+// to_yaml writes sizes with units (a size without one is refused by the loader).
+TEST(Config, ToYamlWritesSizesWithUnits) {
+  Config c;
+  c.tiers.host.budget = 512ULL << 30;
+  c.tiers.gpu.budget = 80'000'000'000ULL;
+  c.tiers.nvme.budget = 4097;
+  const std::string y = to_yaml(c);
+  EXPECT_NE(y.find("budget: 512GiB"), std::string::npos) << y;
+  EXPECT_NE(y.find("budget: 80GB"), std::string::npos) << y;
+  EXPECT_NE(y.find("budget: 4097B"), std::string::npos) << y;
+  EXPECT_NE(y.find("buffer_size: 256MiB"), std::string::npos) << y;
+  EXPECT_EQ(parse(y).tiers.nvme.budget, 4097u);
+}
+
 TEST(Config, SetOverrides) {
   const std::string base = "model: {parameters: 1B}\nzero: {stage: 1}\n";
   Config c = parse(base, {"model.parameters=7.5B", "zero.stage=3", "tiers.nvme.paths=[/a,/b]",

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "strata/config.hpp"
@@ -83,7 +84,7 @@ TEST(ConfigErrors, OutOfRange) {
                {2, 44, "offload.optimizer.fraction", {"[0, 1]"}});
   expect_error("model: {parameters: 1B}\noffload: {optimizer: {tier: cpu, fraction: -0.1}}\n",
                {2, 44, "offload.optimizer.fraction", {"[0, 1]"}});
-  expect_error("model: {parameters: 1B}\ntiers: {nvme: {block_size: 6000}}\n",
+  expect_error("model: {parameters: 1B}\ntiers: {nvme: {block_size: 6000B}}\n",
                {2, 28, "tiers.nvme.block_size", {"not a multiple of 4096"}});
   expect_error("model: {parameters: 1B}\ntiers: {nvme: {queue_depth: 5000}}\n",
                {2, 29, "tiers.nvme.queue_depth", {"out of range"}});
@@ -114,7 +115,6 @@ TEST(ConfigErrors, ImpossibleCombinations) {
                {3, 29, "offload.optimizer.tier", {"zero.stage >= 1"}});
   expect_error("model: {parameters: 1B}\noffload: {optimizer: {tier: nvme}}\n",
                {2, 29, "offload.optimizer.tier", {"tiers.nvme.paths is empty"}});
-  expect_error("zero: {stage: 1}\n", {1, 1, "model.parameters", {"required"}});
   expect_error("model: {parameters: 1B, hidden_size: 100, heads: 3}\n",
                {1, 50, "model.heads", {"multiple of model.heads"}});
 }
@@ -180,4 +180,118 @@ TEST(ConfigErrors, SetOverridesAreCheckedTheSameWay) {
   // An error in the file itself still points into the file.
   expect_error("model: {parameters: 1B}\nzero: {stage: 9}\n", {2, 15, "zero.stage", {"out of range"}},
                {"tiers.gpu.budget=1GB"});
+}
+
+// ---- issue 15: bounded inputs -------------------------------------------------------------------
+
+// A file holding "," (or a trailing comma) made yaml-cpp's LoadAll allocate without bound.
+TEST(ConfigErrors, Issue15StrayFlowIndicatorsAreSyntaxErrors) {
+  expect_error(",", {1, 1, "", {"YAML syntax error", "unexpected ','"}});
+  expect_error("{model: {parameters: 7B}},", {1, 26, "", {"unexpected ','", "trailing comma"}});
+  expect_error("model: {parameters: 7B}\n]", {2, 1, "", {"YAML syntax error"}});
+  expect_error("model: {parameters: 7B}}\n", {1, 24, "", {"YAML syntax error"}});
+  expect_error("model: {parameters: 7B}\n---\n,\n", {3, 1, "", {"unexpected ','"}});
+  // The same guard for --set values.
+  expect_error("model: {parameters: 1B}\n", {0, 0, "zero.stage", {"not valid YAML", "unexpected ','"}},
+               {"zero.stage=[3],"}, "--set zero.stage=[3],");
+  expect_error("model: {parameters: 1B}\n", {0, 0, "zero.stage", {"not valid YAML", "unexpected ','"}},
+               {"zero.stage=,"}, "--set zero.stage=,");
+}
+
+TEST(ConfigErrors, Issue15ConfigTextIsAtMostOneMiB) {
+  std::string big = "model: {parameters: 1B}\n";
+  big += "#" + std::string((1 << 20), 'x') + "\n";
+  expect_error(big, {0, 0, "", {"at most 1048576 bytes"}});
+}
+
+TEST(ConfigErrors, Issue15ConfigMustBeARegularFileOfAtMostOneMiB) {
+  strata::testing::TempDir dir;
+  auto expect_file_error = [](const std::string& path, const std::string& what) {
+    SCOPED_TRACE(path);
+    try {
+      load_config(path);
+      ADD_FAILURE() << "no error for " << path;
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(e.exit_code(), 2);
+      EXPECT_EQ(e.file(), path);
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // A FIFO without a writer blocked forever; /dev/zero never ended.
+  const std::string fifo = dir.str() + "/fifo.yaml";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_file_error(fifo, "it is a FIFO; a config must be a regular file");
+  expect_file_error("/dev/zero", "it is a character device");
+  expect_file_error(dir.str(), "it is a directory");
+  const std::string big = dir.str() + "/big.yaml";
+  {
+    std::ofstream out(big);
+    out << "model: {parameters: 1B}\n#" << std::string(1 << 20, 'x') << "\n";
+  }
+  expect_file_error(big, "a config is at most 1048576 bytes");
+  // Exactly 1 MiB is fine.
+  const std::string edge = dir.str() + "/edge.yaml";
+  {
+    std::string text = "model: {parameters: 1B}\n#";
+    text += std::string((1 << 20) - text.size() - 1, 'x') + "\n";
+    ASSERT_EQ(text.size(), 1u << 20);
+    std::ofstream(edge) << text;
+  }
+  EXPECT_EQ(load_config(edge).model.parameters, 1'000'000'000ULL);
+}
+
+// Every numeric key has a range that makes derived figures fit their types (docs/config.md).
+TEST(ConfigErrors, Issue15RangesKeepArithmeticInBounds) {
+  // 2^60 parameters made every tier plan at 0 B (16 B x 2^60 wraps).
+  expect_error("model:\n  parameters: 1152921504606846976\n",
+               {2, 15, "model.parameters", {"out of range", "[0, 100000000000000]"}});
+  expect_error("model: {parameters: 101T}\n", {1, 21, "model.parameters", {"out of range"}});
+  EXPECT_EQ(parse_config("model: {parameters: 100T}\n").model.parameters, 100'000'000'000'000ULL);
+  // 1e10 s overflowed the int64 nanoseconds and every collective timed out at once.
+  expect_error("runtime: {collective_timeout_s: 1e10}\n",
+               {1, 33, "runtime.collective_timeout_s", {"out of range", "[0.001, 1e+06]"}});
+  expect_error("runtime: {collective_timeout_s: 0}\n", {1, 33, "runtime.collective_timeout_s", {"out of range"}});
+  EXPECT_DOUBLE_EQ(parse_config("runtime: {collective_timeout_s: 1e6}\n").runtime.collective_timeout_s, 1e6);
+  // 4096 was valid by the docs and refused by CpuAdam at run time.
+  expect_error("runtime: {cpu_threads: 4096}\n", {1, 24, "runtime.cpu_threads", {"[0, 1024]"}});
+  EXPECT_EQ(parse_config("runtime: {cpu_threads: 1024}\n").runtime.cpu_threads, 1024u);
+  expect_error("model: {sequence_length: 16777217}\n", {1, 26, "model.sequence_length", {"out of range"}});
+  expect_error("model: {hidden_size: 64, heads: 128}\n", {1, 33, "model.heads", {"<= model.hidden_size"}});
+  expect_error("world: {ranks: 8192, ranks_per_node: 8192}\n",
+               {1, 38, "world.ranks_per_node", {"[0, 4096]"}});
+  expect_error("world: {ranks: 2000000}\n", {1, 16, "world.ranks", {"out of range"}});
+  expect_error("tiers: {host: {buffer_size: 128GiB}}\n", {1, 29, "tiers.host.buffer_size", {"out of range"}});
+  expect_error("tiers: {nvme: {block_size: 2GiB}}\n", {1, 28, "tiers.nvme.block_size", {"out of range"}});
+  expect_error("precision: {loss_scale: {initial: 1e40}}\n",
+               {1, 35, "precision.loss_scale.initial", {"out of range"}});
+  expect_error("optimizer: {eps: 0}\n", {1, 18, "optimizer.eps", {"out of range", "(0, 1]"}});
+  expect_error("optimizer: {lr: 1e9}\n", {1, 17, "optimizer.lr", {"out of range"}});
+  expect_error("zero: {sub_group_size: 1e15}\n", {1, 24, "zero.sub_group_size", {"out of range"}});
+}
+
+// ---- issue 16 point 7: sizes need a unit; model.parameters is optional ----------------------------
+
+TEST(ConfigErrors, Issue16ByteSizesNeedAUnit) {
+  expect_error("tiers:\n  gpu: {budget: 80}\n",
+               {2, 17, "tiers.gpu.budget", {"'80' has no unit", "80B", "80GB"}});
+  expect_error("tiers: {host: {buffer_size: 1M}}\n",
+               {1, 29, "tiers.host.buffer_size", {"did you mean 1MiB (or 1MB)?"}});
+  expect_error("tiers: {nvme: {block_size: 4k}}\n",
+               {1, 28, "tiers.nvme.block_size", {"did you mean 4KiB (or 4kB)?"}});
+  expect_error("model: {parameters: 1B}\n", {0, 0, "tiers.gpu.budget", {"has no unit"}},
+               {"tiers.gpu.budget=80"}, "--set tiers.gpu.budget=80");
+  // 0 needs no unit; a unit of bytes is explicit.
+  EXPECT_EQ(parse_config("tiers: {nvme: {budget: 0}}\n").tiers.nvme.budget, 0u);
+  EXPECT_EQ(parse_config("tiers: {gpu: {budget: 80B}}\n").tiers.gpu.budget, 80u);
+}
+
+TEST(ConfigErrors, Issue16ModelParametersIsOptional) {
+  const Config c = parse_config("zero: {stage: 1}\n");
+  EXPECT_EQ(c.model.parameters, 0u);
+  EXPECT_EQ(c.zero.stage, 1);
+  EXPECT_EQ(parse_config("model: {parameters: 0}\n").model.parameters, 0u);
+  // largest_layer is checked against parameters only when parameters is known.
+  EXPECT_EQ(parse_config("model: {largest_layer: 200M}\n").model.largest_layer, 200'000'000u);
+  expect_error("model: {parameters: 100M, largest_layer: 200M}\n",
+               {1, 42, "model.largest_layer", {"larger than model.parameters"}});
 }

@@ -10,15 +10,70 @@ TEST(Units, ParsesBinaryAndSiBytes) {
   EXPECT_EQ(parse_bytes("512MiB"), 512ULL << 20);
   EXPECT_EQ(parse_bytes("80GB"), 80'000'000'000ULL);
   EXPECT_EQ(parse_bytes("1MB"), 1'000'000ULL);
-  EXPECT_EQ(parse_bytes("4096"), 4096ULL);
+  EXPECT_EQ(parse_bytes("4096B"), 4096ULL);
   EXPECT_EQ(parse_bytes("4 KiB"), 4096ULL);
   EXPECT_EQ(parse_bytes("1.5GiB"), 3ULL << 29);
   EXPECT_EQ(parse_bytes(" 7B "), 7ULL);
-  EXPECT_EQ(parse_bytes("1e3"), 1000ULL);
+  EXPECT_EQ(parse_bytes("1e3B"), 1000ULL);
+  EXPECT_EQ(parse_bytes("4KB"), 4000ULL);
+  EXPECT_EQ(parse_bytes("4kB"), 4000ULL);
+  // 0 needs no unit.
+  EXPECT_EQ(parse_bytes("0"), 0ULL);
+  EXPECT_EQ(parse_bytes("0.0"), 0ULL);
+}
+
+TEST(Units, BytesNeedAUnit) {
+  // issue 16: `budget: 80` silently meant 80 bytes.
+  try {
+    parse_bytes("80");
+    ADD_FAILURE() << "accepted a size without a unit";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("'80' has no unit"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("80B"), std::string::npos) << e.what();
+  }
+}
+
+struct FioCase {
+  const char* in;
+  const char* suggestion;
+};
+class FioStyleUnits : public ::testing::TestWithParam<FioCase> {};
+TEST_P(FioStyleUnits, AreRefusedWithASuggestion) {
+  try {
+    parse_bytes(GetParam().in);
+    ADD_FAILURE() << "accepted '" << GetParam().in << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find(GetParam().suggestion), std::string::npos) << e.what();
+  }
+}
+INSTANTIATE_TEST_SUITE_P(
+    Cases, FioStyleUnits,
+    ::testing::Values(FioCase{"1M", "did you mean 1MiB (or 1MB)?"},
+                      FioCase{"4k", "did you mean 4KiB (or 4kB)?"},
+                      FioCase{"4K", "did you mean 4KiB (or 4kB)?"},
+                      FioCase{"2G", "did you mean 2GiB (or 2GB)?"},
+                      FioCase{"1.5T", "did you mean 1.5TiB (or 1.5TB)?"},
+                      FioCase{"3P", "did you mean 3PiB (or 3PB)?"}));
+
+TEST(Units, ExactFormatReadsBack) {
+  EXPECT_EQ(format_bytes_exact(0), "0");
+  EXPECT_EQ(format_bytes_exact(256ULL << 20), "256MiB");
+  EXPECT_EQ(format_bytes_exact(80'000'000'000ULL), "80GB");
+  EXPECT_EQ(format_bytes_exact(512ULL << 30), "512GiB");
+  EXPECT_EQ(format_bytes_exact(4097), "4097B");
+  EXPECT_EQ(format_bytes_exact(4096), "4KiB");
+  EXPECT_EQ(format_bytes_exact(1000), "1kB");
+  for (std::uint64_t v : {std::uint64_t{1}, std::uint64_t{4096}, std::uint64_t{1} << 63,
+                          ~std::uint64_t{0}, std::uint64_t{123'000'000'000}, std::uint64_t{3} << 40}) {
+    EXPECT_EQ(parse_bytes(format_bytes_exact(v)), v) << format_bytes_exact(v);
+  }
 }
 
 TEST(Units, RejectsMalformedBytes) {
-  for (const char* bad : {"4 GiBs", "-1", "1e400", "", "GiB", "1.5", "4XB", "0x10", "1e20GB"}) {
+  for (const char* bad : {"4 GiBs", "-1", "1e400", "", "GiB", "1.5", "4XB", "0x10", "1e20GB",
+                          "1.5B", "4096", "1M"}) {
     try {
       parse_bytes(bad);
       ADD_FAILURE() << "accepted '" << bad << "'";

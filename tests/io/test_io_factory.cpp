@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 
 #include "strata/error.hpp"
@@ -142,10 +143,48 @@ TEST(IoFactory, ForcedIoUringFailsLoudlyWhenUnavailable) {
   }
 }
 
-TEST(IoFactory, ProbeFailsOnMissingDirectory) {
-  IoUringProbe p = probe_io_uring({}, "/nonexistent/strata/dir");
+// A directory that does not exist yet is probed where it will be created; a path that cannot be
+// a directory is the caller's error, not "io_uring unavailable" (issue 15).
+TEST(IoFactory, ProbeOfAMissingDirectoryUsesItsParentAndBadPathsAreNotIoUringsFault) {
+  TempDir dir("strata-io-factory");
+  const std::string missing = dir.str() + "/not/yet";
+  IoUringProbe p = probe_io_uring({}, missing);
+  EXPECT_FALSE(p.file_error);
+  EXPECT_FALSE(std::filesystem::exists(dir.str() + "/not"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+  IoEngineOptions o;
+  o.direct_io = DirectIoMode::kOff;
+  EXPECT_NO_THROW(make_io_engine(o, missing));
+  { std::ofstream(dir.str() + "/file") << "x"; }
+  p = probe_io_uring({}, dir.str() + "/file");
   EXPECT_FALSE(p.ok);
-  EXPECT_NE(p.reason.find("/nonexistent/strata/dir"), std::string::npos) << p.reason;
+  EXPECT_TRUE(p.file_error);
+  EXPECT_NE(p.reason.find(dir.str() + "/file"), std::string::npos) << p.reason;
+  LogCapture logs;
+  try {
+    make_io_engine(o, dir.str() + "/file/x");
+    ADD_FAILURE() << "an engine for a path through a file";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errnum(), ENOTDIR) << e.what();
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+  EXPECT_EQ(logs.all().find("io_uring unavailable"), std::string::npos) << logs.all();
+}
+
+TEST(IoFactory, DirectIoRequiredOnTmpfsSaysSo) {
+  const std::string shm = "/dev/shm";
+  if (!std::filesystem::is_directory(shm) || !is_tmpfs(shm)) GTEST_SKIP() << "no tmpfs at /dev/shm";
+  TempDir dir("strata-io-factory");
+  IoEngineOptions o;
+  o.direct_io = DirectIoMode::kRequired;
+  try {
+    make_io_engine(o, shm);
+    ADD_FAILURE() << "O_DIRECT required on tmpfs accepted";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errnum(), EINVAL) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tmpfs has no direct I/O"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("io_uring unavailable"), std::string::npos) << e.what();
+  }
 }
 
 TEST(IoFile, CreateModeExclusiveNoFollow) {

@@ -1,14 +1,20 @@
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 #include <fstream>
 
+#include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
+#include "strata/log.hpp"
 #include "tier/swap_space.hpp"
 #include "test_util.hpp"
 #include "tier_test_util.hpp"
@@ -51,7 +57,9 @@ TEST(SwapSpace, CreatesPrivateFilesReservesAndRemoves) {
     ASSERT_EQ(swap.directories().size(), 1u);
     sdir = swap.directories()[0];
     sfile = swap.file_paths()[0];
-    EXPECT_NE(sdir.find("strata-swap-r3-"), std::string::npos);
+    // The owner's pid is in the name (what a later run checks before removing leftovers).
+    EXPECT_NE(sdir.find("/strata-swap-" + std::to_string(getpid()) + "-r3-"), std::string::npos) << sdir;
+    EXPECT_EQ(sfile, sdir + "/swap.bin");
     struct stat st {};
     ASSERT_EQ(lstat(sdir.c_str(), &st), 0);
     EXPECT_EQ(st.st_mode & 0777, 0700u);
@@ -106,27 +114,273 @@ TEST(SwapSpace, FullSpaceIsABudgetError) {
   swap.free(swap.allocate(256 << 10, "all"));
 }
 
-TEST(SwapSpace, RefusesSymlinkedMissingAndNonDirectoryPaths) {
+TEST(SwapSpace, PathsAreNormalisedFollowedSafelyOrCreated) {
   st::TempDir dir("strata-swap");
   auto engine = engine_for(dir.str());
   fs::create_directory(dir.path() / "real");
   fs::create_directory_symlink(dir.path() / "real", dir.path() / "link");
-  try {
-    SwapSpace swap(opts({(dir.path() / "link").string()}, 1 << 20), *engine);
-    FAIL() << "expected an error for a symlinked path";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("symbolic link"), std::string::npos) << e.what();
+  // Our own symlink in a directory only we can write is followed to the real directory, with or
+  // without a trailing slash.
+  for (const std::string p : {(dir.path() / "link").string(), (dir.path() / "link").string() + "/",
+                              (dir.path() / "real").string() + "//"}) {
+    SCOPED_TRACE(p);
+    SwapSpace swap(opts({p}, 1 << 20), *engine);
+    EXPECT_EQ(swap.directories()[0].rfind((dir.path() / "real").string() + "/strata-swap-", 0), 0u)
+        << swap.directories()[0];
+    EXPECT_EQ(entries((dir.path() / "real").string()), 1u);
   }
   EXPECT_EQ(entries((dir.path() / "real").string()), 0u);
-  EXPECT_THROW(SwapSpace(opts({(dir.path() / "missing").string()}, 1 << 20), *engine), IoError);
+  // A missing path is created (mode 0700), or refused with create_paths off.
+  const std::string missing = (dir.path() / "missing" / "deeper").string();
+  auto no_create = opts({missing}, 1 << 20);
+  no_create.create_paths = false;
+  try {
+    SwapSpace swap(no_create, *engine);
+    ADD_FAILURE() << "created a missing path with create_paths off";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errnum(), ENOENT);
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("tiers.nvme.paths"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir.path() / "missing"));
+  {
+    SwapSpace swap(opts({missing}, 1 << 20), *engine);
+    struct stat st {};
+    ASSERT_EQ(lstat(missing.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0700u);
+  }
+  EXPECT_EQ(entries(missing), 0u);
   { std::ofstream f(dir.path() / "file"); }
-  EXPECT_THROW(SwapSpace(opts({(dir.path() / "file").string()}, 1 << 20), *engine), Error);
+  try {
+    SwapSpace swap(opts({(dir.path() / "file").string()}, 1 << 20), *engine);
+    ADD_FAILURE() << "a file accepted as a swap directory";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errnum(), ENOTDIR);
+    EXPECT_EQ(e.exit_code(), 2);
+  }
   EXPECT_THROW(SwapSpace(opts({}, 1 << 20), *engine), Error);
-  // A second path failing removes what the first one created.
-  EXPECT_THROW(SwapSpace(opts({(dir.path() / "real").string(), (dir.path() / "link").string()},
+  // A second path failing removes what the first one created (nothing is created before every
+  // path has passed its checks).
+  EXPECT_THROW(SwapSpace(opts({(dir.path() / "real").string(), (dir.path() / "file").string()},
                               1 << 20), *engine), Error);
   EXPECT_EQ(entries((dir.path() / "real").string()), 0u);
+}
+
+TEST(SwapSpace, RefusesAParentOtherUsersCanWrite) {
+  st::TempDir dir("strata-swap");
+  auto engine = engine_for(dir.str());
+  const std::string ww = (dir.path() / "ww").string();
+  fs::create_directory(ww);
+  chmod(ww.c_str(), 0777);
+  try {
+    SwapSpace swap(opts({ww + "/"}, 1 << 20), *engine);
+    ADD_FAILURE() << "a world-writable swap parent was accepted";
+  } catch (const IoError& e) {
+    ADD_FAILURE() << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_NE(std::string(e.what()).find("tiers.nvme.paths: " + ww), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("writable by every user"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(entries(ww), 0u);
+  // With the sticky bit (as /tmp) others cannot move or remove our entries: accepted.
+  chmod(ww.c_str(), 01777);
+  SwapSpace swap(opts({ww}, 1 << 20), *engine);
+  EXPECT_EQ(entries(ww), 1u);
+}
+
+// issue 15: another user pre-created the shipped placeholder directory (world-writable) and, during
+// a run, replaced the swap directories with symlinks so that strata deleted files elsewhere.
+TEST(SwapSpace, Issue15AnotherUsersDirectoryIsRefusedAndOursCannotBeRedirected) {
+  if (!st::can_switch_user()) GTEST_SKIP() << "needs root to act as user nobody";
+  st::TempDir dir("strata-swap");
+  chmod(dir.str().c_str(), 0755);
+  const std::string shared = (dir.path() / "tmp").string();  // like /tmp
+  fs::create_directory(shared);
+  chmod(shared.c_str(), 01777);
+  auto engine = engine_for(dir.str());
+  const std::string trap = shared + "/strata-nvme";
+  ASSERT_EQ(st::run_as_user(st::kNobodyUid, st::kNobodyGid, [&] {
+              return mkdir(trap.c_str(), 0777) == 0 && chmod(trap.c_str(), 0777) == 0 ? 0 : 1;
+            }),
+            0);
+  try {
+    SwapSpace swap(opts({trap}, 1 << 20), *engine);
+    ADD_FAILURE() << "swap created in a directory owned by another user";
+  } catch (const IoError& e) {
+    ADD_FAILURE() << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(entries(trap), 0u);
+  // In a sticky directory the attacker can neither move our run directory away (to put a symlink
+  // in its place) nor plant anything in it; removal goes through our directory fds.
+  const std::string victim = (dir.path() / "victim").string();
+  fs::create_directory(victim);
+  { std::ofstream(victim + "/swap.bin") << "not strata's"; }
+  std::string run_dir;
+  {
+    SwapSpace swap(opts({shared}, 1 << 20), *engine);
+    run_dir = swap.directories()[0];
+    const int rc = st::run_as_user(st::kNobodyUid, st::kNobodyGid, [&] {
+      int bad = 0;
+      if (rename(run_dir.c_str(), (shared + "/moved").c_str()) == 0) bad |= 1;
+      if (symlink(victim.c_str(), (run_dir + "/x").c_str()) == 0) bad |= 2;
+      if (unlink((run_dir + "/swap.bin").c_str()) == 0) bad |= 4;
+      return bad;
+    });
+    EXPECT_EQ(rc, 0) << "bitmask of attacks that succeeded";
+  }
+  EXPECT_FALSE(fs::exists(run_dir));
+  std::ifstream in(victim + "/swap.bin");
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_EQ(text, "not strata's");
+}
+
+// While a swap space exists its files are registered for removal on a signal; a process ended by
+// SIGTERM through the CLI's handler (run_signal_cleanup, then the default action) leaves nothing.
+TEST(SwapSpace, SignalHandlerRemovesTheFiles) {
+  st::TempDir dir("strata-swap");
+  const std::size_t before = registered_cleanup_entries();
+  {
+    auto engine = engine_for(dir.str());
+    SwapSpace swap(opts({dir.str()}, 1 << 20), *engine);
+    EXPECT_EQ(registered_cleanup_entries(), before + 2);  // the directory and swap.bin
+  }
+  EXPECT_EQ(registered_cleanup_entries(), before);
+  std::cout.flush();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int sig) {
+      run_signal_cleanup();
+      signal(sig, SIG_DFL);
+      raise(sig);
+    };
+    sigaction(SIGTERM, &sa, nullptr);
+    try {
+      auto engine = engine_for(dir.str());
+      SwapSpace swap(opts({dir.str()}, 1 << 20), *engine);
+      kill(getpid(), SIGTERM);
+      pause();
+    } catch (...) {
+    }
+    _exit(3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  EXPECT_EQ(entries(dir.str()), 0u);
+}
+
+namespace {
+// A pid that no process has now: a child that has been waited for.
+long dead_pid() {
+  pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  waitpid(pid, nullptr, 0);
+  return pid;
+}
+// A per-run directory as a killed run leaves it: its swap.bin holds `bytes`.
+std::string make_leftover(const std::string& parent, const std::string& name, std::size_t bytes) {
+  const std::string d = parent + "/" + name;
+  fs::create_directory(d);
+  chmod(d.c_str(), 0700);
+  std::ofstream(d + "/swap.bin") << std::string(bytes, 'x');
+  return d;
+}
+}  // namespace
+
+TEST(SwapSpace, LeftoversOfDeadRunsAreRemovedByTheNextRun) {
+  st::TempDir dir("strata-swap");
+  const long dead = dead_pid();
+  const long alive = getppid();
+  const std::string d1 = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead) + "-r0-0123abcd", 1 << 20);
+  const std::string d2 = make_leftover(dir.str(), "strata-swap-r1-" + std::to_string(dead) + "-89abcdef", 4096);  // older name
+  const std::string live = make_leftover(dir.str(), "strata-swap-" + std::to_string(alive) + "-r0-00000000", 100);
+  const std::string other = make_leftover(dir.str(), "not-strata-" + std::to_string(dead), 100);
+  std::ofstream(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef") << "io";
+  // The listing, without removing.
+  auto found = find_swap_leftovers(dir.str(), false);
+  ASSERT_EQ(found.size(), 4u);
+  std::uint64_t would = 0;
+  for (const auto& l : found) {
+    SCOPED_TRACE(l.path);
+    if (l.path == live) {
+      EXPECT_EQ(l.status, SwapLeftover::Status::kRunning);
+      EXPECT_EQ(l.pid, alive);
+    } else {
+      EXPECT_EQ(l.status, SwapLeftover::Status::kWouldRemove) << l.detail;
+      EXPECT_EQ(l.pid, dead);
+      would += l.bytes;
+    }
+  }
+  EXPECT_GE(would, 1u << 20);
+  EXPECT_TRUE(fs::exists(d1));
+  // The next run removes what dead processes left, and says so.
+  std::vector<std::string> logs;
+  set_log_sink([&](LogLevel, std::string_view m) { logs.emplace_back(m); });
+  {
+    auto engine = engine_for(dir.str());
+    SwapSpace swap(opts({dir.str()}, 1 << 20), *engine);
+  }
+  set_log_sink(nullptr);
+  EXPECT_FALSE(fs::exists(d1));
+  EXPECT_FALSE(fs::exists(d2));
+  EXPECT_FALSE(fs::exists(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef"));
+  EXPECT_TRUE(fs::exists(live + "/swap.bin"));
+  EXPECT_TRUE(fs::exists(other + "/swap.bin"));
+  std::string all;
+  for (auto& l : logs) all += l + "\n";
+  EXPECT_NE(all.find("removed " + d1 + " left by process " + std::to_string(dead)), std::string::npos) << all;
+  EXPECT_NE(all.find("freed 1 MiB"), std::string::npos) << all;
+}
+
+TEST(SwapSpace, LeftoverLockedByALiveOwnerIsKept) {
+  // A run in another pid namespace: its pid looks dead here, but it holds the directory's lock.
+  st::TempDir dir("strata-swap");
+  const std::string d = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000aaaa", 10);
+  const int fd = open(d.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(flock(fd, LOCK_EX), 0);
+  auto found = find_swap_leftovers(dir.str(), true);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].status, SwapLeftover::Status::kRunning) << found[0].detail;
+  EXPECT_TRUE(fs::exists(d + "/swap.bin"));
+  close(fd);
+  found = find_swap_leftovers(d, true);  // a per-run directory named directly
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].status, SwapLeftover::Status::kRemoved) << found[0].detail;
+  EXPECT_FALSE(fs::exists(d));
+}
+
+TEST(SwapSpace, LeftoverOfAnotherUser) {
+  if (!st::can_switch_user()) GTEST_SKIP() << "needs root to act as user nobody";
+  st::TempDir dir("strata-swap");
+  chmod(dir.str().c_str(), 0755);
+  const std::string d = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000bbbb", 10);
+  ASSERT_EQ(chown(d.c_str(), st::kNobodyUid, st::kNobodyGid), 0);
+  ASSERT_EQ(chown((d + "/swap.bin").c_str(), st::kNobodyUid, st::kNobodyGid), 0);
+  // nobody may not remove it from a directory it cannot write...
+  const int rc = st::run_as_user(st::kNobodyUid, st::kNobodyGid, [&] {
+    try {
+      auto found = find_swap_leftovers(dir.str(), true);
+      return found.size() == 1 && found[0].status == SwapLeftover::Status::kFailed ? 0 : 1;
+    } catch (...) {
+      return 2;
+    }
+  });
+  EXPECT_EQ(rc, 0);
+  // ...root may.
+  auto found = find_swap_leftovers(dir.str(), true);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].status, SwapLeftover::Status::kRemoved) << found[0].detail;
+  EXPECT_EQ(found[0].uid, st::kNobodyUid);
+  EXPECT_FALSE(fs::exists(d));
 }
 
 TEST(SwapSpace, RefusesUnwritablePath) {

@@ -54,7 +54,7 @@ TEST(BenchStepCli, DeviceUpdate) {
 TEST(BenchStepCli, BadInputExits2) {
   std::string out;
   EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
-                            "/bench/step/step.yaml --params 1M --set tiers.host.buffer_size=4096",
+                            "/bench/step/step.yaml --params 1M --set tiers.host.buffer_size=4KiB",
                         &out),
             2)
       << out;

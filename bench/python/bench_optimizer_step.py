@@ -1,0 +1,161 @@
+#!/usr/bin/python3
+"""The optimizer step of strata.torch.ZeroOptimizer against torch.optim.AdamW (issue 13, point 6).
+
+A transformer-shaped parameter set (embedding + LAYERS blocks of d_model: QKV, projection, MLP,
+two LayerNorms; 133M parameters by default), FP32, one process. Only step() is timed; the
+gradients (fixed random values) are handed in before each timed step, outside the timing.
+
+1. Host: ZeroOptimizer with the optimizer state in pinned host memory (offload.optimizer
+   {tier: cpu, pin_memory: true}) and CPU Adam, against torch.optim.AdamW(foreach=True) on a copy
+   of the same parameters, with the same number of threads (torch.set_num_threads(T),
+   runtime.cpu_threads T), alternating strata / torch each round after a warm-up round. Prints
+   both medians and speedup = torch / strata (target >= 5).
+2. With --nvme DIR: ZeroOptimizer with the state on NVMe (swap in DIR), then
+   `strata bench step` on the same config and element count, which measures the device bound
+   max(t_io, t_update) (t_io: read || write of every chunk, no update). Prints the step's median
+   and step / bound (target <= 1.1).
+
+Run it on a quiet machine (speed figures taken while other jobs run are not results):
+  PYTHONPATH=build/python /usr/bin/python3 bench/python/bench_optimizer_step.py \\
+      --threads 8 --nvme /mnt/nvme/strata-bench --strata build/strata
+Prints one JSON line per part (--json: only those lines).
+"""
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
+import strata
+
+
+class Shapes(nn.Module):
+    """Parameters shaped like a GPT of d_model, LAYERS blocks, VOCAB tokens (no forward needed)."""
+
+    def __init__(self, d, layers, vocab):
+        super().__init__()
+        self.wte = nn.Parameter(torch.randn(vocab, d) * 0.02)
+        for i in range(layers):
+            for name, shape in (("ln1_w", (d,)), ("ln1_b", (d,)), ("qkv_w", (3 * d, d)), ("qkv_b", (3 * d,)),
+                                ("proj_w", (d, d)), ("proj_b", (d,)), ("ln2_w", (d,)), ("ln2_b", (d,)),
+                                ("fc_w", (4 * d, d)), ("fc_b", (4 * d,)), ("out_w", (d, 4 * d)), ("out_b", (d,))):
+                self.register_parameter("b%d_%s" % (i, name), nn.Parameter(torch.randn(shape) * 0.02))
+
+
+def time_strata(opt, params, grads):
+    # What a backward does: autograd accumulates each gradient; the optimizer's hooks take it.
+    torch.autograd.backward(params, grad_tensors=grads)
+    t0 = time.perf_counter()
+    opt.step()
+    return time.perf_counter() - t0
+
+
+def time_torch(opt, params, grads):
+    for p, g in zip(params, grads):
+        p.grad = g
+    t0 = time.perf_counter()
+    opt.step()
+    return time.perf_counter() - t0
+
+
+def part_host(a, model_a, model_b, grads):
+    cfg = {"zero": {"stage": 1}, "runtime": {"cpu_threads": a.threads},
+           "optimizer": {"lr": 1e-4, "weight_decay": 0.01},
+           "offload": {"optimizer": {"tier": "cpu", "pin_memory": True}},
+           "tiers": {"host": {"pinned_budget": "64GiB"}}}
+    zopt = strata.torch.ZeroOptimizer(model_a, cfg, param_groups=[{"params": list(model_a.parameters())}])
+    topt = torch.optim.AdamW(model_b.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
+    pa, pb = list(model_a.parameters()), list(model_b.parameters())
+    ts, tt = [], []
+    time_strata(zopt, pa, grads)  # warm-up (first touch of the state)
+    time_torch(topt, pb, grads)
+    for _ in range(a.rounds):
+        ts.append(time_strata(zopt, pa, grads))
+        tt.append(time_torch(topt, pb, grads))
+    ms, mt = statistics.median(ts), statistics.median(tt)
+    zopt.close()
+    del topt
+    return {"part": "host", "params": a.n, "threads": a.threads, "rounds": a.rounds,
+            "strata_step_s": ms, "torch_adamw_foreach_step_s": mt, "speedup": mt / ms,
+            "strata_params_per_second": a.n / ms, "torch_params_per_second": a.n / mt, "target": ">= 5"}
+
+
+def part_nvme(a, model_a, grads):
+    cfg = {"zero": {"stage": 1, "sub_group_size": a.sub_group}, "runtime": {"cpu_threads": a.threads},
+           "optimizer": {"lr": 1e-4, "weight_decay": 0.01},
+           "offload": {"optimizer": {"tier": "nvme"}},
+           "tiers": {"host": {"buffer_count": a.buffers, "buffer_size": a.buffer_size, "pinned_budget": "8GiB"},
+                     "nvme": {"paths": [a.nvme]}},
+           "precision": {"params": "fp32", "grads": "fp32"}}
+    zopt = strata.torch.ZeroOptimizer(model_a, cfg, param_groups=[{"params": list(model_a.parameters())}])
+    pa = list(model_a.parameters())
+    time_strata(zopt, pa, grads)
+    ts = [time_strata(zopt, pa, grads) for _ in range(a.rounds)]
+    yaml_cfg = zopt.config_yaml()
+    zopt.close()
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        f.write(yaml_cfg)
+        path = f.name
+    try:
+        out = subprocess.run([a.strata, "bench", "step", path, "--params", str(a.n), "--rounds", str(a.rounds),
+                              "--no-scaling", "--json"], check=True, capture_output=True, text=True).stdout
+    finally:
+        os.unlink(path)
+    step = json.loads(out)["step"]
+    bound = max(step["t_io_s"], step["t_update_s"])
+    ms = statistics.median(ts)
+    return {"part": "nvme", "params": a.n, "threads": a.threads, "rounds": a.rounds, "strata_step_s": ms,
+            "bench_step_t_io_s": step["t_io_s"], "bench_step_t_update_s": step["t_update_s"],
+            "bench_step_t_step_s": step["t_step_s"], "device_bound_s": bound, "step_over_bound": ms / bound,
+            "io_engine": step["io_engine"], "target": "<= 1.1"}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--d-model", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--nvme", help="a directory on the NVMe drive: also run part 2")
+    ap.add_argument("--strata", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "strata"),
+                    help="the strata executable (part 2)")
+    ap.add_argument("--buffers", type=int, default=4)
+    ap.add_argument("--buffer-size", default="64MiB")
+    ap.add_argument("--sub-group", default="100M")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model_a = Shapes(a.d_model, a.layers, a.vocab)
+    a.n = sum(p.numel() for p in model_a.parameters())
+    if not a.json:
+        print("parameters: %.1fM, threads %d, rounds %d" % (a.n / 1e6, a.threads, a.rounds), flush=True)
+    grads = [torch.randn_like(p) * 1e-3 for p in model_a.parameters()]
+    model_b = copy.deepcopy(model_a)
+    r = part_host(a, model_a, model_b, grads)
+    print(json.dumps(r) if a.json else
+          "host: ZeroOptimizer step %.4f s, torch AdamW(foreach) %.4f s: speedup %.2fx (target >= 5)\n%s"
+          % (r["strata_step_s"], r["torch_adamw_foreach_step_s"], r["speedup"], json.dumps(r)), flush=True)
+    del model_b
+    if a.nvme:
+        os.makedirs(a.nvme, exist_ok=True)
+        model_c = Shapes(a.d_model, a.layers, a.vocab)
+        r = part_nvme(a, model_c, grads)
+        print(json.dumps(r) if a.json else
+              "nvme: ZeroOptimizer step %.4f s, device bound max(t_io %.4f, t_update %.4f) = %.4f s: "
+              "step / bound %.3f (target <= 1.1)\n%s"
+              % (r["strata_step_s"], r["bench_step_t_io_s"], r["bench_step_t_update_s"], r["device_bound_s"],
+                 r["step_over_bound"], json.dumps(r)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+// strata._strata: the extension behind `import strata`. A thin binding of the C++ API the Python
+// package needs (config loading, the Engine, communicators); python/strata/torch.py builds the
+// torch optimizer on top of it. No torch header here: tensors cross as (address, element count)
+// pairs that the Python side checks (contiguous, CPU, dtype) before passing them, and parameters
+// come back as writable buffers torch.frombuffer() wraps without a copy.
+//
+// Lifetime: an Engine object owns its communicator and the strata::Engine; every ParamBuffer
+// (and so every torch tensor aliasing the engine's parameters) keeps them alive.
+// Threads: long calls (step, gradients, gathers, state, checkpoints) release the GIL; the engine
+// itself is driven by one thread at a time (the training loop's), as in C++.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "c10d_communicator.hpp"
+#include "errors.hpp"
+#include "strata/build_info.hpp"
+#include "strata/communicator.hpp"
+#include "strata/config.hpp"
+#include "strata/device.hpp"
+#include "strata/engine.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+
+namespace py = pybind11;
+
+namespace strata::python {
+namespace {
+
+using Address = std::uintptr_t;
+
+// The communicator and the engine, destroyed engine first.
+struct EngineBox {
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Engine> engine;
+  ~EngineBox() {
+    engine.reset();
+    comm.reset();
+  }
+};
+
+// A writable byte buffer over one tensor's parameters inside the engine (stages 0-2: stable for
+// the engine's lifetime), keeping the engine alive.
+struct ParamBuffer {
+  std::shared_ptr<EngineBox> box;
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+StateKind state_kind(const std::string& s) {
+  if (s == "master") return StateKind::kMaster;
+  if (s == "exp_avg") return StateKind::kExpAvg;
+  if (s == "exp_avg_sq") return StateKind::kExpAvgSq;
+  fail(ErrorCode::kInvalidArgument, strcat("unknown state '", s, "' (master | exp_avg | exp_avg_sq)"));
+}
+
+// One MPI communicator held from the first MPI engine until interpreter exit: strata finalizes MPI
+// when its last MPI communicator goes, and MPI cannot be initialized twice in a process, so a
+// script that builds a second optimizer after dropping the first needs MPI to stay up.
+std::unique_ptr<Communicator>& mpi_keeper() {
+  static std::unique_ptr<Communicator> keeper;
+  return keeper;
+}
+
+class PyEngine {
+ public:
+  // comm: "single" (one rank, in-process), "mpi" (MPI_COMM_WORLD), "c10d" (process_group).
+  PyEngine(const Config& config, const std::string& comm, py::handle process_group) {
+    box_ = std::make_shared<EngineBox>();
+    const double timeout = config.runtime.collective_timeout_s;
+    if (comm == "single") {
+      box_->comm = std::move(make_inprocess_communicators(1, timeout)[0]);
+    } else if (comm == "mpi") {
+      if (!mpi_keeper()) {
+        {
+          py::gil_scoped_release nogil;
+          mpi_keeper() = make_mpi_communicator(timeout);
+        }
+        py::module_::import("atexit").attr("register")(py::cpp_function([] { mpi_keeper().reset(); }));
+      }
+      py::gil_scoped_release nogil;
+      box_->comm = make_mpi_communicator(timeout);
+    } else if (comm == "c10d") {
+      box_->comm = make_c10d_communicator(process_group, timeout);
+    } else {
+      fail(ErrorCode::kInvalidArgument, strcat("unknown communicator '", comm, "' (single | mpi | c10d)"));
+    }
+    box_->engine = std::make_unique<Engine>(config, *box_->comm);
+  }
+
+  Engine& e() { return *box_->engine; }
+  const Engine& e() const { return *box_->engine; }
+  Communicator& comm() { return *box_->comm; }
+
+  TensorId add_parameter(const std::string& name, Address values, std::size_t numel, GroupId group) {
+    std::span<const float> init(reinterpret_cast<const float*>(values), numel);
+    return e().add_parameter(name, init, group);
+  }
+
+  // torch here is CPU-only: parameters must be host memory.
+  void require_host_params(const char* what) {
+    if (e().device().kind() != DeviceKind::kHost)
+      fail(ErrorCode::kUnsupported,
+           strcat(what, ": the engine keeps the parameters on ", e().device().name(),
+                  "; the Python package needs them in host memory (runtime.device: host)"));
+  }
+
+  ParamBuffer param_buffer(TensorId id) {
+    require_host_params("param_buffer");
+    if (e().stage() == 3)
+      fail(ErrorCode::kInvalidArgument, "param_buffer: stage 3 parameters move; use gather + copy_param");
+    ParamBuffer b;
+    b.box = box_;
+    b.data = const_cast<void*>(e().param(id));
+    b.bytes = e().numel(id) * dtype_size(e().param_dtype());
+    return b;
+  }
+
+  void copy_param(TensorId id, Address dst) {
+    require_host_params("copy_param");
+    const void* src = e().param(id);
+    std::memcpy(reinterpret_cast<void*>(dst), src, e().numel(id) * dtype_size(e().param_dtype()));
+  }
+
+  void read_state(TensorId id, const std::string& kind, Address out) {
+    std::span<float> s(reinterpret_cast<float*>(out), e().numel(id));
+    e().read_state(id, state_kind(kind), s);
+  }
+  void write_state(TensorId id, const std::string& kind, Address in) {
+    std::span<const float> s(reinterpret_cast<const float*>(in), e().numel(id));
+    e().write_state(id, state_kind(kind), s);
+  }
+
+ private:
+  std::shared_ptr<EngineBox> box_;
+};
+
+DType dtype_of(const std::string& s) {
+  if (s == "fp32") return DType::kFp32;
+  if (s == "bf16") return DType::kBf16;
+  if (s == "fp16") return DType::kFp16;
+  fail(ErrorCode::kInvalidArgument, strcat("unknown dtype '", s, "' (fp32 | bf16 | fp16)"));
+}
+
+// A bare c10d communicator (tests of that backend): collectives over (address, count) buffers.
+struct PyComm {
+  std::unique_ptr<Communicator> c;
+};
+struct PyHandle {
+  std::unique_ptr<CommHandle> h;
+};
+
+py::dict step_result(const StepResult& r) {
+  py::dict d;
+  d["applied"] = r.applied;
+  d["overflow"] = r.overflow;
+  d["grad_norm"] = r.grad_norm;
+  d["clip_coef"] = r.clip_coef;
+  d["loss_scale"] = r.loss_scale;
+  return d;
+}
+
+py::dict stats_dict(const EngineStats& s) {
+  py::dict d;
+  d["loss_scale"] = s.loss_scale;
+  d["steps"] = s.steps;
+  d["applied_steps"] = s.applied_steps;
+  d["skipped_steps"] = s.skipped_steps;
+  d["last_grad_norm"] = s.last_grad_norm;
+  d["reduce_s"] = s.reduce_s;
+  d["grad_spill_s"] = s.grad_spill_s;
+  d["norm_s"] = s.norm_s;
+  d["optimizer_s"] = s.optimizer_s;
+  d["gather_s"] = s.gather_s;
+  d["step_s"] = s.step_s;
+  py::dict bytes, calls;
+  for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
+    const char* name = collective_name(static_cast<CollectiveKind>(k));
+    bytes[name] = s.comm.bytes_sent[k];
+    calls[name] = s.comm.calls[k];
+  }
+  d["comm_bytes_sent"] = bytes;
+  d["comm_calls"] = calls;
+  return d;
+}
+
+py::dict config_dict(const Config& c) {
+  py::dict d;
+  d["source"] = c.source;
+  d["stage"] = c.zero.stage;
+  d["params_dtype"] = dtype_name(c.precision.params);
+  d["grads_dtype"] = dtype_name(c.precision.grads);
+  d["optimizer"] = optimizer_name(c.optimizer.type);
+  d["lr"] = c.optimizer.lr;
+  d["betas"] = py::make_tuple(c.optimizer.beta1, c.optimizer.beta2);
+  d["eps"] = c.optimizer.eps;
+  d["weight_decay"] = c.optimizer.weight_decay;
+  d["grad_clip"] = c.optimizer.grad_clip;
+  d["optimizer_tier"] = tier_name(c.offload.optimizer.tier);
+  d["gradients_tier"] = tier_name(c.offload.gradients.tier);
+  d["params_tier"] = tier_name(c.offload.params.tier);
+  d["nvme_paths"] = c.tiers.nvme.paths;
+  d["communicator"] = comm_backend_name(c.runtime.communicator);
+  d["collective_timeout_s"] = c.runtime.collective_timeout_s;
+  d["cpu_threads"] = c.runtime.cpu_threads;
+  d["loss_scale_initial"] = c.precision.loss_scale.initial;
+  d["loss_scale_dynamic"] = c.precision.loss_scale.dynamic;
+  return d;
+}
+
+}  // namespace
+}  // namespace strata::python
+
+PYBIND11_MODULE(_strata, m) {
+  using namespace strata;
+  using namespace strata::python;
+  m.doc() = "strata's C++ engine (private: use strata.torch.ZeroOptimizer)";
+  register_error_translator();
+  m.attr("__version__") = build::kVersion;
+  m.attr("with_mpi") = build::kWithMpi;
+  m.attr("with_cuda") = build::kWithCuda;
+
+  m.def("set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
+        "Sets strata's log level: debug | info | warn | error | off (messages go to stderr).");
+  m.def("log_level", [] { return std::string(log_level_name(log_level())); });
+  m.def("launched_by_mpi", &launched_by_mpi);
+  m.def("mpi_available", &mpi_available);
+
+  py::class_<Config>(m, "Config")
+      .def("to_yaml", [](const Config& c) { return to_yaml(c); })
+      .def("summary", &config_dict, "The fields the Python side reads, as a dict.")
+      .def_property_readonly("source", [](const Config& c) { return c.source; });
+  m.def("load_config", &load_config, py::arg("path"), py::arg("overrides") = std::vector<std::string>{});
+  m.def(
+      "parse_config",
+      [](const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides) {
+        return parse_config(yaml, source, overrides);
+      },
+      py::arg("yaml"), py::arg("source") = "<string>", py::arg("overrides") = std::vector<std::string>{});
+
+  py::class_<ParamBuffer>(m, "ParamBuffer", py::buffer_protocol())
+      .def_buffer([](ParamBuffer& b) {
+        return py::buffer_info(b.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
+                               {static_cast<py::ssize_t>(b.bytes)}, {1}, /*readonly=*/false);
+      })
+      .def_property_readonly("address", [](const ParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
+      .def_property_readonly("nbytes", [](const ParamBuffer& b) { return b.bytes; });
+
+  using G = py::call_guard<py::gil_scoped_release>;
+  py::class_<PyHandle>(m, "CommHandle")
+      .def("wait", [](PyHandle& h) { h.h->wait(); }, G())
+      .def("done", [](PyHandle& h) { return h.h->done(); }, G());
+  py::class_<PyComm>(m, "Comm")
+      .def(py::init([](py::handle pg, double timeout) {
+             auto c = std::make_unique<PyComm>();
+             c->c = make_c10d_communicator(pg, timeout);
+             return c;
+           }),
+           py::arg("process_group"), py::arg("timeout_s") = 60.0)
+      .def_property_readonly("rank", [](PyComm& c) { return c.c->rank(); })
+      .def_property_readonly("size", [](PyComm& c) { return c.c->size(); })
+      .def_property_readonly("backend", [](PyComm& c) { return std::string(c.c->backend_name()); })
+      .def("all_reduce_async",
+           [](PyComm& c, Address send, Address recv, std::size_t count, const std::string& dt) {
+             return PyHandle{c.c->all_reduce_async(reinterpret_cast<const void*>(send),
+                                                   reinterpret_cast<void*>(recv), count, dtype_of(dt))};
+           }, G())
+      .def("reduce_scatter_async",
+           [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts, const std::string& dt) {
+             return PyHandle{c.c->reduce_scatter_async(reinterpret_cast<const void*>(send),
+                                                       reinterpret_cast<void*>(recv), counts, dtype_of(dt))};
+           }, G())
+      .def("all_gather_async",
+           [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts, const std::string& dt) {
+             return PyHandle{c.c->all_gather_async(reinterpret_cast<const void*>(send),
+                                                   reinterpret_cast<void*>(recv), counts, dtype_of(dt))};
+           }, G())
+      .def("broadcast_async",
+           [](PyComm& c, Address buf, std::size_t count, const std::string& dt, int root) {
+             return PyHandle{c.c->broadcast_async(reinterpret_cast<void*>(buf), count, dtype_of(dt), root)};
+           }, G())
+      .def("barrier_async", [](PyComm& c) { return PyHandle{c.c->barrier_async()}; }, G())
+      .def("stats", [](PyComm& c) {
+        CommStats s = c.c->stats();
+        py::dict bytes, calls;
+        for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
+          bytes[collective_name(static_cast<CollectiveKind>(k))] = s.bytes_sent[k];
+          calls[collective_name(static_cast<CollectiveKind>(k))] = s.calls[k];
+        }
+        py::dict d;
+        d["bytes_sent"] = bytes;
+        d["calls"] = calls;
+        return d;
+      });
+  py::class_<PyEngine>(m, "Engine")
+      .def(py::init<const Config&, const std::string&, py::handle>(), py::arg("config"),
+           py::arg("comm"), py::arg("process_group") = py::none())
+      .def_property_readonly("rank", [](PyEngine& s) { return s.comm().rank(); })
+      .def_property_readonly("world", [](PyEngine& s) { return s.comm().size(); })
+      .def_property_readonly("backend", [](PyEngine& s) { return std::string(s.comm().backend_name()); })
+      .def_property_readonly("stage", [](const PyEngine& s) { return s.e().stage(); })
+      .def_property_readonly("param_dtype", [](const PyEngine& s) { return std::string(dtype_name(s.e().param_dtype())); })
+      .def_property_readonly("grad_dtype", [](const PyEngine& s) { return std::string(dtype_name(s.e().grad_dtype())); })
+      .def("add_param_group",
+           [](PyEngine& s, double lr, double wd) { return s.e().add_param_group({lr, wd}); })
+      .def("add_parameter", &PyEngine::add_parameter, G(), py::arg("name"), py::arg("values"),
+           py::arg("numel"), py::arg("group") = 0)
+      .def("num_groups", [](const PyEngine& s) { return s.e().num_groups(); })
+      .def("set_lr", [](PyEngine& s, double lr, GroupId g) { s.e().set_lr(lr, g); })
+      .def("lr", [](const PyEngine& s, GroupId g) { return s.e().lr(g); })
+      .def("set_weight_decay", [](PyEngine& s, double wd, GroupId g) { s.e().set_weight_decay(wd, g); })
+      .def("weight_decay", [](const PyEngine& s, GroupId g) { return s.e().weight_decay(g); })
+      .def("finalize", [](PyEngine& s) { s.e().finalize(); }, G())
+      .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })
+      .def("param_buffer", &PyEngine::param_buffer)
+      .def("copy_param", &PyEngine::copy_param, G())
+      .def("gather", [](PyEngine& s, std::vector<TensorId> ids) { s.e().gather(ids); }, G())
+      .def("prefetch", [](PyEngine& s, std::vector<TensorId> ids) { s.e().prefetch(ids); }, G())
+      .def("release", [](PyEngine& s, std::vector<TensorId> ids) { s.e().release(ids); }, G())
+      .def("loss_scale", [](const PyEngine& s) { return s.e().loss_scale(); })
+      .def("set_gradient",
+           [](PyEngine& s, TensorId id, Address grad) {
+             s.e().set_gradient_host(id, reinterpret_cast<const void*>(grad));
+           },
+           G())
+      .def("step", [](PyEngine& s) {
+        StepResult r;
+        {
+          py::gil_scoped_release nogil;
+          r = s.e().step();
+        }
+        return step_result(r);
+      })
+      .def("stats", [](const PyEngine& s) { return stats_dict(s.e().stats()); })
+      .def("read_state", &PyEngine::read_state, G())
+      .def("write_state", &PyEngine::write_state, G())
+      .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
+      .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
+      .def("save_checkpoint", [](PyEngine& s, const std::string& d) { s.e().save_checkpoint(d); }, G())
+      .def("load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); }, G())
+      .def("barrier", [](PyEngine& s) { s.comm().barrier(); }, G());
+}

@@ -1,0 +1,597 @@
+"""strata.torch: a torch optimizer on strata's ZeRO engine.
+
+    opt = strata.torch.ZeroOptimizer(model, config="zero2-nvme.yaml")
+    for x, y in data:
+        loss = loss_fn(model(x), y)
+        opt.backward(loss)       # loss * loss scale; each gradient goes to the engine as produced
+        result = opt.step()      # reduce, clip, overflow check, Adam(W), parameters back in place
+
+The model's parameters are aliased to the engine's parameter memory (stages 0-2), so the update
+lands in the model's own tensors without a copy; at stage 3 each module's parameters are
+gathered by a forward pre-hook and dropped by a forward post-hook (and gathered again for the
+module's backward), with the engine's prefetch. docs/python.md has the whole contract.
+"""
+import datetime
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from . import _strata
+from . import errors
+from .config import load_config
+
+__all__ = ["ZeroOptimizer", "StepResult", "no_decay_param_groups"]
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_RECOVERY = (
+    "The optimizer is now unusable (its state may mix two steps). To recover, on every rank: "
+    "create a new ZeroOptimizer for the model and call load_checkpoint(<your last checkpoint "
+    "directory>) (examples/train_gpt.py: --resume), or restart the job from that checkpoint."
+)
+
+
+@dataclass
+class StepResult:
+    """What one step() did (the same on every rank)."""
+
+    applied: bool       # False: skipped for an overflow (inf/NaN gradient on some rank)
+    overflow: bool
+    grad_norm: float    # global L2 norm of the averaged, unscaled gradients, before clipping
+    clip_coef: float    # applied to the gradients (1.0 when not clipped)
+    loss_scale: float   # the scale for the next backward()
+    loss: object = None  # what the closure returned, if step() was given one
+
+
+def no_decay_param_groups(model, weight_decay=None):
+    """torch-style parameter groups: matrices and embeddings (>= 2 dimensions) decay, biases and
+    norm weights (< 2 dimensions) do not. Parameters without requires_grad are left out.
+    weight_decay=None keeps the config's optimizer.weight_decay for the first group."""
+    decay, no_decay = [], []
+    for p in _unique_params(model):
+        if p.requires_grad:
+            (decay if p.dim() >= 2 else no_decay).append(p)
+    first = {"params": decay}
+    if weight_decay is not None:
+        first["weight_decay"] = weight_decay
+    groups = [first, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def _unique_params(model):
+    seen = set()
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            yield p
+
+
+class _RegatherForBackward(torch.autograd.Function):
+    """Stage 3: passes a module's outputs through; in backward, first gathers the module's
+    parameters again (its own backward reads them)."""
+
+    @staticmethod
+    def forward(ctx, opt, ids, *outputs):
+        ctx.opt, ctx.ids = opt, ids
+        return tuple(o.detach() for o in outputs) if len(outputs) > 1 else outputs[0].detach()
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.opt._regather(ctx.ids)
+        return (None, None) + grads
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """AdamW/Adam (optimizer.type) whose state lives where strata's config puts it.
+
+    Args:
+      model: the torch.nn.Module to train (CPU, contiguous floating-point parameters of the dtype
+        precision.params names). Every rank must build the same model; rank 0's initial values
+        are broadcast to all.
+      config: a YAML path, a dict, or None (defaults, with the model's dtype as precision).
+      overrides: ``{"zero.stage": 3}`` or ``["zero.stage=3"]``, applied after the config.
+      param_groups: torch-style groups (``[{"params": [...], "lr": ..., "weight_decay": ...}]``);
+        default: :func:`no_decay_param_groups` (no weight decay for biases and norms). betas and
+        eps are the config's for every group.
+      process_group: a torch.distributed group to reduce over (default: the launcher's; see
+        docs/python.md, "Launchers").
+
+    Collective calls (every rank, same order): the constructor, backward(), step(), state_dict(),
+    load_state_dict(), save_checkpoint(), load_checkpoint().
+    """
+
+    def __init__(self, model, config=None, *, overrides=None, param_groups=None, process_group=None):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
+                            % type(model).__name__)
+        self._names = {}
+        for n, p in model.named_parameters():
+            self._names.setdefault(id(p), n)
+        trainable = [p for p in _unique_params(model) if p.requires_grad]
+        if not trainable:
+            raise errors.InvalidArgumentError("strata: the model has no parameter that requires grad")
+        defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in trainable))]
+        # precision.params / precision.grads the config leaves out follow the model's dtype.
+        dt = {v: k for k, v in _DTYPES.items()}.get(trainable[0].dtype)
+        if dt is not None:
+            for key in ("params", "grads"):
+                if not _config_sets(config, overrides, "precision", key):
+                    defaults.append("precision.%s=%s" % (key, dt))
+        self._config = load_config(config, overrides, defaults=defaults)
+        cfg = self._config.summary()
+        self._cfg = cfg
+        opt_defaults = dict(lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"], amsgrad=False, maximize=False,
+                            foreach=None, capturable=False)
+        if param_groups is None:
+            param_groups = no_decay_param_groups(model)
+        super().__init__(param_groups, opt_defaults)
+
+        self._model = model
+        self._param_dtype = _DTYPES[cfg["params_dtype"]]
+        self._grad_dtype = _DTYPES[cfg["grads_dtype"]]
+        self._failed = None
+        self._engine = None
+        self._backward_s = 0.0
+        self._handin_s = 0.0
+        # Every parameter is checked before anything else happens (no process group, no engine).
+        self._params, self._shapes, self._ids = [], [], {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                self._check_param(p)
+                self._ids[id(p)] = len(self._params)
+                self._params.append(p)
+                self._shapes.append(p.shape)
+        self._engine = self._make_engine(process_group)
+        self.rank = self._engine.rank
+        self.world = self._engine.world
+        self.stage = self._engine.stage
+
+        # Register them (group order, then parameter order: the same on every rank).
+        tid = 0
+        for gi, group in enumerate(self.param_groups):
+            if gi > 0:
+                self._engine.add_param_group(float(group["lr"]), float(group["weight_decay"]))
+            for p in group["params"]:
+                init = p.detach().to(torch.float32).contiguous()
+                got = self._engine.add_parameter(self._name(p), init.data_ptr(), init.numel(), gi)
+                assert got == tid, (got, tid)
+                tid += 1
+        self._sync_groups()
+        self._engine.finalize()
+        self._arrived = [False] * len(self._params)
+        self._n_arrived = 0
+
+        # Gradient hooks: on the AccumulateGrad node, created now (while every parameter still has
+        # its full shape: autograd checks gradients against the shape it records here).
+        self._grad_accs, self._hook_handles = [], []
+        with torch.enable_grad():
+            for tid, p in enumerate(self._params):
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                self._hook_handles.append(acc.register_hook(self._grad_hook(tid)))
+                self._grad_accs.append(acc)
+
+        if self.stage < 3:
+            for tid, p in enumerate(self._params):
+                p.data = self._engine_tensor(tid)
+        else:
+            self._empty = torch.empty(0, dtype=self._param_dtype)
+            for p in self._params:
+                p.data = self._empty
+            self._install_stage3_hooks(model)
+
+    # ---- construction helpers ----
+    def _name(self, p):
+        return self._names.get(id(p), "<parameter %d>" % len(self._params))
+
+    def _check_param(self, p):
+        name = self._name(p)
+        if id(p) in self._ids:
+            raise errors.InvalidArgumentError("strata: parameter '%s' appears twice in param_groups" % name)
+        if p.layout != torch.strided:
+            raise errors.InvalidArgumentError("strata: parameter '%s' is %s; strata holds dense tensors only"
+                                              % (name, p.layout))
+        if not p.is_floating_point():
+            raise errors.ParameterTypeError(
+                "strata: parameter '%s' is %s, not floating point: strata trains float parameters "
+                "(precision.params: fp32 | bf16 | fp16); leave it out of param_groups" % (name, p.dtype))
+        if not p.requires_grad:
+            raise errors.InvalidArgumentError(
+                "strata: parameter '%s' does not require grad: no gradient would ever arrive for it; "
+                "leave it out of param_groups" % name)
+        if p.device.type != "cpu":
+            raise errors.UnsupportedError(
+                "strata: parameter '%s' is on %s; this build's torch is CPU-only and strata keeps the "
+                "parameters in host memory: build the model on the CPU" % (name, p.device))
+        if not p.is_contiguous():
+            raise errors.InvalidArgumentError(
+                "strata: parameter '%s' is not contiguous (shape %s, strides %s, e.g. a transposed "
+                "view): strata keeps each parameter as one flat run of its buffer; make it contiguous "
+                "first (p.data = p.data.contiguous())" % (name, tuple(p.shape), tuple(p.stride())))
+        if p.dtype != self._param_dtype:
+            raise errors.ParameterTypeError(
+                "strata: parameter '%s' is %s but the config (%s) has precision.params: %s; convert "
+                "the model (model.to(%s)) or set precision.params to match"
+                % (name, p.dtype, self._cfg["source"], self._cfg["params_dtype"], self._param_dtype))
+
+    def _make_engine(self, process_group):
+        choice = self._cfg["communicator"]
+        if process_group is not None:
+            return _strata.Engine(self._config, "c10d", process_group)
+        if choice == "nccl":
+            raise errors.UnsupportedError(
+                "strata: runtime.communicator: nccl is not available from Python yet (the engine "
+                "reduces host buffers); use auto, or mpi under mpirun")
+        if choice == "mpi" or (choice == "auto" and _strata.launched_by_mpi()):
+            if not _strata.launched_by_mpi() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                raise errors.UsageError(
+                    "strata: runtime.communicator: mpi, but this process was started by torchrun "
+                    "(WORLD_SIZE=%s), not mpirun: each rank would train alone; use "
+                    "runtime.communicator: auto" % os.environ["WORLD_SIZE"])
+            if not _strata.with_mpi:
+                raise errors.UnsupportedError("strata: launched by mpirun but this strata was built "
+                                              "without MPI (Debian: libopenmpi-dev; rebuild)")
+            return _strata.Engine(self._config, "mpi")
+        if choice == "inprocess":
+            return _strata.Engine(self._config, "single")
+        group = _launcher_group(self._cfg["collective_timeout_s"])
+        if group is None:
+            return _strata.Engine(self._config, "single")
+        return _strata.Engine(self._config, "c10d", group)
+
+    def _engine_tensor(self, tid):
+        shape = self._shapes[tid]
+        if self._params[tid].numel() == 0:
+            return torch.empty(shape, dtype=self._param_dtype)
+        buf = self._engine.param_buffer(tid)  # keeps the engine alive as long as the tensor
+        return torch.frombuffer(buf, dtype=self._param_dtype).view(shape)
+
+    # ---- gradients ----
+    def _grad_hook(self, tid):
+        def hook(*_):
+            p = self._params[tid]
+            g = p.grad
+            if g is None:
+                return
+            p.grad = None
+            self._hand_in(tid, g)
+            if self.stage == 3:
+                p.data = self._empty
+        return hook
+
+    def _hand_in(self, tid, g):
+        self._check_usable()
+        if g.layout != torch.strided:
+            raise errors.InvalidArgumentError("strata: the gradient of '%s' is %s; strata takes dense "
+                                              "gradients" % (self._name(self._params[tid]), g.layout))
+        if g.dtype != self._grad_dtype:
+            g = g.to(self._grad_dtype)
+        g = g.contiguous()
+        if self._arrived[tid]:
+            raise errors.UsageError(
+                "strata: the gradient of '%s' arrived twice before step(): strata takes one backward "
+                "per step (gradient accumulation: sum the losses of the micro-batches, then backward "
+                "once)" % self._name(self._params[tid]))
+        t0 = time.perf_counter()
+        self._call(self._engine.set_gradient, tid, g.data_ptr())
+        self._handin_s += time.perf_counter() - t0
+        self._arrived[tid] = True
+        self._n_arrived += 1
+
+    @property
+    def loss_scale(self):
+        """The factor backward() multiplies the loss by (1.0 with fp32 gradients)."""
+        return self._engine.loss_scale()
+
+    def backward(self, loss, retain_graph=False):
+        """loss * loss_scale, then backward; the gradient hooks hand every parameter's gradient to
+        the engine as autograd produces it (at stages 2-3 a full bucket starts its reduce-scatter
+        while the rest of the backward runs). One backward() per step()."""
+        self._check_usable()
+        if self._n_arrived:
+            raise errors.UsageError(
+                "strata: backward() again before step(): %d of %d gradients of this step were already "
+                "handed in; strata takes one backward per step" % (self._n_arrived, len(self._params)))
+        scale = self._engine.loss_scale()
+        t0 = time.perf_counter()
+        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        self._backward_s += time.perf_counter() - t0
+
+    def zero_grad(self, set_to_none=True):
+        """Gradients live in the engine and are consumed by step(): nothing to zero. Raises
+        UsageError between backward() and step() (those gradients cannot be taken back)."""
+        if self._n_arrived:
+            raise errors.UsageError(
+                "strata: zero_grad() after backward() and before step(): the engine has already "
+                "started reducing this step's gradients across ranks; call step() first")
+        for p in self._params:
+            p.grad = None
+
+    # ---- the step ----
+    def _sync_groups(self):
+        betas, eps = tuple(self._cfg["betas"]), self._cfg["eps"]
+        for gi, group in enumerate(self.param_groups):
+            if tuple(group.get("betas", betas)) != betas or group.get("eps", eps) != eps:
+                raise errors.InvalidArgumentError(
+                    "strata: param_groups[%d] sets betas/eps %s/%s; strata uses optimizer.betas / "
+                    "optimizer.eps of the config (%s/%s) for every group"
+                    % (gi, group.get("betas"), group.get("eps"), betas, eps))
+            self._engine.set_lr(float(group["lr"]), gi)
+            self._engine.set_weight_decay(float(group["weight_decay"]), gi)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Reduces the gradients across ranks, computes the global norm, clips (optimizer.grad_clip),
+        agrees on overflow (all ranks skip together), runs Adam(W) on this rank's partition and
+        brings the parameters back into the model's tensors. Returns a StepResult."""
+        self._check_usable()
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._n_arrived == 0:
+            raise errors.UsageError(
+                "strata: step() before backward(): no gradient arrived in this step; call "
+                "opt.backward(loss) (or loss.backward()) first")
+        if self._n_arrived < len(self._params):
+            missing = [self._name(p) for p, a in zip(self._params, self._arrived) if not a]
+            more = " and %d more" % (len(missing) - 8) if len(missing) > 8 else ""
+            raise errors.UsageError(
+                "strata: step(): the gradients of %s%s never arrived (%d of %d did). A parameter the "
+                "forward did not use gets no gradient: set requires_grad=False on it or leave it out "
+                "of param_groups. (On the other ranks this step will time out.)"
+                % (", ".join("'%s'" % n for n in missing[:8]), more, self._n_arrived, len(self._params)))
+        self._sync_groups()
+        r = self._call(self._engine.step)
+        self._arrived = [False] * len(self._params)
+        self._n_arrived = 0
+        return StepResult(loss=loss, **r)
+
+    # ---- failures ----
+    def _call(self, fn, *args):
+        """Calls an engine method whose failure (other than bad input) leaves the engine failed
+        (engine.hpp: set_gradient, step, and the stage-3 gathers, which are collectives of the
+        step): marks this optimizer failed and adds how to recover to the message. Checkpoints and
+        state access verify before they change anything and are called directly."""
+        try:
+            return fn(*args)
+        except errors.StrataError as e:
+            if e.code != "invalid argument" and not isinstance(e, errors.UsageError):
+                self._failed = str(e).splitlines()[0]
+                e.args = ("%s\n%s" % (e, _RECOVERY),) + e.args[1:]
+            raise
+
+    def _check_usable(self):
+        if self._failed is not None:
+            raise errors.EngineFailedError("strata: refused: an earlier step failed (%s).\n%s"
+                                           % (self._failed, _RECOVERY))
+
+    # ---- stage 3 ----
+    def _install_stage3_hooks(self, model):
+        self._stage3_handles = []
+        for m in model.modules():
+            ids = tuple(self._ids[id(p)] for p in m.parameters(recurse=False) if id(p) in self._ids)
+            if not ids:
+                continue
+            self._stage3_handles.append(m.register_forward_pre_hook(self._pre_forward(ids)))
+            self._stage3_handles.append(m.register_forward_hook(self._post_forward(ids)))
+
+    def _fetch(self, ids):
+        """Gathers `ids` and gives each parameter a private copy of its full tensor (the engine's
+        gathered buffer is released at once; autograd may keep the copy for the backward)."""
+        self._call(self._engine.gather, list(ids))
+        for tid in ids:
+            t = torch.empty(self._shapes[tid], dtype=self._param_dtype)
+            if t.numel():
+                self._engine.copy_param(tid, t.data_ptr())
+            self._params[tid].data = t
+        self._call(self._engine.release, list(ids))
+
+    def _pre_forward(self, ids):
+        def hook(module, inputs):
+            self._check_usable()
+            self._fetch(ids)
+        return hook
+
+    def _post_forward(self, ids):
+        def hook(module, inputs, output):
+            for tid in ids:
+                self._params[tid].data = self._empty
+            if not torch.is_grad_enabled():
+                return output
+            if isinstance(output, torch.Tensor):
+                return _RegatherForBackward.apply(self, ids, output) if output.requires_grad else output
+            if isinstance(output, tuple) and output and all(isinstance(o, torch.Tensor) for o in output):
+                if any(o.requires_grad for o in output):
+                    return tuple(_RegatherForBackward.apply(self, ids, *output))
+            return output
+        return hook
+
+    def _regather(self, ids):
+        todo = tuple(t for t in ids if not self._arrived[t]
+                     and tuple(self._params[t].data.shape) != tuple(self._shapes[t]))
+        if todo:
+            self._fetch(todo)
+
+    # ---- state ----
+    def _read(self, tid, kind):
+        t = torch.empty(self._shapes[tid], dtype=torch.float32)
+        if t.numel():
+            self._engine.read_state(tid, kind, t.data_ptr())
+        return t
+
+    def _checked(self, tid, kind, value):
+        """`value` as a contiguous FP32 CPU tensor of parameter tid's shape, or InvalidArgumentError."""
+        value = torch.as_tensor(value)
+        if tuple(value.shape) != tuple(self._shapes[tid]):
+            raise errors.InvalidArgumentError(
+                "strata: load_state_dict: %s of '%s' has shape %s, the parameter %s; nothing was loaded"
+                % (kind, self._name(self._params[tid]), tuple(value.shape), tuple(self._shapes[tid])))
+        return value.detach().to(device="cpu", dtype=torch.float32).contiguous()
+
+    def state_dict(self):
+        """torch's optimizer format (torch.optim.AdamW.load_state_dict accepts it): per parameter
+        index, 'step', 'exp_avg', 'exp_avg_sq' (FP32, whole tensors gathered from the ranks that
+        own them) and 'master' (the FP32 master weights; equal to the parameters in fp32).
+        Collective: every rank calls it and gets the whole state."""
+        self._check_usable()
+        step = torch.tensor(float(self._engine.optimizer_step()))
+        state = {}
+        for tid in range(len(self._params)):
+            state[tid] = {"step": step.clone(), "exp_avg": self._read(tid, "exp_avg"),
+                          "exp_avg_sq": self._read(tid, "exp_avg_sq"), "master": self._read(tid, "master")}
+        groups, i = [], 0
+        for g in self.param_groups:
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = list(range(i, i + len(g["params"])))
+            i += len(g["params"])
+            groups.append(d)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        """Loads torch's optimizer format (from this class or torch.optim.Adam/AdamW): moments,
+        step, group hyper-parameters; the FP32 master from 'master' when present, else from the
+        model's current parameters (so load the model's state_dict first). Collective: every rank
+        passes the same state_dict."""
+        self._check_usable()
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups) or any(
+                len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
+            raise errors.InvalidArgumentError(
+                "strata: load_state_dict: the state has groups of %s parameters, this optimizer %s"
+                % ([len(g["params"]) for g in groups], [len(g["params"]) for g in self.param_groups]))
+        betas, eps = tuple(self._cfg["betas"]), self._cfg["eps"]
+        for gi, g in enumerate(groups):
+            if tuple(g.get("betas", betas)) != betas or g.get("eps", eps) != eps:
+                raise errors.InvalidArgumentError(
+                    "strata: load_state_dict: param_groups[%d] has betas/eps %s/%s, the config %s/%s "
+                    "(strata uses the config's for every group); nothing was loaded"
+                    % (gi, g.get("betas"), g.get("eps"), betas, eps))
+        index = [i for g in groups for i in g["params"]]
+        steps, values = set(), []
+        for tid, idx in enumerate(index):  # everything is checked before anything is written
+            st = state_dict["state"].get(idx, {})
+            if "step" in st:
+                steps.add(int(float(st["step"])))
+            master = st.get("master")
+            if master is None:
+                master = self._current_param(tid)
+            values.append([(kind, self._checked(tid, kind, v)) for kind, v in (
+                ("master", master),
+                ("exp_avg", st.get("exp_avg", torch.zeros(self._shapes[tid]))),
+                ("exp_avg_sq", st.get("exp_avg_sq", torch.zeros(self._shapes[tid]))))])
+        if len(steps) > 1:
+            raise errors.InvalidArgumentError(
+                "strata: load_state_dict: the parameters have different step counts %s; strata keeps "
+                "one step count for all; nothing was loaded" % sorted(steps))
+        for tid, kinds in enumerate(values):
+            for kind, v in kinds:
+                if v.numel():
+                    self._engine.write_state(tid, kind, v.data_ptr())
+        self._engine.set_optimizer_step(steps.pop() if steps else 0)
+        for g, saved in zip(self.param_groups, groups):
+            for k, v in saved.items():
+                if k != "params":
+                    g[k] = v
+        self._sync_groups()
+
+    def _current_param(self, tid):
+        if self.stage < 3:
+            return self._params[tid].detach().float()
+        return self._read(tid, "master")
+
+    def save_checkpoint(self, directory):
+        """The engine's checkpoint (every rank's shard + a manifest, committed atomically; see
+        docs/offload.md). Collective."""
+        self._check_usable()
+        self._engine.save_checkpoint(os.fspath(directory))
+
+    def load_checkpoint(self, directory):
+        """Restores a checkpoint written by save_checkpoint (verified before anything changes; the
+        world size and stage may differ: the load reshards). Collective."""
+        self._check_usable()
+        self._engine.load_checkpoint(os.fspath(directory))
+
+    # ---- information ----
+    @property
+    def config(self):
+        """The loaded config's fields (dict); ``self.config_yaml()`` for all of it."""
+        return dict(self._cfg)
+
+    def config_yaml(self):
+        return self._config.to_yaml()
+
+    @property
+    def backend(self):
+        """The communicator: "inprocess" (one rank), "mpi", "c10d(gloo)"."""
+        return self._engine.backend
+
+    def stats(self):
+        """Seconds per phase summed over the steps (backward_s: the loss.backward() calls,
+        including handing the gradients in (handin_s) and, at stages 2-3, reduce-scatters that
+        overlap it; reduce_s, norm_s, optimizer_s, gather_s, grad_spill_s, step_s: the engine's),
+        step counts, loss scale, bytes sent per collective."""
+        s = self._engine.stats()
+        s["backward_s"] = self._backward_s
+        s["handin_s"] = self._handin_s
+        return s
+
+    def close(self):
+        """Detaches the model (its parameters become ordinary tensors holding the current values)
+        and drops the engine: its swap files are removed. The optimizer cannot be used after."""
+        for h in self._hook_handles + getattr(self, "_stage3_handles", []):
+            h.remove()
+        self._hook_handles, self._stage3_handles, self._grad_accs = [], [], []
+        if self._engine is not None and self._failed is None:
+            for tid, p in enumerate(self._params):
+                p.data = (self._engine_tensor(tid).clone() if self.stage < 3
+                          else self._read(tid, "master").to(self._param_dtype))
+        self._engine = None
+        self._failed = "closed"
+
+
+def _config_sets(config, overrides, section, key):
+    """Whether the config (a YAML path or a dict) or the overrides give section.key."""
+    path = "%s.%s" % (section, key)
+    if isinstance(overrides, dict) and path in overrides:
+        return True
+    if isinstance(overrides, (list, tuple, str)):
+        items = [overrides] if isinstance(overrides, str) else overrides
+        if any(str(o).split("=", 1)[0].strip() == path for o in items):
+            return True
+    doc = config
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            import yaml
+
+            with open(config) as f:
+                doc = yaml.safe_load(f)
+        except Exception:  # unreadable or malformed: strata's loader reports it properly
+            return True
+    elif not isinstance(config, dict):
+        return config is not None  # a loaded Config has every key
+    sec = doc.get(section) if isinstance(doc, dict) else None
+    return isinstance(sec, dict) and key in sec
+
+
+def _launcher_group(timeout_s):
+    """The process group to reduce over under torchrun (or after init_process_group): the default
+    group if it is gloo, else a gloo group over the same ranks. None for a single process."""
+    if not dist.is_available():
+        return None
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+            return None
+        if "MASTER_ADDR" not in os.environ:
+            raise errors.UsageError(
+                "strata: WORLD_SIZE=%s but no MASTER_ADDR: start the ranks with torchrun (or call "
+                "torch.distributed.init_process_group first)" % os.environ["WORLD_SIZE"])
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.get_world_size() == 1:
+        return None
+    group = dist.distributed_c10d._get_default_group()
+    if dist.get_backend() != "gloo":
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return group

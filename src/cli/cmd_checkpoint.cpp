@@ -1,0 +1,202 @@
+// `strata checkpoint info|verify|export DIR`: inspect, check and consolidate a checkpoint written
+// by Engine::save_checkpoint / `strata train --checkpoint-dir` (docs/offload.md, "Checkpoints").
+//   info DIR [--json]                     world, stage, step, tensors, sizes, where each shard lives
+//   verify DIR [--json]                   every checksum; exit 0 (intact) or 1 (what is wrong)
+//   export DIR --out F [--dtype D] [--overwrite] [--json]
+//                                         the parameters (FP32 master, or converted) as safetensors
+// Exit codes: 0 ok; 1 a damaged checkpoint (checksum, missing or truncated shard) or another
+// failure; 2 bad input (no checkpoint in DIR, a format this strata does not read, bad arguments).
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+
+#include "cli/command.hpp"
+#include "strata/error.hpp"
+#include "strata/units.hpp"
+#include "zero/checkpoint_tools.hpp"
+
+namespace {
+
+using namespace strata;
+using namespace strata::zero;
+using nlohmann::json;
+
+struct Options {
+  std::string dir;
+  std::string out;
+  std::string dtype = "fp32";
+  bool overwrite = false;
+  bool json = false;
+};
+
+std::string human(std::uint64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::uint64_t parameters(const ckpt::Manifest& m) {
+  std::uint64_t n = 0;
+  for (const auto& t : m.tensors) n += t.numel;
+  return n;
+}
+
+json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
+  json j;
+  j["dir"] = dir.path();
+  j["format_version"] = m.format_version;
+  j["strata_version"] = m.strata_version;
+  j["serial"] = m.serial;
+  j["world"] = m.world;
+  j["stage"] = m.stage;
+  j["param_dtype"] = dtype_name(m.param_dtype);
+  j["steps"] = m.steps;
+  j["applied_steps"] = m.applied_steps;
+  j["skipped_steps"] = m.skipped_steps;
+  j["optimizer_step"] = m.adam_step;
+  j["loss_scale"] = m.loss_scale;
+  j["parameters"] = parameters(m);
+  j["flat_size"] = m.flat_size;
+  j["partition_size"] = m.partition_size;
+  j["block_elems"] = m.block_elems;
+  auto& ts = j["tensors"] = json::array();
+  for (const auto& t : m.tensors) ts.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
+  auto& ss = j["shards"] = json::array();
+  for (const auto& s : m.shards) {
+    struct stat st {};
+    const bool present = dir.stat_entry(s.file, &st);
+    ss.push_back({{"rank", s.rank}, {"file", s.file}, {"path", dir.child_path(s.file)}, {"bytes", s.bytes},
+                  {"begin", s.begin}, {"count", s.count}, {"present", present},
+                  {"size_matches", present && static_cast<std::uint64_t>(st.st_size) == s.bytes}});
+  }
+  j["config"] = m.config_yaml;
+  return j;
+}
+
+int run_info(const Options& o) {
+  const ckpt::SafeDir dir = ckpt::SafeDir::open(o.dir, {});
+  const ckpt::Manifest m = ckpt::read_manifest(dir);
+  const json j = manifest_json(m, dir);
+  if (o.json) {
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << "checkpoint " << dir.path() << ": format " << m.format_version << " (written by strata "
+            << m.strata_version << "), serial " << m.serial << "\n"
+            << "  saved by " << m.world << " rank(s) at ZeRO stage " << m.stage << ", parameters "
+            << dtype_name(m.param_dtype) << "\n"
+            << "  after step " << m.steps << " (" << m.applied_steps << " applied, " << m.skipped_steps
+            << " skipped; optimizer step " << m.adam_step << "), loss scale " << m.loss_scale << "\n"
+            << "  " << m.tensors.size() << " tensors, " << parameters(m) << " parameters (" << m.flat_size
+            << " elements with padding, " << m.partition_size << " per shard), checksum blocks of "
+            << m.block_elems << " elements\n";
+  std::cout << "tensors:\n";
+  std::size_t w = 4;
+  for (const auto& t : m.tensors) w = std::max(w, t.name.size());
+  for (const auto& t : m.tensors) {
+    std::cout << "  " << t.name << std::string(w - t.name.size(), ' ') << "  " << t.numel << " elements at flat offset "
+              << t.offset << " (shard";
+    const std::uint64_t first = t.offset / m.partition_size;
+    const std::uint64_t last = t.numel ? (t.offset + t.numel - 1) / m.partition_size : first;
+    std::cout << (first == last ? " " : "s ") << first;
+    if (last != first) std::cout << "-" << last;
+    std::cout << ")\n";
+  }
+  std::cout << "shards:\n";
+  for (const auto& s : j["shards"]) {
+    std::cout << "  rank " << s["rank"].get<int>() << "  " << s["path"].get<std::string>() << "  elements ["
+              << s["begin"].get<std::uint64_t>() << ", "
+              << s["begin"].get<std::uint64_t>() + s["count"].get<std::uint64_t>() << ")  "
+              << human(s["bytes"].get<std::uint64_t>())
+              << (!s["present"].get<bool>()        ? "  MISSING"
+                  : !s["size_matches"].get<bool>() ? "  SIZE DIFFERS (damaged)"
+                                                   : "")
+              << "\n";
+  }
+  return 0;
+}
+
+int run_verify(const Options& o) {
+  const VerifyReport r = verify_checkpoint(o.dir);
+  if (o.json) {
+    json j;
+    j["dir"] = o.dir;
+    j["ok"] = r.problems.empty();
+    j["serial"] = r.manifest.serial;
+    j["shards"] = r.manifest.world;
+    j["bytes_checked"] = r.bytes_checked;
+    j["blocks_checked"] = r.blocks_checked;
+    j["problems"] = r.problems;
+    j["notes"] = r.notes;
+    std::cout << j.dump(2) << "\n";
+  } else {
+    for (const auto& n : r.notes) std::cerr << "strata: note: " << n << "\n";
+    for (const auto& p : r.problems) std::cout << "DAMAGED: " << p << "\n";
+    if (r.problems.empty())
+      std::cout << "ok: checkpoint " << o.dir << " (serial " << r.manifest.serial << ", " << r.manifest.world
+                << " shards, " << human(r.bytes_checked) << ", " << r.blocks_checked
+                << " blocks): the manifest and every checksum verify\n";
+    else
+      std::cout << r.problems.size() << " problem(s) in checkpoint " << o.dir << "\n";
+  }
+  return r.problems.empty() ? 0 : 1;
+}
+
+int run_export(const Options& o) {
+  ExportOptions e;
+  if (o.dtype == "fp32") e.dtype = DType::kFp32;
+  else if (o.dtype == "bf16") e.dtype = DType::kBf16;
+  else if (o.dtype == "fp16") e.dtype = DType::kFp16;
+  else fail(ErrorCode::kInvalidArgument, strcat("--dtype '", o.dtype, "': must be fp32, bf16 or fp16"));
+  e.overwrite = o.overwrite;
+  const ExportResult r = export_safetensors(o.dir, o.out, e);
+  if (o.json) {
+    json j{{"dir", o.dir},         {"out", o.out},           {"dtype", o.dtype},
+           {"tensors", r.tensors}, {"parameters", r.parameters}, {"bytes", r.bytes}};
+    std::cout << j.dump(2) << "\n";
+  } else {
+    std::cout << "exported " << r.tensors << " tensors (" << r.parameters << " parameters, " << o.dtype << ") to "
+              << o.out << " (" << human(r.bytes) << ")\n";
+  }
+  return 0;
+}
+
+const bool kRegistered = strata::cli::register_command(
+    {"checkpoint", "Inspect, verify or export a checkpoint directory (info | verify | export)",
+     [](CLI::App& cmd) {
+       auto o = std::make_shared<Options>();
+       cmd.require_subcommand(1);
+       CLI::App* info = cmd.add_subcommand("info", "World, stage, step, tensors, sizes and where each shard lives");
+       info->add_option("dir", o->dir, "Checkpoint directory")->required();
+       info->add_flag("--json", o->json, "Print one JSON document");
+       CLI::App* verify = cmd.add_subcommand(
+           "verify", "Check the manifest and every checksum of every shard (exit 0: intact, 1: damaged)");
+       verify->add_option("dir", o->dir, "Checkpoint directory")->required();
+       verify->add_flag("--json", o->json, "Print one JSON document");
+       CLI::App* exp = cmd.add_subcommand(
+           "export", "Write the consolidated parameters (FP32 master weights) as one safetensors file");
+       exp->add_option("dir", o->dir, "Checkpoint directory")->required();
+       exp->add_option("--out", o->out, "Output file (model.safetensors)")->required();
+       exp->add_option("--dtype", o->dtype, "fp32 (default), bf16 or fp16")
+           ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+           ->capture_default_str();
+       exp->add_flag("--overwrite", o->overwrite, "Replace --out if it exists");
+       exp->add_flag("--json", o->json, "Print one JSON document");
+       return [o, info, verify, exp]() -> int {
+         if (info->parsed()) return run_info(*o);
+         if (verify->parsed()) return run_verify(*o);
+         if (exp->parsed()) return run_export(*o);
+         return 2;
+       };
+     }});
+
+}  // namespace

@@ -1,0 +1,151 @@
+// `strata import-deepspeed ds_config.json [-o strata.yaml]`: a DeepSpeed config as a strata YAML
+// (cli/import_deepspeed.hpp; docs/config.md, "Importing a DeepSpeed config"). The YAML goes to
+// stdout, or to -o FILE (created beside it and renamed into place; an existing FILE is kept unless
+// --overwrite); every key with no strata meaning and every "auto" resolution is a warning on
+// stderr (and a comment at the end of the YAML). Exit 0, or 2 for malformed or invalid input.
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <iostream>
+#include <memory>
+
+#include "cli/command.hpp"
+#include "cli/import_deepspeed.hpp"
+#include "core/safe_fs.hpp"
+#include "strata/error.hpp"
+#include "strata/units.hpp"
+
+namespace {
+
+using namespace strata;
+
+constexpr std::uint64_t kMaxInput = 1 << 20;
+
+struct Options {
+  std::string input;
+  std::string output;
+  bool overwrite = false;
+  std::string parameters, hidden_size, micro_batch;
+  std::uint32_t ranks = 0;
+  std::string precision;
+};
+
+std::string read_input(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw IoError("open", path, 0, 0, errno, "DeepSpeed config");
+  UniqueFd guard(fd);
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw IoError("stat", path, 0, 0, errno, "DeepSpeed config");
+  if (!S_ISREG(st.st_mode)) fail(ErrorCode::kInvalidArgument, strcat(path, ": not a regular file"));
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxInput)
+    fail(ErrorCode::kInvalidArgument, strcat(path, ": ", st.st_size, " bytes; a DeepSpeed config may have at most ",
+                                             kMaxInput));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::read(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw IoError("read", path, done, text.size() - done, errno, "DeepSpeed config");
+    if (n == 0) break;
+    done += static_cast<std::size_t>(n);
+  }
+  text.resize(done);
+  return text;
+}
+
+// Writes `text` to `path` through a temporary file in its directory (O_EXCL, no symlink), then a
+// rename (that does not replace an existing file unless overwrite).
+void write_output(const std::string& path, const std::string& text, bool overwrite) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const auto slash = p.rfind('/');
+  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+  const std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..") fail(ErrorCode::kInvalidArgument, strcat("-o '", path, "' does not name a file"));
+  SafeDirOptions o;
+  o.role = "-o directory";
+  const SafeDir dir = SafeDir::open(parent, o);
+  struct stat st {};
+  if (!overwrite && dir.stat_entry(name, &st))
+    fail(ErrorCode::kInvalidArgument, strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
+  const std::string tmp = strcat(".", name, ".tmp-", ::getpid());
+  dir.try_remove(tmp, false);
+  {
+    UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EIO;
+        dir.try_remove(tmp, false);
+        throw IoError("write", dir.child_path(tmp), done, text.size() - done, err);
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0) {
+      const int err = errno;
+      dir.try_remove(tmp, false);
+      throw IoError("fsync", dir.child_path(tmp), 0, text.size(), err);
+    }
+  }
+  if (::renameat2(dir.fd(), tmp.c_str(), dir.fd(), name.c_str(), overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE)) != 0) {
+    const int err = errno;
+    dir.try_remove(tmp, false);
+    if (err == EEXIST) fail(ErrorCode::kInvalidArgument, strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
+    throw IoError("rename", dir.child_path(tmp), 0, 0, err, strcat("to ", dir.child_path(name)));
+  }
+  dir.sync();
+}
+
+int run(const Options& o) {
+  cli::DsImportOptions io;
+  io.source = o.input;
+  auto counted = [](const std::string& flag, const std::string& v) -> std::uint64_t {
+    try {
+      const std::uint64_t n = parse_count(v);
+      if (n == 0) throw Error(ErrorCode::kInvalidArgument, "must be >= 1");
+      return n;
+    } catch (const Error& e) {
+      fail(ErrorCode::kInvalidArgument, strcat(flag, " '", v, "': ", e.what()));
+    }
+  };
+  if (!o.parameters.empty()) io.parameters = counted("--parameters", o.parameters);
+  if (!o.hidden_size.empty()) io.hidden_size = counted("--hidden-size", o.hidden_size);
+  if (!o.micro_batch.empty()) io.micro_batch = static_cast<std::uint32_t>(counted("--micro-batch", o.micro_batch));
+  if (o.ranks) io.ranks = o.ranks;
+  io.precision = o.precision;
+  const std::string text = read_input(o.input);
+  const cli::DsImportResult r = cli::import_deepspeed(text, io);
+  for (const auto& w : r.warnings) std::cerr << "strata: warning: " << o.input << ": " << w << "\n";
+  if (o.output.empty() || o.output == "-") {
+    std::cout << r.yaml;
+  } else {
+    write_output(o.output, r.yaml, o.overwrite);
+    std::cerr << "strata: wrote " << o.output << " (" << r.warnings.size() << " warning(s)); check it with `strata plan "
+              << o.output << "`\n";
+  }
+  return 0;
+}
+
+const bool kRegistered = strata::cli::register_command(
+    {"import-deepspeed", "Convert a DeepSpeed ds_config.json into a strata YAML config",
+     [](CLI::App& cmd) {
+       auto o = std::make_shared<Options>();
+       cmd.add_option("ds_config", o->input, "DeepSpeed JSON config")->required();
+       cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
+       cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists");
+       cmd.add_option("--parameters", o->parameters, "model.parameters, e.g. 7B (a DeepSpeed config has no model size)");
+       cmd.add_option("--hidden-size", o->hidden_size, "Resolves \"auto\" bucket sizes as the HF Trainer does (hidden^2)");
+       cmd.add_option("--ranks", o->ranks, "world.ranks (default: derived from the batch sizes)")
+           ->check(CLI::Range(1, 1 << 20));
+       cmd.add_option("--micro-batch", o->micro_batch, "Resolves \"auto\" train_micro_batch_size_per_gpu");
+       cmd.add_option("--precision", o->precision, "Resolves fp16/bf16 \"enabled\": \"auto\" (fp16, bf16, fp32)")
+           ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+       return [o]() -> int { return run(*o); };
+     }});
+
+}  // namespace

@@ -1,0 +1,502 @@
+// The checkpoint format, version 2 (see checkpoint_format.hpp).
+#include "zero/checkpoint_format.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "strata/error.hpp"
+#include "strata/partition.hpp"
+#include "core/crc32c.hpp"
+
+namespace strata::zero::ckpt {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
+constexpr std::size_t kHeaderFixed = 128;  // fixed fields; the CRC tables follow
+constexpr std::uint64_t kAlign = 4096;
+constexpr std::string_view kTrailerHead = ",\n \"manifest_crc32c\": \"";
+constexpr std::string_view kTrailerTail = "\"\n}\n";
+constexpr std::size_t kTrailerBytes = kTrailerHead.size() + 8 + kTrailerTail.size();
+constexpr std::uint64_t kMaxElems = 1ull << 50;  // flat size, far beyond any model
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
+std::uint64_t dtype_code(DType t) {
+  switch (t) {
+    case DType::kFp16: return 1;
+    case DType::kBf16: return 2;
+    case DType::kFp32: return 3;
+  }
+  return 0;
+}
+
+// nlohmann's own strict check (it rejects overlong forms and surrogates too).
+bool valid_utf8(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+std::string hex8(std::uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+// Typed, range-checked access to the manifest's fields; every failure names the file and field.
+class Fields {
+ public:
+  explicit Fields(const std::string& file) : file_(file) {}
+
+  [[noreturn]] void bad(const std::string& field, const std::string& what) const {
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", file_, ": field '", field, "': ", what));
+  }
+  const json& member(const json& obj, const std::string& where, const char* key) const {
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (!obj.is_object()) bad(where.empty() ? "(top level)" : where, "expected an object");
+    auto it = obj.find(key);
+    if (it == obj.end()) bad(field, "missing");
+    return *it;
+  }
+  std::uint64_t u64(const json& obj, const std::string& where, const char* key, std::uint64_t lo,
+                    std::uint64_t hi) const {
+    const json& v = member(obj, where, key);
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (!v.is_number_unsigned()) {
+      if (v.is_number_integer()) bad(field, strcat(v.get<std::int64_t>(), " is negative"));
+      bad(field, strcat("expected an unsigned integer, got ", v.type_name()));
+    }
+    const std::uint64_t x = v.get<std::uint64_t>();
+    if (x < lo || x > hi) bad(field, strcat(x, " is out of range [", lo, ", ", hi, "]"));
+    return x;
+  }
+  std::int64_t i64(const json& obj, const std::string& where, const char* key, std::int64_t lo) const {
+    const json& v = member(obj, where, key);
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (v.is_number_unsigned()) {
+      if (v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        bad(field, "out of range");
+    } else if (!v.is_number_integer()) {
+      bad(field, strcat("expected an integer, got ", v.type_name()));
+    }
+    const std::int64_t x = v.get<std::int64_t>();
+    if (x < lo) bad(field, strcat(x, " is below ", lo));
+    return x;
+  }
+  double positive(const json& obj, const std::string& where, const char* key) const {
+    const json& v = member(obj, where, key);
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (!v.is_number()) bad(field, strcat("expected a number, got ", v.type_name()));
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || !(x > 0)) bad(field, strcat(x, " must be finite and > 0"));
+    return x;
+  }
+  std::string str(const json& obj, const std::string& where, const char* key) const {
+    const json& v = member(obj, where, key);
+    if (!v.is_string()) bad(where.empty() ? key : where + "." + key, strcat("expected a string, got ", v.type_name()));
+    return v.get<std::string>();
+  }
+  const json& array(const json& obj, const std::string& where, const char* key) const {
+    const json& v = member(obj, where, key);
+    if (!v.is_array()) bad(where.empty() ? key : where + "." + key, strcat("expected an array, got ", v.type_name()));
+    return v;
+  }
+
+ private:
+  const std::string& file_;
+};
+
+// A manifest that does not verify: if it parses and names another format or version, say so
+// (kInvalidArgument); otherwise nothing.
+void explain_foreign_format(std::string_view text, const std::string& path, const std::string& problem) {
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return;
+  auto fmt = j.find("format");
+  if (fmt != j.end() && !(fmt->is_string() && fmt->get<std::string>() == kFormatName))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint manifest ", path, ": not a strata checkpoint (field 'format' is ", fmt->dump(), ")"));
+  std::string writer = "an unknown strata version";
+  if (auto sv = j.find("strata_version"); sv != j.end() && sv->is_string()) writer = "strata " + sv->get<std::string>();
+  auto ver = j.find("format_version");
+  if (ver != j.end() && ver->is_number_unsigned() && ver->get<std::uint64_t>() != kFormatVersion) {
+    const auto v = ver->get<std::uint64_t>();
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint manifest ", path, ": format version ", v, " (written by ", writer, "); this strata reads ",
+                "format ", kFormatVersion, v > kFormatVersion ? ": upgrade strata to load it" : "",
+                " (", problem, " under format ", kFormatVersion, ")"));
+  }
+  if (ver == j.end() && fmt != j.end()) {
+    auto old = j.find("version");
+    if (old != j.end() && old->is_number_unsigned())
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint manifest ", path, ": format version ", old->get<std::uint64_t>(),
+                  " (an unsealed manifest of an older strata); this strata reads format ", kFormatVersion,
+                  ": load it with the strata that wrote it and save it again, or start over"));
+  }
+}
+
+}  // namespace
+
+std::string shard_file_name(std::uint64_t serial, int rank) {
+  return strcat("shard-", serial, "-r", rank, ".bin");
+}
+
+bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* rank) {
+  unsigned long long s = 0;
+  int r = 0, end = 0;
+  const std::string n(name);
+  if (std::sscanf(n.c_str(), "shard-%llu-r%d.bin%n", &s, &r, &end) != 2) return false;
+  if (static_cast<std::size_t>(end) != n.size() || shard_file_name(s, r) != n) return false;
+  *serial = s;
+  *rank = r;
+  return true;
+}
+
+std::string serialize_manifest(const Manifest& m) {
+  json j;
+  j["format"] = kFormatName;
+  j["format_version"] = m.format_version;
+  j["strata_version"] = m.strata_version;
+  j["serial"] = m.serial;
+  j["world"] = m.world;
+  j["stage"] = m.stage;
+  j["param_dtype"] = dtype_name(m.param_dtype);
+  j["flat_size"] = m.flat_size;
+  j["partition_size"] = m.partition_size;
+  j["block_elems"] = m.block_elems;
+  json tensors = json::array();
+  for (const auto& t : m.tensors) {
+    if (!valid_utf8(t.name))
+      fail(ErrorCode::kInvalidArgument, strcat("checkpoint: tensor name '", t.name, "' is not valid UTF-8"));
+    tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
+  }
+  j["tensors"] = std::move(tensors);
+  j["adam_step"] = m.adam_step;
+  if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
+    fail(ErrorCode::kInternal, strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
+  j["loss_scale"] = m.loss_scale;
+  j["good_steps"] = m.good_steps;
+  j["steps"] = m.steps;
+  j["applied_steps"] = m.applied_steps;
+  j["skipped_steps"] = m.skipped_steps;
+  j["config"] = m.config_yaml;
+  json shards = json::array();
+  for (const auto& s : m.shards)
+    shards.push_back({{"rank", s.rank}, {"file", s.file}, {"bytes", s.bytes}, {"begin", s.begin},
+                      {"count", s.count}, {"header_crc32c", s.header_crc32c}});
+  j["shards"] = std::move(shards);
+  // The config may hold non-UTF-8 path bytes: they are replaced (it is informational only).
+  std::string body = j.dump(1, ' ', false, json::error_handler_t::replace);
+  // body ends with "\n}": the seal goes before the closing brace.
+  body.resize(body.size() - 2);
+  const std::uint32_t crc = crc32c(body.data(), body.size());
+  body += kTrailerHead;
+  body += hex8(crc);
+  body += kTrailerTail;
+  return body;
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& path) {
+  // 1. The seal.
+  bool sealed = text.size() > kTrailerBytes;
+  std::uint32_t stored = 0;
+  if (sealed) {
+    const std::string_view tail = text.substr(text.size() - kTrailerBytes);
+    sealed = tail.substr(0, kTrailerHead.size()) == kTrailerHead &&
+             tail.substr(kTrailerHead.size() + 8) == kTrailerTail;
+    for (std::size_t i = 0; sealed && i < 8; ++i) {
+      const char c = tail[kTrailerHead.size() + i];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) sealed = false;
+      stored = stored << 4 | static_cast<std::uint32_t>(d < 0 ? 0 : d);
+    }
+  }
+  if (!sealed) {
+    explain_foreign_format(text, path, "no checksum trailer");
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint manifest ", path, " (", text.size(), " bytes) is truncated or damaged: it does not end "
+                "with its \"manifest_crc32c\" seal"));
+  }
+  const std::string_view body = text.substr(0, text.size() - kTrailerBytes);
+  const std::uint32_t crc = crc32c(body.data(), body.size());
+  if (crc != stored) {
+    explain_foreign_format(text, path, "its checksum does not verify");
+    fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", path, ": field 'manifest_crc32c': CRC32C of the ",
+                                      body.size(), " bytes before it is ", hex8(crc), ", the manifest says ",
+                                      hex8(stored), " (the file was changed or damaged after it was written)"));
+  }
+  // 2. The JSON, the format and the version.
+  json j = json::parse(text.begin(), text.end(), nullptr, false);
+  if (j.is_discarded())
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, ": sealed, but not valid JSON"));
+  Fields f(path);
+  Manifest m;
+  m.path = path;
+  m.crc32c = crc;
+  if (f.str(j, "", "format") != kFormatName) f.bad("format", strcat("not '", kFormatName, "'"));
+  m.format_version = static_cast<std::uint32_t>(f.u64(j, "", "format_version", 0, ~0u));
+  m.strata_version = f.str(j, "", "strata_version");
+  if (m.format_version != kFormatVersion)
+    f.bad("format_version", strcat(m.format_version, " (written by strata ", m.strata_version,
+                                   "); this strata reads format ", kFormatVersion,
+                                   m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
+  // 3. Every field.
+  m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
+  m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
+  m.stage = static_cast<int>(f.u64(j, "", "stage", 0, 3));
+  const std::string dt = f.str(j, "", "param_dtype");
+  if (dt == "fp16") m.param_dtype = DType::kFp16;
+  else if (dt == "bf16") m.param_dtype = DType::kBf16;
+  else if (dt == "fp32") m.param_dtype = DType::kFp32;
+  else f.bad("param_dtype", strcat("'", dt, "' is not fp16, bf16 or fp32"));
+  m.partition_size = f.u64(j, "", "partition_size", 1, kMaxElems / static_cast<std::uint64_t>(m.world));
+  m.flat_size = f.u64(j, "", "flat_size", 1, kMaxElems);
+  if (m.flat_size != m.partition_size * static_cast<std::uint64_t>(m.world))
+    f.bad("flat_size", strcat(m.flat_size, " != partition_size ", m.partition_size, " x world ", m.world));
+  m.block_elems = f.u64(j, "", "block_elems", 1, 1ull << 30);
+  const json& tensors = f.array(j, "", "tensors");
+  std::uint64_t end = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = strcat("tensors[", i, "]");
+    TensorEntry t;
+    t.name = f.str(tensors[i], where, "name");
+    t.numel = f.u64(tensors[i], where, "numel", 0, m.flat_size);
+    t.offset = f.u64(tensors[i], where, "offset", end, m.flat_size - t.numel);
+    end = t.offset + t.numel;
+    m.tensors.push_back(std::move(t));
+  }
+  {  // The layout is the engine's (strata/partition.hpp): offsets and partition size follow from
+     // the tensor sizes and the world.
+    std::vector<TensorSpec> specs;
+    for (const auto& t : m.tensors) specs.push_back({t.name, t.numel});
+    const Partition p(std::move(specs), m.world, 1);
+    for (std::size_t i = 0; i < m.tensors.size(); ++i)
+      if (p.offset(i) != m.tensors[i].offset)
+        f.bad(strcat("tensors[", i, "].offset"), strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
+    if (p.partition_size() != m.partition_size)
+      f.bad("partition_size", strcat(m.partition_size, " is not the layout's ", p.partition_size()));
+  }
+  m.adam_step = f.i64(j, "", "adam_step", 0);
+  m.loss_scale = f.positive(j, "", "loss_scale");
+  m.good_steps = static_cast<std::uint32_t>(f.u64(j, "", "good_steps", 0, ~0u));
+  m.steps = f.u64(j, "", "steps", 0, ~0ull);
+  m.applied_steps = f.u64(j, "", "applied_steps", 0, m.steps);
+  m.skipped_steps = f.u64(j, "", "skipped_steps", 0, m.steps);
+  m.config_yaml = f.str(j, "", "config");
+  const json& shards = f.array(j, "", "shards");
+  if (shards.size() != static_cast<std::size_t>(m.world))
+    f.bad("shards", strcat(shards.size(), " entries for world ", m.world));
+  const ShardLayout layout = shard_layout(m.partition_size, m.param_dtype, m.block_elems);
+  for (std::size_t r = 0; r < shards.size(); ++r) {
+    const std::string where = strcat("shards[", r, "]");
+    ShardEntry s;
+    s.rank = static_cast<int>(f.u64(shards[r], where, "rank", r, r));
+    s.file = f.str(shards[r], where, "file");
+    if (s.file != shard_file_name(m.serial, s.rank))
+      f.bad(where + ".file", strcat("'", s.file, "' is not '", shard_file_name(m.serial, s.rank), "'"));
+    s.begin = f.u64(shards[r], where, "begin", r * m.partition_size, r * m.partition_size);
+    s.count = f.u64(shards[r], where, "count", m.partition_size, m.partition_size);
+    s.bytes = f.u64(shards[r], where, "bytes", layout.total, layout.total);
+    s.header_crc32c = static_cast<std::uint32_t>(f.u64(shards[r], where, "header_crc32c", 0, ~0u));
+    m.shards.push_back(std::move(s));
+  }
+  return m;
+}
+
+Manifest read_manifest(const SafeDir& dir) {
+  const std::string path = dir.child_path(kManifestName);
+  UniqueFd fd;
+  try {
+    fd = dir.open_file(kManifestName, O_RDONLY | O_NONBLOCK);
+  } catch (const IoError& e) {
+    if (e.errnum() == ENOENT) throw IoError("open", path, 0, 0, ENOENT, "no checkpoint in this directory");
+    throw;
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "checkpoint manifest");
+  if (!S_ISREG(st.st_mode))
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, " is not a regular file"));
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes)
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, " is ", st.st_size,
+                                             " bytes, more than the ", kMaxManifestBytes, " a manifest may have"));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  pread_full(fd.get(), text.data(), text.size(), 0, path);
+  return parse_manifest(text, path);
+}
+
+ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t block_elems) {
+  ShardLayout l;
+  l.nblocks = (count + block_elems - 1) / block_elems;
+  const std::uint64_t table = kSections * 4 * l.nblocks;
+  if (table > kMaxHeaderBytes)
+    fail(ErrorCode::kInvalidArgument, strcat("checkpoint: ", l.nblocks, " blocks per section need a header of ",
+                                             table, " bytes (at most ", kMaxHeaderBytes, ")"));
+  l.header_bytes = round_up(kHeaderFixed + table, kAlign);
+  l.elem_bytes[kParams] = dtype_size(param_dtype);
+  l.elem_bytes[kMaster] = l.elem_bytes[kExpAvg] = l.elem_bytes[kExpAvgSq] = 4;
+  std::uint64_t off = l.header_bytes;
+  for (int s = 0; s < kSections; ++s) {
+    l.offset[s] = off;
+    l.bytes[s] = count * l.elem_bytes[s];
+    off = round_up(off + l.bytes[s], kAlign);
+    l.padded[s] = off - l.offset[s];
+  }
+  l.total = off;
+  return l;
+}
+
+std::vector<unsigned char> encode_shard_header(const Manifest& m, int rank, const ShardLayout& l,
+                                               const std::vector<std::uint32_t> (&crcs)[kSections]) {
+  std::vector<unsigned char> h(l.header_bytes, 0);
+  std::memcpy(h.data(), kMagic, 8);
+  const std::uint32_t version = kFormatVersion;
+  std::memcpy(h.data() + 8, &version, 4);
+  const ShardEntry& s = m.shards.at(static_cast<std::size_t>(rank));
+  const std::uint64_t fields[] = {l.header_bytes, m.serial, static_cast<std::uint64_t>(rank),
+                                  static_cast<std::uint64_t>(m.world), static_cast<std::uint64_t>(m.stage),
+                                  dtype_code(m.param_dtype), s.begin, s.count, m.block_elems, l.nblocks};
+  std::memcpy(h.data() + 16, fields, sizeof(fields));
+  for (int sec = 0; sec < kSections; ++sec) {
+    if (crcs[sec].size() != l.nblocks)
+      fail(ErrorCode::kInternal, strcat("checkpoint: ", crcs[sec].size(), " block CRCs for ", l.nblocks, " blocks"));
+    std::memcpy(h.data() + kHeaderFixed + 4 * l.nblocks * static_cast<std::uint64_t>(sec), crcs[sec].data(),
+                4 * l.nblocks);
+  }
+  return h;
+}
+
+// ---- ShardReader ----------------------------------------------------------------------------------
+
+ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
+    : m_(m), shard_(shard), layout_(shard_layout(m.partition_size, m.param_dtype, m.block_elems)) {
+  const ShardEntry& e = m.shards.at(static_cast<std::size_t>(shard));
+  path_ = dir.child_path(e.file);
+  try {
+    fd_ = dir.open_file(e.file, O_RDONLY | O_NONBLOCK);
+  } catch (const IoError& err) {
+    if (err.errnum() == ENOENT)
+      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " (rank ", shard, "), named by ", m.path,
+                                        ", is missing: the checkpoint is incomplete"));
+    throw;
+  }
+  struct stat st {};
+  if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno, "checkpoint shard");
+  if (!S_ISREG(st.st_mode)) fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is not a regular file"));
+  if (static_cast<std::uint64_t>(st.st_size) != e.bytes)
+    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is ", st.st_size, " bytes, the manifest says ",
+                                      e.bytes, static_cast<std::uint64_t>(st.st_size) < e.bytes ? " (truncated)" : "",
+                                      ": the checkpoint is damaged"));
+  std::vector<unsigned char> h(layout_.header_bytes);
+  pread_full(fd_.get(), h.data(), h.size(), 0, path_);
+  bytes_read_ += h.size();
+  const std::uint32_t crc = crc32c(h.data(), h.size());
+  if (crc != e.header_crc32c)
+    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header (", h.size(), " bytes at offset 0) CRC32C ",
+                                      hex8(crc), ", the manifest says ", hex8(e.header_crc32c)));
+  std::uint32_t version = 0;
+  std::memcpy(&version, h.data() + 8, 4);
+  std::uint64_t fields[10];
+  std::memcpy(fields, h.data() + 16, sizeof(fields));
+  const std::uint64_t want[10] = {layout_.header_bytes, m.serial, static_cast<std::uint64_t>(shard),
+                                  static_cast<std::uint64_t>(m.world), static_cast<std::uint64_t>(m.stage),
+                                  dtype_code(m.param_dtype), e.begin, e.count, m.block_elems, layout_.nblocks};
+  const char* names[10] = {"header_bytes", "serial", "rank", "world", "stage", "param_dtype",
+                           "begin", "count", "block_elems", "nblocks"};
+  if (std::memcmp(h.data(), kMagic, 8) != 0 || version != kFormatVersion)
+    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": not a strata shard of format ", kFormatVersion));
+  for (int i = 0; i < 10; ++i)
+    if (fields[i] != want[i])
+      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header field ", names[i], " is ", fields[i],
+                                        ", the manifest ", m.path, " implies ", want[i]));
+  for (int s = 0; s < kSections; ++s) {
+    crc_[s].resize(layout_.nblocks);
+    std::memcpy(crc_[s].data(), h.data() + kHeaderFixed + 4 * layout_.nblocks * static_cast<std::uint64_t>(s),
+                4 * layout_.nblocks);
+  }
+}
+
+void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
+  const std::uint64_t be = m_.block_elems, eb = layout_.elem_bytes[s];
+  const std::uint64_t count = m_.shards[static_cast<std::size_t>(shard_)].count;
+  const std::uint64_t first = b0 * be, last = std::min(count, b1 * be);
+  Cache& c = cache_[s];
+  c.b0 = c.b1 = 0;
+  // The last block's checksum covers the section's padding too.
+  const std::uint64_t pad = b1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
+  c.buf.resize((last - first) * eb + pad);
+  const std::uint64_t off = layout_.offset[s] + first * eb;
+  pread_full(fd_.get(), c.buf.data(), c.buf.size(), off, path_);
+  bytes_read_ += c.buf.size();
+  for (std::uint64_t b = b0; b < b1; ++b) {
+    const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
+    const std::uint64_t n = (e1 - e0) * eb + (b + 1 == layout_.nblocks ? pad : 0);
+    const std::uint32_t crc = crc32c(c.buf.data() + (e0 - first) * eb, n);
+    if (crc != crc_[s][b])
+      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
+                                        " (offset ", layout_.offset[s] + e0 * eb, ", ", n, " bytes) CRC32C ",
+                                        hex8(crc), ", the header says ", hex8(crc_[s][b])));
+  }
+  c.b0 = b0;
+  c.b1 = b1;
+}
+
+void ShardReader::read(Section s, std::uint64_t first, std::uint64_t n, void* dst) {
+  const std::uint64_t count = m_.shards[static_cast<std::size_t>(shard_)].count;
+  if (first > count || n > count - first)
+    fail(ErrorCode::kInternal, strcat("checkpoint: read of [", first, ", +", n, ") beyond shard ", path_));
+  const std::uint64_t be = m_.block_elems, eb = layout_.elem_bytes[s];
+  auto* out = static_cast<unsigned char*>(dst);
+  const std::uint64_t last_block = n ? (first + n - 1) / be : 0;
+  for (std::uint64_t pos = first; pos < first + n;) {
+    const std::uint64_t b = pos / be;
+    Cache& c = cache_[s];
+    if (b < c.b0 || b >= c.b1) load_blocks(s, b, std::min(b + kCacheBlocks, last_block + 1));
+    const std::uint64_t stop = std::min(first + n, c.b1 * be);
+    if (out) std::memcpy(out + (pos - first) * eb, c.buf.data() + (pos - c.b0 * be) * eb, (stop - pos) * eb);
+    pos = stop;
+  }
+}
+
+void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) { read(s, first, n, nullptr); }
+
+// ---- positional I/O -------------------------------------------------------------------------------
+
+void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  auto* p = static_cast<unsigned char*>(buf);
+  for (std::uint64_t done = 0; done < n;) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw IoError("read", path, offset + done, n - done, errno, "checkpoint");
+    if (r == 0)
+      fail(ErrorCode::kChecksum, strcat("checkpoint file ", path, ": unexpected end of file at offset ",
+                                        offset + done, " (", n - done, " more bytes expected): truncated"));
+    done += static_cast<std::uint64_t>(r);
+  }
+}
+
+void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const unsigned char*>(buf);
+  for (std::uint64_t done = 0; done < n;) {
+    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw IoError("write", path, offset + done, n - done, errno, "checkpoint");
+    if (r == 0) throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
+    done += static_cast<std::uint64_t>(r);
+  }
+}
+
+}  // namespace strata::zero::ckpt

@@ -1,0 +1,171 @@
+// The on-disk format of strata checkpoints, version 2 (docs/offload.md, "Checkpoint format"):
+// the manifest (parse, validate, seal), the shard layout and header, and block-verified reads.
+// Shared by Engine checkpoints (zero/checkpoint.cpp) and `strata checkpoint info|verify|export`.
+//
+// A checkpoint directory holds
+//   manifest.json                the checkpoint: format version, strata version, serial, world,
+//                                stage, parameter dtype, flat layout (every tensor's name, element
+//                                count and flat offset), step counters, loss scale, the config,
+//                                and per shard its file, size, element range and header CRC32C.
+//                                Sealed: its last member is "manifest_crc32c", the CRC32C of every
+//                                byte before the ",\n" that precedes it (so any change fails).
+//   shard-<serial>-r<rank>.bin   one per saving rank, holding the flat element range
+//                                [rank * partition_size, +partition_size) (rank r's ZeRO partition
+//                                at stages 1-3; the same slice of the replicated state at stage 0):
+//                                header | params (model dtype) | master | exp_avg | exp_avg_sq.
+// The header (a multiple of 4096 bytes) repeats the shard's identity and holds a CRC32C per block
+// of block_elems elements of each of the four sections (a section's last block's CRC also covers
+// the zero padding after it, so every byte of the file is checksummed); the manifest holds the
+// header's CRC32C.
+// So a reader that needs some elements of a shard reads the header (verified against the
+// manifest), then only the blocks holding those elements, each verified against the header.
+// All integers little-endian. Sections start at multiples of 4096.
+//
+// Failures (every one a strata::Error naming the file, and the field or section):
+//   kChecksum        a damaged manifest (checksum, truncation), a damaged shard (size, header,
+//                    block CRC), a missing shard file (corrupt checkpoint);
+//   kInvalidArgument a manifest whose checksum holds but a field is wrong or inconsistent, a
+//                    format this strata does not read (newer, older, not a strata checkpoint);
+//   IoError          the directory or manifest cannot be opened (ENOENT: no checkpoint there),
+//                    a read fails.
+// Thread-safety: plain values and functions; a ShardReader is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "strata/config.hpp"
+#include "core/safe_fs.hpp"
+
+namespace strata::zero::ckpt {
+
+using strata::SafeDir;
+using strata::SafeDirOptions;
+using strata::UniqueFd;
+
+inline constexpr std::uint32_t kFormatVersion = 2;
+inline constexpr const char* kFormatName = "strata-checkpoint";
+inline constexpr const char* kManifestName = "manifest.json";
+inline constexpr const char* kManifestTmpName = "manifest.json.tmp";
+inline constexpr std::uint64_t kDefaultBlockElems = 1u << 18;  // 1 MiB of FP32 per block
+inline constexpr std::uint64_t kMaxManifestBytes = 64ull << 20;
+inline constexpr std::uint64_t kMaxHeaderBytes = 64ull << 20;
+inline constexpr int kMaxWorld = 1 << 20;
+inline constexpr int kSections = 4;
+inline constexpr const char* kSectionNames[kSections] = {"params", "master", "exp_avg", "exp_avg_sq"};
+enum Section { kParams = 0, kMaster = 1, kExpAvg = 2, kExpAvgSq = 3 };
+
+struct TensorEntry {
+  std::string name;
+  std::uint64_t numel = 0;
+  std::uint64_t offset = 0;  // flat offset (saved layout)
+};
+
+struct ShardEntry {
+  int rank = 0;
+  std::string file;              // shard-<serial>-r<rank>.bin
+  std::uint64_t bytes = 0;       // file size
+  std::uint64_t begin = 0;       // flat range [begin, begin + count)
+  std::uint64_t count = 0;
+  std::uint32_t header_crc32c = 0;
+};
+
+struct Manifest {
+  std::uint32_t format_version = kFormatVersion;
+  std::string strata_version;
+  std::uint64_t serial = 0;
+  int world = 1;
+  int stage = 0;
+  DType param_dtype = DType::kFp32;
+  std::uint64_t flat_size = 0;
+  std::uint64_t partition_size = 0;
+  std::uint64_t block_elems = kDefaultBlockElems;
+  std::vector<TensorEntry> tensors;
+  std::int64_t adam_step = 0;
+  double loss_scale = 1;
+  std::uint32_t good_steps = 0;
+  std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
+  std::string config_yaml;
+  std::vector<ShardEntry> shards;  // shards[r].rank == r
+  // Set by parse_manifest: where it came from and its own checksum.
+  std::string path;
+  std::uint32_t crc32c = 0;
+};
+
+std::string shard_file_name(std::uint64_t serial, int rank);
+// Parses "shard-<serial>-r<rank>.bin"; false for any other name.
+bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* rank);
+
+// Sealed JSON text (see above). Tensor names must be valid UTF-8 (Error kInvalidArgument).
+std::string serialize_manifest(const Manifest& m);
+// Checks the seal, the format and version, then every field (types, ranges, consistency: the
+// shards tile [0, flat_size) in partitions, tensors ascending and inside it, file names as
+// written). `path` is for messages.
+Manifest parse_manifest(std::string_view text, const std::string& path);
+// Opens DIR/manifest.json (no symlink, a regular file of at most kMaxManifestBytes) and parses it.
+Manifest read_manifest(const SafeDir& dir);
+
+// Where a shard's parts lie.
+struct ShardLayout {
+  std::uint64_t nblocks = 0;       // blocks per section: ceil(count / block_elems)
+  std::uint64_t header_bytes = 0;  // multiple of 4096
+  std::uint64_t elem_bytes[kSections] = {};
+  std::uint64_t offset[kSections] = {};
+  std::uint64_t bytes[kSections] = {};   // data
+  std::uint64_t padded[kSections] = {};  // data + the zero padding up to the next section / the end
+  std::uint64_t total = 0;               // file size
+};
+// Throws Error(kInvalidArgument) when the header would exceed kMaxHeaderBytes.
+ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t block_elems);
+
+// The shard header: identity fields and the block CRC tables (crcs[section][block]).
+std::vector<unsigned char> encode_shard_header(const Manifest& m, int rank, const ShardLayout& l,
+                                               const std::vector<std::uint32_t> (&crcs)[kSections]);
+
+// Reads (parts of) one shard, verifying as it goes. Construction opens the file (no symlink),
+// checks its size against the manifest, reads the header, checks its CRC32C against the
+// manifest and its fields against the manifest's entry. read() and verify() check the CRC32C of
+// every block they touch against the header; the last run of blocks read per section is kept so
+// that neighbouring requests do not read a block twice (memory: kCacheBlocks blocks per section).
+class ShardReader {
+ public:
+  static constexpr std::uint64_t kCacheBlocks = 4;
+  ShardReader(const SafeDir& dir, const Manifest& m, int shard);
+  ShardReader(const ShardReader&) = delete;
+  ShardReader& operator=(const ShardReader&) = delete;
+
+  const ShardLayout& layout() const { return layout_; }
+  const std::string& path() const { return path_; }
+  int fd() const { return fd_.get(); }
+  // Elements [first, first + n) of `section` (relative to the shard's begin) into dst.
+  void read(Section section, std::uint64_t first, std::uint64_t n, void* dst);
+  // Verifies the blocks holding elements [first, first + n) of `section` (no copy).
+  void verify(Section section, std::uint64_t first, std::uint64_t n);
+  std::uint64_t bytes_read() const { return bytes_read_; }
+  void drop_cache() {
+    for (auto& c : cache_) c = Cache{};
+  }
+
+ private:
+  void load_blocks(Section s, std::uint64_t b0, std::uint64_t b1);
+  const Manifest& m_;
+  int shard_;
+  std::string path_;
+  UniqueFd fd_;
+  ShardLayout layout_;
+  std::vector<std::uint32_t> crc_[kSections];
+  struct Cache {
+    std::vector<unsigned char> buf;
+    std::uint64_t b0 = 0, b1 = 0;  // blocks [b0, b1) in buf
+  } cache_[kSections];
+  std::uint64_t bytes_read_ = 0;
+};
+
+// Positional I/O that completes short transfers (EINTR retried); IoError naming `path`.
+void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path);
+void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path);
+
+}  // namespace strata::zero::ckpt

@@ -1,0 +1,48 @@
+// Offline tools on a checkpoint directory (no engine, no world): `strata checkpoint verify` and
+// `strata checkpoint export` (docs/offload.md, "Checkpoints").
+//
+// verify_checkpoint: reads the manifest (its failures throw, as read_manifest does), then every
+// shard in full: size, header, every block's CRC32C, and the zero padding between sections. The
+// shard problems are collected, not thrown: the report lists each, naming file, section and offset.
+//
+// export_safetensors: the consolidated parameters in the safetensors format
+// (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length, the JSON
+// header (padded with spaces to a multiple of 8), then every tensor's data in registration order.
+// Tensors keep their registered names; shapes are 1-D ([numel]: the engine knows element counts,
+// not shapes); "__metadata__" records the source (serial, step, world, stage). Values are the FP32
+// master weights, converted to `dtype` (round to nearest even). Streamed: memory is a few blocks,
+// whatever the model size, and every block read is CRC-verified. Written to a temporary file next
+// to `out` (O_EXCL, no symlink), fsynced, then renamed onto `out`; an existing `out` is an error
+// (Error kInvalidArgument) unless `overwrite`. Duplicate or empty tensor names: kInvalidArgument.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "strata/config.hpp"
+#include "zero/checkpoint_format.hpp"
+
+namespace strata::zero {
+
+struct VerifyReport {
+  ckpt::Manifest manifest;
+  std::vector<std::string> problems;  // empty: every checksum holds
+  std::vector<std::string> notes;     // leftovers in the directory (not problems)
+  std::uint64_t bytes_checked = 0;
+  std::uint64_t blocks_checked = 0;
+};
+VerifyReport verify_checkpoint(const std::string& dir);
+
+struct ExportOptions {
+  DType dtype = DType::kFp32;
+  bool overwrite = false;
+};
+struct ExportResult {
+  std::uint64_t tensors = 0;
+  std::uint64_t parameters = 0;
+  std::uint64_t bytes = 0;  // size of the file written
+};
+ExportResult export_safetensors(const std::string& dir, const std::string& out, const ExportOptions& options);
+
+}  // namespace strata::zero

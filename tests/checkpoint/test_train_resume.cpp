@@ -1,0 +1,185 @@
+// `strata train --checkpoint-dir DIR --save-every N --resume` (issue 14.1): a run SIGKILLed at a
+// random step (often inside a save) and resumed gives exactly the per-step losses, gradient norms
+// and loss scales of a run that never stopped; resuming with another world size and stage works;
+// world.ranks is honoured; step time and samples/s are reported; bad arguments exit 2.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+using nlohmann::json;
+
+std::string strata() { return binary_dir() + "/strata"; }
+
+// fp16 gradients with a loss scale that overflows, backs off and grows again every 3 steps: the
+// scale, its good-step count and the skipped steps must all survive a restart.
+std::vector<std::string> train_args(int ranks, int steps = 24) {
+  return {"train", source_dir() + "/configs/default.yaml", "--set", "precision.params=bf16", "--set",
+          "precision.grads=fp16", "--set", "precision.loss_scale.initial=4e6", "--set",
+          "precision.loss_scale.growth_interval=3", "--set", "zero.stage=2", "--set", "zero.reduce_bucket_size=300",
+          "--set", "zero.sub_group_size=500", "--set", "optimizer.lr=0.01", "--set", "runtime.cpu_threads=1",
+          "--set", "runtime.collective_timeout_s=60", "--steps", std::to_string(steps), "--hidden", "24",
+          "--batch", "16", "--ranks", std::to_string(ranks)};
+}
+
+std::string shell(const std::vector<std::string>& args) {
+  std::string s = strata();
+  for (const auto& a : args) s += " '" + a + "'";
+  return s;
+}
+
+// Runs strata with --json; stdout must be one JSON document.
+json run_json(std::vector<std::string> args) {
+  args.push_back("--json");
+  std::string out;
+  const std::string cmd = "{ " + shell(args) + " 2>/dev/null; }";  // (run_command adds 2>&1)
+  const int rc = run_command(cmd, &out);
+  EXPECT_EQ(rc, 0) << cmd << "\n" << out;
+  try {
+    return json::parse(out);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << cmd << ": stdout is not one JSON document: " << e.what() << "\n" << out;
+    return json::object();
+  }
+}
+
+// Starts strata with stdout on a pipe; returns the pid and the read end.
+std::pair<pid_t, int> start(const std::vector<std::string>& args) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::setenv("STRATA_CHECKPOINT_WRITE_DELAY_MS", "4", 1);  // saves last long enough to be hit
+    ::dup2(fds[1], 1);
+    const int null = ::open("/dev/null", O_WRONLY);
+    ::dup2(null, 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<std::string> all{strata()};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Reads lines until one starts with `prefix` (or EOF / 60 s).
+bool read_until(int fd, const std::string& prefix, std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string line;
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::read(fd, &c, 1) <= 0) return false;
+    if (c != '\n') {
+      line += c;
+      continue;
+    }
+    log += line + "\n";
+    if (line.rfind(prefix, 0) == 0) return true;
+    line.clear();
+  }
+  return false;
+}
+
+void expect_same_step(const json& got, const json& want, const std::string& what) {
+  ASSERT_EQ(got["step"], want["step"]) << what;
+  for (const char* k : {"loss", "grad_norm", "loss_scale"})
+    EXPECT_EQ(got[k].get<double>(), want[k].get<double>()) << what << " step " << got["step"] << " " << k;
+  EXPECT_EQ(got["applied"], want["applied"]) << what << " step " << got["step"];
+  EXPECT_GT(got["seconds"].get<double>(), 0) << what;
+  EXPECT_GT(got["samples_per_second"].get<double>(), 0) << what;
+}
+
+TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
+  const json want = run_json(train_args(2));
+  ASSERT_EQ(want["steps"].size(), 24u);
+  ASSERT_GT(want["skipped_steps"].get<int>(), 0) << "the loss scale never overflowed: a weaker test";
+  std::mt19937_64 rng(test_seed("train kill step"));
+  for (int trial = 0; trial < 3; ++trial) {
+    TempDir ckpt("strata-train-resume");
+    auto args = train_args(2);
+    for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--save-every", "3"}) args.push_back(a);
+    const int kill_at = 2 + static_cast<int>(rng() % 19);  // after step 2..20 is printed
+    auto [pid, fd] = start(args);
+    std::string log;
+    const bool seen = read_until(fd, "step " + std::to_string(kill_at) + " ", log);
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    ::close(fd);
+    ASSERT_TRUE(seen) << "output:\n" << log;
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "not killed mid-run:\n" << log;
+    args.push_back("--resume");
+    const json got = run_json(args);
+    ASSERT_TRUE(got.contains("checkpoint")) << got.dump();
+    const json& from = got["checkpoint"]["resumed_from_step"];
+    const int first = from.is_null() ? 0 : from.get<int>();
+    std::printf("trial %d: killed after step %d was printed, resumed after step %d\n", trial, kill_at, first);
+    EXPECT_EQ(first % 3, 0);
+    EXPECT_LE(first, kill_at);
+    EXPECT_GE(first, kill_at - 3);
+    ASSERT_EQ(got["steps"].size(), static_cast<std::size_t>(24 - first)) << got.dump();
+    for (std::size_t i = 0; i < got["steps"].size(); ++i)
+      expect_same_step(got["steps"][i], want["steps"][static_cast<std::size_t>(first) + i],
+                       strcat("killed after step ", kill_at, ", resumed after step ", first));
+    EXPECT_EQ(got["skipped_steps"], want["skipped_steps"]);
+    // Resuming a finished run trains nothing.
+    const json again = run_json(args);
+    EXPECT_EQ(again["steps"].size(), 0u);
+    EXPECT_EQ(again["checkpoint"]["resumed_from_step"], 24);
+  }
+}
+
+TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
+  TempDir ckpt("strata-train-resume");
+  auto args = train_args(2, 9);
+  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()}) args.push_back(a);
+  run_json(args);
+  auto more = train_args(3);
+  for (const std::string& a :
+       std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--resume", "--set", "zero.stage=3"})
+    more.push_back(a);
+  const json got = run_json(more);
+  EXPECT_EQ(got["ranks"], 3);
+  EXPECT_EQ(got["stage"], 3);
+  EXPECT_EQ(got["checkpoint"]["resumed_from_step"], 9);
+  ASSERT_EQ(got["steps"].size(), 15u);
+  EXPECT_EQ(got["steps"][0]["step"], 10);
+}
+
+TEST(TrainCliArgs, WorldRanksTimingAndBadArguments) {
+  auto args = train_args(2, 4);
+  args.erase(args.end() - 2, args.end());  // no --ranks: world.ranks
+  for (const std::string& a : std::vector<std::string>{"--set", "world.ranks=3"}) args.push_back(a);
+  const json j = run_json(args);
+  EXPECT_EQ(j["ranks"], 3);
+  ASSERT_EQ(j["steps"].size(), 4u);
+  EXPECT_GT(j["steps"][0]["seconds"].get<double>(), 0);
+  EXPECT_GT(j["steps"][0]["samples_per_second"].get<double>(), 0);
+  EXPECT_GT(j["samples_per_second"].get<double>(), 0);
+  const std::string base = shell(args);
+  for (const char* bad : {" --ranks 0", " --ranks -2", " --ranks 257", " --seed -1", " --save-every 3", " --resume",
+                          " --checkpoint-dir /proc/strata-nope", " --save-every 0 --checkpoint-dir /tmp/x"}) {
+    std::string out;
+    EXPECT_EQ(run_command(base + bad, &out), 2) << bad << "\n" << out;
+    EXPECT_EQ(out.find("step 1 "), std::string::npos) << bad << ": trained before refusing\n" << out;
+  }
+}
+
+}  // namespace
+}  // namespace strata::testing

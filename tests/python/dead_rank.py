@@ -1,0 +1,155 @@
+#!/usr/bin/python3
+"""A dead or stalled rank under torch.distributed (gloo): the other rank gets a strata exception
+within runtime.collective_timeout_s, never a hang, and the optimizer then refuses with a message
+that says how to recover (issue 13, points 3 and 7).
+
+  dead_rank.py            the test: for MODE in kill, stall, launches 2 ranks the way torchrun
+                          does (MASTER_ADDR/MASTER_PORT/RANK/WORLD_SIZE/LOCAL_RANK in the
+                          environment) and checks rank 0's report.
+  dead_rank.py worker MODE OUT   one rank (started by the test).
+
+kill:  rank 1 SIGKILLs itself in the middle of step 3's backward (a stage-2 bucket's
+       reduce-scatter is in flight); rank 0 must raise CommError or TimeoutError within the
+       timeout.
+stall: rank 1 stops taking part (sleeps) before step 3; rank 0 must raise TimeoutError after
+       about the timeout (not before: a slow peer is not dead), naming the collective.
+Then rank 0's next call must raise EngineFailedError saying "load_checkpoint".
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TIMEOUT_S = 6.0
+
+
+def worker(mode, out):
+    import torch
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+    import gpt_model as G
+    import strata
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = G.GPT(d_model=64, layers=2, heads=2, seq_len=16)
+    cfg = {"zero": {"stage": 2, "reduce_bucket_size": 4000}, "runtime": {"collective_timeout_s": TIMEOUT_S}}
+    opt = strata.torch.ZeroOptimizer(model, cfg)
+    data = G.load_corpus()
+    report = {"rank": rank, "backend": opt.backend, "world": opt.world}
+    t0 = None
+    try:
+        for step in range(6):
+            x, y = G.global_batch(data, step, 4, 16)
+            x, y = x[rank * 2:rank * 2 + 2], y[rank * 2:rank * 2 + 2]
+            if step == 3 and rank == 1:
+                if mode == "stall":
+                    time.sleep(5 * TIMEOUT_S)
+                    os._exit(0)
+                # Die once the first bucket of this backward has been handed in.
+                n = [0]
+
+                def die(grad):
+                    n[0] += 1
+                    if n[0] == 3:
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    return grad
+                for p in model.parameters():
+                    p.register_hook(die)
+            t0 = time.monotonic()
+            loss = model(x, y)
+            opt.backward(loss)
+            opt.step()
+            report["steps_done"] = step + 1
+    except Exception as e:  # noqa: BLE001 (the point: which exception, how fast)
+        report.update(error=type(e).__name__, mro=[c.__name__ for c in type(e).__mro__],
+                      message=str(e), seconds=time.monotonic() - t0)
+        try:
+            opt.step()
+        except Exception as e2:  # noqa: BLE001
+            report.update(second_error=type(e2).__name__, second_message=str(e2))
+    with open(out, "w") as f:
+        json.dump(report, f)
+    sys.stdout.flush()
+    os._exit(0)  # (no torch.distributed teardown with a dead peer)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(mode, tmp):
+    port = free_port()
+    procs = []
+    outs = [os.path.join(tmp, "%s.rank%d.json" % (mode, r)) for r in range(2)]
+    for r in range(2):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r),
+                   WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "worker", mode, outs[r]], env=env))
+    deadline = time.monotonic() + 120
+    rc0 = None
+    while time.monotonic() < deadline:
+        rc0 = procs[0].poll()
+        if rc0 is not None:
+            break
+        time.sleep(0.2)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    if rc0 is None:
+        return ["%s: rank 0 hung (killed after 120 s)" % mode]
+    rep = json.load(open(outs[0]))
+    print("%s: rank 0 report: %s" % (mode, json.dumps(rep, indent=1)))
+    bad = []
+    if rep.get("backend") != "c10d(gloo)":
+        bad.append("%s: backend %s" % (mode, rep.get("backend")))
+    if "error" not in rep:
+        return bad + ["%s: rank 0 saw no error (%s steps done)" % (mode, rep.get("steps_done"))]
+    if "StrataError" not in rep["mro"]:
+        bad.append("%s: %s is not a strata.StrataError" % (mode, rep["error"]))
+    if mode == "kill":
+        if rep["error"] not in ("CommError", "TimeoutError"):
+            bad.append("kill: %s, want CommError or TimeoutError" % rep["error"])
+        if rep["seconds"] > TIMEOUT_S + 5:
+            bad.append("kill: the error came after %.1f s (timeout %.0f s)" % (rep["seconds"], TIMEOUT_S))
+    else:
+        if rep["error"] != "TimeoutError" or "TimeoutError" not in rep["mro"]:
+            bad.append("stall: %s, want TimeoutError" % rep["error"])
+        if not (TIMEOUT_S - 0.5 <= rep["seconds"] <= TIMEOUT_S + 5):
+            bad.append("stall: the error came after %.1f s, want about %.0f s" % (rep["seconds"], TIMEOUT_S))
+        if "collective_timeout_s" not in rep["message"]:
+            bad.append("stall: the message does not name runtime.collective_timeout_s")
+    if "load_checkpoint" not in rep["message"]:
+        bad.append("%s: the first error does not say how to recover" % mode)
+    if rep.get("second_error") != "EngineFailedError" or "load_checkpoint" not in rep.get("second_message", ""):
+        bad.append("%s: the next call raised %s, want EngineFailedError naming load_checkpoint"
+                   % (mode, rep.get("second_error")))
+    return bad
+
+
+def main():
+    import tempfile
+
+    if len(sys.argv) == 4 and sys.argv[1] == "worker":
+        worker(sys.argv[2], sys.argv[3])
+        return 0
+    bad = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("kill", "stall"):
+            bad += run(mode, tmp)
+    for b in bad:
+        print("FAIL", b)
+    print("PASS" if not bad else "FAIL")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

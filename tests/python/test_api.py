@@ -1,0 +1,372 @@
+#!/usr/bin/python3
+"""strata.torch.ZeroOptimizer in one process: the torch optimizer contract (parameter groups, LR
+schedulers, zero_grad, closures, state_dict in torch's format both ways, the engine's
+checkpoints, stage-3 hooks, clipping) and the errors a Python user sees (issue 13, points 2, 7).
+Bitwise comparisons are against torch.optim.AdamW (foreach=False) on a copy of the model.
+"""
+import copy
+import glob
+import os
+import sys
+import tempfile
+import unittest
+
+import torch
+import torch.nn as nn
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
+import gpt_model as G  # noqa: E402
+import strata  # noqa: E402
+
+torch.set_num_threads(1)
+DATA = G.load_corpus()
+SMALL = dict(d_model=32, layers=2, heads=2, seq_len=16)
+
+
+def tiny_gpt(seed=5):
+    torch.manual_seed(seed)
+    return G.GPT(**SMALL)
+
+
+def batch(step, rows=2):
+    return G.global_batch(DATA, step, rows, SMALL["seq_len"])
+
+
+def base_config(stage=2, **more):
+    cfg = {"zero": {"stage": stage, "reduce_bucket_size": 5000, "sub_group_size": 7000},
+           "optimizer": {"lr": 3e-3, "weight_decay": 0.1, "betas": [0.9, 0.95]},
+           "runtime": {"cpu_threads": 1}}
+    for k, v in more.items():
+        cfg.setdefault(k, {}).update(v)
+    return cfg
+
+
+def torch_groups(model):
+    return strata.torch.no_decay_param_groups(model, weight_decay=0.1)
+
+
+def train(model, opt, steps, start=0, sched=None, strata_opt=True):
+    losses = []
+    for s in range(start, start + steps):
+        x, y = batch(s)
+        loss = model(x, y)
+        losses.append(float(loss))
+        if strata_opt:
+            opt.backward(loss)
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+    return losses
+
+
+def master_of(opt, model):
+    """name -> FP32 master (gathered), in the optimizer's own order."""
+    sd = opt.state_dict()
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: sd["state"][i]["master"] for i, p in enumerate(opt._params)}
+
+
+def assert_bitwise(tc, got, want, what):
+    for n in want:
+        a, b = got[n].reshape(-1), want[n].detach().reshape(-1).float()
+        diff = int((a.view(torch.int32) != b.view(torch.int32)).sum())
+        tc.assertEqual(diff, 0, "%s: %s differs in %d elements (max %g)" % (what, n, diff, float((a - b).abs().max())))
+
+
+class TorchContract(unittest.TestCase):
+    def test_groups_and_scheduler_bitwise_vs_adamw(self):
+        for stage in (1, 3):
+            with self.subTest(stage=stage):
+                ref = tiny_gpt()
+                model = copy.deepcopy(ref)
+                # Three groups: decayed matrices, norms/biases without decay, the blocks' MLP with its own lr.
+                def groups(m, torch_side):
+                    mlp = [p for n, p in m.named_parameters() if ".fc." in n or ".out." in n]
+                    ids = {id(p) for p in mlp}
+                    rest = [p for p in m.parameters() if id(p) not in ids]
+                    return [{"params": [p for p in rest if p.dim() >= 2], "weight_decay": 0.1},
+                            {"params": [p for p in rest if p.dim() < 2], "weight_decay": 0.0},
+                            {"params": mlp, "lr": 1e-3, "weight_decay": 0.05}]
+                opt = strata.torch.ZeroOptimizer(model, base_config(stage), param_groups=groups(model, False))
+                sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+                topt = torch.optim.AdamW(groups(ref, True), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                                         foreach=False)
+                tsched = torch.optim.lr_scheduler.StepLR(topt, step_size=2, gamma=0.5)
+                la = train(model, opt, 6, sched=sched)
+                lb = train(ref, topt, 6, sched=tsched, strata_opt=False)
+                self.assertEqual(la, lb)
+                self.assertEqual([g["lr"] for g in opt.param_groups], [g["lr"] for g in topt.param_groups])
+                assert_bitwise(self, master_of(opt, model), dict(ref.named_parameters()), "stage %d" % stage)
+                opt.close()
+
+    def test_state_dict_round_trips_with_torch_adamw(self):
+        ref = tiny_gpt()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, base_config(2), param_groups=torch_groups(model))
+        topt = torch.optim.AdamW(torch_groups(ref), lr=3e-3, betas=(0.9, 0.95), foreach=False)
+        train(model, opt, 3)
+        train(ref, topt, 3, strata_opt=False)
+        sd = opt.state_dict()
+        tsd = topt.state_dict()
+        self.assertEqual(sorted(sd["state"]), sorted(tsd["state"]))
+        for i in tsd["state"]:
+            self.assertEqual(float(sd["state"][i]["step"]), float(tsd["state"][i]["step"]))
+            for k in ("exp_avg", "exp_avg_sq"):
+                self.assertTrue(torch.equal(sd["state"][i][k], tsd["state"][i][k]), (i, k))
+        self.assertEqual([{k: v for k, v in g.items() if k != "params"} for g in sd["param_groups"]][0]["lr"], 3e-3)
+
+        # strata -> torch: a fresh AdamW loading strata's state continues exactly as strata does.
+        twin = copy.deepcopy(model)  # (stage 2: the model holds the current parameters)
+        t2 = torch.optim.AdamW(torch_groups(twin), lr=3e-3, betas=(0.9, 0.95), foreach=False)
+        t2.load_state_dict(sd)
+        train(twin, t2, 3, start=3, strata_opt=False)
+        train(model, opt, 3, start=3)
+        assert_bitwise(self, master_of(opt, model), dict(twin.named_parameters()), "strata -> torch")
+
+        # torch -> strata: a fresh ZeroOptimizer (stage 3) loading torch's state continues as torch.
+        train(ref, topt, 3, start=3, strata_opt=False)
+        fresh = copy.deepcopy(ref)
+        o3 = strata.torch.ZeroOptimizer(fresh, base_config(3), param_groups=torch_groups(fresh))
+        o3.load_state_dict(topt.state_dict())  # no 'master': taken from the (registered) parameters
+        train(fresh, o3, 3, start=6)
+        train(ref, topt, 3, start=6, strata_opt=False)
+        assert_bitwise(self, master_of(o3, fresh), dict(ref.named_parameters()), "torch -> strata")
+        opt.close()
+        o3.close()
+
+    def test_checkpoint_resume_is_bitwise(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = base_config(2, offload={"optimizer": {"tier": "nvme"}},
+                              tiers={"nvme": {"paths": [d + "/swap"]}, "host": {"buffer_size": "1MiB"}})
+            os.makedirs(d + "/swap")
+            a = tiny_gpt()
+            oa = strata.torch.ZeroOptimizer(a, cfg)
+            train(a, oa, 3)
+            oa.save_checkpoint(d + "/ckpt")
+            train(a, oa, 3, start=3)
+            want = master_of(oa, a)
+            oa.close()
+            b = tiny_gpt(seed=99)  # other initial values: all of them come from the checkpoint
+            ob = strata.torch.ZeroOptimizer(b, dict(cfg, zero={"stage": 3}))  # the stage may change
+            ob.load_checkpoint(d + "/ckpt")
+            train(b, ob, 3, start=3)
+            assert_bitwise(self, master_of(ob, b), {n: t for n, t in want.items()}, "resumed")
+            ob.close()
+            self.assertEqual(glob.glob(d + "/swap/*"), [], "close() removes the swap files")
+
+    def test_stage3_parameters_live_only_inside_modules(self):
+        model = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, base_config(3))
+        self.assertTrue(all(p.numel() == 0 for p in model.parameters()))
+        seen = []
+        h = model.blocks[0].fc.register_forward_pre_hook(lambda m, i: seen.append(m.weight.shape))
+        with torch.no_grad():  # evaluation between steps: gathers and releases, no backward
+            x, y = batch(0)
+            model(x, y)
+        self.assertEqual(seen, [torch.Size([128, 32])])
+        train(model, opt, 2)
+        self.assertTrue(all(p.numel() == 0 for p in model.parameters()))
+        h.remove()
+        opt.close()
+        self.assertEqual(model.wte.weight.shape, torch.Size([256, 32]))  # close(): ordinary tensors again
+        self.assertIs(model.head.weight, model.wte.weight)
+
+    def test_stage2_reduce_scatters_overlap_the_backward(self):
+        m = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, base_config(2))  # 5000-element buckets: several
+        seen = []
+        for p in m.parameters():  # tensor hooks run as autograd produces each gradient
+            p.register_hook(lambda g: seen.append(opt.stats()["comm_calls"]["reduce_scatter"]) or g)
+        x, y = batch(0)
+        opt.backward(m(x, y))
+        after = opt.stats()["comm_calls"]["reduce_scatter"]
+        self.assertGreater(seen[-1], seen[0], "no bucket was reduced before the backward ended")
+        self.assertGreaterEqual(after, 5)
+        opt.step()
+        opt.close()
+
+    def test_closure_zero_grad_and_loss_scale(self):
+        model = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, base_config(1))
+        self.assertEqual(opt.loss_scale, 1.0)
+        opt.zero_grad()
+
+        def closure():
+            x, y = batch(0)
+            loss = model(x, y)
+            opt.backward(loss)
+            return loss
+        r = opt.step(closure)
+        self.assertTrue(r.applied)
+        self.assertGreater(float(r.loss), 0)
+        self.assertEqual(opt.stats()["applied_steps"], 1)
+        opt.close()
+
+    def test_grad_clip_from_config(self):
+        ref = tiny_gpt()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, base_config(2, optimizer={"grad_clip": 0.05}),
+                                         param_groups=torch_groups(model))
+        topt = torch.optim.AdamW(torch_groups(ref), lr=3e-3, betas=(0.9, 0.95), foreach=False)
+        for s in range(4):
+            x, y = batch(s)
+            opt.backward(model(x, y))
+            r = opt.step()
+            topt.zero_grad()
+            ref(x, y).backward()
+            norm = float(torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05))
+            topt.step()
+            self.assertAlmostEqual(r.grad_norm, norm, delta=1e-5 * norm)
+            self.assertLess(r.clip_coef, 1.0)
+        got = master_of(opt, model)
+        for n, p in ref.named_parameters():  # not bitwise: the clip scale is applied in one product
+            self.assertLess(float((got[n] - p.detach()).abs().max()), 1e-5, n)
+        opt.close()
+
+    def test_precision_follows_model_unless_configured(self):
+        model = tiny_gpt().to(torch.bfloat16)
+        opt = strata.torch.ZeroOptimizer(model, {"zero": {"stage": 1}})
+        self.assertEqual((opt.config["params_dtype"], opt.config["grads_dtype"]), ("bf16", "bf16"))
+        self.assertEqual(opt.loss_scale, 65536.0)
+        x, y = batch(0)
+        opt.backward(model(x, y))
+        self.assertTrue(opt.step().applied)
+        self.assertEqual(model.wte.weight.dtype, torch.bfloat16)
+        opt.close()
+
+
+class Errors(unittest.TestCase):
+    def test_non_contiguous_parameter(self):
+        m = nn.Linear(4, 3)
+        m.weight = nn.Parameter(torch.randn(4, 3).t())
+        with self.assertRaises(strata.InvalidArgumentError) as cm:
+            strata.torch.ZeroOptimizer(m)
+        self.assertIsInstance(cm.exception, ValueError)
+        self.assertIn("'weight' is not contiguous", str(cm.exception))
+        self.assertIn("p.data.contiguous()", str(cm.exception))
+
+    def test_non_float_parameter(self):
+        m = nn.Linear(4, 3)
+        m.steps = nn.Parameter(torch.zeros(2, dtype=torch.int64), requires_grad=False)
+        opt = strata.torch.ZeroOptimizer(m)  # left out of the default groups: fine
+        opt.close()
+        with self.assertRaises(strata.ParameterTypeError) as cm:
+            strata.torch.ZeroOptimizer(m, param_groups=[{"params": list(m.parameters())}])
+        self.assertIsInstance(cm.exception, TypeError)
+        self.assertIn("'steps' is torch.int64, not floating point", str(cm.exception))
+
+    def test_dtype_not_precision_params(self):
+        with self.assertRaises(strata.ParameterTypeError) as cm:
+            strata.torch.ZeroOptimizer(nn.Linear(4, 3), {"precision": {"params": "bf16", "grads": "bf16"}})
+        self.assertIn("is torch.float32 but the config (<config dict>) has precision.params: bf16", str(cm.exception))
+
+    def test_gradient_that_never_arrives(self):
+        m = tiny_gpt()
+        m.unused = nn.Linear(3, 3)
+        opt = strata.torch.ZeroOptimizer(m, base_config(2))
+        x, y = batch(0)
+        opt.backward(m(x, y))
+        with self.assertRaises(strata.UsageError) as cm:
+            opt.step()
+        msg = str(cm.exception)
+        self.assertIn("the gradients of 'unused.weight', 'unused.bias' never arrived", msg)
+        self.assertIn("requires_grad=False", msg)
+        opt.close()
+
+    def test_step_before_backward_and_double_backward(self):
+        m = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, base_config(2))
+        with self.assertRaises(strata.UsageError) as cm:
+            opt.step()
+        self.assertIn("step() before backward()", str(cm.exception))
+        self.assertIsInstance(cm.exception, RuntimeError)
+        x, y = batch(0)
+        opt.backward(m(x, y))
+        with self.assertRaises(strata.UsageError) as cm:
+            opt.backward(m(x, y))
+        self.assertIn("backward() again before step()", str(cm.exception))
+        with self.assertRaises(strata.UsageError):
+            opt.zero_grad()
+        self.assertTrue(opt.step().applied)  # usage errors leave the optimizer usable
+        opt.close()
+
+    def test_config_errors_name_file_line_column(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "bad.yaml")
+            with open(path, "w") as f:
+                f.write("zero:\n  stage: 2\n  reduce_bucket_sise: 5M\n")
+            with self.assertRaises(strata.ConfigError) as cm:
+                strata.torch.ZeroOptimizer(tiny_gpt(), path)
+            e = cm.exception
+            self.assertIsInstance(e, ValueError)
+            self.assertEqual((e.file, e.line, e.column, e.key_path), (path, 3, 3, "zero.reduce_bucket_sise"))
+            self.assertTrue(str(e).startswith(path + ":3:3: zero.reduce_bucket_sise: unknown key"), str(e))
+            self.assertIn("did you mean 'reduce_bucket_size'", str(e))
+        with self.assertRaises(strata.ConfigError) as cm:
+            strata.torch.ZeroOptimizer(tiny_gpt(), {"zero": {"stage": 7}})
+        self.assertEqual(cm.exception.key_path, "zero.stage")
+        with self.assertRaises(strata.ConfigError) as cm:
+            strata.torch.ZeroOptimizer(tiny_gpt(), overrides={"zero.stage": 5})
+        self.assertIn("--set zero.stage=5", str(cm.exception))
+        with self.assertRaises(strata.ConfigError) as cm:
+            strata.torch.ZeroOptimizer(tiny_gpt(), "/nonexistent/strata.yaml")
+        self.assertIn("no such file", str(cm.exception))
+
+    def test_failed_loads_change_nothing(self):
+        m = tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, base_config(1))
+        train(m, opt, 2)
+        before = opt.state_dict()
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaises(strata.IoError) as cm:
+                opt.load_checkpoint(d)  # no checkpoint there
+            self.assertIn("manifest.json", str(cm.exception))
+        bad = copy.deepcopy(before)
+        bad["state"][len(bad["state"]) - 1]["exp_avg"] = torch.zeros(3)
+        with self.assertRaises(strata.InvalidArgumentError) as cm:
+            opt.load_state_dict(bad)
+        self.assertIn("nothing was loaded", str(cm.exception))
+        after = opt.state_dict()
+        for i in before["state"]:
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                self.assertTrue(torch.equal(before["state"][i][k], after["state"][i][k]), (i, k))
+        train(m, opt, 1, start=2)  # still usable
+        opt.close()
+
+    def test_failed_engine_says_how_to_recover(self):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = base_config(2, offload={"optimizer": {"tier": "nvme"}},
+                              tiers={"nvme": {"paths": [d], "direct_io": "off", "checksum": True},
+                                     "host": {"buffer_size": "1MiB"}})
+            m = tiny_gpt()
+            opt = strata.torch.ZeroOptimizer(m, cfg)
+            train(m, opt, 1)
+            swap = glob.glob(d + "/**/*.bin", recursive=True) or glob.glob(d + "/**/swap*", recursive=True)
+            self.assertTrue(swap, os.listdir(d))
+            for path in swap:  # flip every byte of the optimizer state on "NVMe"
+                with open(path, "r+b") as f:
+                    data = bytearray(f.read())
+                    f.seek(0)
+                    f.write(bytes(b ^ 0xFF for b in data))
+            x, y = batch(1)
+            opt.backward(m(x, y))
+            with self.assertRaises(strata.StrataError) as cm:
+                opt.step()
+            first = cm.exception
+            self.assertIsInstance(first, (strata.ChecksumError, strata.IoError))
+            self.assertIsInstance(first, OSError)
+            self.assertIn("load_checkpoint", str(first))
+            with self.assertRaises(strata.EngineFailedError) as cm:
+                opt.backward(m(x, y))
+            self.assertIn("an earlier step failed", str(cm.exception))
+            self.assertIn("create a new ZeroOptimizer", str(cm.exception))
+            self.assertIn("load_checkpoint", str(cm.exception))
+            del opt
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
