@@ -88,7 +88,7 @@ std::string to_yaml(const Config& c) {
   o << "world:\n"
     << "  ranks: " << c.world.ranks << "\n"
     << "  ranks_per_node: " << c.world.ranks_per_node << "\n"
-    << "  network_bandwidth: " << c.world.network_bandwidth << "\n";
+    << "  network_bandwidth: " << bytes_text(c.world.network_bandwidth) << "\n";
   o << "zero:\n"
     << "  stage: " << c.zero.stage << "\n"
     << "  sub_group_size: " << c.zero.sub_group_size << "\n"

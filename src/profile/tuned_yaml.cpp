@@ -8,6 +8,7 @@
 
 #include "strata/error.hpp"
 #include "strata/profile.hpp"
+#include "strata/units.hpp"
 
 namespace strata {
 namespace {
@@ -16,15 +17,6 @@ struct Edit {
   std::vector<std::string> path;
   std::string value;  // YAML text of the new value
 };
-
-// A size with the largest exact binary unit: 1048576 -> "1MiB", 12288 -> "12KiB", 4097 -> "4097B".
-std::string size_text(std::uint64_t b) {
-  const char* units[] = {"TiB", "GiB", "MiB", "KiB"};
-  const int shifts[] = {40, 30, 20, 10};
-  for (int i = 0; i < 4; ++i)
-    if (b != 0 && b % (1ULL << shifts[i]) == 0) return std::to_string(b >> shifts[i]) + units[i];
-  return std::to_string(b) + (b ? "B" : "");
-}
 
 std::string num_text(double v) {
   char buf[64];
@@ -156,7 +148,7 @@ std::string tuned_config_text(const std::string& original_text, const Config& or
   const NvmeTierConfig &a = original.tiers.nvme, &b = tuned.tiers.nvme;
   if (a.engine != b.engine) edits.push_back({{"tiers", "nvme", "engine"}, io_engine_name(b.engine)});
   if (a.block_size != b.block_size)
-    edits.push_back({{"tiers", "nvme", "block_size"}, size_text(b.block_size)});
+    edits.push_back({{"tiers", "nvme", "block_size"}, format_bytes_exact(b.block_size)});
   if (a.queue_depth != b.queue_depth)
     edits.push_back({{"tiers", "nvme", "queue_depth"}, std::to_string(b.queue_depth)});
   if (a.io_threads != b.io_threads)

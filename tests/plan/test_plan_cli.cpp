@@ -82,3 +82,13 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_EQ(j["recommendation"]["layout"]["description"], "stage 2, no offload");
   EXPECT_TRUE(j["recommendation"]["activation_checkpointing"].get<bool>());
 }
+
+// model.parameters is optional in the config (the engine and `strata train` size themselves), but
+// a plan needs it: exit 2 with the key named, nothing on stdout.
+TEST(PlanCli, PlanWithoutModelParametersIsBadInput) {
+  strata::testing::TempDir dir;
+  CliRun r = plan(write(dir, "c.yaml", "world: {ranks: 8}\n"), dir);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("model.parameters"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
