@@ -295,8 +295,10 @@ struct EngineCheck {
   double predicted_s = 0;
   double error = 0;  // (predicted - measured) / measured
   StepPrediction prediction;
-  // Measured alone before the steps: the step's collectives replayed (prediction.network_s) and
-  // the gradient copy + norm pass.
+  // The prediction's parts: the optimizer step (from `optimizer_from`), the step's collectives
+  // replayed alone before the steps (prediction.network_s), the gradient copy + norm pass alone.
+  double predicted_optimizer_s = 0;
+  std::string optimizer_from;
   double grad_passes_s = 0;
   // The engine's own phase times (mean per step, slowest rank): reduce, norm, optimizer, gather.
   double reduce_s = 0, norm_s = 0, optimizer_s = 0, gather_s = 0;

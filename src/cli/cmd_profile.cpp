@@ -345,6 +345,8 @@ json report_json(const strata::ProfileReport& r) {
     ecj["error"] = ec.error;
     ecj["prediction"] = prediction_json(ec.prediction);
     ecj["grad_passes_s"] = ec.grad_passes_s;
+    ecj["predicted_optimizer_s"] = ec.predicted_optimizer_s;
+    ecj["optimizer_from"] = ec.optimizer_from;
     ecj["engine_phases_s"] = {{"reduce", ec.reduce_s}, {"norm", ec.norm_s},
                               {"optimizer", ec.optimizer_s}, {"gather", ec.gather_s}};
   }
@@ -515,7 +517,8 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
       << "  " << cell("engine", 11) << rcell(secs(ec.predicted_s), 11)
       << rcell(secs(ec.measured_median_s), 11) << rcell(pct(ec.error), 9)
       << (std::fabs(ec.error) <= 0.15 ? "" : "   (outside +-15%)") << "\n"
-      << "  predicted legs: optimizer " << secs(ec.prediction.pipelined_s) << " (pipelined), network "
+      << "  predicted legs: optimizer " << secs(ec.predicted_optimizer_s) << " (pipelined, from "
+      << ec.optimizer_from << "), network "
       << secs(ec.prediction.network_s) << " (the step's collectives replayed), gradient copy + norm "
       << secs(ec.grad_passes_s) << "; the engine's phases: reduce " << secs(ec.reduce_s)
       << ", norm " << secs(ec.norm_s) << ", optimizer " << secs(ec.optimizer_s) << ", gather "

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "profile/profile_internal.hpp"
+#include "profile/step_bench.hpp"
 #include "strata/adam.hpp"
 #include "strata/communicator.hpp"
 #include "strata/engine.hpp"
@@ -95,11 +96,50 @@ double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t 
 
 }  // namespace
 
+// The zero layer's offloaded step on `elements` of optimizer state per rank, legs measured alone
+// (run_step_bench, 3 rounds, every rank at once after a barrier), and the pipelined step they
+// predict: chunks of the pinned pool as sub-groups, NVMe at the measured read || write rate.
+struct StepLegs {
+  bool measured = false;
+  double predicted_s = 0;
+};
+StepLegs zero_step_legs(const Config& cfg, Communicator& comm, std::uint64_t elements) {
+  StepLegs out;
+  StepBenchOptions o;
+  o.config = cfg;
+  o.elements = elements;
+  o.rounds = 3;
+  o.serial = false;
+  StepBenchResult r;
+  comm.barrier();
+  try {
+    r = run_step_bench(o);
+  } catch (const Error& e) {
+    log_warn("profile: engine check: the zero layer's step legs could not be measured: ", e.what());
+    return out;
+  }
+  const auto max = [&](double v) { return max_over_ranks(comm, v); };
+  const double t_read = max(r.t_read), t_update = max(r.t_update), t_write = max(r.t_write),
+               t_io = max(r.t_io);
+  Bandwidths bw;
+  const double bytes = static_cast<double>(r.state_bytes);
+  bw.nvme_read_bps = t_read > 0 ? bytes / t_read : 0;
+  bw.nvme_write_bps = t_write > 0 ? bytes / t_write : 0;
+  bw.nvme_mixed_bps = t_io > 0 ? 2 * bytes / t_io : 0;
+  bw.cpu_adam_params_per_s = t_update > 0 ? static_cast<double>(elements) / t_update : 0;
+  const std::uint64_t chunks = std::max<std::uint64_t>(r.chunks, 1);
+  const std::uint64_t per_chunk = std::max<std::uint64_t>(elements / chunks, 1);
+  const std::uint64_t bpe =
+      std::max<std::uint64_t>(r.state_bytes / std::max<std::uint64_t>(elements, 1), 1);
+  out.predicted_s = predict_sample(per_chunk, chunks, bpe, bw).pipelined_s;
+  out.measured = true;
+  return out;
+}
+
 EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& paths,
-                             Communicator& comm, const Bandwidths& bw, double memory_bps,
+                             Communicator& comm, const Bandwidths& bw, const SampleStep& sample,
                              std::uint64_t elements, std::uint64_t sub_group, int steps,
                              const Progress& progress) {
-  (void)memory_bps;
   EngineCheck ec;
   const int n = comm.size();
   ec.ranks = n;
@@ -133,6 +173,9 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   // The legs the engine adds to the optimizer step, measured alone with the real communicator.
   const double network = replay_collectives(cfg, comm, elements);
   const double grad_passes = measure_grad_passes(cfg, comm, elements);
+  const bool all_nvme = cfg.offload.optimizer.tier == Tier::kNvme && cfg.offload.optimizer.fraction >= 1.0;
+  const StepLegs legs = all_nvme ? zero_step_legs(cfg, comm, layout.footprint.optimizer_elements)
+                                 : StepLegs{};
 
   std::vector<double> step_s;
   EngineStats before, after;
@@ -185,7 +228,20 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   if (b.gpu_adam_params_per_s <= 0) b.gpu_adam_params_per_s = b.cpu_adam_params_per_s;
   ec.prediction = predict_step(cfg, layout, b);
   ec.prediction.network_s = network;
-  ec.predicted_s = std::max(ec.prediction.pipelined_s, 0.0) + network + grad_passes;
+  double optimizer = std::max(ec.prediction.pipelined_s, 0.0);
+  // With the whole optimizer partition on NVMe the engine runs the zero layer's offloaded step
+  // (its own chunks of the pinned pool): predict from that step's legs, measured alone just
+  // before the engine steps by every rank at the same time (so the ranks share the disk and the
+  // cores as they do in the step), with the same model as the sample step.
+  if (legs.measured) {
+    optimizer = legs.predicted_s;
+    ec.optimizer_from = "the zero layer's step legs (read, update, read || write), all ranks at once";
+  } else {
+    ec.optimizer_from = "the sample step's legs";
+  }
+  (void)sample;
+  ec.predicted_optimizer_s = optimizer;
+  ec.predicted_s = optimizer + network + grad_passes;
   ec.grad_passes_s = grad_passes;
   ec.error = ec.measured_median_s > 0 ? (ec.predicted_s - ec.measured_median_s) / ec.measured_median_s : 0;
   return ec;

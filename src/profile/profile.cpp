@@ -460,7 +460,7 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   phase("engine check");
   if (comm && r.world > 1) {
     // The sample step's state per rank, in its sub-groups: its legs are the prediction's inputs.
-    r.engine_check = run_engine_check(config, paths, *comm, bw, r.triad_bytes_per_second,
+    r.engine_check = run_engine_check(config, paths, *comm, bw, r.sample,
                                       elements * sizes.sample_sub_groups * static_cast<std::uint64_t>(r.world),
                                       elements, sizes.engine_check_steps, progress);
     if (progress)

@@ -91,9 +91,9 @@ double max_over_ranks(Communicator& host, double v);
 
 // The engine check (EngineCheck in profile.hpp): a real Engine over `comm` on `elements` model
 // elements (all ranks) in sub-groups of `sub_group`, `steps` measured steps after one warm-up,
-// predicted with `bw` (the sample step's legs).
+// predicted from `bw` (the sample step's legs) or, optimizer on NVMe, `sample`'s zero-layer step.
 EngineCheck run_engine_check(const Config& config, const std::vector<std::string>& paths,
-                             Communicator& comm, const Bandwidths& bw, double memory_bps,
+                             Communicator& comm, const Bandwidths& bw, const SampleStep& sample,
                              std::uint64_t elements, std::uint64_t sub_group, int steps,
                              const Progress& progress);
 
