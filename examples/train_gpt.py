@@ -2,7 +2,7 @@
 """Train a small GPT with strata's ZeRO engine (strata.torch.ZeroOptimizer) on text that is on
 every Debian machine (/usr/share/common-licenses; --data FILE for your own).
 
-  # one process, optimizer state on NVMe (examples/zero2-nvme.yaml: swap under /tmp/strata-nvme)
+  # one process, optimizer state on NVMe (examples/zero2-nvme.yaml: swap under ./strata-swap)
   PYTHONPATH=build/python /usr/bin/python3 examples/train_gpt.py --config examples/zero2-nvme.yaml
 
   # two ranks (torchrun; `python3 -m strata.torchrun` is torchrun with Debian 12's Python 3.11

@@ -177,6 +177,10 @@ class DeviceAdam {
   DeviceAdam& operator=(const DeviceAdam&) = delete;
 
   void step(const AdamParams& params, const AdamTensors& host, const AdamStepOptions& o);
+  // The same update on arrays that already live in the device's memory (optimizer state placed on
+  // gpu): no copies; on a CUDA device adam_step_cuda on this object's stream, on the host-emulated
+  // device CpuAdam on the stream's worker. Returns when it is done. Failures as step().
+  void step_resident(const AdamParams& params, const AdamTensors& device, const AdamStepOptions& o);
   std::uint64_t device_bytes() const;  // device memory held
   const Device& device() const;
 

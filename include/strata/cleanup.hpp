@@ -7,7 +7,8 @@
 // SIGINT and SIGHUP that call run_signal_cleanup() and then re-raise the signal with its default
 // action (exit status 128 + signal number). An embedding program may do the same from its own
 // handler. What a killed run (SIGKILL, power loss) leaves is found by the next run, or by
-// `strata clean` (see find_swap_leftovers() in src/tier/swap_space.hpp).
+// `strata clean` (docs/errors.md, "Shutdown and leftovers"; find_swap_leftovers() in
+// src/tier/swap_space.hpp).
 //
 // Thread-safety: registration and unregistration are lock-free and may run on any thread;
 // run_signal_cleanup() is async-signal-safe (only unlinkat on descriptors the registry owns).

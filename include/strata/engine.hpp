@@ -1,6 +1,20 @@
 // The ZeRO engine: what a data-parallel training loop embeds. One Engine per rank, built from a
-// Config (zero.*, precision.*, optimizer.*, runtime.*) and a Communicator (borrowed, host-buffer
-// backends: in-process or MPI).
+// Config (zero.*, precision.*, optimizer.*, offload.*, tiers.*, runtime.*) and a Communicator
+// (borrowed).
+//
+// Memory. The engine keeps every byte of the rank's training state in its one storage layer: the
+// FP32 master weights and Adam moments, the gradients and the parameters, each in the tier
+// offload.* names (gpu = device memory of device(), cpu = host memory, nvme = swap files under
+// tiers.nvme.paths; `fraction` of it there, the rest on gpu), within the tiers.* budgets
+// (gpu per rank; host, pinned and nvme per node, divided among the node's ranks). Parameters in
+// the model dtype (stages 0-2: all of them; stage 3: the gathered ones) and the gradients handed
+// in are device memory of device().
+// Device and communicator go together: collectives run where the buffers live. runtime.device
+// auto picks the CUDA device of the rank's local ordinal (LOCAL_RANK, the MPI launchers' local
+// rank, else rank modulo world.ranks_per_node) for a device-buffer communicator (NCCL), and the
+// host-emulated device (whose "device memory" is host memory) for a host-buffer one (in-process,
+// MPI). runtime.device cuda with a host-buffer communicator, or host with NCCL, is refused at
+// construction with Error(kUnsupported).
 //
 // Life cycle, on every rank in the same order:
 //   Engine e(config, comm);
@@ -32,14 +46,20 @@
 // The step: the global gradient norm over all ranks (gradients averaged over ranks and unscaled),
 // clipping to optimizer.grad_clip, an overflow (inf/NaN anywhere) agreed by all ranks; on
 // overflow the step is skipped on every rank and the dynamic loss scale backs off; otherwise Adam
-// (strata/adam.hpp) runs on the rank's partition in sub-groups of zero.sub_group_size elements
-// and the parameters come back in the model dtype. Loss scaling (precision.loss_scale) applies to
-// fp16 gradients; bf16 and fp32 gradients are not scaled (scale 1, as torch AMP and DeepSpeed)
-// unless precision.loss_scale.enabled is true; non-finite gradients always skip the step.
-// Determinism: in FP32 with a host communicator the result is bitwise identical to a single rank
-// running CpuAdam on the rank-ordered FP32 sum of the ranks' gradients, divided by N as torch
-// averages (AdamStepOptions::grad_divisor = N, then grad_scale = clip_coef / loss_scale), for
-// every stage and world size.
+// (strata/adam.hpp) runs on the rank's partition chunk by chunk (sub-groups of
+// zero.sub_group_size elements, cut to what one pinned buffer stages), streamed: the next chunks'
+// state read ahead from NVMe, the CPU kernel for state on cpu/nvme (the device kernel for state on
+// gpu), the parameters written behind in the model dtype to the device; stages 1-2 then
+// all-gather them on the device.
+// Loss scaling (precision.loss_scale) applies to fp16 gradients; bf16 and fp32 gradients are not
+// scaled (scale 1, as torch AMP and DeepSpeed) unless precision.loss_scale.enabled is true;
+// non-finite gradients always skip the step.
+// Determinism: with a host communicator the result is bitwise identical to a single rank running
+// CpuAdam on the rank-ordered sum of the ranks' gradients (rounded to the gradient dtype), divided
+// by N as torch averages (AdamStepOptions::grad_divisor = N), then times grad_scale =
+// clip_coef / loss_scale, for every stage, world size and placement (state on
+// gpu on the host-emulated device included; on CUDA the device kernel is written to the same
+// operation order).
 //
 // Requirements on the loop: every rank registers the same tensors in the same order, and hands in
 // gradients, calls gather/prefetch/release and step() in the same order (collectives are matched
@@ -47,12 +67,15 @@
 //
 // Thread-safety: an Engine is driven by one thread. Failure: bad use (unknown id, gradient twice,
 // gradient missing at step(), param() of an ungathered stage-3 tensor, calls before finalize())
-// throws Error(kInvalidArgument); communication failures (timeouts, lost peers) propagate from the
-// communicator as Error(kTimeout/kComm) and leave the engine unusable. With the optimizer state
-// on NVMe (offload.optimizer.tier nvme), an I/O error or checksum mismatch during step() throws
-// IoError / Error(kChecksum) naming the chunk, pinned buffer, swap file and errno, after which the
-// rank's optimizer state is partially updated and step() keeps failing: destroy the engines and
-// load_checkpoint() the last checkpoint (docs/offload.md).
+// throws Error(kInvalidArgument); a budget that cannot hold the layout fails finalize() with
+// Error(kBudget) naming the tier and buffer. Communication failures (timeouts, lost peers)
+// propagate from the communicator as Error(kTimeout/kComm). An I/O error, checksum mismatch or
+// device failure during set_gradient() or step() throws IoError / Error(kChecksum / kDevice)
+// naming the buffer, the swap file, offset and errno; the rank's state may then mix two steps and
+// the engine is failed: every later set_gradient / step / gather / read_state / write_state /
+// checkpoint call throws Error(kIo) "unusable after a failed step". Destroy the engines and
+// load_checkpoint() the last checkpoint (docs/offload.md, "Faults"). A failed read in a stage-3
+// gather() changes nothing and may be retried.
 #pragma once
 
 #include <cstddef>
@@ -69,6 +92,9 @@
 namespace strata {
 
 class Device;
+namespace zero {
+struct EngineAccess;  // tests and measurements (src/zero/engine_access.hpp)
+}
 
 using TensorId = std::size_t;
 // A parameter group (torch's param_groups): its own learning rate and weight decay; betas and eps
@@ -111,7 +137,8 @@ struct EngineStats {
 
 class Engine {
  public:
-  // `comm` is borrowed and must outlive the engine; its buffers must be host memory.
+  // `comm` is borrowed and must outlive the engine. Throws Error(kUnsupported) when runtime.device
+  // cannot go with the communicator's buffers (see "Device and communicator").
   Engine(const Config& config, Communicator& comm);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -141,8 +168,9 @@ class Engine {
   const Partition& partition() const;  // after finalize()
   std::size_t numel(TensorId id) const;
 
-  // The device the engine's parameters and gradients live on (runtime.device): a CUDA GPU, or the
-  // host-emulated device, whose "device memory" is host memory. After finalize().
+  // The device the engine's parameters and gradients live on (runtime.device resolved against the
+  // communicator): a CUDA GPU, or the host-emulated device, whose "device memory" is host memory.
+  // After finalize().
   Device& device();
 
   // The tensor's current parameters in the model dtype (numel(id) elements), in device() memory.
@@ -163,15 +191,16 @@ class Engine {
   double loss_scale() const;
 
   // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
-  // data is copied before return. At stages 2–3 this may start a bucket's reduce-scatter, finish
-  // an earlier one and (offload.gradients nvme) write its share to NVMe. Argument errors throw
-  // Error(kInvalidArgument) and change nothing; a failed collective or gradient write throws and
-  // leaves the engine failed: every later set_gradient / step / checkpoint call throws Error(kIo)
-  // until a new engine loads a checkpoint (docs/offload.md, "Faults").
+  // data is copied (on the device) before return. At stages 2–3 this may start a bucket's
+  // reduce-scatter on the device, finish an earlier one and copy the rank's share of it where
+  // offload.gradients puts it (device→host on the storage's copy streams, then on to NVMe).
+  // Argument errors throw Error(kInvalidArgument) and change nothing; a failed collective, copy or
+  // gradient write throws and leaves the engine failed: every later set_gradient / step /
+  // checkpoint call throws Error(kIo) until a new engine loads a checkpoint (docs/offload.md).
   // `grad` is device() memory (host memory on the host-emulated device).
   void set_gradient(TensorId id, const void* grad);
-  // The same from host memory, whatever the device (a convenience: one extra host-to-device copy
-  // on a GPU).
+  // The same from host memory, whatever the device (a convenience: one host-to-device copy on a
+  // GPU, synchronous).
   void set_gradient_host(TensorId id, const void* grad);
   // All tensors at once, grads[i] for tensor i in registration order (device() memory).
   void set_gradients(std::span<const void* const> grads);
@@ -214,6 +243,7 @@ class Engine {
   void load_checkpoint(const std::string& dir);
 
  private:
+  friend struct zero::EngineAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -296,7 +296,8 @@ struct EngineCheck {
   double error = 0;  // (predicted - measured) / measured
   StepPrediction prediction;
   // The prediction's parts: the optimizer step (from `optimizer_from`), the step's collectives
-  // replayed alone before the steps (prediction.network_s), the gradient copy + norm pass alone.
+  // replayed alone before the steps (prediction.network_s), the gradient copy + the rest of a
+  // one-rank step() around its update loop (grad_passes_s).
   double predicted_optimizer_s = 0;
   std::string optimizer_from;
   double grad_passes_s = 0;

@@ -519,7 +519,7 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
       << (std::fabs(ec.error) <= 0.15 ? "" : "   (outside +-15%)") << "\n"
       << "  predicted legs: optimizer " << secs(ec.predicted_optimizer_s) << " (pipelined, from "
       << ec.optimizer_from << "), network "
-      << secs(ec.prediction.network_s) << " (the step's collectives replayed), gradient copy + norm "
+      << secs(ec.prediction.network_s) << " (the step's collectives replayed), gradient copy + the rest of step() "
       << secs(ec.grad_passes_s) << "; the engine's phases: reduce " << secs(ec.reduce_s)
       << ", norm " << secs(ec.norm_s) << ", optimizer " << secs(ec.optimizer_s) << ", gather "
       << secs(ec.gather_s) << "\n";

@@ -52,12 +52,14 @@ inline std::uint16_t float_to_half(float f) {
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t absx = x & 0x7fffffffu;
   if (absx > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
-  if (absx >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // inf, or rounds to it
-  if (absx < 0x38800000u) {  // result is subnormal or zero
-    if (absx < 0x33000000u) return sign;  // < 2^-25: rounds to zero
+  if (absx >= 0x477ff000u)
+    return static_cast<std::uint16_t>(sign | 0x7c00u);  // inf, or rounds to it
+  if (absx < 0x38800000u) {                             // result is subnormal or zero
+    if (absx < 0x33000000u) return sign;                // < 2^-25: rounds to zero
     const std::uint32_t exp = absx >> 23;
     const std::uint32_t mant = (absx & 0x7fffffu) | 0x800000u;
-    const std::uint32_t shift = 126 - exp;  // value / 2^-24 = mant * 2^(exp - 126); shift in [14, 24]
+    const std::uint32_t shift =
+        126 - exp;  // value / 2^-24 = mant * 2^(exp - 126); shift in [14, 24]
     std::uint32_t val = mant >> shift;
     const std::uint32_t rem = mant & ((1u << shift) - 1);
     const std::uint32_t halfway = 1u << (shift - 1);

@@ -95,4 +95,22 @@ void DeviceAdam::step(const AdamParams& params, const AdamTensors& host, const A
   s.synchronize(m.timeout);
 }
 
+void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d, const AdamStepOptions& o) {
+  if (o.check_finite)
+    fail(ErrorCode::kInvalidArgument,
+         "DeviceAdam: check_finite is not supported; check the gradients before the step");
+  if (!d.param || !d.exp_avg || !d.exp_avg_sq || !d.grad)
+    fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
+  if (d.n == 0) return;
+  Impl& m = *impl_;
+  Stream& s = *m.stream;
+  if (m.cpu) {
+    CpuAdam* cpu = m.cpu.get();
+    s.launch_host_func([cpu, params, d, o] { cpu->step(params, d, o); });
+  } else {
+    adam_step_cuda(params, d, o, s.native_handle(), nullptr);
+  }
+  s.synchronize(m.timeout);
+}
+
 }  // namespace strata

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
 #include "profile/profile_internal.hpp"
 #include "profile/step_bench.hpp"
@@ -49,9 +50,13 @@ double replay_collectives(const Config& cfg, Communicator& comm, std::uint64_t e
   const std::uint64_t padded = shard * n;
   std::vector<std::uint8_t> grads(padded * dtype_size(gd)), params(padded * dtype_size(pd));
   std::vector<std::uint8_t> part(std::max<std::uint64_t>(shard, 1) * dtype_size(gd));
+  std::vector<std::uint8_t> bucket_buf;
+  std::vector<std::vector<std::uint8_t>> bucket_bufs;  // in flight until waited
+  std::deque<std::vector<std::uint8_t>> recvs;         // (a deque: stable addresses)
   const std::uint64_t bucket = std::max<std::uint64_t>(cfg.zero.reduce_bucket_size, 1);
   std::vector<double> times;
   for (int rep = 0; rep < 3; ++rep) {
+    bucket_buf.assign(std::min(bucket, padded) * dtype_size(gd), 0);
     comm.barrier();
     Stopwatch sw;
     if (cfg.zero.stage == 0) {
@@ -59,11 +64,23 @@ double replay_collectives(const Config& cfg, Communicator& comm, std::uint64_t e
     } else if (cfg.zero.stage == 1) {
       comm.reduce_scatter(grads.data(), part.data(), shard, gd);
     } else {
+      // As the engine's backward does it: each bucket's gradients copied into a bucket buffer,
+      // its reduce-scatter issued at once, all waited at the step.
+      std::vector<std::unique_ptr<CommHandle>> inflight;
       for (std::uint64_t b = 0; b < padded; b += bucket) {
         const std::uint64_t len = std::min(bucket, padded - b);
         const std::uint64_t per = std::max<std::uint64_t>(len / n, 1);
-        comm.reduce_scatter(grads.data() + b * dtype_size(gd), part.data(), std::min(per, shard), gd);
+        std::memcpy(bucket_buf.data(), grads.data() + b * dtype_size(gd), len * dtype_size(gd));
+        recvs.emplace_back(per * dtype_size(gd));
+        const std::vector<std::size_t> counts(static_cast<std::size_t>(n), per);
+        inflight.push_back(comm.reduce_scatter_async(bucket_buf.data(), recvs.back().data(), counts, gd));
+        for (auto& h : inflight) h->done();  // progress, as set_gradient's polls do
+        bucket_bufs.push_back(std::move(bucket_buf));
+        bucket_buf.assign(std::min(bucket, padded) * dtype_size(gd), 0);
       }
+      for (auto& h : inflight) h->wait();
+      bucket_bufs.clear();
+      recvs.clear();
     }
     const int gathers = cfg.zero.stage == 0 ? 0 : cfg.zero.stage == 3 ? 2 : 1;
     for (int g = 0; g < gathers; ++g) comm.all_gather(params.data(), params.data(), shard, pd);
@@ -75,7 +92,8 @@ double replay_collectives(const Config& cfg, Communicator& comm, std::uint64_t e
 // The engine's norm pass over the rank's gradient partition and the agreement on it (a 16-byte
 // all-gather), and the copy of every gradient into the engine's buffers at set_gradient: median
 // seconds of 3 each, measured alone.
-double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t elements) {
+double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t elements,
+                           bool with_stats) {
   const DType gd = cfg.precision.grads;
   const std::uint64_t shard = (elements + comm.size() - 1) / comm.size();
   std::vector<std::uint8_t> src = small_values(gd, elements, 99), dst(src.size());
@@ -85,7 +103,7 @@ double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t 
     comm.barrier();
     Stopwatch sw;
     std::memcpy(dst.data(), src.data(), src.size());
-    (void)adam.grad_stats(dst.data(), gd, shard, 1.0f, static_cast<float>(comm.size()));
+    if (with_stats) (void)adam.grad_stats(dst.data(), gd, shard, 1.0f, static_cast<float>(comm.size()));
     std::uint32_t mine[4] = {1, 2, 3, 4};
     std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(comm.size()));
     comm.all_gather(mine, all.data(), 4, DType::kFp32);
@@ -102,6 +120,9 @@ double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t 
 struct StepLegs {
   bool measured = false;
   double predicted_s = 0;
+  // The rest of a one-rank Engine::step() around its update loop (its local reduction and the
+  // statistics pass): measured step() time minus the update loop's.
+  double local_s = 0;
 };
 StepLegs zero_step_legs(const Config& cfg, Communicator& comm, std::uint64_t elements) {
   StepLegs out;
@@ -132,6 +153,7 @@ StepLegs zero_step_legs(const Config& cfg, Communicator& comm, std::uint64_t ele
   const std::uint64_t bpe =
       std::max<std::uint64_t>(r.state_bytes / std::max<std::uint64_t>(elements, 1), 1);
   out.predicted_s = predict_sample(per_chunk, chunks, bpe, bw).pipelined_s;
+  out.local_s = max(std::max(0.0, r.t_engine_step - r.t_step));
   out.measured = true;
   return out;
 }
@@ -172,10 +194,10 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
 
   // The legs the engine adds to the optimizer step, measured alone with the real communicator.
   const double network = replay_collectives(cfg, comm, elements);
-  const double grad_passes = measure_grad_passes(cfg, comm, elements);
   const bool all_nvme = cfg.offload.optimizer.tier == Tier::kNvme && cfg.offload.optimizer.fraction >= 1.0;
   const StepLegs legs = all_nvme ? zero_step_legs(cfg, comm, layout.footprint.optimizer_elements)
                                  : StepLegs{};
+  const double grad_passes = measure_grad_passes(cfg, comm, elements, !legs.measured) + legs.local_s;
 
   std::vector<double> step_s;
   EngineStats before, after;

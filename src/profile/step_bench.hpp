@@ -1,10 +1,12 @@
-// The offloaded optimizer step measured (strata bench step, and the profiler's sample step): all
-// of a rank's optimizer state on NVMe, CPU Adam, the pinned pool of tiers.host; t_read, t_update,
-// t_write alone, the pipelined step, the serial (unpipelined) step, overlap efficiency, and the
-// peak resident set during the steps.
+// The engine's own step measured (strata bench step, and the profiler's sample step): a one-rank
+// Engine built from the config (offload.*, tiers.*, precision.*, optimizer.*, runtime.*; the rank
+// holds `elements` parameters in one tensor), whose step() runs the one pipelined loop. Measured
+// through the same loop and slots (zero/engine_access.hpp): t_read, t_update, t_write alone, the
+// I/O of the step without the update (t_io, the device bound), the engine's step() pipelined and
+// serial, and the peak resident set during the steps.
 //
-// Thread-safety: plain functions; each call builds and tears down its own store, swap files and
-// I/O engine. Failure: as OffloadStateStore (IoError, Error(kInvalidArgument / kBudget)).
+// Thread-safety: plain functions; each call builds and tears down its own engine (storage, swap
+// files, I/O engine). Failure: as Engine (IoError, Error(kInvalidArgument / kBudget / kChecksum)).
 #pragma once
 
 #include <cstdint>
@@ -15,8 +17,8 @@
 namespace strata::profile {
 
 struct StepBenchOptions {
-  // tiers.* (pool, NVMe paths and engine), precision.* (grads/params dtypes), optimizer.*,
-  // zero.sub_group_size, runtime.cpu_threads; offload.* is ignored: everything goes to NVMe.
+  // The engine's config; world.ranks is taken as 1 (one rank measured, in-process). offload.*
+  // says where the state lives, as in training.
   Config config;
   std::uint64_t elements = 0;  // optimizer elements of the rank
   int rounds = 3;              // measured rounds (medians), after one warm-up step
@@ -25,7 +27,7 @@ struct StepBenchOptions {
 
 struct StepBenchResult {
   std::uint64_t elements = 0;
-  std::uint64_t state_bytes = 0;  // on NVMe (padded chunks)
+  std::uint64_t state_bytes = 0;  // optimizer state streamed by the update (padded chunks)
   std::uint64_t pool_bytes = 0;   // buffers × buffer size actually allocated
   std::uint32_t buffers = 0;
   std::uint64_t buffer_size = 0;
@@ -35,7 +37,8 @@ struct StepBenchResult {
   std::string update_on;  // "cpu", or the device's name with optimizer.update: device
   // Medians over rounds, seconds.
   double t_read = 0, t_update = 0, t_write = 0;
-  double t_step = 0;         // pipelined
+  double t_step = 0;         // the step's update loop, pipelined
+  double t_engine_step = 0;  // the whole Engine::step() (reduction, statistics pass, update)
   double t_step_serial = 0;  // read → update → write, one chunk at a time (0 if not measured)
   double t_update_in_step = 0, t_wait_read = 0, t_wait_write = 0;  // inside the pipelined step
   double overlap_efficiency = 0;  // max(t_read, t_update, t_write) / t_step (of the medians)
@@ -46,8 +49,9 @@ struct StepBenchResult {
   // share its bandwidth); device_efficiency = max(t_io, t_update) / t_step.
   double t_io = 0;
   double device_efficiency = 0;
-  // Peak RSS while the steps ran (VmHWM reset after setup), and the part of it the caller holds
-  // (gradients and model-dtype parameters, which scale with the model).
+  // Peak RSS while the steps ran (VmHWM reset after setup), and the part of it that scales with
+  // the model by design: the bench's gradient source, and the parameters and gradients in "device
+  // memory", which on the host-emulated device is host memory.
   std::uint64_t peak_rss_bytes = 0;
   std::uint64_t caller_held_bytes = 0;
 };

@@ -21,7 +21,8 @@ Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::mil
     b.nvme = info.home == Tier::kNvme;
     if (b.nvme && (!store_.pool() || store_.pool()->buffer_size() < b.padded))
       fail(ErrorCode::kInvalidArgument,
-           strcat("filler: buffer '", info.name, "' (", b.padded, " bytes, on nvme) does not fit a pinned pool buffer (",
+           strcat("filler: buffer '", info.name, "' (", b.padded,
+                  " bytes, on nvme) does not fit a pinned pool buffer (",
                   store_.pool() ? store_.pool()->buffer_size() : 0, " bytes)"));
     bufs_.push_back(b);
   }
@@ -102,14 +103,15 @@ void Filler::stage(std::size_t k) {
   Buf& b = bufs_[k];
   // A write of this buffer still in flight must land before it is read back or replaced.
   auto writing_k = [&] {
-    return std::any_of(writing_.begin(), writing_.end(), [&](const Writing& w) { return w.k == k; });
+    return std::any_of(writing_.begin(), writing_.end(),
+                       [&](const Writing& w) { return w.k == k; });
   };
   while (writing_k()) retire_oldest_write();
   Staged st;
   st.k = k;
   st.buf = take_buffer();
   if (b.on_disk) {
-    store_.read(b.id, 0, 0, st.buf.data(), Tier::kCpu).wait(timeout_);
+    store_.read(b.id, 0, 0, st.buf.data(), Tier::kCpu, true).wait(timeout_);
   } else {
     std::memset(st.buf.data(), 0, b.padded);
   }
@@ -123,8 +125,9 @@ void Filler::fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, cons
   if (k >= bufs_.size()) fail(ErrorCode::kInvalidArgument, strcat("filler: no buffer ", k));
   Buf& b = bufs_[k];
   if (offset + bytes > b.bytes || b.filled + bytes > b.bytes)
-    fail(ErrorCode::kInvalidArgument, strcat("filler: piece [", offset, ", ", offset + bytes, ") of buffer ", k,
-                                             " beyond its ", b.bytes, " bytes or filled twice"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("filler: piece [", offset, ", ", offset + bytes, ") of buffer ", k, " beyond its ",
+                b.bytes, " bytes or filled twice"));
   if (bytes == 0) return;
   try {
     if (!b.nvme) {
@@ -142,8 +145,9 @@ void Filler::fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, cons
     }
     if (b.staged < 0) stage(k);
     b.touched = true;
-    copy_in(static_cast<unsigned char*>(staged_[static_cast<std::size_t>(b.staged)].buf.data()) + offset, src,
-            bytes, src_memory);
+    copy_in(static_cast<unsigned char*>(staged_[static_cast<std::size_t>(b.staged)].buf.data()) +
+                offset,
+            src, bytes, src_memory);
     b.filled += bytes;
     if (b.filled == b.bytes) write_staged(static_cast<std::size_t>(b.staged), false);
     while (!writing_.empty() && writing_.front().t.ready()) retire_oldest_write();
@@ -183,7 +187,8 @@ void Filler::drain() noexcept {
       w.t.wait(timeout_);
     } catch (const Error& e) {
       if (e.code() == ErrorCode::kTimeout) {
-        log_error("filler: a write of buffer ", w.k, " did not finish; its pool buffer is not reused");
+        log_error("filler: a write of buffer ", w.k,
+                  " did not finish; its pool buffer is not reused");
         w.buf.detach();
       }
     } catch (...) {
@@ -209,7 +214,8 @@ void Filler::failed(const std::exception& e, std::size_t k, const char* doing) {
   }
   const std::string where = strcat("filler ", doing, " buffer '", name, "'");
   if (const auto* io = dynamic_cast<const IoError*>(&e)) throw io->with_context(where);
-  if (const auto* er = dynamic_cast<const Error*>(&e)) throw Error(er->code(), strcat(er->what(), "; ", where));
+  if (const auto* er = dynamic_cast<const Error*>(&e))
+    throw Error(er->code(), strcat(er->what(), "; ", where));
   throw Error(ErrorCode::kInternal, strcat(e.what(), "; ", where));
 }
 

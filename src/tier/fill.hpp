@@ -46,8 +46,12 @@ class Filler {
 
   void begin();
   // src_memory: kCpu for host memory, kGpu for device memory of the store's Device.
-  void fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src, Tier src_memory);
+  void fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
+            Tier src_memory);
   void end();
+  // Gives up the round (the caller failed elsewhere): waits for the writes in flight and returns
+  // every pool buffer; the buffers' contents are undefined until the next round.
+  void abandon() noexcept { drain(); }
   bool active() const { return active_; }
 
   std::size_t size() const { return bufs_.size(); }
@@ -84,10 +88,10 @@ class Filler {
   TierStore& store_;
   std::chrono::milliseconds timeout_;
   std::vector<Buf> bufs_;
-  std::vector<Staged> staged_;         // buffers being assembled (nvme)
-  std::deque<Writing> writing_;        // nvme writes in flight, oldest first
-  std::vector<Transfer> direct_;       // memory-tier zero/range writes of this round
-  std::unique_ptr<Stream> stream_;     // device → pinned copies
+  std::vector<Staged> staged_;      // buffers being assembled (nvme)
+  std::deque<Writing> writing_;     // nvme writes in flight, oldest first
+  std::vector<Transfer> direct_;    // memory-tier zero/range writes of this round
+  std::unique_ptr<Stream> stream_;  // device → pinned copies
   bool active_ = false;
   std::uint64_t written_ = 0, partial_writes_ = 0;
 };

@@ -6,6 +6,7 @@
 #include <deque>
 #include <map>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -41,6 +42,8 @@ struct Copy {
   bool valid = false;
   std::uint32_t pins = 0;
   std::uint32_t write_pins = 0;
+  bool locked = false;            // host: page-locked (BufferSpec::pinned)
+  bool locked_by_device = false;  // ... through Device::register_host (else mlock)
 };
 
 struct Buf {
@@ -68,6 +71,54 @@ struct Job {
   // kRead / kWrite: the byte range and the caller's memory.
   std::uint64_t offset = 0, bytes = 0;
   void* ptr = nullptr;
+  bool padded = false;  // kRead: the caller's memory has room for the padded buffer
+};
+
+// A staging buffer for one piece of a transfer: a pinned pool buffer when one is free, else a
+// transient page-aligned bounce buffer (pageable) counted against the host budget while it lives,
+// so that holders of pool buffers (the stream loop's slots, the filler) never starve the store.
+class Staging {
+ public:
+  Staging() = default;
+  Staging(PinnedBuffer pinned) : pinned_(std::move(pinned)) {}  // NOLINT: implicit on purpose
+  Staging(IoBuffer bounce, std::function<void()> on_release)
+      : bounce_(std::move(bounce)), on_release_(std::move(on_release)) {}
+  Staging(Staging&& o) noexcept { *this = std::move(o); }
+  Staging& operator=(Staging&& o) noexcept {
+    if (this != &o) {
+      reset();
+      pinned_ = std::move(o.pinned_);
+      bounce_ = std::move(o.bounce_);
+      on_release_ = std::move(o.on_release_);
+      o.on_release_ = nullptr;
+    }
+    return *this;
+  }
+  ~Staging() { reset(); }
+  void* data() const { return pinned_ ? pinned_.data() : bounce_.data(); }
+  std::uint8_t* bytes() const { return static_cast<std::uint8_t*>(data()); }
+  explicit operator bool() const { return pinned_ || bounce_; }
+  // A transfer may still touch it: never reuse the memory (leaked, the accounting kept).
+  void detach() {
+    pinned_.detach();
+    if (bounce_) {
+      static_cast<void>(new IoBuffer(std::move(bounce_)));  // deliberately leaked
+      on_release_ = nullptr;
+    }
+  }
+
+ private:
+  void reset() {
+    pinned_.release();
+    if (bounce_) {
+      bounce_ = IoBuffer();
+      if (on_release_) on_release_();
+    }
+    on_release_ = nullptr;
+  }
+  PinnedBuffer pinned_;
+  IoBuffer bounce_;
+  std::function<void()> on_release_;
 };
 
 // What one mover thread owns.
@@ -88,7 +139,7 @@ class TierStore::Impl {
   BufferId find(const std::string& name) const;
   Transfer submit(tier::OpKind kind, BufferId id, Tier tier, Access access);
   Transfer submit_stream(tier::OpKind kind, BufferId id, std::uint64_t offset, std::uint64_t bytes,
-                         void* ptr, Tier memory);
+                         void* ptr, Tier memory, bool padded = false);
   std::uint64_t padded_bytes(BufferId id) const;
   PinnedPool* pool() const { return pool_; }
   Device& device() const { return device_; }
@@ -119,6 +170,8 @@ class TierStore::Impl {
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
+  // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
+  void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.
   void stream_read(tier::Job& job, tier::WorkerContext& ctx);
   void stream_write(tier::Job& job, tier::WorkerContext& ctx);
@@ -126,6 +179,8 @@ class TierStore::Impl {
   // Bytes [offset, offset + bytes) of the NVMe copy into dst (host or device), through pool pieces.
   void read_nvme_range(tier::Buf& b, std::uint64_t offset, std::uint64_t bytes, void* dst,
                        Tier memory, tier::WorkerContext& ctx, bool* unsafe);
+  // A staging buffer for one piece (see tier::Staging): never blocks on the pool.
+  tier::Staging take_staging();
   // Copies between memory locations on the mover's stream (any of host/device on either side).
   void copy_memory(void* dst, const void* src, std::size_t bytes, Tier dst_mem, Tier src_mem,
                    tier::WorkerContext& ctx, bool* unsafe);
@@ -174,6 +229,7 @@ class TierStore::Impl {
   std::uint64_t cached_ = 0;                           // guarded by mutex_: bytes in host_cache_
   bool stop_ = false;                                               // guarded by mutex_
   std::string failure_;                                             // guarded by mutex_
+  std::uint64_t pinned_used_ = 0;                                   // guarded by mutex_
 
   std::mutex admin_mutex_;  // guards admin_stream_
   std::unique_ptr<Stream> admin_stream_;

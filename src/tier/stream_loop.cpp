@@ -17,7 +17,9 @@ namespace strata::tier {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 constexpr std::uint64_t kAlign = 4096;
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -52,8 +54,9 @@ ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where) 
     pp.offset = sp.offset;
     pp.bytes = sp.bytes ? sp.bytes : info.bytes - sp.offset;
     if (pp.offset + pp.bytes > info.bytes)
-      fail(ErrorCode::kInvalidArgument, strcat("stream: part [", pp.offset, ", ", pp.offset + pp.bytes,
-                                               ") of '", info.name, "' beyond its ", info.bytes, " bytes"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("stream: part [", pp.offset, ", ", pp.offset + pp.bytes, ") of '", info.name,
+                  "' beyond its ", info.bytes, " bytes"));
     pp.whole = pp.offset == 0 && pp.bytes == info.bytes;
     pp.in_place = info.home == compute_tier(where);
     if (!pp.in_place) {
@@ -70,8 +73,8 @@ ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where) 
 
 // One slot: where an item's staged parts live while it is read, computed and written.
 struct Slot {
-  PinnedBuffer host;   // kHost
-  BufferId device = 0; // kDevice: a scratch buffer registered in the store
+  PinnedBuffer host;    // kHost
+  BufferId device = 0;  // kDevice: a scratch buffer registered in the store
   void* base = nullptr;
   std::uint32_t index = 0;
 };
@@ -108,12 +111,13 @@ class Runner {
       std::size_t next = 0;  // next item to issue
       for (std::size_t i = 0; i < items_.size(); ++i) {
         const std::size_t ahead = o_.pipelined ? std::max<std::size_t>(1, window_) : 1;
-        while (next < items_.size() && next < i + ahead && (next == i || can_issue(next))) issue(next++);
+        while (next < items_.size() && next < i + ahead && (next == i || can_issue(next)))
+          issue(next++);
         Pending& p = find(i);
         wait_inputs(p);
         compute(p);
-        write_back(p);
-        if (!o_.pipelined) finish_writes(p.item);
+        write_back(p);  // may retire p (nothing written behind): do not touch it after
+        if (!o_.pipelined) finish_writes(i);
       }
       while (!inflight_.empty()) finish_writes(inflight_.front().item);
     } catch (const std::exception& e) {
@@ -133,11 +137,12 @@ class Runner {
       PinnedPool* pool = store_.pool();
       if (!pool)
         fail(ErrorCode::kInvalidArgument,
-             strcat(o_.what, ": parts must be staged in host memory but the store has no pinned pool"));
+             strcat(o_.what,
+                    ": parts must be staged in host memory but the store has no pinned pool"));
       if (pool->buffer_size() < biggest)
-        fail(ErrorCode::kInvalidArgument,
-             strcat(o_.what, ": an item needs ", biggest, " bytes of pinned staging but a pool buffer has ",
-                    pool->buffer_size(), " (tiers.host.buffer_size)"));
+        fail(ErrorCode::kInvalidArgument, strcat(o_.what, ": an item needs ", biggest,
+                                                 " bytes of pinned staging but a pool buffer has ",
+                                                 pool->buffer_size(), " (tiers.host.buffer_size)"));
       window_ = std::max<std::uint32_t>(1, std::min(o_.window, pool->buffer_count()));
     } else {
       window_ = std::max<std::uint32_t>(1, o_.window);
@@ -225,14 +230,16 @@ class Runner {
       const PartPlan& pp = plan.parts[k];
       phase_part_ = k;
       if (pp.in_place) {
-        const Access a = sp.out ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard) : Access::kRead;
+        const Access a =
+            sp.out ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard) : Access::kRead;
         p.acquires.emplace_back(store_.acquire_async(sp.id, t_, a), k);
         continue;
       }
       auto* at = static_cast<unsigned char*>(p.slot.base) + pp.slot_offset;
       p.views[k] = at;
       if (sp.in) {
-        p.reads.emplace_back(store_.read(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, at, t_), k);
+        p.reads.emplace_back(store_.read(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, at, t_, true),
+                             k);
         stats_.bytes_in += pp.bytes;
       }
     }
@@ -266,7 +273,8 @@ class Runner {
     // Staged outputs that are not read: their padding must hold zeros (it is written to NVMe).
     for (std::size_t k = 0; k < item.parts.size(); ++k) {
       const PartPlan& pp = plan.parts[k];
-      if (pp.in_place || item.parts[k].in || !item.parts[k].out || pp.slot_bytes == pp.bytes) continue;
+      if (pp.in_place || item.parts[k].in || !item.parts[k].out || pp.slot_bytes == pp.bytes)
+        continue;
       auto* tail = static_cast<unsigned char*>(p.views[k]) + pp.bytes;
       if (o_.where == Where::kHost) {
         std::memset(tail, 0, pp.slot_bytes - pp.bytes);
@@ -302,7 +310,8 @@ class Runner {
       const PartPlan& pp = plan.parts[k];
       if (pp.in_place || !sp.out) continue;
       phase_part_ = k;
-      p.writes.emplace_back(store_.write(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, p.views[k], t_), k);
+      p.writes.emplace_back(store_.write(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, p.views[k], t_),
+                            k);
       stats_.bytes_out += pp.bytes;
     }
     if (p.writes.empty()) {
@@ -361,8 +370,8 @@ class Runner {
       }
       if (p.has_slot) {
         if (unsafe) {
-          log_error(o_.what, ": a transfer of item ", p.item, " did not finish; slot ", p.slot.index,
-                    " is not reused");
+          log_error(o_.what, ": a transfer of item ", p.item, " did not finish; slot ",
+                    p.slot.index, " is not reused");
           p.slot.host.detach();
           p.slot.device = 0;
         } else {
@@ -399,10 +408,11 @@ class Runner {
       }
     }
     const std::string where =
-        strcat(o_.what, " failed ", phase_, " item ", phase_item_, " of ", items_.size(), " (buffer '",
-               part, "'); ", computed_, " items computed, ", written_, " stored");
+        strcat(o_.what, " failed ", phase_, " item ", phase_item_, " of ", items_.size(),
+               " (buffer '", part, "'); ", computed_, " items computed, ", written_, " stored");
     if (const auto* io = dynamic_cast<const IoError*>(&e)) throw io->with_context(where);
-    if (const auto* er = dynamic_cast<const Error*>(&e)) throw Error(er->code(), strcat(er->what(), "; ", where));
+    if (const auto* er = dynamic_cast<const Error*>(&e))
+      throw Error(er->code(), strcat(er->what(), "; ", where));
     throw Error(ErrorCode::kInternal, strcat(e.what(), "; ", where));
   }
 
@@ -414,7 +424,7 @@ class Runner {
   std::vector<ItemPlan> plans_;
   std::deque<Pending> inflight_;  // issued, oldest first
   std::uint32_t window_ = 1;
-  std::vector<BufferId> scratch_;        // kDevice slots
+  std::vector<BufferId> scratch_;  // kDevice slots
   std::vector<std::uint32_t> free_device_;
   std::unique_ptr<Stream> stream_;
   std::size_t current_ = 0;

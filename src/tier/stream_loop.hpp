@@ -66,18 +66,18 @@ struct StreamOptions {
   std::uint32_t window = 4;  // slots in flight (read-ahead + compute + write-behind)
   bool pipelined = true;     // false: read, compute, write, one item at a time
   std::chrono::milliseconds timeout{120000};  // bound on each wait
-  std::string what = "stream";               // names the loop in errors and logs
+  std::string what = "stream";                // names the loop in errors and logs
 };
 
 // Timings of one run, seconds, and bytes moved.
 struct StreamStats {
   double t_total = 0;
-  double t_compute = 0;   // in fn, on the calling thread
-  double t_wait_in = 0;   // waiting for reads
-  double t_wait_out = 0;  // waiting for writes (to free a slot, and at the end)
+  double t_compute = 0;                       // in fn, on the calling thread
+  double t_wait_in = 0;                       // waiting for reads
+  double t_wait_out = 0;                      // waiting for writes (to free a slot, and at the end)
   std::uint64_t bytes_in = 0, bytes_out = 0;  // staged bytes read / written
   std::size_t items = 0;
-  std::uint32_t slots = 0;     // slots the run used (0: everything in place)
+  std::uint32_t slots = 0;  // slots the run used (0: everything in place)
   std::uint64_t slot_bytes = 0;
 };
 

@@ -64,23 +64,27 @@ class TicketSet {
   std::exception_ptr error_;
 };
 
-// The pinned buffer for the next piece of a GPU <-> NVMe pipeline: a free one at once while the
-// window has room and an event is free; else the oldest piece in flight is retired to make room;
-// with nothing in flight, the pool is waited on. Returns an empty buffer once `error` is set.
-template <typename Window, typename Events, typename Retire>
-PinnedBuffer next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Window& window,
-                                 const Events& free_events, Retire& retire_front,
-                                 std::exception_ptr& error, std::chrono::milliseconds timeout) {
-  PinnedBuffer pb;
+// The staging buffer for the next piece of a GPU <-> NVMe pipeline: a free pool buffer at once
+// while the window has room and an event is free; else the oldest piece in flight is retired to
+// make room; with nothing in flight, `take` (a pool buffer or a bounce buffer, never blocking).
+// Returns an empty buffer once `error` is set.
+template <typename Window, typename Events, typename Retire, typename Take>
+tier::Staging next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Window& window,
+                                  const Events& free_events, Retire& retire_front,
+                                  std::exception_ptr& error, Take&& take) {
+  tier::Staging pb;
   while (!pb) {
-    if (window.size() < window_cap && !free_events.empty()) pb = pool.try_acquire();
+    if (window.size() < window_cap && !free_events.empty()) {
+      PinnedBuffer p = pool.try_acquire();
+      if (p) pb = tier::Staging(std::move(p));
+    }
     if (pb) break;
     if (!window.empty()) {
       retire_front();
       if (error) break;
     } else {
       try {
-        pb = pool.acquire(timeout);
+        pb = take();
       } catch (...) {
         error = std::current_exception();
         break;
@@ -161,7 +165,7 @@ namespace {
 
 // One pinned piece in flight through a GPU ⇄ NVMe pipeline.
 struct Slot {
-  PinnedBuffer buf;
+  tier::Staging buf;
   Event* event = nullptr;
   std::size_t piece = 0;
   std::uint64_t len = 0;
@@ -222,8 +226,8 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
     const std::uint64_t real = std::min<std::uint64_t>(len, b.spec.bytes - off);
-    PinnedBuffer pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
-                                          error, timeout);
+    tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
+                                           error, [this] { return take_staging(); });
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
@@ -303,8 +307,8 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
   for (std::size_t i = 0; i < n && !error; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    PinnedBuffer pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
-                                          error, timeout);
+    tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
+                                           error, [this] { return take_staging(); });
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};

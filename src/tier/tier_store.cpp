@@ -1,6 +1,9 @@
 #include "tier/tier_store.hpp"
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "core/rethrow.hpp"
@@ -19,6 +22,18 @@ using tier::WorkerContext;
 
 namespace {
 constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kMove: return "tier store: moving";
+    case OpKind::kPrefetch: return "tier store: prefetching";
+    case OpKind::kEvict: return "tier store: evicting";
+    case OpKind::kAcquire: return "tier store: acquiring";
+    case OpKind::kRead: return "tier store: reading";
+    case OpKind::kWrite: return "tier store: writing";
+    case OpKind::kZero: return "tier store: zeroing";
+  }
+  return "tier store:";
+}
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
@@ -87,6 +102,7 @@ TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine*
                 options_.host_budget, " bytes for this rank)"));
   }
   used_[ti(Tier::kCpu)] = pool_bytes;
+  pinned_used_ = pool_bytes;
   if (options_.nvme_capacity > 0) {
     if (!engine_ || !pool_)
       fail(ErrorCode::kInvalidArgument, "tier store: an NVMe tier needs an I/O engine and a pinned pool");
@@ -174,6 +190,7 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
       if (reuse) std::memset(reuse.data(), 0, b->padded);
       b->copy[ti(home)].host =
           reuse ? std::move(reuse) : IoBuffer::allocate(b->padded, HugePageMode::kTransparent);
+      lock_host(*b);
     } else if (home == Tier::kGpu) {
       b->copy[ti(home)].gpu = device_.allocate(b->padded);
       std::lock_guard lock(admin_mutex_);
@@ -182,6 +199,14 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
     } else {
       b->nvme_zero = true;
     }
+  } catch (const Error& e) {
+    {
+      std::lock_guard lock(mutex_);
+      drop_locked(*b, home);
+    }
+    // Name the buffer and the tier (memory errors say which tier and buffer).
+    throw Error(e.code(), strcat(e.what(), "; registering buffer '", spec.name, "' (", b->padded,
+                                 " bytes) in the ", tier_name(home), " tier"));
   } catch (...) {
     std::lock_guard lock(mutex_);
     drop_locked(*b, home);
@@ -283,6 +308,15 @@ void TierStore::Impl::unreserve_locked(Buf& b, Tier t) {
 void TierStore::Impl::drop_locked(Buf& b, Tier t) {
   tier::Copy& c = b.copy[ti(t)];
   c.valid = false;
+  if (t == Tier::kCpu && c.host && c.locked) {
+    if (c.locked_by_device) {
+      device_.unregister_host(c.host.data());
+    } else {
+      ::munlock(c.host.data(), c.host.size());
+    }
+    pinned_used_ -= b.padded;
+    c.locked = c.locked_by_device = false;
+  }
   if (t == Tier::kCpu && c.host) {
     if (!stop_) {  // keep the mapping for the next copy of this size
       cached_ += c.host.size();
@@ -298,6 +332,37 @@ void TierStore::Impl::drop_locked(Buf& b, Tier t) {
     c.extent = {};
     b.nvme_zero = false;
   }
+}
+
+void TierStore::Impl::lock_host(Buf& b) {
+  tier::Copy& c = b.copy[ti(Tier::kCpu)];
+  if (!b.spec.pinned || c.locked || !c.host) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (pinned_used_ + b.padded > options_.pinned_budget)
+      fail(ErrorCode::kBudget,
+           strcat("tier store: buffer '", b.spec.name, "' (", b.padded, " bytes, pin_memory) does not fit in the ",
+                  "pinned host memory: ", pinned_used_, " of ", options_.pinned_budget,
+                  " bytes in use (tiers.host.pinned_budget, the pool included)"));
+    pinned_used_ += b.padded;
+  }
+  bool by_device = false;
+  try {
+    by_device = device_.register_host(c.host.data(), b.padded);
+    if (!by_device && ::mlock(c.host.data(), b.padded) != 0) {
+      const int err = errno;
+      fail(ErrorCode::kOutOfMemory,
+           strcat("tier store: mlock of buffer '", b.spec.name, "' (", b.padded, " bytes, pin_memory) failed: ",
+                  std::strerror(err), " (errno ", err, "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
+    }
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    pinned_used_ -= b.padded;
+    throw;
+  }
+  std::lock_guard lock(mutex_);
+  c.locked = true;
+  c.locked_by_device = by_device;
 }
 
 std::string TierStore::Impl::where(const Buf& b) const {
@@ -335,7 +400,7 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
 }
 
 Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t offset,
-                                        std::uint64_t bytes, void* ptr, Tier memory) {
+                                        std::uint64_t bytes, void* ptr, Tier memory, bool padded) {
   auto state = std::make_shared<Transfer::State>();
   {
     std::unique_lock lock(mutex_);
@@ -365,7 +430,7 @@ Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t 
                strcat("tier store: write of '", b.spec.name, "' to nvme from host memory that is not 4096-aligned"));
       }
     }
-    Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr};
+    Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr, padded};
     ++b.queued;
     queue_.push_back(std::move(job));
   }
@@ -453,8 +518,15 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
         break;
       }
     }
+  } catch (const IoError& e) {
+    err = std::make_exception_ptr(e.with_context(strcat(op_name(job.kind), " buffer '", b.spec.name, "'")));
+  } catch (const Error& e) {
+    err = std::make_exception_ptr(
+        Error(e.code(), strcat(e.what(), "; ", op_name(job.kind), " buffer '", b.spec.name, "'")));
   } catch (...) {
     err = std::current_exception();
+  }
+  if (err) {
     std::lock_guard lock(mutex_);
     check_lost_locked(b, err);
   }
@@ -517,8 +589,11 @@ void TierStore::Impl::ensure_storage(Buf& b, Tier t) {
   try {
     if (t == Tier::kCpu) {
       IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
-      std::lock_guard lock(mutex_);
-      b.copy[ti(t)].host = std::move(mem);
+      {
+        std::lock_guard lock(mutex_);
+        b.copy[ti(t)].host = std::move(mem);
+      }
+      lock_host(b);
     } else {
       DeviceMemory mem = device_.allocate(b.padded);
       std::lock_guard lock(mutex_);
@@ -645,8 +720,11 @@ void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
         std::memset(reuse.bytes() + b.spec.bytes, 0, b.padded - b.spec.bytes);
       }
       IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
-      std::lock_guard lock(mutex_);
-      d.host = std::move(mem);
+      {
+        std::lock_guard lock(mutex_);
+        d.host = std::move(mem);
+      }
+      lock_host(b);
     }
     if (t == Tier::kGpu && !d.gpu) {
       DeviceMemory mem = device_.allocate(b.padded);
@@ -813,8 +891,9 @@ void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::mil
   return t.pointer();
 }
 void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
-Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory) {
-  return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory);
+Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory,
+                         bool padded) {
+  return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory, padded);
 }
 Transfer TierStore::write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
                           Tier memory) {

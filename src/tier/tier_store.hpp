@@ -19,9 +19,9 @@
 // Streaming (no copy is created: the caller's memory is the other end):
 //   read(id, range, dst)   the current contents of a byte range into caller memory (host, or
 //                    device memory of the store's Device), from the valid copy nearest to dst.
-//                    From NVMe: the pieces holding the range are read and their CRCs checked; a
-//                    whole-buffer read into 4096-aligned host memory with room for padded_bytes()
-//                    goes straight into it, any other range through pinned pool buffers.
+//                    From NVMe: the pieces holding the range are read and their CRCs checked;
+//                    pieces wholly inside the range land straight in 4096-aligned host memory,
+//                    the others (edges, the padded tail, device memory) pass a pool buffer.
 //   write(id, range, src)  replaces a byte range: the home copy is written and becomes the only
 //                    valid copy (the others are dropped). Home nvme: the whole buffer only, from
 //                    4096-aligned host memory holding padded_bytes() (the padding is written too),
@@ -37,6 +37,9 @@
 // is pinned on its own tier is allowed (the pin holder coordinates with it, like a kWrite acquire).
 // NVMe ⇄ GPU goes through the pinned pool in pieces of buffer_size, overlapping the NVMe leg of one
 // piece with the PCIe leg of another. Host ⇄ NVMe goes directly from the host copy (page-aligned).
+// A piece takes a pool buffer when one is free; when every one is held (by the stream loop's
+// slots, the filler) it takes a transient page-aligned bounce buffer instead, counted against the
+// host budget while it lives: holders of pool buffers never starve the store's own transfers.
 //
 // Budgets (checked when the transfer starts; failing = Error(kBudget) at the wait, nothing
 // changed): gpu copies ≤ gpu_budget; host copies + the pinned pool ≤ host_budget; NVMe extents ≤
@@ -89,11 +92,15 @@ struct BufferSpec {
   DType dtype = DType::kFp32;
   Tier home = Tier::kCpu;
   std::vector<Tier> allowed;  // empty = all tiers; must contain home
+  // Host copies page-locked (offload.X.pin_memory): cudaHostRegister on a GPU (asynchronous device
+  // copies), mlock on the host device; counted against pinned_budget with the pool.
+  bool pinned = false;
 };
 
 struct TierStoreOptions {
   std::uint64_t gpu_budget = 80'000'000'000ULL;  // tiers.gpu.budget
   std::uint64_t host_budget = 512ULL << 30;      // tiers.host.budget (includes the pinned pool)
+  std::uint64_t pinned_budget = ~0ULL;           // page-locked bytes: the pool + pinned host copies
   // NVMe swap space reserved for this rank at construction; 0 = no NVMe tier.
   std::uint64_t nvme_capacity = 0;
   std::vector<std::string> nvme_paths;           // tiers.nvme.paths
@@ -185,8 +192,10 @@ class TierStore {
   // Streaming (see the model above). `offset`/`bytes` select a byte range of the contents (bytes
   // 0 = to the end); `memory` says whether the caller's pointer is host memory (kCpu) or device
   // memory of this store's Device (kGpu). The caller's memory must stay valid until the wait.
+  // padded: `dst` (host) has room for padded_bytes(): a whole NVMe buffer is read straight into it,
+  // padding included.
   Transfer read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst,
-                Tier memory = Tier::kCpu);
+                Tier memory = Tier::kCpu, bool padded = false);
   Transfer write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
                  Tier memory = Tier::kCpu);
   Transfer zero(BufferId id);

@@ -2,6 +2,8 @@
 // the caller's memory (host or device), run on a mover thread in the buffer's order (see
 // tier_store.hpp, "Streaming").
 #include <cstring>
+#include <exception>
+#include <vector>
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -19,6 +21,27 @@ constexpr Tier kMemTiers[2] = {Tier::kGpu, Tier::kCpu};
 void* copy_ptr(tier::Copy& c, Tier t) { return t == Tier::kGpu ? c.gpu.get() : c.host.data(); }
 }  // namespace
 
+tier::Staging TierStore::Impl::take_staging() {
+  if (pool_) {
+    PinnedBuffer p = pool_->try_acquire();
+    if (p) return tier::Staging(std::move(p));
+  }
+  const std::uint64_t bytes = piece_size();
+  {
+    std::lock_guard lock(mutex_);
+    if (used_[ti(Tier::kCpu)] + bytes > options_.host_budget)
+      fail(ErrorCode::kBudget,
+           strcat("tier store: a staging buffer of ", bytes,
+                  " bytes does not fit in the host tier (", used_[ti(Tier::kCpu)], " of ",
+                  options_.host_budget, " bytes in use) and every pool buffer is taken"));
+    used_[ti(Tier::kCpu)] += bytes;
+  }
+  return tier::Staging(IoBuffer::allocate(bytes, HugePageMode::kNone), [this, bytes] {
+    std::lock_guard lock(mutex_);
+    used_[ti(Tier::kCpu)] -= bytes;
+  });
+}
+
 void TierStore::Impl::copy_memory(void* dst, const void* src, std::size_t bytes, Tier dst_mem,
                                   Tier src_mem, WorkerContext& ctx, bool* unsafe) {
   if (bytes == 0) return;
@@ -29,28 +52,69 @@ void TierStore::Impl::copy_memory(void* dst, const void* src, std::size_t bytes,
   copy_device(dst, src, bytes, ctx, unsafe);
 }
 
+// Pieces wholly inside the range whose destination is 4096-aligned host memory are read straight
+// into it (all in flight at once); the others (the range's edges, the padded last piece, device
+// destinations) go through a pool buffer, one at a time. Every piece's CRC is checked.
 void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_t bytes, void* dst,
                                       Tier memory, WorkerContext& ctx, bool* unsafe) {
-  if (!pool_) fail(ErrorCode::kInvalidArgument, "tier store: a ranged NVMe read needs the pinned pool");
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   const std::uint64_t piece = piece_size();
   const std::uint64_t first = offset / piece, last = (offset + bytes - 1) / piece;
-  for (std::uint64_t p = first; p <= last; ++p) {
-    PinnedBuffer pb = pool_->acquire(options_.timeout);
-    const std::uint64_t off = p * piece;
-    const std::uint64_t len = std::min<std::uint64_t>(piece, b.padded - off);
-    const IoTicket t = engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
-    if (!engine_->wait(t, options_.timeout)) {
-      pb.detach();  // the kernel may still write into it
-      *unsafe = true;
-      fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name, "' not complete after ",
-                                       options_.timeout.count(), " ms"));
+  auto* out = static_cast<std::uint8_t*>(dst);
+  struct Direct {
+    std::uint64_t p, len;
+    IoTicket t;
+  };
+  std::vector<Direct> direct;
+  std::exception_ptr error;
+  auto settle = [&] {  // waits for every direct read (also after an error)
+    for (Direct& d : direct) {
+      try {
+        if (!engine_->wait(d.t, options_.timeout)) {
+          *unsafe = true;
+          fail(ErrorCode::kTimeout,
+               strcat("tier store: NVMe read of buffer '", b.spec.name, "' not complete after ",
+                      options_.timeout.count(), " ms"));
+        }
+        if (!error)
+          verify_piece(b, static_cast<std::size_t>(d.p), out + (d.p * piece - offset), d.len);
+      } catch (...) {
+        if (!error) error = std::current_exception();
+      }
     }
-    verify_piece(b, static_cast<std::size_t>(p), pb.data(), len);
-    const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
-    copy_memory(static_cast<std::uint8_t*>(dst) + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory,
-                Tier::kCpu, ctx, unsafe);
+    direct.clear();
+  };
+  try {
+    for (std::uint64_t p = first; p <= last; ++p) {
+      const std::uint64_t off = p * piece;
+      const std::uint64_t len = std::min<std::uint64_t>(piece, b.padded - off);
+      const bool inside = off >= offset && off + len <= offset + bytes;
+      if (memory == Tier::kCpu && inside &&
+          reinterpret_cast<std::uintptr_t>(out + (off - offset)) % 4096 == 0) {
+        direct.push_back({p, len,
+                          engine_->submit(IoRequest{IoOp::kRead, swap_->file(),
+                                                    out + (off - offset), len, base + off})});
+        continue;
+      }
+      tier::Staging pb = take_staging();
+      const IoTicket t =
+          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
+      if (!engine_->wait(t, options_.timeout)) {
+        pb.detach();  // the kernel may still write into it
+        *unsafe = true;
+        fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
+                                         "' not complete after ", options_.timeout.count(), " ms"));
+      }
+      verify_piece(b, static_cast<std::size_t>(p), pb.data(), len);
+      const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
+      copy_memory(out + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory, Tier::kCpu, ctx,
+                  unsafe);
+    }
+  } catch (...) {
+    error = std::current_exception();
   }
+  settle();
+  if (error) std::rethrow_exception(error);
   std::lock_guard lock(mutex_);
   stats_.bytes_from_nvme += (last - first + 1) * piece;
 }
@@ -72,7 +136,9 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
         break;
       }
     }
-    if (!found) fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+    if (!found)
+      fail(ErrorCode::kInternal,
+           strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
     if (src != Tier::kNvme) from = copy_ptr(b.copy[ti(src)], src);
     zero = src == Tier::kNvme && b.nvme_zero;
   }
@@ -80,7 +146,8 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
   auto* dst = static_cast<std::uint8_t*>(job.ptr);
   const bool whole = job.offset == 0 && job.bytes == b.spec.bytes;
   if (src != Tier::kNvme) {
-    copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src, ctx, &unsafe);
+    copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src,
+                ctx, &unsafe);
     if (src == Tier::kGpu && job.tier == Tier::kCpu) {
       std::lock_guard lock(mutex_);
       stats_.bytes_from_gpu += job.bytes;
@@ -92,8 +159,9 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
       ctx.stream->memset_async(dst, 0, job.bytes);
       ctx.stream->synchronize(options_.timeout);
     }
-  } else if (whole && job.tier == Tier::kCpu && reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0) {
-    copy_nvme_to_host(b, dst, &unsafe);  // straight into the caller's (padded) memory
+  } else if (whole && job.padded && job.tier == Tier::kCpu &&
+             reinterpret_cast<std::uintptr_t>(dst) % 4096 == 0) {
+    copy_nvme_to_host(b, dst, &unsafe);  // the caller's memory has room for the padding
   } else if (whole && job.tier == Tier::kGpu && pool_) {
     copy_nvme_to_gpu(b, dst, ctx, &unsafe);
   } else {
@@ -112,8 +180,8 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     std::lock_guard lock(mutex_);
     for (Tier u : kMemTiers) {
       if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: cannot write buffer '", b.spec.name, "': it is acquired on ", where(b)));
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot write buffer '", b.spec.name,
+                                                 "': it is acquired on ", where(b)));
       }
     }
     if (home == Tier::kNvme) {
@@ -131,7 +199,6 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     if (job.tier == Tier::kCpu) {
       copy_host_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), &unsafe);
     } else {
-      if (!pool_) fail(ErrorCode::kInvalidArgument, "tier store: a device-to-NVMe write needs the pinned pool");
       copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), ctx, &unsafe);
     }
     std::lock_guard lock(mutex_);
@@ -150,15 +217,19 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     base = copy_ptr(b.copy[ti(home)], home);
   }
   try {
-    copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier, ctx, &unsafe);
+    copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier,
+                ctx, &unsafe);
   } catch (...) {
     std::lock_guard lock(mutex_);
     // The home copy holds a partial write: not the contents any more.
     b.copy[ti(home)].valid = false;
     if (unsafe) {
-      log_error("tier store: a copy into buffer '", b.spec.name, "' did not finish; its memory is kept");
-      if (home == Tier::kCpu && !b.copy[ti(home)].pins) b.quarantine.push_back(std::move(b.copy[ti(home)].host));
-      if (home == Tier::kGpu && !b.copy[ti(home)].pins) b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
+      log_error("tier store: a copy into buffer '", b.spec.name,
+                "' did not finish; its memory is kept");
+      if (home == Tier::kCpu && !b.copy[ti(home)].pins)
+        b.quarantine.push_back(std::move(b.copy[ti(home)].host));
+      if (home == Tier::kGpu && !b.copy[ti(home)].pins)
+        b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
     }
     throw;
   }
@@ -178,8 +249,8 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
     std::lock_guard lock(mutex_);
     for (Tier u : kMemTiers) {
       if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: cannot zero buffer '", b.spec.name, "': it is acquired on ", where(b)));
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot zero buffer '", b.spec.name,
+                                                 "': it is acquired on ", where(b)));
       }
     }
     if (home == Tier::kNvme) {

@@ -35,6 +35,21 @@ inline std::uint32_t value_bits(std::uint64_t seed, int a, std::size_t t, std::s
   return std::bit_cast<std::uint32_t>(f);
 }
 
+// An optimizer state in plain host vectors (the engine keeps its state in the TierStore; these
+// engine-less ranks only need the checkpoint seam's host views).
+class HostStateStore final : public zero::OptimizerStateStore {
+ public:
+  explicit HostStateStore(std::size_t n) : m_(n, 0.0f), a_(n, 0.0f), v_(n, 0.0f) {}
+  std::size_t size() const override { return m_.size(); }
+  zero::StateView acquire(Range r) override {
+    return {m_.data() + r.begin, a_.data() + r.begin, v_.data() + r.begin, r.count};
+  }
+  void release(Range, bool) override {}
+
+ private:
+  std::vector<float> m_, a_, v_;
+};
+
 struct FakeRank {
   std::unique_ptr<Partition> part;
   std::unique_ptr<zero::OptimizerStateStore> store;
@@ -51,8 +66,7 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
   f.part = std::make_unique<Partition>(specs, world, 1000);
   const std::size_t begin = stage == 0 ? 0 : f.part->partition_begin(rank);
   const std::size_t count = stage == 0 ? f.part->flat_size() : f.part->partition_size();
-  std::vector<float> zeros(count, 0.0f);
-  f.store = zero::make_resident_state_store(zeros);
+  f.store = std::make_unique<HostStateStore>(count);
   const std::size_t pes = dtype_size(dtype);
   f.params.assign(count * pes, 0);
   if (seed != 0) {

@@ -94,6 +94,33 @@ TEST(ExitCodes, BenchIo) {
   EXPECT_EQ(run("bench io --help").rc, 0);
 }
 
+TEST(ExitCodes, Checkpoint) {
+  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  TempDir dir("strata-exit");
+  for (const char* sub : {"info", "verify"}) {
+    expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str() + "/missing", "missing");
+    expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str(), dir.str());  // no manifest
+    expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str() + " --bogus", "bogus");
+  }
+  expect_bad_input("checkpoint export " + dir.str() + "/missing --out " + dir.str() + "/m.safetensors",
+                   "missing");
+  expect_bad_input("checkpoint export " + dir.str(), "--out");
+  expect_bad_input("checkpoint", "");
+  EXPECT_EQ(run("checkpoint --help").rc, 0);
+  EXPECT_EQ(run("checkpoint export --help").rc, 0);
+}
+
+TEST(ExitCodes, ImportDeepspeed) {
+  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  TempDir dir("strata-exit");
+  expect_bad_input("import-deepspeed " + dir.str() + "/missing.json", "missing.json");
+  expect_bad_input("import-deepspeed " + dir.str(), dir.str());
+  { std::ofstream(dir.str() + "/bad.json") << "{\"zero_optimization\": "; }
+  expect_bad_input("import-deepspeed " + dir.str() + "/bad.json", "bad.json");
+  expect_bad_input("import-deepspeed --bogus x.json", "bogus");
+  EXPECT_EQ(run("import-deepspeed --help").rc, 0);
+}
+
 TEST(ExitCodes, InfoCleanAndTopLevel) {
   if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
   expect_bad_input("info --bogus", "bogus");

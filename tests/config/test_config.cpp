@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "config/suggest.hpp"
 #include "strata/config.hpp"
@@ -204,6 +205,33 @@ TEST(Config, PathsSurviveToYamlByteForByte) {
   for (std::size_t i = 0; i < c.tiers.nvme.paths.size(); ++i)
     EXPECT_EQ(back.tiers.nvme.paths[i], c.tiers.nvme.paths[i]) << i << "\n" << y;
   EXPECT_EQ(to_yaml(back), y);
+}
+
+// issue 15: the activation estimate wrapped for large shapes. At the top of every range it
+// saturates instead (and never fits); inside the ranges the plan's figures are exact.
+TEST(Config, Issue15ActivationEstimateNeverWraps) {
+  Config c = parse_config(
+      "model: {parameters: 100T, layers: 1048576, hidden_size: 1048576, heads: 65536,\n"
+      "        sequence_length: 16777216, micro_batch: 65536}\nworld: {ranks: 4096}\n");
+  const ActivationEstimate a = estimate_activations(c, 0);
+  ASSERT_TRUE(a.available);
+  EXPECT_EQ(a.per_layer, std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(a.without_checkpointing, std::numeric_limits<std::uint64_t>::max());
+  EXPECT_FALSE(a.fits_without_checkpointing);
+  EXPECT_FALSE(a.fits_with_checkpointing);
+  // A shape whose figure fits 64 bits is exact: 34*s*b*h + 5*a*s^2*b per layer.
+  Config d = parse_config("model: {parameters: 7B, layers: 32, hidden_size: 4096, heads: 32,\n"
+                          "        sequence_length: 2048, micro_batch: 1}\n");
+  const ActivationEstimate e = estimate_activations(d, 0);
+  EXPECT_EQ(e.per_layer, 34ULL * 2048 * 4096 + 5ULL * 32 * 2048 * 2048);
+  EXPECT_EQ(e.without_checkpointing, 32 * e.per_layer);
+  // The largest model the ranges allow plans without wrapping: per-node bytes grow with it.
+  Config big = parse_config("model: {parameters: 100T}\nworld: {ranks: 4096, ranks_per_node: 4096}\n"
+                            "zero: {stage: 0}\n");
+  const Plan p = make_plan(big);
+  EXPECT_EQ(p.configured.per_rank.gpu, 1'600'000'000'000'000ULL);
+  EXPECT_EQ(p.configured.per_node.gpu, 1'600'000'000'000'000ULL * 4096);
+  EXPECT_FALSE(p.configured.fits());
 }
 
 // to_yaml writes sizes with units (a size without one is refused by the loader).

@@ -121,7 +121,7 @@ TEST(SwapSpace, PathsAreNormalisedFollowedSafelyOrCreated) {
   fs::create_directory_symlink(dir.path() / "real", dir.path() / "link");
   // Our own symlink in a directory only we can write is followed to the real directory, with or
   // without a trailing slash.
-  for (const std::string p : {(dir.path() / "link").string(), (dir.path() / "link").string() + "/",
+  for (const std::string& p : {(dir.path() / "link").string(), (dir.path() / "link").string() + "/",
                               (dir.path() / "real").string() + "//"}) {
     SCOPED_TRACE(p);
     SwapSpace swap(opts({p}, 1 << 20), *engine);

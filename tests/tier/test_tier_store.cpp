@@ -182,27 +182,38 @@ TEST(TierStore, PinnedCopiesAreProtected) {
   EXPECT_EQ(rig.store->usage(Tier::kNvme).used, 0u);
 }
 
-TEST(TierStore, PoolExhaustionTimesOutAndKeepsTheSource) {
+// Holders of pool buffers (the stream loop's slots, the filler) never starve the store: with every
+// pool buffer taken, a GPU -> NVMe move goes through bounce buffers counted against the host
+// budget; when they do not fit, it fails with kBudget and keeps the source.
+TEST(TierStore, AHeldPoolDoesNotStarveTheStore) {
   st::RigOptions o;
-  o.timeout = 200ms;
+  o.timeout = 2000ms;
+  o.host_budget = (4 << 16) + (64 << 10);  // the pool + one bounce buffer
   st::StoreRig rig(o);
   auto id = rig.store->register_buffer({"g", kOdd, DType::kFp32, Tier::kGpu, {}});
   auto data = st::random_bytes(kOdd, 11);
   rig.write(id, Tier::kGpu, data);
   std::vector<PinnedBuffer> hog;
   for (std::uint32_t i = 0; i < rig.pool->buffer_count(); ++i) hog.push_back(rig.pool->acquire(1s));
+  rig.store->move(id, Tier::kNvme).wait(10s);
+  EXPECT_EQ(rig.store->usage(Tier::kCpu).used, std::uint64_t(4) << 16);  // bounce buffers returned
+  rig.store->move(id, Tier::kGpu).wait(10s);
+  data = st::random_bytes(kOdd, 12);
+  rig.write(id, Tier::kGpu, data);  // the NVMe copy is stale again
+  // No room for a bounce buffer beside a host copy: kBudget, the source kept.
+  auto h = rig.store->register_buffer({"h", 64 << 10, DType::kFp32, Tier::kCpu, {}});
   try {
     rig.store->move(id, Tier::kNvme).wait(10s);
-    FAIL() << "expected kTimeout";
+    FAIL() << "expected kBudget";
   } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kTimeout) << e.what();
-    EXPECT_NE(std::string(e.what()).find("pinned pool exhausted"), std::string::npos) << e.what();
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
   }
   EXPECT_TRUE(rig.store->info(id).valid[int(Tier::kGpu)]);
+  rig.store->unregister_buffer(h);
   hog.clear();
   rig.store->move(id, Tier::kNvme).wait(10s);
-  rig.store->move(id, Tier::kCpu).wait(10s);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), data);
+  rig.store->move(id, Tier::kGpu).wait(10s);
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), data);
 }
 
 TEST(TierStore, OptionsFromConfig) {
@@ -277,4 +288,30 @@ TEST(TierStore, DiscardAcquireLoadsNothingAndInlineOpsDoNotWaitForMovers) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(400));
   EXPECT_FALSE(t.ready());
   t.wait();
+}
+
+// pin_memory: host copies page-locked (mlock on the host device), counted against pinned_budget
+// with the pool; over it, kBudget naming the buffer; dropping a copy unlocks it.
+TEST(TierStore, PinnedHostCopiesCountAgainstThePinnedBudget) {
+  st::StoreRig rig;
+  TierStoreOptions so;
+  so.host_budget = 64 << 20;
+  so.pinned_budget = (4 << 16) + (200 << 10);  // the pool + 200 KiB
+  TierStore store(so, *rig.device, nullptr, rig.pool.get());
+  BufferSpec a{"a", 150 << 10, DType::kFp32, Tier::kCpu, {Tier::kCpu, Tier::kGpu}, true};
+  const BufferId ida = store.register_buffer(a);
+  BufferSpec b{"b", 100 << 10, DType::kFp32, Tier::kCpu, {}, true};
+  try {
+    store.register_buffer(b);
+    FAIL() << "expected kBudget";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'b'"), std::string::npos) << e.what();
+  }
+  b.pinned = false;  // pageable: fits the host budget
+  store.register_buffer(b);
+  store.move(ida, Tier::kGpu).wait(10s);  // drops (and unlocks) a's host copy
+  b.name = "c";
+  b.pinned = true;
+  store.register_buffer(b);  // now there is room
 }

@@ -4,9 +4,8 @@
 // gaps, pools of 1..5 buffers, two rounds; and their faults: an I/O error at every request of a
 // run, a flipped bit, the sticky failed state of a store that lost a buffer's only copy. Every
 // result is compared with a plain in-memory reference. Named parameters (gloo style) say the case.
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <numeric>
@@ -51,7 +50,8 @@ struct Model {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       st::CallerMemory cm(*rig.device, Tier::kCpu, rig.store->padded_bytes(ids[i]));
       rig.store->read(ids[i], 0, 0, cm.data(), Tier::kCpu).wait(30s);
-      ASSERT_EQ(cm.get(ref[i].size()), ref[i]) << what << ": buffer " << rig.store->info(ids[i]).name;
+      ASSERT_EQ(cm.get(ref[i].size()), ref[i])
+          << what << ": buffer " << rig.store->info(ids[i]).name;
     }
   }
 };
@@ -117,7 +117,8 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
   for (int i = 0; i < 23; ++i) {
     tier::StreamItem it;
     // Part 0: a whole chunk (in + out) on a random tier, of uneven size (0 < n <= 30000).
-    const BufferId own = m.add("chunk." + std::to_string(i), 1 + rng() % 30000, kHomes[rng() % 3], rng());
+    const BufferId own =
+        m.add("chunk." + std::to_string(i), 1 + rng() % 30000, kHomes[rng() % 3], rng());
     it.parts.push_back({own, 0, 0, true, true});
     // Part 1: an input range of a big buffer's first half (outputs go to the second halves: a
     // read-ahead never races an earlier item's write).
@@ -128,14 +129,16 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
     // Part 2 (sometimes): an output only, whole or a range of a big buffer's second half.
     if (rng() % 2) {
       if (rng() % 2) {
-        const BufferId out = m.add("out." + std::to_string(i), 1 + rng() % 20000, kHomes[rng() % 3], rng());
+        const BufferId out =
+            m.add("out." + std::to_string(i), 1 + rng() % 20000, kHomes[rng() % 3], rng());
         it.parts.push_back({out, 0, 0, false, true});
       } else {
         const BufferId dst = rng() % 2 ? big_gpu : big_cpu;
         const std::uint64_t dsz = m.ref[m.index(dst)].size();
         // Disjoint output ranges per item keep the reference order-independent.
         const std::uint64_t slot = (dsz - dsz / 2) / 23;
-        it.parts.push_back({dst, dsz / 2 + slot * static_cast<std::uint64_t>(i), 1 + rng() % (slot - 1), false, true});
+        it.parts.push_back({dst, dsz / 2 + slot * static_cast<std::uint64_t>(i),
+                            1 + rng() % (slot - 1), false, true});
       }
     }
     items.push_back(std::move(it));
@@ -165,8 +168,9 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
     const std::uint8_t first = v.get(views[1], 1)[0];
     const auto& in1 = m.ref[m.index(ps[1].id)];
     ASSERT_EQ(v.get(views[1], ps[1].bytes),
-              std::vector<std::uint8_t>(in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset),
-                                        in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset + ps[1].bytes)))
+              std::vector<std::uint8_t>(
+                  in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset),
+                  in1.begin() + static_cast<std::ptrdiff_t>(ps[1].offset + ps[1].bytes)))
         << "item " << i << ": input range";
     const std::size_t n0 = m.ref[m.index(ps[0].id)].size();
     auto own = v.get(views[0], n0);
@@ -202,7 +206,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamLoopModel,
                                            LoopCase{tier::Where::kDevice, 3, false}),
                          loop_name);
 
-// ---- the filler ----------------------------------------------------------------------------------
+// ---- the filler
+// ----------------------------------------------------------------------------------
 
 struct FillCase {
   std::uint32_t pool;
@@ -210,7 +215,8 @@ struct FillCase {
 };
 
 std::string fill_name(const ::testing::TestParamInfo<FillCase>& i) {
-  return "pool" + std::to_string(i.param.pool) + (i.param.device_source ? "_from_device" : "_from_host");
+  return "pool" + std::to_string(i.param.pool) +
+         (i.param.device_source ? "_from_device" : "_from_host");
 }
 
 class FillerModel : public ::testing::TestWithParam<FillCase> {};
@@ -226,8 +232,9 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   st::StoreRig rig(ro);
   Model m{rig};
   std::vector<BufferId> bufs;
-  for (int k = 0; k < 9; ++k) bufs.push_back(m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10),
-                                                   kHomes[k % 3], rng()));
+  for (int k = 0; k < 9; ++k)
+    bufs.push_back(
+        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
   tier::Filler filler(*rig.store, bufs, 20s);
   for (int round = 0; round < 2; ++round) {
     // Pieces: every buffer cut at random points; some pieces (and one whole buffer) left out.
@@ -267,11 +274,12 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Pools, FillerModel,
-                         ::testing::Values(FillCase{1, false}, FillCase{2, true}, FillCase{3, false},
-                                           FillCase{5, true}),
+                         ::testing::Values(FillCase{1, false}, FillCase{2, true},
+                                           FillCase{3, false}, FillCase{5, true}),
                          fill_name);
 
-// ---- faults ----------------------------------------------------------------------------------------
+// ---- faults
+// ----------------------------------------------------------------------------------------
 
 // Items of NVMe chunks, read-modify-written by the loop.
 struct NvmeLoop {
@@ -291,11 +299,14 @@ struct NvmeLoop {
     o.where = where;
     o.window = 3;
     o.what = "fault loop";
-    return tier::run_stream(*rig.store, items, [&](std::size_t i, std::span<void* const> views) {
-      auto b = v.get(views[0], m.ref[i].size());
-      for (auto& x : b) x = static_cast<std::uint8_t>(x + 1);
-      v.put(views[0], b);
-    }, o);
+    return tier::run_stream(
+        *rig.store, items,
+        [&](std::size_t i, std::span<void* const> views) {
+          auto b = v.get(views[0], m.ref[i].size());
+          for (auto& x : b) x = static_cast<std::uint8_t>(x + 1);
+          v.put(views[0], b);
+        },
+        o);
   }
 };
 

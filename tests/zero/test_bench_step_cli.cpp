@@ -51,6 +51,31 @@ TEST(BenchStepCli, DeviceUpdate) {
   EXPECT_GT(j["step"]["t_step_s"].get<double>(), 0.0);
 }
 
+// issue 15: `bench step` did not create its swap directory (and blamed io_uring), and ran a size
+// the machine could not hold until the OOM killer came.
+TEST(BenchStepCli, Issue15CreatesItsSwapDirectoryAndRefusesWhatTheMachineCannotHold) {
+  TempDir swap("strata-bench-step");
+  const std::string fresh = swap.str() + "/new/swap";
+  std::string out;
+  const std::string base = binary_dir() + "/strata bench step " + source_dir() + "/bench/step/step.yaml";
+  ASSERT_EQ(run_command(base + " --params 100K --rounds 1 --no-scaling --set tiers.nvme.paths=[" + fresh +
+                            "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=2",
+                        &out),
+            0)
+      << out;
+  EXPECT_TRUE(std::filesystem::is_directory(fresh)) << out;
+  EXPECT_TRUE(std::filesystem::is_empty(fresh)) << out;
+  EXPECT_EQ(out.find("io_uring unavailable"), std::string::npos) << out;
+  // Progress on stderr, one line per run.
+  EXPECT_NE(out.find("bench step: run 1 of 1: 100K params"), std::string::npos) << out;
+  EXPECT_NE(out.find("bench step: run 1 of 1 done in"), std::string::npos) << out;
+  // 90T parameters: refused before anything is allocated, naming memory and disk.
+  EXPECT_EQ(run_command(base + " --params 90T --set tiers.nvme.paths=[" + fresh + "]", &out), 2) << out;
+  EXPECT_NE(out.find("of host memory and"), std::string::npos) << out;
+  EXPECT_NE(out.find("of disk under " + fresh), std::string::npos) << out;
+  EXPECT_TRUE(std::filesystem::is_empty(fresh));
+}
+
 TEST(BenchStepCli, BadInputExits2) {
   std::string out;
   EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +

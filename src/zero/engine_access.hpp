@@ -1,0 +1,36 @@
+// The engine's internals for tests and the measuring code (src/profile): per-rank fault
+// injection into the rank's storage (the one fault-injecting wrapper per rank; set before
+// finalize()), the rank's TierStore and what it holds per tier and kind (against `strata plan`),
+// and the update loop's legs measured alone (strata bench step, the profiler's sample step).
+// Not part of the public API.
+#pragma once
+
+#include "strata/engine.hpp"
+#include "tier/stream_loop.hpp"
+#include "zero/chunk.hpp"
+#include "zero/rank_storage.hpp"
+
+namespace strata::zero {
+
+// What measure() runs over the update's chunks (those whose Adam runs on the host), through the
+// same loop and slots as step(): read every chunk's state and gradients (kRead); read and write
+// them back unchanged (kIo: the device bound when reads and writes share a disk); write them from
+// the slots' contents (kWrite: benchmarks only, it replaces the state with garbage); Adam on chunks
+// held in memory with no I/O (kUpdate: the first chunk's staged data reused for every chunk).
+enum class Measure { kRead, kIo, kWrite, kUpdate };
+
+struct EngineAccess {
+  // Before finalize(): what the rank's storage builds (device, I/O engine) goes through `wrap`.
+  static void set_storage_wrap(Engine& e, StorageWrap wrap);
+  // After finalize().
+  static RankStorage& storage(Engine& e);
+  static StorageReport report(const Engine& e);
+  static const std::vector<Chunk>& chunks(const Engine& e);
+  // The last step's update loop (the host-computed chunks): timings and bytes.
+  static tier::StreamStats last_update(const Engine& e);
+  static tier::StreamStats measure(Engine& e, Measure what, bool pipelined = true);
+  // The step's loops pipelined (default) or serial: read, compute, write, one chunk at a time.
+  static void set_pipelined(Engine& e, bool on);
+};
+
+}  // namespace strata::zero

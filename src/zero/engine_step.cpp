@@ -1,0 +1,288 @@
+// The step: reduce (engine_grads.cpp) / agree on the norm and overflow / loss scale / update /
+// gather. The update and the statistics pass run the one pipelined loop (tier/stream_loop.hpp)
+// over the chunk grid: read ahead, Adam, write behind.
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "strata/log.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace strata {
+
+// ---- gradient statistics over pieces
+// ---------------------------------------------------------------
+
+namespace zero {
+
+StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale)
+    : adam_(adam),
+      dt_(dtype),
+      es_(elem_size(dtype)),
+      scale_(scale),
+      carry_(CpuAdam::kStatsTileElems * elem_size(dtype)) {}
+
+void StatsStream::feed(const void* grads, std::size_t n) {
+  constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
+  const auto* p = static_cast<const unsigned char*>(grads);
+  if (carried_) {  // complete the carried partial tile first
+    const std::size_t take = std::min(kTile - carried_, n);
+    std::memcpy(carry_.data() + carried_ * es_, p, take * es_);
+    carried_ += take;
+    p += take * es_;
+    n -= take;
+    if (carried_ < kTile) return;
+    acc_ = adam_.grad_stats_continue(acc_, carry_.data(), dt_, kTile, scale_);
+    carried_ = 0;
+  }
+  const std::size_t whole = n / kTile * kTile;
+  if (whole) acc_ = adam_.grad_stats_continue(acc_, p, dt_, whole, scale_);
+  if (n > whole) {
+    std::memcpy(carry_.data(), p + whole * es_, (n - whole) * es_);
+    carried_ = n - whole;
+  }
+}
+
+AdamGradStats StatsStream::finish() {
+  if (carried_) acc_ = adam_.grad_stats_continue(acc_, carry_.data(), dt_, carried_, scale_);
+  carried_ = 0;
+  return acc_;
+}
+
+}  // namespace zero
+
+// ---- the loops' items
+// ----------------------------------------------------------------------------------
+
+tier::StreamOptions Engine::Impl::stream_options(tier::Where where, const char* what) const {
+  tier::StreamOptions o;
+  o.where = where;
+  o.window = cfg.tiers.host.buffer_count;
+  o.pipelined = pipelined;
+  o.timeout = timeout;
+  o.what = strcat("engine rank ", rank, " ", what);
+  return o;
+}
+
+// One item per chunk whose Adam runs on the host (device = false) or on the device (true):
+// master | m | v (read and written), the chunk's gradients (read), its parameters (written).
+std::vector<tier::StreamItem> Engine::Impl::update_items(bool device) const {
+  std::vector<tier::StreamItem> items;
+  for (const zero::Chunk& c : chunks) {
+    if ((c.opt_tier == Tier::kGpu) != device) continue;
+    tier::StreamItem it;
+    it.parts.push_back({c.opt, 0, 0, true, true});
+    if (stage < 2) {
+      it.parts.push_back({grads_id, (opt_begin + c.r.begin) * ges, c.r.count * ges, true, false});
+    } else {
+      it.parts.push_back({c.grad, 0, 0, true, false});
+    }
+    if (stage < 3) {
+      it.parts.push_back({params_id, (opt_begin + c.r.begin) * pes, c.r.count * pes, false, true});
+    } else {
+      it.parts.push_back({c.param, 0, 0, false, true});
+    }
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+// The rank's gradient range in chunk-sized pieces (stages 0-1: of the flat gradients; at stage 0
+// the rank's own partition, whose statistics it contributes).
+std::vector<tier::StreamItem> Engine::Impl::stats_items() const {
+  std::vector<tier::StreamItem> items;
+  if (stage >= 2) {
+    for (const zero::Chunk& c : chunks) items.push_back({{{c.grad, 0, 0, true, false}}});
+    return items;
+  }
+  for (std::size_t b = 0; b < psize; b += chunk_cap) {
+    const std::size_t n = std::min(chunk_cap, psize - b);
+    items.push_back({{{grads_id, (own_begin + b) * ges, n * ges, true, false}}});
+  }
+  return items;
+}
+
+// ---- the step
+// -------------------------------------------------------------------------------------------
+
+StepResult Engine::Impl::step() {
+  auto t_step = zero::Clock::now();
+  ++st.steps;
+  if (stage == 3) {  // in-flight prefetches read the parameters Adam is about to change
+    for (std::size_t i = 0; i < specs.size(); ++i) drop(i);
+    trace_prev = std::move(trace_cur);
+    trace_cur.clear();
+    trace_pos = 0;
+    trace_ok = true;
+  }
+  reduce();
+
+  auto t0 = zero::Clock::now();
+  const double inv = 1.0 / (scale * world);
+  bool finite = true;
+  double sum_sq = 0;
+  agree(local_grad_stats(static_cast<float>(inv)), &finite, &sum_sq);
+  st.norm_s += zero::seconds_since(t0);
+
+  StepResult res;
+  apply_loss_scale(finite, res);
+  if (finite) {
+    res.grad_norm = std::sqrt(sum_sq);
+    const double clip = cfg.optimizer.grad_clip;
+    res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
+    st.last_grad_norm = res.grad_norm;
+    update(static_cast<float>(res.clip_coef / scale));  // after g / world (step_options)
+    gather_params();
+    ++st.applied_steps;
+    res.applied = true;
+    if (scaling && cfg.precision.loss_scale.dynamic &&
+        ++good_steps >= cfg.precision.loss_scale.growth_interval) {
+      scale *= cfg.precision.loss_scale.growth_factor;
+      good_steps = 0;
+    }
+  }
+  std::fill(arrived.begin(), arrived.end(), false);
+  if (stage >= 2) reset_buckets();
+  res.loss_scale = scale;
+  st.loss_scale = scale;
+  st.step_s += zero::seconds_since(t_step);
+  return res;
+}
+
+// The statistics pass: finite check and sum of squares of the rank's gradients (times `inv`),
+// streamed chunk by chunk through host staging (gradients in device memory are copied to pinned
+// buffers, those on NVMe read back), bitwise what one pass over the whole range gives. Without a
+// pool (everything on the host-emulated device) it reads the device memory in place.
+AdamGradStats Engine::Impl::local_grad_stats(float inv) {
+  zero::StatsStream stats(*adam, gdt, inv);
+  const auto items = stats_items();
+  const tier::Where where = storage->pool() ? tier::Where::kHost : tier::Where::kDevice;
+  if (where == tier::Where::kDevice && storage->device().kind() != DeviceKind::kHost)
+    fail(ErrorCode::kInternal,
+         "engine: gradient statistics in device memory need the host-emulated device");
+  tier::run_stream(
+      store(), items,
+      [&](std::size_t i, std::span<void* const> v) {
+        const BufferInfo info = store().info(items[i].parts[0].id);
+        const std::uint64_t bytes = items[i].parts[0].bytes ? items[i].parts[0].bytes : info.bytes;
+        stats.feed(v[0], bytes / ges);
+      },
+      stream_options(where, "gradient statistics"));
+  return stats.finish();
+}
+
+// Step part 2: the ranks agree on the norm and the overflow through an all-gather of (sum of
+// squares as FP64 bits, finite flag), summed in rank order: identical on every rank.
+void Engine::Impl::agree(const AdamGradStats& local, bool* finite, double* sum_sq) {
+  std::uint32_t mine[4];
+  const std::uint64_t bits = std::bit_cast<std::uint64_t>(local.finite ? local.sum_sq : 0.0);
+  mine[0] = static_cast<std::uint32_t>(bits);
+  mine[1] = static_cast<std::uint32_t>(bits >> 32);
+  mine[2] = local.finite ? 1u : 0u;
+  mine[3] = 0;
+  std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
+  if (world > 1) {
+    // In device memory, where the collectives run.
+    store().write(norm_id, 0, sizeof(mine), mine, Tier::kCpu).wait(timeout);
+    comm.all_gather(norm_dev, norm_dev + 16, 4, DType::kFp32);
+    store().read(norm_id, 16, all.size() * 4, all.data(), Tier::kCpu).wait(timeout);
+  } else {
+    std::memcpy(all.data(), mine, sizeof(mine));
+  }
+  *finite = true;
+  *sum_sq = 0;
+  for (int r = 0; r < world; ++r) {
+    const std::uint32_t* p = all.data() + 4 * r;
+    *finite = *finite && p[2] == 1u;
+    *sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) |
+                                     (static_cast<std::uint64_t>(p[1]) << 32));
+  }
+}
+
+// Step part 3: an overflow skips the step on every rank and backs the dynamic loss scale off.
+void Engine::Impl::apply_loss_scale(bool finite, StepResult& res) {
+  res.overflow = !finite;
+  if (finite) return;
+  ++st.skipped_steps;
+  good_steps = 0;
+  if (scaling && cfg.precision.loss_scale.dynamic)
+    scale = std::max(cfg.precision.loss_scale.min_scale,
+                     scale * cfg.precision.loss_scale.backoff_factor);
+  if (rank == 0) log_info("engine: gradient overflow, step skipped; loss scale now ", scale);
+}
+
+// The options of every Adam call of a step (the one place they are made).
+AdamStepOptions Engine::Impl::step_options(float grad_scale) const {
+  return AdamStepOptions{adam_step, grad_scale, false, static_cast<float>(world)};  // g / N, as torch
+}
+
+// Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model
+// dtype. One call per parameter group the chunk spans (usually one): element-wise, so the cut
+// changes no bit. on_device: the arrays are device memory (state placed on gpu).
+void Engine::Impl::adam_chunk(const zero::Chunk& c, const zero::StateView& v, const void* grad,
+                              void* param_copy, bool on_device, float grad_scale) {
+  const auto* g = static_cast<const unsigned char*>(grad);
+  auto* p = static_cast<unsigned char*>(param_copy);
+  for_each_group_run(opt_begin + c.r.begin, c.r.count,
+                     [&](std::size_t o, std::size_t n, GroupId gid) {
+                       AdamParams hp = AdamParams::from_config(cfg.optimizer);
+                       hp.lr = groups[gid].lr;
+                       hp.weight_decay = groups[gid].weight_decay;
+                       AdamTensors t;
+                       t.param = v.master + o;
+                       t.exp_avg = v.exp_avg + o;
+                       t.exp_avg_sq = v.exp_avg_sq + o;
+                       t.grad = g + o * ges;
+                       t.grad_dtype = gdt;
+                       t.param_copy = p + o * pes;
+                       t.param_copy_dtype = pdt;
+                       t.n = n;
+                       const AdamStepOptions so = step_options(grad_scale);
+                       if (on_device)
+                         device_adam->step_resident(hp, t, so);
+                       else if (update_on_device)
+                         device_adam->step(hp, t, so);
+                       else
+                         adam->step(hp, t, so);
+                     });
+}
+
+// Step part 4: Adam over the chunk grid. Chunks whose state is on cpu or nvme run CpuAdam on the
+// host (state read ahead from NVMe into pinned buffers, gradients copied device→host, parameters
+// written behind host→device in the model dtype, overlapping the next chunk); chunks on gpu run
+// the device kernel on device memory.
+void Engine::Impl::update(float grad_scale) {
+  auto t0 = zero::Clock::now();
+  ++adam_step;
+  for (const bool device : {false, true}) {
+    const auto items = update_items(device);
+    if (items.empty()) continue;
+    // Item i is the i-th chunk of this kind, in order.
+    std::vector<const zero::Chunk*> of;
+    for (const zero::Chunk& c : chunks)
+      if ((c.opt_tier == Tier::kGpu) == device) of.push_back(&c);
+    auto fn = [&](std::size_t i, std::span<void* const> v) {
+      const zero::Chunk& c = *of[i];
+      auto* base = static_cast<float*>(v[0]);
+      const zero::StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
+      adam_chunk(c, sv, v[1], v[2], device, grad_scale);
+    };
+    const auto s =
+        tier::run_stream(store(), items, fn,
+                         stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
+                                        device ? "optimizer step (device)" : "optimizer step"));
+    if (!device) last_update = s;
+  }
+  st.optimizer_s += zero::seconds_since(t0);
+}
+
+// Step part 5: stages 1-2 all-gather the updated parameters on the device.
+void Engine::Impl::gather_params() {
+  if ((stage == 1 || stage == 2) && world > 1) {
+    auto t0 = zero::Clock::now();
+    comm.all_gather(params_dev + own_begin * pes, params_dev, psize, pdt);
+    st.gather_s += zero::seconds_since(t0);
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,228 @@
+// The placement matrix shared by tests/zero/test_placements.cpp (host-emulated device, CI) and
+// test_placements_cuda.cpp (a CUDA device with NCCL, scripts/gpu_check.sh): every placement of
+// {optimizer, gradients, params} x {gpu, cpu, nvme} a stage allows, the engine's loop and the
+// unsharded single-rank CpuAdam reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "../comm/comm_test_util.hpp"
+#include "core/numeric.hpp"
+#include "strata/adam.hpp"
+#include "strata/device.hpp"
+#include "strata/engine.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+
+namespace strata::testing {
+
+struct Placement {
+  int stage = 0;
+  Tier opt = Tier::kGpu, grads = Tier::kGpu, params = Tier::kGpu;
+  double fraction = 1.0;  // of each offloaded kind
+  int world = 1;
+  DType pdt = DType::kFp32, gdt = DType::kFp32;
+  bool pin = false;  // offload.*.pin_memory: the cpu share page-locked
+};
+
+inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
+  const Placement& p = i.param;
+  std::string s =
+      strata::strcat("stage", p.stage, "_opt_", tier_name(p.opt), "_grads_", tier_name(p.grads),
+                     "_params_", tier_name(p.params), "_world", p.world);
+  if (p.fraction < 1) s += strata::strcat("_fraction", static_cast<int>(p.fraction * 100));
+  if (p.pdt != DType::kFp32 || p.gdt != DType::kFp32)
+    s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
+  if (p.pin) s += "_pinned";
+  return s;
+}
+
+// Every placement a stage allows (config validation: optimizer off gpu from stage 1, gradients
+// from 2, parameters at 3), for 1-4 ranks; then the extra cases.
+inline std::vector<Placement> all_cases() {
+  const Tier tiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+  std::vector<Placement> v;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (Tier o : tiers)
+      for (Tier g : tiers)
+        for (Tier p : tiers) {
+          if ((stage < 1 && o != Tier::kGpu) || (stage < 2 && g != Tier::kGpu) ||
+              (stage < 3 && p != Tier::kGpu))
+            continue;
+          for (int world = 1; world <= 4; ++world) v.push_back({stage, o, g, p, 1.0, world});
+        }
+  // Part of each kind on its tier, the rest on gpu.
+  v.push_back({3, Tier::kNvme, Tier::kNvme, Tier::kNvme, 0.5, 3});
+  v.push_back({3, Tier::kCpu, Tier::kNvme, Tier::kCpu, 0.3, 2});
+  v.push_back({2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 0.6, 4});
+  v.push_back({1, Tier::kNvme, Tier::kGpu, Tier::kGpu, 0.5, 1});
+  // 16-bit parameters and gradients: loss scaling, overflow backs the scale off.
+  for (int stage = 0; stage <= 3; ++stage) {
+    const Tier t = stage == 0 ? Tier::kGpu : Tier::kNvme;
+    v.push_back({stage, t, stage >= 2 ? Tier::kCpu : Tier::kGpu,
+                 stage == 3 ? Tier::kNvme : Tier::kGpu, 1.0, 3, DType::kBf16, DType::kFp16});
+  }
+  v.push_back({3, Tier::kGpu, Tier::kGpu, Tier::kGpu, 1.0, 2, DType::kFp16, DType::kBf16});
+  // The cpu share page-locked (pin_memory).
+  v.push_back({3, Tier::kCpu, Tier::kCpu, Tier::kCpu, 1.0, 2, DType::kFp32, DType::kFp32, true});
+  return v;
+}
+
+inline const std::vector<std::size_t> kSizes{3001, 7, 0, 2120, 129, 1000, 1};
+inline constexpr int kSteps = 22;
+
+inline Config placement_config(const Placement& p, const std::string& dir) {
+  Config cfg;
+  cfg.world.ranks = static_cast<std::uint32_t>(p.world);
+  cfg.world.ranks_per_node = static_cast<std::uint32_t>(p.world);
+  cfg.zero.stage = p.stage;
+  cfg.zero.reduce_bucket_size = 1500;
+  cfg.zero.sub_group_size = 2500;  // cut inside the chunks
+  cfg.precision.params = p.pdt;
+  cfg.precision.grads = p.gdt;
+  cfg.precision.loss_scale.initial = 1024;
+  cfg.optimizer.type = OptimizerType::kAdamW;
+  cfg.optimizer.lr = 1e-2;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.runtime.cpu_threads = 1;
+  cfg.runtime.collective_timeout_s = 30.0;
+  cfg.runtime.device = DeviceKind::kHost;
+  cfg.offload.optimizer = {p.opt, p.fraction, p.pin};
+  cfg.offload.gradients = {p.grads, p.fraction, p.pin};
+  cfg.offload.params = {p.params, p.fraction, p.pin};
+  cfg.tiers.host.buffer_count = 3;
+  cfg.tiers.host.buffer_size = 16 << 10;  // ~640 elements per chunk: several chunks per rank
+  cfg.tiers.nvme.paths = {dir};
+  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+  cfg.tiers.nvme.queue_depth = 4;
+  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;  // the page cache: CI's disk is not what is tested
+  return cfg;
+}
+
+inline std::vector<float> initial(std::size_t t) {
+  std::mt19937_64 rng(77 + t);
+  std::uniform_real_distribution<float> d(-1, 1);
+  std::vector<float> v(kSizes[t]);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Rank-distinct gradients (in the gradient dtype); steps 4 and 11 carry an inf / a NaN on the last
+// rank.
+inline std::vector<unsigned char> gradient(int rank, int world, int step, std::size_t t, DType dt) {
+  std::mt19937_64 rng(0x5eed ^ (static_cast<std::uint64_t>(rank) << 40) ^
+                      (static_cast<std::uint64_t>(step) << 20) ^ t);
+  std::normal_distribution<float> d(0.0f, 0.5f);
+  std::vector<unsigned char> g(kSizes[t] * elem_size(dt));
+  for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(g.data(), i, dt, d(rng));
+  if (kSizes[t] > 3 && rank == world - 1 && (step == 4 || step == 11) && t == 3)
+    store_elem(g.data(), kSizes[t] / 2, dt,
+               step == 4 ? std::numeric_limits<float>::infinity() : std::nanf(""));
+  return g;
+}
+
+// One rank's loop. Gradients are handed in from device memory of the engine's device (a copy on a
+// stream: on the host-emulated device that is host memory too).
+inline std::vector<std::vector<float>> train(Communicator& comm, const Placement& p,
+                                             const std::string& dir, int* skipped,
+                                             DeviceKind device = DeviceKind::kHost) {
+  Config cfg = placement_config(p, dir);
+  cfg.runtime.device = device;
+  Engine e(cfg, comm);
+  std::vector<TensorId> ids;
+  for (std::size_t t = 0; t < kSizes.size(); ++t)
+    ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
+  e.finalize();
+  auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
+  for (int s = 0; s < kSteps; ++s) {
+    for (auto id : ids) {  // forward: gathered one at a time (stage 3), read through param()
+      e.gather({&id, 1});
+      if (kSizes[id]) {
+        EXPECT_NE(e.param(id), nullptr);
+      }
+      e.release({&id, 1});
+    }
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // backward
+      e.gather({&*it, 1});
+      auto g = gradient(comm.rank(), comm.size(), s, *it, p.gdt);
+      if (!g.empty()) {
+        DeviceMemory d = e.device().allocate(g.size());
+        stream->memcpy_async(d.get(), g.data(), g.size());
+        stream->synchronize(std::chrono::seconds(30));
+        e.set_gradient(*it, d.get());
+      } else {
+        e.set_gradient(*it, g.data());
+      }
+      e.release({&*it, 1});
+    }
+    if (!e.step().applied) ++*skipped;
+  }
+  std::vector<std::vector<float>> out;
+  for (auto id : ids) {
+    e.gather({&id, 1});
+    std::vector<float> v(kSizes[id]);
+    e.read_param(id, v);
+    out.push_back(std::move(v));
+    e.release({&id, 1});
+  }
+  return out;
+}
+
+// The unsharded reference.
+inline std::vector<std::vector<float>> reference(const Placement& p, int* skipped) {
+  const Config cfg = placement_config(p, "");
+  const bool scaling = cfg.precision.loss_scaling();  // fp16 only, unless configured
+  double scale = scaling ? cfg.precision.loss_scale.initial : 1.0;
+  CpuAdam adam(1);
+  const AdamParams hp = AdamParams::from_config(cfg.optimizer);
+  std::vector<std::vector<float>> master, m, v;
+  std::vector<std::vector<unsigned char>> copy;
+  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    master.push_back(initial(t));
+    m.emplace_back(kSizes[t], 0.0f);
+    v.emplace_back(kSizes[t], 0.0f);
+    copy.emplace_back(kSizes[t] * elem_size(p.pdt));
+    for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(copy[t].data(), i, p.pdt, master[t][i]);
+  }
+  std::int64_t step = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    std::vector<std::vector<unsigned char>> sums;
+    bool finite = true;
+    // torch's averaging: the sum divided by N, then unscaled (AdamStepOptions::grad_divisor).
+    const float inv = static_cast<float>(1.0 / scale);
+    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+      std::vector<std::vector<unsigned char>> per_rank;
+      for (int r = 0; r < p.world; ++r) per_rank.push_back(gradient(r, p.world, s, t, p.gdt));
+      sums.push_back(reference_sum(per_rank, 0, kSizes[t], p.gdt));
+      for (std::size_t i = 0; i < kSizes[t]; ++i)
+        finite = finite && std::isfinite((load_elem(sums[t].data(), i, p.gdt) / p.world) * inv);
+    }
+    if (!finite) {
+      ++*skipped;
+      if (scaling)
+        scale = std::max(cfg.precision.loss_scale.min_scale,
+                         scale * cfg.precision.loss_scale.backoff_factor);
+      continue;
+    }
+    ++step;
+    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sums[t].data(), p.gdt,
+                     copy[t].data(),   p.pdt,       kSizes[t]};
+      adam.step(hp, at, AdamStepOptions{step, inv, false, static_cast<float>(p.world)});
+    }
+  }
+  std::vector<std::vector<float>> out;
+  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    out.emplace_back(kSizes[t]);
+    for (std::size_t i = 0; i < kSizes[t]; ++i) out[t][i] = load_elem(copy[t].data(), i, p.pdt);
+  }
+  return out;
+}
+
+}  // namespace strata::testing

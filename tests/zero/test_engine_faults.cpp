@@ -1,0 +1,339 @@
+// Faults at the one store: each rank's storage goes through its own fault-injecting wrapper
+// (zero::EngineAccess::set_storage_wrap: a FaultInjectingDevice and a FaultInjectingIoEngine per
+// rank). A refused budget at finalize() names the tier and the buffer; an I/O error (EIO, ENOSPC,
+// a short read) at the step, a failed device copy, a flipped bit in a swap file each fail the call
+// that observes them with an error naming the tier or buffer, the path and errno, and leave the
+// engine failed (every later call: Error(kIo) "unusable after a failed step"); a failed gradient
+// spill fails the backward; nothing is left in flight (the pool is whole again).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "../comm/comm_test_util.hpp"
+#include "device/pinned_pool.hpp"
+#include "strata/device_fault.hpp"
+#include "strata/engine.hpp"
+#include "strata/error.hpp"
+#include "strata/io_fault.hpp"
+#include "test_util.hpp"
+#include "tier/swap_space.hpp"
+#include "zero/engine_access.hpp"
+
+namespace strata::testing {
+namespace {
+
+using zero::EngineAccess;
+
+const std::vector<std::size_t> kSizes{3001, 7, 2120, 129};
+
+Config fault_config(int stage, Tier opt, Tier grads, Tier params, const std::string& dir) {
+  Config cfg;
+  cfg.zero.stage = stage;
+  cfg.zero.reduce_bucket_size = 1500;
+  cfg.zero.sub_group_size = 2500;
+  cfg.precision.params = DType::kFp32;
+  cfg.precision.grads = DType::kFp32;
+  cfg.optimizer.lr = 1e-2;
+  cfg.runtime.cpu_threads = 1;
+  cfg.runtime.collective_timeout_s = 5.0;
+  cfg.runtime.device = DeviceKind::kHost;
+  cfg.offload.optimizer = {opt, 1.0, false};
+  cfg.offload.gradients = {grads, 1.0, false};
+  cfg.offload.params = {params, 1.0, false};
+  cfg.tiers.host.buffer_count = 3;
+  cfg.tiers.host.buffer_size = 16 << 10;
+  cfg.tiers.nvme.paths = {dir};
+  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  return cfg;
+}
+
+// One rank's engine with its own wrappers; the raw pointers stay valid while the engine lives.
+struct Rank {
+  std::unique_ptr<Engine> e;
+  FaultInjectingDevice* device = nullptr;
+  FaultInjectingIoEngine* io = nullptr;
+
+  Rank(const Config& cfg, Communicator& comm, bool finalize = true) {
+    e = std::make_unique<Engine>(cfg, comm);
+    zero::StorageWrap w;
+    w.device = [this](std::unique_ptr<Device> d) {
+      auto f = std::make_unique<FaultInjectingDevice>(std::move(d));
+      device = f.get();
+      return std::unique_ptr<Device>(std::move(f));
+    };
+    w.io = [this](std::unique_ptr<IoEngine> i) {
+      auto f = std::make_unique<FaultInjectingIoEngine>(std::move(i));
+      io = f.get();
+      return std::unique_ptr<IoEngine>(std::move(f));
+    };
+    EngineAccess::set_storage_wrap(*e, std::move(w));
+    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+      std::vector<float> init(kSizes[t], 0.25f + 0.01f * static_cast<float>(t));
+      e->add_parameter(strata::strcat("t", t), init);
+    }
+    if (finalize) e->finalize();
+  }
+  void backward(int step) {
+    for (std::size_t t = kSizes.size(); t-- > 0;) {
+      std::mt19937 rng(static_cast<std::uint32_t>(step * 100 + t));
+      std::normal_distribution<float> d(0, 1);
+      std::vector<float> g(kSizes[t]);
+      for (auto& x : g) x = d(rng);
+      TensorId id = t;
+      e->gather({&id, 1});
+      e->set_gradient(id, g.data());
+      e->release({&id, 1});
+    }
+  }
+  void expect_failed_for_good() {
+    try {
+      backward(99);
+      e->step();
+      FAIL() << "a failed engine took another step";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
+      EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos)
+          << err.what();
+    }
+    TempDir ckpt("strata-faults-ckpt");
+    try {
+      e->save_checkpoint(ckpt.str());
+      FAIL() << "a failed engine saved a checkpoint";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
+    }
+  }
+  void expect_pool_whole() {
+    PinnedPool* p = EngineAccess::storage(*e).pool();
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(p->available(), p->buffer_count()) << "a pinned buffer is still held";
+  }
+};
+
+TEST(EngineFaults, BudgetsAreEnforcedAtFinalizeNamingTierAndBuffer) {
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  struct Case {
+    const char* name;
+    Tier opt;
+    std::function<void(Config&)> set;
+    const char* tier;
+  };
+  const Case cases[] = {
+      {"gpu", Tier::kGpu, [](Config& c) { c.tiers.gpu.budget = 40000; }, "gpu tier"},
+      {"host", Tier::kCpu, [](Config& c) { c.tiers.host.budget = 60000; }, "cpu tier"},
+      {"nvme", Tier::kNvme, [](Config& c) { c.tiers.nvme.budget = 50000; }, "nvme"},
+      {"pinned", Tier::kNvme, [](Config& c) { c.tiers.host.pinned_budget = 20000; },
+       "pinned_budget"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Config cfg = fault_config(1, c.opt, Tier::kGpu, Tier::kGpu, dir.str());
+    c.set(cfg);
+    try {
+      Rank r(cfg, *comms[0]);
+      FAIL() << "no budget error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.tier), std::string::npos) << e.what();
+    }
+  }
+  // Within the budgets: nothing exceeds one.
+  Config cfg = fault_config(3, Tier::kNvme, Tier::kCpu, Tier::kGpu, dir.str());
+  Rank r(cfg, *comms[0]);
+  for (int s = 0; s < 2; ++s) {
+    r.backward(s);
+    r.e->step();
+  }
+  const zero::StorageReport rep = EngineAccess::report(*r.e);
+  for (int t = 0; t < 3; ++t)
+    EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
+}
+
+TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Config cfg = fault_config(2, Tier::kGpu, Tier::kGpu, Tier::kGpu, "/tmp");
+  Rank r(cfg, *comms[0], false);
+  // The wrapper exists once finalize() built the device: fail its first allocation then.
+  zero::StorageWrap w;
+  w.device = [](std::unique_ptr<Device> d) {
+    auto f = std::make_unique<FaultInjectingDevice>(std::move(d));
+    f->add_fault({DeviceFaultKind::kAllocFail, 1, 1});
+    return std::unique_ptr<Device>(std::move(f));
+  };
+  EngineAccess::set_storage_wrap(*r.e, std::move(w));
+  try {
+    r.e->finalize();
+    FAIL() << "no allocation error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+    EXPECT_NE(std::string(e.what()).find("registering buffer 'params'"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
+  }
+}
+
+struct IoCase {
+  const char* name;
+  IoFault fault;
+  bool in_backward;  // the gradient spill fails: set_gradient / the reduction throws
+};
+
+std::string io_case_name(const ::testing::TestParamInfo<IoCase>& i) { return i.param.name; }
+
+class EngineIoFaults : public ::testing::TestWithParam<IoCase> {};
+
+// Stage 3, everything on NVMe: the first step is clean; the fault is armed before the second
+// step() (or before its backward, for the gradient spill).
+TEST_P(EngineIoFaults, FailTheStepNamingPathAndErrnoAndLeaveTheEngineFailed) {
+  const IoCase c = GetParam();
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Rank r(fault_config(3, Tier::kNvme, Tier::kNvme, Tier::kNvme, dir.str()), *comms[0]);
+  r.backward(0);
+  r.e->step();
+  ASSERT_NE(r.io, nullptr);
+  std::size_t id = 0;
+  try {
+    if (c.in_backward) id = r.io->add_fault(c.fault);
+    r.backward(1);
+    ASSERT_FALSE(c.in_backward) << "the backward did not fail";
+    id = r.io->add_fault(c.fault);
+    r.e->step();
+    FAIL() << "the step did not fail";
+  } catch (const IoError& e) {
+    EXPECT_GE(r.io->fired(id), 1u);
+    const std::string what = e.what();
+    EXPECT_NE(what.find(dir.str()), std::string::npos) << "names the swap path: " << what;
+    if (c.fault.kind == IoFaultKind::kError) {
+      EXPECT_EQ(e.errnum(), c.fault.errnum) << what;
+    }
+    EXPECT_NE(what.find("buffer '"), std::string::npos) << "names the buffer: " << what;
+  } catch (const Error& e) {
+    // A write that lost a chunk's only copy failed the store first: Error(kIo) carrying the I/O
+    // error and the buffer.
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lost its contents"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(dir.str()), std::string::npos) << e.what();
+  }
+  r.io->clear_faults();
+  r.expect_pool_whole();
+  r.expect_failed_for_good();
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, EngineIoFaults,
+    ::testing::Values(
+        IoCase{"eio_reading_the_state", IoFault::fail_nth(2, EIO, IoOp::kRead), false},
+        IoCase{"enospc_writing_the_state_back", IoFault::fail_nth(3, ENOSPC, IoOp::kWrite), false},
+        IoCase{"short_read", IoFault::short_nth(3, 0, IoOp::kRead), false},
+        IoCase{"eio_spilling_gradients", IoFault::fail_nth(1, EIO, IoOp::kWrite), true}),
+    io_case_name);
+
+// A failed read of the own parameter slice in a stage-3 gather() changes nothing: the gather can be
+// retried and training goes on.
+TEST(EngineFaults, AFailedGatherReadCanBeRetried) {
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Rank r(fault_config(3, Tier::kGpu, Tier::kGpu, Tier::kNvme, dir.str()), *comms[0]);
+  r.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
+  TensorId id = 0;
+  try {
+    r.e->gather({&id, 1});
+    FAIL() << "the gather did not fail";
+  } catch (const IoError& e) {
+    EXPECT_EQ(e.errnum(), EIO);
+    EXPECT_NE(std::string(e.what()).find("buffer 'param."), std::string::npos) << e.what();
+  }
+  r.io->clear_faults();
+  r.e->gather({&id, 1});
+  std::vector<float> v(kSizes[0]);
+  r.e->read_param(id, v);
+  EXPECT_EQ(v[17], 0.25f);
+  r.e->release({&id, 1});
+  r.backward(0);
+  EXPECT_TRUE(r.e->step().applied);
+  r.expect_pool_whole();
+}
+
+TEST(EngineFaults, AFailedDeviceCopyFailsTheStep) {
+  // Optimizer on cpu, gradients on gpu: the update copies each chunk's gradients device→host.
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Rank r(fault_config(2, Tier::kCpu, Tier::kGpu, Tier::kGpu, "/tmp"), *comms[0]);
+  r.backward(0);
+  r.e->step();
+  r.backward(1);
+  ASSERT_NE(r.device, nullptr);
+  r.device->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
+  try {
+    r.e->step();
+    FAIL() << "no device error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();
+    EXPECT_NE(std::string(e.what()).find("buffer '"), std::string::npos) << e.what();
+  }
+  r.device->clear_faults();
+  r.expect_pool_whole();
+  r.expect_failed_for_good();
+}
+
+TEST(EngineFaults, AFlippedBitInASwapFileIsAChecksumError) {
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Rank r(fault_config(1, Tier::kNvme, Tier::kGpu, Tier::kGpu, dir.str()), *comms[0]);
+  r.backward(0);
+  r.e->step();
+  TierStore& store = EngineAccess::storage(*r.e).store();
+  const BufferId chunk = EngineAccess::chunks(*r.e).at(1).opt;
+  auto [ext, len] = store.nvme_extent(chunk);
+  ASSERT_GT(len, 64u);
+  auto [path, off] = store.swap_space()->locate(ext + 40);
+  const int fd = ::open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0) << path;
+  std::uint8_t byte = 0;
+  ASSERT_EQ(::pread(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  byte ^= 0x04;
+  ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(off)), 1);
+  ::close(fd);
+  r.backward(1);
+  try {
+    r.e->step();
+    FAIL() << "no checksum error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'opt.1'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+  r.expect_pool_whole();
+  r.expect_failed_for_good();
+}
+
+// Two ranks: one rank's I/O fails mid-step; the other does not hang: it fails in the next
+// collective with a timeout naming the peer.
+TEST(EngineFaults, APeerFailingMidStepTimesTheOthersOut) {
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(2, 2.0);
+  std::vector<std::string> errors(2);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Config cfg = fault_config(2, Tier::kNvme, Tier::kGpu, Tier::kGpu, dir.str());
+    cfg.runtime.collective_timeout_s = 2.0;
+    Rank r(cfg, comm);
+    if (rank == 1) r.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
+    try {
+      r.backward(0);
+      r.e->step();
+      r.backward(1);
+      r.e->step();
+    } catch (const Error& e) {
+      errors[static_cast<std::size_t>(rank)] = e.what();
+    }
+  }));
+  EXPECT_NE(errors[1].find("Input/output error"), std::string::npos) << errors[1];
+  EXPECT_FALSE(errors[0].empty()) << "rank 0 finished although its peer failed";
+}
+
+}  // namespace
+}  // namespace strata::testing
