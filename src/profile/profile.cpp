@@ -349,7 +349,7 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   if (progress && r.collectives.empty()) progress("collectives: " + r.collectives_skipped);
 
   // 5. The sample step through the real tiers (every rank at once under a launch).
-  phase("sample step (TierStore on NVMe + CPU Adam)");
+  phase("sample step (the engine's step, optimizer state on NVMe)");
   const std::uint64_t elements = std::min<std::uint64_t>(config.zero.sub_group_size, sizes.sample_elements);
   r.sample = run_sample_step(config, paths, elements, sizes.sample_sub_groups, sizes.sample_repeats,
                              progress);
