@@ -7,7 +7,8 @@ Writes into OUT_DIR (default: the current directory):
   profile_nvme.png     NVMe throughput vs block size, one line per queue depth; one row per
                        path/engine/ring count, read and write side by side
   profile_step.png     the sample step: predicted vs measured (each repeat a dot), serial and
-                       pipelined, with the error; and the configured step's predicted legs
+                       pipelined, with the error (and the multi-rank engine check under mpirun);
+                       and the configured step's predicted legs and transfer overhead
   profile_copies.png   host <-> device bandwidth vs size (only when a GPU was measured)
 Needs matplotlib (Debian: python3-matplotlib; run with /usr/bin/python3).
 """
@@ -78,13 +79,17 @@ def plot_step(report, out):
     eng = s.get("engine_step", {})
     if eng.get("ran"):
         runs += [("zero step\nserial", eng["serial"]), ("zero step\npipelined", eng["pipelined"])]
+    check = report.get("engine_check", {})
+    if check.get("ran"):
+        runs.append((f"engine check\n{check['ranks']} ranks", check))
     x = range(len(runs))
     pred = [r["predicted_s"] for _, r in runs]
     meas = [r["measured_median_s"] for _, r in runs]
     ax1.bar([i - 0.18 for i in x], pred, width=0.36, label="predicted", color="#4c72b0")
     ax1.bar([i + 0.18 for i in x], meas, width=0.36, label="measured (median)", color="#dd8452")
     for i, (_, r) in enumerate(runs):
-        ax1.scatter([i + 0.18] * len(r["measured_s"]), r["measured_s"], color="black", s=10, zorder=3)
+        dots = r.get("measured_s") or []
+        ax1.scatter([i + 0.18] * len(dots), dots, color="black", s=10, zorder=3)
         ax1.annotate(f"{r['error'] * 100:+.1f}%", (i, max(pred[i], meas[i])), ha="center",
                      va="bottom", fontsize=9)
     ax1.set_xticks(list(x))
@@ -106,9 +111,12 @@ def plot_step(report, out):
     if m["network_s"] > 0:
         ax2.bar(1, m["network_s"], bottom=m["optimizer_step_pipelined_s"], width=0.5, color="#d62728",
                 alpha=0.6, label="network (pipelined column)")
-    ax2.set_xticks([0, 1])
-    ax2.set_xticklabels(["serial (legs summed)", "pipelined"])
-    ax2.set_ylabel("seconds per step")
+    overhead = m["transfer_overhead_pipelined_s"]
+    ax2.bar(2, overhead, width=0.5, color="#8172b2", label="transfer overhead (pipelined)")
+    ax2.annotate(f"{overhead:.3g} s", (2, overhead), ha="center", va="bottom", fontsize=9)
+    ax2.set_xticks([0, 1, 2])
+    ax2.set_xticklabels(["serial (legs summed)", "pipelined", "overhead"])
+    ax2.set_ylabel("seconds per step, per rank")
     ax2.set_title(f"configured: {report['model']['layout']}, {m['sub_groups']} sub-groups", fontsize=9)
     ax2.legend(fontsize=7)
     ax2.grid(axis="y", alpha=0.3)

@@ -4,7 +4,10 @@
 // Semantics are those of torch.optim.Adam / torch.optim.AdamW (torch 1.13, amsgrad=False,
 // maximize=False), element by element, in FP32, in torch's operation order:
 //
-//   g   = float(grad) * grad_scale                     (grad_scale = clip_coef / loss_scale)
+//   g   = (float(grad) / grad_divisor) * grad_scale    (grad_divisor = N ranks: the average of
+//                                                     the ranks' summed gradients, divided as
+//                                                     torch does; grad_scale = clip_coef /
+//                                                     loss_scale; no division when divisor is 1)
 //   Adam : g = g + weight_decay * p                    (L2 decay, only if weight_decay != 0)
 //   AdamW: p = p * float(1 - lr * weight_decay)        (decoupled decay, before the update)
 //   m   = m * beta1 + (1 - beta1) * g               (fused multiply-add, like torch's add_)
@@ -81,13 +84,17 @@ struct AdamStepOptions {
   std::int64_t step = 1;     // this update's step number, >= 1 (the group's count after ++)
   float grad_scale = 1.0f;   // multiplies every gradient: clip_coef / loss_scale
   bool check_finite = true;  // see "Non-finite gradients" above
+  // Divides every gradient before grad_scale: the number of ranks whose gradients were summed
+  // (torch's average is sum / N in FP32; multiplying by float(1/N) differs for N = 3). > 0 and
+  // finite; 1 = no division (bitwise the same as before the option existed).
+  float grad_divisor = 1.0f;
 };
 
 struct AdamStepResult {
   bool applied = true;  // false: a gradient was inf/NaN and nothing was written
 };
 
-// Result of a pass over the gradients (after grad_scale): finite flag and the sum of squares
+// Result of a pass over the gradients ((g / grad_divisor) * grad_scale): finite flag and the sum of squares
 // (float partial sums over blocks of 2048, added in double; meaningless when !finite) for the
 // global norm / clip coefficient.
 struct AdamGradStats {
@@ -117,12 +124,15 @@ class CpuAdam {
   // starting from 0.0: splitting a call at multiples of kStatsTileElems and adding the parts'
   // sum_sq in order gives the same bits (how the engine checks gradients spilled to NVMe).
   static constexpr std::size_t kStatsTileElems = 32768;
-  AdamGradStats grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale = 1.0f);
+  // grad_divisor: as AdamStepOptions::grad_divisor (each value is (g / grad_divisor) * grad_scale).
+  AdamGradStats grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale = 1.0f,
+                           float grad_divisor = 1.0f);
   // The same pass continued over the next part of the array: this part's tile sums are added to
   // so_far.sum_sq in order (finite flags ANDed). Parts that are whole multiples of
   // kStatsTileElems (all but the last) give bitwise what one grad_stats over the whole array gives.
   AdamGradStats grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
-                                    std::size_t n, float grad_scale = 1.0f);
+                                    std::size_t n, float grad_scale = 1.0f,
+                                    float grad_divisor = 1.0f);
 
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
   // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, for 16-bit grads, copies
@@ -195,8 +205,9 @@ bool adam_cuda_available();
 void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o,
                     void* stream, int* device_found_nonfinite = nullptr);
 
-// Enqueues only the check: sets *device_found_nonfinite = 1 if any grad * grad_scale is inf/NaN.
+// Enqueues only the check: sets *device_found_nonfinite = 1 if any (grad / grad_divisor) *
+// grad_scale is inf/NaN.
 void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float grad_scale,
-                            int* device_found_nonfinite, void* stream);
+                            int* device_found_nonfinite, void* stream, float grad_divisor = 1.0f);
 
 }  // namespace strata

@@ -75,8 +75,13 @@ struct ModelConfig {
   bool has_shape() const { return layers && hidden_size && heads && sequence_length && micro_batch; }
 };
 
+// Whether gradients are loss-scaled: kAuto = only fp16 gradients (as torch AMP and DeepSpeed:
+// bf16 has fp32's exponent range and needs no scaling); kOn / kOff force it.
+enum class LossScaling { kAuto, kOn, kOff };
+
 struct LossScaleConfig {
-  bool dynamic = true;             // dynamic loss scaling (only meaningful for fp16/bf16 grads)
+  LossScaling enabled = LossScaling::kAuto;
+  bool dynamic = true;             // dynamic loss scaling (when scaling is enabled)
   double initial = 65536.0;        // initial (or static) loss scale, > 0
   double growth_factor = 2.0;      // > 1
   double backoff_factor = 0.5;     // in (0, 1)
@@ -88,6 +93,11 @@ struct PrecisionConfig {
   DType params = DType::kFp16;
   DType grads = DType::kFp16;
   LossScaleConfig loss_scale;
+  // Loss scaling in effect: loss_scale.enabled, with kAuto = (grads == fp16).
+  bool loss_scaling() const {
+    return loss_scale.enabled == LossScaling::kAuto ? grads == DType::kFp16
+                                                    : loss_scale.enabled == LossScaling::kOn;
+  }
 };
 
 struct OptimizerConfig {
@@ -104,6 +114,10 @@ struct OptimizerConfig {
 struct WorldConfig {
   std::uint32_t ranks = 1;           // >= 1
   std::uint32_t ranks_per_node = 0;  // 0 = min(ranks, 8); must be <= ranks
+  // Collective bus bandwidth between the ranks (nccl-tests' busbw), bytes per second; used by
+  // `strata profile` when it cannot measure the real communicator (not launched across
+  // processes). 0 = not given.
+  std::uint64_t network_bandwidth = 0;
 };
 
 struct ZeroConfig {

@@ -19,7 +19,8 @@ struct GpuInfo {
 
 struct GpuQuery {
   std::vector<GpuInfo> devices;
-  // "2 GPU(s)", "no GPU: <reason from the CUDA runtime>", or "no GPU: built without CUDA".
+  // "2 GPU(s)", "no GPU: no NVIDIA driver (...)", "no GPU: <reason from the CUDA runtime>", or
+  // "no GPU: built without CUDA".
   std::string status;
 };
 

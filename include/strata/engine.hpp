@@ -51,11 +51,13 @@
 // state read ahead from NVMe, the CPU kernel for state on cpu/nvme (the device kernel for state on
 // gpu), the parameters written behind in the model dtype to the device; stages 1-2 then
 // all-gather them on the device.
-// With precision.grads fp32 there is no loss scaling (scale 1), but non-finite gradients still
-// skip the step.
+// Loss scaling (precision.loss_scale) applies to fp16 gradients; bf16 and fp32 gradients are not
+// scaled (scale 1, as torch AMP and DeepSpeed) unless precision.loss_scale.enabled is true;
+// non-finite gradients always skip the step.
 // Determinism: with a host communicator the result is bitwise identical to a single rank running
-// CpuAdam on the rank-ordered sum of the ranks' gradients (rounded to the gradient dtype), with
-// grad_scale = clip_coef / (loss_scale * N), for every stage, world size and placement (state on
+// CpuAdam on the rank-ordered sum of the ranks' gradients (rounded to the gradient dtype), divided
+// by N as torch averages (AdamStepOptions::grad_divisor = N), then times grad_scale =
+// clip_coef / loss_scale, for every stage, world size and placement (state on
 // gpu on the host-emulated device included; on CUDA the device kernel is written to the same
 // operation order).
 //

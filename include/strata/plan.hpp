@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/config.hpp"
@@ -112,14 +113,39 @@ struct ActivationEstimate {
 };
 ActivationEstimate estimate_activations(const Config& config, std::uint64_t gpu_model_state);
 
+// One rung of the recommendation ladder: a stage + offload choice, its model state (the Layout)
+// and what the GPU must also hold: activations (when the model shape is given; with full
+// activation checkpointing when that is what it takes to fit) and, at stage 3, the largest
+// layer's gathered parameters (model.largest_layer x param bytes, when given).
+struct Rung {
+  Layout layout;
+  std::uint64_t activations = 0;      // per rank, as counted (0 without a model shape)
+  bool checkpointing = false;         // activations counted with full checkpointing
+  std::uint64_t gathered = 0;         // stage 3: largest layer's parameters on the gpu
+  std::uint64_t gpu_total = 0;        // layout.per_rank.gpu + activations + gathered
+  bool fits = false;                  // every budget, the gpu one with gpu_total
+  std::string verdict;                // "fits" or which budget overflows, by how much
+};
+
+// The ladder, in order (docs/config.md "Recommendation"): lowest stage first, then least offload;
+// every rung that keeps all state off NVMe comes before any rung that uses NVMe:
+//   stage 0; stage 1; stage 2, + optimizer on cpu, + gradients on cpu; stage 3, + optimizer on
+//   cpu, + gradients on cpu, + params on cpu; then stage 2 optimizer on nvme (+ gradients on cpu);
+//   stage 3 optimizer on nvme (+ gradients on cpu, + params on cpu); stage 3 everything on nvme.
+// Stage 1 with offload is not a rung: stage 2 with the same offload moves the same bytes and needs
+// less GPU memory. Fractions are 1 and host memory pageable on every rung.
+std::vector<std::pair<int, OffloadConfig>> ladder_rungs();
+Rung evaluate_rung(const Config& config, int stage, const OffloadConfig& offload);
+
 struct Recommendation {
   bool found = false;
-  Layout layout;       // valid when found
-  std::string reason;  // why this one (or why nothing fits)
+  Layout layout;              // valid when found
+  bool checkpointing = false;  // the recommended rung needs full activation checkpointing
+  std::string reason;          // why this one (or why nothing fits)
+  std::vector<Rung> ladder;    // every rung, in ladder order, with its verdict
 };
-// "The lowest stage, and the least offload, that fits the budgets": tries, in order, stages 0-3
-// without offload; optimizer on cpu (stages 1-3); + gradients on cpu (2-3); optimizer on nvme
-// (1-3); + gradients on cpu (2-3); then stage 3 with parameters on cpu, then everything on nvme.
+// The one recommender (`strata plan` and `strata profile`): the first rung of the ladder that
+// fits. Pure; never throws for a validated Config.
 Recommendation recommend(const Config& config);
 
 struct Plan {
@@ -131,6 +157,12 @@ struct Plan {
   std::array<StageFootprint, 4> stages;  // stages 0-3 side by side, nothing offloaded
   Layout configured;                     // the configured stage and offload
   ActivationEstimate activations;
+  // The configured layout fits: model state within every budget and, when the model shape is
+  // given, model state + activations on the gpu (with checkpointing if needed); stage 3 adds the
+  // largest layer's gathered parameters when model.largest_layer is given. `strata plan --check`
+  // exits 3 when false.
+  Rung configured_rung;
+  bool configured_fits() const { return configured_rung.fits; }
   Recommendation recommendation;
   std::vector<std::string> assumptions;
   std::vector<std::string> notes;  // e.g. activations, not model state, do not fit

@@ -30,12 +30,22 @@
 
 namespace strata {
 
+class Communicator;
+
 // How much to measure. kTiny is for tests (a few points, kilobytes to megabytes).
 enum class ProfileMode { kTiny, kQuick, kDefault, kFull };
 const char* profile_mode_name(ProfileMode m);  // "tiny" | "quick" | "default" | "full"
 
 struct ProfileOptions {
   ProfileMode mode = ProfileMode::kDefault;
+  // The communicator of a multi-process launch (mpirun: one profile process per rank), borrowed;
+  // null = a single process. With it, every rank runs the same measurements at the same time
+  // (so ranks on a node really share its disks, cores and memory bandwidth), the collectives are
+  // measured over it, and the engine check runs a real multi-rank Engine step. Every rank must
+  // call run_profile() with the same config and options.
+  Communicator* comm = nullptr;
+  // Processes of this launch on this node; 0 = count the ranks whose host name is this one's.
+  std::uint32_t local_processes = 0;
   // Target transfer overhead per step (seconds) for the placement recommendation.
   double target_overhead_s = 1.0;
   // Times the sample step is run (each mode: serial and pipelined); the median is reported.
@@ -59,7 +69,7 @@ struct Environment {
   unsigned cores = 0;
   std::uint64_t memory_bytes = 0;
   std::uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit (~0 = unlimited)
-  std::string gpu;                        // "NVIDIA H200 (139 GiB)" or "none: <reason>"
+  std::string gpu;                        // "cuda:0 NVIDIA H200 (...)" or "no GPU: <reason>"
   bool has_gpu = false;                   // a CUDA device (never the host-emulated one)
   std::string adam_path;                  // CPU Adam code path
   double load_average_1m = 0;
@@ -76,9 +86,10 @@ struct IoPoint {
   std::uint32_t queue_depth = 0;
   std::uint32_t rings = 0;  // io_threads
   bool direct = false;      // O_DIRECT in effect
-  std::uint64_t bytes = 0;  // moved during the timed part
+  std::uint64_t bytes = 0;  // moved during the timed part (all passes)
   double seconds = 0;
-  double bytes_per_second = 0;
+  double bytes_per_second = 0;  // median over the passes
+  std::vector<double> runs_bps;  // each pass (the sweep alternates the order of the points)
 };
 
 struct CopyPoint {
@@ -131,6 +142,10 @@ struct Bandwidths {
   double cpu_s_per_nvme_byte = 0;
   double cpu_s_per_adam_element = 0;
   double cores = 0;
+  // Where the collective bandwidths come from: "measured" (the real communicator of a
+  // multi-process launch), "configured" (world.network_bandwidth), or "" (not known: the network
+  // leg is not counted and a note says so).
+  std::string network_source;
 };
 
 // The legs of one sub-group (seconds).
@@ -176,14 +191,27 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
 // ---- the sample step -----------------------------------------------------------------------------
 struct SampleRun {
   std::string mode;  // "serial" | "pipelined"
-  std::vector<double> measured_s;  // each repeat
+  std::vector<double> measured_s;  // each repeat (empty when only the median is known)
+  std::uint32_t repeats = 0;       // how many runs measured_median_s is the median of
   double measured_median_s = 0;
   double predicted_s = 0;
   double error = 0;  // (predicted - measured) / measured
 };
 
+// The pinned pool a measurement really used, against the configured one, and why they differ.
+struct PoolUse {
+  std::uint32_t configured_buffers = 0;
+  std::uint64_t configured_buffer_size = 0;
+  std::uint32_t buffers = 0;
+  std::uint64_t buffer_size = 0;
+  std::uint64_t memlock_limit = 0;  // RLIMIT_MEMLOCK soft limit; ~0 = unlimited
+  std::string reason;               // "as configured" or why it was cut
+};
+
 struct SampleStep {
   bool ran = false;
+  PoolUse pool;         // the profile loop's pool (one buffer: the NVMe piece size)
+  PoolUse engine_pool;  // the zero layer's step: its pinned buffers
   std::string implementation;  // what ran it (the profile layer's TierStore + CpuAdam loop)
   std::uint64_t elements_per_sub_group = 0;
   std::uint64_t sub_groups = 0;
@@ -208,6 +236,8 @@ struct SampleStep {
 // ---- recommendation ------------------------------------------------------------------------------
 struct IoRecommendation {
   std::string path;
+  bool configured_kept = false;  // the configured setting is within the noise of the best
+  double noise = 0;              // relative band treated as measurement noise
   std::string engine;
   std::uint64_t block_size = 0;
   std::uint32_t queue_depth = 0;
@@ -221,6 +251,8 @@ struct PlacementOption {
   OffloadConfig offload;
   std::string description;
   bool fits = false;
+  std::string verdict;  // the plan's verdict for this rung (why it does not fit)
+  bool checkpointing = false;
   std::uint64_t gpu_bytes_per_rank = 0;
   double overhead_pipelined_s = 0;
   double step_pipelined_s = 0;
@@ -231,6 +263,46 @@ struct PlacementRecommendation {
   PlacementOption choice;
   std::string reason;
   std::vector<PlacementOption> considered;
+};
+
+// How the model shares a node between its ranks (docs/performance.md "Ranks on a node").
+struct NodeSharing {
+  std::uint32_t ranks_per_node = 1;   // the config's ranks on the fullest node
+  std::uint32_t local_processes = 1;  // profile processes that ran on this node at once
+  std::uint32_t nvme_devices = 1;     // distinct block devices under tiers.nvme.paths
+  // NVMe: concurrent streams measured in this process (0 = not measured: one rank per node, or
+  // every local rank measured itself), one stream's rate and the streams' total.
+  std::uint32_t nvme_streams = 0;
+  double nvme_single_read_bps = 0, nvme_single_write_bps = 0;
+  double nvme_aggregate_read_bps = 0, nvme_aggregate_write_bps = 0;
+  double nvme_read_factor = 1, nvme_write_factor = 1;  // applied to the sample's tier rates
+  double cpu_factor = 1;   // applied to the CPU Adam rate
+  double cores_per_rank = 0;
+  std::vector<std::string> notes;  // one line per decision, for the report
+};
+
+// A real multi-rank Engine step (the public Engine API over the launch's communicator) on a
+// sample model, against the model's prediction for it from this profile's measured legs.
+struct EngineCheck {
+  bool ran = false;
+  std::string skipped;   // why not
+  int ranks = 0;
+  std::string backend;   // communicator
+  std::string layout;    // "stage 2, optimizer on nvme"
+  std::uint64_t elements = 0;  // model elements (all ranks)
+  std::vector<double> measured_s;  // per measured step: the slowest rank's set_gradient + step()
+  double measured_median_s = 0;
+  double predicted_s = 0;
+  double error = 0;  // (predicted - measured) / measured
+  StepPrediction prediction;
+  // The prediction's parts: the optimizer step (from `optimizer_from`), the step's collectives
+  // replayed alone before the steps (prediction.network_s), the gradient copy + the rest of a
+  // one-rank step() around its update loop (grad_passes_s).
+  double predicted_optimizer_s = 0;
+  std::string optimizer_from;
+  double grad_passes_s = 0;
+  // The engine's own phase times (mean per step, slowest rank): reduce, norm, optimizer, gather.
+  double reduce_s = 0, norm_s = 0, optimizer_s = 0, gather_s = 0;
 };
 
 struct ProfileReport {
@@ -246,19 +318,39 @@ struct ProfileReport {
   AdamMeasure cpu_adam, gpu_adam;
   std::string collectives_skipped;
   std::vector<CollectivePoint> collectives;
-  Bandwidths bandwidths;          // what the model used for the configured step
+  NodeSharing sharing;
+  Bandwidths bandwidths;          // what the model used for the configured step (per rank)
   Plan plan;
   StepPrediction configured;      // the configured model, stage and tiers
   SampleStep sample;
   std::vector<IoRecommendation> io_recommendations;
   PlacementRecommendation placement;
-  Config tuned;  // the config with the recommendations applied (to_yaml for --write-config)
+  EngineCheck engine_check;
+  int rank = 0, world = 1;  // of the launch (rank 0 reports)
+  // The config with the recommendations applied (tuned_config_text for --write-config). The I/O
+  // settings are applied only when tiers.nvme.paths is configured (measurements in a temporary
+  // directory describe that directory's disk, not the user's NVMe); tuned_notes says what was
+  // and was not applied.
+  Config tuned;
+  std::vector<std::string> tuned_notes;
   std::vector<std::pair<std::string, double>> phase_seconds;  // wall time of each phase
   double elapsed_s = 0;
 };
 
 // Validates the NVMe paths (see "Failure" above). Returns their info. Exposed for tests.
 std::vector<PathInfo> check_nvme_paths(const NvmeTierConfig& nvme);
+
+// The text of `--write-config`: the user's original YAML (`original_text`; `original` is the
+// config the profile ran, --set included) with only the values that differ in `tuned` changed in place, so comments, key
+// order and units survive (sizes are written with units: `block_size: 512KiB`). Keys the file
+// did not have are added beside their siblings. The result is re-parsed and must load as
+// `tuned`; when the text cannot be edited in place (an unusual layout), a full rendering is
+// returned instead and *note says so. Throws Error(kInternal) only if neither loads as `tuned`.
+// `overrides` are the command line's --set key.path=value, applied to the text first (they are
+// part of `tuned`).
+std::string tuned_config_text(const std::string& original_text, const Config& original,
+                              const Config& tuned, const std::vector<std::string>& overrides,
+                              std::string* note);
 
 ProfileReport run_profile(const Config& config, const ProfileOptions& options);
 

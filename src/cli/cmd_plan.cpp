@@ -1,5 +1,7 @@
-// `strata plan CONFIG [--set k=v]... [--json]`: what lives in which tier, what crosses each link
-// per step, and whether it fits (include/strata/plan.hpp).
+// `strata plan CONFIG [--set k=v]... [--json] [--check]`: what lives in which tier, what crosses
+// each link per step, whether it fits, and the ladder of every stage x offload rung with the
+// recommendation (include/strata/plan.hpp). --check: exit 3 when the configured layout does not
+// fit (a launch script's gate).
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -8,6 +10,7 @@
 
 #include "cli/command.hpp"
 #include "strata/config.hpp"
+#include "strata/error.hpp"
 #include "strata/plan.hpp"
 #include "strata/units.hpp"
 
@@ -62,6 +65,24 @@ json layout_json(const strata::Layout& l) {
   return j;
 }
 
+json rung_json(const strata::Rung& r) {
+  return {{"stage", r.layout.stage},
+          {"description", r.layout.describe()},
+          {"offload", {{"optimizer", target_json(r.layout.offload.optimizer)},
+                       {"gradients", target_json(r.layout.offload.gradients)},
+                       {"params", target_json(r.layout.offload.params)}}},
+          {"gpu_model_state_per_rank_bytes", r.layout.per_rank.gpu},
+          {"activations_per_rank_bytes", r.activations},
+          {"activation_checkpointing", r.checkpointing},
+          {"gathered_per_rank_bytes", r.gathered},
+          {"gpu_per_rank_bytes", r.gpu_total},
+          {"host_per_node_bytes", r.layout.per_node.host()},
+          {"pinned_host_per_node_bytes", r.layout.per_node.pinned_host},
+          {"nvme_per_node_bytes", r.layout.per_node.nvme},
+          {"fits", r.fits},
+          {"verdict", r.verdict}};
+}
+
 json plan_json(const strata::Config& c, const strata::Plan& p) {
   json j;
   j["config"] = c.source;
@@ -91,8 +112,14 @@ json plan_json(const strata::Config& c, const strata::Plan& p) {
     a["fits_with_checkpointing"] = p.activations.fits_with_checkpointing;
   }
   j["activations_per_rank"] = a;
-  j["recommendation"] = {{"found", p.recommendation.found}, {"reason", p.recommendation.reason}};
+  j["configured_fits"] = p.configured_fits();
+  j["configured_verdict"] = rung_json(p.configured_rung);
+  j["recommendation"] = {{"found", p.recommendation.found},
+                         {"reason", p.recommendation.reason},
+                         {"activation_checkpointing", p.recommendation.checkpointing}};
   if (p.recommendation.found) j["recommendation"]["layout"] = layout_json(p.recommendation.layout);
+  j["ladder"] = json::array();
+  for (const auto& r : p.recommendation.ladder) j["ladder"].push_back(rung_json(r));
   j["assumptions"] = p.assumptions;
   j["notes"] = p.notes;
   return j;
@@ -153,7 +180,10 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
   link("device->host", l.traffic.device_to_host);
   link("network", l.traffic.network);
 
-  o << "\nVerdict: " << (l.fits() ? "fits" : "DOES NOT FIT") << "\n";
+  o << "\nVerdict: "
+    << (p.configured_fits() ? p.configured_rung.verdict
+                            : "DOES NOT FIT (" + p.configured_rung.verdict + ")")
+    << "\n";
   for (const auto& v : l.verdicts) {
     o << "  " << cell(v.tier, 12) << rcell(format_bytes(v.used), 12) << " per " << cell(v.scope, 5);
     if (!v.limited) o << "  (no budget)\n";
@@ -172,8 +202,29 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
       << "\n";
   }
 
+  o << "\nEvery stage x offload rung, in the recommender's order (lowest stage, then least "
+       "offload; NVMe last):\n"
+    << "  " << cell("rung", 62) << rcell("gpu/rank", 11) << rcell("+activ.", 11)
+    << rcell("host/node", 11) << rcell("nvme/node", 11) << "  verdict\n";
+  for (const auto& r : p.recommendation.ladder) {
+    const bool chosen = p.recommendation.found && r.fits &&
+                        r.layout.describe() == p.recommendation.layout.describe();
+    std::string act = r.activations ? format_bytes(r.activations) + (r.checkpointing ? "*" : "")
+                                    : std::string("-");
+    o << (chosen ? "> " : "  ") << cell(r.layout.describe(), 62)
+      << rcell(format_bytes(r.layout.per_rank.gpu), 11) << rcell(act, 11)
+      << rcell(format_bytes(r.layout.per_node.host()), 11)
+      << rcell(format_bytes(r.layout.per_node.nvme), 11) << "  " << r.verdict << "\n";
+  }
+  if (p.activations.available)
+    o << "  (* activations with full activation checkpointing; gpu/rank is model state only)\n";
+
   o << "\nRecommendation: "
-    << (p.recommendation.found ? p.recommendation.layout.describe() : std::string("none"))
+    << (p.recommendation.found ? p.recommendation.layout.describe() +
+                                     (p.recommendation.checkpointing
+                                          ? std::string(", with activation checkpointing")
+                                          : std::string())
+                               : std::string("none"))
     << "\n  " << p.recommendation.reason << "\n";
   if (!p.notes.empty()) {
     o << "\nNotes:\n";
@@ -187,7 +238,11 @@ struct Options {
   std::string config;
   std::vector<std::string> overrides;
   bool json = false;
+  bool check = false;
 };
+
+// `strata plan --check`: the configured layout does not fit.
+constexpr int kExitDoesNotFit = 3;
 
 const bool kRegistered = strata::cli::register_command(
     {"plan", "Show what a config puts in each tier, what crosses each link, and whether it fits",
@@ -196,13 +251,26 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("CONFIG", opts->config, "YAML config file")->required();
        strata::cli::add_set_option(cmd, opts->overrides);
        cmd.add_flag("--json", opts->json, "Print one JSON document (sizes in bytes)");
+       cmd.add_flag("--check", opts->check,
+                    "Exit with status 3 when the configured layout does not fit (model state, "
+                    "and activations when the model shape is given)");
        return [opts]() -> int {
          strata::Config c = strata::load_config(opts->config, opts->overrides);
+         if (c.model.parameters == 0)
+           strata::fail(strata::ErrorCode::kInvalidArgument,
+                        c.source + ": model.parameters: strata plan needs the model's parameter "
+                                   "count (e.g. model: {parameters: 7.5B})");
          strata::Plan p = strata::make_plan(c);
          if (opts->json) {
            std::cout << plan_json(c, p).dump(2) << "\n";
          } else {
            print_human(std::cout, c, p);
+         }
+         if (opts->check && !p.configured_fits()) {
+           std::cout.flush();
+           std::cerr << "strata: plan --check: the configured layout (" << p.configured.describe()
+                     << ") does not fit: " << p.configured_rung.verdict << "\n";
+           return kExitDoesNotFit;
          }
          return 0;
        };

@@ -1,6 +1,8 @@
 // `strata profile CONFIG [--quick|--full] [--json] [--write-config tuned.yaml]`: measures the
 // configured tiers' links on this machine, predicts the step overhead and checks the prediction
 // against a sample step (include/strata/profile.hpp).
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +19,7 @@
 #include <sstream>
 
 #include "cli/command.hpp"
+#include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
 #include "strata/profile.hpp"
@@ -28,11 +31,68 @@ using nlohmann::json;
 using strata::format_bytes;
 using strata::format_rate;
 
+// The --write-config file, opened (and created if missing) before anything is measured, so that a
+// bad path fails at once with errno; written in full at the end; a file this run created is
+// removed again if the run fails. An existing file keeps its contents until the write.
+class OutputFile {
+ public:
+  OutputFile() = default;
+  OutputFile(const OutputFile&) = delete;
+  OutputFile& operator=(const OutputFile&) = delete;
+  ~OutputFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (created_ && !written_) ::unlink(path_.c_str());
+  }
+  explicit operator bool() const { return fd_ >= 0; }
+  void open(const std::string& path, const char* option) {
+    path_ = path;
+    option_ = option;
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd_ >= 0) {
+      created_ = true;
+      return;
+    }
+    if (errno == EEXIST) fd_ = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd_ < 0) {
+      const int e = errno;
+      strata::fail(strata::ErrorCode::kInvalidArgument,
+                   strata::strcat(option, ": cannot open ", path, " for writing: ",
+                                  std::strerror(e), " (errno ", e, ")"));
+    }
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && S_ISDIR(st.st_mode))
+      strata::fail(strata::ErrorCode::kInvalidArgument,
+                   std::string(option) + ": " + path + " is a directory");
+  }
+  void write(const std::string& text) {
+    struct stat st {};
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && ::ftruncate(fd_, 0) != 0) fail_io("ftruncate", 0);
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) fail_io("pwrite", done);
+      done += static_cast<std::size_t>(n);
+    }
+    written_ = true;
+  }
+
+ private:
+  [[noreturn]] void fail_io(const char* op, std::size_t offset) {
+    throw strata::IoError(op, path_, offset, 0, errno, std::string("writing ") + option_);
+  }
+  std::string path_;
+  const char* option_ = "";
+  int fd_ = -1;
+  bool created_ = false, written_ = false;
+};
+
 struct Options {
   std::string config;
   std::vector<std::string> overrides;
   bool quick = false, full = false, tiny = false, json = false;
   std::string write_config;
+  std::string json_file;  // the JSON report also goes here (beside the human report on stdout)
   double target_overhead = 1.0;
   unsigned repeats = 0;
 };
@@ -87,8 +147,18 @@ json adam_json(const strata::AdamMeasure& a) {
           {"bytes_per_second", a.bytes_per_second}};
 }
 
+json pool_json(const strata::PoolUse& p) {
+  return {{"configured_buffers", p.configured_buffers},
+          {"configured_buffer_size", p.configured_buffer_size},
+          {"buffers", p.buffers},
+          {"buffer_size", p.buffer_size},
+          {"memlock_limit_bytes", p.memlock_limit == ~0ULL ? json(nullptr) : json(p.memlock_limit)},
+          {"reason", p.reason}};
+}
+
 json sample_run_json(const strata::SampleRun& s) {
   return {{"measured_s", s.measured_s},
+          {"repeats", s.repeats},
           {"measured_median_s", s.measured_median_s},
           {"predicted_s", s.predicted_s},
           {"error", s.error}};
@@ -134,7 +204,8 @@ json report_json(const strata::ProfileReport& r) {
                   {"direct", p.direct},
                   {"bytes", p.bytes},
                   {"seconds", p.seconds},
-                  {"bytes_per_second", p.bytes_per_second}});
+                  {"bytes_per_second", p.bytes_per_second},
+                  {"runs_bytes_per_second", p.runs_bps}});
   j["nvme"] = {{"points", io}};
   json copies = json::array();
   for (const auto& c : r.copies)
@@ -175,7 +246,8 @@ json report_json(const strata::ProfileReport& r) {
         {"all_gather_busbw_bytes_per_second", b.all_gather_busbw},
         {"cpu_seconds_per_nvme_byte", b.cpu_s_per_nvme_byte},
         {"cpu_seconds_per_adam_element", b.cpu_s_per_adam_element},
-        {"cores", b.cores}}},
+        {"cores", b.cores},
+        {"network_source", null_if_empty(b.network_source)}}},
       {"layout", r.plan.configured.describe()},
       {"traffic_per_rank_per_step_bytes",
        {{"nvme_read", t.nvme_read},
@@ -198,6 +270,7 @@ json report_json(const strata::ProfileReport& r) {
                       {"tier_read_runs_bytes_per_second", s.tier_read_runs},
                       {"tier_write_runs_bytes_per_second", s.tier_write_runs},
                       {"adam_runs_params_per_second", s.adam_runs},
+                      {"pinned_pool", pool_json(s.pool)},
                       {"serial", sample_run_json(s.serial)},
                       {"pipelined", sample_run_json(s.pipelined)}};
   json eng = {{"ran", s.engine_ran}, {"skipped", null_if_empty(s.engine_skipped)}};
@@ -206,6 +279,7 @@ json report_json(const strata::ProfileReport& r) {
     eng["chunks"] = s.engine_chunks;
     eng["pinned_buffers"] = s.engine_buffers;
     eng["pinned_buffer_size"] = s.engine_buffer_size;
+    eng["pinned_pool"] = pool_json(s.engine_pool);
     eng["read_s"] = s.engine_read_s;
     eng["update_s"] = s.engine_update_s;
     eng["write_s"] = s.engine_write_s;
@@ -222,6 +296,8 @@ json report_json(const strata::ProfileReport& r) {
                      {"rings", x.rings},
                      {"read_bytes_per_second", x.read_bps},
                      {"write_bytes_per_second", x.write_bps},
+                     {"configured_kept", x.configured_kept},
+                     {"noise", x.noise},
                      {"reason", x.reason}});
   json considered = json::array();
   for (const auto& o : r.placement.considered)
@@ -229,6 +305,8 @@ json report_json(const strata::ProfileReport& r) {
                           {"description", o.description},
                           {"offload", offload_json(o.offload)},
                           {"fits", o.fits},
+                          {"verdict", o.verdict},
+                          {"activation_checkpointing", o.checkpointing},
                           {"gpu_bytes_per_rank", o.gpu_bytes_per_rank},
                           {"transfer_overhead_pipelined_s", o.overhead_pipelined_s},
                           {"optimizer_step_pipelined_s", o.step_pipelined_s}});
@@ -239,7 +317,41 @@ json report_json(const strata::ProfileReport& r) {
                            {"description", r.placement.choice.description},
                            {"offload", offload_json(r.placement.choice.offload)},
                            {"transfer_overhead_pipelined_s", r.placement.choice.overhead_pipelined_s}};
-  j["recommendation"] = {{"io", iorec}, {"placement", placement}};
+  j["recommendation"] = {{"io", iorec}, {"placement", placement}, {"tuned_notes", r.tuned_notes}};
+  const auto& sh = r.sharing;
+  j["node_sharing"] = {{"ranks_per_node", sh.ranks_per_node},
+                       {"local_processes", sh.local_processes},
+                       {"nvme_devices", sh.nvme_devices},
+                       {"nvme_streams", sh.nvme_streams},
+                       {"nvme_single_read_bytes_per_second", sh.nvme_single_read_bps},
+                       {"nvme_single_write_bytes_per_second", sh.nvme_single_write_bps},
+                       {"nvme_aggregate_read_bytes_per_second", sh.nvme_aggregate_read_bps},
+                       {"nvme_aggregate_write_bytes_per_second", sh.nvme_aggregate_write_bps},
+                       {"nvme_read_factor", sh.nvme_read_factor},
+                       {"nvme_write_factor", sh.nvme_write_factor},
+                       {"cpu_factor", sh.cpu_factor},
+                       {"cores_per_rank", sh.cores_per_rank},
+                       {"notes", sh.notes}};
+  const auto& ec = r.engine_check;
+  json ecj = {{"ran", ec.ran}, {"skipped", null_if_empty(ec.skipped)}};
+  if (ec.ran) {
+    ecj["ranks"] = ec.ranks;
+    ecj["backend"] = ec.backend;
+    ecj["layout"] = ec.layout;
+    ecj["elements"] = ec.elements;
+    ecj["measured_s"] = ec.measured_s;
+    ecj["measured_median_s"] = ec.measured_median_s;
+    ecj["predicted_s"] = ec.predicted_s;
+    ecj["error"] = ec.error;
+    ecj["prediction"] = prediction_json(ec.prediction);
+    ecj["grad_passes_s"] = ec.grad_passes_s;
+    ecj["predicted_optimizer_s"] = ec.predicted_optimizer_s;
+    ecj["optimizer_from"] = ec.optimizer_from;
+    ecj["engine_phases_s"] = {{"reduce", ec.reduce_s}, {"norm", ec.norm_s},
+                              {"optimizer", ec.optimizer_s}, {"gather", ec.gather_s}};
+  }
+  j["engine_check"] = ecj;
+  j["launch"] = {{"rank", r.rank}, {"world", r.world}};
   return j;
 }
 
@@ -352,8 +464,11 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     << "  legs measured alone: tier-store read " << format_rate(s.tier_read_bps) << ", write "
     << format_rate(s.tier_write_bps) << ", read || write-back " << format_rate(s.tier_mixed_bps)
     << ", CPU Adam " << rate_params(s.adam_params_per_s) << "\n"
+    << "  pinned pool: " << s.pool.buffers << " x " << format_bytes(s.pool.buffer_size, true)
+    << " (configured " << s.pool.configured_buffers << " x "
+    << format_bytes(s.pool.configured_buffer_size, true) << "): " << s.pool.reason << "\n"
     << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
-    << "   (median of " << s.serial.measured_s.size() << ")\n";
+    << "   (median of " << s.serial.repeats << " runs)\n";
   for (const auto* run : {&s.serial, &s.pipelined})
     o << "  " << cell(run == &s.serial ? "serial" : "pipelined", 11) << rcell(secs(run->predicted_s), 11)
       << rcell(secs(run->measured_median_s), 11) << rcell(pct(run->error), 9)
@@ -363,7 +478,13 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     o << "  the zero layer's offloaded step on the same state (" << s.engine_chunks << " chunks, "
       << s.engine_buffers << " x " << format_bytes(s.engine_buffer_size, true)
       << " pinned buffers; legs alone: read " << secs(s.engine_read_s) << ", Adam "
-      << secs(s.engine_update_s) << ", write " << secs(s.engine_write_s) << "):\n";
+      << secs(s.engine_update_s) << ", write " << secs(s.engine_write_s) << "; medians of "
+      << s.engine_pipelined.repeats << " rounds):\n"
+      << "    its pinned pool: " << s.engine_pool.buffers << " x "
+      << format_bytes(s.engine_pool.buffer_size, true) << " (configured "
+      << s.engine_pool.configured_buffers << " x "
+      << format_bytes(s.engine_pool.configured_buffer_size, true) << "): " << s.engine_pool.reason
+      << "\n";
     for (const auto* run : {&s.engine_serial, &s.engine_pipelined})
       o << "  " << cell(run == &s.engine_serial ? "serial" : "pipelined", 11)
         << rcell(secs(run->predicted_s), 11) << rcell(secs(run->measured_median_s), 11)
@@ -371,6 +492,37 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
         << "\n";
   } else if (!s.engine_skipped.empty()) {
     o << "  zero layer's offloaded step: " << s.engine_skipped << "\n";
+  }
+
+  const auto& sh = r.sharing;
+  char factors[160];
+  std::snprintf(factors, sizeof factors, "NVMe x%.2f read, x%.2f write; CPU Adam x%.2f; %.2g cores per rank",
+                sh.nvme_read_factor, sh.nvme_write_factor, sh.cpu_factor, sh.cores_per_rank);
+  o << "\nRanks on a node (" << sh.ranks_per_node << " per node, " << sh.local_processes
+    << " measured at once here): " << factors << "\n";
+  for (const auto& n : sh.notes) o << "  " << n << "\n";
+  o << "  network: " << (r.bandwidths.network_source.empty() ? r.collectives_skipped
+                                                             : r.bandwidths.network_source)
+    << "\n";
+
+  const auto& ec = r.engine_check;
+  o << "\nEngine check (a real multi-rank Engine step against its prediction): ";
+  if (!ec.ran) {
+    o << ec.skipped << "\n";
+  } else {
+    o << ec.ranks << " ranks over " << ec.backend << ", " << ec.layout << ", "
+      << strata::format_count(ec.elements) << " parameters\n"
+      << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
+      << "   (median of " << ec.measured_s.size() << " steps, slowest rank)\n"
+      << "  " << cell("engine", 11) << rcell(secs(ec.predicted_s), 11)
+      << rcell(secs(ec.measured_median_s), 11) << rcell(pct(ec.error), 9)
+      << (std::fabs(ec.error) <= 0.15 ? "" : "   (outside +-15%)") << "\n"
+      << "  predicted legs: optimizer " << secs(ec.predicted_optimizer_s) << " (pipelined, from "
+      << ec.optimizer_from << "), network "
+      << secs(ec.prediction.network_s) << " (the step's collectives replayed), gradient copy + the rest of step() "
+      << secs(ec.grad_passes_s) << "; the engine's phases: reduce " << secs(ec.reduce_s)
+      << ", norm " << secs(ec.norm_s) << ", optimizer " << secs(ec.optimizer_s) << ", gather "
+      << secs(ec.gather_s) << "\n";
   }
 
   const auto& p = r.configured;
@@ -398,6 +550,7 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     o << "  " << x.path << ": engine " << x.engine << ", block_size " << format_bytes(x.block_size, true)
       << ", queue_depth " << x.queue_depth << ", io_threads " << x.rings << " (" << x.reason << ")\n";
   o << "  placement: " << r.placement.reason << "\n";
+  for (const auto& n : r.tuned_notes) o << "  tuned config: " << n << "\n";
   if (!tuned_path.empty()) o << "  tuned config written to " << tuned_path << "\n";
 }
 
@@ -414,13 +567,21 @@ const bool kRegistered = strata::cli::register_command(
        full->excludes(tiny);
        cmd.add_flag("--json", o->json, "Print one JSON document with every measurement");
        cmd.add_option("--write-config", o->write_config,
-                      "Write the config with the recommendations applied to this file");
+                      "Write the config with the recommendations applied to this file (the "
+                      "original's comments, order and units kept)");
+       cmd.add_option("--json-file", o->json_file,
+                      "Also write the JSON report to this file (the human report stays on stdout)");
        cmd.add_option("--target-overhead", o->target_overhead,
                       "Target transfer overhead per step in seconds, for the placement")
            ->capture_default_str();
        cmd.add_option("--repeats", o->repeats, "Sample-step repeats (default: per mode)");
        return [o]() -> int {
          const strata::Config config = strata::load_config(o->config, o->overrides);
+         if (config.model.parameters == 0)
+           strata::fail(strata::ErrorCode::kInvalidArgument,
+                        config.source + ": model.parameters: strata profile needs the model's "
+                                        "parameter count to predict its step (e.g. model: "
+                                        "{parameters: 7.5B})");
          strata::ProfileOptions po;
          po.mode = o->tiny    ? strata::ProfileMode::kTiny
                    : o->quick ? strata::ProfileMode::kQuick
@@ -428,41 +589,75 @@ const bool kRegistered = strata::cli::register_command(
                               : strata::ProfileMode::kDefault;
          po.target_overhead_s = o->target_overhead;
          po.sample_repeats = o->repeats;
-         const bool tty = ::isatty(2) == 1;
-         if (tty) {
-           po.progress = [](const std::string& line) {
-             if (line.rfind("== ", 0) == 0) std::cerr << "\r\033[K" << line << "\n";
-             else std::cerr << "\r\033[K  " << line << std::flush;
-           };
-         }
-         // Fail on an unwritable --write-config before minutes of measurements.
-         if (!o->write_config.empty()) {
-           std::filesystem::path wp(o->write_config);
-           std::string dir = wp.parent_path().empty() ? "." : wp.parent_path().string();
-           std::error_code ec;
-           const bool exists = std::filesystem::exists(wp, ec);
-           if (::access(exists ? o->write_config.c_str() : dir.c_str(), W_OK) != 0)
+         // A multi-process launch (mpirun): one profile per rank, rank 0 reports.
+         std::unique_ptr<strata::Communicator> comm;
+         const auto backend = config.runtime.communicator;
+         if (backend == strata::CommBackend::kMpi ||
+             (strata::launched_by_mpi() && backend != strata::CommBackend::kInProcess)) {
+           if (!strata::mpi_available())
              strata::fail(strata::ErrorCode::kInvalidArgument,
-                          "--write-config: cannot write " + o->write_config + ": " +
-                              std::strerror(errno));
+                          "profile: launched by mpirun (or runtime.communicator: mpi) but this "
+                          "build has no MPI");
+           comm = strata::make_mpi_communicator(config.runtime.collective_timeout_s);
+           po.comm = comm.get();
+         }
+         const bool lead = !comm || comm->rank() == 0;
+         // --write-config: open (and create) the output before minutes of measurements.
+         OutputFile out, json_out;
+         std::string open_error;
+         if (lead) {
+           try {
+             if (!o->write_config.empty()) out.open(o->write_config, "--write-config");
+             if (!o->json_file.empty()) json_out.open(o->json_file, "--json-file");
+           } catch (const strata::Error& e) {
+             open_error = e.what();
+           }
+         }
+         if (comm) {  // every rank fails together when the lead cannot write
+           std::uint32_t mine = open_error.empty() ? 0u : 1u;
+           std::vector<std::uint32_t> all(static_cast<std::size_t>(comm->size()));
+           comm->all_gather(&mine, all.data(), 1, strata::DType::kFp32);
+           if (!lead && all[0] != 0)
+             strata::fail(strata::ErrorCode::kInvalidArgument, "profile: rank 0 cannot write its output files");
+         }
+         if (!open_error.empty()) strata::fail(strata::ErrorCode::kInvalidArgument, open_error);
+         const bool tty = ::isatty(2) == 1;
+         if (lead) {
+           if (tty) {
+             po.progress = [](const std::string& line) {
+               if (line.rfind("== ", 0) == 0) std::cerr << "\r\033[K" << line << "\n";
+               else std::cerr << "\r\033[K  " << line << std::flush;
+             };
+           } else {  // a pipe, a file, a batch scheduler: whole lines
+             po.progress = [](const std::string& line) {
+               std::cerr << "strata profile: " << line << std::endl;
+             };
+           }
          }
          const strata::ProfileReport r = strata::run_profile(config, po);
+         if (!lead) return 0;
          if (tty) std::cerr << "\r\033[K" << std::flush;
-         if (!o->write_config.empty()) {
-           std::ofstream out(o->write_config);
-           out << "# Written by `strata profile` (" << strata::profile_mode_name(po.mode)
-               << " mode) from " << config.source << " on " << r.environment.timestamp_utc << "\n"
-               << strata::to_yaml(r.tuned);
-           out.close();
-           if (!out)
-             strata::fail(strata::ErrorCode::kIo, "--write-config: writing " + o->write_config + " failed");
+         std::string note;
+         if (out) {
+           std::ifstream in(o->config);
+           std::string text((std::istreambuf_iterator<char>(in)), {});
+           std::string body = strata::tuned_config_text(text, config, r.tuned, o->overrides, &note);
+           std::string header = "# Tuned by `strata profile` (" +
+                                std::string(strata::profile_mode_name(po.mode)) + " mode) from " +
+                                config.source + " on " + r.environment.timestamp_utc + "\n";
+           for (const auto& n : r.tuned_notes) header += "#   " + n + "\n";
+           if (!note.empty()) header += "#   " + note + "\n";
+           out.write(header + body);
          }
+         json j = report_json(r);
+         j["recommendation"]["tuned_config"] = o->write_config.empty() ? json(nullptr) : json(o->write_config);
+         if (!note.empty()) j["recommendation"]["tuned_config_note"] = note;
+         if (json_out) json_out.write(j.dump(2) + "\n");
          if (o->json) {
-           json j = report_json(r);
-           j["recommendation"]["tuned_config"] = o->write_config.empty() ? json(nullptr) : json(o->write_config);
            std::cout << j.dump(2) << "\n";
          } else {
            print_human(std::cout, r, o->write_config);
+           if (!note.empty()) std::cout << "  note: " << note << "\n";
          }
          return 0;
        };

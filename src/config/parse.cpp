@@ -405,6 +405,10 @@ Config Reader::read(const YAML::Node& root) {
   const YAML::Node ls = child(prec, "loss_scale");
   const std::string lsp = "precision.loss_scale";
   auto& L = c.precision.loss_scale;
+  with(ls, lsp, "enabled", [&](auto& v, auto& p) {
+    if (v.IsScalar() && v.Scalar() == "auto") L.enabled = LossScaling::kAuto;
+    else L.enabled = boolean(v, p) ? LossScaling::kOn : LossScaling::kOff;
+  });
   with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
   with(ls, lsp, "initial",
        [&](auto& v, auto& p) { L.initial = number_in(v, p, 0, kMaxLossScale, true); });
@@ -450,6 +454,8 @@ Config Reader::read(const YAML::Node& root) {
        [&](auto& v, auto& p) {
          c.world.ranks_per_node = integer(v, p, 0, limits::kMaxRanksPerNode);
        });
+  with(world, "world", "network_bandwidth",
+       [&](auto& v, auto& p) { c.world.network_bandwidth = bytes(v, p, 0); });
 
   const YAML::Node zero = child(root, "zero");
   with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });

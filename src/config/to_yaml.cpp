@@ -69,6 +69,8 @@ std::string to_yaml(const Config& c) {
     << "  params: " << dtype_name(c.precision.params) << "\n"
     << "  grads: " << dtype_name(c.precision.grads) << "\n"
     << "  loss_scale:\n"
+    << "    enabled: "
+    << (ls.enabled == LossScaling::kAuto ? "auto" : boolean(ls.enabled == LossScaling::kOn)) << "\n"
     << "    dynamic: " << boolean(ls.dynamic) << "\n"
     << "    initial: " << num(ls.initial) << "\n"
     << "    growth_factor: " << num(ls.growth_factor) << "\n"
@@ -85,7 +87,8 @@ std::string to_yaml(const Config& c) {
     << "  update: " << optimizer_update_name(c.optimizer.update) << "\n";
   o << "world:\n"
     << "  ranks: " << c.world.ranks << "\n"
-    << "  ranks_per_node: " << c.world.ranks_per_node << "\n";
+    << "  ranks_per_node: " << c.world.ranks_per_node << "\n"
+    << "  network_bandwidth: " << bytes_text(c.world.network_bandwidth) << "\n";
   o << "zero:\n"
     << "  stage: " << c.zero.stage << "\n"
     << "  sub_group_size: " << c.zero.sub_group_size << "\n"

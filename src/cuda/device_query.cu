@@ -1,5 +1,8 @@
 // Device query, compiled by nvcc so that the CUDA build path is always exercised.
 #include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <string>
 
 #include "strata/device_query.hpp"
 
@@ -13,7 +16,12 @@ GpuQuery query_cuda_devices() {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    q.status = std::string("no GPU: ") + cudaGetErrorString(err);
+    // Without a driver the runtime says "CUDA driver version is insufficient for CUDA runtime
+    // version" (cudaErrorInsufficientDriver): say what is really missing.
+    const bool no_driver = (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) &&
+                           ::access("/proc/driver/nvidia/version", F_OK) != 0;
+    q.status = no_driver ? std::string("no GPU: no NVIDIA driver (/proc/driver/nvidia/version is absent)")
+                         : std::string("no GPU: ") + cudaGetErrorString(err);
     cudaGetLastError();  // clear the sticky-free error state
     return q;
   }

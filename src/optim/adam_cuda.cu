@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -56,6 +57,7 @@ __device__ __forceinline__ void store_copy(void* out, std::size_t i, float p) {
 
 __device__ __forceinline__ void adam_elem(const AdamConsts& c, float& p, float& m, float& v,
                                           float g) {
+  if (c.has_divisor) g = __fdiv_rn(g, c.grad_divisor);
   g = __fmul_rn(g, c.grad_scale);
   if (c.has_weight_decay) {
     if (c.adamw)
@@ -137,11 +139,14 @@ __global__ void adam_kernel(AdamConsts c, float* p, float* m, float* v, const vo
 }
 
 template <int GD>
-__global__ void check_kernel(const void* g, std::size_t n, float scale, int* flag) {
+__global__ void check_kernel(const void* g, std::size_t n, float divisor, float scale, int* flag) {
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
   bool bad = false;
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    bad |= !isfinite(__fmul_rn(grad_at<GD>(g, i), scale));
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float x = grad_at<GD>(g, i);
+    if (divisor != 1.0f) x = __fdiv_rn(x, divisor);
+    bad |= !isfinite(__fmul_rn(x, scale));
+  }
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
@@ -178,16 +183,18 @@ bool aligned(const void* p, std::size_t a) {
 bool adam_cuda_available() { return true; }
 
 void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float grad_scale,
-                            int* device_found_nonfinite, void* stream) {
+                            int* device_found_nonfinite, void* stream, float grad_divisor) {
   if (n == 0) return;
   if (!grad || !device_found_nonfinite)
     fail(ErrorCode::kInvalidArgument, "adam_check_finite_cuda: null grad or flag pointer");
+  if (!(grad_divisor > 0.0f) || !std::isfinite(grad_divisor))
+    fail(ErrorCode::kInvalidArgument, "adam_check_finite_cuda: grad_divisor must be finite and > 0");
   auto s = static_cast<cudaStream_t>(stream);
   const unsigned grid = grid_for(n);
   switch (dtype) {
-    case DType::kFp32: check_kernel<0><<<grid, kBlock, 0, s>>>(grad, n, grad_scale, device_found_nonfinite); break;
-    case DType::kBf16: check_kernel<1><<<grid, kBlock, 0, s>>>(grad, n, grad_scale, device_found_nonfinite); break;
-    case DType::kFp16: check_kernel<2><<<grid, kBlock, 0, s>>>(grad, n, grad_scale, device_found_nonfinite); break;
+    case DType::kFp32: check_kernel<0><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
+    case DType::kBf16: check_kernel<1><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
+    case DType::kFp16: check_kernel<2><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
   }
   check_cuda(cudaGetLastError(), "adam_check_finite_cuda: kernel launch");
 }
@@ -201,7 +208,8 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
   if (t.n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
   if (o.check_finite)
-    adam_check_finite_cuda(t.grad, t.grad_dtype, t.n, o.grad_scale, device_found_nonfinite, stream);
+    adam_check_finite_cuda(t.grad, t.grad_dtype, t.n, o.grad_scale, device_found_nonfinite, stream,
+                           o.grad_divisor);
   const AdamConsts c = optim::make_adam_consts(params, o);
   const CopyKind ck = optim::copy_kind(t);
   const std::size_t gsz = dtype_size(t.grad_dtype);

@@ -10,7 +10,7 @@ void adam_step_cuda(const AdamParams&, const AdamTensors&, const AdamStepOptions
   fail(ErrorCode::kUnsupported, "adam_step_cuda: this build of strata has no CUDA support");
 }
 
-void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*) {
+void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*, float) {
   fail(ErrorCode::kUnsupported, "adam_check_finite_cuda: this build of strata has no CUDA support");
 }
 

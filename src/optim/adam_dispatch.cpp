@@ -92,6 +92,8 @@ AdamConsts make_adam_consts(const AdamParams& p, const AdamStepOptions& o) {
   const double bc1 = 1.0 - std::pow(p.beta1, step);
   const double bc2 = 1.0 - std::pow(p.beta2, step);
   AdamConsts c{};
+  c.grad_divisor = o.grad_divisor;
+  c.has_divisor = o.grad_divisor != 1.0f;
   c.grad_scale = o.grad_scale;
   c.beta1 = static_cast<float>(p.beta1);
   c.one_minus_beta1 = static_cast<float>(1.0 - p.beta1);
@@ -133,6 +135,8 @@ void validate_adam_call(const AdamParams& p, const AdamTensors& t, const AdamSte
   if (!(p.eps >= 0.0)) bad(strcat("eps=", p.eps, " must be >= 0"));
   if (!(p.weight_decay >= 0.0)) bad(strcat("weight_decay=", p.weight_decay, " must be >= 0"));
   if (o.step < 1) bad(strcat("step=", o.step, " must be >= 1"));
+  if (!(o.grad_divisor > 0.0f) || !std::isfinite(o.grad_divisor))
+    bad(strcat("grad_divisor=", o.grad_divisor, " must be finite and > 0"));
   if (!valid_dtype(t.grad_dtype)) bad("unknown grad dtype");
   if (t.param_copy && !valid_dtype(t.param_copy_dtype)) bad("unknown param_copy dtype");
   if (t.n == 0) return;

@@ -49,6 +49,7 @@ inline float s_load_grad(DType dt, const void* g, std::size_t i) {
 
 // One element of the update, in exactly the vector kernels' order.
 inline void s_adam_elem(const AdamConsts& c, float& p, float& m, float& v, float g) {
+  if (c.has_divisor) g = g / c.grad_divisor;
   g = g * c.grad_scale;
   if (c.has_weight_decay) {
     if (c.adamw)
@@ -94,10 +95,11 @@ inline void v_store_copy(void* out, std::size_t i, typename V::F p) {
   }
 }
 
-template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW>
+template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW, bool kDiv>
 void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
             std::size_t n) {
   using F = typename V::F;
+  const F divisor = V::set1(c.grad_divisor);
   const F scale = V::set1(c.grad_scale), b1 = V::set1(c.beta1), omb1 = V::set1(c.one_minus_beta1),
           b2 = V::set1(c.beta2), omb2 = V::set1(c.one_minus_beta2), wd = V::set1(c.weight_decay),
           decay = V::set1(c.decay_mul), bc2s = V::set1(c.bc2_sqrt), eps = V::set1(c.eps),
@@ -105,7 +107,9 @@ void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, vo
   std::size_t i = 0;
   const std::size_t nv = n - n % V::W;
   for (; i < nv; i += V::W) {
-    F gv = V::mul(v_load_grad<V, GD>(g, i), scale);
+    F gv = v_load_grad<V, GD>(g, i);
+    if constexpr (kDiv) gv = V::div(gv, divisor);
+    gv = V::mul(gv, scale);
     F pv = V::load(p + i);
     F mv = V::load(m + i);
     F vv = V::load(v + i);
@@ -130,15 +134,24 @@ void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, vo
   }
 }
 
+template <class V, DType GD, CopyKind CK, bool kDiv>
+void v_adam_wd_div(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
+                   std::size_t n) {
+  if (!c.has_weight_decay)
+    v_adam<V, GD, CK, false, false, kDiv>(c, p, m, v, g, out, n);
+  else if (c.adamw)
+    v_adam<V, GD, CK, true, true, kDiv>(c, p, m, v, g, out, n);
+  else
+    v_adam<V, GD, CK, true, false, kDiv>(c, p, m, v, g, out, n);
+}
+
 template <class V, DType GD, CopyKind CK>
 void v_adam_wd(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
                std::size_t n) {
-  if (!c.has_weight_decay)
-    v_adam<V, GD, CK, false, false>(c, p, m, v, g, out, n);
-  else if (c.adamw)
-    v_adam<V, GD, CK, true, true>(c, p, m, v, g, out, n);
+  if (c.has_divisor)
+    v_adam_wd_div<V, GD, CK, true>(c, p, m, v, g, out, n);
   else
-    v_adam<V, GD, CK, true, false>(c, p, m, v, g, out, n);
+    v_adam_wd_div<V, GD, CK, false>(c, p, m, v, g, out, n);
 }
 
 template <class V, DType GD>
@@ -163,11 +176,13 @@ void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, float* p, float* m
 }
 
 // Finite check and sum of squares: float partial sums per block, added in double per block.
-template <class V, DType GD>
-void v_stats(const void* g, std::size_t n, float scale, bool* finite, double* sum_sq) {
+template <class V, DType GD, bool kDiv>
+void v_stats(const void* g, std::size_t n, float divisor, float scale, bool* finite,
+             double* sum_sq) {
   using F = typename V::F;
   constexpr std::size_t kBlock = 2048;
   const F sc = V::set1(scale);
+  const F dv = V::set1(divisor);
   const F zero = V::set1(0.0f);
   F nanacc = zero;
   double total = 0.0;
@@ -177,7 +192,9 @@ void v_stats(const void* g, std::size_t n, float scale, bool* finite, double* su
     const std::size_t end = (nv - i > kBlock) ? i + kBlock : nv;
     F acc = zero;
     for (; i < end; i += V::W) {
-      const F x = V::mul(v_load_grad<V, GD>(g, i), sc);
+      F x = v_load_grad<V, GD>(g, i);
+      if constexpr (kDiv) x = V::div(x, dv);
+      x = V::mul(x, sc);
       nanacc = V::add(nanacc, V::mul(x, zero));  // NaN iff some x is inf or NaN
       acc = V::fmadd(x, x, acc);
     }
@@ -185,7 +202,9 @@ void v_stats(const void* g, std::size_t n, float scale, bool* finite, double* su
   }
   float tail_nan = 0.0f;
   for (; i < n; ++i) {
-    const float x = s_load_grad(GD, g, i) * scale;
+    float x = s_load_grad(GD, g, i);
+    if constexpr (kDiv) x = x / divisor;
+    x = x * scale;
     tail_nan = tail_nan + x * 0.0f;
     total += double(x) * double(x);
   }
@@ -194,14 +213,23 @@ void v_stats(const void* g, std::size_t n, float scale, bool* finite, double* su
   *sum_sq += total;
 }
 
-template <class V>
-void v_stats_entry(DType gd, const void* g, std::size_t n, float scale, bool* finite,
-                   double* sum_sq) {
+template <class V, bool kDiv>
+void v_stats_dtype(DType gd, const void* g, std::size_t n, float divisor, float scale,
+                   bool* finite, double* sum_sq) {
   switch (gd) {
-    case DType::kFp32: return v_stats<V, DType::kFp32>(g, n, scale, finite, sum_sq);
-    case DType::kBf16: return v_stats<V, DType::kBf16>(g, n, scale, finite, sum_sq);
-    case DType::kFp16: return v_stats<V, DType::kFp16>(g, n, scale, finite, sum_sq);
+    case DType::kFp32: return v_stats<V, DType::kFp32, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kBf16: return v_stats<V, DType::kBf16, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kFp16: return v_stats<V, DType::kFp16, kDiv>(g, n, divisor, scale, finite, sum_sq);
   }
+}
+
+template <class V>
+void v_stats_entry(DType gd, const void* g, std::size_t n, float divisor, float scale,
+                   bool* finite, double* sum_sq) {
+  if (divisor != 1.0f)
+    v_stats_dtype<V, true>(gd, g, n, divisor, scale, finite, sum_sq);
+  else
+    v_stats_dtype<V, false>(gd, g, n, divisor, scale, finite, sum_sq);
 }
 
 // The bandwidth reference: the same arrays, the same directions, trivial arithmetic.

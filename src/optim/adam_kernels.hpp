@@ -16,6 +16,8 @@ namespace strata::optim {
 
 // Per-call constants, rounded to float exactly as torch rounds its Python scalars.
 struct AdamConsts {
+  float grad_divisor;  // g / grad_divisor first (only when has_divisor: divisor != 1)
+  bool has_divisor;
   float grad_scale;
   float beta1, one_minus_beta1;
   float beta2, one_minus_beta2;
@@ -34,10 +36,10 @@ enum class CopyKind { kNone, kFp32, kFp16, kBf16 };
 // Updates elements [0, n) of the given arrays (already offset by the caller).
 using AdamRangeFn = void (*)(const AdamConsts& c, DType grad_dtype, CopyKind copy, float* p,
                              float* m, float* v, const void* g, void* copy_out, std::size_t n);
-// Finite check + sum of squares of grad * scale over [0, n): adds to *sum_sq, sets *finite=false
-// when a non-finite value is seen.
-using GradStatsFn = void (*)(DType grad_dtype, const void* g, std::size_t n, float scale,
-                             bool* finite, double* sum_sq);
+// Finite check + sum of squares of (grad / divisor) * scale over [0, n) (no division when divisor
+// is 1): adds to *sum_sq, sets *finite=false when a non-finite value is seen.
+using GradStatsFn = void (*)(DType grad_dtype, const void* g, std::size_t n, float divisor,
+                             float scale, bool* finite, double* sum_sq);
 // The same-pattern stream kernel used as the bandwidth bound: reads p, m, v, g and writes p, m, v
 // (and copy_out = g's bits when copy_out is set, 16-bit grads only). Trivial arithmetic.
 using StreamRangeFn = void (*)(DType grad_dtype, float* p, float* m, float* v, const void* g,

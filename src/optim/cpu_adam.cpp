@@ -1,5 +1,6 @@
 // CpuAdam: argument checks, tiling over the persistent pool, the non-finite pre-pass.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstdint>
 #include <mutex>
@@ -31,7 +32,8 @@ struct CpuAdam::Impl {
   std::mutex mu;
   Impl(AdamPath p, unsigned threads) : path(p), k(&optim::kernels_for(p)), pool(threads) {}
 
-  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float scale, double start = 0.0) {
+  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float divisor, float scale,
+                      double start = 0.0) {
     const std::size_t tiles = tiles_for(n);
     std::vector<double> sums(tiles, 0.0);
     std::atomic<bool> finite{true};
@@ -40,7 +42,7 @@ struct CpuAdam::Impl {
       const std::size_t off = t * kTile, len = std::min(kTile, n - off);
       bool f = true;
       double s = 0.0;
-      k->grad_stats(dtype, byte_ptr(grad) + off * esz, len, scale, &f, &s);
+      k->grad_stats(dtype, byte_ptr(grad) + off * esz, len, divisor, scale, &f, &s);
       sums[t] = s;
       if (!f) finite.store(false, std::memory_order_relaxed);
     };
@@ -74,7 +76,8 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   AdamStepResult result;
   if (t.n == 0) return result;
   std::lock_guard<std::mutex> lk(impl_->mu);
-  if (o.check_finite && !impl_->stats(t.grad, t.grad_dtype, t.n, o.grad_scale).finite) {
+  if (o.check_finite &&
+      !impl_->stats(t.grad, t.grad_dtype, t.n, o.grad_divisor, o.grad_scale).finite) {
     result.applied = false;
     return result;
   }
@@ -95,8 +98,11 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
 
 namespace {
 // The argument checks of grad_stats / grad_stats_continue (`what` names the call); n > 0.
-void check_grad_args(const char* what, const void* grad, DType dtype, std::size_t n) {
+void check_grad_args(const char* what, const void* grad, DType dtype, std::size_t n,
+                     float divisor) {
   if (!grad) fail(ErrorCode::kInvalidArgument, strcat(what, ": null grad with n=", n));
+  if (!(divisor > 0.0f) || !std::isfinite(divisor))
+    fail(ErrorCode::kInvalidArgument, strcat(what, ": grad_divisor=", divisor, " must be finite and > 0"));
   if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
     fail(ErrorCode::kInvalidArgument, strcat(what, ": unknown dtype"));
   if (reinterpret_cast<std::uintptr_t>(grad) % elem_size(dtype) != 0)
@@ -104,19 +110,21 @@ void check_grad_args(const char* what, const void* grad, DType dtype, std::size_
 }
 }  // namespace
 
-AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale) {
+AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, float grad_scale,
+                                  float grad_divisor) {
   if (n == 0) return {};
-  check_grad_args("CpuAdam::grad_stats", grad, dtype, n);
+  check_grad_args("CpuAdam::grad_stats", grad, dtype, n, grad_divisor);
   std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->stats(grad, dtype, n, grad_scale);
+  return impl_->stats(grad, dtype, n, grad_divisor, grad_scale);
 }
 
 AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
-                                           std::size_t n, float grad_scale) {
+                                           std::size_t n, float grad_scale,
+                                           float grad_divisor) {
   if (n == 0) return so_far;
-  check_grad_args("CpuAdam::grad_stats_continue", grad, dtype, n);
+  check_grad_args("CpuAdam::grad_stats_continue", grad, dtype, n, grad_divisor);
   std::lock_guard<std::mutex> lk(impl_->mu);
-  AdamGradStats r = impl_->stats(grad, dtype, n, grad_scale, so_far.sum_sq);
+  AdamGradStats r = impl_->stats(grad, dtype, n, grad_divisor, grad_scale, so_far.sum_sq);
   r.finite = r.finite && so_far.finite;
   return r;
 }

@@ -17,16 +17,17 @@ Plan make_plan(const Config& c) {
   p.bytes_per_param = bytes_per_param(c.precision);
   for (int s = 0; s <= 3; ++s) p.stages[s] = stage_footprint(c, s);
   p.configured = plan_layout(c, c.zero.stage, c.offload);
-  p.activations = estimate_activations(c, p.configured.per_rank.gpu);
+  p.configured_rung = evaluate_rung(c, c.zero.stage, c.offload);
+  p.activations = estimate_activations(c, sat_add(p.configured.per_rank.gpu, p.configured_rung.gathered));
   p.recommendation = recommend(c);
 
   p.assumptions = {
       "model state only: parameters, gradients and optimizer state (FP32 master + Adam moments)",
       "activations are not in the tier figures (estimated separately when model.layers, "
       "hidden_size, heads, sequence_length and micro_batch are given)",
-      "not included: temporarily gathered stage-3 parameters (see model.largest_layer), "
-      "allocator overhead and fragmentation, communication buckets, CUDA context and other "
-      "runtime buffers",
+      "not included: allocator overhead and fragmentation, communication buckets, CUDA context "
+      "and other runtime buffers; temporarily gathered stage-3 parameters only when "
+      "model.largest_layer is given",
       "host budgets (tiers.host.budget, pinned_budget) and tiers.nvme.budget are per node; "
       "tiers.gpu.budget is per rank (one GPU per rank)",
       "sharded state is ceil(parameters / ranks) elements per rank",
@@ -49,13 +50,14 @@ Plan make_plan(const Config& c) {
               "ZeRO stage does not shrink activations";
     p.notes.push_back(note);
   }
-  if (!p.configured.fits())
+  if (!p.configured_fits())
     p.notes.push_back("the configured layout (" + p.configured.describe() +
-                      ") does not fit its budgets; see the recommendation");
+                      ") does not fit: " + p.configured_rung.verdict + "; see the recommendation");
   if (c.zero.stage == 3 && c.model.largest_layer > 0)
-    p.notes.push_back("stage 3 gathers whole layers on the gpu: add about " +
-                      format_bytes(sat_mul(c.model.largest_layer, p.bytes_per_param.params)) +
-                      " (model.largest_layer x param bytes) at the peak, not counted above");
+    p.notes.push_back("stage 3 gathers whole layers on the gpu: " +
+                      format_bytes(p.configured_rung.gathered) +
+                      " (model.largest_layer x param bytes) at the peak, counted in the verdict "
+                      "and the ladder, not in the model-state tables");
   return p;
 }
 

@@ -1,4 +1,8 @@
-// "The lowest stage, and the least offload, that fits the budgets."
+// The one recommender: "the lowest stage, then the least offload, that fits", walked over the
+// ladder documented in plan.hpp and docs/config.md, counting activations and stage-3 gathers.
+#include <algorithm>
+
+#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 #include "strata/units.hpp"
 
@@ -7,80 +11,114 @@ namespace {
 
 OffloadTarget on(Tier t) { return OffloadTarget{t, 1.0, false}; }
 
-struct Candidate {
-  int stage;
-  OffloadConfig offload;
-};
-
-std::vector<Candidate> candidates() {
-  std::vector<Candidate> out;
-  const OffloadConfig none;
-  for (int s = 0; s <= 3; ++s) out.push_back({s, none});
-  OffloadConfig o = none;
-  o.optimizer = on(Tier::kCpu);
-  for (int s = 1; s <= 3; ++s) out.push_back({s, o});
-  o.gradients = on(Tier::kCpu);
-  for (int s = 2; s <= 3; ++s) out.push_back({s, o});
-  o = none;
-  o.optimizer = on(Tier::kNvme);
-  for (int s = 1; s <= 3; ++s) out.push_back({s, o});
-  o.gradients = on(Tier::kCpu);
-  for (int s = 2; s <= 3; ++s) out.push_back({s, o});
-  o = none;
-  o.optimizer = on(Tier::kCpu);
-  o.gradients = on(Tier::kCpu);
-  o.params = on(Tier::kCpu);
-  out.push_back({3, o});
-  o.optimizer = on(Tier::kNvme);
-  out.push_back({3, o});
-  o.gradients = on(Tier::kNvme);
-  o.params = on(Tier::kNvme);
-  out.push_back({3, o});
-  return out;
-}
-
-std::string overflow_text(const Layout& l) {
-  std::string s;
-  for (const auto& v : l.verdicts) {
-    if (v.fits()) continue;
-    if (!s.empty()) s += ", ";
-    s += v.tier + " needs " + format_bytes(v.used) + " per " + v.scope + " > budget " +
-         format_bytes(v.budget) + " (over by " + format_bytes(v.overflow()) + ")";
-  }
-  return s;
+OffloadConfig offload_of(Tier optimizer, Tier gradients, Tier params) {
+  OffloadConfig o;
+  if (optimizer != Tier::kGpu) o.optimizer = on(optimizer);
+  if (gradients != Tier::kGpu) o.gradients = on(gradients);
+  if (params != Tier::kGpu) o.params = on(params);
+  return o;
 }
 
 bool uses_nvme(const OffloadConfig& o) {
-  return o.optimizer.tier == Tier::kNvme || o.gradients.tier == Tier::kNvme ||
-         o.params.tier == Tier::kNvme;
+  auto nv = [](const OffloadTarget& t) { return t.tier == Tier::kNvme && t.fraction > 0; };
+  return nv(o.optimizer) || nv(o.gradients) || nv(o.params);
+}
+
+// "gpu needs 71.50 GB model state + 22.98 GB activations (with checkpointing) = 94.48 GB per
+// rank > budget 80 GB (over by 14.48 GB)".
+std::string gpu_text(const Rung& r, std::uint64_t budget) {
+  std::string s = "gpu needs " + format_bytes(r.layout.per_rank.gpu) + " model state";
+  if (r.activations)
+    s += " + " + format_bytes(r.activations) + " activations" +
+         (r.checkpointing ? " (with checkpointing)" : "");
+  if (r.gathered) s += " + " + format_bytes(r.gathered) + " gathered largest layer";
+  if (r.activations || r.gathered) s += " = " + format_bytes(r.gpu_total);
+  s += " per rank";
+  if (!fits_budget(r.gpu_total, budget))
+    s += " > budget " + format_bytes(budget) +
+         (r.gpu_total == kSaturated ? std::string(" (beyond 2^64 bytes)")
+                                    : " (over by " + format_bytes(r.gpu_total - budget) + ")");
+  return s;
 }
 
 }  // namespace
 
-Recommendation recommend(const Config& c) {
-  Recommendation r;
-  Layout previous;
-  bool have_previous = false;
-  for (const auto& cand : candidates()) {
-    Layout l = plan_layout(c, cand.stage, cand.offload);
-    if (l.fits()) {
-      r.found = true;
-      r.layout = l;
-      r.reason = l.describe() + " is the first layout, in the order lowest stage then least "
-                                "offload, whose model state fits every budget";
-      if (have_previous)
-        r.reason += "; the one before it (" + previous.describe() + ") does not: " +
-                    overflow_text(previous);
-      if (uses_nvme(cand.offload) && c.tiers.nvme.paths.empty())
-        r.reason += "; it needs tiers.nvme.paths";
-      return r;
-    }
-    previous = l;
-    have_previous = true;
+std::vector<std::pair<int, OffloadConfig>> ladder_rungs() {
+  constexpr Tier G = Tier::kGpu, C = Tier::kCpu, N = Tier::kNvme;
+  return {
+      {0, offload_of(G, G, G)}, {1, offload_of(G, G, G)},
+      {2, offload_of(G, G, G)}, {2, offload_of(C, G, G)}, {2, offload_of(C, C, G)},
+      {3, offload_of(G, G, G)}, {3, offload_of(C, G, G)}, {3, offload_of(C, C, G)},
+      {3, offload_of(C, C, C)},
+      {2, offload_of(N, G, G)}, {2, offload_of(N, C, G)},
+      {3, offload_of(N, G, G)}, {3, offload_of(N, C, G)}, {3, offload_of(N, C, C)},
+      {3, offload_of(N, N, N)},
+  };
+}
+
+Rung evaluate_rung(const Config& c, int stage, const OffloadConfig& offload) {
+  Rung r;
+  r.layout = plan_layout(c, stage, offload);
+  const std::uint64_t state = r.layout.per_rank.gpu;
+  if (stage == 3 && c.model.largest_layer > 0)
+    r.gathered = sat_mul(c.model.largest_layer, bytes_per_param(c.precision).params);
+  const ActivationEstimate a = estimate_activations(c, sat_add(state, r.gathered));
+  if (a.available) {
+    r.checkpointing = !a.fits_without_checkpointing;
+    r.activations = r.checkpointing ? a.with_checkpointing : a.without_checkpointing;
   }
-  r.reason = "nothing fits: even " + previous.describe() + " overflows: " + overflow_text(previous) +
-             "; add ranks, or raise the budgets";
+  r.gpu_total = sat_add(state, r.activations, r.gathered);  // saturated: never fits
+  const std::uint64_t gpu_budget = c.tiers.gpu.budget;
+  std::string over;
+  if (!fits_budget(r.gpu_total, gpu_budget)) over = gpu_text(r, gpu_budget);
+  for (const auto& v : r.layout.verdicts) {
+    if (v.tier == "gpu" || v.fits()) continue;
+    if (!over.empty()) over += "; ";
+    over += v.tier + " needs " + format_bytes(v.used) + " per " + v.scope + " > budget " +
+            format_bytes(v.budget) + " (over by " + format_bytes(v.overflow()) + ")";
+  }
+  r.fits = over.empty();
+  if (r.fits) {
+    r.verdict = "fits";
+    if (r.checkpointing) r.verdict += " with activation checkpointing";
+    if (uses_nvme(offload) && c.tiers.nvme.paths.empty()) r.verdict += " (needs tiers.nvme.paths)";
+  } else {
+    r.verdict = over;
+  }
   return r;
+}
+
+Recommendation recommend(const Config& c) {
+  Recommendation rec;
+  for (const auto& [stage, offload] : ladder_rungs()) rec.ladder.push_back(evaluate_rung(c, stage, offload));
+  const auto it = std::find_if(rec.ladder.begin(), rec.ladder.end(), [](const Rung& r) { return r.fits; });
+  if (it == rec.ladder.end()) {
+    const Rung& last = rec.ladder.back();
+    rec.reason = "nothing fits: even " + last.layout.describe() + " overflows: " + last.verdict +
+                 "; add ranks, raise the budgets" +
+                 (c.model.has_shape() ? ", or shrink model.micro_batch / sequence_length" : "");
+    return rec;
+  }
+  rec.found = true;
+  rec.layout = it->layout;
+  rec.checkpointing = it->checkpointing;
+  rec.reason = it->layout.describe() +
+               (it->checkpointing ? " with activation checkpointing" : std::string()) +
+               " is the first rung of the ladder (lowest stage, then least offload; every rung "
+               "off NVMe before any on NVMe) whose " +
+               (c.model.has_shape() ? "model state and activations fit" : "model state fits") +
+               " every budget";
+  if (!c.model.has_shape())
+    rec.reason += " (activations not counted: give model.layers, hidden_size, heads, "
+                  "sequence_length and micro_batch)";
+  if (it != rec.ladder.begin()) {
+    rec.reason += "; rejected before it:";
+    for (auto r = rec.ladder.begin(); r != it; ++r)
+      rec.reason += " [" + r->layout.describe() + ": " + r->verdict + "]";
+  }
+  if (uses_nvme(it->layout.offload) && c.tiers.nvme.paths.empty())
+    rec.reason += "; it needs tiers.nvme.paths";
+  return rec;
 }
 
 }  // namespace strata

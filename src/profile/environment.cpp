@@ -112,7 +112,7 @@ Environment collect_environment(const std::vector<std::string>& paths, const std
                       ", sm_", d.major, d.minor, ")");
     }
   } else {
-    e.gpu = "none: " + q.status;
+    e.gpu = q.status;  // "no GPU: <why>"
   }
   e.adam_path = adam_path;
   {

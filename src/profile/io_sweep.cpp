@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "profile/profile_internal.hpp"
 #include "strata/error.hpp"
@@ -125,44 +126,116 @@ std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, cons
     engine->unregister_file(f);
   }
 
-  std::vector<IoPoint> out;
+  // Every point in each pass; odd passes walk the grid backwards, so a drift over the sweep (page
+  // cache, thermal, other load) does not favour the points measured first.
+  std::vector<IoPoint> out(grid.size() * 2);
+  const std::uint32_t passes = std::max(1u, sizes.io_passes);
   std::size_t n = 0;
-  for (const auto& g : grid) {
-    ++n;
-    IoEngineOptions o = IoEngineOptions::from(nv);
-    o.kind = g.kind;
-    o.block_size = g.bs;
-    o.queue_depth = g.qd;
-    o.io_threads = g.rings;
-    auto engine = make_engine(g.kind, o);
-    FileId f = engine->open_file(guard.path, {});
-    const bool direct = engine->alignment(f) > 1;
-    // Two chunks in flight, each filling the queue depth once, so the engine never runs dry.
-    const std::uint64_t chunk =
-        std::clamp<std::uint64_t>(g.bs * g.qd, g.bs, std::max(region / 2, g.bs)) / g.bs * g.bs;
-    for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
-      auto [bytes, secs] =
-          timed_transfer(*engine, f, op, buffer.bytes(), region, chunk, sizes.io_point_s);
-      IoPoint p;
-      p.path = dir;
-      p.engine = io_engine_name(g.kind);
-      p.op = io_op_name(op);
-      p.block_size = g.bs;
-      p.queue_depth = g.qd;
-      p.rings = g.rings;
-      p.direct = direct;
-      p.bytes = bytes;
-      p.seconds = secs;
-      p.bytes_per_second = secs > 0 ? static_cast<double>(bytes) / secs : 0;
-      out.push_back(p);
-      if (progress)
-        progress(strcat("nvme ", dir, " [", n, "/", grid.size(), "] ", p.op, " ",
-                        format_bytes(g.bs, true), " qd ", g.qd, " ", p.engine, " x", g.rings, ": ",
-                        format_rate(p.bytes_per_second)));
+  for (std::uint32_t pass = 0; pass < passes; ++pass) {
+    for (std::size_t k = 0; k < grid.size(); ++k) {
+      const std::size_t gi = pass % 2 ? grid.size() - 1 - k : k;
+      const Grid& g = grid[gi];
+      ++n;
+      IoEngineOptions o = IoEngineOptions::from(nv);
+      o.kind = g.kind;
+      o.block_size = g.bs;
+      o.queue_depth = g.qd;
+      o.io_threads = g.rings;
+      auto engine = make_engine(g.kind, o);
+      FileId f = engine->open_file(guard.path, {});
+      const bool direct = engine->alignment(f) > 1;
+      // Two chunks in flight, each filling the queue depth once, so the engine never runs dry.
+      const std::uint64_t chunk =
+          std::clamp<std::uint64_t>(g.bs * g.qd, g.bs, std::max(region / 2, g.bs)) / g.bs * g.bs;
+      for (IoOp op : {IoOp::kWrite, IoOp::kRead}) {
+        auto [bytes, secs] =
+            timed_transfer(*engine, f, op, buffer.bytes(), region, chunk, sizes.io_point_s);
+        IoPoint& p = out[gi * 2 + (op == IoOp::kRead ? 1 : 0)];
+        p.path = dir;
+        p.engine = io_engine_name(g.kind);
+        p.op = io_op_name(op);
+        p.block_size = g.bs;
+        p.queue_depth = g.qd;
+        p.rings = g.rings;
+        p.direct = direct;
+        p.bytes += bytes;
+        p.seconds += secs;
+        p.runs_bps.push_back(secs > 0 ? static_cast<double>(bytes) / secs : 0);
+        p.bytes_per_second = median(p.runs_bps);
+        if (progress)
+          progress(strcat("nvme ", dir, " [", n, "/", grid.size() * passes, "] ", p.op, " ",
+                          format_bytes(g.bs, true), " qd ", g.qd, " ", p.engine, " x", g.rings,
+                          ": ", format_rate(p.runs_bps.back())));
+      }
+      engine->unregister_file(f);
     }
-    engine->unregister_file(f);
   }
   return out;
+}
+
+StreamRates measure_streams(const Config& config, const std::string& dir, std::uint32_t streams,
+                            std::uint64_t region, double seconds) {
+  const NvmeTierConfig& nv = config.tiers.nvme;
+  IoEngineOptions o = IoEngineOptions::from(nv);
+  if (o.kind == IoEngineKind::kAuto) o.kind = probe_io_uring(o, dir).ok ? IoEngineKind::kIoUring : IoEngineKind::kThreads;
+  region = std::max<std::uint64_t>(region / nv.block_size * nv.block_size, nv.block_size);
+  const std::uint64_t chunk = std::clamp<std::uint64_t>(nv.block_size * nv.queue_depth, nv.block_size,
+                                                        std::max(region / 2, nv.block_size)) /
+                              nv.block_size * nv.block_size;
+  struct Stream {
+    FileGuard guard;
+    IoBuffer buffer;
+    std::unique_ptr<IoEngine> engine;
+    FileId file{};
+  };
+  std::random_device rd;
+  std::vector<Stream> ss(streams);
+  for (std::uint32_t i = 0; i < streams; ++i) {
+    Stream& st = ss[i];
+    st.guard.path = strcat(dir, "/strata-profile-streams-", ::getpid(), "-", rd(), "-", i, ".bin");
+    st.buffer = IoBuffer::allocate(region);
+    fill_random(st.buffer.data(), region, 0x57ea + i);
+    st.engine = make_engine(o.kind, o);
+    IoFileOptions fo;
+    fo.create = true;
+    fo.exclusive = true;
+    st.file = st.engine->open_file(st.guard.path, fo);
+    st.engine->wait_for(st.engine->submit({IoOp::kWrite, st.file, st.buffer.data(), region, 0}),
+                        std::chrono::seconds(300));
+  }
+  // {single stream, all streams at once} for one op.
+  auto run = [&](IoOp op, std::uint32_t k) {
+    std::vector<std::pair<std::uint64_t, double>> res(k);
+    std::vector<std::thread> threads;
+    std::vector<std::exception_ptr> errors(k);
+    for (std::uint32_t i = 0; i < k; ++i)
+      threads.emplace_back([&, i] {
+        try {
+          res[i] = timed_transfer(*ss[i].engine, ss[i].file, op, ss[i].buffer.bytes(), region, chunk,
+                                  seconds);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    std::uint64_t bytes = 0;
+    double secs = 0;
+    for (const auto& [b, t] : res) {
+      bytes += b;
+      secs = std::max(secs, t);
+    }
+    return secs > 0 ? static_cast<double>(bytes) / secs : 0.0;
+  };
+  StreamRates r;
+  r.streams = streams;
+  r.single_write = run(IoOp::kWrite, 1);
+  r.aggregate_write = run(IoOp::kWrite, streams);
+  r.single_read = run(IoOp::kRead, 1);
+  r.aggregate_read = run(IoOp::kRead, streams);
+  for (auto& st : ss) st.engine->unregister_file(st.file);
+  return r;
 }
 
 }  // namespace strata::profile

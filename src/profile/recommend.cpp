@@ -11,16 +11,30 @@
 
 namespace strata::profile {
 
-std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points) {
+std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points,
+                                           const NvmeTierConfig& configured,
+                                           const std::string& configured_engine) {
   // (path) -> (engine, bs, qd, rings) -> {read, write}
   using Key = std::tuple<std::string, std::uint64_t, std::uint32_t, std::uint32_t>;
-  std::map<std::string, std::map<Key, std::pair<double, double>>> by_path;
+  struct RW {
+    double read = 0, write = 0;
+    double spread = 0;  // largest relative spread between passes of the two ops
+    std::size_t passes = 0;
+  };
+  std::map<std::string, std::map<Key, RW>> by_path;
   std::vector<std::string> order;
   for (const auto& p : points) {
     if (!by_path.count(p.path)) order.push_back(p.path);
-    auto& rw = by_path[p.path][Key{p.engine, p.block_size, p.queue_depth, p.rings}];
-    (p.op == "read" ? rw.first : rw.second) = p.bytes_per_second;
+    RW& rw = by_path[p.path][Key{p.engine, p.block_size, p.queue_depth, p.rings}];
+    (p.op == "read" ? rw.read : rw.write) = p.bytes_per_second;
+    if (p.runs_bps.size() > 1 && p.bytes_per_second > 0) {
+      const auto [lo, hi] = std::minmax_element(p.runs_bps.begin(), p.runs_bps.end());
+      rw.spread = std::max(rw.spread, (*hi - *lo) / p.bytes_per_second);
+    }
+    rw.passes = std::max(rw.passes, std::max<std::size_t>(p.runs_bps.size(), 1));
   }
+  const Key configured_key{configured_engine, configured.block_size, configured.queue_depth,
+                           configured.io_threads};
   std::vector<IoRecommendation> out;
   for (const auto& path : order) {
     // Score: the rate at which equal amounts are read and written (harmonic mean), as a step does.
@@ -29,22 +43,34 @@ std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points) {
       double read, write, score;
     };
     std::vector<Cand> cands;
+    std::vector<double> spreads;
+    std::size_t passes = 1;
     for (const auto& [key, rw] : by_path[path]) {
-      if (rw.first <= 0 || rw.second <= 0) continue;
-      cands.push_back({key, rw.first, rw.second, 2.0 / (1.0 / rw.first + 1.0 / rw.second)});
+      if (rw.read <= 0 || rw.write <= 0) continue;
+      cands.push_back({key, rw.read, rw.write, 2.0 / (1.0 / rw.read + 1.0 / rw.write)});
+      spreads.push_back(rw.spread);
+      passes = std::max(passes, rw.passes);
     }
     if (cands.empty()) continue;
     const double best = std::max_element(cands.begin(), cands.end(), [](auto& a, auto& b) {
                           return a.score < b.score;
                         })->score;
-    // Within 5 % of the best, take the lightest setting (fewest bytes in flight, fewest rings):
-    // the difference is measurement noise, the memory and threads are not.
+    // The noise band: twice the median pass-to-pass spread, within [5%, 25%].
+    const double noise = passes > 1 ? std::clamp(2.0 * median(spreads), 0.05, 0.25) : 0.05;
     const Cand* pick = nullptr;
+    bool kept = false;
+    for (const auto& cand : cands)
+      if (cand.key == configured_key && cand.score >= (1.0 - noise) * best) {
+        pick = &cand;
+        kept = true;
+      }
+    // Otherwise, within the band, the lightest setting (fewest bytes in flight, fewest rings): the
+    // difference is noise, the memory and threads are not.
     for (const auto& cand : cands) {
-      if (cand.score < 0.95 * best) continue;
+      if (kept || cand.score < (1.0 - noise) * best) continue;
       auto weight = [](const Cand& x) {
         return std::make_tuple(std::get<1>(x.key) * std::get<2>(x.key) * std::get<3>(x.key),
-                               std::get<3>(x.key), -x.score);
+                               std::get<3>(x.key), std::get<0>(x.key), -x.score);
       };
       if (!pick || weight(cand) < weight(*pick)) pick = &cand;
     }
@@ -56,9 +82,19 @@ std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points) {
     r.rings = std::get<3>(pick->key);
     r.read_bps = pick->read;
     r.write_bps = pick->write;
-    r.reason = strcat("read ", format_rate(r.read_bps), ", write ", format_rate(r.write_bps),
-                      "; the lightest setting within 5% of the best read/write harmonic mean (",
-                      format_rate(best), ") of ", cands.size(), " measured");
+    r.configured_kept = kept;
+    r.noise = noise;
+    const std::string band = strcat(static_cast<int>(std::lround(noise * 100)), "% (",
+                                    passes > 1 ? "twice the median spread of " + std::to_string(passes) + " passes"
+                                               : std::string("one pass: the minimum band"),
+                                    ")");
+    r.reason = strcat("read ", format_rate(r.read_bps), ", write ", format_rate(r.write_bps), "; ",
+                      kept ? "the configured setting is within the noise band " + band +
+                                 " of the best read/write harmonic mean (" + format_rate(best) + ")"
+                           : "the lightest setting within the noise band " + band +
+                                 " of the best read/write harmonic mean (" + format_rate(best) +
+                                 "); the configured setting is not within it",
+                      "; ", cands.size(), " settings measured");
     out.push_back(r);
   }
   return out;
@@ -66,76 +102,48 @@ std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points) {
 
 PlacementRecommendation recommend_placement(const Config& c, const Bandwidths& bw,
                                             double target_overhead_s, bool nvme_usable) {
-  PlacementRecommendation rec;
-  std::vector<int> stages{c.zero.stage};
+  // The plan's recommender decides (one recommender for `plan` and `profile`); the profile adds
+  // what each rung is predicted to cost per step with the measured bandwidths.
   const Recommendation fit = recommend(c);
-  if (fit.found && fit.layout.stage != c.zero.stage) stages.push_back(fit.layout.stage);
-  const double fractions[] = {0.25, 0.5, 0.75, 1.0};
-  for (int stage : stages) {
-    std::vector<OffloadConfig> offloads;
-    OffloadConfig base;
-    base.params = stage == 3 ? c.offload.params : OffloadTarget{};
-    offloads.push_back(base);
-    if (stage >= 1) {
-      std::vector<Tier> tiers{Tier::kCpu};
-      if (nvme_usable) tiers.push_back(Tier::kNvme);
-      for (Tier t : tiers)
-        for (double f : fractions)
-          for (bool grads_cpu : {false, true}) {
-            if (grads_cpu && stage < 2) continue;
-            OffloadConfig o = base;
-            o.optimizer = {t, f, t == Tier::kCpu ? c.offload.optimizer.pin_memory : false};
-            if (grads_cpu) o.gradients = {Tier::kCpu, 1.0, c.offload.gradients.pin_memory};
-            offloads.push_back(o);
-          }
-    }
-    for (const auto& o : offloads) {
-      const Layout l = plan_layout(c, stage, o);
-      const StepPrediction p = predict_step(c, l, bw);
-      PlacementOption opt;
-      opt.stage = stage;
-      opt.offload = o;
-      opt.description = l.describe();
-      opt.fits = l.fits();
-      opt.gpu_bytes_per_rank = l.per_rank.gpu;
-      opt.overhead_pipelined_s = p.overhead_pipelined_s;
-      opt.step_pipelined_s = p.pipelined_s;
-      rec.considered.push_back(opt);
-    }
+  PlacementRecommendation rec;
+  const PlacementOption* chosen = nullptr;
+  for (const Rung& rung : fit.ladder) {
+    const StepPrediction p = predict_step(c, rung.layout, bw);
+    PlacementOption opt;
+    opt.stage = rung.layout.stage;
+    opt.offload = rung.layout.offload;
+    opt.description = rung.layout.describe();
+    opt.fits = rung.fits;
+    opt.verdict = rung.verdict;
+    opt.checkpointing = rung.checkpointing;
+    opt.gpu_bytes_per_rank = rung.layout.per_rank.gpu;
+    opt.overhead_pipelined_s = p.overhead_pipelined_s;
+    opt.step_pipelined_s = p.pipelined_s;
+    rec.considered.push_back(opt);
   }
-  const PlacementOption* best = nullptr;
-  for (const auto& o : rec.considered) {
-    if (!o.fits || o.overhead_pipelined_s > target_overhead_s) continue;
-    if (!best || o.gpu_bytes_per_rank < best->gpu_bytes_per_rank ||
-        (o.gpu_bytes_per_rank == best->gpu_bytes_per_rank &&
-         o.overhead_pipelined_s < best->overhead_pipelined_s))
-      best = &o;
-  }
-  if (best) {
-    rec.found = true;
-    rec.choice = *best;
-    rec.reason = strcat(best->description, ": fits the budgets and its predicted transfer overhead (",
-                        best->overhead_pipelined_s, " s pipelined) meets the target of ",
-                        target_overhead_s, " s with the least GPU memory (",
-                        format_bytes(best->gpu_bytes_per_rank), " per rank) of ",
-                        rec.considered.size(), " placements considered");
+  for (std::size_t i = 0; i < fit.ladder.size(); ++i)
+    if (fit.found && fit.ladder[i].fits && !chosen) chosen = &rec.considered[i];
+  if (!chosen) {
+    rec.reason = fit.reason;
     return rec;
   }
-  for (const auto& o : rec.considered) {
-    if (!o.fits) continue;
-    if (!best || o.overhead_pipelined_s < best->overhead_pipelined_s) best = &o;
+  rec.found = true;
+  rec.choice = *chosen;
+  rec.reason = strcat(fit.reason, "; predicted transfer overhead ", chosen->overhead_pipelined_s,
+                      " s per step (pipelined, per rank, with the measured bandwidths)");
+  if (chosen->overhead_pipelined_s > target_overhead_s) {
+    const PlacementOption* fastest = nullptr;
+    for (const auto& o : rec.considered)
+      if (o.fits && (!fastest || o.overhead_pipelined_s < fastest->overhead_pipelined_s)) fastest = &o;
+    rec.reason += strcat("; above the target of ", target_overhead_s, " s");
+    if (fastest && fastest != chosen && fastest->overhead_pipelined_s < chosen->overhead_pipelined_s)
+      rec.reason += strcat(" (", fastest->description, " fits and is predicted at ",
+                           fastest->overhead_pipelined_s, " s, but comes later on the ladder)");
   }
-  if (best) {
-    rec.found = true;
-    rec.choice = *best;
-    rec.reason = strcat("no placement that fits meets the target of ", target_overhead_s,
-                        " s; the fastest that fits: ", best->description, " (",
-                        best->overhead_pipelined_s, " s)");
-  } else {
-    rec.reason = strcat("no placement of the ", rec.considered.size(),
-                        " considered fits the tier budgets",
-                        nvme_usable ? "" : " (NVMe placements need tiers.nvme.paths)");
-  }
+  if (!nvme_usable && (chosen->offload.optimizer.tier == Tier::kNvme ||
+                       chosen->offload.gradients.tier == Tier::kNvme ||
+                       chosen->offload.params.tier == Tier::kNvme))
+    rec.reason += "; configure tiers.nvme.paths to use it";
   return rec;
 }
 

@@ -29,15 +29,40 @@ namespace {
 using zero::EngineAccess;
 using zero::Measure;
 
-std::uint64_t pool_buffer_size(const Config& c) {
-  // The pool is page-locked: keep it within RLIMIT_MEMLOCK.
-  std::uint64_t size = c.tiers.host.buffer_size;
+}  // namespace
+
+// The pinned pool a measurement can really page-lock: the configured buffer_count x buffer_size,
+// unless RLIMIT_MEMLOCK is below it, when buffers are cut to a quarter of the limit each (whole
+// MiB, at least 1 MiB) and at most `max_cut_buffers` of them, so that all of them lock. The
+// reason says which, in words a user can act on.
+PoolUse choose_pool(const Config& c, std::uint32_t max_buffers, std::uint32_t max_cut_buffers) {
+  PoolUse u;
+  u.configured_buffers = c.tiers.host.buffer_count;
+  u.configured_buffer_size = c.tiers.host.buffer_size;
+  u.buffers = std::min(u.configured_buffers, max_buffers);
+  u.buffer_size = u.configured_buffer_size;
   struct rlimit rl {};
-  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-    size = std::min<std::uint64_t>(size, rl.rlim_cur / 4);
-  size = std::max<std::uint64_t>(size / (1 << 20) * (1 << 20), 1 << 20);
-  return size;
+  const bool limited = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+  u.memlock_limit = limited ? rl.rlim_cur : ~0ULL;
+  if (limited && static_cast<std::uint64_t>(u.buffers) * u.buffer_size > u.memlock_limit / 4 * 3) {
+    u.buffer_size = std::min<std::uint64_t>(u.buffer_size, u.memlock_limit / 4);
+    u.buffer_size = std::max<std::uint64_t>(u.buffer_size / (1 << 20) * (1 << 20), 1 << 20);
+    u.buffers = std::min(u.buffers, max_cut_buffers);
+    u.reason = strcat("RLIMIT_MEMLOCK is ", format_bytes(u.memlock_limit, true),
+                      ": this process cannot page-lock the configured ", u.configured_buffers,
+                      " x ", format_bytes(u.configured_buffer_size, true),
+                      ", so the pool was cut to fit; raise the limit (ulimit -l, systemd "
+                      "LimitMEMLOCK=, docker --ulimit memlock=) to measure the configured pool");
+  } else if (u.buffers < u.configured_buffers) {
+    u.reason = strcat("the sample uses ", u.buffers, " of the configured ", u.configured_buffers,
+                      " buffers");
+  } else {
+    u.reason = "as configured";
+  }
+  return u;
 }
+
+namespace {
 
 // User + system CPU time of this process (every thread).
 double cpu_seconds() {
@@ -62,8 +87,10 @@ class Sample {
     e.offload.gradients = {Tier::kGpu, 1.0, false};
     e.offload.params = {Tier::kGpu, 1.0, false};
     e.tiers.nvme.paths = paths;
-    e.tiers.host.buffer_size = pool_buffer_size(c);
-    e.tiers.host.buffer_count = std::min<std::uint32_t>(c.tiers.host.buffer_count, 3);
+    // The pool is page-locked: within RLIMIT_MEMLOCK (reported with the reason).
+    pool_ = choose_pool(c, c.tiers.host.buffer_count, 3);
+    e.tiers.host.buffer_size = pool_.buffer_size;
+    e.tiers.host.buffer_count = pool_.buffers;
     e.tiers.host.pinned_budget = std::max<std::uint64_t>(
         e.tiers.host.pinned_budget, e.tiers.host.buffer_size * e.tiers.host.buffer_count);
     e.tiers.host.budget = std::max(e.tiers.host.budget, e.tiers.host.pinned_budget);
@@ -90,6 +117,7 @@ class Sample {
 
   std::uint64_t bytes_per_element() const { return 12; }  // FP32 master + two moments
   std::uint64_t state_bytes() const { return state_bytes_; }
+  const PoolUse& pool() const { return pool_; }
 
   // One engine step (the update loop's time, serial or pipelined).
   double step(bool pipelined) {
@@ -131,12 +159,14 @@ class Sample {
   std::vector<unsigned char> grads_;
   std::uint64_t state_bytes_ = 0, chunks_ = 0;
   double mixed_ = 0;
+  PoolUse pool_;
 };
 
 SampleRun summarize(const char* mode, std::vector<double> times, double predicted) {
   SampleRun r;
   r.mode = mode;
   r.measured_s = times;
+  r.repeats = static_cast<std::uint32_t>(times.size());
   r.measured_median_s = median(std::move(times));
   r.predicted_s = predicted;
   r.error = r.measured_median_s > 0 ? (predicted - r.measured_median_s) / r.measured_median_s : 0;
@@ -156,6 +186,7 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
       "loop (src/tier/stream_loop.cpp); legs measured alone through the same loop";
   Sample sample(c, paths, elements, sub_groups);
   s.nvme_bytes_per_element = sample.bytes_per_element();
+  s.pool = sample.pool();
   if (progress)
     progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements),
                     " elements (", format_bytes(sample.state_bytes(), true),

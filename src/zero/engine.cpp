@@ -26,7 +26,7 @@ Engine::Impl::Impl(const Config& c, Communicator& cm)
     fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
   // Refused here, before anything is built: a device the communicator cannot reach.
   (void)zero::resolve_device_kind(c, cm);
-  scaling = gdt != DType::kFp32;
+  scaling = c.precision.loss_scaling();  // fp16 gradients unless precision.loss_scale.enabled says
   scale = scaling ? c.precision.loss_scale.initial : 1.0;
   groups.push_back({c.optimizer.lr, c.optimizer.weight_decay});
   timeout = std::chrono::milliseconds(

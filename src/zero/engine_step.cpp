@@ -131,7 +131,7 @@ StepResult Engine::Impl::step() {
     const double clip = cfg.optimizer.grad_clip;
     res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
     st.last_grad_norm = res.grad_norm;
-    update(static_cast<float>(res.clip_coef / (scale * world)));
+    update(static_cast<float>(res.clip_coef / scale));  // after g / world (step_options)
     gather_params();
     ++st.applied_steps;
     res.applied = true;
@@ -213,7 +213,7 @@ void Engine::Impl::apply_loss_scale(bool finite, StepResult& res) {
 
 // The options of every Adam call of a step (the one place they are made).
 AdamStepOptions Engine::Impl::step_options(float grad_scale) const {
-  return AdamStepOptions{adam_step, grad_scale, false};
+  return AdamStepOptions{adam_step, grad_scale, false, static_cast<float>(world)};  // g / N, as torch
 }
 
 // Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -262,6 +263,50 @@ TEST(AdamCpu, NonFiniteGradientLeavesStateUntouched) {
         EXPECT_TRUE(opt.step(hp, t, {7, scale, false}).applied) << what;
         EXPECT_FALSE(std::isfinite(s.p[bad]) && std::isfinite(s.v[bad])) << what;
       }
+    }
+  }
+}
+
+// grad_divisor: every path computes (g / N) * scale per element, bit for bit against a scalar
+// reference written out here, for any length (vector bodies and tails) and every grad dtype; 1 is
+// no division; grad_stats divides the same way; a divisor <= 0, inf or NaN is refused.
+TEST(AdamCpu, GradDivisorDividesBeforeScaling) {
+  std::mt19937_64 rng(testing::test_seed("AdamCpu.GradDivisor"));
+  const AdamParams hp{OptimizerType::kAdamW, 1e-3, 0.0, 0.999, 1e-8, 0.0};  // beta1 0: m = g
+  for (AdamPath path : testing::supported_paths()) {
+    CpuAdam opt(2, path);
+    for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+      for (std::size_t n : {std::size_t(1), std::size_t(19), std::size_t(70001)}) {
+        for (float divisor : {1.0f, 2.0f, 3.0f, 7.0f}) {
+          RandomGrads g = random_grads(rng, n, gd, 0.3f);
+          std::vector<float> p(n, 0.5f), m(n, 0.0f), v(n, 0.0f);
+          AdamTensors t{p.data(), m.data(), v.data(), g.data(gd), gd, nullptr, DType::kBf16, n};
+          AdamStepOptions o{1, 0.25f, true};
+          o.grad_divisor = divisor;
+          ASSERT_TRUE(opt.step(hp, t, o).applied);
+          double ref_sq = 0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const float gs = divisor == 1.0f ? g.f32[i] * 0.25f : (g.f32[i] / divisor) * 0.25f;
+            const float want = gs + 0.0f;  // m = g * 1 + 0 * 0: a -0 gradient gives +0
+            ASSERT_EQ(testing::bits_of(m[i]), testing::bits_of(want))
+                << adam_path_name(path) << " " << testing::dt_name(gd) << " n=" << n << " N="
+                << divisor << " i=" << i;
+            ref_sq += double(gs) * double(gs);
+          }
+          const AdamGradStats st = opt.grad_stats(g.data(gd), gd, n, 0.25f, divisor);
+          EXPECT_TRUE(st.finite);
+          EXPECT_NEAR(st.sum_sq, ref_sq, 1e-5 * ref_sq + 1e-30);
+        }
+      }
+    }
+    std::vector<float> p(8, 0.5f), m(8, 0.0f), v(8, 0.0f), g(8, 1.0f);
+    AdamTensors t{p.data(), m.data(), v.data(), g.data(), DType::kFp32, nullptr, DType::kBf16, 8};
+    for (float bad : {0.0f, -2.0f, INFINITY, NAN}) {
+      AdamStepOptions o;
+      o.grad_divisor = bad;
+      EXPECT_THROW(opt.step(hp, t, o), Error) << bad;
+      EXPECT_THROW(opt.grad_stats(g.data(), DType::kFp32, 8, 1.0f, bad), Error) << bad;
+      EXPECT_EQ(p[0], 0.5f);
     }
   }
 }

@@ -63,10 +63,12 @@ TEST(AdamCuda, MatchesCpuKernelBitForBit) {
                                          : static_cast<void*>(dg.at<std::uint16_t>(off));
           CUDA_OK(cudaMemcpy(dgp, g.data(gd), gb, cudaMemcpyHostToDevice));
           AdamTensors tc{p.data(), m.data(), v.data(), g.data(gd), gd, copy.data(), cd, n};
-          ASSERT_TRUE(cpu.step(hp, tc, {step, 0.5f, false}).applied);
+          // grad_divisor 1..3 over the steps (ranks' average, uneven) on both kernels.
+          const AdamStepOptions o{step, 0.5f, false, static_cast<float>(1 + step % 3)};
+          ASSERT_TRUE(cpu.step(hp, tc, o).applied);
           AdamTensors td{dp.at<float>(off), dm.at<float>(off), dv.at<float>(off), dgp, gd,
                          dc.at<std::uint16_t>(off), cd, n};
-          adam_step_cuda(hp, td, {step, 0.5f, false}, stream, nullptr);
+          adam_step_cuda(hp, td, o, stream, nullptr);
         }
         CUDA_OK(cudaStreamSynchronize(stream));
         std::vector<float> gp(n), gm(n), gv(n);

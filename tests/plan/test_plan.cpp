@@ -162,10 +162,18 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_EQ(rec(80 * kGB).layout.describe(), "stage 1, no offload");  // 120 GB does not fit
   EXPECT_EQ(rec(120 * kGB).layout.describe(), "stage 0, no offload");
   EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");
+  // Stage 2 with the optimizer on the host (16.9 GB) comes before stage 3 (lowest stage first).
   Recommendation r = rec(20 * kGB);
-  EXPECT_EQ(r.layout.describe(), "stage 3, no offload");
-  EXPECT_NE(r.reason.find("stage 2, no offload) does not: gpu needs 28.12 GB"), std::string::npos)
+  EXPECT_EQ(r.layout.describe(), "stage 2, optimizer on cpu");
+  EXPECT_NE(r.reason.find("[stage 2, no offload: gpu needs 28.12 GB model state per rank > budget "
+                          "20 GB (over by 8.12 GB)]"),
+            std::string::npos)
       << r.reason;
+  EXPECT_NE(r.reason.find("[stage 0, no offload: gpu needs 120 GB"), std::string::npos) << r.reason;
+  EXPECT_EQ(r.ladder.size(), ladder_rungs().size());
+  EXPECT_FALSE(r.ladder[2].fits);
+  EXPECT_TRUE(r.ladder[3].fits);
+  EXPECT_EQ(rec(16 * kGB).layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");  // 15 GB
   EXPECT_EQ(rec(10 * kGB).layout.describe(), "stage 3, optimizer on cpu");
   // No room on the host for 90 GB of optimizer state per node: nvme, which needs paths.
   c.tiers.host.budget = 50 * kGB;
@@ -183,6 +191,75 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   r = rec(1 * kGB);
   EXPECT_FALSE(r.found);
   EXPECT_NE(r.reason.find("nothing fits"), std::string::npos);
+}
+
+// The ladder's order as documented: stages rise before offload is added within a stage, NVMe comes
+// after every host rung, stage 1 with offload is not a rung.
+TEST(Plan, LadderOrder) {
+  std::vector<std::string> names;
+  Config c = config(1'000'000ULL, 8, 2);
+  for (const auto& [stage, o] : ladder_rungs()) names.push_back(plan_layout(c, stage, o).describe());
+  const std::vector<std::string> want = {
+      "stage 0, no offload", "stage 1, no offload", "stage 2, no offload",
+      "stage 2, optimizer on cpu", "stage 2, optimizer on cpu, gradients on cpu",
+      "stage 3, no offload", "stage 3, optimizer on cpu", "stage 3, optimizer on cpu, gradients on cpu",
+      "stage 3, optimizer on cpu, gradients on cpu, params on cpu", "stage 2, optimizer on nvme",
+      "stage 2, optimizer on nvme, gradients on cpu", "stage 3, optimizer on nvme",
+      "stage 3, optimizer on nvme, gradients on cpu",
+      "stage 3, optimizer on nvme, gradients on cpu, params on cpu",
+      "stage 3, optimizer on nvme, gradients on nvme, params on nvme"};
+  EXPECT_EQ(names, want);
+}
+
+// The case: 13B parameters on 8 x 80 GB, sequence 4096, micro-batch 4 (40 layers, hidden
+// 5120, 40 heads). Stage 1 holds 71.5 GB of model state, + 22.98 GB of activations even with
+// checkpointing: it does not fit. Stage 2 (48.75 GB + 22.98 GB = 71.73 GB) fits with
+// checkpointing, and that is the recommendation (and the reason says why stage 1 fails).
+TEST(Plan, RecommendationCountsActivations13B) {
+  Config c = config(13'000'000'000ULL, 8, 1);
+  c.model.layers = 40;
+  c.model.hidden_size = 5120;
+  c.model.heads = 40;
+  c.model.sequence_length = 4096;
+  c.model.micro_batch = 4;
+  Plan p = make_plan(c);
+  EXPECT_TRUE(p.configured.fits());         // model state alone: 71.5 GB
+  EXPECT_FALSE(p.configured_fits());        // + activations
+  EXPECT_EQ(p.configured_rung.activations, 22'984'785'920ULL);  // 40*2*s*b*h + one layer
+  EXPECT_TRUE(p.configured_rung.checkpointing);
+  const Recommendation& r = p.recommendation;
+  ASSERT_TRUE(r.found);
+  EXPECT_EQ(r.layout.describe(), "stage 2, no offload");
+  EXPECT_TRUE(r.checkpointing);
+  EXPECT_NE(r.reason.find("with activation checkpointing"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("[stage 1, no offload: gpu needs 71.5 GB model state + 22.98 GB "
+                          "activations (with checkpointing) = 94.48 GB per rank > budget 80 GB"),
+            std::string::npos)
+      << r.reason;
+  EXPECT_EQ(r.ladder[2].gpu_total, 48'750'000'000ULL + 22'984'785'920ULL);
+  // Without the shape, activations are not counted and stage 1 is recommended (and says so).
+  c.model.layers = 0;
+  Recommendation q = recommend(c);
+  EXPECT_EQ(q.layout.describe(), "stage 1, no offload");
+  EXPECT_NE(q.reason.find("activations not counted"), std::string::npos) << q.reason;
+}
+
+// Stage 3's gathered largest layer counts on the gpu of every stage-3 rung.
+TEST(Plan, Stage3CountsTheGatheredLargestLayer) {
+  Config c = config(8'000'000'000ULL, 8, 3);
+  c.tiers.gpu.budget = 16 * kGB + 1;  // 16 GB of model state at stage 3
+  EXPECT_TRUE(make_plan(c).configured_fits());
+  c.model.largest_layer = 500'000'000;  // + 1 GB of fp16 parameters
+  Plan p = make_plan(c);
+  EXPECT_EQ(p.configured_rung.gathered, 1'000'000'000ULL);
+  EXPECT_FALSE(p.configured_fits());
+  EXPECT_NE(p.configured_rung.verdict.find("+ 1 GB gathered largest layer"), std::string::npos)
+      << p.configured_rung.verdict;
+  // Stage 3 without offload no longer fits; stage 2 with optimizer and gradients on the host
+  // (16 GB, no gather) comes first on the ladder anyway.
+  EXPECT_FALSE(p.recommendation.ladder[5].fits);
+  EXPECT_NE(p.recommendation.ladder[5].verdict.find("gathered largest layer"), std::string::npos);
+  EXPECT_EQ(p.recommendation.layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");
 }
 
 TEST(Plan, ActivationEstimate) {

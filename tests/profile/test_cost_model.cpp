@@ -166,72 +166,95 @@ TEST(CostModel, Sample) {
   EXPECT_NEAR(p.pipelined_s, 5.0 + 3 * 5.0, 1e-12);
 }
 
-TEST(ProfileRecommend, PicksTheLightestSettingNearTheBest) {
-  auto pt = [](const char* engine, const char* op, std::uint64_t bs, std::uint32_t qd,
-               std::uint32_t rings, double bps) {
-    IoPoint p;
-    p.path = "/d";
-    p.engine = engine;
-    p.op = op;
-    p.block_size = bs;
-    p.queue_depth = qd;
-    p.rings = rings;
-    p.bytes_per_second = bps;
-    return p;
-  };
+namespace {
+IoPoint io_pt(const char* engine, const char* op, std::uint64_t bs, std::uint32_t qd,
+              std::uint32_t rings, std::vector<double> runs) {
+  IoPoint p;
+  p.path = "/d";
+  p.engine = engine;
+  p.op = op;
+  p.block_size = bs;
+  p.queue_depth = qd;
+  p.rings = rings;
+  p.runs_bps = runs;
+  p.bytes_per_second = profile::median(runs);
+  return p;
+}
+NvmeTierConfig io_config(std::uint64_t bs, std::uint32_t qd, std::uint32_t rings) {
+  NvmeTierConfig n;
+  n.block_size = bs;
+  n.queue_depth = qd;
+  n.io_threads = rings;
+  return n;
+}
+}  // namespace
+
+// The documented rule: the configured setting stays when it is within the noise band of the best
+// (twice the median pass-to-pass spread, in [5%, 25%]); otherwise the lightest setting in the band.
+TEST(ProfileRecommend, KeepsTheConfiguredSettingWithinNoiseElseTheLightestNearTheBest) {
   const std::uint64_t M = 1 << 20;
   std::vector<IoPoint> pts = {
-      pt("io_uring", "read", M, 32, 1, 2000e6),  pt("io_uring", "write", M, 32, 1, 1000e6),
-      pt("io_uring", "read", 8 * M, 32, 2, 2050e6), pt("io_uring", "write", 8 * M, 32, 2, 1010e6),
-      pt("threads", "read", M, 8, 1, 1000e6),    pt("threads", "write", M, 8, 1, 500e6),
-      pt("io_uring", "read", M, 128, 1, 3000e6),  // no write: not a candidate
+      io_pt("io_uring", "read", M, 32, 1, {2000e6, 2100e6}), io_pt("io_uring", "write", M, 32, 1, {1000e6, 1040e6}),
+      io_pt("io_uring", "read", 8 * M, 32, 2, {2150e6, 2200e6}), io_pt("io_uring", "write", 8 * M, 32, 2, {1060e6, 1100e6}),
+      io_pt("threads", "read", M, 8, 1, {1000e6, 1010e6}), io_pt("threads", "write", M, 8, 1, {500e6, 505e6}),
+      io_pt("io_uring", "read", M, 128, 1, {3000e6, 3000e6}),  // no write: not a candidate
   };
-  auto rec = profile::recommend_io(pts);
+  // Configured 1 MiB qd 32 x1, 5 % below the best: within the band, kept.
+  auto rec = profile::recommend_io(pts, io_config(M, 32, 1), "io_uring");
   ASSERT_EQ(rec.size(), 1u);
-  // 8 MiB x 32 x 2 is 1 % better than 1 MiB x 32 x 1: noise; the lighter one wins.
+  EXPECT_TRUE(rec[0].configured_kept);
+  EXPECT_EQ(rec[0].block_size, M);
+  EXPECT_EQ(rec[0].rings, 1u);
+  EXPECT_GE(rec[0].noise, 0.05);
+  EXPECT_LE(rec[0].noise, 0.25);
+  EXPECT_NE(rec[0].reason.find("configured setting is within the noise band"), std::string::npos);
+  // Configured threads 1 MiB qd 8 (half the best): not kept; the lightest in the band is
+  // io_uring 1 MiB qd 32 x1 (8 MiB x 32 x 2 is better by less than the band).
+  rec = profile::recommend_io(pts, io_config(M, 8, 1), "threads");
+  EXPECT_FALSE(rec[0].configured_kept);
   EXPECT_EQ(rec[0].engine, "io_uring");
   EXPECT_EQ(rec[0].block_size, M);
   EXPECT_EQ(rec[0].queue_depth, 32u);
-  EXPECT_EQ(rec[0].rings, 1u);
-  // Much better: it wins.
-  pts.push_back(pt("threads", "read", 2 * M, 16, 1, 4000e6));
-  pts.push_back(pt("threads", "write", 2 * M, 16, 1, 2000e6));
-  rec = profile::recommend_io(pts);
+  // Stable: the same measurements with the recommendation configured keep it.
+  rec = profile::recommend_io(pts, io_config(rec[0].block_size, rec[0].queue_depth, rec[0].rings), "io_uring");
+  EXPECT_TRUE(rec[0].configured_kept);
+  // Much better than anything: it wins even over the configured one.
+  pts.push_back(io_pt("threads", "read", 2 * M, 16, 1, {4000e6, 4050e6}));
+  pts.push_back(io_pt("threads", "write", 2 * M, 16, 1, {2000e6, 2010e6}));
+  rec = profile::recommend_io(pts, io_config(M, 32, 1), "io_uring");
+  EXPECT_FALSE(rec[0].configured_kept);
   EXPECT_EQ(rec[0].engine, "threads");
   EXPECT_EQ(rec[0].block_size, 2 * M);
+  // A noisy sweep widens the band (capped at 25 %).
+  for (auto& p : pts) p.runs_bps = {p.runs_bps.front() * 0.5, p.runs_bps.front() * 1.5};
+  rec = profile::recommend_io(pts, io_config(M, 32, 1), "io_uring");
+  EXPECT_DOUBLE_EQ(rec[0].noise, 0.25);
 }
 
-TEST(ProfileRecommend, PlacementMeetsTheTargetWithTheLeastGpuMemory) {
+// The profile's placement is the plan's recommendation (one recommender), with each rung's
+// predicted overhead beside it.
+TEST(ProfileRecommend, PlacementIsThePlansRecommendation) {
   Config c = nvme_config();
   c.tiers.gpu.budget = 1'000'000'000;
   Bandwidths bw = synthetic();
   bw.h2d_bps = bw.d2h_bps = 1e12;
-  // A generous target: all of the optimizer state and the gradients leave the GPU (the least GPU
-  // memory); between cpu and nvme, which hold it with the same GPU memory, the faster (cpu).
-  auto rec = profile::recommend_placement(c, bw, 10.0, true);
-  ASSERT_TRUE(rec.found);
-  EXPECT_NE(rec.choice.offload.optimizer.tier, Tier::kGpu);
-  EXPECT_EQ(rec.choice.offload.optimizer.fraction, 1.0);
-  EXPECT_EQ(rec.choice.offload.gradients.tier, Tier::kCpu);
-  EXPECT_EQ(rec.choice.offload.optimizer.tier, Tier::kCpu);
-  for (const auto& o : rec.considered) {
-    if (o.fits) {
-      EXPECT_GE(o.gpu_bytes_per_rank, rec.choice.gpu_bytes_per_rank);
+  for (std::uint64_t gpu : {1'000'000'000ULL, 10'000'000ULL, 3'000'000ULL}) {
+    c.tiers.gpu.budget = gpu;
+    const Recommendation plan = recommend(c);
+    auto rec = profile::recommend_placement(c, bw, 10.0, true);
+    ASSERT_EQ(rec.found, plan.found) << gpu;
+    ASSERT_EQ(rec.considered.size(), plan.ladder.size());
+    if (plan.found) {
+      EXPECT_EQ(rec.choice.description, plan.layout.describe()) << gpu;
+    }
+    for (std::size_t i = 0; i < rec.considered.size(); ++i) {
+      EXPECT_EQ(rec.considered[i].fits, plan.ladder[i].fits);
+      EXPECT_EQ(rec.considered[i].verdict, plan.ladder[i].verdict);
     }
   }
-  // When the host cannot hold it, NVMe it is.
-  c.tiers.host.buffer_count = 1;
-  c.tiers.host.buffer_size = 1 << 20;
-  c.tiers.host.budget = (1 << 20) + 3'000'000;  // the pool + the gradients, not the state
-  rec = profile::recommend_placement(c, bw, 10.0, true);
+  // Above the target: said, with the faster rung that fits further down the ladder.
+  c.tiers.gpu.budget = 1'000'000'000;
+  auto rec = profile::recommend_placement(c, bw, 0.0, true);
   ASSERT_TRUE(rec.found);
-  EXPECT_EQ(rec.choice.offload.optimizer.tier, Tier::kNvme);
-  EXPECT_EQ(rec.choice.offload.optimizer.fraction, 1.0);
-  // A tight target: the NVMe-heavy choices are out; the pick still meets it.
-  rec = profile::recommend_placement(c, bw, 0.05, true);
-  ASSERT_TRUE(rec.found);
-  EXPECT_LE(rec.choice.overhead_pipelined_s, 0.05);
-  // Without NVMe paths no NVMe placement is considered.
-  rec = profile::recommend_placement(c, bw, 10.0, false);
-  for (const auto& o : rec.considered) EXPECT_NE(o.offload.optimizer.tier, Tier::kNvme);
+  EXPECT_EQ(rec.choice.description, recommend(c).layout.describe());
 }

@@ -8,8 +8,8 @@ r's micro-batch is rows [r*ROWS, (r+1)*ROWS). The reference runs forward + backw
 micro-batch in turn, sums the gradients in rank order, ((g0 + g1) + g2) + g3, divides the sum by
 the world size (DDP's average), and steps torch.optim.AdamW (foreach=False) with the same two
 parameter groups (weight decay 0.1 for matrices and embeddings, 0 for biases and norms) and the
-same LambdaLR warm-up. strata's host reductions add in the same rank order and scale by 1/N,
-which equals the division for N = 1, 2, 4 (a power of two: exact).
+same LambdaLR warm-up. strata's host reductions add in the same rank order and divide by N
+(AdamStepOptions::grad_divisor), as DDP does.
 
 `train` runs under a launcher (or alone) the cases named by --cases, each a fresh model and
 optimizer for --steps steps, and writes DIR/rank<R>.json; `check` reads those files and the
@@ -20,7 +20,8 @@ reference and fails (exit 1) on any difference. Cases:
                       and optimizer at stage 3 (1 if S is 3) load_checkpoint and run the other
                       15: bitwise equal
   sdict<S>            the same through state_dict() / load_state_dict()
-  bf16<S>             stage S, bf16 parameters and gradients, dynamic loss scaling (initial 1024,
+  bf16<S>             stage S, bf16 parameters and gradients, dynamic loss scaling switched on
+                      (precision.loss_scale.enabled: true; bf16 is not scaled by default) (initial 1024,
                       growth every 10 steps); at step 25 the last rank's loss is made inf: every
                       rank must skip that step and back the loss scale off alike. Checked two ways:
                       (a) bitwise against the mixed-precision reference below; (b) its loss curve
@@ -191,7 +192,8 @@ def case_config(case, tmp):
                         "nvme": {"paths": [tmp], "block_size": "64KiB"}}
     if case.startswith("bf16"):
         cfg["precision"] = {"params": "bf16", "grads": "bf16",
-                            "loss_scale": {"initial": LOSS_SCALE, "growth_interval": GROWTH_INTERVAL}}
+                            "loss_scale": {"enabled": True, "initial": LOSS_SCALE,
+                                           "growth_interval": GROWTH_INTERVAL}}
     return cfg
 
 

@@ -100,11 +100,12 @@ inline std::vector<std::vector<float>> train_rank(Communicator& comm, const Engi
 }
 
 // The unsharded single-rank reference: per tensor, CpuAdam on the rank-ordered sum (rounded to the
-// gradient dtype, as the collective does) with grad_scale = 1 / (loss_scale * world).
+// gradient dtype, as the collective does) divided by world (grad_divisor), then times
+// grad_scale = 1 / loss_scale.
 inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int world,
                                                         std::uint64_t seed) {
   Config cfg = engine_config(c);
-  const double scale = c.grads == DType::kFp32 ? 1.0 : cfg.precision.loss_scale.initial;
+  const double scale = cfg.precision.loss_scaling() ? cfg.precision.loss_scale.initial : 1.0;
   CpuAdam adam(1);
   const AdamParams hp = AdamParams::from_config(cfg.optimizer);
   std::vector<std::vector<float>> master, m, v, out;
@@ -123,7 +124,8 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
       std::vector<unsigned char> copy(c.sizes[t] * pes);
       AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(), c.grads,
                      copy.data(), c.params, c.sizes[t]};
-      adam.step(hp, at, AdamStepOptions{s + 1, static_cast<float>(1.0 / (scale * world)), false});
+      adam.step(hp, at, AdamStepOptions{s + 1, static_cast<float>(1.0 / scale), false,
+                                        static_cast<float>(world)});
       for (std::size_t i = 0; i < c.sizes[t]; ++i) out[t][i] = comm::load_elem(copy.data(), i, c.params);
     }
   }

@@ -177,7 +177,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
 // The unsharded reference.
 inline std::vector<std::vector<float>> reference(const Placement& p, int* skipped) {
   const Config cfg = placement_config(p, "");
-  const bool scaling = p.gdt != DType::kFp32;
+  const bool scaling = cfg.precision.loss_scaling();  // fp16 only, unless configured
   double scale = scaling ? cfg.precision.loss_scale.initial : 1.0;
   CpuAdam adam(1);
   const AdamParams hp = AdamParams::from_config(cfg.optimizer);
@@ -194,13 +194,14 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
   for (int s = 0; s < kSteps; ++s) {
     std::vector<std::vector<unsigned char>> sums;
     bool finite = true;
-    const float inv = static_cast<float>(1.0 / (scale * p.world));
+    // torch's averaging: the sum divided by N, then unscaled (AdamStepOptions::grad_divisor).
+    const float inv = static_cast<float>(1.0 / scale);
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       std::vector<std::vector<unsigned char>> per_rank;
       for (int r = 0; r < p.world; ++r) per_rank.push_back(gradient(r, p.world, s, t, p.gdt));
       sums.push_back(reference_sum(per_rank, 0, kSizes[t], p.gdt));
       for (std::size_t i = 0; i < kSizes[t]; ++i)
-        finite = finite && std::isfinite(load_elem(sums[t].data(), i, p.gdt) * inv);
+        finite = finite && std::isfinite((load_elem(sums[t].data(), i, p.gdt) / p.world) * inv);
     }
     if (!finite) {
       ++*skipped;
@@ -213,7 +214,7 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sums[t].data(), p.gdt,
                      copy[t].data(),   p.pdt,       kSizes[t]};
-      adam.step(hp, at, AdamStepOptions{step, inv, false});
+      adam.step(hp, at, AdamStepOptions{step, inv, false, static_cast<float>(p.world)});
     }
   }
   std::vector<std::vector<float>> out;

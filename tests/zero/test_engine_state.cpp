@@ -48,7 +48,7 @@ std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world
       hp.weight_decay = g == 0 ? cfg.optimizer.weight_decay : kGroup1Decay;
       AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(), c.grads,
                      nullptr, DType::kFp32, c.sizes[t]};
-      adam.step(hp, at, AdamStepOptions{s + 1, static_cast<float>(1.0 / world), false});
+      adam.step(hp, at, AdamStepOptions{s + 1, 1.0f, false, static_cast<float>(world)});
     }
   if (m_out) *m_out = m;
   return master;

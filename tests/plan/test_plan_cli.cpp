@@ -1,0 +1,94 @@
+// `strata plan` as a launch script uses it: --check exits 3 when the configured layout does not
+// fit (0 when it does), the ladder table and its JSON, and a clear error without
+// model.parameters.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace {
+
+struct CliRun {
+  int rc;
+  std::string out, err;
+};
+
+CliRun plan(const std::string& args, const strata::testing::TempDir& dir) {
+  CliRun r;
+  const std::string err = dir.str() + "/err.txt";
+  r.rc = strata::testing::run_command(
+      "(" + strata::testing::binary_dir() + "/strata plan " + args + " 2>" + err + ")", &r.out);
+  std::ifstream in(err);
+  r.err.assign(std::istreambuf_iterator<char>(in), {});
+  return r;
+}
+
+std::string write(const strata::testing::TempDir& dir, const std::string& name,
+                  const std::string& text) {
+  const std::string path = dir.str() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// The 13B case on 8 x 80 GB, sequence 4096, micro-batch 4.
+const char* k13B =
+    "model: {parameters: 13B, layers: 40, hidden_size: 5120, heads: 40, sequence_length: 4096, "
+    "micro_batch: 4}\nworld: {ranks: 8}\ntiers: {gpu: {budget: 80GB}}\n";
+
+}  // namespace
+
+TEST(PlanCli, CheckExitsThreeWhenTheLayoutDoesNotFit) {
+  strata::testing::TempDir dir;
+  const std::string cfg = write(dir, "13b.yaml", k13B);
+  CliRun r = plan(cfg + " --check --set zero.stage=1", dir);
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.out.find("Verdict: DOES NOT FIT"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("does not fit: gpu needs 71.5 GB model state + 22.98 GB activations"),
+            std::string::npos)
+      << r.err;
+  r = plan(cfg + " --check --set zero.stage=2", dir);
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("Verdict: fits with activation checkpointing"), std::string::npos) << r.out;
+  // Without --check the report exits 0 either way; --json keeps its one document with --check.
+  EXPECT_EQ(plan(cfg + " --set zero.stage=1", dir).rc, 0);
+  r = plan(cfg + " --json --check --set zero.stage=1", dir);
+  EXPECT_EQ(r.rc, 3);
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["configured_fits"].get<bool>());
+}
+
+TEST(PlanCli, LadderTableAndRecommendation13B) {
+  strata::testing::TempDir dir;
+  const std::string cfg = write(dir, "13b.yaml", k13B);
+  CliRun r = plan(cfg, dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.out.find("Recommendation: stage 2, no offload, with activation checkpointing"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Every stage x offload rung"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("> stage 2, no offload"), std::string::npos) << r.out;
+  r = plan(cfg + " --json", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ladder"].size(), 15u);
+  EXPECT_EQ(j["ladder"][1]["description"], "stage 1, no offload");
+  EXPECT_FALSE(j["ladder"][1]["fits"].get<bool>());
+  EXPECT_EQ(j["ladder"][1]["activations_per_rank_bytes"].get<std::uint64_t>(), 22'984'785'920ULL);
+  EXPECT_TRUE(j["ladder"][2]["fits"].get<bool>());
+  EXPECT_EQ(j["ladder"][2]["host_per_node_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(), 8 * 19'500'000'000ULL);
+  EXPECT_EQ(j["recommendation"]["layout"]["description"], "stage 2, no offload");
+  EXPECT_TRUE(j["recommendation"]["activation_checkpointing"].get<bool>());
+}
+
+// model.parameters is optional in the config (the engine and `strata train` size themselves), but
+// a plan needs it: exit 2 with the key named, nothing on stdout.
+TEST(PlanCli, PlanWithoutModelParametersIsBadInput) {
+  strata::testing::TempDir dir;
+  CliRun r = plan(write(dir, "c.yaml", "world: {ranks: 8}\n"), dir);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("model.parameters"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty()) << r.out;
+}
