@@ -1,8 +1,13 @@
 // Helper process for the SIGKILL-during-save test: one rank, optimizer state half on NVMe; trains
-// one step, then saves a checkpoint, forever, printing "saving K" before and "saved K" after each
-// save (K = steps done). Usage: zero_ckpt_helper CHECKPOINT_DIR SWAP_DIR
+// one step, then saves a checkpoint, printing "saving K" before and "saved K" after each save
+// (K = steps done), for K = 1..LAST; then it waits (at most 120 s) to be killed, so that a kill
+// sent late (the test process descheduled on a loaded machine) still finds the checkpoint of step
+// LAST - 1 or LAST, never a later one. Usage: zero_ckpt_helper CHECKPOINT_DIR SWAP_DIR LAST
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <thread>
 
 #include "ckpt_model.hpp"
 #include "strata/communicator.hpp"
@@ -10,8 +15,9 @@
 int main(int argc, char** argv) {
   using namespace strata;
   using namespace strata::testing;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: %s CHECKPOINT_DIR SWAP_DIR\n", argv[0]);
+  const int last = argc == 4 ? std::atoi(argv[3]) : 0;
+  if (argc != 4 || last < 1) {
+    std::fprintf(stderr, "usage: %s CHECKPOINT_DIR SWAP_DIR LAST\n", argv[0]);
     return 2;
   }
   try {
@@ -19,7 +25,7 @@ int main(int argc, char** argv) {
     auto comms = make_inprocess_communicators(1, 30.0);
     Engine e(ckpt_config(1, 0.5, argv[2]), *comms[0]);
     ckpt_register(e, sizes);
-    for (int k = 1; k < 1000; ++k) {
+    for (int k = 1; k <= last; ++k) {
       ckpt_step(e, sizes, 0, k - 1);
       std::printf("saving %d\n", k);
       std::fflush(stdout);
@@ -27,6 +33,9 @@ int main(int argc, char** argv) {
       std::printf("saved %d\n", k);
       std::fflush(stdout);
     }
+    std::this_thread::sleep_for(std::chrono::seconds(120));  // the test kills it before
+    std::fprintf(stderr, "helper: not killed within 120 s of its last save\n");
+    return 3;
   } catch (const std::exception& ex) {
     std::fprintf(stderr, "helper: %s\n", ex.what());
     return 1;
