@@ -51,8 +51,12 @@ Plan make_plan(const Config& c) {
               ") makes it fit; a higher ZeRO stage does not shrink activations";
     else
       note += "even with activation checkpointing (" + format_bytes(a.with_checkpointing) +
-              ") it does not fit: reduce model.micro_batch or the sequence length; a higher "
-              "ZeRO stage does not shrink activations";
+              ") this layout does not fit: " +
+              (p.recommendation.found
+                   ? "a layout that keeps less on the gpu makes room for them (the "
+                     "recommendation: " + p.recommendation.layout.describe() + ")"
+                   : std::string("no rung of the ladder makes room for them")) +
+              ", or reduce model.micro_batch or the sequence length";
     p.notes.push_back(note);
   }
   if (!p.configured_fits())
