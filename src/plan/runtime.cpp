@@ -44,17 +44,17 @@ std::uint64_t chunk_capacity(std::uint64_t buf, std::uint64_t gb, std::uint64_t 
   std::uint64_t lo = 0, hi = buf;
   while (lo < hi) {
     const std::uint64_t mid = lo + (hi - lo + 1) / 2;
-    if (fits(mid)) lo = mid;
-    else hi = mid - 1;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo >= 1024 ? lo / 1024 * 1024 : lo >= 64 ? lo / 64 * 64 : lo;
 }
 
 }  // namespace
 
-std::uint64_t PoolPlan::bytes() const {
-  return used ? sat_mul(buffers, buffer_size) : 0;
-}
+std::uint64_t PoolPlan::bytes() const { return used ? sat_mul(buffers, buffer_size) : 0; }
 
 // The engine's chunk grid over the rank's optimizer range (sub-groups of zero.sub_group_size, cut
 // where a placement's share ends and at what one buffer stages) decides how many buffers the pool
@@ -76,7 +76,8 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
   }
   p.used = true;
   p.why = off ? "state off the gpu is staged through it"
-              : std::string("the device is a GPU (runtime.device ") + device_name(c.runtime.device) +
+              : std::string("the device is a GPU (runtime.device ") +
+                    device_name(c.runtime.device) +
                     "): copies between device and host are staged through it";
   const std::uint64_t gb = dtype_size(c.precision.grads), pb = dtype_size(c.precision.params);
   const std::uint64_t buf = c.tiers.host.buffer_size;
