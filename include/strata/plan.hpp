@@ -1,13 +1,17 @@
 // The planner: what a configuration puts in each tier, what crosses each link per optimizer step,
 // and whether it fits the tier budgets. A pure function of a Config (no I/O, no devices).
 //
-// Model state only: activations are estimated separately (when the model shape is given);
-// temporarily gathered stage-3 parameters, allocator overhead and runtime buffers are not
-// counted (Plan::assumptions says so in words). Formulas: docs/config.md "The plan".
+// Per rank it counts what the engine's TierStore holds (src/zero/engine_layout.cpp): the model
+// state in each tier, the pinned staging pool in host memory, and the engine's runtime buffers in
+// device memory (gradient buckets and their receive buffers, stage-3 gathered tensors and send
+// slices, the norm exchange, collective staging), each with the formula the engine allocates by.
+// Activations are estimated separately (when the model shape is given). Not counted: the CUDA
+// context, NCCL's own buffers, allocator overhead (Plan::assumptions says so in words). Formulas:
+// docs/config.md "The plan"; tests/zero/test_plan_agreement.cpp checks them against the engine.
 //
 // Thread-safety: make_plan() is reentrant; Plan is a plain value.
 // Failure: make_plan() expects a validated Config (load_config/parse_config); it does not throw
-// for any Config those accept.
+// for any Config those accept. Figures beyond 2^64 bytes saturate and never fit.
 #pragma once
 
 #include <array>
@@ -21,9 +25,9 @@
 namespace strata {
 
 // Bytes of model state per parameter, from the dtypes. The optimizer state is an FP32 master copy
-// (4 B, omitted when precision.params is fp32: the parameters are then the master) plus Adam's two
-// FP32 moments (2 x 4 B). fp16/fp16: 2 + 2 + 12 = 16; bf16/fp32: 2 + 4 + 12 = 18; fp32/fp32:
-// 4 + 4 + 8 = 16.
+// (4 B — kept whatever precision.params is: the engine's working parameters and its master are two
+// arrays, fp32 ones included, as in DeepSpeed) plus Adam's two FP32 moments (2 x 4 B).
+// fp16/fp16: 2 + 2 + 12 = 16; bf16/fp32: 2 + 4 + 12 = 18; fp32/fp32: 4 + 4 + 12 = 20.
 struct BytesPerParam {
   std::uint64_t params = 0;
   std::uint64_t grads = 0;
@@ -48,8 +52,8 @@ struct TierBytes {
   std::uint64_t pinned_host = 0;
   std::uint64_t pageable_host = 0;
   std::uint64_t nvme = 0;
-  std::uint64_t host() const { return pinned_host + pageable_host; }
-  std::uint64_t total() const { return gpu + host() + nvme; }
+  std::uint64_t host() const;   // saturating (figures beyond 2^64 bytes never fit)
+  std::uint64_t total() const;
   TierBytes& operator+=(const TierBytes& o);
 };
 
@@ -84,17 +88,58 @@ struct TierVerdict {
   std::uint64_t overflow() const { return fits() ? 0 : used - budget; }
 };
 
+// The engine's pinned staging pool per rank (host memory, page-locked, in the TierStore's host
+// usage): it exists when any state is off the gpu or the device is a GPU (runtime.device cuda or
+// auto: the plan is for a machine with GPUs); `buffers` = min(buffer_count, chunks of the rank's
+// optimizer range), each tiers.host.buffer_size, unless the whole range is smaller than one
+// chunk (then sized to the largest chunk's staging need). docs/config.md "Pinned pool".
+struct PoolPlan {
+  bool used = false;
+  std::uint32_t buffers = 0;
+  std::uint64_t buffer_size = 0;
+  std::string why;  // "state off the gpu", "the device is a GPU (runtime.device auto)", or why not
+  std::uint64_t largest_host_chunk = 0;  // elements of the largest chunk updated on the host
+  std::uint64_t bytes() const;
+};
+PoolPlan plan_pool(const Config& config, int stage, const OffloadConfig& offload);
+
+// The engine's runtime buffers in device memory per rank (rt.* in the TierStore), at their peak
+// (docs/config.md "Runtime buffers"). B = zero.reduce_bucket_size elements, L = the elements of
+// one gather call (model.largest_layer, else estimated from hidden_size as one transformer block,
+// 12h^2 + 13h; 0 when neither is given), P = the rank's partition (ceil(parameters / ranks)
+// rounded up to 64), F = ranks x P.
+struct RuntimeBuffers {
+  std::uint64_t bucket_count = 0;   // stages 2-3: min(ceil(F / B), 5; 4 when model.largest_layer < B)
+  std::uint64_t buckets = 0;        // bucket_count x B x grad bytes (rt.bucket.<n>)
+  std::uint64_t receive_count = 0;  // stages 2-3: min(ceil(F / B), 2): the buckets in flight
+  std::uint64_t receive = 0;        // receive_count x min(B, P) x grad bytes (rt.recv.<n>)
+  std::uint64_t layer = 0;          // L
+  bool layer_estimated = false;     // L from hidden_size, not model.largest_layer
+  std::uint64_t gathered = 0;       // stage 3: 2 x L x param bytes (the call + the prefetched next)
+  std::uint64_t send = 0;           // stage 3: 2 x min(L, P) x param bytes (their own slices)
+  std::uint64_t norm = 0;           // 16 x (ranks + 1) (rt.norm)
+  std::uint64_t staging = 0;        // ranks > 1: finalize()'s broadcast staging (rt.xfer),
+                                    // min(F, 2^24) x 4
+  std::uint64_t adam_scratch = 0;   // optimizer.update device with state off the gpu: the
+                                    // device update's copy of the largest host chunk C,
+                                    // 3 x pad(4C) + pad(C x grad) + pad(C x param), pad = 256 B
+  std::uint64_t step() const;       // buckets + receive + gathered + send + norm + adam_scratch
+  std::uint64_t total() const;      // step() + staging: what the plan counts on the gpu
+};
+RuntimeBuffers runtime_buffers(const Config& config, int stage, const OffloadConfig& offload);
+
 // A stage + offload choice worked out in full.
 struct Layout {
   int stage = 0;
   OffloadConfig offload;
   StageFootprint footprint;
   StateBytes on_gpu, on_host, on_nvme;  // per rank, by kind of state
-  std::uint64_t swap_pool = 0;          // pinned swap buffers per rank (only when nvme is used)
-  TierBytes per_rank;                   // state + swap pool
+  PoolPlan pool;                        // the pinned staging pool (in pinned_host)
+  RuntimeBuffers runtime;               // the engine's runtime buffers (in gpu)
+  TierBytes per_rank;                   // state + pool (pinned host) + runtime buffers (gpu)
   TierBytes per_node;                   // per_rank x ranks on the fullest node
   LinkTraffic traffic;                  // per rank per optimizer step
-  std::vector<TierVerdict> verdicts;    // gpu, host, pinned_host, nvme
+  std::vector<TierVerdict> verdicts;    // gpu, host, pinned_host, nvme (of per_rank / per_node)
   bool fits() const;
   std::string describe() const;  // "stage 2, optimizer on cpu"
 };
@@ -108,21 +153,22 @@ struct ActivationEstimate {
   std::uint64_t per_layer = 0;
   std::uint64_t without_checkpointing = 0;
   std::uint64_t with_checkpointing = 0;
-  bool fits_without_checkpointing = false;  // with the configured layout's gpu model state
+  // With `gpu_bytes` (the layout's gpu figure: model state + runtime buffers) within
+  // tiers.gpu.budget.
+  bool fits_without_checkpointing = false;
   bool fits_with_checkpointing = false;
 };
-ActivationEstimate estimate_activations(const Config& config, std::uint64_t gpu_model_state);
+ActivationEstimate estimate_activations(const Config& config, std::uint64_t gpu_bytes);
 
-// One rung of the recommendation ladder: a stage + offload choice, its model state (the Layout)
-// and what the GPU must also hold: activations (when the model shape is given; with full
-// activation checkpointing when that is what it takes to fit) and, at stage 3, the largest
-// layer's gathered parameters (model.largest_layer x param bytes, when given).
+// One rung of the recommendation ladder: a stage + offload choice, what the engine holds for it
+// (the Layout: model state, pool, runtime buffers — stage-3 gathered layers among them) and what
+// the GPU must also hold: activations (when the model shape is given; with full activation
+// checkpointing when that is what it takes to fit).
 struct Rung {
   Layout layout;
   std::uint64_t activations = 0;      // per rank, as counted (0 without a model shape)
   bool checkpointing = false;         // activations counted with full checkpointing
-  std::uint64_t gathered = 0;         // stage 3: largest layer's parameters on the gpu
-  std::uint64_t gpu_total = 0;        // layout.per_rank.gpu + activations + gathered
+  std::uint64_t gpu_total = 0;        // layout.per_rank.gpu (state + runtime) + activations
   bool fits = false;                  // every budget, the gpu one with gpu_total
   std::string verdict;                // "fits" or which budget overflows, by how much
 };
@@ -157,10 +203,9 @@ struct Plan {
   std::array<StageFootprint, 4> stages;  // stages 0-3 side by side, nothing offloaded
   Layout configured;                     // the configured stage and offload
   ActivationEstimate activations;
-  // The configured layout fits: model state within every budget and, when the model shape is
-  // given, model state + activations on the gpu (with checkpointing if needed); stage 3 adds the
-  // largest layer's gathered parameters when model.largest_layer is given. `strata plan --check`
-  // exits 3 when false.
+  // The configured layout fits: model state, pool and runtime buffers within every budget and,
+  // when the model shape is given, + activations on the gpu (with checkpointing if needed).
+  // `strata plan --check` exits 3 when false.
   Rung configured_rung;
   bool configured_fits() const { return configured_rung.fits; }
   Recommendation recommendation;

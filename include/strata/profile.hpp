@@ -253,7 +253,7 @@ struct PlacementOption {
   bool fits = false;
   std::string verdict;  // the plan's verdict for this rung (why it does not fit)
   bool checkpointing = false;
-  std::uint64_t gpu_bytes_per_rank = 0;
+  std::uint64_t gpu_bytes_per_rank = 0;  // the plan's gpu figure: model state + runtime buffers
   double overhead_pipelined_s = 0;
   double step_pipelined_s = 0;
 };

@@ -35,6 +35,30 @@ json target_json(const strata::OffloadTarget& t) {
   return {{"tier", strata::tier_name(t.tier)}, {"fraction", t.fraction}, {"pin_memory", t.pin_memory}};
 }
 
+json pool_json(const strata::PoolPlan& p) {
+  return {{"used", p.used},
+          {"buffers", p.buffers},
+          {"buffer_size_bytes", p.buffer_size},
+          {"bytes", p.bytes()},
+          {"why", p.why}};
+}
+
+json runtime_json(const strata::RuntimeBuffers& r) {
+  return {{"buckets", r.buckets},
+          {"bucket_count", r.bucket_count},
+          {"receive", r.receive},
+          {"receive_count", r.receive_count},
+          {"gathered", r.gathered},
+          {"send", r.send},
+          {"layer_elements", r.layer},
+          {"layer_estimated", r.layer_estimated},
+          {"norm", r.norm},
+          {"staging", r.staging},
+          {"adam_scratch", r.adam_scratch},
+          {"step", r.step()},
+          {"total", r.total()}};
+}
+
 json layout_json(const strata::Layout& l) {
   json j;
   j["stage"] = l.stage;
@@ -46,7 +70,8 @@ json layout_json(const strata::Layout& l) {
   j["by_kind_per_rank_bytes"] = {{"gpu", state_json(l.on_gpu)},
                                  {"host", state_json(l.on_host)},
                                  {"nvme", state_json(l.on_nvme)}};
-  j["swap_pool_per_rank_bytes"] = l.swap_pool;
+  j["pinned_pool_per_rank"] = pool_json(l.pool);
+  j["runtime_buffers_per_rank_bytes"] = runtime_json(l.runtime);
   j["per_rank_bytes"] = tiers_json(l.per_rank);
   j["per_node_bytes"] = tiers_json(l.per_node);
   j["traffic_per_rank_per_step_bytes"] = {{"nvme_read", l.traffic.nvme_read},
@@ -71,10 +96,11 @@ json rung_json(const strata::Rung& r) {
           {"offload", {{"optimizer", target_json(r.layout.offload.optimizer)},
                        {"gradients", target_json(r.layout.offload.gradients)},
                        {"params", target_json(r.layout.offload.params)}}},
-          {"gpu_model_state_per_rank_bytes", r.layout.per_rank.gpu},
+          {"gpu_model_state_per_rank_bytes", r.layout.on_gpu.total()},
+          {"runtime_buffers_per_rank_bytes", r.layout.runtime.total()},
+          {"gathered_per_rank_bytes", r.layout.runtime.gathered + r.layout.runtime.send},
           {"activations_per_rank_bytes", r.activations},
           {"activation_checkpointing", r.checkpointing},
-          {"gathered_per_rank_bytes", r.gathered},
           {"gpu_per_rank_bytes", r.gpu_total},
           {"host_per_node_bytes", r.layout.per_node.host()},
           {"pinned_host_per_node_bytes", r.layout.per_node.pinned_host},
@@ -155,20 +181,38 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
 
   const auto& l = p.configured;
   o << "\nConfigured: " << l.describe() << "\n"
-    << "  " << cell("tier", 16) << rcell("per rank", 12) << rcell("per node", 12) << "\n";
+    << "  " << cell("tier", 20) << rcell("per rank", 12) << rcell("per node", 12) << "\n";
   auto row = [&](const char* name, std::uint64_t r, std::uint64_t n) {
-    o << "  " << cell(name, 16) << rcell(format_bytes(r), 12) << rcell(format_bytes(n), 12) << "\n";
+    o << "  " << cell(name, 20) << rcell(format_bytes(r), 12) << rcell(format_bytes(n), 12) << "\n";
   };
   row("gpu", l.per_rank.gpu, l.per_node.gpu);
+  row("  model state", l.on_gpu.total(), l.on_gpu.total() * p.ranks_per_node);
+  row("  runtime buffers", l.runtime.total(), l.runtime.total() * p.ranks_per_node);
   row("pinned host", l.per_rank.pinned_host, l.per_node.pinned_host);
   row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
   row("nvme", l.per_rank.nvme, l.per_node.nvme);
-  o << "  pinned swap-buffer pool: "
-    << (l.swap_pool ? format_bytes(l.swap_pool) + " per rank (" +
-                          std::to_string(c.tiers.host.buffer_count) + " x " +
-                          format_bytes(c.tiers.host.buffer_size, true) + "), in pinned host"
-                    : std::string("none (nothing on nvme)"))
+  o << "  pinned staging pool: "
+    << (l.pool.used ? format_bytes(l.pool.bytes()) + " per rank (" +
+                          std::to_string(l.pool.buffers) + " x " +
+                          format_bytes(l.pool.buffer_size, true) + "), in pinned host: " + l.pool.why
+                    : l.pool.why)
     << "\n";
+  const auto& rt = l.runtime;
+  o << "  gpu runtime buffers per rank: " << format_bytes(rt.total()) << "\n";
+  auto part = [&](const std::string& name, std::uint64_t v, const std::string& how) {
+    if (v) o << "    " << cell(name, 12) << rcell(format_bytes(v), 12) << "  " << how << "\n";
+  };
+  part("buckets", rt.buckets,
+       std::to_string(rt.bucket_count) + " x zero.reduce_bucket_size (" +
+           strata::format_count(c.zero.reduce_bucket_size) + ") gradients");
+  part("receive", rt.receive, std::to_string(rt.receive_count) + " in flight");
+  part("gathered", rt.gathered,
+       "2 x a layer of " + strata::format_count(rt.layer) +
+           (rt.layer_estimated ? " (estimated from hidden_size)" : "") + " parameters, prefetched");
+  part("send", rt.send, "the rank's slices of those layers");
+  part("norm", rt.norm, "norm and overflow exchange");
+  part("staging", rt.staging, "collective staging of the initial values (finalize)");
+  part("adam scratch", rt.adam_scratch, "optimizer.update device: one host chunk's copy");
 
   o << "\nBytes per optimizer step, per rank:\n";
   auto link = [&](const char* name, std::uint64_t v) {
@@ -196,28 +240,34 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
     const auto& a = p.activations;
     o << "\nActivations per rank (Korthikanti et al., 16-bit):\n"
       << "  without checkpointing: " << format_bytes(a.without_checkpointing)
-      << (a.fits_without_checkpointing ? " (fits with model state)" : " (does not fit with model state)")
+      << (a.fits_without_checkpointing ? " (fits with the gpu figure above)"
+                                       : " (does not fit with the gpu figure above)")
       << "\n  with checkpointing:    " << format_bytes(a.with_checkpointing)
-      << (a.fits_with_checkpointing ? " (fits with model state)" : " (does not fit with model state)")
+      << (a.fits_with_checkpointing ? " (fits with the gpu figure above)"
+                                    : " (does not fit with the gpu figure above)")
       << "\n";
   }
 
   o << "\nEvery stage x offload rung, in the recommender's order (lowest stage, then least "
        "offload; NVMe last):\n"
-    << "  " << cell("rung", 62) << rcell("gpu/rank", 11) << rcell("+activ.", 11)
-    << rcell("host/node", 11) << rcell("nvme/node", 11) << "  verdict\n";
+    << "  " << cell("rung", 62) << rcell("state", 10) << rcell("runtime", 10)
+    << rcell("+activ.", 11) << rcell("gpu/rank", 11) << rcell("host/node", 11)
+    << rcell("nvme/node", 11) << "  verdict\n";
   for (const auto& r : p.recommendation.ladder) {
     const bool chosen = p.recommendation.found && r.fits &&
                         r.layout.describe() == p.recommendation.layout.describe();
     std::string act = r.activations ? format_bytes(r.activations) + (r.checkpointing ? "*" : "")
                                     : std::string("-");
     o << (chosen ? "> " : "  ") << cell(r.layout.describe(), 62)
-      << rcell(format_bytes(r.layout.per_rank.gpu), 11) << rcell(act, 11)
+      << rcell(format_bytes(r.layout.on_gpu.total()), 10)
+      << rcell(format_bytes(r.layout.runtime.total()), 10) << rcell(act, 11)
+      << rcell(format_bytes(r.gpu_total), 11)
       << rcell(format_bytes(r.layout.per_node.host()), 11)
       << rcell(format_bytes(r.layout.per_node.nvme), 11) << "  " << r.verdict << "\n";
   }
-  if (p.activations.available)
-    o << "  (* activations with full activation checkpointing; gpu/rank is model state only)\n";
+  o << "  (state: gpu model state; runtime: the engine's gpu buffers; gpu/rank: both + "
+       "activations"
+    << (p.activations.available ? "; * with full activation checkpointing" : "") << ")\n";
 
   o << "\nRecommendation: "
     << (p.recommendation.found ? p.recommendation.layout.describe() +
@@ -253,7 +303,7 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_flag("--json", opts->json, "Print one JSON document (sizes in bytes)");
        cmd.add_flag("--check", opts->check,
                     "Exit with status 3 when the configured layout does not fit (model state, "
-                    "and activations when the model shape is given)");
+                    "pinned pool, runtime buffers, and activations when the model shape is given)");
        return [opts]() -> int {
          strata::Config c = strata::load_config(opts->config, opts->overrides);
          if (c.model.parameters == 0)

@@ -5,7 +5,7 @@
 
 namespace strata {
 
-ActivationEstimate estimate_activations(const Config& c, std::uint64_t gpu_model_state) {
+ActivationEstimate estimate_activations(const Config& c, std::uint64_t gpu_bytes) {
   ActivationEstimate a;
   if (!c.model.has_shape()) return a;
   a.available = true;
@@ -17,8 +17,8 @@ ActivationEstimate estimate_activations(const Config& c, std::uint64_t gpu_model
   a.without_checkpointing = sat_mul(L, a.per_layer);
   a.with_checkpointing = sat_add(sat_mul(L, 2, s, b, h), a.per_layer);
   const std::uint64_t budget = c.tiers.gpu.budget;
-  a.fits_without_checkpointing = fits_budget(sat_add(gpu_model_state, a.without_checkpointing), budget);
-  a.fits_with_checkpointing = fits_budget(sat_add(gpu_model_state, a.with_checkpointing), budget);
+  a.fits_without_checkpointing = fits_budget(sat_add(gpu_bytes, a.without_checkpointing), budget);
+  a.fits_with_checkpointing = fits_budget(sat_add(gpu_bytes, a.with_checkpointing), budget);
   return a;
 }
 

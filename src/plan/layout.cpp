@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 
 namespace strata {
@@ -10,10 +11,13 @@ BytesPerParam bytes_per_param(const PrecisionConfig& p) {
   BytesPerParam b;
   b.params = dtype_size(p.params);
   b.grads = dtype_size(p.grads);
-  b.master = p.params == DType::kFp32 ? 0 : 4;  // fp32 params are their own master copy
+  b.master = 4;  // the engine's FP32 master copy, kept whatever precision.params is
   b.moments = 2 * 4;                            // Adam/AdamW: exp_avg + exp_avg_sq in fp32
   return b;
 }
+
+std::uint64_t TierBytes::host() const { return sat_add(pinned_host, pageable_host); }
+std::uint64_t TierBytes::total() const { return sat_add(gpu, host(), nvme); }
 
 TierBytes& TierBytes::operator+=(const TierBytes& o) {
   gpu += o.gpu;
@@ -106,16 +110,18 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads);
   place(f.optimizer_elements, opt_off, b.optimizer(), offload.optimizer, &StateBytes::optimizer);
 
-  if (l.per_rank.nvme > 0) {
-    l.swap_pool = static_cast<std::uint64_t>(c.tiers.host.buffer_count) * c.tiers.host.buffer_size;
-    l.per_rank.pinned_host += l.swap_pool;
-  }
+  // What the engine holds besides the model state (runtime.cpp): the pinned staging pool in host
+  // memory, the runtime buffers in device memory.
+  l.pool = plan_pool(c, stage, offload);
+  l.per_rank.pinned_host = sat_add(l.per_rank.pinned_host, l.pool.bytes());
+  l.runtime = runtime_buffers(c, stage, offload);
+  l.per_rank.gpu = sat_add(l.per_rank.gpu, l.runtime.total());
 
   const std::uint32_t rpn = std::min(c.ranks_per_node(), std::max<std::uint32_t>(c.world.ranks, 1));
-  l.per_node.gpu = l.per_rank.gpu * rpn;
-  l.per_node.pinned_host = l.per_rank.pinned_host * rpn;
-  l.per_node.pageable_host = l.per_rank.pageable_host * rpn;
-  l.per_node.nvme = l.per_rank.nvme * rpn;
+  l.per_node.gpu = sat_mul(l.per_rank.gpu, rpn);
+  l.per_node.pinned_host = sat_mul(l.per_rank.pinned_host, rpn);
+  l.per_node.pageable_host = sat_mul(l.per_rank.pageable_host, rpn);
+  l.per_node.nvme = sat_mul(l.per_rank.nvme, rpn);
 
   // Traffic per rank per optimizer step (docs/config.md, "Bytes per step").
   const std::uint64_t opt_nvme = offload.optimizer.tier == Tier::kNvme ? opt_off : 0;

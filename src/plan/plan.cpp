@@ -18,16 +18,21 @@ Plan make_plan(const Config& c) {
   for (int s = 0; s <= 3; ++s) p.stages[s] = stage_footprint(c, s);
   p.configured = plan_layout(c, c.zero.stage, c.offload);
   p.configured_rung = evaluate_rung(c, c.zero.stage, c.offload);
-  p.activations = estimate_activations(c, sat_add(p.configured.per_rank.gpu, p.configured_rung.gathered));
+  p.activations = estimate_activations(c, p.configured.per_rank.gpu);
   p.recommendation = recommend(c);
 
+  const RuntimeBuffers& rt = p.configured.runtime;
   p.assumptions = {
-      "model state only: parameters, gradients and optimizer state (FP32 master + Adam moments)",
+      "per rank, what the engine's storage holds: model state (parameters, gradients, FP32 master "
+      "+ Adam moments), the pinned staging pool (host) and the engine's runtime buffers (gpu: "
+      "gradient buckets and receive buffers, stage-3 gathered layers, norm exchange, collective "
+      "staging), each by the engine's own formula (docs/config.md)",
       "activations are not in the tier figures (estimated separately when model.layers, "
-      "hidden_size, heads, sequence_length and micro_batch are given)",
-      "not included: allocator overhead and fragmentation, communication buckets, CUDA context "
-      "and other runtime buffers; temporarily gathered stage-3 parameters only when "
-      "model.largest_layer is given",
+      "hidden_size, heads, sequence_length and micro_batch are given) but are in the gpu verdict",
+      "not included: the CUDA context, NCCL's own buffers, allocator overhead and fragmentation",
+      "gradients are handed in tensor by tensor in backward order (the bucket count assumes it); "
+      "stage 3 gathers one layer (model.largest_layer) per gather() call and releases it before "
+      "the call after next",
       "host budgets (tiers.host.budget, pinned_budget) and tiers.nvme.budget are per node; "
       "tiers.gpu.budget is per rank (one GPU per rank)",
       "sharded state is ceil(parameters / ranks) elements per rank",
@@ -38,7 +43,7 @@ Plan make_plan(const Config& c) {
   const auto& gpu = p.configured.verdicts.front();
   if (a.available && gpu.fits() && !a.fits_without_checkpointing) {
     std::string note = "activations, not model state, are what does not fit on the gpu: " +
-                       format_bytes(gpu.used) + " model state + " +
+                       format_bytes(gpu.used) + " model state and runtime buffers + " +
                        format_bytes(a.without_checkpointing) + " activations > budget " +
                        format_bytes(gpu.budget) + "; ";
     if (a.fits_with_checkpointing)
@@ -46,18 +51,31 @@ Plan make_plan(const Config& c) {
               ") makes it fit; a higher ZeRO stage does not shrink activations";
     else
       note += "even with activation checkpointing (" + format_bytes(a.with_checkpointing) +
-              ") it does not fit: reduce model.micro_batch or the sequence length; a higher "
-              "ZeRO stage does not shrink activations";
+              ") this layout does not fit: " +
+              (p.recommendation.found
+                   ? "a layout that keeps less on the gpu makes room for them (the "
+                     "recommendation: " + p.recommendation.layout.describe() + ")"
+                   : std::string("no rung of the ladder makes room for them")) +
+              ", or reduce model.micro_batch or the sequence length";
     p.notes.push_back(note);
   }
   if (!p.configured_fits())
     p.notes.push_back("the configured layout (" + p.configured.describe() +
                       ") does not fit: " + p.configured_rung.verdict + "; see the recommendation");
-  if (c.zero.stage == 3 && c.model.largest_layer > 0)
-    p.notes.push_back("stage 3 gathers whole layers on the gpu: " +
-                      format_bytes(p.configured_rung.gathered) +
-                      " (model.largest_layer x param bytes) at the peak, counted in the verdict "
-                      "and the ladder, not in the model-state tables");
+  if (c.zero.stage == 3 && rt.layer == 0)
+    p.notes.push_back("stage 3 gathers whole layers on the gpu, but neither model.largest_layer "
+                      "nor model.hidden_size is given: the gathered layers are not counted");
+  else if (c.zero.stage == 3 && rt.layer_estimated)
+    p.notes.push_back("stage 3: the gathered layer is estimated from model.hidden_size as one "
+                      "transformer block (12h^2 + 13h = " + format_count(rt.layer) +
+                      " parameters); give model.largest_layer if a larger layer (an embedding) is "
+                      "gathered whole");
+  if (rt.bucket_count > 0 && rt.buckets + rt.receive > p.configured.on_gpu.total() / 4)
+    p.notes.push_back("the gradient buckets and their receive buffers take " +
+                      format_bytes(rt.buckets + rt.receive) + " of gpu memory per rank (" +
+                      std::to_string(rt.bucket_count) + " + " + std::to_string(rt.receive_count) +
+                      " buffers of zero.reduce_bucket_size elements); a smaller "
+                      "zero.reduce_bucket_size shrinks them");
   return p;
 }
 

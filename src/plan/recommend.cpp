@@ -1,5 +1,6 @@
 // The one recommender: "the lowest stage, then the least offload, that fits", walked over the
-// ladder documented in plan.hpp and docs/config.md, counting activations and stage-3 gathers.
+// ladder documented in plan.hpp and docs/config.md, counting the engine's runtime buffers (stage-3
+// gathers among them), its pinned pool and the activations.
 #include <algorithm>
 
 #include "core/checked_math.hpp"
@@ -24,15 +25,16 @@ bool uses_nvme(const OffloadConfig& o) {
   return nv(o.optimizer) || nv(o.gradients) || nv(o.params);
 }
 
-// "gpu needs 71.50 GB model state + 22.98 GB activations (with checkpointing) = 94.48 GB per
-// rank > budget 80 GB (over by 14.48 GB)".
+// "gpu needs 71.50 GB model state + 67.11 MB runtime buffers + 22.98 GB activations (with
+// checkpointing) = 94.55 GB per rank > budget 80 GB (over by 14.55 GB)".
 std::string gpu_text(const Rung& r, std::uint64_t budget) {
-  std::string s = "gpu needs " + format_bytes(r.layout.per_rank.gpu) + " model state";
+  const std::uint64_t state = r.layout.on_gpu.total(), runtime = r.layout.runtime.total();
+  std::string s = "gpu needs " + format_bytes(state) + " model state";
+  if (runtime) s += " + " + format_bytes(runtime) + " runtime buffers";
   if (r.activations)
     s += " + " + format_bytes(r.activations) + " activations" +
          (r.checkpointing ? " (with checkpointing)" : "");
-  if (r.gathered) s += " + " + format_bytes(r.gathered) + " gathered largest layer";
-  if (r.activations || r.gathered) s += " = " + format_bytes(r.gpu_total);
+  if (runtime || r.activations) s += " = " + format_bytes(r.gpu_total);
   s += " per rank";
   if (!fits_budget(r.gpu_total, budget))
     s += " > budget " + format_bytes(budget) +
@@ -59,15 +61,13 @@ std::vector<std::pair<int, OffloadConfig>> ladder_rungs() {
 Rung evaluate_rung(const Config& c, int stage, const OffloadConfig& offload) {
   Rung r;
   r.layout = plan_layout(c, stage, offload);
-  const std::uint64_t state = r.layout.per_rank.gpu;
-  if (stage == 3 && c.model.largest_layer > 0)
-    r.gathered = sat_mul(c.model.largest_layer, bytes_per_param(c.precision).params);
-  const ActivationEstimate a = estimate_activations(c, sat_add(state, r.gathered));
+  const std::uint64_t held = r.layout.per_rank.gpu;  // model state + runtime buffers
+  const ActivationEstimate a = estimate_activations(c, held);
   if (a.available) {
     r.checkpointing = !a.fits_without_checkpointing;
     r.activations = r.checkpointing ? a.with_checkpointing : a.without_checkpointing;
   }
-  r.gpu_total = sat_add(state, r.activations, r.gathered);  // saturated: never fits
+  r.gpu_total = sat_add(held, r.activations);  // saturated: never fits
   const std::uint64_t gpu_budget = c.tiers.gpu.budget;
   std::string over;
   if (!fits_budget(r.gpu_total, gpu_budget)) over = gpu_text(r, gpu_budget);
@@ -106,7 +106,8 @@ Recommendation recommend(const Config& c) {
                (it->checkpointing ? " with activation checkpointing" : std::string()) +
                " is the first rung of the ladder (lowest stage, then least offload; every rung "
                "off NVMe before any on NVMe) whose " +
-               (c.model.has_shape() ? "model state and activations fit" : "model state fits") +
+               (c.model.has_shape() ? "model state, runtime buffers and activations fit"
+                                    : "model state and runtime buffers fit") +
                " every budget";
   if (!c.model.has_shape())
     rec.reason += " (activations not counted: give model.layers, hidden_size, heads, "

@@ -229,8 +229,9 @@ TEST(Config, Issue15ActivationEstimateNeverWraps) {
   Config big = parse_config("model: {parameters: 100T}\nworld: {ranks: 4096, ranks_per_node: 4096}\n"
                             "zero: {stage: 0}\n");
   const Plan p = make_plan(big);
-  EXPECT_EQ(p.configured.per_rank.gpu, 1'600'000'000'000'000ULL);
-  EXPECT_EQ(p.configured.per_node.gpu, 1'600'000'000'000'000ULL * 4096);
+  EXPECT_EQ(p.configured.on_gpu.total(), 1'600'000'000'000'000ULL);
+  EXPECT_EQ(p.configured.per_rank.gpu, 1'600'000'000'000'000ULL + p.configured.runtime.total());
+  EXPECT_EQ(p.configured.per_node.gpu, p.configured.per_rank.gpu * 4096);
   EXPECT_FALSE(p.configured.fits());
 }
 

@@ -64,7 +64,11 @@ TEST(PlanCli, JsonHasTheRequiredFiguresInBytes) {
   for (int s = 0; s < 4; ++s)
     EXPECT_EQ(j["stages"][s]["per_rank_bytes"]["total"].get<std::uint64_t>(), want[s]);
   EXPECT_EQ(j["configured"]["stage"], 1);
-  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(), want[1]);
+  // The gpu holds the model state and the engine's runtime buffers (at stage 1: the norm exchange
+  // and finalize()'s 64 MiB broadcast staging).
+  EXPECT_EQ(j["configured"]["by_kind_per_rank_bytes"]["gpu"]["total"].get<std::uint64_t>(), want[1]);
+  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(),
+            want[1] + j["configured"]["runtime_buffers_per_rank_bytes"]["total"].get<std::uint64_t>());
   EXPECT_EQ(j["bytes_per_param"]["total"], 16);
   EXPECT_TRUE(j["configured"]["fits"].get<bool>());
   EXPECT_EQ(j["recommendation"]["layout"]["stage"], 1);  // stage 0 needs 120 GB > 80 GB

@@ -1,4 +1,5 @@
-// The planner's figures, checked against hand-computed values (docs/config.md "The plan").
+// The planner's figures, checked against hand-computed values (docs/config.md "The plan"). What the
+// engine really holds for the same configs is checked in tests/zero/test_plan_agreement.cpp.
 #include <gtest/gtest.h>
 
 #include "strata/config.hpp"
@@ -15,6 +16,8 @@ Config config(std::uint64_t params, std::uint32_t ranks, int stage = 2) {
   return c;
 }
 constexpr std::uint64_t kGB = 1'000'000'000ULL;
+constexpr std::uint64_t kMiB = 1ULL << 20;
+constexpr std::uint64_t kStaging = (1ULL << 24) * 4;  // finalize()'s broadcast piece, 64 MiB
 }  // namespace
 
 TEST(Plan, ZeroPaperTableOn8Ranks) {
@@ -45,12 +48,14 @@ TEST(Plan, BytesPerParamFromDtypes) {
   EXPECT_EQ(bpp(DType::kBf16, DType::kFp32).total(), 18u);
   EXPECT_EQ(bpp(DType::kBf16, DType::kBf16).total(), 16u);
   EXPECT_EQ(bpp(DType::kFp16, DType::kFp32).total(), 18u);
-  // fp32 params are their own master copy: 4 + 4 + 8.
+  // fp32 params keep an FP32 master beside them, as the engine does (and DeepSpeed's estimator
+  // counts): 4 + 4 + 12 = 20.
   BytesPerParam f = bpp(DType::kFp32, DType::kFp32);
-  EXPECT_EQ(f.master, 0u);
+  EXPECT_EQ(f.master, 4u);
   EXPECT_EQ(f.moments, 8u);
-  EXPECT_EQ(f.total(), 16u);
-  EXPECT_EQ(bpp(DType::kFp32, DType::kFp16).total(), 14u);
+  EXPECT_EQ(f.optimizer(), 12u);
+  EXPECT_EQ(f.total(), 20u);
+  EXPECT_EQ(bpp(DType::kFp32, DType::kFp16).total(), 18u);
 }
 
 TEST(Plan, StagesWithBf16ParamsAndFp32Grads) {
@@ -62,12 +67,12 @@ TEST(Plan, StagesWithBf16ParamsAndFp32Grads) {
   EXPECT_EQ(p.stages[1].bytes.total(), 9 * kGB);   // 2 + 4 + 12/4
   EXPECT_EQ(p.stages[2].bytes.total(), 6 * kGB);   // 2 + 16/4
   EXPECT_EQ(p.stages[3].bytes.total(), 4'500'000'000ULL);  // 18/4
-  // fp32 everything: 16 B/param, stage 1 = 4 + 4 + 8/4.
+  // fp32 everything: 20 B/param, stage 1 = 4 + 4 + 12/4.
   c.precision.params = DType::kFp32;
   Plan q = make_plan(c);
-  EXPECT_EQ(q.stages[0].bytes.total(), 16 * kGB);
-  EXPECT_EQ(q.stages[1].bytes.total(), 10 * kGB);
-  EXPECT_EQ(q.stages[3].bytes.total(), 4 * kGB);
+  EXPECT_EQ(q.stages[0].bytes.total(), 20 * kGB);
+  EXPECT_EQ(q.stages[1].bytes.total(), 11 * kGB);
+  EXPECT_EQ(q.stages[3].bytes.total(), 5 * kGB);
 }
 
 TEST(Plan, UnevenShardsRoundUp) {
@@ -82,12 +87,22 @@ TEST(Plan, PartialPinnedCpuOffloadAtStage2) {
   c.offload.optimizer = {Tier::kCpu, 0.5, true};
   Layout l = make_plan(c).configured;
   EXPECT_EQ(l.on_host.optimizer, 1'500'000'000ULL);  // 125M elements x 12 B
-  EXPECT_EQ(l.per_rank.pinned_host, 1'500'000'000ULL);
+  // The optimizer share is staged through the pinned pool: 4 x 256 MiB beside it.
+  ASSERT_TRUE(l.pool.used);
+  EXPECT_EQ(l.pool.bytes(), 4 * 256 * kMiB);
+  EXPECT_EQ(l.per_rank.pinned_host, 1'500'000'000ULL + 4 * 256 * kMiB);
   EXPECT_EQ(l.per_rank.pageable_host, 0u);
-  EXPECT_EQ(l.per_rank.gpu, 4 * kGB);  // 2 GB params + 0.5 GB grads + 1.5 GB optimizer
+  EXPECT_EQ(l.on_gpu.total(), 4 * kGB);  // 2 GB params + 0.5 GB grads + 1.5 GB optimizer
+  // Runtime buffers: 2 buckets of 500M fp16 gradients (1B flat elements), 2 receive buffers of
+  // the 250M-element partition, the norm exchange, the broadcast piece.
+  EXPECT_EQ(l.runtime.bucket_count, 2u);
+  EXPECT_EQ(l.runtime.buckets, 2 * kGB);
+  EXPECT_EQ(l.runtime.receive, 2 * 250'000'000ULL * 2);
+  EXPECT_EQ(l.runtime.norm, 16u * 5);
+  EXPECT_EQ(l.runtime.staging, kStaging);
+  EXPECT_EQ(l.per_rank.gpu, 4 * kGB + 3 * kGB + 80 + kStaging);
   EXPECT_EQ(l.per_rank.nvme, 0u);
-  EXPECT_EQ(l.swap_pool, 0u);
-  EXPECT_EQ(l.per_node.pinned_host, 6 * kGB);  // 4 ranks on the node
+  EXPECT_EQ(l.per_node.pinned_host, 4 * (1'500'000'000ULL + 4 * 256 * kMiB));  // 4 ranks
   EXPECT_EQ(l.traffic.device_to_host, 250'000'000ULL);  // grads of the cpu share
   EXPECT_EQ(l.traffic.host_to_device, 250'000'000ULL);  // updated params of the cpu share
   EXPECT_EQ(l.traffic.nvme_read, 0u);
@@ -114,11 +129,13 @@ TEST(Plan, NvmeOffloadAtStage3) {
   c.offload.gradients.tier = Tier::kCpu;
   c.tiers.nvme.paths = {"/tmp/x"};
   Layout l = make_plan(c).configured;
-  EXPECT_EQ(l.per_rank.gpu, 0u);
+  EXPECT_EQ(l.on_gpu.total(), 0u);
+  EXPECT_EQ(l.per_rank.gpu, l.runtime.total());  // no layer size given: no gathers counted
+  EXPECT_EQ(l.runtime.gathered, 0u);
   EXPECT_EQ(l.per_rank.nvme, 3'500'000'000ULL);           // 3 GB optimizer + 0.5 GB params
   EXPECT_EQ(l.per_rank.pageable_host, 500'000'000ULL);    // gradients
-  EXPECT_EQ(l.swap_pool, 4ULL * (256ULL << 20));
-  EXPECT_EQ(l.per_rank.pinned_host, l.swap_pool);
+  EXPECT_EQ(l.pool.bytes(), 4ULL * (256ULL << 20));
+  EXPECT_EQ(l.per_rank.pinned_host, l.pool.bytes());
   EXPECT_EQ(l.traffic.nvme_read, 4 * kGB);                // optimizer + params twice
   EXPECT_EQ(l.traffic.nvme_write, 3'500'000'000ULL);      // optimizer + params once
   EXPECT_EQ(l.traffic.device_to_host, 500'000'000ULL);
@@ -138,7 +155,7 @@ TEST(Plan, VerdictNamesTheOverflowingTier) {
   const TierVerdict& gpu = p.configured.verdicts[0];
   EXPECT_EQ(gpu.tier, "gpu");
   EXPECT_FALSE(gpu.fits());
-  EXPECT_EQ(gpu.overflow(), 1'250'000'000ULL);
+  EXPECT_EQ(gpu.overflow(), 1'250'000'000ULL + 16 * 9 + kStaging);  // + norm + staging
   for (std::size_t i = 1; i < p.configured.verdicts.size(); ++i)
     EXPECT_TRUE(p.configured.verdicts[i].fits());
   EXPECT_FALSE(p.configured.verdicts[3].limited);  // nvme: no budget by default
@@ -149,31 +166,39 @@ TEST(Plan, VerdictNamesTheOverflowingTier) {
   h.tiers.host.budget = 40 * kGB;
   Layout l = make_plan(h).configured;
   EXPECT_EQ(l.per_node.pageable_host, 8 * (7'500'000'000ULL / 16) * 12);
+  EXPECT_EQ(l.per_node.pinned_host, 8 * 4 * 256 * kMiB);  // the pool of each rank
   EXPECT_FALSE(l.verdicts[1].fits());
-  EXPECT_EQ(l.verdicts[1].overflow(), 45 * kGB - 40 * kGB);
+  EXPECT_EQ(l.verdicts[1].overflow(), 45 * kGB + 8 * 4 * 256 * kMiB - 40 * kGB);
 }
 
 TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   Config c = config(7'500'000'000ULL, 8, 0);
+  // 50M-element buckets: 5 x 100 MB + 2 x 100 MB receive buffers at stages 2-3, + 144 B norm +
+  // 67.11 MB staging on every rung (stages 0-1: norm + staging).
+  c.zero.reduce_bucket_size = 50'000'000;
+  const std::uint64_t rt01 = 144 + kStaging, rt23 = 700'000'000ULL + rt01;
   auto rec = [&](std::uint64_t gpu_budget) {
     c.tiers.gpu.budget = gpu_budget;
     return recommend(c);
   };
   EXPECT_EQ(rec(80 * kGB).layout.describe(), "stage 1, no offload");  // 120 GB does not fit
-  EXPECT_EQ(rec(120 * kGB).layout.describe(), "stage 0, no offload");
-  EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");
+  EXPECT_EQ(rec(120 * kGB).layout.describe(), "stage 1, no offload");  // + runtime buffers
+  EXPECT_EQ(rec(120 * kGB + rt01).layout.describe(), "stage 0, no offload");
+  EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");  // 28.125 GB + 767 MB
+  EXPECT_EQ(rec(28'125'000'000ULL + rt23 - 1).layout.describe(), "stage 2, optimizer on cpu");
   // Stage 2 with the optimizer on the host (16.9 GB) comes before stage 3 (lowest stage first).
   Recommendation r = rec(20 * kGB);
   EXPECT_EQ(r.layout.describe(), "stage 2, optimizer on cpu");
-  EXPECT_NE(r.reason.find("[stage 2, no offload: gpu needs 28.12 GB model state per rank > budget "
-                          "20 GB (over by 8.12 GB)]"),
+  EXPECT_NE(r.reason.find("[stage 2, no offload: gpu needs 28.12 GB model state + 767.11 MB "
+                          "runtime buffers = 28.89 GB per rank > budget 20 GB (over by 8.89 GB)]"),
             std::string::npos)
       << r.reason;
   EXPECT_NE(r.reason.find("[stage 0, no offload: gpu needs 120 GB"), std::string::npos) << r.reason;
   EXPECT_EQ(r.ladder.size(), ladder_rungs().size());
   EXPECT_FALSE(r.ladder[2].fits);
   EXPECT_TRUE(r.ladder[3].fits);
-  EXPECT_EQ(rec(16 * kGB).layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");  // 15 GB
+  EXPECT_EQ(r.ladder[3].gpu_total, 16'875'000'000ULL + rt23);
+  EXPECT_EQ(rec(16 * kGB).layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");  // 15.77 GB
   EXPECT_EQ(rec(10 * kGB).layout.describe(), "stage 3, optimizer on cpu");
   // No room on the host for 90 GB of optimizer state per node: nvme, which needs paths.
   c.tiers.host.budget = 50 * kGB;
@@ -181,9 +206,10 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_TRUE(r.found);
   EXPECT_EQ(r.layout.describe(), "stage 3, optimizer on nvme");
   EXPECT_NE(r.reason.find("needs tiers.nvme.paths"), std::string::npos) << r.reason;
-  // Nothing fits a 1 GB gpu... except everything on nvme; nothing at all with 1 MB.
+  // A 1 GB gpu holds only the runtime buffers: everything off it; nothing at all with 700 MB.
   c.tiers.host.budget = 512 * kGB;
   EXPECT_EQ(rec(1 * kGB).layout.describe(), "stage 3, optimizer on cpu, gradients on cpu, params on cpu");
+  EXPECT_FALSE(rec(rt23 - 1).found);
   c.tiers.host.budget = 20 * kGB;  // 30 GB of params + grads per node no longer fit on the host
   EXPECT_EQ(rec(1 * kGB).layout.describe(),
             "stage 3, optimizer on nvme, gradients on nvme, params on nvme");
@@ -212,9 +238,11 @@ TEST(Plan, LadderOrder) {
 }
 
 // The case: 13B parameters on 8 x 80 GB, sequence 4096, micro-batch 4 (40 layers, hidden
-// 5120, 40 heads). Stage 1 holds 71.5 GB of model state, + 22.98 GB of activations even with
-// checkpointing: it does not fit. Stage 2 (48.75 GB + 22.98 GB = 71.73 GB) fits with
-// checkpointing, and that is the recommendation (and the reason says why stage 1 fails).
+// 5120, 40 heads). Stage 1 holds 71.5 GB of model state (+ 67.11 MB of runtime buffers), + 22.98
+// GB of activations even with checkpointing: it does not fit. Stage 2 holds 48.75 GB of model
+// state + 7.07 GB of runtime buffers (5 + 2 GB of gradient buckets and receive buffers) + 22.98
+// GB of activations = 78.8 GB: it fits with checkpointing, and that is the recommendation (and the
+// reason says why stage 1 fails). 1 GB larger buckets would make stage 2 not fit.
 TEST(Plan, RecommendationCountsActivations13B) {
   Config c = config(13'000'000'000ULL, 8, 1);
   c.model.layers = 40;
@@ -223,7 +251,7 @@ TEST(Plan, RecommendationCountsActivations13B) {
   c.model.sequence_length = 4096;
   c.model.micro_batch = 4;
   Plan p = make_plan(c);
-  EXPECT_TRUE(p.configured.fits());         // model state alone: 71.5 GB
+  EXPECT_TRUE(p.configured.fits());         // model state + runtime buffers alone: 71.57 GB
   EXPECT_FALSE(p.configured_fits());        // + activations
   EXPECT_EQ(p.configured_rung.activations, 22'984'785'920ULL);  // 40*2*s*b*h + one layer
   EXPECT_TRUE(p.configured_rung.checkpointing);
@@ -232,11 +260,30 @@ TEST(Plan, RecommendationCountsActivations13B) {
   EXPECT_EQ(r.layout.describe(), "stage 2, no offload");
   EXPECT_TRUE(r.checkpointing);
   EXPECT_NE(r.reason.find("with activation checkpointing"), std::string::npos) << r.reason;
-  EXPECT_NE(r.reason.find("[stage 1, no offload: gpu needs 71.5 GB model state + 22.98 GB "
-                          "activations (with checkpointing) = 94.48 GB per rank > budget 80 GB"),
+  EXPECT_NE(r.reason.find("[stage 1, no offload: gpu needs 71.5 GB model state + 67.11 MB runtime "
+                          "buffers + 22.98 GB activations (with checkpointing) = 94.55 GB per rank "
+                          "> budget 80 GB"),
             std::string::npos)
       << r.reason;
-  EXPECT_EQ(r.ladder[2].gpu_total, 48'750'000'000ULL + 22'984'785'920ULL);
+  const RuntimeBuffers& rt = r.ladder[2].layout.runtime;
+  EXPECT_EQ(rt.bucket_count, 5u);  // 26 buckets; model.largest_layer not given
+  EXPECT_EQ(rt.buckets, 5 * kGB);  // 500M fp16 gradients each
+  EXPECT_EQ(rt.receive, 2 * kGB);
+  EXPECT_EQ(rt.total(), 7 * kGB + 144 + kStaging);
+  EXPECT_EQ(r.ladder[2].gpu_total, 48'750'000'000ULL + 7 * kGB + 144 + kStaging + 22'984'785'920ULL);
+  // Largest layer below the bucket: 4 buckets, and 1 GB more room.
+  Config d = c;
+  d.model.largest_layer = 315'000'000;
+  EXPECT_EQ(make_plan(d).recommendation.ladder[2].layout.runtime.bucket_count, 4u);
+  // 600M-element buckets: 6 + 2.4 GB of buckets push stage 2 over; stage 2 with the optimizer on
+  // the host is next.
+  d = c;
+  d.zero.reduce_bucket_size = 600'000'000;
+  Recommendation big = recommend(d);
+  EXPECT_FALSE(big.ladder[2].fits);
+  EXPECT_NE(big.ladder[2].verdict.find("8.47 GB runtime buffers"), std::string::npos)
+      << big.ladder[2].verdict;
+  EXPECT_EQ(big.layout.describe(), "stage 2, optimizer on cpu");
   // Without the shape, activations are not counted and stage 1 is recommended (and says so).
   c.model.layers = 0;
   Recommendation q = recommend(c);
@@ -244,22 +291,131 @@ TEST(Plan, RecommendationCountsActivations13B) {
   EXPECT_NE(q.reason.find("activations not counted"), std::string::npos) << q.reason;
 }
 
-// Stage 3's gathered largest layer counts on the gpu of every stage-3 rung.
-TEST(Plan, Stage3CountsTheGatheredLargestLayer) {
+// Stage 3's gathered layers count on the gpu of every stage-3 rung: the layer of the current
+// gather() call and the prefetched next one, with the rank's send slices of both.
+TEST(Plan, Stage3CountsTheGatheredLayers) {
   Config c = config(8'000'000'000ULL, 8, 3);
-  c.tiers.gpu.budget = 16 * kGB + 1;  // 16 GB of model state at stage 3
-  EXPECT_TRUE(make_plan(c).configured_fits());
-  c.model.largest_layer = 500'000'000;  // + 1 GB of fp16 parameters
+  const std::uint64_t state = 16 * kGB;  // 16 B x 1B elements per rank
+  const RuntimeBuffers none = runtime_buffers(c, 3, c.offload);
+  EXPECT_EQ(none.gathered, 0u);  // no layer size: not counted (and a note says so)
+  c.tiers.gpu.budget = state + none.total();
+  Plan fits = make_plan(c);
+  EXPECT_TRUE(fits.configured_fits());
+  bool noted = false;
+  for (const auto& n : fits.notes) noted |= n.find("gathered layers are not counted") != std::string::npos;
+  EXPECT_TRUE(noted);
+  c.model.largest_layer = 500'000'000;
+  const RuntimeBuffers rt = runtime_buffers(c, 3, c.offload);
+  EXPECT_EQ(rt.layer, 500'000'000u);
+  EXPECT_EQ(rt.gathered, 2 * 500'000'000ULL * 2);  // 2 fp16 layers
+  EXPECT_EQ(rt.send, 2 * 500'000'000ULL * 2);      // a layer may lie wholly in one partition
+  EXPECT_EQ(rt.bucket_count, 5u);                   // the layer is not below the 500M bucket
   Plan p = make_plan(c);
-  EXPECT_EQ(p.configured_rung.gathered, 1'000'000'000ULL);
   EXPECT_FALSE(p.configured_fits());
-  EXPECT_NE(p.configured_rung.verdict.find("+ 1 GB gathered largest layer"), std::string::npos)
+  EXPECT_NE(p.configured_rung.verdict.find("runtime buffers"), std::string::npos)
       << p.configured_rung.verdict;
   // Stage 3 without offload no longer fits; stage 2 with optimizer and gradients on the host
-  // (16 GB, no gather) comes first on the ladder anyway.
+  // (16 GB of parameters + the same buckets, no gathers) comes first on the ladder anyway.
   EXPECT_FALSE(p.recommendation.ladder[5].fits);
-  EXPECT_NE(p.recommendation.ladder[5].verdict.find("gathered largest layer"), std::string::npos);
+  EXPECT_EQ(p.recommendation.ladder[5].layout.per_rank.gpu, state + rt.total());
   EXPECT_EQ(p.recommendation.layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");
+  // From the shape when model.largest_layer is not given: one transformer block, 12h^2 + 13h.
+  c.model.largest_layer = 0;
+  c.model.hidden_size = 4096;
+  const RuntimeBuffers est = runtime_buffers(c, 3, c.offload);
+  EXPECT_TRUE(est.layer_estimated);
+  EXPECT_EQ(est.layer, 12ULL * 4096 * 4096 + 13 * 4096);
+  EXPECT_EQ(est.gathered, 2 * est.layer * 2);
+}
+
+// The runtime buffers by the engine's formulas (docs/config.md "Runtime buffers").
+TEST(Plan, RuntimeBuffersFormulas) {
+  Config c = config(1'000'003ULL, 3, 2);
+  c.zero.reduce_bucket_size = 100'000;
+  c.precision.grads = DType::kFp32;
+  // P = ceil(1000003 / 3) = 333335 rounded up to 64 = 333376; F = 1000128; 11 buckets.
+  RuntimeBuffers r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.bucket_count, 5u);
+  EXPECT_EQ(r.buckets, 5 * 100'000ULL * 4);
+  EXPECT_EQ(r.receive_count, 2u);
+  EXPECT_EQ(r.receive, 2 * 100'000ULL * 4);
+  EXPECT_EQ(r.norm, 16u * 4);
+  EXPECT_EQ(r.staging, 1'000'128ULL * 4);  // the whole flat space fits one broadcast piece
+  EXPECT_EQ(r.step(), r.buckets + r.receive + r.norm);
+  EXPECT_EQ(r.total(), r.step() + r.staging);
+  // Every tensor below the bucket (model.largest_layer < B): 4.
+  c.model.largest_layer = 99'999;
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).bucket_count, 4u);
+  // One bucket larger than the model: one buffer of B elements, whatever the model's size, and a
+  // receive buffer of the partition.
+  c.zero.reduce_bucket_size = 500'000'000;
+  r = runtime_buffers(c, 3, c.offload);
+  EXPECT_EQ(r.bucket_count, 1u);
+  EXPECT_EQ(r.buckets, 500'000'000ULL * 4);
+  EXPECT_EQ(r.receive_count, 1u);
+  EXPECT_EQ(r.receive, 333'376ULL * 4);
+  EXPECT_EQ(r.gathered, 2 * 99'999ULL * 2);
+  EXPECT_EQ(r.send, 2 * 99'999ULL * 2);
+  // Stages 0-1 reduce in place: only the norm exchange and the staging. One rank: no staging.
+  r = runtime_buffers(c, 1, c.offload);
+  EXPECT_EQ(r.total(), 64 + 1'000'128ULL * 4);
+  c.world.ranks = 1;
+  EXPECT_EQ(runtime_buffers(c, 0, c.offload).total(), 32u);
+  // optimizer.update device with the optimizer on the host: the device copy of the largest host
+  // chunk (the whole 333376-element partition, one sub-group, with a 256 MiB buffer).
+  c.world.ranks = 3;
+  c.optimizer.update = OptimizerUpdate::kDevice;
+  c.offload.optimizer = {Tier::kCpu, 1.0, false};
+  r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.adam_scratch, 3 * (333'376ULL * 4) + 333'376ULL * 4 + 666'880);  // 666752 -> 256 B
+  EXPECT_EQ(runtime_buffers(c, 2, OffloadConfig{}).adam_scratch, 0u);  // nothing on the host
+  // Saturates rather than wrapping.
+  Config big = config(100'000'000'000'000ULL, 1, 3);
+  big.model.hidden_size = 1'000'000'000;
+  big.zero.reduce_bucket_size = 100'000'000'000'000ULL;
+  const RuntimeBuffers s = runtime_buffers(big, 3, big.offload);
+  EXPECT_GT(s.total(), 1'000'000'000'000'000ULL);
+  EXPECT_FALSE(make_plan(big).configured_fits());
+}
+
+// The pinned pool is there whenever the engine makes one: state off the gpu, or a GPU device
+// (runtime.device auto or cuda) even with nothing offloaded; not with everything on the
+// host-emulated device's memory.
+TEST(Plan, PinnedPoolWhereverTheEngineHasOne) {
+  Config c = config(1'000'000'000ULL, 4, 2);
+  PoolPlan p = plan_pool(c, 2, c.offload);
+  EXPECT_TRUE(p.used);  // runtime.device auto: a GPU
+  EXPECT_EQ(p.buffers, 4u);
+  EXPECT_EQ(p.buffer_size, 256 * kMiB);
+  EXPECT_NE(p.why.find("GPU"), std::string::npos) << p.why;
+  c.runtime.device = DeviceKind::kHost;
+  EXPECT_FALSE(plan_pool(c, 2, c.offload).used);
+  EXPECT_EQ(make_plan(c).configured.per_rank.pinned_host, 0u);
+  c.offload.optimizer = {Tier::kCpu, 1.0, false};  // CPU offload: a pool, nothing on nvme
+  p = plan_pool(c, 2, c.offload);
+  EXPECT_TRUE(p.used);
+  EXPECT_EQ(p.bytes(), 4 * 256 * kMiB);
+  const Layout l = make_plan(c).configured;
+  EXPECT_EQ(l.per_rank.nvme, 0u);
+  EXPECT_EQ(l.per_rank.pinned_host, 4 * 256 * kMiB);
+  EXPECT_EQ(l.per_rank.pageable_host, 250'000'000ULL * 12);
+  // Fewer chunks than buffers: one buffer per chunk. 1M elements per rank in sub-groups of 400K:
+  // 3 chunks (a 1 MiB buffer stages 65536 elements of 12 + 2 + 2 B: 16 chunks).
+  c.model.parameters = 4'000'000;
+  c.zero.sub_group_size = 400'000;
+  c.tiers.host.buffer_count = 8;
+  EXPECT_EQ(plan_pool(c, 2, c.offload).buffers, 3u);
+  c.tiers.host.buffer_size = kMiB;
+  p = plan_pool(c, 2, c.offload);
+  EXPECT_EQ(p.buffers, 8u);
+  EXPECT_EQ(p.buffer_size, kMiB);
+  // No chunk fills a buffer (the 1M-element partition is smaller than one 256 MiB buffer stages):
+  // buffers sized to the largest chunk's staging, the gradients in and the parameters out of a
+  // 400K-element chunk whose optimizer state is on the host, 2 x round_up(400000 x 2 B, 4096).
+  c.tiers.host.buffer_size = 256 * kMiB;
+  p = plan_pool(c, 2, c.offload);
+  EXPECT_EQ(p.buffers, 3u);
+  EXPECT_EQ(p.buffer_size, 2 * 802'816ULL);  // 800000 B rounded up to 4096, twice
 }
 
 TEST(Plan, ActivationEstimate) {
@@ -284,7 +440,7 @@ TEST(Plan, ActivationEstimate) {
   EXPECT_NE(p.notes[0].find("checkpointing (1.49 GB) makes it fit"), std::string::npos) << p.notes[0];
 
   c.model.micro_batch = 8;
-  c.tiers.gpu.budget = 20 * kGB;
+  c.tiers.gpu.budget = 30 * kGB;  // 15 GB of model state + 7.68 GB of runtime buffers fit
   Plan q = make_plan(c);
   EXPECT_EQ(q.activations.with_checkpointing, 32ULL * 2 * 2048 * 4096 * 8 + 8 * 956'301'312ULL);
   EXPECT_FALSE(q.activations.fits_with_checkpointing);
@@ -295,10 +451,11 @@ TEST(Plan, ActivationEstimate) {
   EXPECT_FALSE(make_plan(c).activations.available);
 }
 
-TEST(Plan, AssumptionsSayModelStateOnly) {
+TEST(Plan, AssumptionsSayWhatIsCounted) {
   Plan p = make_plan(config(1'000'000ULL, 1));
   std::string all;
   for (const auto& a : p.assumptions) all += a + "\n";
-  for (const char* s : {"model state only", "activations", "gathered", "allocator", "runtime buffers"})
+  for (const char* s : {"model state", "pinned staging pool", "runtime buffers", "activations",
+                        "CUDA context", "NCCL", "allocator", "backward order"})
     EXPECT_NE(all.find(s), std::string::npos) << s;
 }

@@ -1,6 +1,6 @@
 // `strata plan` as a launch script uses it: --check exits 3 when the configured layout does not
-// fit (0 when it does), the ladder table and its JSON, and a clear error without
-// model.parameters.
+// fit (0 when it does; the engine's runtime buffers and pinned pool included), the ladder table
+// and its JSON, and a clear error without model.parameters.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -45,12 +45,18 @@ TEST(PlanCli, CheckExitsThreeWhenTheLayoutDoesNotFit) {
   CliRun r = plan(cfg + " --check --set zero.stage=1", dir);
   EXPECT_EQ(r.rc, 3) << r.err;
   EXPECT_NE(r.out.find("Verdict: DOES NOT FIT"), std::string::npos) << r.out;
-  EXPECT_NE(r.err.find("does not fit: gpu needs 71.5 GB model state + 22.98 GB activations"),
+  EXPECT_NE(r.err.find("does not fit: gpu needs 71.5 GB model state + 67.11 MB runtime buffers + "
+                       "22.98 GB activations"),
             std::string::npos)
       << r.err;
   r = plan(cfg + " --check --set zero.stage=2", dir);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("Verdict: fits with activation checkpointing"), std::string::npos) << r.out;
+  // The runtime buffers decide: 600M-element gradient buckets (5 x 1.2 GB + 2 x 1.2 GB receive
+  // buffers) do not fit beside 48.75 GB of model state and 22.98 GB of activations.
+  r = plan(cfg + " --check --set zero.stage=2 --set zero.reduce_bucket_size=600M", dir);
+  EXPECT_EQ(r.rc, 3) << r.err;
+  EXPECT_NE(r.err.find("+ 8.47 GB runtime buffers +"), std::string::npos) << r.err;
   // Without --check the report exits 0 either way; --json keeps its one document with --check.
   EXPECT_EQ(plan(cfg + " --set zero.stage=1", dir).rc, 0);
   r = plan(cfg + " --json --check --set zero.stage=1", dir);
@@ -69,6 +75,13 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
       << r.out;
   EXPECT_NE(r.out.find("Every stage x offload rung"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("> stage 2, no offload"), std::string::npos) << r.out;
+  // The runtime buffers as their own lines, and the pinned pool a GPU rank has without offload.
+  EXPECT_NE(r.out.find("    runtime buffers        7.07 GB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("buckets             5 GB  5 x zero.reduce_bucket_size (500M)"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("pinned staging pool: 1.07 GB per rank (4 x 256 MiB)"), std::string::npos)
+      << r.out;
   r = plan(cfg + " --json", dir);
   ASSERT_EQ(r.rc, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
@@ -77,8 +90,21 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_FALSE(j["ladder"][1]["fits"].get<bool>());
   EXPECT_EQ(j["ladder"][1]["activations_per_rank_bytes"].get<std::uint64_t>(), 22'984'785'920ULL);
   EXPECT_TRUE(j["ladder"][2]["fits"].get<bool>());
-  EXPECT_EQ(j["ladder"][2]["host_per_node_bytes"].get<std::uint64_t>(), 0u);
-  EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(), 8 * 19'500'000'000ULL);
+  const std::uint64_t pools = 8ULL * 4 * (256ULL << 20);  // every rank's pinned pool
+  const std::uint64_t runtime = 7'000'000'000ULL + 144 + (1ULL << 26);
+  EXPECT_EQ(j["ladder"][2]["gpu_model_state_per_rank_bytes"].get<std::uint64_t>(), 48'750'000'000ULL);
+  EXPECT_EQ(j["ladder"][2]["runtime_buffers_per_rank_bytes"].get<std::uint64_t>(), runtime);
+  EXPECT_EQ(j["ladder"][2]["gpu_per_rank_bytes"].get<std::uint64_t>(),
+            48'750'000'000ULL + runtime + 22'984'785'920ULL);
+  EXPECT_EQ(j["ladder"][2]["host_per_node_bytes"].get<std::uint64_t>(), pools);
+  EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(), 8 * 19'500'000'000ULL + pools);
+  const auto& rt = j["configured"]["runtime_buffers_per_rank_bytes"];
+  EXPECT_EQ(rt["buckets"].get<std::uint64_t>(), 5'000'000'000ULL);
+  EXPECT_EQ(rt["bucket_count"].get<int>(), 5);
+  EXPECT_EQ(rt["receive"].get<std::uint64_t>(), 2'000'000'000ULL);
+  EXPECT_EQ(rt["total"].get<std::uint64_t>(), runtime);
+  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(), 48'750'000'000ULL + runtime);
+  EXPECT_TRUE(j["configured"]["pinned_pool_per_rank"]["used"].get<bool>());
   EXPECT_EQ(j["recommendation"]["layout"]["description"], "stage 2, no offload");
   EXPECT_TRUE(j["recommendation"]["activation_checkpointing"].get<bool>());
 }

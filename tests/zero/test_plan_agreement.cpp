@@ -1,14 +1,28 @@
 // The planner and the engine agree: for several configs the engine is built (in-process ranks, the
-// host-emulated device) and, after finalize(), the bytes its TierStore holds per tier and per kind
-// of state (parameters, gradients, optimizer state) equal `strata plan`'s per-rank figures for the
-// same config within padding (partition alignment, 4096-byte chunk padding, the 1024-element
-// rounding of fractions); the pinned pool equals the plan's swap pool when the plan counts one;
-// the engine's own runtime buffers are small; nothing exceeds a budget.
+// host-emulated device, every device allocation counted) and trained for two steps the way a loop
+// does (gradients handed in tensor by tensor in backward order; at stage 3 one gather() per
+// tensor, released after use), and what it holds equals `strata plan`'s per-rank figures for the
+// same config, within padding (partition and tensor alignment, 4096-byte buffer padding, the
+// 1024-element rounding of fractions):
+//   - after finalize(): the TierStore's bytes per tier and per kind of state (parameters,
+//     gradients, optimizer state with its FP32 master — fp32 parameters included), the pinned
+//     pool (present exactly when the plan counts one), the runtime buffers (the norm exchange);
+//   - finalize()'s device peak: gpu model state + norm + the broadcast staging;
+//   - after the second step's backward: the rt.* buffers = the plan's buckets + receive buffers +
+//     norm, and as many rt.bucket.<n> / rt.recv.<n> buffers as the plan counts;
+//   - the second step's device peak: gpu model state + the plan's step runtime (buckets, receive,
+//     norm, DeviceAdam scratch; stage 3: the gathered layers and send slices, no more than the plan
+//     says on any rank, and as much on the fullest rank where layers are equal);
+//   - nothing exceeds a budget; and a gpu budget below the plan's figure by one bucket fails the
+//     engine as the plan says (Error(kBudget)), while the plan's figure itself suffices.
 #include <gtest/gtest.h>
 
-#include <random>
+#include <map>
+#include <mutex>
+#include <numeric>
 
 #include "../comm/comm_test_util.hpp"
+#include "strata/device.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
@@ -18,142 +32,317 @@
 namespace strata::testing {
 namespace {
 
+// Counts the device memory a rank allocates (the TierStore's gpu copies, DeviceAdam's scratch:
+// every device byte goes through Device::alloc), with a peak that can be restarted.
+// Thread-safety: alloc/free from any thread (the store's movers), guarded by mu_.
+class CountingDevice final : public Device {
+ public:
+  explicit CountingDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
+  DeviceKind kind() const override { return inner_->kind(); }
+  std::string name() const override { return inner_->name(); }
+  std::uint64_t total_memory() const override { return inner_->total_memory(); }
+  void* alloc(std::size_t bytes) override {
+    void* p = inner_->alloc(bytes);
+    std::lock_guard lock(mu_);
+    sizes_[p] = bytes;
+    current_ += bytes;
+    peak_ = std::max(peak_, current_);
+    return p;
+  }
+  void free(void* ptr) noexcept override {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = sizes_.find(ptr); it != sizes_.end()) {
+        current_ -= it->second;
+        sizes_.erase(it);
+      }
+    }
+    inner_->free(ptr);
+  }
+  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  bool register_host(void* ptr, std::size_t bytes) override { return inner_->register_host(ptr, bytes); }
+  void unregister_host(void* ptr) noexcept override { inner_->unregister_host(ptr); }
+
+  std::uint64_t peak() const {
+    std::lock_guard lock(mu_);
+    return peak_;
+  }
+  void restart_peak() {
+    std::lock_guard lock(mu_);
+    peak_ = current_;
+  }
+
+ private:
+  std::unique_ptr<Device> inner_;
+  mutable std::mutex mu_;
+  std::map<void*, std::size_t> sizes_;  // GUARDED_BY(mu_)
+  std::uint64_t current_ = 0, peak_ = 0;  // GUARDED_BY(mu_)
+};
+
 struct AgreeCase {
   const char* name;
   int stage, world;
   OffloadTarget opt, grads, params;
   DType pdt, gdt;
+  std::vector<std::size_t> sizes;  // tensors; each is one layer (one gather() call at stage 3)
+  bool largest_layer = false;      // model.largest_layer = the largest tensor
+  bool update_on_device = false;   // optimizer.update: device
+  bool equal_layers = false;       // stage 3: the fullest rank gathers exactly what the plan says
 };
 
 std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.name; }
 
-class PlanAgreement : public ::testing::TestWithParam<AgreeCase> {};
+constexpr std::uint64_t kPage = 4096;
+constexpr std::uint64_t kBucket = 200'000;  // zero.reduce_bucket_size: several buckets
 
-constexpr std::uint64_t kParams = 1'500'000;
+std::uint64_t padded(std::uint64_t b) { return (b + kPage - 1) / kPage * kPage; }
 
-TEST_P(PlanAgreement, TierStoreUsageEqualsThePlanWithinPadding) {
-  const AgreeCase c = GetParam();
-  TempDir dir("strata-agree");
+std::vector<std::size_t> uneven(std::size_t total) {
+  return {total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3};
+}
+
+Config case_config(const AgreeCase& c, const std::string& swap_dir) {
   Config cfg;
-  cfg.model.parameters = kParams;
+  cfg.model.parameters = std::accumulate(c.sizes.begin(), c.sizes.end(), std::uint64_t{0});
+  if (c.largest_layer) cfg.model.largest_layer = *std::max_element(c.sizes.begin(), c.sizes.end());
   cfg.world.ranks = static_cast<std::uint32_t>(c.world);
   cfg.world.ranks_per_node = static_cast<std::uint32_t>(c.world);
   cfg.zero.stage = c.stage;
   cfg.zero.sub_group_size = 400'000;
-  cfg.zero.reduce_bucket_size = 200'000;
+  cfg.zero.reduce_bucket_size = kBucket;
   cfg.precision.params = c.pdt;
   cfg.precision.grads = c.gdt;
   cfg.offload.optimizer = c.opt;
   cfg.offload.gradients = c.grads;
   cfg.offload.params = c.params;
-  cfg.tiers.gpu.budget = 64ULL << 20;
-  cfg.tiers.host.budget = 256ULL << 20;
+  if (c.update_on_device) cfg.optimizer.update = OptimizerUpdate::kDevice;
+  cfg.tiers.gpu.budget = 256ULL << 20;
+  cfg.tiers.host.budget = 512ULL << 20;
   cfg.tiers.host.pinned_budget = 64ULL << 20;
   cfg.tiers.host.buffer_count = 3;
   cfg.tiers.host.buffer_size = 1 << 20;
-  cfg.tiers.nvme.paths = {dir.str()};
+  cfg.tiers.nvme.paths = {swap_dir};
   cfg.tiers.nvme.engine = IoEngineKind::kThreads;
   cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
   cfg.runtime.device = DeviceKind::kHost;
   cfg.runtime.cpu_threads = 1;
+  cfg.runtime.collective_timeout_s = 60;
+  return cfg;
+}
+
+// What one rank saw.
+struct RankSeen {
+  zero::StorageReport after_finalize, after_backward;
+  std::size_t chunks = 0;
+  std::uint64_t finalize_peak = 0, step_peak = 0;
+  std::uint64_t bucket_buffers = 0, recv_buffers = 0;  // rt.bucket.<n>, rt.recv.<n>
+};
+
+// How many of `prefix`<n> the rank's store holds (names count up across both kinds).
+std::uint64_t count_named(const TierStore& s, const std::string& prefix) {
+  std::uint64_t n = 0;
+  for (int i = 0; i < 256; ++i) {
+    try {
+      (void)s.find(prefix + std::to_string(i));
+      ++n;
+    } catch (const Error&) {
+    }
+  }
+  return n;
+}
+
+// One rank: finalize, two steps of a loop (forward gathers at stage 3, backward in reverse order).
+RankSeen run_rank(const Config& cfg, const std::vector<std::size_t>& sizes, Communicator& comm) {
+  RankSeen seen;
+  CountingDevice* dev = nullptr;
+  Engine e(cfg, comm);
+  std::vector<TensorId> ids;
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    ids.push_back(e.add_parameter(strata::strcat("t", t), std::vector<float>(sizes[t], 0.25f)));
+  zero::EngineAccess::set_storage_wrap(e, {[&](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+                                             auto c = std::make_unique<CountingDevice>(std::move(d));
+                                             dev = c.get();
+                                             return c;
+                                           },
+                                           nullptr});
+  e.finalize();
+  seen.finalize_peak = dev->peak();
+  seen.after_finalize = zero::EngineAccess::report(e);
+  seen.chunks = zero::EngineAccess::chunks(e).size();
+  const std::size_t ges = dtype_size(cfg.precision.grads);
+  for (int step = 0; step < 2; ++step) {
+    if (step == 1) dev->restart_peak();  // buckets exist from the first step on
+    for (TensorId id : ids) {  // forward
+      e.gather({&id, 1});
+      e.release({&id, 1});
+    }
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // backward
+      const TensorId id = *it;
+      e.gather({&id, 1});
+      std::vector<unsigned char> g(sizes[id] * ges, 0);  // zeros: finite in every dtype
+      e.set_gradient_host(id, g.data());
+      e.release({&id, 1});
+    }
+    if (step == 1) {
+      seen.after_backward = zero::EngineAccess::report(e);
+      const TierStore& s = zero::EngineAccess::storage(e).store();
+      seen.bucket_buffers = count_named(s, "rt.bucket.");
+      seen.recv_buffers = count_named(s, "rt.recv.");
+    }
+    EXPECT_TRUE(e.step().applied);
+  }
+  seen.step_peak = dev->peak();
+  return seen;
+}
+
+class PlanAgreement : public ::testing::TestWithParam<AgreeCase> {};
+
+TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
+  const AgreeCase c = GetParam();
+  TempDir dir("strata-agree");
+  const Config cfg = case_config(c, dir.str());
   const Plan plan = make_plan(cfg);
   const Layout& l = plan.configured;
+  const RuntimeBuffers& rt = l.runtime;
+  ASSERT_TRUE(l.fits()) << "the test's budgets must hold the plan";
 
-  // Three tensors of uneven sizes adding up to model.parameters.
-  const std::vector<std::size_t> sizes{kParams / 2 + 3, kParams / 3,
-                                       kParams - (kParams / 2 + 3) - kParams / 3};
-  auto comms = make_inprocess_communicators(c.world, 30.0);
-  std::vector<zero::StorageReport> reps(static_cast<std::size_t>(c.world));
-  std::vector<std::size_t> nchunks(static_cast<std::size_t>(c.world));
+  auto comms = make_inprocess_communicators(c.world, 60.0);
+  std::vector<RankSeen> seen(static_cast<std::size_t>(c.world));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    Engine e(cfg, comm);
-    for (std::size_t t = 0; t < sizes.size(); ++t)
-      e.add_parameter(strata::strcat("t", t), std::vector<float>(sizes[t], 0.5f));
-    e.finalize();
-    reps[static_cast<std::size_t>(rank)] = zero::EngineAccess::report(e);
-    nchunks[static_cast<std::size_t>(rank)] = zero::EngineAccess::chunks(e).size();
+    seen[static_cast<std::size_t>(rank)] = run_rank(cfg, c.sizes, comm);
   }));
 
   const BytesPerParam b = bytes_per_param(cfg.precision);
-  // The engine keeps an FP32 master copy whatever precision.params is (the plan omits it for fp32
-  // parameters): compare the optimizer state at 12 B per element.
-  ASSERT_NE(c.pdt, DType::kFp32) << "the plan counts no master for fp32 parameters";
+  EXPECT_EQ(b.optimizer(), 12u) << "the engine keeps master | m | v in FP32 for every dtype";
   const StateBytes* plan_tier[3] = {&l.on_gpu, &l.on_host, &l.on_nvme};
+  // Padding: the flat space's alignment (tensor and partition alignment), each placement's
+  // 1024-element rounding.
+  const std::uint64_t align_elems = c.sizes.size() * Partition::kDefaultTensorAlign +
+                                    static_cast<std::uint64_t>(c.world) * Partition::kDefaultPartitionAlign +
+                                    1024;
+  std::uint64_t gather_peak_max = 0;
   for (int r = 0; r < c.world; ++r) {
     SCOPED_TRACE(strata::strcat("rank ", r));
-    const zero::StorageReport& rep = reps[static_cast<std::size_t>(r)];
-    // Padding: the flat space's alignment (tensor and partition alignment, per rank), each chunk
-    // buffer padded to 4096 B, and each placement's 1024-element rounding.
-    const std::uint64_t align_elems =
-        3 * Partition::kDefaultTensorAlign +
-        static_cast<std::uint64_t>(c.world) * Partition::kDefaultPartitionAlign + 1024;
-    const std::uint64_t chunk_pad = (nchunks[static_cast<std::size_t>(r)] + 1) * 4096;
+    const RankSeen& s = seen[static_cast<std::size_t>(r)];
+    const zero::StorageReport& rep = s.after_finalize;
+    const std::uint64_t chunk_pad = (s.chunks + 1) * kPage;  // each chunk buffer padded to 4096 B
+
+    // Model state per tier and kind.
+    const std::uint64_t bpe[3] = {b.params, b.grads, b.optimizer()};
+    std::uint64_t gpu_state_slack = 0;
     for (int t = 0; t < 3; ++t) {
-      const char* tn = tier_name(static_cast<Tier>(t));
-      const std::uint64_t want[3] = {plan_tier[t]->params, plan_tier[t]->grads,
-                                     plan_tier[t]->optimizer};
-      const std::uint64_t bpe[3] = {b.params, b.grads, b.optimizer()};
+      const std::uint64_t want[3] = {plan_tier[t]->params, plan_tier[t]->grads, plan_tier[t]->optimizer};
       for (int k = 0; k < 3; ++k) {
-        const double got = static_cast<double>(rep.bytes[t][k]);
-        const double slack = static_cast<double>(align_elems * bpe[k] + chunk_pad);
-        EXPECT_NEAR(got, static_cast<double>(want[k]), slack) << tn << " tier, "
-                                                              << (k == 0   ? "parameters"
-                                                                  : k == 1 ? "gradients"
-                                                                           : "optimizer state");
+        const std::uint64_t slack = align_elems * bpe[k] + chunk_pad;
+        if (t == 0) gpu_state_slack += slack;
+        EXPECT_NEAR(static_cast<double>(rep.bytes[t][k]), static_cast<double>(want[k]),
+                    static_cast<double>(slack))
+            << tier_name(static_cast<Tier>(t)) << " tier, "
+            << (k == 0 ? "parameters" : k == 1 ? "gradients" : "optimizer state");
       }
     }
-    // The pinned pool: the plan's swap pool when the plan counts one (state on NVMe), within the
-    // padding of a chunk (chunks hold whole multiples of 1024 elements: a buffer is sized to the
-    // largest chunk it stages).
-    if (l.swap_pool) {
-      const double per_buffer_pad =
-          1024.0 * static_cast<double>(12 + b.params + b.grads) + 3 * 4096;
-      EXPECT_LE(rep.pool, l.swap_pool);
-      EXPECT_NEAR(static_cast<double>(rep.pool), static_cast<double>(l.swap_pool),
-                  cfg.tiers.host.buffer_count * per_buffer_pad);
+    const std::uint64_t gpu_state = rep.bytes[0][0] + rep.bytes[0][1] + rep.bytes[0][2];
+
+    // The pinned pool: there exactly when the plan counts it; as large, within a page per buffer.
+    EXPECT_EQ(rep.pool > 0, l.pool.used) << l.pool.why;
+    EXPECT_NEAR(static_cast<double>(rep.pool), static_cast<double>(l.pool.bytes()),
+                static_cast<double>(l.pool.buffers * kPage));
+
+    // Runtime buffers after finalize(): the norm exchange.
+    EXPECT_EQ(rep.bytes[0][3], padded(rt.norm));
+
+    // finalize(): gpu state + norm + the broadcast's staging piece (nothing else on the device).
+    EXPECT_NEAR(static_cast<double>(s.finalize_peak),
+                static_cast<double>(l.on_gpu.total() + rt.norm + rt.staging),
+                static_cast<double>(gpu_state_slack + 2 * kPage));
+
+    // After the second backward: the buckets, their receive buffers and the norm, no more.
+    EXPECT_EQ(s.bucket_buffers, rt.bucket_count);
+    EXPECT_EQ(s.recv_buffers, rt.receive_count);
+    const std::uint64_t rt_now = s.after_backward.bytes[0][3];
+    EXPECT_NEAR(static_cast<double>(rt_now), static_cast<double>(rt.buckets + rt.receive + rt.norm),
+                static_cast<double>((rt.bucket_count + 1) * kPage +
+                                    rt.receive_count * (align_elems * b.grads + kPage)));
+
+    // The second step's device peak: gpu state + the plan's step runtime. Stage 3's gathers: what
+    // remains of the peak above state and the buffers after the backward.
+    const std::uint64_t held = gpu_state + rt_now;
+    const std::uint64_t gathers = s.step_peak - std::min(s.step_peak, held);
+    if (c.stage == 3) {
+      EXPECT_LE(gathers, rt.gathered + rt.send + 4 * kPage + rt.adam_scratch);
+      gather_peak_max = std::max(gather_peak_max, gathers);
+    } else {
+      EXPECT_NEAR(static_cast<double>(gathers), static_cast<double>(rt.adam_scratch), 4.0 * 256);
     }
-    // Runtime buffers after finalize(): only the norm exchange.
-    EXPECT_LE(rep.bytes[0][3], 4096u);
-    // Usage = state + pool + runtime, and within every budget.
+    EXPECT_LE(s.step_peak, l.on_gpu.total() + rt.step() + gpu_state_slack +
+                               (rt.bucket_count + rt.receive_count + 5) * kPage);
+
+    // TierStore usage = state + pool + runtime, within every budget.
     std::uint64_t host_state = 0;
     for (int k = 0; k < 4; ++k) host_state += rep.bytes[1][k];
     EXPECT_EQ(rep.used[1], host_state + rep.pool);
     for (int t = 0; t < 3; ++t)
       EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
   }
+  if (c.equal_layers)  // the fullest rank gathers and sends two whole layers
+    EXPECT_NEAR(static_cast<double>(gather_peak_max), static_cast<double>(rt.gathered + rt.send),
+                4.0 * kPage);
 }
 
 const OffloadTarget kGpu{Tier::kGpu, 1.0, false};
 const OffloadTarget kCpuAll{Tier::kCpu, 1.0, false};
 const OffloadTarget kNvmeAll{Tier::kNvme, 1.0, false};
+const std::vector<std::size_t> kUneven = uneven(1'500'000);
+const std::vector<std::size_t> kEqual(12, 125'000);  // 12 layers, each below the bucket
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanAgreement,
-    ::testing::Values(AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16,
-                                DType::kFp16},
-                      AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu,
-                                DType::kBf16, DType::kFp32},
-                      AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll,
-                                kCpuAll, kGpu, DType::kFp16, DType::kFp16},
-                      AgreeCase{"stage2_world2_optimizer_cpu_half",
-                                2,
-                                2,
-                                {Tier::kCpu, 0.5, false},
-                                kGpu,
-                                kGpu,
-                                DType::kBf16,
-                                DType::kBf16},
-                      AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll,
-                                DType::kBf16, DType::kBf16},
-                      AgreeCase{"stage3_world4_mixed",
-                                3,
-                                4,
-                                {Tier::kNvme, 0.7, false},
-                                kCpuAll,
-                                {Tier::kNvme, 0.5, false},
-                                DType::kFp16,
-                                DType::kFp16}),
+    ::testing::Values(
+        AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16, DType::kFp16, kUneven},
+        AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu, DType::kBf16,
+                  DType::kFp32, kUneven},
+        AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll, kCpuAll, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven},
+        AgreeCase{"stage2_world2_optimizer_cpu_half", 2, 2, {Tier::kCpu, 0.5, false}, kGpu, kGpu,
+                  DType::kBf16, DType::kBf16, kUneven},
+        AgreeCase{"stage2_world1_fp32_optimizer_cpu", 2, 1, kCpuAll, kGpu, kGpu, DType::kFp32,
+                  DType::kFp32, kUneven},
+        AgreeCase{"stage2_world2_optimizer_cpu_update_on_device", 2, 2, kCpuAll, kGpu, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven, false, true},
+        AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll, DType::kBf16,
+                  DType::kBf16, kUneven, true},
+        AgreeCase{"stage3_world4_mixed", 3, 4, {Tier::kNvme, 0.7, false}, kCpuAll,
+                  {Tier::kNvme, 0.5, false}, DType::kFp16, DType::kFp16, kUneven, true},
+        AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu, kGpu,
+                  DType::kFp32, DType::kFp32, kEqual, true, false, true}),
     agree_name);
+
+// The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
+// one gradient bucket less and the plan says "does not fit" and the engine fails with kBudget.
+TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
+  TempDir dir("strata-agree");
+  const AgreeCase c{"budget", 2, 1, kGpu, kGpu, kGpu, DType::kFp16, DType::kFp16, kUneven};
+  Config cfg = case_config(c, dir.str());
+  const Plan p = make_plan(cfg);
+  const std::uint64_t slack = 16 * kPage;  // buffer padding and alignment
+  cfg.tiers.gpu.budget = p.configured.per_rank.gpu + slack;
+  ASSERT_TRUE(make_plan(cfg).configured_fits());
+  auto comms = make_inprocess_communicators(1, 30.0);
+  rethrow_any(run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
+
+  cfg.tiers.gpu.budget = p.configured.per_rank.gpu - kBucket * 2;  // one fp16 bucket less
+  const Plan q = make_plan(cfg);
+  EXPECT_FALSE(q.configured_fits());
+  EXPECT_NE(q.configured_rung.verdict.find("runtime buffers"), std::string::npos)
+      << q.configured_rung.verdict;
+  try {
+    rethrow_any(run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
+    ADD_FAILURE() << "the engine trained in a gpu budget the plan says is too small";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+  }
+}
 
 }  // namespace
 }  // namespace strata::testing

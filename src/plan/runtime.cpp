@@ -1,0 +1,176 @@
+// What the engine holds besides the model state, with the formulas it allocates by
+// (src/zero/engine_layout.cpp, engine_grads.cpp, engine_params.cpp): the pinned staging pool and
+// the runtime buffers in device memory. docs/config.md "Pinned pool" and "Runtime buffers".
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+
+#include "core/checked_math.hpp"
+#include "strata/plan.hpp"
+
+namespace strata {
+namespace {
+
+constexpr std::uint64_t kAlign = 4096;            // a chunk's staging regions (engine_layout.cpp)
+constexpr std::uint64_t kPartitionAlign = 64;     // Partition::kDefaultPartitionAlign
+constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast piece (64 MiB)
+
+std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
+std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
+
+std::uint64_t ranks_of(const Config& c) { return std::max<std::uint32_t>(c.world.ranks, 1); }
+
+// The rank's partition: ceil(parameters / ranks) rounded up to the partition alignment.
+std::uint64_t partition_elements(const Config& c) {
+  return round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
+}
+
+// The engine's leading(): the first ceil(fraction x count) elements, rounded up to 1024, are on the
+// placement's tier.
+std::uint64_t leading(const OffloadTarget& t, std::uint64_t count) {
+  if (t.tier == Tier::kGpu || t.fraction <= 0 || count == 0) return 0;
+  const double want = std::ceil(std::min(1.0, t.fraction) * static_cast<double>(count));
+  return std::min(count, round_up(static_cast<std::uint64_t>(want), 1024));
+}
+
+// The most elements one pool buffer stages: round_up(12n) + round_up(n x grad) + round_up(n x
+// param) <= buffer_size, cut to a multiple of 1024 (64 when small).
+std::uint64_t chunk_capacity(std::uint64_t buf, std::uint64_t gb, std::uint64_t pb) {
+  auto fits = [&](std::uint64_t n) {
+    return sat_add(round_up(sat_mul(12, n), kAlign), round_up(sat_mul(n, gb), kAlign),
+                   round_up(sat_mul(n, pb), kAlign)) <= buf;
+  };
+  std::uint64_t lo = 0, hi = buf;
+  while (lo < hi) {
+    const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid))
+      lo = mid;
+    else
+      hi = mid - 1;
+  }
+  return lo >= 1024 ? lo / 1024 * 1024 : lo >= 64 ? lo / 64 * 64 : lo;
+}
+
+}  // namespace
+
+std::uint64_t PoolPlan::bytes() const { return used ? sat_mul(buffers, buffer_size) : 0; }
+
+// The engine's chunk grid over the rank's optimizer range (sub-groups of zero.sub_group_size, cut
+// where a placement's share ends and at what one buffer stages) decides how many buffers the pool
+// gets and, when no chunk fills a buffer, how large they are. Regions between the placement cuts
+// are counted in closed form (no loop over chunks).
+PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
+  PoolPlan p;
+  const std::uint64_t n = ranks_of(c);
+  const std::uint64_t psize = partition_elements(c);
+  const std::uint64_t count = stage == 0 ? sat_mul(psize, n) : psize;
+  const std::uint64_t opt_on = leading(o.optimizer, count);
+  const std::uint64_t grad_on = stage >= 2 ? leading(o.gradients, count) : 0;
+  const std::uint64_t param_on = stage == 3 ? leading(o.params, count) : 0;
+  const bool gpu = c.runtime.device != DeviceKind::kHost;
+  const bool off = opt_on || grad_on || param_on;
+  if (!off && !gpu) {
+    p.why = "none: no state off the gpu and runtime.device is host";
+    return p;
+  }
+  p.used = true;
+  p.why = off ? "state off the gpu is staged through it"
+              : std::string("the device is a GPU (runtime.device ") +
+                    device_name(c.runtime.device) +
+                    "): copies between device and host are staged through it";
+  const std::uint64_t gb = dtype_size(c.precision.grads), pb = dtype_size(c.precision.params);
+  const std::uint64_t buf = c.tiers.host.buffer_size;
+  const std::uint64_t cap = std::max<std::uint64_t>(chunk_capacity(buf, gb, pb), 1);
+  const std::uint64_t sg = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
+
+  // Regions between the cuts have one placement each.
+  std::array<std::uint64_t, 5> cuts = {0, opt_on, grad_on, param_on, count};
+  std::sort(cuts.begin(), cuts.end());
+  std::uint64_t chunks = 0, need = 0;
+  bool capped = false;
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const std::uint64_t x = cuts[i], y = cuts[i + 1];
+    if (x >= y) continue;
+    const bool opt_off = x < opt_on, opt_nvme = opt_off && o.optimizer.tier == Tier::kNvme;
+    const bool grads_cpu = x < grad_on && o.gradients.tier == Tier::kCpu;
+    const bool params_cpu = x < param_on && o.params.tier == Tier::kCpu;
+    auto piece = [&](std::uint64_t len, std::uint64_t times) {  // `times` pieces of `len` elements
+      if (len == 0 || times == 0) return;
+      chunks = sat_add(chunks, sat_mul(ceil_div(len, cap), times));
+      const std::uint64_t e = std::min(len, cap);  // the largest chunk of the piece
+      if (e == cap) capped = true;
+      if (opt_off) {
+        p.largest_host_chunk = std::max(p.largest_host_chunk, e);
+        std::uint64_t slot = opt_nvme ? round_up(12 * e, kAlign) : 0;
+        if (!grads_cpu) slot += round_up(e * gb, kAlign);
+        if (!params_cpu) slot += round_up(e * pb, kAlign);
+        need = std::max(need, slot);
+      }
+      if (!grads_cpu) need = std::max(need, round_up(e * gb, kAlign));  // the statistics pass
+    };
+    // [x, y) cut at the multiples of the sub-group size.
+    const std::uint64_t first_end = std::min(y, sat_mul(x / sg + 1, sg));
+    piece(first_end - x, 1);
+    if (first_end < y) {
+      piece(sg, (y - first_end) / sg);
+      piece((y - first_end) % sg, 1);
+    }
+  }
+  p.buffers = static_cast<std::uint32_t>(
+      std::min<std::uint64_t>(c.tiers.host.buffer_count, std::max<std::uint64_t>(chunks, 1)));
+  p.buffer_size = capped ? buf : std::min(buf, std::max(need, kAlign));
+  return p;
+}
+
+std::uint64_t RuntimeBuffers::step() const {
+  return sat_add(buckets, receive, gathered, send, norm, adam_scratch);
+}
+std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
+
+RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& offload) {
+  RuntimeBuffers r;
+  const std::uint64_t n = ranks_of(c);
+  const std::uint64_t psize = partition_elements(c);
+  const std::uint64_t flat = sat_mul(psize, n);
+  const std::uint64_t gb = dtype_size(c.precision.grads), pb = dtype_size(c.precision.params);
+  const std::uint64_t bucket = std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1);
+  r.norm = 16 * (n + 1);
+  if (c.model.largest_layer > 0) {
+    r.layer = std::min(c.model.largest_layer, c.model.parameters);
+  } else if (c.model.hidden_size > 0) {
+    // One transformer block: attention 4h^2 + 4h, MLP 8h^2 + 5h, two layer norms 4h.
+    const std::uint64_t h = c.model.hidden_size;
+    r.layer = std::min(sat_add(sat_mul(12, h, h), sat_mul(13, h)), c.model.parameters);
+    r.layer_estimated = r.layer > 0;
+  }
+  if (stage >= 2 && c.model.parameters > 0) {
+    // Buffers are B elements each, whatever the model's size. Handed in tensor by tensor in
+    // backward order, at most two buckets are in flight, one waits for its earlier tensors and one
+    // is being filled; a tensor larger than a bucket can complete one more inside it.
+    const std::uint64_t nbuckets = ceil_div(flat, bucket);
+    const bool small_tensors = c.model.largest_layer > 0 && c.model.largest_layer < bucket;
+    r.bucket_count = std::min<std::uint64_t>(nbuckets, small_tensors ? 4 : 5);
+    r.buckets = sat_mul(r.bucket_count, bucket, gb);
+    r.receive_count = std::min<std::uint64_t>(nbuckets, 2);
+    r.receive = sat_mul(r.receive_count, std::min(bucket, psize), gb);
+  }
+  if (stage == 3 && r.layer > 0) {
+    r.gathered = sat_mul(2, r.layer, pb);
+    r.send = sat_mul(2, std::min(r.layer, psize), pb);
+  }
+  // finalize() broadcasts rank 0's initial values (FP32) through one device buffer of at most
+  // 2^24 elements. (read_state / write_state of a tensor of T elements stage T + its share in
+  // FP32 for the call: not counted, the plan does not know tensor sizes.)
+  if (n > 1 && c.model.parameters > 0) r.staging = sat_mul(std::min(flat, kXferPiece), 4);
+  // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
+  // through one scratch buffer sized to the largest (src/optim/device_adam.cpp).
+  if (c.optimizer.update == OptimizerUpdate::kDevice) {
+    const std::uint64_t e = plan_pool(c, stage, offload).largest_host_chunk;
+    auto pad = [](std::uint64_t b) { return round_up(b, 256); };
+    if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * gb), pad(e * pb));
+  }
+  return r;
+}
+
+}  // namespace strata
