@@ -34,12 +34,13 @@ namespace strata::zero {
 // Per-rank fault injection (tests): what the rank's storage builds is passed through these (each
 // may be empty) before use, e.g. into a FaultInjectingDevice / FaultInjectingIoEngine.
 struct StorageWrap {
-  // Makes the rank's device in place of make_device(kind, ordinal) (kind as resolved, and refused,
-  // against the communicator): e.g. the host-emulated device under a communicator that reports
-  // device buffers, to run a NCCL-like pairing without a GPU. Empty: make_device.
-  std::function<std::unique_ptr<Device>(DeviceKind kind, int ordinal)> make;
   std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> device;
   std::function<std::unique_ptr<IoEngine>(std::unique_ptr<IoEngine>)> io;
+  // Makes the rank's device in place of make_device(kind, ordinal) (kind as resolved, and refused,
+  // against the communicator): e.g. the host-emulated device under a communicator that reports
+  // device buffers, to run a NCCL-like pairing without a GPU. Empty: make_device. (Last, so that
+  // {device, io} initializers stay valid.)
+  std::function<std::unique_ptr<Device>(DeviceKind kind, int ordinal)> make;
 };
 
 // What the engine's layout asks of the storage (after the device is known).
