@@ -147,12 +147,14 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   if (stage >= 2 && c.model.parameters > 0) {
     // Buffers are B elements each, whatever the model's size. Handed in tensor by tensor in
     // backward order, at most two buckets are in flight, one waits for its earlier tensors and one
-    // is being filled; a tensor larger than a bucket can complete one more inside it.
+    // is being filled; a tensor larger than a bucket can complete one more inside it. Receive
+    // buffers: two reduce-scatters in flight plus one whose share is still being copied out to
+    // the host (ZeRO-Offload overlap, src/zero/engine_grads.cpp).
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
     const bool small_tensors = c.model.largest_layer > 0 && c.model.largest_layer < bucket;
     r.bucket_count = std::min<std::uint64_t>(nbuckets, small_tensors ? 4 : 5);
     r.buckets = sat_mul(r.bucket_count, bucket, gb);
-    r.receive_count = std::min<std::uint64_t>(nbuckets, 2);
+    r.receive_count = std::min<std::uint64_t>(nbuckets, 3);
     r.receive = sat_mul(r.receive_count, std::min(bucket, psize), gb);
   }
   if (stage == 3 && r.layer > 0) {
