@@ -96,6 +96,11 @@ Recommendation recommend(const Config& c) {
     const Rung& last = rec.ladder.back();
     rec.reason = "nothing fits: even " + last.layout.describe() + " overflows: " + last.verdict +
                  "; add ranks, raise the budgets" +
+                 (last.layout.runtime.buckets + last.layout.runtime.receive > 0
+                      ? ", shrink zero.reduce_bucket_size (gradient buckets and receive buffers: " +
+                            format_bytes(last.layout.runtime.buckets + last.layout.runtime.receive) +
+                            " per rank)"
+                      : "") +
                  (c.model.has_shape() ? ", or shrink model.micro_batch / sequence_length" : "");
     return rec;
   }

@@ -209,7 +209,13 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   // A 1 GB gpu holds only the runtime buffers: everything off it; nothing at all with 700 MB.
   c.tiers.host.budget = 512 * kGB;
   EXPECT_EQ(rec(1 * kGB).layout.describe(), "stage 3, optimizer on cpu, gradients on cpu, params on cpu");
-  EXPECT_FALSE(rec(rt23 - 1).found);
+  r = rec(rt23 - 1);
+  EXPECT_FALSE(r.found);
+  // The advice names the knob that shrinks what overflows: the buckets and receive buffers.
+  EXPECT_NE(r.reason.find("shrink zero.reduce_bucket_size (gradient buckets and receive buffers: "
+                          "800 MB per rank)"),
+            std::string::npos)
+      << r.reason;
   c.tiers.host.budget = 20 * kGB;  // 30 GB of params + grads per node no longer fit on the host
   EXPECT_EQ(rec(1 * kGB).layout.describe(),
             "stage 3, optimizer on nvme, gradients on nvme, params on nvme");
