@@ -171,6 +171,7 @@ class TierStore::Impl {
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
+  void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const;  // mutex_ held
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.

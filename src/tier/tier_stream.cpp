@@ -171,6 +171,17 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
   ++stats_.reads;
 }
 
+// REQUIRES: mutex_ held. A streamed write or zero replaces the buffer's contents at its home:
+// refused (kInvalidArgument) while a copy on another memory tier is acquired.
+void TierStore::Impl::require_unpinned_away_locked(const Buf& b, const char* verb) const {
+  for (Tier u : kMemTiers) {
+    if (u != b.spec.home && b.copy[ti(u)].pins) {
+      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot ", verb, " buffer '", b.spec.name,
+                                               "': it is acquired on ", where(b)));
+    }
+  }
+}
+
 void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   Buf& b = *job.buf;
   const Tier home = b.spec.home;
@@ -178,12 +189,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   bool need_load = false;
   {
     std::lock_guard lock(mutex_);
-    for (Tier u : kMemTiers) {
-      if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot write buffer '", b.spec.name,
-                                                 "': it is acquired on ", where(b)));
-      }
-    }
+    require_unpinned_away_locked(b, "write");
     if (home == Tier::kNvme) {
       // The other copies are stale from here on; the write makes the NVMe copy the only one.
       for (Tier u : kMemTiers) drop_locked(b, u);
@@ -247,12 +253,7 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
   const Tier home = b.spec.home;
   {
     std::lock_guard lock(mutex_);
-    for (Tier u : kMemTiers) {
-      if (u != home && b.copy[ti(u)].pins) {
-        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot zero buffer '", b.spec.name,
-                                                 "': it is acquired on ", where(b)));
-      }
-    }
+    require_unpinned_away_locked(b, "zero");
     if (home == Tier::kNvme) {
       for (Tier u : kMemTiers) drop_locked(b, u);
       reserve_locked(b, Tier::kNvme);

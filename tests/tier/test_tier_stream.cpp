@@ -523,3 +523,42 @@ TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
 }
 
 }  // namespace
+
+// A streamed write or zero replaces the home copy: refused, naming the buffer and the pin, while
+// a copy on another memory tier is acquired; accepted (and read back) once it is released.
+TEST(StreamRefusals, WriteAndZeroWhileAcquiredElsewhereAreRefused) {
+  NvmeLoop l(5, {});
+  const BufferId id =
+      l.rig.store->register_buffer({"x2", 12345, DType::kFp32, Tier::kNvme, {Tier::kNvme, Tier::kCpu}});
+  l.rig.store->zero(id).wait(30s);
+  const std::uint64_t padded = l.rig.store->padded_bytes(id);
+  st::CallerMemory src(*l.rig.device, Tier::kCpu, padded);
+  std::vector<std::uint8_t> fresh(12345);
+  for (std::size_t i = 0; i < fresh.size(); ++i) fresh[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  std::memset(src.data(), 0, padded);
+  std::memcpy(src.data(), fresh.data(), fresh.size());
+  l.rig.store->acquire(id, Tier::kCpu, Access::kRead);
+  for (const char* op : {"write", "zero"}) {
+    SCOPED_TRACE(op);
+    try {
+      if (std::string(op) == "write") {
+        l.rig.store->write(id, 0, 0, src.data(), Tier::kCpu).wait(30s);
+      } else {
+        l.rig.store->zero(id).wait(30s);
+      }
+      FAIL() << "accepted while acquired on cpu";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("cannot ") + op + " buffer 'x2'"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find("acquired on"), std::string::npos) << e.what();
+    }
+  }
+  l.rig.store->release(id, Tier::kCpu);
+  EXPECT_TRUE(l.rig.store->failure().empty()) << l.rig.store->failure();
+  l.rig.store->write(id, 0, 0, src.data(), Tier::kCpu).wait(30s);
+  st::CallerMemory dst(*l.rig.device, Tier::kCpu, padded);
+  l.rig.store->read(id, 0, 0, dst.data(), Tier::kCpu).wait(30s);
+  EXPECT_EQ(dst.get(fresh.size()), fresh);
+}
