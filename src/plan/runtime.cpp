@@ -145,7 +145,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     r.layer_estimated = r.layer > 0;
   }
   if (stage >= 2 && c.model.parameters > 0) {
-    // Buffers are B elements each, whatever the model's size. Handed in tensor by tensor in
+    // Buffers are min(B, F) elements each (no bucket is longer than the flat gradients). Handed in tensor by tensor in
     // backward order, at most two buckets are in flight, one waits for its earlier tensors and one
     // is being filled; a tensor larger than a bucket can complete one more inside it. Receive
     // buffers: two reduce-scatters in flight plus one whose share is still being copied out to
@@ -153,7 +153,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
     const bool small_tensors = c.model.largest_layer > 0 && c.model.largest_layer < bucket;
     r.bucket_count = std::min<std::uint64_t>(nbuckets, small_tensors ? 4 : 5);
-    r.buckets = sat_mul(r.bucket_count, bucket, gb);
+    r.buckets = sat_mul(r.bucket_count, std::min(bucket, flat), gb);
     r.receive_count = std::min<std::uint64_t>(nbuckets, 3);
     r.receive = sat_mul(r.receive_count, std::min(bucket, psize), gb);
   }

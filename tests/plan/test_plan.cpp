@@ -352,12 +352,12 @@ TEST(Plan, RuntimeBuffersFormulas) {
   // Every tensor below the bucket (model.largest_layer < B): 4.
   c.model.largest_layer = 99'999;
   EXPECT_EQ(runtime_buffers(c, 2, c.offload).bucket_count, 4u);
-  // One bucket larger than the model: one buffer of B elements, whatever the model's size, and a
-  // receive buffer of the partition.
+  // One bucket larger than the model: one buffer of the flat gradients' size (F = 1000128), not of
+  // B elements, and a receive buffer of the partition.
   c.zero.reduce_bucket_size = 500'000'000;
   r = runtime_buffers(c, 3, c.offload);
   EXPECT_EQ(r.bucket_count, 1u);
-  EXPECT_EQ(r.buckets, 500'000'000ULL * 4);
+  EXPECT_EQ(r.buckets, 1'000'128ULL * 4);
   EXPECT_EQ(r.receive_count, 1u);
   EXPECT_EQ(r.receive, 333'376ULL * 4);
   EXPECT_EQ(r.gathered, 2 * 99'999ULL * 2);

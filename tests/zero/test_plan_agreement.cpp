@@ -89,6 +89,7 @@ struct AgreeCase {
   bool largest_layer = false;      // model.largest_layer = the largest tensor
   bool update_on_device = false;   // optimizer.update: device
   bool equal_layers = false;       // stage 3: the fullest rank gathers exactly what the plan says
+  std::uint64_t bucket = 0;        // zero.reduce_bucket_size; 0 = kBucket (several buckets)
 };
 
 std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.name; }
@@ -110,7 +111,7 @@ Config case_config(const AgreeCase& c, const std::string& swap_dir) {
   cfg.world.ranks_per_node = static_cast<std::uint32_t>(c.world);
   cfg.zero.stage = c.stage;
   cfg.zero.sub_group_size = 400'000;
-  cfg.zero.reduce_bucket_size = kBucket;
+  cfg.zero.reduce_bucket_size = c.bucket ? c.bucket : kBucket;
   cfg.precision.params = c.pdt;
   cfg.precision.grads = c.gdt;
   cfg.offload.optimizer = c.opt;
@@ -257,11 +258,16 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
                 static_cast<double>(l.on_gpu.total() + rt.norm + rt.staging),
                 static_cast<double>(gpu_state_slack + 2 * kPage));
 
-    // After the second backward: the buckets, their receive buffers and the norm, no more.
+    // After the second backward: the buckets, their receive buffers and the norm, no more. The
+    // third receive buffer exists only when a share's copy out was still running when the next
+    // collective needed one (timing): the plan counts it (an upper bound), the engine may not.
     EXPECT_EQ(s.bucket_buffers, rt.bucket_count);
-    EXPECT_EQ(s.recv_buffers, rt.receive_count);
+    EXPECT_LE(s.recv_buffers, rt.receive_count);
+    EXPECT_GE(s.recv_buffers, std::min<std::uint64_t>(rt.receive_count, 2));
+    const std::uint64_t recv_each = rt.receive_count ? rt.receive / rt.receive_count : 0;
     const std::uint64_t rt_now = s.after_backward.bytes[0][3];
-    EXPECT_NEAR(static_cast<double>(rt_now), static_cast<double>(rt.buckets + rt.receive + rt.norm),
+    EXPECT_NEAR(static_cast<double>(rt_now),
+                static_cast<double>(rt.buckets + s.recv_buffers * recv_each + rt.norm),
                 static_cast<double>((rt.bucket_count + 1) * kPage +
                                     rt.receive_count * (align_elems * b.grads + kPage)));
 
@@ -315,7 +321,11 @@ INSTANTIATE_TEST_SUITE_P(
         AgreeCase{"stage3_world4_mixed", 3, 4, {Tier::kNvme, 0.7, false}, kCpuAll,
                   {Tier::kNvme, 0.5, false}, DType::kFp16, DType::kFp16, kUneven, true},
         AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu, kGpu,
-                  DType::kFp32, DType::kFp32, kEqual, true, false, true}),
+                  DType::kFp32, DType::kFp32, kEqual, true, false, true},
+        // A bucket larger than the model (DeepSpeed's 500M for a small model): one buffer of the
+        // flat gradients' size, not of 500M elements.
+        AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven, false, false, false, 500'000'000}),
     agree_name);
 
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
