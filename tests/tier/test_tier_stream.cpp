@@ -222,6 +222,38 @@ std::string fill_name(const ::testing::TestParamInfo<FillCase>& i) {
 
 class FillerModel : public ::testing::TestWithParam<FillCase> {};
 
+// The filler model's gradient chunks: 9 buffers of random sizes up to 60 KiB, homes cycling
+// through kHomes, random contents.
+std::vector<BufferId> add_grad_buffers(Model& m, std::mt19937_64& rng) {
+  std::vector<BufferId> bufs;
+  for (int k = 0; k < 9; ++k)
+    bufs.push_back(
+        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
+  return bufs;
+}
+
+// One round's pieces: every buffer cut at random points, in random order; buffer round + 3 gets
+// nothing (zero, no I/O) and a tenth of the pieces are left out (gaps).
+struct Piece {
+  std::size_t k;
+  std::uint64_t at, n;
+};
+std::vector<Piece> random_pieces(const Model& m, int round, std::mt19937_64& rng) {
+  std::vector<Piece> pieces;
+  for (std::size_t k = 0; k < m.ref.size(); ++k) {
+    if (k == static_cast<std::size_t>(round) + 3) continue;
+    const std::uint64_t size = m.ref[k].size();
+    for (std::uint64_t at = 0; at < size;) {
+      const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
+      pieces.push_back({k, at, n});
+      at += n;
+    }
+  }
+  std::shuffle(pieces.begin(), pieces.end(), rng);
+  pieces.resize(pieces.size() * 9 / 10);
+  return pieces;
+}
+
 TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   const FillCase c = GetParam();
   const std::uint64_t seed = st::test_seed("filler model");
@@ -232,29 +264,10 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   ro.pool_buffer_size = 64 << 10;
   st::StoreRig rig(ro);
   Model m{rig};
-  std::vector<BufferId> bufs;
-  for (int k = 0; k < 9; ++k)
-    bufs.push_back(
-        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
+  const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
   for (int round = 0; round < 2; ++round) {
-    // Pieces: every buffer cut at random points; some pieces (and one whole buffer) left out.
-    struct Piece {
-      std::size_t k;
-      std::uint64_t at, n;
-    };
-    std::vector<Piece> pieces;
-    for (std::size_t k = 0; k < bufs.size(); ++k) {
-      if (k == static_cast<std::size_t>(round) + 3) continue;  // gets nothing: zero, no I/O
-      const std::uint64_t size = m.ref[k].size();
-      for (std::uint64_t at = 0; at < size;) {
-        const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
-        pieces.push_back({k, at, n});
-        at += n;
-      }
-    }
-    std::shuffle(pieces.begin(), pieces.end(), rng);
-    pieces.resize(pieces.size() * 9 / 10);  // gaps
+    const std::vector<Piece> pieces = random_pieces(m, round, rng);
     for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
     filler.begin();
     const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
@@ -297,10 +310,7 @@ TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
   st::StoreRig rig(ro);
   rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, 2ms});  // every device copy
   Model m{rig};
-  std::vector<BufferId> bufs;
-  for (int k = 0; k < 9; ++k)
-    bufs.push_back(
-        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
+  const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
   const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
   struct Pending {
@@ -311,22 +321,10 @@ TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
   std::deque<Pending> pending;
   auto scribble = [&](Pending& p) { p.src->put(std::vector<std::uint8_t>(p.n, 0xEE)); };
   for (int round = 0; round < 2; ++round) {
-    std::vector<std::pair<std::size_t, std::pair<std::uint64_t, std::uint64_t>>> pieces;
-    for (std::size_t k = 0; k < bufs.size(); ++k) {
-      if (k == static_cast<std::size_t>(round) + 3) continue;
-      const std::uint64_t size = m.ref[k].size();
-      for (std::uint64_t at = 0; at < size;) {
-        const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
-        pieces.push_back({k, {at, n}});
-        at += n;
-      }
-    }
-    std::shuffle(pieces.begin(), pieces.end(), rng);
-    pieces.resize(pieces.size() * 9 / 10);
+    const std::vector<Piece> pieces = random_pieces(m, round, rng);
     for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
     filler.begin();
-    for (const auto& [k, range] : pieces) {
-      const auto [at, n] = range;
+    for (const auto& [k, at, n] : pieces) {
       auto data = st::random_bytes(n, rng());
       auto src = std::make_unique<st::CallerMemory>(*rig.device, mem, n);
       src->put(data);
