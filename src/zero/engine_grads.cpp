@@ -53,10 +53,9 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
             // A reused buffer: the bucket's padding (elements of no tensor) must be zero again.
             store().zero(bucket_of[k].id).wait(timeout);
           } else {
-            // min(B, F): no bucket is longer than the flat gradients (a model smaller than
+            // Sized for the longest bucket, the first: min(B, F) elements (a model smaller than
             // zero.reduce_bucket_size gets a buffer of its own size, not of B elements).
-            bucket_of[k] = make_dev_buf(strcat("rt.bucket.", dev_bufs_made++),
-                                        std::min<std::size_t>(bucket_elems, part->flat_size()) * ges);
+            bucket_of[k] = make_dev_buf(strcat("rt.bucket.", dev_bufs_made++), bucket_len(0) * ges);
           }
         }
         store()
