@@ -28,6 +28,7 @@ Tier compute_tier(Where w) { return w == Where::kHost ? Tier::kCpu : Tier::kGpu;
 // How one part is seen by the compute.
 struct PartPlan {
   bool in_place = false;
+  Tier tier = Tier::kCpu;               // in place: the tier whose copy is acquired
   std::uint64_t offset = 0, bytes = 0;  // the range, resolved
   std::uint64_t slot_offset = 0;        // staged: where in the slot
   std::uint64_t slot_bytes = 0;         // staged: room it takes (padded)
@@ -39,7 +40,14 @@ struct ItemPlan {
   std::uint64_t slot_bytes = 0;
 };
 
-ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where) {
+// REQUIRES: the store's Device is the host-emulated one for `device_is_host` to be true.
+bool views_in_place(Tier home, Where where, bool device_is_host) {
+  return home == compute_tier(where) || (where == Where::kHost && home == Tier::kGpu && device_is_host);
+}
+
+// device_is_host: kHost compute may view gpu-home parts in place (their memory is host memory).
+ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
+                   bool device_is_host) {
   if (item.parts.size() > kMaxParts)
     fail(ErrorCode::kInvalidArgument,
          strcat("stream: an item has ", item.parts.size(), " parts (at most ", kMaxParts, ")"));
@@ -58,7 +66,8 @@ ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where) 
            strcat("stream: part [", pp.offset, ", ", pp.offset + pp.bytes, ") of '", info.name,
                   "' beyond its ", info.bytes, " bytes"));
     pp.whole = pp.offset == 0 && pp.bytes == info.bytes;
-    pp.in_place = info.home == compute_tier(where);
+    pp.in_place = views_in_place(info.home, where, device_is_host);
+    pp.tier = info.home;
     if (!pp.in_place) {
       if (info.home == Tier::kNvme && !pp.whole)
         fail(ErrorCode::kInvalidArgument,
@@ -103,7 +112,7 @@ class Runner {
     plans_.reserve(items_.size());
     std::uint64_t biggest = 0;
     for (const StreamItem& it : items_) {
-      plans_.push_back(plan_item(store_, it, o_.where));
+      plans_.push_back(plan_item(store_, it, o_.where, device_is_host()));
       biggest = std::max(biggest, plans_.back().slot_bytes);
     }
     setup_slots(biggest);
@@ -130,6 +139,10 @@ class Runner {
   }
 
  private:
+  bool device_is_host() const {
+    return !o_.stage_device_memory && store_.device().kind() == DeviceKind::kHost;
+  }
+
   void setup_slots(std::uint64_t biggest) {
     if (biggest == 0) return;  // everything in place
     stats_.slot_bytes = biggest;
@@ -232,7 +245,7 @@ class Runner {
       if (pp.in_place) {
         const Access a =
             sp.out ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard) : Access::kRead;
-        p.acquires.emplace_back(store_.acquire_async(sp.id, t_, a), k);
+        p.acquires.emplace_back(store_.acquire_async(sp.id, pp.tier, a), k);
         continue;
       }
       auto* at = static_cast<unsigned char*>(p.slot.base) + pp.slot_offset;
@@ -301,7 +314,7 @@ class Runner {
     const ItemPlan& plan = plans_[p.item];
     for (std::size_t k = 0; k < item.parts.size(); ++k) {
       if (p.pinned[k]) {
-        store_.release(item.parts[k].id, t_);
+        store_.release(item.parts[k].id, plan.parts[k].tier);
         p.pinned[k] = false;
       }
     }
@@ -363,7 +376,7 @@ class Runner {
       for (std::size_t k = 0; k < item.parts.size(); ++k) {
         if (!p.pinned[k]) continue;
         try {
-          store_.release(item.parts[k].id, t_);
+          store_.release(item.parts[k].id, plans_[p.item].parts[k].tier);
         } catch (...) {
         }
         p.pinned[k] = false;
@@ -437,7 +450,7 @@ class Runner {
 }  // namespace
 
 std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where) {
-  return plan_item(store, item, where).slot_bytes;
+  return plan_item(store, item, where, false).slot_bytes;
 }
 
 StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, const StreamFn& fn,

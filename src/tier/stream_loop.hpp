@@ -9,7 +9,9 @@
 // Adam, the statistics) or in device memory of the store's Device (Where::kDevice: the CUDA Adam
 // for state placed on gpu). A part is viewed in place when its buffer lives where the compute
 // runs (home tier cpu for kHost, gpu for kDevice: the copy is acquired, no bytes move); otherwise
-// it is staged in the item's slot: kHost slots are pinned pool buffers (one per item, the parts
+// it is staged in the item's slot (on the host-emulated device, whose memory is host memory, a
+// gpu-home part is viewed in place by kHost compute too, unless options.stage_device_memory:
+// nothing is copied host to host; CUDA memory is always staged): kHost slots are pinned pool buffers (one per item, the parts
 // laid out one after another, 4096-aligned), kDevice slots are device scratch buffers registered
 // in the store for the loop's duration. Staged parts with `in` are read before the compute
 // (TierStore::read: NVMe with its CRC checked, or a device→host copy on a mover's stream); parts
@@ -67,6 +69,9 @@ struct StreamOptions {
   bool pipelined = true;     // false: read, compute, write, one item at a time
   std::chrono::milliseconds timeout{120000};  // bound on each wait
   std::string what = "stream";                // names the loop in errors and logs
+  // kHost compute on a store whose Device is the host-emulated one: true stages gpu-home parts
+  // through the pool as on CUDA (tests keep that path covered); false views them in place.
+  bool stage_device_memory = false;
 };
 
 // Timings of one run, seconds, and bytes moved.
@@ -88,7 +93,7 @@ StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, cons
                        const StreamOptions& options);
 
 // The bytes an item's staged parts take in a slot (each part padded to 4096) when `where` is the
-// compute location; 0 when every part is viewed in place. Callers size their items with it.
+// compute location, gpu-home parts staged as on CUDA; 0 when every part is viewed in place. Callers size their items with it.
 std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where);
 
 }  // namespace strata::tier

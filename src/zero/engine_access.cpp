@@ -29,6 +29,10 @@ tier::StreamStats EngineAccess::last_update(const Engine& e) { return e.impl_->l
 
 void EngineAccess::set_pipelined(Engine& e, bool on) { e.impl_->pipelined = on; }
 
+void EngineAccess::set_stage_device_memory(Engine& e, bool on) {
+  e.impl_->stage_device_memory = on;
+}
+
 tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined) {
   Engine::Impl& m = *e.impl_;
   m.require_finalized("measure");

@@ -31,6 +31,9 @@ struct EngineAccess {
   static tier::StreamStats measure(Engine& e, Measure what, bool pipelined = true);
   // The step's loops pipelined (default) or serial: read, compute, write, one chunk at a time.
   static void set_pipelined(Engine& e, bool on);
+  // On the host-emulated device: the host-computed loops stage gpu-home parts through the pinned
+  // pool as on CUDA (on), or view them in place (off, the default): tests cover both paths.
+  static void set_stage_device_memory(Engine& e, bool on);
 };
 
 }  // namespace strata::zero

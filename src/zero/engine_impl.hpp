@@ -156,6 +156,7 @@ struct Engine::Impl {
   EngineStats st;
   tier::StreamStats last_update;  // the last step's update loop (host part)
   bool pipelined = true;          // false: the loops run serially (benchmarks' reference)
+  bool stage_device_memory = false;  // tests: stage gpu-home parts on the host device too
   std::vector<unsigned char> ckpt_params;
   // Set when a step failed after it began changing state: the rank's state may mix two steps.
   std::string broken;

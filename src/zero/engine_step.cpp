@@ -59,6 +59,7 @@ tier::StreamOptions Engine::Impl::stream_options(tier::Where where, const char* 
   o.where = where;
   o.window = cfg.tiers.host.buffer_count;
   o.pipelined = pipelined;
+  o.stage_device_memory = stage_device_memory;
   o.timeout = timeout;
   o.what = strcat("engine rank ", rank, " ", what);
   return o;
@@ -151,8 +152,8 @@ StepResult Engine::Impl::step() {
 
 // The statistics pass: finite check and sum of squares of the rank's gradients (times `inv`),
 // streamed chunk by chunk through host staging (gradients in device memory are copied to pinned
-// buffers, those on NVMe read back), bitwise what one pass over the whole range gives. Without a
-// pool (everything on the host-emulated device) it reads the device memory in place.
+// buffers, those on NVMe read back), bitwise what one pass over the whole range gives. On the
+// host-emulated device the device memory is read in place (with or without a pool).
 AdamGradStats Engine::Impl::local_grad_stats(float inv) {
   zero::StatsStream stats(*adam, gdt, inv);
   const auto items = stats_items();

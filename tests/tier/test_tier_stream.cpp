@@ -91,11 +91,13 @@ struct LoopCase {
   tier::Where where;
   std::uint32_t window;
   bool pipelined;
+  bool staged = false;  // StreamOptions::stage_device_memory (kHost: gpu parts staged as on CUDA)
 };
 
 std::string loop_name(const ::testing::TestParamInfo<LoopCase>& i) {
   return std::string(i.param.where == tier::Where::kHost ? "host" : "device") + "_window" +
-         std::to_string(i.param.window) + (i.param.pipelined ? "_pipelined" : "_serial");
+         std::to_string(i.param.window) + (i.param.pipelined ? "_pipelined" : "_serial") +
+         (i.param.staged ? "_staged" : "");
 }
 
 class StreamLoopModel : public ::testing::TestWithParam<LoopCase> {};
@@ -163,6 +165,7 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
   o.where = c.where;
   o.window = c.window;
   o.pipelined = c.pipelined;
+  o.stage_device_memory = c.staged;
   o.what = "model loop";
   auto fn = [&](std::size_t i, std::span<void* const> views) {
     const auto& ps = items[i].parts;
@@ -185,8 +188,21 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
       v.put(views[2], out);
     }
   };
+  // What must be staged in: the host-emulated device's memory is viewed in place by kHost
+  // compute unless staged; nvme always passes a slot; kDevice compute stages every non-gpu part.
+  std::uint64_t staged_in = 0;
+  for (const auto& it : items)
+    for (const auto& p : it.parts) {
+      if (!p.in) continue;
+      const Tier home = rig.store->info(p.id).home;
+      const bool staged = c.where == tier::Where::kHost
+                              ? home == Tier::kNvme || (home == Tier::kGpu && c.staged)
+                              : home != Tier::kGpu;
+      if (staged) staged_in += p.bytes ? p.bytes : rig.store->info(p.id).bytes;
+    }
   const tier::StreamStats s = tier::run_stream(*rig.store, items, fn, o);
   EXPECT_EQ(s.items, items.size());
+  EXPECT_EQ(s.bytes_in, staged_in);
   m.ref = expected;
   ASSERT_NO_FATAL_FAILURE(m.check("after the loop"));
   EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
@@ -202,6 +218,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamLoopModel,
                                            LoopCase{tier::Where::kHost, 3, true},
                                            LoopCase{tier::Where::kHost, 5, true},
                                            LoopCase{tier::Where::kHost, 4, false},
+                                           LoopCase{tier::Where::kHost, 3, true, true},
+                                           LoopCase{tier::Where::kHost, 4, false, true},
                                            LoopCase{tier::Where::kDevice, 1, true},
                                            LoopCase{tier::Where::kDevice, 3, true},
                                            LoopCase{tier::Where::kDevice, 3, false}),
@@ -499,6 +517,48 @@ TEST(StreamLoopFaults, AFlippedBitIsAChecksumErrorNamingTheBuffer) {
   }
 }
 
+// The host-emulated device's memory is host memory: kHost compute sees a gpu-home part at its
+// own address (no copy through the pool); staged, it sees a pool slot holding the same bytes.
+TEST(StreamLoopViews, HostDeviceMemoryIsViewedInPlaceUnlessStaged) {
+  st::RigOptions ro;
+  st::StoreRig rig(ro);
+  const BufferId id =
+      rig.store->register_buffer({"g", 5000 * 4, DType::kFp32, Tier::kGpu, {Tier::kGpu}});
+  std::vector<std::uint8_t> data(5000 * 4);
+  std::mt19937 rng(7);
+  for (auto& b : data) b = static_cast<std::uint8_t>(rng());
+  rig.store->write(id, 0, data.size(), data.data(), Tier::kCpu).wait(10s);
+  void* home = rig.store->acquire(id, Tier::kGpu, Access::kRead, 10s);
+  rig.store->release(id, Tier::kGpu);
+  for (const bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "in place");
+    std::vector<tier::StreamItem> items{{{{id, 4000, 8000, true, false}}}};
+    tier::StreamOptions o;
+    o.stage_device_memory = staged;
+    void* seen = nullptr;
+    std::vector<std::uint8_t> got;
+    const auto s = tier::run_stream(
+        *rig.store, items,
+        [&](std::size_t, std::span<void* const> v) {
+          seen = v[0];
+          got.assign(static_cast<std::uint8_t*>(v[0]), static_cast<std::uint8_t*>(v[0]) + 8000);
+        },
+        o);
+    EXPECT_EQ(got, std::vector<std::uint8_t>(data.begin() + 4000, data.begin() + 12000));
+    if (staged) {
+      EXPECT_NE(seen, static_cast<std::uint8_t*>(home) + 4000);
+      EXPECT_EQ(s.bytes_in, 8000u);
+      EXPECT_EQ(s.slots, std::min<std::uint32_t>(o.window, rig.pool->buffer_count()));
+    } else {
+      EXPECT_EQ(seen, static_cast<std::uint8_t*>(home) + 4000);
+      EXPECT_EQ(s.bytes_in, 0u);
+      EXPECT_EQ(s.slots, 0u);
+    }
+    EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+    EXPECT_EQ(rig.store->info(id).pins[static_cast<int>(Tier::kGpu)], 0u);
+  }
+}
+
 TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
   // Items on gpu computed on the host: each is staged by a device→host copy.
   st::RigOptions ro;
@@ -511,8 +571,10 @@ TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
   const BufferId id = store.register_buffer({"g", 5000, DType::kFp32, Tier::kGpu, {Tier::kGpu}});
   fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
   std::vector<tier::StreamItem> items{{{{id, 0, 0, true, true}}}};
+  tier::StreamOptions o;
+  o.stage_device_memory = true;  // (viewed in place otherwise: no copy to fail)
   try {
-    tier::run_stream(store, items, [](std::size_t, std::span<void* const>) {}, {});
+    tier::run_stream(store, items, [](std::size_t, std::span<void* const>) {}, o);
     FAIL() << "no device error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();

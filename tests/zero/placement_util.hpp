@@ -19,6 +19,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
+#include "zero/engine_access.hpp"
 
 namespace strata::testing {
 
@@ -29,6 +30,9 @@ struct Placement {
   int world = 1;
   DType pdt = DType::kFp32, gdt = DType::kFp32;
   bool pin = false;  // offload.*.pin_memory: the cpu share page-locked
+  // The host-computed loops stage gpu-home parts through the pinned pool as on CUDA (the
+  // host-emulated device otherwise views its memory in place: EngineAccess).
+  bool staged = false;
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
@@ -40,6 +44,7 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   if (p.pdt != DType::kFp32 || p.gdt != DType::kFp32)
     s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
   if (p.pin) s += "_pinned";
+  if (p.staged) s += "_staged";
   return s;
 }
 
@@ -71,6 +76,21 @@ inline std::vector<Placement> all_cases() {
   v.push_back({3, Tier::kGpu, Tier::kGpu, Tier::kGpu, 1.0, 2, DType::kFp16, DType::kBf16});
   // The cpu share page-locked (pin_memory).
   v.push_back({3, Tier::kCpu, Tier::kCpu, Tier::kCpu, 1.0, 2, DType::kFp32, DType::kFp32, true});
+  // Device memory staged through the pinned pool as on CUDA (gradients copied device→host,
+  // parameters host→device), where some of it is computed on the host.
+  const DType f32 = DType::kFp32;
+  for (const Placement& s : std::initializer_list<Placement>{
+           {1, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 2},
+           {1, Tier::kNvme, Tier::kGpu, Tier::kGpu, 1.0, 3},
+           {2, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 4},
+           {2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 0.6, 4},
+           {3, Tier::kNvme, Tier::kGpu, Tier::kGpu, 1.0, 2},
+           {3, Tier::kCpu, Tier::kCpu, Tier::kGpu, 1.0, 1},
+           {1, Tier::kNvme, Tier::kGpu, Tier::kGpu, 1.0, 3, DType::kBf16, DType::kFp16},
+           {3, Tier::kCpu, Tier::kGpu, Tier::kCpu, 1.0, 2, f32, f32, true}}) {
+    v.push_back(s);
+    v.back().staged = true;
+  }
   return v;
 }
 
@@ -139,6 +159,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   for (std::size_t t = 0; t < kSizes.size(); ++t)
     ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
   e.finalize();
+  zero::EngineAccess::set_stage_device_memory(e, p.staged);
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
   for (int s = 0; s < kSteps; ++s) {
     for (auto id : ids) {  // forward: gathered one at a time (stage 3), read through param()
@@ -162,6 +183,15 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
       e.release({&*it, 1});
     }
     if (!e.step().applied) ++*skipped;
+  }
+  if (device == DeviceKind::kHost && p.opt != Tier::kGpu) {
+    // The last update's staged bytes: device memory passed the pool only when staged.
+    const tier::StreamStats u = zero::EngineAccess::last_update(e);
+    if (p.staged) {
+      EXPECT_GT(u.bytes_in + u.bytes_out, 0u) << "staged, yet nothing passed the pool";
+    } else if (p.opt == Tier::kCpu && p.grads != Tier::kNvme && p.params != Tier::kNvme) {
+      EXPECT_EQ(u.bytes_in + u.bytes_out, 0u) << "host-device memory was copied, not viewed";
+    }
   }
   std::vector<std::vector<float>> out;
   for (auto id : ids) {

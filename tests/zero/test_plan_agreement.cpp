@@ -291,9 +291,10 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
     for (int t = 0; t < 3; ++t)
       EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
   }
-  if (c.equal_layers)  // the fullest rank gathers and sends two whole layers
+  if (c.equal_layers) {  // the fullest rank gathers and sends two whole layers
     EXPECT_NEAR(static_cast<double>(gather_peak_max), static_cast<double>(rt.gathered + rt.send),
                 4.0 * kPage);
+  }
 }
 
 const OffloadTarget kGpu{Tier::kGpu, 1.0, false};
