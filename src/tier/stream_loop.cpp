@@ -119,11 +119,12 @@ class Runner {
     try {
       std::size_t next = 0;  // next item to issue
       for (std::size_t i = 0; i < items_.size(); ++i) {
-        const std::size_t ahead = o_.pipelined ? std::max<std::size_t>(1, window_) : 1;
-        while (next < items_.size() && next < i + ahead && (next == i || can_issue(next)))
-          issue(next++);
+        issue_ahead(i, next);
         Pending& p = find(i);
         wait_inputs(p);
+        // Writes that completed while the inputs were awaited free their slots: read further
+        // ahead now, so that the transfers go on while fn computes.
+        if (o_.pipelined) issue_ahead(i, next);
         compute(p);
         write_back(p);  // may retire p (nothing written behind): do not touch it after
         if (!o_.pipelined) finish_writes(i);
@@ -217,6 +218,28 @@ class Runner {
     if (plans_[i].slot_bytes == 0) return true;
     if (o_.where == Where::kHost) return store_.pool()->available() > 0;
     return !free_device_.empty();
+  }
+
+  // Issues the items after i that the window allows (i itself when not issued yet), once the
+  // slots of items whose writes already completed are given back.
+  void issue_ahead(std::size_t i, std::size_t& next) {
+    reap_written(i);
+    const std::size_t ahead = o_.pipelined ? std::max<std::size_t>(1, window_) : 1;
+    while (next < items_.size() && next < i + ahead && (next == i || can_issue(next)))
+      issue(next++);
+  }
+
+  // Retires, oldest first, the items before i whose writes have all completed (without waiting):
+  // their slots go back. (A slot was otherwise given back only when one was needed and none was
+  // free, so a completed write held its slot and the read-ahead stalled: the disk idled while fn
+  // ran.)
+  void reap_written(std::size_t i) {
+    while (!inflight_.empty() && inflight_.front().item < i) {
+      const Pending& p = inflight_.front();
+      for (const auto& w : p.writes)
+        if (!w.first.ready()) return;
+      finish_writes(p.item);
+    }
   }
 
   Pending& find(std::size_t i) {
