@@ -161,6 +161,7 @@ json to_json(const profile::StepBenchResult& r) {
           {"t_update_s", r.t_update},
           {"t_write_s", r.t_write},
           {"t_step_s", r.t_step},
+          {"t_engine_step_s", r.t_engine_step},
           {"t_step_serial_s", r.t_step_serial},
           {"t_update_in_step_s", r.t_update_in_step},
           {"t_wait_read_s", r.t_wait_read},
