@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <thread>
 #include <numeric>
 #include <random>
 
@@ -514,6 +515,60 @@ TEST(StreamLoopFaults, AFlippedBitIsAChecksumErrorNamingTheBuffer) {
     }
     EXPECT_EQ(l.rig.pool->available(), l.rig.pool->buffer_count());
     EXPECT_TRUE(l.rig.store->failure().empty());  // the chunk's copy is still there (bad bits)
+  }
+}
+
+// The read-ahead does not stall behind a completed write: with w = 3 slots, once item i-2's
+// write is done its slot goes back and item i+1 is read while item i computes. (A completed write
+// used to keep its slot until a slot was needed and none was free: the read of i+1 waited for the
+// loop to reach it, and the disk idled while fn ran.)
+TEST(StreamLoopSchedule, ACompletedWriteFreesItsSlotForTheNextReadAhead) {
+  st::RigOptions ro;
+  ro.pool_buffers = 3;
+  ro.pool_buffer_size = 64 << 10;
+  st::StoreRig rig(ro);
+  constexpr std::size_t kItems = 10, kBytes = 16 << 10;  // a multiple of 4096: nothing padded
+  std::vector<BufferId> ids;
+  std::vector<tier::StreamItem> items;
+  for (std::size_t i = 0; i < kItems; ++i) {
+    ids.push_back(rig.store->register_buffer(
+        {"c" + std::to_string(i), kBytes, DType::kFp32, Tier::kNvme, {Tier::kNvme}}));
+    st::CallerMemory m(*rig.device, Tier::kCpu, kBytes);  // 4096-aligned, as NVMe writes need
+    m.put(std::vector<std::uint8_t>(kBytes, static_cast<std::uint8_t>(i + 1)));
+    rig.store->write(ids.back(), 0, 0, m.data(), Tier::kCpu).wait(10s);
+    items.push_back({{{ids.back(), 0, 0, true, true}}});
+  }
+  const std::uint64_t base = rig.store->stats().bytes_from_nvme;
+  tier::StreamOptions o;
+  o.window = 3;
+  std::vector<std::string> late;
+  auto wait_until = [](auto&& cond) {
+    for (int k = 0; k < 4000 && !cond(); ++k) std::this_thread::sleep_for(1ms);
+    return cond();
+  };
+  tier::run_stream(
+      *rig.store, items,
+      [&](std::size_t i, std::span<void* const> v) {
+        EXPECT_EQ(static_cast<std::uint8_t*>(v[0])[kBytes - 1], i + 1) << "item " << i;
+        static_cast<std::uint8_t*>(v[0])[0] = 0xee;
+        // The write of item i - 2 completed during item i - 1's compute (below): item i + 1's
+        // read was issued before this compute, not when the loop reaches it.
+        if (i >= 2 && i + 1 < kItems) {
+          const std::uint64_t want = base + (i + 2) * kBytes;  // items 0..i+1 read
+          if (!wait_until([&] { return rig.store->stats().bytes_from_nvme >= want; }))
+            late.push_back(std::to_string(i + 1));
+        }
+        // Let the write of item i - 1 complete before this compute ends.
+        if (i >= 1) wait_until([&] { return !rig.store->info(ids[i - 1]).in_flight; });
+      },
+      o);
+  EXPECT_TRUE(late.empty()) << "read-ahead stalled for items " << ::testing::PrintToString(late);
+  for (std::size_t i = 0; i < kItems; ++i) {
+    st::CallerMemory m(*rig.device, Tier::kCpu, kBytes);
+    rig.store->read(ids[i], 0, 0, m.data(), Tier::kCpu).wait(10s);
+    const auto got = m.get(kBytes);
+    EXPECT_EQ(got[0], 0xee) << "item " << i;
+    EXPECT_EQ(got[kBytes - 1], i + 1) << "item " << i;
   }
 }
 
