@@ -40,12 +40,14 @@ struct ItemPlan {
   std::uint64_t slot_bytes = 0;
 };
 
-// REQUIRES: the store's Device is the host-emulated one for `device_is_host` to be true.
+// Whether a part whose buffer's home is `home` is viewed in place (else staged in a slot).
+// device_is_host: the store's Device is the host-emulated one and device memory may be viewed by
+// kHost compute (StreamOptions::stage_device_memory is off).
 bool views_in_place(Tier home, Where where, bool device_is_host) {
-  return home == compute_tier(where) || (where == Where::kHost && home == Tier::kGpu && device_is_host);
+  return home == compute_tier(where) ||
+         (where == Where::kHost && home == Tier::kGpu && device_is_host);
 }
 
-// device_is_host: kHost compute may view gpu-home parts in place (their memory is host memory).
 ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
                    bool device_is_host) {
   if (item.parts.size() > kMaxParts)

@@ -8,10 +8,10 @@
 // it writes). The compute function sees one pointer per part, in host memory (Where::kHost: CPU
 // Adam, the statistics) or in device memory of the store's Device (Where::kDevice: the CUDA Adam
 // for state placed on gpu). A part is viewed in place when its buffer lives where the compute
-// runs (home tier cpu for kHost, gpu for kDevice: the copy is acquired, no bytes move); otherwise
-// it is staged in the item's slot (on the host-emulated device, whose memory is host memory, a
-// gpu-home part is viewed in place by kHost compute too, unless options.stage_device_memory:
-// nothing is copied host to host; CUDA memory is always staged): kHost slots are pinned pool buffers (one per item, the parts
+// runs (home tier cpu for kHost, gpu for kDevice: the copy is acquired, no bytes move; on the
+// host-emulated device, whose memory is host memory, a gpu-home part is viewed in place by kHost
+// compute too, unless options.stage_device_memory: CUDA memory is always staged). Otherwise it is
+// staged in the item's slot: kHost slots are pinned pool buffers (one per item, the parts
 // laid out one after another, 4096-aligned), kDevice slots are device scratch buffers registered
 // in the store for the loop's duration. Staged parts with `in` are read before the compute
 // (TierStore::read: NVMe with its CRC checked, or a device→host copy on a mover's stream); parts
@@ -19,7 +19,8 @@
 //
 // Schedule: with a window of w slots, item i+1..i+w-1 are read while fn runs on item i and the
 // writes of i-1.. are still in flight; a slot is reused only after its writes completed (drain
-// before release). w = 1 (or pipelined = false) is serial: read, compute, write, one item at a
+// before release), and goes back as soon as they did (checked, without waiting, before each
+// item's reads are issued and again before its compute). w = 1 (or pipelined = false) is serial: read, compute, write, one item at a
 // time. The window is min(options.window, pool buffers) for kHost and options.window for kDevice;
 // with every part in place no slot is needed and nothing moves.
 //
@@ -93,7 +94,8 @@ StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, cons
                        const StreamOptions& options);
 
 // The bytes an item's staged parts take in a slot (each part padded to 4096) when `where` is the
-// compute location, gpu-home parts staged as on CUDA; 0 when every part is viewed in place. Callers size their items with it.
+// compute location, gpu-home parts staged as on CUDA; 0 when every part is viewed in place.
+// Callers size their items with it.
 std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where);
 
 }  // namespace strata::tier

@@ -154,8 +154,8 @@ struct Engine::Impl {
   std::uint32_t good_steps = 0;
   std::int64_t adam_step = 0;
   EngineStats st;
-  tier::StreamStats last_update;  // the last step's update loop (host part)
-  bool pipelined = true;          // false: the loops run serially (benchmarks' reference)
+  tier::StreamStats last_update;     // the last step's update loop (host part)
+  bool pipelined = true;             // false: the loops run serially (benchmarks' reference)
   bool stage_device_memory = false;  // tests: stage gpu-home parts on the host device too
   std::vector<unsigned char> ckpt_params;
   // Set when a step failed after it began changing state: the rank's state may mix two steps.
@@ -205,7 +205,7 @@ struct Engine::Impl {
   // Receive buffers whose copy completed go back to free_recvs; all: wait for every copy.
   void collect_copies(bool all);
   DevBuf take_recv();  // a free receive buffer (made, or waited for: at most kMaxRecvBuffers)
-  void reduce();  // step part 1: every gradient reduced into the rank's gradient range
+  void reduce();       // step part 1: every gradient reduced into the rank's gradient range
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems; }
   std::size_t bucket_len(std::size_t b) const {
     return std::min(bucket_elems, part->flat_size() - bucket_begin(b));

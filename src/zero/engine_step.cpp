@@ -214,7 +214,8 @@ void Engine::Impl::apply_loss_scale(bool finite, StepResult& res) {
 
 // The options of every Adam call of a step (the one place they are made).
 AdamStepOptions Engine::Impl::step_options(float grad_scale) const {
-  return AdamStepOptions{adam_step, grad_scale, false, static_cast<float>(world)};  // g / N, as torch
+  return AdamStepOptions{adam_step, grad_scale, false,
+                         static_cast<float>(world)};  // g / N, as torch
 }
 
 // Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model

@@ -9,9 +9,9 @@
 #include <unistd.h>
 
 #include <deque>
-#include <thread>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "strata/device_fault.hpp"
 #include "strata/error.hpp"
@@ -387,8 +387,8 @@ TEST(FillerFaults, AFailedAsynchronousCopyIsReportedNamingTheBuffer) {
   rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 2, 1});
   filler.begin();
   const auto t1 = filler.fill_async(0, 0, 10000, src.data(), Tier::kGpu);
-  const auto t2 = filler.fill_async(0, 10000, 10000, static_cast<char*>(src.data()) + 10000,
-                                    Tier::kGpu);
+  const auto t2 =
+      filler.fill_async(0, 10000, 10000, static_cast<char*>(src.data()) + 10000, Tier::kGpu);
   EXPECT_LT(t1, t2);
   try {
     filler.end();
@@ -629,7 +629,8 @@ TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
   tier::StreamOptions o;
   o.stage_device_memory = true;  // (viewed in place otherwise: no copy to fail)
   try {
-    tier::run_stream(store, items, [](std::size_t, std::span<void* const>) {}, o);
+    tier::run_stream(
+        store, items, [](std::size_t, std::span<void* const>) {}, o);
     FAIL() << "no device error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();
@@ -643,8 +644,8 @@ TEST(StreamLoopFaults, AFailedDeviceCopyFailsTheLoop) {
 // a copy on another memory tier is acquired; accepted (and read back) once it is released.
 TEST(StreamRefusals, WriteAndZeroWhileAcquiredElsewhereAreRefused) {
   NvmeLoop l(5, {});
-  const BufferId id =
-      l.rig.store->register_buffer({"x2", 12345, DType::kFp32, Tier::kNvme, {Tier::kNvme, Tier::kCpu}});
+  const BufferId id = l.rig.store->register_buffer(
+      {"x2", 12345, DType::kFp32, Tier::kNvme, {Tier::kNvme, Tier::kCpu}});
   l.rig.store->zero(id).wait(30s);
   const std::uint64_t padded = l.rig.store->padded_bytes(id);
   st::CallerMemory src(*l.rig.device, Tier::kCpu, padded);
