@@ -27,6 +27,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "zero/engine_access.hpp"
 
 namespace py = pybind11;
 
@@ -338,6 +339,23 @@ PYBIND11_MODULE(_strata, m) {
         return step_result(r);
       })
       .def("stats", [](const PyEngine& s) { return stats_dict(s.e().stats()); })
+      // Benchmarks only (bench/python/bench_optimizer_step.py): the device bound of this engine's
+      // update as `strata bench step` measures it (zero::EngineAccess::measure) — read || write
+      // back every host-computed chunk unchanged (t_io_s), and Adam alone on chunks held in
+      // memory (t_update_s). The state is not changed.
+      .def("_measure_bound",
+           [](PyEngine& s) {
+             double io = 0, update = 0;
+             {
+               py::gil_scoped_release nogil;
+               io = zero::EngineAccess::measure(s.e(), zero::Measure::kIo).t_total;
+               update = zero::EngineAccess::measure(s.e(), zero::Measure::kUpdate).t_total;
+             }
+             py::dict d;
+             d["t_io_s"] = io;
+             d["t_update_s"] = update;
+             return d;
+           })
       .def("read_state", &PyEngine::read_state, G())
       .def("write_state", &PyEngine::write_state, G())
       .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
