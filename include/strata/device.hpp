@@ -69,7 +69,8 @@ class Stream {
 class DeviceMemory {
  public:
   DeviceMemory() = default;
-  DeviceMemory(Device* device, void* ptr, std::size_t bytes) : device_(device), ptr_(ptr), bytes_(bytes) {}
+  DeviceMemory(Device* device, void* ptr, std::size_t bytes)
+      : device_(device), ptr_(ptr), bytes_(bytes) {}
   DeviceMemory(DeviceMemory&& other) noexcept { *this = std::move(other); }
   DeviceMemory& operator=(DeviceMemory&& other) noexcept;
   DeviceMemory(const DeviceMemory&) = delete;
@@ -107,6 +108,54 @@ class Device {
   // this device has no such notion (host device): the caller then uses mlock itself.
   virtual bool register_host(void* ptr, std::size_t bytes) = 0;
   virtual void unregister_host(void* ptr) noexcept = 0;
+};
+
+// Decorators (like leveldb's EnvWrapper): every call is forwarded to the owned inner stream /
+// device; a wrapper overrides only what it changes (the fault-injecting device, the tests'
+// counting and watching devices). REQUIRES: inner is not null.
+class StreamWrapper : public Stream {
+ public:
+  explicit StreamWrapper(std::unique_ptr<Stream> inner) : inner_(std::move(inner)) {}
+  void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
+    inner_->memcpy_async(dst, src, bytes);
+  }
+  void memset_async(void* dst, int value, std::size_t bytes) override {
+    inner_->memset_async(dst, value, bytes);
+  }
+  void record(Event& event) override { inner_->record(event); }
+  void wait_event(Event& event) override { inner_->wait_event(event); }
+  void launch_host_func(std::function<void()> fn) override {
+    inner_->launch_host_func(std::move(fn));
+  }
+  void* native_handle() const noexcept override { return inner_->native_handle(); }
+  void synchronize(std::chrono::milliseconds timeout) override { inner_->synchronize(timeout); }
+
+ protected:
+  Stream& inner() { return *inner_; }
+
+ private:
+  std::unique_ptr<Stream> inner_;
+};
+
+class DeviceWrapper : public Device {
+ public:
+  explicit DeviceWrapper(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
+  Device& inner() { return *inner_; }
+
+  DeviceKind kind() const override { return inner_->kind(); }
+  std::string name() const override { return inner_->name(); }
+  std::uint64_t total_memory() const override { return inner_->total_memory(); }
+  void* alloc(std::size_t bytes) override { return inner_->alloc(bytes); }
+  void free(void* ptr) noexcept override { inner_->free(ptr); }
+  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
+  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
+  bool register_host(void* ptr, std::size_t bytes) override {
+    return inner_->register_host(ptr, bytes);
+  }
+  void unregister_host(void* ptr) noexcept override { inner_->unregister_host(ptr); }
+
+ private:
+  std::unique_ptr<Device> inner_;
 };
 
 // Probing factory. kAuto: the CUDA device when this build has CUDA and a GPU answers, else the

@@ -33,7 +33,7 @@ struct DeviceFault {
   std::chrono::milliseconds delay{50};
 };
 
-class FaultInjectingDevice final : public Device {
+class FaultInjectingDevice final : public DeviceWrapper {
  public:
   explicit FaultInjectingDevice(std::unique_ptr<Device> inner);
   ~FaultInjectingDevice() override;
@@ -41,17 +41,10 @@ class FaultInjectingDevice final : public Device {
   std::size_t add_fault(const DeviceFault& fault);  // an id for fired()
   void clear_faults();
   std::uint64_t fired(std::size_t id) const;  // operations it has fired on
-  Device& inner() { return *inner_; }
 
-  DeviceKind kind() const override { return inner_->kind(); }
   std::string name() const override;
-  std::uint64_t total_memory() const override { return inner_->total_memory(); }
   void* alloc(std::size_t bytes) override;
-  void free(void* ptr) noexcept override { inner_->free(ptr); }
   std::unique_ptr<Stream> create_stream() override;
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  bool register_host(void* ptr, std::size_t bytes) override { return inner_->register_host(ptr, bytes); }
-  void unregister_host(void* ptr) noexcept override { inner_->unregister_host(ptr); }
 
   // For the wrapped streams: whether the next operation of `kind` is hit (and the fault's delay).
   bool hit(DeviceFaultKind kind, std::chrono::milliseconds* delay = nullptr);
@@ -61,7 +54,6 @@ class FaultInjectingDevice final : public Device {
     DeviceFault fault;
     std::uint64_t matched = 0, fired = 0;
   };
-  std::unique_ptr<Device> inner_;
   mutable std::mutex mu_;
   std::vector<State> faults_;
 };

@@ -1,60 +1,58 @@
 // FaultInjectingDevice (include/strata/device_fault.hpp).
-#include "strata/device_fault.hpp"
-
 #include <thread>
 
+#include "strata/device_fault.hpp"
 #include "strata/error.hpp"
 
 namespace strata {
 namespace {
 
-class FaultStream final : public Stream {
+class FaultStream final : public StreamWrapper {
  public:
   FaultStream(FaultInjectingDevice& dev, std::unique_ptr<Stream> inner)
-      : dev_(dev), inner_(std::move(inner)) {}
+      : StreamWrapper(std::move(inner)), dev_(dev) {}
   void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
     std::chrono::milliseconds delay{0};
     if (dev_.hit(DeviceFaultKind::kDelay, &delay))
-      inner_->launch_host_func([delay] { std::this_thread::sleep_for(delay); });
+      inner().launch_host_func([delay] { std::this_thread::sleep_for(delay); });
     if (dev_.hit(DeviceFaultKind::kCopyFail)) {
-      inner_->launch_host_func([bytes] {
+      inner().launch_host_func([bytes] {
         fail(ErrorCode::kDevice, strcat("device: copy of ", bytes,
                                         " bytes failed (injected by the fault-injecting device)"));
       });
       return;
     }
-    inner_->memcpy_async(dst, src, bytes);
+    inner().memcpy_async(dst, src, bytes);
   }
-  void memset_async(void* dst, int value, std::size_t bytes) override {
-    inner_->memset_async(dst, value, bytes);
-  }
-  void record(Event& event) override { inner_->record(event); }
-  void wait_event(Event& event) override { inner_->wait_event(event); }
   void launch_host_func(std::function<void()> fn) override {
     if (dev_.hit(DeviceFaultKind::kHostFuncFail)) {
-      inner_->launch_host_func([] {
-        fail(ErrorCode::kDevice, "device: kernel / host function failed (injected by the fault-injecting device)");
+      inner().launch_host_func([] {
+        fail(ErrorCode::kDevice,
+             "device: kernel / host function failed (injected by the fault-injecting device)");
       });
       return;
     }
-    inner_->launch_host_func(std::move(fn));
+    inner().launch_host_func(std::move(fn));
   }
-  void* native_handle() const noexcept override { return inner_->native_handle(); }
-  void synchronize(std::chrono::milliseconds timeout) override { inner_->synchronize(timeout); }
 
  private:
   FaultInjectingDevice& dev_;
-  std::unique_ptr<Stream> inner_;
 };
+
+std::unique_ptr<Device> non_null(std::unique_ptr<Device> inner) {
+  if (!inner) fail(ErrorCode::kInvalidArgument, "FaultInjectingDevice: no inner device");
+  return inner;
+}
 
 }  // namespace
 
-FaultInjectingDevice::FaultInjectingDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {
-  if (!inner_) fail(ErrorCode::kInvalidArgument, "FaultInjectingDevice: no inner device");
-}
+FaultInjectingDevice::FaultInjectingDevice(std::unique_ptr<Device> inner)
+    : DeviceWrapper(non_null(std::move(inner))) {}
 FaultInjectingDevice::~FaultInjectingDevice() = default;
 
-std::string FaultInjectingDevice::name() const { return inner_->name() + " (fault-injecting)"; }
+std::string FaultInjectingDevice::name() const {
+  return DeviceWrapper::name() + " (fault-injecting)";
+}
 
 std::size_t FaultInjectingDevice::add_fault(const DeviceFault& fault) {
   if (fault.nth == 0) fail(ErrorCode::kInvalidArgument, "DeviceFault: nth is 1-based");
@@ -93,11 +91,11 @@ void* FaultInjectingDevice::alloc(std::size_t bytes) {
   if (hit(DeviceFaultKind::kAllocFail))
     fail(ErrorCode::kOutOfMemory, strcat("device: allocation of ", bytes,
                                          " bytes failed (injected by the fault-injecting device)"));
-  return inner_->alloc(bytes);
+  return DeviceWrapper::alloc(bytes);
 }
 
 std::unique_ptr<Stream> FaultInjectingDevice::create_stream() {
-  return std::make_unique<FaultStream>(*this, inner_->create_stream());
+  return std::make_unique<FaultStream>(*this, DeviceWrapper::create_stream());
 }
 
 }  // namespace strata

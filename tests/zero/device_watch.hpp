@@ -53,7 +53,7 @@ class AllocationMap {
   std::map<std::uintptr_t, std::size_t> ranges_;  // guarded by mu_
 };
 
-class WatchedDevice final : public Device {
+class WatchedDevice final : public DeviceWrapper {
  public:
   struct Gate {
     std::mutex mu;
@@ -66,7 +66,7 @@ class WatchedDevice final : public Device {
   };
 
   WatchedDevice(std::unique_ptr<Device> inner, std::shared_ptr<AllocationMap> map)
-      : inner_(std::move(inner)), map_(std::move(map)), gate_(std::make_shared<Gate>()) {}
+      : DeviceWrapper(std::move(inner)), map_(std::move(map)), gate_(std::make_shared<Gate>()) {}
 
   // Holds device→host copies nth..nth+count-1 (1-based, counted from now on) until open() (or a
   // 30 s safety timeout, which the test sees in gate_timed_out()); with fail they then fail.
@@ -96,57 +96,40 @@ class WatchedDevice final : public Device {
   std::uint64_t d2h_queued() const { return d2h_.load(); }
   const AllocationMap& allocations() const { return *map_; }
 
-  DeviceKind kind() const override { return inner_->kind(); }
-  std::string name() const override { return inner_->name() + " (watched)"; }
-  std::uint64_t total_memory() const override { return inner_->total_memory(); }
+  std::string name() const override { return DeviceWrapper::name() + " (watched)"; }
   void* alloc(std::size_t bytes) override {
-    void* p = inner_->alloc(bytes);
+    void* p = DeviceWrapper::alloc(bytes);
     map_->add(p, bytes);
     return p;
   }
   void free(void* ptr) noexcept override {
     map_->remove(ptr);
-    inner_->free(ptr);
+    DeviceWrapper::free(ptr);
   }
   std::unique_ptr<Stream> create_stream() override {
-    return std::make_unique<WatchedStream>(*this, inner_->create_stream());
+    return std::make_unique<WatchedStream>(*this, DeviceWrapper::create_stream());
   }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  bool register_host(void* ptr, std::size_t bytes) override {
-    return inner_->register_host(ptr, bytes);
-  }
-  void unregister_host(void* ptr) noexcept override { inner_->unregister_host(ptr); }
 
  private:
-  class WatchedStream final : public Stream {
+  class WatchedStream final : public StreamWrapper {
    public:
     WatchedStream(WatchedDevice& dev, std::unique_ptr<Stream> inner)
-        : dev_(dev), inner_(std::move(inner)) {}
+        : StreamWrapper(std::move(inner)), dev_(dev) {}
     void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
       if (bytes > 0 && dev_.map_->contains(src, bytes) && !dev_.map_->contains(dst, bytes)) {
         const std::uint64_t n = ++dev_.d2h_;
         const auto delay = std::chrono::milliseconds(dev_.delay_ms_.load());
-        if (delay.count() > 0) inner_->launch_host_func([delay] { std::this_thread::sleep_for(delay); });
+        if (delay.count() > 0) inner().launch_host_func([delay] { std::this_thread::sleep_for(delay); });
         std::shared_ptr<Gate> g = dev_.gate_;
         bool held;
         {
           std::lock_guard lock(g->mu);
           held = g->count > 0 && n >= g->first && n < g->first + g->count;
         }
-        if (held) inner_->launch_host_func([g] { pass(*g); });
+        if (held) inner().launch_host_func([g] { pass(*g); });
       }
-      inner_->memcpy_async(dst, src, bytes);
+      inner().memcpy_async(dst, src, bytes);
     }
-    void memset_async(void* dst, int value, std::size_t bytes) override {
-      inner_->memset_async(dst, value, bytes);
-    }
-    void record(Event& event) override { inner_->record(event); }
-    void wait_event(Event& event) override { inner_->wait_event(event); }
-    void launch_host_func(std::function<void()> fn) override {
-      inner_->launch_host_func(std::move(fn));
-    }
-    void* native_handle() const noexcept override { return inner_->native_handle(); }
-    void synchronize(std::chrono::milliseconds timeout) override { inner_->synchronize(timeout); }
 
    private:
     static void pass(Gate& g) {  // on the stream's worker
@@ -161,10 +144,8 @@ class WatchedDevice final : public Device {
         fail(ErrorCode::kDevice, "device: copy to the host failed (injected by the test)");
     }
     WatchedDevice& dev_;
-    std::unique_ptr<Stream> inner_;
   };
 
-  std::unique_ptr<Device> inner_;
   std::shared_ptr<AllocationMap> map_;
   std::shared_ptr<Gate> gate_;
   std::atomic<std::uint64_t> d2h_{0};

@@ -35,14 +35,11 @@ namespace {
 // Counts the device memory a rank allocates (the TierStore's gpu copies, DeviceAdam's scratch:
 // every device byte goes through Device::alloc), with a peak that can be restarted.
 // Thread-safety: alloc/free from any thread (the store's movers), guarded by mu_.
-class CountingDevice final : public Device {
+class CountingDevice final : public DeviceWrapper {
  public:
-  explicit CountingDevice(std::unique_ptr<Device> inner) : inner_(std::move(inner)) {}
-  DeviceKind kind() const override { return inner_->kind(); }
-  std::string name() const override { return inner_->name(); }
-  std::uint64_t total_memory() const override { return inner_->total_memory(); }
+  explicit CountingDevice(std::unique_ptr<Device> inner) : DeviceWrapper(std::move(inner)) {}
   void* alloc(std::size_t bytes) override {
-    void* p = inner_->alloc(bytes);
+    void* p = DeviceWrapper::alloc(bytes);
     std::lock_guard lock(mu_);
     sizes_[p] = bytes;
     current_ += bytes;
@@ -57,12 +54,8 @@ class CountingDevice final : public Device {
         sizes_.erase(it);
       }
     }
-    inner_->free(ptr);
+    DeviceWrapper::free(ptr);
   }
-  std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
-  std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
-  bool register_host(void* ptr, std::size_t bytes) override { return inner_->register_host(ptr, bytes); }
-  void unregister_host(void* ptr) noexcept override { inner_->unregister_host(ptr); }
 
   std::uint64_t peak() const {
     std::lock_guard lock(mu_);
@@ -74,7 +67,6 @@ class CountingDevice final : public Device {
   }
 
  private:
-  std::unique_ptr<Device> inner_;
   mutable std::mutex mu_;
   std::map<void*, std::size_t> sizes_;  // GUARDED_BY(mu_)
   std::uint64_t current_ = 0, peak_ = 0;  // GUARDED_BY(mu_)
