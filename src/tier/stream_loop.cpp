@@ -118,10 +118,30 @@ class Runner {
       biggest = std::max(biggest, plans_.back().slot_bytes);
     }
     setup_slots(biggest);
+    if (items_.empty() && o_.gate) {
+      stats_.cancelled = !pass_gate();
+      stats_.t_total = since(t0);
+      return stats_;
+    }
+    std::exception_ptr gate_error;
+    bool cancelled = false;
     try {
       std::size_t next = 0;  // next item to issue
       for (std::size_t i = 0; i < items_.size(); ++i) {
         issue_ahead(i, next);
+        if (i == 0 && o_.gate) {
+          try {
+            cancelled = !pass_gate();
+          } catch (...) {
+            gate_error = std::current_exception();
+            break;
+          }
+          if (cancelled) {
+            // Every issued item's inputs are waited for (their errors count), then given back.
+            for (Pending& p : inflight_) wait_inputs(p);
+            break;
+          }
+        }
         Pending& p = find(i);
         wait_inputs(p);
         // Writes that completed while the inputs were awaited free their slots: read further
@@ -131,10 +151,18 @@ class Runner {
         write_back(p);  // may retire p (nothing written behind): do not touch it after
         if (!o_.pipelined) finish_writes(i);
       }
-      while (!inflight_.empty()) finish_writes(inflight_.front().item);
+      if (!cancelled && !gate_error)
+        while (!inflight_.empty()) finish_writes(inflight_.front().item);
     } catch (const std::exception& e) {
       drain();
       rethrow_with_context(e);
+    }
+    if (cancelled || gate_error) {
+      drain();  // nothing in flight: releases the acquires, gives the slots back
+      if (gate_error) std::rethrow_exception(gate_error);
+      stats_.cancelled = true;
+      stats_.t_total = since(t0);
+      return stats_;
     }
     stats_.t_total = since(t0);
     stats_.items = items_.size();
@@ -142,6 +170,17 @@ class Runner {
   }
 
  private:
+  bool pass_gate() {
+    phase_ = "deciding";
+    auto t = Clock::now();
+    struct Timed {  // t_gate also when the gate throws
+      double& acc;
+      Clock::time_point t;
+      ~Timed() { acc += since(t); }
+    } timed{stats_.t_gate, t};
+    return o_.gate();
+  }
+
   bool device_is_host() const {
     return !o_.stage_device_memory && store_.device().kind() == DeviceKind::kHost;
   }
@@ -476,6 +515,12 @@ class Runner {
 
 std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where) {
   return plan_item(store, item, where, false).slot_bytes;
+}
+
+bool in_place(const TierStore& store, const StreamItem& item, const StreamOptions& options) {
+  const bool device_is_host =
+      !options.stage_device_memory && store.device().kind() == DeviceKind::kHost;
+  return plan_item(store, item, options.where, device_is_host).slot_bytes == 0;
 }
 
 StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, const StreamFn& fn,

@@ -33,6 +33,16 @@
 // caller's decision (the engine marks itself failed; the store marks itself failed when a buffer
 // lost its only copy).
 //
+// Gate (options.gate): a decision the computes wait for but the transfers need not, e.g. the
+// optimizer step's gradient norm and overflow agreement. It is called once, on the caller's
+// thread, after the first window's reads (and in-place acquires) have been issued and before the
+// first compute (with no items: at once), so those transfers go on while it runs. true: the loop
+// goes on. false: the run is cancelled before any compute: the reads in flight are waited for
+// (their errors reported as above), every slot and acquire goes back, nothing is written, and the
+// result says cancelled. An exception from the gate is rethrown as it is, after the same drain.
+// The gate may run other loops on the same store only on other buffers or in-place reads of the
+// same ones, and only ones that need no pool slot (this run's slots are held while it runs).
+//
 // Thread-safety: one call runs on the caller's thread (plus the store's movers). Different calls
 // on one store may run concurrently only on disjoint buffers.
 #pragma once
@@ -73,6 +83,9 @@ struct StreamOptions {
   // kHost compute on a store whose Device is the host-emulated one: true stages gpu-home parts
   // through the pool as on CUDA (tests keep that path covered); false views them in place.
   bool stage_device_memory = false;
+  // Called once before the first compute, after the first reads were issued (see "Gate" above);
+  // empty: no gate.
+  std::function<bool()> gate;
 };
 
 // Timings of one run, seconds, and bytes moved.
@@ -81,6 +94,8 @@ struct StreamStats {
   double t_compute = 0;                       // in fn, on the calling thread
   double t_wait_in = 0;                       // waiting for reads
   double t_wait_out = 0;                      // waiting for writes (to free a slot, and at the end)
+  double t_gate = 0;                          // in options.gate (part of t_total)
+  bool cancelled = false;                     // the gate said no: nothing computed or written
   std::uint64_t bytes_in = 0, bytes_out = 0;  // staged bytes read / written
   std::size_t items = 0;
   std::uint32_t slots = 0;  // slots the run used (0: everything in place)
@@ -97,5 +112,8 @@ StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, cons
 // compute location, gpu-home parts staged as on CUDA; 0 when every part is viewed in place.
 // Callers size their items with it.
 std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where);
+// Whether run_stream(store, {item}, fn, options) views every part of the item in place (needs no
+// slot; moves nothing).
+bool in_place(const TierStore& store, const StreamItem& item, const StreamOptions& options);
 
 }  // namespace strata::tier

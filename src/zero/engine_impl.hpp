@@ -216,7 +216,8 @@ struct Engine::Impl {
   AdamGradStats local_grad_stats(float inv);  // the stats pass (streamed)
   void agree(const AdamGradStats& local, bool* finite, double* sum_sq);  // step part 2
   void apply_loss_scale(bool finite, StepResult& res);                   // step part 3
-  void update(float grad_scale);                                         // step part 4
+  bool update(const std::function<bool()>& decide, const float& grad_scale);  // step part 4
+  bool decide_under_reads(std::span<const tier::StreamItem> host_items);
   void gather_params();                                                  // step part 5
   AdamStepOptions step_options(float grad_scale) const;
   void adam_chunk(const zero::Chunk& c, const zero::StateView& v, const void* grad,

@@ -1,6 +1,7 @@
 // The step: reduce (engine_grads.cpp) / agree on the norm and overflow / loss scale / update /
 // gather. The update and the statistics pass run the one pipelined loop (tier/stream_loop.hpp)
 // over the chunk grid: read ahead, Adam, write behind.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -118,21 +119,28 @@ StepResult Engine::Impl::step() {
   }
   reduce();
 
-  auto t0 = zero::Clock::now();
-  const double inv = 1.0 / (scale * world);
-  bool finite = true;
-  double sum_sq = 0;
-  agree(local_grad_stats(static_cast<float>(inv)), &finite, &sum_sq);
-  st.norm_s += zero::seconds_since(t0);
-
+  // Parts 2-3 decide whether and with which scale the update runs; on NVMe state they run while
+  // the update's first reads are in flight (update()).
   StepResult res;
-  apply_loss_scale(finite, res);
-  if (finite) {
-    res.grad_norm = std::sqrt(sum_sq);
-    const double clip = cfg.optimizer.grad_clip;
-    res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
-    st.last_grad_norm = res.grad_norm;
-    update(static_cast<float>(res.clip_coef / scale));  // after g / world (step_options)
+  float grad_scale = 0;
+  auto decide = [&] {
+    auto t0 = zero::Clock::now();
+    const double inv = 1.0 / (scale * world);
+    bool finite = true;
+    double sum_sq = 0;
+    agree(local_grad_stats(static_cast<float>(inv)), &finite, &sum_sq);
+    st.norm_s += zero::seconds_since(t0);
+    apply_loss_scale(finite, res);
+    if (finite) {
+      res.grad_norm = std::sqrt(sum_sq);
+      const double clip = cfg.optimizer.grad_clip;
+      res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;
+      st.last_grad_norm = res.grad_norm;
+      grad_scale = static_cast<float>(res.clip_coef / scale);  // after g / world (step_options)
+    }
+    return finite;
+  };
+  if (update(decide, grad_scale)) {
     gather_params();
     ++st.applied_steps;
     res.applied = true;
@@ -249,15 +257,46 @@ void Engine::Impl::adam_chunk(const zero::Chunk& c, const zero::StateView& v, co
                      });
 }
 
-// Step part 4: Adam over the chunk grid. Chunks whose state is on cpu or nvme run CpuAdam on the
-// host (state read ahead from NVMe into pinned buffers, gradients copied device→host, parameters
-// written behind host→device in the model dtype, overlapping the next chunk); chunks on gpu run
-// the device kernel on device memory.
-void Engine::Impl::update(float grad_scale) {
+// Whether the decision (norm, overflow, loss scale) can run while the host update's first reads
+// are in flight: the state of some host-updated chunk is on NVMe (reads worth overlapping) and the
+// statistics pass needs no pool slot (the update's read-ahead holds them): gradients in host
+// memory, or in the host-emulated device's memory viewed in place.
+bool Engine::Impl::decide_under_reads(std::span<const tier::StreamItem> host_items) {
+  if (!pipelined || host_items.empty()) return false;
+  const bool reads = std::any_of(chunks.begin(), chunks.end(), [](const zero::Chunk& c) {
+    return c.opt_tier == Tier::kNvme;
+  });
+  if (!reads) return false;
+  const tier::StreamOptions o = stream_options(tier::Where::kHost, "gradient statistics");
+  for (const tier::StreamItem& it : stats_items())
+    if (!tier::in_place(store(), it, o)) return false;
+  return true;
+}
+
+// Step part 4: Adam over the chunk grid, if `decide` (parts 2-3) says so; it sets grad_scale.
+// Chunks whose state is on cpu or nvme run CpuAdam on the host (state read ahead from NVMe into
+// pinned buffers, gradients copied device→host, parameters written behind host→device in the
+// model dtype, overlapping the next chunk); chunks on gpu run the device kernel on device memory.
+// With state on NVMe the decision runs as the host loop's gate: the first reads are in flight
+// while the statistics pass and the ranks' agreement run (a skipped step cancels them). Returns
+// whether the update ran.
+bool Engine::Impl::update(const std::function<bool()>& decide, const float& grad_scale) {
   auto t0 = zero::Clock::now();
-  ++adam_step;
+  const auto host_items = update_items(false);
+  const bool gated = decide_under_reads(host_items);
+  double t_decide = 0;
+  auto decided = [&] {
+    auto t = zero::Clock::now();
+    const bool go = decide();
+    t_decide += zero::seconds_since(t);
+    if (go) ++adam_step;
+    return go;
+  };
+  if (!gated && !decided()) return false;
   for (const bool device : {false, true}) {
-    const auto items = update_items(device);
+    std::vector<tier::StreamItem> dev_items;
+    if (device) dev_items = update_items(true);
+    const auto& items = device ? dev_items : host_items;
     if (items.empty()) continue;
     // Item i is the i-th chunk of this kind, in order.
     std::vector<const zero::Chunk*> of;
@@ -269,13 +308,18 @@ void Engine::Impl::update(float grad_scale) {
       const zero::StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
       adam_chunk(c, sv, v[1], v[2], device, grad_scale);
     };
-    const auto s =
-        tier::run_stream(store(), items, fn,
-                         stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
-                                        device ? "optimizer step (device)" : "optimizer step"));
+    tier::StreamOptions o = stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
+                                           device ? "optimizer step (device)" : "optimizer step");
+    if (!device && gated) o.gate = decided;
+    const auto s = tier::run_stream(store(), items, fn, o);
     if (!device) last_update = s;
+    if (s.cancelled) {  // the gate said skip: nothing was computed or written
+      st.optimizer_s += zero::seconds_since(t0) - t_decide;
+      return false;
+    }
   }
-  st.optimizer_s += zero::seconds_since(t0);
+  st.optimizer_s += zero::seconds_since(t0) - t_decide;
+  return true;
 }
 
 // Step part 5: stages 1-2 all-gather the updated parameters on the device.

@@ -93,12 +93,13 @@ struct LoopCase {
   std::uint32_t window;
   bool pipelined;
   bool staged = false;  // StreamOptions::stage_device_memory (kHost: gpu parts staged as on CUDA)
+  bool gated = false;   // StreamOptions::gate: says yes after the first reads had time to land
 };
 
 std::string loop_name(const ::testing::TestParamInfo<LoopCase>& i) {
   return std::string(i.param.where == tier::Where::kHost ? "host" : "device") + "_window" +
          std::to_string(i.param.window) + (i.param.pipelined ? "_pipelined" : "_serial") +
-         (i.param.staged ? "_staged" : "");
+         (i.param.staged ? "_staged" : "") + (i.param.gated ? "_gated" : "");
 }
 
 class StreamLoopModel : public ::testing::TestWithParam<LoopCase> {};
@@ -168,7 +169,17 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
   o.pipelined = c.pipelined;
   o.stage_device_memory = c.staged;
   o.what = "model loop";
+  int gates = 0;
+  std::size_t computed = 0;
+  if (c.gated)
+    o.gate = [&] {
+      EXPECT_EQ(computed, 0u) << "the gate ran after a compute";
+      ++gates;
+      std::this_thread::sleep_for(20ms);
+      return true;
+    };
   auto fn = [&](std::size_t i, std::span<void* const> views) {
+    ++computed;
     const auto& ps = items[i].parts;
     const std::uint8_t first = v.get(views[1], 1)[0];
     const auto& in1 = m.ref[m.index(ps[1].id)];
@@ -204,6 +215,8 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
   const tier::StreamStats s = tier::run_stream(*rig.store, items, fn, o);
   EXPECT_EQ(s.items, items.size());
   EXPECT_EQ(s.bytes_in, staged_in);
+  EXPECT_EQ(gates, c.gated ? 1 : 0);
+  EXPECT_FALSE(s.cancelled);
   m.ref = expected;
   ASSERT_NO_FATAL_FAILURE(m.check("after the loop"));
   EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
@@ -223,7 +236,10 @@ INSTANTIATE_TEST_SUITE_P(Cases, StreamLoopModel,
                                            LoopCase{tier::Where::kHost, 4, false, true},
                                            LoopCase{tier::Where::kDevice, 1, true},
                                            LoopCase{tier::Where::kDevice, 3, true},
-                                           LoopCase{tier::Where::kDevice, 3, false}),
+                                           LoopCase{tier::Where::kDevice, 3, false},
+                                           LoopCase{tier::Where::kHost, 3, true, false, true},
+                                           LoopCase{tier::Where::kHost, 4, false, true, true},
+                                           LoopCase{tier::Where::kDevice, 3, true, false, true}),
                          loop_name);
 
 // ---- the filler
@@ -570,6 +586,144 @@ TEST(StreamLoopSchedule, ACompletedWriteFreesItsSlotForTheNextReadAhead) {
     EXPECT_EQ(got[0], 0xee) << "item " << i;
     EXPECT_EQ(got[kBytes - 1], i + 1) << "item " << i;
   }
+}
+
+// ---- the gate
+// ----------------------------------------------------------------------------------------
+
+// NVMe chunks of distinct bytes for the gate's tests (a multiple of 4096 each: nothing padded).
+struct GateRig {
+  st::StoreRig rig;
+  std::vector<BufferId> ids;
+  std::vector<tier::StreamItem> items;
+  static constexpr std::size_t kItems = 8, kBytes = 16 << 10;
+  static st::RigOptions options() {
+    st::RigOptions ro;
+    ro.pool_buffers = 3;
+    return ro;
+  }
+  GateRig() : rig(options()) {
+    for (std::size_t i = 0; i < kItems; ++i) {
+      ids.push_back(rig.store->register_buffer(
+          {"c" + std::to_string(i), kBytes, DType::kFp32, Tier::kNvme, {Tier::kNvme}}));
+      st::CallerMemory m(*rig.device, Tier::kCpu, kBytes);
+      m.put(std::vector<std::uint8_t>(kBytes, static_cast<std::uint8_t>(i + 1)));
+      rig.store->write(ids.back(), 0, 0, m.data(), Tier::kCpu).wait(10s);
+      items.push_back({{{ids.back(), 0, 0, true, true}}});
+    }
+  }
+  std::uint8_t first_byte(std::size_t i) {
+    st::CallerMemory m(*rig.device, Tier::kCpu, kBytes);
+    rig.store->read(ids[i], 0, 0, m.data(), Tier::kCpu).wait(10s);
+    return m.get(1)[0];
+  }
+};
+
+// The gate runs once, before the first compute, while the first window's reads go on: they
+// complete without the loop waiting for them. Then the loop computes and writes every item.
+TEST(StreamLoopGate, RunsOnceBeforeTheFirstComputeWhileTheFirstReadsGoOn) {
+  GateRig g;
+  const std::uint64_t base = g.rig.store->stats().bytes_from_nvme;
+  const std::uint64_t written = g.rig.store->stats().bytes_to_nvme;
+  int gates = 0;
+  std::size_t computed_at_gate = 99;
+  std::uint64_t read_during_gate = 0;
+  std::size_t computed = 0;
+  tier::StreamOptions o;
+  o.window = 3;
+  o.gate = [&] {
+    ++gates;
+    computed_at_gate = computed;
+    // The first window (3 items) was issued before the gate: it arrives while the gate waits.
+    for (int k = 0; k < 4000; ++k) {
+      read_during_gate = g.rig.store->stats().bytes_from_nvme - base;
+      if (read_during_gate >= 3 * GateRig::kBytes) break;
+      std::this_thread::sleep_for(1ms);
+    }
+    return true;
+  };
+  const auto s = tier::run_stream(
+      *g.rig.store, g.items,
+      [&](std::size_t i, std::span<void* const> v) {
+        EXPECT_EQ(static_cast<std::uint8_t*>(v[0])[GateRig::kBytes - 1], i + 1) << "item " << i;
+        static_cast<std::uint8_t*>(v[0])[0] = static_cast<std::uint8_t>(0xa0 + i);
+        ++computed;
+      },
+      o);
+  EXPECT_EQ(gates, 1);
+  EXPECT_EQ(computed_at_gate, 0u);
+  EXPECT_EQ(read_during_gate, 3 * GateRig::kBytes) << "the window's reads did not run under the gate";
+  EXPECT_FALSE(s.cancelled);
+  EXPECT_GT(s.t_gate, 0.0);
+  EXPECT_EQ(s.items, GateRig::kItems);
+  EXPECT_EQ(computed, GateRig::kItems);
+  EXPECT_EQ(g.rig.store->stats().bytes_to_nvme - written, GateRig::kItems * GateRig::kBytes);
+  for (std::size_t i = 0; i < GateRig::kItems; ++i)
+    EXPECT_EQ(g.first_byte(i), 0xa0 + i) << "item " << i;
+  EXPECT_EQ(g.rig.pool->available(), g.rig.pool->buffer_count());
+}
+
+// false: nothing computed, nothing written, every slot back; the contents are the old ones.
+TEST(StreamLoopGate, NoCancelsTheRunBeforeAnyCompute) {
+  GateRig g;
+  const std::uint64_t written = g.rig.store->stats().bytes_to_nvme;
+  tier::StreamOptions o;
+  o.window = 3;
+  o.gate = [] { return false; };
+  std::size_t computed = 0;
+  const auto s = tier::run_stream(
+      *g.rig.store, g.items, [&](std::size_t, std::span<void* const>) { ++computed; }, o);
+  EXPECT_TRUE(s.cancelled);
+  EXPECT_EQ(s.items, 0u);
+  EXPECT_EQ(computed, 0u);
+  EXPECT_EQ(g.rig.store->stats().bytes_to_nvme, written);
+  EXPECT_EQ(g.rig.pool->available(), g.rig.pool->buffer_count());
+  for (std::size_t i = 0; i < GateRig::kItems; ++i) EXPECT_EQ(g.first_byte(i), i + 1);
+  // With no items the gate is still asked, once.
+  int asked = 0;
+  o.gate = [&] { return ++asked, false; };
+  EXPECT_TRUE(tier::run_stream(*g.rig.store, {}, [](std::size_t, std::span<void* const>) {}, o)
+                  .cancelled);
+  EXPECT_EQ(asked, 1);
+}
+
+// An exception from the gate comes out as it is (not wrapped as a transfer's), after the reads in
+// flight were waited for and the slots given back.
+TEST(StreamLoopGate, AnErrorInTheGateComesOutAsItIsAfterTheDrain) {
+  GateRig g;
+  tier::StreamOptions o;
+  o.window = 3;
+  o.gate = []() -> bool { throw Error(ErrorCode::kTimeout, "the ranks did not agree"); };
+  try {
+    tier::run_stream(*g.rig.store, g.items, [](std::size_t, std::span<void* const>) {}, o);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
+    EXPECT_STREQ(e.what(), "the ranks did not agree");
+  }
+  EXPECT_EQ(g.rig.pool->available(), g.rig.pool->buffer_count());
+  for (std::size_t i = 0; i < GateRig::kItems; ++i) EXPECT_EQ(g.first_byte(i), i + 1);
+}
+
+// A cancelled run still reports a failed read of its window (nothing fails silently).
+TEST(StreamLoopGate, AFailedReadOfACancelledRunIsReported) {
+  GateRig g;
+  g.rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kRead));
+  tier::StreamOptions o;
+  o.window = 3;
+  o.what = "gated loop";
+  o.gate = [] { return false; };
+  try {
+    tier::run_stream(*g.rig.store, g.items, [](std::size_t, std::span<void* const>) {}, o);
+    FAIL() << "the failed read was not reported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Input/output error"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("gated loop failed reading"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(g.rig.pool->available(), g.rig.pool->buffer_count());
+  EXPECT_TRUE(g.rig.store->failure().empty());
 }
 
 // The host-emulated device's memory is host memory: kHost compute sees a gpu-home part at its

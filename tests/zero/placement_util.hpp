@@ -161,6 +161,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   e.finalize();
   zero::EngineAccess::set_stage_device_memory(e, p.staged);
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
+  int gated = 0, cancelled = 0;
   for (int s = 0; s < kSteps; ++s) {
     for (auto id : ids) {  // forward: gathered one at a time (stage 3), read through param()
       e.gather({&id, 1});
@@ -183,6 +184,19 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
       e.release({&*it, 1});
     }
     if (!e.step().applied) ++*skipped;
+    const tier::StreamStats u = zero::EngineAccess::last_update(e);
+    gated += u.t_gate > 0;
+    cancelled += u.cancelled;
+  }
+  // With state on NVMe the norm and overflow decision runs while the update's first reads are in
+  // flight (the loop's gate; a skipped step cancels the loop), unless the statistics pass needs a
+  // pool slot (gradients on NVMe or staged).
+  if (device == DeviceKind::kHost && p.opt == Tier::kNvme && p.grads != Tier::kNvme && !p.staged) {
+    EXPECT_EQ(gated, kSteps) << "steps whose decision ran under the update's reads";
+    EXPECT_EQ(cancelled, 2) << "skipped steps that cancelled the update's reads";
+  } else {
+    EXPECT_EQ(gated, 0) << "the decision ran as a gate, yet needs a slot or has nothing to overlap";
+    EXPECT_EQ(cancelled, 0);
   }
   if (device == DeviceKind::kHost && p.opt != Tier::kGpu) {
     // The last update's staged bytes: device memory passed the pool only when staged.
