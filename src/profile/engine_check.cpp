@@ -120,8 +120,9 @@ double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t 
 struct StepLegs {
   bool measured = false;
   double predicted_s = 0;
-  // The rest of a one-rank Engine::step() around its update loop (its local reduction and the
-  // statistics pass): measured step() time minus the update loop's.
+  // The rest of a one-rank Engine::step() around its update loop (its local reduction; the
+  // statistics pass runs inside the loop, as its gate under the first NVMe reads, when the
+  // gradients need no pool slot): measured step() time minus the update loop's.
   double local_s = 0;
 };
 StepLegs zero_step_legs(const Config& cfg, Communicator& comm, std::uint64_t elements) {

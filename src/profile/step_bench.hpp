@@ -37,7 +37,10 @@ struct StepBenchResult {
   std::string update_on;  // "cpu", or the device's name with optimizer.update: device
   // Medians over rounds, seconds.
   double t_read = 0, t_update = 0, t_write = 0;
-  double t_step = 0;         // the step's update loop, pipelined
+  // The step's update loop, pipelined. With state on NVMe it includes the statistics pass and
+  // the agreement, which run as its gate while its first reads are in flight (stream_loop.hpp);
+  // the serial loop does not (they run before it).
+  double t_step = 0;
   double t_engine_step = 0;  // the whole Engine::step() (reduction, statistics pass, update)
   double t_step_serial = 0;  // read → update → write, one chunk at a time (0 if not measured)
   double t_update_in_step = 0, t_wait_read = 0, t_wait_write = 0;  // inside the pipelined step
