@@ -162,29 +162,39 @@ void Engine::Impl::collect_copies(bool all) {
 // Step part 1: every gradient reduced into the rank's range. Stages 0-1: the all-reduce /
 // reduce-scatter of the flat gradients in device memory. Stages 2-3: the buckets still in flight
 // are retired and the gradient chunks completed (zeros where no bucket had a share: padding).
-void Engine::Impl::reduce() {
+std::exception_ptr Engine::Impl::reduce() {
   auto t0 = zero::Clock::now();
+  std::exception_ptr local;
   if (stage == 0) {
     if (world > 1) comm.all_reduce(grads_dev, grads_dev, part->flat_size(), gdt);
   } else if (stage == 1) {
     if (world > 1) comm.reduce_scatter(grads_dev, grads_dev + own_begin * ges, psize, gdt);
   } else {
-    while (!inflight.empty()) retire_oldest();
-    collect_copies(true);
-    for (std::size_t k = 0; k < nbuckets; ++k) {
-      if (!bucket_issued[k] && bucket_expected[k] > 0)
-        fail(ErrorCode::kInternal, strcat("engine: bucket ", k, " incomplete at step()"));
-      if (bucket_of[k].id) {
-        free_buckets.push_back(bucket_of[k]);
-        bucket_of[k] = {};
+    // Every collective was issued by set_gradient; what remains is waiting for them and this
+    // rank's own copies and spills. A failure here is returned, not thrown: the rank still takes
+    // part in the step's agreement so that the others stop too (the collectives in flight hold
+    // this rank's contribution already).
+    try {
+      while (!inflight.empty()) retire_oldest();
+      collect_copies(true);
+      for (std::size_t k = 0; k < nbuckets; ++k) {
+        if (!bucket_issued[k] && bucket_expected[k] > 0)
+          fail(ErrorCode::kInternal, strcat("engine: bucket ", k, " incomplete at step()"));
+        if (bucket_of[k].id) {
+          free_buckets.push_back(bucket_of[k]);
+          bucket_of[k] = {};
+        }
       }
+      auto t1 = zero::Clock::now();
+      if (!grad_fill->active()) grad_fill->begin();
+      grad_fill->end();
+      st.grad_spill_s += zero::seconds_since(t1);
+    } catch (...) {
+      local = std::current_exception();
     }
-    auto t1 = zero::Clock::now();
-    if (!grad_fill->active()) grad_fill->begin();
-    grad_fill->end();
-    st.grad_spill_s += zero::seconds_since(t1);
   }
   st.reduce_s += zero::seconds_since(t0);
+  return local;
 }
 
 }  // namespace strata

@@ -98,6 +98,9 @@ struct Engine::Impl {
   unsigned char* params_dev = nullptr;
   unsigned char* grads_dev = nullptr;
   unsigned char* norm_dev = nullptr;
+  // Copies in and out of rt.norm for the few-byte exchanges, on the Device directly (not through
+  // the store: a rank whose store failed must still tell the others). Made at finalize().
+  std::unique_ptr<Stream> word_stream;
   std::vector<std::pair<BufferId, zero::BufferKind>> kinds;  // every registered state buffer
   std::unique_ptr<zero::TierStateStore> state;               // the checkpoint seam's host views
 
@@ -205,7 +208,10 @@ struct Engine::Impl {
   // Receive buffers whose copy completed go back to free_recvs; all: wait for every copy.
   void collect_copies(bool all);
   DevBuf take_recv();  // a free receive buffer (made, or waited for: at most kMaxRecvBuffers)
-  void reduce();       // step part 1: every gradient reduced into the rank's gradient range
+  // Step part 1: every gradient reduced into the rank's gradient range. Stages 2-3 (whose
+  // collectives set_gradient issued) do not throw: a failure waiting for them or for the rank's
+  // copies and spills is returned, for the ranks to learn it together in agree().
+  std::exception_ptr reduce();
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems; }
   std::size_t bucket_len(std::size_t b) const {
     return std::min(bucket_elems, part->flat_size() - bucket_begin(b));
@@ -214,7 +220,14 @@ struct Engine::Impl {
   // ---- engine_step.cpp ----
   StepResult step();
   AdamGradStats local_grad_stats(float inv);  // the stats pass (streamed)
-  void agree(const AdamGradStats& local, bool* finite, double* sum_sq);  // step part 2
+  // Step part 2. failed_here: this rank's reduction or statistics failed (its local is unset).
+  // Returns the first other rank that failed, or -1.
+  int agree(const AdamGradStats& local, bool failed_here, bool* finite, double* sum_sq);
+  // After the update (applied, skipped or failed): whether every rank's went through; returns the
+  // first other rank whose did not, or -1. Every rank that passed agree() calls it once.
+  int agree_outcome(bool ok_here);
+  // Error(kComm): `peer` failed in this step's `phase`; this rank stops too (its engine is failed).
+  [[noreturn]] void fail_for_peer(int peer, const char* phase) const;
   void apply_loss_scale(bool finite, StepResult& res);                   // step part 3
   bool update(const std::function<bool()>& decide, const float& grad_scale);  // step part 4
   bool decide_under_reads(std::span<const tier::StreamItem> host_items);

@@ -103,6 +103,7 @@ void Engine::Impl::build_layout() {
                        zero::BufferKind::kRuntime);
   norm_dev =
       static_cast<unsigned char*>(store().acquire(norm_id, Tier::kGpu, Access::kRead, timeout));
+  word_stream = storage->device().create_stream();
 }
 
 zero::StorageNeeds Engine::Impl::storage_needs() const {

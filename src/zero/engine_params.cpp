@@ -209,9 +209,10 @@ void Engine::Impl::all_gather_host(const void* send, void* recv,
   free_dev_buf(x);
 }
 
-// A few bytes per rank (the checkpoint's agreement): through rt.norm, which exists from
-// finalize() on, so that the exchange allocates nothing (a rank failing to allocate would leave the
-// others waiting in the collective); larger exchanges through all_gather_host.
+// A few bytes per rank (the step's and the checkpoint's agreements): through rt.norm, which exists
+// from finalize() on, so that the exchange allocates nothing (a rank failing to allocate would
+// leave the others waiting in the collective), copied on word_stream, not through the store (a
+// rank whose store failed still takes part); larger exchanges through all_gather_host.
 void Engine::Impl::all_gather_bytes(const void* send, void* recv, std::size_t bytes) {
   if (bytes % 4 != 0)
     fail(ErrorCode::kInternal,
@@ -221,11 +222,11 @@ void Engine::Impl::all_gather_bytes(const void* send, void* recv, std::size_t by
     all_gather_host(send, recv, counts, DType::kFp32);
     return;
   }
-  store().write(norm_id, 0, bytes, send, Tier::kCpu).wait(timeout);
+  word_stream->memcpy_async(norm_dev, send, bytes);
+  word_stream->synchronize(timeout);
   comm.all_gather(norm_dev, norm_dev + 16, bytes / 4, DType::kFp32);
-  store()
-      .read(norm_id, 16, bytes * static_cast<std::size_t>(world), recv, Tier::kCpu)
-      .wait(timeout);
+  word_stream->memcpy_async(recv, norm_dev + 16, bytes * static_cast<std::size_t>(world));
+  word_stream->synchronize(timeout);
 }
 
 // ---- optimizer state access

@@ -117,19 +117,36 @@ StepResult Engine::Impl::step() {
     trace_pos = 0;
     trace_ok = true;
   }
-  reduce();
+  std::exception_ptr local = reduce();
 
   // Parts 2-3 decide whether and with which scale the update runs; on NVMe state they run while
-  // the update's first reads are in flight (update()).
+  // the update's first reads are in flight (update()). A rank whose reduction or statistics
+  // failed still takes part in the agreement, so that every rank stops in this step naming it
+  // (instead of waiting out the collective timeout in its next collective); likewise a rank whose
+  // update fails tells the others in agree_outcome().
   StepResult res;
   float grad_scale = 0;
+  bool decide_ran = false;
+  bool agreed = false;  // every rank passed agree() and will call agree_outcome()
   auto decide = [&] {
+    decide_ran = true;
     auto t0 = zero::Clock::now();
     const double inv = 1.0 / (scale * world);
+    AdamGradStats stats;
+    if (!local) {
+      try {
+        stats = local_grad_stats(static_cast<float>(inv));
+      } catch (...) {
+        local = std::current_exception();
+      }
+    }
     bool finite = true;
     double sum_sq = 0;
-    agree(local_grad_stats(static_cast<float>(inv)), &finite, &sum_sq);
+    const int peer = agree(stats, local != nullptr, &finite, &sum_sq);
     st.norm_s += zero::seconds_since(t0);
+    if (local) std::rethrow_exception(local);
+    if (peer >= 0) fail_for_peer(peer, "gradient reduction or statistics");
+    agreed = true;
     apply_loss_scale(finite, res);
     if (finite) {
       res.grad_norm = std::sqrt(sum_sq);
@@ -140,7 +157,33 @@ StepResult Engine::Impl::step() {
     }
     return finite;
   };
-  if (update(decide, grad_scale)) {
+  bool applied = false;
+  try {
+    if (local) decide();  // joins the agreement with its failed flag, then throws `local`
+    applied = update(decide, grad_scale);
+  } catch (...) {
+    if (!decide_ran) {
+      // The update failed before its gate ran the agreement (the loop's first reads could not be
+      // issued, e.g. on a failed store): join the agreement with a failed flag anyway.
+      const std::exception_ptr error = std::current_exception();
+      local = error;
+      try {
+        decide();
+      } catch (...) {
+      }
+      std::rethrow_exception(error);
+    }
+    if (!agreed) throw;  // failed in or after the agreement's exchange: every rank knows it
+    try {
+      agree_outcome(false);
+    } catch (const std::exception& e) {
+      log_error("engine rank ", rank, ": telling the other ranks that the update failed: ",
+                e.what());
+    }
+    throw;
+  }
+  if (const int peer = agree_outcome(true); peer >= 0) fail_for_peer(peer, "update");
+  if (applied) {
     gather_params();
     ++st.applied_steps;
     res.applied = true;
@@ -181,31 +224,51 @@ AdamGradStats Engine::Impl::local_grad_stats(float inv) {
 }
 
 // Step part 2: the ranks agree on the norm and the overflow through an all-gather of (sum of
-// squares as FP64 bits, finite flag), summed in rank order: identical on every rank.
-void Engine::Impl::agree(const AdamGradStats& local, bool* finite, double* sum_sq) {
+// squares as FP64 bits, finite flag, failed flag), summed in rank order: identical on every rank.
+int Engine::Impl::agree(const AdamGradStats& local, bool failed_here, bool* finite,
+                        double* sum_sq) {
   std::uint32_t mine[4];
-  const std::uint64_t bits = std::bit_cast<std::uint64_t>(local.finite ? local.sum_sq : 0.0);
+  const std::uint64_t bits =
+      std::bit_cast<std::uint64_t>(local.finite && !failed_here ? local.sum_sq : 0.0);
   mine[0] = static_cast<std::uint32_t>(bits);
   mine[1] = static_cast<std::uint32_t>(bits >> 32);
   mine[2] = local.finite ? 1u : 0u;
-  mine[3] = 0;
+  mine[3] = failed_here ? 1u : 0u;
   std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
   if (world > 1) {
-    // In device memory, where the collectives run.
-    store().write(norm_id, 0, sizeof(mine), mine, Tier::kCpu).wait(timeout);
-    comm.all_gather(norm_dev, norm_dev + 16, 4, DType::kFp32);
-    store().read(norm_id, 16, all.size() * 4, all.data(), Tier::kCpu).wait(timeout);
+    all_gather_bytes(mine, all.data(), sizeof(mine));  // in device memory, where collectives run
   } else {
     std::memcpy(all.data(), mine, sizeof(mine));
   }
   *finite = true;
   *sum_sq = 0;
+  int peer = -1;
   for (int r = 0; r < world; ++r) {
     const std::uint32_t* p = all.data() + 4 * r;
+    if (p[3] != 0u && r != rank && peer < 0) peer = r;
     *finite = *finite && p[2] == 1u;
     *sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) |
                                      (static_cast<std::uint64_t>(p[1]) << 32));
   }
+  return peer;
+}
+
+int Engine::Impl::agree_outcome(bool ok_here) {
+  if (world == 1) return -1;
+  const std::uint32_t mine[1] = {ok_here ? 0u : 1u};
+  std::vector<std::uint32_t> all(static_cast<std::size_t>(world));
+  all_gather_bytes(mine, all.data(), sizeof(mine));
+  for (int r = 0; r < world; ++r)
+    if (r != rank && all[static_cast<std::size_t>(r)] != 0u) return r;
+  return -1;
+}
+
+void Engine::Impl::fail_for_peer(int peer, const char* phase) const {
+  fail(ErrorCode::kComm,
+       strcat("engine rank ", rank, ": rank ", peer, " failed in this step's ", phase,
+              " (its own error names the cause); the step did not complete on every rank, so "
+              "this rank stops too: build new engines and load_checkpoint() the last checkpoint "
+              "on every rank"));
 }
 
 // Step part 3: an overflow skips the step on every rank and backs the dynamic loss scale off.

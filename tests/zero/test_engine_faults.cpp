@@ -311,29 +311,83 @@ TEST(EngineFaults, AFlippedBitInASwapFileIsAChecksumError) {
   r.expect_failed_for_good();
 }
 
-// Two ranks: one rank's I/O fails mid-step; the other does not hang: it fails in the next
-// collective with a timeout naming the peer.
-TEST(EngineFaults, APeerFailingMidStepTimesTheOthersOut) {
+// A rank whose I/O fails in a step tells the others in the same step (the agreement on the norm
+// carries a failed flag; after the update every rank exchanges whether its update went through):
+// every rank's step() throws in that step — the failing rank its own error, the others
+// Error(kComm) naming it — instead of the others completing the step and waiting out the
+// collective timeout in the next one. Every engine is failed afterwards. The fault is armed after
+// the backward, on the last rank, so it fires in the step.
+struct PeerCase {
+  int stage;
+  int world;
+  Tier opt, grads;
+  const char* phase;  // where the peer's failure is reported
+  std::string name;
+  IoOp op = IoOp::kRead;  // the failing request
+};
+
+class PeerFaults : public ::testing::TestWithParam<PeerCase> {};
+
+TEST_P(PeerFaults, AFailingRankStopsEveryRankInTheSameStep) {
+  const PeerCase c = GetParam();
   TempDir dir("strata-faults");
-  auto comms = make_inprocess_communicators(2, 2.0);
-  std::vector<std::string> errors(2);
+  auto comms = make_inprocess_communicators(c.world, 30.0);
+  std::vector<std::string> errors(static_cast<std::size_t>(c.world));
+  std::vector<ErrorCode> codes(static_cast<std::size_t>(c.world), ErrorCode::kInternal);
+  std::vector<int> failed_at(static_cast<std::size_t>(c.world), -1);
+  const int bad = c.world - 1;
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    Config cfg = fault_config(2, Tier::kNvme, Tier::kGpu, Tier::kGpu, dir.str());
-    cfg.runtime.collective_timeout_s = 2.0;
+    Config cfg = fault_config(c.stage, c.opt, c.grads, Tier::kGpu, dir.str());
+    cfg.runtime.collective_timeout_s = 30.0;  // a hang would show as kTimeout, after 30 s
     Rank r(cfg, comm);
-    if (rank == 1) r.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
-    try {
-      r.backward(0);
-      r.e->step();
-      r.backward(1);
-      r.e->step();
-    } catch (const Error& e) {
-      errors[static_cast<std::size_t>(rank)] = e.what();
+    const auto k = static_cast<std::size_t>(rank);
+    for (int step = 0; step < 3 && failed_at[k] < 0; ++step) {
+      try {
+        r.backward(step);
+        if (rank == bad && step == 1) r.io->add_fault(IoFault::fail_nth(1, EIO, c.op));
+        r.e->step();
+      } catch (const Error& e) {
+        errors[k] = e.what();
+        codes[k] = e.code();
+        failed_at[k] = step;
+      }
     }
+    r.expect_failed_for_good();
   }));
-  EXPECT_NE(errors[1].find("Input/output error"), std::string::npos) << errors[1];
-  EXPECT_FALSE(errors[0].empty()) << "rank 0 finished although its peer failed";
+  const auto b = static_cast<std::size_t>(bad);
+  EXPECT_EQ(codes[b], ErrorCode::kIo) << errors[b];
+  EXPECT_NE(errors[b].find("Input/output error"), std::string::npos) << errors[b];
+  for (int r = 0; r < c.world; ++r) {
+    const auto k = static_cast<std::size_t>(r);
+    EXPECT_EQ(failed_at[k], 1) << "rank " << r << ": " << errors[k];
+    if (r == bad) continue;
+    EXPECT_EQ(codes[k], ErrorCode::kComm) << "rank " << r << ": " << errors[k];
+    EXPECT_NE(errors[k].find(strcat("rank ", bad, " failed in this step's ", c.phase)),
+              std::string::npos)
+        << "rank " << r << ": " << errors[k];
+    EXPECT_NE(errors[k].find("load_checkpoint"), std::string::npos) << errors[k];
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PeerFaults,
+    ::testing::Values(
+        // State on NVMe: the first read is the update's (issued before the agreement, under it).
+        PeerCase{1, 2, Tier::kNvme, Tier::kGpu, "update", "stage1_opt_nvme_world2"},
+        PeerCase{2, 3, Tier::kNvme, Tier::kCpu, "update", "stage2_opt_nvme_world3"},
+        PeerCase{3, 4, Tier::kNvme, Tier::kGpu, "update", "stage3_opt_nvme_world4"},
+        // Gradients on NVMe: the first read is the fill's or the statistics pass's.
+        PeerCase{2, 2, Tier::kCpu, Tier::kNvme, "gradient reduction or statistics",
+                 "stage2_grads_nvme_world2"},
+        PeerCase{3, 3, Tier::kNvme, Tier::kNvme, "gradient reduction or statistics",
+                 "stage3_opt_grads_nvme_world3"},
+        // The step's last gradient spills fail: the fill's error is carried into the agreement.
+        PeerCase{2, 2, Tier::kCpu, Tier::kNvme, "gradient reduction or statistics",
+                 "stage2_grads_nvme_spill_world2", IoOp::kWrite},
+        // The update's write-back fails.
+        PeerCase{1, 3, Tier::kNvme, Tier::kGpu, "update", "stage1_opt_nvme_writeback_world3",
+                 IoOp::kWrite}),
+    [](const ::testing::TestParamInfo<PeerCase>& i) { return i.param.name; });
 
 }  // namespace
 }  // namespace strata::testing
