@@ -135,6 +135,12 @@ def part_nvme(a, model_a, grads):
             "device_bound_s": mb, "step_over_bound": ms / mb,
             "step_over_bound_rounds": [t / b for t, b in zip(ts, bounds)],
             "in_process_t_io_s": statistics.median(s["t_io_s"] for s in inproc),
+            # The step's own update loop (medians): its computes, its waits for reads, and its gate
+            # (the statistics pass and the agreement, run under the first reads).
+            "step_loop_s": statistics.median(s["last_loop_s"] for s in inproc),
+            "step_loop_compute_s": statistics.median(s["last_loop_compute_s"] for s in inproc),
+            "step_loop_wait_read_s": statistics.median(s["last_loop_wait_read_s"] for s in inproc),
+            "step_loop_gate_s": statistics.median(s["last_loop_gate_s"] for s in inproc),
             "in_process_bound_s": mi, "step_over_in_process_bound": ms / mi,
             "step_over_in_process_bound_rounds": [t / b for t, b in zip(ts, ibounds)],
             "io_engine": steps[0]["io_engine"], "target": "<= 1.1"}

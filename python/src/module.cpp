@@ -342,7 +342,8 @@ PYBIND11_MODULE(_strata, m) {
       // Benchmarks only (bench/python/bench_optimizer_step.py): the device bound of this engine's
       // update as `strata bench step` measures it (zero::EngineAccess::measure) — read || write
       // back every host-computed chunk unchanged (t_io_s), and Adam alone on chunks held in
-      // memory (t_update_s). The state is not changed.
+      // memory (t_update_s). The state is not changed. Also the last step's update loop: its
+      // time, its computes, its waits for reads and writes, its gate (last_loop_*).
       .def("_measure_bound",
            [](PyEngine& s) {
              double io = 0, update = 0;
@@ -354,6 +355,13 @@ PYBIND11_MODULE(_strata, m) {
              py::dict d;
              d["t_io_s"] = io;
              d["t_update_s"] = update;
+             // The last step's host update loop, as bench step reports it.
+             const tier::StreamStats u = zero::EngineAccess::last_update(s.e());
+             d["last_loop_s"] = u.t_total;
+             d["last_loop_compute_s"] = u.t_compute;
+             d["last_loop_wait_read_s"] = u.t_wait_in;
+             d["last_loop_wait_write_s"] = u.t_wait_out;
+             d["last_loop_gate_s"] = u.t_gate;
              return d;
            })
       .def("read_state", &PyEngine::read_state, G())

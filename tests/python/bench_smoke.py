@@ -1,0 +1,38 @@
+#!/usr/bin/python3
+"""bench/python/bench_optimizer_step.py on a tiny model, one round: the benchmark runs and prints
+both parts' JSON with every figure present (a smoke test: no speed is asserted here; the speed
+figures are taken by running the benchmark on a quiet machine, docs/performance.md).
+
+Usage: bench_smoke.py SOURCE_DIR BUILD_DIR"""
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+src, build = sys.argv[1], sys.argv[2]
+with tempfile.TemporaryDirectory(prefix="strata-bench-smoke-") as tmp:
+    out = subprocess.run(
+        ["/usr/bin/python3", os.path.join(src, "bench", "python", "bench_optimizer_step.py"),
+         "--d-model", "64", "--layers", "2", "--vocab", "500", "--threads", "1", "--rounds", "2",
+         "--buffers", "2", "--buffer-size", "1MiB", "--sub-group", "40000",
+         "--nvme", os.path.join(tmp, "nvme"), "--strata", os.path.join(build, "strata"), "--json"],
+        check=True, capture_output=True, text=True).stdout
+lines = [json.loads(l) for l in out.splitlines() if l.strip()]
+parts = {l["part"]: l for l in lines}
+assert set(parts) == {"host", "nvme"}, out
+host, nvme = parts["host"], parts["nvme"]
+n = 500 * 64 + 2 * (2 * 64 + 3 * 64 * 64 + 3 * 64 + 64 * 64 + 64 + 2 * 64 + 4 * 64 * 64 + 4 * 64 + 64 * 4 * 64 + 64)
+assert host["params"] == n and nvme["params"] == n, (host["params"], n)
+for k in ("strata_step_s", "torch_adamw_foreach_step_s", "speedup"):
+    assert host[k] > 0 and math.isfinite(host[k]), (k, host)
+for k in ("strata_step_s", "device_bound_s", "step_over_bound", "in_process_bound_s",
+          "step_over_in_process_bound", "bench_step_t_engine_step_s", "step_loop_s",
+          "step_loop_compute_s"):
+    assert nvme[k] > 0 and math.isfinite(nvme[k]), (k, nvme)
+assert nvme["step_loop_gate_s"] > 0, "the NVMe step did not run its decision under the first reads"
+assert len(nvme["step_over_bound_rounds"]) == 2
+assert nvme["io_engine"] in ("io_uring", "threads"), nvme
+print("bench smoke: ok (%d parameters; host speedup %.2f, nvme step / bound %.2f: not results)"
+      % (n, host["speedup"], nvme["step_over_bound"]))
