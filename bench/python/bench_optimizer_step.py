@@ -9,7 +9,11 @@ gradients (fixed random values) are handed in before each timed step, outside th
    {tier: cpu, pin_memory: true}) and CPU Adam, against torch.optim.AdamW(foreach=True) on a copy
    of the same parameters, with the same number of threads (torch.set_num_threads(T),
    runtime.cpu_threads T), alternating strata / torch each round after a warm-up round. Prints
-   both medians and speedup = torch / strata (target >= 5).
+   both medians and speedup = torch / strata (target >= 5), and torch's minor page faults per
+   step: with glibc's default malloc, torch's foreach temporaries (up to ~1 GiB per step here)
+   are returned to the OS and faulted in again each step, which makes torch's step 1.3-2x slower
+   and its time vary 0.45-2.0 s from round to round. --malloc keep runs the benchmark with glibc
+   keeping freed memory (torch's best case on this machine: no faults); report both.
 2. With --nvme DIR: ZeroOptimizer with the state on NVMe (swap in DIR), alternating each round
    one timed step with the device bound max(t_io, t_update) (t_io: read || write of every chunk,
    no update) measured twice: on the same engine in this process right after the step (the
@@ -26,6 +30,7 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -36,6 +41,12 @@ import torch
 import torch.nn as nn
 
 import strata
+
+# --malloc keep: glibc malloc without mmap for big blocks and without trimming (set before the
+# process starts: the benchmark runs itself again with them), so that torch's temporaries are
+# reused instead of page-faulted in anew each step.
+_KEEP_ENV = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 46)}
+MALLOC_MODE = "keep" if all(os.environ.get(k) == v for k, v in _KEEP_ENV.items()) else "glibc default"
 
 
 class Shapes(nn.Module):
@@ -59,12 +70,20 @@ def time_strata(opt, params, grads):
     return time.perf_counter() - t0
 
 
-def time_torch(opt, params, grads):
+def minor_faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_torch(opt, params, grads, faults=None):
     for p, g in zip(params, grads):
         p.grad = g
+    f0 = minor_faults()
     t0 = time.perf_counter()
     opt.step()
-    return time.perf_counter() - t0
+    t = time.perf_counter() - t0
+    if faults is not None:
+        faults.append(minor_faults() - f0)
+    return t
 
 
 def part_host(a, model_a, model_b, grads):
@@ -75,18 +94,25 @@ def part_host(a, model_a, model_b, grads):
     zopt = strata.torch.ZeroOptimizer(model_a, cfg, param_groups=[{"params": list(model_a.parameters())}])
     topt = torch.optim.AdamW(model_b.parameters(), lr=1e-4, weight_decay=0.01, foreach=True)
     pa, pb = list(model_a.parameters()), list(model_b.parameters())
-    ts, tt = [], []
+    ts, tt, tf, sf = [], [], [], []
     time_strata(zopt, pa, grads)  # warm-up (first touch of the state)
     time_torch(topt, pb, grads)
     for _ in range(a.rounds):
+        f0 = minor_faults()
         ts.append(time_strata(zopt, pa, grads))
-        tt.append(time_torch(topt, pb, grads))
+        sf.append(minor_faults() - f0)  # the backward's hand-in included
+        tt.append(time_torch(topt, pb, grads, tf))
     ms, mt = statistics.median(ts), statistics.median(tt)
     zopt.close()
     del topt
     return {"part": "host", "params": a.n, "threads": a.threads, "rounds": a.rounds,
             "strata_step_s": ms, "torch_adamw_foreach_step_s": mt, "speedup": mt / ms,
-            "strata_params_per_second": a.n / ms, "torch_params_per_second": a.n / mt, "target": ">= 5"}
+            "strata_params_per_second": a.n / ms, "torch_params_per_second": a.n / mt,
+            # Minor page faults per step (median): torch's foreach temporaries are freed to the OS
+            # and faulted in again (glibc malloc returns big blocks) unless --malloc keep.
+            "torch_step_minor_faults": statistics.median(tf),
+            "strata_round_minor_faults": statistics.median(sf),
+            "torch_step_s_rounds": tt, "malloc": MALLOC_MODE, "target": ">= 5"}
 
 
 def bench_step_bound(a, yaml_path):
@@ -152,15 +178,24 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=11,
+                    help="alternating rounds per part (with glibc's default malloc torch's step varies "
+                         "0.45-2.0 s from round to round here: the median of 11 is steady, of 5 not)")
     ap.add_argument("--nvme", help="a directory on the NVMe drive: also run part 2")
     ap.add_argument("--strata", default=os.path.join(os.path.dirname(__file__), "..", "..", "build", "strata"),
                     help="the strata executable (part 2)")
     ap.add_argument("--buffers", type=int, default=4)
     ap.add_argument("--buffer-size", default="64MiB")
     ap.add_argument("--sub-group", default="100M")
+    ap.add_argument("--malloc", choices=("default", "keep"), default="default",
+                    help="keep: run with glibc malloc keeping freed memory (MALLOC_MMAP_MAX_=0, "
+                         "MALLOC_TRIM_THRESHOLD_=2^46), so torch's step does not page-fault its "
+                         "temporaries anew (torch's best case here); default: as torch runs by default")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
+    if a.malloc == "keep" and MALLOC_MODE != "keep":
+        os.environ.update(_KEEP_ENV)
+        os.execv(sys.executable, [sys.executable] + sys.argv)
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model_a = Shapes(a.d_model, a.layers, a.vocab)

@@ -135,8 +135,8 @@ class CpuAdam {
                                     float grad_divisor = 1.0f);
 
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
-  // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, for 16-bit grads, copies
-  // grad's bits to param_copy when set), on the same threads and tiles. Trivial arithmetic; it
+  // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, when set, param_copy in its
+  // dtype), on the same threads and tiles. Trivial arithmetic; it
   // overwrites the arrays' contents. The bandwidth it reaches is the bound step() is measured
   // against.
   void stream_reference(const AdamTensors& t);

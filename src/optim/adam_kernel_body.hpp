@@ -232,29 +232,38 @@ void v_stats_entry(DType gd, const void* g, std::size_t n, float divisor, float 
     v_stats_dtype<V, false>(gd, g, n, divisor, scale, finite, sum_sq);
 }
 
-// The bandwidth reference: the same arrays, the same directions, trivial arithmetic.
+// The bandwidth reference: the same arrays, the same directions, trivial arithmetic. copy_bytes
+// (0, 2 or 4): the updated-parameter copy Adam writes, of that element size: 4 — p's new value;
+// 2 — g's bits for 16-bit grads, p's new value as bf16 for fp32 grads.
 template <class V>
-void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out, std::size_t n) {
+void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out,
+              std::size_t copy_bytes, std::size_t n) {
   using F = typename V::F;
   std::size_t i = 0;
   const std::size_t nv = n - n % V::W;
+  float* of = copy_bytes == 4 ? static_cast<float*>(out) : nullptr;
+  std::uint16_t* oh = copy_bytes == 2 ? static_cast<std::uint16_t*>(out) : nullptr;
   if (gd == DType::kFp32) {
     const float* gf = static_cast<const float*>(g);
     for (; i < nv; i += V::W) {
       const F gv = V::load(gf + i);
-      V::store(p + i, V::add(V::load(p + i), gv));
+      const F pv = V::add(V::load(p + i), gv);
+      V::store(p + i, pv);
       V::store(m + i, V::add(V::load(m + i), gv));
       V::store(v + i, V::add(V::load(v + i), gv));
+      if (of) V::store(of + i, pv);
+      if (oh) V::store16(oh + i, V::f_to_bf16(pv));
     }
     for (; i < n; ++i) {
       p[i] += gf[i];
       m[i] += gf[i];
       v[i] += gf[i];
+      if (of) of[i] = p[i];
+      if (oh) oh[i] = s_f_to_bf16(p[i]);
     }
     return;
   }
   const std::uint16_t* gh = static_cast<const std::uint16_t*>(g);
-  std::uint16_t* oh = static_cast<std::uint16_t*>(out);
   for (; i < nv; i += V::W) {
     const auto hv = V::load16(gh + i);
     const F gv = V::bf16_to_f(hv);
@@ -262,6 +271,7 @@ void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out, 
     V::store(m + i, V::add(V::load(m + i), gv));
     V::store(v + i, V::add(V::load(v + i), gv));
     if (oh) V::store16(oh + i, hv);
+    if (of) V::store(of + i, gv);
   }
   for (; i < n; ++i) {
     const float gv = s_bf16_to_f(gh[i]);
@@ -269,6 +279,7 @@ void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out, 
     m[i] += gv;
     v[i] += gv;
     if (oh) oh[i] = gh[i];
+    if (of) of[i] = gv;
   }
 }
 

@@ -135,12 +135,13 @@ void CpuAdam::stream_reference(const AdamTensors& t) {
   if (t.n == 0) return;
   std::lock_guard<std::mutex> lk(impl_->mu);
   const std::size_t gsz = elem_size(t.grad_dtype);
-  const bool copy = t.param_copy && t.grad_dtype != DType::kFp32;
+  const std::size_t csz = t.param_copy ? elem_size(t.param_copy_dtype) : 0;
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
     k->stream(t.grad_dtype, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
-              byte_ptr(t.grad) + off * gsz, copy ? byte_ptr(t.param_copy) + off * 2 : nullptr, len);
+              byte_ptr(t.grad) + off * gsz, csz ? byte_ptr(t.param_copy) + off * csz : nullptr,
+              csz, len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
 }

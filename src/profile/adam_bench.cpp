@@ -95,9 +95,9 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
 
   AdamTensors t{static_cast<float*>(p.get()), static_cast<float*>(m.get()),
                 static_cast<float*>(v.get()), g.get(), o.grads, c.get(), o.copy_dtype, n};
-  // The stream reference writes the copy only for 16-bit grads and copy (2-byte pattern).
-  AdamTensors ts = t;
-  if (o.grads == DType::kFp32 || csz != 2) ts.param_copy = nullptr;
+  // The stream reference writes the copy too, in its dtype (it used to skip an fp32 copy, and a
+  // 16-bit copy of fp32 grads: the bound then moved 4 or 2 bytes per parameter fewer than Adam).
+  const AdamTensors ts = t;
   const AdamParams hp{OptimizerType::kAdamW, 1e-4, 0.9, 0.999, 1e-8, 0.01};
 
   AdamBenchResult r;

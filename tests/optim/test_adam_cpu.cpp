@@ -364,6 +364,45 @@ TEST(AdamCpu, GradStatsContinueIsBitwiseOnePass) {
   EXPECT_FALSE(r.finite) << "the flag is sticky";
 }
 
+// The bandwidth reference (`strata bench adam`'s bound) writes what step() writes: p, m, v and the
+// updated-parameter copy in its dtype — for every grad dtype x copy dtype, every path, an uneven
+// length (vector body and scalar tail). (It used to skip an fp32 copy and a 16-bit copy of fp32
+// grads, so the bound moved 4 or 2 bytes per parameter fewer than the Adam it was compared with.)
+TEST(AdamCpu, StreamReferenceWritesEveryArrayStepWrites) {
+  constexpr std::size_t n = 1000 + 13;
+  for (AdamPath path : testing::supported_paths()) {
+    CpuAdam a(2, path);
+    for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+      for (DType cd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+        SCOPED_TRACE(::testing::Message() << adam_path_name(path) << " grads " << dtype_name(gd)
+                                          << " copy " << dtype_name(cd));
+        std::mt19937_64 rng(42);
+        State s = random_state(rng, n, true);
+        const State before = s;
+        const RandomGrads g = random_grads(rng, n, gd, 0.5f);
+        AdamTensors t{s.p.data(), s.m.data(), s.v.data(), g.data(gd), gd,
+                      cd == DType::kFp32 ? static_cast<void*>(s.copy32.data())
+                                         : static_cast<void*>(s.copy16.data()),
+                      cd, n};
+        a.stream_reference(t);
+        for (std::size_t i = 0; i < n; ++i) {
+          // 16-bit grads are widened as bf16 bits (trivial arithmetic, whatever the dtype).
+          const std::uint16_t gbits = gd == DType::kFp32 ? 0 : g.half[i];
+          const float gv = gd == DType::kFp32 ? g.f32[i] : bf16_to_float(gbits);
+          ASSERT_EQ(s.p[i], before.p[i] + gv) << i;
+          ASSERT_EQ(s.m[i], before.m[i] + gv) << i;
+          ASSERT_EQ(s.v[i], before.v[i] + gv) << i;
+          if (cd == DType::kFp32) {
+            ASSERT_EQ(s.copy32[i], gd == DType::kFp32 ? s.p[i] : gv) << i;
+          } else {
+            ASSERT_EQ(s.copy16[i], gd == DType::kFp32 ? float_to_bf16(s.p[i]) : gbits) << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
   const std::uint64_t seed = testing::test_seed("AdamCpu.Conversions");
   std::mt19937_64 rng(seed);

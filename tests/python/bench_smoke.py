@@ -27,6 +27,8 @@ n = 500 * 64 + 2 * (2 * 64 + 3 * 64 * 64 + 3 * 64 + 64 * 64 + 64 + 2 * 64 + 4 * 
 assert host["params"] == n and nvme["params"] == n, (host["params"], n)
 for k in ("strata_step_s", "torch_adamw_foreach_step_s", "speedup"):
     assert host[k] > 0 and math.isfinite(host[k]), (k, host)
+assert host["torch_step_minor_faults"] >= 0 and host["malloc"] == "glibc default", host
+assert len(host["torch_step_s_rounds"]) == 2, host
 for k in ("strata_step_s", "device_bound_s", "step_over_bound", "in_process_bound_s",
           "step_over_in_process_bound", "bench_step_t_engine_step_s", "step_loop_s",
           "step_loop_compute_s"):
