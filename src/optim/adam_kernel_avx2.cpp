@@ -13,6 +13,9 @@ struct Avx2V {
   static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
   static H load16(const std::uint16_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
   static void store16(std::uint16_t* p, H x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), x); }
+  static void store_nt(float* p, F x) { _mm256_stream_ps(p, x); }
+  static void store16_nt(std::uint16_t* p, H x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), x); }
+  static void fence() { _mm_sfence(); }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
   static F mul(F a, F b) { return _mm256_mul_ps(a, b); }

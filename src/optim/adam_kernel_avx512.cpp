@@ -18,6 +18,9 @@ struct Avx512V {
   static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
   static H load16(const std::uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static void store16(std::uint16_t* p, H x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static void store_nt(float* p, F x) { _mm512_stream_ps(p, x); }
+  static void store16_nt(std::uint16_t* p, H x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x); }
+  static void fence() { _mm_sfence(); }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
