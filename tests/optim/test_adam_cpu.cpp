@@ -128,8 +128,16 @@ State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DTy
   // misalign: shift every array by a different number of elements (any alignment).
   const std::size_t op = misalign % 3, om = (misalign + 1) % 3, ov = (misalign + 2) % 3;
   std::vector<float> P(s0.p), M(s0.m), V(s0.v);
-  std::vector<std::uint16_t> C16(n + 3, 0);
-  std::vector<float> C32(n + 3, 0.0f);
+  // The copy: misalign 0 puts it on a 64-byte boundary (the non-temporal stores' path: every
+  // vector aligned), 1 one element off it (plain stores).
+  std::vector<std::uint16_t> C16(n + 64, 0);
+  std::vector<float> C32(n + 32, 0.0f);
+  auto to_64 = [](const auto* base) {
+    std::size_t k = 0;
+    while (reinterpret_cast<std::uintptr_t>(base + k) % 64 != 0) ++k;
+    return k;
+  };
+  const std::size_t c16 = to_64(C16.data()) + misalign % 2, c32 = to_64(C32.data()) + misalign % 2;
   for (int step = 1; step <= steps; ++step) {
     RandomGrads g = random_grads(rng, n + 3, gd, 0.05f);
     const std::size_t og = misalign % 2;
@@ -137,8 +145,8 @@ State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DTy
                                          : static_cast<const void*>(g.half.data() + og);
     void* cp = nullptr;
     if (with_copy)
-      cp = cd == DType::kFp32 ? static_cast<void*>(C32.data() + misalign % 2)
-                              : static_cast<void*>(C16.data() + misalign % 2);
+      cp = cd == DType::kFp32 ? static_cast<void*>(C32.data() + c32)
+                              : static_cast<void*>(C16.data() + c16);
     AdamTensors t{P.data() + op, M.data() + om, V.data() + ov, gp, gd, cp, cd, n};
     AdamStepOptions o{step, 0.75f, step % 2 == 0};
     EXPECT_TRUE(opt.step(hp, t, o).applied);
@@ -147,8 +155,8 @@ State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DTy
   out.p.assign(P.begin() + op, P.begin() + op + n);
   out.m.assign(M.begin() + om, M.begin() + om + n);
   out.v.assign(V.begin() + ov, V.begin() + ov + n);
-  out.copy16.assign(C16.begin() + misalign % 2, C16.begin() + misalign % 2 + n);
-  out.copy32.assign(C32.begin() + misalign % 2, C32.begin() + misalign % 2 + n);
+  out.copy16.assign(C16.begin() + c16, C16.begin() + c16 + n);
+  out.copy32.assign(C32.begin() + c32, C32.begin() + c32 + n);
   return out;
 }
 
