@@ -190,8 +190,12 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   }
   // With state on NVMe the norm and overflow decision runs while the update's first reads are in
   // flight (the loop's gate; a skipped step cancels the loop), unless the statistics pass needs a
-  // pool slot (gradients on NVMe or staged).
-  if (device == DeviceKind::kHost && p.opt == Tier::kNvme && p.grads != Tier::kNvme && !p.staged) {
+  // pool slot: gradients on NVMe, or some in device memory that is staged (CUDA, or `staged`).
+  const bool some_grads_on_device = p.grads == Tier::kGpu || p.fraction < 1;
+  const bool stats_staged =
+      p.grads == Tier::kNvme ||
+      (some_grads_on_device && (device == DeviceKind::kCuda || p.staged));
+  if (p.opt == Tier::kNvme && !stats_staged) {
     EXPECT_EQ(gated, kSteps) << "steps whose decision ran under the update's reads";
     EXPECT_EQ(cancelled, 2) << "skipped steps that cancelled the update's reads";
   } else {
