@@ -48,6 +48,12 @@ bool views_in_place(Tier home, Where where, bool device_is_host) {
          (where == Where::kHost && home == Tier::kGpu && device_is_host);
 }
 
+// Whether the run's kHost compute may view device memory in place: the store's Device is the
+// host-emulated one and options.stage_device_memory is off.
+bool device_is_host(const TierStore& store, const StreamOptions& o) {
+  return !o.stage_device_memory && store.device().kind() == DeviceKind::kHost;
+}
+
 ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
                    bool device_is_host) {
   if (item.parts.size() > kMaxParts)
@@ -114,7 +120,7 @@ class Runner {
     plans_.reserve(items_.size());
     std::uint64_t biggest = 0;
     for (const StreamItem& it : items_) {
-      plans_.push_back(plan_item(store_, it, o_.where, device_is_host()));
+      plans_.push_back(plan_item(store_, it, o_.where, device_is_host(store_, o_)));
       biggest = std::max(biggest, plans_.back().slot_bytes);
     }
     setup_slots(biggest);
@@ -179,10 +185,6 @@ class Runner {
       ~Timed() { acc += since(t); }
     } timed{stats_.t_gate, t};
     return o_.gate();
-  }
-
-  bool device_is_host() const {
-    return !o_.stage_device_memory && store_.device().kind() == DeviceKind::kHost;
   }
 
   void setup_slots(std::uint64_t biggest) {
@@ -518,9 +520,7 @@ std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where
 }
 
 bool in_place(const TierStore& store, const StreamItem& item, const StreamOptions& options) {
-  const bool device_is_host =
-      !options.stage_device_memory && store.device().kind() == DeviceKind::kHost;
-  return plan_item(store, item, options.where, device_is_host).slot_bytes == 0;
+  return plan_item(store, item, options.where, device_is_host(store, options)).slot_bytes == 0;
 }
 
 StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, const StreamFn& fn,
