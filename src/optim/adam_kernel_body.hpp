@@ -110,6 +110,26 @@ inline bool v_copy_nt(const void* out, std::size_t bytes) {
   return out && V::W > 1 && reinterpret_cast<std::uintptr_t>(out) % align == 0;
 }
 
+// Software prefetch of the arrays read, kPrefetchAhead elements ahead, once per 64-byte line of
+// fp32 (every 16 elements; i steps by V::W from 0). Adam's long per-element chain (square root,
+// two divisions) keeps fewer demand misses in flight than a plain stream; without this it ran at
+// 0.85-0.86 of the same-pattern stream below, with it at 0.97-0.98 (50M params, 2 threads, AVX-512;
+// 1 KiB ahead 0.97-0.98, 2 KiB 0.98, 4 KiB 0.96, 512 B 0.94-0.95). The stream kernel prefetches
+// the same way (it gains about 1 %), so the bound stays the faster of the two patterns. A prefetch
+// never faults; the bound check only keeps the address arithmetic inside the arrays.
+// always_inline: GCC 12 finds a function of prefetches alone free of side effects and drops its
+// calls at -O2 (no prefetcht0 in the object); inlined first, the prefetches stay.
+constexpr std::size_t kPrefetchAhead = 512;
+[[gnu::always_inline]] inline void v_prefetch(const float* p, const float* m, const float* v, const void* g,
+                       std::size_t grad_bytes, std::size_t i, std::size_t n) {
+  if (i % 16 != 0 || n - i <= kPrefetchAhead) return;
+  const std::size_t at = i + kPrefetchAhead;
+  __builtin_prefetch(p + at);
+  __builtin_prefetch(m + at);
+  __builtin_prefetch(v + at);
+  __builtin_prefetch(static_cast<const char*>(g) + at * grad_bytes);
+}
+
 template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW, bool kDiv>
 void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
             std::size_t n) {
@@ -122,7 +142,9 @@ void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, vo
   std::size_t i = 0;
   const std::size_t nv = n - n % V::W;
   const bool nt = CK != CopyKind::kNone && v_copy_nt<V>(out, CK == CopyKind::kFp32 ? 4 : 2);
+  constexpr std::size_t kGradBytes = GD == DType::kFp32 ? 4 : 2;
   for (; i < nv; i += V::W) {
+    v_prefetch(p, m, v, g, kGradBytes, i, nv);
     F gv = v_load_grad<V, GD>(g, i);
     if constexpr (kDiv) gv = V::div(gv, divisor);
     gv = V::mul(gv, scale);
@@ -269,6 +291,7 @@ void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out,
   if (gd == DType::kFp32) {
     const float* gf = static_cast<const float*>(g);
     for (; i < nv; i += V::W) {
+      v_prefetch(p, m, v, gf, 4, i, nv);
       const F gv = V::load(gf + i);
       const F pv = V::add(V::load(p + i), gv);
       V::store(p + i, pv);
@@ -289,6 +312,7 @@ void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out,
   }
   const std::uint16_t* gh = static_cast<const std::uint16_t*>(g);
   for (; i < nv; i += V::W) {
+    v_prefetch(p, m, v, gh, 2, i, nv);
     const auto hv = V::load16(gh + i);
     const F gv = V::bf16_to_f(hv);
     V::store(p + i, V::add(V::load(p + i), gv));
