@@ -131,7 +131,7 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
   }
   if (!cpu_fractions.empty()) r.fraction_of_bound_cpu_time = median(cpu_fractions);
   // The stream reference moves the same bytes as one step without the finite pre-pass.
-  const double stream_bytes = 24.0 + double(gsz) + (ts.param_copy ? 2.0 : 0.0);
+  const double stream_bytes = r.bytes_per_param - (o.check_finite ? double(gsz) : 0.0);
   r.adam_seconds_median = median(r.adam_seconds);
   r.stream_seconds_median = median(r.stream_seconds);
   r.adam_params_per_second = double(n) / r.adam_seconds_median;

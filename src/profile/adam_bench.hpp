@@ -28,7 +28,10 @@ struct AdamBenchOptions {
 struct AdamBenchResult {
   AdamBenchOptions options;
   AdamPath path = AdamPath::kAuto;  // resolved
-  double bytes_per_param = 0;       // memory traffic of one step (and of one stream pass)
+  // Memory traffic of one step: p, m, v read and written, the grads, the copy when there is one,
+  // the grads again with check_finite. One stream pass moves the same without the check_finite
+  // read.
+  double bytes_per_param = 0;
   std::vector<double> adam_seconds, stream_seconds;  // one entry per round
   double adam_seconds_median = 0, stream_seconds_median = 0;
   double adam_params_per_second = 0, stream_params_per_second = 0;  // from the medians

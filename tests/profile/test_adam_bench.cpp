@@ -1,0 +1,55 @@
+// The Adam benchmark's byte accounting: what it says each pass moves, per case of grads dtype,
+// copy and finite pre-pass (the stream reference writes the copy in its dtype since 48d3fdf; its
+// GB/s kept counting 2 bytes for any copy until this test).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "profile/adam_bench.hpp"
+
+namespace strata::profile {
+namespace {
+
+struct Case {
+  const char* name;
+  DType grads;
+  bool copy;
+  DType copy_dtype;
+  bool check_finite;
+  double bytes;  // per parameter, one Adam step
+};
+
+class AdamBenchBytes : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AdamBenchBytes, RatesFollowTheBytesEachPassMoves) {
+  const Case& c = GetParam();
+  AdamBenchOptions o;
+  o.params = 10'007;  // uneven: vector tails on every path
+  o.threads = 2;
+  o.grads = c.grads;
+  o.param_copy = c.copy;
+  o.copy_dtype = c.copy_dtype;
+  o.rounds = 1;
+  o.check_finite = c.check_finite;
+  const AdamBenchResult r = run_adam_bench(o);
+  EXPECT_EQ(r.bytes_per_param, c.bytes);
+  ASSERT_GT(r.adam_params_per_second, 0);
+  ASSERT_GT(r.stream_params_per_second, 0);
+  EXPECT_DOUBLE_EQ(r.adam_bytes_per_second / r.adam_params_per_second, c.bytes);
+  const double stream = c.bytes - (c.check_finite ? (c.grads == DType::kFp32 ? 4.0 : 2.0) : 0.0);
+  EXPECT_DOUBLE_EQ(r.stream_bytes_per_second / r.stream_params_per_second, stream);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AdamBenchBytes,
+    ::testing::Values(Case{"fp32_nocopy", DType::kFp32, false, DType::kBf16, false, 28},
+                      Case{"fp32_copy_fp32", DType::kFp32, true, DType::kFp32, false, 32},
+                      Case{"fp32_copy_bf16", DType::kFp32, true, DType::kBf16, false, 30},
+                      Case{"bf16_copy_bf16", DType::kBf16, true, DType::kBf16, false, 28},
+                      Case{"fp16_copy_fp32", DType::kFp16, true, DType::kFp32, false, 30},
+                      Case{"fp32_copy_fp32_finite", DType::kFp32, true, DType::kFp32, true, 36},
+                      Case{"bf16_nocopy_finite", DType::kBf16, false, DType::kBf16, true, 28}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+}  // namespace
+}  // namespace strata::profile
