@@ -62,10 +62,19 @@ for round in $(seq "$rounds"); do
     set -- $case
     rw=$1 bs=$2 qd=$3
     bs_fio=${bs/iB/}  # fio: 1M, 128K
-    echo "$rw $bs $qd strata_io_uring $(run_strata io_uring "$rw" "$bs" "$qd")" >>"$results"
-    echo "$rw $bs $qd fio_default $(run_fio default "$rw" "$bs_fio" "$qd")" >>"$results"
-    echo "$rw $bs $qd strata_threads $(run_strata threads "$rw" "$bs" "$qd")" >>"$results"
-    echo "$rw $bs $qd fio_hugepages $(run_fio huge "$rw" "$bs_fio" "$qd")" >>"$results"
+    # ABBA: odd rounds run the four tools in this order, even rounds in reverse, so that neither
+    # strata nor fio with huge pages always runs right after the other (the virtual disk's
+    # write-back state carries over from one run to the next).
+    tools="uring fio threads fio_huge"
+    [ $((round % 2)) = 0 ] && tools="fio_huge threads fio uring"
+    for tool in $tools; do
+      case $tool in
+        uring) echo "$rw $bs $qd strata_io_uring $(run_strata io_uring "$rw" "$bs" "$qd")" >>"$results" ;;
+        fio) echo "$rw $bs $qd fio_default $(run_fio default "$rw" "$bs_fio" "$qd")" >>"$results" ;;
+        threads) echo "$rw $bs $qd strata_threads $(run_strata threads "$rw" "$bs" "$qd")" >>"$results" ;;
+        fio_huge) echo "$rw $bs $qd fio_hugepages $(run_fio huge "$rw" "$bs_fio" "$qd")" >>"$results" ;;
+      esac
+    done
     echo "bench_fio: round $round $rw $bs qd$qd done" >&2
   done
 done
