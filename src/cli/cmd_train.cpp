@@ -6,6 +6,11 @@
 // and after the last; --resume continues from the checkpoint in DIR (if there is one) at the step
 // it was saved after, with any world size or stage: the batches are a function of (rank, step), so
 // a run killed and resumed gives the losses of a run that never stopped (same options, same world).
+// The model and data options (--hidden, --batch, --seed) go into DIR/train.json beside each
+// checkpoint, and --resume refuses other values (see check_resume_options).
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -25,6 +30,7 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "cli/mlp_model.hpp"
+#include "zero/checkpoint_format.hpp"
 
 namespace {
 
@@ -69,6 +75,103 @@ struct RankOutcome {
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+// DIR/train.json: the options that decide the model's shapes and the batches (a function of seed,
+// rank and step), with the serial of the checkpoint they belong to. Written by rank 0 after each
+// save (tmp + rename); a crash between the two leaves the previous save's file, whose serial then
+// does not match and is not used.
+constexpr const char* kTrainOptionsFile = "train.json";
+constexpr std::size_t kTrainOptionsMaxBytes = 64 * 1024;
+
+void write_train_options(const Options& o) {
+  const SafeDir dir = SafeDir::open(o.checkpoint_dir, {});
+  const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
+  const std::string text = nlohmann::json{{"hidden", o.hidden},
+                                          {"batch", o.batch},
+                                          {"seed", o.seed},
+                                          {"checkpoint_serial", m.serial},
+                                          {"step", m.steps}}
+                               .dump(2) +
+                           "\n";
+  const std::string tmp = std::string(kTrainOptionsFile) + ".tmp";
+  {
+    UniqueFd fd = dir.create_file(tmp, O_WRONLY | O_TRUNC, 0644);
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0)
+        throw IoError("write", dir.child_path(tmp), done, text.size() - done, n < 0 ? errno : EIO,
+                      "train: recording the checkpoint's model options");
+      done += static_cast<std::size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0)
+      throw IoError("fsync", dir.child_path(tmp), 0, text.size(), errno,
+                    "train: recording the checkpoint's model options");
+  }
+  dir.rename(tmp, kTrainOptionsFile);
+  dir.sync();
+}
+
+// --resume with a checkpoint in DIR: refuses --hidden/--batch/--seed other than those it was
+// trained with (the run would continue on other batches, or fail to load other shapes). A
+// missing train.json (a checkpoint not written by strata train, or by an older one) or one from
+// another save is warned about and not checked. REQUIRES: DIR holds manifest.json.
+void check_resume_options(const Options& o) {
+  const SafeDir dir = SafeDir::open(o.checkpoint_dir, {});
+  const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
+  const std::string path = dir.child_path(kTrainOptionsFile);
+  struct stat st {};
+  if (!dir.stat_entry(kTrainOptionsFile, &st)) {
+    log_warn("train: ", path, " is missing: the checkpoint's --hidden, --batch and --seed are not known; "
+             "resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
+    return;
+  }
+  if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kTrainOptionsMaxBytes)
+    fail(ErrorCode::kInvalidArgument, strcat("--resume: ", path, " is not a regular file of at most ",
+                                             kTrainOptionsMaxBytes, " bytes; remove it to resume unchecked"));
+  UniqueFd fd = dir.open_file(kTrainOptionsFile, O_RDONLY);
+  std::string text(kTrainOptionsMaxBytes + 1, '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      throw IoError("read", path, got, text.size() - got, errno, "train --resume: the checkpoint's model options");
+    if (n == 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  text.resize(got);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+    (void)j.at("hidden").get<int>(), j.at("batch").get<int>(), j.at("seed").get<std::int64_t>(),
+        j.at("checkpoint_serial").get<std::uint64_t>();
+  } catch (const std::exception& e) {
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--resume: ", path, " is not what strata train writes (", e.what(),
+                "); remove it to resume unchecked"));
+  }
+  if (j["checkpoint_serial"].get<std::uint64_t>() != m.serial) {
+    log_warn("train: ", path, " belongs to another save (serial ", j["checkpoint_serial"].get<std::uint64_t>(),
+             ", the checkpoint's is ", m.serial, "): resuming with --hidden ", o.hidden, " --batch ", o.batch,
+             " --seed ", o.seed, " unchecked");
+    return;
+  }
+  const int hidden = j["hidden"].get<int>(), batch = j["batch"].get<int>();
+  const std::int64_t seed = j["seed"].get<std::int64_t>();
+  std::string differ;
+  if (hidden != o.hidden) differ += strcat(" --hidden ", o.hidden);
+  if (batch != o.batch) differ += strcat(" --batch ", o.batch);
+  if (seed != o.seed) differ += strcat(" --seed ", o.seed);
+  if (!differ.empty())
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--resume: the checkpoint in ", o.checkpoint_dir, " (after step ", m.steps,
+                ") was trained with --hidden ", hidden, " --batch ", batch, " --seed ", seed,
+                ", this run has", differ, ": a resumed run continues only with the same model and data "
+                "options (the batches are a function of seed, rank and step); pass those, or train from "
+                "scratch in another --checkpoint-dir"));
 }
 
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
@@ -140,6 +243,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
     if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
       const auto t_save = std::chrono::steady_clock::now();
       engine.save_checkpoint(o.checkpoint_dir);
+      if (comm.rank() == 0) write_train_options(o);
       out.saves.push_back({s + 1, seconds_since(t_save)});
       if (print)
         std::cout << "saved checkpoint after step " << s + 1 << " in " << o.checkpoint_dir << " ("
@@ -163,7 +267,9 @@ int run(const Options& o) {
     SafeDirOptions d;
     d.create = true;
     d.role = "--checkpoint-dir";
-    SafeDir::open(o.checkpoint_dir, d);
+    const SafeDir dir = SafeDir::open(o.checkpoint_dir, d);
+    struct stat st {};
+    if (o.resume && dir.stat_entry("manifest.json", &st)) check_resume_options(o);
   }
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
@@ -288,7 +394,7 @@ const bool kRegistered = strata::cli::register_command(
            ->check(CLI::PositiveNumber);
        cmd.add_flag("--resume", o->resume,
                     "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
-                    "stage; the same model options)");
+                    "stage; --hidden, --batch and --seed as recorded in its train.json)");
        cmd.add_flag("--json", o->json, "Print one JSON document");
        strata::cli::add_set_option(cmd, o->overrides);
        return [o]() -> int { return run(*o); };

@@ -120,8 +120,9 @@ inline bool v_copy_nt(const void* out, std::size_t bytes) {
 // always_inline: GCC 12 finds a function of prefetches alone free of side effects and drops its
 // calls at -O2 (no prefetcht0 in the object); inlined first, the prefetches stay.
 constexpr std::size_t kPrefetchAhead = 512;
-[[gnu::always_inline]] inline void v_prefetch(const float* p, const float* m, const float* v, const void* g,
-                       std::size_t grad_bytes, std::size_t i, std::size_t n) {
+[[gnu::always_inline]] inline void v_prefetch(const float* p, const float* m, const float* v,
+                                              const void* g, std::size_t grad_bytes,
+                                              std::size_t i, std::size_t n) {
   if (i % 16 != 0 || n - i <= kPrefetchAhead) return;
   const std::size_t at = i + kPrefetchAhead;
   __builtin_prefetch(p + at);

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <random>
 
 #include "strata/error.hpp"
@@ -160,6 +162,85 @@ TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
   EXPECT_EQ(got["checkpoint"]["resumed_from_step"], 9);
   ASSERT_EQ(got["steps"].size(), 15u);
   EXPECT_EQ(got["steps"][0]["step"], 10);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// args with the value after `flag` replaced.
+std::vector<std::string> with(std::vector<std::string> args, const std::string& flag, const std::string& value) {
+  for (std::size_t i = 0; i + 1 < args.size(); ++i)
+    if (args[i] == flag) {
+      args[i + 1] = value;
+      return args;
+    }
+  args.push_back(flag);
+  args.push_back(value);
+  return args;
+}
+
+// --hidden, --batch and --seed are recorded in DIR/train.json after each save; --resume with other
+// values exits 2 before training and names both; without the record (or with a stale one) it
+// resumes with a warning.
+TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
+  TempDir ckpt("strata-train-options");
+  auto args = train_args(2, 3);
+  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()}) args.push_back(a);
+  run_json(args);
+  const json rec = json::parse(read_file(ckpt.str() + "/train.json"));
+  EXPECT_EQ(rec["hidden"], 24);
+  EXPECT_EQ(rec["batch"], 16);
+  EXPECT_EQ(rec["seed"], 1);
+  EXPECT_EQ(rec["step"], 3);
+  EXPECT_EQ(rec["checkpoint_serial"], 1);
+
+  auto resume = with(args, "--steps", "5");
+  resume.push_back("--resume");
+  struct Bad {
+    const char* flag;
+    const char* value;
+    const char* says;
+  };
+  for (const Bad& b : {Bad{"--batch", "8", "this run has --batch 8"}, Bad{"--seed", "7", "this run has --seed 7"},
+                       Bad{"--hidden", "20", "this run has --hidden 20"}}) {
+    std::string out;
+    EXPECT_EQ(run_command(shell(with(resume, b.flag, b.value)), &out), 2) << b.flag << "\n" << out;
+    EXPECT_NE(out.find(b.says), std::string::npos) << out;
+    EXPECT_NE(out.find("was trained with --hidden 24 --batch 16 --seed 1"), std::string::npos) << out;
+    EXPECT_EQ(out.find("step 4 "), std::string::npos) << b.flag << ": trained before refusing\n" << out;
+  }
+  // The same options continue, and the record follows the new save.
+  const json got = run_json(resume);
+  EXPECT_EQ(got["checkpoint"]["resumed_from_step"], 3);
+  ASSERT_EQ(got["steps"].size(), 2u);
+  const json rec2 = json::parse(read_file(ckpt.str() + "/train.json"));
+  EXPECT_EQ(rec2["step"], 5);
+  EXPECT_EQ(rec2["checkpoint_serial"], 2);
+
+  // A record of another save: warned about, not checked.
+  write_file(ckpt.str() + "/train.json", "{\"hidden\": 24, \"batch\": 99, \"seed\": 1, \"checkpoint_serial\": 1}");
+  std::string out;
+  EXPECT_EQ(run_command(shell(with(resume, "--steps", "6")), &out), 0) << out;
+  EXPECT_NE(out.find("belongs to another save (serial 1, the checkpoint's is 2)"), std::string::npos) << out;
+  // No record: warned about, not checked.
+  ASSERT_EQ(::unlink((ckpt.str() + "/train.json").c_str()), 0);
+  EXPECT_EQ(run_command(shell(with(with(resume, "--steps", "7"), "--batch", "8")), &out), 0) << out;
+  EXPECT_NE(out.find("train.json is missing"), std::string::npos) << out;
+  // Not what strata train writes: refused, naming the file.
+  write_file(ckpt.str() + "/train.json", "[1, 2]");
+  EXPECT_EQ(run_command(shell(with(resume, "--steps", "8")), &out), 2) << out;
+  EXPECT_NE(out.find("train.json is not what strata train writes"), std::string::npos) << out;
 }
 
 TEST(TrainCliArgs, WorldRanksTimingAndBadArguments) {
