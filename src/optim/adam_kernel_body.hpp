@@ -131,6 +131,16 @@ constexpr std::size_t kPrefetchAhead = 512;
   __builtin_prefetch(static_cast<const char*>(g) + at * grad_bytes);
 }
 
+// The statistics pass reads one array: prefetched 1024 elements ahead (4 KiB of fp32), once per
+// 16 elements. Measured (133.5M fp32 grads, 2 threads, alternating): 26-28 ms -> 21-22 ms; 512
+// ahead 22 ms, 2048 21-22 ms, 4096 21 ms.
+constexpr std::size_t kStatsPrefetchAhead = 1024;
+[[gnu::always_inline]] inline void v_prefetch_one(const void* a, std::size_t elem_bytes,
+                                                  std::size_t ahead, std::size_t i, std::size_t n) {
+  if (i % 16 != 0 || n - i <= ahead) return;
+  __builtin_prefetch(static_cast<const char*>(a) + (i + ahead) * elem_bytes);
+}
+
 template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW, bool kDiv>
 void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
             std::size_t n) {
@@ -232,6 +242,7 @@ void v_stats(const void* g, std::size_t n, float divisor, float scale, bool* fin
     const std::size_t end = (nv - i > kBlock) ? i + kBlock : nv;
     F acc = zero;
     for (; i < end; i += V::W) {
+      v_prefetch_one(g, GD == DType::kFp32 ? 4 : 2, kStatsPrefetchAhead, i, nv);
       F x = v_load_grad<V, GD>(g, i);
       if constexpr (kDiv) x = V::div(x, dv);
       x = V::mul(x, sc);
