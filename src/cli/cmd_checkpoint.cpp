@@ -83,7 +83,7 @@ json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
 }
 
 int run_info(const Options& o) {
-  const ckpt::SafeDir dir = ckpt::SafeDir::open(o.dir, {});
+  const ckpt::SafeDir dir = ckpt::SafeDir::open(o.dir, {.read_only = true});
   const ckpt::Manifest m = ckpt::read_manifest(dir);
   const json j = manifest_json(m, dir);
   if (o.json) {

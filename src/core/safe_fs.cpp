@@ -160,6 +160,8 @@ void check_component(std::string_view name) {
 
 SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& options) {
   const std::string& role = options.role;
+  if (options.read_only && options.create)
+    fail(ErrorCode::kInternal, context(role, "SafeDir::open: create through a directory opened read-only"));
   if (requested.empty()) fail(ErrorCode::kInvalidArgument, context(role, "an empty path"));
   if (requested.find('\0') != std::string::npos)
     fail(ErrorCode::kInvalidArgument, context(role, "a path with a NUL byte"));
@@ -174,9 +176,13 @@ SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& option
   std::deque<std::string> todo;
   for (auto& c : split_components(path)) todo.push_back(std::move(c));
 
+  // A read-only open checks nothing on the way: it creates and removes nothing there.
+  const auto check = [&](int fd, const std::string& dir) {
+    if (!options.read_only) require_safe(fd, dir, requested, role);
+  };
   UniqueFd cur = open_root(role);
   std::string at = "/";  // the real path of `cur`
-  require_safe(cur.get(), at, requested, role);
+  check(cur.get(), at);
   int links = 0;
   while (!todo.empty()) {
     const std::string name = todo.front();
@@ -185,7 +191,7 @@ SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& option
       UniqueFd up(::openat(cur.get(), "..", O_PATH | O_DIRECTORY | O_CLOEXEC));
       if (!up) throw IoError("open", join(at, ".."), 0, 0, errno, context(role, requested));
       at = parent_of(at);
-      require_safe(up.get(), at, requested, role);
+      check(up.get(), at);
       cur = std::move(up);
       continue;
     }
@@ -207,7 +213,7 @@ SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& option
     if (S_ISLNK(st.st_mode)) {
       if (++links > kMaxSymlinks) throw IoError("open", requested, 0, 0, ELOOP, context(role, "too many symbolic links"));
       const struct stat dir = fstat_or_throw(cur.get(), at, role);
-      if ((dir.st_mode & S_ISVTX) && (dir.st_mode & S_IWOTH) && st.st_uid != 0 &&
+      if (!options.read_only && (dir.st_mode & S_ISVTX) && (dir.st_mode & S_IWOTH) && st.st_uid != 0 &&
           st.st_uid != ::geteuid()) {
         fail(ErrorCode::kInvalidArgument,
              strcat(context(role, requested), ": refusing to follow the symbolic link ", here,
@@ -237,18 +243,24 @@ SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& option
       throw IoError("open", here, 0, 0, err, context(role, requested));
     }
     at = here;
-    require_safe(next.get(), at, requested, role);
+    check(next.get(), at);
     cur = std::move(next);
   }
   UniqueFd dir(::openat(cur.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) throw IoError("open", at, 0, 0, errno, context(role, requested));
-  return SafeDir(std::move(dir), at);
+  return SafeDir(std::move(dir), at, options.read_only);
+}
+
+void SafeDir::require_writable(const char* op, std::string_view name) const {
+  if (read_only_)
+    fail(ErrorCode::kInternal, strcat(op, " of ", child_path(name), " through a directory opened read-only"));
 }
 
 std::string SafeDir::child_path(std::string_view name) const { return join(path_, name); }
 
 UniqueFd SafeDir::create_file(std::string_view name, int flags, mode_t mode) const {
   check_component(name);
+  require_writable("create", name);
   const std::string n(name);
   int fd;
   do {
@@ -260,6 +272,8 @@ UniqueFd SafeDir::create_file(std::string_view name, int flags, mode_t mode) con
 
 UniqueFd SafeDir::open_file(std::string_view name, int flags) const {
   check_component(name);
+  if ((flags & O_ACCMODE) != O_RDONLY || (flags & (O_TRUNC | O_CREAT)) != 0)
+    require_writable("open for writing", name);
   const std::string n(name);
   int fd;
   do {
@@ -271,6 +285,7 @@ UniqueFd SafeDir::open_file(std::string_view name, int flags) const {
 
 SafeDir SafeDir::make_dir(std::string_view name, mode_t mode) const {
   check_component(name);
+  require_writable("mkdir", name);
   const std::string n(name);
   if (::mkdirat(fd_.get(), n.c_str(), mode) != 0)
     throw IoError("mkdir", child_path(name), 0, 0, errno, "creating a new directory");
@@ -288,21 +303,24 @@ SafeDir SafeDir::open_dir(std::string_view name) const {
   const std::string p = child_path(name);
   UniqueFd fd(::openat(fd_.get(), n.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!fd) throw IoError("open", p, 0, 0, errno);
-  require_safe(fd.get(), p, p, "");
-  return SafeDir(std::move(fd), p);
+  if (!read_only_) require_safe(fd.get(), p, p, "");
+  return SafeDir(std::move(fd), p, read_only_);
 }
 
 void SafeDir::remove_file(std::string_view name) const {
+  require_writable("unlink", name);
   if (int err = try_remove(name, false)) throw IoError("unlink", child_path(name), 0, 0, err);
 }
 
 void SafeDir::remove_dir(std::string_view name) const {
+  require_writable("rmdir", name);
   if (int err = try_remove(name, true)) throw IoError("rmdir", child_path(name), 0, 0, err);
 }
 
 int SafeDir::try_remove(std::string_view name, bool directory) const noexcept {
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string_view::npos)
     return EINVAL;
+  if (read_only_) return EROFS;
   try {
     const std::string n(name);
     return ::unlinkat(fd_.get(), n.c_str(), directory ? AT_REMOVEDIR : 0) == 0 ? 0 : errno;
@@ -314,6 +332,7 @@ int SafeDir::try_remove(std::string_view name, bool directory) const noexcept {
 void SafeDir::rename(std::string_view from, std::string_view to) const {
   check_component(from);
   check_component(to);
+  require_writable("rename", from);
   const std::string f(from), t(to);
   if (::renameat(fd_.get(), f.c_str(), fd_.get(), t.c_str()) != 0)
     throw IoError("rename", child_path(from), 0, 0, errno, strcat("to ", child_path(to)));

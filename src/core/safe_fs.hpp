@@ -78,6 +78,14 @@ struct SafeDirOptions {
   bool create = false;
   // What the path is, for messages: "tiers.nvme.paths", "--checkpoint-dir", "bench io --dir".
   std::string role;
+  // Only reads will be made through the SafeDir, and what is read is only reported (`strata
+  // checkpoint info` / `verify`): the directories on the way need not be safe (they may belong
+  // to another user) and symbolic links are followed wherever they are, since nothing is created
+  // or removed there. Not for what a load or an export reads: another user who can write a
+  // directory on the way could swap in a checkpoint of their choosing. The SafeDir (and what open_dir gives from it) then refuses
+  // every call that would write: create_file, make_dir, remove_*, rename, open_file for writing
+  // (Error kInternal: a caller's bug), try_remove (EROFS). REQUIRES: !create.
+  bool read_only = false;
 };
 
 // A directory opened safely (see the rules above), and operations relative to it.
@@ -103,8 +111,10 @@ class SafeDir {
   // mkdirat(name, mode) (EEXIST is an IoError), then open_dir(name); the new directory must be
   // ours (checked on the opened fd).
   SafeDir make_dir(std::string_view name, mode_t mode = 0700) const;
-  // openat(O_DIRECTORY | O_NOFOLLOW) and the safety check on the opened fd.
+  // openat(O_DIRECTORY | O_NOFOLLOW) and the safety check on the opened fd (none when this
+  // SafeDir is read-only; the result is read-only too).
   SafeDir open_dir(std::string_view name) const;
+  bool read_only() const noexcept { return read_only_; }
 
   void remove_file(std::string_view name) const;  // unlinkat(name, 0); IoError on failure
   void remove_dir(std::string_view name) const;   // unlinkat(name, AT_REMOVEDIR)
@@ -121,9 +131,12 @@ class SafeDir {
   std::vector<std::string> entries() const;
 
  private:
-  SafeDir(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  SafeDir(UniqueFd fd, std::string path, bool read_only)
+      : fd_(std::move(fd)), path_(std::move(path)), read_only_(read_only) {}
+  void require_writable(const char* op, std::string_view name) const;
   UniqueFd fd_;
   std::string path_;
+  bool read_only_ = false;
 };
 
 }  // namespace strata

@@ -58,7 +58,9 @@ struct TempFile {
 
 VerifyReport verify_checkpoint(const std::string& dir_path) {
   VerifyReport rep;
-  const SafeDir dir = SafeDir::open(dir_path, {});
+  // Reports only: a checkpoint another user owns (or can write) may be inspected; what loads or
+  // exports it still requires a safe directory (its contents could be swapped under the reader).
+  const SafeDir dir = SafeDir::open(dir_path, {.read_only = true});
   rep.manifest = read_manifest(dir);
   const Manifest& m = rep.manifest;
   for (int j = 0; j < m.world; ++j) {

@@ -3,6 +3,8 @@
 // naming what is wrong (flipped bit, truncated or missing shard); a newer format or no checkpoint
 // exits 2; export writes safetensors that a strict reader and torch (/usr/bin/python3) load.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -90,6 +92,32 @@ TEST(CheckpointCmd, InfoVerifyExport) {
   } else {
     std::printf("torch not importable by /usr/bin/python3: torch check skipped\n");
   }
+}
+
+// A checkpoint in a directory another user can write (or owns) may be inspected (info, verify:
+// reports only) but not exported (nor loaded: its contents could be swapped under the reader).
+TEST(CheckpointCmd, InspectingADirectoryOthersCanWrite) {
+  TempDir tmp("strata-ckpt-cmd");
+  const std::string ckpt = tmp.str() + "/ckpt";
+  train(ckpt);
+  ASSERT_EQ(::chmod(ckpt.c_str(), 0777), 0);
+  std::string out, err;
+  ASSERT_EQ(run("checkpoint info " + ckpt + " --json", &out, &err), 0) << out << err;
+  EXPECT_EQ(json::parse(out)["steps"], 6);
+  EXPECT_EQ(run("checkpoint verify " + ckpt, &out, &err), 0) << out << err;
+  EXPECT_EQ(run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err), 2);
+  EXPECT_NE(err.find("writable by every user"), std::string::npos) << err;
+  if (can_switch_user()) {  // owned by nobody
+    ASSERT_EQ(::chmod(ckpt.c_str(), 0700), 0);
+    for (const auto& e : fs::recursive_directory_iterator(ckpt))
+      ASSERT_EQ(::chown(e.path().c_str(), kNobodyUid, kNobodyGid), 0);
+    ASSERT_EQ(::chown(ckpt.c_str(), kNobodyUid, kNobodyGid), 0);
+    EXPECT_EQ(run("checkpoint info " + ckpt, &out, &err), 0) << out << err;
+    EXPECT_EQ(run("checkpoint verify " + ckpt, &out, &err), 0) << out << err;
+    EXPECT_EQ(run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err), 2);
+    EXPECT_NE(err.find("owned by uid 65534"), std::string::npos) << err;
+  }
+  EXPECT_FALSE(fs::exists(tmp.str() + "/m.safetensors"));
 }
 
 TEST(CheckpointCmd, DamagedForeignAndMissingCheckpoints) {

@@ -73,8 +73,9 @@ LoadResult load_fake(const std::string& dir, int world, int stage) {
     }
   }));
   res.loaded = std::all_of(res.codes.begin(), res.codes.end(), [](int c) { return c == -1; });
-  if (!res.loaded)
+  if (!res.loaded) {
     for (int c : res.codes) EXPECT_NE(c, -1) << "some ranks loaded, others failed";
+  }
   return res;
 }
 

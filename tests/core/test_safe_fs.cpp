@@ -229,6 +229,48 @@ TEST(SafeFs, GroupWritableIsRefusedUnlessTheGroupIsOurs) {
   expect_refused([&] { SafeDir::open(g); }, {"writable by group 65534", "0770"});
 }
 
+// Read-only: an unsafe directory opens (reports only), and nothing can be written through it.
+TEST(SafeFs, ReadOnlyOpensUnsafeDirectoriesAndRefusesEveryWrite) {
+  TempDir tmp;
+  const std::string ww = tmp.str() + "/ww";
+  ::mkdir(ww.c_str(), 0700);
+  ::mkdir((ww + "/sub").c_str(), 0700);
+  write_file(ww + "/f", "data");
+  ::chmod(ww.c_str(), 0777);
+  expect_refused([&] { SafeDir::open(ww); }, {"writable by every user"});
+  const SafeDir d = SafeDir::open(ww + "/", {.role = "checkpoint info", .read_only = true});
+  EXPECT_EQ(d.path(), ww);
+  EXPECT_TRUE(d.read_only());
+  {
+    UniqueFd fd = d.open_file("f", O_RDONLY);
+    char buf[8] = {};
+    EXPECT_EQ(::read(fd.get(), buf, sizeof buf), 4);
+    EXPECT_EQ(std::string(buf), "data");
+  }
+  auto expect_internal = [](auto&& f, const std::string& what) {
+    try {
+      f();
+      ADD_FAILURE() << what << ": not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInternal) << what << ": " << e.what();
+      EXPECT_NE(std::string(e.what()).find("opened read-only"), std::string::npos) << e.what();
+    }
+  };
+  expect_internal([&] { d.create_file("new", O_WRONLY); }, "create_file");
+  expect_internal([&] { d.open_file("f", O_WRONLY); }, "open_file O_WRONLY");
+  expect_internal([&] { d.open_file("f", O_RDONLY | O_TRUNC); }, "open_file O_TRUNC");
+  expect_internal([&] { d.make_dir("newdir"); }, "make_dir");
+  expect_internal([&] { d.rename("f", "g"); }, "rename");
+  expect_internal([&] { d.remove_file("f"); }, "remove_file");
+  EXPECT_EQ(d.try_remove("f", false), EROFS);
+  EXPECT_EQ(read_file(ww + "/f"), "data");  // nothing changed
+  EXPECT_FALSE(std::ifstream(ww + "/new").good());
+  const SafeDir sub = d.open_dir("sub");  // read-only too
+  EXPECT_TRUE(sub.read_only());
+  expect_internal([&] { sub.create_file("x", O_WRONLY); }, "create_file in open_dir's result");
+  expect_internal([&] { SafeDir::open(ww, {.create = true, .read_only = true}); }, "read_only with create");
+}
+
 // ---- attacks by another local user -------------------------------------------------------------
 
 TEST(SafeFsAttack, DirectoryOwnedByAnotherUserIsRefused) {
