@@ -95,8 +95,9 @@ void write_train_options(const Options& o) {
                                .dump(2) +
                            "\n";
   const std::string tmp = std::string(kTrainOptionsFile) + ".tmp";
+  dir.try_remove(tmp, false);  // a leftover of a run killed while writing it (the link, if one)
   {
-    UniqueFd fd = dir.create_file(tmp, O_WRONLY | O_TRUNC, 0644);
+    UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
     std::size_t done = 0;
     while (done < text.size()) {
       const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
@@ -143,24 +144,25 @@ void check_resume_options(const Options& o) {
     got += static_cast<std::size_t>(n);
   }
   text.resize(got);
-  nlohmann::json j;
+  int hidden = 0, batch = 0;
+  std::int64_t seed = 0;
+  std::uint64_t serial = 0;
   try {
-    j = nlohmann::json::parse(text);
-    (void)j.at("hidden").get<int>(), j.at("batch").get<int>(), j.at("seed").get<std::int64_t>(),
-        j.at("checkpoint_serial").get<std::uint64_t>();
+    const nlohmann::json j = nlohmann::json::parse(text);
+    hidden = j.at("hidden").get<int>();
+    batch = j.at("batch").get<int>();
+    seed = j.at("seed").get<std::int64_t>();
+    serial = j.at("checkpoint_serial").get<std::uint64_t>();
   } catch (const std::exception& e) {
     fail(ErrorCode::kInvalidArgument,
          strcat("--resume: ", path, " is not what strata train writes (", e.what(),
                 "); remove it to resume unchecked"));
   }
-  if (j["checkpoint_serial"].get<std::uint64_t>() != m.serial) {
-    log_warn("train: ", path, " belongs to another save (serial ", j["checkpoint_serial"].get<std::uint64_t>(),
-             ", the checkpoint's is ", m.serial, "): resuming with --hidden ", o.hidden, " --batch ", o.batch,
-             " --seed ", o.seed, " unchecked");
+  if (serial != m.serial) {
+    log_warn("train: ", path, " belongs to another save (serial ", serial, ", the checkpoint's is ", m.serial,
+             "): resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
     return;
   }
-  const int hidden = j["hidden"].get<int>(), batch = j["batch"].get<int>();
-  const std::int64_t seed = j["seed"].get<std::int64_t>();
   std::string differ;
   if (hidden != o.hidden) differ += strcat(" --hidden ", o.hidden);
   if (batch != o.batch) differ += strcat(" --batch ", o.batch);

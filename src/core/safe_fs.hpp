@@ -82,9 +82,10 @@ struct SafeDirOptions {
   // checkpoint info` / `verify`): the directories on the way need not be safe (they may belong
   // to another user) and symbolic links are followed wherever they are, since nothing is created
   // or removed there. Not for what a load or an export reads: another user who can write a
-  // directory on the way could swap in a checkpoint of their choosing. The SafeDir (and what open_dir gives from it) then refuses
-  // every call that would write: create_file, make_dir, remove_*, rename, open_file for writing
-  // (Error kInternal: a caller's bug), try_remove (EROFS). REQUIRES: !create.
+  // directory on the way could swap in a checkpoint of their choosing. The SafeDir (and what
+  // open_dir gives from it) then refuses every call that would write: create_file, make_dir,
+  // remove_*, rename, open_file for writing (Error kInternal: a caller's bug), try_remove
+  // (EROFS). REQUIRES: !create.
   bool read_only = false;
 };
 

@@ -220,7 +220,9 @@ TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
     EXPECT_NE(out.find("was trained with --hidden 24 --batch 16 --seed 1"), std::string::npos) << out;
     EXPECT_EQ(out.find("step 4 "), std::string::npos) << b.flag << ": trained before refusing\n" << out;
   }
-  // The same options continue, and the record follows the new save.
+  // The same options continue, and the record follows the new save (a leftover temporary file of
+  // a run killed while writing it is replaced).
+  write_file(ckpt.str() + "/train.json.tmp", "left by a killed run");
   const json got = run_json(resume);
   EXPECT_EQ(got["checkpoint"]["resumed_from_step"], 3);
   ASSERT_EQ(got["steps"].size(), 2u);
