@@ -62,9 +62,9 @@ for round in $(seq "$rounds"); do
     set -- $case
     rw=$1 bs=$2 qd=$3
     bs_fio=${bs/iB/}  # fio: 1M, 128K
-    # ABBA: odd rounds run the four tools in this order, even rounds in reverse, so that neither
-    # strata nor fio with huge pages always runs right after the other (the virtual disk's
-    # write-back state carries over from one run to the next).
+    # ABBA: odd rounds run the four tools in this order, even rounds in reverse, so that no tool
+    # always runs in the same position (the virtual disk's state carries over from one run to the
+    # next: with a fixed order strata's io_uring always ran first, fio with huge pages last).
     tools="uring fio threads fio_huge"
     [ $((round % 2)) = 0 ] && tools="fio_huge threads fio uring"
     for tool in $tools; do
