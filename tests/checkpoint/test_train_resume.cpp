@@ -9,11 +9,10 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <random>
 
+#include "checkpoint/ckpt_test_util.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
@@ -162,20 +161,6 @@ TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
   EXPECT_EQ(got["checkpoint"]["resumed_from_step"], 9);
   ASSERT_EQ(got["steps"].size(), 15u);
   EXPECT_EQ(got["steps"][0]["step"], 10);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::trunc);
-  out << text;
-  ASSERT_TRUE(out.good()) << path;
 }
 
 // args with the value after `flag` replaced.
