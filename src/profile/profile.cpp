@@ -352,7 +352,7 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   phase("sample step (the engine's step, optimizer state on NVMe)");
   const std::uint64_t elements = std::min<std::uint64_t>(config.zero.sub_group_size, sizes.sample_elements);
   r.sample = run_sample_step(config, paths, elements, sizes.sample_sub_groups, sizes.sample_repeats,
-                             progress);
+                             progress, sync);
 
   // 6. How ranks share a node (docs/performance.md "Ranks on a node").
   NodeSharing& sh = r.sharing;

@@ -101,9 +101,13 @@ EngineCheck run_engine_check(const Config& config, const std::vector<std::string
 // `max_buffers` buffers, cut to fit RLIMIT_MEMLOCK (at most `max_cut_buffers` buffers then).
 PoolUse choose_pool(const Config& config, std::uint32_t max_buffers, std::uint32_t max_cut_buffers);
 
+// Under a launch every rank runs the sample at once; `sync` (a barrier across the ranks, or empty
+// for one process) is called before each measurement — each leg, each step — so that the legs,
+// the model's inputs, are measured under the same sharing of the disk and cores as the steps.
 SampleStep run_sample_step(const Config& config, const std::vector<std::string>& paths,
                            std::uint64_t elements, std::uint64_t sub_groups,
-                           std::uint32_t repeats, const Progress& progress);
+                           std::uint32_t repeats, const Progress& progress,
+                           const std::function<void()>& sync = {});
 
 // The I/O settings per path: the configured setting (engine `configured_engine`, the config's
 // block size, queue depth and io_threads) when its read/write harmonic mean is within the noise

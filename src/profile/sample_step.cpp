@@ -11,6 +11,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -132,17 +133,23 @@ class Sample {
 
   // Leg bandwidths in isolation: {read bytes/s, write bytes/s, Adam params/s, CPU-seconds per
   // NVMe byte, CPU-seconds per Adam element}.
-  std::array<double, 5> legs() {
+  // REQUIRES: sync is callable (a no-op for one process).
+  std::array<double, 5> legs(const std::function<void()>& sync) {
     const double bytes = static_cast<double>(state_bytes_);
     const double n = static_cast<double>(elements_ * sub_groups_);
+    sync();
     double c0 = cpu_seconds();
     const double read_s = EngineAccess::measure(*engine_, Measure::kRead).t_total;
     double c1 = cpu_seconds();
     const double io_cpu_read = c1 - c0;
+    sync();
+    c1 = cpu_seconds();
     const double adam_s = EngineAccess::measure(*engine_, Measure::kUpdate).t_total;
     c0 = cpu_seconds();
     const double adam_cpu = c0 - c1;
     // Writing the slots' contents would replace the state: write back what was just read.
+    sync();
+    c0 = cpu_seconds();
     const double io_s = EngineAccess::measure(*engine_, Measure::kIo).t_total;
     c1 = cpu_seconds();
     const double write_s = std::max(io_s - read_s, 1e-9);
@@ -177,7 +184,8 @@ SampleRun summarize(const char* mode, std::vector<double> times, double predicte
 
 SampleStep run_sample_step(const Config& c, const std::vector<std::string>& paths,
                            std::uint64_t elements, std::uint64_t sub_groups, std::uint32_t repeats,
-                           const Progress& progress) {
+                           const Progress& progress, const std::function<void()>& sync_ranks) {
+  const std::function<void()> sync = sync_ranks ? sync_ranks : [] {};
   SampleStep s;
   s.elements_per_sub_group = elements;
   s.sub_groups = sub_groups;
@@ -191,20 +199,24 @@ SampleStep run_sample_step(const Config& c, const std::vector<std::string>& path
     progress(strcat("sample step: ", sub_groups, " sub-groups x ", format_count(elements),
                     " elements (", format_bytes(sample.state_bytes(), true),
                     " on NVMe): measuring legs"));
+  sync();
   sample.step(false);  // warm-up: the swap files' metadata, allocator, thread pools
   // Each repeat measures the legs alone, then a serial and a pipelined step, so that the inputs of
-  // the prediction and the measured steps see the same (drifting) machine.
+  // the prediction and the measured steps see the same (drifting) machine; under a launch every
+  // measurement starts on all ranks together (sync), as the ranks' steps do in training.
   std::vector<double> ser, pip, io_cpu, adam_cpu;
   const std::uint32_t n = std::max(1u, repeats);
   for (std::uint32_t i = 0; i < n; ++i) {
-    auto legs = sample.legs();
+    auto legs = sample.legs(sync);
     s.tier_read_runs.push_back(legs[0]);
     s.tier_write_runs.push_back(legs[1]);
     s.adam_runs.push_back(legs[2]);
     io_cpu.push_back(legs[3]);
     if (sub_groups > 1) s.tier_mixed_runs.push_back(sample.mixed());
     adam_cpu.push_back(legs[4]);
+    sync();
     ser.push_back(sample.step(false));
+    sync();
     pip.push_back(sample.step(true));
     if (progress)
       progress(strcat("sample step ", i + 1, "/", n, ": serial ", ser.back(), " s, pipelined ",
