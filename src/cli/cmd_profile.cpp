@@ -461,7 +461,8 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     << strata::format_count(s.elements_per_sub_group) << " elements, "
     << format_bytes(s.elements_per_sub_group * s.nvme_bytes_per_element * s.sub_groups, true)
     << " of optimizer state on NVMe):\n"
-    << "  legs measured alone" << (r.world > 1 ? " (on every rank at once)" : "") << ": tier-store read " << format_rate(s.tier_read_bps) << ", write "
+    << "  legs measured alone" << (r.world > 1 ? " (on every rank at once)" : "")
+    << ": tier-store read " << format_rate(s.tier_read_bps) << ", write "
     << format_rate(s.tier_write_bps) << ", read || write-back " << format_rate(s.tier_mixed_bps)
     << ", CPU Adam " << rate_params(s.adam_params_per_s) << "\n"
     << "  pinned pool: " << s.pool.buffers << " x " << format_bytes(s.pool.buffer_size, true)
