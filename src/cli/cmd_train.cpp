@@ -98,15 +98,7 @@ void write_train_options(const Options& o) {
   dir.try_remove(tmp, false);  // a leftover of a run killed while writing it (the link, if one)
   {
     UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0)
-        throw IoError("write", dir.child_path(tmp), done, text.size() - done, n < 0 ? errno : EIO,
-                      "train: recording the checkpoint's model options");
-      done += static_cast<std::size_t>(n);
-    }
+    zero::ckpt::pwrite_full(fd.get(), text.data(), text.size(), 0, dir.child_path(tmp));
     if (::fsync(fd.get()) != 0)
       throw IoError("fsync", dir.child_path(tmp), 0, text.size(), errno,
                     "train: recording the checkpoint's model options");
@@ -123,27 +115,23 @@ void check_resume_options(const Options& o) {
   const SafeDir dir = SafeDir::open(o.checkpoint_dir, {});
   const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
   const std::string path = dir.child_path(kTrainOptionsFile);
-  struct stat st {};
-  if (!dir.stat_entry(kTrainOptionsFile, &st)) {
+  // Opened, then checked on the descriptor (as read_manifest does): not a FIFO, not huge.
+  UniqueFd fd;
+  try {
+    fd = dir.open_file(kTrainOptionsFile, O_RDONLY | O_NONBLOCK);
+  } catch (const IoError& e) {
+    if (e.errnum() != ENOENT) throw;
     log_warn("train: ", path, " is missing: the checkpoint's --hidden, --batch and --seed are not known; "
              "resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
     return;
   }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "train --resume");
   if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kTrainOptionsMaxBytes)
     fail(ErrorCode::kInvalidArgument, strcat("--resume: ", path, " is not a regular file of at most ",
                                              kTrainOptionsMaxBytes, " bytes; remove it to resume unchecked"));
-  UniqueFd fd = dir.open_file(kTrainOptionsFile, O_RDONLY);
-  std::string text(kTrainOptionsMaxBytes + 1, '\0');
-  std::size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0)
-      throw IoError("read", path, got, text.size() - got, errno, "train --resume: the checkpoint's model options");
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  text.resize(got);
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  zero::ckpt::pread_full(fd.get(), text.data(), text.size(), 0, path);
   int hidden = 0, batch = 0;
   std::int64_t seed = 0;
   std::uint64_t serial = 0;
