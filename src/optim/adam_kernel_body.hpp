@@ -110,38 +110,40 @@ inline bool v_copy_nt(const void* out, std::size_t bytes) {
   return out && V::W > 1 && reinterpret_cast<std::uintptr_t>(out) % align == 0;
 }
 
-// Software prefetch of the arrays read, kPrefetchAhead elements ahead, once per 64-byte line of
-// fp32 (every 16 elements; i steps by V::W from 0). Adam's long per-element chain (square root,
-// two divisions) keeps fewer demand misses in flight than a plain stream; without this it ran at
-// 0.85-0.86 of the same-pattern stream below, with it at 0.97-0.98 (50M params, 2 threads, AVX-512;
-// 1 KiB ahead 0.97-0.98, 2 KiB 0.98, 4 KiB 0.96, 512 B 0.94-0.95). The stream kernel prefetches
-// the same way (it gains about 1 %), so the bound stays the faster of the two patterns. A prefetch
-// never faults; the bound check only keeps the address arithmetic inside the arrays.
-// always_inline: GCC 12 finds a function of prefetches alone free of side effects and drops its
-// calls at -O2 (no prefetcht0 in the object); inlined first, the prefetches stay.
+// Software prefetch of array `a` (elements of elem_bytes) `ahead` elements ahead of i, once per 16
+// elements (i steps by V::W from 0: once per 64-byte line of fp32), into the cache level
+// kLocality names (__builtin_prefetch: 3 = prefetcht0, 1 = prefetcht2). A prefetch never faults;
+// the bound check only keeps the address arithmetic inside the array. always_inline: GCC 12
+// finds a function of prefetches alone free of side effects and drops its calls at -O2 (no
+// prefetch instruction in the object); inlined first, the prefetches stay.
+template <int kLocality>
+[[gnu::always_inline]] inline void v_prefetch_one(const void* a, std::size_t elem_bytes,
+                                                  std::size_t ahead, std::size_t i, std::size_t n) {
+  if (i % 16 != 0 || n - i <= ahead) return;
+  __builtin_prefetch(static_cast<const char*>(a) + (i + ahead) * elem_bytes, 0, kLocality);
+}
+
+// Adam and the stream kernel read p, m, v and g: prefetched kPrefetchAhead elements ahead into
+// L1. Adam's long per-element chain (square root, two divisions) keeps fewer demand misses in
+// flight than a plain stream; without this it ran at 0.85-0.86 of the same-pattern stream below,
+// with it at 0.97-0.98 (50M params, 2 threads, AVX-512; 1 KiB ahead 0.97-0.98, 2 KiB 0.98, 4 KiB
+// 0.96, 512 B 0.94-0.95; prefetcht2 instead 0.94-0.96). The stream kernel prefetches the same way
+// (it gains about 1 %), so the bound stays the faster of the two patterns.
 constexpr std::size_t kPrefetchAhead = 512;
 [[gnu::always_inline]] inline void v_prefetch(const float* p, const float* m, const float* v,
                                               const void* g, std::size_t grad_bytes,
                                               std::size_t i, std::size_t n) {
-  if (i % 16 != 0 || n - i <= kPrefetchAhead) return;
-  const std::size_t at = i + kPrefetchAhead;
-  __builtin_prefetch(p + at);
-  __builtin_prefetch(m + at);
-  __builtin_prefetch(v + at);
-  __builtin_prefetch(static_cast<const char*>(g) + at * grad_bytes);
+  v_prefetch_one<3>(p, 4, kPrefetchAhead, i, n);
+  v_prefetch_one<3>(m, 4, kPrefetchAhead, i, n);
+  v_prefetch_one<3>(v, 4, kPrefetchAhead, i, n);
+  v_prefetch_one<3>(g, grad_bytes, kPrefetchAhead, i, n);
 }
 
-// The statistics pass reads one array: prefetched 1024 elements ahead (4 KiB of fp32), once per
-// 16 elements, into L2 (prefetcht2: locality 1). Measured (133.5M fp32 grads, 2 threads,
-// alternating): none 26-28 ms, prefetcht0 21-22 ms (512 ahead 22, 2048 21-22, 4096 21),
-// prefetcht2 19.1-19.5 ms against prefetcht0's 19.8-20.3 (four alternating pairs). (Adam's
-// prefetches stay prefetcht0: prefetcht2 there gave 0.94-0.96 of the bound against 0.98-0.99.)
+// The statistics pass reads one array: prefetched 1024 elements ahead (4 KiB of fp32) into L2
+// (prefetcht2). Measured (133.5M fp32 grads, 2 threads, alternating): none 26-28 ms, prefetcht0
+// 21-22 ms (512 ahead 22, 2048 21-22, 4096 21), prefetcht2 19.1-19.5 ms against prefetcht0's
+// 19.8-20.3 (four alternating pairs).
 constexpr std::size_t kStatsPrefetchAhead = 1024;
-[[gnu::always_inline]] inline void v_prefetch_one(const void* a, std::size_t elem_bytes,
-                                                  std::size_t ahead, std::size_t i, std::size_t n) {
-  if (i % 16 != 0 || n - i <= ahead) return;
-  __builtin_prefetch(static_cast<const char*>(a) + (i + ahead) * elem_bytes, 0, 1);
-}
 
 template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW, bool kDiv>
 void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
@@ -244,7 +246,7 @@ void v_stats(const void* g, std::size_t n, float divisor, float scale, bool* fin
     const std::size_t end = (nv - i > kBlock) ? i + kBlock : nv;
     F acc = zero;
     for (; i < end; i += V::W) {
-      v_prefetch_one(g, GD == DType::kFp32 ? 4 : 2, kStatsPrefetchAhead, i, nv);
+      v_prefetch_one<1>(g, GD == DType::kFp32 ? 4 : 2, kStatsPrefetchAhead, i, nv);
       F x = v_load_grad<V, GD>(g, i);
       if constexpr (kDiv) x = V::div(x, dv);
       x = V::mul(x, sc);
