@@ -148,6 +148,8 @@ class TierStore::Impl {
   void wait_idle(std::chrono::milliseconds timeout);
   BufferInfo info(BufferId id) const;
   TierUsage usage(Tier tier) const;
+  void reserve(Tier tier, std::uint64_t bytes, const std::string& what);
+  void unreserve(Tier tier, std::uint64_t bytes) noexcept;
   TierStoreStats stats() const;
   const SwapSpace* swap() const { return swap_.get(); }
   std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;

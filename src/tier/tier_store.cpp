@@ -852,6 +852,30 @@ BufferInfo TierStore::Impl::info(BufferId id) const {
   return i;
 }
 
+void TierStore::Impl::reserve(Tier t, std::uint64_t bytes, const std::string& what) {
+  if (t == Tier::kNvme)
+    fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, ": nvme cannot be reserved"));
+  std::lock_guard lock(mutex_);
+  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
+  const std::uint64_t in_use = used_[ti(t)] + (t == Tier::kCpu ? cached_ : 0);
+  if (in_use + bytes > budget && t == Tier::kCpu) {
+    host_cache_.clear();  // cached mappings are the first to go
+    cached_ = 0;
+  }
+  if (used_[ti(t)] + bytes > budget)
+    fail(ErrorCode::kBudget,
+         strcat("tier store: ", what, " (", bytes, " bytes) does not fit in the ", tier_name(t),
+                " tier: ", used_[ti(t)], " of ", budget, " bytes in use (tiers.",
+                t == Tier::kGpu ? "gpu" : "host", ".budget)"));
+  used_[ti(t)] += bytes;
+}
+
+void TierStore::Impl::unreserve(Tier t, std::uint64_t bytes) noexcept {
+  if (t == Tier::kNvme) return;
+  std::lock_guard lock(mutex_);
+  used_[ti(t)] -= std::min(bytes, used_[ti(t)]);
+}
+
 TierUsage TierStore::Impl::usage(Tier t) const {
   std::lock_guard lock(mutex_);
   if (t == Tier::kNvme) {
@@ -927,6 +951,12 @@ std::string TierStore::failure() const { return impl_->failure(); }
 void TierStore::wait_idle(std::chrono::milliseconds timeout) { impl_->wait_idle(timeout); }
 BufferInfo TierStore::info(BufferId id) const { return impl_->info(id); }
 TierUsage TierStore::usage(Tier tier) const { return impl_->usage(tier); }
+void TierStore::reserve(Tier tier, std::uint64_t bytes, const std::string& what) {
+  impl_->reserve(tier, bytes, what);
+}
+void TierStore::unreserve(Tier tier, std::uint64_t bytes) noexcept {
+  impl_->unreserve(tier, bytes);
+}
 TierStoreStats TierStore::stats() const { return impl_->stats(); }
 const SwapSpace* TierStore::swap_space() const { return impl_->swap(); }
 std::pair<std::uint64_t, std::uint64_t> TierStore::nvme_extent(BufferId id) const {

@@ -202,6 +202,12 @@ class TierStore {
   // The buffer's size rounded up to the swap alignment: what an NVMe copy occupies.
   std::uint64_t padded_bytes(BufferId id) const;
 
+  // Memory held outside the store's buffers (tier/scratch_arena.hpp: runtime scratch) counted
+  // against a memory tier's budget, so that one budget covers state and scratch alike.
+  // reserve: Error(kBudget) naming `what`, the tier, the bytes in use and the budget key when
+  // `bytes` do not fit (nothing reserved); tier gpu or cpu. unreserve gives back what reserve took.
+  void reserve(Tier tier, std::uint64_t bytes, const std::string& what);
+  void unreserve(Tier tier, std::uint64_t bytes) noexcept;
   // Waits until no operation is queued or running.
   void wait_idle(std::chrono::milliseconds timeout = std::chrono::minutes(2));
 

@@ -17,6 +17,7 @@
 #include "strata/build_info.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "comm/rank_status.hpp"
 #include "core/crc32c.hpp"
 #include "zero/checkpoint_format.hpp"
 
@@ -58,22 +59,11 @@ void write_at(int fd, const void* p, std::uint64_t n, std::uint64_t off, const s
 
 // ---- agreement between ranks -----------------------------------------------------------------------
 
-// Every rank's outcome of a phase, exchanged so that all ranks fail together (nothing hangs on a
-// rank that gave up). `extra` carries one value per rank (a checksum, a size).
+// This rank's outcome of a phase; `extra` carries one value per rank (a checksum, a size).
 struct Outcome {
   std::exception_ptr error;
-  ErrorCode code = ErrorCode::kInternal;
   std::uint64_t extra = 0;
-  void capture() {
-    error = std::current_exception();
-    try {
-      throw;
-    } catch (const Error& e) {
-      code = e.code();
-    } catch (...) {
-      code = ErrorCode::kInternal;
-    }
-  }
+  void capture() { error = std::current_exception(); }
 };
 
 // The exchange of `bytes` bytes per rank (host memory in and out) where the communicator's buffers
@@ -98,24 +88,19 @@ void all_gather_bytes(Communicator& comm, const RankState& s, const void* send, 
 // an error with the failed rank's code naming it.
 std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const Outcome& mine,
                                  const std::string& what) {
-  const int world = s.world;
-  const std::uint32_t local[4] = {mine.error ? 0u : 1u, static_cast<std::uint32_t>(mine.code),
-                                  static_cast<std::uint32_t>(mine.extra),
-                                  static_cast<std::uint32_t>(mine.extra >> 32)};
-  std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world));
-  if (world > 1) {
-    all_gather_bytes(comm, s, local, all.data(), sizeof(local));
-  } else {
-    std::memcpy(all.data(), local, sizeof(local));
-  }
+  RankStatus status = RankStatus::of(mine.error);
+  status.extra = mine.extra;
+  const auto all = exchange_status(status, s.world, [&](const void* send, void* recv,
+                                                        std::size_t bytes) {
+    all_gather_bytes(comm, s, send, recv, bytes);
+  });
   if (mine.error) std::rethrow_exception(mine.error);
-  std::vector<std::uint64_t> extras(static_cast<std::size_t>(world));
-  for (int r = 0; r < world; ++r) {
-    const std::uint32_t* p = all.data() + 4 * r;
-    if (p[0] != 1)
-      fail(static_cast<ErrorCode>(p[1]), strcat(what, ": rank ", r, " failed (", error_code_name(static_cast<ErrorCode>(p[1])),
-                                                "; see that rank's error); nothing was changed"));
-    extras[static_cast<std::size_t>(r)] = p[2] | static_cast<std::uint64_t>(p[3]) << 32;
+  std::vector<std::uint64_t> extras(all.size());
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    if (all[r].failed)
+      fail(all[r].code, strcat(what, ": rank ", r, " failed (", error_code_name(all[r].code),
+                               "; see that rank's error); nothing was changed"));
+    extras[r] = all[r].extra;
   }
   return extras;
 }

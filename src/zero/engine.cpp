@@ -8,55 +8,25 @@
 
 #include "strata/device.hpp"
 #include "strata/log.hpp"
+#include "zero/clock.hpp"
 #include "zero/engine_impl.hpp"
 
 namespace strata {
 
 Engine::Impl::Impl(const Config& c, Communicator& cm)
-    : cfg(c),
-      comm(cm),
-      rank(cm.rank()),
-      world(cm.size()),
-      stage(c.zero.stage),
-      pdt(c.precision.params),
-      gdt(c.precision.grads),
-      pes(elem_size(pdt)),
-      ges(elem_size(gdt)) {
-  if (stage < 0 || stage > 3)
-    fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", stage, " is not 0..3"));
+    : cfg(c), comm(cm), rank(cm.rank()), world(cm.size()), scaler(c.precision) {
+  if (c.zero.stage < 0 || c.zero.stage > 3)
+    fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", c.zero.stage, " is not 0..3"));
   // Refused here, before anything is built: a device the communicator cannot reach.
   (void)zero::resolve_device_kind(c, cm);
-  scaling = c.precision.loss_scaling();  // fp16 gradients unless precision.loss_scale.enabled says
-  scale = scaling ? c.precision.loss_scale.initial : 1.0;
   groups.push_back({c.optimizer.lr, c.optimizer.weight_decay});
-  timeout = std::chrono::milliseconds(
-      static_cast<std::int64_t>(std::max(1.0, c.runtime.collective_timeout_s) * 1000.0));
 }
 
-// Collectives still in flight (an engine destroyed mid-backward, e.g. after a failure) read the
-// bucket buffers and write the receive buffers: they finish before anything is freed. Each wait is
-// bounded by the communicator's timeout; their errors were or will never be reported.
-Engine::Impl::~Impl() {
-  for (auto& f : inflight) {
-    try {
-      f.handle->wait();
-    } catch (const std::exception&) {
-    }
-  }
-  for (auto& g : gathered) {
-    if (!g.handle) continue;
-    try {
-      g.handle->wait();
-    } catch (const std::exception&) {
-    }
-  }
-  grad_fill.reset();
-  state.reset();
-  device_adam.reset();
-}
+Engine::Impl::~Impl() = default;  // collaborators first (they wait for their work), storage last
 
 void Engine::Impl::require_finalized(const char* what) const {
-  if (!finalized) fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " before finalize()"));
+  if (!finalized())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " before finalize()"));
 }
 
 void Engine::Impl::require_usable(const char* what) {
@@ -73,12 +43,11 @@ void Engine::Impl::require_usable(const char* what) {
       }
     }
   }
-  const std::string& why = broken;
-  if (!why.empty())
-    fail(ErrorCode::kIo,
-         strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (", why,
-                "); build a new engine and load_checkpoint() the last checkpoint, "
-                "or restart"));
+  if (!broken.empty())
+    fail(
+        ErrorCode::kIo,
+        strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (", broken,
+               "); build a new engine and load_checkpoint() the last checkpoint, or restart"));
 }
 
 void Engine::Impl::mark_broken(const std::string& what) noexcept {
@@ -86,11 +55,11 @@ void Engine::Impl::mark_broken(const std::string& what) noexcept {
     broken = what.size() > 300 ? what.substr(0, 300) + "..." : what;
   } catch (...) {
   }
-  if (grad_fill) grad_fill->abandon();
+  if (reducer) reducer->abandon();
 }
 
 std::exception_ptr Engine::Impl::fail_call(const std::exception& e) noexcept {
-  std::exception_ptr cause = grad_fill ? grad_fill->abandon_for_cause() : nullptr;
+  std::exception_ptr cause = reducer ? reducer->abandon_for_cause() : nullptr;
   std::string what = e.what();
   if (cause) {
     try {
@@ -109,74 +78,90 @@ void Engine::Impl::check_id(TensorId id, const char* what) const {
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
 }
 
+// Start-up is agreed like a step: a rank whose storage cannot be built (swap space on a full
+// disk, a pool over the memlock limit, a budget) tells the others in the start-up agreement, so
+// every rank fails at once naming it, instead of waiting out the collective timeout in the
+// initial broadcast.
 void Engine::Impl::finalize() {
-  if (finalized) fail(ErrorCode::kInvalidArgument, "engine: finalize() called twice");
-  part = std::make_unique<Partition>(specs, world, cfg.zero.sub_group_size);
-  own_begin = part->partition_begin(rank);
-  psize = part->partition_size();
-  const std::size_t flat = part->flat_size();
-  opt_begin = stage == 0 ? 0 : own_begin;
-  opt_count = stage == 0 ? flat : psize;
-
-  group_runs.clear();
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    const std::size_t b = i == 0 ? 0 : part->offset(i);
-    if (group_runs.empty() || group_runs.back().second != tensor_group[i])
-      group_runs.push_back({b, tensor_group[i]});
+  if (finalized()) fail(ErrorCode::kInvalidArgument, "engine: finalize() called twice");
+  storage = std::make_unique<zero::RankStorage>(cfg, comm, wrap);  // the device
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<std::int64_t>(std::max(1.0, cfg.runtime.collective_timeout_s) * 1000.0));
+  agreement = std::make_unique<zero::RankAgreement>(comm, storage->device(), timeout);
+  std::exception_ptr failure;
+  try {
+    build_collaborators();
+  } catch (...) {
+    failure = std::current_exception();
   }
-  if (group_runs.empty()) group_runs.push_back({0, 0});
-
-  // The rank's storage: device, then the layout's buffers in the store.
-  storage = std::make_unique<zero::RankStorage>(cfg, comm, wrap);
-  build_layout();
-
-  const unsigned threads = cfg.runtime.cpu_threads;
-  adam = std::make_unique<CpuAdam>(threads);
-  update_on_device = cfg.optimizer.update == OptimizerUpdate::kDevice;
-  const bool any_gpu_state = std::any_of(
-      chunks.begin(), chunks.end(), [](const zero::Chunk& c) { return c.opt_tier == Tier::kGpu; });
-  if (update_on_device || any_gpu_state) {
-    device_adam = std::make_unique<DeviceAdam>(storage->device(), threads, timeout);
-    if (rank == 0 && update_on_device)
-      log_info("engine: optimizer update on ", storage->device().name());
+  try {
+    agreement->agree_start(failure);
+  } catch (...) {
+    if (!failure) failure = std::current_exception();
   }
+  if (failure) {
+    state.reset();
+    optimizer.reset();
+    gatherer.reset();
+    reducer.reset();
+    host_comm.reset();
+    scratch.reset();
+    layout.reset();
+    agreement.reset();
+    storage.reset();
+    std::rethrow_exception(failure);
+  }
+  initialize_state();
+  log_debug("engine rank ", rank, ": stage ", layout->stage(), ", ", specs.size(), " tensors, ",
+            layout->partition().numel(), " elements, flat ", layout->flat_size(), ", partition ",
+            layout->partition_size(), ", ", layout->chunks().size(),
+            " chunks of <= ", layout->chunk_cap());
+}
 
-  // Rank 0's initial values win everywhere.
-  std::vector<float> init(flat, 0.0f);
+void Engine::Impl::build_collaborators() {
+  layout =
+      std::make_unique<const zero::EngineLayout>(cfg, rank, world, specs, tensor_group, *storage);
+  store().reserve(Tier::kGpu, agreement->device_bytes(), "scratch of the ranks' agreement");
+  scratch = std::make_unique<ScratchArena>(store(), storage->device());
+  host_comm =
+      std::make_unique<zero::HostCollectives>(comm, storage->device(), *scratch, layout->timeout());
+  reducer = std::make_unique<zero::GradientReducer>(*layout, comm, store(), *scratch);
+  gatherer = std::make_unique<zero::ParamGatherer>(*layout, comm, store(), *scratch);
+  optimizer = std::make_unique<zero::OptimizerStep>(*layout, store(), groups);
+  state = std::make_unique<zero::TierStateStore>(store(), layout->chunks(), layout->opt_count(),
+                                                 layout->timeout());
+}
+
+// Rank 0's initial values win everywhere; the staging of their broadcast is given back after.
+void Engine::Impl::initialize_state() {
+  std::vector<float> init(layout->flat_size(), 0.0f);
   for (std::size_t i = 0; i < specs.size(); ++i)
     std::copy(initial[i].begin(), initial[i].end(),
-              init.begin() + static_cast<std::ptrdiff_t>(part->offset(i)));
+              init.begin() + static_cast<std::ptrdiff_t>(layout->partition().offset(i)));
   initial.clear();
   initial.shrink_to_fit();
-  if (world > 1) broadcast_host(init.data(), flat, DType::kFp32, 0);
-  initialize_state(init);
+  if (world > 1) host_comm->broadcast(init.data(), init.size(), DType::kFp32, 0);
+  scratch->trim();
+  layout->initialize(init);
+}
 
-  state = std::make_unique<zero::TierStateStore>(store(), chunks, opt_count, timeout);
-  if (stage >= 2) {
-    bucket_elems = std::max<std::uint64_t>(1, cfg.zero.reduce_bucket_size);
-    nbuckets = (flat + bucket_elems - 1) / bucket_elems;
-    bucket_expected.assign(nbuckets, 0);
-    for (std::size_t i = 0; i < specs.size(); ++i) {
-      const std::size_t b = part->offset(i), e = b + specs[i].numel;
-      for (std::size_t pos = b; pos < e;) {
-        const std::size_t k = pos / bucket_elems;
-        const std::size_t stop = std::min(e, (k + 1) * bucket_elems);
-        bucket_expected[k] += stop - pos;
-        pos = stop;
-      }
-    }
-    bucket_of.assign(nbuckets, {});
-    std::vector<BufferId> grad_ids;
-    for (const auto& c : chunks) grad_ids.push_back(c.grad);
-    grad_fill = std::make_unique<tier::Filler>(store(), std::move(grad_ids), timeout);
-    reset_buckets();
+zero::StorageReport Engine::Impl::report() const {
+  zero::StorageReport r = layout->report(*storage, *scratch);
+  r.bytes[static_cast<int>(Tier::kGpu)][static_cast<int>(zero::BufferKind::kRuntime)] +=
+      agreement->device_bytes();
+  return r;
+}
+
+EngineStats Engine::Impl::stats() const {
+  EngineStats s = st;
+  s.loss_scale = scaler.scale();
+  s.comm = comm.stats();
+  if (reducer) {
+    s.reduce_s = reducer->times().reduce_s;
+    s.grad_spill_s = reducer->times().grad_spill_s;
   }
-  if (stage == 3) gathered.resize(specs.size());
-  arrived.assign(specs.size(), false);
-  finalized = true;
-  log_debug("engine rank ", rank, ": stage ", stage, ", ", specs.size(), " tensors, ",
-            part->numel(), " elements, flat ", flat, ", partition ", psize, ", ", chunks.size(),
-            " chunks of <= ", chunk_cap);
+  if (optimizer) s.optimizer_s = optimizer->seconds();
+  return s;
 }
 
 // ---- the public API
@@ -191,14 +176,14 @@ void Engine::save_checkpoint(const std::string& dir) {
   zero::save_checkpoint(dir, r, m.comm);
   m.ckpt_params.clear();
   m.ckpt_params.shrink_to_fit();
+  m.scratch->trim();
 }
 
 void Engine::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   m.require_finalized("load_checkpoint");
   m.require_usable("load_checkpoint");
-  if (m.stage == 3)
-    for (std::size_t i = 0; i < m.specs.size(); ++i) m.drop(i);
+  m.gatherer->drop_all();
   zero::RankState r = m.rank_state();
   try {
     zero::load_checkpoint(dir, r, m.comm);
@@ -209,6 +194,7 @@ void Engine::load_checkpoint(const std::string& dir) {
     throw;
   }
   m.after_load(r);
+  m.scratch->trim();
 }
 
 Engine::Engine(const Config& config, Communicator& comm)
@@ -241,7 +227,7 @@ ParamGroupOptions& group_ref(std::vector<ParamGroupOptions>& groups, GroupId g, 
 }  // namespace
 
 TensorId Engine::add_parameter(std::string name, std::span<const float> initial, GroupId group) {
-  if (impl_->finalized)
+  if (impl_->finalized())
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: add_parameter('", name, "') after finalize()"));
   if (group >= impl_->groups.size())
@@ -253,7 +239,7 @@ TensorId Engine::add_parameter(std::string name, std::span<const float> initial,
   return impl_->specs.size() - 1;
 }
 GroupId Engine::add_param_group(const ParamGroupOptions& options) {
-  if (impl_->finalized)
+  if (impl_->finalized())
     fail(ErrorCode::kInvalidArgument, "engine: add_param_group() after finalize()");
   check_group_value(options.lr, "add_param_group: lr");
   check_group_value(options.weight_decay, "add_param_group: weight_decay");
@@ -287,20 +273,23 @@ void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
   impl_->write_state(id, kind, in);
 }
-std::int64_t Engine::optimizer_step() const { return impl_->adam_step; }
+std::int64_t Engine::optimizer_step() const {
+  return impl_->optimizer ? impl_->optimizer->step_count() : 0;
+}
 void Engine::set_optimizer_step(std::int64_t step) {
   if (step < 0)
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
-  impl_->adam_step = step;
+  impl_->require_finalized("set_optimizer_step");
+  impl_->optimizer->set_step_count(step);
 }
 void Engine::finalize() { impl_->finalize(); }
-int Engine::stage() const { return impl_->stage; }
-DType Engine::param_dtype() const { return impl_->pdt; }
-DType Engine::grad_dtype() const { return impl_->gdt; }
+int Engine::stage() const { return impl_->cfg.zero.stage; }
+DType Engine::param_dtype() const { return impl_->cfg.precision.params; }
+DType Engine::grad_dtype() const { return impl_->cfg.precision.grads; }
 const Partition& Engine::partition() const {
   impl_->require_finalized("partition");
-  return *impl_->part;
+  return impl_->layout->partition();
 }
 std::size_t Engine::numel(TensorId id) const {
   impl_->check_id(id, "numel");
@@ -311,7 +300,7 @@ void Engine::read_param(TensorId id, std::span<float> out) const { impl_->read_p
 void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }
 void Engine::release(std::span<const TensorId> ids) { impl_->release(ids); }
-double Engine::loss_scale() const { return impl_->scale; }
+double Engine::loss_scale() const { return impl_->scaler.scale(); }
 void Engine::set_gradient(TensorId id, const void* grad) {
   impl_->set_gradient(id, grad, Tier::kGpu);
 }
@@ -327,18 +316,13 @@ void Engine::set_gradients(std::span<const void* const> grads) {
 StepResult Engine::step() {
   impl_->require_finalized("step");
   impl_->require_usable("step");
-  impl_->check_all_arrived();  // a usage error, before anything changes: not a failed step
+  impl_->reducer->check_all_arrived();  // a usage error, before anything changes
   try {
     return impl_->step();
   } catch (const std::exception& e) {
     std::rethrow_exception(impl_->fail_call(e));
   }
 }
-EngineStats Engine::stats() const {
-  EngineStats s = impl_->st;
-  s.loss_scale = impl_->scale;
-  s.comm = impl_->comm.stats();
-  return s;
-}
+EngineStats Engine::stats() const { return impl_->stats(); }
 
 }  // namespace strata

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "strata/engine.hpp"
+#include "tier/scratch_arena.hpp"
 #include "tier/stream_loop.hpp"
 #include "zero/chunk.hpp"
 #include "zero/rank_storage.hpp"
@@ -19,6 +20,10 @@ namespace strata::zero {
 // held in memory with no I/O (kUpdate: the first chunk's staged data reused for every chunk).
 enum class Measure { kRead, kIo, kWrite, kUpdate };
 
+struct ReducerBuffers {
+  std::size_t buckets = 0, receives = 0;  // made so far by the gradient reducer
+};
+
 struct EngineAccess {
   // Before finalize(): what the rank's storage builds (device, I/O engine) goes through `wrap`.
   static void set_storage_wrap(Engine& e, StorageWrap wrap);
@@ -26,6 +31,8 @@ struct EngineAccess {
   static RankStorage& storage(Engine& e);
   static StorageReport report(const Engine& e);
   static const std::vector<Chunk>& chunks(const Engine& e);
+  static ReducerBuffers reducer_buffers(const Engine& e);
+  static ScratchStats scratch(const Engine& e);
   // The last step's update loop (the host-computed chunks): timings and bytes.
   static tier::StreamStats last_update(const Engine& e);
   static tier::StreamStats measure(Engine& e, Measure what, bool pipelined = true);

@@ -153,26 +153,31 @@ TEST(EngineFaults, BudgetsAreEnforcedAtFinalizeNamingTierAndBuffer) {
     EXPECT_LE(rep.used[t], rep.budget[t]) << tier_name(static_cast<Tier>(t));
 }
 
+// The first device allocation is the ranks' agreement buffer, the second the 'params' buffer.
 TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
-  auto comms = make_inprocess_communicators(1, 5.0);
-  Config cfg = fault_config(2, Tier::kGpu, Tier::kGpu, Tier::kGpu, "/tmp");
-  Rank r(cfg, *comms[0], false);
-  // The wrapper exists once finalize() built the device: fail its first allocation then.
-  zero::StorageWrap w;
-  w.device = [](std::unique_ptr<Device> d) {
-    auto f = std::make_unique<FaultInjectingDevice>(std::move(d));
-    f->add_fault({DeviceFaultKind::kAllocFail, 1, 1});
-    return std::unique_ptr<Device>(std::move(f));
-  };
-  EngineAccess::set_storage_wrap(*r.e, std::move(w));
-  try {
-    r.e->finalize();
-    FAIL() << "no allocation error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
-    EXPECT_NE(std::string(e.what()).find("registering buffer 'params'"), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
+  const std::pair<std::uint64_t, const char*> cases[] = {{1, "the ranks' agreement buffer"},
+                                                         {2, "registering buffer 'params'"}};
+  for (const auto& [nth, names] : cases) {
+    SCOPED_TRACE(names);
+    auto comms = make_inprocess_communicators(1, 5.0);
+    Config cfg = fault_config(2, Tier::kGpu, Tier::kGpu, Tier::kGpu, "/tmp");
+    Rank r(cfg, *comms[0], false);
+    // The wrapper exists once finalize() built the device: fail one allocation then.
+    zero::StorageWrap w;
+    w.device = [nth = nth](std::unique_ptr<Device> d) {
+      auto f = std::make_unique<FaultInjectingDevice>(std::move(d));
+      f->add_fault({DeviceFaultKind::kAllocFail, nth, 1});
+      return std::unique_ptr<Device>(std::move(f));
+    };
+    EngineAccess::set_storage_wrap(*r.e, std::move(w));
+    try {
+      r.e->finalize();
+      FAIL() << "no allocation error";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
+      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
+    }
   }
 }
 

@@ -1,0 +1,122 @@
+// Runtime scratch in device memory, counted against the gpu budget (see scratch_arena.hpp).
+#include "tier/scratch_arena.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+#include "tier/tier_store.hpp"
+
+namespace strata {
+
+Scratch& Scratch::operator=(Scratch&& other) noexcept {
+  if (this != &other) {
+    reset();
+    arena_ = std::exchange(other.arena_, nullptr);
+    ptr_ = std::exchange(other.ptr_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void Scratch::reset() noexcept {
+  if (ptr_ != nullptr) arena_->give_back(ptr_, bytes_);
+  arena_ = nullptr;
+  ptr_ = nullptr;
+  bytes_ = 0;
+}
+
+ScratchArena::ScratchArena(TierStore& store, Device& device) : store_(store), device_(device) {}
+
+ScratchArena::~ScratchArena() { trim(); }
+
+Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
+  bytes = std::max<std::size_t>(bytes, 1);
+  std::multimap<std::size_t, unsigned char*> shed;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = kept_.find(bytes); it != kept_.end()) {
+      unsigned char* p = it->second;
+      kept_.erase(it);
+      stats_.kept_bytes -= bytes;
+      stats_.live_bytes += bytes;
+      return Scratch(this, p, bytes);
+    }
+    const std::uint64_t bound = std::max(stats_.peak_live_bytes, stats_.live_bytes + bytes);
+    shed = shed_locked(bytes, bound);
+  }
+  free_blocks(shed);
+  const std::string name = strcat("scratch ", what);
+  try {
+    store_.reserve(Tier::kGpu, bytes, name);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBudget) throw;
+    trim();  // kept blocks count against the budget too: give them all back, then try once more
+    store_.reserve(Tier::kGpu, bytes, name);
+  }
+  void* p = nullptr;
+  try {
+    p = device_.alloc(bytes);
+  } catch (...) {
+    store_.unreserve(Tier::kGpu, bytes);
+    throw;
+  }
+  std::lock_guard lock(mu_);
+  ++stats_.allocations;
+  stats_.live_bytes += bytes;
+  stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
+  return Scratch(this, static_cast<unsigned char*>(p), bytes);
+}
+
+std::multimap<std::size_t, unsigned char*> ScratchArena::shed_locked(std::uint64_t incoming,
+                                                                     std::uint64_t bound) {
+  std::multimap<std::size_t, unsigned char*> out;
+  while (!kept_.empty() && stats_.live_bytes + stats_.kept_bytes + incoming > bound) {
+    auto largest = std::prev(kept_.end());
+    stats_.kept_bytes -= largest->first;
+    out.insert(*largest);
+    kept_.erase(largest);
+  }
+  return out;
+}
+
+void ScratchArena::free_blocks(const std::multimap<std::size_t, unsigned char*>& blocks) noexcept {
+  for (const auto& [bytes, p] : blocks) {
+    device_.free(p);
+    store_.unreserve(Tier::kGpu, bytes);
+  }
+  std::lock_guard lock(mu_);
+  stats_.frees += blocks.size();
+}
+
+void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes) noexcept {
+  std::lock_guard lock(mu_);
+  stats_.live_bytes -= bytes;
+  try {
+    kept_.emplace(bytes, ptr);
+    stats_.kept_bytes += bytes;
+  } catch (...) {  // no memory for the map node: free the block at once
+    device_.free(ptr);
+    store_.unreserve(Tier::kGpu, bytes);
+    ++stats_.frees;
+  }
+}
+
+void ScratchArena::trim() noexcept {
+  std::multimap<std::size_t, unsigned char*> all;
+  {
+    std::lock_guard lock(mu_);
+    all.swap(kept_);
+    stats_.kept_bytes = 0;
+  }
+  free_blocks(all);
+}
+
+ScratchStats ScratchArena::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+}  // namespace strata

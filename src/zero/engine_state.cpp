@@ -1,0 +1,227 @@
+// Parameters (param / read_param, stage 3's gathers), the optimizer state (read_state /
+// write_state) and the checkpoint seam (zero::RankState), over the layout and the collaborators.
+#include <algorithm>
+#include <cstring>
+
+#include "core/numeric.hpp"
+#include "zero/clock.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace strata {
+
+// ---- parameters
+
+const void* Engine::Impl::param(TensorId id) const {
+  require_finalized("param");
+  check_id(id, "param");
+  if (layout->stage() < 3) {
+    unsigned char* p = layout->params_device();
+    return p ? p + layout->partition().offset(id) * layout->param_elem_bytes() : nullptr;
+  }
+  if (!gatherer->ready(id))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: param('", specs[id].name, "') at stage 3 without gather()"));
+  return gatherer->data(id);
+}
+
+void Engine::Impl::read_param(TensorId id, std::span<float> out) {
+  require_finalized("read_param");
+  check_id(id, "read_param");
+  const std::size_t n = specs[id].numel, pes = layout->param_elem_bytes();
+  if (out.size() != n)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: read_param: ", out.size(), " != ", n, " elements"));
+  (void)param(id);  // stage 3: must be gathered
+  if (n == 0) return;
+  std::vector<unsigned char> tmp(n * pes);
+  if (layout->stage() < 3)
+    zero::get_bytes(store(), layout->params_buffer(), layout->partition().offset(id) * pes, n * pes,
+                    tmp.data(), layout->timeout());
+  else
+    gatherer->read(id, tmp.data());
+  for (std::size_t i = 0; i < n; ++i) out[i] = load_elem(tmp.data(), i, layout->param_dtype());
+}
+
+void Engine::Impl::gather(std::span<const TensorId> ids) {
+  require_finalized("gather");
+  require_usable("gather");
+  for (auto id : ids) check_id(id, "gather");
+  if (layout->stage() < 3) return;
+  const auto t0 = zero::Clock::now();
+  gatherer->gather(ids);
+  st.gather_s += zero::seconds_since(t0);
+}
+
+void Engine::Impl::prefetch(std::span<const TensorId> ids) {
+  require_finalized("prefetch");
+  require_usable("prefetch");
+  for (auto id : ids) check_id(id, "prefetch");
+  if (layout->stage() == 3) gatherer->prefetch(ids);
+}
+
+void Engine::Impl::release(std::span<const TensorId> ids) {
+  require_finalized("release");
+  for (auto id : ids) check_id(id, "release");
+  if (layout->stage() < 3) return;
+  const auto t0 = zero::Clock::now();
+  gatherer->release(ids);
+  st.gather_s += zero::seconds_since(t0);
+}
+
+// Stage 3: own partition elements [b, b + n) in the model dtype, from / into the param chunks.
+void Engine::Impl::read_own(std::size_t b, std::size_t n, unsigned char* host) {
+  const std::size_t pes = layout->param_elem_bytes();
+  for (std::size_t pos = b; pos < b + n;) {
+    const zero::Chunk& c = layout->chunk_at(pos);
+    const std::size_t stop = std::min(b + n, c.r.end());
+    zero::get_bytes(store(), c.param, (pos - c.r.begin) * pes, (stop - pos) * pes,
+                    host + (pos - b) * pes, layout->timeout());
+    pos = stop;
+  }
+}
+
+void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* host) {
+  const std::size_t pes = layout->param_elem_bytes();
+  for (std::size_t pos = b; pos < b + n;) {
+    const zero::Chunk& c = layout->chunk_at(pos);
+    const std::size_t stop = std::min(b + n, c.r.end());
+    zero::put_bytes(store(), c.param, (pos - c.r.begin) * pes, (stop - pos) * pes,
+                    host + (pos - b) * pes, layout->timeout());
+    pos = stop;
+  }
+}
+
+// ---- optimizer state
+
+namespace {
+float* state_array(const zero::StateView& v, StateKind kind) {
+  return kind == StateKind::kMaster   ? v.master
+         : kind == StateKind::kExpAvg ? v.exp_avg
+                                      : v.exp_avg_sq;
+}
+
+void check_size(const TensorSpec& t, std::size_t given, const char* what) {
+  if (given != t.numel)
+    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, "('", t.name, "'): ", given,
+                                             " elements given, the tensor has ", t.numel));
+}
+}  // namespace
+
+void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out) {
+  require_finalized("read_state");
+  require_usable("read_state");
+  check_id(id, "read_state");
+  check_size(specs[id], out.size(), "read_state");
+  if (out.empty()) return;
+  const zero::TensorShare share = layout->share(id);
+  std::vector<float> mine(share.local.count);
+  if (share.local.count) {
+    const zero::StateView v = state->acquire(share.local);
+    std::memcpy(mine.data(), state_array(v, kind), share.local.count * sizeof(float));
+    state->release(share.local, false);
+  }
+  if (layout->stage() == 0 || world == 1) {
+    std::copy(mine.begin(), mine.end(), out.begin());
+    return;
+  }
+  host_comm->all_gather(mine.data(), out.data(), share.counts, DType::kFp32);
+}
+
+void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const float> in) {
+  require_finalized("write_state");
+  require_usable("write_state");
+  check_id(id, "write_state");
+  check_size(specs[id], in.size(), "write_state");
+  if (in.empty()) return;
+  const zero::TensorShare share = layout->share(id);
+  if (share.local.count) {
+    const zero::StateView v = state->acquire(share.local);
+    std::memcpy(state_array(v, kind), in.data() + share.from, share.local.count * sizeof(float));
+    state->release(share.local, true);
+  }
+  if (kind == StateKind::kMaster) write_params(id, in, share);  // the parameters follow
+}
+
+// The model-dtype parameters of tensor `id` from its new FP32 master `in`: stages 0-2 in the flat
+// parameters, stage 3 the own slice in the chunks and the gathered copy if there is one.
+void Engine::Impl::write_params(TensorId id, std::span<const float> in,
+                                const zero::TensorShare& share) {
+  const DType pdt = layout->param_dtype();
+  const std::size_t pes = layout->param_elem_bytes(), n = in.size();
+  auto encode = [&](std::size_t first, std::size_t count) {
+    std::vector<unsigned char> tmp(count * pes);
+    for (std::size_t i = 0; i < count; ++i) store_elem(tmp.data(), i, pdt, in[first + i]);
+    return tmp;
+  };
+  if (layout->stage() < 3) {
+    const auto tmp = encode(0, n);
+    zero::put_bytes(store(), layout->params_buffer(), layout->partition().offset(id) * pes, n * pes,
+                    tmp.data(), layout->timeout());
+    return;
+  }
+  if (share.local.count)
+    write_own(share.local.begin, share.local.count, encode(share.from, share.local.count).data());
+  gatherer->write_if_gathered(id, encode(0, n).data());
+}
+
+// ---- the checkpoint seam
+
+// The rank's parameters (model dtype) materialized in host memory for the duration of the call,
+// and the optimizer state through host views of the TierStore.
+zero::RankState Engine::Impl::rank_state() {
+  const int stage = layout->stage();
+  const std::size_t pes = layout->param_elem_bytes(), psize = layout->partition_size();
+  zero::RankState r;
+  r.rank = rank;
+  r.world = world;
+  r.stage = stage;
+  r.param_dtype = layout->param_dtype();
+  r.flat_size = layout->flat_size();
+  r.partition_size = psize;
+  r.partition = &layout->partition();
+  r.opt_begin = layout->opt_begin();
+  const std::size_t first = stage == 0 ? 0 : layout->own_begin();
+  ckpt_params.resize((stage == 0 ? layout->flat_size() : psize) * pes);
+  if (stage == 3)
+    read_own(0, psize, ckpt_params.data());
+  else
+    zero::get_bytes(store(), layout->params_buffer(), first * pes, ckpt_params.size(),
+                    ckpt_params.data(), layout->timeout());
+  r.params = {ckpt_params.data(), ckpt_params.size()};
+  r.store = state.get();
+  r.all_gather = [this](const void* send, void* recv, std::size_t bytes) {
+    agreement->exchange(send, recv, bytes);
+  };
+  r.adam_step = optimizer->step_count();
+  r.loss_scale = scaler.scale();
+  r.good_steps = scaler.state().good_steps;
+  r.steps = st.steps;
+  r.applied_steps = st.applied_steps;
+  r.skipped_steps = st.skipped_steps;
+  return r;
+}
+
+// After zero::load_checkpoint filled the seam: parameters back where they live, counters.
+void Engine::Impl::after_load(const zero::RankState& r) {
+  const int stage = layout->stage();
+  const std::size_t pes = layout->param_elem_bytes();
+  if (stage == 3) {
+    write_own(0, layout->partition_size(), ckpt_params.data());
+  } else {
+    const std::size_t first = stage == 0 ? 0 : layout->own_begin();
+    zero::put_bytes(store(), layout->params_buffer(), first * pes, ckpt_params.size(),
+                    ckpt_params.data(), layout->timeout());
+    if (stage > 0 && world > 1) all_gather_params();
+  }
+  ckpt_params.clear();
+  ckpt_params.shrink_to_fit();
+  optimizer->set_step_count(r.adam_step);
+  scaler.restore({r.loss_scale, r.good_steps});
+  st.steps = r.steps;
+  st.applied_steps = r.applied_steps;
+  st.skipped_steps = r.skipped_steps;
+  st.loss_scale = r.loss_scale;
+  reducer->reset();
+}
+
+}  // namespace strata

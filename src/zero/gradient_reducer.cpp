@@ -1,0 +1,284 @@
+// The gradients of a step, from hand-in to the rank's gradient range (see gradient_reducer.hpp).
+#include "zero/gradient_reducer.hpp"
+
+#include <algorithm>
+
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+#include "zero/clock.hpp"
+
+namespace strata::zero {
+namespace {
+
+constexpr std::size_t kMaxBucketsInFlight = 2;
+// Receive buffers: those of the collectives in flight, and one whose share is still being copied
+// out while the next buckets reduce.
+constexpr std::size_t kMaxRecvBuffers = kMaxBucketsInFlight + 1;
+
+std::vector<std::size_t> expected_per_bucket(const EngineLayout& l, std::size_t bucket_elems,
+                                             std::size_t nbuckets) {
+  std::vector<std::size_t> expected(nbuckets, 0);
+  for (std::size_t i = 0; nbuckets > 0 && i < l.tensors(); ++i) {
+    const std::size_t b = l.partition().offset(i), e = b + l.tensor(i).numel;
+    for (std::size_t pos = b; pos < e;) {
+      const std::size_t k = pos / bucket_elems;
+      const std::size_t stop = std::min(e, (k + 1) * bucket_elems);
+      expected[k] += stop - pos;
+      pos = stop;
+    }
+  }
+  return expected;
+}
+
+std::size_t bucket_elems_of(const EngineLayout& l) {
+  return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
+}
+
+}  // namespace
+
+GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm, TierStore& store,
+                                 ScratchArena& scratch)
+    : layout_(layout),
+      comm_(comm),
+      store_(store),
+      scratch_(scratch),
+      timeout_(layout.timeout()),
+      bucket_elems_(bucket_elems_of(layout)),
+      nbuckets_(layout.stage() >= 2 ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_ : 0),
+      bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
+      stream_(store.device().create_stream()),
+      arrived_(layout.tensors(), false),
+      bucket_of_(nbuckets_) {
+  if (layout.stage() >= 2) {
+    std::vector<BufferId> grad_ids;
+    for (const Chunk& c : layout.chunks()) grad_ids.push_back(c.grad);
+    fill_ = std::make_unique<tier::Filler>(store, std::move(grad_ids), timeout_);
+  }
+  reset();
+}
+
+// Collectives still in flight (a reducer destroyed mid-backward, e.g. after a failure) read the
+// bucket buffers and write the receive buffers: they finish before anything is given back. Each
+// wait is bounded by the communicator's timeout; their errors were or will never be reported.
+GradientReducer::~GradientReducer() {
+  for (auto& f : inflight_) {
+    try {
+      f.handle->wait();
+    } catch (const std::exception&) {
+    }
+  }
+  fill_.reset();  // waits for the copies out of the receive buffers
+}
+
+std::size_t GradientReducer::bucket_len(std::size_t b) const {
+  return std::min(bucket_elems_, layout_.flat_size() - bucket_begin(b));
+}
+
+void GradientReducer::reset() {
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
+  bucket_issued_.assign(nbuckets_, false);
+}
+
+void GradientReducer::check_hand_in(TensorId id, const void* grad) const {
+  const TensorSpec& t = layout_.tensor(id);
+  if (arrived_[id])
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: gradient of tensor '", t.name, "' handed in twice in one step"));
+  if (t.numel > 0 && grad == nullptr)
+    fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", t.name, "'"));
+}
+
+void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
+  arrived_[id] = true;
+  const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
+  if (n == 0) return;
+  const auto t0 = Clock::now();
+  const auto* src = static_cast<const unsigned char*>(grad);
+  const std::size_t ges = layout_.grad_elem_bytes();
+  if (layout_.stage() < 2) {
+    store_.write(layout_.grads_buffer(), off * ges, n * ges, src, memory).wait(timeout_);
+  } else {
+    hand_in_bucketed(off, n, src);
+    collect_copies(false);  // progress: finished copies free their buffers, spills start
+  }
+  times_.reduce_s += seconds_since(t0);
+}
+
+// The copy stream takes host and device memory alike.
+void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src) {
+  const std::size_t ges = layout_.grad_elem_bytes();
+  for (std::size_t pos = off; pos < off + n;) {
+    const std::size_t k = pos / bucket_elems_;
+    const std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+    copy(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
+         (stop - pos) * ges);
+    bucket_pending_[k] -= stop - pos;
+    if (bucket_pending_[k] == 0) issue_bucket(k);
+    pos = stop;
+  }
+}
+
+// Bucket k's buffer, zeroed when it is taken: its padding (elements of no tensor) must be zero.
+Scratch& GradientReducer::bucket_buffer(std::size_t k) {
+  Scratch& b = bucket_of_[k];
+  if (b) return b;
+  if (!free_buckets_.empty()) {
+    b = std::move(free_buckets_.back());
+    free_buckets_.pop_back();
+  } else {
+    // Sized for the longest bucket, the first: min(B, F) elements (a model smaller than
+    // zero.reduce_bucket_size gets a buffer of its own size, not of B elements).
+    b = scratch_.take(bucket_len(0) * layout_.grad_elem_bytes(), "gradient bucket");
+    ++buckets_made_;
+  }
+  stream_->memset_async(b.data(), 0, b.size());
+  stream_->synchronize(timeout_);
+  return b;
+}
+
+void GradientReducer::copy(void* dst, const void* src, std::size_t bytes) {
+  stream_->memcpy_async(dst, src, bytes);
+  stream_->synchronize(timeout_);
+}
+
+void GradientReducer::check_all_arrived() const {
+  std::string missing;
+  for (std::size_t i = 0; i < arrived_.size(); ++i)
+    if (!arrived_[i])
+      missing += strcat(missing.empty() ? "" : ", ", "'", layout_.tensor(i).name, "'");
+  if (!missing.empty())
+    fail(ErrorCode::kInvalidArgument, strcat("engine: step() without the gradients of ", missing));
+}
+
+// Starts bucket k's reduce-scatter; the rank's share lands in a receive buffer and is filled into
+// the gradient chunks when the collective completes (retire_oldest).
+void GradientReducer::issue_bucket(std::size_t k) {
+  const std::size_t b = bucket_begin(k), e = b + bucket_len(k);
+  auto counts = layout_.partition().counts_in(b, e);
+  const std::size_t mine = counts[static_cast<std::size_t>(layout_.rank())];
+  while (inflight_.size() >= kMaxBucketsInFlight) retire_oldest();
+  InFlight f;
+  f.bucket = k;
+  f.recv = take_recv();
+  f.share_begin = mine ? std::max(b, layout_.own_begin()) - layout_.own_begin() : 0;
+  f.share_count = mine;
+  f.handle =
+      comm_.reduce_scatter_async(bucket_of_[k].data(), f.recv.data(), counts, layout_.grad_dtype());
+  inflight_.push_back(std::move(f));
+  bucket_issued_[k] = true;
+}
+
+Scratch GradientReducer::take_recv() {
+  collect_copies(false);
+  if (free_recvs_.empty() && recvs_made_ < kMaxRecvBuffers) {
+    ++recvs_made_;
+    const std::size_t elems = std::min(bucket_elems_, layout_.partition_size());
+    return scratch_.take(elems * layout_.grad_elem_bytes(), "gradient receive buffer");
+  }
+  if (free_recvs_.empty()) {  // every buffer is copying out: wait for the oldest
+    const auto t0 = Clock::now();
+    fill_->wait(copying_.front().ticket);
+    times_.grad_spill_s += seconds_since(t0);
+    collect_copies(false);
+  }
+  Scratch b = std::move(free_recvs_.back());
+  free_recvs_.pop_back();
+  return b;
+}
+
+// The oldest collective completed: its bucket buffer freed, its share's copy queued (not waited
+// for).
+void GradientReducer::retire_oldest() {
+  InFlight f = std::move(inflight_.front());
+  inflight_.pop_front();
+  f.handle->wait();
+  free_buckets_.push_back(std::move(bucket_of_[f.bucket]));
+  if (!f.share_count) {
+    free_recvs_.push_back(std::move(f.recv));
+    return;
+  }
+  const auto t0 = Clock::now();
+  if (!fill_->active()) fill_->begin();
+  const std::size_t ges = layout_.grad_elem_bytes();
+  tier::Filler::Ticket last = 0;
+  for (std::size_t pos = f.share_begin; pos < f.share_begin + f.share_count;) {
+    const std::size_t ci = layout_.chunk_index(pos);
+    const Chunk& c = layout_.chunks()[ci];
+    const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
+    last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
+                             f.recv.data() + (pos - f.share_begin) * ges, Tier::kGpu);
+    pos = stop;
+  }
+  copying_.push_back({std::move(f.recv), last});
+  times_.grad_spill_s += seconds_since(t0);
+}
+
+// Receive buffers whose copy completed go back to free_recvs_; all: wait for every copy.
+void GradientReducer::collect_copies(bool all) {
+  if (copying_.empty()) {
+    if (fill_ && fill_->active()) fill_->poll();  // NVMe writes that landed
+    return;
+  }
+  const auto t0 = Clock::now();
+  while (!copying_.empty()) {
+    if (all) {
+      fill_->wait(copying_.front().ticket);
+    } else if (!fill_->done(copying_.front().ticket)) {
+      break;
+    }
+    free_recvs_.push_back(std::move(copying_.front().recv));
+    copying_.pop_front();
+  }
+  times_.grad_spill_s += seconds_since(t0);
+}
+
+std::exception_ptr GradientReducer::reduce() {
+  const auto t0 = Clock::now();
+  std::exception_ptr local;
+  const int world = comm_.size();
+  const std::size_t ges = layout_.grad_elem_bytes();
+  unsigned char* grads = layout_.grads_device();
+  if (layout_.stage() == 0) {
+    if (world > 1) comm_.all_reduce(grads, grads, layout_.flat_size(), layout_.grad_dtype());
+  } else if (layout_.stage() == 1) {
+    if (world > 1)
+      comm_.reduce_scatter(grads, grads + layout_.own_begin() * ges, layout_.partition_size(),
+                           layout_.grad_dtype());
+  } else {
+    // Every collective was issued by hand_in; what remains is waiting for them and this rank's
+    // own copies and spills. A failure is returned, not thrown: the rank still takes part in the
+    // step's agreement so that the others stop too.
+    try {
+      finish_round();
+    } catch (...) {
+      local = std::current_exception();
+    }
+  }
+  times_.reduce_s += seconds_since(t0);
+  return local;
+}
+
+void GradientReducer::finish_round() {
+  while (!inflight_.empty()) retire_oldest();
+  collect_copies(true);
+  for (std::size_t k = 0; k < nbuckets_; ++k) {
+    if (!bucket_issued_[k] && bucket_expected_[k] > 0)
+      fail(ErrorCode::kInternal, strcat("engine: bucket ", k, " incomplete at step()"));
+    if (bucket_of_[k]) free_buckets_.push_back(std::move(bucket_of_[k]));
+  }
+  const auto t1 = Clock::now();
+  if (!fill_->active()) fill_->begin();
+  fill_->end();
+  times_.grad_spill_s += seconds_since(t1);
+}
+
+void GradientReducer::abandon() noexcept {
+  if (fill_) fill_->abandon();
+}
+
+std::exception_ptr GradientReducer::abandon_for_cause() noexcept {
+  return fill_ ? fill_->abandon_for_cause() : nullptr;
+}
+
+}  // namespace strata::zero

@@ -1,0 +1,112 @@
+// GradientReducer: the gradients of a step, from the loop's hand-in to the rank's gradient range
+// in its tier. Stages 0-1: each gradient is copied into the flat gradients (device memory) and
+// reduced at step() (all-reduce / reduce-scatter in place). Stages 2-3: gradients are copied into
+// buckets of zero.reduce_bucket_size elements (runtime scratch); a complete bucket's
+// reduce-scatter starts at once (at most two in flight) and, when it completes, the rank's share
+// of it is filled into the gradient chunks wherever they live (device memory, or device→host on
+// the store's copy streams, spilled on to NVMe) — queued, not waited for: the backward goes on
+// while the share is copied out, and its receive buffer is reused only once the copy completed.
+//
+// Ownership: borrows the layout, the communicator, the store and the scratch arena; owns the
+// buckets, receive buffers, the filler of the gradient chunks and its copy stream.
+// Thread-safety: one thread (the engine's). Failure: hand_in() throws argument errors before
+// anything changes; any later failure (copy, collective, spill) is thrown and leaves the round
+// broken (the engine marks itself failed); reduce() returns its failure instead of throwing.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "strata/communicator.hpp"
+#include "tier/fill.hpp"
+#include "tier/scratch_arena.hpp"
+#include "zero/engine_layout.hpp"
+
+namespace strata::zero {
+
+struct ReduceTimes {
+  double reduce_s = 0;      // issue + waits of the reductions (and the hand-in copies)
+  double grad_spill_s = 0;  // of which: filling the shares into the gradient chunks
+};
+
+class GradientReducer {
+ public:
+  GradientReducer(const EngineLayout& layout, Communicator& comm, TierStore& store,
+                  ScratchArena& scratch);
+  ~GradientReducer();  // waits for the collectives in flight (bounded), errors dropped
+  GradientReducer(const GradientReducer&) = delete;
+  GradientReducer& operator=(const GradientReducer&) = delete;
+
+  // Argument checks (unknown id is the caller's): a gradient handed in twice this step, a null
+  // pointer. Throws Error(kInvalidArgument); nothing changes.
+  void check_hand_in(TensorId id, const void* grad) const;
+  // Copies tensor `id`'s gradient (grad dtype; `memory` kGpu = device memory, kCpu = host) and
+  // starts the reductions it completes. REQUIRES: check_hand_in passed.
+  void hand_in(TensorId id, const void* grad, Tier memory);
+  // Error(kInvalidArgument) naming the tensors whose gradients did not arrive this step.
+  void check_all_arrived() const;
+  // Every gradient reduced into the rank's gradient range (stages 0-1: the collective; 2-3: the
+  // collectives in flight retired, the chunks completed). Stages 2-3 return a failure instead of
+  // throwing it (the rank must still take part in the step's agreement).
+  std::exception_ptr reduce();
+  // A new step: nothing arrived, every bucket empty.
+  void reset();
+
+  // The failed state: lets the filler's pool buffers go; the cause, if a copy failed first.
+  void abandon() noexcept;
+  std::exception_ptr abandon_for_cause() noexcept;
+
+  const ReduceTimes& times() const { return times_; }
+  std::size_t bucket_buffers() const { return buckets_made_; }  // made so far (tests, plan)
+  std::size_t receive_buffers() const { return recvs_made_; }
+
+ private:
+  struct InFlight {
+    std::unique_ptr<CommHandle> handle;
+    std::size_t bucket = 0;
+    Scratch recv;
+    std::size_t share_begin = 0, share_count = 0;  // the rank's share, partition elements
+  };
+  struct Copying {  // a receive buffer whose share is being filled into the chunks
+    Scratch recv;
+    tier::Filler::Ticket ticket = 0;
+  };
+
+  void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
+  Scratch& bucket_buffer(std::size_t k);
+  void issue_bucket(std::size_t k);
+  void retire_oldest();
+  void collect_copies(bool all);
+  Scratch take_recv();
+  void finish_round();
+  void copy(void* dst, const void* src, std::size_t bytes);  // synchronous, on stream_
+  std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems_; }
+  std::size_t bucket_len(std::size_t b) const;
+
+  const EngineLayout& layout_;
+  Communicator& comm_;
+  TierStore& store_;
+  ScratchArena& scratch_;
+  const std::chrono::milliseconds timeout_;
+  const std::size_t bucket_elems_, nbuckets_;
+  const std::vector<std::size_t> bucket_expected_;  // elements of tensors per bucket
+  std::unique_ptr<Stream> stream_;
+  std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
+
+  std::vector<bool> arrived_;
+  std::vector<std::size_t> bucket_pending_;
+  std::vector<bool> bucket_issued_;
+  std::vector<Scratch> bucket_of_;     // per bucket: its buffer while it fills / reduces
+  std::vector<Scratch> free_buckets_;  // reusable bucket buffers
+  std::vector<Scratch> free_recvs_;    // reusable receive buffers
+  std::deque<InFlight> inflight_;      // collectives in flight, oldest first (at most 2)
+  std::deque<Copying> copying_;
+  std::size_t buckets_made_ = 0, recvs_made_ = 0;
+  ReduceTimes times_;
+};
+
+}  // namespace strata::zero

@@ -1,0 +1,344 @@
+// Adam over the rank's chunk grid, and the gradient statistics (see optimizer_step.hpp).
+#include "zero/optimizer_step.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/numeric.hpp"
+#include "strata/device.hpp"
+#include "strata/error.hpp"
+#include "strata/log.hpp"
+#include "zero/clock.hpp"
+
+namespace strata::zero {
+
+// ---- gradient statistics over pieces
+
+StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale)
+    : adam_(adam),
+      dtype_(dtype),
+      elem_bytes_(elem_size(dtype)),
+      scale_(scale),
+      carry_(CpuAdam::kStatsTileElems * elem_size(dtype)) {}
+
+void StatsStream::feed(const void* grads, std::size_t n) {
+  constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
+  const auto* p = static_cast<const unsigned char*>(grads);
+  if (carried_) {  // complete the carried partial tile first
+    const std::size_t take = std::min(kTile - carried_, n);
+    std::memcpy(carry_.data() + carried_ * elem_bytes_, p, take * elem_bytes_);
+    carried_ += take;
+    p += take * elem_bytes_;
+    n -= take;
+    if (carried_ < kTile) return;
+    acc_ = adam_.grad_stats_continue(acc_, carry_.data(), dtype_, kTile, scale_);
+    carried_ = 0;
+  }
+  const std::size_t whole = n / kTile * kTile;
+  if (whole) acc_ = adam_.grad_stats_continue(acc_, p, dtype_, whole, scale_);
+  if (n > whole) {
+    std::memcpy(carry_.data(), p + whole * elem_bytes_, (n - whole) * elem_bytes_);
+    carried_ = n - whole;
+  }
+}
+
+AdamGradStats StatsStream::finish() {
+  if (carried_) acc_ = adam_.grad_stats_continue(acc_, carry_.data(), dtype_, carried_, scale_);
+  carried_ = 0;
+  return acc_;
+}
+
+// ---- construction
+
+namespace {
+std::unique_ptr<DeviceAdam> make_device_adam(const EngineLayout& l, TierStore& store,
+                                             bool update_on_device) {
+  if (!update_on_device && !l.any_chunk_on(Tier::kGpu)) return nullptr;
+  if (l.rank() == 0 && update_on_device)
+    log_info("engine: optimizer update on ", store.device().name());
+  return std::make_unique<DeviceAdam>(store.device(), l.config().runtime.cpu_threads, l.timeout());
+}
+}  // namespace
+
+OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
+                             const std::vector<ParamGroupOptions>& groups)
+    : layout_(layout),
+      store_(store),
+      groups_(groups),
+      update_on_device_(layout.config().optimizer.update == strata::OptimizerUpdate::kDevice),
+      adam_(std::make_unique<CpuAdam>(layout.config().runtime.cpu_threads)),
+      device_adam_(make_device_adam(layout, store, update_on_device_)) {}
+
+OptimizerStep::~OptimizerStep() = default;
+
+// ---- the loops' items
+
+tier::StreamOptions OptimizerStep::stream_options(tier::Where where, const char* what) const {
+  tier::StreamOptions o;
+  o.where = where;
+  o.window = layout_.config().tiers.host.buffer_count;
+  o.pipelined = pipelined_;
+  o.stage_device_memory = stage_device_memory_;
+  o.timeout = layout_.timeout();
+  o.what = strcat("engine rank ", layout_.rank(), " ", what);
+  return o;
+}
+
+// One item per chunk whose Adam runs on the host (device = false) or on the device (true):
+// master | m | v (read and written), the chunk's gradients (read), its parameters (written).
+std::vector<tier::StreamItem> OptimizerStep::update_items(bool device) const {
+  const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
+  const std::size_t opt_begin = layout_.opt_begin();
+  std::vector<tier::StreamItem> items;
+  for (const Chunk& c : layout_.chunks()) {
+    if ((c.opt_tier == Tier::kGpu) != device) continue;
+    tier::StreamItem it;
+    it.parts.push_back({c.opt, 0, 0, true, true});
+    if (layout_.stage() < 2)
+      it.parts.push_back(
+          {layout_.grads_buffer(), (opt_begin + c.r.begin) * ges, c.r.count * ges, true, false});
+    else
+      it.parts.push_back({c.grad, 0, 0, true, false});
+    if (layout_.stage() < 3)
+      it.parts.push_back(
+          {layout_.params_buffer(), (opt_begin + c.r.begin) * pes, c.r.count * pes, false, true});
+    else
+      it.parts.push_back({c.param, 0, 0, false, true});
+    items.push_back(std::move(it));
+  }
+  return items;
+}
+
+// The rank's gradient range in chunk-sized pieces (stages 0-1: of the flat gradients; at stage 0
+// the rank's own partition, whose statistics it contributes).
+std::vector<tier::StreamItem> OptimizerStep::stats_items() const {
+  std::vector<tier::StreamItem> items;
+  if (layout_.stage() >= 2) {
+    for (const Chunk& c : layout_.chunks()) items.push_back({{{c.grad, 0, 0, true, false}}});
+    return items;
+  }
+  const std::size_t ges = layout_.grad_elem_bytes(), cap = layout_.chunk_cap();
+  const std::size_t psize = layout_.partition_size();
+  for (std::size_t b = 0; b < psize; b += cap) {
+    const std::size_t n = std::min(cap, psize - b);
+    items.push_back(
+        {{{layout_.grads_buffer(), (layout_.own_begin() + b) * ges, n * ges, true, false}}});
+  }
+  return items;
+}
+
+// ---- the statistics
+
+// The statistics pass: streamed chunk by chunk through host staging (gradients in device memory
+// are copied to pinned buffers, those on NVMe read back), bitwise what one pass over the whole
+// range gives. On the host-emulated device the device memory is read in place.
+AdamGradStats OptimizerStep::grad_stats(float inv) {
+  if (gating_) return grad_stats_in_place(inv);
+  StatsStream stats(*adam_, layout_.grad_dtype(), inv);
+  const auto items = stats_items();
+  const tier::Where where = store_.pool() ? tier::Where::kHost : tier::Where::kDevice;
+  if (where == tier::Where::kDevice && store_.device().kind() != DeviceKind::kHost)
+    fail(ErrorCode::kInternal,
+         "engine: gradient statistics in device memory need the host-emulated device");
+  const std::size_t ges = layout_.grad_elem_bytes();
+  tier::run_stream(
+      store_, items,
+      [&](std::size_t i, std::span<void* const> v) {
+        const tier::StreamPart& p = items[i].parts[0];
+        stats.feed(v[0], (p.bytes ? p.bytes : store_.info(p.id).bytes) / ges);
+      },
+      stream_options(where, "gradient statistics"));
+  return stats.finish();
+}
+
+// The same over gradients that are viewed in place (gated(): no slot, nothing moves): each piece
+// is pinned where it lives for as long as it is read.
+AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
+  StatsStream stats(*adam_, layout_.grad_dtype(), inv);
+  const std::size_t ges = layout_.grad_elem_bytes();
+  for (const tier::StreamItem& it : stats_items()) {
+    const tier::StreamPart& p = it.parts[0];
+    const BufferInfo info = store_.info(p.id);
+    const auto* base = static_cast<const unsigned char*>(
+        store_.acquire(p.id, info.home, Access::kRead, layout_.timeout()));
+    try {
+      stats.feed(base + p.offset, (p.bytes ? p.bytes : info.bytes - p.offset) / ges);
+    } catch (...) {
+      store_.release(p.id, info.home);
+      throw;
+    }
+    store_.release(p.id, info.home);
+  }
+  return stats.finish();
+}
+
+// ---- the update
+
+// Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model
+// dtype. One call per parameter group the chunk spans (usually one): element-wise, so the cut
+// changes no bit. on_device: the arrays are device memory (state placed on gpu).
+void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* grad,
+                               void* param_copy, bool on_device, float grad_scale) {
+  const auto* g = static_cast<const unsigned char*>(grad);
+  auto* p = static_cast<unsigned char*>(param_copy);
+  const AdamStepOptions so{adam_step_, grad_scale, false,
+                           static_cast<float>(layout_.world())};  // g / N, as torch
+  const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
+  layout_.for_each_group_run(layout_.opt_begin() + c.r.begin, c.r.count,
+                             [&](std::size_t o, std::size_t n, GroupId gid) {
+                               AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
+                               hp.lr = groups_[gid].lr;
+                               hp.weight_decay = groups_[gid].weight_decay;
+                               AdamTensors t;
+                               t.param = v.master + o;
+                               t.exp_avg = v.exp_avg + o;
+                               t.exp_avg_sq = v.exp_avg_sq + o;
+                               t.grad = g + o * ges;
+                               t.grad_dtype = layout_.grad_dtype();
+                               t.param_copy = p + o * pes;
+                               t.param_copy_dtype = layout_.param_dtype();
+                               t.n = n;
+                               if (on_device)
+                                 device_adam_->step_resident(hp, t, so);
+                               else if (update_on_device_)
+                                 device_adam_->step(hp, t, so);
+                               else
+                                 adam_->step(hp, t, so);
+                             });
+}
+
+// Whether the decision can run while the host update's first reads are in flight: the state of
+// some host-updated chunk is on NVMe (reads worth overlapping) and the statistics need no pool
+// slot (gradients in host memory, or in the host-emulated device's memory viewed in place).
+bool OptimizerStep::gated(std::span<const tier::StreamItem> host_items) const {
+  if (!pipelined_ || host_items.empty() || !layout_.any_chunk_on(Tier::kNvme)) return false;
+  const tier::StreamOptions o = stream_options(tier::Where::kHost, "gradient statistics");
+  for (const tier::StreamItem& it : stats_items())
+    if (!tier::in_place(store_, it, o)) return false;
+  return true;
+}
+
+bool OptimizerStep::run(const std::function<bool()>& decide, const float& grad_scale) {
+  const auto t0 = Clock::now();
+  const auto host_items = update_items(false);
+  const bool gate = gated(host_items);
+  double t_decide = 0;
+  auto decided = [&] {
+    const auto t = Clock::now();
+    const bool go = decide();
+    t_decide += seconds_since(t);
+    if (go) ++adam_step_;
+    return go;
+  };
+  bool ran = false;
+  if (gate || decided()) ran = run_loops(host_items, gate, decided, grad_scale);
+  optimizer_s_ += seconds_since(t0) - t_decide;
+  return ran;
+}
+
+// The host loop (gated by the decision when `gate`), then the device loop. Returns false when the
+// gate said skip (nothing was computed or written).
+bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, bool gate,
+                              const std::function<bool()>& decided, const float& grad_scale) {
+  for (const bool device : {false, true}) {
+    const std::vector<tier::StreamItem> dev_items =
+        device ? update_items(true) : std::vector<tier::StreamItem>{};
+    const auto& items = device ? dev_items : host_items;
+    if (items.empty()) continue;
+    std::vector<const Chunk*> of;  // item i is the i-th chunk of this kind, in order
+    for (const Chunk& c : layout_.chunks())
+      if ((c.opt_tier == Tier::kGpu) == device) of.push_back(&c);
+    auto fn = [&](std::size_t i, std::span<void* const> v) {
+      const Chunk& c = *of[i];
+      auto* base = static_cast<float*>(v[0]);
+      const StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
+      adam_chunk(c, sv, v[1], v[2], device, grad_scale);
+    };
+    tier::StreamOptions o = stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
+                                           device ? "optimizer step (device)" : "optimizer step");
+    if (!device && gate) o.gate = [&] { return in_gate(decided); };
+    const auto s = tier::run_stream(store_, items, fn, o);
+    if (!device) last_update_ = s;
+    if (s.cancelled) return false;
+  }
+  return true;
+}
+
+// The gate: the decision runs with the statistics read in place (gated() checked they can be).
+bool OptimizerStep::in_gate(const std::function<bool()>& decided) {
+  gating_ = true;
+  try {
+    const bool go = decided();
+    gating_ = false;
+    return go;
+  } catch (...) {
+    gating_ = false;
+    throw;
+  }
+}
+
+// ---- measurements
+
+tier::StreamStats OptimizerStep::measure_io(bool read_only, bool write_only, bool pipelined) {
+  auto items = update_items(false);
+  tier::StreamOptions o = stream_options(tier::Where::kHost, "measurement");
+  o.pipelined = pipelined;
+  for (auto& it : items) {
+    it.parts.resize(2);  // state and gradients
+    if (read_only) it.parts[0].out = false;
+    if (write_only) {
+      it.parts[0].in = false;
+      it.parts.resize(1);
+    }
+  }
+  return tier::run_stream(
+      store_, items, [](std::size_t, std::span<void* const>) {}, o);
+}
+
+// Adam alone: the first chunk's staged state and gradients, copied once, reused for every chunk's
+// update (same element counts and group runs as the step).
+tier::StreamStats OptimizerStep::measure_adam(bool pipelined) {
+  auto items = update_items(false);
+  if (items.empty()) return {};
+  tier::StreamOptions o = stream_options(tier::Where::kHost, "measurement");
+  o.pipelined = pipelined;
+  std::vector<std::vector<unsigned char>> held;
+  tier::run_stream(
+      store_, std::span(items).first(1),
+      [&](std::size_t, std::span<void* const> v) {
+        for (std::size_t k = 0; k < v.size(); ++k) {
+          const auto& p = items[0].parts[k];
+          const std::uint64_t n = p.bytes ? p.bytes : store_.info(p.id).bytes;
+          const auto* b = static_cast<unsigned char*>(v[k]);
+          held.emplace_back(b, b + n);
+        }
+      },
+      o);
+  std::vector<const Chunk*> of;
+  for (const Chunk& c : layout_.chunks())
+    if (c.opt_tier != Tier::kGpu) of.push_back(&c);
+  std::size_t biggest = 0;
+  for (const Chunk* c : of) biggest = std::max(biggest, c->r.count);
+  const std::size_t ges = layout_.grad_elem_bytes(), first = of[0]->r.count;
+  std::vector<float> state(3 * biggest);
+  std::vector<unsigned char> grads(biggest * ges), params(biggest * layout_.param_elem_bytes());
+  const auto* s = reinterpret_cast<const float*>(held[0].data());
+  for (std::size_t i = 0; i < biggest; ++i) {
+    const std::size_t j = i % first;
+    state[i] = s[j];
+    state[biggest + i] = s[first + j];
+    state[2 * biggest + i] = s[2 * first + j];
+    std::memcpy(grads.data() + i * ges, held[1].data() + j * ges, ges);
+  }
+  tier::StreamStats st;
+  const auto t0 = Clock::now();
+  for (const Chunk* c : of) {
+    const StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest, c->r.count};
+    adam_chunk(*c, v, grads.data(), params.data(), false, 1.0f);
+  }
+  st.t_compute = st.t_total = seconds_since(t0);
+  st.items = of.size();
+  return st;
+}
+
+}  // namespace strata::zero

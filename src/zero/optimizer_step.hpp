@@ -1,0 +1,100 @@
+// OptimizerStep: Adam over the rank's chunk grid, and the gradient statistics the step's
+// decision needs. Both run the one pipelined loop (tier/stream_loop.hpp): chunks whose state is on
+// cpu or nvme run CpuAdam on the host (state read ahead from NVMe into pinned buffers, gradients
+// copied device→host, parameters written behind host→device in the model dtype, overlapping the
+// next chunk); chunks on gpu run the device kernel on device memory. With state on NVMe and the
+// gradients readable in place, the decision (norm, overflow, loss scale) runs as the host loop's
+// gate: the first reads are in flight while the statistics and the ranks' agreement run (a
+// skipped step cancels them). The statistics are then read from the gradients in place, with no
+// second loop on the store.
+//
+// Ownership: borrows the layout, the store, the device and the parameter groups (the engine's:
+// set_lr between steps); owns the CPU and device Adam and the step count.
+// Thread-safety: one thread (the engine's). Failure: the loop's errors propagate (naming the
+// chunk, buffer and slot); the engine decides whether that is a failed state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "strata/adam.hpp"
+#include "strata/engine.hpp"
+#include "tier/stream_loop.hpp"
+#include "zero/engine_layout.hpp"
+#include "zero/optimizer_state.hpp"
+
+namespace strata::zero {
+
+// Gradient statistics over a stream of pieces, bitwise equal to one CpuAdam::grad_stats over their
+// concatenation: pieces are cut at multiples of kStatsTileElems, a partial tile is carried.
+class StatsStream {
+ public:
+  StatsStream(CpuAdam& adam, DType dtype, float scale);
+  void feed(const void* grads, std::size_t n);
+  AdamGradStats finish();
+
+ private:
+  CpuAdam& adam_;
+  const DType dtype_;
+  const std::size_t elem_bytes_;
+  const float scale_;
+  std::vector<unsigned char> carry_;
+  std::size_t carried_ = 0;
+  AdamGradStats acc_;
+};
+
+class OptimizerStep {
+ public:
+  OptimizerStep(const EngineLayout& layout, TierStore& store,
+                const std::vector<ParamGroupOptions>& groups);
+  ~OptimizerStep();
+
+  // The statistics of the rank's gradients (finite, sum of squares), times `inv`: their own loop,
+  // or, inside run()'s gate, read in place (no second loop on the store while the update's runs).
+  AdamGradStats grad_stats(float inv);
+  // Runs Adam over the chunks if `decide` says so (it sets *grad_scale before returning true);
+  // returns whether the update ran. `decide` runs once: before the loop, or as its gate.
+  bool run(const std::function<bool()>& decide, const float& grad_scale);
+
+  std::int64_t step_count() const { return adam_step_; }
+  void set_step_count(std::int64_t step) { adam_step_ = step; }
+  double seconds() const { return optimizer_s_; }  // in Adam's loops, decision excluded
+  const tier::StreamStats& last_update() const { return last_update_; }
+  void set_pipelined(bool on) { pipelined_ = on; }
+  void set_stage_device_memory(bool on) { stage_device_memory_ = on; }
+
+  // Measurements (EngineAccess::measure): the update's host loop with its parts trimmed, and Adam
+  // alone on one chunk's staged data reused for every chunk.
+  tier::StreamStats measure_io(bool read_only, bool write_only, bool pipelined);
+  tier::StreamStats measure_adam(bool pipelined);
+
+ private:
+  bool gated(std::span<const tier::StreamItem> host_items) const;
+  AdamGradStats grad_stats_in_place(float inv);
+  bool run_loops(const std::vector<tier::StreamItem>& host_items, bool gate,
+                 const std::function<bool()>& decided, const float& grad_scale);
+  bool in_gate(const std::function<bool()>& decided);
+  void adam_chunk(const Chunk& c, const StateView& v, const void* grad, void* param_copy,
+                  bool on_device, float grad_scale);
+  std::vector<tier::StreamItem> update_items(bool device) const;
+  std::vector<tier::StreamItem> stats_items() const;
+  tier::StreamOptions stream_options(tier::Where where, const char* what) const;
+
+  const EngineLayout& layout_;
+  TierStore& store_;
+  const std::vector<ParamGroupOptions>& groups_;
+  const bool update_on_device_;  // optimizer.update: device (for host-placed state)
+  const std::unique_ptr<CpuAdam> adam_;
+  const std::unique_ptr<DeviceAdam> device_adam_;  // state on gpu, or update_on_device_
+  std::int64_t adam_step_ = 0;
+  double optimizer_s_ = 0;
+  tier::StreamStats last_update_;     // the last step's host loop
+  bool pipelined_ = true;             // false: the loops run serially (benchmarks' reference)
+  bool stage_device_memory_ = false;  // tests: stage gpu-home parts on the host device too
+  bool gating_ = false;               // the decision runs as the host loop's gate
+};
+
+}  // namespace strata::zero
