@@ -48,26 +48,30 @@ Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
     shed = shed_locked(bytes, bound);
   }
   free_blocks(shed);
-  const std::string name = strcat("scratch ", what);
-  try {
-    store_.reserve(Tier::kGpu, bytes, name);
-  } catch (const Error& e) {
-    if (e.code() != ErrorCode::kBudget) throw;
-    trim();  // kept blocks count against the budget too: give them all back, then try once more
-    store_.reserve(Tier::kGpu, bytes, name);
-  }
   void* p = nullptr;
   try {
-    p = device_.alloc(bytes);
-  } catch (...) {
-    store_.unreserve(Tier::kGpu, bytes);
-    throw;
+    p = allocate(bytes, what);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBudget && e.code() != ErrorCode::kOutOfMemory) throw;
+    trim();  // kept blocks hold budget and device memory: give them all back, then try once more
+    p = allocate(bytes, what);
   }
   std::lock_guard lock(mu_);
   ++stats_.allocations;
   stats_.live_bytes += bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
   return Scratch(this, static_cast<unsigned char*>(p), bytes);
+}
+
+// Device memory counted against the gpu budget: both or neither.
+void* ScratchArena::allocate(std::size_t bytes, std::string_view what) {
+  store_.reserve(Tier::kGpu, bytes, strcat("scratch ", what));
+  try {
+    return device_.alloc(bytes);
+  } catch (...) {
+    store_.unreserve(Tier::kGpu, bytes);
+    throw;
+  }
 }
 
 std::multimap<std::size_t, unsigned char*> ScratchArena::shed_locked(std::uint64_t incoming,

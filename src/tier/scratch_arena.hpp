@@ -80,6 +80,7 @@ class ScratchArena {
  private:
   friend class Scratch;
   void give_back(unsigned char* ptr, std::size_t bytes) noexcept;
+  void* allocate(std::size_t bytes, std::string_view what);
   // Removes kept blocks until live + kept + `incoming` fits in `bound`; returns them (freed by
   // the caller outside the mutex). REQUIRES: mu_ held.
   std::multimap<std::size_t, unsigned char*> shed_locked(std::uint64_t incoming,

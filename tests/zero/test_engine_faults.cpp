@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <fstream>
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
@@ -177,6 +179,48 @@ TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
       EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
       EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Start-up is agreed like a step (issue 25): one rank whose swap directory cannot be made (its
+// path is a regular file: ENOTDIR) fails with its own IoError; every other rank fails in the
+// same finalize() with Error(kComm) naming that rank, the error class and errno — not with a
+// timeout in the initial broadcast (the collective timeout is far longer than the test).
+TEST(EngineFaults, AStartUpFailureOnOneRankFailsEveryRankNamingIt) {
+  for (const int world : {2, 3, 8}) {
+    SCOPED_TRACE(strata::strcat("world ", world));
+    TempDir dir("strata-startup");
+    const std::string not_a_dir = dir.str() + "/plain-file";
+    { std::ofstream(not_a_dir) << "x"; }
+    const int bad = world - 1;
+    auto comms = make_inprocess_communicators(world, 120.0);
+    std::vector<std::string> errors(static_cast<std::size_t>(world));
+    std::vector<ErrorCode> codes(static_cast<std::size_t>(world), ErrorCode::kInternal);
+    run_ranks(comms, [&](int rank, Communicator& comm) {
+      Config cfg = fault_config(2, Tier::kNvme, Tier::kCpu, Tier::kGpu,
+                                rank == bad ? not_a_dir + "/swap" : dir.str());
+      cfg.runtime.collective_timeout_s = 120.0;
+      try {
+        Rank r(cfg, comm);
+        errors[static_cast<std::size_t>(rank)] = "finalize() succeeded";
+      } catch (const Error& e) {
+        errors[static_cast<std::size_t>(rank)] = e.what();
+        codes[static_cast<std::size_t>(rank)] = e.code();
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      SCOPED_TRACE(strata::strcat("rank ", r));
+      const std::string& what = errors[static_cast<std::size_t>(r)];
+      if (r == bad) {
+        EXPECT_EQ(codes[static_cast<std::size_t>(r)], ErrorCode::kIo) << what;
+        EXPECT_NE(what.find("plain-file"), std::string::npos) << what;
+        continue;
+      }
+      EXPECT_EQ(codes[static_cast<std::size_t>(r)], ErrorCode::kComm) << what;
+      EXPECT_NE(what.find(strata::strcat("rank ", bad, " failed at start-up")), std::string::npos)
+          << what;
+      EXPECT_NE(what.find(std::strerror(ENOTDIR)), std::string::npos) << what;
     }
   }
 }
