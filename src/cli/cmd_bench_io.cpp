@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +22,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 
 #include "cli/command.hpp"
 #include "core/safe_fs.hpp"
@@ -116,8 +116,8 @@ void remove_leftovers(const strata::SafeDir& dir) {
   using namespace strata;
   for (const auto& l : find_swap_leftovers(dir.path(), true)) {
     if (l.status == SwapLeftover::Status::kRemoved)
-      log_info("bench io: removed ", l.path, " left by process ", l.pid, " (no longer running): freed ",
-               format_bytes(l.bytes, true));
+      log_info("bench io: removed ", l.path, " left by process ", l.pid,
+               " (no longer running): freed ", format_bytes(l.bytes, true));
     else if (l.status == SwapLeftover::Status::kFailed)
       log_warn("bench io: cannot remove ", l.path, " left by process ", l.pid, ": ", l.detail);
   }

@@ -125,7 +125,8 @@ int run(const Options& o) {
   io.precision = o.precision;
   const std::string text = read_input(o.input);
   const cli::DsImportResult r = cli::import_deepspeed(text, io);
-  for (const auto& w : r.warnings) std::cerr << "strata: warning: " << printable(o.input) << ": " << printable(w) << "\n";
+  for (const auto& w : r.warnings)
+    std::cerr << "strata: warning: " << printable(o.input) << ": " << printable(w) << "\n";
   if (o.output.empty() || o.output == "-") {
     std::cout << r.yaml;
   } else {

@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "cli/command.hpp"
+#include "cli/mlp_model.hpp"
 #include "comm/numeric.hpp"
 #include "core/bounded_json.hpp"
 #include "core/safe_fs.hpp"
@@ -30,7 +31,6 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "cli/mlp_model.hpp"
 #include "zero/checkpoint_format.hpp"
 
 namespace {

@@ -3,19 +3,19 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstring>
-#include <tuple>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
 #include "core/bounded_json.hpp"
 #include "core/printable.hpp"
-#include "strata/units.hpp"
 #include "strata/build_info.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
+#include "strata/units.hpp"
 
 namespace strata::cli {
 namespace {

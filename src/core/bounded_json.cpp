@@ -26,7 +26,8 @@ class Scanner {
 
   void run() {
     if (t_.size() > l_.max_bytes)
-      fail_at(0, strcat("the JSON text is ", t_.size(), " bytes; at most ", l_.max_bytes, " are read"));
+      fail_at(
+          0, strcat("the JSON text is ", t_.size(), " bytes; at most ", l_.max_bytes, " are read"));
     for (std::size_t i = 0; i < t_.size();) {
       const char c = t_[i];
       if (c == '"') {
@@ -64,8 +65,10 @@ class Scanner {
   // Past the closing quote (or the end of an unterminated string: the parser reports it).
   std::size_t skip_string(std::size_t i) const {
     for (++i; i < t_.size(); ++i) {
-      if (t_[i] == '\\') ++i;
-      else if (t_[i] == '"') return i + 1;
+      if (t_[i] == '\\')
+        ++i;
+      else if (t_[i] == '"')
+        return i + 1;
     }
     return t_.size();
   }
@@ -74,11 +77,13 @@ class Scanner {
     while (i < t_.size() && number_char(t_[i])) ++i;
     const std::string_view tok = t_.substr(start, i - start);
     if (tok.size() > l_.max_number_chars)
-      fail_at(start, strcat("a number of ", tok.size(), " characters (at most ", l_.max_number_chars, ")"));
+      fail_at(start, strcat("a number of ", tok.size(), " characters (at most ",
+                            l_.max_number_chars, ")"));
     double v = 0;
     const auto r = std::from_chars(tok.data(), tok.data() + tok.size(), v);
     if (r.ec == std::errc::result_out_of_range)
-      fail_at(start, strcat("the number ", printable(tok), " is out of the range of a double (its magnitude ",
+      fail_at(start, strcat("the number ", printable(tok),
+                            " is out of the range of a double (its magnitude ",
                             "must be 0 or between 2.2e-308 and 1.8e308)"));
     return i;
   }
@@ -95,8 +100,10 @@ class Scanner {
 void json_position(std::string_view text, std::size_t offset, int* line, int* column) {
   int l = 1, c = 1;
   for (std::size_t i = 0; i < offset && i < text.size(); ++i) {
-    if (text[i] == '\n') ++l, c = 1;
-    else ++c;
+    if (text[i] == '\n')
+      ++l, c = 1;
+    else
+      ++c;
   }
   *line = l;
   *column = c;
@@ -106,7 +113,8 @@ void check_json_limits(std::string_view text, const std::string& source, const J
   Scanner(text, source, limits).run();
 }
 
-json parse_bounded_json(std::string_view text, const std::string& source, const JsonLimits& limits) {
+json parse_bounded_json(std::string_view text, const std::string& source,
+                        const JsonLimits& limits) {
   check_json_limits(text, source, limits);
   // Duplicate keys: the first one found, as a dotted path (the parse runs to its end; the
   // callback keeps every value).
@@ -141,12 +149,14 @@ json parse_bounded_json(std::string_view text, const std::string& source, const 
     int line = 0, col = 0;
     json_position(text, end ? end - 1 : 0, &line, &col);
     std::string what = e.what();
-    if (auto p = what.find(": ", what.find("column")); p != std::string::npos) what = what.substr(p + 2);
+    if (auto p = what.find(": ", what.find("column")); p != std::string::npos)
+      what = what.substr(p + 2);
     throw ConfigError(source, line, col, "", "malformed JSON: " + printable(what, 200));
   } catch (const json::exception& e) {
     throw ConfigError(source, 0, 0, "", "malformed JSON: " + printable(e.what(), 200));
   }
-  if (!duplicate.empty()) throw ConfigError(source, 0, 0, printable(duplicate, 200), "duplicate key");
+  if (!duplicate.empty())
+    throw ConfigError(source, 0, 0, printable(duplicate, 200), "duplicate key");
   return j;
 }
 

@@ -20,9 +20,9 @@
 namespace strata {
 
 struct JsonLimits {
-  std::size_t max_bytes = 1 << 20;  // as a YAML config (1 MiB)
-  int max_depth = 64;               // arrays and objects inside each other
-  std::size_t max_values = 1 << 16; // objects, arrays, strings (keys too), numbers, literals
+  std::size_t max_bytes = 1 << 20;   // as a YAML config (1 MiB)
+  int max_depth = 64;                // arrays and objects inside each other
+  std::size_t max_values = 1 << 16;  // objects, arrays, strings (keys too), numbers, literals
   std::size_t max_number_chars = 64;
   bool reject_duplicate_keys = true;
 };

@@ -77,7 +77,8 @@ void log_message(LogLevel level, std::string_view message) {
   }
   // A message may quote what a file held (a tensor name, a path): nothing a terminal acts on.
   const std::string text = printable_lines(message);
-  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level), static_cast<int>(text.size()), text.data());
+  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level), static_cast<int>(text.size()),
+               text.data());
 }
 
 }  // namespace strata

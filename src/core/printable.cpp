@@ -14,10 +14,14 @@ std::size_t utf8_length(std::string_view s, std::size_t i) {
   const unsigned char c = b(0);
   std::size_t n = 0;
   std::uint32_t cp = 0;
-  if (c >= 0xc2 && c <= 0xdf) n = 2, cp = c & 0x1fu;
-  else if (c >= 0xe0 && c <= 0xef) n = 3, cp = c & 0x0fu;
-  else if (c >= 0xf0 && c <= 0xf4) n = 4, cp = c & 0x07u;
-  else return 0;
+  if (c >= 0xc2 && c <= 0xdf)
+    n = 2, cp = c & 0x1fu;
+  else if (c >= 0xe0 && c <= 0xef)
+    n = 3, cp = c & 0x0fu;
+  else if (c >= 0xf0 && c <= 0xf4)
+    n = 4, cp = c & 0x07u;
+  else
+    return 0;
   if (i + n > s.size()) return 0;
   for (std::size_t k = 1; k < n; ++k) {
     if ((b(k) & 0xc0) != 0x80) return 0;
@@ -66,7 +70,9 @@ std::string escape(std::string_view text, std::size_t max_bytes, bool keep_lines
 
 }  // namespace
 
-std::string printable(std::string_view text, std::size_t max_bytes) { return escape(text, max_bytes, false); }
+std::string printable(std::string_view text, std::size_t max_bytes) {
+  return escape(text, max_bytes, false);
+}
 
 std::string printable_lines(std::string_view text) {
   return escape(text, std::string_view::npos, true);

@@ -353,7 +353,9 @@ bool SafeDir::stat_entry(std::string_view name, struct stat* st) const {
 void SafeDir::check_replaceable(std::string_view name, bool overwrite) const {
   struct stat st {};
   if (!stat_entry(name, &st)) return;
-  if (!overwrite) fail(ErrorCode::kInvalidArgument, strcat(child_path(name), " exists; pass --overwrite to replace it"));
+  if (!overwrite)
+    fail(ErrorCode::kInvalidArgument,
+         strcat(child_path(name), " exists; pass --overwrite to replace it"));
   if (S_ISREG(st.st_mode)) return;
   const char* what = S_ISCHR(st.st_mode)    ? "a character device"
                      : S_ISBLK(st.st_mode)  ? "a block device"
@@ -362,8 +364,8 @@ void SafeDir::check_replaceable(std::string_view name, bool overwrite) const {
                      : S_ISDIR(st.st_mode)  ? "a directory"
                      : S_ISLNK(st.st_mode)  ? "a symbolic link"
                                             : "not a regular file";
-  fail(ErrorCode::kInvalidArgument, strcat(child_path(name), " is ", what,
-                                           "; --overwrite replaces only a regular file"));
+  fail(ErrorCode::kInvalidArgument,
+       strcat(child_path(name), " is ", what, "; --overwrite replaces only a regular file"));
 }
 
 struct stat SafeDir::status() const { return fstat_or_throw(fd_.get(), path_, ""); }

@@ -13,11 +13,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
-#include "strata/error.hpp"
-#include "strata/partition.hpp"
 #include "core/bounded_json.hpp"
 #include "core/crc32c.hpp"
 #include "core/printable.hpp"
+#include "strata/error.hpp"
+#include "strata/partition.hpp"
 
 namespace strata::zero::ckpt {
 namespace {
@@ -31,7 +31,7 @@ constexpr std::string_view kTrailerHead = ",\n \"manifest_crc32c\": \"";
 constexpr std::string_view kTrailerTail = "\"\n}\n";
 constexpr std::size_t kTrailerBytes = kTrailerHead.size() + 8 + kTrailerTail.size();
 constexpr std::uint64_t kMaxElems = 1ull << 50;  // flat size, far beyond any model
-constexpr std::size_t kQuoteBytes = 80;           // of a manifest's string quoted in a message
+constexpr std::size_t kQuoteBytes = 80;          // of a manifest's string quoted in a message
 
 // What a manifest's JSON may be (docs/offload.md, "Checkpoint format"): the format nests 3 deep;
 // a manifest has at most kMaxManifestBytes and kMaxManifestValues values (4 per tensor).
@@ -212,7 +212,8 @@ std::string serialize_manifest(const Manifest& m) {
   for (const auto& t : m.tensors) {
     if (!valid_utf8(t.name))
       fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes), "' is not valid UTF-8"));
+           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
+                  "' is not valid UTF-8"));
     tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
   }
   j["tensors"] = std::move(tensors);
@@ -285,9 +286,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   m.format_version = static_cast<std::uint32_t>(f.u64(j, "", "format_version", 0, ~0u));
   m.strata_version = f.str(j, "", "strata_version");
   if (m.format_version != kFormatVersion)
-    f.bad("format_version", strcat(m.format_version, " (written by strata ",
-                                   printable(m.strata_version, kQuoteBytes), "); this strata reads format ", kFormatVersion,
-                                   m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
+    f.bad("format_version",
+          strcat(m.format_version, " (written by strata ", printable(m.strata_version, kQuoteBytes),
+                 "); this strata reads format ", kFormatVersion,
+                 m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
   // 3. Every field.
   m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
   m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
@@ -296,7 +298,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   if (dt == "fp16") m.param_dtype = DType::kFp16;
   else if (dt == "bf16") m.param_dtype = DType::kBf16;
   else if (dt == "fp32") m.param_dtype = DType::kFp32;
-  else f.bad("param_dtype", strcat("'", printable(dt, kQuoteBytes), "' is not fp16, bf16 or fp32"));
+  else
+    f.bad("param_dtype", strcat("'", printable(dt, kQuoteBytes), "' is not fp16, bf16 or fp32"));
   m.partition_size = f.u64(j, "", "partition_size", 1, kMaxElems / static_cast<std::uint64_t>(m.world));
   m.flat_size = f.u64(j, "", "flat_size", 1, kMaxElems);
   if (m.flat_size != m.partition_size * static_cast<std::uint64_t>(m.world))
@@ -341,8 +344,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     s.rank = static_cast<int>(f.u64(shards[r], where, "rank", r, r));
     s.file = f.str(shards[r], where, "file");
     if (s.file != shard_file_name(m.serial, s.rank))
-      f.bad(where + ".file",
-            strcat("'", printable(s.file, kQuoteBytes), "' is not '", shard_file_name(m.serial, s.rank), "'"));
+      f.bad(where + ".file", strcat("'", printable(s.file, kQuoteBytes), "' is not '",
+                                    shard_file_name(m.serial, s.rank), "'"));
     s.begin = f.u64(shards[r], where, "begin", r * m.partition_size, r * m.partition_size);
     s.count = f.u64(shards[r], where, "count", m.partition_size, m.partition_size);
     s.bytes = f.u64(shards[r], where, "bytes", layout.total, layout.total);
@@ -479,7 +482,8 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
     const std::uint64_t n = (e1 - e0) * eb + (b + 1 == layout_.nblocks ? pad : 0);
-    check_block_crc(s, b, layout_.offset[s] + e0 * eb, n, crc32c(c.buf.data() + (e0 - first) * eb, n));
+    check_block_crc(s, b, layout_.offset[s] + e0 * eb, n,
+                    crc32c(c.buf.data() + (e0 - first) * eb, n));
   }
   c.b0 = b0;
   c.b1 = b1;
@@ -497,7 +501,8 @@ void ShardReader::read(Section s, std::uint64_t first, std::uint64_t n, void* ds
   auto* out = static_cast<unsigned char*>(dst);
   const std::uint64_t last_block = n ? (first + n - 1) / be : 0;
   // At most kCacheBytes of blocks at a time (one block at least).
-  const std::uint64_t per_load = std::max<std::uint64_t>(1, std::min(kCacheBlocks, kCacheBytes / (be * eb)));
+  const std::uint64_t per_load =
+      std::max<std::uint64_t>(1, std::min(kCacheBlocks, kCacheBytes / (be * eb)));
   for (std::uint64_t pos = first; pos < first + n;) {
     const std::uint64_t b = pos / be;
     Cache& c = cache_[s];
@@ -534,12 +539,13 @@ void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
   }
 }
 
-void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offset, std::uint64_t len,
-                                  std::uint32_t crc) const {
+void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offset,
+                                  std::uint64_t len, std::uint32_t crc) const {
   if (crc != crc_[s][b])
-    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
-                                      " (offset ", offset, ", ", len, " bytes) CRC32C ", hex8(crc),
-                                      ", the header says ", hex8(crc_[s][b])));
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
+                " (offset ", offset, ", ", len, " bytes) CRC32C ", hex8(crc), ", the header says ",
+                hex8(crc_[s][b])));
 }
 
 // ---- positional I/O -------------------------------------------------------------------------------

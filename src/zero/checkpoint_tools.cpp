@@ -100,11 +100,13 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   std::uint64_t data = 0, params = 0;
   for (const TensorEntry& t : m.tensors) {
     if (t.name.empty() || t.name == "__metadata__")
-      fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
-                                               "' cannot be a safetensors tensor name"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
+                  "' cannot be a safetensors tensor name"));
     if (!names.insert(t.name).second)
-      fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
-                                               "' appears twice; safetensors needs unique names"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
+                  "' appears twice; safetensors needs unique names"));
     h[t.name] = {{"dtype", safetensors_dtype(o.dtype)}, {"shape", {t.numel}}, {"data_offsets", {data, data + t.numel * es}}};
     data += t.numel * es;
     params += t.numel;

@@ -40,24 +40,30 @@ struct CliRun {
 CliRun run(const std::string& args, const std::string& prefix = "") {
   TempDir tmp("strata-hostile-err");
   CliRun r;
-  r.rc = run_command("{ " + prefix + strata() + " " + args + " 2>" + tmp.str() + "/stderr; }", &r.out);
+  r.rc =
+      run_command("{ " + prefix + strata() + " " + args + " 2>" + tmp.str() + "/stderr; }", &r.out);
   r.err = read_file(tmp.str() + "/stderr");
   return r;
 }
 
 std::string train_args(const std::string& dir) {
-  return "train " + source_dir() + "/configs/default.yaml --set precision.params=fp32 --set precision.grads=fp32"
-         " --set zero.stage=1 --set runtime.cpu_threads=1 --steps 2 --ranks 1 --hidden 8 --checkpoint-dir " + dir;
+  return "train " + source_dir() +
+         "/configs/default.yaml --set precision.params=fp32 --set precision.grads=fp32"
+         " --set zero.stage=1 --set runtime.cpu_threads=1 --steps 2 --ranks 1 --hidden 8 "
+         "--checkpoint-dir " +
+         dir;
 }
 
 void expect_safe_output(const CliRun& r, const std::string& what) {
   EXPECT_LT(r.rc, 128) << what << ": killed by a signal\n" << r.err.substr(0, 400);
-  EXPECT_LT(r.err.size(), 16384u) << what << ": stderr of " << r.err.size() << " bytes: " << r.err.substr(0, 400);
+  EXPECT_LT(r.err.size(), 16384u) << what << ": stderr of " << r.err.size()
+                                  << " bytes: " << r.err.substr(0, 400);
   EXPECT_LT(r.out.size(), 65536u) << what;
   for (const std::string* s : {&r.out, &r.err})
     for (char c : *s)
       if (c != '\n' && static_cast<unsigned char>(c) < 0x20) {
-        ADD_FAILURE() << what << ": control character " << static_cast<int>(c) << " in output: " << s->substr(0, 400);
+        ADD_FAILURE() << what << ": control character " << static_cast<int>(c)
+                      << " in output: " << s->substr(0, 400);
         return;
       }
 }
@@ -78,7 +84,8 @@ void every_reader(const std::string& dir, int rc, const std::string& want) {
     expect_safe_output(r, name);
     EXPECT_EQ(r.rc, rc) << name << ": " << r.err.substr(0, 400);
     EXPECT_NE(r.err.find(want), std::string::npos) << name << ": " << r.err.substr(0, 400);
-    EXPECT_NE(r.err.find("manifest.json"), std::string::npos) << name << ": " << r.err.substr(0, 400);
+    EXPECT_NE(r.err.find("manifest.json"), std::string::npos)
+        << name << ": " << r.err.substr(0, 400);
   }
   EXPECT_FALSE(fs::exists(out.path() / "m.safetensors"));
 }
@@ -95,7 +102,8 @@ void train_saves_over(const std::string& dir) {
 TEST(HostileManifest, DepthBomb) {
   TempDir tmp("strata-hostile-depth");
   const int d = 100000;
-  write_file(tmp.path() / "manifest.json", "{\"format\": " + std::string(d, '[') + std::string(d, ']') + "}");
+  write_file(tmp.path() / "manifest.json",
+             "{\"format\": " + std::string(d, '[') + std::string(d, ']') + "}");
   every_reader(tmp.str(), 2, "nested deeper than 16 levels");
   train_saves_over(tmp.str());
 }
@@ -123,7 +131,9 @@ TEST(HostileManifest, ControlCharactersInAField) {
   TempDir tmp("strata-hostile-ctl");
   const std::string dir = trained(tmp);
   json j = json::parse(read_file(dir + "/manifest.json"));
-  j["param_dtype"] = "fp32\x1b[2J\x1b]0;owned\x07\xc2\x9b" "31m";
+  j["param_dtype"] =
+      "fp32\x1b[2J\x1b]0;owned\x07\xc2\x9b"
+      "31m";
   write_file(dir + "/manifest.json", seal(j));
   every_reader(dir, 2, "'fp32\\x1b[2J\\x1b]0;owned\\x07\\xc2\\x9b31m' is not fp16, bf16 or fp32");
   train_saves_over(dir);
@@ -194,7 +204,8 @@ TEST(HostileManifest, VerifyOfA2To30ElementBlockIsRefusedInBoundedMemory) {
     const CliRun r = run(std::string("checkpoint ") + cmd + " " + tmp.str(), kLimit);
     expect_safe_output(r, cmd);
     EXPECT_EQ(r.rc, 2) << cmd << ": " << r.out << r.err;
-    EXPECT_NE(r.err.find("field 'block_elems': 1073741824 is out of range [1, 4194304]"), std::string::npos)
+    EXPECT_NE(r.err.find("field 'block_elems': 1073741824 is out of range [1, 4194304]"),
+              std::string::npos)
         << r.err;
   }
 }

@@ -23,7 +23,8 @@ ConfigError refusal(const std::string& text, const JsonLimits& limits = {}) {
 }
 
 TEST(BoundedJson, ParsesWhatIsWithinTheLimits) {
-  const auto j = parse_bounded_json(R"({"a": [1, 2.5e3, -0.0, true, null, "x\u001b"], "b": {"c": {}}})", "t.json");
+  const auto j = parse_bounded_json(
+      R"({"a": [1, 2.5e3, -0.0, true, null, "x\u001b"], "b": {"c": {}}})", "t.json");
   EXPECT_EQ(j["a"][1].get<double>(), 2500.0);
   EXPECT_EQ(j["a"][5].get<std::string>(), "x\x1b");
   EXPECT_TRUE(j["b"]["c"].is_object());
@@ -44,7 +45,8 @@ TEST(BoundedJson, DepthIsCheckedBeforeParsing) {
 TEST(BoundedJson, SizeValuesAndNumbers) {
   JsonLimits small;
   small.max_bytes = 10;
-  EXPECT_NE(refusal("[1, 2, 3, 4, 5]", small).detail().find("15 bytes; at most 10"), std::string::npos);
+  EXPECT_NE(refusal("[1, 2, 3, 4, 5]", small).detail().find("15 bytes; at most 10"),
+            std::string::npos);
   small = {};
   small.max_values = 4;
   const ConfigError v = refusal("[1, 2, 3, 4]", small);  // the array and four numbers
@@ -53,9 +55,12 @@ TEST(BoundedJson, SizeValuesAndNumbers) {
   const ConfigError big = refusal("{\n  \"lr\": 1e400}");
   EXPECT_EQ(big.line(), 2);
   EXPECT_EQ(big.column(), 9);
-  EXPECT_NE(big.detail().find("the number 1e400 is out of the range of a double"), std::string::npos) << big.what();
+  EXPECT_NE(big.detail().find("the number 1e400 is out of the range of a double"),
+            std::string::npos)
+      << big.what();
   EXPECT_NE(refusal("[-1e400]").detail().find("-1e400"), std::string::npos);
-  EXPECT_NE(refusal("[" + std::string(65, '1') + "]").detail().find("a number of 65 characters"), std::string::npos);
+  EXPECT_NE(refusal("[" + std::string(65, '1') + "]").detail().find("a number of 65 characters"),
+            std::string::npos);
   EXPECT_EQ(refusal("[1e308, 123456789012345678901234567890]").line(), -1);
 }
 
@@ -76,12 +81,18 @@ TEST(Printable, EscapesWhatATerminalActsOn) {
   EXPECT_EQ(printable("w1.weight"), "w1.weight");
   EXPECT_EQ(printable("a\x1b[31mb\r\n\t\x7f"), "a\\x1b[31mb\\x0d\\x0a\\x09\\x7f");
   EXPECT_EQ(printable("back\\slash"), "back\\\\slash");
-  EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
-  EXPECT_EQ(printable("\xc2\x9b" "31m"), "\\xc2\\x9b31m");        // C1 CSI
-  EXPECT_EQ(printable("\xff\xc3\x28\xed\xa0\x80"), "\\xff\\xc3(\\xed\\xa0\\x80");  // invalid, surrogate
-  EXPECT_EQ(printable("\xe2\x82"), "\\xe2\\x82");                 // truncated sequence
+  EXPECT_EQ(printable("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+  EXPECT_EQ(printable("\xc2\x9b"
+                      "31m"),
+            "\\xc2\\x9b31m");  // C1 CSI
+  EXPECT_EQ(printable("\xff\xc3\x28\xed\xa0\x80"),
+            "\\xff\\xc3(\\xed\\xa0\\x80");         // invalid, surrogate
+  EXPECT_EQ(printable("\xe2\x82"), "\\xe2\\x82");  // truncated sequence
   EXPECT_EQ(printable(std::string(100, 'x'), 10), std::string(10, 'x') + "... (90 more bytes)");
-  EXPECT_EQ(printable_lines("line 1\n\tline \x1b" "2 a\\b"), "line 1\n\tline \\x1b2 a\\b");
+  EXPECT_EQ(printable_lines("line 1\n\tline \x1b"
+                            "2 a\\b"),
+            "line 1\n\tline \\x1b2 a\\b");
 }
 
 }  // namespace

@@ -40,8 +40,9 @@ bool same(const Manifest& a, const Manifest& b) {
     if (a.shards[i].file != b.shards[i].file || a.shards[i].bytes != b.shards[i].bytes ||
         a.shards[i].header_crc32c != b.shards[i].header_crc32c)
       return false;
-  return a.serial == b.serial && a.world == b.world && a.stage == b.stage && a.param_dtype == b.param_dtype &&
-         a.flat_size == b.flat_size && a.block_elems == b.block_elems && a.adam_step == b.adam_step &&
+  return a.serial == b.serial && a.world == b.world && a.stage == b.stage &&
+         a.param_dtype == b.param_dtype && a.flat_size == b.flat_size &&
+         a.block_elems == b.block_elems && a.adam_step == b.adam_step &&
          a.loss_scale == b.loss_scale && a.steps == b.steps && a.strata_version == b.strata_version;
 }
 
