@@ -21,6 +21,7 @@
 #include "c10d_communicator.hpp"
 #include "errors.hpp"
 #include "strata/build_info.hpp"
+#include "strata/cleanup.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/device.hpp"
@@ -232,6 +233,8 @@ PYBIND11_MODULE(_strata, m) {
   m.def("log_level", [] { return std::string(log_level_name(log_level())); });
   m.def("launched_by_mpi", &launched_by_mpi);
   m.def("mpi_available", &mpi_available);
+  // strata/_cleanup.py: the swap removal of its chained SIGTERM/SIGINT/SIGHUP handlers.
+  m.def("_run_signal_cleanup", [] { return run_signal_cleanup(); });
 
   py::class_<Config>(m, "Config")
       .def("to_yaml", [](const Config& c) { return to_yaml(c); })

@@ -51,6 +51,7 @@ from .errors import (  # noqa: E402,F401
     UsageError,
 )
 from .config import load_config  # noqa: E402,F401
+from ._cleanup import install_signal_cleanup, remove_swap  # noqa: E402,F401
 
 __version__ = _strata.__version__
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from . import _cleanup
 from . import _strata
 from . import errors
 from .config import load_config
@@ -144,6 +145,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 self._ids[id(p)] = len(self._params)
                 self._params.append(p)
                 self._shapes.append(p.shape)
+        _cleanup.install_signal_cleanup()  # swap removed on SIGTERM/SIGINT/SIGHUP (chained)
         self._engine = self._make_engine(process_group)
         self.rank = self._engine.rank
         self.world = self._engine.world

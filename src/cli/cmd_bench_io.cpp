@@ -11,6 +11,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,7 +22,6 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 
 #include "cli/command.hpp"
 #include "core/safe_fs.hpp"
@@ -30,6 +30,7 @@
 #include "strata/io_engine.hpp"
 #include "strata/log.hpp"
 #include "strata/units.hpp"
+#include "tier/swap_space.hpp"
 
 namespace {
 
@@ -108,6 +109,20 @@ strata::DirectIoMode parse_direct(const std::string& s) {
                "--direct-io must be auto, required or off, not '" + s + "'");
 }
 
+// What killed runs left in --dir (their benchmark files, swap directories), removed as a swap
+// space's start-up removes them (tier/swap_space.hpp): a killed `bench io` leaves --size bytes
+// that would otherwise stay until `strata clean`.
+void remove_leftovers(const strata::SafeDir& dir) {
+  using namespace strata;
+  for (const auto& l : find_swap_leftovers(dir.path(), true)) {
+    if (l.status == SwapLeftover::Status::kRemoved)
+      log_info("bench io: removed ", l.path, " left by process ", l.pid,
+               " (no longer running): freed ", format_bytes(l.bytes, true));
+    else if (l.status == SwapLeftover::Status::kFailed)
+      log_warn("bench io: cannot remove ", l.path, " left by process ", l.pid, ": ", l.detail);
+  }
+}
+
 int run(const Options& o) {
   using namespace strata;
   using clock = std::chrono::steady_clock;
@@ -131,6 +146,7 @@ int run(const Options& o) {
   BenchFile bf;
   const bool temp = o.file.empty();
   if (temp) {
+    remove_leftovers(dir);
     bf.dir = std::move(dir);
     bf.name = strcat(".strata-bench-io-", ::getpid(), "-", random_hex());
   } else {

@@ -6,13 +6,15 @@
 //                                         the parameters (FP32 master, or converted) as safetensors
 // Exit codes: 0 ok; 1 a damaged checkpoint (checksum, missing or truncated shard) or another
 // failure; 2 bad input (no checkpoint in DIR, a format this strata does not read, bad arguments).
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sys/stat.h>
 
 #include "cli/command.hpp"
+#include "core/printable.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 #include "zero/checkpoint_tools.hpp"
@@ -90,21 +92,27 @@ int run_info(const Options& o) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << "checkpoint " << dir.path() << ": format " << m.format_version << " (written by strata "
-            << m.strata_version << "), serial " << m.serial << "\n"
+  std::cout << "checkpoint " << printable(dir.path()) << ": format " << m.format_version
+            << " (written by strata " << printable(m.strata_version) << "), serial " << m.serial
+            << "\n"
             << "  saved by " << m.world << " rank(s) at ZeRO stage " << m.stage << ", parameters "
             << dtype_name(m.param_dtype) << "\n"
-            << "  after step " << m.steps << " (" << m.applied_steps << " applied, " << m.skipped_steps
-            << " skipped; optimizer step " << m.adam_step << "), loss scale " << m.loss_scale << "\n"
-            << "  " << m.tensors.size() << " tensors, " << parameters(m) << " parameters (" << m.flat_size
-            << " elements with padding, " << m.partition_size << " per shard), checksum blocks of "
-            << m.block_elems << " elements\n";
+            << "  after step " << m.steps << " (" << m.applied_steps << " applied, "
+            << m.skipped_steps << " skipped; optimizer step " << m.adam_step << "), loss scale "
+            << m.loss_scale << "\n"
+            << "  " << m.tensors.size() << " tensors, " << parameters(m) << " parameters ("
+            << m.flat_size << " elements with padding, " << m.partition_size
+            << " per shard), checksum blocks of " << m.block_elems << " elements\n";
   std::cout << "tensors:\n";
+  // Names as printable() writes them: a name's control characters (escape sequences) are not
+  // sent to the terminal.
+  std::vector<std::string> names;
   std::size_t w = 4;
-  for (const auto& t : m.tensors) w = std::max(w, t.name.size());
-  for (const auto& t : m.tensors) {
-    std::cout << "  " << t.name << std::string(w - t.name.size(), ' ') << "  " << t.numel << " elements at flat offset "
-              << t.offset << " (shard";
+  for (const auto& t : m.tensors) w = std::max(w, names.emplace_back(printable(t.name)).size());
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    const auto& t = m.tensors[i];
+    std::cout << "  " << names[i] << std::string(w - names[i].size(), ' ') << "  " << t.numel
+              << " elements at flat offset " << t.offset << " (shard";
     const std::uint64_t first = t.offset / m.partition_size;
     const std::uint64_t last = t.numel ? (t.offset + t.numel - 1) / m.partition_size : first;
     std::cout << (first == last ? " " : "s ") << first;
@@ -113,7 +121,8 @@ int run_info(const Options& o) {
   }
   std::cout << "shards:\n";
   for (const auto& s : j["shards"]) {
-    std::cout << "  rank " << s["rank"].get<int>() << "  " << s["path"].get<std::string>() << "  elements ["
+    std::cout << "  rank " << s["rank"].get<int>() << "  "
+              << printable(s["path"].get<std::string>()) << "  elements ["
               << s["begin"].get<std::uint64_t>() << ", "
               << s["begin"].get<std::uint64_t>() + s["count"].get<std::uint64_t>() << ")  "
               << human(s["bytes"].get<std::uint64_t>())

@@ -14,6 +14,7 @@
 
 #include "cli/command.hpp"
 #include "cli/import_deepspeed.hpp"
+#include "core/printable.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
@@ -68,9 +69,7 @@ void write_output(const std::string& path, const std::string& text, bool overwri
   SafeDirOptions o;
   o.role = "-o directory";
   const SafeDir dir = SafeDir::open(parent, o);
-  struct stat st {};
-  if (!overwrite && dir.stat_entry(name, &st))
-    fail(ErrorCode::kInvalidArgument, strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
+  dir.check_replaceable(name, overwrite);
   const std::string tmp = strcat(".", name, ".tmp-", ::getpid());
   dir.try_remove(tmp, false);
   {
@@ -91,6 +90,12 @@ void write_output(const std::string& path, const std::string& text, bool overwri
       dir.try_remove(tmp, false);
       throw IoError("fsync", dir.child_path(tmp), 0, text.size(), err);
     }
+  }
+  try {
+    dir.check_replaceable(name, overwrite);  // again: it may have appeared while we wrote
+  } catch (...) {
+    dir.try_remove(tmp, false);
+    throw;
   }
   if (::renameat2(dir.fd(), tmp.c_str(), dir.fd(), name.c_str(), overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE)) != 0) {
     const int err = errno;
@@ -120,7 +125,8 @@ int run(const Options& o) {
   io.precision = o.precision;
   const std::string text = read_input(o.input);
   const cli::DsImportResult r = cli::import_deepspeed(text, io);
-  for (const auto& w : r.warnings) std::cerr << "strata: warning: " << o.input << ": " << w << "\n";
+  for (const auto& w : r.warnings)
+    std::cerr << "strata: warning: " << printable(o.input) << ": " << printable(w) << "\n";
   if (o.output.empty() || o.output == "-") {
     std::cout << r.yaml;
   } else {

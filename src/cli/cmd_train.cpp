@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <chrono>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -22,14 +22,15 @@
 #include <thread>
 
 #include "cli/command.hpp"
+#include "cli/mlp_model.hpp"
 #include "comm/numeric.hpp"
+#include "core/bounded_json.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "cli/mlp_model.hpp"
 #include "zero/checkpoint_format.hpp"
 
 namespace {
@@ -136,7 +137,11 @@ void check_resume_options(const Options& o) {
   std::int64_t seed = 0;
   std::uint64_t serial = 0;
   try {
-    const nlohmann::json j = nlohmann::json::parse(text);
+    JsonLimits limits;  // what strata train writes: one object of five numbers
+    limits.max_bytes = kTrainOptionsMaxBytes;
+    limits.max_depth = 4;
+    limits.max_values = 256;
+    const nlohmann::json j = parse_bounded_json(text, path, limits);
     hidden = j.at("hidden").get<int>();
     batch = j.at("batch").get<int>();
     seed = j.at("seed").get<std::int64_t>();

@@ -3,17 +3,19 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstring>
-#include <tuple>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 
-#include "strata/units.hpp"
+#include "core/bounded_json.hpp"
+#include "core/printable.hpp"
 #include "strata/build_info.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
+#include "strata/units.hpp"
 
 namespace strata::cli {
 namespace {
@@ -44,10 +46,11 @@ std::string esc(const std::string& k) {
   return out;
 }
 
+// For messages, warnings and YAML comments: the key's control characters escaped (printable()).
 std::string dotted(const std::string& ptr) {
   std::string s = ptr.empty() ? "(top level)" : ptr.substr(1);
   std::replace(s.begin(), s.end(), '/', '.');
-  return s;
+  return printable(s, 200);
 }
 
 std::string fmt(double v);
@@ -70,69 +73,13 @@ std::string yaml_string(const std::string& s) {
   return out + "\"";
 }
 
-// Rejects nesting deeper than kMaxDepth before the parser sees it (bounded work and stack).
-void check_depth(const std::string& text, const std::string& source) {
-  int depth = 0, line = 1, col = 0;
-  bool in_string = false, escape = false;
-  for (char c : text) {
-    ++col;
-    if (c == '\n') ++line, col = 0;
-    if (in_string) {
-      if (escape) escape = false;
-      else if (c == '\\') escape = true;
-      else if (c == '"') in_string = false;
-      continue;
-    }
-    if (c == '"') in_string = true;
-    else if (c == '{' || c == '[') {
-      if (++depth > kMaxDepth)
-        throw ConfigError(source, line, col, "", strcat("malformed JSON: nested deeper than ", kMaxDepth, " levels"));
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-}
-
+// The bounded parse (core/bounded_json.hpp): a DeepSpeed config is read as a YAML config is, at
+// most 1 MiB, nested at most kMaxDepth deep, its numbers finite doubles, no duplicate keys
+// (DeepSpeed's loader refuses them too).
 json parse_json(const std::string& text, const std::string& source) {
-  check_depth(text, source);
-  // Duplicate keys are errors (DeepSpeed's loader refuses them too).
-  std::vector<std::set<std::string>> keys;
-  std::vector<std::string> names;
-  std::string duplicate;
-  json::parser_callback_t cb = [&](int, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) {
-      keys.emplace_back();
-      names.emplace_back();
-    } else if (ev == json::parse_event_t::object_end && !keys.empty()) {
-      keys.pop_back();
-      names.pop_back();
-    } else if (ev == json::parse_event_t::key && !keys.empty()) {
-      const std::string k = parsed.get<std::string>();
-      names.back() = k;
-      if (!keys.back().insert(k).second && duplicate.empty()) {
-        for (std::size_t i = 0; i + 1 < names.size(); ++i) duplicate += names[i] + ".";
-        duplicate += k;
-      }
-    }
-    return true;
-  };
-  try {
-    json j = json::parse(text, cb);
-    if (!duplicate.empty()) throw ConfigError(source, 0, 0, duplicate, "duplicate key");
-    return j;
-  } catch (const json::parse_error& e) {
-    // e.byte: 1-based offset of the character where parsing failed.
-    int line = 1, col = 0;
-    const std::size_t end = std::min<std::size_t>(e.byte ? e.byte : 1, text.size());
-    for (std::size_t i = 0; i < end; ++i) {
-      if (text[i] == '\n') ++line, col = 0;
-      else ++col;
-    }
-    if (end == 0) col = 1;
-    std::string what = e.what();
-    if (auto p = what.find(": ", what.find("column")); p != std::string::npos) what = what.substr(p + 2);
-    throw ConfigError(source, line, std::max(col, 1), "", "malformed JSON: " + what);
-  }
+  JsonLimits limits;
+  limits.max_depth = kMaxDepth;
+  return parse_bounded_json(text, source, limits);
 }
 
 class Importer {
@@ -346,7 +293,7 @@ class Importer {
       }
     }
     if (const json* t = find("/optimizer/type")) {
-      const std::string name = string("/optimizer/type", *t);
+      const std::string name = printable(string("/optimizer/type", *t), 200);  // quoted in comments
       std::string lower = name;
       std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
       if (lower == "adam" || lower == "fusedadam" || lower == "cpuadam" || lower == "deepspeedcpuadam") {

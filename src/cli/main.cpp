@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "cli/command.hpp"
+#include "core/printable.hpp"
 #include "strata/build_info.hpp"
 #include "strata/cleanup.hpp"
 #include "strata/error.hpp"
@@ -136,11 +137,11 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const Error& e) {
     std::cout.flush();
-    std::cerr << "strata: error: " << e.what() << "\n";
+    std::cerr << "strata: error: " << printable_lines(e.what()) << "\n";
     return e.exit_code();
   } catch (const std::exception& e) {
     std::cout.flush();
-    std::cerr << "strata: error: " << e.what() << "\n";
+    std::cerr << "strata: error: " << printable_lines(e.what()) << "\n";
     return 1;
   }
 }

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "core/printable.hpp"
+
 namespace strata {
 namespace {
 
@@ -73,8 +75,10 @@ void log_message(LogLevel level, std::string_view message) {
     s.sink(level, message);
     return;
   }
-  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level), static_cast<int>(message.size()),
-               message.data());
+  // A message may quote what a file held (a tensor name, a path): nothing a terminal acts on.
+  const std::string text = printable_lines(message);
+  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level), static_cast<int>(text.size()),
+               text.data());
 }
 
 }  // namespace strata

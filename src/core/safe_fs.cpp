@@ -350,6 +350,24 @@ bool SafeDir::stat_entry(std::string_view name, struct stat* st) const {
   throw IoError("stat", child_path(name), 0, 0, errno);
 }
 
+void SafeDir::check_replaceable(std::string_view name, bool overwrite) const {
+  struct stat st {};
+  if (!stat_entry(name, &st)) return;
+  if (!overwrite)
+    fail(ErrorCode::kInvalidArgument,
+         strcat(child_path(name), " exists; pass --overwrite to replace it"));
+  if (S_ISREG(st.st_mode)) return;
+  const char* what = S_ISCHR(st.st_mode)    ? "a character device"
+                     : S_ISBLK(st.st_mode)  ? "a block device"
+                     : S_ISFIFO(st.st_mode) ? "a FIFO"
+                     : S_ISSOCK(st.st_mode) ? "a socket"
+                     : S_ISDIR(st.st_mode)  ? "a directory"
+                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
+                                            : "not a regular file";
+  fail(ErrorCode::kInvalidArgument,
+       strcat(child_path(name), " is ", what, "; --overwrite replaces only a regular file"));
+}
+
 struct stat SafeDir::status() const { return fstat_or_throw(fd_.get(), path_, ""); }
 
 std::vector<std::string> SafeDir::entries() const {

@@ -128,6 +128,11 @@ class SafeDir {
   // fstatat(name, AT_SYMLINK_NOFOLLOW); false when it does not exist. Other errors throw.
   bool stat_entry(std::string_view name, struct stat* st) const;
   struct stat status() const;  // fstat of the directory itself
+  // Before a file is written as a temporary and renamed onto `name`: an existing `name` is
+  // refused unless `overwrite` ("exists; pass --overwrite to replace it"), and even with it
+  // unless it is a regular file (a device node, FIFO, socket, directory or symbolic link is never
+  // replaced). Error(kInvalidArgument) naming the entry and what it is.
+  void check_replaceable(std::string_view name, bool overwrite) const;
   // Names in the directory, without "." and "..", in no particular order.
   std::vector<std::string> entries() const;
 

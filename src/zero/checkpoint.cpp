@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/crc32c.hpp"
+#include "core/printable.hpp"
 #include "strata/build_info.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -258,9 +260,10 @@ void check_model(const Manifest& m, const RankState& s) {
   for (std::size_t i = 0; i < m.tensors.size(); ++i)
     if (m.tensors[i].name != p.tensor(i).name || m.tensors[i].numel != p.tensor(i).numel)
       fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint ", m.path, ": field 'tensors[", i, "]': saved '", m.tensors[i].name, "' (",
-                  m.tensors[i].numel, " elements), this model registers '", p.tensor(i).name, "' (",
-                  p.tensor(i).numel, " elements) there"));
+           strcat("checkpoint ", m.path, ": field 'tensors[", i, "]': saved '",
+                  printable(m.tensors[i].name, 200), "' (", m.tensors[i].numel,
+                  " elements), this model registers '", p.tensor(i).name, "' (", p.tensor(i).numel,
+                  " elements) there"));
 }
 
 std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
@@ -320,6 +323,10 @@ class Shards {
 void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm, const SaveOptions& options) {
   check_state(s, "save");
   const std::uint64_t block_elems = options.block_elems ? options.block_elems : kDefaultBlockElems;
+  if (block_elems > kMaxBlockElems)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint save: block_elems ", block_elems, " is more than the ", kMaxBlockElems,
+                " a checkpoint may have"));
   const std::string what = strcat("checkpoint save into ", dir_path);
   // 1. The directory (created if missing), and the serial (rank 0's, for every rank).
   SafeDir dir;

@@ -13,9 +13,11 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "core/bounded_json.hpp"
+#include "core/crc32c.hpp"
+#include "core/printable.hpp"
 #include "strata/error.hpp"
 #include "strata/partition.hpp"
-#include "core/crc32c.hpp"
 
 namespace strata::zero::ckpt {
 namespace {
@@ -29,6 +31,25 @@ constexpr std::string_view kTrailerHead = ",\n \"manifest_crc32c\": \"";
 constexpr std::string_view kTrailerTail = "\"\n}\n";
 constexpr std::size_t kTrailerBytes = kTrailerHead.size() + 8 + kTrailerTail.size();
 constexpr std::uint64_t kMaxElems = 1ull << 50;  // flat size, far beyond any model
+constexpr std::size_t kQuoteBytes = 80;          // of a manifest's string quoted in a message
+
+// What a manifest's JSON may be (docs/offload.md, "Checkpoint format"): the format nests 3 deep;
+// a manifest has at most kMaxManifestBytes and kMaxManifestValues values (4 per tensor).
+JsonLimits manifest_limits() {
+  JsonLimits l;
+  l.max_bytes = kMaxManifestBytes;
+  l.max_depth = 16;
+  l.max_values = kMaxManifestValues;
+  l.max_number_chars = 64;
+  return l;
+}
+
+[[noreturn]] void refuse_json(const ConfigError& e, const std::string& path, const char* what) {
+  fail(ErrorCode::kInvalidArgument,
+       strcat("checkpoint manifest ", path, ": ", what,
+              e.line() ? strcat("line ", e.line(), ", column ", e.column(), ": ") : std::string(),
+              e.key_path().empty() ? std::string() : strcat("'", e.key_path(), "': "), e.detail()));
+}
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -121,16 +142,25 @@ class Fields {
 };
 
 // A manifest that does not verify: if it parses and names another format or version, say so
-// (kInvalidArgument); otherwise nothing.
+// (kInvalidArgument); otherwise nothing. JSON beyond the limits (nested too deep, too many values,
+// numbers out of range) is no strata manifest of any version: refused (kInvalidArgument) before
+// it is parsed.
 void explain_foreign_format(std::string_view text, const std::string& path, const std::string& problem) {
+  try {
+    check_json_limits(text, path, manifest_limits());
+  } catch (const ConfigError& e) {
+    refuse_json(e, path, "not a strata checkpoint: ");
+  }
   json j = json::parse(text.begin(), text.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return;
   auto fmt = j.find("format");
   if (fmt != j.end() && !(fmt->is_string() && fmt->get<std::string>() == kFormatName))
     fail(ErrorCode::kInvalidArgument,
-         strcat("checkpoint manifest ", path, ": not a strata checkpoint (field 'format' is ", fmt->dump(), ")"));
+         strcat("checkpoint manifest ", path, ": not a strata checkpoint (field 'format' is ",
+                printable(fmt->dump(), kQuoteBytes), ")"));
   std::string writer = "an unknown strata version";
-  if (auto sv = j.find("strata_version"); sv != j.end() && sv->is_string()) writer = "strata " + sv->get<std::string>();
+  if (auto sv = j.find("strata_version"); sv != j.end() && sv->is_string())
+    writer = "strata " + printable(sv->get<std::string>(), kQuoteBytes);
   auto ver = j.find("format_version");
   if (ver != j.end() && ver->is_number_unsigned() && ver->get<std::uint64_t>() != kFormatVersion) {
     const auto v = ver->get<std::uint64_t>();
@@ -181,7 +211,9 @@ std::string serialize_manifest(const Manifest& m) {
   json tensors = json::array();
   for (const auto& t : m.tensors) {
     if (!valid_utf8(t.name))
-      fail(ErrorCode::kInvalidArgument, strcat("checkpoint: tensor name '", t.name, "' is not valid UTF-8"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
+                  "' is not valid UTF-8"));
     tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
   }
   j["tensors"] = std::move(tensors);
@@ -240,9 +272,12 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                                       hex8(stored), " (the file was changed or damaged after it was written)"));
   }
   // 2. The JSON, the format and the version.
-  json j = json::parse(text.begin(), text.end(), nullptr, false);
-  if (j.is_discarded())
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, ": sealed, but not valid JSON"));
+  json j;
+  try {
+    j = parse_bounded_json(text, path, manifest_limits());
+  } catch (const ConfigError& e) {
+    refuse_json(e, path, "sealed, but not a manifest's JSON: ");
+  }
   Fields f(path);
   Manifest m;
   m.path = path;
@@ -251,9 +286,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   m.format_version = static_cast<std::uint32_t>(f.u64(j, "", "format_version", 0, ~0u));
   m.strata_version = f.str(j, "", "strata_version");
   if (m.format_version != kFormatVersion)
-    f.bad("format_version", strcat(m.format_version, " (written by strata ", m.strata_version,
-                                   "); this strata reads format ", kFormatVersion,
-                                   m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
+    f.bad("format_version",
+          strcat(m.format_version, " (written by strata ", printable(m.strata_version, kQuoteBytes),
+                 "); this strata reads format ", kFormatVersion,
+                 m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
   // 3. Every field.
   m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
   m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
@@ -262,12 +298,13 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   if (dt == "fp16") m.param_dtype = DType::kFp16;
   else if (dt == "bf16") m.param_dtype = DType::kBf16;
   else if (dt == "fp32") m.param_dtype = DType::kFp32;
-  else f.bad("param_dtype", strcat("'", dt, "' is not fp16, bf16 or fp32"));
+  else
+    f.bad("param_dtype", strcat("'", printable(dt, kQuoteBytes), "' is not fp16, bf16 or fp32"));
   m.partition_size = f.u64(j, "", "partition_size", 1, kMaxElems / static_cast<std::uint64_t>(m.world));
   m.flat_size = f.u64(j, "", "flat_size", 1, kMaxElems);
   if (m.flat_size != m.partition_size * static_cast<std::uint64_t>(m.world))
     f.bad("flat_size", strcat(m.flat_size, " != partition_size ", m.partition_size, " x world ", m.world));
-  m.block_elems = f.u64(j, "", "block_elems", 1, 1ull << 30);
+  m.block_elems = f.u64(j, "", "block_elems", 1, kMaxBlockElems);
   const json& tensors = f.array(j, "", "tensors");
   std::uint64_t end = 0;
   for (std::size_t i = 0; i < tensors.size(); ++i) {
@@ -307,7 +344,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     s.rank = static_cast<int>(f.u64(shards[r], where, "rank", r, r));
     s.file = f.str(shards[r], where, "file");
     if (s.file != shard_file_name(m.serial, s.rank))
-      f.bad(where + ".file", strcat("'", s.file, "' is not '", shard_file_name(m.serial, s.rank), "'"));
+      f.bad(where + ".file", strcat("'", printable(s.file, kQuoteBytes), "' is not '",
+                                    shard_file_name(m.serial, s.rank), "'"));
     s.begin = f.u64(shards[r], where, "begin", r * m.partition_size, r * m.partition_size);
     s.count = f.u64(shards[r], where, "count", m.partition_size, m.partition_size);
     s.bytes = f.u64(shards[r], where, "bytes", layout.total, layout.total);
@@ -444,34 +482,71 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
     const std::uint64_t n = (e1 - e0) * eb + (b + 1 == layout_.nblocks ? pad : 0);
-    const std::uint32_t crc = crc32c(c.buf.data() + (e0 - first) * eb, n);
-    if (crc != crc_[s][b])
-      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
-                                        " (offset ", layout_.offset[s] + e0 * eb, ", ", n, " bytes) CRC32C ",
-                                        hex8(crc), ", the header says ", hex8(crc_[s][b])));
+    check_block_crc(s, b, layout_.offset[s] + e0 * eb, n,
+                    crc32c(c.buf.data() + (e0 - first) * eb, n));
   }
   c.b0 = b0;
   c.b1 = b1;
 }
 
-void ShardReader::read(Section s, std::uint64_t first, std::uint64_t n, void* dst) {
+void ShardReader::check_range(std::uint64_t first, std::uint64_t n) const {
   const std::uint64_t count = m_.shards[static_cast<std::size_t>(shard_)].count;
   if (first > count || n > count - first)
     fail(ErrorCode::kInternal, strcat("checkpoint: read of [", first, ", +", n, ") beyond shard ", path_));
+}
+
+void ShardReader::read(Section s, std::uint64_t first, std::uint64_t n, void* dst) {
+  check_range(first, n);
   const std::uint64_t be = m_.block_elems, eb = layout_.elem_bytes[s];
   auto* out = static_cast<unsigned char*>(dst);
   const std::uint64_t last_block = n ? (first + n - 1) / be : 0;
+  // At most kCacheBytes of blocks at a time (one block at least).
+  const std::uint64_t per_load =
+      std::max<std::uint64_t>(1, std::min(kCacheBlocks, kCacheBytes / (be * eb)));
   for (std::uint64_t pos = first; pos < first + n;) {
     const std::uint64_t b = pos / be;
     Cache& c = cache_[s];
-    if (b < c.b0 || b >= c.b1) load_blocks(s, b, std::min(b + kCacheBlocks, last_block + 1));
+    if (b < c.b0 || b >= c.b1) load_blocks(s, b, std::min(b + per_load, last_block + 1));
     const std::uint64_t stop = std::min(first + n, c.b1 * be);
-    if (out) std::memcpy(out + (pos - first) * eb, c.buf.data() + (pos - c.b0 * be) * eb, (stop - pos) * eb);
+    std::memcpy(out + (pos - first) * eb, c.buf.data() + (pos - c.b0 * be) * eb, (stop - pos) * eb);
     pos = stop;
   }
 }
 
-void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) { read(s, first, n, nullptr); }
+void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
+  check_range(first, n);
+  if (n == 0) return;
+  const std::uint64_t be = m_.block_elems, eb = layout_.elem_bytes[s];
+  const std::uint64_t count = m_.shards[static_cast<std::size_t>(shard_)].count;
+  std::vector<unsigned char> buf;
+  for (std::uint64_t b = first / be; b <= (first + n - 1) / be; ++b) {
+    const Cache& c = cache_[s];
+    if (b >= c.b0 && b < c.b1) continue;  // verified when it was loaded
+    // The block in pieces of at most kVerifyPiece bytes, its CRC32C continued over them.
+    const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
+    const std::uint64_t pad = b + 1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
+    const std::uint64_t off = layout_.offset[s] + e0 * eb, len = (e1 - e0) * eb + pad;
+    buf.resize(std::min(len, kVerifyPiece));
+    std::uint32_t crc = 0;
+    for (std::uint64_t done = 0; done < len;) {
+      const std::uint64_t k = std::min(len - done, kVerifyPiece);
+      pread_full(fd_.get(), buf.data(), k, off + done, path_);
+      crc = crc32c(buf.data(), k, crc);
+      done += k;
+    }
+    bytes_read_ += len;
+    check_block_crc(s, b, off, len, crc);
+  }
+}
+
+void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offset,
+                                  std::uint64_t len, std::uint32_t crc) const {
+  if (crc != crc_[s][b])
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
+                " (offset ", offset, ", ", len, " bytes) CRC32C ", hex8(crc), ", the header says ",
+                hex8(crc_[s][b])));
+}
 
 // ---- positional I/O -------------------------------------------------------------------------------
 

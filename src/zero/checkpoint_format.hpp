@@ -51,7 +51,13 @@ inline constexpr const char* kFormatName = "strata-checkpoint";
 inline constexpr const char* kManifestName = "manifest.json";
 inline constexpr const char* kManifestTmpName = "manifest.json.tmp";
 inline constexpr std::uint64_t kDefaultBlockElems = 1u << 18;  // 1 MiB of FP32 per block
+// The largest block a checkpoint may have (16 MiB of FP32): save_checkpoint writes no larger one,
+// parse_manifest refuses one (what a reader holds in memory is a few blocks).
+inline constexpr std::uint64_t kMaxBlockElems = 1u << 22;
 inline constexpr std::uint64_t kMaxManifestBytes = 64ull << 20;
+// JSON values (objects, arrays, strings, keys, numbers) a manifest may hold: 4 per tensor, so
+// about a million tensors.
+inline constexpr std::size_t kMaxManifestValues = 1u << 22;
 inline constexpr std::uint64_t kMaxHeaderBytes = 64ull << 20;
 inline constexpr int kMaxWorld = 1 << 20;
 inline constexpr int kSections = 4;
@@ -128,11 +134,16 @@ std::vector<unsigned char> encode_shard_header(const Manifest& m, int rank, cons
 // Reads (parts of) one shard, verifying as it goes. Construction opens the file (no symlink),
 // checks its size against the manifest, reads the header, checks its CRC32C against the
 // manifest and its fields against the manifest's entry. read() and verify() check the CRC32C of
-// every block they touch against the header; the last run of blocks read per section is kept so
-// that neighbouring requests do not read a block twice (memory: kCacheBlocks blocks per section).
+// every block they touch against the header. read() keeps the last run of blocks it read per
+// section so that neighbouring requests do not read a block twice (memory: at most kCacheBlocks
+// blocks and kCacheBytes per section, one block at least); verify() streams each block through a
+// buffer of at most kVerifyPiece bytes, whatever the block size (memory: the header's CRC tables,
+// at most kMaxHeaderBytes, plus kVerifyPiece).
 class ShardReader {
  public:
   static constexpr std::uint64_t kCacheBlocks = 4;
+  static constexpr std::uint64_t kCacheBytes = 4ull << 20;
+  static constexpr std::uint64_t kVerifyPiece = 1ull << 20;
   ShardReader(const SafeDir& dir, const Manifest& m, int shard);
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
@@ -151,6 +162,9 @@ class ShardReader {
 
  private:
   void load_blocks(Section s, std::uint64_t b0, std::uint64_t b1);
+  void check_range(std::uint64_t first, std::uint64_t n) const;
+  void check_block_crc(Section s, std::uint64_t b, std::uint64_t offset, std::uint64_t len,
+                       std::uint32_t crc) const;
   const Manifest& m_;
   int shard_;
   std::string path_;

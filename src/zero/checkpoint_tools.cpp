@@ -13,6 +13,7 @@
 #include <set>
 
 #include "comm/numeric.hpp"
+#include "core/printable.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
@@ -99,11 +100,13 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   std::uint64_t data = 0, params = 0;
   for (const TensorEntry& t : m.tensors) {
     if (t.name.empty() || t.name == "__metadata__")
-      fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": tensor name '", t.name,
-                                               "' cannot be a safetensors tensor name"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
+                  "' cannot be a safetensors tensor name"));
     if (!names.insert(t.name).second)
-      fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": tensor name '", t.name,
-                                               "' appears twice; safetensors needs unique names"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
+                  "' appears twice; safetensors needs unique names"));
     h[t.name] = {{"dtype", safetensors_dtype(o.dtype)}, {"shape", {t.numel}}, {"data_offsets", {data, data + t.numel * es}}};
     data += t.numel * es;
     params += t.numel;
@@ -125,9 +128,7 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   SafeDirOptions po;
   po.role = "--out directory";
   const SafeDir odir = SafeDir::open(parent, po);
-  struct stat st {};
-  if (!o.overwrite && odir.stat_entry(name, &st))
-    fail(ErrorCode::kInvalidArgument, strcat(odir.child_path(name), " exists; pass --overwrite to replace it"));
+  odir.check_replaceable(name, o.overwrite);
   TempFile tmp{odir, strcat(".", name, ".tmp-", ::getpid())};
   odir.try_remove(tmp.name, false);
   UniqueFd fd = odir.create_file(tmp.name, O_WRONLY);
@@ -169,6 +170,7 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   }
   if (::fsync(fd.get()) != 0) throw IoError("fsync", tpath, 0, pos, errno, "safetensors export");
   fd.reset();
+  odir.check_replaceable(name, o.overwrite);  // again: it may have appeared while we wrote
   const unsigned flags = o.overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE);
   if (::renameat2(odir.fd(), tmp.name.c_str(), odir.fd(), name.c_str(), flags) != 0) {
     const int err = errno;

@@ -173,5 +173,26 @@ TEST(CleanShutdown, NextRunRemovesWhatAKilledRunLeft) {
   EXPECT_EQ(count_entries(swap.str()), 0u);
 }
 
+// A killed `bench io` leaves its file (issue 25.6); the next `bench io` in that --dir removes it,
+// as a swap space removes what killed runs left. A file of a live process is kept.
+TEST(CleanShutdown, NextBenchIoRemovesWhatAKilledOneLeft) {
+  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  TempDir dir("strata-bench-left");
+  const std::string dead = dir.str() + "/.strata-bench-io-" + std::to_string(dead_pid()) + "-0123abcd";
+  const std::string live = dir.str() + "/.strata-bench-io-" + std::to_string(getpid()) + "-0123abcd";
+  std::ofstream(dead) << std::string(1 << 20, 'x');
+  std::ofstream(live) << "y";
+  std::string out;
+  ASSERT_EQ(run_command(cli() + " bench io --dir " + dir.str() + " --size 1MiB --block-size 128KiB"
+                            " --queue-depth 2 --rw write --engine threads --direct-io off",
+                        &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("removed " + dead), std::string::npos) << out;
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_EQ(count_entries(dir.str()), 1u);
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -4,6 +4,12 @@
 // plan`; keys with no strata meaning and unknown keys are each listed in a warning; "auto" values
 // are resolved and reported; malformed JSON exits 2 naming the position.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <filesystem>
 
 #include <fstream>
 #include <functional>
@@ -233,6 +239,72 @@ TEST(ImportDeepSpeedErrors, MalformedJsonNamesThePosition) {
   EXPECT_EQ(slurp(out), "mine\n");
   EXPECT_EQ(run("import-deepspeed " + good + " -o " + out + " --overwrite").rc, 0);
   EXPECT_NE(slurp(out).find("zero_optimization.stage: 2"), std::string::npos);
+}
+
+// Issue 25.6: numbers a double cannot hold, values beyond the bounded parse's limits, and keys
+// holding control characters are bad input (exit 2) with a position, not the JSON library's
+// message (exit 1); nothing a terminal acts on reaches stderr.
+TEST(ImportDeepSpeedErrors, NumberValueAndControlCharacterLimits) {
+  TempDir tmp("strata-import-limits");
+  auto write = [&](const std::string& text) {
+    std::ofstream(tmp.str() + "/ds.json") << text;
+    return tmp.str() + "/ds.json";
+  };
+  std::string many = "{\"x\": [";
+  for (int i = 0; i < 70000; ++i) many += i ? ",0" : "0";
+  many += "]}";
+  struct Bad {
+    std::string text, want;
+  };
+  const std::vector<Bad> bad{
+      {"{\"optimizer\": {\"params\": {\"lr\": 1e400}}}", "ds.json:1:33: malformed JSON: the number 1e400 is out of the range"},
+      {"{\"optimizer\": {\"params\": {\"lr\": -1e400}}}", "ds.json:1:33: malformed JSON: the number -1e400"},
+      {"{\"train_batch_size\": " + std::string(100, '9') + "}", "ds.json:1:22: malformed JSON: a number of 100"},
+      {many, "malformed JSON: more than 65536 values"},
+      {"{\"\\u001b[2Jkey\\u0007\": 1, \"\\u001b[2Jkey\\u0007\": 2}", "duplicate key"},
+      {"{\"zero_optimization\": {\"stage\": \"\\u001b]0;owned\\u0007\"}}", "zero_optimization.stage"},
+  };
+  for (const auto& b : bad) {
+    const CliRun r = run("import-deepspeed " + write(b.text));
+    EXPECT_EQ(r.rc, 2) << b.text.substr(0, 80) << "\n" << r.err;
+    EXPECT_NE(r.err.find(b.want), std::string::npos) << b.text.substr(0, 80) << "\n" << r.err;
+    EXPECT_LT(r.err.size(), 4096u) << r.err.substr(0, 200);
+    for (char c : r.err)
+      EXPECT_TRUE(c == '\n' || static_cast<unsigned char>(c) >= 0x20) << "control character in: " << r.err;
+  }
+}
+
+// Issue 25.3: --overwrite replaces a regular file only; a FIFO or a device node at -o is refused
+// (exit 2) and left as it was.
+TEST(ImportDeepSpeedErrors, OverwriteRefusesFifoAndDevice) {
+  TempDir tmp("strata-import-overwrite");
+  const std::string good = config_dir() + "zero2_cpu_offload.json";
+  const std::string fifo = tmp.str() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  CliRun r = run("import-deepspeed " + good + " -o " + fifo + " --overwrite");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("is a FIFO; --overwrite replaces only a regular file"), std::string::npos) << r.err;
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // A character device like /dev/null (1, 3), made here when we may (root).
+  const std::string dev = tmp.str() + "/null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0600, makedev(1, 3)) == 0) {
+    r = run("import-deepspeed " + good + " -o " + dev + " --overwrite");
+    EXPECT_EQ(r.rc, 2) << r.err;
+    EXPECT_NE(r.err.find("is a character device"), std::string::npos) << r.err;
+    ASSERT_EQ(::lstat(dev.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISCHR(st.st_mode));
+  } else {
+    std::printf("(no mknod here, errno %d: the device case is not run)\n", errno);
+  }
+  // Nothing left beside them.
+  std::string names;
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) names += e.path().filename().string() + " ";
+  EXPECT_TRUE(names == "fifo null " || names == "null fifo " || names == "fifo ") << names;
+  // A regular file is still replaced.
+  std::ofstream(tmp.str() + "/x.yaml") << "mine\n";
+  EXPECT_EQ(run("import-deepspeed " + good + " -o " + tmp.str() + "/x.yaml --overwrite").rc, 0);
 }
 
 }  // namespace
