@@ -46,11 +46,16 @@ void set_log_sink(LogSink sink) {
 
 const char* log_level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return "debug";
-    case LogLevel::kInfo: return "info";
-    case LogLevel::kWarn: return "warning";
-    case LogLevel::kError: return "error";
-    case LogLevel::kOff: return "off";
+    case LogLevel::kDebug:
+      return "debug";
+    case LogLevel::kInfo:
+      return "info";
+    case LogLevel::kWarn:
+      return "warning";
+    case LogLevel::kError:
+      return "error";
+    case LogLevel::kOff:
+      return "off";
   }
   return "?";
 }
@@ -73,8 +78,8 @@ void log_message(LogLevel level, std::string_view message) {
     s.sink(level, message);
     return;
   }
-  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level), static_cast<int>(message.size()),
-               message.data());
+  std::fprintf(stderr, "strata: %s: %.*s\n", log_level_name(level),
+               static_cast<int>(message.size()), message.data());
 }
 
 }  // namespace strata
