@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds, runs every test under CTest, then again
-# under ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
+# The whole test suite: installs dependencies, checks the formatting, the function length and
+# clang's thread-safety analysis, builds, runs every test under CTest, then again under
+# ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,6 +30,12 @@ run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
 }
 
 status=0
+echo "== format (clang-format, 100 columns), function length (80 lines) =="
+"$root/scripts/check_format.sh" || status=1
+"$root/scripts/check_function_length.sh" || status=1
+echo "== thread safety (clang -Wthread-safety) =="
+"$root/scripts/check_thread_safety.sh" "$root/build-tsa" || status=1
+
 echo "== build (RelWithDebInfo) =="
 "$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON || exit 1
 echo "== tests =="

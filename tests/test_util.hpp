@@ -1,14 +1,20 @@
-// Helpers shared by tests: temporary directories, random data, the source/binary dirs.
+// Helpers shared by tests: temporary directories, random data, the source/binary dirs, and the one
+// check of an expected error (expect_error).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "strata/error.hpp"
 
 namespace strata::testing {
 
@@ -50,5 +56,37 @@ bool can_switch_user();
 // REQUIRES: can_switch_user(). fn must only make plain syscalls (the child of a threaded
 // process).
 int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn);
+
+// Runs fn, which must throw E (strata::Error or a subclass: IoError, ConfigError) with `code`
+// and a message that contains `fragment` (an empty fragment: any message). Anything else (no
+// throw, another code or message, another exception type) is a test failure reported at the
+// caller's line. Returns the message ("" when fn did not throw E), for further checks.
+//   expect_error(ErrorCode::kBudget, "buffer 'second'", [&] { swap.allocate(n, "second"); });
+//   expect_error<IoError>(ErrorCode::kIo, "ENOSPC", [&] { ... });
+template <class E = Error, class Fn>
+std::string expect_error(ErrorCode code, std::string_view fragment, Fn&& fn,
+                         std::source_location where = std::source_location::current()) {
+  const auto fail_here = [&](const std::string& what) {
+    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << what;
+  };
+  try {
+    fn();
+  } catch (const E& e) {
+    const std::string msg = e.what();
+    if (e.code() != code)
+      fail_here("error code " + std::string(error_code_name(e.code())) + ", expected " +
+                error_code_name(code) + ": " + msg);
+    if (msg.find(fragment) == std::string::npos)
+      fail_here("the message does not contain \"" + std::string(fragment) + "\": " + msg);
+    return msg;
+  } catch (const std::exception& e) {
+    fail_here(std::string("threw another exception (expected ") + error_code_name(code) +
+              "): " + e.what());
+    return "";
+  }
+  fail_here(std::string("did not throw (expected ") + error_code_name(code) + " naming \"" +
+            std::string(fragment) + "\")");
+  return "";
+}
 
 }  // namespace strata::testing

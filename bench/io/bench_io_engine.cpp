@@ -25,10 +25,11 @@ struct Fixture {
   strata::IoBuffer buf;
 
   Fixture(strata::IoEngineKind kind, std::uint32_t qd) {
-    path = (std::filesystem::temp_directory_path() / ("strata-bench-io-" + std::to_string(::getpid())))
-               .string();
-    file = std::make_shared<strata::IoFile>(strata::IoFile::open(
-        path, {.create = true, .direct_io = strata::DirectIoMode::kOff}));
+    path =
+        (std::filesystem::temp_directory_path() / ("strata-bench-io-" + std::to_string(::getpid())))
+            .string();
+    file = std::make_shared<strata::IoFile>(
+        strata::IoFile::open(path, {.create = true, .direct_io = strata::DirectIoMode::kOff}));
     std::vector<char> data(kFile, 'x');
     if (::pwrite(file->fd(), data.data(), data.size(), 0) != static_cast<ssize_t>(data.size()))
       throw std::runtime_error("pwrite failed");

@@ -22,8 +22,7 @@ constexpr unsigned kThreads = 2;
 struct Arrays {
   std::vector<float> p, m, v, g32;
   std::vector<std::uint16_t> g16, copy;
-  explicit Arrays(bool half)
-      : p(kParams, 0.5f), m(kParams, 0.0f), v(kParams, 0.0f) {
+  explicit Arrays(bool half) : p(kParams, 0.5f), m(kParams, 0.0f), v(kParams, 0.0f) {
     if (half) {
       g16.assign(kParams, 0x3C23);  // bf16 ~0.00995
       copy.assign(kParams, 0);
@@ -33,10 +32,22 @@ struct Arrays {
   }
   strata::AdamTensors tensors(bool half) {
     if (half)
-      return {p.data(), m.data(), v.data(), g16.data(), strata::DType::kBf16, copy.data(),
-              strata::DType::kBf16, kParams};
-    return {p.data(), m.data(), v.data(), g32.data(), strata::DType::kFp32, nullptr,
-            strata::DType::kBf16, kParams};
+      return {p.data(),
+              m.data(),
+              v.data(),
+              g16.data(),
+              strata::DType::kBf16,
+              copy.data(),
+              strata::DType::kBf16,
+              kParams};
+    return {p.data(),
+            m.data(),
+            v.data(),
+            g32.data(),
+            strata::DType::kFp32,
+            nullptr,
+            strata::DType::kBf16,
+            kParams};
   }
 };
 
@@ -91,7 +102,12 @@ BENCHMARK(BM_AdamStep_Fp32Grads)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_StreamBound_Fp32Pattern)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AdamStep_Bf16GradsBf16Copy)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_StreamBound_Bf16Pattern)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AdamVsStream)->Arg(0)->Arg(1)->Iterations(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AdamVsStream)
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(1)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 

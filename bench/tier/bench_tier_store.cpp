@@ -15,12 +15,12 @@
 #include <fstream>
 #include <thread>
 
+#include "core/crc32c.hpp"
+#include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
-#include "device/pinned_pool.hpp"
 #include "tier/tier_store.hpp"
-#include "core/crc32c.hpp"
 
 using namespace strata;
 using Clock = std::chrono::steady_clock;
@@ -47,15 +47,16 @@ std::uint64_t rss_bytes() {
 // Samples RSS every millisecond while alive.
 class RssSampler {
  public:
-  RssSampler() : base_(rss_bytes()), peak_(base_), t_([this] {
-    while (!stop_) {
-      std::uint64_t r = rss_bytes();
-      std::uint64_t p = peak_.load();
-      while (r > p && !peak_.compare_exchange_weak(p, r)) {
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-  }) {}
+  RssSampler()
+      : base_(rss_bytes()), peak_(base_), t_([this] {
+          while (!stop_) {
+            std::uint64_t r = rss_bytes();
+            std::uint64_t p = peak_.load();
+            while (r > p && !peak_.compare_exchange_weak(p, r)) {
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }) {}
   ~RssSampler() {
     stop_ = true;
     t_.join();
@@ -91,8 +92,8 @@ IoEngineOptions io_options() {
 }
 
 // The reference: the same streaming pattern straight on the engine, kWindow buffers.
-double raw_round_trip(IoEngine& engine, const std::string& dir, std::uint64_t total, RssSampler* rss,
-                      std::uint64_t* rss_growth) {
+double raw_round_trip(IoEngine& engine, const std::string& dir, std::uint64_t total,
+                      RssSampler* rss, std::uint64_t* rss_growth) {
   IoFileOptions fo;
   fo.create = true;
   fo.exclusive = true;
@@ -101,7 +102,8 @@ double raw_round_trip(IoEngine& engine, const std::string& dir, std::uint64_t to
   file->allocate(total);
   FileId fid = engine.register_file(file);
   std::vector<IoBuffer> bufs;
-  for (int i = 0; i < kWindow; ++i) bufs.push_back(IoBuffer::allocate(kBuf, HugePageMode::kTransparent));
+  for (int i = 0; i < kWindow; ++i)
+    bufs.push_back(IoBuffer::allocate(kBuf, HugePageMode::kTransparent));
   const std::uint64_t n = total / kBuf;
   std::vector<IoTicket> t(kWindow, 0);
   const auto start = Clock::now();
@@ -117,9 +119,12 @@ double raw_round_trip(IoEngine& engine, const std::string& dir, std::uint64_t to
     if (i >= kWindow) {  // consume i - kWindow
       const std::uint64_t j = i - kWindow;
       engine.wait_for(t[j % kWindow], std::chrono::minutes(2));
-      if (!check(bufs[j % kWindow].bytes(), kBuf, j)) throw Error(ErrorCode::kInternal, "raw: bad data");
+      if (!check(bufs[j % kWindow].bytes(), kBuf, j))
+        throw Error(ErrorCode::kInternal, "raw: bad data");
     }
-    if (i < n) t[i % kWindow] = engine.submit(IoRequest{IoOp::kRead, fid, bufs[i % kWindow].data(), kBuf, i * kBuf});
+    if (i < n)
+      t[i % kWindow] =
+          engine.submit(IoRequest{IoOp::kRead, fid, bufs[i % kWindow].data(), kBuf, i * kBuf});
   }
   const double s = std::chrono::duration<double>(Clock::now() - start).count();
   *rss_growth = rss->growth();
@@ -130,7 +135,8 @@ double raw_round_trip(IoEngine& engine, const std::string& dir, std::uint64_t to
 }
 
 double store_round_trip(Device& dev, IoEngine& engine, PinnedPool& pool, const std::string& dir,
-                        std::uint64_t total, bool checksum, RssSampler* rss, std::uint64_t* rss_growth) {
+                        std::uint64_t total, bool checksum, RssSampler* rss,
+                        std::uint64_t* rss_growth) {
   TierStoreOptions so;
   so.nvme_paths = {dir};
   so.nvme_capacity = total;

@@ -67,9 +67,9 @@ struct AdamTensors {
   float* exp_avg_sq = nullptr;  // second moment v, FP32, updated in place
   const void* grad = nullptr;   // gradients, grad_dtype; read only
   DType grad_dtype = DType::kFp32;
-  void* param_copy = nullptr;   // optional: the updated weights written as param_copy_dtype
+  void* param_copy = nullptr;  // optional: the updated weights written as param_copy_dtype
   DType param_copy_dtype = DType::kBf16;  // kFp16 or kBf16 (kFp32 allowed: a plain copy)
-  std::size_t n = 0;            // elements
+  std::size_t n = 0;                      // elements
 };
 
 // CPU code path. kAuto = the best this CPU supports, unless $STRATA_ADAM_PATH
@@ -94,9 +94,9 @@ struct AdamStepResult {
   bool applied = true;  // false: a gradient was inf/NaN and nothing was written
 };
 
-// Result of a pass over the gradients ((g / grad_divisor) * grad_scale): finite flag and the sum of squares
-// (float partial sums over blocks of 2048, added in double; meaningless when !finite) for the
-// global norm / clip coefficient.
+// Result of a pass over the gradients ((g / grad_divisor) * grad_scale): finite flag and the sum of
+// squares (float partial sums over blocks of 2048, added in double; meaningless when !finite) for
+// the global norm / clip coefficient.
 struct AdamGradStats {
   bool finite = true;
   double sum_sq = 0.0;
@@ -114,7 +114,7 @@ class CpuAdam {
   CpuAdam(const CpuAdam&) = delete;
   CpuAdam& operator=(const CpuAdam&) = delete;
 
-  AdamPath path() const;   // the resolved path (never kAuto)
+  AdamPath path() const;  // the resolved path (never kAuto)
   unsigned threads() const;
 
   AdamStepResult step(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o);

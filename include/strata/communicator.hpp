@@ -76,7 +76,8 @@ class Communicator {
   virtual std::unique_ptr<CommHandle> all_reduce_async(const void* send, void* recv,
                                                        std::size_t count, DType dtype) = 0;
   // send holds sum(counts) elements: counts[0] for rank 0, then counts[1] for rank 1, ...
-  // recv (counts[rank] elements) = the sum over ranks of this rank's slice. counts.size() == size().
+  // recv (counts[rank] elements) = the sum over ranks of this rank's slice. counts.size() ==
+  // size().
   virtual std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                            std::span<const std::size_t> counts,
                                                            DType dtype) = 0;
@@ -92,7 +93,8 @@ class Communicator {
 
   // Blocking forms, and equal-chunk forms (recv_count / send_count elements per rank).
   void all_reduce(const void* send, void* recv, std::size_t count, DType dtype);
-  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype);
+  void reduce_scatter(const void* send, void* recv, std::span<const std::size_t> counts,
+                      DType dtype);
   void reduce_scatter(const void* send, void* recv, std::size_t recv_count, DType dtype);
   void all_gather(const void* send, void* recv, std::span<const std::size_t> counts, DType dtype);
   void all_gather(const void* send, void* recv, std::size_t send_count, DType dtype);

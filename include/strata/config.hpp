@@ -13,29 +13,10 @@
 #include <string_view>
 #include <vector>
 
+// DType, Tier, ... and their names: re-exported, so callers that include config.hpp keep them.
+#include "strata/types.hpp"
+
 namespace strata {
-
-enum class DType { kFp16, kBf16, kFp32 };
-enum class OptimizerType { kAdam, kAdamW };
-// Where the optimizer update runs: the CPU kernel on host memory, or the runtime.device's kernel
-// after a host-to-device copy (DeviceAdam).
-enum class OptimizerUpdate { kCpu, kDevice };
-// Where a piece of state lives. kCpu is host memory (pinned or pageable, see OffloadTarget).
-enum class Tier { kGpu, kCpu, kNvme };
-enum class IoEngineKind { kAuto, kIoUring, kThreads };
-enum class DirectIoMode { kAuto, kRequired, kOff };
-enum class DeviceKind { kAuto, kCuda, kHost };
-enum class CommBackend { kAuto, kInProcess, kMpi, kNccl };
-
-std::size_t dtype_size(DType t);
-const char* dtype_name(DType t);          // "fp16" | "bf16" | "fp32"
-const char* tier_name(Tier t);            // "gpu" | "cpu" | "nvme"
-const char* optimizer_name(OptimizerType t);
-const char* optimizer_update_name(OptimizerUpdate u);  // "cpu" | "device"
-const char* io_engine_name(IoEngineKind k);  // "auto" | "io_uring" | "threads"
-const char* direct_io_name(DirectIoMode m);  // "auto" | "required" | "off"
-const char* device_name(DeviceKind k);       // "auto" | "cuda" | "host"
-const char* comm_backend_name(CommBackend b);  // "auto" | "inprocess" | "mpi" | "nccl"
 
 // The ranges the loader enforces (docs/config.md, "Ranges"). They are chosen so that everything
 // strata derives from a config fits its type: 28 B of state and traffic per parameter, times
@@ -58,7 +39,7 @@ constexpr std::uint32_t kMaxQueueDepth = 4096;
 constexpr std::uint32_t kMaxIoThreads = 64;
 constexpr double kMinCollectiveTimeoutS = 0.001;
 constexpr double kMaxCollectiveTimeoutS = 1e6;  // 11.6 days; 1e15 ns fits an int64
-constexpr std::uint32_t kMaxCpuThreads = 1024;   // as CpuAdam accepts
+constexpr std::uint32_t kMaxCpuThreads = 1024;  // as CpuAdam accepts
 }  // namespace limits
 
 struct ModelConfig {
@@ -72,7 +53,9 @@ struct ModelConfig {
   std::uint32_t heads = 0;
   std::uint32_t sequence_length = 0;
   std::uint32_t micro_batch = 1;
-  bool has_shape() const { return layers && hidden_size && heads && sequence_length && micro_batch; }
+  bool has_shape() const {
+    return layers && hidden_size && heads && sequence_length && micro_batch;
+  }
 };
 
 // Whether gradients are loss-scaled: kAuto = only fp16 gradients (as torch AMP and DeepSpeed:
@@ -81,12 +64,12 @@ enum class LossScaling { kAuto, kOn, kOff };
 
 struct LossScaleConfig {
   LossScaling enabled = LossScaling::kAuto;
-  bool dynamic = true;             // dynamic loss scaling (when scaling is enabled)
-  double initial = 65536.0;        // initial (or static) loss scale, > 0
-  double growth_factor = 2.0;      // > 1
-  double backoff_factor = 0.5;     // in (0, 1)
+  bool dynamic = true;                   // dynamic loss scaling (when scaling is enabled)
+  double initial = 65536.0;              // initial (or static) loss scale, > 0
+  double growth_factor = 2.0;            // > 1
+  double backoff_factor = 0.5;           // in (0, 1)
   std::uint32_t growth_interval = 1000;  // steps without overflow before growing, >= 1
-  double min_scale = 1.0;          // > 0
+  double min_scale = 1.0;                // > 0
 };
 
 struct PrecisionConfig {
@@ -102,12 +85,12 @@ struct PrecisionConfig {
 
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
-  double lr = 1.0e-4;      // >= 0
-  double beta1 = 0.9;      // [0, 1)
-  double beta2 = 0.999;    // [0, 1)
-  double eps = 1.0e-8;     // > 0
+  double lr = 1.0e-4;          // >= 0
+  double beta1 = 0.9;          // [0, 1)
+  double beta2 = 0.999;        // [0, 1)
+  double eps = 1.0e-8;         // > 0
   double weight_decay = 0.01;  // >= 0
-  double grad_clip = 0.0;  // max global gradient L2 norm; 0 = no clipping
+  double grad_clip = 0.0;      // max global gradient L2 norm; 0 = no clipping
   OptimizerUpdate update = OptimizerUpdate::kCpu;
 };
 
@@ -135,7 +118,7 @@ struct OffloadTarget {
 struct OffloadConfig {
   OffloadTarget optimizer;  // FP32 master + both moments
   OffloadTarget gradients;
-  OffloadTarget params;     // cpu/nvme only at stage 3
+  OffloadTarget params;  // cpu/nvme only at stage 3
 };
 
 struct GpuTierConfig {
@@ -145,7 +128,7 @@ struct GpuTierConfig {
 struct HostTierConfig {
   std::uint64_t budget = 512ULL << 30;
   std::uint64_t pinned_budget = 8ULL << 30;
-  std::uint32_t buffer_count = 4;          // >= 1
+  std::uint32_t buffer_count = 4;            // >= 1
   std::uint64_t buffer_size = 256ULL << 20;  // multiple of 4096
 };
 
@@ -157,7 +140,7 @@ struct NvmeTierConfig {
   std::uint32_t io_threads = 1;           // rings (io_uring) or workers (threads), 1..64
   DirectIoMode direct_io = DirectIoMode::kAuto;
   bool checksum = true;
-  bool sqpoll = false;  // io_uring submission-queue polling thread
+  bool sqpoll = false;       // io_uring submission-queue polling thread
   std::uint64_t budget = 0;  // bytes of swap space per node across all paths; 0 = unlimited
 };
 

@@ -112,7 +112,7 @@ enum class StateKind { kMaster, kExpAvg, kExpAvgSq };
 const char* state_kind_name(StateKind kind);  // "master" | "exp_avg" | "exp_avg_sq"
 
 struct StepResult {
-  bool applied = false;   // false: skipped for an overflow
+  bool applied = false;  // false: skipped for an overflow
   bool overflow = false;
   double grad_norm = 0;   // global, of the averaged, unscaled gradients (before clipping)
   double clip_coef = 1;   // applied to the gradients (1 when no clipping)
@@ -127,9 +127,10 @@ struct EngineStats {
   double last_grad_norm = 0;
   CommStats comm;  // bytes sent and calls per collective kind, since construction
   // Seconds spent, summed over steps, per phase.
-  double reduce_s = 0;     // gradient all-reduce / reduce-scatter (issue + waits)
-  double grad_spill_s = 0; // of which: writing the NVMe share of the gradients (offload.gradients nvme)
-  double norm_s = 0;       // gradient statistics and their exchange
+  double reduce_s = 0;  // gradient all-reduce / reduce-scatter (issue + waits)
+  double grad_spill_s =
+      0;              // of which: writing the NVMe share of the gradients (offload.gradients nvme)
+  double norm_s = 0;  // gradient statistics and their exchange
   double optimizer_s = 0;  // Adam over the sub-groups
   double gather_s = 0;     // parameter all-gather after the step, and stage-3 gathers
   double step_s = 0;       // whole step() calls
@@ -163,8 +164,8 @@ class Engine {
   void finalize();
 
   int stage() const;
-  DType param_dtype() const;  // precision.params
-  DType grad_dtype() const;   // precision.grads
+  DType param_dtype() const;           // precision.params
+  DType grad_dtype() const;            // precision.grads
   const Partition& partition() const;  // after finalize()
   std::size_t numel(TensorId id) const;
 

@@ -41,9 +41,9 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
-#include <exception>
 #include <string>
 #include <vector>
 
@@ -61,7 +61,7 @@ struct IoEngineOptions {
   // means "pieces in flight" for both engines.
   std::uint32_t io_threads = 1;
   DirectIoMode direct_io = DirectIoMode::kAuto;  // used by open_file() and the probe
-  bool sqpoll = false;                      // io_uring: kernel submission-queue polling thread
+  bool sqpoll = false;                           // io_uring: kernel submission-queue polling thread
   std::chrono::milliseconds shutdown_timeout{30000};
 
   static IoEngineOptions from(const NvmeTierConfig& config);
@@ -91,13 +91,13 @@ struct IoRegion {
 };
 
 struct IoStats {
-  std::uint64_t bytes_read = 0;     // completed successfully
+  std::uint64_t bytes_read = 0;  // completed successfully
   std::uint64_t bytes_written = 0;
-  std::uint64_t requests = 0;       // IoRequests completed (success or failure)
-  std::uint64_t pieces = 0;         // block-size pieces submitted to the kernel / workers
-  std::uint64_t retries = 0;        // resubmissions: short transfers, EAGAIN, EINTR
-  std::uint64_t failures = 0;       // requests that failed
-  std::uint64_t fixed_pieces = 0;   // pieces that used a registered buffer
+  std::uint64_t requests = 0;      // IoRequests completed (success or failure)
+  std::uint64_t pieces = 0;        // block-size pieces submitted to the kernel / workers
+  std::uint64_t retries = 0;       // resubmissions: short transfers, EAGAIN, EINTR
+  std::uint64_t failures = 0;      // requests that failed
+  std::uint64_t fixed_pieces = 0;  // pieces that used a registered buffer
 };
 
 class IoEngine {

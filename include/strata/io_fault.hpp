@@ -106,6 +106,8 @@ class FaultInjectingIoEngine : public IoEngine {
     std::uint64_t fired = 0;
   };
   bool finish(IoTicket ticket, std::chrono::steady_clock::time_point deadline);
+  void apply_faults(const IoRequest& r, std::uint32_t align, std::size_t index, Pending& pending,
+                    std::vector<IoRequest>& pass);  // REQUIRES: mu_ held
 
   std::unique_ptr<IoEngine> inner_;
   std::string name_;

@@ -55,7 +55,7 @@ class IoFile {
 
   int fd() const noexcept { return fd_; }
   const std::string& path() const noexcept { return path_; }
-  bool direct() const noexcept { return direct_; }      // opened with O_DIRECT
+  bool direct() const noexcept { return direct_; }  // opened with O_DIRECT
   bool read_only() const noexcept { return read_only_; }
   // Required alignment of buffer address, offset and length (1 for buffered files).
   std::uint32_t alignment() const noexcept { return alignment_; }
@@ -81,12 +81,13 @@ class IoFile {
 // True if `dir` is on tmpfs (statfs magic). Used to decide that O_DIRECT is not real there.
 bool is_tmpfs(const std::string& dir);
 
-// ---- I/O buffers ---------------------------------------------------------------------------------
+// ---- I/O buffers
+// ---------------------------------------------------------------------------------
 
 enum class HugePageMode {
-  kAuto,   // MAP_HUGETLB when huge pages are reserved (vm.nr_hugepages, enough free) and the size
-           // is a multiple of 2 MiB, else anonymous memory with MADV_HUGEPAGE (transparent huge
-           // pages); falls back silently.
+  kAuto,  // MAP_HUGETLB when huge pages are reserved (vm.nr_hugepages, enough free) and the size
+          // is a multiple of 2 MiB, else anonymous memory with MADV_HUGEPAGE (transparent huge
+          // pages); falls back silently.
   kTransparent,  // anonymous memory + MADV_HUGEPAGE only
   kNone,         // plain anonymous memory (still 2 MiB-aligned)
 };

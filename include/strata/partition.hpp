@@ -52,11 +52,11 @@ class Partition {
   std::size_t num_tensors() const { return tensors_.size(); }
   const TensorSpec& tensor(std::size_t i) const { return tensors_.at(i); }
   std::size_t offset(std::size_t i) const { return offsets_.at(i); }  // flat offset of tensor i
-  std::size_t numel() const { return numel_; }            // sum of tensor sizes, no padding
+  std::size_t numel() const { return numel_; }  // sum of tensor sizes, no padding
   std::size_t flat_size() const { return partition_size_ * static_cast<std::size_t>(world_); }
   std::size_t partition_size() const { return partition_size_; }
-  std::size_t partition_begin(int rank) const;            // flat offset of rank's partition
-  int owner(std::size_t flat_offset) const;               // rank owning a flat element
+  std::size_t partition_begin(int rank) const;  // flat offset of rank's partition
+  int owner(std::size_t flat_offset) const;     // rank owning a flat element
   std::size_t sub_group_size() const { return sub_group_size_; }
 
   // Tensor i cut at partition boundaries, in flat order.

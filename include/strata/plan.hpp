@@ -52,7 +52,7 @@ struct TierBytes {
   std::uint64_t pinned_host = 0;
   std::uint64_t pageable_host = 0;
   std::uint64_t nvme = 0;
-  std::uint64_t host() const;   // saturating (figures beyond 2^64 bytes never fit)
+  std::uint64_t host() const;  // saturating (figures beyond 2^64 bytes never fit)
   std::uint64_t total() const;
   TierBytes& operator+=(const TierBytes& o);
 };
@@ -109,8 +109,9 @@ PoolPlan plan_pool(const Config& config, int stage, const OffloadConfig& offload
 // 12h^2 + 13h; 0 when neither is given), P = the rank's partition (ceil(parameters / ranks)
 // rounded up to 64), F = ranks x P.
 struct RuntimeBuffers {
-  std::uint64_t bucket_count = 0;   // stages 2-3: min(ceil(F / B), 5; 4 when model.largest_layer < B)
-  std::uint64_t buckets = 0;        // bucket_count x B x grad bytes (rt.bucket.<n>)
+  std::uint64_t bucket_count =
+      0;                      // stages 2-3: min(ceil(F / B), 5; 4 when model.largest_layer < B)
+  std::uint64_t buckets = 0;  // bucket_count x B x grad bytes (rt.bucket.<n>)
   std::uint64_t receive_count = 0;  // stages 2-3: min(ceil(F / B), 2): the buckets in flight
   std::uint64_t receive = 0;        // receive_count x min(B, P) x grad bytes (rt.recv.<n>)
   std::uint64_t layer = 0;          // L
@@ -166,11 +167,11 @@ ActivationEstimate estimate_activations(const Config& config, std::uint64_t gpu_
 // checkpointing when that is what it takes to fit).
 struct Rung {
   Layout layout;
-  std::uint64_t activations = 0;      // per rank, as counted (0 without a model shape)
-  bool checkpointing = false;         // activations counted with full checkpointing
-  std::uint64_t gpu_total = 0;        // layout.per_rank.gpu (state + runtime) + activations
-  bool fits = false;                  // every budget, the gpu one with gpu_total
-  std::string verdict;                // "fits" or which budget overflows, by how much
+  std::uint64_t activations = 0;  // per rank, as counted (0 without a model shape)
+  bool checkpointing = false;     // activations counted with full checkpointing
+  std::uint64_t gpu_total = 0;    // layout.per_rank.gpu (state + runtime) + activations
+  bool fits = false;              // every budget, the gpu one with gpu_total
+  std::string verdict;            // "fits" or which budget overflows, by how much
 };
 
 // The ladder, in order (docs/config.md "Recommendation"): lowest stage first, then least offload;
@@ -185,7 +186,7 @@ Rung evaluate_rung(const Config& config, int stage, const OffloadConfig& offload
 
 struct Recommendation {
   bool found = false;
-  Layout layout;              // valid when found
+  Layout layout;               // valid when found
   bool checkpointing = false;  // the recommended rung needs full activation checkpointing
   std::string reason;          // why this one (or why nothing fits)
   std::vector<Rung> ladder;    // every rung, in ladder order, with its verdict

@@ -6,7 +6,7 @@
 // recommends I/O settings and a tier placement.
 //
 // The cost model (predict_step) is a pure function of a Config and measured Bandwidths; see
-// docs/performance.md "## Profile" for the formulas.
+// docs/profile.md for the formulas.
 //
 // Ownership: run_profile() owns everything it creates (engines, files, a temporary NVMe directory
 // when none is configured) and removes it before returning, also on failure.
@@ -54,7 +54,8 @@ struct ProfileOptions {
   std::function<void(const std::string&)> progress;
 };
 
-// ---- environment ---------------------------------------------------------------------------------
+// ---- environment
+// ---------------------------------------------------------------------------------
 struct PathInfo {
   std::string path;
   std::string filesystem;  // "ext4", "xfs", "tmpfs"...
@@ -77,7 +78,8 @@ struct Environment {
   std::string timestamp_utc;
 };
 
-// ---- measurements --------------------------------------------------------------------------------
+// ---- measurements
+// --------------------------------------------------------------------------------
 struct IoPoint {
   std::string path;
   std::string engine;  // "io_uring" | "threads"
@@ -88,7 +90,7 @@ struct IoPoint {
   bool direct = false;      // O_DIRECT in effect
   std::uint64_t bytes = 0;  // moved during the timed part (all passes)
   double seconds = 0;
-  double bytes_per_second = 0;  // median over the passes
+  double bytes_per_second = 0;   // median over the passes
   std::vector<double> runs_bps;  // each pass (the sweep alternates the order of the points)
 };
 
@@ -120,17 +122,18 @@ struct CollectivePoint {
   double busbw_bytes_per_second = 0;  // algbw * (n - 1) / n (nccl-tests)
 };
 
-// ---- the cost model ------------------------------------------------------------------------------
-// Bandwidths per rank the model uses. 0 = not measured (the leg then costs nothing and a note says
-// so), except that nvme/adam rates must be > 0 when the layout needs them.
+// ---- the cost model
+// ------------------------------------------------------------------------------ Bandwidths per
+// rank the model uses. 0 = not measured (the leg then costs nothing and a note says so), except
+// that nvme/adam rates must be > 0 when the layout needs them.
 struct Bandwidths {
-  double nvme_read_bps = 0;   // through the tier store at the configured I/O settings
+  double nvme_read_bps = 0;  // through the tier store at the configured I/O settings
   double nvme_write_bps = 0;
-  bool nvme_duplex = false;   // false: reads and writes share the devices (legs add up)
+  bool nvme_duplex = false;  // false: reads and writes share the devices (legs add up)
   // Read + write bytes per second when a read and a write-back run at the same time, as in the
   // pipeline's steady state; 0 = derive from the two rates above (duplex or not).
   double nvme_mixed_bps = 0;
-  double h2d_bps = 0;         // pinned host -> GPU
+  double h2d_bps = 0;  // pinned host -> GPU
   double d2h_bps = 0;
   double cpu_adam_params_per_s = 0;
   double gpu_adam_params_per_s = 0;
@@ -152,7 +155,7 @@ struct Bandwidths {
 struct SubGroupLegs {
   std::uint64_t elements = 0;
   double nvme_read_s = 0, h2d_s = 0, d2h_s = 0, adam_s = 0, nvme_write_s = 0;
-  double cpu_s = 0;  // CPU-seconds of all legs / cores: the CPU as a shared resource
+  double cpu_s = 0;         // CPU-seconds of all legs / cores: the CPU as a shared resource
   double nvme_mixed_s = 0;  // read + write bytes at nvme_mixed_bps (0 = not measured)
   double sum() const { return nvme_read_s + h2d_s + d2h_s + adam_s + nvme_write_s; }
   // The busiest resource: NVMe (read + write, or the larger with duplex), PCIe, the optimizer,
@@ -168,10 +171,10 @@ struct StepPrediction {
   std::vector<SubGroupLegs> legs;  // distinct sub-group shapes: full ones, then the last partial
   std::vector<std::uint64_t> legs_count;  // how many sub-groups have legs[i]
   double nvme_read_s = 0, nvme_write_s = 0, h2d_s = 0, d2h_s = 0;
-  double adam_s = 0;         // optimizer compute over the whole partition (cpu + gpu share)
-  double network_s = 0;      // reduce-scatter of gradients + all-gather of parameters
-  double serial_s = 0;       // optimizer step, legs one after another: sum over sub-groups
-  double pipelined_s = 0;    // first sub-group's legs (fill/drain) + slot of each further one
+  double adam_s = 0;       // optimizer compute over the whole partition (cpu + gpu share)
+  double network_s = 0;    // reduce-scatter of gradients + all-gather of parameters
+  double serial_s = 0;     // optimizer step, legs one after another: sum over sub-groups
+  double pipelined_s = 0;  // first sub-group's legs (fill/drain) + slot of each further one
   // What the tiers add to a step over an in-GPU optimizer: step - adam + network.
   double overhead_serial_s = 0;
   double overhead_pipelined_s = 0;
@@ -188,9 +191,10 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ba
 StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
                               std::uint64_t bytes_per_element_nvme, const Bandwidths& bw);
 
-// ---- the sample step -----------------------------------------------------------------------------
+// ---- the sample step
+// -----------------------------------------------------------------------------
 struct SampleRun {
-  std::string mode;  // "serial" | "pipelined"
+  std::string mode;                // "serial" | "pipelined"
   std::vector<double> measured_s;  // each repeat (empty when only the median is known)
   std::uint32_t repeats = 0;       // how many runs measured_median_s is the median of
   double measured_median_s = 0;
@@ -210,8 +214,8 @@ struct PoolUse {
 
 struct SampleStep {
   bool ran = false;
-  PoolUse pool;         // the profile loop's pool (one buffer: the NVMe piece size)
-  PoolUse engine_pool;  // the zero layer's step: its pinned buffers
+  PoolUse pool;                // the profile loop's pool (one buffer: the NVMe piece size)
+  PoolUse engine_pool;         // the zero layer's step: its pinned buffers
   std::string implementation;  // what ran it (the profile layer's TierStore + CpuAdam loop)
   std::uint64_t elements_per_sub_group = 0;
   std::uint64_t sub_groups = 0;
@@ -233,7 +237,8 @@ struct SampleStep {
   SampleRun engine_serial, engine_pipelined;
 };
 
-// ---- recommendation ------------------------------------------------------------------------------
+// ---- recommendation
+// ------------------------------------------------------------------------------
 struct IoRecommendation {
   std::string path;
   bool configured_kept = false;  // the configured setting is within the noise of the best
@@ -265,7 +270,7 @@ struct PlacementRecommendation {
   std::vector<PlacementOption> considered;
 };
 
-// How the model shares a node between its ranks (docs/performance.md "Ranks on a node").
+// How the model shares a node between its ranks (docs/profile.md "Ranks on a node").
 struct NodeSharing {
   std::uint32_t ranks_per_node = 1;   // the config's ranks on the fullest node
   std::uint32_t local_processes = 1;  // profile processes that ran on this node at once
@@ -276,7 +281,7 @@ struct NodeSharing {
   double nvme_single_read_bps = 0, nvme_single_write_bps = 0;
   double nvme_aggregate_read_bps = 0, nvme_aggregate_write_bps = 0;
   double nvme_read_factor = 1, nvme_write_factor = 1;  // applied to the sample's tier rates
-  double cpu_factor = 1;   // applied to the CPU Adam rate
+  double cpu_factor = 1;                               // applied to the CPU Adam rate
   double cores_per_rank = 0;
   std::vector<std::string> notes;  // one line per decision, for the report
 };
@@ -285,11 +290,11 @@ struct NodeSharing {
 // sample model, against the model's prediction for it from this profile's measured legs.
 struct EngineCheck {
   bool ran = false;
-  std::string skipped;   // why not
+  std::string skipped;  // why not
   int ranks = 0;
-  std::string backend;   // communicator
-  std::string layout;    // "stage 2, optimizer on nvme"
-  std::uint64_t elements = 0;  // model elements (all ranks)
+  std::string backend;             // communicator
+  std::string layout;              // "stage 2, optimizer on nvme"
+  std::uint64_t elements = 0;      // model elements (all ranks)
   std::vector<double> measured_s;  // per measured step: the slowest rank's set_gradient + step()
   double measured_median_s = 0;
   double predicted_s = 0;
@@ -319,9 +324,9 @@ struct ProfileReport {
   std::string collectives_skipped;
   std::vector<CollectivePoint> collectives;
   NodeSharing sharing;
-  Bandwidths bandwidths;          // what the model used for the configured step (per rank)
+  Bandwidths bandwidths;  // what the model used for the configured step (per rank)
   Plan plan;
-  StepPrediction configured;      // the configured model, stage and tiers
+  StepPrediction configured;  // the configured model, stage and tiers
   SampleStep sample;
   std::vector<IoRecommendation> io_recommendations;
   PlacementRecommendation placement;
@@ -341,13 +346,13 @@ struct ProfileReport {
 std::vector<PathInfo> check_nvme_paths(const NvmeTierConfig& nvme);
 
 // The text of `--write-config`: the user's original YAML (`original_text`; `original` is the
-// config the profile ran, --set included) with only the values that differ in `tuned` changed in place, so comments, key
-// order and units survive (sizes are written with units: `block_size: 512KiB`). Keys the file
-// did not have are added beside their siblings. The result is re-parsed and must load as
-// `tuned`; when the text cannot be edited in place (an unusual layout), a full rendering is
-// returned instead and *note says so. Throws Error(kInternal) only if neither loads as `tuned`.
-// `overrides` are the command line's --set key.path=value, applied to the text first (they are
-// part of `tuned`).
+// config the profile ran, --set included) with only the values that differ in `tuned` changed in
+// place, so comments, key order and units survive (sizes are written with units: `block_size:
+// 512KiB`). Keys the file did not have are added beside their siblings. The result is re-parsed and
+// must load as `tuned`; when the text cannot be edited in place (an unusual layout), a full
+// rendering is returned instead and *note says so. Throws Error(kInternal) only if neither loads as
+// `tuned`. `overrides` are the command line's --set key.path=value, applied to the text first (they
+// are part of `tuned`).
 std::string tuned_config_text(const std::string& original_text, const Config& original,
                               const Config& tuned, const std::vector<std::string>& overrides,
                               std::string* note);

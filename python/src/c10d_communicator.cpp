@@ -3,7 +3,6 @@
 #include "c10d_communicator.hpp"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <algorithm>
 #include <cctype>
@@ -12,6 +11,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
 #include "comm/comm_internal.hpp"
@@ -91,7 +91,8 @@ class C10dCommunicator final : public Communicator {
     name_ = "c10d(" + backend_ + ")";
     if (backend_ == "nccl" || backend_ == "ucc")
       fail(ErrorCode::kUnsupported,
-           strcat("c10d communicator: the '", backend_, "' process group needs CUDA tensors; strata's "
+           strcat("c10d communicator: the '", backend_,
+                  "' process group needs CUDA tensors; strata's "
                   "engine reduces host buffers: pass a gloo group (torch.distributed.new_group("
                   "backend='gloo'))"));
     log_debug("c10d communicator: rank ", rank_, " of ", size_, " (", backend_, ")");
@@ -108,7 +109,7 @@ class C10dCommunicator final : public Communicator {
                                                    DType dtype) override {
     comm::check_counts("reduce_scatter", counts, size_);
     stats_.add(CollectiveKind::kReduceScatter, comm::scatter_gather_bytes(counts, rank_, dtype));
-    const std::size_t es = comm::elem_size(dtype), total = comm::sum_counts(counts);
+    const std::size_t es = dtype_size(dtype), total = comm::sum_counts(counts);
     const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
     if (size_ == 1) {
       std::memmove(recv, send, mine * es);
@@ -125,7 +126,7 @@ class C10dCommunicator final : public Communicator {
                                                DType dtype) override {
     comm::check_counts("all_gather", counts, size_);
     stats_.add(CollectiveKind::kAllGather, comm::scatter_gather_bytes(counts, rank_, dtype));
-    const std::size_t es = comm::elem_size(dtype), total = comm::sum_counts(counts);
+    const std::size_t es = dtype_size(dtype), total = comm::sum_counts(counts);
     if (size_ == 1) {
       std::memmove(recv, send, total * es);
       return ready();
@@ -142,7 +143,7 @@ class C10dCommunicator final : public Communicator {
                                                DType dtype) override {
     auto counts = comm::split_counts(count, size_);
     stats_.add(CollectiveKind::kAllReduce, 2 * comm::scatter_gather_bytes(counts, rank_, dtype));
-    const std::size_t es = comm::elem_size(dtype);
+    const std::size_t es = dtype_size(dtype);
     if (size_ == 1) {
       std::memmove(recv, send, count * es);
       return ready();
@@ -151,10 +152,12 @@ class C10dCommunicator final : public Communicator {
     if (count == 0) return ready();
     // Stage 1 reduces this rank's chunk into `chunk`; stage 2 all-gathers the chunks into recv.
     auto chunk = std::make_shared<at::Tensor>(bytes(counts[static_cast<std::size_t>(rank_)] * es));
-    Stage rs = reduce_scatter_stage(static_cast<const unsigned char*>(send), counts, dtype,
-                                    [chunk](const at::Tensor&) { return static_cast<void*>(ptr(*chunk)); });
-    Stage ag = all_gather_stage([chunk]() { return static_cast<const unsigned char*>(ptr(*chunk)); },
-                                counts, es, static_cast<unsigned char*>(recv));
+    Stage rs = reduce_scatter_stage(
+        static_cast<const unsigned char*>(send), counts, dtype,
+        [chunk](const at::Tensor&) { return static_cast<void*>(ptr(*chunk)); });
+    Stage ag =
+        all_gather_stage([chunk]() { return static_cast<const unsigned char*>(ptr(*chunk)); },
+                         counts, es, static_cast<unsigned char*>(recv));
     return start(what, {std::move(rs), std::move(ag)});
   }
 
@@ -162,8 +165,9 @@ class C10dCommunicator final : public Communicator {
                                               int root) override {
     if (root < 0 || root >= size_)
       fail(ErrorCode::kInvalidArgument, strcat("broadcast: root ", root, " of ", size_, " ranks"));
-    const std::size_t n = count * comm::elem_size(dtype);
-    stats_.add(CollectiveKind::kBroadcast, rank_ == root ? n * static_cast<std::size_t>(size_ - 1) : 0);
+    const std::size_t n = count * dtype_size(dtype);
+    stats_.add(CollectiveKind::kBroadcast,
+               rank_ == root ? n * static_cast<std::size_t>(size_ - 1) : 0);
     if (size_ == 1 || n == 0) return ready();
     const std::string what = describe(CollectiveKind::kBroadcast);
     auto t = std::make_shared<at::Tensor>(bytes(n));
@@ -201,29 +205,32 @@ class C10dCommunicator final : public Communicator {
     if (broken_.empty()) broken_ = what + ": " + why;
     fail(timeout ? ErrorCode::kTimeout : ErrorCode::kComm, strcat(what, ": ", why));
   }
+
  private:
   std::string describe(CollectiveKind kind) {
-    return strcat(name_, " ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
+    return strcat(name_, " ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_,
+                  ")");
   }
   static std::unique_ptr<CommHandle> ready() { return std::make_unique<comm::ReadyHandle>(); }
 
   std::unique_ptr<CommHandle> start(const std::string& what, std::vector<Stage> stages) {
     if (!broken_.empty())
-      fail(ErrorCode::kComm, strcat(what, ": the communicator is broken by an earlier failure (", broken_, ")"));
+      fail(ErrorCode::kComm,
+           strcat(what, ": the communicator is broken by an earlier failure (", broken_, ")"));
     return std::make_unique<C10dHandle>(*this, what, std::move(stages));
   }
 
   // Each rank sends every peer r its slice (counts[r] elements of `send`); this rank's slices from
   // all ranks are then summed in rank order into out(...).
-  Stage reduce_scatter_stage(const unsigned char* send, std::span<const std::size_t> counts, DType dtype,
-                             std::function<void*(const at::Tensor&)> out) {
-    const std::size_t es = comm::elem_size(dtype), total = comm::sum_counts(counts);
+  Stage reduce_scatter_stage(const unsigned char* send, std::span<const std::size_t> counts,
+                             DType dtype, std::function<void*(const at::Tensor&)> out) {
+    const std::size_t es = dtype_size(dtype), total = comm::sum_counts(counts);
     const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
     auto in = std::make_shared<at::Tensor>(bytes(total * es));
     std::memcpy(ptr(*in), send, total * es);
     auto got = std::make_shared<at::Tensor>(bytes(mine * es * static_cast<std::size_t>(size_)));
-    std::vector<std::int64_t> in_split, out_split(static_cast<std::size_t>(size_),
-                                                  static_cast<std::int64_t>(mine * es));
+    std::vector<std::int64_t> in_split,
+        out_split(static_cast<std::size_t>(size_), static_cast<std::int64_t>(mine * es));
     for (auto c : counts) in_split.push_back(static_cast<std::int64_t>(c * es));
     Stage s;
     s.issue = [this, in, got, in_split, out_split]() mutable {
@@ -233,7 +240,8 @@ class C10dCommunicator final : public Communicator {
     };
     s.finish = [this, got, mine, es, dtype, out = std::move(out)]() {
       std::vector<const void*> srcs;
-      for (int r = 0; r < size_; ++r) srcs.push_back(ptr(*got) + static_cast<std::size_t>(r) * mine * es);
+      for (int r = 0; r < size_; ++r)
+        srcs.push_back(ptr(*got) + static_cast<std::size_t>(r) * mine * es);
       comm::ordered_sum(srcs.data(), size_, out(*got), mine, dtype);
     };
     return s;
@@ -241,16 +249,19 @@ class C10dCommunicator final : public Communicator {
 
   // Every rank sends its slice (counts[rank] elements from send()) to each peer; recv receives
   // all slices in rank order. send() is called when the stage is issued.
-  Stage all_gather_stage(std::function<const unsigned char*()> send, std::vector<std::size_t> counts,
-                         std::size_t es, unsigned char* recv) {
-    const std::size_t mine = counts[static_cast<std::size_t>(rank_)], total = comm::sum_counts(counts);
+  Stage all_gather_stage(std::function<const unsigned char*()> send,
+                         std::vector<std::size_t> counts, std::size_t es, unsigned char* recv) {
+    const std::size_t mine = counts[static_cast<std::size_t>(rank_)],
+                      total = comm::sum_counts(counts);
     auto got = std::make_shared<at::Tensor>(bytes(total * es));
     Stage s;
     s.issue = [this, send = std::move(send), got, counts, es, mine]() {
       at::Tensor in = bytes(mine * es * static_cast<std::size_t>(size_));
       const unsigned char* src = send();
-      for (int r = 0; r < size_; ++r) std::memcpy(ptr(in) + static_cast<std::size_t>(r) * mine * es, src, mine * es);
-      std::vector<std::int64_t> in_split(static_cast<std::size_t>(size_), static_cast<std::int64_t>(mine * es));
+      for (int r = 0; r < size_; ++r)
+        std::memcpy(ptr(in) + static_cast<std::size_t>(r) * mine * es, src, mine * es);
+      std::vector<std::int64_t> in_split(static_cast<std::size_t>(size_),
+                                         static_cast<std::int64_t>(mine * es));
       std::vector<std::int64_t> out_split;
       for (auto c : counts) out_split.push_back(static_cast<std::int64_t>(c * es));
       at::Tensor out = *got;
@@ -287,11 +298,12 @@ void C10dHandle::failed(const std::string& why, bool timeout) {
   failed_ = true;
   work_.reset();
   if (!timeout) comm_.broke(what_, why, false);
-  comm_.broke(what_,
-              strcat(why, ": no completion within runtime.collective_timeout_s = ", comm_.timeout_s(),
-                     " s: a peer rank is dead, stalled or out of step (every rank must issue the same "
-                     "collectives in the same order)"),
-              true);
+  comm_.broke(
+      what_,
+      strcat(why, ": no completion within runtime.collective_timeout_s = ", comm_.timeout_s(),
+             " s: a peer rank is dead, stalled or out of step (every rank must issue the same "
+             "collectives in the same order)"),
+      true);
 }
 
 void C10dHandle::complete_stage() {
@@ -323,10 +335,12 @@ void C10dHandle::wait() {
   if (!finished_ && !comm_.broken().empty()) {
     failed_ = true;
     work_.reset();
-    fail(ErrorCode::kComm, strcat(what_, ": abandoned: the communicator is broken (", comm_.broken(), ")"));
+    fail(ErrorCode::kComm,
+         strcat(what_, ": abandoned: the communicator is broken (", comm_.broken(), ")"));
   }
   while (!finished_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - Clock::now());
     bool completed = false;
     try {
       completed = work_->wait(std::max(left, std::chrono::milliseconds(1)));
@@ -350,7 +364,8 @@ bool C10dHandle::done() {
 
 std::unique_ptr<Communicator> make_c10d_communicator(py::handle process_group, double timeout_s) {
   if (!(timeout_s > 0))
-    fail(ErrorCode::kInvalidArgument, strcat("c10d communicator: timeout ", timeout_s, " s must be > 0"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("c10d communicator: timeout ", timeout_s, " s must be > 0"));
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   try {
     pg = py::cast<c10::intrusive_ptr<c10d::ProcessGroup>>(process_group);

@@ -19,9 +19,9 @@
 // Thread-safety: as every Communicator (one issuing thread). The GIL is not needed.
 #pragma once
 
-#include <memory>
-
 #include <pybind11/pybind11.h>
+
+#include <memory>
 
 #include "strata/communicator.hpp"
 
@@ -30,6 +30,7 @@ namespace strata::python {
 // `process_group`: a torch.distributed ProcessGroup (e.g. the default group after
 // init_process_group("gloo")); held for the communicator's lifetime. Its tensors must be CPU
 // tensors (gloo, or MPI): Error(kUnsupported) for a group whose backend needs CUDA tensors.
-std::unique_ptr<Communicator> make_c10d_communicator(pybind11::handle process_group, double timeout_s);
+std::unique_ptr<Communicator> make_c10d_communicator(pybind11::handle process_group,
+                                                     double timeout_s);
 
 }  // namespace strata::python

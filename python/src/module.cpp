@@ -59,7 +59,8 @@ StateKind state_kind(const std::string& s) {
   if (s == "master") return StateKind::kMaster;
   if (s == "exp_avg") return StateKind::kExpAvg;
   if (s == "exp_avg_sq") return StateKind::kExpAvgSq;
-  fail(ErrorCode::kInvalidArgument, strcat("unknown state '", s, "' (master | exp_avg | exp_avg_sq)"));
+  fail(ErrorCode::kInvalidArgument,
+       strcat("unknown state '", s, "' (master | exp_avg | exp_avg_sq)"));
 }
 
 // One MPI communicator held from the first MPI engine until interpreter exit: strata finalizes MPI
@@ -84,14 +85,16 @@ class PyEngine {
           py::gil_scoped_release nogil;
           mpi_keeper() = make_mpi_communicator(timeout);
         }
-        py::module_::import("atexit").attr("register")(py::cpp_function([] { mpi_keeper().reset(); }));
+        py::module_::import("atexit").attr("register")(
+            py::cpp_function([] { mpi_keeper().reset(); }));
       }
       py::gil_scoped_release nogil;
       box_->comm = make_mpi_communicator(timeout);
     } else if (comm == "c10d") {
       box_->comm = make_c10d_communicator(process_group, timeout);
     } else {
-      fail(ErrorCode::kInvalidArgument, strcat("unknown communicator '", comm, "' (single | mpi | c10d)"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("unknown communicator '", comm, "' (single | mpi | c10d)"));
     }
     box_->engine = std::make_unique<Engine>(config, *box_->comm);
   }
@@ -100,7 +103,8 @@ class PyEngine {
   const Engine& e() const { return *box_->engine; }
   Communicator& comm() { return *box_->comm; }
 
-  TensorId add_parameter(const std::string& name, Address values, std::size_t numel, GroupId group) {
+  TensorId add_parameter(const std::string& name, Address values, std::size_t numel,
+                         GroupId group) {
     std::span<const float> init(reinterpret_cast<const float*>(values), numel);
     return e().add_parameter(name, init, group);
   }
@@ -116,7 +120,8 @@ class PyEngine {
   ParamBuffer param_buffer(TensorId id) {
     require_host_params("param_buffer");
     if (e().stage() == 3)
-      fail(ErrorCode::kInvalidArgument, "param_buffer: stage 3 parameters move; use gather + copy_param");
+      fail(ErrorCode::kInvalidArgument,
+           "param_buffer: stage 3 parameters move; use gather + copy_param");
     ParamBuffer b;
     b.box = box_;
     b.data = const_cast<void*>(e().param(id));
@@ -228,8 +233,9 @@ PYBIND11_MODULE(_strata, m) {
   m.attr("with_mpi") = build::kWithMpi;
   m.attr("with_cuda") = build::kWithCuda;
 
-  m.def("set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
-        "Sets strata's log level: debug | info | warn | error | off (messages go to stderr).");
+  m.def(
+      "set_log_level", [](const std::string& level) { set_log_level(parse_log_level(level)); },
+      "Sets strata's log level: debug | info | warn | error | off (messages go to stderr).");
   m.def("log_level", [] { return std::string(log_level_name(log_level())); });
   m.def("launched_by_mpi", &launched_by_mpi);
   m.def("mpi_available", &mpi_available);
@@ -240,26 +246,32 @@ PYBIND11_MODULE(_strata, m) {
       .def("to_yaml", [](const Config& c) { return to_yaml(c); })
       .def("summary", &config_dict, "The fields the Python side reads, as a dict.")
       .def_property_readonly("source", [](const Config& c) { return c.source; });
-  m.def("load_config", &load_config, py::arg("path"), py::arg("overrides") = std::vector<std::string>{});
+  m.def("load_config", &load_config, py::arg("path"),
+        py::arg("overrides") = std::vector<std::string>{});
   m.def(
       "parse_config",
-      [](const std::string& yaml, const std::string& source, const std::vector<std::string>& overrides) {
+      [](const std::string& yaml, const std::string& source,
+         const std::vector<std::string>& overrides) {
         return parse_config(yaml, source, overrides);
       },
-      py::arg("yaml"), py::arg("source") = "<string>", py::arg("overrides") = std::vector<std::string>{});
+      py::arg("yaml"), py::arg("source") = "<string>",
+      py::arg("overrides") = std::vector<std::string>{});
 
   py::class_<ParamBuffer>(m, "ParamBuffer", py::buffer_protocol())
       .def_buffer([](ParamBuffer& b) {
         return py::buffer_info(b.data, 1, py::format_descriptor<std::uint8_t>::format(), 1,
                                {static_cast<py::ssize_t>(b.bytes)}, {1}, /*readonly=*/false);
       })
-      .def_property_readonly("address", [](const ParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
+      .def_property_readonly("address",
+                             [](const ParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
       .def_property_readonly("nbytes", [](const ParamBuffer& b) { return b.bytes; });
 
   using G = py::call_guard<py::gil_scoped_release>;
   py::class_<PyHandle>(m, "CommHandle")
-      .def("wait", [](PyHandle& h) { h.h->wait(); }, G())
-      .def("done", [](PyHandle& h) { return h.h->done(); }, G());
+      .def(
+          "wait", [](PyHandle& h) { h.h->wait(); }, G())
+      .def(
+          "done", [](PyHandle& h) { return h.h->done(); }, G());
   py::class_<PyComm>(m, "Comm")
       .def(py::init([](py::handle pg, double timeout) {
              auto c = std::make_unique<PyComm>();
@@ -270,26 +282,41 @@ PYBIND11_MODULE(_strata, m) {
       .def_property_readonly("rank", [](PyComm& c) { return c.c->rank(); })
       .def_property_readonly("size", [](PyComm& c) { return c.c->size(); })
       .def_property_readonly("backend", [](PyComm& c) { return std::string(c.c->backend_name()); })
-      .def("all_reduce_async",
-           [](PyComm& c, Address send, Address recv, std::size_t count, const std::string& dt) {
-             return PyHandle{c.c->all_reduce_async(reinterpret_cast<const void*>(send),
-                                                   reinterpret_cast<void*>(recv), count, dtype_of(dt))};
-           }, G())
-      .def("reduce_scatter_async",
-           [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts, const std::string& dt) {
-             return PyHandle{c.c->reduce_scatter_async(reinterpret_cast<const void*>(send),
-                                                       reinterpret_cast<void*>(recv), counts, dtype_of(dt))};
-           }, G())
-      .def("all_gather_async",
-           [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts, const std::string& dt) {
-             return PyHandle{c.c->all_gather_async(reinterpret_cast<const void*>(send),
-                                                   reinterpret_cast<void*>(recv), counts, dtype_of(dt))};
-           }, G())
-      .def("broadcast_async",
-           [](PyComm& c, Address buf, std::size_t count, const std::string& dt, int root) {
-             return PyHandle{c.c->broadcast_async(reinterpret_cast<void*>(buf), count, dtype_of(dt), root)};
-           }, G())
-      .def("barrier_async", [](PyComm& c) { return PyHandle{c.c->barrier_async()}; }, G())
+      .def(
+          "all_reduce_async",
+          [](PyComm& c, Address send, Address recv, std::size_t count, const std::string& dt) {
+            return PyHandle{c.c->all_reduce_async(reinterpret_cast<const void*>(send),
+                                                  reinterpret_cast<void*>(recv), count,
+                                                  dtype_of(dt))};
+          },
+          G())
+      .def(
+          "reduce_scatter_async",
+          [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts,
+             const std::string& dt) {
+            return PyHandle{c.c->reduce_scatter_async(reinterpret_cast<const void*>(send),
+                                                      reinterpret_cast<void*>(recv), counts,
+                                                      dtype_of(dt))};
+          },
+          G())
+      .def(
+          "all_gather_async",
+          [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts,
+             const std::string& dt) {
+            return PyHandle{c.c->all_gather_async(reinterpret_cast<const void*>(send),
+                                                  reinterpret_cast<void*>(recv), counts,
+                                                  dtype_of(dt))};
+          },
+          G())
+      .def(
+          "broadcast_async",
+          [](PyComm& c, Address buf, std::size_t count, const std::string& dt, int root) {
+            return PyHandle{
+                c.c->broadcast_async(reinterpret_cast<void*>(buf), count, dtype_of(dt), root)};
+          },
+          G())
+      .def(
+          "barrier_async", [](PyComm& c) { return PyHandle{c.c->barrier_async()}; }, G())
       .def("stats", [](PyComm& c) {
         CommStats s = c.c->stats();
         py::dict bytes, calls;
@@ -307,40 +334,54 @@ PYBIND11_MODULE(_strata, m) {
            py::arg("comm"), py::arg("process_group") = py::none())
       .def_property_readonly("rank", [](PyEngine& s) { return s.comm().rank(); })
       .def_property_readonly("world", [](PyEngine& s) { return s.comm().size(); })
-      .def_property_readonly("backend", [](PyEngine& s) { return std::string(s.comm().backend_name()); })
+      .def_property_readonly("backend",
+                             [](PyEngine& s) { return std::string(s.comm().backend_name()); })
       .def_property_readonly("stage", [](const PyEngine& s) { return s.e().stage(); })
-      .def_property_readonly("param_dtype", [](const PyEngine& s) { return std::string(dtype_name(s.e().param_dtype())); })
-      .def_property_readonly("grad_dtype", [](const PyEngine& s) { return std::string(dtype_name(s.e().grad_dtype())); })
+      .def_property_readonly(
+          "param_dtype",
+          [](const PyEngine& s) { return std::string(dtype_name(s.e().param_dtype())); })
+      .def_property_readonly(
+          "grad_dtype",
+          [](const PyEngine& s) { return std::string(dtype_name(s.e().grad_dtype())); })
       .def("add_param_group",
-           [](PyEngine& s, double lr, double wd) { return s.e().add_param_group({lr, wd}); })
+           [](PyEngine& s, double lr, double wd) {
+             return s.e().add_param_group({lr, wd});
+           })
       .def("add_parameter", &PyEngine::add_parameter, G(), py::arg("name"), py::arg("values"),
            py::arg("numel"), py::arg("group") = 0)
       .def("num_groups", [](const PyEngine& s) { return s.e().num_groups(); })
       .def("set_lr", [](PyEngine& s, double lr, GroupId g) { s.e().set_lr(lr, g); })
       .def("lr", [](const PyEngine& s, GroupId g) { return s.e().lr(g); })
-      .def("set_weight_decay", [](PyEngine& s, double wd, GroupId g) { s.e().set_weight_decay(wd, g); })
+      .def("set_weight_decay",
+           [](PyEngine& s, double wd, GroupId g) { s.e().set_weight_decay(wd, g); })
       .def("weight_decay", [](const PyEngine& s, GroupId g) { return s.e().weight_decay(g); })
-      .def("finalize", [](PyEngine& s) { s.e().finalize(); }, G())
+      .def(
+          "finalize", [](PyEngine& s) { s.e().finalize(); }, G())
       .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })
       .def("param_buffer", &PyEngine::param_buffer)
       .def("copy_param", &PyEngine::copy_param, G())
-      .def("gather", [](PyEngine& s, std::vector<TensorId> ids) { s.e().gather(ids); }, G())
-      .def("prefetch", [](PyEngine& s, std::vector<TensorId> ids) { s.e().prefetch(ids); }, G())
-      .def("release", [](PyEngine& s, std::vector<TensorId> ids) { s.e().release(ids); }, G())
+      .def(
+          "gather", [](PyEngine& s, std::vector<TensorId> ids) { s.e().gather(ids); }, G())
+      .def(
+          "prefetch", [](PyEngine& s, std::vector<TensorId> ids) { s.e().prefetch(ids); }, G())
+      .def(
+          "release", [](PyEngine& s, std::vector<TensorId> ids) { s.e().release(ids); }, G())
       .def("loss_scale", [](const PyEngine& s) { return s.e().loss_scale(); })
-      .def("set_gradient",
-           [](PyEngine& s, TensorId id, Address grad) {
-             s.e().set_gradient_host(id, reinterpret_cast<const void*>(grad));
-           },
-           G())
-      .def("step", [](PyEngine& s) {
-        StepResult r;
-        {
-          py::gil_scoped_release nogil;
-          r = s.e().step();
-        }
-        return step_result(r);
-      })
+      .def(
+          "set_gradient",
+          [](PyEngine& s, TensorId id, Address grad) {
+            s.e().set_gradient_host(id, reinterpret_cast<const void*>(grad));
+          },
+          G())
+      .def("step",
+           [](PyEngine& s) {
+             StepResult r;
+             {
+               py::gil_scoped_release nogil;
+               r = s.e().step();
+             }
+             return step_result(r);
+           })
       .def("stats", [](const PyEngine& s) { return stats_dict(s.e().stats()); })
       // Benchmarks only (bench/python/bench_optimizer_step.py): the device bound of this engine's
       // update as `strata bench step` measures it (zero::EngineAccess::measure) — read || write
@@ -371,7 +412,12 @@ PYBIND11_MODULE(_strata, m) {
       .def("write_state", &PyEngine::write_state, G())
       .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
       .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
-      .def("save_checkpoint", [](PyEngine& s, const std::string& d) { s.e().save_checkpoint(d); }, G())
-      .def("load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); }, G())
-      .def("barrier", [](PyEngine& s) { s.comm().barrier(); }, G());
+      .def(
+          "save_checkpoint", [](PyEngine& s, const std::string& d) { s.e().save_checkpoint(d); },
+          G())
+      .def(
+          "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
+          G())
+      .def(
+          "barrier", [](PyEngine& s) { s.comm().barrier(); }, G());
 }

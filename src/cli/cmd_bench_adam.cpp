@@ -146,7 +146,8 @@ const bool kRegistered = strata::cli::register_command(
        auto o = std::make_shared<Options>();
        cmd.add_option("--params", o->params, "Parameters (e.g. 50M)")->capture_default_str();
        cmd.add_option("--threads", o->threads, "Threads (0 = all cores)")->capture_default_str();
-       cmd.add_option("--grads", o->grads, "Gradient dtype: fp32, fp16, bf16")->capture_default_str();
+       cmd.add_option("--grads", o->grads, "Gradient dtype: fp32, fp16, bf16")
+           ->capture_default_str();
        cmd.add_option("--copy", o->copy,
                       "Updated-parameter copy: auto (= grads dtype for 16-bit grads), none, fp16, "
                       "bf16, fp32")

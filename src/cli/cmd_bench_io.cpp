@@ -43,7 +43,8 @@ struct Options {
   std::string rw = "read";
   std::string engine = "io_uring";
   std::uint32_t rings = 1;
-  std::uint32_t chunks = 8;  // requests the outstanding queue_depth x rings x block_size is cut into
+  std::uint32_t chunks =
+      8;  // requests the outstanding queue_depth x rings x block_size is cut into
   std::string direct_io = "required";
   bool overwrite = false;  // --file: allow writing into an existing file
   bool keep = false;       // --file: keep a file that bench io created
@@ -56,14 +57,29 @@ void check_disk_directory(int fd, const std::string& dir) {
   if (::fstatfs(fd, &st) != 0) throw strata::IoError("statfs", dir, 0, 0, errno, "bench io --dir");
   const char* kind = nullptr;
   switch (static_cast<unsigned long>(st.f_type)) {
-    case PROC_SUPER_MAGIC: kind = "proc"; break;
-    case SYSFS_MAGIC: kind = "sysfs"; break;
-    case DEVPTS_SUPER_MAGIC: kind = "devpts"; break;
-    case CGROUP_SUPER_MAGIC: kind = "cgroup"; break;
-    case CGROUP2_SUPER_MAGIC: kind = "cgroup2"; break;
-    case DEBUGFS_MAGIC: kind = "debugfs"; break;
-    case SECURITYFS_MAGIC: kind = "securityfs"; break;
-    default: break;
+    case PROC_SUPER_MAGIC:
+      kind = "proc";
+      break;
+    case SYSFS_MAGIC:
+      kind = "sysfs";
+      break;
+    case DEVPTS_SUPER_MAGIC:
+      kind = "devpts";
+      break;
+    case CGROUP_SUPER_MAGIC:
+      kind = "cgroup";
+      break;
+    case CGROUP2_SUPER_MAGIC:
+      kind = "cgroup2";
+      break;
+    case DEBUGFS_MAGIC:
+      kind = "debugfs";
+      break;
+    case SECURITYFS_MAGIC:
+      kind = "securityfs";
+      break;
+    default:
+      break;
   }
   if (kind)
     strata::fail(strata::ErrorCode::kInvalidArgument,
@@ -94,17 +110,13 @@ struct BenchFile {
 };
 
 strata::IoEngineKind parse_engine(const std::string& s) {
-  if (s == "io_uring") return strata::IoEngineKind::kIoUring;
-  if (s == "threads") return strata::IoEngineKind::kThreads;
-  if (s == "auto") return strata::IoEngineKind::kAuto;
+  if (auto k = strata::enum_from_name<strata::IoEngineKind>(s)) return *k;
   strata::fail(strata::ErrorCode::kInvalidArgument,
                "--engine must be io_uring, threads or auto, not '" + s + "'");
 }
 
 strata::DirectIoMode parse_direct(const std::string& s) {
-  if (s == "auto") return strata::DirectIoMode::kAuto;
-  if (s == "required") return strata::DirectIoMode::kRequired;
-  if (s == "off") return strata::DirectIoMode::kOff;
+  if (auto m = strata::enum_from_name<strata::DirectIoMode>(s)) return *m;
   strata::fail(strata::ErrorCode::kInvalidArgument,
                "--direct-io must be auto, required or off, not '" + s + "'");
 }
@@ -123,9 +135,9 @@ void remove_leftovers(const strata::SafeDir& dir) {
   }
 }
 
-int run(const Options& o) {
+// The engine options the flags ask for (validated).
+strata::IoEngineOptions engine_options(const Options& o) {
   using namespace strata;
-  using clock = std::chrono::steady_clock;
   if (o.rw != "read" && o.rw != "write")
     fail(ErrorCode::kInvalidArgument, "--rw must be read or write, not '" + o.rw + "'");
   IoEngineOptions eo;
@@ -135,15 +147,13 @@ int run(const Options& o) {
   eo.io_threads = o.rings;
   eo.direct_io = parse_direct(o.direct_io);
   eo.validate();
-  const std::uint64_t size = parse_bytes(o.size);
-  const std::uint64_t bs = eo.block_size;
-  if (size == 0 || size % bs != 0)
-    fail(ErrorCode::kInvalidArgument,
-         strcat("--size ", size, " must be a positive multiple of --block-size ", bs));
-  SafeDir dir = SafeDir::open(o.dir, {.role = "bench io --dir"});
-  check_disk_directory(dir.fd(), dir.path());
+  return eo;
+}
 
-  BenchFile bf;
+// Names the file (a temporary one in `dir`, or --file) and checks that an existing --file may be
+// used as asked. Returns whether the file exists.
+bool choose_file(const Options& o, std::uint64_t size, strata::SafeDir dir, BenchFile& bf) {
+  using namespace strata;
   const bool temp = o.file.empty();
   if (temp) {
     remove_leftovers(dir);
@@ -154,8 +164,11 @@ int run(const Options& o) {
     const auto slash = f.rfind('/');
     bf.name = slash == std::string::npos ? f : f.substr(slash + 1);
     if (bf.name == "." || bf.name == ".." || bf.name.empty())
-      fail(ErrorCode::kInvalidArgument, "bench io --file " + o.file + " names a directory, not a file");
-    bf.dir = SafeDir::open(slash == std::string::npos ? "." : slash == 0 ? "/" : f.substr(0, slash),
+      fail(ErrorCode::kInvalidArgument,
+           "bench io --file " + o.file + " names a directory, not a file");
+    bf.dir = SafeDir::open(slash == std::string::npos ? "."
+                           : slash == 0               ? "/"
+                                                      : f.substr(0, slash),
                            {.role = "bench io --file"});
   }
   bf.path = bf.dir.child_path(bf.name);
@@ -168,18 +181,26 @@ int run(const Options& o) {
     if (needs_write && !o.overwrite) {
       fail(ErrorCode::kInvalidArgument,
            o.rw == "write"
-               ? strcat("bench io --file ", bf.path, " exists: --rw write would overwrite it with "
+               ? strcat("bench io --file ", bf.path,
+                        " exists: --rw write would overwrite it with "
                         "random data; pass --overwrite to allow that, or name a new file")
                : strcat("bench io --file ", bf.path, " holds ", existing.st_size,
-                        " bytes, fewer than --size ", size, ": reading it needs writing it first; "
+                        " bytes, fewer than --size ", size,
+                        ": reading it needs writing it first; "
                         "pass --overwrite to allow that, or lower --size"));
     }
   }
   if (!temp && !exists) {
-    log_info("bench io: creating ", bf.path, o.keep ? " (kept afterwards: --keep)" : " (removed afterwards)");
+    log_info("bench io: creating ", bf.path,
+             o.keep ? " (kept afterwards: --keep)" : " (removed afterwards)");
   }
+  return exists;
+}
 
-  auto engine = make_io_engine(eo, bf.dir.path());
+// Opens the file; one bench io creates is marked for removal (at the end and on a signal).
+std::shared_ptr<strata::IoFile> open_file(const Options& o, const strata::IoEngineOptions& eo,
+                                          bool exists, BenchFile& bf) {
+  using namespace strata;
   IoFileOptions fo;
   fo.create = !exists;
   fo.exclusive = !exists;
@@ -187,84 +208,133 @@ int run(const Options& o) {
   fo.direct_io = eo.direct_io;
   auto file = std::make_shared<IoFile>(IoFile::open_at(bf.dir.fd(), bf.name, bf.path, fo));
   if (!exists) {
+    const bool temp = o.file.empty();
     bf.created = true;
     bf.remove_at_end = temp || !o.keep;
     bf.on_signal = CleanupRegistration(bf.dir.fd(), bf.name, false);
     // Marks the file as in use for `strata clean` in another process.
     if (temp) ::flock(file->fd(), LOCK_SH | LOCK_NB);
   }
-  const std::string& path = bf.path;
-  FileId id = engine->register_file(file);
+  return file;
+}
 
-  // Like fio, the benchmark keeps queue_depth x rings x block_size bytes outstanding in a buffer
-  // of exactly that size (one registered 2 MiB-aligned region): on a host-copied virtual disk the
-  // buffer's footprint in the caches changes throughput by up to 20 %, so a larger buffer than
-  // fio's would not compare like with like. The buffer is cut into --chunks requests (each split
-  // into block_size pieces by the engine), waited for oldest first and resubmitted at once, so
-  // the engine's queue drops by at most one chunk while this thread wakes up.
-  const std::uint64_t pieces_in_flight = std::uint64_t{eo.queue_depth} * eo.io_threads;
-  const std::uint64_t chunks = std::min<std::uint64_t>(o.chunks, pieces_in_flight);
-  const std::uint64_t chunk = std::min<std::uint64_t>(size, pieces_in_flight / chunks * bs);
-  IoBuffer pool = IoBuffer::allocate(static_cast<std::size_t>(chunks * chunk));
-  std::mt19937_64 rng(42);
-  for (std::size_t i = 0; i + 8 <= pool.size(); i += 8) {
-    std::uint64_t v = rng();
-    std::memcpy(pool.bytes() + i, &v, 8);
+// Like fio, the benchmark keeps queue_depth x rings x block_size bytes outstanding in a buffer
+// of exactly that size (one registered 2 MiB-aligned region): on a host-copied virtual disk the
+// buffer's footprint in the caches changes throughput by up to 20 %, so a larger buffer than
+// fio's would not compare like with like. The buffer is cut into --chunks requests (each split
+// into block_size pieces by the engine), waited for oldest first and resubmitted at once, so
+// the engine's queue drops by at most one chunk while this thread wakes up.
+class Passes {
+ public:
+  Passes(strata::IoEngine& engine, strata::FileId id, const Options& o,
+         const strata::IoEngineOptions& eo, std::uint64_t size)
+      : engine_(engine), id_(id), size_(size) {
+    const std::uint64_t pieces_in_flight = std::uint64_t{eo.queue_depth} * eo.io_threads;
+    chunks_ = std::min<std::uint64_t>(o.chunks, pieces_in_flight);
+    chunk_ = std::min<std::uint64_t>(size, pieces_in_flight / chunks_ * eo.block_size);
+    pool_ = strata::IoBuffer::allocate(static_cast<std::size_t>(chunks_ * chunk_));
+    std::mt19937_64 rng(42);
+    for (std::size_t i = 0; i + 8 <= pool_.size(); i += 8) {
+      std::uint64_t v = rng();
+      std::memcpy(pool_.bytes() + i, &v, 8);
+    }
+    strata::IoRegion region{pool_.data(), pool_.size()};
+    engine_.register_buffers(std::span<const strata::IoRegion>(&region, 1));
   }
-  IoRegion region{pool.data(), pool.size()};
-  engine->register_buffers(std::span<const IoRegion>(&region, 1));
 
-  const auto timeout = std::chrono::seconds(120);
-  auto pass = [&](IoOp op) {
-    std::deque<IoTicket> window;
+  // One sequential pass over the file.
+  void run(strata::IoOp op) {
+    const auto timeout = std::chrono::seconds(120);
+    std::deque<strata::IoTicket> window;
     std::uint64_t n = 0;
-    for (std::uint64_t off = 0; off < size; off += chunk, ++n) {
-      if (window.size() == chunks) {
-        engine->wait_for(window.front(), timeout);
+    for (std::uint64_t off = 0; off < size_; off += chunk_, ++n) {
+      if (window.size() == chunks_) {
+        engine_.wait_for(window.front(), timeout);
         window.pop_front();
       }
-      std::uint64_t len = std::min(chunk, size - off);
-      window.push_back(engine->submit({op, id, pool.bytes() + (n % chunks) * chunk, len, off}));
+      std::uint64_t len = std::min(chunk_, size_ - off);
+      window.push_back(engine_.submit({op, id_, pool_.bytes() + (n % chunks_) * chunk_, len, off}));
     }
-    engine->wait_all_for(timeout);
-  };
-
-  if (o.rw == "read" && file->size() < size) {
-    log_info("bench io: writing ", format_bytes(size, true), " to ", path, " first");
-    if (bf.created) file->allocate(size);
-    pass(IoOp::kWrite);
-  } else if (o.rw == "write" && bf.created) {
-    file->allocate(size);
+    engine_.wait_all_for(timeout);
   }
-  IoStats before = engine->stats();
-  auto start = clock::now();
-  pass(o.rw == "read" ? IoOp::kRead : IoOp::kWrite);
-  double seconds = std::chrono::duration<double>(clock::now() - start).count();
-  IoStats after = engine->stats();
-  double bps = static_cast<double>(size) / seconds;
 
+ private:
+  strata::IoEngine& engine_;
+  const strata::FileId id_;
+  const std::uint64_t size_;
+  std::uint64_t chunks_ = 0, chunk_ = 0;
+  strata::IoBuffer pool_;
+};
+
+struct Result {
+  double seconds = 0;
+  strata::IoStats before, after;
+};
+
+void print_result(const Options& o, const strata::IoEngineOptions& eo,
+                  const strata::IoEngine& engine, const strata::IoFile& file,
+                  const std::string& path, std::uint64_t size, const Result& res) {
+  using namespace strata;
+  const std::uint64_t bs = eo.block_size;
+  const double bps = static_cast<double>(size) / res.seconds;
   if (o.json) {
     nlohmann::json j;
-    j["engine"] = engine->name();
+    j["engine"] = engine.name();
     j["rw"] = o.rw;
     j["path"] = path;
     j["size_bytes"] = size;
     j["block_size_bytes"] = bs;
     j["queue_depth"] = eo.queue_depth;
     j["rings"] = eo.io_threads;
-    j["direct_io"] = file->direct();
-    j["seconds"] = seconds;
+    j["direct_io"] = file.direct();
+    j["seconds"] = res.seconds;
     j["bytes_per_second"] = bps;
-    j["requests"] = after.requests - before.requests;
-    j["retries"] = after.retries - before.retries;
-    j["fixed_buffer_pieces"] = after.fixed_pieces - before.fixed_pieces;
+    j["requests"] = res.after.requests - res.before.requests;
+    j["retries"] = res.after.retries - res.before.retries;
+    j["fixed_buffer_pieces"] = res.after.fixed_pieces - res.before.fixed_pieces;
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << engine->name() << " " << o.rw << ": " << format_bytes(size, true) << " in "
-              << seconds << " s = " << format_rate(bps) << " (block " << format_bytes(bs, true)
+    std::cout << engine.name() << " " << o.rw << ": " << format_bytes(size, true) << " in "
+              << res.seconds << " s = " << format_rate(bps) << " (block " << format_bytes(bs, true)
               << ", queue depth " << eo.queue_depth << ", " << eo.io_threads << " ring(s), "
-              << (file->direct() ? "O_DIRECT" : "buffered") << ")\n";
+              << (file.direct() ? "O_DIRECT" : "buffered") << ")\n";
   }
+}
+
+int run(const Options& o) {
+  using namespace strata;
+  using clock = std::chrono::steady_clock;
+  const IoEngineOptions eo = engine_options(o);
+  const std::uint64_t size = parse_bytes(o.size);
+  const std::uint64_t bs = eo.block_size;
+  if (size == 0 || size % bs != 0)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--size ", size, " must be a positive multiple of --block-size ", bs));
+  SafeDir dir = SafeDir::open(o.dir, {.role = "bench io --dir"});
+  check_disk_directory(dir.fd(), dir.path());
+
+  BenchFile bf;
+  const bool exists = choose_file(o, size, std::move(dir), bf);
+  auto engine = make_io_engine(eo, bf.dir.path());
+  auto file = open_file(o, eo, exists, bf);
+  const std::string& path = bf.path;
+  FileId id = engine->register_file(file);
+  Passes passes(*engine, id, o, eo, size);
+
+  if (o.rw == "read" && file->size() < size) {
+    log_info("bench io: writing ", format_bytes(size, true), " to ", path, " first");
+    if (bf.created) file->allocate(size);
+    passes.run(IoOp::kWrite);
+  } else if (o.rw == "write" && bf.created) {
+    file->allocate(size);
+  }
+  Result res;
+  res.before = engine->stats();
+  auto start = clock::now();
+  passes.run(o.rw == "read" ? IoOp::kRead : IoOp::kWrite);
+  res.seconds = std::chrono::duration<double>(clock::now() - start).count();
+  res.after = engine->stats();
+  print_result(o, eo, *engine, *file, path, size, res);
   return 0;
 }
 
@@ -276,8 +346,9 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--file", o->file,
                       "Use this file instead of a temporary one in --dir: an existing file is only "
                       "read unless --overwrite; one bench io creates is removed unless --keep");
-       cmd.add_flag("--overwrite", o->overwrite,
-                    "Allow --rw write (or a read that must lay out data first) into an existing --file");
+       cmd.add_flag(
+           "--overwrite", o->overwrite,
+           "Allow --rw write (or a read that must lay out data first) into an existing --file");
        cmd.add_flag("--keep", o->keep, "Keep the --file that bench io created");
        cmd.add_option("--size", o->size, "Bytes to transfer (e.g. 4GiB)")->capture_default_str();
        cmd.add_option("--block-size", o->block_size, "Request size")->capture_default_str();
@@ -285,7 +356,8 @@ const bool kRegistered = strata::cli::register_command(
            ->capture_default_str();
        cmd.add_option("--rw", o->rw, "read | write")->capture_default_str();
        cmd.add_option("--engine", o->engine, "io_uring | threads | auto")->capture_default_str();
-       cmd.add_option("--rings", o->rings, "io_uring rings (or thread groups)")->capture_default_str();
+       cmd.add_option("--rings", o->rings, "io_uring rings (or thread groups)")
+           ->capture_default_str();
        cmd.add_option("--chunks", o->chunks,
                       "Requests the queue-depth x rings x block-size bytes in flight are cut into")
            ->capture_default_str()

@@ -26,10 +26,10 @@
 #include <string>
 
 #include "cli/command.hpp"
+#include "profile/step_bench.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
-#include "profile/step_bench.hpp"
 
 namespace {
 
@@ -65,9 +65,12 @@ std::uint64_t free_bytes_under(const std::string& path) {
     struct statvfs v {};
     if (::statvfs(p.c_str(), &v) == 0) return std::uint64_t(v.f_bavail) * v.f_frsize;
     if (errno != ENOENT) return 0;
-    const auto slash = p.find_last_of('/', p.size() > 1 && p.back() == '/' ? p.size() - 2 : std::string::npos);
-    if (slash == std::string::npos) p = ".";
-    else p = slash == 0 ? "/" : p.substr(0, slash);
+    const auto slash =
+        p.find_last_of('/', p.size() > 1 && p.back() == '/' ? p.size() - 2 : std::string::npos);
+    if (slash == std::string::npos)
+      p = ".";
+    else
+      p = slash == 0 ? "/" : p.substr(0, slash);
   }
 }
 
@@ -109,21 +112,24 @@ std::uint64_t size_to_machine(const Config& c, const Options& o) {
   };
   auto describe = [&](std::uint64_t elements) {
     const Needs n = needs_for(c, elements * factor);
-    return strcat(format_count(elements), " params", factor > 1 ? " (and a 4x run)" : "",
-                  " need ", format_bytes(n.host, true), " of host memory and ",
+    return strcat(format_count(elements), " params", factor > 1 ? " (and a 4x run)" : "", " need ",
+                  format_bytes(n.host, true), " of host memory and ",
                   format_bytes(n.disk_per_path, true), " of disk under ", disk_path,
-                  "; this machine has ", format_bytes(mem, true), " available (half is used at most) and ",
-                  format_bytes(disk_limit / 9 * 10, true), " free there");
+                  "; this machine has ", format_bytes(mem, true),
+                  " available (half is used at most) and ", format_bytes(disk_limit / 9 * 10, true),
+                  " free there");
   };
   if (!o.params.empty()) {
     const std::uint64_t n = parse_count(o.params);
     if (n == 0 || n > limits::kMaxParameters)
-      fail(ErrorCode::kInvalidArgument, strcat("bench step: --params ", o.params, " must be in [1, ",
-                                               format_count(limits::kMaxParameters), "]"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("bench step: --params ", o.params, " must be in [1, ",
+                  format_count(limits::kMaxParameters), "]"));
     if (!fits(n))
       fail(ErrorCode::kInvalidArgument,
            strcat("bench step: --params ", o.params, ": ", describe(n),
-                  o.no_scaling ? "" : "; --no-scaling skips the 4x run", "; choose a smaller --params"));
+                  o.no_scaling ? "" : "; --no-scaling skips the 4x run",
+                  "; choose a smaller --params"));
     return n;
   }
   const std::uint64_t pool = std::uint64_t{c.tiers.host.buffer_count} * c.tiers.host.buffer_size;
@@ -137,44 +143,49 @@ std::uint64_t size_to_machine(const Config& c, const Options& o) {
     const std::uint64_t mid = lo + (hi - lo) / 2;
     (fits(mid) ? lo : hi) = mid;
   }
-  const std::uint64_t smallest = std::min<std::uint64_t>(wanted, std::max<std::uint64_t>(1, pool / 12 * 2));
+  const std::uint64_t smallest =
+      std::min<std::uint64_t>(wanted, std::max<std::uint64_t>(1, pool / 12 * 2));
   if (lo < smallest)
-    fail(ErrorCode::kBudget, strcat("bench step: even ", format_count(smallest),
-                                    " params (twice the pinned pool) do not fit: ", describe(smallest)));
-  std::cerr << "strata: bench step: " << (c.model.parameters > 0 ? "model.parameters / world.ranks = " : "the default ")
+    fail(ErrorCode::kBudget,
+         strcat("bench step: even ", format_count(smallest),
+                " params (twice the pinned pool) do not fit: ", describe(smallest)));
+  std::cerr << "strata: bench step: "
+            << (c.model.parameters > 0 ? "model.parameters / world.ranks = " : "the default ")
             << format_count(wanted) << " params would not fit (" << describe(wanted)
             << "); measuring " << format_count(lo) << " params instead (--params to choose)\n";
   return lo;
 }
 
 json to_json(const profile::StepBenchResult& r) {
-  return {{"elements", r.elements},
-          {"state_bytes", r.state_bytes},
-          {"pool_bytes", r.pool_bytes},
-          {"buffers", r.buffers},
-          {"buffer_size", r.buffer_size},
-          {"chunks", r.chunks},
-          {"io_engine", r.io_engine},
-          {"threads", r.threads},
-          {"update_on", r.update_on},
-          {"t_read_s", r.t_read},
-          {"t_update_s", r.t_update},
-          {"t_write_s", r.t_write},
-          {"t_step_s", r.t_step},
-          {"t_engine_step_s", r.t_engine_step},
-          {"t_step_serial_s", r.t_step_serial},
-          {"t_update_in_step_s", r.t_update_in_step},
-          {"t_wait_read_s", r.t_wait_read},
-          {"t_wait_write_s", r.t_wait_write},
-          {"overlap_efficiency", r.overlap_efficiency},
-          {"overlap_efficiency_rounds", r.overlap_efficiency_rounds},
-          {"t_io_s", r.t_io},
-          {"device_efficiency", r.device_efficiency},
-          {"read_bytes_per_second", r.t_read > 0 ? static_cast<double>(r.state_bytes) / r.t_read : 0.0},
-          {"write_bytes_per_second", r.t_write > 0 ? static_cast<double>(r.state_bytes) / r.t_write : 0.0},
-          {"step_params_per_second", r.t_step > 0 ? static_cast<double>(r.elements) / r.t_step : 0.0},
-          {"peak_rss_bytes", r.peak_rss_bytes},
-          {"caller_held_bytes", r.caller_held_bytes}};
+  return {
+      {"elements", r.elements},
+      {"state_bytes", r.state_bytes},
+      {"pool_bytes", r.pool_bytes},
+      {"buffers", r.buffers},
+      {"buffer_size", r.buffer_size},
+      {"chunks", r.chunks},
+      {"io_engine", r.io_engine},
+      {"threads", r.threads},
+      {"update_on", r.update_on},
+      {"t_read_s", r.t_read},
+      {"t_update_s", r.t_update},
+      {"t_write_s", r.t_write},
+      {"t_step_s", r.t_step},
+      {"t_engine_step_s", r.t_engine_step},
+      {"t_step_serial_s", r.t_step_serial},
+      {"t_update_in_step_s", r.t_update_in_step},
+      {"t_wait_read_s", r.t_wait_read},
+      {"t_wait_write_s", r.t_wait_write},
+      {"overlap_efficiency", r.overlap_efficiency},
+      {"overlap_efficiency_rounds", r.overlap_efficiency_rounds},
+      {"t_io_s", r.t_io},
+      {"device_efficiency", r.device_efficiency},
+      {"read_bytes_per_second", r.t_read > 0 ? static_cast<double>(r.state_bytes) / r.t_read : 0.0},
+      {"write_bytes_per_second",
+       r.t_write > 0 ? static_cast<double>(r.state_bytes) / r.t_write : 0.0},
+      {"step_params_per_second", r.t_step > 0 ? static_cast<double>(r.elements) / r.t_step : 0.0},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"caller_held_bytes", r.caller_held_bytes}};
 }
 
 // Runs the benchmark in a forked child (its own peak RSS); the result comes back as JSON.
@@ -216,7 +227,8 @@ json run_child(const profile::StepBenchOptions& bo) {
   int status = 0;
   ::waitpid(pid, &status, 0);
   if (text.empty())
-    fail(ErrorCode::kInternal, strcat("bench step: the measuring child died (status ", status, ")"));
+    fail(ErrorCode::kInternal,
+         strcat("bench step: the measuring child died (status ", status, ")"));
   json j = json::parse(text);
   if (j.contains("error")) {
     const int code = j.value("exit_code", 1);
@@ -225,87 +237,108 @@ json run_child(const profile::StepBenchOptions& bo) {
   return j;
 }
 
+// The peak RSS that is not caller-held (what must not scale with the model).
+double own_rss(const json& j) {
+  return static_cast<double>(j["peak_rss_bytes"].get<std::uint64_t>()) -
+         static_cast<double>(j["caller_held_bytes"].get<std::uint64_t>());
+}
+
+void print_json(const Options& o, const json& one, const json& four) {
+  const double ratio = four.is_null() ? 0.0 : own_rss(four) / own_rss(one);
+  const double pool = static_cast<double>(one["pool_bytes"].get<std::uint64_t>());
+  json j;
+  j["config"] = o.config;
+  j["step"] = one;
+  if (!four.is_null()) {
+    j["step_4x"] = four;
+    j["rss_ratio_4x_vs_1x"] = ratio;
+  }
+  j["state_over_pool"] = static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool;
+  j["serial_over_pipelined"] = one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>();
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_human(const json& one, const json& four) {
+  const double ratio = four.is_null() ? 0.0 : own_rss(four) / own_rss(one);
+  const double pool = static_cast<double>(one["pool_bytes"].get<std::uint64_t>());
+  auto ms = [](const json& j, const char* k) { return j[k].get<double>() * 1e3; };
+  std::cout << "Offloaded optimizer step: " << format_count(one["elements"].get<std::uint64_t>())
+            << " params, " << format_bytes(one["state_bytes"].get<std::uint64_t>())
+            << " of state on NVMe (" << one["io_engine"].get<std::string>() << "), pool "
+            << one["buffers"].get<std::uint32_t>() << " x "
+            << format_bytes(one["buffer_size"].get<std::uint64_t>(), true)
+            << " (state = " << static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool
+            << "x pool), " << one["chunks"].get<std::size_t>() << " chunks, Adam on "
+            << one["update_on"].get<std::string>() << " (" << one["threads"].get<unsigned>()
+            << " CPU threads)\n";
+  std::cout << "  t_read   " << ms(one, "t_read_s") << " ms  ("
+            << format_rate(one["read_bytes_per_second"].get<double>()) << ")\n";
+  std::cout << "  t_update " << ms(one, "t_update_s") << " ms\n";
+  std::cout << "  t_write  " << ms(one, "t_write_s") << " ms  ("
+            << format_rate(one["write_bytes_per_second"].get<double>()) << ")\n";
+  std::cout << "  pipelined step " << ms(one, "t_step_s") << " ms  (update inside "
+            << ms(one, "t_update_in_step_s") << " ms, waited for reads " << ms(one, "t_wait_read_s")
+            << " ms, writes " << ms(one, "t_wait_write_s") << " ms)\n";
+  std::cout << "  overlap efficiency max(t_read, t_update, t_write) / t_step = "
+            << one["overlap_efficiency"].get<double>()
+            << " (target >= 0.85); median of per-round ratios "
+            << one["overlap_efficiency_rounds"].get<double>() << "\n";
+  std::cout << "  read || write without update (device bound) " << ms(one, "t_io_s")
+            << " ms; max(t_io, t_update) / t_step = " << one["device_efficiency"].get<double>()
+            << "\n";
+  std::cout << "  unpipelined step " << ms(one, "t_step_serial_s") << " ms ("
+            << one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>()
+            << "x the pipelined)\n";
+  std::cout << "  peak RSS 1x " << format_bytes(one["peak_rss_bytes"].get<std::uint64_t>(), true)
+            << " (caller-held " << format_bytes(one["caller_held_bytes"].get<std::uint64_t>(), true)
+            << ")";
+  if (!four.is_null())
+    std::cout << ", 4x " << format_bytes(four["peak_rss_bytes"].get<std::uint64_t>(), true)
+              << " (caller-held "
+              << format_bytes(four["caller_held_bytes"].get<std::uint64_t>(), true)
+              << "); ratio without caller-held " << ratio << " (target <= 1.10)";
+  std::cout << "\n";
+}
+
+// One measurement in a child, announced (sizes, memory) and timed on stderr.
+json measured(const Config& cfg, const profile::StepBenchOptions& b, const char* what) {
+  const Needs n = needs_for(cfg, b.elements);
+  std::cerr << "strata: bench step: " << what << ": " << format_count(b.elements) << " params, "
+            << format_bytes(b.elements * 12, true) << " of optimizer state on NVMe under "
+            << cfg.tiers.nvme.paths.front() << (cfg.tiers.nvme.paths.size() > 1 ? " (striped)" : "")
+            << ", about " << format_bytes(n.host, true) << " of host memory, " << b.rounds
+            << " round(s)..." << std::endl;
+  const auto t0 = std::chrono::steady_clock::now();
+  json j = run_child(b);
+  std::cerr << "strata: bench step: " << what << " done in "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s"
+            << std::endl;
+  return j;
+}
+
 int run(const Options& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (cfg.tiers.nvme.paths.empty())
-    fail(ErrorCode::kInvalidArgument, "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
+    fail(ErrorCode::kInvalidArgument,
+         "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
   profile::StepBenchOptions bo;
   bo.config = cfg;
   bo.rounds = o.rounds;
   if (o.rounds < 1) fail(ErrorCode::kInvalidArgument, "bench step: --rounds must be >= 1");
   bo.elements = size_to_machine(cfg, o);
-  auto measured = [&](const profile::StepBenchOptions& b, const char* what) {
-    const Needs n = needs_for(cfg, b.elements);
-    std::cerr << "strata: bench step: " << what << ": " << format_count(b.elements) << " params, "
-              << format_bytes(b.elements * 12, true) << " of optimizer state on NVMe under "
-              << cfg.tiers.nvme.paths.front() << (cfg.tiers.nvme.paths.size() > 1 ? " (striped)" : "")
-              << ", about " << format_bytes(n.host, true) << " of host memory, " << b.rounds
-              << " round(s)..." << std::endl;
-    const auto t0 = std::chrono::steady_clock::now();
-    json j = run_child(b);
-    std::cerr << "strata: bench step: " << what << " done in "
-              << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
-              << " s" << std::endl;
-    return j;
-  };
-  json one = measured(bo, o.no_scaling ? "run 1 of 1" : "run 1 of 2");
+  json one = measured(cfg, bo, o.no_scaling ? "run 1 of 1" : "run 1 of 2");
   json four;
   if (!o.no_scaling) {
     profile::StepBenchOptions b4 = bo;
     b4.elements *= 4;
     b4.rounds = 1;
     b4.serial = false;
-    four = measured(b4, "run 2 of 2 (4x, for the peak RSS ratio)");
+    four = measured(cfg, b4, "run 2 of 2 (4x, for the peak RSS ratio)");
   }
-  auto own = [](const json& j) {
-    return static_cast<double>(j["peak_rss_bytes"].get<std::uint64_t>()) -
-           static_cast<double>(j["caller_held_bytes"].get<std::uint64_t>());
-  };
-  const double ratio = four.is_null() ? 0.0 : own(four) / own(one);
-  const double pool = static_cast<double>(one["pool_bytes"].get<std::uint64_t>());
-  if (o.json) {
-    json j;
-    j["config"] = o.config;
-    j["step"] = one;
-    if (!four.is_null()) {
-      j["step_4x"] = four;
-      j["rss_ratio_4x_vs_1x"] = ratio;
-    }
-    j["state_over_pool"] = static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool;
-    j["serial_over_pipelined"] = one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>();
-    std::cout << j.dump(2) << "\n";
-    return 0;
-  }
-  auto ms = [](const json& j, const char* k) { return j[k].get<double>() * 1e3; };
-  std::cout << "Offloaded optimizer step: " << format_count(one["elements"].get<std::uint64_t>()) << " params, "
-            << format_bytes(one["state_bytes"].get<std::uint64_t>()) << " of state on NVMe ("
-            << one["io_engine"].get<std::string>() << "), pool " << one["buffers"].get<std::uint32_t>() << " x "
-            << format_bytes(one["buffer_size"].get<std::uint64_t>(), true) << " (state = "
-            << static_cast<double>(one["state_bytes"].get<std::uint64_t>()) / pool << "x pool), "
-            << one["chunks"].get<std::size_t>() << " chunks, Adam on " << one["update_on"].get<std::string>()
-            << " (" << one["threads"].get<unsigned>() << " CPU threads)\n";
-  std::cout << "  t_read   " << ms(one, "t_read_s") << " ms  ("
-            << format_rate(one["read_bytes_per_second"].get<double>()) << ")\n";
-  std::cout << "  t_update " << ms(one, "t_update_s") << " ms\n";
-  std::cout << "  t_write  " << ms(one, "t_write_s") << " ms  ("
-            << format_rate(one["write_bytes_per_second"].get<double>()) << ")\n";
-  std::cout << "  pipelined step " << ms(one, "t_step_s") << " ms  (update inside " << ms(one, "t_update_in_step_s")
-            << " ms, waited for reads " << ms(one, "t_wait_read_s") << " ms, writes "
-            << ms(one, "t_wait_write_s") << " ms)\n";
-  std::cout << "  overlap efficiency max(t_read, t_update, t_write) / t_step = "
-            << one["overlap_efficiency"].get<double>() << " (target >= 0.85); median of per-round ratios "
-            << one["overlap_efficiency_rounds"].get<double>() << "\n";
-  std::cout << "  read || write without update (device bound) " << ms(one, "t_io_s")
-            << " ms; max(t_io, t_update) / t_step = " << one["device_efficiency"].get<double>() << "\n";
-  std::cout << "  unpipelined step " << ms(one, "t_step_serial_s") << " ms ("
-            << one["t_step_serial_s"].get<double>() / one["t_step_s"].get<double>() << "x the pipelined)\n";
-  std::cout << "  peak RSS 1x " << format_bytes(one["peak_rss_bytes"].get<std::uint64_t>(), true)
-            << " (caller-held " << format_bytes(one["caller_held_bytes"].get<std::uint64_t>(), true) << ")";
-  if (!four.is_null())
-    std::cout << ", 4x " << format_bytes(four["peak_rss_bytes"].get<std::uint64_t>(), true) << " (caller-held "
-              << format_bytes(four["caller_held_bytes"].get<std::uint64_t>(), true)
-              << "); ratio without caller-held " << ratio << " (target <= 1.10)";
-  std::cout << "\n";
+  if (o.json)
+    print_json(o, one, four);
+  else
+    print_human(one, four);
   return 0;
 }
 
@@ -313,7 +346,8 @@ const bool kRegistered = strata::cli::register_command(
     {"bench step", "The offloaded optimizer step: read/update/write alone, pipelined, overlap, RSS",
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
-       cmd.add_option("CONFIG", o->config, "YAML config (tiers.*, precision.*, optimizer.*)")->required();
+       cmd.add_option("CONFIG", o->config, "YAML config (tiers.*, precision.*, optimizer.*)")
+           ->required();
        cmd.add_option("--params", o->params,
                       "Optimizer elements of the rank (default model.parameters / world.ranks, "
                       "or 8x the pinned pool; reduced to what the machine holds)");

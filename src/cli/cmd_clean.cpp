@@ -9,8 +9,8 @@
 
 #include "cli/command.hpp"
 #include "strata/error.hpp"
-#include "tier/swap_space.hpp"
 #include "strata/units.hpp"
+#include "tier/swap_space.hpp"
 
 namespace {
 
@@ -31,7 +31,8 @@ int run(const Options& o) {
   std::uint64_t freed = 0;
   std::size_t removed = 0, failed = 0, kept = 0;
   for (const auto& l : all) {
-    if (l.status == SwapLeftover::Status::kRemoved || l.status == SwapLeftover::Status::kWouldRemove) {
+    if (l.status == SwapLeftover::Status::kRemoved ||
+        l.status == SwapLeftover::Status::kWouldRemove) {
       freed += l.bytes;
       ++removed;
     } else if (l.status == SwapLeftover::Status::kFailed) {

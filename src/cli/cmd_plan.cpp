@@ -20,7 +20,8 @@ using nlohmann::json;
 using strata::format_bytes;
 
 json state_json(const strata::StateBytes& s) {
-  return {{"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
+  return {
+      {"params", s.params}, {"grads", s.grads}, {"optimizer", s.optimizer}, {"total", s.total()}};
 }
 
 json tiers_json(const strata::TierBytes& t) {
@@ -32,7 +33,8 @@ json tiers_json(const strata::TierBytes& t) {
 }
 
 json target_json(const strata::OffloadTarget& t) {
-  return {{"tier", strata::tier_name(t.tier)}, {"fraction", t.fraction}, {"pin_memory", t.pin_memory}};
+  return {
+      {"tier", strata::tier_name(t.tier)}, {"fraction", t.fraction}, {"pin_memory", t.pin_memory}};
 }
 
 json pool_json(const strata::PoolPlan& p) {
@@ -93,9 +95,10 @@ json layout_json(const strata::Layout& l) {
 json rung_json(const strata::Rung& r) {
   return {{"stage", r.layout.stage},
           {"description", r.layout.describe()},
-          {"offload", {{"optimizer", target_json(r.layout.offload.optimizer)},
-                       {"gradients", target_json(r.layout.offload.gradients)},
-                       {"params", target_json(r.layout.offload.params)}}},
+          {"offload",
+           {{"optimizer", target_json(r.layout.offload.optimizer)},
+            {"gradients", target_json(r.layout.offload.gradients)},
+            {"params", target_json(r.layout.offload.params)}}},
           {"gpu_model_state_per_rank_bytes", r.layout.on_gpu.total()},
           {"runtime_buffers_per_rank_bytes", r.layout.runtime.total()},
           {"gathered_per_rank_bytes", r.layout.runtime.gathered + r.layout.runtime.send},
@@ -119,8 +122,11 @@ json plan_json(const strata::Config& c, const strata::Plan& p) {
   j["precision"] = {{"params", strata::dtype_name(c.precision.params)},
                     {"grads", strata::dtype_name(c.precision.grads)}};
   const auto& b = p.bytes_per_param;
-  j["bytes_per_param"] = {{"params", b.params}, {"grads", b.grads}, {"master", b.master},
-                          {"moments", b.moments}, {"total", b.total()}};
+  j["bytes_per_param"] = {{"params", b.params},
+                          {"grads", b.grads},
+                          {"master", b.master},
+                          {"moments", b.moments},
+                          {"total", b.total()}};
   j["stages"] = json::array();
   for (const auto& s : p.stages)
     j["stages"].push_back({{"stage", s.stage},
@@ -158,27 +164,35 @@ std::string rcell(const std::string& s, std::size_t w) {
   return s.size() >= w ? " " + s : std::string(w - s.size(), ' ') + s;
 }
 
-void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
+// The model, its bytes per parameter, the world.
+void print_header(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
   const auto& b = p.bytes_per_param;
   o << "strata plan: " << c.source << "\n"
     << "  model: " << strata::format_count(p.parameters) << " parameters, "
-    << strata::dtype_name(c.precision.params) << " params, " << strata::dtype_name(c.precision.grads)
-    << " grads, " << strata::optimizer_name(c.optimizer.type) << "\n"
+    << strata::dtype_name(c.precision.params) << " params, "
+    << strata::dtype_name(c.precision.grads) << " grads, "
+    << strata::optimizer_name(c.optimizer.type) << "\n"
     << "  bytes per parameter: " << b.params << " params + " << b.grads << " grads + "
     << b.optimizer() << " optimizer (" << b.master << " master + " << b.moments
     << " moments) = " << b.total() << "\n"
     << "  world: " << p.ranks << " ranks, " << p.ranks_per_node << " per node, " << p.nodes
     << " node(s)\n\n";
+}
 
+// Model state per rank for every stage.
+void print_stages(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
   o << "Model state per rank by ZeRO stage (nothing offloaded):\n"
-    << "  " << cell("stage", 8) << rcell("params", 12) << rcell("grads", 12) << rcell("optimizer", 12)
-    << rcell("total", 12) << "\n";
+    << "  " << cell("stage", 8) << rcell("params", 12) << rcell("grads", 12)
+    << rcell("optimizer", 12) << rcell("total", 12) << "\n";
   for (const auto& s : p.stages)
     o << "  " << cell(std::to_string(s.stage) + (s.stage == c.zero.stage ? " *" : ""), 8)
       << rcell(format_bytes(s.bytes.params), 12) << rcell(format_bytes(s.bytes.grads), 12)
       << rcell(format_bytes(s.bytes.optimizer), 12) << rcell(format_bytes(s.bytes.total()), 12)
       << "\n";
+}
 
+// The configured layout: bytes per tier, the pool, the runtime buffers.
+void print_configured(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
   const auto& l = p.configured;
   o << "\nConfigured: " << l.describe() << "\n"
     << "  " << cell("tier", 20) << rcell("per rank", 12) << rcell("per node", 12) << "\n";
@@ -192,10 +206,11 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
   row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
   row("nvme", l.per_rank.nvme, l.per_node.nvme);
   o << "  pinned staging pool: "
-    << (l.pool.used ? format_bytes(l.pool.bytes()) + " per rank (" +
-                          std::to_string(l.pool.buffers) + " x " +
-                          format_bytes(l.pool.buffer_size, true) + "), in pinned host: " + l.pool.why
-                    : l.pool.why)
+    << (l.pool.used
+            ? format_bytes(l.pool.bytes()) + " per rank (" + std::to_string(l.pool.buffers) +
+                  " x " + format_bytes(l.pool.buffer_size, true) +
+                  "), in pinned host: " + l.pool.why
+            : l.pool.why)
     << "\n";
   const auto& rt = l.runtime;
   o << "  gpu runtime buffers per rank: " << format_bytes(rt.total()) << "\n";
@@ -213,7 +228,11 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
   part("norm", rt.norm, "norm and overflow exchange");
   part("staging", rt.staging, "collective staging of the initial values (finalize)");
   part("adam scratch", rt.adam_scratch, "optimizer.update device: one host chunk's copy");
+}
 
+// Bytes per step on each link, the verdict per tier, the activations.
+void print_traffic_and_verdict(std::ostream& o, const strata::Plan& p) {
+  const auto& l = p.configured;
   o << "\nBytes per optimizer step, per rank:\n";
   auto link = [&](const char* name, std::uint64_t v) {
     o << "  " << cell(name, 16) << rcell(format_bytes(v), 12) << "\n";
@@ -230,7 +249,8 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
     << "\n";
   for (const auto& v : l.verdicts) {
     o << "  " << cell(v.tier, 12) << rcell(format_bytes(v.used), 12) << " per " << cell(v.scope, 5);
-    if (!v.limited) o << "  (no budget)\n";
+    if (!v.limited)
+      o << "  (no budget)\n";
     else
       o << " of " << rcell(format_bytes(v.budget), 10)
         << (v.fits() ? "  ok" : "  OVER by " + format_bytes(v.overflow())) << "\n";
@@ -247,7 +267,10 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
                                     : " (does not fit with the gpu figure above)")
       << "\n";
   }
+}
 
+// Every rung of the recommender's ladder.
+void print_ladder(std::ostream& o, const strata::Plan& p) {
   o << "\nEvery stage x offload rung, in the recommender's order (lowest stage, then least "
        "offload; NVMe last):\n"
     << "  " << cell("rung", 62) << rcell("state", 10) << rcell("runtime", 10)
@@ -261,20 +284,22 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
     o << (chosen ? "> " : "  ") << cell(r.layout.describe(), 62)
       << rcell(format_bytes(r.layout.on_gpu.total()), 10)
       << rcell(format_bytes(r.layout.runtime.total()), 10) << rcell(act, 11)
-      << rcell(format_bytes(r.gpu_total), 11)
-      << rcell(format_bytes(r.layout.per_node.host()), 11)
+      << rcell(format_bytes(r.gpu_total), 11) << rcell(format_bytes(r.layout.per_node.host()), 11)
       << rcell(format_bytes(r.layout.per_node.nvme), 11) << "  " << r.verdict << "\n";
   }
   o << "  (state: gpu model state; runtime: the engine's gpu buffers; gpu/rank: both + "
        "activations"
     << (p.activations.available ? "; * with full activation checkpointing" : "") << ")\n";
+}
 
+// The recommendation, notes and assumptions.
+void print_recommendation(std::ostream& o, const strata::Plan& p) {
   o << "\nRecommendation: "
-    << (p.recommendation.found ? p.recommendation.layout.describe() +
-                                     (p.recommendation.checkpointing
-                                          ? std::string(", with activation checkpointing")
-                                          : std::string())
-                               : std::string("none"))
+    << (p.recommendation.found
+            ? p.recommendation.layout.describe() +
+                  (p.recommendation.checkpointing ? std::string(", with activation checkpointing")
+                                                  : std::string())
+            : std::string("none"))
     << "\n  " << p.recommendation.reason << "\n";
   if (!p.notes.empty()) {
     o << "\nNotes:\n";
@@ -282,6 +307,15 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
   }
   o << "\nAssumptions:\n";
   for (const auto& a : p.assumptions) o << "  - " << a << "\n";
+}
+
+void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p) {
+  print_header(o, c, p);
+  print_stages(o, c, p);
+  print_configured(o, c, p);
+  print_traffic_and_verdict(o, p);
+  print_ladder(o, p);
+  print_recommendation(o, p);
 }
 
 struct Options {
@@ -308,8 +342,9 @@ const bool kRegistered = strata::cli::register_command(
          strata::Config c = strata::load_config(opts->config, opts->overrides);
          if (c.model.parameters == 0)
            strata::fail(strata::ErrorCode::kInvalidArgument,
-                        c.source + ": model.parameters: strata plan needs the model's parameter "
-                                   "count (e.g. model: {parameters: 7.5B})");
+                        c.source +
+                            ": model.parameters: strata plan needs the model's parameter "
+                            "count (e.g. model: {parameters: 7.5B})");
          strata::Plan p = strata::make_plan(c);
          if (opts->json) {
            std::cout << plan_json(c, p).dump(2) << "\n";

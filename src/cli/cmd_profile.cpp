@@ -7,9 +7,9 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -56,8 +56,8 @@ class OutputFile {
     if (fd_ < 0) {
       const int e = errno;
       strata::fail(strata::ErrorCode::kInvalidArgument,
-                   strata::strcat(option, ": cannot open ", path, " for writing: ",
-                                  std::strerror(e), " (errno ", e, ")"));
+                   strata::strcat(option, ": cannot open ", path,
+                                  " for writing: ", std::strerror(e), " (errno ", e, ")"));
     }
     struct stat st {};
     if (::fstat(fd_, &st) == 0 && S_ISDIR(st.st_mode))
@@ -66,10 +66,12 @@ class OutputFile {
   }
   void write(const std::string& text) {
     struct stat st {};
-    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && ::ftruncate(fd_, 0) != 0) fail_io("ftruncate", 0);
+    if (::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) && ::ftruncate(fd_, 0) != 0)
+      fail_io("ftruncate", 0);
     std::size_t done = 0;
     while (done < text.size()) {
-      const ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+      const ssize_t n =
+          ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) fail_io("pwrite", done);
       done += static_cast<std::size_t>(n);
@@ -132,7 +134,9 @@ json prediction_json(const strata::StepPrediction& p) {
 
 json offload_json(const strata::OffloadConfig& o) {
   auto t = [](const strata::OffloadTarget& x) {
-    return json{{"tier", strata::tier_name(x.tier)}, {"fraction", x.fraction}, {"pin_memory", x.pin_memory}};
+    return json{{"tier", strata::tier_name(x.tier)},
+                {"fraction", x.fraction},
+                {"pin_memory", x.pin_memory}};
   };
   return {{"optimizer", t(o.optimizer)}, {"gradients", t(o.gradients)}, {"params", t(o.params)}};
 }
@@ -164,14 +168,7 @@ json sample_run_json(const strata::SampleRun& s) {
           {"error", s.error}};
 }
 
-json report_json(const strata::ProfileReport& r) {
-  json j;
-  j["config"] = r.config_source;
-  j["mode"] = strata::profile_mode_name(r.mode);
-  j["elapsed_s"] = r.elapsed_s;
-  j["phase_seconds"] = json::object();
-  for (const auto& [name, sec] : r.phase_seconds) j["phase_seconds"][name] = sec;
-  const auto& e = r.environment;
+json environment_json(const strata::Environment& e) {
   json paths = json::array();
   for (const auto& p : e.paths)
     paths.push_back({{"path", p.path},
@@ -180,21 +177,23 @@ json report_json(const strata::ProfileReport& r) {
                      {"mount_point", p.mount_point},
                      {"free_bytes", p.free_bytes},
                      {"temporary", p.temporary}});
-  j["environment"] = {{"hostname", e.hostname},
-                      {"kernel", e.kernel},
-                      {"cpu_model", e.cpu_model},
-                      {"cores", e.cores},
-                      {"memory_bytes", e.memory_bytes},
-                      {"memlock_limit_bytes", e.memlock_limit_bytes},
-                      {"gpu", e.gpu},
-                      {"has_gpu", e.has_gpu},
-                      {"adam_path", e.adam_path},
-                      {"load_average_1m", e.load_average_1m},
-                      {"timestamp_utc", e.timestamp_utc},
-                      {"paths", paths}};
-  j["notes"] = r.notes;
+  return {{"hostname", e.hostname},
+          {"kernel", e.kernel},
+          {"cpu_model", e.cpu_model},
+          {"cores", e.cores},
+          {"memory_bytes", e.memory_bytes},
+          {"memlock_limit_bytes", e.memlock_limit_bytes},
+          {"gpu", e.gpu},
+          {"has_gpu", e.has_gpu},
+          {"adam_path", e.adam_path},
+          {"load_average_1m", e.load_average_1m},
+          {"timestamp_utc", e.timestamp_utc},
+          {"paths", paths}};
+}
+
+json io_points_json(const std::vector<strata::IoPoint>& points) {
   json io = json::array();
-  for (const auto& p : r.io)
+  for (const auto& p : points)
     io.push_back({{"path", p.path},
                   {"engine", p.engine},
                   {"op", p.op},
@@ -206,22 +205,23 @@ json report_json(const strata::ProfileReport& r) {
                   {"seconds", p.seconds},
                   {"bytes_per_second", p.bytes_per_second},
                   {"runs_bytes_per_second", p.runs_bps}});
-  j["nvme"] = {{"points", io}};
+  return io;
+}
+
+json copies_json(const std::vector<strata::CopyPoint>& points) {
   json copies = json::array();
-  for (const auto& c : r.copies)
+  for (const auto& c : points)
     copies.push_back({{"direction", c.direction},
                       {"pinned", c.pinned},
                       {"bytes", c.bytes},
                       {"seconds", c.seconds},
                       {"bytes_per_second", c.bytes_per_second}});
-  j["host_device_copies"] = {{"skipped", null_if_empty(r.copies_skipped)}, {"points", copies}};
-  j["cpu_adam"] = adam_json(r.cpu_adam);
-  j["gpu_adam"] = adam_json(r.gpu_adam);
-  j["memory_bandwidth"] = {{"kernel", "triad"},
-                           {"threads", r.triad_threads},
-                           {"bytes_per_second", r.triad_bytes_per_second}};
+  return copies;
+}
+
+json collectives_json(const std::vector<strata::CollectivePoint>& points) {
   json coll = json::array();
-  for (const auto& c : r.collectives)
+  for (const auto& c : points)
     coll.push_back({{"collective", c.collective},
                     {"backend", c.backend},
                     {"ranks", c.ranks},
@@ -229,53 +229,58 @@ json report_json(const strata::ProfileReport& r) {
                     {"seconds", c.seconds},
                     {"algbw_bytes_per_second", c.algbw_bytes_per_second},
                     {"busbw_bytes_per_second", c.busbw_bytes_per_second}});
-  j["collectives"] = {{"skipped", null_if_empty(r.collectives_skipped)}, {"points", coll}};
+  return coll;
+}
+
+json model_json(const strata::ProfileReport& r) {
   const auto& b = r.bandwidths;
   const auto& t = r.plan.configured.traffic;
-  j["model"] = {
-      {"bandwidths",
-       {{"nvme_read_bytes_per_second", b.nvme_read_bps},
-        {"nvme_write_bytes_per_second", b.nvme_write_bps},
-        {"nvme_duplex", b.nvme_duplex},
-        {"nvme_mixed_bytes_per_second", b.nvme_mixed_bps},
-        {"host_to_device_bytes_per_second", b.h2d_bps},
-        {"device_to_host_bytes_per_second", b.d2h_bps},
-        {"cpu_adam_params_per_second", b.cpu_adam_params_per_s},
-        {"gpu_adam_params_per_second", b.gpu_adam_params_per_s},
-        {"reduce_scatter_busbw_bytes_per_second", b.reduce_scatter_busbw},
-        {"all_gather_busbw_bytes_per_second", b.all_gather_busbw},
-        {"cpu_seconds_per_nvme_byte", b.cpu_s_per_nvme_byte},
-        {"cpu_seconds_per_adam_element", b.cpu_s_per_adam_element},
-        {"cores", b.cores},
-        {"network_source", null_if_empty(b.network_source)}}},
-      {"layout", r.plan.configured.describe()},
-      {"traffic_per_rank_per_step_bytes",
-       {{"nvme_read", t.nvme_read},
-        {"nvme_write", t.nvme_write},
-        {"host_to_device", t.host_to_device},
-        {"device_to_host", t.device_to_host},
-        {"network", t.network}}},
-      {"configured", prediction_json(r.configured)}};
-  const auto& s = r.sample;
-  j["sample_step"] = {{"ran", s.ran},
-                      {"implementation", s.implementation},
-                      {"elements_per_sub_group", s.elements_per_sub_group},
-                      {"sub_groups", s.sub_groups},
-                      {"nvme_bytes_per_element", s.nvme_bytes_per_element},
-                      {"tier_read_bytes_per_second", s.tier_read_bps},
-                      {"tier_write_bytes_per_second", s.tier_write_bps},
-                      {"adam_params_per_second", s.adam_params_per_s},
-                      {"tier_mixed_bytes_per_second", s.tier_mixed_bps},
-                      {"tier_mixed_runs_bytes_per_second", s.tier_mixed_runs},
-                      {"tier_read_runs_bytes_per_second", s.tier_read_runs},
-                      {"tier_write_runs_bytes_per_second", s.tier_write_runs},
-                      {"adam_runs_params_per_second", s.adam_runs},
-                      {"pinned_pool", pool_json(s.pool)},
-                      {"serial", sample_run_json(s.serial)},
-                      {"pipelined", sample_run_json(s.pipelined)}};
+  return {{"bandwidths",
+           {{"nvme_read_bytes_per_second", b.nvme_read_bps},
+            {"nvme_write_bytes_per_second", b.nvme_write_bps},
+            {"nvme_duplex", b.nvme_duplex},
+            {"nvme_mixed_bytes_per_second", b.nvme_mixed_bps},
+            {"host_to_device_bytes_per_second", b.h2d_bps},
+            {"device_to_host_bytes_per_second", b.d2h_bps},
+            {"cpu_adam_params_per_second", b.cpu_adam_params_per_s},
+            {"gpu_adam_params_per_second", b.gpu_adam_params_per_s},
+            {"reduce_scatter_busbw_bytes_per_second", b.reduce_scatter_busbw},
+            {"all_gather_busbw_bytes_per_second", b.all_gather_busbw},
+            {"cpu_seconds_per_nvme_byte", b.cpu_s_per_nvme_byte},
+            {"cpu_seconds_per_adam_element", b.cpu_s_per_adam_element},
+            {"cores", b.cores},
+            {"network_source", null_if_empty(b.network_source)}}},
+          {"layout", r.plan.configured.describe()},
+          {"traffic_per_rank_per_step_bytes",
+           {{"nvme_read", t.nvme_read},
+            {"nvme_write", t.nvme_write},
+            {"host_to_device", t.host_to_device},
+            {"device_to_host", t.device_to_host},
+            {"network", t.network}}},
+          {"configured", prediction_json(r.configured)}};
+}
+
+json sample_step_json(const strata::SampleStep& s) {
+  json j = {{"ran", s.ran},
+            {"implementation", s.implementation},
+            {"elements_per_sub_group", s.elements_per_sub_group},
+            {"sub_groups", s.sub_groups},
+            {"nvme_bytes_per_element", s.nvme_bytes_per_element},
+            {"tier_read_bytes_per_second", s.tier_read_bps},
+            {"tier_write_bytes_per_second", s.tier_write_bps},
+            {"adam_params_per_second", s.adam_params_per_s},
+            {"tier_mixed_bytes_per_second", s.tier_mixed_bps},
+            {"tier_mixed_runs_bytes_per_second", s.tier_mixed_runs},
+            {"tier_read_runs_bytes_per_second", s.tier_read_runs},
+            {"tier_write_runs_bytes_per_second", s.tier_write_runs},
+            {"adam_runs_params_per_second", s.adam_runs},
+            {"pinned_pool", pool_json(s.pool)},
+            {"serial", sample_run_json(s.serial)},
+            {"pipelined", sample_run_json(s.pipelined)}};
   json eng = {{"ran", s.engine_ran}, {"skipped", null_if_empty(s.engine_skipped)}};
   if (s.engine_ran) {
-    eng["implementation"] = "zero layer: OffloadStateStore::update (src/zero), via zero::run_step_bench";
+    eng["implementation"] =
+        "zero layer: OffloadStateStore::update (src/zero), via zero::run_step_bench";
     eng["chunks"] = s.engine_chunks;
     eng["pinned_buffers"] = s.engine_buffers;
     eng["pinned_buffer_size"] = s.engine_buffer_size;
@@ -286,7 +291,11 @@ json report_json(const strata::ProfileReport& r) {
     eng["serial"] = sample_run_json(s.engine_serial);
     eng["pipelined"] = sample_run_json(s.engine_pipelined);
   }
-  j["sample_step"]["engine_step"] = eng;
+  j["engine_step"] = eng;
+  return j;
+}
+
+json recommendation_json(const strata::ProfileReport& r) {
   json iorec = json::array();
   for (const auto& x : r.io_recommendations)
     iorec.push_back({{"path", x.path},
@@ -310,29 +319,34 @@ json report_json(const strata::ProfileReport& r) {
                           {"gpu_bytes_per_rank", o.gpu_bytes_per_rank},
                           {"transfer_overhead_pipelined_s", o.overhead_pipelined_s},
                           {"optimizer_step_pipelined_s", o.step_pipelined_s}});
-  json placement = {{"found", r.placement.found}, {"reason", r.placement.reason},
-                    {"considered", considered}};
+  json placement = {
+      {"found", r.placement.found}, {"reason", r.placement.reason}, {"considered", considered}};
   if (r.placement.found)
-    placement["choice"] = {{"stage", r.placement.choice.stage},
-                           {"description", r.placement.choice.description},
-                           {"offload", offload_json(r.placement.choice.offload)},
-                           {"transfer_overhead_pipelined_s", r.placement.choice.overhead_pipelined_s}};
-  j["recommendation"] = {{"io", iorec}, {"placement", placement}, {"tuned_notes", r.tuned_notes}};
-  const auto& sh = r.sharing;
-  j["node_sharing"] = {{"ranks_per_node", sh.ranks_per_node},
-                       {"local_processes", sh.local_processes},
-                       {"nvme_devices", sh.nvme_devices},
-                       {"nvme_streams", sh.nvme_streams},
-                       {"nvme_single_read_bytes_per_second", sh.nvme_single_read_bps},
-                       {"nvme_single_write_bytes_per_second", sh.nvme_single_write_bps},
-                       {"nvme_aggregate_read_bytes_per_second", sh.nvme_aggregate_read_bps},
-                       {"nvme_aggregate_write_bytes_per_second", sh.nvme_aggregate_write_bps},
-                       {"nvme_read_factor", sh.nvme_read_factor},
-                       {"nvme_write_factor", sh.nvme_write_factor},
-                       {"cpu_factor", sh.cpu_factor},
-                       {"cores_per_rank", sh.cores_per_rank},
-                       {"notes", sh.notes}};
-  const auto& ec = r.engine_check;
+    placement["choice"] = {
+        {"stage", r.placement.choice.stage},
+        {"description", r.placement.choice.description},
+        {"offload", offload_json(r.placement.choice.offload)},
+        {"transfer_overhead_pipelined_s", r.placement.choice.overhead_pipelined_s}};
+  return {{"io", iorec}, {"placement", placement}, {"tuned_notes", r.tuned_notes}};
+}
+
+json node_sharing_json(const strata::NodeSharing& sh) {
+  return {{"ranks_per_node", sh.ranks_per_node},
+          {"local_processes", sh.local_processes},
+          {"nvme_devices", sh.nvme_devices},
+          {"nvme_streams", sh.nvme_streams},
+          {"nvme_single_read_bytes_per_second", sh.nvme_single_read_bps},
+          {"nvme_single_write_bytes_per_second", sh.nvme_single_write_bps},
+          {"nvme_aggregate_read_bytes_per_second", sh.nvme_aggregate_read_bps},
+          {"nvme_aggregate_write_bytes_per_second", sh.nvme_aggregate_write_bps},
+          {"nvme_read_factor", sh.nvme_read_factor},
+          {"nvme_write_factor", sh.nvme_write_factor},
+          {"cpu_factor", sh.cpu_factor},
+          {"cores_per_rank", sh.cores_per_rank},
+          {"notes", sh.notes}};
+}
+
+json engine_check_json(const strata::EngineCheck& ec) {
   json ecj = {{"ran", ec.ran}, {"skipped", null_if_empty(ec.skipped)}};
   if (ec.ran) {
     ecj["ranks"] = ec.ranks;
@@ -347,10 +361,38 @@ json report_json(const strata::ProfileReport& r) {
     ecj["grad_passes_s"] = ec.grad_passes_s;
     ecj["predicted_optimizer_s"] = ec.predicted_optimizer_s;
     ecj["optimizer_from"] = ec.optimizer_from;
-    ecj["engine_phases_s"] = {{"reduce", ec.reduce_s}, {"norm", ec.norm_s},
-                              {"optimizer", ec.optimizer_s}, {"gather", ec.gather_s}};
+    ecj["engine_phases_s"] = {{"reduce", ec.reduce_s},
+                              {"norm", ec.norm_s},
+                              {"optimizer", ec.optimizer_s},
+                              {"gather", ec.gather_s}};
   }
-  j["engine_check"] = ecj;
+  return ecj;
+}
+
+json report_json(const strata::ProfileReport& r) {
+  json j;
+  j["config"] = r.config_source;
+  j["mode"] = strata::profile_mode_name(r.mode);
+  j["elapsed_s"] = r.elapsed_s;
+  j["phase_seconds"] = json::object();
+  for (const auto& [name, sec] : r.phase_seconds) j["phase_seconds"][name] = sec;
+  j["environment"] = environment_json(r.environment);
+  j["notes"] = r.notes;
+  j["nvme"] = {{"points", io_points_json(r.io)}};
+  j["host_device_copies"] = {{"skipped", null_if_empty(r.copies_skipped)},
+                             {"points", copies_json(r.copies)}};
+  j["cpu_adam"] = adam_json(r.cpu_adam);
+  j["gpu_adam"] = adam_json(r.gpu_adam);
+  j["memory_bandwidth"] = {{"kernel", "triad"},
+                           {"threads", r.triad_threads},
+                           {"bytes_per_second", r.triad_bytes_per_second}};
+  j["collectives"] = {{"skipped", null_if_empty(r.collectives_skipped)},
+                      {"points", collectives_json(r.collectives)}};
+  j["model"] = model_json(r);
+  j["sample_step"] = sample_step_json(r.sample);
+  j["recommendation"] = recommendation_json(r);
+  j["node_sharing"] = node_sharing_json(r.sharing);
+  j["engine_check"] = engine_check_json(r.engine_check);
   j["launch"] = {{"rank", r.rank}, {"world", r.world}};
   return j;
 }
@@ -363,9 +405,12 @@ std::string rcell(const std::string& s, std::size_t w) {
 }
 std::string secs(double s) {
   char buf[32];
-  if (s >= 100) std::snprintf(buf, sizeof buf, "%.0f s", s);
-  else if (s >= 1) std::snprintf(buf, sizeof buf, "%.2f s", s);
-  else std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  if (s >= 100)
+    std::snprintf(buf, sizeof buf, "%.0f s", s);
+  else if (s >= 1)
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
   return buf;
 }
 std::string pct(double f) {
@@ -377,7 +422,8 @@ std::string rate_params(double p) {
   return strata::format_count(static_cast<std::uint64_t>(p)) + " params/s";
 }
 
-void print_human(std::ostream& o, const strata::ProfileReport& r, const std::string& tuned_path) {
+// The run, the machine and its NVMe paths.
+void print_machine(std::ostream& o, const strata::ProfileReport& r) {
   const auto& e = r.environment;
   o << "strata profile: " << r.config_source << " (" << strata::profile_mode_name(r.mode)
     << " mode, " << secs(r.elapsed_s) << ")\n"
@@ -388,8 +434,10 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     o << "  nvme path " << p.path << ": " << p.filesystem << " on " << p.device << " ("
       << format_bytes(p.free_bytes) << " free)" << (p.temporary ? ", temporary" : "") << "\n";
   for (const auto& n : r.notes) o << "  note: " << n << "\n";
+}
 
-  // NVMe: one table per path, engine, rings and op; rows block sizes, columns queue depths.
+// NVMe: one table per path, engine, rings and op; rows block sizes, columns queue depths.
+void print_nvme(std::ostream& o, const strata::ProfileReport& r) {
   std::map<std::tuple<std::string, std::string, std::uint32_t, std::string>,
            std::map<std::uint64_t, std::map<std::uint32_t, double>>>
       tables;
@@ -414,7 +462,10 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
       o << "\n";
     }
   }
+}
 
+// Host <-> device copies, pinned and pageable, per size.
+void print_copies(std::ostream& o, const strata::ProfileReport& r) {
   o << "\nHost <-> device copies: ";
   if (!r.copies_skipped.empty()) {
     o << r.copies_skipped << "\n";
@@ -430,7 +481,10 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
         << rcell(format_rate(m["d2hp"]), 13) << rcell(format_rate(m["h2dg"]), 14)
         << rcell(format_rate(m["d2hg"]), 14) << "\n";
   }
+}
 
+// CPU Adam, the triad reference, GPU Adam.
+void print_compute(std::ostream& o, const strata::ProfileReport& r) {
   o << "\nCompute:\n";
   const auto& ca = r.cpu_adam;
   o << "  CPU Adam (" << ca.device << ", " << strata::format_count(ca.elements)
@@ -439,23 +493,33 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
   o << "  memory bandwidth (triad, " << r.triad_threads
     << " threads): " << format_rate(r.triad_bytes_per_second);
   if (r.triad_bytes_per_second > 0)
-    o << "; CPU Adam reaches " << static_cast<int>(std::lround(100.0 * ca.bytes_per_second / r.triad_bytes_per_second))
+    o << "; CPU Adam reaches "
+      << static_cast<int>(std::lround(100.0 * ca.bytes_per_second / r.triad_bytes_per_second))
       << "% of it";
   o << "\n  GPU Adam: "
-    << (r.gpu_adam.measured ? rate_params(r.gpu_adam.params_per_second) + " (" + r.gpu_adam.device + ")"
-                            : r.gpu_adam.skipped)
+    << (r.gpu_adam.measured
+            ? rate_params(r.gpu_adam.params_per_second) + " (" + r.gpu_adam.device + ")"
+            : r.gpu_adam.skipped)
     << "\n";
+}
 
+// The collectives measured (or why not).
+void print_collectives(std::ostream& o, const strata::ProfileReport& r) {
   o << "\nCollectives (busbw = algbw x (n-1)/n): ";
-  if (r.collectives.empty()) o << r.collectives_skipped << "\n";
+  if (r.collectives.empty())
+    o << r.collectives_skipped << "\n";
   else {
     o << (r.collectives_skipped.empty() ? "" : r.collectives_skipped) << "\n";
     for (const auto& c : r.collectives)
       o << "  " << cell(c.collective, 15) << cell(c.backend + " x" + std::to_string(c.ranks), 14)
-        << rcell(format_bytes(c.bytes, true), 10) << "  busbw " << rcell(format_rate(c.busbw_bytes_per_second), 11)
-        << "  algbw " << format_rate(c.algbw_bytes_per_second) << "\n";
+        << rcell(format_bytes(c.bytes, true), 10) << "  busbw "
+        << rcell(format_rate(c.busbw_bytes_per_second), 11) << "  algbw "
+        << format_rate(c.algbw_bytes_per_second) << "\n";
   }
+}
 
+// The sample step through the real tiers, and the zero layer's step on the same state.
+void print_sample_step(std::ostream& o, const strata::ProfileReport& r) {
   const auto& s = r.sample;
   o << "\nSample step through the real tiers (" << s.sub_groups << " sub-groups x "
     << strata::format_count(s.elements_per_sub_group) << " elements, "
@@ -468,12 +532,13 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     << "  pinned pool: " << s.pool.buffers << " x " << format_bytes(s.pool.buffer_size, true)
     << " (configured " << s.pool.configured_buffers << " x "
     << format_bytes(s.pool.configured_buffer_size, true) << "): " << s.pool.reason << "\n"
-    << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
-    << "   (median of " << s.serial.repeats << " runs)\n";
+    << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11)
+    << rcell("error", 9) << "   (median of " << s.serial.repeats << " runs)\n";
   for (const auto* run : {&s.serial, &s.pipelined})
-    o << "  " << cell(run == &s.serial ? "serial" : "pipelined", 11) << rcell(secs(run->predicted_s), 11)
-      << rcell(secs(run->measured_median_s), 11) << rcell(pct(run->error), 9)
-      << (std::fabs(run->error) <= 0.15 ? "" : "   (outside +-15%)") << "\n";
+    o << "  " << cell(run == &s.serial ? "serial" : "pipelined", 11)
+      << rcell(secs(run->predicted_s), 11) << rcell(secs(run->measured_median_s), 11)
+      << rcell(pct(run->error), 9) << (std::fabs(run->error) <= 0.15 ? "" : "   (outside +-15%)")
+      << "\n";
 
   if (s.engine_ran) {
     o << "  the zero layer's offloaded step on the same state (" << s.engine_chunks << " chunks, "
@@ -494,18 +559,25 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
   } else if (!s.engine_skipped.empty()) {
     o << "  zero layer's offloaded step: " << s.engine_skipped << "\n";
   }
+}
 
+// How the node's ranks share its disk and cores.
+void print_node_sharing(std::ostream& o, const strata::ProfileReport& r) {
   const auto& sh = r.sharing;
   char factors[160];
-  std::snprintf(factors, sizeof factors, "NVMe x%.2f read, x%.2f write; CPU Adam x%.2f; %.2g cores per rank",
+  std::snprintf(factors, sizeof factors,
+                "NVMe x%.2f read, x%.2f write; CPU Adam x%.2f; %.2g cores per rank",
                 sh.nvme_read_factor, sh.nvme_write_factor, sh.cpu_factor, sh.cores_per_rank);
   o << "\nRanks on a node (" << sh.ranks_per_node << " per node, " << sh.local_processes
     << " measured at once here): " << factors << "\n";
   for (const auto& n : sh.notes) o << "  " << n << "\n";
-  o << "  network: " << (r.bandwidths.network_source.empty() ? r.collectives_skipped
-                                                             : r.bandwidths.network_source)
+  o << "  network: "
+    << (r.bandwidths.network_source.empty() ? r.collectives_skipped : r.bandwidths.network_source)
     << "\n";
+}
 
+// The engine check: a real multi-rank step against its prediction.
+void print_engine_check(std::ostream& o, const strata::ProfileReport& r) {
   const auto& ec = r.engine_check;
   o << "\nEngine check (a real multi-rank Engine step against its prediction): ";
   if (!ec.ran) {
@@ -513,26 +585,30 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
   } else {
     o << ec.ranks << " ranks over " << ec.backend << ", " << ec.layout << ", "
       << strata::format_count(ec.elements) << " parameters\n"
-      << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11) << rcell("error", 9)
-      << "   (median of " << ec.measured_s.size() << " steps, slowest rank)\n"
+      << "  " << cell("step", 11) << rcell("predicted", 11) << rcell("measured", 11)
+      << rcell("error", 9) << "   (median of " << ec.measured_s.size() << " steps, slowest rank)\n"
       << "  " << cell("engine", 11) << rcell(secs(ec.predicted_s), 11)
       << rcell(secs(ec.measured_median_s), 11) << rcell(pct(ec.error), 9)
       << (std::fabs(ec.error) <= 0.15 ? "" : "   (outside +-15%)") << "\n"
       << "  predicted legs: optimizer " << secs(ec.predicted_optimizer_s) << " (pipelined, from "
-      << ec.optimizer_from << "), network "
-      << secs(ec.prediction.network_s) << " (the step's collectives replayed), gradient copy + the rest of step() "
+      << ec.optimizer_from << "), network " << secs(ec.prediction.network_s)
+      << " (the step's collectives replayed), gradient copy + the rest of step() "
       << secs(ec.grad_passes_s) << "; the engine's phases: reduce " << secs(ec.reduce_s)
       << ", norm " << secs(ec.norm_s) << ", optimizer " << secs(ec.optimizer_s) << ", gather "
       << secs(ec.gather_s) << "\n";
   }
+}
 
+// The model of the configured step, per rank.
+void print_prediction(std::ostream& o, const strata::ProfileReport& r) {
   const auto& p = r.configured;
   const auto& t = r.plan.configured.traffic;
-  o << "\nPredicted step for the configured layout (" << r.plan.configured.describe() << "), per rank:\n"
+  o << "\nPredicted step for the configured layout (" << r.plan.configured.describe()
+    << "), per rank:\n"
     << "  bytes per step: nvme read " << format_bytes(t.nvme_read) << ", write "
     << format_bytes(t.nvme_write) << ", host->device " << format_bytes(t.host_to_device)
-    << ", device->host " << format_bytes(t.device_to_host) << ", network " << format_bytes(t.network)
-    << "\n"
+    << ", device->host " << format_bytes(t.device_to_host) << ", network "
+    << format_bytes(t.network) << "\n"
     << "  optimizer: " << strata::format_count(p.offloaded_elements) << " of "
     << strata::format_count(p.optimizer_elements) << " elements off the GPU, " << p.sub_groups
     << " sub-group(s) of " << strata::format_count(p.sub_group_elements) << "\n"
@@ -540,19 +616,37 @@ void print_human(std::ostream& o, const strata::ProfileReport& r, const std::str
     << secs(p.nvme_write_s) << ", h2d " << secs(p.h2d_s) << ", d2h " << secs(p.d2h_s)
     << ", network " << secs(p.network_s) << "\n"
     << "  " << cell("", 12) << rcell("optimizer step", 16) << rcell("transfer overhead", 19) << "\n"
-    << "  " << cell("serial", 12) << rcell(secs(p.serial_s), 16) << rcell(secs(p.overhead_serial_s), 19)
-    << "\n"
+    << "  " << cell("serial", 12) << rcell(secs(p.serial_s), 16)
+    << rcell(secs(p.overhead_serial_s), 19) << "\n"
     << "  " << cell("pipelined", 12) << rcell(secs(p.pipelined_s), 16)
     << rcell(secs(p.overhead_pipelined_s), 19) << "\n";
   for (const auto& n : p.notes) o << "  note: " << n << "\n";
+}
 
+// The recommendations and the tuned config.
+void print_recommendation(std::ostream& o, const strata::ProfileReport& r,
+                          const std::string& tuned_path) {
   o << "\nRecommendation:\n";
   for (const auto& x : r.io_recommendations)
-    o << "  " << x.path << ": engine " << x.engine << ", block_size " << format_bytes(x.block_size, true)
-      << ", queue_depth " << x.queue_depth << ", io_threads " << x.rings << " (" << x.reason << ")\n";
+    o << "  " << x.path << ": engine " << x.engine << ", block_size "
+      << format_bytes(x.block_size, true) << ", queue_depth " << x.queue_depth << ", io_threads "
+      << x.rings << " (" << x.reason << ")\n";
   o << "  placement: " << r.placement.reason << "\n";
   for (const auto& n : r.tuned_notes) o << "  tuned config: " << n << "\n";
   if (!tuned_path.empty()) o << "  tuned config written to " << tuned_path << "\n";
+}
+
+void print_human(std::ostream& o, const strata::ProfileReport& r, const std::string& tuned_path) {
+  print_machine(o, r);
+  print_nvme(o, r);
+  print_copies(o, r);
+  print_compute(o, r);
+  print_collectives(o, r);
+  print_sample_step(o, r);
+  print_node_sharing(o, r);
+  print_engine_check(o, r);
+  print_prediction(o, r);
+  print_recommendation(o, r, tuned_path);
 }
 
 const bool kRegistered = strata::cli::register_command(
@@ -561,8 +655,10 @@ const bool kRegistered = strata::cli::register_command(
        auto o = std::make_shared<Options>();
        cmd.add_option("config", o->config, "YAML config")->required();
        strata::cli::add_set_option(cmd, o->overrides);
-       auto* quick = cmd.add_flag("--quick", o->quick, "A small subset of the measurements, small sizes");
-       auto* full = cmd.add_flag("--full", o->full, "Every block size, queue depth, ring count and size");
+       auto* quick =
+           cmd.add_flag("--quick", o->quick, "A small subset of the measurements, small sizes");
+       auto* full =
+           cmd.add_flag("--full", o->full, "Every block size, queue depth, ring count and size");
        auto* tiny = cmd.add_flag("--tiny", o->tiny, "Tiny sizes (tests)")->group("");
        quick->excludes(full)->excludes(tiny);
        full->excludes(tiny);
@@ -580,9 +676,10 @@ const bool kRegistered = strata::cli::register_command(
          const strata::Config config = strata::load_config(o->config, o->overrides);
          if (config.model.parameters == 0)
            strata::fail(strata::ErrorCode::kInvalidArgument,
-                        config.source + ": model.parameters: strata profile needs the model's "
-                                        "parameter count to predict its step (e.g. model: "
-                                        "{parameters: 7.5B})");
+                        config.source +
+                            ": model.parameters: strata profile needs the model's "
+                            "parameter count to predict its step (e.g. model: "
+                            "{parameters: 7.5B})");
          strata::ProfileOptions po;
          po.mode = o->tiny    ? strata::ProfileMode::kTiny
                    : o->quick ? strata::ProfileMode::kQuick
@@ -619,15 +716,18 @@ const bool kRegistered = strata::cli::register_command(
            std::vector<std::uint32_t> all(static_cast<std::size_t>(comm->size()));
            comm->all_gather(&mine, all.data(), 1, strata::DType::kFp32);
            if (!lead && all[0] != 0)
-             strata::fail(strata::ErrorCode::kInvalidArgument, "profile: rank 0 cannot write its output files");
+             strata::fail(strata::ErrorCode::kInvalidArgument,
+                          "profile: rank 0 cannot write its output files");
          }
          if (!open_error.empty()) strata::fail(strata::ErrorCode::kInvalidArgument, open_error);
          const bool tty = ::isatty(2) == 1;
          if (lead) {
            if (tty) {
              po.progress = [](const std::string& line) {
-               if (line.rfind("== ", 0) == 0) std::cerr << "\r\033[K" << line << "\n";
-               else std::cerr << "\r\033[K  " << line << std::flush;
+               if (line.rfind("== ", 0) == 0)
+                 std::cerr << "\r\033[K" << line << "\n";
+               else
+                 std::cerr << "\r\033[K  " << line << std::flush;
              };
            } else {  // a pipe, a file, a batch scheduler: whole lines
              po.progress = [](const std::string& line) {
@@ -651,7 +751,8 @@ const bool kRegistered = strata::cli::register_command(
            out.write(header + body);
          }
          json j = report_json(r);
-         j["recommendation"]["tuned_config"] = o->write_config.empty() ? json(nullptr) : json(o->write_config);
+         j["recommendation"]["tuned_config"] =
+             o->write_config.empty() ? json(nullptr) : json(o->write_config);
          if (!note.empty()) j["recommendation"]["tuned_config_note"] = note;
          if (json_out) json_out.write(j.dump(2) + "\n");
          if (o->json) {

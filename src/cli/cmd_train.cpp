@@ -122,15 +122,18 @@ void check_resume_options(const Options& o) {
     fd = dir.open_file(kTrainOptionsFile, O_RDONLY | O_NONBLOCK);
   } catch (const IoError& e) {
     if (e.errnum() != ENOENT) throw;
-    log_warn("train: ", path, " is missing: the checkpoint's --hidden, --batch and --seed are not known; "
-             "resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
+    log_warn("train: ", path,
+             " is missing: the checkpoint's --hidden, --batch and --seed are not known; "
+             "resuming with --hidden ",
+             o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
     return;
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "train --resume");
   if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kTrainOptionsMaxBytes)
-    fail(ErrorCode::kInvalidArgument, strcat("--resume: ", path, " is not a regular file of at most ",
-                                             kTrainOptionsMaxBytes, " bytes; remove it to resume unchecked"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--resume: ", path, " is not a regular file of at most ", kTrainOptionsMaxBytes,
+                " bytes; remove it to resume unchecked"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   zero::ckpt::pread_full(fd.get(), text.data(), text.size(), 0, path);
   int hidden = 0, batch = 0;
@@ -152,8 +155,9 @@ void check_resume_options(const Options& o) {
                 "); remove it to resume unchecked"));
   }
   if (serial != m.serial) {
-    log_warn("train: ", path, " belongs to another save (serial ", serial, ", the checkpoint's is ", m.serial,
-             "): resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
+    log_warn("train: ", path, " belongs to another save (serial ", serial, ", the checkpoint's is ",
+             m.serial, "): resuming with --hidden ", o.hidden, " --batch ", o.batch, " --seed ",
+             o.seed, " unchecked");
     return;
   }
   std::string differ;
@@ -164,15 +168,37 @@ void check_resume_options(const Options& o) {
     fail(ErrorCode::kInvalidArgument,
          strcat("--resume: the checkpoint in ", o.checkpoint_dir, " (after step ", m.steps,
                 ") was trained with --hidden ", hidden, " --batch ", batch, " --seed ", seed,
-                ", this run has", differ, ": a resumed run continues only with the same model and data "
-                "options (the batches are a function of seed, rank and step); pass those, or train from "
+                ", this run has", differ,
+                ": a resumed run continues only with the same model and data "
+                "options (the batches are a function of seed, rank and step); pass those, or train "
+                "from "
                 "scratch in another --checkpoint-dir"));
+}
+
+// --resume: loads the checkpoint when there is one. Returns the index of the first step to run.
+int resume_if_asked(Engine& engine, const Communicator& comm, const Options& o, bool print,
+                    RankOutcome& out) {
+  int first = 0;
+  if (o.resume &&
+      std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "manifest.json")) {
+    engine.load_checkpoint(o.checkpoint_dir);
+    first = static_cast<int>(
+        std::min<std::uint64_t>(engine.stats().steps, static_cast<std::uint64_t>(o.steps)));
+    out.resumed_from = static_cast<int>(engine.stats().steps);
+    if (print)
+      std::cout << "resumed from the checkpoint in " << o.checkpoint_dir << " after step "
+                << out.resumed_from << std::endl;
+  } else if (o.resume && comm.rank() == 0) {
+    log_info("train: no checkpoint in ", o.checkpoint_dir, " yet; starting at step 1");
+  }
+  return first;
 }
 
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
 // all ranks' batches, exchanged through the communicator).
 RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) {
-  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
+  cli::MlpModel model({16, static_cast<std::size_t>(o.hidden), 4},
+                      static_cast<std::uint64_t>(o.seed));
   Engine engine(cfg, comm);
   std::vector<TensorId> ids;
   for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
@@ -182,15 +208,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   RankOutcome out;
   out.flat_size = engine.partition().flat_size();
   const bool print = comm.rank() == 0 && !o.json;
-  int first = 0;
-  if (o.resume && std::filesystem::exists(std::filesystem::path(o.checkpoint_dir) / "manifest.json")) {
-    engine.load_checkpoint(o.checkpoint_dir);
-    first = static_cast<int>(std::min<std::uint64_t>(engine.stats().steps, static_cast<std::uint64_t>(o.steps)));
-    out.resumed_from = static_cast<int>(engine.stats().steps);
-    if (print) std::cout << "resumed from the checkpoint in " << o.checkpoint_dir << " after step " << out.resumed_from << std::endl;
-  } else if (o.resume && comm.rank() == 0) {
-    log_info("train: no checkpoint in ", o.checkpoint_dir, " yet; starting at step 1");
-  }
+  const int first = resume_if_asked(engine, comm, o, print, out);
   std::vector<std::vector<float>> params(ids.size()), grads;
   std::vector<unsigned char> gbuf;
   for (int s = first; s < o.steps; ++s) {
@@ -216,9 +234,9 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
       engine.gather(layers[l]);
       for (std::size_t j = layers[l].size(); j-- > 0;) {
         const TensorId k = layers[l][j];
-        gbuf.resize(grads[k].size() * comm::elem_size(gdt));
+        gbuf.resize(grads[k].size() * dtype_size(gdt));
         for (std::size_t i = 0; i < grads[k].size(); ++i)
-          comm::store_elem(gbuf.data(), i, gdt, grads[k][i] * scale);
+          store_elem(gbuf.data(), i, gdt, grads[k][i] * scale);
         engine.set_gradient(k, gbuf.data());
       }
       engine.release(layers[l]);
@@ -228,14 +246,17 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
     comm.all_reduce(&l, &total, 1, DType::kFp32);
     const double secs = seconds_since(t_step);
     const double samples = static_cast<double>(o.batch) * comm.size();
-    StepRecord rec{s + 1, total / static_cast<float>(comm.size()), r.grad_norm, r.loss_scale, r.applied, secs,
-                   secs > 0 ? samples / secs : 0.0};
+    StepRecord rec{
+        s + 1, total / static_cast<float>(comm.size()), r.grad_norm, r.loss_scale, r.applied,
+        secs,  secs > 0 ? samples / secs : 0.0};
     out.steps.push_back(rec);
     if (print)
       std::cout << "step " << rec.step << "  loss " << rec.loss << "  grad_norm " << rec.grad_norm
-                << "  loss_scale " << rec.loss_scale << "  time " << rec.seconds * 1e3 << " ms  samples/s "
-                << rec.samples_per_second << (rec.applied ? "" : "  (skipped: overflow)") << std::endl;
-    if (!o.checkpoint_dir.empty() && ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+                << "  loss_scale " << rec.loss_scale << "  time " << rec.seconds * 1e3
+                << " ms  samples/s " << rec.samples_per_second
+                << (rec.applied ? "" : "  (skipped: overflow)") << std::endl;
+    if (!o.checkpoint_dir.empty() &&
+        ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
       const auto t_save = std::chrono::steady_clock::now();
       engine.save_checkpoint(o.checkpoint_dir);
       if (comm.rank() == 0) write_train_options(o);
@@ -249,10 +270,12 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   return out;
 }
 
-int run(const Options& o) {
-  Config cfg = load_config(o.config, o.overrides);
+// The options, checked before anything runs (an unusable --checkpoint-dir fails now, not after
+// the first steps).
+void check_options(const Options& o) {
   if (o.steps < 1) fail(ErrorCode::kInvalidArgument, "--steps must be >= 1");
-  if (o.batch < 1 || o.hidden < 1) fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
+  if (o.batch < 1 || o.hidden < 1)
+    fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
   if (o.seed < 0) fail(ErrorCode::kInvalidArgument, strcat("--seed ", o.seed, " must be >= 0"));
   if (o.ranks < 0) fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " must be >= 1"));
   if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
@@ -266,104 +289,174 @@ int run(const Options& o) {
     struct stat st {};
     if (o.resume && dir.stat_entry("manifest.json", &st)) check_resume_options(o);
   }
+}
+
+// The launch's result: rank 0's outcome, the communicator, the world.
+struct Launch {
+  RankOutcome outcome;
+  std::string backend;
+  int world = 1;
+  bool report = true;  // this process reports (rank 0)
+};
+
+// Under mpirun: this process is one rank.
+Launch train_mpi(const Config& cfg, const Options& o) {
+  Launch run;
+  const double timeout = cfg.runtime.collective_timeout_s;
+  auto comm = make_mpi_communicator(timeout);
+  run.world = comm->size();
+  if (o.ranks && o.ranks != run.world)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--ranks ", o.ranks, " but mpirun started ", run.world, " ranks"));
+  if (!o.ranks && cfg.world.ranks != 1 && static_cast<int>(cfg.world.ranks) != run.world &&
+      comm->rank() == 0)
+    log_warn("train: world.ranks is ", cfg.world.ranks, " but mpirun started ", run.world,
+             " ranks; using ", run.world);
+  run.backend = comm->backend_name();
+  log_debug("train: MPI rank ", comm->rank(), " of ", run.world);
+  run.outcome = train_rank(cfg, *comm, o);
+  run.report = comm->rank() == 0;  // rank 0 reports
+  return run;
+}
+
+// In-process ranks: one thread each.
+Launch train_inprocess(Config cfg, const Options& o) {
+  Launch run;
+  const double timeout = cfg.runtime.collective_timeout_s;
+  int& world = run.world;
+  RankOutcome& outcome = run.outcome;
+  world = o.ranks ? o.ranks : static_cast<int>(std::min<std::uint32_t>(cfg.world.ranks, 100000));
+  if (world < 1 || world > 256)
+    fail(ErrorCode::kInvalidArgument,
+         strcat(o.ranks ? "--ranks " : "world.ranks ", world,
+                ": strata train runs 1..256 in-process ranks (use mpirun for more)"));
+  if (cfg.runtime.cpu_threads == 0)
+    cfg.runtime.cpu_threads =
+        std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
+  auto comms = make_inprocess_communicators(world, timeout);
+  run.backend = comms[0]->backend_name();
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        RankOutcome res = train_rank(cfg, *comms[static_cast<std::size_t>(r)], o);
+        if (r == 0) outcome = std::move(res);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return run;
+}
+
+// What the reports derive from rank 0's outcome.
+struct Totals {
+  bool trained = false;
+  double first = 0, last = 0;  // the first and last step's loss
+  int ran = 0;                 // steps run
+  std::uint64_t params = 0;    // the MLP's parameters
+};
+
+Totals totals(const Options& o, const RankOutcome& outcome) {
+  Totals t;
+  t.trained = !outcome.steps.empty();
+  t.first = t.trained ? outcome.steps.front().loss : 0.0;
+  t.last = t.trained ? outcome.steps.back().loss : 0.0;
+  t.ran = static_cast<int>(outcome.steps.size());
+  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4},
+                           static_cast<std::uint64_t>(o.seed));
+  t.params = shape_only.parameters();
+  return t;
+}
+
+// The --json report.
+void print_json(const Config& cfg, const Options& o, const Launch& run, double wall) {
+  const RankOutcome& outcome = run.outcome;
+  const auto& st = outcome.stats;
+  const int world = run.world;
+  const Totals t = totals(o, outcome);
+  nlohmann::json j;
+  j["stage"] = cfg.zero.stage;
+  j["ranks"] = world;
+  j["communicator"] = run.backend;
+  j["params"] = t.params;
+  j["padded_params"] = outcome.flat_size;
+  j["precision"] = {{"params", dtype_name(cfg.precision.params)},
+                    {"grads", dtype_name(cfg.precision.grads)}};
+  j["initial_loss"] = t.trained ? nlohmann::json(t.first) : nlohmann::json();
+  j["final_loss"] = t.trained ? nlohmann::json(t.last) : nlohmann::json();
+  j["skipped_steps"] = st.skipped_steps;
+  j["loss_scale"] = st.loss_scale;
+  auto& steps = j["steps"] = nlohmann::json::array();
+  for (auto& s : outcome.steps)
+    steps.push_back({{"step", s.step},
+                     {"loss", s.loss},
+                     {"grad_norm", s.grad_norm},
+                     {"loss_scale", s.loss_scale},
+                     {"applied", s.applied},
+                     {"seconds", s.seconds},
+                     {"samples_per_second", s.samples_per_second}});
+  if (!o.checkpoint_dir.empty()) {
+    nlohmann::json c;
+    c["dir"] = o.checkpoint_dir;
+    c["resumed_from_step"] =
+        outcome.resumed_from >= 0 ? nlohmann::json(outcome.resumed_from) : nlohmann::json();
+    auto& saves = c["saves"] = nlohmann::json::array();
+    for (auto& v : outcome.saves) saves.push_back({{"step", v.step}, {"seconds", v.seconds}});
+    j["checkpoint"] = c;
+  }
+  nlohmann::json bytes;
+  for (std::size_t k = 0; k < kCollectiveKinds; ++k)
+    bytes[collective_name(static_cast<CollectiveKind>(k))] = st.comm.bytes_sent[k];
+  j["rank0_bytes_sent"] = bytes;
+  j["seconds"] = {{"wall", wall},      {"step", st.step_s},           {"reduce", st.reduce_s},
+                  {"norm", st.norm_s}, {"optimizer", st.optimizer_s}, {"gather", st.gather_s}};
+  j["params_per_second"] = wall > 0 ? static_cast<double>(t.params) * t.ran / wall : 0.0;
+  j["samples_per_second"] = wall > 0 ? static_cast<double>(o.batch) * world * t.ran / wall : 0.0;
+  std::cout << j.dump(2) << "\n";
+}
+
+// The one-line summary.
+void print_summary(const Config& cfg, const Options& o, const Launch& run, double wall) {
+  const RankOutcome& outcome = run.outcome;
+  const auto& st = outcome.stats;
+  const int world = run.world;
+  const Totals t = totals(o, outcome);
+  if (!t.trained) {
+    std::cout << "nothing to train: the checkpoint in " << o.checkpoint_dir
+              << " is already at step " << outcome.resumed_from << " (--steps " << o.steps << ")\n";
+  } else {
+    std::cout << "trained " << t.params << " parameters, ZeRO stage " << cfg.zero.stage << ", "
+              << world << " " << run.backend << " rank(s), " << dtype_name(cfg.precision.params)
+              << " params / " << dtype_name(cfg.precision.grads) << " grads: loss " << t.first
+              << " -> " << t.last << " in steps " << outcome.steps.front().step << ".."
+              << outcome.steps.back().step << " (" << st.skipped_steps
+              << " skipped in all), rank 0 sent " << st.comm.total_bytes_sent() << " bytes, "
+              << wall << " s, " << static_cast<double>(o.batch) * world * t.ran / wall
+              << " samples/s\n";
+  }
+}
+
+int run(const Options& o) {
+  Config cfg = load_config(o.config, o.overrides);
+  check_options(o);
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
   if (cfg.runtime.communicator == CommBackend::kNccl)
     fail(ErrorCode::kInvalidArgument,
-         "strata train keeps its state in host memory: runtime.communicator must be auto, inprocess or mpi");
-  const double timeout = cfg.runtime.collective_timeout_s;
-  RankOutcome outcome;
-  std::string backend;
-  int world = 1;
+         "strata train keeps its state in host memory: runtime.communicator must be auto, "
+         "inprocess or mpi");
   auto t0 = std::chrono::steady_clock::now();
-  if (use_mpi) {
-    auto comm = make_mpi_communicator(timeout);
-    world = comm->size();
-    if (o.ranks && o.ranks != world)
-      fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " but mpirun started ", world, " ranks"));
-    if (!o.ranks && cfg.world.ranks != 1 && static_cast<int>(cfg.world.ranks) != world && comm->rank() == 0)
-      log_warn("train: world.ranks is ", cfg.world.ranks, " but mpirun started ", world, " ranks; using ", world);
-    backend = comm->backend_name();
-    log_debug("train: MPI rank ", comm->rank(), " of ", world);
-    outcome = train_rank(cfg, *comm, o);
-    if (comm->rank() != 0) return 0;  // rank 0 reports
-  } else {
-    world = o.ranks ? o.ranks : static_cast<int>(std::min<std::uint32_t>(cfg.world.ranks, 100000));
-    if (world < 1 || world > 256)
-      fail(ErrorCode::kInvalidArgument, strcat(o.ranks ? "--ranks " : "world.ranks ", world,
-                                               ": strata train runs 1..256 in-process ranks (use mpirun for more)"));
-    if (cfg.runtime.cpu_threads == 0)
-      cfg.runtime.cpu_threads = std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
-    auto comms = make_inprocess_communicators(world, timeout);
-    backend = comms[0]->backend_name();
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < world; ++r)
-      threads.emplace_back([&, r] {
-        try {
-          RankOutcome res = train_rank(cfg, *comms[static_cast<std::size_t>(r)], o);
-          if (r == 0) outcome = std::move(res);
-        } catch (...) {
-          errors[static_cast<std::size_t>(r)] = std::current_exception();
-        }
-      });
-    for (auto& t : threads) t.join();
-    for (auto& e : errors)
-      if (e) std::rethrow_exception(e);
-  }
+  const Launch launch = use_mpi ? train_mpi(cfg, o) : train_inprocess(cfg, o);
+  if (!launch.report) return 0;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const auto& st = outcome.stats;
-  const bool trained = !outcome.steps.empty();
-  const double first = trained ? outcome.steps.front().loss : 0.0, last = trained ? outcome.steps.back().loss : 0.0;
-  const int ran = static_cast<int>(outcome.steps.size());
-  cli::MlpModel shape_only({16, static_cast<std::size_t>(o.hidden), 4}, static_cast<std::uint64_t>(o.seed));
-  const double params = static_cast<double>(shape_only.parameters());
-  if (o.json) {
-    nlohmann::json j;
-    j["stage"] = cfg.zero.stage;
-    j["ranks"] = world;
-    j["communicator"] = backend;
-    j["params"] = shape_only.parameters();
-    j["padded_params"] = outcome.flat_size;
-    j["precision"] = {{"params", dtype_name(cfg.precision.params)}, {"grads", dtype_name(cfg.precision.grads)}};
-    j["initial_loss"] = trained ? nlohmann::json(first) : nlohmann::json();
-    j["final_loss"] = trained ? nlohmann::json(last) : nlohmann::json();
-    j["skipped_steps"] = st.skipped_steps;
-    j["loss_scale"] = st.loss_scale;
-    auto& steps = j["steps"] = nlohmann::json::array();
-    for (auto& s : outcome.steps)
-      steps.push_back({{"step", s.step}, {"loss", s.loss}, {"grad_norm", s.grad_norm},
-                       {"loss_scale", s.loss_scale}, {"applied", s.applied}, {"seconds", s.seconds},
-                       {"samples_per_second", s.samples_per_second}});
-    if (!o.checkpoint_dir.empty()) {
-      nlohmann::json c;
-      c["dir"] = o.checkpoint_dir;
-      c["resumed_from_step"] = outcome.resumed_from >= 0 ? nlohmann::json(outcome.resumed_from) : nlohmann::json();
-      auto& saves = c["saves"] = nlohmann::json::array();
-      for (auto& v : outcome.saves) saves.push_back({{"step", v.step}, {"seconds", v.seconds}});
-      j["checkpoint"] = c;
-    }
-    nlohmann::json bytes;
-    for (std::size_t k = 0; k < kCollectiveKinds; ++k)
-      bytes[collective_name(static_cast<CollectiveKind>(k))] = st.comm.bytes_sent[k];
-    j["rank0_bytes_sent"] = bytes;
-    j["seconds"] = {{"wall", wall}, {"step", st.step_s}, {"reduce", st.reduce_s}, {"norm", st.norm_s},
-                    {"optimizer", st.optimizer_s}, {"gather", st.gather_s}};
-    j["params_per_second"] = wall > 0 ? params * ran / wall : 0.0;
-    j["samples_per_second"] = wall > 0 ? static_cast<double>(o.batch) * world * ran / wall : 0.0;
-    std::cout << j.dump(2) << "\n";
-  } else if (!trained) {
-    std::cout << "nothing to train: the checkpoint in " << o.checkpoint_dir << " is already at step "
-              << outcome.resumed_from << " (--steps " << o.steps << ")\n";
-  } else {
-    std::cout << "trained " << static_cast<std::size_t>(params) << " parameters, ZeRO stage "
-              << cfg.zero.stage << ", " << world << " " << backend << " rank(s), "
-              << dtype_name(cfg.precision.params) << " params / " << dtype_name(cfg.precision.grads)
-              << " grads: loss " << first << " -> " << last << " in steps " << outcome.steps.front().step
-              << ".." << outcome.steps.back().step << " (" << st.skipped_steps << " skipped in all), rank 0 sent "
-              << st.comm.total_bytes_sent() << " bytes, " << wall << " s, "
-              << static_cast<double>(o.batch) * world * ran / wall << " samples/s\n";
-  }
+  if (o.json)
+    print_json(cfg, o, launch, wall);
+  else
+    print_summary(cfg, o, launch, wall);
   return 0;
 }
 
@@ -372,24 +465,29 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("config", o->config, "YAML configuration")->required();
-       cmd.add_option("--steps", o->steps, "Training steps in all (a resumed run continues up to this step)")
+       cmd.add_option("--steps", o->steps,
+                      "Training steps in all (a resumed run continues up to this step)")
            ->capture_default_str()
            ->check(CLI::PositiveNumber);
        cmd.add_option("--ranks", o->ranks,
-                      "In-process ranks (threads), 1..256; default world.ranks; under mpirun the MPI world size")
+                      "In-process ranks (threads), 1..256; default world.ranks; under mpirun the "
+                      "MPI world size")
            ->check(CLI::Range(1, 256));
        cmd.add_option("--batch", o->batch, "Samples per rank and step")->capture_default_str();
        cmd.add_option("--hidden", o->hidden, "Hidden units of the MLP")->capture_default_str();
        cmd.add_option("--seed", o->seed, "Model and data seed (>= 0)")
            ->capture_default_str()
            ->check(CLI::NonNegativeNumber);
-       cmd.add_option("--checkpoint-dir", o->checkpoint_dir,
-                      "Save checkpoints here (after every --save-every steps and after the last step)");
-       cmd.add_option("--save-every", o->save_every, "Steps between checkpoints (default: only after the last)")
+       cmd.add_option(
+           "--checkpoint-dir", o->checkpoint_dir,
+           "Save checkpoints here (after every --save-every steps and after the last step)");
+       cmd.add_option("--save-every", o->save_every,
+                      "Steps between checkpoints (default: only after the last)")
            ->check(CLI::PositiveNumber);
-       cmd.add_flag("--resume", o->resume,
-                    "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
-                    "stage; --hidden, --batch and --seed as recorded in its train.json)");
+       cmd.add_flag(
+           "--resume", o->resume,
+           "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
+           "stage; --hidden, --batch and --seed as recorded in its train.json)");
        cmd.add_flag("--json", o->json, "Print one JSON document");
        strata::cli::add_set_option(cmd, o->overrides);
        return [o]() -> int { return run(*o); };

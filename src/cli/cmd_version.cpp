@@ -57,8 +57,9 @@ HugePages huge_pages() {
   h.page_1g_free = read_number(base + "hugepages-1048576kB/free_hugepages");
   const std::string thp = read_line("/sys/kernel/mm/transparent_hugepage/enabled");
   const auto a = thp.find('['), b = thp.find(']');
-  h.transparent = a != std::string::npos && b != std::string::npos && b > a ? thp.substr(a + 1, b - a - 1)
-                                                                             : std::string("unknown");
+  h.transparent = a != std::string::npos && b != std::string::npos && b > a
+                      ? thp.substr(a + 1, b - a - 1)
+                      : std::string("unknown");
   return h;
 }
 
@@ -101,8 +102,10 @@ const bool kRegistered = strata::cli::register_command(
            adam_error = e.what();
          }
          std::string supported;
-         for (auto p : {strata::AdamPath::kAvx512, strata::AdamPath::kAvx2, strata::AdamPath::kScalar})
-           if (strata::adam_path_supported(p)) supported += std::string(supported.empty() ? "" : ", ") + strata::adam_path_name(p);
+         for (auto p :
+              {strata::AdamPath::kAvx512, strata::AdamPath::kAvx2, strata::AdamPath::kScalar})
+           if (strata::adam_path_supported(p))
+             supported += std::string(supported.empty() ? "" : ", ") + strata::adam_path_name(p);
 
          if (o->json) {
            nlohmann::json j;
@@ -116,18 +119,25 @@ const bool kRegistered = strata::cli::register_command(
            j["compiler"] = b::kCompiler;
            j["gpus"] = nlohmann::json::array();
            for (auto& g : gpus.devices)
-             j["gpus"].push_back({{"index", g.index}, {"name", g.name},
-                                  {"total_memory_bytes", g.total_memory},
-                                  {"compute_capability", std::to_string(g.major) + "." + std::to_string(g.minor)}});
+             j["gpus"].push_back(
+                 {{"index", g.index},
+                  {"name", g.name},
+                  {"total_memory_bytes", g.total_memory},
+                  {"compute_capability", std::to_string(g.major) + "." + std::to_string(g.minor)}});
            j["gpu_status"] = gpus.status;
-           j["io_uring"] = {{"available", uring.ok}, {"probe_dir", dir},
-                            {"reason", uring.ok ? nlohmann::json(nullptr) : nlohmann::json(uring.reason)}};
+           j["io_uring"] = {
+               {"available", uring.ok},
+               {"probe_dir", dir},
+               {"reason", uring.ok ? nlohmann::json(nullptr) : nlohmann::json(uring.reason)}};
            j["memlock_limit_bytes"] = unlimited ? nlohmann::json(nullptr) : nlohmann::json(memlock);
            j["memlock_unlimited"] = unlimited;
-           j["huge_pages"] = {{"2MiB_total", hp.page_2m_total}, {"2MiB_free", hp.page_2m_free},
-                              {"1GiB_total", hp.page_1g_total}, {"1GiB_free", hp.page_1g_free},
+           j["huge_pages"] = {{"2MiB_total", hp.page_2m_total},
+                              {"2MiB_free", hp.page_2m_free},
+                              {"1GiB_total", hp.page_1g_total},
+                              {"1GiB_free", hp.page_1g_free},
                               {"transparent", hp.transparent}};
-           j["cpu_adam_path"] = adam_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(adam_path);
+           j["cpu_adam_path"] =
+               adam_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(adam_path);
            if (!adam_error.empty()) j["cpu_adam_path_error"] = adam_error;
            j["cpu_adam_paths_supported"] = supported;
            j["cpus"] = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
@@ -155,11 +165,10 @@ const bool kRegistered = strata::cli::register_command(
                    << "\n"
                    << "  huge pages: 2 MiB " << count_text(hp.page_2m_free) << " free of "
                    << count_text(hp.page_2m_total) << ", 1 GiB " << count_text(hp.page_1g_free)
-                   << " free of " << count_text(hp.page_1g_total) << "; transparent: "
-                   << hp.transparent << "\n"
-                   << "  CPU Adam:   "
-                   << (adam_error.empty() ? adam_path : "error: " + adam_error) << " (supported: "
-                   << supported << "; $STRATA_ADAM_PATH forces one)\n";
+                   << " free of " << count_text(hp.page_1g_total)
+                   << "; transparent: " << hp.transparent << "\n"
+                   << "  CPU Adam:   " << (adam_error.empty() ? adam_path : "error: " + adam_error)
+                   << " (supported: " << supported << "; $STRATA_ADAM_PATH forces one)\n";
          return 0;
        };
      }});

@@ -25,8 +25,8 @@ namespace strata::cli {
 using RunFn = std::function<int()>;
 
 struct CommandSpec {
-  std::string name;         // "plan", "bench io"
-  std::string description;  // one line for --help
+  std::string name;                       // "plan", "bench io"
+  std::string description;                // one line for --help
   std::function<RunFn(CLI::App&)> setup;  // adds options to the subcommand, returns the runner
 };
 

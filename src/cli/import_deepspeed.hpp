@@ -6,12 +6,12 @@
 // thread_count; single_submit and overlap_events are compared with what strata does),
 // sub_group_size, reduce_bucket_size, stage3_max_live_parameters, optimizer (type, lr, betas, eps,
 // weight_decay, adam_w_mode), fp16 (enabled, loss_scale, initial_scale_power, loss_scale_window,
-// hysteresis, min_loss_scale), bf16, gradient_clipping and the batch sizes — to YAML keys, each with
-// a comment naming the DeepSpeed key (and value) it came from. Every other key, known to DeepSpeed
-// or not, is listed in a warning with the reason (and at the end of the YAML), never dropped
-// silently. "auto" values (the HF Trainer's) are resolved from the options (hidden size, ranks,
-// precision, micro batch) or from the HF Trainer's defaults, and each resolution is reported.
-// The result is checked with parse_config before it is returned.
+// hysteresis, min_loss_scale), bf16, gradient_clipping and the batch sizes — to YAML keys, each
+// with a comment naming the DeepSpeed key (and value) it came from. Every other key, known to
+// DeepSpeed or not, is listed in a warning with the reason (and at the end of the YAML), never
+// dropped silently. "auto" values (the HF Trainer's) are resolved from the options (hidden size,
+// ranks, precision, micro batch) or from the HF Trainer's defaults, and each resolution is
+// reported. The result is checked with parse_config before it is returned.
 //
 // Failures: malformed JSON (Error kConfig: "FILE:LINE:COL: ..."), a duplicate key, a value of the
 // wrong type or out of range, inconsistent batch sizes, fp16 and bf16 both enabled, a result that
@@ -26,12 +26,12 @@
 namespace strata::cli {
 
 struct DsImportOptions {
-  std::string source = "ds_config.json";    // file name for messages and the header comment
-  std::optional<std::uint64_t> parameters;  // model.parameters (a DeepSpeed config has none)
-  std::optional<std::uint64_t> hidden_size; // resolves "auto" bucket sizes (HF: hidden^2)
-  std::optional<std::uint32_t> ranks;       // world.ranks (else from the batch sizes)
-  std::optional<std::uint32_t> micro_batch; // resolves "auto" train_micro_batch_size_per_gpu
-  std::string precision;                    // "", fp16, bf16, fp32: resolves fp16/bf16 "auto"
+  std::string source = "ds_config.json";     // file name for messages and the header comment
+  std::optional<std::uint64_t> parameters;   // model.parameters (a DeepSpeed config has none)
+  std::optional<std::uint64_t> hidden_size;  // resolves "auto" bucket sizes (HF: hidden^2)
+  std::optional<std::uint32_t> ranks;        // world.ranks (else from the batch sizes)
+  std::optional<std::uint32_t> micro_batch;  // resolves "auto" train_micro_batch_size_per_gpu
+  std::string precision;                     // "", fp16, bf16, fp32: resolves fp16/bf16 "auto"
 };
 
 struct DsImportResult {

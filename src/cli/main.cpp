@@ -60,24 +60,13 @@ void install_cleanup_handlers() {
   }
 }
 
-}  // namespace
-}  // namespace strata::cli
+using Runners = std::vector<std::pair<CLI::App*, std::shared_ptr<RunFn>>>;
 
-int main(int argc, char** argv) {
-  using namespace strata;
-  cli::install_cleanup_handlers();
-  CLI::App app{"strata: tiered ZeRO training state across GPU, pinned host memory and NVMe"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("strata ") + build::kVersion +
-                                        (build::kWithCuda ? " (CUDA" : " (no CUDA") +
-                                        (build::kWithMpi ? ", MPI)" : ", no MPI)"));
-  std::string log_level = "info";
-  app.add_option("--log-level", log_level, "debug, info, warn, error, off (stderr)")
-      ->capture_default_str();
-
+// Adds every registered command to `app` ("bench io" under a "bench" group), in name order.
+Runners add_commands(CLI::App& app) {
   std::map<std::string, CLI::App*> groups;
-  std::vector<std::pair<CLI::App*, std::shared_ptr<cli::RunFn>>> runners;
-  auto specs = cli::registry();
+  Runners runners;
+  auto specs = registry();
   std::stable_sort(specs.begin(), specs.end(),
                    [](const auto& a, const auto& b) { return a.name < b.name; });
   for (auto& spec : specs) {
@@ -95,10 +84,50 @@ int main(int argc, char** argv) {
       parent = it->second;
     }
     CLI::App* sub = parent->add_subcommand(leaf, spec.description);
-    auto run = std::make_shared<cli::RunFn>(spec.setup(*sub));
+    auto run = std::make_shared<RunFn>(spec.setup(*sub));
     runners.emplace_back(sub, run);
   }
 
+  return runners;
+}
+
+// After a parse error: true (having said so) when an argument names no command. An unknown
+// command reads better than CLI11's "A subcommand is required".
+bool reported_unknown_command(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.empty() || a[0] == '-') {
+      if (a == "--log-level") ++i;
+      continue;
+    }
+    const auto subs = app.get_subcommands([](CLI::App*) { return true; });
+    if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* sub) { return sub->check_name(a); })) {
+      std::string names;
+      for (const auto* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::cerr << "strata: error: unknown command '" << a << "' (commands: " << names
+                << "; see --help)\n";
+      return true;
+    }
+    return false;
+  }
+  return false;
+}
+
+}  // namespace
+}  // namespace strata::cli
+
+int main(int argc, char** argv) {
+  using namespace strata;
+  cli::install_cleanup_handlers();
+  CLI::App app{"strata: tiered ZeRO training state across GPU, pinned host memory and NVMe"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("strata ") + build::kVersion +
+                                        (build::kWithCuda ? " (CUDA" : " (no CUDA") +
+                                        (build::kWithMpi ? ", MPI)" : ", no MPI)"));
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "debug, info, warn, error, off (stderr)")
+      ->capture_default_str();
+  const cli::Runners runners = cli::add_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -108,23 +137,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // An unknown command reads better than CLI11's "A subcommand is required".
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a.empty() || a[0] == '-') {
-        if (a == "--log-level") ++i;
-        continue;
-      }
-      const auto subs = app.get_subcommands([](CLI::App*) { return true; });
-      if (std::none_of(subs.begin(), subs.end(), [&](CLI::App* sub) { return sub->check_name(a); })) {
-        std::string names;
-        for (const auto* sub : subs) names += (names.empty() ? "" : ", ") + sub->get_name();
-        std::cerr << "strata: error: unknown command '" << a << "' (commands: " << names
-                  << "; see --help)\n";
-        return 2;
-      }
-      break;
-    }
+    if (cli::reported_unknown_command(app, argc, argv)) return 2;
     app.exit(e);
     return 2;
   }

@@ -16,7 +16,8 @@ MlpModel::MlpModel(MlpShape shape, std::uint64_t seed) : shape_(shape), seed_(se
   std::normal_distribution<float> d(0.0f, 1.0f);
   for (std::size_t i = 0; i < kTensors; ++i) {
     std::vector<float> t(tensor_numel(i));
-    for (auto& v : t) v = d(rng) / std::sqrt(static_cast<float>(i < 2 ? shape_.input : shape_.hidden));
+    for (auto& v : t)
+      v = d(rng) / std::sqrt(static_cast<float>(i < 2 ? shape_.input : shape_.hidden));
     teacher_.push_back(std::move(t));
   }
 }
@@ -77,7 +78,8 @@ void mlp_forward(const MlpShape& s, const std::vector<std::vector<float>>& p, co
 
 void MlpModel::make_batch(int rank, std::uint64_t step, std::size_t batch) {
   batch_ = batch;
-  std::mt19937_64 rng(seed_ ^ (step * 0x9e3779b97f4a7c15ull) ^ (static_cast<std::uint64_t>(rank) << 48));
+  std::mt19937_64 rng(seed_ ^ (step * 0x9e3779b97f4a7c15ull) ^
+                      (static_cast<std::uint64_t>(rank) << 48));
   std::normal_distribution<float> d(0.0f, 1.0f);
   x_.resize(batch * shape_.input);
   y_.resize(batch * shape_.output);

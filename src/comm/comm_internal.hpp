@@ -44,7 +44,7 @@ inline std::size_t sum_counts(std::span<const std::size_t> counts) {
 
 // Bytes a bandwidth-optimal algorithm sends from `rank` (see communicator.hpp).
 inline std::uint64_t scatter_gather_bytes(std::span<const std::size_t> counts, int rank, DType t) {
-  return (sum_counts(counts) - counts[static_cast<std::size_t>(rank)]) * elem_size(t);
+  return (sum_counts(counts) - counts[static_cast<std::size_t>(rank)]) * dtype_size(t);
 }
 // Equal split of `count` into n chunks (the first count % n chunks one element longer).
 inline std::vector<std::size_t> split_counts(std::size_t count, int n) {
@@ -55,7 +55,8 @@ inline std::vector<std::size_t> split_counts(std::size_t count, int n) {
 
 inline void check_counts(const char* op, std::span<const std::size_t> counts, int size) {
   if (counts.size() != static_cast<std::size_t>(size))
-    fail(ErrorCode::kInvalidArgument, strcat(op, ": ", counts.size(), " counts for ", size, " ranks"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat(op, ": ", counts.size(), " counts for ", size, " ranks"));
 }
 
 // A handle whose work already finished (or failed) when it was created.

@@ -10,14 +10,13 @@
 // A rank that does not arrive before the deadline makes the waiting ranks throw Error(kTimeout)
 // naming it; the group is then broken and every later collective throws Error(kComm).
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <thread>
 
 #include "comm/comm_internal.hpp"
+#include "core/mutex.hpp"
 #include "strata/log.hpp"
 
 namespace strata {
@@ -46,73 +45,78 @@ class Group {
  public:
   explicit Group(int n) : n_(n) {}
   int n() const { return n_; }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::uint64_t, Slot> slots;  // guarded by mu
-  bool broken = false;                  // guarded by mu
-  std::string broken_reason;            // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  std::map<std::uint64_t, Slot> slots GUARDED_BY(mu);
+  bool broken GUARDED_BY(mu) = false;
+  std::string broken_reason GUARDED_BY(mu);
 
  private:
   int n_;
 };
 
-const char* dtype_name_of(DType t) {
-  return t == DType::kFp32 ? "fp32" : t == DType::kFp16 ? "fp16" : "bf16";
-}
-
 std::string describe(CollectiveKind kind, std::uint64_t seq, int rank, int n) {
   return strcat("inprocess ", collective_name(kind), " #", seq, " (rank ", rank, " of ", n, ")");
 }
 
-// Runs one collective for `rank`. Throws on timeout or a broken group.
-void run_collective(Group& g, int rank, std::uint64_t seq, const Post& mine, double timeout_s) {
+// Phase 1: posts `mine` in the collective's slot and waits until every rank has posted. Throws
+// on timeout (naming the ranks that did not arrive: the group is broken from then on) or when
+// the group is (or becomes) broken.
+const Slot& arrive(Group& g, int rank, std::uint64_t seq, const Post& mine, const std::string& what,
+                   double timeout_s) {
   const int n = g.n();
-  const std::string what = describe(mine.kind, seq, rank, n);
-  const auto deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  const Slot* slot = nullptr;
-  {
-    std::unique_lock lock(g.mu);
-    if (g.broken) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", g.broken_reason));
-    Slot& s = g.slots[seq];
-    if (s.posts.empty()) s.posts.assign(static_cast<std::size_t>(n), nullptr);
-    s.posts[static_cast<std::size_t>(rank)] = &mine;
-    ++s.arrived;
-    if (s.arrived == n) g.cv.notify_all();
-    while (s.arrived < n && !g.broken) {
-      if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && s.arrived < n && !g.broken) {
-        std::string missing;
-        for (int r = 0; r < n; ++r)
-          if (!s.posts[static_cast<std::size_t>(r)]) missing += strcat(missing.empty() ? "" : ",", r);
-        std::string msg = strcat(what, ": timed out after ", timeout_s,
-                                 " s waiting for rank(s) ", missing);
-        g.broken = true;
-        g.broken_reason = msg;
-        g.cv.notify_all();
-        fail(ErrorCode::kTimeout, msg);
-      }
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(timeout_s));
+  UniqueLock lock(g.mu);
+  if (g.broken) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", g.broken_reason));
+  Slot& s = g.slots[seq];
+  if (s.posts.empty()) s.posts.assign(static_cast<std::size_t>(n), nullptr);
+  s.posts[static_cast<std::size_t>(rank)] = &mine;
+  ++s.arrived;
+  if (s.arrived == n) g.cv.notify_all();
+  while (s.arrived < n && !g.broken) {
+    if (g.cv.wait_until(lock, deadline) == std::cv_status::timeout && s.arrived < n && !g.broken) {
+      std::string missing;
+      for (int r = 0; r < n; ++r)
+        if (!s.posts[static_cast<std::size_t>(r)]) missing += strcat(missing.empty() ? "" : ",", r);
+      std::string msg =
+          strcat(what, ": timed out after ", timeout_s, " s waiting for rank(s) ", missing);
+      g.broken = true;
+      g.broken_reason = msg;
+      g.cv.notify_all();
+      fail(ErrorCode::kTimeout, msg);
     }
-    if (s.arrived < n) {  // broken by another rank while we waited
-      fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", g.broken_reason));
-    }
-    slot = &s;
   }
-  // Every rank arrived: the posts (and the buffers they name) stay valid until all are done.
-  std::string mismatch;
-  for (int r = 0; r < n && mismatch.empty(); ++r) {
-    const Post& p = *slot->posts[static_cast<std::size_t>(r)];
+  if (s.arrived < n) {  // broken by another rank while we waited
+    fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", g.broken_reason));
+  }
+  return s;
+}
+
+// "" when every rank posted the same collective as `mine`, else what differs.
+std::string find_mismatch(const Slot& slot, const Post& mine, int n, const std::string& what) {
+  for (int r = 0; r < n; ++r) {
+    const Post& p = *slot.posts[static_cast<std::size_t>(r)];
     if (p.kind != mine.kind || p.dtype != mine.dtype || p.counts != mine.counts ||
         p.count != mine.count || p.root != mine.root)
-      mismatch = strcat(what, ": rank ", r, " issued a mismatched collective (",
-                        collective_name(p.kind), ", dtype ", dtype_name_of(p.dtype), ")");
+      return strcat(what, ": rank ", r, " issued a mismatched collective (",
+                    collective_name(p.kind), ", dtype ", dtype_name(p.dtype), ")");
   }
-  const std::size_t es = comm::elem_size(mine.dtype);
+  return {};
+}
+
+// This rank's result, computed from every rank's send buffer (valid until all are done); empty
+// when the rank receives nothing.
+std::vector<unsigned char> compute(const Slot& slot, const Post& mine, CollectiveKind kind,
+                                   int rank, int n) {
+  const std::size_t es = dtype_size(mine.dtype);
   std::vector<unsigned char> tmp;
   std::vector<const void*> srcs(static_cast<std::size_t>(n));
-  switch (mismatch.empty() ? mine.kind : CollectiveKind::kBarrier) {
+  const auto send = [&](int r) { return slot.posts[static_cast<std::size_t>(r)]->send; };
+  switch (kind) {
     case CollectiveKind::kAllReduce: {
       tmp.resize(mine.count * es);
-      for (int r = 0; r < n; ++r) srcs[static_cast<std::size_t>(r)] = slot->posts[static_cast<std::size_t>(r)]->send;
+      for (int r = 0; r < n; ++r) srcs[static_cast<std::size_t>(r)] = send(r);
       comm::ordered_sum(srcs.data(), n, tmp.data(), mine.count, mine.dtype);
       break;
     }
@@ -122,8 +126,7 @@ void run_collective(Group& g, int rank, std::uint64_t seq, const Post& mine, dou
       std::size_t cnt = mine.counts[static_cast<std::size_t>(rank)];
       tmp.resize(cnt * es);
       for (int r = 0; r < n; ++r)
-        srcs[static_cast<std::size_t>(r)] =
-            static_cast<const unsigned char*>(slot->posts[static_cast<std::size_t>(r)]->send) + off * es;
+        srcs[static_cast<std::size_t>(r)] = static_cast<const unsigned char*>(send(r)) + off * es;
       comm::ordered_sum(srcs.data(), n, tmp.data(), cnt, mine.dtype);
       break;
     }
@@ -132,7 +135,7 @@ void run_collective(Group& g, int rank, std::uint64_t seq, const Post& mine, dou
       std::size_t off = 0;
       for (int r = 0; r < n; ++r) {
         std::size_t cnt = mine.counts[static_cast<std::size_t>(r)];
-        if (cnt) std::memcpy(tmp.data() + off * es, slot->posts[static_cast<std::size_t>(r)]->send, cnt * es);
+        if (cnt) std::memcpy(tmp.data() + off * es, send(r), cnt * es);
         off += cnt;
       }
       break;
@@ -140,41 +143,60 @@ void run_collective(Group& g, int rank, std::uint64_t seq, const Post& mine, dou
     case CollectiveKind::kBroadcast:
       if (rank != mine.root && mine.count) {
         tmp.resize(mine.count * es);
-        std::memcpy(tmp.data(), slot->posts[static_cast<std::size_t>(mine.root)]->send, mine.count * es);
+        std::memcpy(tmp.data(), send(mine.root), mine.count * es);
       }
       break;
     case CollectiveKind::kBarrier:
       break;
   }
-  {
-    std::unique_lock lock(g.mu);
-    Slot& s = g.slots[seq];
-    ++s.done;
-    if (s.done == n) g.cv.notify_all();
-    // Phase 2 depends only on the others finishing their local copy (they have all arrived), so
-    // it cannot stall on a peer; the deadline below only guards against a bug.
-    const auto safety = Clock::now() + std::chrono::seconds(60) +
-                        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-    while (s.done < n) {
-      if (g.cv.wait_until(lock, safety) == std::cv_status::timeout && s.done < n)
-        fail(ErrorCode::kInternal, strcat(what, ": peers did not finish reading"));
-    }
-    if (++s.departed == n) g.slots.erase(seq);
-    if (!mismatch.empty()) {
-      g.broken = true;
-      g.broken_reason = mismatch;
-      g.cv.notify_all();
-    }
+  return tmp;
+}
+
+// Phase 2: waits until every rank has read the send buffers (so they may be reused), the last
+// one out frees the slot; a mismatch breaks the group.
+void depart(Group& g, std::uint64_t seq, const std::string& what, double timeout_s,
+            const std::string& mismatch) {
+  const int n = g.n();
+  UniqueLock lock(g.mu);
+  Slot& s = g.slots[seq];
+  ++s.done;
+  if (s.done == n) g.cv.notify_all();
+  // Phase 2 depends only on the others finishing their local copy (they have all arrived), so
+  // it cannot stall on a peer; the deadline below only guards against a bug.
+  const auto safety =
+      Clock::now() + std::chrono::seconds(60) +
+      std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  while (s.done < n) {
+    if (g.cv.wait_until(lock, safety) == std::cv_status::timeout && s.done < n)
+      fail(ErrorCode::kInternal, strcat(what, ": peers did not finish reading"));
   }
+  if (++s.departed == n) g.slots.erase(seq);
+  if (!mismatch.empty()) {
+    g.broken = true;
+    g.broken_reason = mismatch;
+    g.cv.notify_all();
+  }
+}
+
+// Runs one collective for `rank`. Throws on timeout or a broken group.
+void run_collective(Group& g, int rank, std::uint64_t seq, const Post& mine, double timeout_s) {
+  const int n = g.n();
+  const std::string what = describe(mine.kind, seq, rank, n);
+  const Slot& slot = arrive(g, rank, seq, mine, what, timeout_s);
+  // Every rank arrived: the posts (and the buffers they name) stay valid until all are done.
+  const std::string mismatch = find_mismatch(slot, mine, n, what);
+  const std::vector<unsigned char> tmp =
+      compute(slot, mine, mismatch.empty() ? mine.kind : CollectiveKind::kBarrier, rank, n);
+  depart(g, seq, what, timeout_s, mismatch);
   if (!mismatch.empty()) fail(ErrorCode::kComm, mismatch);
   if (!tmp.empty()) std::memcpy(mine.recv, tmp.data(), tmp.size());
 }
 
 struct OpState {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;          // guarded by mu
-  std::exception_ptr error;       // guarded by mu
+  Mutex mu;
+  CondVar cv;
+  bool finished GUARDED_BY(mu) = false;
+  std::exception_ptr error GUARDED_BY(mu);
   Post post;
   std::uint64_t seq = 0;
 };
@@ -193,8 +215,9 @@ class InProcessHandle final : public CommHandle {
   }
   void wait() override {
     waited_ = true;
-    std::unique_lock lock(op_->mu);
-    op_->cv.wait(lock, [&] { return op_->finished; });  // the worker enforces the deadline
+    UniqueLock lock(op_->mu);
+    // (The worker enforces the deadline.)
+    op_->cv.wait(lock, [&]() REQUIRES(op_->mu) { return op_->finished; });
     if (op_->error) {
       auto e = op_->error;
       op_->error = nullptr;
@@ -202,7 +225,7 @@ class InProcessHandle final : public CommHandle {
     }
   }
   bool done() override {
-    std::lock_guard lock(op_->mu);
+    MutexLock lock(op_->mu);
     return op_->finished;
   }
 
@@ -219,7 +242,7 @@ class InProcessCommunicator final : public Communicator {
   }
   ~InProcessCommunicator() override {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -259,7 +282,7 @@ class InProcessCommunicator final : public Communicator {
     if (root < 0 || root >= size())
       fail(ErrorCode::kInvalidArgument, strcat("broadcast: root ", root, " out of range"));
     Post p{CollectiveKind::kBroadcast, buffer, buffer, {}, count, dtype, root};
-    stats_.add(p.kind, rank_ == root ? count * comm::elem_size(dtype) * (size() - 1) : 0);
+    stats_.add(p.kind, rank_ == root ? count * dtype_size(dtype) * (size() - 1) : 0);
     return submit(std::move(p));
   }
   std::unique_ptr<CommHandle> barrier_async() override {
@@ -274,7 +297,7 @@ class InProcessCommunicator final : public Communicator {
     op->post = std::move(p);
     op->seq = next_seq_++;
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       queue_.push_back(op);
     }
     cv_.notify_all();
@@ -285,8 +308,8 @@ class InProcessCommunicator final : public Communicator {
     for (;;) {
       std::shared_ptr<OpState> op;
       {
-        std::unique_lock lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        UniqueLock lock(mu_);
+        cv_.wait(lock, [&]() REQUIRES(mu_) { return stop_ || !queue_.empty(); });
         if (queue_.empty()) return;
         op = queue_.front();
         queue_.pop_front();
@@ -300,7 +323,7 @@ class InProcessCommunicator final : public Communicator {
       {
         // Hand the only reference to the waiter: the exception object must not be released by
         // this thread after publication (its refcount is invisible to ThreadSanitizer).
-        std::lock_guard lock(op->mu);
+        MutexLock lock(op->mu);
         op->finished = true;
         op->error = std::move(err);
         op->cv.notify_all();
@@ -312,10 +335,10 @@ class InProcessCommunicator final : public Communicator {
   int rank_;
   std::uint64_t next_seq_ = 0;  // issuing thread only
   comm::StatsCounter stats_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<OpState>> queue_;  // guarded by mu_
-  bool stop_ = false;                           // guarded by mu_
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<std::shared_ptr<OpState>> queue_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread worker_;
 };
 
@@ -323,8 +346,10 @@ class InProcessCommunicator final : public Communicator {
 
 std::vector<std::unique_ptr<Communicator>> make_inprocess_communicators(int ranks,
                                                                         double timeout_s) {
-  if (ranks < 1) fail(ErrorCode::kInvalidArgument, strcat("in-process communicator: ", ranks, " ranks"));
-  if (!(timeout_s > 0)) fail(ErrorCode::kInvalidArgument, "in-process communicator: timeout must be > 0");
+  if (ranks < 1)
+    fail(ErrorCode::kInvalidArgument, strcat("in-process communicator: ", ranks, " ranks"));
+  if (!(timeout_s > 0))
+    fail(ErrorCode::kInvalidArgument, "in-process communicator: timeout must be > 0");
   auto group = std::make_shared<Group>(ranks);
   std::vector<std::unique_ptr<Communicator>> out;
   for (int r = 0; r < ranks; ++r)

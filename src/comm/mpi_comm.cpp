@@ -14,10 +14,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <thread>
 
 #include "comm/comm_internal.hpp"
+#include "core/mutex.hpp"
 #include "strata/log.hpp"
 
 namespace strata {
@@ -31,15 +31,16 @@ void check_mpi(int rc, const char* what) {
   char buf[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, buf, &len);
-  fail(ErrorCode::kComm, strcat("MPI ", what, " failed: ", std::string(buf, static_cast<std::size_t>(len))));
+  fail(ErrorCode::kComm,
+       strcat("MPI ", what, " failed: ", std::string(buf, static_cast<std::size_t>(len))));
 }
 
 // Process-wide MPI lifetime: initialized by the first communicator if needed, finalized when the
 // last one created here goes away (unless MPI was started by someone else, or a peer was lost).
-std::mutex g_mpi_mu;
-int g_mpi_users = 0;           // guarded by g_mpi_mu
-bool g_we_initialized = false;  // guarded by g_mpi_mu
-bool g_mpi_poisoned = false;    // guarded by g_mpi_mu
+Mutex g_mpi_mu;
+int g_mpi_users GUARDED_BY(g_mpi_mu) = 0;
+bool g_we_initialized GUARDED_BY(g_mpi_mu) = false;
+bool g_mpi_poisoned GUARDED_BY(g_mpi_mu) = false;
 
 struct Request {
   MPI_Request req = MPI_REQUEST_NULL;
@@ -61,8 +62,8 @@ class MpiHandle final : public CommHandle {
   Clock::time_point deadline_;
   std::vector<Request> reqs_;
   std::vector<std::vector<unsigned char>> tmp_;
-  std::function<void()> finish_;                  // after the requests complete
-  std::function<void(MpiHandle&)> next_stage_;    // posts a second round (all-reduce)
+  std::function<void()> finish_;                // after the requests complete
+  std::function<void(MpiHandle&)> next_stage_;  // posts a second round (all-reduce)
   bool finished_ = false;
   bool waited_ = false;
 
@@ -74,14 +75,15 @@ class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(double timeout_s) : Communicator(timeout_s) {
     {
-      std::lock_guard lock(g_mpi_mu);
+      MutexLock lock(g_mpi_mu);
       int inited = 0, finalized = 0;
       MPI_Initialized(&inited);
       MPI_Finalized(&finalized);
       if (finalized) fail(ErrorCode::kComm, "MPI communicator: MPI was already finalized");
       if (!inited) {
         int provided = 0;
-        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided),
+                  "MPI_Init_thread");
         g_we_initialized = true;
       }
       ++g_mpi_users;
@@ -94,7 +96,7 @@ class MpiCommunicator final : public Communicator {
   }
   ~MpiCommunicator() override {
     if (broken_.empty()) MPI_Comm_free(&comm_);
-    std::lock_guard lock(g_mpi_mu);
+    MutexLock lock(g_mpi_mu);
     if (!broken_.empty()) g_mpi_poisoned = true;
     if (--g_mpi_users == 0 && g_we_initialized) {
       if (g_mpi_poisoned) {
@@ -116,11 +118,12 @@ class MpiCommunicator final : public Communicator {
     auto counts = comm::split_counts(count, size_);
     stats_.add(CollectiveKind::kAllReduce, 2 * comm::scatter_gather_bytes(counts, rank_, dtype));
     auto h = start(CollectiveKind::kAllReduce);
-    std::size_t es = comm::elem_size(dtype);
+    std::size_t es = dtype_size(dtype);
     std::size_t off = 0;
     for (int r = 0; r < rank_; ++r) off += counts[static_cast<std::size_t>(r)];
     // Stage 1: reduce-scatter into a private chunk; stage 2: all-gather the chunks into recv.
-    auto chunk = std::make_shared<std::vector<unsigned char>>(counts[static_cast<std::size_t>(rank_)] * es);
+    auto chunk =
+        std::make_shared<std::vector<unsigned char>>(counts[static_cast<std::size_t>(rank_)] * es);
     post_reduce_scatter(*h, send, chunk->data(), counts, dtype);
     const int tag2 = next_tag();
     h->next_stage_ = [this, chunk, counts, recv, off, es, dtype, tag2](MpiHandle& hh) {
@@ -151,7 +154,7 @@ class MpiCommunicator final : public Communicator {
                                               int root) override {
     if (root < 0 || root >= size_)
       fail(ErrorCode::kInvalidArgument, strcat("broadcast: root ", root, " out of range"));
-    std::size_t bytes = count * comm::elem_size(dtype);
+    std::size_t bytes = count * dtype_size(dtype);
     stats_.add(CollectiveKind::kBroadcast, rank_ == root ? bytes * (size_ - 1) : 0);
     auto h = start(CollectiveKind::kBroadcast);
     int tag = next_tag();
@@ -183,8 +186,10 @@ class MpiCommunicator final : public Communicator {
 
  private:
   std::unique_ptr<MpiHandle> start(CollectiveKind kind) {
-    std::string what = strcat("mpi ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
-    if (!broken_.empty()) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
+    std::string what =
+        strcat("mpi ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
+    if (!broken_.empty())
+      fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
     auto h = std::make_unique<MpiHandle>(this, std::move(what));
     h->deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                       std::chrono::duration<double>(timeout_s_));
@@ -219,7 +224,7 @@ class MpiCommunicator final : public Communicator {
 
   void post_reduce_scatter(MpiHandle& h, const void* send, void* recv,
                            std::vector<std::size_t> counts, DType dtype) {
-    const std::size_t es = comm::elem_size(dtype);
+    const std::size_t es = dtype_size(dtype);
     const int tag = next_tag();
     std::vector<std::size_t> offs(counts.size());
     std::size_t off = 0;
@@ -239,12 +244,14 @@ class MpiCommunicator final : public Communicator {
       isend(h, static_cast<const unsigned char*>(send) + offs[static_cast<std::size_t>(p)] * es,
             counts[static_cast<std::size_t>(p)] * es, p, tag);
     }
-    const void* own = static_cast<const unsigned char*>(send) + offs[static_cast<std::size_t>(rank_)] * es;
+    const void* own =
+        static_cast<const unsigned char*>(send) + offs[static_cast<std::size_t>(rank_)] * es;
     MpiHandle* hp = &h;
     h.finish_ = [hp, own, recv, mine, dtype, this] {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
       for (int p = 0; p < size_; ++p)
-        srcs[static_cast<std::size_t>(p)] = p == rank_ ? own : hp->tmp_[static_cast<std::size_t>(p)].data();
+        srcs[static_cast<std::size_t>(p)] =
+            p == rank_ ? own : hp->tmp_[static_cast<std::size_t>(p)].data();
       comm::ordered_sum(srcs.data(), size_, recv, mine, dtype);
       hp->tmp_.clear();
     };
@@ -252,11 +259,14 @@ class MpiCommunicator final : public Communicator {
 
   void post_all_gather(MpiHandle& h, const void* send, void* recv,
                        const std::vector<std::size_t>& counts, DType dtype, int tag) {
-    const std::size_t es = comm::elem_size(dtype);
+    const std::size_t es = dtype_size(dtype);
     std::size_t off = 0, own_off = 0;
     for (int p = 0; p < size_; ++p) {
-      if (p == rank_) own_off = off;
-      else irecv(h, static_cast<unsigned char*>(recv) + off * es, counts[static_cast<std::size_t>(p)] * es, p, tag);
+      if (p == rank_)
+        own_off = off;
+      else
+        irecv(h, static_cast<unsigned char*>(recv) + off * es,
+              counts[static_cast<std::size_t>(p)] * es, p, tag);
       off += counts[static_cast<std::size_t>(p)];
     }
     const std::size_t mine = counts[static_cast<std::size_t>(rank_)] * es;
@@ -337,13 +347,14 @@ void MpiHandle::wait() {
           MPI_Request_free(&r.req);
         }
       }
-      std::string msg = strcat(what_, ": timed out after ", comm_->timeout_s(),
-                               " s waiting for rank(s) ", peers);
+      std::string msg =
+          strcat(what_, ": timed out after ", comm_->timeout_s(), " s waiting for rank(s) ", peers);
       comm_->mark_broken(msg);
       finished_ = true;
       fail(ErrorCode::kTimeout, msg);
     }
-    if (++spins > 100) std::this_thread::sleep_for(std::chrono::microseconds(spins > 1000 ? 500 : 20));
+    if (++spins > 100)
+      std::this_thread::sleep_for(std::chrono::microseconds(spins > 1000 ? 500 : 20));
   }
 }
 

@@ -7,7 +7,8 @@ namespace strata {
 bool nccl_available() { return false; }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const NcclBootstrap&, int, double) {
-  fail(ErrorCode::kUnsupported, "this build of strata has no NCCL support (CUDA toolkit with NCCL)");
+  fail(ErrorCode::kUnsupported,
+       "this build of strata has no NCCL support (CUDA toolkit with NCCL)");
 }
 
 }  // namespace strata

@@ -55,11 +55,16 @@ YAML::Node child(const YAML::Node& parent, const char* key) {
 const char* kind_name(const YAML::Node& n) {
   if (!n.IsDefined()) return "nothing";
   switch (n.Type()) {
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Scalar: return "a scalar";
-    case YAML::NodeType::Null: return "no value";
-    case YAML::NodeType::Undefined: return "nothing";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Null:
+      return "no value";
+    case YAML::NodeType::Undefined:
+      return "nothing";
   }
   return "?";
 }
@@ -123,8 +128,8 @@ class Reader {
       if (!next) {
         if (!schema->is_mapping())
           throw ConfigError(where, 0, 0, here, "'" + so_far + "' is a value, not a section");
-        std::string msg = "unknown key '" + seg + "'" +
-                          (so_far.empty() ? std::string() : " in '" + so_far + "'");
+        std::string msg =
+            "unknown key '" + seg + "'" + (so_far.empty() ? std::string() : " in '" + so_far + "'");
         std::string s = closest(seg, schema->child_names());
         if (!s.empty()) msg += "; did you mean '" + s + "'?";
         msg += " (valid keys: " + list_names(schema->child_names()) + ")";
@@ -173,13 +178,14 @@ class Reader {
       const YAML::Node key = it->first;
       const YAML::Node value = it->second;
       if (!key.IsScalar())
-        error_at(key.Mark(), path, std::string("a key must be a plain name, got ") + kind_name(key));
+        error_at(key.Mark(), path,
+                 std::string("a key must be a plain name, got ") + kind_name(key));
       const std::string name = key.Scalar();
       const std::string here = join_path(path, name);
       const SchemaNode* child = schema.child(name);
       if (!child) {
-        std::string msg = "unknown key '" + name + "'" +
-                          (path.empty() ? std::string() : " in '" + path + "'");
+        std::string msg =
+            "unknown key '" + name + "'" + (path.empty() ? std::string() : " in '" + path + "'");
         std::string s = closest(name, schema.child_names());
         if (!s.empty()) msg += "; did you mean '" + s + "'?";
         msg += " (valid keys: " + list_names(schema.child_names()) + ")";
@@ -205,8 +211,7 @@ class Reader {
 
   // ---- values ----------------------------------------------------------------------------
   const std::string& scalar(const YAML::Node& n, const std::string& path, const char* what) {
-    if (!n.IsScalar())
-      error(path, std::string("expected ") + what + ", got " + kind_name(n));
+    if (!n.IsScalar()) error(path, std::string("expected ") + what + ", got " + kind_name(n));
     return n.Scalar();
   }
 
@@ -338,6 +343,14 @@ class Reader {
 
  private:
   void read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t);
+  void read_model(const YAML::Node& root, Config& c);
+  void read_precision(const YAML::Node& root, Config& c);
+  void read_optimizer(const YAML::Node& root, Config& c);
+  void read_world(const YAML::Node& root, Config& c);
+  void read_offload_section(const YAML::Node& root, Config& c);
+  void read_host_tiers(const YAML::Node& root, Config& c);
+  void read_nvme_tier(const YAML::Node& root, Config& c);
+  void read_runtime(const YAML::Node& root, Config& c);
   void validate(const Config& c);
 
   std::string file_;
@@ -345,10 +358,22 @@ class Reader {
   std::map<std::string, YAML::Mark> marks_;
 };
 
-const std::vector<std::pair<std::string, DType>> kDTypes = {
-    {"fp16", DType::kFp16}, {"bf16", DType::kBf16}, {"fp32", DType::kFp32}};
-const std::vector<std::pair<std::string, Tier>> kTiers = {
-    {"gpu", Tier::kGpu}, {"cpu", Tier::kCpu}, {"host", Tier::kCpu}, {"nvme", Tier::kNvme}};
+// The options of a choice: E's name table (strata/types.hpp, the one copy), each row followed by
+// the aliases of its value.
+template <class E>
+std::vector<std::pair<std::string, E>> options_of(
+    const std::vector<std::pair<std::string, E>>& aliases = {}) {
+  std::vector<std::pair<std::string, E>> out;
+  for (const auto& row : enum_names<E>()) {
+    out.emplace_back(row.name, row.value);
+    for (const auto& alias : aliases)
+      if (alias.second == row.value) out.push_back(alias);
+  }
+  return out;
+}
+
+const std::vector<std::pair<std::string, DType>> kDTypes = options_of<DType>();
+const std::vector<std::pair<std::string, Tier>> kTiers = options_of<Tier>({{"host", Tier::kCpu}});
 constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
 using limits::kMaxParameters;
 constexpr std::uint64_t kMaxLayers = limits::kMaxLayers;
@@ -358,10 +383,10 @@ constexpr std::uint64_t kMaxSequence = limits::kMaxSequenceLength;
 constexpr std::uint64_t kMaxMicroBatch = limits::kMaxMicroBatch;
 using limits::kMaxLossScale;
 constexpr std::uint64_t kMaxRanks = limits::kMaxRanks;
-using limits::kMaxBufferSize;
 using limits::kMaxBlockSize;
-using limits::kMinCollectiveTimeoutS;
+using limits::kMaxBufferSize;
 using limits::kMaxCollectiveTimeoutS;
+using limits::kMinCollectiveTimeoutS;
 constexpr std::uint64_t kMaxCpuThreads = limits::kMaxCpuThreads;
 
 void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t) {
@@ -379,11 +404,8 @@ void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadT
   with(n, path, "pin_memory", [&](auto& v, auto& p) { t.pin_memory = boolean(v, p); });
 }
 
-Config Reader::read(const YAML::Node& root) {
-  Config c;
-  marks_[""] = root.Mark();
-  check_keys(root, schema_root(), "");
-
+// The model section.
+void Reader::read_model(const YAML::Node& root, Config& c) {
   const YAML::Node model = child(root, "model");
   with(model, "model", "parameters",
        [&](auto& v, auto& p) { c.model.parameters = count(v, p, 0, kMaxParameters); });
@@ -393,21 +415,29 @@ Config Reader::read(const YAML::Node& root) {
        [&](auto& v, auto& p) { c.model.layers = integer(v, p, 0, kMaxLayers); });
   with(model, "model", "hidden_size",
        [&](auto& v, auto& p) { c.model.hidden_size = integer(v, p, 0, kMaxHidden); });
-  with(model, "model", "heads", [&](auto& v, auto& p) { c.model.heads = integer(v, p, 0, kMaxHeads); });
+  with(model, "model", "heads",
+       [&](auto& v, auto& p) { c.model.heads = integer(v, p, 0, kMaxHeads); });
   with(model, "model", "sequence_length",
        [&](auto& v, auto& p) { c.model.sequence_length = integer(v, p, 0, kMaxSequence); });
   with(model, "model", "micro_batch",
        [&](auto& v, auto& p) { c.model.micro_batch = integer(v, p, 1, kMaxMicroBatch); });
+}
 
+// The precision section and its loss_scale.
+void Reader::read_precision(const YAML::Node& root, Config& c) {
   const YAML::Node prec = child(root, "precision");
-  with(prec, "precision", "params", [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
-  with(prec, "precision", "grads", [&](auto& v, auto& p) { c.precision.grads = choice(v, p, kDTypes); });
+  with(prec, "precision", "params",
+       [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
+  with(prec, "precision", "grads",
+       [&](auto& v, auto& p) { c.precision.grads = choice(v, p, kDTypes); });
   const YAML::Node ls = child(prec, "loss_scale");
   const std::string lsp = "precision.loss_scale";
   auto& L = c.precision.loss_scale;
   with(ls, lsp, "enabled", [&](auto& v, auto& p) {
-    if (v.IsScalar() && v.Scalar() == "auto") L.enabled = LossScaling::kAuto;
-    else L.enabled = boolean(v, p) ? LossScaling::kOn : LossScaling::kOff;
+    if (v.IsScalar() && v.Scalar() == "auto")
+      L.enabled = LossScaling::kAuto;
+    else
+      L.enabled = boolean(v, p) ? LossScaling::kOn : LossScaling::kOff;
   });
   with(ls, lsp, "dynamic", [&](auto& v, auto& p) { L.dynamic = boolean(v, p); });
   with(ls, lsp, "initial",
@@ -420,12 +450,14 @@ Config Reader::read(const YAML::Node& root) {
        [&](auto& v, auto& p) { L.growth_interval = integer(v, p, 1, kU32); });
   with(ls, lsp, "min_scale",
        [&](auto& v, auto& p) { L.min_scale = number_in(v, p, 0, kMaxLossScale, true); });
+}
 
+// The optimizer section.
+void Reader::read_optimizer(const YAML::Node& root, Config& c) {
   const YAML::Node opt = child(root, "optimizer");
   auto& O = c.optimizer;
-  with(opt, "optimizer", "type", [&](auto& v, auto& p) {
-    O.type = choice<OptimizerType>(v, p, {{"adam", OptimizerType::kAdam}, {"adamw", OptimizerType::kAdamW}});
-  });
+  with(opt, "optimizer", "type",
+       [&](auto& v, auto& p) { O.type = choice(v, p, options_of<OptimizerType>()); });
   with(opt, "optimizer", "lr", [&](auto& v, auto& p) { O.lr = number_in(v, p, 0, 1e3); });
   with(opt, "optimizer", "betas", [&](auto& v, auto& p) {
     if (!v.IsSequence() || v.size() != 2)
@@ -440,41 +472,49 @@ Config Reader::read(const YAML::Node& root) {
        [&](auto& v, auto& p) { O.weight_decay = number_in(v, p, 0, 1e3); });
   with(opt, "optimizer", "grad_clip",
        [&](auto& v, auto& p) { O.grad_clip = number_in(v, p, 0, 1e30); });
-  with(opt, "optimizer", "update", [&](auto& v, auto& p) {
-    O.update = choice<OptimizerUpdate>(v, p, {{"cpu", OptimizerUpdate::kCpu}, {"device", OptimizerUpdate::kDevice}});
-  });
+  with(opt, "optimizer", "update",
+       [&](auto& v, auto& p) { O.update = choice(v, p, options_of<OptimizerUpdate>()); });
+}
 
+// The world and zero sections.
+void Reader::read_world(const YAML::Node& root, Config& c) {
   const YAML::Node world = child(root, "world");
   with(world, "world", "ranks", [&](auto& v, auto& p) {
     const std::string& s = scalar(v, p, "a count");
-    if (!s.empty() && s[0] == '-') error(p, "'" + s + "' is out of range: world.ranks must be >= 1");
+    if (!s.empty() && s[0] == '-')
+      error(p, "'" + s + "' is out of range: world.ranks must be >= 1");
     c.world.ranks = integer(v, p, 1, kMaxRanks);
   });
-  with(world, "world", "ranks_per_node",
-       [&](auto& v, auto& p) {
-         c.world.ranks_per_node = integer(v, p, 0, limits::kMaxRanksPerNode);
-       });
+  with(world, "world", "ranks_per_node", [&](auto& v, auto& p) {
+    c.world.ranks_per_node = integer(v, p, 0, limits::kMaxRanksPerNode);
+  });
   with(world, "world", "network_bandwidth",
        [&](auto& v, auto& p) { c.world.network_bandwidth = bytes(v, p, 0); });
 
   const YAML::Node zero = child(root, "zero");
-  with(zero, "zero", "stage", [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });
+  with(zero, "zero", "stage",
+       [&](auto& v, auto& p) { c.zero.stage = static_cast<int>(integer(v, p, 0, 3)); });
   with(zero, "zero", "sub_group_size",
        [&](auto& v, auto& p) { c.zero.sub_group_size = count(v, p, 1, kMaxParameters); });
   with(zero, "zero", "reduce_bucket_size",
        [&](auto& v, auto& p) { c.zero.reduce_bucket_size = count(v, p, 1, kMaxParameters); });
+}
 
+// The offload section.
+void Reader::read_offload_section(const YAML::Node& root, Config& c) {
   const YAML::Node off = child(root, "offload");
   if (off.IsMap()) {
     read_offload(child(off, "optimizer"), "offload.optimizer", c.offload.optimizer);
     read_offload(child(off, "gradients"), "offload.gradients", c.offload.gradients);
     read_offload(child(off, "params"), "offload.params", c.offload.params);
   }
+}
 
+// tiers.gpu and tiers.host.
+void Reader::read_host_tiers(const YAML::Node& root, Config& c) {
   const YAML::Node tiers = child(root, "tiers");
   const YAML::Node gpu = child(tiers, "gpu");
   const YAML::Node host = child(tiers, "host");
-  const YAML::Node nvme = child(tiers, "nvme");
   auto& T = c.tiers;
   with(gpu, "tiers.gpu", "budget", [&](auto& v, auto& p) { T.gpu.budget = bytes(v, p, 1); });
   with(host, "tiers.host", "budget", [&](auto& v, auto& p) { T.host.budget = bytes(v, p, 1); });
@@ -488,12 +528,15 @@ Config Reader::read(const YAML::Node& root) {
       error(p, "'" + v.Scalar() + "' (" + std::to_string(T.host.buffer_size) +
                    " bytes) is not a multiple of 4096");
   });
+}
+
+// tiers.nvme.
+void Reader::read_nvme_tier(const YAML::Node& root, Config& c) {
+  const YAML::Node nvme = child(child(root, "tiers"), "nvme");
+  auto& T = c.tiers;
   with(nvme, "tiers.nvme", "paths", [&](auto& v, auto& p) { T.nvme.paths = strings(v, p); });
-  with(nvme, "tiers.nvme", "engine", [&](auto& v, auto& p) {
-    T.nvme.engine = choice<IoEngineKind>(
-        v, p, {{"auto", IoEngineKind::kAuto}, {"io_uring", IoEngineKind::kIoUring},
-               {"threads", IoEngineKind::kThreads}});
-  });
+  with(nvme, "tiers.nvme", "engine",
+       [&](auto& v, auto& p) { T.nvme.engine = choice(v, p, options_of<IoEngineKind>()); });
   with(nvme, "tiers.nvme", "block_size", [&](auto& v, auto& p) {
     T.nvme.block_size = bytes(v, p, 4096, kMaxBlockSize);
     if (T.nvme.block_size % 4096 != 0)
@@ -504,32 +547,40 @@ Config Reader::read(const YAML::Node& root) {
        [&](auto& v, auto& p) { T.nvme.queue_depth = integer(v, p, 1, limits::kMaxQueueDepth); });
   with(nvme, "tiers.nvme", "io_threads",
        [&](auto& v, auto& p) { T.nvme.io_threads = integer(v, p, 1, limits::kMaxIoThreads); });
-  with(nvme, "tiers.nvme", "direct_io", [&](auto& v, auto& p) {
-    T.nvme.direct_io = choice<DirectIoMode>(
-        v, p, {{"auto", DirectIoMode::kAuto}, {"required", DirectIoMode::kRequired},
-               {"off", DirectIoMode::kOff}});
-  });
+  with(nvme, "tiers.nvme", "direct_io",
+       [&](auto& v, auto& p) { T.nvme.direct_io = choice(v, p, options_of<DirectIoMode>()); });
   with(nvme, "tiers.nvme", "checksum", [&](auto& v, auto& p) { T.nvme.checksum = boolean(v, p); });
   with(nvme, "tiers.nvme", "sqpoll", [&](auto& v, auto& p) { T.nvme.sqpoll = boolean(v, p); });
   with(nvme, "tiers.nvme", "budget", [&](auto& v, auto& p) { T.nvme.budget = bytes(v, p, 0); });
+}
 
+// The runtime section.
+void Reader::read_runtime(const YAML::Node& root, Config& c) {
   const YAML::Node rt = child(root, "runtime");
-  with(rt, "runtime", "device", [&](auto& v, auto& p) {
-    c.runtime.device = choice<DeviceKind>(
-        v, p, {{"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}});
-  });
-  with(rt, "runtime", "communicator", [&](auto& v, auto& p) {
-    c.runtime.communicator = choice<CommBackend>(
-        v, p, {{"auto", CommBackend::kAuto}, {"inprocess", CommBackend::kInProcess},
-               {"mpi", CommBackend::kMpi}, {"nccl", CommBackend::kNccl}});
-  });
+  with(rt, "runtime", "device",
+       [&](auto& v, auto& p) { c.runtime.device = choice(v, p, options_of<DeviceKind>()); });
+  with(rt, "runtime", "communicator",
+       [&](auto& v, auto& p) { c.runtime.communicator = choice(v, p, options_of<CommBackend>()); });
   with(rt, "runtime", "collective_timeout_s", [&](auto& v, auto& p) {
     c.runtime.collective_timeout_s =
         number_in(v, p, kMinCollectiveTimeoutS, kMaxCollectiveTimeoutS);
   });
   with(rt, "runtime", "cpu_threads",
        [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, kMaxCpuThreads); });
+}
 
+Config Reader::read(const YAML::Node& root) {
+  Config c;
+  marks_[""] = root.Mark();
+  check_keys(root, schema_root(), "");
+  read_model(root, c);
+  read_precision(root, c);
+  read_optimizer(root, c);
+  read_world(root, c);
+  read_offload_section(root, c);
+  read_host_tiers(root, c);
+  read_nvme_tier(root, c);
+  read_runtime(root, c);
   validate(c);
   return c;
 }
@@ -549,8 +600,8 @@ void Reader::validate(const Config& c) {
     error("precision.loss_scale.min_scale", "must be <= precision.loss_scale.initial");
   if (c.world.ranks_per_node > c.world.ranks)
     error("world.ranks_per_node", "(" + std::to_string(c.world.ranks_per_node) +
-                                      ") must be <= world.ranks (" +
-                                      std::to_string(c.world.ranks) + ")");
+                                      ") must be <= world.ranks (" + std::to_string(c.world.ranks) +
+                                      ")");
   if (c.tiers.host.pinned_budget > c.tiers.host.budget)
     error("tiers.host.pinned_budget", "(" + format_bytes(c.tiers.host.pinned_budget) +
                                           ") must be <= tiers.host.budget (" +
@@ -559,18 +610,17 @@ void Reader::validate(const Config& c) {
   const int s = c.zero.stage;
   const std::string stage = "zero.stage is " + std::to_string(s);
   if (offloaded(c.offload.params) && s < 3)
-    error("offload.params.tier",
-          "parameters can live on " + std::string(tier_name(c.offload.params.tier)) +
-              " only at zero.stage 3 (" + stage +
-              "): below stage 3 every rank needs all parameters on its gpu");
+    error("offload.params.tier", "parameters can live on " +
+                                     std::string(tier_name(c.offload.params.tier)) +
+                                     " only at zero.stage 3 (" + stage +
+                                     "): below stage 3 every rank needs all parameters on its gpu");
   if (offloaded(c.offload.gradients) && s < 2)
     error("offload.gradients.tier",
           "gradients can be offloaded only at zero.stage >= 2 (" + stage +
               "): below stage 2 every rank keeps the full gradient for the all-reduce");
   if (offloaded(c.offload.optimizer) && s < 1)
-    error("offload.optimizer.tier",
-          "optimizer state can be offloaded only at zero.stage >= 1 (" + stage +
-              "): use stage 1 or higher to partition it first");
+    error("offload.optimizer.tier", "optimizer state can be offloaded only at zero.stage >= 1 (" +
+                                        stage + "): use stage 1 or higher to partition it first");
   for (const auto* name : {"optimizer", "gradients", "params"}) {
     const OffloadTarget& t = std::string(name) == "optimizer"   ? c.offload.optimizer
                              : std::string(name) == "gradients" ? c.offload.gradients
@@ -592,7 +642,8 @@ class FirstEvent : public YAML::EventHandler {
   void OnDocumentEnd() override {}
   void OnNull(const YAML::Mark& m, YAML::anchor_t) override { note(m, true); }
   void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { note(m, false); }
-  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t, const std::string&) override {
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                const std::string&) override {
     note(m, false);
   }
   void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
@@ -672,8 +723,9 @@ YAML::Node load_single_document(std::string_view yaml, const std::string& source
 YAML::Node load_document(std::string_view yaml, const std::string& source) {
   YAML::Node root = load_single_document(yaml, source, "");
   if (!root.IsDefined() || root.IsNull())
-    throw ConfigError(source, 0, 0, "", "the config is empty: give at least one section, e.g. "
-                                        "`model: {parameters: 7.5B}`");
+    throw ConfigError(source, 0, 0, "",
+                      "the config is empty: give at least one section, e.g. "
+                      "`model: {parameters: 7.5B}`");
   if (!root.IsMap()) {
     auto m = root.Mark();
     throw ConfigError(source, m.line >= 0 ? m.line + 1 : 1, m.column >= 0 ? m.column + 1 : 1, "",
@@ -718,9 +770,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (::fstat(fd, &st) != 0) throw cannot(std::strerror(errno));
   if (S_ISDIR(st.st_mode)) throw cannot("it is a directory");
   if (!S_ISREG(st.st_mode)) {
-    const char* kind = S_ISFIFO(st.st_mode)  ? "a FIFO"
-                       : S_ISCHR(st.st_mode) ? "a character device"
-                       : S_ISBLK(st.st_mode) ? "a block device"
+    const char* kind = S_ISFIFO(st.st_mode)   ? "a FIFO"
+                       : S_ISCHR(st.st_mode)  ? "a character device"
+                       : S_ISBLK(st.st_mode)  ? "a block device"
                        : S_ISSOCK(st.st_mode) ? "a socket"
                                               : "not a regular file";
     throw cannot(strcat("it is ", kind, "; a config must be a regular file"));

@@ -107,6 +107,8 @@ int run_signal_cleanup() noexcept {
   return removed;
 }
 
-std::size_t registered_cleanup_entries() noexcept { return g_count.load(std::memory_order_relaxed); }
+std::size_t registered_cleanup_entries() noexcept {
+  return g_count.load(std::memory_order_relaxed);
+}
 
 }  // namespace strata

@@ -129,7 +129,7 @@ __attribute__((target("sse4.2"))) std::uint64_t load64(const std::uint8_t* p) {
 
 template <std::size_t kBlock>
 __attribute__((target("sse4.2"))) void three_way(const std::uint8_t*& p, std::size_t& n,
-                                                  std::uint64_t& c0, const ShiftTable& table) {
+                                                 std::uint64_t& c0, const ShiftTable& table) {
   while (n >= 3 * kBlock) {
     std::uint64_t c1 = 0, c2 = 0;
     const std::uint8_t* end = p + kBlock;

@@ -7,28 +7,42 @@ namespace strata {
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kConfig: return "config";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kChecksum: return "checksum";
-    case ErrorCode::kOutOfMemory: return "out of memory";
-    case ErrorCode::kBudget: return "budget";
-    case ErrorCode::kTimeout: return "timeout";
-    case ErrorCode::kDevice: return "device";
-    case ErrorCode::kComm: return "comm";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kNumeric: return "numeric";
-    case ErrorCode::kCancelled: return "cancelled";
-    case ErrorCode::kInternal: return "internal";
+    case ErrorCode::kInvalidArgument:
+      return "invalid argument";
+    case ErrorCode::kConfig:
+      return "config";
+    case ErrorCode::kIo:
+      return "io";
+    case ErrorCode::kChecksum:
+      return "checksum";
+    case ErrorCode::kOutOfMemory:
+      return "out of memory";
+    case ErrorCode::kBudget:
+      return "budget";
+    case ErrorCode::kTimeout:
+      return "timeout";
+    case ErrorCode::kDevice:
+      return "device";
+    case ErrorCode::kComm:
+      return "comm";
+    case ErrorCode::kUnsupported:
+      return "unsupported";
+    case ErrorCode::kNumeric:
+      return "numeric";
+    case ErrorCode::kCancelled:
+      return "cancelled";
+    case ErrorCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
 
-Error::Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+Error::Error(ErrorCode code, const std::string& message)
+    : std::runtime_error(message), code_(code) {}
 
 int Error::exit_code() const noexcept {
   return (bad_input_ || code_ == ErrorCode::kConfig || code_ == ErrorCode::kInvalidArgument) ? 2
-                                                                                            : 1;
+                                                                                             : 1;
 }
 
 namespace {
@@ -50,8 +64,8 @@ std::string config_message(const std::string& file, int line, int column, const 
 
 std::string io_message(const std::string& op, const std::string& path, std::uint64_t offset,
                        std::uint64_t length, int errnum, const std::string& context) {
-  std::string out = op + " " + path + " offset=" + std::to_string(offset) +
-                    " length=" + std::to_string(length);
+  std::string out =
+      op + " " + path + " offset=" + std::to_string(offset) + " length=" + std::to_string(length);
   if (errnum != 0) {
     out += ": ";
     out += std::strerror(errnum);
@@ -62,15 +76,25 @@ std::string io_message(const std::string& op, const std::string& path, std::uint
 }
 
 bool is_path_error(const std::string& op, int errnum) {
-  static const char* const kPathOps[] = {"open",     "stat",   "lstat",   "mkdir",   "rmdir",
-                                         "unlink",   "rename", "access",  "readlink", "opendir",
-                                         "statvfs",  "mkdtemp"};
+  static const char* const kPathOps[] = {"open",     "stat",    "lstat",   "mkdir",
+                                         "rmdir",    "unlink",  "rename",  "access",
+                                         "readlink", "opendir", "statvfs", "mkdtemp"};
   bool path_op = false;
   for (const char* p : kPathOps) path_op = path_op || op == p;
   if (!path_op) return false;
   switch (errnum) {
-    case ENOENT: case ENOTDIR: case EISDIR: case EACCES: case EPERM: case ELOOP:
-    case ENAMETOOLONG: case EEXIST: case EROFS: case ENXIO: case ENODEV: case EINVAL:
+    case ENOENT:
+    case ENOTDIR:
+    case EISDIR:
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENAMETOOLONG:
+    case EEXIST:
+    case EROFS:
+    case ENXIO:
+    case ENODEV:
+    case EINVAL:
       return true;
     default:
       return false;

@@ -11,8 +11,7 @@ void rethrow_detached(const std::exception_ptr& error) {
     std::rethrow_exception(error);
   } catch (const IoError& e) {
     // what() = "<prefix>[: context]"; rebuild the context from the part after the prefix.
-    const std::string prefix =
-        IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum()).what();
+    const std::string prefix = IoError(e.op(), e.path(), e.offset(), e.length(), e.errnum()).what();
     const std::string full(e.what(), std::char_traits<char>::length(e.what()));
     std::string context;
     if (full.size() > prefix.size() + 2 && full.compare(0, prefix.size(), prefix) == 0) {

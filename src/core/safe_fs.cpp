@@ -77,7 +77,8 @@ UniqueFd open_root(const std::string& role) {
 
 struct stat fstat_or_throw(int fd, const std::string& path, const std::string& role) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw IoError("fstat", path, 0, 0, errno, context(role, "checking a directory"));
+  if (::fstat(fd, &st) != 0)
+    throw IoError("fstat", path, 0, 0, errno, context(role, "checking a directory"));
   return st;
 }
 
@@ -85,7 +86,8 @@ struct stat fstat_or_throw(int fd, const std::string& path, const std::string& r
 void require_safe(int fd, const std::string& dir, const std::string& requested,
                   const std::string& role) {
   const struct stat st = fstat_or_throw(fd, dir, role);
-  if (!S_ISDIR(st.st_mode)) throw IoError("open", dir, 0, 0, ENOTDIR, context(role, "not a directory"));
+  if (!S_ISDIR(st.st_mode))
+    throw IoError("open", dir, 0, 0, ENOTDIR, context(role, "not a directory"));
   const std::string why = unsafe_directory_reason(st);
   if (why.empty()) return;
   std::string msg = context(role, requested);
@@ -100,12 +102,15 @@ std::string read_link(int dirfd, const std::string& name, const std::string& pat
   std::string buf(256, '\0');
   for (;;) {
     ssize_t n = ::readlinkat(dirfd, name.c_str(), buf.data(), buf.size());
-    if (n < 0) throw IoError("readlink", path, 0, 0, errno, context(role, "following a symbolic link"));
+    if (n < 0)
+      throw IoError("readlink", path, 0, 0, errno, context(role, "following a symbolic link"));
     if (static_cast<std::size_t>(n) < buf.size()) {
       buf.resize(static_cast<std::size_t>(n));
       return buf;
     }
-    if (buf.size() >= 65536) throw IoError("readlink", path, 0, 0, ENAMETOOLONG, context(role, "following a symbolic link"));
+    if (buf.size() >= 65536)
+      throw IoError("readlink", path, 0, 0, ENAMETOOLONG,
+                    context(role, "following a symbolic link"));
     buf.resize(buf.size() * 2);
   }
 }
@@ -133,7 +138,8 @@ std::string unsafe_directory_reason(const struct stat& st) {
   const uid_t me = ::geteuid();
   if (st.st_uid != 0 && st.st_uid != me) {
     return strcat("is owned by ", describe_uid(st.st_uid), ", not by root or by you (",
-                  describe_uid(me), "): its owner could replace what strata creates there with "
+                  describe_uid(me),
+                  "): its owner could replace what strata creates there with "
                   "symbolic links; use a directory that you or root own");
   }
   const bool sticky = (st.st_mode & S_ISVTX) != 0;
@@ -158,10 +164,127 @@ void check_component(std::string_view name) {
   }
 }
 
+namespace {
+
+// SafeDir::open's walk: one component at a time from "/", through directory fds (O_PATH,
+// O_NOFOLLOW), symbolic links resolved here (ELOOP past kMaxSymlinks; one owned by another user
+// in a sticky world-writable directory refused), missing directories created on request, and
+// every directory on the way checked (unless read-only).
+class PathWalk {
+ public:
+  PathWalk(const std::string& requested, const SafeDirOptions& options)
+      : requested_(requested), options_(options), role_(options.role) {}
+
+  // Walks `path` (absolute, normalized); returns the final directory's fd (its real path: at()).
+  UniqueFd run(const std::string& path) {
+    for (auto& c : split_components(path)) todo_.push_back(std::move(c));
+    cur_ = open_root(role_);
+    at_ = "/";
+    check(cur_.get(), at_);
+    while (!todo_.empty()) {
+      const std::string name = todo_.front();
+      todo_.pop_front();
+      if (name == "..")
+        go_up();
+      else
+        enter(name);
+    }
+    return std::move(cur_);
+  }
+  const std::string& at() const { return at_; }
+
+ private:
+  // A read-only open checks nothing on the way: it creates and removes nothing there.
+  void check(int fd, const std::string& dir) {
+    if (!options_.read_only) require_safe(fd, dir, requested_, role_);
+  }
+
+  void go_up() {
+    UniqueFd up(::openat(cur_.get(), "..", O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!up) throw IoError("open", join(at_, ".."), 0, 0, errno, context(role_, requested_));
+    at_ = parent_of(at_);
+    check(up.get(), at_);
+    cur_ = std::move(up);
+  }
+
+  void enter(const std::string& name) {
+    const std::string here = join(at_, name);
+    struct stat st {};
+    if (::fstatat(cur_.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      const int err = errno;
+      if (err == ENOENT && options_.create) return create(name, here);
+      throw IoError("stat", here, 0, 0, err, context(role_, requested_));
+    }
+    if (S_ISLNK(st.st_mode)) return follow_link(name, here, st);
+    if (!S_ISDIR(st.st_mode))
+      throw IoError("open", here, 0, 0, ENOTDIR,
+                    context(role_, strcat(requested_, ": not a directory")));
+    UniqueFd next(
+        ::openat(cur_.get(), name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!next) {
+      const int err = errno;
+      if (err == ENOENT || err == ELOOP || err == ENOTDIR) {
+        todo_.push_front(name);  // replaced between fstatat and openat: look again
+        if (++links_ > kMaxSymlinks)
+          throw IoError("open", here, 0, 0, err, context(role_, requested_));
+        return;
+      }
+      throw IoError("open", here, 0, 0, err, context(role_, requested_));
+    }
+    at_ = here;
+    check(next.get(), at_);
+    cur_ = std::move(next);
+  }
+
+  void create(const std::string& name, const std::string& here) {
+    if (::mkdirat(cur_.get(), name.c_str(), 0700) == 0) {
+      log_info(context(role_, strcat("created directory ", here, " (mode 0700)")));
+    } else if (errno != EEXIST) {
+      throw IoError("mkdir", here, 0, 0, errno, context(role_, strcat("creating ", requested_)));
+    }
+    todo_.push_front(name);  // look again: whatever is there now must pass the checks
+  }
+
+  void follow_link(const std::string& name, const std::string& here, const struct stat& st) {
+    if (++links_ > kMaxSymlinks)
+      throw IoError("open", requested_, 0, 0, ELOOP, context(role_, "too many symbolic links"));
+    const struct stat dir = fstat_or_throw(cur_.get(), at_, role_);
+    if (!options_.read_only && (dir.st_mode & S_ISVTX) && (dir.st_mode & S_IWOTH) &&
+        st.st_uid != 0 && st.st_uid != ::geteuid()) {
+      fail(ErrorCode::kInvalidArgument,
+           strcat(context(role_, requested_), ": refusing to follow the symbolic link ", here,
+                  ": it is owned by ", describe_uid(st.st_uid),
+                  " in the world-writable "
+                  "directory ",
+                  at_, "; use the real directory"));
+    }
+    const std::string target = read_link(cur_.get(), name, here, role_);
+    if (target.empty())
+      throw IoError("readlink", here, 0, 0, ENOENT, context(role_, "an empty symbolic link"));
+    auto comps = split_components(target);
+    for (auto it = comps.rbegin(); it != comps.rend(); ++it) todo_.push_front(*it);
+    if (target.front() == '/') {
+      cur_ = open_root(role_);
+      at_ = "/";
+    }
+  }
+
+  const std::string& requested_;
+  const SafeDirOptions& options_;
+  const std::string& role_;
+  std::deque<std::string> todo_;  // the components still to walk
+  UniqueFd cur_;                  // the directory reached so far
+  std::string at_;                // the real path of cur_
+  int links_ = 0;                 // symbolic links followed (and races retried)
+};
+
+}  // namespace
+
 SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& options) {
   const std::string& role = options.role;
   if (options.read_only && options.create)
-    fail(ErrorCode::kInternal, context(role, "SafeDir::open: create through a directory opened read-only"));
+    fail(ErrorCode::kInternal,
+         context(role, "SafeDir::open: create through a directory opened read-only"));
   if (requested.empty()) fail(ErrorCode::kInvalidArgument, context(role, "an empty path"));
   if (requested.find('\0') != std::string::npos)
     fail(ErrorCode::kInvalidArgument, context(role, "a path with a NUL byte"));
@@ -173,87 +296,17 @@ SafeDir SafeDir::open(const std::string& requested, const SafeDirOptions& option
     cwd.resize(std::char_traits<char>::length(cwd.c_str()));
     path = normalize_path(cwd + "/" + path);
   }
-  std::deque<std::string> todo;
-  for (auto& c : split_components(path)) todo.push_back(std::move(c));
-
-  // A read-only open checks nothing on the way: it creates and removes nothing there.
-  const auto check = [&](int fd, const std::string& dir) {
-    if (!options.read_only) require_safe(fd, dir, requested, role);
-  };
-  UniqueFd cur = open_root(role);
-  std::string at = "/";  // the real path of `cur`
-  check(cur.get(), at);
-  int links = 0;
-  while (!todo.empty()) {
-    const std::string name = todo.front();
-    todo.pop_front();
-    if (name == "..") {
-      UniqueFd up(::openat(cur.get(), "..", O_PATH | O_DIRECTORY | O_CLOEXEC));
-      if (!up) throw IoError("open", join(at, ".."), 0, 0, errno, context(role, requested));
-      at = parent_of(at);
-      check(up.get(), at);
-      cur = std::move(up);
-      continue;
-    }
-    const std::string here = join(at, name);
-    struct stat st {};
-    if (::fstatat(cur.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
-      const int err = errno;
-      if (err == ENOENT && options.create) {
-        if (::mkdirat(cur.get(), name.c_str(), 0700) == 0) {
-          log_info(context(role, strcat("created directory ", here, " (mode 0700)")));
-        } else if (errno != EEXIST) {
-          throw IoError("mkdir", here, 0, 0, errno, context(role, strcat("creating ", requested)));
-        }
-        todo.push_front(name);  // look again: whatever is there now must pass the checks
-        continue;
-      }
-      throw IoError("stat", here, 0, 0, err, context(role, requested));
-    }
-    if (S_ISLNK(st.st_mode)) {
-      if (++links > kMaxSymlinks) throw IoError("open", requested, 0, 0, ELOOP, context(role, "too many symbolic links"));
-      const struct stat dir = fstat_or_throw(cur.get(), at, role);
-      if (!options.read_only && (dir.st_mode & S_ISVTX) && (dir.st_mode & S_IWOTH) && st.st_uid != 0 &&
-          st.st_uid != ::geteuid()) {
-        fail(ErrorCode::kInvalidArgument,
-             strcat(context(role, requested), ": refusing to follow the symbolic link ", here,
-                    ": it is owned by ", describe_uid(st.st_uid), " in the world-writable "
-                    "directory ", at, "; use the real directory"));
-      }
-      const std::string target = read_link(cur.get(), name, here, role);
-      if (target.empty()) throw IoError("readlink", here, 0, 0, ENOENT, context(role, "an empty symbolic link"));
-      auto comps = split_components(target);
-      for (auto it = comps.rbegin(); it != comps.rend(); ++it) todo.push_front(*it);
-      if (target.front() == '/') {
-        cur = open_root(role);
-        at = "/";
-      }
-      continue;
-    }
-    if (!S_ISDIR(st.st_mode))
-      throw IoError("open", here, 0, 0, ENOTDIR, context(role, strcat(requested, ": not a directory")));
-    UniqueFd next(::openat(cur.get(), name.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!next) {
-      const int err = errno;
-      if (err == ENOENT || err == ELOOP || err == ENOTDIR) {
-        todo.push_front(name);  // replaced between fstatat and openat: look again
-        if (++links > kMaxSymlinks) throw IoError("open", here, 0, 0, err, context(role, requested));
-        continue;
-      }
-      throw IoError("open", here, 0, 0, err, context(role, requested));
-    }
-    at = here;
-    check(next.get(), at);
-    cur = std::move(next);
-  }
+  PathWalk walk(requested, options);
+  UniqueFd cur = walk.run(path);
   UniqueFd dir(::openat(cur.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!dir) throw IoError("open", at, 0, 0, errno, context(role, requested));
-  return SafeDir(std::move(dir), at, options.read_only);
+  if (!dir) throw IoError("open", walk.at(), 0, 0, errno, context(role, requested));
+  return SafeDir(std::move(dir), walk.at(), options.read_only);
 }
 
 void SafeDir::require_writable(const char* op, std::string_view name) const {
   if (read_only_)
-    fail(ErrorCode::kInternal, strcat(op, " of ", child_path(name), " through a directory opened read-only"));
+    fail(ErrorCode::kInternal,
+         strcat(op, " of ", child_path(name), " through a directory opened read-only"));
 }
 
 std::string SafeDir::child_path(std::string_view name) const { return join(path_, name); }
@@ -368,7 +421,9 @@ void SafeDir::check_replaceable(std::string_view name, bool overwrite) const {
        strcat(child_path(name), " is ", what, "; --overwrite replaces only a regular file"));
 }
 
-struct stat SafeDir::status() const { return fstat_or_throw(fd_.get(), path_, ""); }
+struct stat SafeDir::status() const {
+  return fstat_or_throw(fd_.get(), path_, "");
+}
 
 std::vector<std::string> SafeDir::entries() const {
   int fd = ::openat(fd_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);

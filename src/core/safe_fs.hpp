@@ -103,7 +103,7 @@ class SafeDir {
   int fd() const noexcept { return fd_.get(); }
   explicit operator bool() const noexcept { return static_cast<bool>(fd_); }
   const std::string& path() const noexcept { return path_; }  // absolute, normalised
-  std::string child_path(std::string_view name) const;       // path() + "/" + name
+  std::string child_path(std::string_view name) const;        // path() + "/" + name
 
   // openat(O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | flags, mode). EEXIST is an IoError.
   UniqueFd create_file(std::string_view name, int flags, mode_t mode = 0600) const;

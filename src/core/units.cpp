@@ -28,7 +28,8 @@ Split split_number(std::string_view text, const char* what) {
   std::string t = trim(text);
   if (t.empty()) fail(ErrorCode::kInvalidArgument, strcat("empty ", what));
   size_t i = 0;
-  if (t[i] == '-' ) fail(ErrorCode::kInvalidArgument, strcat("'", t, "': a ", what, " cannot be negative"));
+  if (t[i] == '-')
+    fail(ErrorCode::kInvalidArgument, strcat("'", t, "': a ", what, " cannot be negative"));
   if (t[i] == '+') ++i;
   size_t digits = 0;
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) {
@@ -80,12 +81,14 @@ std::uint64_t to_u64(double v, const std::string& text, const char* what) {
 // bit), through a double otherwise ("1.5GiB", "7.5e9").
 std::uint64_t scale(const std::string& number, double mult, const std::string& text,
                     const char* what, const char* unit_what) {
-  const bool digits = !number.empty() && number.find_first_not_of("0123456789") == std::string::npos;
+  const bool digits =
+      !number.empty() && number.find_first_not_of("0123456789") == std::string::npos;
   const double m = std::round(mult);
   if (digits && m == mult && m < 18446744073709551616.0) {
     std::uint64_t v = 0;
     for (char c : number) {
-      if (__builtin_mul_overflow(v, 10u, &v) || __builtin_add_overflow(v, static_cast<unsigned>(c - '0'), &v))
+      if (__builtin_mul_overflow(v, 10u, &v) ||
+          __builtin_add_overflow(v, static_cast<unsigned>(c - '0'), &v))
         fail(ErrorCode::kInvalidArgument, strcat("'", text, "' is too large for a ", what));
     }
     std::uint64_t out = 0;
@@ -117,24 +120,45 @@ std::uint64_t parse_bytes(std::string_view text) {
   std::string t = trim(text);
   double mult = 0;
   const std::string& u = s.unit;
-  if (u == "B") mult = 1;
-  else if (u == "kB" || u == "KB") mult = 1e3;
-  else if (u == "MB") mult = 1e6;
-  else if (u == "GB") mult = 1e9;
-  else if (u == "TB") mult = 1e12;
-  else if (u == "PB") mult = 1e15;
-  else if (u == "KiB") mult = 1024.0;
-  else if (u == "MiB") mult = 1024.0 * 1024;
-  else if (u == "GiB") mult = 1024.0 * 1024 * 1024;
-  else if (u == "TiB") mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (u == "PiB") mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
+  if (u == "B")
+    mult = 1;
+  else if (u == "kB" || u == "KB")
+    mult = 1e3;
+  else if (u == "MB")
+    mult = 1e6;
+  else if (u == "GB")
+    mult = 1e9;
+  else if (u == "TB")
+    mult = 1e12;
+  else if (u == "PB")
+    mult = 1e15;
+  else if (u == "KiB")
+    mult = 1024.0;
+  else if (u == "MiB")
+    mult = 1024.0 * 1024;
+  else if (u == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (u == "TiB")
+    mult = 1024.0 * 1024 * 1024 * 1024;
+  else if (u == "PiB")
+    mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
   else if (u.size() == 1 && std::string_view("kKmMgGtTpP").find(u[0]) != std::string_view::npos) {
     // fio and dd read "1M" as 2^20, other tools as 10^6: ask instead of guessing.
     const char up = static_cast<char>(std::toupper(static_cast<unsigned char>(u[0])));
     const std::string si = up == 'K' ? "kB" : std::string(1, up) + "B";
     fail(ErrorCode::kInvalidArgument,
-         strcat("'", t, "': '", u, "' is ambiguous (2^", up == 'K' ? 10 : up == 'M' ? 20 : up == 'G' ? 30 : up == 'T' ? 40 : 50,
-                " for fio, 10^", up == 'K' ? 3 : up == 'M' ? 6 : up == 'G' ? 9 : up == 'T' ? 12 : 15,
+         strcat("'", t, "': '", u, "' is ambiguous (2^",
+                up == 'K'   ? 10
+                : up == 'M' ? 20
+                : up == 'G' ? 30
+                : up == 'T' ? 40
+                            : 50,
+                " for fio, 10^",
+                up == 'K'   ? 3
+                : up == 'M' ? 6
+                : up == 'G' ? 9
+                : up == 'T' ? 12
+                            : 15,
                 " for others): did you mean ", s.number, up, "iB (or ", s.number, si, ")?"));
   } else if (u.empty()) {
     const double v = to_double(s.number, t, "size");
@@ -143,7 +167,8 @@ std::uint64_t parse_bytes(std::string_view text) {
          strcat("'", t, "' has no unit: write ", t, "B for bytes, or e.g. ", t, "GB, ", t, "GiB; ",
                 kAccepted, " (0 needs no unit)"));
   } else {
-    fail(ErrorCode::kInvalidArgument, strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
   }
   return scale(s.number, mult, t, "size", "byte");
 }
@@ -179,15 +204,21 @@ std::uint64_t parse_count(std::string_view text) {
   std::string t = trim(text);
   double mult = 0;
   const std::string& u = s.unit;
-  if (u.empty()) mult = 1;
-  else if (u == "K" || u == "k") mult = 1e3;
-  else if (u == "M") mult = 1e6;
-  else if (u == "B" || u == "G") mult = 1e9;
-  else if (u == "T") mult = 1e12;
+  if (u.empty())
+    mult = 1;
+  else if (u == "K" || u == "k")
+    mult = 1e3;
+  else if (u == "M")
+    mult = 1e6;
+  else if (u == "B" || u == "G")
+    mult = 1e9;
+  else if (u == "T")
+    mult = 1e12;
   else
     fail(ErrorCode::kInvalidArgument,
-         strcat("'", t, "': unknown count suffix '", u,
-                "'; use a number with an optional K, M, B (or G), T suffix, e.g. 7.5B, 350M, 7.5e9"));
+         strcat(
+             "'", t, "': unknown count suffix '", u,
+             "'; use a number with an optional K, M, B (or G), T suffix, e.g. 7.5B, 350M, 7.5e9"));
   return scale(s.number, mult, t, "count", "count");
 }
 

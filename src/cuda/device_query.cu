@@ -20,8 +20,9 @@ GpuQuery query_cuda_devices() {
     // version" (cudaErrorInsufficientDriver): say what is really missing.
     const bool no_driver = (err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) &&
                            ::access("/proc/driver/nvidia/version", F_OK) != 0;
-    q.status = no_driver ? std::string("no GPU: no NVIDIA driver (/proc/driver/nvidia/version is absent)")
-                         : std::string("no GPU: ") + cudaGetErrorString(err);
+    q.status = no_driver
+                   ? std::string("no GPU: no NVIDIA driver (/proc/driver/nvidia/version is absent)")
+                   : std::string("no GPU: ") + cudaGetErrorString(err);
     cudaGetLastError();  // clear the sticky-free error state
     return q;
   }

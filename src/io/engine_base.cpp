@@ -1,19 +1,18 @@
 #include "io/engine_base.hpp"
 
-#include "core/rethrow.hpp"
-
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
+#include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
 namespace strata::io {
 
 namespace {
-std::mutex g_hook_mu;
-RawResultHook g_hook;
+Mutex g_hook_mu;
+RawResultHook g_hook GUARDED_BY(g_hook_mu);
 std::atomic<bool> g_hook_set{false};
 
 std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
@@ -25,7 +24,7 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds ti
 }  // namespace
 
 void set_raw_result_hook(RawResultHook hook) {
-  std::lock_guard<std::mutex> lock(g_hook_mu);
+  MutexLock lock(g_hook_mu);
   g_hook = std::move(hook);
   g_hook_set.store(static_cast<bool>(g_hook));
 }
@@ -36,7 +35,7 @@ long apply_raw_result_hook(const Piece& piece, long result) {
   if (!raw_result_hook_set()) return result;
   RawResultHook hook;
   {
-    std::lock_guard<std::mutex> lock(g_hook_mu);
+    MutexLock lock(g_hook_mu);
     hook = g_hook;
   }
   return hook ? hook(piece, result) : result;
@@ -52,7 +51,8 @@ EngineBase::EngineBase(const IoEngineOptions& options) : options_(options) { opt
 EngineBase::~EngineBase() = default;
 
 FileId EngineBase::register_file(std::shared_ptr<IoFile> file) {
-  if (!file || file->fd() < 0) fail(ErrorCode::kInvalidArgument, "io: register_file: file is not open");
+  if (!file || file->fd() < 0)
+    fail(ErrorCode::kInvalidArgument, "io: register_file: file is not open");
   std::vector<std::shared_ptr<IoFile>> files;
   files.push_back(std::move(file));
   return add_entry(std::move(files));
@@ -61,7 +61,8 @@ FileId EngineBase::register_file(std::shared_ptr<IoFile> file) {
 FileId EngineBase::register_striped(std::vector<std::shared_ptr<IoFile>> files) {
   if (files.empty()) fail(ErrorCode::kInvalidArgument, "io: register_striped: no files");
   for (auto& f : files)
-    if (!f || f->fd() < 0) fail(ErrorCode::kInvalidArgument, "io: register_striped: a file is not open");
+    if (!f || f->fd() < 0)
+      fail(ErrorCode::kInvalidArgument, "io: register_striped: a file is not open");
   bool direct = files.front()->direct();
   for (auto& f : files)
     if (f->direct() != direct)
@@ -81,7 +82,7 @@ FileId EngineBase::add_entry(std::vector<std::shared_ptr<IoFile>> files) {
     fail(ErrorCode::kInvalidArgument,
          strcat("io: block_size ", options_.block_size, " is not a multiple of the alignment ",
                 entry->alignment, " of the striped files"));
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   entry->files = std::move(files);
   for (auto& f : entry->files) {
     int slot;
@@ -101,7 +102,7 @@ FileId EngineBase::add_entry(std::vector<std::shared_ptr<IoFile>> files) {
 }
 
 void EngineBase::unregister_file(FileId id) {
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   auto it = files_.find(id);
   if (it == files_.end()) fail(ErrorCode::kInvalidArgument, strcat("io: unknown file id ", id));
   if (it->second->in_flight.load() != 0)
@@ -118,14 +119,14 @@ void EngineBase::unregister_file(FileId id) {
 }
 
 std::uint32_t EngineBase::alignment(FileId id) const {
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   auto it = files_.find(id);
   if (it == files_.end()) fail(ErrorCode::kInvalidArgument, strcat("io: unknown file id ", id));
   return it->second->alignment;
 }
 
 std::string EngineBase::describe_file(FileId id) const {
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   auto it = files_.find(id);
   if (it == files_.end()) return strcat("<file ", id, ">");
   std::string s;
@@ -150,7 +151,7 @@ void EngineBase::register_buffers(std::span<const IoRegion> regions) {
     std::sort(table->begin(), table->end(),
               [](const Region& a, const Region& b) { return a.begin < b.begin; });
   }
-  std::lock_guard<std::mutex> lock(files_mu_);
+  MutexLock lock(files_mu_);
   regions_ = std::move(table);
 }
 
@@ -158,28 +159,36 @@ IoTicket EngineBase::submit(const IoRequest& request) {
   return submit_batch(std::span<const IoRequest>(&request, 1));
 }
 
-IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
-  if (!accepting()) fail(ErrorCode::kCancelled, strcat("io: ", name(), " engine is shut down"));
-  if (requests.empty()) fail(ErrorCode::kInvalidArgument, "io: submit_batch: empty batch");
+// The registered region [buffer, buffer + len) lies in (its index for fixed I/O), or -1.
+int EngineBase::region_index(const std::vector<Region>* regions, std::uint8_t* buffer,
+                             std::uint64_t len) {
+  if (!regions || regions->empty()) return -1;
+  auto it = std::upper_bound(regions->begin(), regions->end(), buffer,
+                             [](std::uint8_t* b, const Region& reg) { return b < reg.begin; });
+  if (it == regions->begin()) return -1;
+  --it;
+  return buffer >= it->begin && buffer + len <= it->end ? it->index : -1;
+}
 
-  auto op = std::make_shared<Op>();
-  op->requests = static_cast<std::uint32_t>(requests.size());
-  op->kind = requests.front().op;
+// Every request's file entry (throws for an unknown file id), and the registered regions.
+std::vector<std::shared_ptr<EngineBase::FileEntry>> EngineBase::entries_of(
+    std::span<const IoRequest> requests, std::shared_ptr<const std::vector<Region>>& regions) {
   std::vector<std::shared_ptr<FileEntry>> entries(requests.size());
-  std::shared_ptr<const std::vector<Region>> regions;
-  {
-    std::lock_guard<std::mutex> lock(files_mu_);
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      auto it = files_.find(requests[i].file);
-      if (it == files_.end())
-        fail(ErrorCode::kInvalidArgument,
-             strcat("io: request ", i, " of ", requests.size(), ": unknown file id ", requests[i].file));
-      entries[i] = it->second;
-    }
-    regions = regions_;
+  MutexLock lock(files_mu_);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    auto it = files_.find(requests[i].file);
+    if (it == files_.end())
+      fail(ErrorCode::kInvalidArgument, strcat("io: request ", i, " of ", requests.size(),
+                                               ": unknown file id ", requests[i].file));
+    entries[i] = it->second;
   }
+  regions = regions_;
+  return entries;
+}
 
-  // Validate everything before anything is submitted.
+// Validates every request before anything is submitted.
+void EngineBase::validate(std::span<const IoRequest> requests,
+                          const std::vector<std::shared_ptr<FileEntry>>& entries) {
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const IoRequest& r = requests[i];
     const FileEntry& e = *entries[i];
@@ -192,20 +201,29 @@ IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
     if (!r.buffer) fail(ErrorCode::kInvalidArgument, where() + "null buffer");
     if (r.op == IoOp::kWrite && e.read_only)
       fail(ErrorCode::kInvalidArgument, where() + "file is open read-only");
-    if (r.offset + r.length < r.offset) fail(ErrorCode::kInvalidArgument, where() + "range overflows");
+    if (r.offset + r.length < r.offset)
+      fail(ErrorCode::kInvalidArgument, where() + "range overflows");
     std::uint64_t a = e.alignment;
     if (a > 1) {
       const char* what = nullptr;
-      if (reinterpret_cast<std::uintptr_t>(r.buffer) % a) what = "buffer address";
-      else if (r.offset % a) what = "offset";
-      else if (r.length % a) what = "length";
+      if (reinterpret_cast<std::uintptr_t>(r.buffer) % a)
+        what = "buffer address";
+      else if (r.offset % a)
+        what = "offset";
+      else if (r.length % a)
+        what = "length";
       if (what)
         fail(ErrorCode::kInvalidArgument,
              where() + strcat(what, " is not a multiple of the O_DIRECT alignment ", a));
     }
   }
+}
 
-  // Split into pieces at block_size boundaries of the logical space.
+// Splits the requests into pieces at block_size boundaries of the logical space (striped files:
+// block by block over the stripe).
+std::vector<Piece> EngineBase::split(Op* op, std::span<const IoRequest> requests,
+                                     const std::vector<std::shared_ptr<FileEntry>>& entries,
+                                     const std::vector<Region>* regions) const {
   const std::uint64_t bs = options_.block_size;
   std::vector<Piece> pieces;
   std::size_t estimate = 0;
@@ -222,7 +240,7 @@ IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
       std::uint64_t within = pos % bs;
       std::uint64_t len = std::min(bs - within, end - pos);
       Piece p;
-      p.op = op.get();
+      p.op = op;
       p.request_index = static_cast<std::uint32_t>(i);
       p.kind = r.op;
       std::uint64_t fi = n == 1 ? 0 : block % n;
@@ -231,18 +249,25 @@ IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
       p.buffer = buf + (pos - r.offset);
       p.length = len;
       p.offset = n == 1 ? pos : (block / n) * bs + within;
-      if (regions && !regions->empty()) {
-        auto it = std::upper_bound(regions->begin(), regions->end(), p.buffer,
-                                   [](std::uint8_t* b, const Region& reg) { return b < reg.begin; });
-        if (it != regions->begin()) {
-          --it;
-          if (p.buffer >= it->begin && p.buffer + len <= it->end) p.buf_index = it->index;
-        }
-      }
+      p.buf_index = region_index(regions, p.buffer, len);
       pieces.push_back(p);
       pos += len;
     }
   }
+  return pieces;
+}
+
+IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
+  if (!accepting()) fail(ErrorCode::kCancelled, strcat("io: ", name(), " engine is shut down"));
+  if (requests.empty()) fail(ErrorCode::kInvalidArgument, "io: submit_batch: empty batch");
+
+  auto op = std::make_shared<Op>();
+  op->requests = static_cast<std::uint32_t>(requests.size());
+  op->kind = requests.front().op;
+  std::shared_ptr<const std::vector<Region>> regions;
+  const auto entries = entries_of(requests, regions);
+  validate(requests, entries);
+  std::vector<Piece> pieces = split(op.get(), requests, entries, regions.get());
   op->remaining.store(static_cast<std::uint32_t>(pieces.size()));
   for (auto& e : entries) {
     e->in_flight.fetch_add(1);
@@ -254,7 +279,7 @@ IoTicket EngineBase::submit_batch(std::span<const IoRequest> requests) {
   pieces_.fetch_add(pieces.size(), std::memory_order_relaxed);
   fixed_pieces_.fetch_add(fixed, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     op->id = next_ticket_++;
     ops_.emplace(op->id, op);
   }
@@ -269,7 +294,7 @@ void EngineBase::complete_piece(Piece& piece, std::exception_ptr error) {
     // The worker must hold no reference to the error once the op can complete: the waiter may
     // then drop the last one (libstdc++'s exception refcount is invisible to TSan).
     std::exception_ptr unused;
-    std::lock_guard<std::mutex> lock(op->error_mu);
+    MutexLock lock(op->error_mu);
     if (!op->error || piece.request_index < op->error_index) {
       op->error = std::move(error);
       op->error_index = piece.request_index;
@@ -297,7 +322,7 @@ void EngineBase::fail_piece(Piece& piece, int errnum, const char* context) {
 
 void EngineBase::cancel_piece(Piece& piece) {
   {
-    std::lock_guard<std::mutex> lock(piece.op->error_mu);
+    MutexLock lock(piece.op->error_mu);
     piece.op->cancelled = true;
   }
   std::exception_ptr e;
@@ -314,13 +339,13 @@ void EngineBase::cancel_piece(Piece& piece) {
 void EngineBase::finish_op(Op* op) {
   requests_.fetch_add(op->requests, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(op->error_mu);
+    MutexLock lock(op->error_mu);
     if (op->error) failures_.fetch_add(1, std::memory_order_relaxed);
   }
   for (auto* c : op->in_flight) c->fetch_sub(1);
   bool wake;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     op->done = true;
     wake = waiters_ > 0;
   }
@@ -330,26 +355,44 @@ void EngineBase::finish_op(Op* op) {
   if (wake) cv_.notify_all();
 }
 
-bool EngineBase::retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
-                        std::chrono::steady_clock::time_point deadline) {
+// Waits (mu_ held through `lock`) until `ticket` is done or the deadline passes, and retires it.
+// Returns the op, or null when it was retired already or the deadline passed (*timed_out).
+std::shared_ptr<Op> EngineBase::take_done(UniqueLock& lock, IoTicket ticket,
+                                          std::chrono::steady_clock::time_point deadline,
+                                          bool* timed_out) {
+  *timed_out = false;
   auto it = ops_.find(ticket);
   if (it == ops_.end()) {
     if (ticket == 0 || ticket >= next_ticket_)
       fail(ErrorCode::kInvalidArgument, strcat("io: unknown ticket ", ticket));
-    return true;  // already retired
+    return nullptr;  // already retired
   }
   std::shared_ptr<Op> op = it->second;
   if (!op->done) {
     ++waiters_;
     bool done = cv_.wait_until(lock, deadline, [&] { return op->done; });
     --waiters_;
-    if (!done) return false;
+    if (!done) {
+      *timed_out = true;
+      return nullptr;
+    }
   }
   ops_.erase(ticket);
-  lock.unlock();
+  return op;
+}
+
+bool EngineBase::retire(IoTicket ticket, std::chrono::steady_clock::time_point deadline) {
+  std::shared_ptr<Op> op;
+  bool timed_out = false;
+  {
+    UniqueLock lock(mu_);
+    op = take_done(lock, ticket, deadline, &timed_out);
+  }
+  if (timed_out) return false;
+  if (!op) return true;
   std::exception_ptr e;
   {
-    std::lock_guard<std::mutex> elock(op->error_mu);
+    MutexLock elock(op->error_mu);
     e = op->error;
   }
   if (e) rethrow_detached(e);
@@ -357,21 +400,16 @@ bool EngineBase::retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
 }
 
 bool EngineBase::wait(IoTicket ticket, std::chrono::nanoseconds timeout) {
-  auto deadline = deadline_after(timeout);
-  std::unique_lock<std::mutex> lock(mu_);
-  return retire(lock, ticket, deadline);
+  return retire(ticket, deadline_after(timeout));
 }
 
-bool EngineBase::poll(IoTicket ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return retire(lock, ticket, std::chrono::steady_clock::now());
-}
+bool EngineBase::poll(IoTicket ticket) { return retire(ticket, std::chrono::steady_clock::now()); }
 
 bool EngineBase::wait_all(std::chrono::nanoseconds timeout) {
   auto deadline = deadline_after(timeout);
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   const IoTicket last = next_ticket_ - 1;
-  auto all_done = [&] {
+  auto all_done = [&]() REQUIRES(mu_) {
     for (auto& [id, op] : ops_)
       if (id <= last && !op->done) return false;
     return true;
@@ -392,7 +430,7 @@ bool EngineBase::wait_all(std::chrono::nanoseconds timeout) {
   lock.unlock();
   std::sort(done.begin(), done.end(), [](auto& a, auto& b) { return a->id < b->id; });
   for (auto& op : done) {
-    std::lock_guard<std::mutex> elock(op->error_mu);
+    MutexLock elock(op->error_mu);
     if (op->error) rethrow_detached(op->error);
   }
   return true;

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
+#include "core/mutex.hpp"
 #include "strata/io_engine.hpp"
 
 namespace strata::io {
@@ -21,13 +20,13 @@ struct Op {
   IoTicket id = 0;
   std::atomic<std::uint32_t> remaining{0};  // pieces not yet completed
   std::uint32_t requests = 0;
-  std::mutex error_mu;
-  std::exception_ptr error;           // first failure (lowest request index)
-  std::uint32_t error_index = ~0u;
+  Mutex error_mu;
+  std::exception_ptr error GUARDED_BY(error_mu);  // first failure (lowest request index)
+  std::uint32_t error_index GUARDED_BY(error_mu) = ~0u;
   std::atomic<std::uint64_t> bytes{0};  // bytes completed successfully
   IoOp kind = IoOp::kRead;
   bool done = false;  // guarded by EngineBase::mu_
-  bool cancelled = false;  // guarded by error_mu
+  bool cancelled GUARDED_BY(error_mu) = false;
   // File-table entries this op uses (keeps the files alive until the op is done).
   std::vector<std::shared_ptr<void>> files;
   std::vector<std::atomic<std::uint64_t>*> in_flight;
@@ -115,23 +114,35 @@ class EngineBase : public IoEngine {
   };
 
   FileId add_entry(std::vector<std::shared_ptr<IoFile>> files);
+  // submit_batch()'s steps.
+  std::vector<std::shared_ptr<FileEntry>> entries_of(
+      std::span<const IoRequest> requests, std::shared_ptr<const std::vector<Region>>& regions);
+  static void validate(std::span<const IoRequest> requests,
+                       const std::vector<std::shared_ptr<FileEntry>>& entries);
+  std::vector<Piece> split(Op* op, std::span<const IoRequest> requests,
+                           const std::vector<std::shared_ptr<FileEntry>>& entries,
+                           const std::vector<Region>* regions) const;
+  static int region_index(const std::vector<Region>* regions, std::uint8_t* buffer,
+                          std::uint64_t len);
   void finish_op(Op* op);
-  bool retire(std::unique_lock<std::mutex>& lock, IoTicket ticket,
-              std::chrono::steady_clock::time_point deadline);
+  bool retire(IoTicket ticket, std::chrono::steady_clock::time_point deadline) EXCLUDES(mu_);
+  std::shared_ptr<Op> take_done(UniqueLock& lock, IoTicket ticket,
+                                std::chrono::steady_clock::time_point deadline, bool* timed_out)
+      REQUIRES(mu_);
 
-  mutable std::mutex files_mu_;
-  std::unordered_map<FileId, std::shared_ptr<FileEntry>> files_;
-  FileId next_file_ = 1;
-  int next_slot_ = 0;
-  std::vector<int> free_slots_;
+  mutable Mutex files_mu_;
+  std::unordered_map<FileId, std::shared_ptr<FileEntry>> files_ GUARDED_BY(files_mu_);
+  FileId next_file_ GUARDED_BY(files_mu_) = 1;
+  int next_slot_ GUARDED_BY(files_mu_) = 0;
+  std::vector<int> free_slots_ GUARDED_BY(files_mu_);
 
-  std::shared_ptr<const std::vector<Region>> regions_;  // guarded by files_mu_
+  std::shared_ptr<const std::vector<Region>> regions_ GUARDED_BY(files_mu_);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::uint32_t waiters_ = 0;  // threads blocked on cv_, guarded by mu_ (no waiter: no wake)
-  std::unordered_map<IoTicket, std::shared_ptr<Op>> ops_;
-  IoTicket next_ticket_ = 1;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::uint32_t waiters_ GUARDED_BY(mu_) = 0;  // threads blocked on cv_ (no waiter: no wake)
+  std::unordered_map<IoTicket, std::shared_ptr<Op>> ops_ GUARDED_BY(mu_);
+  IoTicket next_ticket_ GUARDED_BY(mu_) = 1;
   std::atomic<bool> accepting_{true};
 
   std::atomic<std::uint64_t> bytes_read_{0}, bytes_written_{0}, requests_{0}, pieces_{0},

@@ -88,10 +88,13 @@ std::string existing_ancestor(const std::string& dir) {
 std::string ring_io(io_uring* ring, bool write, int fd, void* buf, unsigned len) {
   io_uring_sqe* sqe = io_uring_get_sqe(ring);
   if (!sqe) return "no submission queue entry";
-  if (write) io_uring_prep_write(sqe, fd, buf, len, 0);
-  else io_uring_prep_read(sqe, fd, buf, len, 0);
+  if (write)
+    io_uring_prep_write(sqe, fd, buf, len, 0);
+  else
+    io_uring_prep_read(sqe, fd, buf, len, 0);
   int rc = io_uring_submit(ring);
-  if (rc != 1) return strcat("io_uring_submit: ", rc < 0 ? std::strerror(-rc) : "nothing submitted");
+  if (rc != 1)
+    return strcat("io_uring_submit: ", rc < 0 ? std::strerror(-rc) : "nothing submitted");
   io_uring_cqe* cqe = nullptr;
   __kernel_timespec ts{10, 0};
   rc = io_uring_wait_cqe_timeout(ring, &cqe, &ts);
@@ -111,11 +114,13 @@ IoUringProbe probe_io_uring(const IoEngineOptions& options, const std::string& d
   io_uring ring{};
   io::UringSetup setup = io::setup_ring(&ring, 4, options.sqpoll);
   if (setup.rc < 0) {
-    out.reason = strcat("io_uring_setup failed: ", std::strerror(-setup.rc), " (errno ", -setup.rc, ")");
+    out.reason =
+        strcat("io_uring_setup failed: ", std::strerror(-setup.rc), " (errno ", -setup.rc, ")");
     return out;
   }
   const std::string at = existing_ancestor(dir);
-  if (at != normalize_path(dir)) log_debug("io: ", dir, " does not exist yet; probing io_uring in ", at);
+  if (at != normalize_path(dir))
+    log_debug("io: ", dir, " does not exist yet; probing io_uring in ", at);
   std::string path;
   try {
     SafeDir d = SafeDir::open(at, {.role = "I/O directory"});
@@ -142,8 +147,10 @@ IoUringProbe probe_io_uring(const IoEngineOptions& options, const std::string& d
     std::string e = ring_io(&ring, true, file.fd(), wbuf.data(), len);
     if (e.empty()) e = ring_io(&ring, false, file.fd(), rbuf, len);
     if (e.empty() && std::memcmp(wbuf.data(), rbuf, len) != 0) e = "data read back differs";
-    if (e.empty()) out.ok = true;
-    else out.reason = strcat("round trip on ", dir, ": ", e);
+    if (e.empty())
+      out.ok = true;
+    else
+      out.reason = strcat("round trip on ", dir, ": ", e);
   } catch (const Error& ex) {
     if (!out.file_error && path.empty()) out.file_error = std::current_exception();  // SafeDir
     out.reason = strcat("probe file in ", dir, ": ", ex.what());

@@ -138,96 +138,110 @@ IoTicket FaultInjectingIoEngine::submit(const IoRequest& request) {
   return submit_batch(std::span<const IoRequest>(&request, 1));
 }
 
-IoTicket FaultInjectingIoEngine::submit_batch(std::span<const IoRequest> requests) {
-  if (requests.empty()) fail(ErrorCode::kInvalidArgument, "io: submit_batch: empty batch");
-  // Same up-front validation as the engines, so that a request that an error fault swallows is
-  // still rejected when it is invalid.
+namespace {
+
+// The engines' up-front validation, so that a request an error fault swallows is still rejected
+// when it is invalid. Returns each request's file alignment.
+std::vector<std::uint32_t> check_batch(const IoEngine& inner, std::span<const IoRequest> requests) {
   std::vector<std::uint32_t> align(requests.size());
   for (std::size_t i = 0; i < requests.size(); ++i) {
     const IoRequest& r = requests[i];
-    align[i] = inner_->alignment(r.file);  // throws for an unknown file
+    align[i] = inner.alignment(r.file);  // throws for an unknown file
     std::uint64_t a = align[i];
     if (r.length == 0 || !r.buffer || reinterpret_cast<std::uintptr_t>(r.buffer) % a ||
         r.offset % a || r.length % a)
       fail(ErrorCode::kInvalidArgument,
-           strcat("io: ", io_op_name(r.op), " ", inner_->describe_file(r.file),
-                  " offset=", r.offset, " length=", r.length, " buffer=", r.buffer,
+           strcat("io: ", io_op_name(r.op), " ", inner.describe_file(r.file), " offset=", r.offset,
+                  " length=", r.length, " buffer=", r.buffer,
                   ": empty, null or not a multiple of the O_DIRECT alignment ", a));
   }
+  return align;
+}
 
+}  // namespace
+
+// The faults that fire on `r` (request `index` of its batch) applied to the batch's Pending: an
+// error or a short result recorded, a delay or bit flips noted; what still goes to the inner
+// engine is appended to `pass`. REQUIRES: mu_ held.
+void FaultInjectingIoEngine::apply_faults(const IoRequest& r, std::uint32_t align,
+                                          std::size_t index, Pending& pending,
+                                          std::vector<IoRequest>& pass) {
+  bool error = false;
+  int errnum = 0;
+  std::uint64_t short_len = 0;
+  bool is_short = false;
+  for (auto& s : faults_) {
+    const IoFault& f = s.fault;
+    if (f.op && *f.op != r.op) continue;
+    if (f.file && *f.file != r.file) continue;
+    std::uint64_t n = ++s.matched;
+    if (n < f.nth || (f.count != 0 && n >= f.nth + f.count)) continue;
+    ++s.fired;
+    switch (f.kind) {
+      case IoFaultKind::kError:
+        if (!error) {
+          error = true;
+          errnum = f.errnum;
+        }
+        break;
+      case IoFaultKind::kShortResult: {
+        std::uint64_t want = f.short_bytes ? f.short_bytes : r.length / 2;
+        if (want >= r.length) want = r.length - 1;
+        want -= want % align;
+        if (!is_short || want < short_len) short_len = want;
+        is_short = true;
+        break;
+      }
+      case IoFaultKind::kDelay:
+        pending.delay = std::max(pending.delay, f.delay);
+        break;
+      case IoFaultKind::kCorruptRead: {
+        std::uint64_t bit = f.bit;
+        if (bit == IoFault::kRandomBit) {
+          std::mt19937_64 rng(f.seed + n);
+          bit = rng() % (r.length * 8);
+        }
+        if (bit < r.length * 8)
+          pending.flips.push_back({static_cast<std::uint8_t*>(r.buffer), bit});
+        break;
+      }
+    }
+  }
+  auto record = [&](std::exception_ptr e) {
+    if (index < pending.injected_index) {
+      pending.injected = e;
+      pending.injected_index = static_cast<std::uint32_t>(index);
+    }
+  };
+  const std::string path = inner_->describe_file(r.file);
+  if (error) {
+    record(make_io_error(r.op, path, r.offset, r.length, errnum, "injected fault"));
+    return;
+  }
+  if (is_short) {
+    record(make_io_error(r.op, path, r.offset, r.length, 0,
+                         strcat(r.op == IoOp::kRead ? "short read: " : "short write: ", short_len,
+                                " of ", r.length, " bytes (injected)")));
+    if (short_len == 0) return;
+    IoRequest cut = r;
+    cut.length = short_len;
+    pass.push_back(cut);
+    return;
+  }
+  pass.push_back(r);
+}
+
+IoTicket FaultInjectingIoEngine::submit_batch(std::span<const IoRequest> requests) {
+  if (requests.empty()) fail(ErrorCode::kInvalidArgument, "io: submit_batch: empty batch");
+  const std::vector<std::uint32_t> align = check_batch(*inner_, requests);
   auto pending = std::make_shared<Pending>();
   std::vector<IoRequest> pass;
   pass.reserve(requests.size());
   IoTicket id;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (std::size_t i = 0; i < requests.size(); ++i) {
-      const IoRequest& r = requests[i];
-      bool error = false;
-      int errnum = 0;
-      std::uint64_t short_len = 0;
-      bool is_short = false;
-      for (auto& s : faults_) {
-        const IoFault& f = s.fault;
-        if (f.op && *f.op != r.op) continue;
-        if (f.file && *f.file != r.file) continue;
-        std::uint64_t n = ++s.matched;
-        if (n < f.nth || (f.count != 0 && n >= f.nth + f.count)) continue;
-        ++s.fired;
-        switch (f.kind) {
-          case IoFaultKind::kError:
-            if (!error) {
-              error = true;
-              errnum = f.errnum;
-            }
-            break;
-          case IoFaultKind::kShortResult: {
-            std::uint64_t want = f.short_bytes ? f.short_bytes : r.length / 2;
-            if (want >= r.length) want = r.length - 1;
-            want -= want % align[i];
-            if (!is_short || want < short_len) short_len = want;
-            is_short = true;
-            break;
-          }
-          case IoFaultKind::kDelay:
-            pending->delay = std::max(pending->delay, f.delay);
-            break;
-          case IoFaultKind::kCorruptRead: {
-            std::uint64_t bit = f.bit;
-            if (bit == IoFault::kRandomBit) {
-              std::mt19937_64 rng(f.seed + n);
-              bit = rng() % (r.length * 8);
-            }
-            if (bit < r.length * 8)
-              pending->flips.push_back({static_cast<std::uint8_t*>(r.buffer), bit});
-            break;
-          }
-        }
-      }
-      auto record = [&](std::exception_ptr e) {
-        if (i < pending->injected_index) {
-          pending->injected = e;
-          pending->injected_index = static_cast<std::uint32_t>(i);
-        }
-      };
-      const std::string path = inner_->describe_file(r.file);
-      if (error) {
-        record(make_io_error(r.op, path, r.offset, r.length, errnum, "injected fault"));
-        continue;
-      }
-      if (is_short) {
-        record(make_io_error(
-            r.op, path, r.offset, r.length, 0,
-            strcat(r.op == IoOp::kRead ? "short read: " : "short write: ", short_len, " of ",
-                   r.length, " bytes (injected)")));
-        if (short_len == 0) continue;
-        IoRequest cut = r;
-        cut.length = short_len;
-        pass.push_back(cut);
-        continue;
-      }
-      pass.push_back(r);
-    }
+    for (std::size_t i = 0; i < requests.size(); ++i)
+      apply_faults(requests[i], align[i], i, *pending, pass);
     id = next_ticket_++;
   }
   if (!pass.empty()) pending->inner = inner_->submit_batch(pass);
@@ -236,7 +250,8 @@ IoTicket FaultInjectingIoEngine::submit_batch(std::span<const IoRequest> request
   return id;
 }
 
-bool FaultInjectingIoEngine::finish(IoTicket ticket, std::chrono::steady_clock::time_point deadline) {
+bool FaultInjectingIoEngine::finish(IoTicket ticket,
+                                    std::chrono::steady_clock::time_point deadline) {
   std::shared_ptr<Pending> p;
   {
     std::lock_guard<std::mutex> lock(mu_);

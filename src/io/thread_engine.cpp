@@ -3,10 +3,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <condition_variable>
 #include <deque>
 #include <thread>
 
+#include "core/mutex.hpp"
 #include "io/engine_base.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -31,20 +31,21 @@ class ThreadEngine final : public EngineBase {
   const char* name() const override { return "threads"; }
 
   void shutdown() override {
-    std::lock_guard<std::mutex> slock(shutdown_mu_);
+    MutexLock slock(shutdown_mu_);
     if (shut_) return;
     shut_ = true;
     stop_accepting();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       stopping_ = true;
       deadline_ = std::chrono::steady_clock::now() + options_.shutdown_timeout;
     }
     cv_.notify_all();
     // Bounded drain: after the deadline, queued pieces are cancelled (workers check it).
     std::thread canceller([this] {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_done_.wait_until(lock, deadline_, [this] { return queue_.empty(); })) return;
+      UniqueLock lock(mu_);
+      if (cv_done_.wait_until(lock, deadline_, [this]() REQUIRES(mu_) { return queue_.empty(); }))
+        return;
       std::deque<Piece> dropped;
       dropped.swap(queue_);
       lock.unlock();
@@ -59,8 +60,9 @@ class ThreadEngine final : public EngineBase {
   void dispatch(std::vector<Piece>& pieces) override {
     bool dead = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (exited_) dead = true;
+      MutexLock lock(mu_);
+      if (exited_)
+        dead = true;
       else
         for (auto& p : pieces) queue_.push_back(p);
     }
@@ -68,8 +70,10 @@ class ThreadEngine final : public EngineBase {
       for (auto& p : pieces) cancel_piece(p);
       return;
     }
-    if (pieces.size() == 1) cv_.notify_one();
-    else cv_.notify_all();
+    if (pieces.size() == 1)
+      cv_.notify_one();
+    else
+      cv_.notify_all();
   }
 
  private:
@@ -77,8 +81,8 @@ class ThreadEngine final : public EngineBase {
     for (;;) {
       Piece p;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+        UniqueLock lock(mu_);
+        cv_.wait(lock, [this]() REQUIRES(mu_) { return stopping_ || !queue_.empty(); });
         if (queue_.empty()) {
           if (++stopped_workers_ == workers_.size()) exited_ = true;
           cv_done_.notify_all();
@@ -134,16 +138,16 @@ class ThreadEngine final : public EngineBase {
     }
   }
 
-  std::mutex mu_;
-  std::condition_variable cv_, cv_done_;
-  std::deque<Piece> queue_;
-  std::vector<std::thread> workers_;
-  bool stopping_ = false;
-  bool exited_ = false;
-  std::size_t stopped_workers_ = 0;
-  std::chrono::steady_clock::time_point deadline_;
-  std::mutex shutdown_mu_;
-  bool shut_ = false;
+  Mutex mu_;
+  CondVar cv_, cv_done_;
+  std::deque<Piece> queue_ GUARDED_BY(mu_);
+  std::vector<std::thread> workers_;  // filled by the constructor, joined by shutdown()
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool exited_ GUARDED_BY(mu_) = false;
+  std::size_t stopped_workers_ GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point deadline_ GUARDED_BY(mu_);
+  Mutex shutdown_mu_;
+  bool shut_ GUARDED_BY(shutdown_mu_) = false;
 };
 
 }  // namespace

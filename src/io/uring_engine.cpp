@@ -13,6 +13,7 @@
 #include <future>
 #include <thread>
 
+#include "core/mutex.hpp"
 #include "io/engine_base.hpp"
 #include "io/uring_setup.hpp"
 #include "strata/error.hpp"
@@ -46,18 +47,39 @@ class UringEngine final : public EngineBase {
   using Command = std::function<int(io_uring*)>;
   struct Ring {
     std::thread thread;
-    std::mutex mu;
-    std::vector<Piece*> incoming;
-    std::vector<std::pair<Command, std::promise<int>>> commands;
-    bool need_wake = false;
-    bool exited = false;
-    bool stopping = false;
-    std::chrono::steady_clock::time_point stop_deadline;
-    int efd = -1;
-    bool files_registered = false;
+    Mutex mu;  // between the ring's thread and submitters
+    std::vector<Piece*> incoming GUARDED_BY(mu);
+    std::vector<std::pair<Command, std::promise<int>>> commands GUARDED_BY(mu);
+    bool need_wake GUARDED_BY(mu) = false;
+    bool exited GUARDED_BY(mu) = false;
+    bool stopping GUARDED_BY(mu) = false;
+    std::chrono::steady_clock::time_point stop_deadline GUARDED_BY(mu);
+    int efd = -1;                   // set before the thread starts, closed after it ends
+    bool files_registered = false;  // set by the thread before it reports ready
+  };
+
+  // The ring thread's own state (run() and its steps; no other thread touches it).
+  struct Loop {
+    io_uring ring{};
+    std::deque<Piece*> pending;  // taken from the submitters, not yet in the kernel
+    unsigned in_flight = 0;      // pieces in the kernel
+    bool cancelling = false, cancel_sent = false;
+    std::uint64_t efd_value = 0;  // the eventfd read's target
+    bool efd_armed = false;
+    bool stopping = false;  // shutdown() has been called (copied from the Ring)
+    std::chrono::steady_clock::time_point deadline;
   };
 
   void run(Ring& r, std::promise<std::string>& ready);
+  bool open_ring(Ring& r, Loop& l, std::promise<std::string>& ready);
+  void arm_wake(Ring& r, Loop& l);
+  void take_incoming(Ring& r, Loop& l);
+  void cancel_when_due(Loop& l);
+  void cancel_pending(Loop& l);
+  void start_pending(Ring& r, Loop& l);
+  bool submit_and_wait(Ring& r, Loop& l);
+  void reap(Ring& r, Loop& l);
+  void close_ring(Ring& r, Loop& l);
   void wake(Ring& r);
   int run_on_ring(Ring& r, Command cmd);
   int run_on_all(const Command& cmd);
@@ -67,8 +89,8 @@ class UringEngine final : public EngineBase {
 
   std::vector<std::unique_ptr<Ring>> rings_;
   std::atomic<std::uint64_t> rr_{0};
-  std::mutex shutdown_mu_;
-  bool shut_ = false;
+  Mutex shutdown_mu_;
+  bool shut_ GUARDED_BY(shutdown_mu_) = false;
 };
 
 UringEngine::UringEngine(const IoEngineOptions& options) : EngineBase(options) {
@@ -98,14 +120,14 @@ UringEngine::UringEngine(const IoEngineOptions& options) : EngineBase(options) {
 }
 
 void UringEngine::shutdown() {
-  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  MutexLock lock(shutdown_mu_);
   if (shut_) return;
   shut_ = true;
   stop_accepting();
   auto deadline = std::chrono::steady_clock::now() + options_.shutdown_timeout;
   for (auto& r : rings_) {
     {
-      std::lock_guard<std::mutex> rl(r->mu);
+      MutexLock rl(r->mu);
       r->stopping = true;
       r->stop_deadline = deadline;
     }
@@ -137,7 +159,7 @@ void UringEngine::dispatch(std::vector<Piece>& pieces) {
     Ring& r = *rings_[i];
     bool wake_it = false, dead = false;
     {
-      std::lock_guard<std::mutex> lock(r.mu);
+      MutexLock lock(r.mu);
       if (r.exited) {
         dead = true;
       } else {
@@ -161,7 +183,7 @@ int UringEngine::run_on_ring(Ring& r, Command cmd) {
   std::promise<int> prom;
   auto fut = prom.get_future();
   {
-    std::lock_guard<std::mutex> lock(r.mu);
+    MutexLock lock(r.mu);
     if (r.exited) return -ESHUTDOWN;
     r.commands.emplace_back(std::move(cmd), std::move(prom));
     r.need_wake = false;
@@ -231,11 +253,15 @@ void UringEngine::prep(io_uring_sqe* sqe, Piece* p, bool files_registered) {
   auto len = static_cast<unsigned>(p->length - p->done);
   std::uint64_t off = p->offset + p->done;
   if (p->kind == IoOp::kRead) {
-    if (p->buf_index >= 0) io_uring_prep_read_fixed(sqe, fd, buf, len, off, p->buf_index);
-    else io_uring_prep_read(sqe, fd, buf, len, off);
+    if (p->buf_index >= 0)
+      io_uring_prep_read_fixed(sqe, fd, buf, len, off, p->buf_index);
+    else
+      io_uring_prep_read(sqe, fd, buf, len, off);
   } else {
-    if (p->buf_index >= 0) io_uring_prep_write_fixed(sqe, fd, buf, len, off, p->buf_index);
-    else io_uring_prep_write(sqe, fd, buf, len, off);
+    if (p->buf_index >= 0)
+      io_uring_prep_write_fixed(sqe, fd, buf, len, off, p->buf_index);
+    else
+      io_uring_prep_write(sqe, fd, buf, len, off);
   }
   if (fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
   io_uring_sqe_set_data(sqe, p);
@@ -257,7 +283,8 @@ void UringEngine::handle(Ring& r, io_uring* ring, Piece* p, int res, std::deque<
       pending.push_front(p);
       return;
     }
-    fail_piece(*p, static_cast<int>(-result), strcat("still failing after ", kMaxRetries, " retries").c_str());
+    fail_piece(*p, static_cast<int>(-result),
+               strcat("still failing after ", kMaxRetries, " retries").c_str());
     delete p;
     return;
   }
@@ -291,145 +318,171 @@ void UringEngine::handle(Ring& r, io_uring* ring, Piece* p, int res, std::deque<
   pending.push_front(p);
 }
 
+// The ring thread: takes pieces and commands from the submitters, keeps up to queue_depth pieces
+// in the kernel, reaps completions, and at shutdown drains (or, past the deadline, cancels).
 void UringEngine::run(Ring& r, std::promise<std::string>& ready) {
-  io_uring ring{};
-  unsigned flags = 0;
-  UringSetup setup = setup_ring(&ring, options_.queue_depth + 2, options_.sqpoll);
-  if (setup.rc < 0) {
-    ready.set_value(strcat("io_uring_queue_init_params: ", std::strerror(-setup.rc),
-                           " (errno ", -setup.rc, ")"));
-    std::lock_guard<std::mutex> lock(r.mu);
-    r.exited = true;
-    return;
-  }
-  flags = setup.flags;
-  r.files_registered = io_uring_register_files_sparse(&ring, kMaxFiles) == 0;
-  io_uring_register_ring_fd(&ring);  // optional speed-up; errors ignored
-  log_debug("io_uring: ring up, flags ", describe_setup_flags(flags),
-            r.files_registered ? ", registered files" : "");
-  ready.set_value({});
-
-  std::uint64_t efd_value = 0;
-  bool efd_armed = false;
-  auto arm_efd = [&] {
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-    if (!sqe) return;
-    io_uring_prep_read(sqe, r.efd, &efd_value, sizeof efd_value, 0);
-    io_uring_sqe_set_data64(sqe, kWakeTag);
-    efd_armed = true;
-  };
-  arm_efd();
-
-  std::deque<Piece*> pending;
-  unsigned in_flight = 0;
-  bool cancelling = false, cancel_sent = false;
-  const unsigned qd = options_.queue_depth;
-  std::vector<std::pair<Command, std::promise<int>>> commands;
-
+  Loop l;
+  if (!open_ring(r, l, ready)) return;
+  arm_wake(r, l);
   for (;;) {
-    bool stopping;
-    std::chrono::steady_clock::time_point deadline;
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      for (Piece* p : r.incoming) pending.push_back(p);
-      r.incoming.clear();
-      commands.swap(r.commands);
-      stopping = r.stopping;
-      deadline = r.stop_deadline;
-    }
-    for (auto& [cmd, prom] : commands) prom.set_value(cmd(&ring));
-    commands.clear();
-
-    if (stopping && !cancelling && std::chrono::steady_clock::now() >= deadline) {
-      cancelling = true;
-      log_warn("io_uring: shutdown timeout; cancelling ", pending.size(), " queued and ",
-               in_flight, " in-flight I/O pieces");
-      for (Piece* p : pending) {
-        cancel_piece(*p);
-        delete p;
-      }
-      pending.clear();
-    }
-    if (cancelling && !cancel_sent && in_flight > 0) {
-      if (io_uring_sqe* sqe = io_uring_get_sqe(&ring)) {
-        io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
-        io_uring_sqe_set_data64(sqe, kCancelTag);
-        cancel_sent = true;
-      }
-    }
-    while (!cancelling && in_flight < qd && !pending.empty()) {
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring);
-      if (!sqe) break;
-      Piece* p = pending.front();
-      pending.pop_front();
-      prep(sqe, p, r.files_registered);
-      ++in_flight;
-    }
-    if (stopping && pending.empty() && in_flight == 0) {
-      std::lock_guard<std::mutex> lock(r.mu);
+    take_incoming(r, l);
+    cancel_when_due(l);
+    start_pending(r, l);
+    if (l.stopping && l.pending.empty() && l.in_flight == 0) {
+      MutexLock lock(r.mu);
       if (r.incoming.empty() && r.commands.empty()) break;
       continue;
     }
+    if (!submit_and_wait(r, l)) break;
+    reap(r, l);
+  }
+  close_ring(r, l);
+}
 
-    bool block;
-    {
-      std::lock_guard<std::mutex> lock(r.mu);
-      block = r.incoming.empty() && r.commands.empty() &&
-              (pending.empty() || in_flight >= qd || cancelling);
-      // Ask submitters for an eventfd wake only when new pieces could be started now. Blocked on
-      // a full queue, the next completion wakes this thread anyway and it picks up whatever
-      // arrived meanwhile: a wake per submission would cost an extra io_uring_enter and re-arm.
-      // (Commands and shutdown always wake.)
-      if (block) r.need_wake = in_flight < qd && !cancelling;
-    }
-    int rc;
-    if (block && stopping) {
-      if (cancelling && std::chrono::steady_clock::now() >= deadline + std::chrono::seconds(10)) {
-        log_error("io_uring: ", in_flight, " I/O piece(s) still in the kernel 10 s after cancel;"
-                  " giving up on them (their waits will time out)");
-        break;
-      }
-      __kernel_timespec ts{0, 100'000'000};  // wake up now and then to check the deadline
-      io_uring_cqe* cqe = nullptr;
-      rc = io_uring_submit_and_wait_timeout(&ring, &cqe, 1, &ts, nullptr);
-    } else if (block) {
-      rc = io_uring_submit_and_wait(&ring, 1);
-    } else {
-      rc = io_uring_submit_and_get_events(&ring);
-    }
-    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-      log_error("io_uring: io_uring_enter failed: ", std::strerror(-rc), " (errno ", -rc, ")");
-      // Avoid a hot loop; completions still get reaped below.
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+// Sets the ring up and tells the constructor (`ready`: "" or what failed). False when it failed.
+bool UringEngine::open_ring(Ring& r, Loop& l, std::promise<std::string>& ready) {
+  UringSetup setup = setup_ring(&l.ring, options_.queue_depth + 2, options_.sqpoll);
+  if (setup.rc < 0) {
+    ready.set_value(strcat("io_uring_queue_init_params: ", std::strerror(-setup.rc), " (errno ",
+                           -setup.rc, ")"));
+    MutexLock lock(r.mu);
+    r.exited = true;
+    return false;
+  }
+  r.files_registered = io_uring_register_files_sparse(&l.ring, kMaxFiles) == 0;
+  io_uring_register_ring_fd(&l.ring);  // optional speed-up; errors ignored
+  log_debug("io_uring: ring up, flags ", describe_setup_flags(setup.flags),
+            r.files_registered ? ", registered files" : "");
+  ready.set_value({});
+  return true;
+}
 
-    io_uring_cqe* cqe;
-    unsigned head, seen = 0;
-    io_uring_for_each_cqe(&ring, head, cqe) {
-      ++seen;
-      std::uint64_t tag = cqe->user_data;
-      if (tag == kWakeTag) {
-        efd_armed = false;
-        continue;
-      }
-      if (tag == kCancelTag) continue;
-      --in_flight;
-      handle(r, &ring, reinterpret_cast<Piece*>(tag), cqe->res, pending, cancelling);
-    }
-    io_uring_cq_advance(&ring, seen);
-    if (!efd_armed) arm_efd();
-    if (cancelling) {
-      for (Piece* p : pending) {  // retries requested while cancelling
-        cancel_piece(*p);
-        delete p;
-      }
-      pending.clear();
+// Arms the read of the ring's eventfd, through which submitters wake the thread.
+void UringEngine::arm_wake(Ring& r, Loop& l) {
+  io_uring_sqe* sqe = io_uring_get_sqe(&l.ring);
+  if (!sqe) return;
+  io_uring_prep_read(sqe, r.efd, &l.efd_value, sizeof l.efd_value, 0);
+  io_uring_sqe_set_data64(sqe, kWakeTag);
+  l.efd_armed = true;
+}
+
+// Moves what the submitters queued into the loop, runs the commands, reads the shutdown state.
+void UringEngine::take_incoming(Ring& r, Loop& l) {
+  std::vector<std::pair<Command, std::promise<int>>> commands;
+  {
+    MutexLock lock(r.mu);
+    for (Piece* p : r.incoming) l.pending.push_back(p);
+    r.incoming.clear();
+    commands.swap(r.commands);
+    l.stopping = r.stopping;
+    l.deadline = r.stop_deadline;
+  }
+  for (auto& [cmd, prom] : commands) prom.set_value(cmd(&l.ring));
+}
+
+// Past the shutdown deadline: cancels the queued pieces and asks the kernel to cancel the rest.
+void UringEngine::cancel_when_due(Loop& l) {
+  if (l.stopping && !l.cancelling && std::chrono::steady_clock::now() >= l.deadline) {
+    l.cancelling = true;
+    log_warn("io_uring: shutdown timeout; cancelling ", l.pending.size(), " queued and ",
+             l.in_flight, " in-flight I/O pieces");
+    cancel_pending(l);
+  }
+  if (l.cancelling && !l.cancel_sent && l.in_flight > 0) {
+    if (io_uring_sqe* sqe = io_uring_get_sqe(&l.ring)) {
+      io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+      io_uring_sqe_set_data64(sqe, kCancelTag);
+      l.cancel_sent = true;
     }
   }
+}
 
+void UringEngine::cancel_pending(Loop& l) {
+  for (Piece* p : l.pending) {
+    cancel_piece(*p);
+    delete p;
+  }
+  l.pending.clear();
+}
+
+// Prepares queued pieces while the queue depth allows (none once cancelling).
+void UringEngine::start_pending(Ring& r, Loop& l) {
+  while (!l.cancelling && l.in_flight < options_.queue_depth && !l.pending.empty()) {
+    io_uring_sqe* sqe = io_uring_get_sqe(&l.ring);
+    if (!sqe) break;
+    Piece* p = l.pending.front();
+    l.pending.pop_front();
+    prep(sqe, p, r.files_registered);
+    ++l.in_flight;
+  }
+}
+
+// Submits what is prepared and waits for a completion when nothing else can be done now (with a
+// timeout while stopping, to check the deadline). False: give up (pieces stuck in the kernel 10 s
+// after the cancel).
+bool UringEngine::submit_and_wait(Ring& r, Loop& l) {
+  const unsigned qd = options_.queue_depth;
+  bool block;
+  {
+    MutexLock lock(r.mu);
+    block = r.incoming.empty() && r.commands.empty() &&
+            (l.pending.empty() || l.in_flight >= qd || l.cancelling);
+    // Ask submitters for an eventfd wake only when new pieces could be started now. Blocked on
+    // a full queue, the next completion wakes this thread anyway and it picks up whatever
+    // arrived meanwhile: a wake per submission would cost an extra io_uring_enter and re-arm.
+    // (Commands and shutdown always wake.)
+    if (block) r.need_wake = l.in_flight < qd && !l.cancelling;
+  }
+  int rc;
+  if (block && l.stopping) {
+    if (l.cancelling && std::chrono::steady_clock::now() >= l.deadline + std::chrono::seconds(10)) {
+      log_error("io_uring: ", l.in_flight,
+                " I/O piece(s) still in the kernel 10 s after cancel;"
+                " giving up on them (their waits will time out)");
+      return false;
+    }
+    __kernel_timespec ts{0, 100'000'000};  // wake up now and then to check the deadline
+    io_uring_cqe* cqe = nullptr;
+    rc = io_uring_submit_and_wait_timeout(&l.ring, &cqe, 1, &ts, nullptr);
+  } else if (block) {
+    rc = io_uring_submit_and_wait(&l.ring, 1);
+  } else {
+    rc = io_uring_submit_and_get_events(&l.ring);
+  }
+  if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+    log_error("io_uring: io_uring_enter failed: ", std::strerror(-rc), " (errno ", -rc, ")");
+    // Avoid a hot loop; completions still get reaped below.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// Handles every completion in the queue; re-arms the wake; cancels retries asked for while
+// cancelling.
+void UringEngine::reap(Ring& r, Loop& l) {
+  io_uring_cqe* cqe;
+  unsigned head, seen = 0;
+  io_uring_for_each_cqe(&l.ring, head, cqe) {
+    ++seen;
+    std::uint64_t tag = cqe->user_data;
+    if (tag == kWakeTag) {
+      l.efd_armed = false;
+      continue;
+    }
+    if (tag == kCancelTag) continue;
+    --l.in_flight;
+    handle(r, &l.ring, reinterpret_cast<Piece*>(tag), cqe->res, l.pending, l.cancelling);
+  }
+  io_uring_cq_advance(&l.ring, seen);
+  if (!l.efd_armed) arm_wake(r, l);
+  if (l.cancelling) cancel_pending(l);  // retries requested while cancelling
+}
+
+// The thread ends: whatever arrived too late is cancelled, commands answered -ESHUTDOWN.
+void UringEngine::close_ring(Ring& r, Loop& l) {
   std::vector<Piece*> late;
   {
-    std::lock_guard<std::mutex> lock(r.mu);
+    MutexLock lock(r.mu);
     r.exited = true;
     late.swap(r.incoming);
     for (auto& [cmd, prom] : r.commands) prom.set_value(-ESHUTDOWN);
@@ -439,7 +492,7 @@ void UringEngine::run(Ring& r, std::promise<std::string>& ready) {
     cancel_piece(*p);
     delete p;
   }
-  io_uring_queue_exit(&ring);  // cancels the armed eventfd read
+  io_uring_queue_exit(&l.ring);  // cancels the armed eventfd read
 }
 
 }  // namespace

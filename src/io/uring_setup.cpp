@@ -28,9 +28,18 @@ UringSetup setup_ring(io_uring* ring, unsigned entries, bool sqpoll) {
     }
     if (rc == -EINVAL) {
       // Drop the newest flag first, as fio does.
-      if (p.flags & IORING_SETUP_DEFER_TASKRUN) { p.flags &= ~IORING_SETUP_DEFER_TASKRUN; continue; }
-      if (p.flags & IORING_SETUP_SINGLE_ISSUER) { p.flags &= ~IORING_SETUP_SINGLE_ISSUER; continue; }
-      if (p.flags & IORING_SETUP_COOP_TASKRUN) { p.flags &= ~IORING_SETUP_COOP_TASKRUN; continue; }
+      if (p.flags & IORING_SETUP_DEFER_TASKRUN) {
+        p.flags &= ~IORING_SETUP_DEFER_TASKRUN;
+        continue;
+      }
+      if (p.flags & IORING_SETUP_SINGLE_ISSUER) {
+        p.flags &= ~IORING_SETUP_SINGLE_ISSUER;
+        continue;
+      }
+      if (p.flags & IORING_SETUP_COOP_TASKRUN) {
+        p.flags &= ~IORING_SETUP_COOP_TASKRUN;
+        continue;
+      }
     }
     out.rc = rc;
     return out;

@@ -15,4 +15,3 @@ void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*,
 }
 
 }  // namespace strata
-

@@ -13,10 +13,14 @@ namespace strata {
 
 const char* adam_path_name(AdamPath p) {
   switch (p) {
-    case AdamPath::kAuto: return "auto";
-    case AdamPath::kAvx512: return "avx512";
-    case AdamPath::kAvx2: return "avx2";
-    case AdamPath::kScalar: return "scalar";
+    case AdamPath::kAuto:
+      return "auto";
+    case AdamPath::kAvx512:
+      return "avx512";
+    case AdamPath::kAvx2:
+      return "avx2";
+    case AdamPath::kScalar:
+      return "scalar";
   }
   return "?";
 }
@@ -24,7 +28,8 @@ const char* adam_path_name(AdamPath p) {
 bool adam_path_supported(AdamPath p) {
   switch (p) {
     case AdamPath::kAuto:
-    case AdamPath::kScalar: return true;
+    case AdamPath::kScalar:
+      return true;
 #if defined(__x86_64__) || defined(__i386__)
     // __builtin_cpu_supports checks CPUID and that the OS saves the register state (XCR0).
     case AdamPath::kAvx2:
@@ -34,7 +39,8 @@ bool adam_path_supported(AdamPath p) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && adam_path_supported(AdamPath::kAvx2);
 #else
-    default: return false;
+    default:
+      return false;
 #endif
   }
   return false;
@@ -80,9 +86,12 @@ const KernelTable& kernels_for(AdamPath p) {
     fail(ErrorCode::kUnsupported,
          strcat("Adam path ", adam_path_name(p), " is not supported by this CPU"));
   switch (p) {
-    case AdamPath::kAvx512: return kernels_avx512();
-    case AdamPath::kAvx2: return kernels_avx2();
-    default: return kernels_scalar();
+    case AdamPath::kAvx512:
+      return kernels_avx512();
+    case AdamPath::kAvx2:
+      return kernels_avx2();
+    default:
+      return kernels_scalar();
   }
 }
 
@@ -112,9 +121,12 @@ AdamConsts make_adam_consts(const AdamParams& p, const AdamStepOptions& o) {
 CopyKind copy_kind(const AdamTensors& t) {
   if (!t.param_copy) return CopyKind::kNone;
   switch (t.param_copy_dtype) {
-    case DType::kFp32: return CopyKind::kFp32;
-    case DType::kFp16: return CopyKind::kFp16;
-    default: return CopyKind::kBf16;
+    case DType::kFp32:
+      return CopyKind::kFp32;
+    case DType::kFp16:
+      return CopyKind::kFp16;
+    default:
+      return CopyKind::kBf16;
   }
 }
 
@@ -151,9 +163,9 @@ void validate_adam_call(const AdamParams& p, const AdamTensors& t, const AdamSte
       {"param", reinterpret_cast<std::uintptr_t>(t.param), 4},
       {"exp_avg", reinterpret_cast<std::uintptr_t>(t.exp_avg), 4},
       {"exp_avg_sq", reinterpret_cast<std::uintptr_t>(t.exp_avg_sq), 4},
-      {"grad", reinterpret_cast<std::uintptr_t>(t.grad), elem_size(t.grad_dtype)},
+      {"grad", reinterpret_cast<std::uintptr_t>(t.grad), dtype_size(t.grad_dtype)},
       {"param_copy", reinterpret_cast<std::uintptr_t>(t.param_copy),
-       t.param_copy ? elem_size(t.param_copy_dtype) : 0},
+       t.param_copy ? dtype_size(t.param_copy_dtype) : 0},
   };
   for (const Arr& a : arrs) {
     if (a.begin && a.begin % a.elem != 0)

@@ -11,10 +11,14 @@ struct Avx2V {
   static constexpr std::size_t W = 8;
   static F load(const float* p) { return _mm256_loadu_ps(p); }
   static void store(float* p, F x) { _mm256_storeu_ps(p, x); }
-  static H load16(const std::uint16_t* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static H load16(const std::uint16_t* p) {
+    return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  }
   static void store16(std::uint16_t* p, H x) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), x); }
   static void store_nt(float* p, F x) { _mm256_stream_ps(p, x); }
-  static void store16_nt(std::uint16_t* p, H x) { _mm_stream_si128(reinterpret_cast<__m128i*>(p), x); }
+  static void store16_nt(std::uint16_t* p, H x) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(p), x);
+  }
   static void fence() { _mm_sfence(); }
   static F set1(float x) { return _mm256_set1_ps(x); }
   static F add(F a, F b) { return _mm256_add_ps(a, b); }
@@ -36,7 +40,9 @@ struct Avx2V {
     return _mm256_castsi256_si128(packed);
   }
   static F fp16_to_f(H h) { return _mm256_cvtph_ps(h); }
-  static H f_to_fp16(F f) { return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static H f_to_fp16(F f) {
+    return _mm256_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   static float hsum(F a) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));

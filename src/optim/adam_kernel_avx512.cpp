@@ -16,10 +16,16 @@ struct Avx512V {
   static constexpr std::size_t W = 16;
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static void store(float* p, F x) { _mm512_storeu_ps(p, x); }
-  static H load16(const std::uint16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static void store16(std::uint16_t* p, H x) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x); }
+  static H load16(const std::uint16_t* p) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  }
+  static void store16(std::uint16_t* p, H x) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), x);
+  }
   static void store_nt(float* p, F x) { _mm512_stream_ps(p, x); }
-  static void store16_nt(std::uint16_t* p, H x) { _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x); }
+  static void store16_nt(std::uint16_t* p, H x) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(p), x);
+  }
   static void fence() { _mm_sfence(); }
   static F set1(float x) { return _mm512_set1_ps(x); }
   static F add(F a, F b) { return _mm512_add_ps(a, b); }
@@ -40,7 +46,9 @@ struct Avx512V {
     return _mm512_cvtepi32_epi16(r);
   }
   static F fp16_to_f(H h) { return _mm512_cvtph_ps(h); }
-  static H f_to_fp16(F f) { return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static H f_to_fp16(F f) {
+    return _mm512_cvtps_ph(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
   static float hsum(F a) { return _mm512_reduce_add_ps(a); }
 };
 }  // namespace

@@ -43,9 +43,12 @@ inline std::uint16_t s_f_to_fp16(float f) { return strata::float_to_half(f); }
 
 inline float s_load_grad(DType dt, const void* g, std::size_t i) {
   switch (dt) {
-    case DType::kFp32: return static_cast<const float*>(g)[i];
-    case DType::kBf16: return s_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
-    default: return s_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    case DType::kFp32:
+      return static_cast<const float*>(g)[i];
+    case DType::kBf16:
+      return s_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    default:
+      return s_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
   }
 }
 
@@ -67,10 +70,17 @@ inline void s_adam_elem(const AdamConsts& c, float& p, float& m, float& v, float
 
 inline void s_store_copy(CopyKind k, void* out, std::size_t i, float p) {
   switch (k) {
-    case CopyKind::kNone: break;
-    case CopyKind::kFp32: static_cast<float*>(out)[i] = p; break;
-    case CopyKind::kBf16: static_cast<std::uint16_t*>(out)[i] = s_f_to_bf16(p); break;
-    case CopyKind::kFp16: static_cast<std::uint16_t*>(out)[i] = s_f_to_fp16(p); break;
+    case CopyKind::kNone:
+      break;
+    case CopyKind::kFp32:
+      static_cast<float*>(out)[i] = p;
+      break;
+    case CopyKind::kBf16:
+      static_cast<std::uint16_t*>(out)[i] = s_f_to_bf16(p);
+      break;
+    case CopyKind::kFp16:
+      static_cast<std::uint16_t*>(out)[i] = s_f_to_fp16(p);
+      break;
   }
 }
 
@@ -131,8 +141,8 @@ template <int kLocality>
 // (it gains about 1 %), so the bound stays the faster of the two patterns.
 constexpr std::size_t kPrefetchAhead = 512;
 [[gnu::always_inline]] inline void v_prefetch(const float* p, const float* m, const float* v,
-                                              const void* g, std::size_t grad_bytes,
-                                              std::size_t i, std::size_t n) {
+                                              const void* g, std::size_t grad_bytes, std::size_t i,
+                                              std::size_t n) {
   v_prefetch_one<3>(p, 4, kPrefetchAhead, i, n);
   v_prefetch_one<3>(m, 4, kPrefetchAhead, i, n);
   v_prefetch_one<3>(v, 4, kPrefetchAhead, i, n);
@@ -212,10 +222,14 @@ template <class V, DType GD>
 void v_adam_copy(const AdamConsts& c, CopyKind ck, float* p, float* m, float* v, const void* g,
                  void* out, std::size_t n) {
   switch (ck) {
-    case CopyKind::kNone: return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
-    case CopyKind::kFp32: return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
-    case CopyKind::kFp16: return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
-    case CopyKind::kBf16: return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
+    case CopyKind::kNone:
+      return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
+    case CopyKind::kFp32:
+      return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
+    case CopyKind::kFp16:
+      return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
+    case CopyKind::kBf16:
+      return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
   }
 }
 
@@ -223,9 +237,12 @@ template <class V>
 void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, float* p, float* m, float* v,
                   const void* g, void* out, std::size_t n) {
   switch (gd) {
-    case DType::kFp32: return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
-    case DType::kBf16: return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
-    case DType::kFp16: return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp32:
+      return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
+    case DType::kBf16:
+      return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp16:
+      return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
   }
 }
 
@@ -269,18 +286,21 @@ void v_stats(const void* g, std::size_t n, float divisor, float scale, bool* fin
 }
 
 template <class V, bool kDiv>
-void v_stats_dtype(DType gd, const void* g, std::size_t n, float divisor, float scale,
-                   bool* finite, double* sum_sq) {
+void v_stats_dtype(DType gd, const void* g, std::size_t n, float divisor, float scale, bool* finite,
+                   double* sum_sq) {
   switch (gd) {
-    case DType::kFp32: return v_stats<V, DType::kFp32, kDiv>(g, n, divisor, scale, finite, sum_sq);
-    case DType::kBf16: return v_stats<V, DType::kBf16, kDiv>(g, n, divisor, scale, finite, sum_sq);
-    case DType::kFp16: return v_stats<V, DType::kFp16, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kFp32:
+      return v_stats<V, DType::kFp32, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kBf16:
+      return v_stats<V, DType::kBf16, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kFp16:
+      return v_stats<V, DType::kFp16, kDiv>(g, n, divisor, scale, finite, sum_sq);
   }
 }
 
 template <class V>
-void v_stats_entry(DType gd, const void* g, std::size_t n, float divisor, float scale,
-                   bool* finite, double* sum_sq) {
+void v_stats_entry(DType gd, const void* g, std::size_t n, float divisor, float scale, bool* finite,
+                   double* sum_sq) {
   if (divisor != 1.0f)
     v_stats_dtype<V, true>(gd, g, n, divisor, scale, finite, sum_sq);
   else
@@ -383,8 +403,8 @@ void v_fp16_to_f32(const void* src, void* dst, std::size_t n) {
 
 template <class V>
 strata::optim::KernelTable make_table() {
-  return {&v_adam_entry<V>,    &v_stats_entry<V>,  &v_stream<V>,       &v_f32_to_bf16<V>,
-          &v_f32_to_fp16<V>,   &v_bf16_to_f32<V>,  &v_fp16_to_f32<V>};
+  return {&v_adam_entry<V>,  &v_stats_entry<V>, &v_stream<V>,     &v_f32_to_bf16<V>,
+          &v_f32_to_fp16<V>, &v_bf16_to_f32<V>, &v_fp16_to_f32<V>};
 }
 
 // Portable traits: one lane, the scalar helpers.

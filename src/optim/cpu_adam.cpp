@@ -1,7 +1,7 @@
 // CpuAdam: argument checks, tiling over the persistent pool, the non-finite pre-pass.
 #include <algorithm>
-#include <cmath>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -37,7 +37,7 @@ struct CpuAdam::Impl {
     const std::size_t tiles = tiles_for(n);
     std::vector<double> sums(tiles, 0.0);
     std::atomic<bool> finite{true};
-    const std::size_t esz = elem_size(dtype);
+    const std::size_t esz = dtype_size(dtype);
     auto task = [&](std::size_t t) {
       const std::size_t off = t * kTile, len = std::min(kTile, n - off);
       bool f = true;
@@ -57,7 +57,8 @@ struct CpuAdam::Impl {
 
 CpuAdam::CpuAdam(unsigned threads, AdamPath path) {
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  if (threads > 1024) fail(ErrorCode::kInvalidArgument, strcat("CpuAdam: threads=", threads, " > 1024"));
+  if (threads > 1024)
+    fail(ErrorCode::kInvalidArgument, strcat("CpuAdam: threads=", threads, " > 1024"));
   const AdamPath resolved = path == AdamPath::kAuto ? adam_default_path() : path;
   if (!adam_path_supported(resolved))
     fail(ErrorCode::kUnsupported,
@@ -83,14 +84,14 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   }
   const optim::AdamConsts c = optim::make_adam_consts(params, o);
   const optim::CopyKind ck = optim::copy_kind(t);
-  const std::size_t gsz = elem_size(t.grad_dtype);
-  const std::size_t csz = t.param_copy ? elem_size(t.param_copy_dtype) : 0;
+  const std::size_t gsz = dtype_size(t.grad_dtype);
+  const std::size_t csz = t.param_copy ? dtype_size(t.param_copy_dtype) : 0;
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
     k->adam(c, t.grad_dtype, ck, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
-            byte_ptr(t.grad) + off * gsz, t.param_copy ? byte_ptr(t.param_copy) + off * csz : nullptr,
-            len);
+            byte_ptr(t.grad) + off * gsz,
+            t.param_copy ? byte_ptr(t.param_copy) + off * csz : nullptr, len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
   return result;
@@ -102,10 +103,11 @@ void check_grad_args(const char* what, const void* grad, DType dtype, std::size_
                      float divisor) {
   if (!grad) fail(ErrorCode::kInvalidArgument, strcat(what, ": null grad with n=", n));
   if (!(divisor > 0.0f) || !std::isfinite(divisor))
-    fail(ErrorCode::kInvalidArgument, strcat(what, ": grad_divisor=", divisor, " must be finite and > 0"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat(what, ": grad_divisor=", divisor, " must be finite and > 0"));
   if (dtype != DType::kFp32 && dtype != DType::kFp16 && dtype != DType::kBf16)
     fail(ErrorCode::kInvalidArgument, strcat(what, ": unknown dtype"));
-  if (reinterpret_cast<std::uintptr_t>(grad) % elem_size(dtype) != 0)
+  if (reinterpret_cast<std::uintptr_t>(grad) % dtype_size(dtype) != 0)
     fail(ErrorCode::kInvalidArgument, strcat(what, ": grad not aligned to its element size"));
 }
 }  // namespace
@@ -118,8 +120,8 @@ AdamGradStats CpuAdam::grad_stats(const void* grad, DType dtype, std::size_t n, 
   return impl_->stats(grad, dtype, n, grad_divisor, grad_scale);
 }
 
-AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const void* grad, DType dtype,
-                                           std::size_t n, float grad_scale,
+AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const void* grad,
+                                           DType dtype, std::size_t n, float grad_scale,
                                            float grad_divisor) {
   if (n == 0) return so_far;
   check_grad_args("CpuAdam::grad_stats_continue", grad, dtype, n, grad_divisor);
@@ -134,14 +136,14 @@ void CpuAdam::stream_reference(const AdamTensors& t) {
   optim::validate_adam_call(AdamParams{}, t, o, "CpuAdam::stream_reference");
   if (t.n == 0) return;
   std::lock_guard<std::mutex> lk(impl_->mu);
-  const std::size_t gsz = elem_size(t.grad_dtype);
-  const std::size_t csz = t.param_copy ? elem_size(t.param_copy_dtype) : 0;
+  const std::size_t gsz = dtype_size(t.grad_dtype);
+  const std::size_t csz = t.param_copy ? dtype_size(t.param_copy_dtype) : 0;
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
     k->stream(t.grad_dtype, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
-              byte_ptr(t.grad) + off * gsz, csz ? byte_ptr(t.param_copy) + off * csz : nullptr,
-              csz, len);
+              byte_ptr(t.grad) + off * gsz, csz ? byte_ptr(t.param_copy) + off * csz : nullptr, csz,
+              len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
 }

@@ -34,7 +34,8 @@ class ThreadPool {
   // Convenience: fn(std::size_t task) for a callable living on the caller's stack.
   template <class Fn>
   void parallel_for(std::size_t tasks, Fn& fn) {
-    run(tasks, [](void* c, std::size_t t) { (*static_cast<Fn*>(c))(t); }, &fn);
+    run(
+        tasks, [](void* c, std::size_t t) { (*static_cast<Fn*>(c))(t); }, &fn);
   }
 
  private:

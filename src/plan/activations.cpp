@@ -9,8 +9,8 @@ ActivationEstimate estimate_activations(const Config& c, std::uint64_t gpu_bytes
   ActivationEstimate a;
   if (!c.model.has_shape()) return a;
   a.available = true;
-  const std::uint64_t s = c.model.sequence_length, b = c.model.micro_batch,
-                      h = c.model.hidden_size, heads = c.model.heads, L = c.model.layers;
+  const std::uint64_t s = c.model.sequence_length, b = c.model.micro_batch, h = c.model.hidden_size,
+                      heads = c.model.heads, L = c.model.layers;
   // s*b*h*(34 + 5*a*s/h) = 34*s*b*h + 5*a*s^2*b, exact in integers; a figure beyond 2^64 bytes
   // saturates (core/checked_math.hpp) and never fits.
   a.per_layer = sat_add(sat_mul(34, s, b, h), sat_mul(5, heads, s, s, b));

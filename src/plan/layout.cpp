@@ -11,8 +11,8 @@ BytesPerParam bytes_per_param(const PrecisionConfig& p) {
   BytesPerParam b;
   b.params = dtype_size(p.params);
   b.grads = dtype_size(p.grads);
-  b.master = 4;  // the engine's FP32 master copy, kept whatever precision.params is
-  b.moments = 2 * 4;                            // Adam/AdamW: exp_avg + exp_avg_sq in fp32
+  b.master = 4;       // the engine's FP32 master copy, kept whatever precision.params is
+  b.moments = 2 * 4;  // Adam/AdamW: exp_avg + exp_avg_sq in fp32
   return b;
 }
 
@@ -48,8 +48,8 @@ namespace {
 std::uint64_t share(std::uint64_t elements, const OffloadTarget& t) {
   if (t.tier == Tier::kGpu) return 0;
   const double f = std::clamp(t.fraction, 0.0, 1.0);
-  return std::min<std::uint64_t>(elements, static_cast<std::uint64_t>(std::llround(
-                                               static_cast<double>(elements) * f)));
+  return std::min<std::uint64_t>(
+      elements, static_cast<std::uint64_t>(std::llround(static_cast<double>(elements) * f)));
 }
 
 std::string target_text(const char* what, const OffloadTarget& t) {
@@ -65,7 +65,8 @@ std::string target_text(const char* what, const OffloadTarget& t) {
 }  // namespace
 
 bool Layout::fits() const {
-  return std::all_of(verdicts.begin(), verdicts.end(), [](const TierVerdict& v) { return v.fits(); });
+  return std::all_of(verdicts.begin(), verdicts.end(),
+                     [](const TierVerdict& v) { return v.fits(); });
 }
 
 std::string Layout::describe() const {
@@ -136,18 +137,24 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   // fetched for the forward and the backward pass.
   t.device_to_host = std::max(opt_off, grad_off) * b.grads +
                      (param_off > opt_off ? (param_off - opt_off) * b.params : 0);
-  t.host_to_device = 2 * param_off * b.params + (opt_off > param_off ? (opt_off - param_off) * b.params : 0);
+  t.host_to_device =
+      2 * param_off * b.params + (opt_off > param_off ? (opt_off - param_off) * b.params : 0);
   const std::uint64_t psi = c.model.parameters;
   if (c.world.ranks > 1) {
-    if (stage == 0) t.network = 2 * psi * b.grads;                  // all-reduce of gradients
-    else if (stage < 3) t.network = psi * b.grads + psi * b.params;  // reduce-scatter + all-gather
-    else t.network = psi * b.grads + 2 * psi * b.params;             // + forward/backward gathers
+    if (stage == 0)
+      t.network = 2 * psi * b.grads;  // all-reduce of gradients
+    else if (stage < 3)
+      t.network = psi * b.grads + psi * b.params;  // reduce-scatter + all-gather
+    else
+      t.network = psi * b.grads + 2 * psi * b.params;  // + forward/backward gathers
   }
 
   l.verdicts.push_back({"gpu", "rank", l.per_rank.gpu, c.tiers.gpu.budget, true});
   l.verdicts.push_back({"host", "node", l.per_node.host(), c.tiers.host.budget, true});
-  l.verdicts.push_back({"pinned_host", "node", l.per_node.pinned_host, c.tiers.host.pinned_budget, true});
-  l.verdicts.push_back({"nvme", "node", l.per_node.nvme, c.tiers.nvme.budget, c.tiers.nvme.budget > 0});
+  l.verdicts.push_back(
+      {"pinned_host", "node", l.per_node.pinned_host, c.tiers.host.pinned_budget, true});
+  l.verdicts.push_back(
+      {"nvme", "node", l.per_node.nvme, c.tiers.nvme.budget, c.tiers.nvme.budget > 0});
   return l;
 }
 

@@ -1,9 +1,9 @@
 // make_plan(): the whole plan for a Config.
-#include "core/checked_math.hpp"
 #include "strata/plan.hpp"
 
 #include <algorithm>
 
+#include "core/checked_math.hpp"
 #include "strata/units.hpp"
 
 namespace strata {
@@ -50,26 +50,30 @@ Plan make_plan(const Config& c) {
       note += "activation checkpointing (" + format_bytes(a.with_checkpointing) +
               ") makes it fit; a higher ZeRO stage does not shrink activations";
     else
-      note += "even with activation checkpointing (" + format_bytes(a.with_checkpointing) +
-              ") this layout does not fit: " +
-              (p.recommendation.found
-                   ? "a layout that keeps less on the gpu makes room for them (the "
-                     "recommendation: " + p.recommendation.layout.describe() + ")"
-                   : std::string("no rung of the ladder makes room for them")) +
-              ", or reduce model.micro_batch or the sequence length";
+      note +=
+          "even with activation checkpointing (" + format_bytes(a.with_checkpointing) +
+          ") this layout does not fit: " +
+          (p.recommendation.found ? "a layout that keeps less on the gpu makes room for them (the "
+                                    "recommendation: " +
+                                        p.recommendation.layout.describe() + ")"
+                                  : std::string("no rung of the ladder makes room for them")) +
+          ", or reduce model.micro_batch or the sequence length";
     p.notes.push_back(note);
   }
   if (!p.configured_fits())
     p.notes.push_back("the configured layout (" + p.configured.describe() +
                       ") does not fit: " + p.configured_rung.verdict + "; see the recommendation");
   if (c.zero.stage == 3 && rt.layer == 0)
-    p.notes.push_back("stage 3 gathers whole layers on the gpu, but neither model.largest_layer "
-                      "nor model.hidden_size is given: the gathered layers are not counted");
+    p.notes.push_back(
+        "stage 3 gathers whole layers on the gpu, but neither model.largest_layer "
+        "nor model.hidden_size is given: the gathered layers are not counted");
   else if (c.zero.stage == 3 && rt.layer_estimated)
-    p.notes.push_back("stage 3: the gathered layer is estimated from model.hidden_size as one "
-                      "transformer block (12h^2 + 13h = " + format_count(rt.layer) +
-                      " parameters); give model.largest_layer if a larger layer (an embedding) is "
-                      "gathered whole");
+    p.notes.push_back(
+        "stage 3: the gathered layer is estimated from model.hidden_size as one "
+        "transformer block (12h^2 + 13h = " +
+        format_count(rt.layer) +
+        " parameters); give model.largest_layer if a larger layer (an embedding) is "
+        "gathered whole");
   if (rt.bucket_count > 0 && rt.buckets + rt.receive > p.configured.on_gpu.total() / 4)
     p.notes.push_back("the gradient buckets and their receive buffers take " +
                       format_bytes(rt.buckets + rt.receive) + " of gpu memory per rank (" +

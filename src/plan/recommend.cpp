@@ -48,13 +48,11 @@ std::string gpu_text(const Rung& r, std::uint64_t budget) {
 std::vector<std::pair<int, OffloadConfig>> ladder_rungs() {
   constexpr Tier G = Tier::kGpu, C = Tier::kCpu, N = Tier::kNvme;
   return {
-      {0, offload_of(G, G, G)}, {1, offload_of(G, G, G)},
-      {2, offload_of(G, G, G)}, {2, offload_of(C, G, G)}, {2, offload_of(C, C, G)},
-      {3, offload_of(G, G, G)}, {3, offload_of(C, G, G)}, {3, offload_of(C, C, G)},
-      {3, offload_of(C, C, C)},
-      {2, offload_of(N, G, G)}, {2, offload_of(N, C, G)},
-      {3, offload_of(N, G, G)}, {3, offload_of(N, C, G)}, {3, offload_of(N, C, C)},
-      {3, offload_of(N, N, N)},
+      {0, offload_of(G, G, G)}, {1, offload_of(G, G, G)}, {2, offload_of(G, G, G)},
+      {2, offload_of(C, G, G)}, {2, offload_of(C, C, G)}, {3, offload_of(G, G, G)},
+      {3, offload_of(C, G, G)}, {3, offload_of(C, C, G)}, {3, offload_of(C, C, C)},
+      {2, offload_of(N, G, G)}, {2, offload_of(N, C, G)}, {3, offload_of(N, G, G)},
+      {3, offload_of(N, C, G)}, {3, offload_of(N, C, C)}, {3, offload_of(N, N, N)},
   };
 }
 
@@ -90,18 +88,21 @@ Rung evaluate_rung(const Config& c, int stage, const OffloadConfig& offload) {
 
 Recommendation recommend(const Config& c) {
   Recommendation rec;
-  for (const auto& [stage, offload] : ladder_rungs()) rec.ladder.push_back(evaluate_rung(c, stage, offload));
-  const auto it = std::find_if(rec.ladder.begin(), rec.ladder.end(), [](const Rung& r) { return r.fits; });
+  for (const auto& [stage, offload] : ladder_rungs())
+    rec.ladder.push_back(evaluate_rung(c, stage, offload));
+  const auto it =
+      std::find_if(rec.ladder.begin(), rec.ladder.end(), [](const Rung& r) { return r.fits; });
   if (it == rec.ladder.end()) {
     const Rung& last = rec.ladder.back();
-    rec.reason = "nothing fits: even " + last.layout.describe() + " overflows: " + last.verdict +
-                 "; add ranks, raise the budgets" +
-                 (last.layout.runtime.buckets + last.layout.runtime.receive > 0
-                      ? ", shrink zero.reduce_bucket_size (gradient buckets and receive buffers: " +
-                            format_bytes(last.layout.runtime.buckets + last.layout.runtime.receive) +
-                            " per rank)"
-                      : "") +
-                 (c.model.has_shape() ? ", or shrink model.micro_batch / sequence_length" : "");
+    rec.reason =
+        "nothing fits: even " + last.layout.describe() + " overflows: " + last.verdict +
+        "; add ranks, raise the budgets" +
+        (last.layout.runtime.buckets + last.layout.runtime.receive > 0
+             ? ", shrink zero.reduce_bucket_size (gradient buckets and receive buffers: " +
+                   format_bytes(last.layout.runtime.buckets + last.layout.runtime.receive) +
+                   " per rank)"
+             : "") +
+        (c.model.has_shape() ? ", or shrink model.micro_batch / sequence_length" : "");
     return rec;
   }
   rec.found = true;
@@ -115,8 +116,9 @@ Recommendation recommend(const Config& c) {
                                     : "model state and runtime buffers fit") +
                " every budget";
   if (!c.model.has_shape())
-    rec.reason += " (activations not counted: give model.layers, hidden_size, heads, "
-                  "sequence_length and micro_batch)";
+    rec.reason +=
+        " (activations not counted: give model.layers, hidden_size, heads, "
+        "sequence_length and micro_batch)";
   if (it != rec.ladder.begin()) {
     rec.reason += "; rejected before it:";
     for (auto r = rec.ladder.begin(); r != it; ++r)

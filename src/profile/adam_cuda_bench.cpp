@@ -26,7 +26,9 @@ AdamCudaBenchResult run_adam_cuda_bench(std::size_t params, int rounds) {
     fail(ErrorCode::kUnsupported, "bench adam --device cuda: no CUDA device");
   struct DevBuf {
     void* p = nullptr;
-    ~DevBuf() { if (p) cudaFree(p); }
+    ~DevBuf() {
+      if (p) cudaFree(p);
+    }
   };
   DevBuf p, m, v, g, copy_src, copy_dst;
   const std::size_t bytes = params * 4;
@@ -47,8 +49,14 @@ AdamCudaBenchResult run_adam_cuda_bench(std::size_t params, int rounds) {
   check_cuda(cudaEventCreate(&e0), "cudaEventCreate");
   check_cuda(cudaEventCreate(&e1), "cudaEventCreate");
   const AdamParams hp{OptimizerType::kAdamW, 1e-4, 0.9, 0.999, 1e-8, 0.01};
-  AdamTensors t{static_cast<float*>(p.p), static_cast<float*>(m.p), static_cast<float*>(v.p), g.p,
-                DType::kFp32, nullptr, DType::kBf16, params};
+  AdamTensors t{static_cast<float*>(p.p),
+                static_cast<float*>(m.p),
+                static_cast<float*>(v.p),
+                g.p,
+                DType::kFp32,
+                nullptr,
+                DType::kBf16,
+                params};
   AdamCudaBenchResult r;
   std::int64_t step = 1;
   auto time_it = [&](auto&& fn) {
@@ -62,8 +70,9 @@ AdamCudaBenchResult run_adam_cuda_bench(std::size_t params, int rounds) {
   };
   auto adam = [&] { adam_step_cuda(hp, t, {step++, 1.0f, false}, nullptr, nullptr); };
   auto copy = [&] {
-    check_cuda(cudaMemcpyAsync(copy_dst.p, copy_src.p, copy_bytes, cudaMemcpyDeviceToDevice, nullptr),
-               "cudaMemcpyAsync D2D");
+    check_cuda(
+        cudaMemcpyAsync(copy_dst.p, copy_src.p, copy_bytes, cudaMemcpyDeviceToDevice, nullptr),
+        "cudaMemcpyAsync D2D");
   };
   time_it(adam);
   time_it(copy);

@@ -4,6 +4,7 @@
 
 namespace strata::profile {
 AdamCudaBenchResult run_adam_cuda_bench(std::size_t, int) {
-  fail(ErrorCode::kUnsupported, "bench adam --device cuda: this build of strata has no CUDA support");
+  fail(ErrorCode::kUnsupported,
+       "bench adam --device cuda: this build of strata has no CUDA support");
 }
 }  // namespace strata::profile

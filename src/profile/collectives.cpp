@@ -3,7 +3,7 @@
 //   S = the full (pre-reduce / gathered) buffer per rank, t = the slowest rank's time of the
 //   collective after a barrier (best of the repeats), algbw = S / t, busbw = algbw * (n - 1) / n.
 // Never measured between threads of one process: that measures the memory bus of one machine,
-// not the network between ranks (docs/performance.md "Ranks on a node").
+// not the network between ranks (docs/profile.md "Ranks on a node").
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -42,7 +42,8 @@ std::vector<CollectivePoint> measure_collectives(const Config& c, Communicator& 
   if (on_device && !device)
     fail(ErrorCode::kInternal, "profile: a device communicator needs a device for its buffers");
   for (CollectiveKind kind : {CollectiveKind::kReduceScatter, CollectiveKind::kAllGather}) {
-    const DType dtype = kind == CollectiveKind::kReduceScatter ? c.precision.grads : c.precision.params;
+    const DType dtype =
+        kind == CollectiveKind::kReduceScatter ? c.precision.grads : c.precision.params;
     const std::size_t es = dtype_size(dtype);
     for (std::uint64_t s_bytes : sizes.collective_sizes) {
       const std::size_t per_rank = std::max<std::size_t>(s_bytes / es / n, 1);
@@ -91,7 +92,8 @@ std::vector<CollectivePoint> measure_collectives(const Config& c, Communicator& 
       out.push_back(p);
       if (progress)
         progress(strcat("collective ", p.collective, " ", p.backend, " ", n, " ranks ",
-                        format_bytes(p.bytes, true), ": busbw ", format_rate(p.busbw_bytes_per_second)));
+                        format_bytes(p.bytes, true), ": busbw ",
+                        format_rate(p.busbw_bytes_per_second)));
     }
   }
   return out;

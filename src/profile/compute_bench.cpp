@@ -55,8 +55,10 @@ void fill_values(void* data, DType dtype, std::size_t n, std::uint64_t seed, flo
   for (std::size_t off = 0; off < n; off += tmp.size()) {
     const std::size_t k = std::min(tmp.size(), n - off);
     for (std::size_t i = 0; i < k; ++i) tmp[i] = next();
-    if (dtype == DType::kFp16) convert_fp32_to_fp16(tmp.data(), h + off, k);
-    else convert_fp32_to_bf16(tmp.data(), h + off, k);
+    if (dtype == DType::kFp16)
+      convert_fp32_to_fp16(tmp.data(), h + off, k);
+    else
+      convert_fp32_to_bf16(tmp.data(), h + off, k);
   }
 }
 
@@ -64,7 +66,8 @@ void fill_values(void* data, DType dtype, std::size_t n, std::uint64_t seed, flo
 // gradient read, the 16-bit parameter copy written.
 double adam_bytes_per_element(const Config& c) {
   return 24.0 + static_cast<double>(dtype_size(c.precision.grads)) +
-         (c.precision.params == DType::kFp32 ? 0.0 : static_cast<double>(dtype_size(c.precision.params)));
+         (c.precision.params == DType::kFp32 ? 0.0
+                                             : static_cast<double>(dtype_size(c.precision.params)));
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // The step cost model: plan bytes per link + measured bandwidths -> optimizer-step time and
-// per-step transfer overhead, serial and pipelined (docs/performance.md "## Profile").
+// per-step transfer overhead, serial and pipelined (docs/profile.md, "The cost model").
 #include <algorithm>
 #include <cmath>
 
@@ -11,18 +11,22 @@ namespace strata {
 
 const char* profile_mode_name(ProfileMode m) {
   switch (m) {
-    case ProfileMode::kTiny: return "tiny";
-    case ProfileMode::kQuick: return "quick";
-    case ProfileMode::kDefault: return "default";
-    case ProfileMode::kFull: return "full";
+    case ProfileMode::kTiny:
+      return "tiny";
+    case ProfileMode::kQuick:
+      return "quick";
+    case ProfileMode::kDefault:
+      return "default";
+    case ProfileMode::kFull:
+      return "full";
   }
   return "?";
 }
 
 double SubGroupLegs::slot(bool nvme_duplex) const {
   const double nvme = nvme_mixed_s > 0 ? nvme_mixed_s
-                     : nvme_duplex    ? std::max(nvme_read_s, nvme_write_s)
-                                      : nvme_read_s + nvme_write_s;
+                      : nvme_duplex    ? std::max(nvme_read_s, nvme_write_s)
+                                       : nvme_read_s + nvme_write_s;
   // Gradients down and parameters up share one PCIe link only in the sense of one copy engine
   // each way; a GPU has both, so the larger direction bounds.
   const double pcie = std::max(h2d_s, d2h_s);
@@ -73,24 +77,11 @@ void finish_pipeline(StepPrediction& p, bool duplex) {
   }
 }
 
-}  // namespace
-
-StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwidths& bw) {
-  StepPrediction p;
-  const BytesPerParam b = bytes_per_param(c.precision);
-  const std::uint64_t opt_bpe = std::max<std::uint64_t>(b.optimizer(), 1);
-  p.optimizer_elements = layout.footprint.optimizer_elements;
-  const std::uint64_t off_cpu = layout.on_host.optimizer / opt_bpe;
-  const std::uint64_t off_nvme = layout.on_nvme.optimizer / opt_bpe;
-  p.offloaded_elements = off_cpu + off_nvme;
-  const std::uint64_t on_gpu = p.optimizer_elements - std::min(p.optimizer_elements, p.offloaded_elements);
-  p.sub_group_elements = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
-
-  const LinkTraffic& t = layout.traffic;
+// Every byte the plan moves over a tier link per step is spread over the optimizer's sub-groups
+// in proportion to their elements (the legs of a full sub-group, and of the remainder); with
+// nothing of the optimizer offloaded, the transfers form one group of their own.
+void spread_legs(StepPrediction& p, const LinkTraffic& t, const Bandwidths& bw) {
   const bool any_transfer = t.nvme_read || t.nvme_write || t.host_to_device || t.device_to_host;
-  // Every byte the plan moves over a tier link per step is spread over the optimizer's
-  // sub-groups in proportion to their elements; with nothing of the optimizer offloaded, the
-  // transfers form one group of their own.
   const std::uint64_t spread = p.offloaded_elements ? p.offloaded_elements : (any_transfer ? 1 : 0);
   if (spread) {
     const std::uint64_t sg = p.offloaded_elements ? p.sub_group_elements : 1;
@@ -101,7 +92,8 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
       l.elements = p.offloaded_elements ? e : 0;
       l.nvme_read_s = seconds(share * static_cast<double>(t.nvme_read), bw.nvme_read_bps);
       l.nvme_write_s = seconds(share * static_cast<double>(t.nvme_write), bw.nvme_write_bps);
-      l.nvme_mixed_s = seconds(share * static_cast<double>(t.nvme_read + t.nvme_write), bw.nvme_mixed_bps);
+      l.nvme_mixed_s =
+          seconds(share * static_cast<double>(t.nvme_read + t.nvme_write), bw.nvme_mixed_bps);
       l.h2d_s = seconds(share * static_cast<double>(t.host_to_device), bw.h2d_bps);
       l.d2h_s = seconds(share * static_cast<double>(t.device_to_host), bw.d2h_bps);
       l.adam_s = seconds(static_cast<double>(l.elements), bw.cpu_adam_params_per_s);
@@ -120,14 +112,11 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
     }
     p.sub_groups = full + (rem ? 1 : 0);
   }
-  finish_pipeline(p, bw.nvme_duplex);
-  const double cpu_adam = seconds(static_cast<double>(p.offloaded_elements), bw.cpu_adam_params_per_s);
-  const double gpu_adam = seconds(static_cast<double>(on_gpu), bw.gpu_adam_params_per_s);
-  p.adam_s = cpu_adam + gpu_adam;
-  // The GPU share of the optimizer runs beside the CPU pipeline.
-  p.serial_s += gpu_adam;
-  p.pipelined_s = std::max(p.pipelined_s, gpu_adam);
+}
 
+// Says which legs were not counted because their rate was not measured.
+void note_unmeasured(StepPrediction& p, const LinkTraffic& t, const Bandwidths& bw,
+                     std::uint64_t on_gpu) {
   if ((t.nvme_read || t.nvme_write) && (bw.nvme_read_bps <= 0 || bw.nvme_write_bps <= 0))
     p.notes.push_back("NVMe bandwidth not measured: NVMe legs not counted");
   if ((t.host_to_device || t.device_to_host) && (bw.h2d_bps <= 0 || bw.d2h_bps <= 0))
@@ -138,19 +127,51 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
   if (on_gpu && bw.gpu_adam_params_per_s <= 0)
     p.notes.push_back("no GPU measured: Adam on the GPU share (" + format_count(on_gpu) +
                       " elements) not counted");
+}
 
-  // Collectives: reduce-scatter of the gradients (psi * grad bytes), the rest of the plan's
-  // network bytes are parameter all-gathers (stage 0: the all-reduce's all-gather half). Time =
-  // S * (n-1)/n / busbw (nccl-tests' definition of bus bandwidth).
+// Collectives: reduce-scatter of the gradients (psi * grad bytes), the rest of the plan's
+// network bytes are parameter all-gathers (stage 0: the all-reduce's all-gather half). Time =
+// S * (n-1)/n / busbw (nccl-tests' definition of bus bandwidth).
+void add_network(StepPrediction& p, const Config& c, const LinkTraffic& t, const Bandwidths& bw,
+                 const BytesPerParam& b) {
   const std::uint32_t n = c.world.ranks;
   if (n > 1 && t.network > 0) {
-    const double rs = static_cast<double>(std::min<std::uint64_t>(t.network, c.model.parameters * b.grads));
+    const double rs =
+        static_cast<double>(std::min<std::uint64_t>(t.network, c.model.parameters * b.grads));
     const double ag = static_cast<double>(t.network) - rs;
     const double f = static_cast<double>(n - 1) / static_cast<double>(n);
     p.network_s = seconds(rs * f, bw.reduce_scatter_busbw) + seconds(ag * f, bw.all_gather_busbw);
     if (bw.reduce_scatter_busbw <= 0 || bw.all_gather_busbw <= 0)
       p.notes.push_back("collective bandwidth not measured: network time not counted");
   }
+}
+
+}  // namespace
+
+StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwidths& bw) {
+  StepPrediction p;
+  const BytesPerParam b = bytes_per_param(c.precision);
+  const std::uint64_t opt_bpe = std::max<std::uint64_t>(b.optimizer(), 1);
+  p.optimizer_elements = layout.footprint.optimizer_elements;
+  const std::uint64_t off_cpu = layout.on_host.optimizer / opt_bpe;
+  const std::uint64_t off_nvme = layout.on_nvme.optimizer / opt_bpe;
+  p.offloaded_elements = off_cpu + off_nvme;
+  const std::uint64_t on_gpu =
+      p.optimizer_elements - std::min(p.optimizer_elements, p.offloaded_elements);
+  p.sub_group_elements = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
+  const LinkTraffic& t = layout.traffic;
+  spread_legs(p, t, bw);
+  finish_pipeline(p, bw.nvme_duplex);
+  const double cpu_adam =
+      seconds(static_cast<double>(p.offloaded_elements), bw.cpu_adam_params_per_s);
+  const double gpu_adam = seconds(static_cast<double>(on_gpu), bw.gpu_adam_params_per_s);
+  p.adam_s = cpu_adam + gpu_adam;
+  // The GPU share of the optimizer runs beside the CPU pipeline.
+  p.serial_s += gpu_adam;
+  p.pipelined_s = std::max(p.pipelined_s, gpu_adam);
+
+  note_unmeasured(p, t, bw, on_gpu);
+  add_network(p, c, t, bw, b);
   p.overhead_serial_s = excess(p.serial_s, p.adam_s) + p.network_s;
   p.overhead_pipelined_s = excess(p.pipelined_s, p.adam_s) + p.network_s;
   return p;

@@ -5,8 +5,8 @@
 #include <memory>
 
 #include "profile/profile_internal.hpp"
-#include "strata/error.hpp"
 #include "strata/device.hpp"
+#include "strata/error.hpp"
 #include "strata/io_file.hpp"
 #include "strata/units.hpp"
 
@@ -39,7 +39,8 @@ double time_copy(Stream& stream, void* dst, const void* src, std::size_t bytes, 
 
 }  // namespace
 
-std::vector<CopyPoint> measure_copies(Device& device, const Sizes& sizes, const Progress& progress) {
+std::vector<CopyPoint> measure_copies(Device& device, const Sizes& sizes,
+                                      const Progress& progress) {
   std::vector<CopyPoint> out;
   if (sizes.copy_sizes.empty()) return out;
   const std::size_t max_bytes = *std::max_element(sizes.copy_sizes.begin(), sizes.copy_sizes.end());

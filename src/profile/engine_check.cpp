@@ -1,7 +1,7 @@
 // The engine check: a real multi-rank step of the public Engine (include/strata/engine.hpp) over
 // the launch's communicator, on a sample model with the configured stage, precision, offload and
 // tiers, timed on every rank (the slowest rank's time is the step's), against the cost model's
-// prediction for the same model from this profile's measured legs (docs/performance.md).
+// prediction for the same model from this profile's measured legs (docs/profile.md).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,14 +30,14 @@ std::vector<std::uint8_t> small_values(DType dtype, std::size_t n, std::uint64_t
     v = (static_cast<float>(x >> 8) / 8388608.0f - 1.0f) * 1e-3f;
   }
   std::vector<std::uint8_t> out(n * dtype_size(dtype));
-  if (dtype == DType::kFp32) std::memcpy(out.data(), f.data(), n * 4);
+  if (dtype == DType::kFp32)
+    std::memcpy(out.data(), f.data(), n * 4);
   else if (dtype == DType::kFp16)
     convert_fp32_to_fp16(f.data(), reinterpret_cast<std::uint16_t*>(out.data()), n);
   else
     convert_fp32_to_bf16(f.data(), reinterpret_cast<std::uint16_t*>(out.data()), n);
   return out;
 }
-
 
 // The collectives one engine step issues, replayed on the same communicator with the same sizes
 // and dtypes (stage 0: an all-reduce of everything; 1: a reduce-scatter of everything; 2-3: one
@@ -73,7 +73,8 @@ double replay_collectives(const Config& cfg, Communicator& comm, std::uint64_t e
         std::memcpy(bucket_buf.data(), grads.data() + b * dtype_size(gd), len * dtype_size(gd));
         recvs.emplace_back(per * dtype_size(gd));
         const std::vector<std::size_t> counts(static_cast<std::size_t>(n), per);
-        inflight.push_back(comm.reduce_scatter_async(bucket_buf.data(), recvs.back().data(), counts, gd));
+        inflight.push_back(
+            comm.reduce_scatter_async(bucket_buf.data(), recvs.back().data(), counts, gd));
         for (auto& h : inflight) h->done();  // progress, as set_gradient's polls do
         bucket_bufs.push_back(std::move(bucket_buf));
         bucket_buf.assign(std::min(bucket, padded) * dtype_size(gd), 0);
@@ -103,7 +104,8 @@ double measure_grad_passes(const Config& cfg, Communicator& comm, std::uint64_t 
     comm.barrier();
     Stopwatch sw;
     std::memcpy(dst.data(), src.data(), src.size());
-    if (with_stats) (void)adam.grad_stats(dst.data(), gd, shard, 1.0f, static_cast<float>(comm.size()));
+    if (with_stats)
+      (void)adam.grad_stats(dst.data(), gd, shard, 1.0f, static_cast<float>(comm.size()));
     std::uint32_t mine[4] = {1, 2, 3, 4};
     std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(comm.size()));
     comm.all_gather(mine, all.data(), 4, DType::kFp32);
@@ -159,47 +161,39 @@ StepLegs zero_step_legs(const Config& cfg, Communicator& comm, std::uint64_t ele
   return out;
 }
 
-EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& paths,
-                             Communicator& comm, const Bandwidths& bw, const SampleStep& sample,
-                             std::uint64_t elements, std::uint64_t sub_group, int steps,
-                             const Progress& progress) {
-  EngineCheck ec;
-  const int n = comm.size();
-  ec.ranks = n;
-  ec.backend = comm.backend_name();
-  ec.elements = elements;
+namespace {
+
+// The engine's config for the check: the launch's ranks, `elements` parameters, the sample step's
+// sub-groups (its legs are the prediction's inputs), a few reduce buckets, the pinned pool the
+// sample step chose.
+Config check_config(const Config& c, const std::vector<std::string>& paths, int n,
+                    std::uint64_t elements, std::uint64_t sub_group) {
   Config cfg = c;
   cfg.world.ranks = static_cast<std::uint32_t>(n);
   cfg.world.ranks_per_node = std::min<std::uint32_t>(c.ranks_per_node(), cfg.world.ranks);
   cfg.model = ModelConfig{};
   cfg.model.parameters = elements;
   cfg.tiers.nvme.paths = paths;
-  const std::uint64_t per_rank = std::max<std::uint64_t>(elements / static_cast<std::uint64_t>(n), 1);
-  // The sample step's sub-groups (its legs are the prediction's inputs) and a few reduce buckets.
+  const std::uint64_t per_rank =
+      std::max<std::uint64_t>(elements / static_cast<std::uint64_t>(n), 1);
   cfg.zero.sub_group_size = std::max<std::uint64_t>(std::min(sub_group, per_rank), 1);
-  cfg.zero.reduce_bucket_size = std::min<std::uint64_t>(c.zero.reduce_bucket_size, std::max<std::uint64_t>(elements / 4, 1));
+  cfg.zero.reduce_bucket_size =
+      std::min<std::uint64_t>(c.zero.reduce_bucket_size, std::max<std::uint64_t>(elements / 4, 1));
   const PoolUse pool = choose_pool(c, c.tiers.host.buffer_count, 3);
   cfg.tiers.host.buffer_count = pool.buffers;
   cfg.tiers.host.buffer_size = pool.buffer_size;
-  cfg.tiers.host.pinned_budget = std::max<std::uint64_t>(cfg.tiers.host.pinned_budget,
-                                                         std::uint64_t(pool.buffers) * pool.buffer_size);
-  const Layout layout = plan_layout(cfg, cfg.zero.stage, cfg.offload);
-  ec.layout = layout.describe();
+  cfg.tiers.host.pinned_budget = std::max<std::uint64_t>(
+      cfg.tiers.host.pinned_budget, std::uint64_t(pool.buffers) * pool.buffer_size);
+  return cfg;
+}
 
+// Runs `steps` + 1 engine steps the way a loop does (forward gathers, gradients handed in
+// backward); the first is a warm-up. Fills the measured times and the engine's phase times.
+void run_engine_steps(const Config& cfg, Communicator& comm, std::uint64_t elements, int steps,
+                      EngineCheck& ec) {
   // Uneven tensors: 40 %, 30 %, 20 %, the rest.
   std::vector<std::uint64_t> sizes = {elements * 4 / 10, elements * 3 / 10, elements * 2 / 10};
   sizes.push_back(elements - sizes[0] - sizes[1] - sizes[2]);
-  if (progress)
-    progress(strcat("engine check: ", n, " ranks over ", ec.backend, ", ", ec.layout, ", ",
-                    format_count(elements), " parameters, ", steps, " steps"));
-
-  // The legs the engine adds to the optimizer step, measured alone with the real communicator.
-  const double network = replay_collectives(cfg, comm, elements);
-  const bool all_nvme = cfg.offload.optimizer.tier == Tier::kNvme && cfg.offload.optimizer.fraction >= 1.0;
-  const StepLegs legs = all_nvme ? zero_step_legs(cfg, comm, layout.footprint.optimizer_elements)
-                                 : StepLegs{};
-  const double grad_passes = measure_grad_passes(cfg, comm, elements, !legs.measured) + legs.local_s;
-
   std::vector<double> step_s;
   EngineStats before, after;
   {
@@ -208,7 +202,8 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
     std::vector<std::vector<std::uint8_t>> grads;
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       std::vector<float> init(sizes[t]);
-      for (std::size_t i = 0; i < init.size(); ++i) init[i] = 0.01f * static_cast<float>((i * 7 + t) % 101) - 0.5f;
+      for (std::size_t i = 0; i < init.size(); ++i)
+        init[i] = 0.01f * static_cast<float>((i * 7 + t) % 101) - 0.5f;
       ids.push_back(e.add_parameter(strcat("sample", t), init));
       grads.push_back(small_values(cfg.precision.grads, sizes[t], 1000 + 17 * t + comm.rank()));
     }
@@ -243,6 +238,36 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   ec.norm_s = max_over_ranks(comm, (after.norm_s - before.norm_s) / k);
   ec.optimizer_s = max_over_ranks(comm, (after.optimizer_s - before.optimizer_s) / k);
   ec.gather_s = max_over_ranks(comm, (after.gather_s - before.gather_s) / k);
+}
+
+}  // namespace
+
+EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& paths,
+                             Communicator& comm, const Bandwidths& bw, const SampleStep& sample,
+                             std::uint64_t elements, std::uint64_t sub_group, int steps,
+                             const Progress& progress) {
+  EngineCheck ec;
+  const int n = comm.size();
+  ec.ranks = n;
+  ec.backend = comm.backend_name();
+  ec.elements = elements;
+  const Config cfg = check_config(c, paths, n, elements, sub_group);
+  const Layout layout = plan_layout(cfg, cfg.zero.stage, cfg.offload);
+  ec.layout = layout.describe();
+  if (progress)
+    progress(strcat("engine check: ", n, " ranks over ", ec.backend, ", ", ec.layout, ", ",
+                    format_count(elements), " parameters, ", steps, " steps"));
+
+  // The legs the engine adds to the optimizer step, measured alone with the real communicator.
+  const double network = replay_collectives(cfg, comm, elements);
+  const bool all_nvme =
+      cfg.offload.optimizer.tier == Tier::kNvme && cfg.offload.optimizer.fraction >= 1.0;
+  const StepLegs legs =
+      all_nvme ? zero_step_legs(cfg, comm, layout.footprint.optimizer_elements) : StepLegs{};
+  const double grad_passes =
+      measure_grad_passes(cfg, comm, elements, !legs.measured) + legs.local_s;
+
+  run_engine_steps(cfg, comm, elements, steps, ec);
 
   // The prediction from the profile's legs: the optimizer step from the sample step's rates (the
   // engine keeps its state in host memory, so its "gpu" optimizer share runs at the CPU Adam
@@ -258,7 +283,8 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   // cores as they do in the step), with the same model as the sample step.
   if (legs.measured) {
     optimizer = legs.predicted_s;
-    ec.optimizer_from = "the zero layer's step legs (read, update, read || write), all ranks at once";
+    ec.optimizer_from =
+        "the zero layer's step legs (read, update, read || write), all ranks at once";
   } else {
     ec.optimizer_from = "the sample step's legs";
   }
@@ -266,7 +292,8 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   ec.predicted_optimizer_s = optimizer;
   ec.predicted_s = optimizer + network + grad_passes;
   ec.grad_passes_s = grad_passes;
-  ec.error = ec.measured_median_s > 0 ? (ec.predicted_s - ec.measured_median_s) / ec.measured_median_s : 0;
+  ec.error =
+      ec.measured_median_s > 0 ? (ec.predicted_s - ec.measured_median_s) / ec.measured_median_s : 0;
   return ec;
 }
 

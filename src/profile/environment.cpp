@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "profile/profile_internal.hpp"
-#include "strata/error.hpp"
 #include "strata/device_query.hpp"
+#include "strata/error.hpp"
 #include "strata/units.hpp"
 
 namespace strata::profile {
@@ -63,9 +63,9 @@ PathInfo describe_path(const std::string& path) {
     std::string fstype, source;
     ls >> fstype >> source;
     mount_point = unescape(mount_point);
-    const bool prefix = target == mount_point ||
-                        (target.rfind(mount_point, 0) == 0 &&
-                         (mount_point == "/" || target[mount_point.size()] == '/'));
+    const bool prefix =
+        target == mount_point || (target.rfind(mount_point, 0) == 0 &&
+                                  (mount_point == "/" || target[mount_point.size()] == '/'));
     if (prefix && mount_point.size() >= best) {
       best = mount_point.size();
       info.mount_point = mount_point;
@@ -79,7 +79,8 @@ PathInfo describe_path(const std::string& path) {
   return info;
 }
 
-Environment collect_environment(const std::vector<std::string>& paths, const std::string& adam_path) {
+Environment collect_environment(const std::vector<std::string>& paths,
+                                const std::string& adam_path) {
   Environment e;
   struct utsname u {};
   if (::uname(&u) == 0) {
@@ -122,7 +123,7 @@ Environment collect_environment(const std::vector<std::string>& paths, const std
   for (const auto& p : paths) e.paths.push_back(describe_path(p));
   std::time_t now = std::time(nullptr);
   char buf[32];
-  std::tm tm {};
+  std::tm tm{};
   gmtime_r(&now, &tm);
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   e.timestamp_utc = buf;

@@ -59,72 +59,98 @@ std::pair<std::uint64_t, double> timed_transfer(IoEngine& engine, FileId file, I
   return {bytes, sw.seconds()};
 }
 
-}  // namespace
-
-std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, const Sizes& sizes,
-                              const Progress& progress) {
-  const NvmeTierConfig& nv = config.tiers.nvme;
+// The engines to measure: both where the mode asks and io_uring works, else the configured one
+// (the thread pool when io_uring does not work in `dir`).
+std::vector<IoEngineKind> engines_to_measure(const NvmeTierConfig& nv, const std::string& dir,
+                                             const Sizes& sizes) {
   std::vector<IoEngineKind> kinds;
-  {
-    IoEngineOptions po = IoEngineOptions::from(nv);
-    const bool uring = probe_io_uring(po, dir).ok;
-    if (sizes.both_engines) {
-      if (uring) kinds.push_back(IoEngineKind::kIoUring);
-      kinds.push_back(IoEngineKind::kThreads);
-    } else if (nv.engine == IoEngineKind::kThreads || !uring) {
-      kinds.push_back(IoEngineKind::kThreads);
-    } else {
-      kinds.push_back(IoEngineKind::kIoUring);
-    }
-    if (!uring && nv.engine != IoEngineKind::kThreads)
-      log_warn("profile: io_uring is not usable in ", dir, "; measuring the thread-pool engine only");
+  IoEngineOptions po = IoEngineOptions::from(nv);
+  const bool uring = probe_io_uring(po, dir).ok;
+  if (sizes.both_engines) {
+    if (uring) kinds.push_back(IoEngineKind::kIoUring);
+    kinds.push_back(IoEngineKind::kThreads);
+  } else if (nv.engine == IoEngineKind::kThreads || !uring) {
+    kinds.push_back(IoEngineKind::kThreads);
+  } else {
+    kinds.push_back(IoEngineKind::kIoUring);
   }
+  if (!uring && nv.engine != IoEngineKind::kThreads)
+    log_warn("profile: io_uring is not usable in ", dir, "; measuring the thread-pool engine only");
+  return kinds;
+}
 
-  // Points: the mode's grid plus the configured settings.
-  struct Grid {
-    IoEngineKind kind;
-    std::uint64_t bs;
-    std::uint32_t qd, rings;
-  };
+struct Grid {
+  IoEngineKind kind;
+  std::uint64_t bs;
+  std::uint32_t qd, rings;
+};
+
+// Points: the mode's grid plus the configured settings.
+std::vector<Grid> sweep_grid(const NvmeTierConfig& nv, const std::vector<IoEngineKind>& kinds,
+                             const Sizes& sizes) {
   std::vector<Grid> grid;
   for (auto kind : kinds)
     for (auto rings : sizes.rings)
       for (auto bs : sizes.block_sizes)
         for (auto qd : sizes.queue_depths) grid.push_back({kind, bs, qd, rings});
-  {
-    IoEngineKind ck = nv.engine == IoEngineKind::kAuto ? kinds.front() : nv.engine;
-    if (std::find(kinds.begin(), kinds.end(), ck) == kinds.end()) ck = kinds.front();
-    Grid g{ck, nv.block_size, nv.queue_depth, nv.io_threads};
-    if (std::none_of(grid.begin(), grid.end(), [&](const Grid& x) {
-          return x.kind == g.kind && x.bs == g.bs && x.qd == g.qd && x.rings == g.rings;
-        }))
-      grid.push_back(g);
-  }
+  IoEngineKind ck = nv.engine == IoEngineKind::kAuto ? kinds.front() : nv.engine;
+  if (std::find(kinds.begin(), kinds.end(), ck) == kinds.end()) ck = kinds.front();
+  Grid g{ck, nv.block_size, nv.queue_depth, nv.io_threads};
+  if (std::none_of(grid.begin(), grid.end(), [&](const Grid& x) {
+        return x.kind == g.kind && x.bs == g.bs && x.qd == g.qd && x.rings == g.rings;
+      }))
+    grid.push_back(g);
+  return grid;
+}
 
+// Creates and fills the file once (reads then read written data, not fallocated holes).
+void lay_out_file(const NvmeTierConfig& nv, IoEngineKind kind, const std::string& path,
+                  const IoBuffer& buffer, std::uint64_t region) {
+  IoEngineOptions o = IoEngineOptions::from(nv);
+  o.kind = kind;
+  o.block_size = std::min<std::uint64_t>(1ULL << 20, region);
+  o.queue_depth = 32;
+  o.io_threads = 1;
+  auto engine = make_engine(o.kind, o);
+  IoFileOptions fo;
+  fo.create = true;
+  fo.exclusive = true;
+  FileId f = engine->open_file(path, fo);
+  engine->wait_for(engine->submit({IoOp::kWrite, f, buffer.data(), region, 0}),
+                   std::chrono::seconds(300));
+  engine->unregister_file(f);
+}
+
+// Adds one timed transfer (a run) to its point.
+void add_run(IoPoint& p, const std::string& dir, const Grid& g, IoOp op, bool direct,
+             std::uint64_t bytes, double secs) {
+  p.path = dir;
+  p.engine = io_engine_name(g.kind);
+  p.op = io_op_name(op);
+  p.block_size = g.bs;
+  p.queue_depth = g.qd;
+  p.rings = g.rings;
+  p.direct = direct;
+  p.bytes += bytes;
+  p.seconds += secs;
+  p.runs_bps.push_back(secs > 0 ? static_cast<double>(bytes) / secs : 0);
+  p.bytes_per_second = median(p.runs_bps);
+}
+
+}  // namespace
+
+std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, const Sizes& sizes,
+                              const Progress& progress) {
+  const NvmeTierConfig& nv = config.tiers.nvme;
+  const std::vector<IoEngineKind> kinds = engines_to_measure(nv, dir, sizes);
+  const std::vector<Grid> grid = sweep_grid(nv, kinds, sizes);
   std::uint64_t region = sizes.io_region;
   for (const auto& g : grid) region = std::max(region, g.bs);
-  const std::uint64_t max_bs = region;
   std::random_device rd;
   FileGuard guard{strcat(dir, "/strata-profile-io-", ::getpid(), "-", rd(), ".bin")};
   IoBuffer buffer = IoBuffer::allocate(region);
   fill_random(buffer.data(), region, 0x5eed5eedULL);
-
-  // Create and fill the file once (reads then read written data, not fallocated holes).
-  {
-    IoEngineOptions o = IoEngineOptions::from(nv);
-    o.kind = kinds.front();
-    o.block_size = std::min<std::uint64_t>(1ULL << 20, max_bs);
-    o.queue_depth = 32;
-    o.io_threads = 1;
-    auto engine = make_engine(o.kind, o);
-    IoFileOptions fo;
-    fo.create = true;
-    fo.exclusive = true;
-    FileId f = engine->open_file(guard.path, fo);
-    engine->wait_for(engine->submit({IoOp::kWrite, f, buffer.data(), region, 0}),
-                     std::chrono::seconds(300));
-    engine->unregister_file(f);
-  }
+  lay_out_file(nv, kinds.front(), guard.path, buffer, region);
 
   // Every point in each pass; odd passes walk the grid backwards, so a drift over the sweep (page
   // cache, thermal, other load) does not favour the points measured first.
@@ -151,17 +177,7 @@ std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, cons
         auto [bytes, secs] =
             timed_transfer(*engine, f, op, buffer.bytes(), region, chunk, sizes.io_point_s);
         IoPoint& p = out[gi * 2 + (op == IoOp::kRead ? 1 : 0)];
-        p.path = dir;
-        p.engine = io_engine_name(g.kind);
-        p.op = io_op_name(op);
-        p.block_size = g.bs;
-        p.queue_depth = g.qd;
-        p.rings = g.rings;
-        p.direct = direct;
-        p.bytes += bytes;
-        p.seconds += secs;
-        p.runs_bps.push_back(secs > 0 ? static_cast<double>(bytes) / secs : 0);
-        p.bytes_per_second = median(p.runs_bps);
+        add_run(p, dir, g, op, direct, bytes, secs);
         if (progress)
           progress(strcat("nvme ", dir, " [", n, "/", grid.size() * passes, "] ", p.op, " ",
                           format_bytes(g.bs, true), " qd ", g.qd, " ", p.engine, " x", g.rings,
@@ -177,11 +193,13 @@ StreamRates measure_streams(const Config& config, const std::string& dir, std::u
                             std::uint64_t region, double seconds) {
   const NvmeTierConfig& nv = config.tiers.nvme;
   IoEngineOptions o = IoEngineOptions::from(nv);
-  if (o.kind == IoEngineKind::kAuto) o.kind = probe_io_uring(o, dir).ok ? IoEngineKind::kIoUring : IoEngineKind::kThreads;
+  if (o.kind == IoEngineKind::kAuto)
+    o.kind = probe_io_uring(o, dir).ok ? IoEngineKind::kIoUring : IoEngineKind::kThreads;
   region = std::max<std::uint64_t>(region / nv.block_size * nv.block_size, nv.block_size);
-  const std::uint64_t chunk = std::clamp<std::uint64_t>(nv.block_size * nv.queue_depth, nv.block_size,
-                                                        std::max(region / 2, nv.block_size)) /
-                              nv.block_size * nv.block_size;
+  const std::uint64_t chunk =
+      std::clamp<std::uint64_t>(nv.block_size * nv.queue_depth, nv.block_size,
+                                std::max(region / 2, nv.block_size)) /
+      nv.block_size * nv.block_size;
   struct Stream {
     FileGuard guard;
     IoBuffer buffer;
@@ -211,8 +229,8 @@ StreamRates measure_streams(const Config& config, const std::string& dir, std::u
     for (std::uint32_t i = 0; i < k; ++i)
       threads.emplace_back([&, i] {
         try {
-          res[i] = timed_transfer(*ss[i].engine, ss[i].file, op, ss[i].buffer.bytes(), region, chunk,
-                                  seconds);
+          res[i] = timed_transfer(*ss[i].engine, ss[i].file, op, ss[i].buffer.bytes(), region,
+                                  chunk, seconds);
         } catch (...) {
           errors[i] = std::current_exception();
         }

@@ -26,90 +26,119 @@
 namespace strata {
 namespace profile {
 
-Sizes mode_sizes(ProfileMode mode) {
-  constexpr std::uint64_t K = 1ULL << 10, M = 1ULL << 20, G = 1ULL << 30;
+namespace {
+
+constexpr std::uint64_t K = 1ULL << 10, M = 1ULL << 20, G = 1ULL << 30;
+
+// --tiny (tests): the least that exercises every path
+Sizes tiny_sizes() {
   Sizes s;
+  s.block_sizes = {128 * K, 1 * M};
+  s.queue_depths = {1, 8};
+  s.rings = {1};
+  s.both_engines = false;
+  s.io_region = 4 * M;
+  s.io_point_s = 0.01;
+  s.io_passes = 1;
+  s.copy_sizes = {1 * M};
+  s.adam_elements = 256 * K;
+  s.gpu_adam_elements = 1 * M;
+  s.triad_bytes = 24 * M;
+  s.collective_sizes = {256 * K};
+  s.sample_elements = 256 * K;
+  s.sample_sub_groups = 3;
+  s.sample_repeats = 1;
+  s.max_streams = 4;
+  s.stream_region = 4 * M;
+  s.stream_s = 0.02;
+  s.engine_check_steps = 3;
+  return s;
+}
+
+// --quick
+Sizes quick_sizes() {
+  Sizes s;
+  s.block_sizes = {128 * K, 1 * M, 8 * M};
+  s.queue_depths = {1, 32};
+  s.rings = {1};
+  s.io_region = 64 * M;
+  s.io_point_s = 0.05;
+  s.io_passes = 2;
+  s.copy_sizes = {1 * M, 16 * M, 64 * M};
+  s.adam_elements = 4 * M;
+  s.gpu_adam_elements = 16 * M;
+  s.triad_bytes = 96 * M;
+  s.collective_sizes = {1 * M, 16 * M};
+  s.sample_elements = 4 * M;
+  s.sample_sub_groups = 4;
+  s.sample_repeats = 3;
+  s.stream_region = 32 * M;
+  s.stream_s = 0.1;
+  s.engine_check_steps = 3;
+  return s;
+}
+
+// the default mode
+Sizes default_sizes() {
+  Sizes s;
+  s.block_sizes = {128 * K, 512 * K, 1 * M, 2 * M, 8 * M};
+  s.queue_depths = {1, 8, 32, 128};
+  s.rings = {1, 2};
+  s.io_region = 128 * M;
+  s.io_point_s = 0.06;
+  s.io_passes = 2;
+  s.copy_sizes = {1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G};
+  s.adam_elements = 16 * M;
+  s.gpu_adam_elements = 64 * M;
+  s.triad_bytes = 192 * M;
+  s.collective_sizes = {1 * M, 16 * M};
+  s.sample_elements = 8 * M;
+  s.sample_sub_groups = 4;
+  s.sample_repeats = 5;
+  s.stream_region = 64 * M;
+  s.stream_s = 0.2;
+  s.engine_check_steps = 5;
+  return s;
+}
+
+// --full
+Sizes full_sizes() {
+  Sizes s;
+  s.block_sizes = {128 * K, 256 * K, 512 * K, 1 * M, 2 * M, 4 * M, 8 * M};
+  s.queue_depths = {1, 2, 4, 8, 16, 32, 64, 128};
+  s.rings = {1, 2, 4};
+  s.io_region = 512 * M;
+  s.io_point_s = 0.15;
+  s.io_passes = 3;
+  s.copy_sizes = {1 * M,  2 * M,   4 * M,   8 * M,   16 * M, 32 * M,
+                  64 * M, 128 * M, 256 * M, 512 * M, 1 * G};
+  s.adam_elements = 64 * M;
+  s.gpu_adam_elements = 256 * M;
+  s.triad_bytes = 1536 * M;
+  s.collective_sizes = {1 * M, 16 * M, 64 * M, 256 * M};
+  s.sample_elements = 32 * M;
+  s.sample_sub_groups = 6;
+  s.sample_repeats = 5;
+  s.stream_region = 128 * M;
+  s.stream_s = 0.5;
+  s.engine_check_steps = 7;
+  return s;
+}
+
+}  // namespace
+
+Sizes mode_sizes(ProfileMode mode) {
   switch (mode) {
     case ProfileMode::kTiny:
-      s.block_sizes = {128 * K, 1 * M};
-      s.queue_depths = {1, 8};
-      s.rings = {1};
-      s.both_engines = false;
-      s.io_region = 4 * M;
-      s.io_point_s = 0.01;
-      s.io_passes = 1;
-      s.copy_sizes = {1 * M};
-      s.adam_elements = 256 * K;
-      s.gpu_adam_elements = 1 * M;
-      s.triad_bytes = 24 * M;
-      s.collective_sizes = {256 * K};
-      s.sample_elements = 256 * K;
-      s.sample_sub_groups = 3;
-      s.sample_repeats = 1;
-      s.max_streams = 4;
-      s.stream_region = 4 * M;
-      s.stream_s = 0.02;
-      s.engine_check_steps = 3;
-      break;
+      return tiny_sizes();
     case ProfileMode::kQuick:
-      s.block_sizes = {128 * K, 1 * M, 8 * M};
-      s.queue_depths = {1, 32};
-      s.rings = {1};
-      s.io_region = 64 * M;
-      s.io_point_s = 0.05;
-      s.io_passes = 2;
-      s.copy_sizes = {1 * M, 16 * M, 64 * M};
-      s.adam_elements = 4 * M;
-      s.gpu_adam_elements = 16 * M;
-      s.triad_bytes = 96 * M;
-      s.collective_sizes = {1 * M, 16 * M};
-      s.sample_elements = 4 * M;
-      s.sample_sub_groups = 4;
-      s.sample_repeats = 3;
-      s.stream_region = 32 * M;
-      s.stream_s = 0.1;
-      s.engine_check_steps = 3;
-      break;
+      return quick_sizes();
     case ProfileMode::kDefault:
-      s.block_sizes = {128 * K, 512 * K, 1 * M, 2 * M, 8 * M};
-      s.queue_depths = {1, 8, 32, 128};
-      s.rings = {1, 2};
-      s.io_region = 128 * M;
-      s.io_point_s = 0.06;
-      s.io_passes = 2;
-      s.copy_sizes = {1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G};
-      s.adam_elements = 16 * M;
-      s.gpu_adam_elements = 64 * M;
-      s.triad_bytes = 192 * M;
-      s.collective_sizes = {1 * M, 16 * M};
-      s.sample_elements = 8 * M;
-      s.sample_sub_groups = 4;
-      s.sample_repeats = 5;
-      s.stream_region = 64 * M;
-      s.stream_s = 0.2;
-      s.engine_check_steps = 5;
-      break;
+      return default_sizes();
     case ProfileMode::kFull:
-      s.block_sizes = {128 * K, 256 * K, 512 * K, 1 * M, 2 * M, 4 * M, 8 * M};
-      s.queue_depths = {1, 2, 4, 8, 16, 32, 64, 128};
-      s.rings = {1, 2, 4};
-      s.io_region = 512 * M;
-      s.io_point_s = 0.15;
-      s.io_passes = 3;
-      s.copy_sizes = {1 * M, 2 * M, 4 * M, 8 * M, 16 * M, 32 * M, 64 * M, 128 * M, 256 * M, 512 * M, 1 * G};
-      s.adam_elements = 64 * M;
-      s.gpu_adam_elements = 256 * M;
-      s.triad_bytes = 1536 * M;
-      s.collective_sizes = {1 * M, 16 * M, 64 * M, 256 * M};
-      s.sample_elements = 32 * M;
-      s.sample_sub_groups = 6;
-      s.sample_repeats = 5;
-      s.stream_region = 128 * M;
-      s.stream_s = 0.5;
-      s.engine_check_steps = 7;
-      break;
+      return full_sizes();
   }
-  return s;
+  return Sizes{};
 }
 
 namespace {
@@ -122,7 +151,8 @@ class TempDir {
     std::string base = std::filesystem::temp_directory_path(ec).string();
     if (ec || base.empty()) base = "/tmp";
     // O_DIRECT is not real on tmpfs; prefer /var/tmp there.
-    if (is_tmpfs(base) && ::access("/var/tmp", W_OK) == 0 && !is_tmpfs("/var/tmp")) base = "/var/tmp";
+    if (is_tmpfs(base) && ::access("/var/tmp", W_OK) == 0 && !is_tmpfs("/var/tmp"))
+      base = "/var/tmp";
     std::string templ = base + "/strata-profile-XXXXXX";
     std::vector<char> buf(templ.begin(), templ.end());
     buf.push_back('\0');
@@ -142,9 +172,7 @@ class TempDir {
 };
 
 IoEngineKind engine_kind(const std::string& name) {
-  if (name == "io_uring") return IoEngineKind::kIoUring;
-  if (name == "threads") return IoEngineKind::kThreads;
-  return IoEngineKind::kAuto;
+  return enum_from_name<IoEngineKind>(name).value_or(IoEngineKind::kAuto);
 }
 
 const IoPoint* find_point(const std::vector<IoPoint>& pts, const std::string& path,
@@ -214,320 +242,432 @@ bool uses_nvme(const OffloadConfig& o) {
          o.params.tier == Tier::kNvme;
 }
 
-}  // namespace
-}  // namespace profile
+// One run of run_profile(): the report being filled and what its steps share. The steps run in
+// this order on every rank of a launch (phase() is a barrier): paths, 1. NVMe sweep, 2. device
+// copies and GPU Adam, 3. CPU Adam and triad, 4. collectives, 5. sample step, 6. node sharing,
+// 7. the model of the configured step, 8. engine check, 9. recommendations and the tuned config.
+class ProfileRun {
+ public:
+  ProfileRun(const Config& config, const ProfileOptions& options)
+      : config_(config), options_(options), comm_(options.comm) {}
 
-ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
-  using namespace profile;
-  Stopwatch total;
-  ProfileReport r;
-  r.config_source = config.source;
-  r.mode = options.mode;
-  Communicator* comm = options.comm;
-  r.rank = comm ? comm->rank() : 0;
-  r.world = comm ? comm->size() : 1;
-  Sizes sizes = mode_sizes(options.mode);
-  if (options.sample_repeats) sizes.sample_repeats = options.sample_repeats;
-  if (!(options.target_overhead_s >= 0))
-    fail(ErrorCode::kInvalidArgument, "profile: the target overhead must be >= 0 seconds");
-  // Only rank 0 reports progress; every rank measures the same things at the same time.
-  const Progress progress = r.rank == 0 ? options.progress : Progress{};
-  auto sync = [&] {
-    if (comm) comm->barrier();
-  };
-  Stopwatch phase_clock;
-  std::string phase_name;
-  auto phase = [&](const std::string& s) {
-    if (!phase_name.empty()) r.phase_seconds.emplace_back(phase_name, phase_clock.seconds());
+  ProfileReport run() {
+    start();
+    choose_paths();
+    sweep_nvme();
+    measure_device();
+    measure_cpu();
+    measure_network();
+    sample_step();
+    share_node();
+    model_step();
+    check_engine();
+    recommend_io_settings();
+    tune_config();
     sync();
-    phase_name = s;
-    phase_clock = Stopwatch();
-    if (progress && !s.empty()) progress("== " + s);
-  };
+    r_.elapsed_s = total_.seconds();
+    return std::move(r_);
+  }
+
+ private:
+  void sync() {
+    if (comm_) comm_->barrier();
+  }
+
+  // Ends the phase that ran (its seconds go to the report), waits for every rank, starts `name`.
+  void phase(const std::string& name) {
+    if (!phase_name_.empty()) r_.phase_seconds.emplace_back(phase_name_, phase_clock_.seconds());
+    sync();
+    phase_name_ = name;
+    phase_clock_ = Stopwatch();
+    if (progress_ && !name.empty()) progress_("== " + name);
+  }
+
+  void start() {
+    r_.config_source = config_.source;
+    r_.mode = options_.mode;
+    r_.rank = comm_ ? comm_->rank() : 0;
+    r_.world = comm_ ? comm_->size() : 1;
+    sizes_ = mode_sizes(options_.mode);
+    if (options_.sample_repeats) sizes_.sample_repeats = options_.sample_repeats;
+    if (!(options_.target_overhead_s >= 0))
+      fail(ErrorCode::kInvalidArgument, "profile: the target overhead must be >= 0 seconds");
+    // Only rank 0 reports progress; every rank measures the same things at the same time.
+    progress_ = r_.rank == 0 ? options_.progress : Progress{};
+  }
 
   // NVMe paths: the configured ones (checked), or a temporary directory.
-  std::vector<PathInfo> checked = check_nvme_paths(config.tiers.nvme);
-  std::unique_ptr<TempDir> temp;
-  std::vector<std::string> paths = config.tiers.nvme.paths;
-  if (paths.empty()) {
-    temp = std::make_unique<TempDir>();
-    paths.push_back(temp->path());
-    const PathInfo info = describe_path(temp->path());
-    r.notes.push_back(strcat("no NVMe path configured (tiers.nvme.paths is empty): measured in the "
-                             "temporary directory ", temp->path(), " (", info.filesystem, " on ",
-                             info.device, "), removed afterwards; its I/O settings are not written "
-                             "to a tuned config"));
-    if (config.tiers.nvme.direct_io == DirectIoMode::kRequired && is_tmpfs(temp->path()))
-      fail(ErrorCode::kInvalidArgument,
-           strcat("the temporary directory ", temp->path(),
-                  " is on tmpfs and tiers.nvme.direct_io is required: configure tiers.nvme.paths"));
+  void choose_paths() {
+    check_nvme_paths(config_.tiers.nvme);
+    paths_ = config_.tiers.nvme.paths;
+    if (paths_.empty()) {
+      temp_ = std::make_unique<TempDir>();
+      paths_.push_back(temp_->path());
+      const PathInfo info = describe_path(temp_->path());
+      r_.notes.push_back(
+          strcat("no NVMe path configured (tiers.nvme.paths is empty): measured in the "
+                 "temporary directory ",
+                 temp_->path(), " (", info.filesystem, " on ", info.device,
+                 "), removed afterwards; its I/O settings are not written "
+                 "to a tuned config"));
+      if (config_.tiers.nvme.direct_io == DirectIoMode::kRequired && is_tmpfs(temp_->path()))
+        fail(ErrorCode::kInvalidArgument,
+             strcat("the temporary directory ", temp_->path(),
+                    " is on tmpfs and tiers.nvme.direct_io is required: configure "
+                    "tiers.nvme.paths"));
+    }
+    r_.environment = collect_environment(paths_, adam_path_name(adam_default_path()));
+    if (temp_) r_.environment.paths.front().temporary = true;
+    log_info("profile: ", profile_mode_name(options_.mode), " mode, load average ",
+             r_.environment.load_average_1m,
+             comm_ ? strcat(", rank ", r_.rank, " of ", r_.world) : "");
   }
-  r.environment = collect_environment(paths, adam_path_name(adam_default_path()));
-  if (temp) r.environment.paths.front().temporary = true;
-  log_info("profile: ", profile_mode_name(options.mode), " mode, load average ",
-           r.environment.load_average_1m, comm ? strcat(", rank ", r.rank, " of ", r.world) : "");
 
   // 1. NVMe through the I/O engine (every rank of the launch at once).
-  phase("setup");
-  for (const auto& p : paths) {
-    phase("NVMe sweep: " + p);
-    auto pts = sweep_io(config, p, sizes, progress);
-    r.io.insert(r.io.end(), pts.begin(), pts.end());
+  void sweep_nvme() {
+    phase("setup");
+    for (const auto& p : paths_) {
+      phase("NVMe sweep: " + p);
+      auto pts = sweep_io(config_, p, sizes_, progress_);
+      r_.io.insert(r_.io.end(), pts.begin(), pts.end());
+    }
   }
 
   // 2. Host <-> device copies and GPU Adam (CUDA only; the host-emulated device is no GPU).
-  std::unique_ptr<Device> gpu;
-  if (r.environment.has_gpu && config.runtime.device != DeviceKind::kHost) {
-    try {
-      gpu = make_device(DeviceKind::kCuda);
-    } catch (const Error& e) {
-      r.copies_skipped = std::string("skipped: the GPU could not be used: ") + e.what();
+  void measure_device() {
+    if (r_.environment.has_gpu && config_.runtime.device != DeviceKind::kHost) {
+      try {
+        gpu_ = make_device(DeviceKind::kCuda);
+      } catch (const Error& e) {
+        r_.copies_skipped = std::string("skipped: the GPU could not be used: ") + e.what();
+      }
+    } else if (!r_.environment.has_gpu) {
+      r_.copies_skipped = "skipped: " + r_.environment.gpu;
+    } else {
+      r_.copies_skipped = "skipped: runtime.device is host";
     }
-  } else if (!r.environment.has_gpu) {
-    r.copies_skipped = "skipped: " + r.environment.gpu;
-  } else {
-    r.copies_skipped = "skipped: runtime.device is host";
+    phase("host <-> device copies, GPU Adam");
+    if (gpu_) {
+      r_.copies = measure_copies(*gpu_, sizes_, progress_);
+      r_.gpu_adam = measure_gpu_adam(config_, *gpu_, sizes_.gpu_adam_elements);
+    } else {
+      r_.gpu_adam.skipped = r_.copies_skipped;
+    }
+    if (progress_ && !gpu_) progress_("host <-> device copies, GPU Adam: " + r_.copies_skipped);
   }
-  phase("host <-> device copies, GPU Adam");
-  if (gpu) {
-    r.copies = measure_copies(*gpu, sizes, progress);
-    r.gpu_adam = measure_gpu_adam(config, *gpu, sizes.gpu_adam_elements);
-  } else {
-    r.gpu_adam.skipped = r.copies_skipped;
-  }
-  if (progress && !gpu) progress("host <-> device copies, GPU Adam: " + r.copies_skipped);
 
   // 3. CPU Adam and the memory-bandwidth reference.
-  phase("CPU Adam, memory bandwidth (triad)");
-  r.cpu_adam = measure_cpu_adam(config, sizes.adam_elements);
-  r.triad_threads = config.runtime.cpu_threads ? config.runtime.cpu_threads
-                                               : std::max(1u, std::thread::hardware_concurrency());
-  r.triad_bytes_per_second = measure_triad(sizes.triad_bytes, r.triad_threads);
-  if (progress)
-    progress(strcat("CPU Adam (", r.cpu_adam.device, "): ", format_count(static_cast<std::uint64_t>(
-                                                               r.cpu_adam.params_per_second)),
-                    " params/s; triad ", format_rate(r.triad_bytes_per_second)));
+  void measure_cpu() {
+    phase("CPU Adam, memory bandwidth (triad)");
+    r_.cpu_adam = measure_cpu_adam(config_, sizes_.adam_elements);
+    r_.triad_threads = config_.runtime.cpu_threads
+                           ? config_.runtime.cpu_threads
+                           : std::max(1u, std::thread::hardware_concurrency());
+    r_.triad_bytes_per_second = measure_triad(sizes_.triad_bytes, r_.triad_threads);
+    if (progress_)
+      progress_(strcat("CPU Adam (", r_.cpu_adam.device, "): ",
+                       format_count(static_cast<std::uint64_t>(r_.cpu_adam.params_per_second)),
+                       " params/s; triad ", format_rate(r_.triad_bytes_per_second)));
+  }
 
   // 4. Collectives: the real communicator of a multi-process launch, or the configured
   //    world.network_bandwidth; never threads of this process.
-  phase("collectives");
-  Bandwidths& bw = r.bandwidths;
-  if (config.world.ranks < 2 && r.world < 2) {
-    r.collectives_skipped = "skipped: 1 rank (world.ranks = 1), no collective in a step";
-  } else if (comm && r.world > 1) {
+  void measure_network() {
+    phase("collectives");
+    Bandwidths& bw = r_.bandwidths;
+    if (config_.world.ranks < 2 && r_.world < 2) {
+      r_.collectives_skipped = "skipped: 1 rank (world.ranks = 1), no collective in a step";
+    } else if (comm_ && r_.world > 1) {
+      measure_launch_collectives();
+    } else if (config_.world.network_bandwidth > 0) {
+      bw.network_source = strcat("configured: world.network_bandwidth = ",
+                                 format_rate(static_cast<double>(config_.world.network_bandwidth)),
+                                 " (not measured: not launched across processes)");
+      r_.collectives_skipped = strcat(
+          "not measured: not launched across processes (run under mpirun to "
+          "measure the real communicator); the model uses ",
+          bw.network_source);
+    } else {
+      r_.collectives_skipped =
+          "not measured: not launched across processes (run under mpirun to measure the real "
+          "communicator, or set world.network_bandwidth); the network leg is not counted";
+    }
+    if (progress_ && r_.collectives.empty()) progress_("collectives: " + r_.collectives_skipped);
+  }
+
+  // The launch's communicator (NCCL where it starts and a GPU is used, else the host one).
+  void measure_launch_collectives() {
     std::unique_ptr<Communicator> nccl;
-    const bool want_nccl = config.runtime.communicator == CommBackend::kNccl ||
-                           (config.runtime.communicator == CommBackend::kAuto && gpu);
-    if (want_nccl && nccl_available() && gpu) {
+    const bool want_nccl = config_.runtime.communicator == CommBackend::kNccl ||
+                           (config_.runtime.communicator == CommBackend::kAuto && gpu_);
+    if (want_nccl && nccl_available() && gpu_) {
       try {
         NcclBootstrap boot;
-        boot.host = comm;
-        nccl = make_nccl_communicator(boot, 0, config.runtime.collective_timeout_s);
+        boot.host = comm_;
+        nccl = make_nccl_communicator(boot, 0, config_.runtime.collective_timeout_s);
       } catch (const Error& e) {
-        r.notes.push_back(strcat("NCCL could not start (", e.what(), "): measured ", comm->backend_name()));
+        r_.notes.push_back(
+            strcat("NCCL could not start (", e.what(), "): measured ", comm_->backend_name()));
       }
     }
-    r.collectives = nccl ? measure_collectives(config, *nccl, *comm, gpu.get(), sizes, progress)
-                         : measure_collectives(config, *comm, *comm, nullptr, sizes, progress);
-    bw.network_source = strcat("measured: ", nccl ? "nccl" : comm->backend_name(), " over ", r.world,
-                               " processes");
-    if (static_cast<std::uint32_t>(r.world) != config.world.ranks)
-      r.notes.push_back(strcat("the launch has ", r.world, " processes, the config ", config.world.ranks,
-                               " ranks: the model uses the bus bandwidth measured with ", r.world));
-  } else if (config.world.network_bandwidth > 0) {
-    bw.network_source = strcat("configured: world.network_bandwidth = ",
-                               format_rate(static_cast<double>(config.world.network_bandwidth)),
-                               " (not measured: not launched across processes)");
-    r.collectives_skipped = strcat("not measured: not launched across processes (run under mpirun to "
-                                   "measure the real communicator); the model uses ",
-                                   bw.network_source);
-  } else {
-    r.collectives_skipped =
-        "not measured: not launched across processes (run under mpirun to measure the real "
-        "communicator, or set world.network_bandwidth); the network leg is not counted";
+    r_.collectives =
+        nccl ? measure_collectives(config_, *nccl, *comm_, gpu_.get(), sizes_, progress_)
+             : measure_collectives(config_, *comm_, *comm_, nullptr, sizes_, progress_);
+    r_.bandwidths.network_source = strcat("measured: ", nccl ? "nccl" : comm_->backend_name(),
+                                          " over ", r_.world, " processes");
+    if (static_cast<std::uint32_t>(r_.world) != config_.world.ranks)
+      r_.notes.push_back(
+          strcat("the launch has ", r_.world, " processes, the config ", config_.world.ranks,
+                 " ranks: the model uses the bus bandwidth measured with ", r_.world));
   }
-  if (progress && r.collectives.empty()) progress("collectives: " + r.collectives_skipped);
 
   // 5. The sample step through the real tiers (every rank at once under a launch).
-  phase("sample step (the engine's step, optimizer state on NVMe)");
-  const std::uint64_t elements = std::min<std::uint64_t>(config.zero.sub_group_size, sizes.sample_elements);
-  r.sample = run_sample_step(config, paths, elements, sizes.sample_sub_groups, sizes.sample_repeats,
-                             progress, sync);
+  void sample_step() {
+    phase("sample step (the engine's step, optimizer state on NVMe)");
+    elements_ = std::min<std::uint64_t>(config_.zero.sub_group_size, sizes_.sample_elements);
+    r_.sample = run_sample_step(config_, paths_, elements_, sizes_.sample_sub_groups,
+                                sizes_.sample_repeats, progress_, [this] { sync(); });
+  }
 
-  // 6. How ranks share a node (docs/performance.md "Ranks on a node").
-  NodeSharing& sh = r.sharing;
-  sh.ranks_per_node = std::min(config.ranks_per_node(), std::max<std::uint32_t>(config.world.ranks, 1));
-  sh.local_processes = 1;
-  if (comm && options.local_processes) {
-    sh.local_processes = options.local_processes;
-  } else if (comm) {  // ranks whose host name hashes like this one's
-    const double mine = static_cast<double>(std::hash<std::string>{}(r.environment.hostname) % (1ULL << 52));
+  // 6. How ranks share a node (docs/profile.md "Ranks on a node").
+  void share_node() {
+    NodeSharing& sh = r_.sharing;
+    sh.ranks_per_node =
+        std::min(config_.ranks_per_node(), std::max<std::uint32_t>(config_.world.ranks, 1));
+    sh.local_processes = count_local_processes();
+    sh.nvme_devices = std::min(distinct_devices(r_.environment.paths), sh.ranks_per_node);
+    const std::uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
+    sh.cores_per_rank = static_cast<double>(cores) / sh.ranks_per_node;
+    if (sh.ranks_per_node > sh.local_processes) {
+      phase("node sharing: concurrent NVMe streams");
+      if (sh.local_processes == 1) {
+        share_nvme_measured();
+      } else {
+        // Every local process measured at once: scale the rest of the node's ranks in linearly.
+        sh.nvme_read_factor = sh.nvme_write_factor =
+            static_cast<double>(sh.local_processes) / sh.ranks_per_node;
+        sh.notes.push_back(strcat("NVMe: ", sh.local_processes,
+                                  " processes measured at once on this "
+                                  "node; the config has ",
+                                  sh.ranks_per_node, " ranks per node: rates scaled by x",
+                                  fixed2(sh.nvme_read_factor)));
+      }
+    } else if (sh.ranks_per_node > 1) {
+      sh.notes.push_back(strcat("NVMe and CPU: the ", sh.local_processes,
+                                " ranks of this node ran the "
+                                "measurements at the same time: the rates are already shared"));
+    }
+    share_cpu(cores);
+  }
+
+  // The processes of the launch on this node: given, or the ranks whose host name hashes like
+  // this one's (1 without a launch).
+  std::uint32_t count_local_processes() {
+    if (comm_ && options_.local_processes) return options_.local_processes;
+    if (!comm_) return 1;
+    const double mine =
+        static_cast<double>(std::hash<std::string>{}(r_.environment.hostname) % (1ULL << 52));
     std::uint32_t local = 0;
     std::uint32_t bits[2];
     std::memcpy(bits, &mine, sizeof mine);
-    std::vector<std::uint32_t> all(2 * static_cast<std::size_t>(r.world));
-    comm->all_gather(bits, all.data(), 2, DType::kFp32);
-    for (int k = 0; k < r.world; ++k) {
+    std::vector<std::uint32_t> all(2 * static_cast<std::size_t>(r_.world));
+    comm_->all_gather(bits, all.data(), 2, DType::kFp32);
+    for (int k = 0; k < r_.world; ++k) {
       double x;
       std::memcpy(&x, all.data() + 2 * k, sizeof x);
       local += x == mine;
     }
-    sh.local_processes = std::max<std::uint32_t>(local, 1);
+    return std::max<std::uint32_t>(local, 1);
   }
-  sh.nvme_devices = std::min(distinct_devices(r.environment.paths), sh.ranks_per_node);
-  const std::uint32_t cores = std::max(1u, std::thread::hardware_concurrency());
-  sh.cores_per_rank = static_cast<double>(cores) / sh.ranks_per_node;
-  if (sh.ranks_per_node > sh.local_processes) {
-    phase("node sharing: concurrent NVMe streams");
-    if (sh.local_processes == 1) {
-      sh.nvme_streams = std::min(sh.ranks_per_node, sizes.max_streams);
-      const StreamRates sr = measure_streams(config, paths.front(), sh.nvme_streams,
-                                             sizes.stream_region, sizes.stream_s);
-      sh.nvme_single_read_bps = sr.single_read;
-      sh.nvme_single_write_bps = sr.single_write;
-      sh.nvme_aggregate_read_bps = sr.aggregate_read;
-      sh.nvme_aggregate_write_bps = sr.aggregate_write;
-      // A rank's share: the aggregate of the streams (saturated beyond max_streams) times the
-      // devices, split over the node's ranks, relative to what one stream reached alone.
-      auto factor = [&](double agg, double single) {
-        return single > 0 ? std::min(1.0, agg * sh.nvme_devices / (sh.ranks_per_node * single)) : 1.0;
-      };
-      sh.nvme_read_factor = factor(sr.aggregate_read, sr.single_read);
-      sh.nvme_write_factor = factor(sr.aggregate_write, sr.single_write);
-      sh.notes.push_back(strcat("NVMe: ", sh.ranks_per_node, " ranks per node share ", sh.nvme_devices,
-                                " device(s); ", sh.nvme_streams, " concurrent streams reached read ",
-                                format_rate(sr.aggregate_read), " / write ", format_rate(sr.aggregate_write),
-                                " against one stream's ", format_rate(sr.single_read), " / ",
-                                format_rate(sr.single_write), ": a rank gets x", fixed2(sh.nvme_read_factor),
-                                " (read), x", fixed2(sh.nvme_write_factor), " (write) of the sample's rates"));
-      if (progress) progress(sh.notes.back());
-    } else {
-      // Every local process measured at once: scale the rest of the node's ranks in linearly.
-      sh.nvme_read_factor = sh.nvme_write_factor =
-          static_cast<double>(sh.local_processes) / sh.ranks_per_node;
-      sh.notes.push_back(strcat("NVMe: ", sh.local_processes, " processes measured at once on this "
-                                "node; the config has ", sh.ranks_per_node,
-                                " ranks per node: rates scaled by x", fixed2(sh.nvme_read_factor)));
-    }
-  } else if (sh.ranks_per_node > 1) {
-    sh.notes.push_back(strcat("NVMe and CPU: the ", sh.local_processes, " ranks of this node ran the "
-                              "measurements at the same time: the rates are already shared"));
+
+  // One process on a node configured with more ranks: concurrent streams measure the disk's
+  // share per rank.
+  void share_nvme_measured() {
+    NodeSharing& sh = r_.sharing;
+    sh.nvme_streams = std::min(sh.ranks_per_node, sizes_.max_streams);
+    const StreamRates sr = measure_streams(config_, paths_.front(), sh.nvme_streams,
+                                           sizes_.stream_region, sizes_.stream_s);
+    sh.nvme_single_read_bps = sr.single_read;
+    sh.nvme_single_write_bps = sr.single_write;
+    sh.nvme_aggregate_read_bps = sr.aggregate_read;
+    sh.nvme_aggregate_write_bps = sr.aggregate_write;
+    // A rank's share: the aggregate of the streams (saturated beyond max_streams) times the
+    // devices, split over the node's ranks, relative to what one stream reached alone.
+    auto factor = [&](double agg, double single) {
+      return single > 0 ? std::min(1.0, agg * sh.nvme_devices / (sh.ranks_per_node * single)) : 1.0;
+    };
+    sh.nvme_read_factor = factor(sr.aggregate_read, sr.single_read);
+    sh.nvme_write_factor = factor(sr.aggregate_write, sr.single_write);
+    sh.notes.push_back(
+        strcat("NVMe: ", sh.ranks_per_node, " ranks per node share ", sh.nvme_devices,
+               " device(s); ", sh.nvme_streams, " concurrent streams reached read ",
+               format_rate(sr.aggregate_read), " / write ", format_rate(sr.aggregate_write),
+               " against one stream's ", format_rate(sr.single_read), " / ",
+               format_rate(sr.single_write), ": a rank gets x", fixed2(sh.nvme_read_factor),
+               " (read), x", fixed2(sh.nvme_write_factor), " (write) of the sample's rates"));
+    if (progress_) progress_(sh.notes.back());
   }
-  // CPU: the node's cores and memory bandwidth are split over its ranks. The sample's Adam rate was
-  // measured with runtime.cpu_threads threads (0 = all cores) while local_processes ranks ran.
-  {
-    const double threads = config.runtime.cpu_threads ? config.runtime.cpu_threads : cores;
-    const double demand = threads * sh.ranks_per_node;         // threads the node's ranks want
+
+  // CPU: the node's cores and memory bandwidth are split over its ranks. The sample's Adam rate
+  // was measured with runtime.cpu_threads threads (0 = all cores) while local_processes ranks
+  // ran.
+  void share_cpu(std::uint32_t cores) {
+    NodeSharing& sh = r_.sharing;
+    const double threads = config_.runtime.cpu_threads ? config_.runtime.cpu_threads : cores;
+    const double demand = threads * sh.ranks_per_node;          // threads the node's ranks want
     const double measured_with = threads * sh.local_processes;  // threads that ran at once
     // A rank's share of the cores: min(1, cores / demand); the measurement had min(1, cores /
     // measured_with). (Adam is bound by memory bandwidth, which the cores share the same way.)
     const double c = static_cast<double>(cores);
-    sh.cpu_factor = std::min(1.0, c / std::max(demand, 1.0)) / std::min(1.0, c / std::max(measured_with, 1.0));
+    sh.cpu_factor =
+        std::min(1.0, c / std::max(demand, 1.0)) / std::min(1.0, c / std::max(measured_with, 1.0));
     if (sh.cpu_factor < 1.0)
-      sh.notes.push_back(strcat("CPU: ", sh.ranks_per_node, " ranks x ", threads, " Adam threads on ", cores,
-                                " cores (", sh.local_processes, " measured at once): a rank's Adam rate x",
-                                fixed2(sh.cpu_factor), "; the contention model gives each rank ",
-                                fixed2(sh.cores_per_rank), " cores"));
+      sh.notes.push_back(strcat(
+          "CPU: ", sh.ranks_per_node, " ranks x ", threads, " Adam threads on ", cores, " cores (",
+          sh.local_processes, " measured at once): a rank's Adam rate x", fixed2(sh.cpu_factor),
+          "; the contention model gives each rank ", fixed2(sh.cores_per_rank), " cores"));
   }
 
   // 7. The model for the configured step (per rank).
-  bw.nvme_read_bps = r.sample.tier_read_bps * sh.nvme_read_factor;
-  bw.nvme_write_bps = r.sample.tier_write_bps * sh.nvme_write_factor;
-  bw.nvme_duplex = false;
-  bw.nvme_mixed_bps = r.sample.tier_mixed_bps * std::min(sh.nvme_read_factor, sh.nvme_write_factor);
-  bw.cpu_adam_params_per_s = r.sample.adam_params_per_s * sh.cpu_factor;
-  bw.cpu_s_per_nvme_byte = r.sample.cpu_s_per_nvme_byte;
-  bw.cpu_s_per_adam_element = r.sample.cpu_s_per_adam_element;
-  bw.cores = std::max(1.0, sh.cores_per_rank);
-  if (r.gpu_adam.measured) bw.gpu_adam_params_per_s = r.gpu_adam.params_per_second;
-  for (const auto& c : r.copies) {  // pinned, largest size
-    if (!c.pinned) continue;
-    (c.direction == "host_to_device" ? bw.h2d_bps : bw.d2h_bps) = c.bytes_per_second;
+  void model_step() {
+    Bandwidths& bw = r_.bandwidths;
+    const NodeSharing& sh = r_.sharing;
+    bw.nvme_read_bps = r_.sample.tier_read_bps * sh.nvme_read_factor;
+    bw.nvme_write_bps = r_.sample.tier_write_bps * sh.nvme_write_factor;
+    bw.nvme_duplex = false;
+    bw.nvme_mixed_bps =
+        r_.sample.tier_mixed_bps * std::min(sh.nvme_read_factor, sh.nvme_write_factor);
+    bw.cpu_adam_params_per_s = r_.sample.adam_params_per_s * sh.cpu_factor;
+    bw.cpu_s_per_nvme_byte = r_.sample.cpu_s_per_nvme_byte;
+    bw.cpu_s_per_adam_element = r_.sample.cpu_s_per_adam_element;
+    bw.cores = std::max(1.0, sh.cores_per_rank);
+    if (r_.gpu_adam.measured) bw.gpu_adam_params_per_s = r_.gpu_adam.params_per_second;
+    for (const auto& c : r_.copies) {  // pinned, largest size
+      if (!c.pinned) continue;
+      (c.direction == "host_to_device" ? bw.h2d_bps : bw.d2h_bps) = c.bytes_per_second;
+    }
+    if (!r_.collectives.empty()) {
+      for (const auto& c : r_.collectives)  // the largest size wins (the list is in size order)
+        (c.collective == "reduce_scatter" ? bw.reduce_scatter_busbw : bw.all_gather_busbw) =
+            c.busbw_bytes_per_second;
+    } else if (config_.world.network_bandwidth > 0) {
+      bw.reduce_scatter_busbw = bw.all_gather_busbw =
+          static_cast<double>(config_.world.network_bandwidth);
+    }
+    r_.plan = make_plan(config_);
+    r_.configured = predict_step(config_, r_.plan.configured, bw);
+    if (!bw.network_source.empty() && r_.configured.network_s > 0)
+      r_.configured.notes.push_back("network leg: " + bw.network_source);
   }
-  if (!r.collectives.empty()) {
-    for (const auto& c : r.collectives)  // the largest size wins (the list is in size order)
-      (c.collective == "reduce_scatter" ? bw.reduce_scatter_busbw : bw.all_gather_busbw) =
-          c.busbw_bytes_per_second;
-  } else if (config.world.network_bandwidth > 0) {
-    bw.reduce_scatter_busbw = bw.all_gather_busbw = static_cast<double>(config.world.network_bandwidth);
-  }
-  r.plan = make_plan(config);
-  r.configured = predict_step(config, r.plan.configured, bw);
-  if (!bw.network_source.empty() && r.configured.network_s > 0)
-    r.configured.notes.push_back("network leg: " + bw.network_source);
 
   // 8. The engine check: a real multi-rank Engine step against its prediction (launches only).
-  phase("engine check");
-  if (comm && r.world > 1) {
-    // The sample step's state per rank, in its sub-groups: its legs are the prediction's inputs.
-    r.engine_check = run_engine_check(config, paths, *comm, bw, r.sample,
-                                      elements * sizes.sample_sub_groups * static_cast<std::uint64_t>(r.world),
-                                      elements, sizes.engine_check_steps, progress);
-    if (progress)
-      progress(strcat("engine check: predicted ", r.engine_check.predicted_s, " s, measured ",
-                      r.engine_check.measured_median_s, " s (median of ",
-                      r.engine_check.measured_s.size(), ")"));
-  } else {
-    r.engine_check.skipped = "skipped: not launched across processes (run under mpirun with 2 or "
-                             "more processes to check a multi-rank engine step)";
-  }
-  phase("");
-
-  // 9. Recommendations and the tuned config.
-  const NvmeTierConfig& nv = config.tiers.nvme;
-  std::string configured_engine = io_engine_name(nv.engine);
-  if (nv.engine == IoEngineKind::kAuto)
-    for (const auto& p : r.io)
-      if (p.block_size == nv.block_size && p.queue_depth == nv.queue_depth && p.rings == nv.io_threads) {
-        configured_engine = p.engine;  // the engine the sweep measured at the configured point
-        break;
-      }
-  r.io_recommendations = recommend_io(r.io, nv, configured_engine);
-  Bandwidths tuned_bw = bw;
-  const bool nvme_configured = !nv.paths.empty();
-  if (!r.io_recommendations.empty() && nvme_configured) {
-    const auto& rec = r.io_recommendations.front();
-    // Scale the tier-store rates by what the recommended I/O settings gain over the configured
-    // ones in the raw sweep.
-    const IoPoint* cr = find_point(r.io, rec.path, configured_engine, "read", nv.block_size, nv.queue_depth, nv.io_threads);
-    const IoPoint* cw = find_point(r.io, rec.path, configured_engine, "write", nv.block_size, nv.queue_depth, nv.io_threads);
-    if (cr && cw && cr->bytes_per_second > 0 && cw->bytes_per_second > 0) {
-      tuned_bw.nvme_read_bps *= std::max(1.0, rec.read_bps / cr->bytes_per_second);
-      tuned_bw.nvme_write_bps *= std::max(1.0, rec.write_bps / cw->bytes_per_second);
+  void check_engine() {
+    phase("engine check");
+    if (comm_ && r_.world > 1) {
+      // The sample step's state per rank, in its sub-groups: its legs are the prediction's inputs.
+      r_.engine_check = run_engine_check(
+          config_, paths_, *comm_, r_.bandwidths, r_.sample,
+          elements_ * sizes_.sample_sub_groups * static_cast<std::uint64_t>(r_.world), elements_,
+          sizes_.engine_check_steps, progress_);
+      if (progress_)
+        progress_(strcat("engine check: predicted ", r_.engine_check.predicted_s, " s, measured ",
+                         r_.engine_check.measured_median_s, " s (median of ",
+                         r_.engine_check.measured_s.size(), ")"));
+    } else {
+      r_.engine_check.skipped =
+          "skipped: not launched across processes (run under mpirun with 2 or "
+          "more processes to check a multi-rank engine step)";
     }
+    phase("");
   }
-  r.placement = recommend_placement(config, tuned_bw, options.target_overhead_s, nvme_configured);
-  r.tuned = config;
-  if (!r.io_recommendations.empty() && nvme_configured) {
-    const auto& rec = r.io_recommendations.front();
-    r.tuned.tiers.nvme.engine = engine_kind(rec.engine);
-    r.tuned.tiers.nvme.block_size = rec.block_size;
-    r.tuned.tiers.nvme.queue_depth = rec.queue_depth;
-    r.tuned.tiers.nvme.io_threads = rec.rings;
-    r.tuned_notes.push_back(rec.configured_kept ? "I/O settings: the configured ones (within noise of the best)"
-                                                : "I/O settings: the recommended ones");
-  } else if (!nvme_configured) {
-    r.tuned_notes.push_back("I/O settings: not changed (no NVMe path configured; the measurements "
-                            "in the temporary directory describe its disk, not your NVMe)");
+
+  // 9. Recommendations: the I/O settings, and the placement for the rates they would give.
+  void recommend_io_settings() {
+    const NvmeTierConfig& nv = config_.tiers.nvme;
+    configured_engine_ = io_engine_name(nv.engine);
+    if (nv.engine == IoEngineKind::kAuto)
+      for (const auto& p : r_.io)
+        if (p.block_size == nv.block_size && p.queue_depth == nv.queue_depth &&
+            p.rings == nv.io_threads) {
+          configured_engine_ = p.engine;  // the engine the sweep measured at the configured point
+          break;
+        }
+    r_.io_recommendations = recommend_io(r_.io, nv, configured_engine_);
+    Bandwidths tuned_bw = r_.bandwidths;
+    if (!r_.io_recommendations.empty() && nvme_configured()) {
+      const auto& rec = r_.io_recommendations.front();
+      // Scale the tier-store rates by what the recommended I/O settings gain over the configured
+      // ones in the raw sweep.
+      const IoPoint* cr = find_point(r_.io, rec.path, configured_engine_, "read", nv.block_size,
+                                     nv.queue_depth, nv.io_threads);
+      const IoPoint* cw = find_point(r_.io, rec.path, configured_engine_, "write", nv.block_size,
+                                     nv.queue_depth, nv.io_threads);
+      if (cr && cw && cr->bytes_per_second > 0 && cw->bytes_per_second > 0) {
+        tuned_bw.nvme_read_bps *= std::max(1.0, rec.read_bps / cr->bytes_per_second);
+        tuned_bw.nvme_write_bps *= std::max(1.0, rec.write_bps / cw->bytes_per_second);
+      }
+    }
+    r_.placement =
+        recommend_placement(config_, tuned_bw, options_.target_overhead_s, nvme_configured());
   }
-  if (r.placement.found && !(uses_nvme(r.placement.choice.offload) && !nvme_configured)) {
-    r.tuned.zero.stage = r.placement.choice.stage;
-    r.tuned.offload = r.placement.choice.offload;
-    r.tuned_notes.push_back("placement: " + r.placement.choice.description);
-  } else if (r.placement.found) {
-    r.tuned_notes.push_back("placement: not changed (the recommended " + r.placement.choice.description +
-                            " needs tiers.nvme.paths)");
+
+  // The tuned config: the recommendations applied to the configured one (and checked to load).
+  void tune_config() {
+    r_.tuned = config_;
+    if (!r_.io_recommendations.empty() && nvme_configured()) {
+      const auto& rec = r_.io_recommendations.front();
+      r_.tuned.tiers.nvme.engine = engine_kind(rec.engine);
+      r_.tuned.tiers.nvme.block_size = rec.block_size;
+      r_.tuned.tiers.nvme.queue_depth = rec.queue_depth;
+      r_.tuned.tiers.nvme.io_threads = rec.rings;
+      r_.tuned_notes.push_back(rec.configured_kept
+                                   ? "I/O settings: the configured ones (within noise of the best)"
+                                   : "I/O settings: the recommended ones");
+    } else if (!nvme_configured()) {
+      r_.tuned_notes.push_back(
+          "I/O settings: not changed (no NVMe path configured; the measurements "
+          "in the temporary directory describe its disk, not your NVMe)");
+    }
+    if (r_.placement.found && !(uses_nvme(r_.placement.choice.offload) && !nvme_configured())) {
+      r_.tuned.zero.stage = r_.placement.choice.stage;
+      r_.tuned.offload = r_.placement.choice.offload;
+      r_.tuned_notes.push_back("placement: " + r_.placement.choice.description);
+    } else if (r_.placement.found) {
+      r_.tuned_notes.push_back("placement: not changed (the recommended " +
+                               r_.placement.choice.description + " needs tiers.nvme.paths)");
+    }
+    try {
+      r_.tuned = parse_config(to_yaml(r_.tuned), "<tuned>");
+    } catch (const Error& e) {
+      fail(ErrorCode::kInternal,
+           std::string("profile: the tuned config does not load: ") + e.what());
+    }
+    r_.tuned.source = config_.source;
   }
-  try {
-    r.tuned = parse_config(to_yaml(r.tuned), "<tuned>");
-  } catch (const Error& e) {
-    fail(ErrorCode::kInternal, std::string("profile: the tuned config does not load: ") + e.what());
-  }
-  r.tuned.source = config.source;
-  (void)checked;
-  sync();
-  r.elapsed_s = total.seconds();
-  return r;
+
+  bool nvme_configured() const { return !config_.tiers.nvme.paths.empty(); }
+
+  const Config& config_;
+  const ProfileOptions& options_;
+  Communicator* const comm_;
+  Stopwatch total_;  // started first: elapsed_s counts the whole run
+  ProfileReport r_;
+  Sizes sizes_;
+  Progress progress_;  // options_.progress on rank 0, none on the others
+  Stopwatch phase_clock_;
+  std::string phase_name_;          // the phase running ("" before the first)
+  std::vector<std::string> paths_;  // the NVMe paths measured
+  std::unique_ptr<TempDir> temp_;   // the directory measured when none is configured
+  std::unique_ptr<Device> gpu_;     // the CUDA device, when one is used
+  std::uint64_t elements_ = 0;      // the sample step's sub-group size
+  std::string configured_engine_;   // the I/O engine the configured settings ran with
+};
+
+}  // namespace
+}  // namespace profile
+
+ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
+  return profile::ProfileRun(config, options).run();
 }
 
 }  // namespace strata

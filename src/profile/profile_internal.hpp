@@ -13,7 +13,7 @@
 namespace strata {
 class Device;
 class Communicator;
-}
+}  // namespace strata
 
 namespace strata::profile {
 
@@ -33,9 +33,9 @@ struct Sizes {
   std::uint64_t gpu_adam_elements = 0;
   std::uint64_t triad_bytes = 0;  // all three arrays
   std::vector<std::uint64_t> collective_sizes;
-  std::uint32_t max_streams = 8;       // NVMe streams for the node-sharing measurement
-  std::uint64_t stream_region = 0;     // bytes per stream file
-  double stream_s = 0;                 // seconds per stream measurement
+  std::uint32_t max_streams = 8;    // NVMe streams for the node-sharing measurement
+  std::uint64_t stream_region = 0;  // bytes per stream file
+  double stream_s = 0;              // seconds per stream measurement
   int engine_check_steps = 0;
   std::uint64_t sample_elements = 0;  // cap on the sample's sub-group size
   std::uint64_t sample_sub_groups = 0;
@@ -57,7 +57,8 @@ class Stopwatch {
 double median(std::vector<double> v);
 void fill_random(void* data, std::size_t bytes, std::uint64_t seed);
 
-Environment collect_environment(const std::vector<std::string>& paths, const std::string& adam_path);
+Environment collect_environment(const std::vector<std::string>& paths,
+                                const std::string& adam_path);
 PathInfo describe_path(const std::string& path);
 
 std::vector<IoPoint> sweep_io(const Config& config, const std::string& dir, const Sizes& sizes,
@@ -105,9 +106,8 @@ PoolUse choose_pool(const Config& config, std::uint32_t max_buffers, std::uint32
 // for one process) is called before each measurement — each leg, each step — so that the legs,
 // the model's inputs, are measured under the same sharing of the disk and cores as the steps.
 SampleStep run_sample_step(const Config& config, const std::vector<std::string>& paths,
-                           std::uint64_t elements, std::uint64_t sub_groups,
-                           std::uint32_t repeats, const Progress& progress,
-                           const std::function<void()>& sync = {});
+                           std::uint64_t elements, std::uint64_t sub_groups, std::uint32_t repeats,
+                           const Progress& progress, const std::function<void()>& sync = {});
 
 // The I/O settings per path: the configured setting (engine `configured_engine`, the config's
 // block size, queue depth and io_threads) when its read/write harmonic mean is within the noise

@@ -11,18 +11,28 @@
 
 namespace strata::profile {
 
-std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points,
-                                           const NvmeTierConfig& configured,
-                                           const std::string& configured_engine) {
-  // (path) -> (engine, bs, qd, rings) -> {read, write}
-  using Key = std::tuple<std::string, std::uint64_t, std::uint32_t, std::uint32_t>;
-  struct RW {
-    double read = 0, write = 0;
-    double spread = 0;  // largest relative spread between passes of the two ops
-    std::size_t passes = 0;
-  };
+namespace {
+
+// A measured setting: (engine, block size, queue depth, rings).
+using Key = std::tuple<std::string, std::uint64_t, std::uint32_t, std::uint32_t>;
+
+struct RW {
+  double read = 0, write = 0;
+  double spread = 0;  // largest relative spread between passes of the two ops
+  std::size_t passes = 0;
+};
+
+// A setting with both rates, scored by the rate at which equal amounts are read and written
+// (harmonic mean), as a step does.
+struct Cand {
+  Key key;
+  double read, write, score;
+};
+
+// The points grouped by path (in the order the paths came) and setting.
+std::map<std::string, std::map<Key, RW>> group(const std::vector<IoPoint>& points,
+                                               std::vector<std::string>& order) {
   std::map<std::string, std::map<Key, RW>> by_path;
-  std::vector<std::string> order;
   for (const auto& p : points) {
     if (!by_path.count(p.path)) order.push_back(p.path);
     RW& rw = by_path[p.path][Key{p.engine, p.block_size, p.queue_depth, p.rings}];
@@ -33,15 +43,70 @@ std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points,
     }
     rw.passes = std::max(rw.passes, std::max<std::size_t>(p.runs_bps.size(), 1));
   }
+  return by_path;
+}
+
+// The configured setting when it is within the noise band of the best score (*kept = true),
+// else the lightest setting within it (fewest bytes in flight, fewest rings: the difference is
+// noise, the memory and threads are not).
+const Cand* pick(const std::vector<Cand>& cands, const Key& configured, double best, double noise,
+                 bool* kept) {
+  const Cand* chosen = nullptr;
+  *kept = false;
+  for (const auto& cand : cands)
+    if (cand.key == configured && cand.score >= (1.0 - noise) * best) {
+      chosen = &cand;
+      *kept = true;
+    }
+  for (const auto& cand : cands) {
+    if (*kept || cand.score < (1.0 - noise) * best) continue;
+    auto weight = [](const Cand& x) {
+      return std::make_tuple(std::get<1>(x.key) * std::get<2>(x.key) * std::get<3>(x.key),
+                             std::get<3>(x.key), std::get<0>(x.key), -x.score);
+    };
+    if (!chosen || weight(cand) < weight(*chosen)) chosen = &cand;
+  }
+  return chosen;
+}
+
+IoRecommendation describe(const std::string& path, const Cand& chosen, bool kept, double noise,
+                          std::size_t passes, double best, std::size_t measured) {
+  IoRecommendation r;
+  r.path = path;
+  r.engine = std::get<0>(chosen.key);
+  r.block_size = std::get<1>(chosen.key);
+  r.queue_depth = std::get<2>(chosen.key);
+  r.rings = std::get<3>(chosen.key);
+  r.read_bps = chosen.read;
+  r.write_bps = chosen.write;
+  r.configured_kept = kept;
+  r.noise = noise;
+  const std::string band =
+      strcat(static_cast<int>(std::lround(noise * 100)), "% (",
+             passes > 1 ? "twice the median spread of " + std::to_string(passes) + " passes"
+                        : std::string("one pass: the minimum band"),
+             ")");
+  r.reason = strcat("read ", format_rate(r.read_bps), ", write ", format_rate(r.write_bps), "; ",
+                    kept ? "the configured setting is within the noise band " + band +
+                               " of the best read/write harmonic mean (" + format_rate(best) + ")"
+                         : "the lightest setting within the noise band " + band +
+                               " of the best read/write harmonic mean (" + format_rate(best) +
+                               "); the configured setting is not within it",
+                    "; ", measured, " settings measured");
+  return r;
+}
+
+}  // namespace
+
+std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points,
+                                           const NvmeTierConfig& configured,
+                                           const std::string& configured_engine) {
+  std::vector<std::string> order;
+  auto by_path = group(points, order);
   const Key configured_key{configured_engine, configured.block_size, configured.queue_depth,
                            configured.io_threads};
   std::vector<IoRecommendation> out;
   for (const auto& path : order) {
-    // Score: the rate at which equal amounts are read and written (harmonic mean), as a step does.
-    struct Cand {
-      Key key;
-      double read, write, score;
-    };
     std::vector<Cand> cands;
     std::vector<double> spreads;
     std::size_t passes = 1;
@@ -57,45 +122,9 @@ std::vector<IoRecommendation> recommend_io(const std::vector<IoPoint>& points,
                         })->score;
     // The noise band: twice the median pass-to-pass spread, within [5%, 25%].
     const double noise = passes > 1 ? std::clamp(2.0 * median(spreads), 0.05, 0.25) : 0.05;
-    const Cand* pick = nullptr;
     bool kept = false;
-    for (const auto& cand : cands)
-      if (cand.key == configured_key && cand.score >= (1.0 - noise) * best) {
-        pick = &cand;
-        kept = true;
-      }
-    // Otherwise, within the band, the lightest setting (fewest bytes in flight, fewest rings): the
-    // difference is noise, the memory and threads are not.
-    for (const auto& cand : cands) {
-      if (kept || cand.score < (1.0 - noise) * best) continue;
-      auto weight = [](const Cand& x) {
-        return std::make_tuple(std::get<1>(x.key) * std::get<2>(x.key) * std::get<3>(x.key),
-                               std::get<3>(x.key), std::get<0>(x.key), -x.score);
-      };
-      if (!pick || weight(cand) < weight(*pick)) pick = &cand;
-    }
-    IoRecommendation r;
-    r.path = path;
-    r.engine = std::get<0>(pick->key);
-    r.block_size = std::get<1>(pick->key);
-    r.queue_depth = std::get<2>(pick->key);
-    r.rings = std::get<3>(pick->key);
-    r.read_bps = pick->read;
-    r.write_bps = pick->write;
-    r.configured_kept = kept;
-    r.noise = noise;
-    const std::string band = strcat(static_cast<int>(std::lround(noise * 100)), "% (",
-                                    passes > 1 ? "twice the median spread of " + std::to_string(passes) + " passes"
-                                               : std::string("one pass: the minimum band"),
-                                    ")");
-    r.reason = strcat("read ", format_rate(r.read_bps), ", write ", format_rate(r.write_bps), "; ",
-                      kept ? "the configured setting is within the noise band " + band +
-                                 " of the best read/write harmonic mean (" + format_rate(best) + ")"
-                           : "the lightest setting within the noise band " + band +
-                                 " of the best read/write harmonic mean (" + format_rate(best) +
-                                 "); the configured setting is not within it",
-                      "; ", cands.size(), " settings measured");
-    out.push_back(r);
+    const Cand* chosen = pick(cands, configured_key, best, noise, &kept);
+    out.push_back(describe(path, *chosen, kept, noise, passes, best, cands.size()));
   }
   return out;
 }
@@ -134,15 +163,17 @@ PlacementRecommendation recommend_placement(const Config& c, const Bandwidths& b
   if (chosen->overhead_pipelined_s > target_overhead_s) {
     const PlacementOption* fastest = nullptr;
     for (const auto& o : rec.considered)
-      if (o.fits && (!fastest || o.overhead_pipelined_s < fastest->overhead_pipelined_s)) fastest = &o;
+      if (o.fits && (!fastest || o.overhead_pipelined_s < fastest->overhead_pipelined_s))
+        fastest = &o;
     rec.reason += strcat("; above the target of ", target_overhead_s, " s");
-    if (fastest && fastest != chosen && fastest->overhead_pipelined_s < chosen->overhead_pipelined_s)
+    if (fastest && fastest != chosen &&
+        fastest->overhead_pipelined_s < chosen->overhead_pipelined_s)
       rec.reason += strcat(" (", fastest->description, " fits and is predicted at ",
                            fastest->overhead_pipelined_s, " s, but comes later on the ladder)");
   }
-  if (!nvme_usable && (chosen->offload.optimizer.tier == Tier::kNvme ||
-                       chosen->offload.gradients.tier == Tier::kNvme ||
-                       chosen->offload.params.tier == Tier::kNvme))
+  if (!nvme_usable &&
+      (chosen->offload.optimizer.tier == Tier::kNvme ||
+       chosen->offload.gradients.tier == Tier::kNvme || chosen->offload.params.tier == Tier::kNvme))
     rec.reason += "; configure tiers.nvme.paths to use it";
   return rec;
 }

@@ -105,7 +105,7 @@ class Sample {
     for (auto& x : init) x = d(rng);
     engine_->add_parameter("sample", init);
     engine_->finalize();
-    grads_.resize(n * elem_size(e.precision.grads));
+    grads_.resize(n * dtype_size(e.precision.grads));
     std::normal_distribution<float> g(0, 1e-2f);
     for (std::uint64_t i = 0; i < n; ++i) store_elem(grads_.data(), i, e.precision.grads, g(rng));
     for (const zero::Chunk& ch : EngineAccess::chunks(*engine_)) {

@@ -88,6 +88,84 @@ std::unique_ptr<Communicator> one_rank(const Config& cfg) {
   return c;
 }
 
+// What the engine's layout gives the bench: the offloaded chunks and their bytes, the pinned
+// pool, the I/O engine, where the update runs.
+void describe_storage(Engine& e, const Config& cfg, StepBenchResult& res) {
+  zero::RankStorage& storage = EngineAccess::storage(e);
+  for (const zero::Chunk& c : EngineAccess::chunks(e)) {
+    if (c.opt_tier == Tier::kGpu) continue;
+    ++res.chunks;
+    res.state_bytes += storage.store().padded_bytes(c.opt);
+  }
+  if (const PinnedPool* p = storage.pool()) {
+    res.buffers = p->buffer_count();
+    res.buffer_size = p->buffer_size();
+    res.pool_bytes = static_cast<std::uint64_t>(res.buffers) * res.buffer_size;
+  }
+  res.io_engine = storage.io() ? storage.io()->name() : "none";
+  res.update_on =
+      cfg.optimizer.update == OptimizerUpdate::kDevice ? storage.device().name() : "cpu";
+}
+
+// The gradients the loop hands in (precision.grads), from host memory.
+std::vector<unsigned char> make_grads(DType gdt, std::size_t n) {
+  std::vector<unsigned char> grads(n * dtype_size(gdt));
+  std::mt19937 rng(6);
+  std::normal_distribution<float> d(0, 1e-2f);
+  for (std::size_t i = 0; i < n; ++i) store_elem(grads.data(), i, gdt, d(rng));
+  return grads;
+}
+
+// Every round's figures: the legs alone, the pipelined step (and its parts), the serial one.
+struct Rounds {
+  std::vector<double> read, update, write, io, engine_step, step, step_serial, compute, wait_read,
+      wait_write, efficiency, device_efficiency;
+};
+
+template <class Step>
+Rounds measure_rounds(Engine& e, const StepBenchOptions& o, Step&& step) {
+  Rounds r;
+  for (int round = 0; round < o.rounds; ++round) {
+    r.read.push_back(EngineAccess::measure(e, Measure::kRead).t_total);
+    r.update.push_back(EngineAccess::measure(e, Measure::kUpdate).t_total);
+    r.write.push_back(EngineAccess::measure(e, Measure::kWrite).t_total);
+    r.io.push_back(EngineAccess::measure(e, Measure::kIo).t_total);
+    EngineAccess::set_pipelined(e, true);
+    r.engine_step.push_back(step());
+    const tier::StreamStats s = EngineAccess::last_update(e);
+    r.step.push_back(s.t_total);
+    r.compute.push_back(s.t_compute);
+    r.wait_read.push_back(s.t_wait_in);
+    r.wait_write.push_back(s.t_wait_out);
+    r.efficiency.push_back(std::max({r.read.back(), r.update.back(), r.write.back()}) / s.t_total);
+    r.device_efficiency.push_back(std::max(r.io.back(), r.update.back()) / s.t_total);
+    if (o.serial) {
+      EngineAccess::set_pipelined(e, false);
+      step();
+      r.step_serial.push_back(EngineAccess::last_update(e).t_total);
+      EngineAccess::set_pipelined(e, true);
+    }
+  }
+  return r;
+}
+
+void summarize(const Rounds& r, StepBenchResult& res) {
+  res.t_read = median(r.read);
+  res.t_update = median(r.update);
+  res.t_write = median(r.write);
+  res.t_step = median(r.step);
+  res.t_engine_step = median(r.engine_step);
+  res.t_step_serial = median(r.step_serial);
+  res.t_update_in_step = median(r.compute);
+  res.t_wait_read = median(r.wait_read);
+  res.t_wait_write = median(r.wait_write);
+  res.overlap_efficiency =
+      res.t_step > 0 ? std::max({res.t_read, res.t_update, res.t_write}) / res.t_step : 0;
+  res.overlap_efficiency_rounds = median(r.efficiency);
+  res.t_io = median(r.io);
+  res.device_efficiency = median(r.device_efficiency);
+}
+
 }  // namespace
 
 StepBenchResult run_step_bench(const StepBenchOptions& o) {
@@ -113,34 +191,13 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   }
   engine->finalize();
   Engine& e = *engine;
-  zero::RankStorage& storage = EngineAccess::storage(e);
+  describe_storage(e, cfg, res);
   const zero::StorageReport rep = EngineAccess::report(e);
-  for (const zero::Chunk& c : EngineAccess::chunks(e)) {
-    if (c.opt_tier == Tier::kGpu) continue;
-    ++res.chunks;
-    res.state_bytes += storage.store().padded_bytes(c.opt);
-  }
-  if (const PinnedPool* p = storage.pool()) {
-    res.buffers = p->buffer_count();
-    res.buffer_size = p->buffer_size();
-    res.pool_bytes = static_cast<std::uint64_t>(res.buffers) * res.buffer_size;
-  }
-  res.io_engine = storage.io() ? storage.io()->name() : "none";
-  res.update_on =
-      cfg.optimizer.update == OptimizerUpdate::kDevice ? storage.device().name() : "cpu";
-
-  // The gradients the loop hands in (precision.grads), from host memory.
-  const DType gdt = cfg.precision.grads;
-  std::vector<unsigned char> grads(n * elem_size(gdt));
-  {
-    std::mt19937 rng(6);
-    std::normal_distribution<float> d(0, 1e-2f);
-    for (std::size_t i = 0; i < n; ++i) store_elem(grads.data(), i, gdt, d(rng));
-  }
+  const std::vector<unsigned char> grads = make_grads(cfg.precision.grads, n);
   // What scales with the model by design: the gradient source, and the parameters and gradients
   // in device memory (host memory on the host-emulated device).
   res.caller_held_bytes = grads.size();
-  if (storage.device().kind() == DeviceKind::kHost)
+  if (EngineAccess::storage(e).device().kind() == DeviceKind::kHost)
     res.caller_held_bytes += rep.bytes[0][0] + rep.bytes[0][1] + rep.bytes[0][3];
   auto step = [&] {
     e.set_gradient_host(0, grads.data());
@@ -152,43 +209,9 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   step();  // warm-up: page faults, thread pools
   const bool hwm = reset_peak_rss();
   if (!hwm) log_warn("bench step: cannot reset VmHWM; the peak RSS includes the setup");
-  std::vector<double> tr, tu, tw, ts, tes, tss, tin, twr, tww, tio, eff, deff;
-  for (int round = 0; round < o.rounds; ++round) {
-    tr.push_back(EngineAccess::measure(e, Measure::kRead).t_total);
-    tu.push_back(EngineAccess::measure(e, Measure::kUpdate).t_total);
-    tw.push_back(EngineAccess::measure(e, Measure::kWrite).t_total);
-    tio.push_back(EngineAccess::measure(e, Measure::kIo).t_total);
-    EngineAccess::set_pipelined(e, true);
-    tes.push_back(step());
-    const tier::StreamStats s = EngineAccess::last_update(e);
-    ts.push_back(s.t_total);
-    tin.push_back(s.t_compute);
-    twr.push_back(s.t_wait_in);
-    tww.push_back(s.t_wait_out);
-    eff.push_back(std::max({tr.back(), tu.back(), tw.back()}) / s.t_total);
-    deff.push_back(std::max(tio.back(), tu.back()) / s.t_total);
-    if (o.serial) {
-      EngineAccess::set_pipelined(e, false);
-      step();
-      tss.push_back(EngineAccess::last_update(e).t_total);
-      EngineAccess::set_pipelined(e, true);
-    }
-  }
+  const Rounds rounds = measure_rounds(e, o, step);
   res.peak_rss_bytes = peak_rss();
-  res.t_read = median(tr);
-  res.t_update = median(tu);
-  res.t_write = median(tw);
-  res.t_step = median(ts);
-  res.t_engine_step = median(tes);
-  res.t_step_serial = median(tss);
-  res.t_update_in_step = median(tin);
-  res.t_wait_read = median(twr);
-  res.t_wait_write = median(tww);
-  res.overlap_efficiency =
-      res.t_step > 0 ? std::max({res.t_read, res.t_update, res.t_write}) / res.t_step : 0;
-  res.overlap_efficiency_rounds = median(eff);
-  res.t_io = median(tio);
-  res.device_efficiency = median(deff);
+  summarize(rounds, res);
   return res;
 }
 

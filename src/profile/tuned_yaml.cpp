@@ -94,7 +94,8 @@ void apply(std::string& text, const Edit& e) {
       const YAML::Mark first = node.begin()->first.Mark();
       if (first.pos < 0) throw Unsupported();
       const std::size_t line_start = static_cast<std::size_t>(first.pos - first.column);
-      text.insert(line_start, std::string(static_cast<std::size_t>(first.column), ' ') + entry + "\n");
+      text.insert(line_start,
+                  std::string(static_cast<std::size_t>(first.column), ' ') + entry + "\n");
       return;
     }
     if (i + 1 == e.path.size() || !child.IsMap()) {
@@ -146,7 +147,8 @@ std::string tuned_config_text(const std::string& original_text, const Config& or
     edits.push_back(e);
   }
   const NvmeTierConfig &a = original.tiers.nvme, &b = tuned.tiers.nvme;
-  if (a.engine != b.engine) edits.push_back({{"tiers", "nvme", "engine"}, io_engine_name(b.engine)});
+  if (a.engine != b.engine)
+    edits.push_back({{"tiers", "nvme", "engine"}, io_engine_name(b.engine)});
   if (a.block_size != b.block_size)
     edits.push_back({{"tiers", "nvme", "block_size"}, format_bytes_exact(b.block_size)});
   if (a.queue_depth != b.queue_depth)
@@ -182,8 +184,9 @@ std::string tuned_config_text(const std::string& original_text, const Config& or
   }
   if (edited && loads_as_tuned(text)) return text;
   if (note)
-    *note = "the original file could not be edited in place; wrote a full rendering of the tuned "
-            "config (comments and units of the original are not kept)";
+    *note =
+        "the original file could not be edited in place; wrote a full rendering of the tuned "
+        "config (comments and units of the original are not kept)";
   text = want;
   if (!loads_as_tuned(text))
     fail(ErrorCode::kInternal, "profile: the tuned config does not load back as itself");

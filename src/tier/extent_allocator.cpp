@@ -27,7 +27,8 @@ std::optional<Extent> ExtentAllocator::allocate(std::uint64_t bytes) {
 
 void ExtentAllocator::free(const Extent& e) {
   if (e.length == 0 || e.length % unit_ || e.offset % unit_ || e.offset + e.length > capacity_) {
-    fail(ErrorCode::kInternal, strcat("extent allocator: bad extent [", e.offset, ", +", e.length, ")"));
+    fail(ErrorCode::kInternal,
+         strcat("extent allocator: bad extent [", e.offset, ", +", e.length, ")"));
   }
   auto next = free_.lower_bound(e.offset);
   if (next != free_.end() && next->first < e.offset + e.length) {

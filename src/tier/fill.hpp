@@ -127,8 +127,8 @@ class Filler {
   // Completes `p` if it has finished (or, with block, once it has); rethrows its error.
   bool finish(Piece& p, bool block);
   void completed(Piece& p);
-  void collect();                    // non-blocking progress (throws the first error)
-  void wait_copies(std::size_t k);   // every queued piece of buffer k completed
+  void collect();                   // non-blocking progress (throws the first error)
+  void wait_copies(std::size_t k);  // every queued piece of buffer k completed
   void drain() noexcept;
   // Drains, then throws the first failed piece's error (the cause), else `e`, naming the buffer.
   [[noreturn]] void failed(const std::exception& e, std::size_t k, const char* doing);
@@ -137,9 +137,9 @@ class Filler {
   TierStore& store_;
   std::chrono::milliseconds timeout_;
   std::vector<Buf> bufs_;
-  std::vector<Staged> staged_;    // buffers being assembled (nvme)
-  std::deque<Writing> writing_;   // nvme writes in flight, oldest first
-  std::deque<Piece> pieces_;      // queued pieces, ticket order, not yet collected
+  std::vector<Staged> staged_;   // buffers being assembled (nvme)
+  std::deque<Writing> writing_;  // nvme writes in flight, oldest first
+  std::deque<Piece> pieces_;     // queued pieces, ticket order, not yet collected
   std::vector<std::unique_ptr<Event>> free_events_;
   std::unique_ptr<Stream> stream_;  // device → pinned copies
   std::exception_ptr first_error_;  // drain(): the first failed piece's error (ticket order)

@@ -2,32 +2,32 @@
 // the data paths between tiers (tier_copy.cpp).
 #pragma once
 
-#include <condition_variable>
 #include <deque>
-#include <map>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "core/mutex.hpp"
+#include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_file.hpp"
-#include "device/pinned_pool.hpp"
 #include "tier/swap_space.hpp"
 #include "tier/tier_store.hpp"
 
 namespace strata {
 
 struct Transfer::State {
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;         // guarded by mutex
-  std::exception_ptr error;  // guarded by mutex
-  void* pointer = nullptr;   // guarded by mutex
+  Mutex mutex;
+  CondVar cv;
+  bool done GUARDED_BY(mutex) = false;
+  std::exception_ptr error GUARDED_BY(mutex);
+  void* pointer GUARDED_BY(mutex) = nullptr;
   void finish(std::exception_ptr err, void* ptr);
 };
 
@@ -161,19 +161,24 @@ class TierStore::Impl {
   void renew_stream(tier::WorkerContext& ctx) noexcept;  // after a failed job
   // Completes `job` in the caller when it needs no data movement (mutex_ held, buffer idle).
   // Returns false when a mover must run it. Failures are stored in the job's state.
-  bool try_inline_locked(tier::Job& job);
+  bool try_inline_locked(tier::Job& job) REQUIRES(mutex_);
   // The pin step of an acquire whose copy is valid (mutex_ held); returns the address.
-  void* pin_locked(tier::Buf& b, Tier t, Access access);
+  void* pin_locked(tier::Buf& b, Tier t, Access access) REQUIRES(mutex_);
   // Throws unless `t` may be acquired for writing (no pins on other tiers); mutex_ held.
-  void check_writable_locked(tier::Buf& b, Tier t);
+  void check_writable_locked(tier::Buf& b, Tier t) REQUIRES(mutex_);
   // Storage for the copy in `t` (gpu/cpu) without contents, within the budget (Access::kDiscard).
   void ensure_storage(tier::Buf& b, Tier t);
-  tier::Buf& buf_locked(BufferId id) const;  // mutex_ held
+  tier::Buf& buf_locked(BufferId id) const REQUIRES(mutex_);
   // Operations; run on a mover thread, the buffer is exclusively theirs (running).
   void ensure_valid(tier::Buf& b, Tier t, tier::WorkerContext& ctx);
+  // ensure_valid()'s steps.
+  std::optional<Tier> choose_source_locked(tier::Buf& b, Tier t, IoBuffer* reuse) REQUIRES(mutex_);
+  bool allocate_copy(tier::Buf& b, Tier t, IoBuffer reuse);
+  void transfer(tier::Buf& b, Tier t, Tier src, bool fresh, tier::WorkerContext& ctx, bool* unsafe);
+  void undo_copy_locked(tier::Buf& b, Tier t, bool unsafe) REQUIRES(mutex_);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
-  void drop_locked(tier::Buf& b, Tier t);  // mutex_ held
-  void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const;  // mutex_ held
+  void drop_locked(tier::Buf& b, Tier t) REQUIRES(mutex_);
+  void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const REQUIRES(mutex_);
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.
@@ -189,11 +194,11 @@ class TierStore::Impl {
   void copy_memory(void* dst, const void* src, std::size_t bytes, Tier dst_mem, Tier src_mem,
                    tier::WorkerContext& ctx, bool* unsafe);
   // mutex_ held: after a failed transfer, fail the store if the buffer has no valid copy left.
-  void check_lost_locked(tier::Buf& b, const std::exception_ptr& err);
+  void check_lost_locked(tier::Buf& b, const std::exception_ptr& err) REQUIRES(mutex_);
   // mutex_ held; budget check. For the cpu tier, a cached mapping of the right size is moved into
   // *reuse when given.
-  void reserve_locked(tier::Buf& b, Tier t, IoBuffer* reuse = nullptr);
-  void unreserve_locked(tier::Buf& b, Tier t);
+  void reserve_locked(tier::Buf& b, Tier t, IoBuffer* reuse = nullptr) REQUIRES(mutex_);
+  void unreserve_locked(tier::Buf& b, Tier t) REQUIRES(mutex_);
   std::string where(const tier::Buf& b) const;
 
   // ---- data paths (tier_copy.cpp); the destination's storage exists. Throw on failure; never
@@ -219,24 +224,24 @@ class TierStore::Impl {
   std::uint32_t align_ = 4096;
   std::uint32_t window_ = 1;  // pinned buffers one transfer may hold
 
-  mutable std::mutex mutex_;
-  std::condition_variable work_cv_;   // a job was queued or stop_
-  std::condition_variable state_cv_;  // a job finished
-  std::unordered_map<BufferId, std::unique_ptr<tier::Buf>> bufs_;  // guarded by mutex_
-  std::deque<tier::Job> queue_;                                     // guarded by mutex_
-  std::uint32_t running_ = 0;                                       // guarded by mutex_
-  BufferId next_id_ = 1;                                            // guarded by mutex_
-  std::uint64_t used_[3] = {0, 0, 0};                               // guarded by mutex_
-  TierStoreStats stats_;                                            // guarded by mutex_
+  mutable Mutex mutex_;
+  CondVar work_cv_;   // a job was queued or stop_
+  CondVar state_cv_;  // a job finished
+  std::unordered_map<BufferId, std::unique_ptr<tier::Buf>> bufs_ GUARDED_BY(mutex_);
+  std::deque<tier::Job> queue_ GUARDED_BY(mutex_);
+  std::uint32_t running_ GUARDED_BY(mutex_) = 0;
+  BufferId next_id_ GUARDED_BY(mutex_) = 1;
+  std::uint64_t used_[3] GUARDED_BY(mutex_) = {0, 0, 0};
+  TierStoreStats stats_ GUARDED_BY(mutex_);
   // Freed host copies by size, for reuse (see TierUsage::cached).
-  std::multimap<std::uint64_t, IoBuffer> host_cache_;  // guarded by mutex_
-  std::uint64_t cached_ = 0;                           // guarded by mutex_: bytes in host_cache_
-  bool stop_ = false;                                               // guarded by mutex_
-  std::string failure_;                                             // guarded by mutex_
-  std::uint64_t pinned_used_ = 0;                                   // guarded by mutex_
+  std::multimap<std::uint64_t, IoBuffer> host_cache_ GUARDED_BY(mutex_);
+  std::uint64_t cached_ GUARDED_BY(mutex_) = 0;  // bytes in host_cache_
+  bool stop_ GUARDED_BY(mutex_) = false;
+  std::string failure_ GUARDED_BY(mutex_);
+  std::uint64_t pinned_used_ GUARDED_BY(mutex_) = 0;
 
-  std::mutex admin_mutex_;  // guards admin_stream_
-  std::unique_ptr<Stream> admin_stream_;
+  Mutex admin_mutex_;
+  std::unique_ptr<Stream> admin_stream_ GUARDED_BY(admin_mutex_);
   std::vector<std::unique_ptr<tier::WorkerContext>> contexts_;
   std::vector<std::thread> workers_;
 };

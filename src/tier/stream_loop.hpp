@@ -20,9 +20,10 @@
 // Schedule: with a window of w slots, item i+1..i+w-1 are read while fn runs on item i and the
 // writes of i-1.. are still in flight; a slot is reused only after its writes completed (drain
 // before release), and goes back as soon as they did (checked, without waiting, before each
-// item's reads are issued and again before its compute). w = 1 (or pipelined = false) is serial: read, compute, write, one item at a
-// time. The window is min(options.window, pool buffers) for kHost and options.window for kDevice;
-// with every part in place no slot is needed and nothing moves.
+// item's reads are issued and again before its compute). w = 1 (or pipelined = false) is serial:
+// read, compute, write, one item at a time. The window is min(options.window, pool buffers) for
+// kHost and options.window for kDevice; with every part in place no slot is needed and nothing
+// moves.
 //
 // Failure: an error of any transfer (IoError, Error(kChecksum), Error(kDevice), Error(kTimeout))
 // or of fn stops the loop: every transfer still in flight is waited for (bounded; a slot whose

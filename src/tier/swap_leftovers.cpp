@@ -64,7 +64,9 @@ std::optional<Parsed> parse_name(std::string_view name) {
   if (name.substr(0, kSwap.size()) == kSwap) {
     auto p = split_dash(name.substr(kSwap.size()));
     if (p.size() != 3 || !all_hex(p[2])) return std::nullopt;
-    auto is_rank = [](std::string_view r) { return r.size() > 1 && r[0] == 'r' && all_digits(r.substr(1)); };
+    auto is_rank = [](std::string_view r) {
+      return r.size() > 1 && r[0] == 'r' && all_digits(r.substr(1));
+    };
     if (all_digits(p[0]) && is_rank(p[1])) return Parsed{to_pid(p[0]), true};
     if (is_rank(p[0]) && all_digits(p[1])) return Parsed{to_pid(p[1]), true};
     return std::nullopt;
@@ -84,7 +86,36 @@ bool process_alive(long pid) {
   return errno != ESRCH;  // EPERM: it exists, owned by someone else
 }
 
-std::uint64_t allocated(const struct stat& st) { return static_cast<std::uint64_t>(st.st_blocks) * 512; }
+std::uint64_t allocated(const struct stat& st) {
+  return static_cast<std::uint64_t>(st.st_blocks) * 512;
+}
+
+// Lists a per-run directory (open as `fd`): its regular files into `files`, their allocated
+// bytes into l.bytes. False (l marked failed) when it holds a directory.
+bool list_run_dir(int fd, SwapLeftover& l, std::vector<std::string>& files) {
+  const int dfd = ::openat(fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) throw IoError("open", l.path, 0, 0, errno);
+  UniqueFd list_fd(dfd);
+  // Listed by hand: SafeDir would refuse another user's directory, which root may clean.
+  DIR* d = ::fdopendir(list_fd.release());
+  if (!d) throw IoError("opendir", l.path, 0, 0, errno);
+  while (const dirent* e = ::readdir(d)) {
+    std::string_view n = e->d_name;
+    if (n == "." || n == "..") continue;
+    struct stat fst {};
+    if (::fstatat(fd, e->d_name, &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISDIR(fst.st_mode)) {
+      ::closedir(d);
+      l.status = SwapLeftover::Status::kFailed;
+      l.detail = strcat("it holds a directory (", n, "); not removing it");
+      return false;
+    }
+    l.bytes += allocated(fst);
+    files.emplace_back(n);
+  }
+  ::closedir(d);
+  return true;
+}
 
 // Examines (and with `remove`, removes) one entry `name` of `dir`.
 SwapLeftover examine(const SafeDir& dir, const std::string& name, const Parsed& parsed,
@@ -132,27 +163,7 @@ SwapLeftover examine(const SafeDir& dir, const std::string& name, const Parsed& 
     // directory's fd; anything else is left for a person to look at.
     std::vector<std::string> files;
     if (parsed.directory) {
-      const int dfd = ::openat(fd.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      if (dfd < 0) throw IoError("open", l.path, 0, 0, errno);
-      UniqueFd list_fd(dfd);
-      // Listed by hand: SafeDir would refuse another user's directory, which root may clean.
-      DIR* d = ::fdopendir(list_fd.release());
-      if (!d) throw IoError("opendir", l.path, 0, 0, errno);
-      while (const dirent* e = ::readdir(d)) {
-        std::string_view n = e->d_name;
-        if (n == "." || n == "..") continue;
-        struct stat fst {};
-        if (::fstatat(fd.get(), e->d_name, &fst, AT_SYMLINK_NOFOLLOW) != 0) continue;
-        if (S_ISDIR(fst.st_mode)) {
-          ::closedir(d);
-          l.status = SwapLeftover::Status::kFailed;
-          l.detail = strcat("it holds a directory (", n, "); not removing it");
-          return l;
-        }
-        l.bytes += allocated(fst);
-        files.emplace_back(n);
-      }
-      ::closedir(d);
+      if (!list_run_dir(fd.get(), l, files)) return l;
     } else {
       l.bytes = allocated(now);
     }
@@ -165,7 +176,8 @@ SwapLeftover examine(const SafeDir& dir, const std::string& name, const Parsed& 
         throw IoError("unlink", l.path + "/" + f, 0, 0, errno);
     }
     const int err = dir.try_remove(name, parsed.directory);
-    if (err != 0 && err != ENOENT) throw IoError(parsed.directory ? "rmdir" : "unlink", l.path, 0, 0, err);
+    if (err != 0 && err != ENOENT)
+      throw IoError(parsed.directory ? "rmdir" : "unlink", l.path, 0, 0, err);
     l.status = SwapLeftover::Status::kRemoved;
   } catch (const std::exception& e) {
     l.status = SwapLeftover::Status::kFailed;
@@ -178,11 +190,16 @@ SwapLeftover examine(const SafeDir& dir, const std::string& name, const Parsed& 
 
 const char* swap_leftover_status_name(SwapLeftover::Status s) {
   switch (s) {
-    case SwapLeftover::Status::kRemoved: return "removed";
-    case SwapLeftover::Status::kWouldRemove: return "would remove";
-    case SwapLeftover::Status::kRunning: return "kept: running";
-    case SwapLeftover::Status::kOtherUser: return "kept: another user's";
-    case SwapLeftover::Status::kFailed: return "failed";
+    case SwapLeftover::Status::kRemoved:
+      return "removed";
+    case SwapLeftover::Status::kWouldRemove:
+      return "would remove";
+    case SwapLeftover::Status::kRunning:
+      return "kept: running";
+    case SwapLeftover::Status::kOtherUser:
+      return "kept: another user's";
+    case SwapLeftover::Status::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -194,7 +211,9 @@ std::vector<SwapLeftover> find_swap_leftovers(const std::string& path, bool remo
   const auto slash = norm.rfind('/');
   const std::string base = slash == std::string::npos ? norm : norm.substr(slash + 1);
   if (auto parsed = parse_name(base)) {
-    const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : norm.substr(0, slash);
+    const std::string parent = slash == std::string::npos ? "."
+                               : slash == 0               ? "/"
+                                                          : norm.substr(0, slash);
     SafeDir dir = SafeDir::open(parent, {.role = "swap path"});
     struct stat st {};
     if (!dir.stat_entry(base, &st)) throw IoError("stat", norm, 0, 0, ENOENT);

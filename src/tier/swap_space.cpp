@@ -11,7 +11,6 @@
 
 #include "core/safe_fs.hpp"
 #include "strata/cleanup.hpp"
-
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 #include "strata/units.hpp"
@@ -45,6 +44,64 @@ struct SwapSpace::RunDir {
   CleanupRegistration file_reg;
 };
 
+namespace {
+
+// Removes what killed runs left under `parent` (logged; a failure to look is only a warning).
+void remove_leftovers(const std::string& parent) {
+  try {
+    for (const auto& l : find_swap_leftovers(parent, true)) {
+      if (l.status == SwapLeftover::Status::kRemoved) {
+        log_info("swap space: removed ", l.path, " left by process ", l.pid,
+                 " (no longer running): freed ", format_bytes(l.bytes, true));
+      } else if (l.status == SwapLeftover::Status::kFailed) {
+        log_warn("swap space: cannot remove ", l.path, " left by process ", l.pid, ": ", l.detail);
+      }
+    }
+  } catch (const std::exception& e) {
+    log_warn("swap space: looking for leftovers in ", parent, ": ", e.what());
+  }
+}
+
+}  // namespace
+
+// Creates the per-run directory `name` and its swap file of `per_file` bytes under one path
+// (registered for removal on a signal; locked against `strata clean` in other processes).
+std::shared_ptr<IoFile> SwapSpace::create_run(RunDir& run_dir, const std::string& name,
+                                              std::uint64_t per_file, std::uint32_t rank) {
+  RunDir* run = &run_dir;
+  const std::string& p = run->parent.path();
+  struct statvfs vfs {};
+  if (fstatvfs(run->parent.fd(), &vfs) == 0) {
+    const std::uint64_t free_bytes = std::uint64_t(vfs.f_bavail) * vfs.f_frsize;
+    if (free_bytes < per_file) {
+      throw IoError("fallocate", p, 0, per_file, ENOSPC,
+                    strcat("swap space for rank ", rank, " needs ", per_file, " bytes (",
+                           format_bytes(per_file, true), ") under ", p, " but only ", free_bytes,
+                           " bytes (", format_bytes(free_bytes, true), ") are free"));
+    }
+  }
+  run->dir = run->parent.make_dir(name, 0700);
+  run->name = name;
+  dirs_.push_back(run->dir.path());
+  run->dir_reg = CleanupRegistration(run->parent.fd(), name, true);
+  // Marks the directory as in use: find_swap_leftovers() in another process (or pid
+  // namespace) sees the lock and keeps it.
+  if (flock(run->dir.fd(), LOCK_EX | LOCK_NB) != 0)
+    throw IoError("flock", run->dir.path(), 0, 0, errno, "locking the per-run swap directory");
+  IoFileOptions fo;
+  fo.create = true;
+  fo.exclusive = true;
+  fo.mode = 0600;
+  fo.direct_io = engine_.options().direct_io;
+  const std::string path = run->dir.child_path(kSwapFile);
+  auto file = std::make_shared<IoFile>(IoFile::open_at(run->dir.fd(), kSwapFile, path, fo));
+  run->file_created = true;
+  run->file_reg = CleanupRegistration(run->dir.fd(), kSwapFile, false);
+  files_.push_back(path);
+  file->allocate(per_file, 0);  // ENOSPC: IoError naming size and free space
+  return file;
+}
+
 SwapSpace::SwapSpace(const SwapSpaceOptions& options, IoEngine& engine)
     : engine_(engine), block_size_(options.block_size) {
   if (options.paths.empty()) {
@@ -65,58 +122,13 @@ SwapSpace::SwapSpace(const SwapSpaceOptions& options, IoEngine& engine)
       run->parent = SafeDir::open(p, {.create = options.create_paths, .role = "tiers.nvme.paths"});
       runs_.push_back(std::move(run));
     }
-    if (options.clean_leftovers) {
-      for (const auto& run : runs_) {
-        try {
-          for (const auto& l : find_swap_leftovers(run->parent.path(), true)) {
-            if (l.status == SwapLeftover::Status::kRemoved) {
-              log_info("swap space: removed ", l.path, " left by process ", l.pid,
-                       " (no longer running): freed ", format_bytes(l.bytes, true));
-            } else if (l.status == SwapLeftover::Status::kFailed) {
-              log_warn("swap space: cannot remove ", l.path, " left by process ", l.pid, ": ",
-                       l.detail);
-            }
-          }
-        } catch (const std::exception& e) {
-          log_warn("swap space: looking for leftovers in ", run->parent.path(), ": ", e.what());
-        }
-      }
-    }
+    if (options.clean_leftovers)
+      for (const auto& run : runs_) remove_leftovers(run->parent.path());
     std::vector<std::shared_ptr<IoFile>> files;
-    const std::string name = strcat("strata-swap-", getpid(), "-r", options.rank, "-", run_suffix());
+    const std::string name =
+        strcat("strata-swap-", getpid(), "-r", options.rank, "-", run_suffix());
     for (auto& run : runs_) {
-      const std::string& p = run->parent.path();
-      struct statvfs vfs {};
-      if (fstatvfs(run->parent.fd(), &vfs) == 0) {
-        const std::uint64_t free_bytes = std::uint64_t(vfs.f_bavail) * vfs.f_frsize;
-        if (free_bytes < per_file) {
-          throw IoError("fallocate", p, 0, per_file, ENOSPC,
-                        strcat("swap space for rank ", options.rank, " needs ", per_file, " bytes (",
-                               format_bytes(per_file, true), ") under ", p, " but only ",
-                               free_bytes, " bytes (", format_bytes(free_bytes, true),
-                               ") are free"));
-        }
-      }
-      run->dir = run->parent.make_dir(name, 0700);
-      run->name = name;
-      dirs_.push_back(run->dir.path());
-      run->dir_reg = CleanupRegistration(run->parent.fd(), name, true);
-      // Marks the directory as in use: find_swap_leftovers() in another process (or pid
-      // namespace) sees the lock and keeps it.
-      if (flock(run->dir.fd(), LOCK_EX | LOCK_NB) != 0)
-        throw IoError("flock", run->dir.path(), 0, 0, errno, "locking the per-run swap directory");
-      IoFileOptions fo;
-      fo.create = true;
-      fo.exclusive = true;
-      fo.mode = 0600;
-      fo.direct_io = engine_.options().direct_io;
-      const std::string path = run->dir.child_path(kSwapFile);
-      auto file = std::make_shared<IoFile>(IoFile::open_at(run->dir.fd(), kSwapFile, path, fo));
-      run->file_created = true;
-      run->file_reg = CleanupRegistration(run->dir.fd(), kSwapFile, false);
-      files_.push_back(path);
-      file->allocate(per_file, 0);  // ENOSPC: IoError naming size and free space
-      files.push_back(std::move(file));
+      files.push_back(create_run(*run, name, per_file, options.rank));
     }
     file_ = files.size() == 1 ? engine_.register_file(files[0]) : engine_.register_striped(files);
     registered_ = true;
@@ -179,7 +191,7 @@ std::pair<std::string, std::uint64_t> SwapSpace::locate(std::uint64_t offset) co
 }
 
 SwapExtent SwapSpace::allocate(std::uint64_t bytes, const std::string& what) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   auto e = allocator_->allocate(bytes);
   if (!e) {
     fail(ErrorCode::kBudget,
@@ -192,12 +204,12 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes, const std::string& what) {
 }
 
 void SwapSpace::free(const SwapExtent& extent) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   allocator_->free(tier::Extent{extent.offset, extent.length});
 }
 
 std::uint64_t SwapSpace::used() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return allocator_->used();
 }
 

@@ -28,10 +28,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "core/mutex.hpp"
 #include "strata/io_engine.hpp"
 
 namespace strata {
@@ -64,8 +64,8 @@ struct SwapLeftover {
     kFailed,       // removing it failed (detail says why)
   };
   std::string path;
-  long pid = 0;            // the owner process, from the name
-  unsigned uid = 0;        // owner of the directory or file
+  long pid = 0;             // the owner process, from the name
+  unsigned uid = 0;         // owner of the directory or file
   std::uint64_t bytes = 0;  // space its files hold (allocated blocks)
   Status status = Status::kRemoved;
   std::string detail;  // why it was kept, or what failed
@@ -108,6 +108,8 @@ class SwapSpace {
  private:
   struct RunDir;  // one configured path: its directory fd, the run directory, registrations
   void cleanup() noexcept;
+  std::shared_ptr<IoFile> create_run(RunDir& run, const std::string& name, std::uint64_t per_file,
+                                     std::uint32_t rank);
 
   IoEngine& engine_;
   std::uint64_t block_size_;
@@ -118,8 +120,8 @@ class SwapSpace {
   std::vector<std::string> dirs_;   // created per-run directories
   std::vector<std::string> files_;  // created files
   std::vector<std::unique_ptr<RunDir>> runs_;
-  mutable std::mutex mutex_;
-  std::unique_ptr<tier::ExtentAllocator> allocator_;  // guarded by mutex_
+  mutable Mutex mutex_;
+  std::unique_ptr<tier::ExtentAllocator> allocator_ GUARDED_BY(mutex_);
 };
 
 }  // namespace strata

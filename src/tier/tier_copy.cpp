@@ -6,9 +6,9 @@
 #include <deque>
 #include <utility>
 
+#include "core/crc32c.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "core/crc32c.hpp"
 #include "tier/store_impl.hpp"
 
 namespace strata {
@@ -24,7 +24,8 @@ namespace {
 // *unsafe (its buffer may still be written by the kernel) and becomes Error(kTimeout).
 class TicketSet {
  public:
-  TicketSet(IoEngine& engine, std::chrono::milliseconds timeout) : engine_(engine), timeout_(timeout) {}
+  TicketSet(IoEngine& engine, std::chrono::milliseconds timeout)
+      : engine_(engine), timeout_(timeout) {}
   ~TicketSet() {
     bool unsafe = false;
     drain(&unsafe);
@@ -55,7 +56,8 @@ class TicketSet {
   void wait_one(IoTicket t, bool* unsafe) {
     if (!engine_.wait(t, timeout_)) {
       *unsafe = true;
-      fail(ErrorCode::kTimeout, strcat("tier store: I/O not complete after ", timeout_.count(), " ms"));
+      fail(ErrorCode::kTimeout,
+           strcat("tier store: I/O not complete after ", timeout_.count(), " ms"));
     }
   }
   IoEngine& engine_;
@@ -103,13 +105,14 @@ void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, 
   const std::uint64_t off = piece * piece_size();
   const auto [path, file_off] = swap_->locate(b.copy[ti(Tier::kNvme)].extent.offset + off);
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     ++stats_.checksum_failures;
   }
   fail(ErrorCode::kChecksum,
-       strcat("checksum mismatch reading buffer '", b.spec.name, "' back from NVMe at buffer offset ",
-              off, " (", len, " bytes; swap file ", path, " offset ", file_off,
-              "): CRC32C stored 0x", std::hex, b.crc[piece], ", read 0x", got, std::dec));
+       strcat("checksum mismatch reading buffer '", b.spec.name,
+              "' back from NVMe at buffer offset ", off, " (", len, " bytes; swap file ", path,
+              " offset ", file_off, "): CRC32C stored 0x", std::hex, b.crc[piece], ", read 0x", got,
+              std::dec));
 }
 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
@@ -119,8 +122,8 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
     const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
-                                     len, base + off}));
+    set.add(engine_->submit(IoRequest{IoOp::kWrite, swap_->file(),
+                                      const_cast<std::uint8_t*>(src + off), len, base + off}));
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
@@ -129,7 +132,7 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
     b.crc[i] = crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
   }
   set.finish(unsafe);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
 }
 
@@ -149,7 +152,7 @@ void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe)
     set.wait_front(unsafe);  // throws: the destructor drains the rest
     verify_piece(b, i, dst + off, len);
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
 }
 
@@ -187,8 +190,8 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
 
   auto to_write = [&](Slot& s) {  // stage 0 → 1
     s.event->synchronize(timeout);
-    s.ticket = engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len,
-                                        base + s.piece * piece_size()});
+    s.ticket = engine_->submit(
+        IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len, base + s.piece * piece_size()});
     s.stage = 1;
     // Checksummed while the write is in flight (both only read the pinned buffer).
     if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
@@ -249,13 +252,14 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
   }
   while (!window.empty()) retire_front();
   if (error) std::rethrow_exception(error);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
   stats_.bytes_from_gpu += b.spec.bytes;
 }
 
 // Stage 0: NVMe read submitted (ticket); stage 1: pinned→device copy queued (event).
-void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext& ctx, bool* unsafe) {
+void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext& ctx,
+                                       bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   const auto timeout = options_.timeout;
   std::deque<Slot> window;
@@ -313,7 +317,8 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
     try {
       Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
       free_events.pop_back();
-      s.ticket = engine_->submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
+      s.ticket =
+          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
       window.push_back(std::move(s));
       // Queue the device copy of every piece whose read already finished (in order).
       for (auto& w : window) {
@@ -329,7 +334,7 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
   }
   while (!window.empty()) retire_front();
   if (error) std::rethrow_exception(error);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
   stats_.bytes_to_gpu += b.spec.bytes;
 }

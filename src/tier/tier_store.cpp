@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "core/rethrow.hpp"
 #include "strata/error.hpp"
@@ -24,24 +25,32 @@ namespace {
 constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
 const char* op_name(OpKind k) {
   switch (k) {
-    case OpKind::kMove: return "tier store: moving";
-    case OpKind::kPrefetch: return "tier store: prefetching";
-    case OpKind::kEvict: return "tier store: evicting";
-    case OpKind::kAcquire: return "tier store: acquiring";
-    case OpKind::kRead: return "tier store: reading";
-    case OpKind::kWrite: return "tier store: writing";
-    case OpKind::kZero: return "tier store: zeroing";
+    case OpKind::kMove:
+      return "tier store: moving";
+    case OpKind::kPrefetch:
+      return "tier store: prefetching";
+    case OpKind::kEvict:
+      return "tier store: evicting";
+    case OpKind::kAcquire:
+      return "tier store: acquiring";
+    case OpKind::kRead:
+      return "tier store: reading";
+    case OpKind::kWrite:
+      return "tier store: writing";
+    case OpKind::kZero:
+      return "tier store: zeroing";
   }
   return "tier store:";
 }
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
-// ---- Transfer ------------------------------------------------------------------------------------
+// ---- Transfer
+// ------------------------------------------------------------------------------------
 
 void Transfer::State::finish(std::exception_ptr err, void* ptr) {
   {
-    std::lock_guard lock(mutex);
+    MutexLock lock(mutex);
     error = err;
     pointer = ptr;
     done = true;
@@ -51,14 +60,14 @@ void Transfer::State::finish(std::exception_ptr err, void* ptr) {
 
 bool Transfer::ready() const {
   if (!state_) return true;
-  std::lock_guard lock(state_->mutex);
+  MutexLock lock(state_->mutex);
   return state_->done;
 }
 
 void Transfer::wait(std::chrono::milliseconds timeout) const {
   if (!state_) return;
-  std::unique_lock lock(state_->mutex);
-  if (!state_->cv.wait_for(lock, timeout, [&] { return state_->done; })) {
+  UniqueLock lock(state_->mutex);
+  if (!state_->cv.wait_for(lock, timeout, [&]() REQUIRES(state_->mutex) { return state_->done; })) {
     fail(ErrorCode::kTimeout,
          strcat("tier store: transfer not complete after ", timeout.count(), " ms"));
   }
@@ -67,11 +76,12 @@ void Transfer::wait(std::chrono::milliseconds timeout) const {
 
 void* Transfer::pointer() const {
   if (!state_) return nullptr;
-  std::lock_guard lock(state_->mutex);
+  MutexLock lock(state_->mutex);
   return state_->pointer;
 }
 
-// ---- options -------------------------------------------------------------------------------------
+// ---- options
+// -------------------------------------------------------------------------------------
 
 TierStoreOptions TierStoreOptions::from(const Config& c, std::uint32_t rank,
                                         std::uint64_t nvme_capacity) {
@@ -89,7 +99,8 @@ TierStoreOptions TierStoreOptions::from(const Config& c, std::uint32_t rank,
   return o;
 }
 
-// ---- Impl: construction --------------------------------------------------------------------------
+// ---- Impl: construction
+// --------------------------------------------------------------------------
 
 TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine* engine,
                       PinnedPool* pool)
@@ -105,7 +116,8 @@ TierStore::Impl::Impl(const TierStoreOptions& options, Device& device, IoEngine*
   pinned_used_ = pool_bytes;
   if (options_.nvme_capacity > 0) {
     if (!engine_ || !pool_)
-      fail(ErrorCode::kInvalidArgument, "tier store: an NVMe tier needs an I/O engine and a pinned pool");
+      fail(ErrorCode::kInvalidArgument,
+           "tier store: an NVMe tier needs an I/O engine and a pinned pool");
     SwapSpaceOptions so;
     so.paths = options_.nvme_paths;
     so.capacity = options_.nvme_capacity;
@@ -138,12 +150,12 @@ TierStore::Impl::~Impl() {
     log_error("tier store: shutting down with transfers in flight: ", e.what());
   }
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     stop_ = true;
   }
   work_cv_.notify_all();
   for (auto& w : workers_) w.join();
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [id, b] : bufs_) {
     for (Tier t : kTiers) drop_locked(*b, t);
   }
@@ -152,7 +164,8 @@ TierStore::Impl::~Impl() {
   cached_ = 0;
 }
 
-// ---- registration ---------------------------------------------------------------------------------
+// ---- registration
+// ---------------------------------------------------------------------------------
 
 BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
   if (spec.name.empty()) fail(ErrorCode::kInvalidArgument, "tier store: a buffer needs a name");
@@ -176,7 +189,7 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
   Tier home = spec.home;
   IoBuffer reuse;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     for (auto& [id, other] : bufs_) {
       if (other->spec.name == spec.name) {
         fail(ErrorCode::kInvalidArgument,
@@ -193,7 +206,7 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
       lock_host(*b);
     } else if (home == Tier::kGpu) {
       b->copy[ti(home)].gpu = device_.allocate(b->padded);
-      std::lock_guard lock(admin_mutex_);
+      MutexLock lock(admin_mutex_);
       admin_stream_->memset_async(b->copy[ti(home)].gpu.get(), 0, b->padded);
       admin_stream_->synchronize(options_.timeout);
     } else {
@@ -201,19 +214,19 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
     }
   } catch (const Error& e) {
     {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       drop_locked(*b, home);
     }
     // Name the buffer and the tier (memory errors say which tier and buffer).
     throw Error(e.code(), strcat(e.what(), "; registering buffer '", spec.name, "' (", b->padded,
                                  " bytes) in the ", tier_name(home), " tier"));
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     drop_locked(*b, home);
     throw;
   }
   b->copy[ti(home)].valid = true;
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [id, other] : bufs_) {
     if (other->spec.name == spec.name) {
       drop_locked(*b, home);
@@ -228,7 +241,7 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
 }
 
 void TierStore::Impl::unregister_buffer(BufferId id) {
-  std::unique_lock lock(mutex_);
+  UniqueLock lock(mutex_);
   Buf& b = buf_locked(id);
   if (!state_cv_.wait_for(lock, options_.timeout, [&] { return b.queued == 0; })) {
     fail(ErrorCode::kTimeout,
@@ -246,7 +259,7 @@ void TierStore::Impl::unregister_buffer(BufferId id) {
 }
 
 BufferId TierStore::Impl::find(const std::string& name) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [id, b] : bufs_) {
     if (b->spec.name == name) return id;
   }
@@ -259,7 +272,8 @@ Buf& TierStore::Impl::buf_locked(BufferId id) const {
   return *it->second;
 }
 
-// ---- budgets and storage ----------------------------------------------------------------------------
+// ---- budgets and storage
+// ----------------------------------------------------------------------------
 
 void TierStore::Impl::reserve_locked(Buf& b, Tier t, IoBuffer* reuse) {
   if (t == Tier::kNvme) {
@@ -292,8 +306,8 @@ void TierStore::Impl::reserve_locked(Buf& b, Tier t, IoBuffer* reuse) {
   }
   if (used_[ti(t)] + b.padded > budget) {
     fail(ErrorCode::kBudget,
-         strcat("tier store: buffer '", b.spec.name, "' (", b.padded, " bytes) does not fit in the ",
-                tier_name(t), " tier: ", used_[ti(t)], " of ",
+         strcat("tier store: buffer '", b.spec.name, "' (", b.padded,
+                " bytes) does not fit in the ", tier_name(t), " tier: ", used_[ti(t)], " of ",
                 budget, " bytes in use (tiers.", t == Tier::kGpu ? "gpu" : "host", ".budget",
                 t == Tier::kCpu ? ", the pinned pool included" : "", ")"));
   }
@@ -338,11 +352,12 @@ void TierStore::Impl::lock_host(Buf& b) {
   tier::Copy& c = b.copy[ti(Tier::kCpu)];
   if (!b.spec.pinned || c.locked || !c.host) return;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (pinned_used_ + b.padded > options_.pinned_budget)
       fail(ErrorCode::kBudget,
-           strcat("tier store: buffer '", b.spec.name, "' (", b.padded, " bytes, pin_memory) does not fit in the ",
-                  "pinned host memory: ", pinned_used_, " of ", options_.pinned_budget,
+           strcat("tier store: buffer '", b.spec.name, "' (", b.padded,
+                  " bytes, pin_memory) does not fit in the ", "pinned host memory: ", pinned_used_,
+                  " of ", options_.pinned_budget,
                   " bytes in use (tiers.host.pinned_budget, the pool included)"));
     pinned_used_ += b.padded;
   }
@@ -352,15 +367,16 @@ void TierStore::Impl::lock_host(Buf& b) {
     if (!by_device && ::mlock(c.host.data(), b.padded) != 0) {
       const int err = errno;
       fail(ErrorCode::kOutOfMemory,
-           strcat("tier store: mlock of buffer '", b.spec.name, "' (", b.padded, " bytes, pin_memory) failed: ",
-                  std::strerror(err), " (errno ", err, "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
+           strcat("tier store: mlock of buffer '", b.spec.name, "' (", b.padded,
+                  " bytes, pin_memory) failed: ", std::strerror(err), " (errno ", err,
+                  "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
     }
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     pinned_used_ -= b.padded;
     throw;
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   c.locked = true;
   c.locked_by_device = by_device;
 }
@@ -368,17 +384,19 @@ void TierStore::Impl::lock_host(Buf& b) {
 std::string TierStore::Impl::where(const Buf& b) const {
   std::string s;
   for (Tier t : kTiers) {
-    if (b.copy[ti(t)].pins) s += strcat(s.empty() ? "" : ", ", tier_name(t), " (", b.copy[ti(t)].pins, " pin(s))");
+    if (b.copy[ti(t)].pins)
+      s += strcat(s.empty() ? "" : ", ", tier_name(t), " (", b.copy[ti(t)].pins, " pin(s))");
   }
   return s;
 }
 
-// ---- the job queue ---------------------------------------------------------------------------------
+// ---- the job queue
+// ---------------------------------------------------------------------------------
 
 Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access access) {
   auto state = std::make_shared<Transfer::State>();
   {
-    std::unique_lock lock(mutex_);
+    UniqueLock lock(mutex_);
     if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
     if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
     Buf& b = buf_locked(id);
@@ -403,31 +421,37 @@ Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t 
                                         std::uint64_t bytes, void* ptr, Tier memory, bool padded) {
   auto state = std::make_shared<Transfer::State>();
   {
-    std::unique_lock lock(mutex_);
+    UniqueLock lock(mutex_);
     if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
     if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
     Buf& b = buf_locked(id);
     if (kind != OpKind::kZero) {
       const char* what = kind == OpKind::kRead ? "read" : "write";
       if (offset > b.spec.bytes)
-        fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, " of buffer '", b.spec.name,
-                                                 "' at offset ", offset, " beyond its ", b.spec.bytes, " bytes"));
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: ", what, " of buffer '", b.spec.name, "' at offset ", offset,
+                    " beyond its ", b.spec.bytes, " bytes"));
       if (bytes == 0) bytes = b.spec.bytes - offset;
       if (offset + bytes > b.spec.bytes)
         fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: ", what, " of bytes [", offset, ", ", offset + bytes, ") of buffer '",
-                    b.spec.name, "' beyond its ", b.spec.bytes, " bytes"));
-      if (!ptr) fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, " of '", b.spec.name, "' with a null pointer"));
+             strcat("tier store: ", what, " of bytes [", offset, ", ", offset + bytes,
+                    ") of buffer '", b.spec.name, "' beyond its ", b.spec.bytes, " bytes"));
+      if (!ptr)
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: ", what, " of '", b.spec.name, "' with a null pointer"));
       if (memory == Tier::kNvme)
-        fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, ": the caller's memory is host or device memory"));
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: ", what, ": the caller's memory is host or device memory"));
       if (kind == OpKind::kWrite && b.spec.home == Tier::kNvme) {
         if (offset != 0 || bytes != b.spec.bytes)
           fail(ErrorCode::kInvalidArgument,
-               strcat("tier store: buffer '", b.spec.name, "' lives on nvme: write() replaces the whole buffer, not bytes [",
-                      offset, ", ", offset + bytes, ")"));
+               strcat("tier store: buffer '", b.spec.name,
+                      "' lives on nvme: write() replaces the whole buffer, not bytes [", offset,
+                      ", ", offset + bytes, ")"));
         if (memory == Tier::kCpu && reinterpret_cast<std::uintptr_t>(ptr) % 4096 != 0)
           fail(ErrorCode::kInvalidArgument,
-               strcat("tier store: write of '", b.spec.name, "' to nvme from host memory that is not 4096-aligned"));
+               strcat("tier store: write of '", b.spec.name,
+                      "' to nvme from host memory that is not 4096-aligned"));
       }
     }
     Job job{kind, &b, memory, Access::kRead, state, offset, bytes, ptr, padded};
@@ -439,10 +463,10 @@ Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t 
 }
 
 void TierStore::Impl::worker_loop(WorkerContext& ctx) {
-  std::unique_lock lock(mutex_);
+  UniqueLock lock(mutex_);
   for (;;) {
     auto it = queue_.end();
-    work_cv_.wait(lock, [&] {
+    work_cv_.wait(lock, [&]() REQUIRES(mutex_) {
       // The first queued job whose buffer is idle: jobs of one buffer run in submission order.
       it = std::find_if(queue_.begin(), queue_.end(), [](const Job& j) { return !j.buf->running; });
       return stop_ || it != queue_.end();
@@ -475,7 +499,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
         break;
       case OpKind::kMove: {
         {
-          std::lock_guard lock(mutex_);
+          MutexLock lock(mutex_);
           for (Tier u : {Tier::kGpu, Tier::kCpu}) {
             if (u != t && b.copy[ti(u)].pins) {
               fail(ErrorCode::kInvalidArgument,
@@ -485,7 +509,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
           }
         }
         ensure_valid(b, t, ctx);
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         for (Tier u : {Tier::kGpu, Tier::kCpu}) {
           if (u != t) drop_locked(b, u);
         }
@@ -506,20 +530,21 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
       case OpKind::kAcquire: {
         if (job.access == Access::kDiscard) {
           {
-            std::lock_guard lock(mutex_);
+            MutexLock lock(mutex_);
             check_writable_locked(b, t);
           }
           ensure_storage(b, t);
         } else {
           ensure_valid(b, t, ctx);
         }
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         ptr = pin_locked(b, t, job.access);
         break;
       }
     }
   } catch (const IoError& e) {
-    err = std::make_exception_ptr(e.with_context(strcat(op_name(job.kind), " buffer '", b.spec.name, "'")));
+    err = std::make_exception_ptr(
+        e.with_context(strcat(op_name(job.kind), " buffer '", b.spec.name, "'")));
   } catch (const Error& e) {
     err = std::make_exception_ptr(
         Error(e.code(), strcat(e.what(), "; ", op_name(job.kind), " buffer '", b.spec.name, "'")));
@@ -528,7 +553,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
   }
   if (err) {
     renew_stream(ctx);
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     check_lost_locked(b, err);
   }
   job.state->finish(err, ptr);
@@ -563,7 +588,8 @@ void TierStore::Impl::check_lost_locked(Buf& b, const std::exception_ptr& err) {
   } catch (...) {
   }
   failure_ = strcat("tier store rank ", options_.rank, ": failed: buffer '", b.spec.name,
-                    "' lost its contents (", what, "); the store refuses every operation — "
+                    "' lost its contents (", what,
+                    "); the store refuses every operation — "
                     "restore the last checkpoint or restart");
   log_error(failure_);
 }
@@ -591,7 +617,9 @@ void* TierStore::Impl::pin_locked(Buf& b, Tier t, Access access) {
     c.valid = true;  // kDiscard: storage without loaded contents
     ++c.write_pins;
   }
-  if (!c.valid) fail(ErrorCode::kInternal, strcat("tier store: pinning an invalid copy of '", b.spec.name, "'"));
+  if (!c.valid)
+    fail(ErrorCode::kInternal,
+         strcat("tier store: pinning an invalid copy of '", b.spec.name, "'"));
   ++c.pins;
   return t == Tier::kGpu ? c.gpu.get() : c.host.data();
 }
@@ -599,26 +627,27 @@ void* TierStore::Impl::pin_locked(Buf& b, Tier t, Access access) {
 void TierStore::Impl::ensure_storage(Buf& b, Tier t) {
   IoBuffer reuse;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const tier::Copy& c = b.copy[ti(t)];
     if (c.valid || c.host || c.gpu) return;
     reserve_locked(b, t, &reuse);
   }
   try {
     if (t == Tier::kCpu) {
-      IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+      IoBuffer mem =
+          reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
       {
-        std::lock_guard lock(mutex_);
+        MutexLock lock(mutex_);
         b.copy[ti(t)].host = std::move(mem);
       }
       lock_host(b);
     } else {
       DeviceMemory mem = device_.allocate(b.padded);
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       b.copy[ti(t)].gpu = std::move(mem);
     }
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     unreserve_locked(b, t);
     throw;
   }
@@ -654,7 +683,8 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
         bool other_valid = false;
         for (Tier u : kTiers) other_valid |= (u != t && b.copy[ti(u)].valid);
         if (c.valid && !other_valid) return false;  // needs a write-down
-        if (c.valid && t != Tier::kNvme && b.copy[ti(Tier::kNvme)].valid) ++stats_.writes_skipped_clean;
+        if (c.valid && t != Tier::kNvme && b.copy[ti(Tier::kNvme)].valid)
+          ++stats_.writes_skipped_clean;
         drop_locked(b, t);
         break;
       }
@@ -676,7 +706,7 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
 }
 
 void TierStore::Impl::release(BufferId id, Tier tier) {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   Buf& b = buf_locked(id);
   tier::Copy& c = b.copy[ti(tier)];
   if (c.pins == 0) {
@@ -688,109 +718,144 @@ void TierStore::Impl::release(BufferId id, Tier tier) {
 }
 
 void TierStore::Impl::wait_idle(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mutex_);
-  if (!state_cv_.wait_for(lock, timeout, [&] { return queue_.empty() && running_ == 0; })) {
+  UniqueLock lock(mutex_);
+  if (!state_cv_.wait_for(lock, timeout,
+                          [&]() REQUIRES(mutex_) { return queue_.empty() && running_ == 0; })) {
     fail(ErrorCode::kTimeout, strcat("tier store: ", queue_.size() + running_,
                                      " transfer(s) still pending after ", timeout.count(), " ms"));
   }
 }
 
-// ---- operations ------------------------------------------------------------------------------------
+// ---- operations
+// ------------------------------------------------------------------------------------
 
-void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
-  Tier src = t;
-  IoBuffer reuse;  // a cached host mapping taken with the reservation
-  {
-    std::lock_guard lock(mutex_);
-    if (b.copy[ti(t)].valid) {
-      if (t == Tier::kNvme) ++stats_.writes_skipped_clean;
-      return;
-    }
-    static constexpr Tier kPrefer[3][2] = {
-        {Tier::kCpu, Tier::kNvme}, {Tier::kGpu, Tier::kNvme}, {Tier::kCpu, Tier::kGpu}};
-    bool found = false;
-    for (Tier s : kPrefer[ti(t)]) {
-      if (b.copy[ti(s)].valid) {
-        src = s;
-        found = true;
-        break;
-      }
-    }
-    if (!found) {
-      fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
-    }
-    if (b.copy[ti(src)].write_pins) {
-      fail(ErrorCode::kInvalidArgument,
-           strcat("tier store: buffer '", b.spec.name, "' is acquired for writing on ",
-                  tier_name(src), "; release it before copying it to ", tier_name(t)));
-    }
-    reserve_locked(b, t, &reuse);  // memory tiers: budget; nvme: the extent (kept once allocated)
+// The tier to copy `t`'s copy from (the nearest valid one), with the target reserved; nullopt
+// when `t`'s copy is valid already. REQUIRES: mutex_ held.
+std::optional<Tier> TierStore::Impl::choose_source_locked(Buf& b, Tier t, IoBuffer* reuse) {
+  if (b.copy[ti(t)].valid) {
+    if (t == Tier::kNvme) ++stats_.writes_skipped_clean;
+    return std::nullopt;
   }
+  static constexpr Tier kPrefer[3][2] = {
+      {Tier::kCpu, Tier::kNvme}, {Tier::kGpu, Tier::kNvme}, {Tier::kCpu, Tier::kGpu}};
+  std::optional<Tier> src;
+  for (Tier s : kPrefer[ti(t)]) {
+    if (b.copy[ti(s)].valid) {
+      src = s;
+      break;
+    }
+  }
+  if (!src)
+    fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+  if (b.copy[ti(*src)].write_pins) {
+    fail(ErrorCode::kInvalidArgument,
+         strcat("tier store: buffer '", b.spec.name, "' is acquired for writing on ",
+                tier_name(*src), "; release it before copying it to ", tier_name(t)));
+  }
+  reserve_locked(b, t, reuse);  // memory tiers: budget; nvme: the extent (kept once allocated)
+  return src;
+}
+
+// Allocates the memory of `t`'s copy when it has none (outside the lock, installed under it:
+// info() reads it). Returns true when the new memory is zero-filled already.
+bool TierStore::Impl::allocate_copy(Buf& b, Tier t, IoBuffer reuse) {
+  tier::Copy& d = b.copy[ti(t)];
+  bool fresh = false;
+  if (t == Tier::kCpu && !d.host) {
+    fresh = !reuse;
+    if (reuse && b.padded > b.spec.bytes) {  // no stale bytes of another buffer in the padding
+      std::memset(reuse.bytes() + b.spec.bytes, 0, b.padded - b.spec.bytes);
+    }
+    IoBuffer mem =
+        reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+    {
+      MutexLock lock(mutex_);
+      d.host = std::move(mem);
+    }
+    lock_host(b);
+  }
+  if (t == Tier::kGpu && !d.gpu) {
+    DeviceMemory mem = device_.allocate(b.padded);
+    MutexLock lock(mutex_);
+    d.gpu = std::move(mem);
+  }
+  return fresh;
+}
+
+// Copies `src`'s bytes into `t`'s copy (an NVMe copy that was never written: zeros). *unsafe is
+// true while a failed transfer may still write into the destination.
+void TierStore::Impl::transfer(Buf& b, Tier t, Tier src, bool fresh, WorkerContext& ctx,
+                               bool* unsafe) {
   tier::Copy& d = b.copy[ti(t)];
   const tier::Copy& s = b.copy[ti(src)];
+  if (src == Tier::kNvme && b.nvme_zero) {
+    if (t == Tier::kCpu) {
+      if (!fresh) std::memset(d.host.data(), 0, b.padded);
+    } else {  // gpu
+      *unsafe = true;
+      ctx.stream->memset_async(d.gpu.get(), 0, b.padded);
+      ctx.stream->synchronize(options_.timeout);
+      *unsafe = false;
+    }
+  } else if (t == Tier::kNvme) {
+    if (src == Tier::kCpu)
+      copy_host_to_nvme(b, s.host.bytes(), unsafe);
+    else
+      copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(s.gpu.get()), ctx, unsafe);
+  } else if (src == Tier::kNvme) {
+    if (t == Tier::kCpu)
+      copy_nvme_to_host(b, d.host.bytes(), unsafe);
+    else
+      copy_nvme_to_gpu(b, static_cast<std::uint8_t*>(d.gpu.get()), ctx, unsafe);
+  } else {
+    void* dst = t == Tier::kGpu ? d.gpu.get() : d.host.data();
+    const void* from = src == Tier::kGpu ? s.gpu.get() : s.host.data();
+    copy_device(dst, from, b.spec.bytes, ctx, unsafe);
+    MutexLock lock(mutex_);
+    (t == Tier::kGpu ? stats_.bytes_to_gpu : stats_.bytes_from_gpu) += b.spec.bytes;
+  }
+}
+
+// After a failed copy into `t`: memory a transfer may still write into is quarantined, an NVMe
+// extent kept but marked invalid, a memory copy dropped (or its reservation returned).
+// REQUIRES: mutex_ held.
+void TierStore::Impl::undo_copy_locked(Buf& b, Tier t, bool unsafe) {
+  tier::Copy& d = b.copy[ti(t)];
+  if (unsafe) {  // a transfer may still write into it: keep the memory alive, account it gone
+    if (t == Tier::kCpu && d.host) b.quarantine.push_back(std::move(d.host));
+    if (t == Tier::kGpu && d.gpu) b.gpu_quarantine.push_back(std::move(d.gpu));
+  }
+  if (t == Tier::kNvme) {
+    d.valid = false;  // keep the extent; its contents are unknown
+    b.nvme_zero = false;
+  } else {
+    if (d.host || d.gpu) {
+      drop_locked(b, t);
+    } else {
+      unreserve_locked(b, t);
+    }
+  }
+}
+
+void TierStore::Impl::ensure_valid(Buf& b, Tier t, WorkerContext& ctx) {
+  IoBuffer reuse;  // a cached host mapping taken with the reservation
+  std::optional<Tier> src;
+  {
+    MutexLock lock(mutex_);
+    src = choose_source_locked(b, t, &reuse);
+  }
+  if (!src) return;
   bool unsafe = false;
   try {
-    // Storage is allocated outside the lock and installed under it (info() reads it).
-    bool fresh = false;  // a new mapping is already zero-filled
-    if (t == Tier::kCpu && !d.host) {
-      fresh = !reuse;
-      if (reuse && b.padded > b.spec.bytes) {  // no stale bytes of another buffer in the padding
-        std::memset(reuse.bytes() + b.spec.bytes, 0, b.padded - b.spec.bytes);
-      }
-      IoBuffer mem = reuse ? std::move(reuse) : IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
-      {
-        std::lock_guard lock(mutex_);
-        d.host = std::move(mem);
-      }
-      lock_host(b);
-    }
-    if (t == Tier::kGpu && !d.gpu) {
-      DeviceMemory mem = device_.allocate(b.padded);
-      std::lock_guard lock(mutex_);
-      d.gpu = std::move(mem);
-    }
-    if (src == Tier::kNvme && b.nvme_zero) {
-      if (t == Tier::kCpu) {
-        if (!fresh) std::memset(d.host.data(), 0, b.padded);
-      } else {  // gpu
-        unsafe = true;
-        ctx.stream->memset_async(d.gpu.get(), 0, b.padded);
-        ctx.stream->synchronize(options_.timeout);
-        unsafe = false;
-      }
-    } else if (t == Tier::kNvme) {
-      if (src == Tier::kCpu) copy_host_to_nvme(b, s.host.bytes(), &unsafe);
-      else copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(s.gpu.get()), ctx, &unsafe);
-    } else if (src == Tier::kNvme) {
-      if (t == Tier::kCpu) copy_nvme_to_host(b, d.host.bytes(), &unsafe);
-      else copy_nvme_to_gpu(b, static_cast<std::uint8_t*>(d.gpu.get()), ctx, &unsafe);
-    } else {
-      void* dst = t == Tier::kGpu ? d.gpu.get() : d.host.data();
-      const void* from = src == Tier::kGpu ? s.gpu.get() : s.host.data();
-      copy_device(dst, from, b.spec.bytes, ctx, &unsafe);
-      std::lock_guard lock(mutex_);
-      (t == Tier::kGpu ? stats_.bytes_to_gpu : stats_.bytes_from_gpu) += b.spec.bytes;
-    }
+    const bool fresh = allocate_copy(b, t, std::move(reuse));
+    transfer(b, t, *src, fresh, ctx, &unsafe);
   } catch (...) {
-    std::lock_guard lock(mutex_);
-    if (unsafe) {  // a transfer may still write into it: keep the memory alive, account it gone
-      if (t == Tier::kCpu && d.host) b.quarantine.push_back(std::move(d.host));
-      if (t == Tier::kGpu && d.gpu) b.gpu_quarantine.push_back(std::move(d.gpu));
-    }
-    if (t == Tier::kNvme) {
-      d.valid = false;  // keep the extent; its contents are unknown
-      b.nvme_zero = false;
-    } else {
-      if (d.host || d.gpu) {
-        drop_locked(b, t);
-      } else {
-        unreserve_locked(b, t);
-      }
-    }
+    MutexLock lock(mutex_);
+    undo_copy_locked(b, t, unsafe);
     throw;
   }
-  std::lock_guard lock(mutex_);
-  d.valid = true;
+  MutexLock lock(mutex_);
+  b.copy[ti(t)].valid = true;
   if (t == Tier::kNvme) b.nvme_zero = false;
 }
 
@@ -798,12 +863,12 @@ void TierStore::Impl::evict_copy(Buf& b, Tier from, WorkerContext& ctx) {
   Tier target = from;
   bool need_copy = false;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     tier::Copy& c = b.copy[ti(from)];
     if (c.pins) {
-      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot evict buffer '", b.spec.name,
-                                               "' from ", tier_name(from), ": it is acquired on ",
-                                               where(b), "; release it first"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: cannot evict buffer '", b.spec.name, "' from ", tier_name(from),
+                  ": it is acquired on ", where(b), "; release it first"));
     }
     bool other_valid = false;
     for (Tier u : kTiers) other_valid |= (u != from && b.copy[ti(u)].valid);
@@ -827,14 +892,15 @@ void TierStore::Impl::evict_copy(Buf& b, Tier from, WorkerContext& ctx) {
     }
   }
   if (need_copy) ensure_valid(b, target, ctx);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   drop_locked(b, from);
 }
 
-// ---- queries ----------------------------------------------------------------------------------------
+// ---- queries
+// ----------------------------------------------------------------------------------------
 
 BufferInfo TierStore::Impl::info(BufferId id) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const Buf& b = buf_locked(id);
   BufferInfo i;
   i.name = b.spec.name;
@@ -845,7 +911,9 @@ BufferInfo TierStore::Impl::info(BufferId id) const {
     const tier::Copy& c = b.copy[ti(t)];
     i.valid[ti(t)] = c.valid;
     i.pins[ti(t)] = c.pins;
-    i.allocated[ti(t)] = t == Tier::kCpu ? bool(c.host) : t == Tier::kGpu ? bool(c.gpu) : c.extent.length > 0;
+    i.allocated[ti(t)] = t == Tier::kCpu   ? bool(c.host)
+                         : t == Tier::kGpu ? bool(c.gpu)
+                                           : c.extent.length > 0;
   }
   i.in_flight = b.queued > 0;
   i.dirty = !b.copy[ti(Tier::kNvme)].valid;
@@ -877,7 +945,7 @@ void TierStore::Impl::unreserve(Tier t, std::uint64_t bytes) noexcept {
 }
 
 TierUsage TierStore::Impl::usage(Tier t) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   if (t == Tier::kNvme) {
     return swap_ ? TierUsage{swap_->used(), swap_->capacity()} : TierUsage{};
   }
@@ -886,27 +954,28 @@ TierUsage TierStore::Impl::usage(Tier t) const {
 }
 
 std::uint64_t TierStore::Impl::padded_bytes(BufferId id) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return buf_locked(id).padded;
 }
 
 std::string TierStore::Impl::failure() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return failure_;
 }
 
 TierStoreStats TierStore::Impl::stats() const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   return stats_;
 }
 
 std::pair<std::uint64_t, std::uint64_t> TierStore::Impl::nvme_extent(BufferId id) const {
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const auto& e = buf_locked(id).copy[ti(Tier::kNvme)].extent;
   return {e.offset, e.length};
 }
 
-// ---- TierStore ----------------------------------------------------------------------------------------
+// ---- TierStore
+// ----------------------------------------------------------------------------------------
 
 TierStore::TierStore(const TierStoreOptions& options, Device& device, IoEngine* engine,
                      PinnedPool* pool)
@@ -933,8 +1002,8 @@ void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::mil
   return t.pointer();
 }
 void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
-Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst, Tier memory,
-                         bool padded) {
+Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst,
+                         Tier memory, bool padded) {
   return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory, padded);
 }
 Transfer TierStore::write(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,

@@ -14,8 +14,8 @@
 //   evict(id, t)     drop the copy in t; when it is the only valid copy, first write it to the
 //                    next lower allowed tier (gpu → cpu → nvme). A clean copy is not rewritten.
 //   acquire(id, t, access)  prefetch, then pin the copy in t and return its address (t gpu or cpu).
-//                    With Access::kWrite the other copies become invalid (the caller will modify it);
-//                    this needs no pins on other tiers. release(id, t) unpins.
+//                    With Access::kWrite the other copies become invalid (the caller will modify
+//                    it); this needs no pins on other tiers. release(id, t) unpins.
 // Streaming (no copy is created: the caller's memory is the other end):
 //   read(id, range, dst)   the current contents of a byte range into caller memory (host, or
 //                    device memory of the store's Device), from the valid copy nearest to dst.
@@ -87,8 +87,8 @@ using BufferId = std::uint32_t;
 enum class Access { kRead, kWrite, kDiscard };
 
 struct BufferSpec {
-  std::string name;          // unique in the store
-  std::uint64_t bytes = 0;   // > 0, any value (copies are padded to the I/O alignment)
+  std::string name;         // unique in the store
+  std::uint64_t bytes = 0;  // > 0, any value (copies are padded to the I/O alignment)
   DType dtype = DType::kFp32;
   Tier home = Tier::kCpu;
   std::vector<Tier> allowed;  // empty = all tiers; must contain home
@@ -103,12 +103,12 @@ struct TierStoreOptions {
   std::uint64_t pinned_budget = ~0ULL;           // page-locked bytes: the pool + pinned host copies
   // NVMe swap space reserved for this rank at construction; 0 = no NVMe tier.
   std::uint64_t nvme_capacity = 0;
-  std::vector<std::string> nvme_paths;           // tiers.nvme.paths
-  std::uint64_t block_size = 1ULL << 20;         // tiers.nvme.block_size (stripe unit)
-  bool checksum = true;                          // tiers.nvme.checksum
+  std::vector<std::string> nvme_paths;    // tiers.nvme.paths
+  std::uint64_t block_size = 1ULL << 20;  // tiers.nvme.block_size (stripe unit)
+  bool checksum = true;                   // tiers.nvme.checksum
   std::uint32_t rank = 0;
-  std::uint32_t movers = 2;                      // threads running transfers (>= 1)
-  std::chrono::milliseconds timeout{120000};     // bound on internal waits (I/O, device, pool)
+  std::uint32_t movers = 2;                   // threads running transfers (>= 1)
+  std::chrono::milliseconds timeout{120000};  // bound on internal waits (I/O, device, pool)
 
   // From the YAML. nvme_capacity: `nvme_capacity` if > 0, else tiers.nvme.budget divided among
   // the node's ranks (0 when both are 0).
@@ -159,7 +159,7 @@ struct TierStoreStats {
   std::uint64_t bytes_to_gpu = 0, bytes_from_gpu = 0;
   std::uint64_t writes_skipped_clean = 0;  // write-backs avoided because the NVMe copy was valid
   std::uint64_t checksum_failures = 0;
-  std::uint64_t reads = 0, writes = 0;      // streaming read() / write() calls completed
+  std::uint64_t reads = 0, writes = 0;  // streaming read() / write() calls completed
 };
 
 class TierStore {

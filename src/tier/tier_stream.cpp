@@ -28,7 +28,7 @@ tier::Staging TierStore::Impl::take_staging() {
   }
   const std::uint64_t bytes = piece_size();
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     if (used_[ti(Tier::kCpu)] + bytes > options_.host_budget)
       fail(ErrorCode::kBudget,
            strcat("tier store: a staging buffer of ", bytes,
@@ -37,7 +37,7 @@ tier::Staging TierStore::Impl::take_staging() {
     used_[ti(Tier::kCpu)] += bytes;
   }
   return tier::Staging(IoBuffer::allocate(bytes, HugePageMode::kNone), [this, bytes] {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     used_[ti(Tier::kCpu)] -= bytes;
   });
 }
@@ -115,7 +115,7 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
   }
   settle();
   if (error) std::rethrow_exception(error);
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   stats_.bytes_from_nvme += (last - first + 1) * piece;
 }
 
@@ -126,7 +126,7 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
   const void* from = nullptr;
   bool zero = false;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     const Tier order[3] = {job.tier == Tier::kGpu ? Tier::kGpu : Tier::kCpu,
                            job.tier == Tier::kGpu ? Tier::kCpu : Tier::kGpu, Tier::kNvme};
     for (Tier t : order) {
@@ -149,7 +149,7 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
     copy_memory(dst, static_cast<const std::uint8_t*>(from) + job.offset, job.bytes, job.tier, src,
                 ctx, &unsafe);
     if (src == Tier::kGpu && job.tier == Tier::kCpu) {
-      std::lock_guard lock(mutex_);
+      MutexLock lock(mutex_);
       stats_.bytes_from_gpu += job.bytes;
     }
   } else if (zero) {
@@ -167,7 +167,7 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
   } else {
     read_nvme_range(b, job.offset, job.bytes, dst, job.tier, ctx, &unsafe);
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   ++stats_.reads;
 }
 
@@ -176,8 +176,8 @@ void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {
 void TierStore::Impl::require_unpinned_away_locked(const Buf& b, const char* verb) const {
   for (Tier u : kMemTiers) {
     if (u != b.spec.home && b.copy[ti(u)].pins) {
-      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot ", verb, " buffer '", b.spec.name,
-                                               "': it is acquired on ", where(b)));
+      fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot ", verb, " buffer '",
+                                               b.spec.name, "': it is acquired on ", where(b)));
     }
   }
 }
@@ -188,7 +188,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   const bool whole = job.offset == 0 && job.bytes == b.spec.bytes;
   bool need_load = false;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     require_unpinned_away_locked(b, "write");
     if (home == Tier::kNvme) {
       // The other copies are stale from here on; the write makes the NVMe copy the only one.
@@ -207,7 +207,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     } else {
       copy_gpu_to_nvme(b, static_cast<const std::uint8_t*>(job.ptr), ctx, &unsafe);
     }
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     b.copy[ti(Tier::kNvme)].valid = true;
     ++stats_.writes;
     return;
@@ -219,14 +219,14 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   }
   void* base = nullptr;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     base = copy_ptr(b.copy[ti(home)], home);
   }
   try {
     copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier,
                 ctx, &unsafe);
   } catch (...) {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     // The home copy holds a partial write: not the contents any more.
     b.copy[ti(home)].valid = false;
     if (unsafe) {
@@ -239,7 +239,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     }
     throw;
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (Tier u : kMemTiers)
     if (u != home) drop_locked(b, u);
   b.copy[ti(Tier::kNvme)].valid = false;
@@ -252,7 +252,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
 void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
   const Tier home = b.spec.home;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     require_unpinned_away_locked(b, "zero");
     if (home == Tier::kNvme) {
       for (Tier u : kMemTiers) drop_locked(b, u);
@@ -265,7 +265,7 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
   ensure_storage(b, home);
   void* base = nullptr;
   {
-    std::lock_guard lock(mutex_);
+    MutexLock lock(mutex_);
     base = copy_ptr(b.copy[ti(home)], home);
   }
   if (home == Tier::kCpu) {
@@ -274,7 +274,7 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
     ctx.stream->memset_async(base, 0, b.padded);
     ctx.stream->synchronize(options_.timeout);
   }
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   for (Tier u : kMemTiers)
     if (u != home) drop_locked(b, u);
   b.copy[ti(Tier::kNvme)].valid = false;

@@ -59,7 +59,8 @@ TEST_P(ConfigCommand, BadConfigPathsAndArgumentsExitTwo) {
   expect_bad_input(cmd + " " + b.comma, "unexpected ','");
   expect_bad_input(cmd + " " + b.unitless, "tiers.gpu.budget: '80' has no unit");
   expect_bad_input(cmd + " " + b.missing + " --no-such-option", "no-such-option");
-  expect_bad_input(cmd + " " + source_dir() + "/configs/default.yaml --set zero.stage=9", "out of range");
+  expect_bad_input(cmd + " " + source_dir() + "/configs/default.yaml --set zero.stage=9",
+                   "out of range");
   RunResult help = run(cmd + " --help");
   EXPECT_EQ(help.rc, 0) << help.out;
 }
@@ -102,8 +103,9 @@ TEST(ExitCodes, Checkpoint) {
     expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str(), dir.str());  // no manifest
     expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str() + " --bogus", "bogus");
   }
-  expect_bad_input("checkpoint export " + dir.str() + "/missing --out " + dir.str() + "/m.safetensors",
-                   "missing");
+  expect_bad_input(
+      "checkpoint export " + dir.str() + "/missing --out " + dir.str() + "/m.safetensors",
+      "missing");
   expect_bad_input("checkpoint export " + dir.str(), "--out");
   expect_bad_input("checkpoint", "");
   EXPECT_EQ(run("checkpoint --help").rc, 0);

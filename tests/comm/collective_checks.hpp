@@ -29,7 +29,7 @@ inline void check_collectives(Communicator& comm, std::uint64_t seed) {
   const int rank = comm.rank(), world = comm.size();
   int tag = 0;
   for (DType dt : {DType::kFp32, DType::kFp16, DType::kBf16}) {
-    const std::size_t es = comm::elem_size(dt);
+    const std::size_t es = dtype_size(dt);
     // all-reduce, odd length, out of place and in place
     for (std::size_t n : {std::size_t{1}, std::size_t{37}, std::size_t{1000}}) {
       auto in = all_inputs(seed, world, ++tag, n, dt);
@@ -92,9 +92,11 @@ inline void check_collectives(Communicator& comm, std::uint64_t seed) {
     auto a = all_inputs(seed, world, ++tag, 101, DType::kFp32);
     auto b = all_inputs(seed, world, ++tag, 55, DType::kBf16);
     std::vector<unsigned char> ra(101 * 4), rb(55 * 2);
-    auto h1 = comm.all_reduce_async(a[static_cast<std::size_t>(rank)].data(), ra.data(), 101, DType::kFp32);
+    auto h1 = comm.all_reduce_async(a[static_cast<std::size_t>(rank)].data(), ra.data(), 101,
+                                    DType::kFp32);
     auto h2 = comm.barrier_async();
-    auto h3 = comm.all_reduce_async(b[static_cast<std::size_t>(rank)].data(), rb.data(), 55, DType::kBf16);
+    auto h3 = comm.all_reduce_async(b[static_cast<std::size_t>(rank)].data(), rb.data(), 55,
+                                    DType::kBf16);
     h3->wait();
     h1->wait();
     h2->wait();

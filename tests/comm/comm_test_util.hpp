@@ -43,20 +43,21 @@ inline std::vector<unsigned char> rank_data(std::uint64_t seed, int rank, int ta
   std::mt19937_64 rng(seed * 1000003u + static_cast<std::uint64_t>(rank) * 7919u +
                       static_cast<std::uint64_t>(tag));
   std::uniform_real_distribution<float> d(-4.0f, 4.0f);
-  std::vector<unsigned char> out(n * comm::elem_size(dtype));
-  for (std::size_t i = 0; i < n; ++i) comm::store_elem(out.data(), i, dtype, d(rng) + rank * 0.125f);
+  std::vector<unsigned char> out(n * dtype_size(dtype));
+  for (std::size_t i = 0; i < n; ++i) store_elem(out.data(), i, dtype, d(rng) + rank * 0.125f);
   return out;
 }
 
 // Serial reference: rank-ordered FP32 sum of the ranks' [off, off + n) elements, rounded once.
-inline std::vector<unsigned char> reference_sum(const std::vector<std::vector<unsigned char>>& per_rank,
-                                                std::size_t off, std::size_t n, DType dtype) {
-  std::vector<unsigned char> out(n * comm::elem_size(dtype));
+inline std::vector<unsigned char> reference_sum(
+    const std::vector<std::vector<unsigned char>>& per_rank, std::size_t off, std::size_t n,
+    DType dtype) {
+  std::vector<unsigned char> out(n * dtype_size(dtype));
   for (std::size_t i = 0; i < n; ++i) {
-    float acc = comm::load_elem(per_rank[0].data(), off + i, dtype);
+    float acc = load_elem(per_rank[0].data(), off + i, dtype);
     for (std::size_t r = 1; r < per_rank.size(); ++r)
-      acc += comm::load_elem(per_rank[r].data(), off + i, dtype);
-    comm::store_elem(out.data(), i, dtype, acc);
+      acc += load_elem(per_rank[r].data(), off + i, dtype);
+    store_elem(out.data(), i, dtype, acc);
   }
   return out;
 }

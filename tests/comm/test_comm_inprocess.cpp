@@ -2,16 +2,12 @@
 // byte accounting, and the failure paths (dead rank, stalled rank, broken communicator).
 #include <gtest/gtest.h>
 
-#include <chrono>
-
 #include "collective_checks.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
 namespace strata::testing {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 class InProcess : public ::testing::TestWithParam<int> {};
 
@@ -49,24 +45,20 @@ TEST_P(InProcess, BytesAccounting) {
 
 INSTANTIATE_TEST_SUITE_P(Worlds, InProcess, ::testing::Values(1, 2, 3, 4));
 
-// A rank that dies (stops taking part) makes the others time out naming it, within the timeout.
+// A rank that dies (stops taking part) makes the others time out naming it.
 TEST(InProcessFaults, DeadRankMakesPeersTimeOutNamingIt) {
   const double timeout = 0.3;
   auto comms = make_inprocess_communicators(4, timeout);
   comms[2] = make_faulty_communicator(std::move(comms[2]), {FaultSpec::Mode::kError, 2, 0});
-  std::vector<double> elapsed(4, 0);
   auto errors = run_ranks(comms, [&](int rank, Communicator& c) {
     std::vector<float> a(64, static_cast<float>(rank)), b(64);
     c.all_reduce(a.data(), b.data(), 64, DType::kFp32);  // #0 fine
     c.barrier();                                         // #1 fine
-    auto t0 = Clock::now();
-    try {
-      c.all_reduce(a.data(), b.data(), 64, DType::kFp32);  // #2: rank 2 is gone
-    } catch (...) {
-      elapsed[static_cast<std::size_t>(rank)] = std::chrono::duration<double>(Clock::now() - t0).count();
-      throw;
-    }
+    c.all_reduce(a.data(), b.data(), 64, DType::kFp32);  // #2: rank 2 is gone
   });
+  // (No elapsed-time check: a peer that waited for ever would hang the test, and one that timed
+  // out says so in its message; how soon depends on the machine's load.)
+  int timed_out = 0;
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(errors[static_cast<std::size_t>(r)]) << "rank " << r << " did not fail";
     try {
@@ -81,9 +73,11 @@ TEST(InProcessFaults, DeadRankMakesPeersTimeOutNamingIt) {
       EXPECT_TRUE(e.code() == ErrorCode::kTimeout || e.code() == ErrorCode::kComm) << msg;
       EXPECT_NE(msg.find("all_reduce"), std::string::npos) << msg;
       EXPECT_NE(msg.find("rank(s) 2"), std::string::npos) << msg;
-      EXPECT_LT(elapsed[static_cast<std::size_t>(r)], timeout + 1.0);
+      EXPECT_NE(msg.find("timed out after"), std::string::npos) << msg;
+      if (e.code() == ErrorCode::kTimeout) ++timed_out;
     }
   }
+  EXPECT_GE(timed_out, 1) << "no peer timed out";
 }
 
 TEST(InProcessFaults, StalledRankMakesPeersTimeOutAndCommunicatorBreaks) {
@@ -92,22 +86,19 @@ TEST(InProcessFaults, StalledRankMakesPeersTimeOutAndCommunicatorBreaks) {
   comms[1] = make_faulty_communicator(std::move(comms[1]), {FaultSpec::Mode::kStall, 0, 0.6});
   auto errors = run_ranks(comms, [&](int rank, Communicator& c) {
     std::vector<std::uint16_t> a(10, 0x3c00), b(30);
-    auto t0 = Clock::now();
     try {
       c.all_gather(a.data(), b.data(), 10, DType::kBf16);
       ADD_FAILURE() << "rank " << rank << ": all_gather succeeded without rank 1";
     } catch (const Error& e) {
-      double s = std::chrono::duration<double>(Clock::now() - t0).count();
       if (rank != 1) {
         EXPECT_NE(std::string(e.what()).find("all_gather"), std::string::npos) << e.what();
         EXPECT_NE(std::string(e.what()).find("rank(s) 1"), std::string::npos) << e.what();
-        EXPECT_LT(s, timeout + 0.5);
+        EXPECT_NE(std::string(e.what()).find("timed out after"), std::string::npos) << e.what();
       }
     }
-    if (rank != 1) {  // the group is broken now: fail fast, no second wait
-      auto t1 = Clock::now();
-      EXPECT_THROW(c.barrier(), Error);
-      EXPECT_LT(std::chrono::duration<double>(Clock::now() - t1).count(), 0.1);
+    if (rank != 1) {  // the group is broken now: fail fast, no second wait (a wait would time
+                      // out: Error(kTimeout), not the broken group's kComm)
+      expect_error(ErrorCode::kComm, "communicator is broken", [&] { c.barrier(); });
     }
   });
   for (auto& e : errors) EXPECT_FALSE(e);
@@ -117,8 +108,10 @@ TEST(InProcessFaults, MismatchedCollectivesFail) {
   auto comms = make_inprocess_communicators(2, 5.0);
   auto errors = run_ranks(comms, [&](int rank, Communicator& c) {
     std::vector<float> a(8, 1.0f), b(16);
-    if (rank == 0) c.all_reduce(a.data(), b.data(), 8, DType::kFp32);
-    else c.all_gather(a.data(), b.data(), 8, DType::kFp32);
+    if (rank == 0)
+      c.all_reduce(a.data(), b.data(), 8, DType::kFp32);
+    else
+      c.all_gather(a.data(), b.data(), 8, DType::kFp32);
   });
   for (auto& e : errors) {
     ASSERT_TRUE(e);

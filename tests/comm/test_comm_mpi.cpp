@@ -30,7 +30,8 @@ TEST(Mpi, BytesAccounting) {
   std::vector<float> a(64, 1.0f), b(64 * static_cast<std::size_t>(c.size()));
   c.all_gather(a.data(), b.data(), 64, DType::kFp32);
   auto after = c.stats();
-  EXPECT_EQ(after.bytes_sent[2] - before.bytes_sent[2], 64u * 4 * static_cast<unsigned>(c.size() - 1));
+  EXPECT_EQ(after.bytes_sent[2] - before.bytes_sent[2],
+            64u * 4 * static_cast<unsigned>(c.size() - 1));
   for (std::size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], 1.0f);
 }
 

@@ -160,11 +160,15 @@ TEST(Config, Units) {
   EXPECT_EQ(parse("model: {parameters: 350M}").model.parameters, 350'000'000ULL);
   EXPECT_EQ(parse("model: {parameters: 7.5e9}").model.parameters, 7'500'000'000ULL);
   EXPECT_EQ(parse("model: {parameters: 1200}").model.parameters, 1200ULL);
-  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 4GiB}}").tiers.gpu.budget, 4ULL << 30);
-  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 80GB}}").tiers.gpu.budget, 80'000'000'000ULL);
-  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 1MB}}").tiers.gpu.budget, 1'000'000ULL);
-  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {host: {buffer_size: 512MiB}}").tiers.host.buffer_size,
-            512ULL << 20);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 4GiB}}").tiers.gpu.budget,
+            4ULL << 30);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 80GB}}").tiers.gpu.budget,
+            80'000'000'000ULL);
+  EXPECT_EQ(parse("model: {parameters: 1}\ntiers: {gpu: {budget: 1MB}}").tiers.gpu.budget,
+            1'000'000ULL);
+  EXPECT_EQ(
+      parse("model: {parameters: 1}\ntiers: {host: {buffer_size: 512MiB}}").tiers.host.buffer_size,
+      512ULL << 20);
 }
 
 TEST(Config, RandomRoundTrips) {
@@ -180,7 +184,8 @@ TEST(Config, RandomRoundTrips) {
     c.world.ranks = 1 + rng() % 1024;
     c.world.ranks_per_node = rng() % (c.world.ranks + 1);
     c.zero.stage = 3;
-    c.offload.optimizer = {static_cast<Tier>(rng() % 3), std::uniform_real_distribution<double>(0, 1)(rng),
+    c.offload.optimizer = {static_cast<Tier>(rng() % 3),
+                           std::uniform_real_distribution<double>(0, 1)(rng),
                            static_cast<bool>(rng() % 2)};
     c.offload.params.tier = static_cast<Tier>(rng() % 3);
     c.tiers.nvme.paths = {"/tmp/a b", "/tmp/\"q\":x"};
@@ -197,8 +202,9 @@ TEST(Config, RandomRoundTrips) {
 // issue 15: paths are bytes; to_yaml must not turn non-UTF-8 bytes into U+FFFD.
 TEST(Config, PathsSurviveToYamlByteForByte) {
   Config c;
-  c.tiers.nvme.paths = {"/mnt/nvme\xff\xfe\x80/swap", "/tmp/caf\xc3\xa9", "/a\"b\\c\td\ne\x01\x7f",
-                        "/x: #y [z], {w}", " lead and trail ", "'single'"};
+  c.tiers.nvme.paths = {"/mnt/nvme\xff\xfe\x80/swap", "/tmp/caf\xc3\xa9",
+                        "/a\"b\\c\td\ne\x01\x7f",     "/x: #y [z], {w}",
+                        " lead and trail ",           "'single'"};
   const std::string y = to_yaml(c);
   Config back = parse(y);
   ASSERT_EQ(back.tiers.nvme.paths.size(), c.tiers.nvme.paths.size()) << y;
@@ -220,14 +226,16 @@ TEST(Config, Issue15ActivationEstimateNeverWraps) {
   EXPECT_FALSE(a.fits_without_checkpointing);
   EXPECT_FALSE(a.fits_with_checkpointing);
   // A shape whose figure fits 64 bits is exact: 34*s*b*h + 5*a*s^2*b per layer.
-  Config d = parse_config("model: {parameters: 7B, layers: 32, hidden_size: 4096, heads: 32,\n"
-                          "        sequence_length: 2048, micro_batch: 1}\n");
+  Config d = parse_config(
+      "model: {parameters: 7B, layers: 32, hidden_size: 4096, heads: 32,\n"
+      "        sequence_length: 2048, micro_batch: 1}\n");
   const ActivationEstimate e = estimate_activations(d, 0);
   EXPECT_EQ(e.per_layer, 34ULL * 2048 * 4096 + 5ULL * 32 * 2048 * 2048);
   EXPECT_EQ(e.without_checkpointing, 32 * e.per_layer);
   // The largest model the ranges allow plans without wrapping: per-node bytes grow with it.
-  Config big = parse_config("model: {parameters: 100T}\nworld: {ranks: 4096, ranks_per_node: 4096}\n"
-                            "zero: {stage: 0}\n");
+  Config big = parse_config(
+      "model: {parameters: 100T}\nworld: {ranks: 4096, ranks_per_node: 4096}\n"
+      "zero: {stage: 0}\n");
   const Plan p = make_plan(big);
   EXPECT_EQ(p.configured.on_gpu.total(), 1'600'000'000'000'000ULL);
   EXPECT_EQ(p.configured.per_rank.gpu, 1'600'000'000'000'000ULL + p.configured.runtime.total());
@@ -251,9 +259,10 @@ TEST(Config, ToYamlWritesSizesWithUnits) {
 
 TEST(Config, SetOverrides) {
   const std::string base = "model: {parameters: 1B}\nzero: {stage: 1}\n";
-  Config c = parse(base, {"model.parameters=7.5B", "zero.stage=3", "tiers.nvme.paths=[/a,/b]",
-                          "offload.params.tier=nvme", "offload.optimizer={tier: cpu, fraction: 0.5}",
-                          "tiers.gpu.budget=40GB", "precision.loss_scale.dynamic=false"});
+  Config c =
+      parse(base, {"model.parameters=7.5B", "zero.stage=3", "tiers.nvme.paths=[/a,/b]",
+                   "offload.params.tier=nvme", "offload.optimizer={tier: cpu, fraction: 0.5}",
+                   "tiers.gpu.budget=40GB", "precision.loss_scale.dynamic=false"});
   EXPECT_EQ(c.model.parameters, 7'500'000'000ULL);
   EXPECT_EQ(c.zero.stage, 3);
   EXPECT_EQ(c.tiers.nvme.paths, (std::vector<std::string>{"/a", "/b"}));

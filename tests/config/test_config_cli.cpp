@@ -21,12 +21,14 @@ struct CliRun {
 CliRun run(const std::string& args) {
   CliRun r;
   // run_command appends 2>&1; split the streams with subshells.
-  r.rc = strata::testing::run_command("(" + strata_bin() + " plan " + args + " 2>/dev/null)", &r.out);
+  r.rc =
+      strata::testing::run_command("(" + strata_bin() + " plan " + args + " 2>/dev/null)", &r.out);
   strata::testing::run_command("(" + strata_bin() + " plan " + args + " 2>&1 >/dev/null)", &r.err);
   return r;
 }
 
-std::string write(const strata::testing::TempDir& dir, const std::string& name, const std::string& text) {
+std::string write(const strata::testing::TempDir& dir, const std::string& name,
+                  const std::string& text) {
   std::string path = dir.str() + "/" + name;
   std::ofstream(path) << text;
   return path;
@@ -66,9 +68,11 @@ TEST(PlanCli, JsonHasTheRequiredFiguresInBytes) {
   EXPECT_EQ(j["configured"]["stage"], 1);
   // The gpu holds the model state and the engine's runtime buffers (at stage 1: the norm exchange
   // and finalize()'s 64 MiB broadcast staging).
-  EXPECT_EQ(j["configured"]["by_kind_per_rank_bytes"]["gpu"]["total"].get<std::uint64_t>(), want[1]);
-  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(),
-            want[1] + j["configured"]["runtime_buffers_per_rank_bytes"]["total"].get<std::uint64_t>());
+  EXPECT_EQ(j["configured"]["by_kind_per_rank_bytes"]["gpu"]["total"].get<std::uint64_t>(),
+            want[1]);
+  EXPECT_EQ(
+      j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(),
+      want[1] + j["configured"]["runtime_buffers_per_rank_bytes"]["total"].get<std::uint64_t>());
   EXPECT_EQ(j["bytes_per_param"]["total"], 16);
   EXPECT_TRUE(j["configured"]["fits"].get<bool>());
   EXPECT_EQ(j["recommendation"]["layout"]["stage"], 1);  // stage 0 needs 120 GB > 80 GB
@@ -78,7 +82,8 @@ TEST(PlanCli, BadInputExitsTwoWithOneMessage) {
   strata::testing::TempDir dir;
   std::string typo = write(dir, "typo.yaml", "model: {parameters: 1B}\nzero:\n  stgae: 3\n");
   expect_config_error(run(typo), typo + ":3:3: zero.stgae:", "did you mean 'stage'?");
-  std::string unit = write(dir, "unit.yaml", "model: {parameters: 1B}\ntiers: {gpu: {budget: 4 GiBs}}\n");
+  std::string unit =
+      write(dir, "unit.yaml", "model: {parameters: 1B}\ntiers: {gpu: {budget: 4 GiBs}}\n");
   expect_config_error(run(unit), unit + ":2:23: tiers.gpu.budget:", "unknown size unit");
   std::string list = write(dir, "list.yaml", "- a\n- b\n");
   expect_config_error(run(list), list + ":1:1:", "must be a mapping");
@@ -87,13 +92,14 @@ TEST(PlanCli, BadInputExitsTwoWithOneMessage) {
   std::string empty = write(dir, "empty.yaml", "");
   expect_config_error(run(empty), empty + ":", "empty");
   expect_config_error(run(dir.str() + "/nope.yaml"), dir.str() + "/nope.yaml:", "no such file");
-  std::string combo = write(dir, "combo.yaml",
-                            "model: {parameters: 1B}\noffload: {params: {tier: nvme}}\n");
+  std::string combo =
+      write(dir, "combo.yaml", "model: {parameters: 1B}\noffload: {params: {tier: nvme}}\n");
   expect_config_error(run(combo), combo + ":2:", "offload.params.tier");
   std::string good = write(dir, "good.yaml", "model: {parameters: 1B}\n");
-  expect_config_error(run(good + " --set zero.stage=7"), "--set zero.stage=7: zero.stage:", "out of range");
-  expect_config_error(run(good + " --set world.rank=2"), "--set world.rank=2: world.rank:",
-                      "did you mean 'ranks'?");
+  expect_config_error(run(good + " --set zero.stage=7"),
+                      "--set zero.stage=7: zero.stage:", "out of range");
+  expect_config_error(run(good + " --set world.rank=2"),
+                      "--set world.rank=2: world.rank:", "did you mean 'ranks'?");
   // --json does not change where errors go.
   expect_config_error(run(typo + " --json"), typo + ":3:3:", "stgae");
 }

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "test_util.hpp"
 #include "core/crc32c.hpp"
+#include "test_util.hpp"
 
 using namespace strata;
 namespace st = strata::testing;
@@ -27,7 +27,8 @@ TEST(Crc32c, HardwareMatchesPortableOnUnevenLengthsAndOffsets) {
     }
   }
   // Continuation: crc(a+b) == crc(b, crc(a)).
-  EXPECT_EQ(crc32c(data.data(), 5000), crc32c(data.data() + 1234, 5000 - 1234, crc32c(data.data(), 1234)));
+  EXPECT_EQ(crc32c(data.data(), 5000),
+            crc32c(data.data() + 1234, 5000 - 1234, crc32c(data.data(), 1234)));
   // A single flipped bit changes it.
   auto copy = data;
   copy[777] ^= 0x10;

@@ -36,7 +36,8 @@ TEST(Error, IoErrorWithContextKeepsTheFieldsAndAppends) {
   EXPECT_EQ(outer.length(), 4096u);
   EXPECT_EQ(outer.errnum(), ENOSPC);
   EXPECT_EQ(outer.context(), "chunk 3; optimizer step");
-  EXPECT_NE(std::string(outer.what()).find("chunk 3; optimizer step"), std::string::npos) << outer.what();
+  EXPECT_NE(std::string(outer.what()).find("chunk 3; optimizer step"), std::string::npos)
+      << outer.what();
   EXPECT_EQ(IoError("read", "/p", 0, 1, EIO).with_context("x").context(), "x");
 }
 

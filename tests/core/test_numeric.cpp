@@ -1,5 +1,5 @@
-// The one copy of the FP16/BF16 conversions (core/numeric.hpp): exhaustive against the compiler's _Float16
-// and against a bit-exact BF16 reference.
+// The one copy of the FP16/BF16 conversions (core/numeric.hpp): exhaustive against the compiler's
+// _Float16 and against a bit-exact BF16 reference.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -20,7 +20,9 @@ TEST(Numeric, HalfRoundTripsEveryValue) {
       EXPECT_TRUE(std::isnan(static_cast<float>(ref)));
       continue;
     }
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(f), std::bit_cast<std::uint32_t>(static_cast<float>(ref))) << h;
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(f),
+              std::bit_cast<std::uint32_t>(static_cast<float>(ref)))
+        << h;
     ASSERT_EQ(float_to_half(f), h) << h;
   }
 }
@@ -32,7 +34,9 @@ TEST(Numeric, HalfRoundsLikeTheCompiler) {
     float f = std::bit_cast<float>(bits);
     if (std::isnan(f)) continue;
     // Bias towards the half range (and its subnormals) half of the time.
-    if (i % 2) f = std::ldexp(std::bit_cast<float>((bits & 0x807fffffu) | 0x3f800000u), static_cast<int>(rng() % 44) - 28);
+    if (i % 2)
+      f = std::ldexp(std::bit_cast<float>((bits & 0x807fffffu) | 0x3f800000u),
+                     static_cast<int>(rng() % 44) - 28);
     std::uint16_t want = std::bit_cast<std::uint16_t>(static_cast<_Float16>(f));
     ASSERT_EQ(float_to_half(f), want) << f;
   }
@@ -63,7 +67,7 @@ TEST(Numeric, LoadStoreElem) {
     void* base = t == DType::kFp32 ? static_cast<void*>(f) : static_cast<void*>(h);
     store_elem(base, 1, t, -2.5f);
     EXPECT_EQ(load_elem(base, 1, t), -2.5f) << static_cast<int>(t);
-    EXPECT_EQ(elem_size(t), t == DType::kFp32 ? 4u : 2u);
+    EXPECT_EQ(dtype_size(t), t == DType::kFp32 ? 4u : 2u);
   }
 }
 

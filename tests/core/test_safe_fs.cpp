@@ -41,7 +41,8 @@ void expect_refused(F&& f, std::initializer_list<std::string> needles) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
     EXPECT_EQ(e.exit_code(), 2);
     for (const auto& n : needles)
-      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "'" << n << "' not in: " << e.what();
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos)
+          << "'" << n << "' not in: " << e.what();
   }
 }
 
@@ -248,13 +249,7 @@ TEST(SafeFs, ReadOnlyOpensUnsafeDirectoriesAndRefusesEveryWrite) {
     EXPECT_EQ(std::string(buf), "data");
   }
   auto expect_internal = [](auto&& f, const std::string& what) {
-    try {
-      f();
-      ADD_FAILURE() << what << ": not refused";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInternal) << what << ": " << e.what();
-      EXPECT_NE(std::string(e.what()).find("opened read-only"), std::string::npos) << e.what();
-    }
+    strata::testing::expect_error(ErrorCode::kInternal, "opened read-only", [&] { f(); });
   };
   expect_internal([&] { d.create_file("new", O_WRONLY); }, "create_file");
   expect_internal([&] { d.open_file("f", O_WRONLY); }, "open_file O_WRONLY");
@@ -268,7 +263,8 @@ TEST(SafeFs, ReadOnlyOpensUnsafeDirectoriesAndRefusesEveryWrite) {
   const SafeDir sub = d.open_dir("sub");  // read-only too
   EXPECT_TRUE(sub.read_only());
   expect_internal([&] { sub.create_file("x", O_WRONLY); }, "create_file in open_dir's result");
-  expect_internal([&] { SafeDir::open(ww, {.create = true, .read_only = true}); }, "read_only with create");
+  expect_internal([&] { SafeDir::open(ww, {.create = true, .read_only = true}); },
+                  "read_only with create");
 }
 
 // ---- attacks by another local user -------------------------------------------------------------
@@ -278,10 +274,11 @@ TEST(SafeFsAttack, DirectoryOwnedByAnotherUserIsRefused) {
   SharedTree t;
   // The reproducer: another user pre-creates the placeholder directory, world-writable.
   const std::string trap = t.shared + "/strata-nvme";
-  ASSERT_EQ(strata::testing::run_as_user(kNobodyUid, kNobodyGid, [&] {
-              if (::mkdir(trap.c_str(), 0777) != 0) return 1;
-              return ::chmod(trap.c_str(), 0777) == 0 ? 0 : 2;
-            }),
+  ASSERT_EQ(strata::testing::run_as_user(kNobodyUid, kNobodyGid,
+                                         [&] {
+                                           if (::mkdir(trap.c_str(), 0777) != 0) return 1;
+                                           return ::chmod(trap.c_str(), 0777) == 0 ? 0 : 2;
+                                         }),
             0);
   expect_refused([&] { SafeDir::open(trap, {.role = "tiers.nvme.paths"}); },
                  {"tiers.nvme.paths", trap, "owned by uid 65534"});
@@ -315,8 +312,8 @@ TEST(SafeFsAttack, PlantedSymlinkAtATempFileNameRedirectsNothing) {
   const std::string victim = t.base + "/precious";
   write_file(victim, "precious data");
   const std::string planted = t.shared + "/manifest.json.tmp";
-  ASSERT_EQ(strata::testing::run_as_user(kNobodyUid, kNobodyGid,
-                                         [&] { return ::symlink(victim.c_str(), planted.c_str()); }),
+  ASSERT_EQ(strata::testing::run_as_user(
+                kNobodyUid, kNobodyGid, [&] { return ::symlink(victim.c_str(), planted.c_str()); }),
             0);
   SafeDir d = SafeDir::open(t.shared);
   EXPECT_EQ(io_errno([&] { d.create_file("manifest.json.tmp", O_WRONLY | O_TRUNC); }), EEXIST);

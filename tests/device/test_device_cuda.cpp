@@ -4,10 +4,10 @@
 
 #include <vector>
 
+#include "device/device_test_util.hpp"
 #include "strata/device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
-#include "device/device_test_util.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -37,4 +37,3 @@ TEST(CudaDevice, RoundTripAndEvents) {
   EXPECT_EQ(back.back(), 7);
   EXPECT_THROW(dev->allocate(std::size_t(1) << 50), Error);
 }
-

@@ -9,10 +9,10 @@
 #include <cstring>
 #include <thread>
 
+#include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
-#include "device/pinned_pool.hpp"
 #include "test_util.hpp"
 
 using namespace strata;
@@ -44,13 +44,7 @@ TEST(PinnedPool, HandsOutAlignedBuffersAndWaitsWithTimeout) {
   EXPECT_EQ(pool.available(), 0u);
   EXPECT_FALSE(pool.try_acquire());
   const auto t0 = std::chrono::steady_clock::now();
-  try {
-    pool.acquire(50ms);
-    FAIL() << "expected kTimeout";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("3 buffers of 65536 bytes"), std::string::npos) << e.what();
-  }
+  st::expect_error(ErrorCode::kTimeout, "3 buffers of 65536 bytes", [&] { pool.acquire(50ms); });
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 45ms);
   // Distinct memory: every buffer still holds its own pattern.
   for (int i = 0; i < 3; ++i) EXPECT_EQ(held[i].bytes()[1000], i + 1);

@@ -1,8 +1,8 @@
-// `strata import-deepspeed` (issue 14.4) on six realistic DeepSpeed configs of the kinds DeepSpeed's
-// docs and tutorials show (configs/): every mapped key lands in the YAML with a comment naming its
-// DeepSpeed source, the result loads (load_config) with the expected values and passes `strata
-// plan`; keys with no strata meaning and unknown keys are each listed in a warning; "auto" values
-// are resolved and reported; malformed JSON exits 2 naming the position.
+// `strata import-deepspeed` (issue 14.4) on six realistic DeepSpeed configs of the kinds
+// DeepSpeed's docs and tutorials show (configs/): every mapped key lands in the YAML with a comment
+// naming its DeepSpeed source, the result loads (load_config) with the expected values and passes
+// `strata plan`; keys with no strata meaning and unknown keys are each listed in a warning; "auto"
+// values are resolved and reported; malformed JSON exits 2 naming the position.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -51,7 +51,8 @@ void expect_commented(const std::string& yaml, const std::string& what) {
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty() || line[0] == '#' || line.back() == ':') continue;
-    EXPECT_NE(line.find("  # "), std::string::npos) << what << ": a value without its source: " << line;
+    EXPECT_NE(line.find("  # "), std::string::npos)
+        << what << ": a value without its source: " << line;
   }
 }
 
@@ -79,8 +80,10 @@ TEST_P(ImportDeepSpeed, MapsEveryKeyAndPassesPlan) {
   ASSERT_NO_THROW(cfg = load_config(out)) << yaml;
   c.check(cfg);
   for (const auto& w : c.warnings) {
-    EXPECT_NE(r.err.find(w), std::string::npos) << c.file << ": no warning mentions '" << w << "'\n" << r.err;
-    EXPECT_NE(yaml.find(w), std::string::npos) << c.file << ": the YAML does not list '" << w << "'";
+    EXPECT_NE(r.err.find(w), std::string::npos) << c.file << ": no warning mentions '" << w << "'\n"
+                                                << r.err;
+    EXPECT_NE(yaml.find(w), std::string::npos)
+        << c.file << ": the YAML does not list '" << w << "'";
   }
   const CliRun plan = run("plan " + out + " --json");
   EXPECT_EQ(plan.rc, 0) << plan.out << plan.err;
@@ -94,7 +97,8 @@ INSTANTIATE_TEST_SUITE_P(
     Configs, ImportDeepSpeed,
     ::testing::Values(
         // ZeRO-2 with the optimizer on the CPU (DeepSpeed's ZeRO-Offload tutorial).
-        ImportCase{"zero2_cpu_offload.json", "--parameters 10B --ranks 8",
+        ImportCase{"zero2_cpu_offload.json",
+                   "--parameters 10B --ranks 8",
                    [](const Config& c) {
                      EXPECT_EQ(c.model.parameters, 10'000'000'000ull);
                      EXPECT_EQ(c.zero.stage, 2);
@@ -104,21 +108,24 @@ INSTANTIATE_TEST_SUITE_P(
                      EXPECT_EQ(c.precision.params, DType::kFp16);
                      EXPECT_TRUE(c.precision.loss_scale.dynamic);
                      EXPECT_EQ(c.precision.loss_scale.initial, 65536.0);
-                     EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);  // Adam, adam_w_mode default true
+                     EXPECT_EQ(c.optimizer.type,
+                               OptimizerType::kAdamW);  // Adam, adam_w_mode default true
                      EXPECT_EQ(c.optimizer.lr, 0.00015);
                      EXPECT_EQ(c.world.ranks, 8u);
                      EXPECT_EQ(c.model.micro_batch, 8u);  // 64 / (1 x 8)
                    },
                    {"overlap_comm", "contiguous_gradients", "hysteresis"}},
         // ZeRO-3 with optimizer and parameters on NVMe (ZeRO-Infinity).
-        ImportCase{"zero3_nvme_infinity.json", "--parameters 30B",
+        ImportCase{"zero3_nvme_infinity.json",
+                   "--parameters 30B",
                    [](const Config& c) {
                      EXPECT_EQ(c.zero.stage, 3);
                      EXPECT_EQ(c.offload.optimizer.tier, Tier::kNvme);
                      EXPECT_EQ(c.offload.params.tier, Tier::kNvme);
                      EXPECT_EQ(c.tiers.nvme.paths, std::vector<std::string>{"/local_nvme"});
                      EXPECT_EQ(c.tiers.host.buffer_count, 5u);
-                     EXPECT_EQ(c.tiers.host.buffer_size, 200003584u);  // 1e8 fp16 elements, 4 KiB multiple
+                     EXPECT_EQ(c.tiers.host.buffer_size,
+                               200003584u);  // 1e8 fp16 elements, 4 KiB multiple
                      EXPECT_EQ(c.tiers.nvme.block_size, 1048576u);
                      EXPECT_EQ(c.tiers.nvme.queue_depth, 8u);
                      EXPECT_EQ(c.tiers.nvme.io_threads, 1u);
@@ -130,11 +137,12 @@ INSTANTIATE_TEST_SUITE_P(
                      EXPECT_EQ(c.optimizer.grad_clip, 1.0);
                      EXPECT_EQ(c.precision.loss_scale.growth_interval, 1000u);
                    },
-                   {"fast_init", "max_in_cpu", "stage3_prefetch_bucket_size", "stage3_max_reuse_distance",
-                    "stage3_param_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
-                    "world.ranks not given"}},
+                   {"fast_init", "max_in_cpu", "stage3_prefetch_bucket_size",
+                    "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
+                    "stage3_gather_16bit_weights_on_model_save", "world.ranks not given"}},
         // bf16, ZeRO-3, batch sizes that give the world size.
-        ImportCase{"bf16_zero3.json", "--parameters 70B",
+        ImportCase{"bf16_zero3.json",
+                   "--parameters 70B",
                    [](const Config& c) {
                      EXPECT_EQ(c.precision.params, DType::kBf16);
                      EXPECT_EQ(c.precision.grads, DType::kBf16);
@@ -147,7 +155,8 @@ INSTANTIATE_TEST_SUITE_P(
                    },
                    {"gradient_accumulation_steps 16", "steps_per_print", "wall_clock_breakdown"}},
         // fp16 with dynamic loss scaling, classic Adam (adam_w_mode false), a scheduler.
-        ImportCase{"fp16_dynamic_zero1.json", "--parameters 1.3B",
+        ImportCase{"fp16_dynamic_zero1.json",
+                   "--parameters 1.3B",
                    [](const Config& c) {
                      EXPECT_EQ(c.zero.stage, 1);
                      EXPECT_EQ(c.optimizer.type, OptimizerType::kAdam);
@@ -161,36 +170,42 @@ INSTANTIATE_TEST_SUITE_P(
                    {"scheduler", "allgather_bucket_size", "auto_cast", "consecutive_hysteresis",
                     "hysteresis: 2", "assuming gradient_accumulation_steps 1"}},
         // The HF Trainer's ZeRO-3 template, all "auto".
-        ImportCase{"hf_trainer_zero3_auto.json", "--parameters 7B --hidden-size 4096 --ranks 4 --precision bf16",
-                   [](const Config& c) {
-                     EXPECT_EQ(c.precision.params, DType::kBf16);
-                     EXPECT_EQ(c.zero.reduce_bucket_size, 4096u * 4096u);
-                     EXPECT_EQ(c.optimizer.lr, 5e-5);
-                     EXPECT_EQ(c.optimizer.weight_decay, 0.0);
-                     EXPECT_EQ(c.optimizer.grad_clip, 1.0);
-                     EXPECT_EQ(c.model.micro_batch, 8u);
-                     EXPECT_EQ(c.world.ranks, 4u);
-                     EXPECT_EQ(c.offload.params.tier, Tier::kCpu);
-                     EXPECT_TRUE(c.offload.params.pin_memory);
-                   },
-                   {"\"auto\" resolved to 5e-05", "reduce_bucket_size \"auto\" resolved to 16777216",
-                    "gradient_clipping \"auto\" resolved to 1", "--precision", "fp16.loss_scale_window (1000) has no "
-                    "strata meaning: fp16 is not enabled"}},
-        // Unknown keys and keys without a strata meaning, aio values strata rounds or does differently.
-        ImportCase{"unknown_keys_zero2.json", "--parameters 3B",
-                   [](const Config& c) {
-                     EXPECT_EQ(c.zero.stage, 2);
-                     EXPECT_EQ(c.offload.optimizer.fraction, 0.6);
-                     EXPECT_EQ(c.tiers.nvme.block_size, 303104u);  // 300000 rounded up to 4 KiB
-                     EXPECT_EQ(c.tiers.nvme.queue_depth, 16u);
-                     EXPECT_EQ(c.tiers.nvme.io_threads, 4u);
-                     EXPECT_EQ(c.precision.params, DType::kBf16);
-                     EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
-                   },
-                   {"my_custom_setting", "zero_optimization.stagee3_max_live_parameters", "optimizer.params.max_coeff",
-                    "Lamb", "flops_profiler", "tensorboard", "activation_checkpointing", "comms_logger",
-                    "zero_hpz_partition_size", "round_robin_gradients", "single_submit", "overlap_events",
-                    "rounded up to 303104"}}),
+        ImportCase{
+            "hf_trainer_zero3_auto.json",
+            "--parameters 7B --hidden-size 4096 --ranks 4 --precision bf16",
+            [](const Config& c) {
+              EXPECT_EQ(c.precision.params, DType::kBf16);
+              EXPECT_EQ(c.zero.reduce_bucket_size, 4096u * 4096u);
+              EXPECT_EQ(c.optimizer.lr, 5e-5);
+              EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+              EXPECT_EQ(c.optimizer.grad_clip, 1.0);
+              EXPECT_EQ(c.model.micro_batch, 8u);
+              EXPECT_EQ(c.world.ranks, 4u);
+              EXPECT_EQ(c.offload.params.tier, Tier::kCpu);
+              EXPECT_TRUE(c.offload.params.pin_memory);
+            },
+            {"\"auto\" resolved to 5e-05", "reduce_bucket_size \"auto\" resolved to 16777216",
+             "gradient_clipping \"auto\" resolved to 1", "--precision",
+             "fp16.loss_scale_window (1000) has no "
+             "strata meaning: fp16 is not enabled"}},
+        // Unknown keys and keys without a strata meaning, aio values strata rounds or does
+        // differently.
+        ImportCase{
+            "unknown_keys_zero2.json",
+            "--parameters 3B",
+            [](const Config& c) {
+              EXPECT_EQ(c.zero.stage, 2);
+              EXPECT_EQ(c.offload.optimizer.fraction, 0.6);
+              EXPECT_EQ(c.tiers.nvme.block_size, 303104u);  // 300000 rounded up to 4 KiB
+              EXPECT_EQ(c.tiers.nvme.queue_depth, 16u);
+              EXPECT_EQ(c.tiers.nvme.io_threads, 4u);
+              EXPECT_EQ(c.precision.params, DType::kBf16);
+              EXPECT_EQ(c.optimizer.type, OptimizerType::kAdamW);
+            },
+            {"my_custom_setting", "zero_optimization.stagee3_max_live_parameters",
+             "optimizer.params.max_coeff", "Lamb", "flops_profiler", "tensorboard",
+             "activation_checkpointing", "comms_logger", "zero_hpz_partition_size",
+             "round_robin_gradients", "single_submit", "overlap_events", "rounded up to 303104"}}),
     [](const ::testing::TestParamInfo<ImportCase>& i) {
       std::string n = i.param.file;
       return n.substr(0, n.find('.'));
@@ -206,7 +221,8 @@ TEST(ImportDeepSpeedErrors, MalformedJsonNamesThePosition) {
     std::string text, want;
   };
   const std::vector<Bad> bad{
-      {"{\n  \"zero_optimization\": {\n    \"stage\": 3,\n  }\n}\n", "trailing.json:4:3: malformed JSON"},
+      {"{\n  \"zero_optimization\": {\n    \"stage\": 3,\n  }\n}\n",
+       "trailing.json:4:3: malformed JSON"},
       {"{\"fp16\": {\"enabled\": true,, }}", "trailing.json:1:27: malformed JSON"},
       {"{\"train_batch_size\": 8", "trailing.json:1:22: malformed JSON"},
       {"", "trailing.json:1:1: malformed JSON"},
@@ -214,8 +230,10 @@ TEST(ImportDeepSpeedErrors, MalformedJsonNamesThePosition) {
       {"{\"fp16\": {}, \"fp16\": {}}", "fp16: duplicate key"},
       {"{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage: 4 is out of range"},
       {"{\"zero_optimization\": {\"stage\": \"3\"}}", "zero_optimization.stage: expected a number"},
-      {"{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "fp16 and bf16 are both enabled"},
-      {"{\"train_batch_size\": 30, \"train_micro_batch_size_per_gpu\": 4, \"gradient_accumulation_steps\": 2}",
+      {"{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}",
+       "fp16 and bf16 are both enabled"},
+      {"{\"train_batch_size\": 30, \"train_micro_batch_size_per_gpu\": 4, "
+       "\"gradient_accumulation_steps\": 2}",
        "not a multiple"},
       {"{\"zero_optimization\": {\"stage\": 1, \"offload_param\": {\"device\": \"cpu\"}}}",
        "not valid for strata"},

@@ -1,6 +1,6 @@
 // `strata bench io` end to end (skipped when the CLI is not built in this build directory).
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -19,15 +19,17 @@ namespace {
 std::string cli() { return testing::binary_dir() + "/strata"; }
 
 TEST(BenchIoCli, JsonForBothEngines) {
-  if (testing::binary_dir().empty() || !std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (testing::binary_dir().empty() || !std::filesystem::exists(cli()))
+    GTEST_SKIP() << "no strata CLI built";
   testing::TempDir dir("strata-io-cli");
   for (const char* engine : {"io_uring", "threads"}) {
     for (const char* rw : {"write", "read"}) {
       std::string out;
-      int rc = testing::run_command(cli() + " bench io --dir " + dir.str() +
-                                        " --size 8MiB --block-size 128KiB --queue-depth 4 --rw " +
-                                        rw + " --engine " + engine + " --direct-io auto --json 2>/dev/null",
-                                    &out);
+      int rc =
+          testing::run_command(cli() + " bench io --dir " + dir.str() +
+                                   " --size 8MiB --block-size 128KiB --queue-depth 4 --rw " + rw +
+                                   " --engine " + engine + " --direct-io auto --json 2>/dev/null",
+                               &out);
       ASSERT_EQ(rc, 0) << out;
       EXPECT_NE(out.find("\"bytes_per_second\""), std::string::npos) << out;
       EXPECT_NE(out.find(std::string("\"engine\": \"") + engine + "\""), std::string::npos) << out;
@@ -39,22 +41,33 @@ TEST(BenchIoCli, JsonForBothEngines) {
 }
 
 TEST(BenchIoCli, BadInputExitsTwo) {
-  if (testing::binary_dir().empty() || !std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (testing::binary_dir().empty() || !std::filesystem::exists(cli()))
+    GTEST_SKIP() << "no strata CLI built";
   testing::TempDir dir("strata-io-cli");
   std::string out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --rw sideways", &out), 2) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --size 1000", &out), 2) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + "/missing", &out), 2) << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --rw sideways", &out),
+            2)
+      << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --size 1000", &out), 2)
+      << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + "/missing", &out), 2)
+      << out;
   // The real cause, not "io_uring unavailable" (issue 15).
   EXPECT_NE(out.find("No such file or directory"), std::string::npos) << out;
   EXPECT_EQ(out.find("io_uring unavailable"), std::string::npos) << out;
   EXPECT_EQ(testing::run_command(cli() + " bench io --dir /proc --size 1MiB", &out), 2) << out;
   EXPECT_NE(out.find("/proc is on a proc file system, not on a disk"), std::string::npos) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --size 1M", &out), 2) << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --size 1M", &out), 2)
+      << out;
   EXPECT_NE(out.find("did you mean 1MiB (or 1MB)?"), std::string::npos) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --queue-depth -1", &out), 2) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --bogus", &out), 2) << out;
-  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --engine fast", &out), 2) << out;
+  EXPECT_EQ(
+      testing::run_command(cli() + " bench io --dir " + dir.str() + " --queue-depth -1", &out), 2)
+      << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --bogus", &out), 2)
+      << out;
+  EXPECT_EQ(testing::run_command(cli() + " bench io --dir " + dir.str() + " --engine fast", &out),
+            2)
+      << out;
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
@@ -65,7 +78,8 @@ std::string read_all(const std::string& path) {
 
 // issue 15: `bench io --file EXISTING --rw read` overwrote the user's file with random data.
 TEST(BenchIoCli, NeverOverwritesAnExistingFileUnlessTold) {
-  if (testing::binary_dir().empty() || !std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (testing::binary_dir().empty() || !std::filesystem::exists(cli()))
+    GTEST_SKIP() << "no strata CLI built";
   testing::TempDir dir("strata-io-cli");
   const std::string mine = dir.str() + "/mine.dat";
   const std::string precious(1 << 20, 'p');
@@ -88,8 +102,9 @@ TEST(BenchIoCli, NeverOverwritesAnExistingFileUnlessTold) {
   EXPECT_NE(read_all(mine), precious);
   // A --file that bench io creates is removed afterwards, unless --keep.
   const std::string fresh = dir.str() + "/fresh.dat";
-  const std::string base2 = cli() + " bench io --dir " + dir.str() + " --file " + fresh +
-                            " --size 1MiB --block-size 64KiB --direct-io off --engine threads --rw write";
+  const std::string base2 =
+      cli() + " bench io --dir " + dir.str() + " --file " + fresh +
+      " --size 1MiB --block-size 64KiB --direct-io off --engine threads --rw write";
   EXPECT_EQ(testing::run_command(base2, &out), 0) << out;
   EXPECT_FALSE(std::filesystem::exists(fresh));
   EXPECT_EQ(testing::run_command(base2 + " --keep", &out), 0) << out;
@@ -99,14 +114,17 @@ TEST(BenchIoCli, NeverOverwritesAnExistingFileUnlessTold) {
 // issue 15: Ctrl-C left the 8 GiB benchmark file behind. SIGINT and SIGTERM remove it and end the
 // process by that signal (exit status 128 + signal in a shell).
 TEST(BenchIoCli, InterruptRemovesTheBenchmarkFile) {
-  if (testing::binary_dir().empty() || !std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (testing::binary_dir().empty() || !std::filesystem::exists(cli()))
+    GTEST_SKIP() << "no strata CLI built";
   for (int sig : {SIGINT, SIGTERM}) {
     SCOPED_TRACE(sig);
     testing::TempDir dir("strata-io-cli");
     const std::string exe = cli();
-    std::vector<std::string> args = {exe, "--log-level", "error", "bench", "io", "--dir", dir.str(),
-                                     "--size", "2GiB", "--block-size", "4KiB", "--queue-depth", "1",
-                                     "--direct-io", "off", "--engine", "threads", "--rw", "write"};
+    std::vector<std::string> args = {exe,       "--log-level",  "error",   "bench",
+                                     "io",      "--dir",        dir.str(), "--size",
+                                     "2GiB",    "--block-size", "4KiB",    "--queue-depth",
+                                     "1",       "--direct-io",  "off",     "--engine",
+                                     "threads", "--rw",         "write"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -129,7 +147,8 @@ TEST(BenchIoCli, InterruptRemovesTheBenchmarkFile) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
     EXPECT_EQ(WTERMSIG(status), sig);
-    for (auto& e : std::filesystem::directory_iterator(dir.path())) ADD_FAILURE() << "left behind: " << e.path();
+    for (auto& e : std::filesystem::directory_iterator(dir.path()))
+      ADD_FAILURE() << "left behind: " << e.path();
   }
 }
 

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
 
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
@@ -121,12 +121,7 @@ TEST(IoFactory, SimulatedSetupFailureFallsBackWithOneLogLine) {
   EXPECT_NE(logs.all().find("thread-pool"), std::string::npos) << logs.all();
   round_trip(*engine, dir.str() + "/f");
   // Direct construction fails cleanly too.
-  try {
-    make_io_uring_engine({});
-    ADD_FAILURE() << "ring created despite the failure hook";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-  }
+  strata::testing::expect_error(ErrorCode::kUnsupported, "", [&] { make_io_uring_engine({}); });
 }
 
 TEST(IoFactory, ForcedIoUringFailsLoudlyWhenUnavailable) {
@@ -134,13 +129,8 @@ TEST(IoFactory, ForcedIoUringFailsLoudlyWhenUnavailable) {
   ScopedEnv env("STRATA_IO_URING_FAIL", "1");
   IoEngineOptions o;
   o.kind = IoEngineKind::kIoUring;
-  try {
-    make_io_engine(o, dir.str());
-    ADD_FAILURE() << "no error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_NE(std::string(e.what()).find("io_uring"), std::string::npos);
-  }
+  strata::testing::expect_error(ErrorCode::kUnsupported, "io_uring",
+                                [&] { make_io_engine(o, dir.str()); });
 }
 
 // A directory that does not exist yet is probed where it will be created; a path that cannot be
@@ -240,7 +230,8 @@ TEST(IoFile, ODirectRefusedOnTmpfs) {
   std::string path = "/dev/shm/strata-io-test-odirect-" + std::to_string(::getpid());
   {
     LogCapture logs;
-    IoFile f = IoFile::open(path, {.create = true, .exclusive = true, .direct_io = DirectIoMode::kAuto});
+    IoFile f =
+        IoFile::open(path, {.create = true, .exclusive = true, .direct_io = DirectIoMode::kAuto});
     EXPECT_FALSE(f.direct());
     EXPECT_EQ(f.alignment(), 1u);
     EXPECT_EQ(logs.count(), 1u);

@@ -23,7 +23,8 @@ class FaultTest : public ::testing::TestWithParam<IoEngineKind> {
     o.kind = GetParam();
     o.block_size = 64 << 10;
     o.queue_depth = 4;
-    auto inner = GetParam() == IoEngineKind::kIoUring ? make_io_uring_engine(o) : make_thread_io_engine(o);
+    auto inner =
+        GetParam() == IoEngineKind::kIoUring ? make_io_uring_engine(o) : make_thread_io_engine(o);
     engine_ = std::make_unique<FaultInjectingIoEngine>(std::move(inner));
     IoFileOptions fo;
     fo.create = true;
@@ -34,8 +35,12 @@ class FaultTest : public ::testing::TestWithParam<IoEngineKind> {
     auto data = testing::random_bytes(kLen, testing::test_seed("fault"));
     std::memcpy(w_.data(), data.data(), kLen);
   }
-  IoTicket write(std::uint64_t off = 0) { return engine_->submit({IoOp::kWrite, id_, w_.data(), kLen, off}); }
-  IoTicket read(std::uint64_t off = 0) { return engine_->submit({IoOp::kRead, id_, r_.data(), kLen, off}); }
+  IoTicket write(std::uint64_t off = 0) {
+    return engine_->submit({IoOp::kWrite, id_, w_.data(), kLen, off});
+  }
+  IoTicket read(std::uint64_t off = 0) {
+    return engine_->submit({IoOp::kRead, id_, r_.data(), kLen, off});
+  }
 
   TempDir dir_{"strata-io-fault"};
   std::unique_ptr<FaultInjectingIoEngine> engine_;
@@ -108,14 +113,16 @@ TEST_P(FaultTest, CorruptReadFlipsOneBit) {
   engine_->add_fault(IoFault::corrupt_nth_read(1, 12345));
   EXPECT_TRUE(engine_->wait(read(0), 10s));
   int diff_bits = 0;
-  for (std::uint64_t i = 0; i < kLen; ++i) diff_bits += __builtin_popcount(r_.bytes()[i] ^ w_.bytes()[i]);
+  for (std::uint64_t i = 0; i < kLen; ++i)
+    diff_bits += __builtin_popcount(r_.bytes()[i] ^ w_.bytes()[i]);
   EXPECT_EQ(diff_bits, 1);
   EXPECT_NE(r_.bytes()[12345 / 8], w_.bytes()[12345 / 8]);
   // Random bit: still exactly one.
   engine_->add_fault(IoFault::corrupt_nth_read(1));  // counts from when it was added
   EXPECT_TRUE(engine_->wait(read(0), 10s));
   diff_bits = 0;
-  for (std::uint64_t i = 0; i < kLen; ++i) diff_bits += __builtin_popcount(r_.bytes()[i] ^ w_.bytes()[i]);
+  for (std::uint64_t i = 0; i < kLen; ++i)
+    diff_bits += __builtin_popcount(r_.bytes()[i] ^ w_.bytes()[i]);
   EXPECT_EQ(diff_bits, 1);
 }
 
@@ -141,7 +148,8 @@ TEST_P(FaultTest, ValidationStillApplies) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, FaultTest,
-                         ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kThreads), kind_name);
+                         ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kThreads),
+                         kind_name);
 
 }  // namespace
 }  // namespace strata

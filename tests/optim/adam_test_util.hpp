@@ -41,9 +41,8 @@ inline std::uint16_t ref_f_to_bf16(float x) {
   const std::uint32_t hi = lo + 0x10000u;  // next bf16 away from zero (may become inf)
   const double dx = x, dlo = float_of(lo);
   // the magnitude above lo: if hi is inf (exponent overflow), use 2^128 as its value
-  const double dhi = ((hi & 0x7F800000u) == 0x7F800000u)
-                         ? std::copysign(std::ldexp(1.0, 128), dx)
-                         : double(float_of(hi));
+  const double dhi = ((hi & 0x7F800000u) == 0x7F800000u) ? std::copysign(std::ldexp(1.0, 128), dx)
+                                                         : double(float_of(hi));
   const double dl = std::fabs(dx - dlo), dh = std::fabs(dhi - dx);
   if (dl < dh) return std::uint16_t(lo >> 16);
   if (dh < dl) return std::uint16_t(hi >> 16);
@@ -65,9 +64,12 @@ inline std::uint16_t ref_f_to_fp16(float x) {
 
 inline float ref_grad(DType dt, const void* g, std::size_t i) {
   switch (dt) {
-    case DType::kFp32: return static_cast<const float*>(g)[i];
-    case DType::kBf16: return ref_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
-    default: return ref_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    case DType::kFp32:
+      return static_cast<const float*>(g)[i];
+    case DType::kBf16:
+      return ref_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    default:
+      return ref_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
   }
 }
 

@@ -45,8 +45,6 @@ State random_state(std::mt19937_64& rng, std::size_t n, bool moments) {
   return s;
 }
 
-
-
 // 100 steps of every path against double-precision references (tests/optim/adam_test_util.hpp):
 // - double math, torch's FP32-rounded constants, FP32 state rounded where torch stores it:
 //   element-wise |x - ref| <= 1e-6 * max(|ref|, 1) (relative, with an absolute floor at the
@@ -88,8 +86,8 @@ TEST(AdamCpu, MatchesDoubleReferenceOnEveryPath) {
       for (int step = 1; step <= kSteps; ++step) {
         // Gradients scaled up by 1/scale so that g * scale is O(0.1), like an unscaled loss.
         RandomGrads g = random_grads(rng, n, c.gd, 0.1f / c.scale);
-        AdamTensors t{s.p.data(), s.m.data(), s.v.data(), g.data(c.gd), c.gd, nullptr,
-                      DType::kBf16, n};
+        AdamTensors t{s.p.data(), s.m.data(), s.v.data(),   g.data(c.gd),
+                      c.gd,       nullptr,    DType::kBf16, n};
         AdamStepOptions o{step, c.scale, true};
         ASSERT_TRUE(opt.step(hp, t, o).applied);
         testing::ref_adam_step(hp, step, c.scale, rp.data(), rm.data(), rv.data(), g.f32, true);
@@ -110,7 +108,8 @@ TEST(AdamCpu, MatchesDoubleReferenceOnEveryPath) {
       EXPECT_LE(testing::norm_rel_err(s.v.data(), dv.data(), n), 1e-5);
       // The test must be able to fail: the parameters moved.
       double moved = 0;
-      for (std::size_t i = 0; i < n; ++i) moved = std::max(moved, double(std::fabs(s.p[i] - p0[i])));
+      for (std::size_t i = 0; i < n; ++i)
+        moved = std::max(moved, double(std::fabs(s.p[i] - p0[i])));
       EXPECT_GT(moved, 10 * c.lr);
       std::printf(
           "[ref] %-6s case %d: elementwise %.3g (floor 1e-3: %.3g), 2-norm %.3g, vs double "
@@ -142,7 +141,7 @@ State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DTy
     RandomGrads g = random_grads(rng, n + 3, gd, 0.05f);
     const std::size_t og = misalign % 2;
     const void* gp = gd == DType::kFp32 ? static_cast<const void*>(g.f32.data() + og)
-                                         : static_cast<const void*>(g.half.data() + og);
+                                        : static_cast<const void*>(g.half.data() + og);
     void* cp = nullptr;
     if (with_copy)
       cp = cd == DType::kFp32 ? static_cast<void*>(C32.data() + c32)
@@ -167,7 +166,8 @@ void expect_same(const State& a, const State& b, const std::string& what) {
     ASSERT_EQ(testing::bits_of(a.m[i]), testing::bits_of(b.m[i])) << what << " m[" << i << "]";
     ASSERT_EQ(testing::bits_of(a.v[i]), testing::bits_of(b.v[i])) << what << " v[" << i << "]";
     ASSERT_EQ(a.copy16[i], b.copy16[i]) << what << " copy16[" << i << "]";
-    ASSERT_EQ(testing::bits_of(a.copy32[i]), testing::bits_of(b.copy32[i])) << what << " copy32[" << i << "]";
+    ASSERT_EQ(testing::bits_of(a.copy32[i]), testing::bits_of(b.copy32[i]))
+        << what << " copy32[" << i << "]";
   }
 }
 
@@ -188,8 +188,8 @@ TEST(AdamCpu, PathsAreBitIdenticalForAnyLengthAndAlignment) {
           if (n > 10000 && cd != (gd == DType::kFp32 ? DType::kFp16 : gd)) continue;
           for (std::size_t mis = 0; mis < 2; ++mis) {
             const AdamParams& hp = hps[(n + mis) % 2];
-            const std::string what = std::string(adam_path_name(path)) + " n=" +
-                                     std::to_string(n) + " grads " + testing::dt_name(gd) + " copy " +
+            const std::string what = std::string(adam_path_name(path)) + " n=" + std::to_string(n) +
+                                     " grads " + testing::dt_name(gd) + " copy " +
                                      testing::dt_name(cd) + " misalign " + std::to_string(mis);
             State a = run_steps(opt, hp, n, gd, cd, true, seed + n, 3, mis);
             State b = run_steps(scalar, hp, n, gd, cd, true, seed + n, 3, mis);
@@ -259,8 +259,8 @@ TEST(AdamCpu, NonFiniteGradientLeavesStateUntouched) {
             }
         }
         State before = s;
-        AdamTensors t{s.p.data(), s.m.data(), s.v.data(), g.data(gd), gd, s.copy16.data(),
-                      DType::kBf16, n};
+        AdamTensors t{s.p.data(), s.m.data(),      s.v.data(),   g.data(gd),
+                      gd,         s.copy16.data(), DType::kBf16, n};
         const std::string what = std::string(adam_path_name(path)) + " " + testing::dt_name(gd) +
                                  " kind " + std::to_string(kind) + " at " + std::to_string(bad);
         EXPECT_FALSE(opt.step(hp, t, {7, scale, true}).applied) << what;
@@ -297,8 +297,8 @@ TEST(AdamCpu, GradDivisorDividesBeforeScaling) {
             const float gs = divisor == 1.0f ? g.f32[i] * 0.25f : (g.f32[i] / divisor) * 0.25f;
             const float want = gs + 0.0f;  // m = g * 1 + 0 * 0: a -0 gradient gives +0
             ASSERT_EQ(testing::bits_of(m[i]), testing::bits_of(want))
-                << adam_path_name(path) << " " << testing::dt_name(gd) << " n=" << n << " N="
-                << divisor << " i=" << i;
+                << adam_path_name(path) << " " << testing::dt_name(gd) << " n=" << n
+                << " N=" << divisor << " i=" << i;
             ref_sq += double(gs) * double(gs);
           }
           const AdamGradStats st = opt.grad_stats(g.data(gd), gd, n, 0.25f, divisor);
@@ -388,10 +388,15 @@ TEST(AdamCpu, StreamReferenceWritesEveryArrayStepWrites) {
         State s = random_state(rng, n, true);
         const State before = s;
         const RandomGrads g = random_grads(rng, n, gd, 0.5f);
-        AdamTensors t{s.p.data(), s.m.data(), s.v.data(), g.data(gd), gd,
+        AdamTensors t{s.p.data(),
+                      s.m.data(),
+                      s.v.data(),
+                      g.data(gd),
+                      gd,
                       cd == DType::kFp32 ? static_cast<void*>(s.copy32.data())
                                          : static_cast<void*>(s.copy16.data()),
-                      cd, n};
+                      cd,
+                      n};
         a.stream_reference(t);
         for (std::size_t i = 0; i < n; ++i) {
           // 16-bit grads are widened as bf16 bits (trivial arithmetic, whatever the dtype).
@@ -434,11 +439,21 @@ TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
   // PathsAreBitIdenticalForAnyLengthAndAlignment.
   std::vector<float> src(100003);
   for (auto& x : src) x = testing::float_of(std::uint32_t(rng()));
-  const float specials[] = {0.0f, -0.0f, 1.0f, 65504.0f, 65520.0f, 65519.99f, 1e-8f, 5.96e-8f,
-                            2.98e-8f, std::numeric_limits<float>::infinity(),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            65504.0f,
+                            65520.0f,
+                            65519.99f,
+                            1e-8f,
+                            5.96e-8f,
+                            2.98e-8f,
+                            std::numeric_limits<float>::infinity(),
                             std::numeric_limits<float>::denorm_min(),
-                            testing::float_of(0x3F808000u), testing::float_of(0x3F818000u),
-                            testing::float_of(0x7F7FFFFFu), testing::float_of(0x00012345u)};
+                            testing::float_of(0x3F808000u),
+                            testing::float_of(0x3F818000u),
+                            testing::float_of(0x7F7FFFFFu),
+                            testing::float_of(0x00012345u)};
   for (std::size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); ++i) src[i * 7] = specials[i];
   std::vector<std::uint16_t> h(src.size());
   convert_fp32_to_bf16(src.data() + 1, h.data(), src.size() - 1);  // misaligned source
@@ -449,9 +464,11 @@ TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
   for (std::size_t i = 0; i + 1 < src.size(); ++i)
     ASSERT_EQ(h[i], float_to_bf16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
   for (std::size_t i = 0; i < all.size(); ++i) {
-    ASSERT_EQ(testing::bits_of(bf16_to_float(all[i])), testing::bits_of(testing::ref_bf16_to_f(all[i])));
+    ASSERT_EQ(testing::bits_of(bf16_to_float(all[i])),
+              testing::bits_of(testing::ref_bf16_to_f(all[i])));
     if (!std::isnan(testing::ref_fp16_to_f(all[i]))) {
-      ASSERT_EQ(testing::bits_of(half_to_float(all[i])), testing::bits_of(testing::ref_fp16_to_f(all[i])));
+      ASSERT_EQ(testing::bits_of(half_to_float(all[i])),
+                testing::bits_of(testing::ref_fp16_to_f(all[i])));
     }
   }
   convert_fp32_to_fp16(src.data() + 1, h.data(), src.size() - 1);
@@ -459,7 +476,8 @@ TEST(AdamCpu, ConversionsAreExactRoundToNearestEven) {
     if (std::isnan(src[i + 1]))
       ASSERT_EQ(h[i] & 0x7E00, 0x7E00);
     else
-      ASSERT_EQ(h[i], testing::ref_f_to_fp16(src[i + 1])) << std::hex << testing::bits_of(src[i + 1]);
+      ASSERT_EQ(h[i], testing::ref_f_to_fp16(src[i + 1]))
+          << std::hex << testing::bits_of(src[i + 1]);
     if (!std::isnan(src[i + 1])) {
       ASSERT_EQ(h[i], float_to_half(src[i + 1]));
     }
@@ -471,19 +489,15 @@ TEST(AdamCpu, InvalidArgumentsThrowBeforeTouchingState) {
   CpuAdam opt(2);
   AdamParams hp;
   auto expect_invalid = [&](const AdamParams& h, const AdamTensors& t, const AdamStepOptions& o) {
-    try {
-      opt.step(h, t, o);
-      ADD_FAILURE() << "no exception";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    }
+    strata::testing::expect_error(ErrorCode::kInvalidArgument, "", [&] { opt.step(h, t, o); });
     for (std::size_t i = 0; i < 64; ++i) {
       ASSERT_EQ(p[i], 1.0f);
       ASSERT_EQ(m[i], 0.5f);
       ASSERT_EQ(v[i], 0.25f);
     }
   };
-  const AdamTensors ok{p.data(), m.data(), v.data(), g.data(), DType::kFp32, nullptr, DType::kBf16, 64};
+  const AdamTensors ok{p.data(),     m.data(), v.data(),     g.data(),
+                       DType::kFp32, nullptr,  DType::kBf16, 64};
   AdamTensors t = ok;
   t.exp_avg = nullptr;
   expect_invalid(hp, t, {});
@@ -529,13 +543,8 @@ TEST(AdamCpu, PathCanBeForcedByEnvironment) {
     EXPECT_EQ(opt.path(), p);
   }
   setenv("STRATA_ADAM_PATH", "sse9", 1);
-  try {
-    adam_default_path();
-    ADD_FAILURE() << "no exception";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("STRATA_ADAM_PATH"), std::string::npos);
-  }
+  strata::testing::expect_error(ErrorCode::kInvalidArgument, "STRATA_ADAM_PATH",
+                                [&] { adam_default_path(); });
   if (old)
     setenv("STRATA_ADAM_PATH", saved.c_str(), 1);
   else
@@ -545,12 +554,9 @@ TEST(AdamCpu, PathCanBeForcedByEnvironment) {
 
 TEST(AdamCpu, CudaEntryWithoutCudaBuildThrowsUnsupported) {
   if (adam_cuda_available()) GTEST_SKIP() << "CUDA build: covered by test_optim_cuda";
-  try {
+  strata::testing::expect_error(ErrorCode::kUnsupported, "", [&] {
     adam_step_cuda(AdamParams{}, AdamTensors{}, AdamStepOptions{}, nullptr, nullptr);
-    ADD_FAILURE() << "no exception";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-  }
+  });
 }
 
 }  // namespace

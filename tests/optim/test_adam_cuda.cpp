@@ -30,7 +30,9 @@ struct Dev {
   explicit Dev(std::size_t bytes) { EXPECT_EQ(cudaMalloc(&p, bytes + 64), cudaSuccess); }
   ~Dev() { cudaFree(p); }
   template <class T>
-  T* at(std::size_t elem_offset) { return static_cast<T*>(p) + elem_offset; }
+  T* at(std::size_t elem_offset) {
+    return static_cast<T*>(p) + elem_offset;
+  }
 };
 
 TEST(AdamCuda, MatchesCpuKernelBitForBit) {
@@ -44,8 +46,8 @@ TEST(AdamCuda, MatchesCpuKernelBitForBit) {
     for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
       for (std::size_t off : {std::size_t(0), std::size_t(1)}) {  // 1: not 16-byte aligned
         const DType cd = gd == DType::kFp16 ? DType::kFp16 : DType::kBf16;
-        const std::string what = "n=" + std::to_string(n) + " " + testing::dt_name(gd) +
-                                 " off=" + std::to_string(off);
+        const std::string what =
+            "n=" + std::to_string(n) + " " + testing::dt_name(gd) + " off=" + std::to_string(off);
         std::normal_distribution<float> nd(0.0f, 1.0f);
         std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
         for (auto& x : p) x = nd(rng);
@@ -54,8 +56,8 @@ TEST(AdamCuda, MatchesCpuKernelBitForBit) {
         CUDA_OK(cudaMemcpy(dp.at<float>(off), p.data(), n * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(dm.at<float>(off), m.data(), n * 4, cudaMemcpyHostToDevice));
         CUDA_OK(cudaMemcpy(dv.at<float>(off), v.data(), n * 4, cudaMemcpyHostToDevice));
-        const AdamParams hp{(n % 2) ? OptimizerType::kAdamW : OptimizerType::kAdam, 1e-3, 0.9,
-                            0.999, 1e-8, 0.01};
+        const AdamParams hp{
+            (n % 2) ? OptimizerType::kAdamW : OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.01};
         for (int step = 1; step <= 10; ++step) {
           testing::RandomGrads g = testing::random_grads(rng, n, gd, 0.1f);
           const std::size_t gb = n * testing::dt_size(gd);
@@ -66,8 +68,14 @@ TEST(AdamCuda, MatchesCpuKernelBitForBit) {
           // grad_divisor 1..3 over the steps (ranks' average, uneven) on both kernels.
           const AdamStepOptions o{step, 0.5f, false, static_cast<float>(1 + step % 3)};
           ASSERT_TRUE(cpu.step(hp, tc, o).applied);
-          AdamTensors td{dp.at<float>(off), dm.at<float>(off), dv.at<float>(off), dgp, gd,
-                         dc.at<std::uint16_t>(off), cd, n};
+          AdamTensors td{dp.at<float>(off),
+                         dm.at<float>(off),
+                         dv.at<float>(off),
+                         dgp,
+                         gd,
+                         dc.at<std::uint16_t>(off),
+                         cd,
+                         n};
           adam_step_cuda(hp, td, o, stream, nullptr);
         }
         CUDA_OK(cudaStreamSynchronize(stream));
@@ -100,8 +108,8 @@ TEST(AdamCuda, NonFiniteFlagSkipsTheUpdate) {
   CUDA_OK(cudaMemset(dv.p, 0, n * 4));
   CUDA_OK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
   CUDA_OK(cudaMemset(flag.p, 0, 4));
-  AdamTensors t{dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, nullptr,
-                DType::kBf16, n};
+  AdamTensors t{dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p,
+                DType::kFp32,    nullptr,         DType::kBf16,    n};
   EXPECT_THROW(adam_step_cuda(AdamParams{}, t, {1, 1.0f, true}, nullptr, nullptr), Error);
   adam_step_cuda(AdamParams{}, t, {1, 1.0f, true}, nullptr, flag.at<int>(0));
   CUDA_OK(cudaDeviceSynchronize());
@@ -140,8 +148,10 @@ TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
     std::vector<std::uint16_t> c1(n), c2(n);
     for (int step = 1; step <= 3; ++step) {
       testing::RandomGrads g = testing::random_grads(rng, n, DType::kBf16, 0.1f);
-      AdamTensors a{p.data(), m.data(), v.data(), g.data(DType::kBf16), DType::kBf16, c1.data(), DType::kBf16, n};
-      AdamTensors b{p2.data(), m2.data(), v2.data(), g.data(DType::kBf16), DType::kBf16, c2.data(), DType::kBf16, n};
+      AdamTensors a{p.data(),     m.data(),  v.data(),     g.data(DType::kBf16),
+                    DType::kBf16, c1.data(), DType::kBf16, n};
+      AdamTensors b{p2.data(),    m2.data(), v2.data(),    g.data(DType::kBf16),
+                    DType::kBf16, c2.data(), DType::kBf16, n};
       cpu.step(hp, a, {step, 0.5f, false});
       dadam.step(hp, b, {step, 0.5f, false});
     }

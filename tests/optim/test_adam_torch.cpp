@@ -56,13 +56,20 @@ TEST(AdamTorch, MasterMatchesTorchOptim) {
   const std::uint64_t seed = testing::test_seed("AdamTorch.MasterMatchesTorchOptim");
   testing::TempDir dir("strata-adam-torch");
   const std::vector<Case> cases = {
-      {"adam_fp32", OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.0, 4099, 60, DType::kFp32, 1.0, false},
-      {"adam_l2_bf16", OptimizerType::kAdam, 3e-3, 0.8, 0.99, 1e-6, 0.01, 2049, 55, DType::kBf16, 1.0, true},
-      {"adam_l2_fp16_scaled", OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.1, 777, 50, DType::kFp16, 1.0 / 1024, false},
-      {"adamw_fp32_scaled", OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3001, 60, DType::kFp32, 0.7, true},
-      {"adamw_nowd_bf16", OptimizerType::kAdamW, 2e-3, 0.9, 0.999, 1e-8, 0.0, 1, 50, DType::kBf16, 1.0, false},
-      {"adamw_wd_fp16", OptimizerType::kAdamW, 2e-3, 0.85, 0.995, 1e-7, 0.1, 4097, 50, DType::kFp16, 0.25, true},
-      {"adamw_wd_fp32_single", OptimizerType::kAdamW, 1e-2, 0.5, 0.9, 1e-3, 0.05, 17, 80, DType::kFp32, 1.0, false},
+      {"adam_fp32", OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.0, 4099, 60, DType::kFp32, 1.0,
+       false},
+      {"adam_l2_bf16", OptimizerType::kAdam, 3e-3, 0.8, 0.99, 1e-6, 0.01, 2049, 55, DType::kBf16,
+       1.0, true},
+      {"adam_l2_fp16_scaled", OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.1, 777, 50,
+       DType::kFp16, 1.0 / 1024, false},
+      {"adamw_fp32_scaled", OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01, 3001, 60,
+       DType::kFp32, 0.7, true},
+      {"adamw_nowd_bf16", OptimizerType::kAdamW, 2e-3, 0.9, 0.999, 1e-8, 0.0, 1, 50, DType::kBf16,
+       1.0, false},
+      {"adamw_wd_fp16", OptimizerType::kAdamW, 2e-3, 0.85, 0.995, 1e-7, 0.1, 4097, 50, DType::kFp16,
+       0.25, true},
+      {"adamw_wd_fp32_single", OptimizerType::kAdamW, 1e-2, 0.5, 0.9, 1e-3, 0.05, 17, 80,
+       DType::kFp32, 1.0, false},
   };
   std::mt19937_64 rng(seed);
   std::ofstream list(dir.str() + "/cases.txt");
@@ -84,7 +91,8 @@ TEST(AdamTorch, MasterMatchesTorchOptim) {
     char line[512];
     std::snprintf(line, sizeof line, "%s %s %.17g %.17g %.17g %.17g %.17g %zu %d %s %.17g %d\n",
                   c.name.c_str(), c.type == OptimizerType::kAdam ? "adam" : "adamw", c.lr, c.b1,
-                  c.b2, c.eps, c.wd, c.n, c.steps, testing::dt_name(c.gd), c.scale, c.foreach ? 1 : 0);
+                  c.b2, c.eps, c.wd, c.n, c.steps, testing::dt_name(c.gd), c.scale,
+                  c.foreach ? 1 : 0);
     list << line;
     inits.push_back(std::move(init));
     all_grads.push_back(std::move(grads));
@@ -111,8 +119,8 @@ TEST(AdamTorch, MasterMatchesTorchOptim) {
       std::vector<float> p = inits[ci], m(c.n, 0.0f), v(c.n, 0.0f);
       const AdamParams hp{c.type, c.lr, c.b1, c.b2, c.eps, c.wd};
       for (int s = 0; s < c.steps; ++s) {
-        AdamTensors t{p.data(), m.data(), v.data(), all_grads[ci][s].data(c.gd), c.gd,
-                      nullptr, DType::kBf16, c.n};
+        AdamTensors t{p.data(), m.data(), v.data(),     all_grads[ci][s].data(c.gd),
+                      c.gd,     nullptr,  DType::kBf16, c.n};
         ASSERT_TRUE(opt.step(hp, t, {s + 1, float(c.scale), true}).applied);
       }
       const std::vector<float> ref = read_file<float>(dir.str() + "/" + c.name + ".torch", c.n);
@@ -128,7 +136,8 @@ TEST(AdamTorch, MasterMatchesTorchOptim) {
       // torch really ran: (nearly) every element moved. A random walk of 50-80 Adam steps lands
       // exactly on its start now and then (about one run in twenty had one such element of 3001),
       // so a few are allowed.
-      EXPECT_LE(unmoved, c.n < 100 ? c.n - 1 : c.n / 100) << "torch left " << unmoved << " of " << c.n << " elements unchanged";
+      EXPECT_LE(unmoved, c.n < 100 ? c.n - 1 : c.n / 100)
+          << "torch left " << unmoved << " of " << c.n << " elements unchanged";
       std::printf("[torch] %-6s %-22s max rel %.3g (floor 1e-3: %.3g), bit-exact %zu/%zu\n",
                   adam_path_name(path), c.name.c_str(), max_rel, max_rel_floor, exact, c.n);
       EXPECT_LE(max_rel_floor, 1e-6);
@@ -155,7 +164,8 @@ TEST(AdamTorch, AveragedGradientsMatchTorchBitwiseForEveryWorldSize) {
   testing::TempDir dir("strata-adam-torch-avg");
   const std::size_t n = 4099;
   const int steps = 20;
-  const double scale = 1.0 / 1024;  // a loss scale of 1024 (a power of two, as dynamic scaling uses)
+  const double scale =
+      1.0 / 1024;  // a loss scale of 1024 (a power of two, as dynamic scaling uses)
   std::mt19937_64 rng(seed);
   std::ofstream list(dir.str() + "/cases.txt");
   std::vector<float> init(n);
@@ -189,7 +199,8 @@ TEST(AdamTorch, AveragedGradientsMatchTorchBitwiseForEveryWorldSize) {
 
   const AdamParams hp{OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01};
   // Runs the steps with the rank-ordered sum; `divide`: grad_divisor = N, else grad_scale / N.
-  auto run = [&](CpuAdam& opt, int ranks, bool divide, std::vector<float>& p, std::vector<float>& m) {
+  auto run = [&](CpuAdam& opt, int ranks, bool divide, std::vector<float>& p,
+                 std::vector<float>& m) {
     p = init;
     m.assign(n, 0.0f);
     std::vector<float> v(n, 0.0f), sum(n);
@@ -197,10 +208,13 @@ TEST(AdamTorch, AveragedGradientsMatchTorchBitwiseForEveryWorldSize) {
       sum = grads[ranks][s][0];
       for (int r = 1; r < ranks; ++r)
         for (std::size_t i = 0; i < n; ++i) sum[i] += grads[ranks][s][r][i];
-      AdamTensors t{p.data(), m.data(), v.data(), sum.data(), DType::kFp32, nullptr, DType::kBf16, n};
+      AdamTensors t{p.data(),     m.data(), v.data(),     sum.data(),
+                    DType::kFp32, nullptr,  DType::kBf16, n};
       AdamStepOptions o{s + 1, float(scale), true};
-      if (divide) o.grad_divisor = float(ranks);
-      else o.grad_scale = float(scale * (1.0 / ranks));
+      if (divide)
+        o.grad_divisor = float(ranks);
+      else
+        o.grad_scale = float(scale * (1.0 / ranks));
       ASSERT_TRUE(opt.step(hp, t, o).applied);
     }
   };
@@ -225,11 +239,16 @@ TEST(AdamTorch, AveragedGradientsMatchTorchBitwiseForEveryWorldSize) {
       // The multiply-by-1/N averaging this replaced: equal for powers of two, not for N = 3.
       run(opt, ranks, false, p, m);
       std::size_t differ = 0;
-      for (std::size_t i = 0; i < n; ++i) differ += testing::bits_of(m[i]) != testing::bits_of(ref_m[i]);
-      std::printf("[torch] %-6s N=%d: bitwise equal; multiplying by float(1/N) instead differs in "
-                  "%zu of %zu first moments\n", adam_path_name(path), ranks, differ, n);
-      if (ranks == 3) EXPECT_GT(differ, 0u);
-      else EXPECT_EQ(differ, 0u);
+      for (std::size_t i = 0; i < n; ++i)
+        differ += testing::bits_of(m[i]) != testing::bits_of(ref_m[i]);
+      std::printf(
+          "[torch] %-6s N=%d: bitwise equal; multiplying by float(1/N) instead differs in "
+          "%zu of %zu first moments\n",
+          adam_path_name(path), ranks, differ, n);
+      if (ranks == 3)
+        EXPECT_GT(differ, 0u);
+      else
+        EXPECT_EQ(differ, 0u);
     }
   }
 }

@@ -99,8 +99,8 @@ TEST(DeviceAdam, DeviceFaultsSurfaceFromStep) {
     ErrorCode want;
   };
   const Case cases[] = {{DeviceFaultKind::kAllocFail, 1, ErrorCode::kOutOfMemory},
-                        {DeviceFaultKind::kCopyFail, 1, ErrorCode::kDevice},   // a copy in
-                        {DeviceFaultKind::kCopyFail, 7, ErrorCode::kDevice},   // a copy back
+                        {DeviceFaultKind::kCopyFail, 1, ErrorCode::kDevice},       // a copy in
+                        {DeviceFaultKind::kCopyFail, 7, ErrorCode::kDevice},       // a copy back
                         {DeviceFaultKind::kHostFuncFail, 1, ErrorCode::kDevice}};  // the kernel
   std::mt19937_64 rng(testing::test_seed("device-adam-faults"));
   AdamParams hp{OptimizerType::kAdam, 1e-3, 0.9, 0.999, 1e-8, 0.0};

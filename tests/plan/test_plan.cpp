@@ -64,8 +64,8 @@ TEST(Plan, StagesWithBf16ParamsAndFp32Grads) {
   c.precision.grads = DType::kFp32;
   Plan p = make_plan(c);
   EXPECT_EQ(p.stages[0].bytes.total(), 18 * kGB);
-  EXPECT_EQ(p.stages[1].bytes.total(), 9 * kGB);   // 2 + 4 + 12/4
-  EXPECT_EQ(p.stages[2].bytes.total(), 6 * kGB);   // 2 + 16/4
+  EXPECT_EQ(p.stages[1].bytes.total(), 9 * kGB);           // 2 + 4 + 12/4
+  EXPECT_EQ(p.stages[2].bytes.total(), 6 * kGB);           // 2 + 16/4
   EXPECT_EQ(p.stages[3].bytes.total(), 4'500'000'000ULL);  // 18/4
   // fp32 everything: 20 B/param, stage 1 = 4 + 4 + 12/4.
   c.precision.params = DType::kFp32;
@@ -132,15 +132,15 @@ TEST(Plan, NvmeOffloadAtStage3) {
   EXPECT_EQ(l.on_gpu.total(), 0u);
   EXPECT_EQ(l.per_rank.gpu, l.runtime.total());  // no layer size given: no gathers counted
   EXPECT_EQ(l.runtime.gathered, 0u);
-  EXPECT_EQ(l.per_rank.nvme, 3'500'000'000ULL);           // 3 GB optimizer + 0.5 GB params
-  EXPECT_EQ(l.per_rank.pageable_host, 500'000'000ULL);    // gradients
+  EXPECT_EQ(l.per_rank.nvme, 3'500'000'000ULL);         // 3 GB optimizer + 0.5 GB params
+  EXPECT_EQ(l.per_rank.pageable_host, 500'000'000ULL);  // gradients
   EXPECT_EQ(l.pool.bytes(), 4ULL * (256ULL << 20));
   EXPECT_EQ(l.per_rank.pinned_host, l.pool.bytes());
-  EXPECT_EQ(l.traffic.nvme_read, 4 * kGB);                // optimizer + params twice
-  EXPECT_EQ(l.traffic.nvme_write, 3'500'000'000ULL);      // optimizer + params once
+  EXPECT_EQ(l.traffic.nvme_read, 4 * kGB);            // optimizer + params twice
+  EXPECT_EQ(l.traffic.nvme_write, 3'500'000'000ULL);  // optimizer + params once
   EXPECT_EQ(l.traffic.device_to_host, 500'000'000ULL);
-  EXPECT_EQ(l.traffic.host_to_device, 1 * kGB);           // params fetched for fwd + bwd
-  EXPECT_EQ(l.traffic.network, 6 * kGB);                  // 3 psi x 2 B
+  EXPECT_EQ(l.traffic.host_to_device, 1 * kGB);  // params fetched for fwd + bwd
+  EXPECT_EQ(l.traffic.network, 6 * kGB);         // 3 psi x 2 B
   EXPECT_TRUE(l.fits());
   // One rank: no network.
   c.world.ranks = 1;
@@ -181,7 +181,7 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
     c.tiers.gpu.budget = gpu_budget;
     return recommend(c);
   };
-  EXPECT_EQ(rec(80 * kGB).layout.describe(), "stage 1, no offload");  // 120 GB does not fit
+  EXPECT_EQ(rec(80 * kGB).layout.describe(), "stage 1, no offload");   // 120 GB does not fit
   EXPECT_EQ(rec(120 * kGB).layout.describe(), "stage 1, no offload");  // + runtime buffers
   EXPECT_EQ(rec(120 * kGB + rt01).layout.describe(), "stage 0, no offload");
   EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");  // 28.125 GB + 867 MB
@@ -198,7 +198,8 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_FALSE(r.ladder[2].fits);
   EXPECT_TRUE(r.ladder[3].fits);
   EXPECT_EQ(r.ladder[3].gpu_total, 16'875'000'000ULL + rt23);
-  EXPECT_EQ(rec(16 * kGB).layout.describe(), "stage 2, optimizer on cpu, gradients on cpu");  // 15.77 GB
+  EXPECT_EQ(rec(16 * kGB).layout.describe(),
+            "stage 2, optimizer on cpu, gradients on cpu");  // 15.77 GB
   EXPECT_EQ(rec(10 * kGB).layout.describe(), "stage 3, optimizer on cpu");
   // No room on the host for 90 GB of optimizer state per node: nvme, which needs paths.
   c.tiers.host.budget = 50 * kGB;
@@ -208,7 +209,8 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_NE(r.reason.find("needs tiers.nvme.paths"), std::string::npos) << r.reason;
   // A 1 GB gpu holds only the runtime buffers: everything off it; nothing at all with 700 MB.
   c.tiers.host.budget = 512 * kGB;
-  EXPECT_EQ(rec(1 * kGB).layout.describe(), "stage 3, optimizer on cpu, gradients on cpu, params on cpu");
+  EXPECT_EQ(rec(1 * kGB).layout.describe(),
+            "stage 3, optimizer on cpu, gradients on cpu, params on cpu");
   r = rec(rt23 - 1);
   EXPECT_FALSE(r.found);
   // The advice names the knob that shrinks what overflows: the buckets and receive buffers.
@@ -230,13 +232,21 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
 TEST(Plan, LadderOrder) {
   std::vector<std::string> names;
   Config c = config(1'000'000ULL, 8, 2);
-  for (const auto& [stage, o] : ladder_rungs()) names.push_back(plan_layout(c, stage, o).describe());
+  for (const auto& [stage, o] : ladder_rungs())
+    names.push_back(plan_layout(c, stage, o).describe());
   const std::vector<std::string> want = {
-      "stage 0, no offload", "stage 1, no offload", "stage 2, no offload",
-      "stage 2, optimizer on cpu", "stage 2, optimizer on cpu, gradients on cpu",
-      "stage 3, no offload", "stage 3, optimizer on cpu", "stage 3, optimizer on cpu, gradients on cpu",
-      "stage 3, optimizer on cpu, gradients on cpu, params on cpu", "stage 2, optimizer on nvme",
-      "stage 2, optimizer on nvme, gradients on cpu", "stage 3, optimizer on nvme",
+      "stage 0, no offload",
+      "stage 1, no offload",
+      "stage 2, no offload",
+      "stage 2, optimizer on cpu",
+      "stage 2, optimizer on cpu, gradients on cpu",
+      "stage 3, no offload",
+      "stage 3, optimizer on cpu",
+      "stage 3, optimizer on cpu, gradients on cpu",
+      "stage 3, optimizer on cpu, gradients on cpu, params on cpu",
+      "stage 2, optimizer on nvme",
+      "stage 2, optimizer on nvme, gradients on cpu",
+      "stage 3, optimizer on nvme",
       "stage 3, optimizer on nvme, gradients on cpu",
       "stage 3, optimizer on nvme, gradients on cpu, params on cpu",
       "stage 3, optimizer on nvme, gradients on nvme, params on nvme"};
@@ -257,8 +267,8 @@ TEST(Plan, RecommendationCountsActivations13B) {
   c.model.sequence_length = 4096;
   c.model.micro_batch = 4;
   Plan p = make_plan(c);
-  EXPECT_TRUE(p.configured.fits());         // model state + runtime buffers alone: 71.57 GB
-  EXPECT_FALSE(p.configured_fits());        // + activations
+  EXPECT_TRUE(p.configured.fits());   // model state + runtime buffers alone: 71.57 GB
+  EXPECT_FALSE(p.configured_fits());  // + activations
   EXPECT_EQ(p.configured_rung.activations, 22'984'785'920ULL);  // 40*2*s*b*h + one layer
   EXPECT_TRUE(p.configured_rung.checkpointing);
   const Recommendation& r = p.recommendation;
@@ -276,7 +286,8 @@ TEST(Plan, RecommendationCountsActivations13B) {
   EXPECT_EQ(rt.buckets, 5 * kGB);  // 500M fp16 gradients each
   EXPECT_EQ(rt.receive, 3 * kGB);  // 2 reduce-scatters in flight + 1 share copied out
   EXPECT_EQ(rt.total(), 8 * kGB + 144 + kStaging);
-  EXPECT_EQ(r.ladder[2].gpu_total, 48'750'000'000ULL + 8 * kGB + 144 + kStaging + 22'984'785'920ULL);
+  EXPECT_EQ(r.ladder[2].gpu_total,
+            48'750'000'000ULL + 8 * kGB + 144 + kStaging + 22'984'785'920ULL);
   // Largest layer below the bucket: 4 buckets, and 1 GB more room.
   Config d = c;
   d.model.largest_layer = 315'000'000;
@@ -308,14 +319,15 @@ TEST(Plan, Stage3CountsTheGatheredLayers) {
   Plan fits = make_plan(c);
   EXPECT_TRUE(fits.configured_fits());
   bool noted = false;
-  for (const auto& n : fits.notes) noted |= n.find("gathered layers are not counted") != std::string::npos;
+  for (const auto& n : fits.notes)
+    noted |= n.find("gathered layers are not counted") != std::string::npos;
   EXPECT_TRUE(noted);
   c.model.largest_layer = 500'000'000;
   const RuntimeBuffers rt = runtime_buffers(c, 3, c.offload);
   EXPECT_EQ(rt.layer, 500'000'000u);
   EXPECT_EQ(rt.gathered, 2 * 500'000'000ULL * 2);  // 2 fp16 layers
   EXPECT_EQ(rt.send, 2 * 500'000'000ULL * 2);      // a layer may lie wholly in one partition
-  EXPECT_EQ(rt.bucket_count, 5u);                   // the layer is not below the 500M bucket
+  EXPECT_EQ(rt.bucket_count, 5u);                  // the layer is not below the 500M bucket
   Plan p = make_plan(c);
   EXPECT_FALSE(p.configured_fits());
   EXPECT_NE(p.configured_rung.verdict.find("runtime buffers"), std::string::npos)
@@ -438,12 +450,13 @@ TEST(Plan, ActivationEstimate) {
   EXPECT_EQ(p.activations.per_layer, 956'301'312ULL);
   EXPECT_EQ(p.activations.without_checkpointing, 32ULL * 956'301'312ULL);
   EXPECT_EQ(p.activations.with_checkpointing, 32ULL * 2 * 2048 * 4096 + 956'301'312ULL);
-  EXPECT_TRUE(p.configured.fits());  // 15 GB of model state
+  EXPECT_TRUE(p.configured.fits());                        // 15 GB of model state
   EXPECT_FALSE(p.activations.fits_without_checkpointing);  // + 30.6 GB > 40 GB
   EXPECT_TRUE(p.activations.fits_with_checkpointing);
   ASSERT_FALSE(p.notes.empty());
   EXPECT_NE(p.notes[0].find("activations, not model state"), std::string::npos) << p.notes[0];
-  EXPECT_NE(p.notes[0].find("checkpointing (1.49 GB) makes it fit"), std::string::npos) << p.notes[0];
+  EXPECT_NE(p.notes[0].find("checkpointing (1.49 GB) makes it fit"), std::string::npos)
+      << p.notes[0];
 
   c.model.micro_batch = 8;
   c.tiers.gpu.budget = 30 * kGB;  // 15 GB of model state + 7.68 GB of runtime buffers fit

@@ -92,18 +92,21 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_TRUE(j["ladder"][2]["fits"].get<bool>());
   const std::uint64_t pools = 8ULL * 4 * (256ULL << 20);  // every rank's pinned pool
   const std::uint64_t runtime = 8'000'000'000ULL + 144 + (1ULL << 26);
-  EXPECT_EQ(j["ladder"][2]["gpu_model_state_per_rank_bytes"].get<std::uint64_t>(), 48'750'000'000ULL);
+  EXPECT_EQ(j["ladder"][2]["gpu_model_state_per_rank_bytes"].get<std::uint64_t>(),
+            48'750'000'000ULL);
   EXPECT_EQ(j["ladder"][2]["runtime_buffers_per_rank_bytes"].get<std::uint64_t>(), runtime);
   EXPECT_EQ(j["ladder"][2]["gpu_per_rank_bytes"].get<std::uint64_t>(),
             48'750'000'000ULL + runtime + 22'984'785'920ULL);
   EXPECT_EQ(j["ladder"][2]["host_per_node_bytes"].get<std::uint64_t>(), pools);
-  EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(), 8 * 19'500'000'000ULL + pools);
+  EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(),
+            8 * 19'500'000'000ULL + pools);
   const auto& rt = j["configured"]["runtime_buffers_per_rank_bytes"];
   EXPECT_EQ(rt["buckets"].get<std::uint64_t>(), 5'000'000'000ULL);
   EXPECT_EQ(rt["bucket_count"].get<int>(), 5);
   EXPECT_EQ(rt["receive"].get<std::uint64_t>(), 3'000'000'000ULL);
   EXPECT_EQ(rt["total"].get<std::uint64_t>(), runtime);
-  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(), 48'750'000'000ULL + runtime);
+  EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(),
+            48'750'000'000ULL + runtime);
   EXPECT_TRUE(j["configured"]["pinned_pool_per_rank"]["used"].get<bool>());
   EXPECT_EQ(j["recommendation"]["layout"]["description"], "stage 2, no offload");
   EXPECT_TRUE(j["recommendation"]["activation_checkpointing"].get<bool>());

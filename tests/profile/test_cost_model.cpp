@@ -16,10 +16,12 @@ namespace {
 Config nvme_config(std::uint32_t ranks = 1, double fraction = 1.0) {
   return parse_config(R"(
 model: {parameters: 1000000}
-world: {ranks: )" + std::to_string(ranks) + R"(, ranks_per_node: )" + std::to_string(ranks) + R"(}
+world: {ranks: )" + std::to_string(ranks) +
+                      R"(, ranks_per_node: )" + std::to_string(ranks) + R"(}
 zero: {stage: 2, sub_group_size: 300000}
 offload:
-  optimizer: {tier: nvme, fraction: )" + std::to_string(fraction) + R"(}
+  optimizer: {tier: nvme, fraction: )" +
+                      std::to_string(fraction) + R"(}
 tiers:
   nvme: {paths: [/nonexistent/strata]}
 )");
@@ -140,8 +142,8 @@ TEST(CostModel, NothingOffloaded) {
 
 TEST(CostModel, Sample) {
   Bandwidths bw;
-  bw.nvme_read_bps = 12e3;  // 1000 x 12 B: 1 s
-  bw.nvme_write_bps = 6e3;  // 2 s
+  bw.nvme_read_bps = 12e3;         // 1000 x 12 B: 1 s
+  bw.nvme_write_bps = 6e3;         // 2 s
   bw.cpu_adam_params_per_s = 500;  // 2 s
   StepPrediction p = predict_sample(1000, 4, 12, bw);
   EXPECT_NEAR(p.serial_s, 20.0, 1e-12);
@@ -194,9 +196,12 @@ NvmeTierConfig io_config(std::uint64_t bs, std::uint32_t qd, std::uint32_t rings
 TEST(ProfileRecommend, KeepsTheConfiguredSettingWithinNoiseElseTheLightestNearTheBest) {
   const std::uint64_t M = 1 << 20;
   std::vector<IoPoint> pts = {
-      io_pt("io_uring", "read", M, 32, 1, {2000e6, 2100e6}), io_pt("io_uring", "write", M, 32, 1, {1000e6, 1040e6}),
-      io_pt("io_uring", "read", 8 * M, 32, 2, {2150e6, 2200e6}), io_pt("io_uring", "write", 8 * M, 32, 2, {1060e6, 1100e6}),
-      io_pt("threads", "read", M, 8, 1, {1000e6, 1010e6}), io_pt("threads", "write", M, 8, 1, {500e6, 505e6}),
+      io_pt("io_uring", "read", M, 32, 1, {2000e6, 2100e6}),
+      io_pt("io_uring", "write", M, 32, 1, {1000e6, 1040e6}),
+      io_pt("io_uring", "read", 8 * M, 32, 2, {2150e6, 2200e6}),
+      io_pt("io_uring", "write", 8 * M, 32, 2, {1060e6, 1100e6}),
+      io_pt("threads", "read", M, 8, 1, {1000e6, 1010e6}),
+      io_pt("threads", "write", M, 8, 1, {500e6, 505e6}),
       io_pt("io_uring", "read", M, 128, 1, {3000e6, 3000e6}),  // no write: not a candidate
   };
   // Configured 1 MiB qd 32 x1, 5 % below the best: within the band, kept.
@@ -216,7 +221,8 @@ TEST(ProfileRecommend, KeepsTheConfiguredSettingWithinNoiseElseTheLightestNearTh
   EXPECT_EQ(rec[0].block_size, M);
   EXPECT_EQ(rec[0].queue_depth, 32u);
   // Stable: the same measurements with the recommendation configured keep it.
-  rec = profile::recommend_io(pts, io_config(rec[0].block_size, rec[0].queue_depth, rec[0].rings), "io_uring");
+  rec = profile::recommend_io(pts, io_config(rec[0].block_size, rec[0].queue_depth, rec[0].rings),
+                              "io_uring");
   EXPECT_TRUE(rec[0].configured_kept);
   // Much better than anything: it wins even over the configured one.
   pts.push_back(io_pt("threads", "read", 2 * M, 16, 1, {4000e6, 4050e6}));

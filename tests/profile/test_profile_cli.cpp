@@ -5,7 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -29,9 +28,9 @@ struct CliRun {
 CliRun profile(const std::string& args, const TempDir& dir) {
   CliRun r;
   const std::string err_file = dir.str() + "/stderr.txt";
-  r.rc = strata::testing::run_command("(" + strata::testing::binary_dir() + "/strata profile " + args +
-                                          " 2>" + err_file + ")",
-                                      &r.out);
+  r.rc = strata::testing::run_command(
+      "(" + strata::testing::binary_dir() + "/strata profile " + args + " 2>" + err_file + ")",
+      &r.out);
   std::ifstream in(err_file);
   r.err.assign(std::istreambuf_iterator<char>(in), {});
   return r;
@@ -45,13 +44,15 @@ std::string write_file(const TempDir& dir, const std::string& name, const std::s
 
 // 20M parameters on 2 ranks, stage 2, optimizer state on NVMe in `nvme` (or on cpu without).
 std::string config_text(const std::string& nvme, const std::string& extra = "") {
-  std::string s = "model: {parameters: 20M}\nworld: {ranks: 2, ranks_per_node: 2}\n"
-                  "zero: {stage: 2, sub_group_size: 1M}\n";
+  std::string s =
+      "model: {parameters: 20M}\nworld: {ranks: 2, ranks_per_node: 2}\n"
+      "zero: {stage: 2, sub_group_size: 1M}\n";
   if (nvme.empty()) {
     s += "offload: {optimizer: {tier: cpu}}\n";
   } else {
     s += "offload: {optimizer: {tier: nvme}}\n";
-    s += "tiers: {nvme: {paths: [" + nvme + "], block_size: 256KiB, queue_depth: 8" + extra + "}}\n";
+    s +=
+        "tiers: {nvme: {paths: [" + nvme + "], block_size: 256KiB, queue_depth: 8" + extra + "}}\n";
   }
   return s;
 }
@@ -136,10 +137,13 @@ TEST(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
   // The tuned config loads and `strata plan` accepts it as is.
   const strata::Config t = strata::load_config(tuned);
   EXPECT_EQ(t.tiers.nvme.paths, std::vector<std::string>{nvme});
-  EXPECT_EQ(t.tiers.nvme.block_size, j["recommendation"]["io"][0]["block_size"].get<std::uint64_t>());
+  EXPECT_EQ(t.tiers.nvme.block_size,
+            j["recommendation"]["io"][0]["block_size"].get<std::uint64_t>());
   EXPECT_EQ(t.model.parameters, 20'000'000u);
   std::string out;
-  EXPECT_EQ(strata::testing::run_command(strata::testing::binary_dir() + "/strata plan " + tuned, &out), 0)
+  EXPECT_EQ(
+      strata::testing::run_command(strata::testing::binary_dir() + "/strata plan " + tuned, &out),
+      0)
       << out;
   // Nothing left behind in the NVMe directory.
   EXPECT_TRUE(fs::is_empty(nvme));
@@ -190,16 +194,18 @@ TEST(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
   TempDir dir("strata-profile-test");
   const std::string nvme = dir.str() + "/nvme";
   fs::create_directory(nvme);
-  const std::string text = "# job\nmodel:\n  parameters: 20M   # twenty million\nworld: {ranks: 2}\n"
-                           "tiers:\n  host: {budget: 64GiB}   # per node\n  nvme:\n    paths: [" +
-                           nvme + "]\n    block_size: 256KiB\n";
+  const std::string text =
+      "# job\nmodel:\n  parameters: 20M   # twenty million\nworld: {ranks: 2}\n"
+      "tiers:\n  host: {budget: 64GiB}   # per node\n  nvme:\n    paths: [" +
+      nvme + "]\n    block_size: 256KiB\n";
   const std::string cfg = write_file(dir, "c.yaml", text);
   const std::string tuned = dir.str() + "/tuned.yaml";
   CliRun r = profile(cfg + " --tiny --write-config " + tuned, dir);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   std::ifstream in(tuned);
   const std::string t((std::istreambuf_iterator<char>(in)), {});
-  for (const char* kept : {"# job", "parameters: 20M   # twenty million", "budget: 64GiB}   # per node"})
+  for (const char* kept :
+       {"# job", "parameters: 20M   # twenty million", "budget: 64GiB}   # per node"})
     EXPECT_NE(t.find(kept), std::string::npos) << kept << "\n" << t;
   EXPECT_EQ(t.find("68719476736"), std::string::npos) << t;  // no unit-less byte counts
   EXPECT_EQ(strata::load_config(tuned).tiers.host.budget, 64ULL << 30);
@@ -208,15 +214,13 @@ TEST(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
 TEST(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
   TempDir dir("strata-profile-test");
   const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  for (const std::string& bad : {dir.str(), std::string("/proc/strata-no-such-file"),
-                                 dir.str() + "/missing-dir/t.yaml"}) {
-    const auto t0 = std::chrono::steady_clock::now();
+  for (const std::string& bad :
+       {dir.str(), std::string("/proc/strata-no-such-file"), dir.str() + "/missing-dir/t.yaml"}) {
     CliRun r = profile(cfg + " --tiny --write-config " + bad, dir);
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
     EXPECT_NE(r.err.find("--write-config: "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("errno"), std::string::npos) << r.err;
-    EXPECT_LT(s, 3.0) << bad << " took " << s << " s: it measured first";  // < 1 s unloaded
+    // Nothing was measured: every phase prints its "== " progress line before it starts.
     EXPECT_EQ(r.err.find("== "), std::string::npos) << "progress before the failure: " << r.err;
   }
   // An existing file is kept as it was when the run fails.
@@ -306,8 +310,8 @@ TEST(ProfileCli, TmpfsWithDirectIoRequiredIsBadInput) {
   if (!fs::is_directory("/dev/shm") || !strata::is_tmpfs("/dev/shm"))
     GTEST_SKIP() << "/dev/shm is not tmpfs here";
   TempDir dir("strata-profile-test");
-  CliRun r = profile(write_file(dir, "c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny",
-                  dir);
+  CliRun r = profile(
+      write_file(dir, "c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny", dir);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("tmpfs"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("direct_io"), std::string::npos) << r.err;
@@ -359,8 +363,11 @@ TEST(InfoCli, ReportsDriverIoUringMemlockHugePagesAndAdamPath) {
     EXPECT_NE(gpu.find("no NVIDIA driver"), std::string::npos) << gpu;
     EXPECT_EQ(gpu.find("insufficient"), std::string::npos) << gpu;
   }
-  ASSERT_EQ(strata::testing::run_command("(STRATA_ADAM_PATH=scalar STRATA_IO_URING_FAIL=1 " + bin +
-                                             " --json 2>/dev/null)", &out), 0) << out;
+  ASSERT_EQ(
+      strata::testing::run_command(
+          "(STRATA_ADAM_PATH=scalar STRATA_IO_URING_FAIL=1 " + bin + " --json 2>/dev/null)", &out),
+      0)
+      << out;
   j = json::parse(out);
   EXPECT_EQ(j["cpu_adam_path"], "scalar");
   EXPECT_FALSE(j["io_uring"]["available"].get<bool>());

@@ -41,10 +41,10 @@ TEST(TunedYaml, EditsValuesInPlaceKeepingCommentsAndUnits) {
   std::string note;
   const std::string text = tuned_config_text(kOriginal, original, tuned, {}, &note);
   EXPECT_TRUE(note.empty()) << note;
-  for (const char* kept : {"# My training job.", "parameters: 7.5B   # Llama-ish",
-                           "budget: 512GiB   # per node", "pinned_budget: 8GiB", "budget: 80GB",
-                           "stage: 3           # keep it at 2", "block_size: 512KiB # the old setting",
-                           "queue_depth: 8", "engine: io_uring"})
+  for (const char* kept :
+       {"# My training job.", "parameters: 7.5B   # Llama-ish", "budget: 512GiB   # per node",
+        "pinned_budget: 8GiB", "budget: 80GB", "stage: 3           # keep it at 2",
+        "block_size: 512KiB # the old setting", "queue_depth: 8", "engine: io_uring"})
     EXPECT_NE(text.find(kept), std::string::npos) << kept << "\n" << text;
   EXPECT_EQ(text.find("549755813888"), std::string::npos) << text;  // no unit-less bytes
   const Config back = parse_config(text, "tuned.yaml");

@@ -31,7 +31,8 @@ TEST(ExtentAllocator, AllocatesRoundsAndCoalesces) {
 
 // Random allocate/free against a reference: no overlaps, accounting exact, full coalescing.
 TEST(ExtentAllocator, RandomizedAgainstReference) {
-  for (std::uint64_t seed : {std::uint64_t(1), std::uint64_t(2), strata::testing::test_seed("extent allocator")}) {
+  for (std::uint64_t seed :
+       {std::uint64_t(1), std::uint64_t(2), strata::testing::test_seed("extent allocator")}) {
     std::mt19937_64 rng(seed);
     ExtentAllocator a(1 << 20, 512);
     std::map<std::uint64_t, std::uint64_t> live;

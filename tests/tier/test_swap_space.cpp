@@ -1,5 +1,5 @@
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -8,15 +8,15 @@
 
 #include <cstring>
 #include <filesystem>
-#include <iostream>
 #include <fstream>
+#include <iostream>
 
 #include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/log.hpp"
-#include "tier/swap_space.hpp"
 #include "test_util.hpp"
+#include "tier/swap_space.hpp"
 #include "tier_test_util.hpp"
 
 using namespace strata;
@@ -58,7 +58,8 @@ TEST(SwapSpace, CreatesPrivateFilesReservesAndRemoves) {
     sdir = swap.directories()[0];
     sfile = swap.file_paths()[0];
     // The owner's pid is in the name (what a later run checks before removing leftovers).
-    EXPECT_NE(sdir.find("/strata-swap-" + std::to_string(getpid()) + "-r3-"), std::string::npos) << sdir;
+    EXPECT_NE(sdir.find("/strata-swap-" + std::to_string(getpid()) + "-r3-"), std::string::npos)
+        << sdir;
     EXPECT_EQ(sfile, sdir + "/swap.bin");
     struct stat st {};
     ASSERT_EQ(lstat(sdir.c_str(), &st), 0);
@@ -83,7 +84,8 @@ TEST(SwapSpace, StripesOverSeveralPathsAndLocatesOffsets) {
   ASSERT_EQ(swap.file_paths().size(), 2u);
   auto e = swap.allocate(300 << 10, "test");
   auto data = st::random_bytes(e.length, 5);
-  engine->wait_for(engine->submit(IoRequest{IoOp::kWrite, swap.file(), data.data(), e.length, e.offset}), 10s);
+  engine->wait_for(
+      engine->submit(IoRequest{IoOp::kWrite, swap.file(), data.data(), e.length, e.offset}), 10s);
   // Every 64 KiB block is where locate() says.
   for (std::uint64_t off = 0; off < e.length; off += 64 << 10) {
     auto [path, foff] = swap.locate(e.offset + off);
@@ -102,13 +104,8 @@ TEST(SwapSpace, FullSpaceIsABudgetError) {
   auto engine = engine_for(dir.str());
   SwapSpace swap(opts({dir.str()}, 256 << 10), *engine);
   auto e1 = swap.allocate(200 << 10, "first");
-  try {
-    swap.allocate(100 << 10, "buffer 'second'");
-    FAIL() << "expected kBudget";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kBudget);
-    EXPECT_NE(std::string(e.what()).find("buffer 'second'"), std::string::npos) << e.what();
-  }
+  st::expect_error(ErrorCode::kBudget, "buffer 'second'",
+                   [&] { swap.allocate(100 << 10, "buffer 'second'"); });
   swap.free(e1);
   EXPECT_EQ(swap.used(), 0u);
   swap.free(swap.allocate(256 << 10, "all"));
@@ -122,7 +119,7 @@ TEST(SwapSpace, PathsAreNormalisedFollowedSafelyOrCreated) {
   // Our own symlink in a directory only we can write is followed to the real directory, with or
   // without a trailing slash.
   for (const std::string& p : {(dir.path() / "link").string(), (dir.path() / "link").string() + "/",
-                              (dir.path() / "real").string() + "//"}) {
+                               (dir.path() / "real").string() + "//"}) {
     SCOPED_TRACE(p);
     SwapSpace swap(opts({p}, 1 << 20), *engine);
     EXPECT_EQ(swap.directories()[0].rfind((dir.path() / "real").string() + "/strata-swap-", 0), 0u)
@@ -161,8 +158,10 @@ TEST(SwapSpace, PathsAreNormalisedFollowedSafelyOrCreated) {
   EXPECT_THROW(SwapSpace(opts({}, 1 << 20), *engine), Error);
   // A second path failing removes what the first one created (nothing is created before every
   // path has passed its checks).
-  EXPECT_THROW(SwapSpace(opts({(dir.path() / "real").string(), (dir.path() / "file").string()},
-                              1 << 20), *engine), Error);
+  EXPECT_THROW(
+      SwapSpace(opts({(dir.path() / "real").string(), (dir.path() / "file").string()}, 1 << 20),
+                *engine),
+      Error);
   EXPECT_EQ(entries((dir.path() / "real").string()), 0u);
 }
 
@@ -201,10 +200,11 @@ TEST(SwapSpace, Issue15AnotherUsersDirectoryIsRefusedAndOursCannotBeRedirected) 
   chmod(shared.c_str(), 01777);
   auto engine = engine_for(dir.str());
   const std::string trap = shared + "/strata-nvme";
-  ASSERT_EQ(st::run_as_user(st::kNobodyUid, st::kNobodyGid, [&] {
-              return mkdir(trap.c_str(), 0777) == 0 && chmod(trap.c_str(), 0777) == 0 ? 0 : 1;
-            }),
-            0);
+  ASSERT_EQ(
+      st::run_as_user(
+          st::kNobodyUid, st::kNobodyGid,
+          [&] { return mkdir(trap.c_str(), 0777) == 0 && chmod(trap.c_str(), 0777) == 0 ? 0 : 1; }),
+      0);
   try {
     SwapSpace swap(opts({trap}, 1 << 20), *engine);
     ADD_FAILURE() << "swap created in a directory owned by another user";
@@ -299,11 +299,15 @@ TEST(SwapSpace, LeftoversOfDeadRunsAreRemovedByTheNextRun) {
   st::TempDir dir("strata-swap");
   const long dead = dead_pid();
   const long alive = getppid();
-  const std::string d1 = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead) + "-r0-0123abcd", 1 << 20);
-  const std::string d2 = make_leftover(dir.str(), "strata-swap-r1-" + std::to_string(dead) + "-89abcdef", 4096);  // older name
-  const std::string live = make_leftover(dir.str(), "strata-swap-" + std::to_string(alive) + "-r0-00000000", 100);
+  const std::string d1 =
+      make_leftover(dir.str(), "strata-swap-" + std::to_string(dead) + "-r0-0123abcd", 1 << 20);
+  const std::string d2 = make_leftover(
+      dir.str(), "strata-swap-r1-" + std::to_string(dead) + "-89abcdef", 4096);  // older name
+  const std::string live =
+      make_leftover(dir.str(), "strata-swap-" + std::to_string(alive) + "-r0-00000000", 100);
   const std::string other = make_leftover(dir.str(), "not-strata-" + std::to_string(dead), 100);
-  std::ofstream(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef") << "io";
+  std::ofstream(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef")
+      << "io";
   // The listing, without removing.
   auto found = find_swap_leftovers(dir.str(), false);
   ASSERT_EQ(found.size(), 4u);
@@ -331,19 +335,23 @@ TEST(SwapSpace, LeftoversOfDeadRunsAreRemovedByTheNextRun) {
   set_log_sink(nullptr);
   EXPECT_FALSE(fs::exists(d1));
   EXPECT_FALSE(fs::exists(d2));
-  EXPECT_FALSE(fs::exists(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef"));
+  EXPECT_FALSE(
+      fs::exists(dir.str() + "/.strata-bench-io-" + std::to_string(dead) + "-0123456789abcdef"));
   EXPECT_TRUE(fs::exists(live + "/swap.bin"));
   EXPECT_TRUE(fs::exists(other + "/swap.bin"));
   std::string all;
   for (auto& l : logs) all += l + "\n";
-  EXPECT_NE(all.find("removed " + d1 + " left by process " + std::to_string(dead)), std::string::npos) << all;
+  EXPECT_NE(all.find("removed " + d1 + " left by process " + std::to_string(dead)),
+            std::string::npos)
+      << all;
   EXPECT_NE(all.find("freed 1 MiB"), std::string::npos) << all;
 }
 
 TEST(SwapSpace, LeftoverLockedByALiveOwnerIsKept) {
   // A run in another pid namespace: its pid looks dead here, but it holds the directory's lock.
   st::TempDir dir("strata-swap");
-  const std::string d = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000aaaa", 10);
+  const std::string d =
+      make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000aaaa", 10);
   const int fd = open(d.c_str(), O_RDONLY | O_DIRECTORY);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(flock(fd, LOCK_EX), 0);
@@ -362,7 +370,8 @@ TEST(SwapSpace, LeftoverOfAnotherUser) {
   if (!st::can_switch_user()) GTEST_SKIP() << "needs root to act as user nobody";
   st::TempDir dir("strata-swap");
   chmod(dir.str().c_str(), 0755);
-  const std::string d = make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000bbbb", 10);
+  const std::string d =
+      make_leftover(dir.str(), "strata-swap-" + std::to_string(dead_pid()) + "-r0-0000bbbb", 10);
   ASSERT_EQ(chown(d.c_str(), st::kNobodyUid, st::kNobodyGid), 0);
   ASSERT_EQ(chown((d + "/swap.bin").c_str(), st::kNobodyUid, st::kNobodyGid), 0);
   // nobody may not remove it from a directory it cannot write...

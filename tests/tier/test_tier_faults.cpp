@@ -1,13 +1,13 @@
 // Fault injection: I/O errors, short reads and corrupted swap data mid-move surface at the wait,
 // and the source copy stays valid.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include "strata/error.hpp"
+#include "test_util.hpp"
 #include "tier/swap_space.hpp"
 #include "tier/tier_store.hpp"
-#include "test_util.hpp"
 #include "tier_test_util.hpp"
 
 using namespace strata;
@@ -135,12 +135,7 @@ TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
     rig.write(id, Tier::kCpu, st::random_bytes(kOdd, 13));
     rig.store->evict(id, Tier::kCpu).wait();
     rig.fault->add_fault(IoFault::corrupt_nth_read(2));
-    try {
-      rig.store->prefetch(id, Tier::kGpu).wait();
-      FAIL() << "expected kChecksum";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
-    }
+    st::expect_error(ErrorCode::kChecksum, "", [&] { rig.store->prefetch(id, Tier::kGpu).wait(); });
   }
   st::RigOptions o;
   o.checksum = false;

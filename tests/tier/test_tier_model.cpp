@@ -10,8 +10,8 @@
 #include <thread>
 
 #include "strata/error.hpp"
-#include "tier/tier_store.hpp"
 #include "test_util.hpp"
+#include "tier/tier_store.hpp"
 #include "tier_test_util.hpp"
 
 using namespace strata;
@@ -117,7 +117,8 @@ void run_model(std::uint64_t seed, int ops) {
         if (what == 0) {
           rig.store->read(b.id, at, whole ? 0 : n, cm.data(), mem).wait(30s);
           auto got = cm.get(n);
-          ASSERT_TRUE(std::equal(got.begin(), got.end(), b.ref.begin() + static_cast<std::ptrdiff_t>(at)))
+          ASSERT_TRUE(
+              std::equal(got.begin(), got.end(), b.ref.begin() + static_cast<std::ptrdiff_t>(at)))
               << b.name << " read [" << at << ", " << at + n << ") into " << tier_name(mem);
         } else if (what == 1) {
           auto fresh = st::random_bytes(n, rng());
@@ -162,8 +163,8 @@ void run_model(std::uint64_t seed, int ops) {
   rig.store->wait_idle();
   EXPECT_GT(successes, ops / 4);
   EXPECT_EQ(rig.store->stats().checksum_failures, 0u);
-  std::cerr << "[model] seed " << seed << ": " << successes << " ok, " << failures
-            << " refused, " << rig.store->stats().bytes_to_nvme << " B to NVMe, "
+  std::cerr << "[model] seed " << seed << ": " << successes << " ok, " << failures << " refused, "
+            << rig.store->stats().bytes_to_nvme << " B to NVMe, "
             << rig.store->stats().writes_skipped_clean << " clean write-backs skipped\n";
 }
 
@@ -197,8 +198,8 @@ TEST(TierModel, ConcurrentUsers) {
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(seed + t);
-      auto own = rig.store->register_buffer({"own" + std::to_string(t), n - t * 1000,
-                                             DType::kFp32, Tier::kNvme, {}});
+      auto own = rig.store->register_buffer(
+          {"own" + std::to_string(t), n - t * 1000, DType::kFp32, Tier::kNvme, {}});
       std::vector<std::uint8_t> ref(n - t * 1000, 0);
       for (int i = 0; i < 60; ++i) {
         try {
@@ -214,10 +215,12 @@ TEST(TierModel, ConcurrentUsers) {
               rig.store->move(own, tt).wait(30s);
               break;
             case 2:
-              if (rig.read(own, tt == Tier::kNvme ? Tier::kGpu : tt, ref.size()) != ref) ++mismatches;
+              if (rig.read(own, tt == Tier::kNvme ? Tier::kGpu : tt, ref.size()) != ref)
+                ++mismatches;
               break;
             case 3:
-              if (rig.read(shared, tt == Tier::kNvme ? Tier::kCpu : tt, n) != shared_data) ++mismatches;
+              if (rig.read(shared, tt == Tier::kNvme ? Tier::kCpu : tt, n) != shared_data)
+                ++mismatches;
               break;
             case 4:
               try {

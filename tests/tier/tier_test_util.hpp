@@ -33,13 +33,13 @@ class TmpfsMount {
 #include <memory>
 #include <vector>
 
+#include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
 #include "strata/device_fault.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_fault.hpp"
-#include "device/pinned_pool.hpp"
-#include "tier/tier_store.hpp"
 #include "test_util.hpp"
+#include "tier/tier_store.hpp"
 
 namespace strata::testing {
 

@@ -37,8 +37,9 @@ int main() {
   {
     std::vector<float> p(1000, 1.0f), m(1000, 0.0f), v(1000, 0.0f), g(1000, 0.5f);
     strata::CpuAdam adam(2);
-    strata::AdamTensors t{p.data(), m.data(), v.data(), g.data(), strata::DType::kFp32, nullptr,
-                          strata::DType::kBf16, p.size()};
+    strata::AdamTensors t{
+        p.data(), m.data(), v.data(), g.data(), strata::DType::kFp32, nullptr, strata::DType::kBf16,
+        p.size()};
     strata::AdamParams hp;
     if (!adam.step(hp, t, {}).applied) return fail("CpuAdam step not applied");
     for (float x : p)
