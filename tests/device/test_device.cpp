@@ -130,3 +130,31 @@ TEST(HostDevice, ConcurrentStreams) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
 }
+
+// The host device has no native streams: a hand-off from one is refused, nullptr is a no-op.
+TEST(HostDevice, ExternalProducerStream) {
+  auto dev = make_host_device(1 << 20);
+  auto s = dev->create_stream();
+  s->wait_external(nullptr);
+  int dummy = 0;
+  EXPECT_THROW(s->wait_external(&dummy), Error);
+  s->synchronize(std::chrono::seconds(10));
+}
+
+// One local-ordinal rule for storage, profile, bench and the communicator (F6).
+TEST(DeviceFactory, LocalDeviceOrdinal) {
+  const char* vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                        "SLURM_LOCALID"};
+  for (const char* v : vars) ::unsetenv(v);
+  EXPECT_EQ(local_device_ordinal(5, 4, 8), 1);  // rank % ranks_per_node
+  EXPECT_EQ(local_device_ordinal(3, 4, 2), 1);  // ... modulo the devices
+  EXPECT_EQ(local_device_ordinal(3, 0, 0), 0);
+  ::setenv("SLURM_LOCALID", "2", 1);
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 2);
+  ::setenv("LOCAL_RANK", "3", 1);  // torchrun's first
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 3);
+  EXPECT_EQ(local_device_ordinal(0, 1, 2), 1);
+  ::setenv("LOCAL_RANK", "x", 1);  // not a number: the next one
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 2);
+  for (const char* v : vars) ::unsetenv(v);
+}

@@ -367,6 +367,15 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
+  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
+  Runtime& rt = Runtime::get();
+  if (!dev) return ret(cudaErrorInvalidValue);
+  if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
+  *dev = rt.stream(h)->device;
+  return cudaSuccess;
+}
+
 cudaError_t cudaStreamQuery(cudaStream_t h) {
   if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
   Runtime& rt = Runtime::get();

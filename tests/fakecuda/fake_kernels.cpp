@@ -56,16 +56,19 @@ float grad_at(int gd, const void* g, std::size_t i) {
   return __half2float(__ushort_as_half(raw));
 }
 
+// The kernel's 16-bit copies: CUDA's round-to-nearest-even conversions, except NaN, which the
+// kernel writes with the CPU kernels' bits (bf16 0x7fc0, fp16 sign|0x7e00; adam_cuda.cu
+// bf16_bits / fp16_bits) where CUDA's conversions would give 0x7fff.
 void store_copy(int ck, void* out, std::size_t i, float p) {
   if (ck == 1) static_cast<float*>(out)[i] = p;
-  if (ck == 2) {
-    const std::uint16_t h = __half_as_ushort(__float2half_rn(p));
-    std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
-  }
-  if (ck == 3) {
-    const std::uint16_t h = __bfloat16_as_ushort(__float2bfloat16_rn(p));
-    std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
-  }
+  std::uint32_t x;
+  std::memcpy(&x, &p, 4);
+  std::uint16_t h = 0;
+  if (ck == 2)
+    h = std::isnan(p) ? static_cast<std::uint16_t>(((x >> 16) & 0x8000u) | 0x7e00u)
+                      : __half_as_ushort(__float2half_rn(p));
+  if (ck == 3) h = std::isnan(p) ? 0x7fc0 : __bfloat16_as_ushort(__float2bfloat16_rn(p));
+  if (ck == 2 || ck == 3) std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
 }
 
 void adam_elem(const AdamConsts& c, float& p, float& m, float& v, float g) {
