@@ -276,10 +276,15 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
   }
 
   // 2. Host <-> device copies and GPU Adam (CUDA only; the host-emulated device is no GPU).
+  // This process's GPU on the node, by the rule the engine's storage uses (LOCAL_RANK, ...):
+  // every rank of a launch measures its own GPU, and the NCCL communicator below sits on it.
+  const int ordinal = local_device_ordinal(
+      r.rank, static_cast<int>(config.ranks_per_node()),
+      static_cast<int>(query_cuda_devices().devices.size()));
   std::unique_ptr<Device> gpu;
   if (r.environment.has_gpu && config.runtime.device != DeviceKind::kHost) {
     try {
-      gpu = make_device(DeviceKind::kCuda);
+      gpu = make_device(DeviceKind::kCuda, ordinal);
     } catch (const Error& e) {
       r.copies_skipped = std::string("skipped: the GPU could not be used: ") + e.what();
     }
@@ -322,7 +327,7 @@ ProfileReport run_profile(const Config& config, const ProfileOptions& options) {
       try {
         NcclBootstrap boot;
         boot.host = comm;
-        nccl = make_nccl_communicator(boot, 0, config.runtime.collective_timeout_s);
+        nccl = make_nccl_communicator(boot, ordinal, config.runtime.collective_timeout_s);
       } catch (const Error& e) {
         r.notes.push_back(strcat("NCCL could not start (", e.what(), "): measured ", comm->backend_name()));
       }

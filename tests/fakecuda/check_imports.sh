@@ -12,7 +12,8 @@ for bin in "$@"; do
   missing=$(comm -23 <(printf '%s\n' "$imports") <(printf '%s\n' "$defined") | grep -v '^$' || true)
   if [ -n "$missing" ]; then
     echo "$bin imports functions the fake CUDA runtime does not define:"
-    printf '  %s\n' $missing
+    # shellcheck disable=SC2086  # one name per line
+    printf "  %s\n" $missing
     status=1
   else
     echo "$bin: $(printf '%s\n' "$imports" | grep -c .) cuda/nccl imports, all defined by the fake"

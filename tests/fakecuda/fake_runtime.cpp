@@ -26,6 +26,21 @@ std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
   return std::strtoull(v, nullptr, 10);
 }
 
+// $STRATA_FAKECUDA_REPORT: at exit, one line per device: "context DEVICE 0|1" (whether some
+// thread created its primary context) — for tests that run a whole program (the CLI).
+void write_report() {
+  const char* path = std::getenv("STRATA_FAKECUDA_REPORT");
+  if (!path || !*path) return;
+  Runtime& rt = Runtime::get();
+  if (FILE* f = std::fopen(path, "w")) {
+    for (int d = 0; d < rt.device_count(); ++d) {
+      std::lock_guard<std::mutex> lock(rt.mu());
+      std::fprintf(f, "context %d %d\n", d, rt.device(d).context ? 1 : 0);
+    }
+    std::fclose(f);
+  }
+}
+
 }  // namespace
 
 std::uint64_t checksum(const void* p, std::size_t n) {
@@ -125,6 +140,7 @@ Runtime::Runtime() {
   driver_lock_ = env_u64("STRATA_FAKECUDA_DRIVER_LOCK", 0) != 0;
   devices_.resize(n);
   for (auto& d : devices_) d.total = mem;
+  std::atexit(write_report);
 }
 
 cudaError_t Runtime::malloc(int dev, std::size_t bytes, void** out) {
