@@ -179,6 +179,12 @@ class CudaDevice final : public Device {
       fail(ErrorCode::kUnsupported,
            strcat("CUDA device ", ordinal, " does not exist (", count, " device(s))"));
     }
+    try {  // the device's context, now (a GPU that cannot be used fails here, not later)
+      DeviceGuard guard(ordinal_);
+      STRATA_CUDA_CHECK(cudaFree(nullptr));
+    } catch (const Error& e) {
+      fail(ErrorCode::kUnsupported, strcat("CUDA device ", ordinal, " cannot be used: ", e.what()));
+    }
     cudaDeviceProp prop{};
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = strcat("cuda:", ordinal_, " ", prop.name);

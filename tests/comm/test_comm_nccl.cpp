@@ -151,6 +151,9 @@ TEST(Nccl, AbortFailsEveryInFlightCollective) {
     float* a = device_floats(gpu_base(), std::vector<float>(64, 1.0f));
     float* b = device_floats(gpu_base(), std::vector<float>(64, 1.0f));
     auto h1 = comm->all_reduce_async(a, a, 64, DType::kFp32);
+    // h2's own deadline is later than h1's: when h1 times out and aborts, h2 is still in time
+    // (whatever it reports is then about the abort, not about its own deadline).
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
     auto h2 = comm->all_reduce_async(b, b, 64, DType::kFp32);
     EXPECT_THROW(h1->wait(), Error);
     try {

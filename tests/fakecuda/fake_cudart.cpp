@@ -107,7 +107,7 @@ cudaError_t queue_copy(const CopyPlan& c, std::size_t n, const std::shared_ptr<S
       std::lock_guard<std::mutex> lock(s->mu);
       seq = s->enqueued;
     }
-    s->wait_for(seq);
+    s->sync_to(seq);
     std::lock_guard<std::mutex> lock(rt.mu());
     if (rt.device(s->device).sticky != cudaSuccess) return ret(rt.device(s->device).sticky);
   }
@@ -141,7 +141,7 @@ cudaError_t memset_impl(void* dst, int value, std::size_t n, cudaStream_t stream
   Pending pend;
   pend.ranges.push_back(range_of(d, n));
   rt.enqueue(s, Task{[d, value, n] { std::memset(d, value, n); }, "memset", 0}, std::move(pend));
-  if (sync) s->wait_for(s->enqueued);
+  if (sync) s->sync_to(s->enqueued);
   return cudaSuccess;
 }
 
@@ -384,7 +384,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
   if (cudaError_t e = sticky_of(s->device); e != cudaSuccess) return ret(e);
   std::lock_guard<std::mutex> lock(s->mu);
   // New work answers NotReady at least once, however fast it ran.
-  if (s->completed < s->enqueued || (s->enqueued && !s->answered_not_ready)) {
+  if (s->completed < s->enqueued || (s->enqueued > s->synced && !s->answered_not_ready)) {
     s->answered_not_ready = true;
     rt.count("not_ready");
     return ret(cudaErrorNotReady);
@@ -397,7 +397,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   Runtime& rt = Runtime::get();
   if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
   auto s = rt.stream(h);
-  s->wait_for(s->enqueued);
+  s->sync_to(s->enqueued);
   if (cudaError_t e = sticky_of(s->device); e != cudaSuccess) return ret(e);
   return cudaSuccess;
 }
@@ -474,7 +474,12 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
   if (!e) return ret(cudaErrorInvalidResourceHandle);
   if (cudaError_t st = sticky_of(e->device); st != cudaSuccess) return ret(st);
   if (!e->stream) return cudaSuccess;
-  if (!e->stream->done_up_to(e->seq) || (e->seq && !e->answered_not_ready)) {
+  bool synced = false;
+  {
+    std::lock_guard<std::mutex> lock(e->stream->mu);
+    synced = e->stream->synced >= e->seq;
+  }
+  if (!e->stream->done_up_to(e->seq) || (e->seq && !synced && !e->answered_not_ready)) {
     e->answered_not_ready = true;
     rt.count("not_ready");
     return ret(cudaErrorNotReady);
@@ -487,7 +492,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   Runtime& rt = Runtime::get();
   EventState* e = rt.event(ev);
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  if (e->stream) e->stream->wait_for(e->seq);
+  if (e->stream) e->stream->sync_to(e->seq);
   if (cudaError_t st = sticky_of(e->device); st != cudaSuccess) return ret(st);
   return cudaSuccess;
 }

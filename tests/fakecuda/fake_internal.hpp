@@ -52,12 +52,14 @@ struct StreamState {
   std::uint64_t enqueued = 0;   // tasks ever queued
   std::uint64_t completed = 0;  // tasks ever finished
   bool answered_not_ready = false;  // since the last enqueue
+  std::uint64_t synced = 0;  // a host sync has observed completion up to here: no forced NotReady
   bool stop = false;
   std::mt19937_64 rng;
   std::thread worker;
 
   void push(Task t);
   void wait_for(std::uint64_t seq);  // until completed >= seq
+  void sync_to(std::uint64_t seq);   // wait_for, as a host synchronisation (sets `synced`)
   bool done_up_to(std::uint64_t seq);
   void loop();
 };

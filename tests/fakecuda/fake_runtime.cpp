@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 
 #include "fakecuda/fake_internal.hpp"
@@ -26,17 +27,14 @@ std::uint64_t env_u64(const char* name, std::uint64_t dflt) {
   return std::strtoull(v, nullptr, 10);
 }
 
-// $STRATA_FAKECUDA_REPORT: at exit, one line per device: "context DEVICE 0|1" (whether some
-// thread created its primary context) — for tests that run a whole program (the CLI).
-void write_report() {
+// $STRATA_FAKECUDA_REPORT: a line "context DEVICE pid PID" is appended when a process creates a
+// device's primary context — for tests that run a whole program (the CLI, which may fork and
+// _exit, so nothing is left for an exit handler).
+void report_context(int dev) {
   const char* path = std::getenv("STRATA_FAKECUDA_REPORT");
   if (!path || !*path) return;
-  Runtime& rt = Runtime::get();
-  if (FILE* f = std::fopen(path, "w")) {
-    for (int d = 0; d < rt.device_count(); ++d) {
-      std::lock_guard<std::mutex> lock(rt.mu());
-      std::fprintf(f, "context %d %d\n", d, rt.device(d).context ? 1 : 0);
-    }
+  if (FILE* f = std::fopen(path, "a")) {
+    std::fprintf(f, "context %d pid %d\n", dev, static_cast<int>(::getpid()));
     std::fclose(f);
   }
 }
@@ -70,7 +68,9 @@ cudaError_t ret(cudaError_t e) {
 void touch_context(int dev) {
   Runtime& rt = Runtime::get();
   std::lock_guard<std::mutex> lock(rt.mu());
+  if (rt.device(dev).context) return;
   rt.device(dev).context = true;
+  report_context(dev);
 }
 
 // ---- streams ------------------------------------------------------------------------------------
@@ -88,6 +88,12 @@ void StreamState::push(Task t) {
 void StreamState::wait_for(std::uint64_t seq) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return completed >= seq; });
+}
+
+void StreamState::sync_to(std::uint64_t seq) {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return completed >= seq; });
+  synced = std::max(synced, seq);
 }
 
 bool StreamState::done_up_to(std::uint64_t seq) {
@@ -140,7 +146,6 @@ Runtime::Runtime() {
   driver_lock_ = env_u64("STRATA_FAKECUDA_DRIVER_LOCK", 0) != 0;
   devices_.resize(n);
   for (auto& d : devices_) d.total = mem;
-  std::atexit(write_report);
 }
 
 cudaError_t Runtime::malloc(int dev, std::size_t bytes, void** out) {
@@ -397,7 +402,7 @@ void Runtime::drain_device(int dev) {
       std::lock_guard<std::mutex> lock(s->mu);
       seq = s->enqueued;
     }
-    s->wait_for(seq);
+    s->sync_to(seq);
   }
 }
 

@@ -10,6 +10,9 @@
 //   STRATA_FAKECUDA_MEMORY     bytes of device memory per GPU (default 8 GiB, sparse)
 //   STRATA_FAKECUDA_JITTER_US  each stream task waits a seeded random 0..J us first (default 200)
 //   STRATA_FAKECUDA_SEED       seed of that jitter (default 1)
+//   STRATA_FAKECUDA_DRIVER_LOCK  1: cudaFree waits for every device's streams (the driver lock
+//                              behind the multi-GPU-in-one-process NCCL hang), else its own device
+//   STRATA_FAKECUDA_REPORT     a file: "context DEVICE pid PID" appended when a context is created
 #pragma once
 
 #include <stddef.h>
