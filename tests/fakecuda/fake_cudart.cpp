@@ -7,6 +7,7 @@
 // synchronising, and no runtime call from inside a host function.
 #include <cuda.h>
 
+#include <chrono>
 #include <cstring>
 
 #include "fakecuda/fake_internal.hpp"
@@ -436,11 +437,11 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* data) {
 
 // ---- events --------------------------------------------------------------------------------------
 
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   FAKE_ENTER(-1);
   if (!e) return ret(cudaErrorInvalidValue);
   touch_context(current());
-  *e = Runtime::get().new_event(current());
+  *e = Runtime::get().new_event(current(), (flags & cudaEventDisableTiming) == 0);
   return cudaSuccess;
 }
 
@@ -460,6 +461,16 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
   if (!e || !rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
   auto s = rt.stream(h);
   if (s->device != e->device) return ret(cudaErrorInvalidResourceHandle);  // as CUDA
+  if (e->timing) {  // a marker that stamps the time the stream reaches this point
+    auto stamp = std::make_shared<std::atomic<std::int64_t>>(0);
+    e->stamp = stamp;
+    s->push(Task{[stamp] {
+                   *stamp = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count();
+                 },
+                 "event timestamp", 0});
+  }
   std::lock_guard<std::mutex> lock(s->mu);
   e->stream = s;
   e->seq = s->enqueued;
@@ -484,6 +495,19 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
     rt.count("not_ready");
     return ret(cudaErrorNotReady);
   }
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
+  Runtime& rt = Runtime::get();
+  EventState* a = rt.event(start);
+  EventState* b = rt.event(end);
+  if (!ms || !a || !b) return ret(cudaErrorInvalidResourceHandle);
+  if (!a->timing || !b->timing || !a->stamp || !b->stamp) return ret(cudaErrorInvalidResourceHandle);
+  const std::int64_t t0 = *a->stamp, t1 = *b->stamp;
+  if (t0 == 0 || t1 == 0) return ret(cudaErrorNotReady);
+  *ms = static_cast<float>(static_cast<double>(t1 - t0) / 1e6);
   return cudaSuccess;
 }
 

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -66,6 +67,9 @@ struct StreamState {
 
 struct EventState {
   int device = 0;
+  bool timing = true;  // not cudaEventDisableTiming
+  // When the stream reached the last record (ns, steady clock; 0: not yet).
+  std::shared_ptr<std::atomic<std::int64_t>> stamp;
   std::shared_ptr<StreamState> stream;  // last record (null: never recorded = complete)
   std::uint64_t seq = 0;
   bool answered_not_ready = false;
@@ -130,7 +134,7 @@ class Runtime {
   void destroy_stream(cudaStream_t s);
   bool valid_stream(cudaStream_t s);
   EventState* event(cudaEvent_t e);
-  cudaEvent_t new_event(int dev);
+  cudaEvent_t new_event(int dev, bool timing);
   void destroy_event(cudaEvent_t e);
   // Queues `t` on `s`, ordered after the legacy stream / blocking streams as CUDA does.
   void enqueue(const std::shared_ptr<StreamState>& s, Task t, Pending pending);

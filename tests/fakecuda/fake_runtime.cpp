@@ -344,9 +344,10 @@ EventState* Runtime::event(cudaEvent_t e) {
   return it == events_.end() ? nullptr : it->second.get();
 }
 
-cudaEvent_t Runtime::new_event(int dev) {
+cudaEvent_t Runtime::new_event(int dev, bool timing) {
   auto e = std::make_unique<EventState>();
   e->device = dev;
+  e->timing = timing;
   EventState* raw = e.get();
   std::lock_guard<std::mutex> lock(mu_);
   events_[raw] = std::move(e);
