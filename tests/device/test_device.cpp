@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <vector>
 #include <thread>
 
 #include "strata/device.hpp"
@@ -157,4 +159,26 @@ TEST(DeviceFactory, LocalDeviceOrdinal) {
   ::setenv("LOCAL_RANK", "x", 1);  // not a number: the next one
   EXPECT_EQ(local_device_ordinal(0, 1, 4), 2);
   for (const char* v : vars) ::unsetenv(v);
+}
+
+// Like cudaFree (which synchronises the device), freeing device memory never pulls it from under
+// work already queued on a stream: a copy queued before the free still reads the data.
+TEST(HostDevice, FreeWaitsForQueuedWork) {
+  auto dev = make_host_device(1 << 24);
+  auto s = dev->create_stream();
+  const std::size_t n = 1 << 20;
+  std::vector<std::uint8_t> want(n, 0x3C), back(n, 0);
+  auto m = dev->allocate(n);
+  std::memcpy(m.get(), want.data(), n);  // host device memory is host memory
+  std::atomic<bool> go{false};
+  s->launch_host_func([&] {
+    while (!go.load()) std::this_thread::yield();
+  });
+  s->memcpy_async(back.data(), m.get(), n);
+  m.reset();  // freed while the copy is queued
+  auto other = dev->allocate(n);  // would likely reuse the freed block
+  std::memset(other.get(), 0, n);
+  go = true;
+  s->synchronize(std::chrono::seconds(10));
+  EXPECT_EQ(back, want) << "the queued copy read memory freed (and reused) after it was queued";
 }
