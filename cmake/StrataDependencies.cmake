@@ -28,6 +28,13 @@ if(NOT STRATA_WITH_CUDA STREQUAL "OFF")
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 80;90)
     endif()
+    # One CUDA runtime per process: the shared libcudart that CUDA::cudart links. CMake's default
+    # (Static) added -lcudart_static to every executable beside libcudart.so: two runtime
+    # instances, each with its own last-error and current-device state, depending on link order
+    # (and the fake runtime of the `fakecuda` tests could not interpose a static one).
+    if(NOT DEFINED CMAKE_CUDA_RUNTIME_LIBRARY)
+      set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
+    endif()
     enable_language(CUDA)
     find_package(CUDAToolkit REQUIRED)
     set(STRATA_HAVE_CUDA ON)

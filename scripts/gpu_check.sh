@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# GPU acceptance check (issue 12, point 7). On a machine with an NVIDIA GPU (H100/H200 class):
-#   1. builds strata with CUDA for the local GPU (CMAKE_CUDA_ARCHITECTURES=native) into build-gpu/;
-#   2. runs every CUDA and NCCL test (CTest label `gpu`): the CUDA device (memory, streams, events,
-#      host registration), the CUDA Adam kernel against CpuAdam, the NCCL communicator, and the
-#      engine's placement matrix on runtime.device cuda with NCCL (1 rank, and across the GPUs
-#      when there are several: 2 and up to 4 ranks, one per GPU);
-#   3. `strata bench step` with Adam on the device (optimizer.update device, runtime.device cuda:
-#      the state streamed from NVMe, copied to the GPU, updated by the CUDA kernel);
+# GPU acceptance check (issues 12 and 27). On a machine with an NVIDIA GPU (A100/H100/H200 class):
+#   0. prints the driver, the CUDA version it supports and the GPUs FIRST (so a failure below can
+#      be read against them); with a driver older than the toolkit needs (CUDA 13: >= 580) it uses
+#      the toolkit's cuda-compat libraries when present, and says so;
+#   1. builds strata with CUDA into build-gpu/: for the GPU's own architecture (nvidia-smi's
+#      compute_cap), or for 80;90 when that cannot be read — never `native`, whose detection fails
+#      at configure time with a driver older than the toolkit;
+#   2. runs every CUDA and NCCL test (CTest label `gpu`): the CUDA device, the CUDA Adam kernel
+#      against CpuAdam, the NCCL communicator, the engine's placement matrix on runtime.device cuda
+#      with NCCL. FAILS when every gpu test was skipped (a GPU the tests could not use is not a
+#      pass), and says how many were skipped otherwise;
+#   3. `strata bench step` with Adam on the device (optimizer.update device, runtime.device cuda);
 #   4. `strata profile --quick` (host<->device copies, GPU Adam, the sample step);
+#   5. the Python example on the GPU: examples/train_gpt.py --device cuda, a few steps;
 # and prints ONE summary line (also written to $OUT/summary.txt). Bounded: each phase has its own
-# timeout (build 240 s, tests 100 s, bench 50 s, profile 80 s: 7 min 50 s at worst), so one call
-# stays under 8 minutes; set STRATA_GPU_BUILD to reuse a build directory.
+# timeout (build 210 s, tests 120 s, bench 30 s, profile 45 s, python 60 s: 465 s at worst), so one
+# call stays under 8 minutes; set STRATA_GPU_BUILD to reuse a build directory.
 #
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (default: ./gpu-check-out)
 # Environment: STRATA_GPU_BUILD (build dir, default build-gpu), STRATA_JOBS (default nproc),
-#              STRATA_GPU_SWAP (a directory for the swap files, default a fresh one under /tmp).
+#              STRATA_GPU_SWAP (a directory for the swap files, default a fresh one under /tmp),
+#              STRATA_CUDA_ARCHS (force CMAKE_CUDA_ARCHITECTURES).
 # Exit code: 0 when every phase passed, 1 otherwise, 2 when there is no GPU (nothing ran).
 set -uo pipefail
 
@@ -25,33 +31,66 @@ jobs=${STRATA_JOBS:-$(nproc)}
 mkdir -p "$out"
 t0=$(date +%s)
 declare -A result
+phases="build ctest bench_step profile python"
 summary() {
   local status=PASS
-  for k in build ctest bench_step profile; do
+  for k in $phases; do
     case "${result[$k]:-not-run}" in ok*) ;; *) status=FAIL ;; esac
   done
-  local line="gpu_check: $status in $(( $(date +%s) - t0 )) s — gpu: ${gpu_name:-none}; build: ${result[build]:-not-run}; ctest (label gpu): ${result[ctest]:-not-run}; bench step (Adam on the device): ${result[bench_step]:-not-run}; profile --quick: ${result[profile]:-not-run}; logs in $out"
+  local line="gpu_check: $status in $(( $(date +%s) - t0 )) s — gpu: ${gpu_name:-none}; driver: ${driver:-?}; archs: ${archs:-?}; build: ${result[build]:-not-run}; ctest (label gpu): ${result[ctest]:-not-run}; bench step (Adam on the device): ${result[bench_step]:-not-run}; profile --quick: ${result[profile]:-not-run}; python example on cuda: ${result[python]:-not-run}; logs in $out"
   echo "$line" | tee "$out/summary.txt"
   [ "$status" = PASS ]
 }
 
+# ---- 0. driver and GPUs first ---------------------------------------------------------------------
 if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >"$out/gpus.txt" 2>&1; then
   echo "gpu_check: NO GPU — nothing ran (nvidia-smi -L failed; see $out/gpus.txt)" | tee "$out/summary.txt"
   exit 2
 fi
+nvidia-smi >"$out/nvidia-smi.txt" 2>&1
+nvidia-smi --query-gpu=index,name,driver_version,memory.total,compute_cap --format=csv \
+  >"$out/gpu-query.csv" 2>&1
+echo "== GPUs and driver =="
+cat "$out/gpu-query.csv"
+grep -m1 -o 'CUDA Version: [0-9.]*' "$out/nvidia-smi.txt" || true
+driver=$(sed -n 2p "$out/gpu-query.csv" | cut -d, -f3 | tr -d ' ')
 gpu_name=$(head -1 "$out/gpus.txt" | sed 's/ (UUID.*//')
 ngpu=$(grep -c '^GPU ' "$out/gpus.txt")
 gpu_name="$gpu_name (x$ngpu)"
+driver_major=${driver%%.*}
+nvcc=/usr/local/cuda/bin/nvcc
+toolkit=$("$nvcc" --version 2>/dev/null | grep -o 'release [0-9]*' | grep -o '[0-9]*$' || echo 0)
+if [ "${toolkit:-0}" -ge 13 ] && [ "${driver_major:-0}" -lt 580 ] 2>/dev/null; then
+  if [ -d /usr/local/cuda/compat ]; then
+    export LD_LIBRARY_PATH=/usr/local/cuda/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    echo "driver $driver is older than CUDA $toolkit needs (>= 580): using /usr/local/cuda/compat"
+    driver="$driver (+cuda-compat)"
+  else
+    echo "WARNING: driver $driver is older than CUDA $toolkit needs (>= 580) and there is no" \
+         "/usr/local/cuda/compat: the CUDA runtime will refuse the GPU"
+  fi
+fi
+# The GPU's own architecture (compute_cap 9.0 -> 90), else the defaults 80;90.
+cap=$(sed -n 2p "$out/gpu-query.csv" | cut -d, -f5 | tr -d ' .')
+if [ -n "${STRATA_CUDA_ARCHS:-}" ]; then
+  archs=$STRATA_CUDA_ARCHS
+elif [[ "$cap" =~ ^[0-9]+$ ]]; then
+  archs=$cap
+else
+  archs="80;90"
+fi
 
-# ---- 1. build (CUDA for this GPU; tests; the CLI) ------------------------------------------------
-# Every test labelled gpu, and the CLI.
+# ---- 1. build (CUDA for this GPU; tests; the CLI; the Python package) ---------------------------
 targets="strata_cli test_device_cuda test_optim_cuda test_comm_nccl test_zero_placements_cuda"
 gen=""
 command -v ninja >/dev/null && gen="-G Ninja"
-if timeout 240 bash -c "
+if timeout 210 bash -c "
     cmake -S '$root' -B '$build' $gen -DCMAKE_BUILD_TYPE=Release -DSTRATA_WITH_CUDA=ON \
-          -DCMAKE_CUDA_ARCHITECTURES=native -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF &&
-    cmake --build '$build' -j '$jobs' --target $targets" >"$out/build.log" 2>&1; then
+          '-DCMAKE_CUDA_ARCHITECTURES=$archs' -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF &&
+    cmake --build '$build' -j '$jobs' --target $targets &&
+    { cmake --build '$build' -j '$jobs' --target strata_python strata_python_files ||
+      echo 'gpu_check: the Python package did not build (phase 5 will say so)'; }" \
+    >"$out/build.log" 2>&1; then
   result[build]="ok"
 else
   result[build]="FAILED (rc $?, $out/build.log)"
@@ -59,20 +98,27 @@ else
   exit 1
 fi
 
-# ---- 2. every CUDA and NCCL test -------------------------------------------------------------------
-# (A gpu-labelled test whose target is not in $targets shows as "Not Run": add it there.)
-if (cd "$build" && timeout 100 ctest -L gpu --output-on-failure --timeout 95 >"$out/ctest.log" 2>&1); then
-  passed=$(grep -oE '[0-9]+ tests passed' "$out/ctest.log" | head -1)
-  skipped=$(grep -cE '\(Skipped\)|\[  SKIPPED \]' "$out/ctest.log")
-  result[ctest]="ok (${passed:-?}; skipped lines: $skipped)"
-  if grep -q "SKIPPED" "$out/ctest.log"; then result[ctest]="${result[ctest]} — some cases SKIPPED, see ctest.log"; fi
+# ---- 2. every CUDA and NCCL test: passing, not skipped --------------------------------------------
+(cd "$build" && timeout 120 ctest -L gpu --output-on-failure --timeout 110 >"$out/ctest.log" 2>&1)
+rc=$?
+total=$(sed -n 's/.*tests passed, [0-9]* tests failed out of \([0-9]*\).*/\1/p' "$out/ctest.log" | tail -1)
+failed=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of.*/\1/p' "$out/ctest.log" | tail -1)
+skipped=$(grep -c '\*\*\*Skipped' "$out/ctest.log" || true)
+cases_skipped=$(grep -c '\[  SKIPPED \]' "$out/ctest.log" || true)
+total=${total:-0} failed=${failed:-0}
+if [ "$total" -eq 0 ]; then
+  result[ctest]="FAILED (no gpu test ran, $out/ctest.log)"
+elif [ "$skipped" -ge "$total" ]; then
+  result[ctest]="FAILED (all $total gpu tests SKIPPED: the GPU was not usable, $out/ctest.log)"
+elif [ "$rc" -ne 0 ]; then
+  result[ctest]="FAILED ($failed of $total failed, $skipped skipped, $out/ctest.log)"
 else
-  result[ctest]="FAILED (rc $?, $out/ctest.log)"
+  result[ctest]="ok ($((total - skipped)) of $total passed, $skipped skipped; $cases_skipped skipped cases)"
 fi
 
 # ---- 3. strata bench step, Adam on the device -----------------------------------------------------
 swap=${STRATA_GPU_SWAP:-$(mktemp -d /tmp/strata-gpu-check-XXXXXX)}
-if timeout 50 "$build/strata" bench step "$root/bench/step/step.yaml" --params 16M --rounds 2 --no-scaling --json \
+if timeout 30 "$build/strata" bench step "$root/bench/step/step.yaml" --params 16M --rounds 2 --no-scaling --json \
      --set "tiers.nvme.paths=[$swap]" --set optimizer.update=device --set runtime.device=cuda \
      >"$out/bench_step.json" 2>"$out/bench_step.log"; then
   eff=$(grep -oE '"device_efficiency": *[0-9.eE+-]+' "$out/bench_step.json" | head -1 | sed 's/.*: *//')
@@ -94,10 +140,23 @@ tiers:
   nvme: {paths: [$swap]}
 runtime: {device: auto}
 EOF
-if timeout 80 "$build/strata" profile "$out/profile.yaml" --quick --json >"$out/profile.json" 2>"$out/profile.log"; then
+if timeout 45 "$build/strata" profile "$out/profile.yaml" --quick --json >"$out/profile.json" 2>"$out/profile.log"; then
   result[profile]="ok ($out/profile.json)"
 else
   result[profile]="FAILED (rc $?, $out/profile.log)"
+fi
+
+# ---- 5. the Python example on the GPU ---------------------------------------------------------------
+py=/usr/bin/python3
+if [ ! -d "$build/python/strata" ]; then
+  result[python]="FAILED (the Python package was not built: pybind11/torch missing? $out/build.log)"
+elif ! PYTHONPATH="$build/python" "$py" "$root/examples/train_gpt.py" --help 2>/dev/null | grep -q -- '--device'; then
+  result[python]="FAILED (examples/train_gpt.py has no --device option: torch GPU models not supported yet)"
+elif PYTHONPATH="$build/python" timeout 60 "$py" "$root/examples/train_gpt.py" --device cuda --steps 20 \
+       --set "tiers.nvme.paths=[$swap]" --log-json "$out/train_gpt.json" >"$out/train_gpt.log" 2>&1; then
+  result[python]="ok (20 steps on cuda, $out/train_gpt.log)"
+else
+  result[python]="FAILED (rc $?, $out/train_gpt.log)"
 fi
 [ -z "${STRATA_GPU_SWAP:-}" ] && rm -rf "$swap"
 

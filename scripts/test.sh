@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, checks the formatting, the function length and
-# clang's thread-safety analysis, builds, runs every test under CTest, then again under
+# clang's thread-safety analysis, builds, runs every test under CTest, then the CUDA and NCCL code
+# against the fake CUDA runtime (label "fakecuda", tests/fakecuda), then again under
 # ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
 set -uo pipefail
@@ -39,7 +40,17 @@ echo "== thread safety (clang -Wthread-safety) =="
 echo "== build (RelWithDebInfo) =="
 "$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON || exit 1
 echo "== tests =="
-run_ctest "$root/build" || status=1
+run_ctest "$root/build" -LE fakecuda || status=1
+
+# The gpu tests' binaries (CUDA device, CUDA Adam, NCCL, the placement matrix with 1, 2 and 4
+# fake GPUs) against the fake CUDA runtime + fake NCCL: built whenever the toolkit and NCCL's
+# headers are there (no GPU needed). Without them the label is empty, and that is said.
+echo "== CUDA and NCCL code on the fake CUDA runtime (label fakecuda) =="
+if [ -n "$(cd "$root/build" && ctest -N -L fakecuda | sed -n 's/^ *Test *#[0-9]*: //p')" ]; then
+  run_ctest "$root/build" -L fakecuda || status=1
+else
+  echo "no fakecuda tests: this build has no CUDA toolkit with NCCL (STRATA_HAVE_CUDA/NCCL off)"
+fi
 
 if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
   echo "== build (ASan+UBSan) =="

@@ -53,6 +53,13 @@ class Stream {
   virtual void record(Event& event) = 0;
   // Work queued after this call starts only after `event` completes.
   virtual void wait_event(Event& event) = 0;
+  // Producer hand-off: work queued after this call starts only after everything queued so far on
+  // `producer`, a native stream of the caller's (a cudaStream_t of this stream's device, e.g.
+  // torch.cuda.current_stream().cuda_stream) — no host synchronisation. Without it a stream of
+  // strata's (non-blocking) is ordered after nothing the caller queued. nullptr = nothing to wait
+  // for (host code is ordered by the call itself). The host device has no native streams: it
+  // accepts only nullptr (Error(kInvalidArgument) otherwise).
+  virtual void wait_external(void* producer);
   // Queues a host function to run after the work queued so far (cudaLaunchHostFunc on a GPU; the
   // stream's worker thread on the host device). `fn` must not call the device API. An exception it
   // throws fails the stream like failed device work: reported at the next synchronize().
@@ -124,6 +131,7 @@ class StreamWrapper : public Stream {
   }
   void record(Event& event) override { inner_->record(event); }
   void wait_event(Event& event) override { inner_->wait_event(event); }
+  void wait_external(void* producer) override { inner_->wait_external(producer); }
   void launch_host_func(std::function<void()> fn) override {
     inner_->launch_host_func(std::move(fn));
   }
@@ -163,6 +171,12 @@ class DeviceWrapper : public Device {
 // always works. The choice is logged. `host_memory` is the host device's total_memory().
 std::unique_ptr<Device> make_device(DeviceKind kind, int ordinal = 0,
                                     std::uint64_t host_memory = 1ULL << 40);
+
+// The GPU of this process on its node, for the device, the communicator, the profiler and the
+// step bench alike: LOCAL_RANK (torchrun), OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID,
+// SLURM_LOCALID (the first one set to a number >= 0), else rank % ranks_per_node; modulo
+// device_count (>= 1).
+int local_device_ordinal(int rank, int ranks_per_node, int device_count);
 
 // The host-emulated device, directly (tests).
 std::unique_ptr<Device> make_host_device(std::uint64_t total_memory = 1ULL << 40);

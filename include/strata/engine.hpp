@@ -201,6 +201,11 @@ class Engine {
   // set_gradient / step / checkpoint call throws Error(kIo) until a new engine loads a checkpoint
   // (docs/offload.md).
   // `grad` is device() memory (host memory on the host-emulated device).
+  // Ordering contract (GPU): strata's copy streams are non-blocking, ordered after nothing the
+  // caller queued. Until the producer-stream overload exists, the work that wrote `grad` must be
+  // complete before this call (e.g. torch.cuda.current_stream().synchronize()); likewise nothing
+  // of the caller's may still read param() when step() runs. The device layer has the hand-off
+  // the overload will use: Stream::wait_external(producer_stream) (issue 27, F7).
   void set_gradient(TensorId id, const void* grad);
   // The same from host memory, whatever the device (a convenience: one host-to-device copy on a
   // GPU, synchronous).

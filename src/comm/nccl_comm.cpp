@@ -7,12 +7,17 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "comm/comm_internal.hpp"
+#include "cuda/device_guard.hpp"
 #include "strata/log.hpp"
 
 namespace strata {
@@ -21,7 +26,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 void check_cuda(cudaError_t rc, const std::string& what) {
-  if (rc != cudaSuccess) fail(ErrorCode::kDevice, strcat(what, ": ", cudaGetErrorString(rc)));
+  if (rc == cudaSuccess) return;
+  (void)cudaGetLastError();  // not left for a later, unrelated launch check
+  fail(ErrorCode::kDevice, strcat(what, ": ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
 }
 
 ncclDataType_t nccl_type(DType t) {
@@ -40,11 +47,54 @@ Clock::time_point deadline_in(double s) {
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
+// The bootstrap file: the id, then a line naming its writer ("owner HOST PID START"): a file
+// left by an earlier run on this host (its writer is gone, or the pid is now another process)
+// is stale and ignored — reading it would make this rank wait for a root that does not exist.
+// A writer on another host cannot be checked from here and is trusted.
+std::string process_start(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  std::getline(f, stat);
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return "";
+  std::istringstream rest(stat.substr(close + 2));
+  std::string field;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 22) return field;  // starttime, in clock ticks since boot
+  }
+  return "";
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+std::string owner_line() {
+  return strcat("owner ", host_name(), " ", ::getpid(), " ", process_start(::getpid()), "\n");
+}
+
+// True when the owner line names a process of this host that no longer exists.
+bool stale_owner(const std::string& line) {
+  std::istringstream in(line);
+  std::string tag, host, start;
+  long pid = 0;
+  if (!(in >> tag >> host >> pid) || tag != "owner") return false;
+  in >> start;
+  if (host != host_name()) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  return !start.empty() && process_start(static_cast<pid_t>(pid)) != start;
+}
+
 void write_unique_id(const std::string& path, const ncclUniqueId& id) {
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     f.write(id.internal, sizeof(id.internal));
+    const std::string owner = owner_line();
+    f.write(owner.data(), static_cast<std::streamsize>(owner.size()));
+    f.flush();
     if (!f) throw IoError("write", tmp, 0, sizeof(id.internal), errno, "NCCL unique id");
   }
   std::error_code ec;
@@ -54,13 +104,23 @@ void write_unique_id(const std::string& path, const ncclUniqueId& id) {
 
 ncclUniqueId read_unique_id(const std::string& path, double timeout_s) {
   auto deadline = deadline_in(timeout_s);
+  bool said_stale = false;
   for (;;) {
     std::ifstream f(path, std::ios::binary);
     ncclUniqueId id{};
-    if (f && f.read(id.internal, sizeof(id.internal)) && f.gcount() == sizeof(id.internal)) return id;
+    if (f && f.read(id.internal, sizeof(id.internal)) && f.gcount() == sizeof(id.internal)) {
+      std::string owner;
+      std::getline(f, owner);
+      if (!stale_owner(owner)) return id;
+      if (!said_stale)
+        log_warn("NCCL bootstrap: ", path, " was written by a process that is gone (", owner,
+                 "): waiting for this run's rank 0 to replace it");
+      said_stale = true;
+    }
     if (Clock::now() > deadline)
-      fail(ErrorCode::kTimeout, strcat("NCCL bootstrap: rank 0 did not write its unique id to ", path,
-                                       " within ", timeout_s, " s"));
+      fail(ErrorCode::kTimeout,
+           strcat("NCCL bootstrap: rank 0 did not write its unique id to ", path, " within ",
+                  timeout_s, " s", said_stale ? " (the file there is a stale one of an earlier run)" : ""));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -84,6 +144,7 @@ class NcclHandle final : public CommHandle {
   bool waited_ = false;
 };
 
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const NcclBootstrap& boot, int device, double timeout_s)
@@ -99,7 +160,7 @@ class NcclCommunicator final : public Communicator {
     }
     if (rank_ < 0 || rank_ >= size_)
       fail(ErrorCode::kInvalidArgument, strcat("NCCL bootstrap: rank ", rank_, " of ", size_));
-    check_cuda(cudaSetDevice(device_), strcat("cudaSetDevice(", device_, ")"));
+    cuda::DeviceGuard guard(device_);  // NCCL binds the current device; the caller's is restored
     ncclUniqueId id{};
     if (rank_ == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
     if (boot.host) {
@@ -120,17 +181,12 @@ class NcclCommunicator final : public Communicator {
     log_info("NCCL communicator: rank ", rank_, " of ", size_, " on device ", device_);
   }
   ~NcclCommunicator() override {
-    cudaSetDevice(device_);
-    if (comm_) {
-      if (broken_.empty()) {
-        cudaStreamSynchronize(stream_);
-        ncclCommDestroy(comm_);
-      } else {
-        ncclCommAbort(comm_);
-      }
+    try {
+      cuda::DeviceGuard guard(device_);
+      teardown();
+    } catch (const std::exception& e) {
+      log_error("NCCL communicator teardown (rank ", rank_, "): ", e.what());
     }
-    if (scratch_) cudaFree(scratch_);
-    if (stream_) cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -226,6 +282,7 @@ class NcclCommunicator final : public Communicator {
 
   // Used by handles.
   void poll_async_error(const std::string& what) {
+    if (!comm_) return;
     ncclResult_t async = ncclSuccess;
     ncclCommGetAsyncError(comm_, &async);
     if (async != ncclSuccess && async != ncclInProgress) {
@@ -235,9 +292,11 @@ class NcclCommunicator final : public Communicator {
   }
   void abort_on_timeout(const std::string& msg) {
     broken_ = msg;
-    ncclCommAbort(comm_);
+    if (comm_) ncclCommAbort(comm_);
     comm_ = nullptr;
   }
+  // Empty while the communicator works; after an abort or an asynchronous error, why not.
+  const std::string& broken() const { return broken_; }
   int device() const { return device_; }
 
  private:
@@ -247,9 +306,40 @@ class NcclCommunicator final : public Communicator {
       fail(ErrorCode::kComm, strcat("NCCL ", broken_, " (rank ", rank_, " of ", size_, ")"));
     }
   }
-  // Polls a non-blocking communicator until its last call has left ncclInProgress.
+  // Bounded teardown: outstanding work gets the communicator's timeout, then the communicator is
+  // aborted (a dead peer must not hang the destructor).
+  void teardown() {
+    if (comm_ && broken_.empty()) {
+      const auto deadline = deadline_in(timeout_s_);
+      cudaError_t rc;
+      while ((rc = cudaStreamQuery(stream_)) == cudaErrorNotReady && Clock::now() < deadline) {
+        (void)cudaGetLastError();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      (void)cudaGetLastError();
+      if (rc == cudaSuccess) {
+        ncclCommDestroy(comm_);
+        comm_ = nullptr;
+      } else {
+        log_error("NCCL communicator (rank ", rank_, "): outstanding collectives did not finish "
+                  "within ", timeout_s_, " s of teardown: aborting it");
+      }
+    }
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    if (scratch_) log_cuda(cudaFree(scratch_), "cudaFree(barrier scratch)");
+    if (stream_) log_cuda(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  }
+  static void log_cuda(cudaError_t rc, const char* what) {
+    if (rc == cudaSuccess) return;
+    (void)cudaGetLastError();
+    log_error("NCCL communicator: ", what, ": ", cudaGetErrorString(rc));
+  }
+  // Polls a non-blocking communicator until its last call has left ncclInProgress (1 -> 100 us
+  // back-off: an init takes milliseconds, an enqueue microseconds).
   void settle(const std::string& what) {
     auto deadline = deadline_in(timeout_s_);
+    auto sleep = std::chrono::microseconds(1);
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
@@ -262,21 +352,26 @@ class NcclCommunicator final : public Communicator {
         abort_on_timeout(msg);
         fail(ErrorCode::kTimeout, msg);
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
+      std::this_thread::sleep_for(sleep);
+      if (sleep < std::chrono::microseconds(100)) sleep *= 2;
     }
   }
   std::string begin(CollectiveKind kind) {
     std::string what = strcat("nccl ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
     if (!broken_.empty() || !comm_) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
-    check_cuda(cudaSetDevice(device_), strcat(what, ": cudaSetDevice"));
     return what;
   }
+  // Issues one NCCL call with this communicator's device current (restored afterwards); polls
+  // only when NCCL says the call is still in progress (a non-blocking communicator).
   template <typename F>
   void enqueue(const std::string& what, F&& call) {
-    check_nccl(call(), what);
-    settle(what);
+    cuda::DeviceGuard guard(device_);
+    const ncclResult_t rc = call();
+    check_nccl(rc, what);
+    if (rc == ncclInProgress) settle(what);
   }
   std::unique_ptr<CommHandle> finish(std::string what) {
+    cuda::DeviceGuard guard(device_);  // the event must be of the stream's device
     cudaEvent_t ev = nullptr;
     check_cuda(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what + ": cudaEventCreate");
     cudaError_t rc = cudaEventRecord(ev, stream_);
@@ -311,12 +406,17 @@ NcclHandle::~NcclHandle() {
 
 bool NcclHandle::done() {
   if (finished_) return true;
+  // After an abort (another handle's timeout) the aborted kernels drain and this event completes,
+  // with the data never exchanged: that is a failure, not completion.
+  if (!comm_->broken().empty())
+    fail(ErrorCode::kComm, strcat(what_, ": the NCCL communicator was aborted: ", comm_->broken()));
   cudaError_t rc = cudaEventQuery(event_);
   if (rc == cudaSuccess) {
     finished_ = true;
     return true;
   }
   if (rc != cudaErrorNotReady) check_cuda(rc, what_ + ": cudaEventQuery");
+  (void)cudaGetLastError();  // the NotReady the query recorded in this thread's last error
   comm_->poll_async_error(what_);
   return false;
 }

@@ -8,13 +8,19 @@
 #include <thread>
 
 #include "core/rethrow.hpp"
+#include "cuda/device_guard.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
 namespace strata::device {
 namespace {
 
+using cuda::DeviceGuard;
+
+// Every failure clears the thread's last-error slot before throwing: a non-sticky error left
+// there would otherwise be reported by the next unrelated launch check (adam_step_cuda's).
 [[noreturn]] void cuda_fail(cudaError_t rc, const char* call, ErrorCode code = ErrorCode::kDevice) {
+  (void)cudaGetLastError();
   fail(code, strcat("CUDA ", call, " failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
 }
 
@@ -25,40 +31,49 @@ namespace {
   } while (0)
 
 void log_if_error(cudaError_t rc, const char* call) noexcept {
-  if (rc != cudaSuccess) log_error("CUDA ", call, " failed: ", cudaGetErrorString(rc));
+  if (rc == cudaSuccess) return;
+  (void)cudaGetLastError();
+  log_error("CUDA ", call, " failed: ", cudaGetErrorString(rc));
 }
 
-// Polls `query` until it stops answering cudaErrorNotReady or the deadline passes.
+// A stream/event query: true when complete, false for cudaErrorNotReady — which the runtime also
+// records in the calling thread's last-error slot; it is cleared here, or the next
+// `kernel<<<>>>; cudaGetLastError()` of this thread would report it (PyTorch's CUDAEvent::query
+// clears it for the same reason). Throws for any other error.
+bool query_done(cudaError_t rc, const char* what) {
+  if (rc == cudaSuccess) return true;
+  if (rc == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  cuda_fail(rc, what);
+}
+
+// Polls `query` until complete or the deadline passes. The back-off stays short (1 -> 64 us):
+// a sync is on the path of every transfer.
 template <typename Query>
 void poll_until(Query query, std::chrono::milliseconds timeout, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto sleep = std::chrono::microseconds(5);
+  auto sleep = std::chrono::microseconds(1);
   for (;;) {
-    cudaError_t rc = query();
-    if (rc == cudaSuccess) return;
-    if (rc != cudaErrorNotReady) cuda_fail(rc, what);
+    if (query_done(query(), what)) return;
     if (std::chrono::steady_clock::now() >= deadline) {
       fail(ErrorCode::kTimeout, strcat("CUDA ", what, ": not complete after ", timeout.count(),
                                        " ms"));
     }
     std::this_thread::sleep_for(sleep);
-    if (sleep < std::chrono::microseconds(500)) sleep *= 2;
+    if (sleep < std::chrono::microseconds(64)) sleep *= 2;
   }
 }
 
 class CudaEvent final : public Event {
  public:
   explicit CudaEvent(int ordinal) : ordinal_(ordinal) {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
+    DeviceGuard guard(ordinal_);
     STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
   }
   ~CudaEvent() override { log_if_error(cudaEventDestroy(event_), "cudaEventDestroy"); }
-  bool query() override {
-    cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaSuccess) return true;
-    if (rc == cudaErrorNotReady) return false;
-    cuda_fail(rc, "cudaEventQuery");
-  }
+  bool query() override { return query_done(cudaEventQuery(event_), "cudaEventQuery"); }
   void synchronize(std::chrono::milliseconds timeout) override {
     poll_until([&] { return cudaEventQuery(event_); }, timeout, "cudaEventQuery");
   }
@@ -72,19 +87,20 @@ class CudaEvent final : public Event {
 class CudaStream final : public Stream {
  public:
   explicit CudaStream(int ordinal) : ordinal_(ordinal) {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
+    DeviceGuard guard(ordinal_);
     STRATA_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
     log_if_error(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (handoff_) log_if_error(cudaEventDestroy(handoff_), "cudaEventDestroy");
     log_if_error(cudaStreamDestroy(stream_), "cudaStreamDestroy");
   }
   void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
+    DeviceGuard guard(ordinal_);
     STRATA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
   }
   void memset_async(void* dst, int value, std::size_t bytes) override {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
+    DeviceGuard guard(ordinal_);
     STRATA_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
   }
   void record(Event& event) override {
@@ -92,6 +108,19 @@ class CudaStream final : public Stream {
   }
   void wait_event(Event& event) override {
     STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, cuda_event(event).get(), 0));
+  }
+  void wait_external(void* producer) override {
+    if (producer == stream_) return;
+    DeviceGuard guard(ordinal_);
+    if (!handoff_) STRATA_CUDA_CHECK(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming));
+    // The event must belong to the producer's device: a producer on another GPU gets its own.
+    const int dev = cuda::stream_device(producer);
+    if (dev != ordinal_)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("CUDA stream hand-off: the producer stream is on device ", dev,
+                  ", this stream on device ", ordinal_));
+    STRATA_CUDA_CHECK(cudaEventRecord(handoff_, static_cast<cudaStream_t>(producer)));
+    STRATA_CUDA_CHECK(cudaStreamWaitEvent(stream_, handoff_, 0));
   }
   void launch_host_func(std::function<void()> fn) override {
     auto* job = new HostJob{std::move(fn), this};
@@ -137,6 +166,7 @@ class CudaStream final : public Stream {
   }
   int ordinal_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t handoff_ = nullptr;  // wait_external's event (recorded on the producer)
 };
 
 class CudaDevice final : public Device {
@@ -149,8 +179,12 @@ class CudaDevice final : public Device {
       fail(ErrorCode::kUnsupported,
            strcat("CUDA device ", ordinal, " does not exist (", count, " device(s))"));
     }
-    rc = cudaSetDevice(ordinal_);
-    if (rc != cudaSuccess) cuda_fail(rc, "cudaSetDevice", ErrorCode::kUnsupported);
+    try {  // the device's context, now (a GPU that cannot be used fails here, not later)
+      DeviceGuard guard(ordinal_);
+      STRATA_CUDA_CHECK(cudaFree(nullptr));
+    } catch (const Error& e) {
+      fail(ErrorCode::kUnsupported, strcat("CUDA device ", ordinal, " cannot be used: ", e.what()));
+    }
     cudaDeviceProp prop{};
     STRATA_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal_));
     name_ = strcat("cuda:", ordinal_, " ", prop.name);
@@ -160,7 +194,7 @@ class CudaDevice final : public Device {
   std::string name() const override { return name_; }
   std::uint64_t total_memory() const override { return total_; }
   void* alloc(std::size_t bytes) override {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
+    DeviceGuard guard(ordinal_);
     void* p = nullptr;
     cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
     if (rc == cudaErrorMemoryAllocation) {
@@ -172,24 +206,39 @@ class CudaDevice final : public Device {
     return p;
   }
   void free(void* ptr) noexcept override {
-    if (ptr) log_if_error(cudaFree(ptr), "cudaFree");
+    if (!ptr) return;
+    try {
+      DeviceGuard guard(ordinal_);  // else a thread's first call binds a context on GPU 0
+      log_if_error(cudaFree(ptr), "cudaFree");
+    } catch (const std::exception& e) {
+      log_error("CUDA cudaFree on ", name_, ": ", e.what());
+    }
   }
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(ordinal_); }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
   bool register_host(void* ptr, std::size_t bytes) override {
-    STRATA_CUDA_CHECK(cudaSetDevice(ordinal_));
-    cudaError_t rc = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
-    if (rc != cudaSuccess) {
-      (void)cudaGetLastError();
+    DeviceGuard guard(ordinal_);
+    const cudaError_t rc = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+    if (rc == cudaSuccess) return true;
+    (void)cudaGetLastError();
+    const std::string what = strcat("CUDA cudaHostRegister(", ptr, ", ", bytes, " bytes) on ",
+                                    name_, " failed: ", cudaGetErrorName(rc), ": ",
+                                    cudaGetErrorString(rc));
+    if (rc == cudaErrorMemoryAllocation)
       fail(ErrorCode::kOutOfMemory,
-           strcat("CUDA cudaHostRegister(", bytes, " bytes) failed: ", cudaGetErrorString(rc),
-                  " (page-locked memory is limited by RLIMIT_MEMLOCK: raise it with `ulimit -l` "
-                  "or memlock in /etc/security/limits.conf)"));
-    }
-    return true;
+           strcat(what, " (page-locked memory is limited by RLIMIT_MEMLOCK: raise it with "
+                        "`ulimit -l` or memlock in /etc/security/limits.conf)"));
+    if (rc == cudaErrorHostMemoryAlreadyRegistered || rc == cudaErrorInvalidValue)
+      fail(ErrorCode::kInvalidArgument, what);
+    fail(ErrorCode::kDevice, what);
   }
   void unregister_host(void* ptr) noexcept override {
-    log_if_error(cudaHostUnregister(ptr), "cudaHostUnregister");
+    try {
+      DeviceGuard guard(ordinal_);
+      log_if_error(cudaHostUnregister(ptr), "cudaHostUnregister");
+    } catch (const std::exception& e) {
+      log_error("CUDA cudaHostUnregister on ", name_, ": ", e.what());
+    }
   }
 
  private:

@@ -1,5 +1,8 @@
 #include "strata/device.hpp"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "device/host_device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
@@ -28,6 +31,26 @@ void DeviceMemory::reset() noexcept {
   device_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;
+}
+
+void Stream::wait_external(void* producer) {
+  if (producer)
+    fail(ErrorCode::kInvalidArgument,
+         "stream hand-off: a native producer stream was given to a device without native streams "
+         "(the host-emulated device orders host producers by the call itself: pass nullptr)");
+}
+
+int local_device_ordinal(int rank, int ranks_per_node, int device_count) {
+  const int n = std::max(1, device_count);
+  for (const char* v :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* s = std::getenv(v)) {
+      char* end = nullptr;
+      const long x = std::strtol(s, &end, 10);
+      if (end != s && x >= 0) return static_cast<int>(x % n);
+    }
+  }
+  return std::max(0, rank) % std::max(1, ranks_per_node) % n;
 }
 
 std::unique_ptr<Device> make_host_device(std::uint64_t total_memory) {

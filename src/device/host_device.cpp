@@ -1,5 +1,6 @@
 #include "device/host_device.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,10 +46,18 @@ class HostEvent final : public Event {
   std::shared_ptr<EventState> state_;
 };
 
-class HostStream final : public Stream {
+class HostStream final : public HostStreamBase {
  public:
-  HostStream() : worker_([this] { run(); }) {}
+  explicit HostStream(std::shared_ptr<HostDevice::StreamSet> set)
+      : set_(std::move(set)), worker_([this] { run(); }) {
+    std::lock_guard lock(set_->mutex);
+    set_->streams.insert(this);
+  }
   ~HostStream() override {
+    {
+      std::lock_guard lock(set_->mutex);
+      set_->streams.erase(this);
+    }
     {
       std::lock_guard lock(mutex_);
       stop_ = true;
@@ -103,6 +112,7 @@ class HostStream final : public Stream {
     });
   }
   void launch_host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
+  void defer(std::function<void()> fn) override { enqueue_always(std::move(fn)); }
   void* native_handle() const noexcept override { return nullptr; }
   void synchronize(std::chrono::milliseconds timeout) override {
     std::unique_lock lock(mutex_);
@@ -168,6 +178,7 @@ class HostStream final : public Stream {
   std::uint64_t done_ = 0;           // guarded by mutex_
   std::exception_ptr error_;         // guarded by mutex_: first failure, sticky
   bool stop_ = false;                // guarded by mutex_
+  std::shared_ptr<HostDevice::StreamSet> set_;
   std::thread worker_;               // last: started after every member above exists
 };
 
@@ -208,7 +219,16 @@ void HostDevice::free(void* ptr) noexcept {
   }
   allocated_ -= it->second;
   allocations_.erase(it);
-  std::free(ptr);
+  // Like cudaFree, which waits for the device: work already queued that uses this memory still
+  // finds it. The release is queued behind every live stream's work (no wait here: a stream
+  // blocked on a host function delays the release, not the caller).
+  std::lock_guard slock(streams_->mutex);
+  auto pending = std::make_shared<std::atomic<std::size_t>>(streams_->streams.size() + 1);
+  for (HostStreamBase* s : streams_->streams)
+    s->defer([pending, ptr] {
+      if (--*pending == 0) std::free(ptr);
+    });
+  if (--*pending == 0) std::free(ptr);
 }
 
 std::uint64_t HostDevice::allocated() const {
@@ -216,7 +236,9 @@ std::uint64_t HostDevice::allocated() const {
   return allocated_;
 }
 
-std::unique_ptr<Stream> HostDevice::create_stream() { return std::make_unique<HostStream>(); }
+std::unique_ptr<Stream> HostDevice::create_stream() {
+  return std::make_unique<HostStream>(streams_);
+}
 std::unique_ptr<Event> HostDevice::create_event() { return std::make_unique<HostEvent>(); }
 
 }  // namespace strata::device

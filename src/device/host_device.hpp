@@ -8,12 +8,20 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
+#include <set>
 #include <mutex>
 #include <thread>
 
 #include "strata/device.hpp"
 
 namespace strata::device {
+
+// A host stream as the device sees it: free() queues the release of memory behind its work.
+class HostStreamBase : public Stream {
+ public:
+  virtual void defer(std::function<void()> fn) = 0;  // runs after the work queued so far
+};
 
 class HostDevice final : public Device {
  public:
@@ -30,8 +38,15 @@ class HostDevice final : public Device {
   void unregister_host(void*) noexcept override {}
   std::uint64_t allocated() const;
 
+  // The live streams of this device (free() orders the release of memory after their queued work).
+  struct StreamSet {
+    std::mutex mutex;
+    std::set<HostStreamBase*> streams;  // guarded by mutex
+  };
+
  private:
   const std::uint64_t total_;
+  std::shared_ptr<StreamSet> streams_ = std::make_shared<StreamSet>();
   mutable std::mutex mutex_;
   std::map<void*, std::size_t> allocations_;  // guarded by mutex_
   std::uint64_t allocated_ = 0;               // guarded by mutex_

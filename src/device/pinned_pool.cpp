@@ -136,23 +136,62 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options, Device* device, IoEngin
   }
   free_.reserve(slabs_.size());
   for (std::uint32_t i = slabs_.size(); i-- > 0;) free_.push_back(i);
+  abandoned_.assign(slabs_.size(), false);
   log_debug("pinned pool: ", slabs_.size(), " × ", format_bytes(buffer_size_, true), " locked with ",
             lock_method());
 }
 
+namespace {
+
+// Slabs a transfer may still write after their pool is gone: kept mapped (reachable, so not a
+// leak report) for the life of the process.
+void bury(IoBuffer slab) {
+  static std::mutex mu;
+  static auto* graveyard = new std::vector<IoBuffer>();
+  std::lock_guard lock(mu);
+  graveyard->push_back(std::move(slab));
+}
+
+}  // namespace
+
 PinnedPool::~PinnedPool() {
+  std::vector<bool> out(slabs_.size(), true);  // leased or detached at the end
   {
     std::unique_lock lock(mutex_);
-    if (!cv_.wait_for(lock, std::chrono::seconds(10), [&] { return free_.size() == slabs_.size(); })) {
+    auto settled = [&] {
+      std::size_t gone = 0;
+      for (bool a : abandoned_) gone += a ? 1 : 0;
+      return free_.size() + gone == slabs_.size();
+    };
+    if (!cv_.wait_for(lock, std::chrono::seconds(10), settled))
       log_error("pinned pool destroyed with ", slabs_.size() - free_.size(),
-                " buffer(s) still leased");
-    }
+                " buffer(s) still leased: they stay mapped and page-locked");
+    for (std::uint32_t i : free_) out[i] = false;
   }
   for (std::size_t i = 0; i < slabs_.size(); ++i) {
+    if (out[i]) {  // a transfer may still read or write it: never unpin or unmap under it
+      bury(std::move(slabs_[i]));
+      continue;
+    }
     if (!locked_[i]) continue;
     if (device_locked_) device_->unregister_host(slabs_[i].data());
     else munlock(slabs_[i].data(), buffer_size_);
   }
+}
+
+void PinnedBuffer::detach() noexcept {
+  if (pool_) pool_->abandon(index_);
+  pool_ = nullptr;
+  data_ = nullptr;
+  size_ = 0;
+}
+
+void PinnedPool::abandon(std::uint32_t index) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    abandoned_[index] = true;
+  }
+  cv_.notify_all();
 }
 
 PinnedBuffer PinnedPool::take_locked() {

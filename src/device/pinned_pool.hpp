@@ -59,8 +59,9 @@ class PinnedBuffer {
 
   void release() noexcept;
   // Forgets the buffer without returning it to the pool: for a buffer a timed-out transfer may
-  // still write. The pool then never sees it free again (its owner should leak the pool too).
-  void detach() noexcept { pool_ = nullptr; data_ = nullptr; size_ = 0; }
+  // still write. The pool never hands it out again, and at its destruction neither unregisters
+  // nor unmaps it (a late DMA must find the memory mapped and pinned): that slab is leaked.
+  void detach() noexcept;
   void* data() const noexcept { return data_; }
   std::uint8_t* bytes() const noexcept { return static_cast<std::uint8_t*>(data_); }
   std::size_t size() const noexcept { return size_; }
@@ -98,6 +99,7 @@ class PinnedPool {
  private:
   friend class PinnedBuffer;
   void give_back(std::uint32_t index) noexcept;
+  void abandon(std::uint32_t index) noexcept;
   PinnedBuffer take_locked();  // mutex_ held, free_ not empty
 
   std::size_t buffer_size_ = 0;
@@ -108,6 +110,7 @@ class PinnedPool {
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   std::vector<std::uint32_t> free_;  // guarded by mutex_: indices of idle buffers
+  std::vector<bool> abandoned_;      // guarded by mutex_: slab i was detached (never reused)
 };
 
 }  // namespace strata

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda/device_guard.hpp"
 #include "optim/adam_kernels.hpp"
 #include "strata/error.hpp"
 
@@ -25,13 +26,23 @@ using optim::CopyKind;
 constexpr int kBlock = 256;
 
 void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    fail(ErrorCode::kDevice, strcat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
+  if (e == cudaSuccess) return;
+  (void)cudaGetLastError();  // never leave a non-sticky error for someone else's check
+  fail(ErrorCode::kDevice, strcat(what, ": ", cudaGetErrorName(e), ": ", cudaGetErrorString(e)));
 }
 
-unsigned grid_for(std::size_t work) {
-  int dev = 0, sms = 0;
-  check_cuda(cudaGetDevice(&dev), "adam_step_cuda: cudaGetDevice");
+// Clears the thread's last-error slot before a launch, so that the check after it reports the
+// launch and not what an earlier call left there (a cudaErrorNotReady from a stream query, say).
+// A sticky error (the context is broken) cannot be cleared: it is reported here.
+void clear_last_error(const char* who) {
+  const cudaError_t stale = cudaGetLastError();
+  if (stale != cudaSuccess && cudaPeekAtLastError() == stale)
+    check_cuda(stale, strcat(who, ": the CUDA context is broken").c_str());
+}
+
+// `dev`: the device of the launch's stream (which the caller made current).
+unsigned grid_for(std::size_t work, int dev) {
+  int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
              "adam_step_cuda: cudaDeviceGetAttribute(multiProcessorCount)");
   const std::size_t want = (work + kBlock - 1) / kBlock;
@@ -48,11 +59,23 @@ __device__ __forceinline__ float grad_at(const void* g, std::size_t i) {
   return 0.0f;
 }
 
+// The 16-bit copies, NaN included, exactly as the CPU kernels (core/numeric.hpp, torch's CPU
+// conversions): CUDA's conversions canonicalise NaN to 0x7fff, the CPU's give bf16 0x7fc0 and
+// fp16 sign|0x7e00. Finite and infinite values round the same way on both.
+__device__ __forceinline__ std::uint16_t bf16_bits(float p) {
+  if (isnan(p)) return 0x7fc0;
+  return __bfloat16_as_ushort(__float2bfloat16_rn(p));
+}
+__device__ __forceinline__ std::uint16_t fp16_bits(float p) {
+  if (isnan(p)) return std::uint16_t(((__float_as_uint(p) >> 16) & 0x8000u) | 0x7e00u);
+  return __half_as_ushort(__float2half_rn(p));
+}
+
 template <int CK>
 __device__ __forceinline__ void store_copy(void* out, std::size_t i, float p) {
   if constexpr (CK == int(CopyKind::kFp32)) static_cast<float*>(out)[i] = p;
-  if constexpr (CK == int(CopyKind::kBf16)) static_cast<__nv_bfloat16*>(out)[i] = __float2bfloat16_rn(p);
-  if constexpr (CK == int(CopyKind::kFp16)) static_cast<__half*>(out)[i] = __float2half_rn(p);
+  if constexpr (CK == int(CopyKind::kBf16)) static_cast<std::uint16_t*>(out)[i] = bf16_bits(p);
+  if constexpr (CK == int(CopyKind::kFp16)) static_cast<std::uint16_t*>(out)[i] = fp16_bits(p);
 }
 
 __device__ __forceinline__ void adam_elem(const AdamConsts& c, float& p, float& m, float& v,
@@ -117,9 +140,9 @@ __global__ void adam_kernel(AdamConsts c, float* p, float* m, float* v, const vo
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           if constexpr (CK == int(CopyKind::kBf16))
-            h[k] = __bfloat16_as_ushort(__float2bfloat16_rn(ps[k]));
+            h[k] = bf16_bits(ps[k]);
           else
-            h[k] = __half_as_ushort(__float2half_rn(ps[k]));
+            h[k] = fp16_bits(ps[k]);
         }
         reinterpret_cast<uint2*>(out)[q] =
             make_uint2(std::uint32_t(h[0]) | (std::uint32_t(h[1]) << 16),
@@ -152,9 +175,9 @@ __global__ void check_kernel(const void* g, std::size_t n, float divisor, float 
 
 template <int GD, int CK>
 void launch_adam(const AdamConsts& c, const AdamTensors& t, bool vec4, const int* flag,
-                 cudaStream_t s) {
+                 cudaStream_t s, int dev) {
   const std::size_t work = vec4 ? (t.n + 3) / 4 : t.n;
-  const unsigned grid = grid_for(work);
+  const unsigned grid = grid_for(work, dev);
   if (vec4)
     adam_kernel<GD, CK, true><<<grid, kBlock, 0, s>>>(c, t.param, t.exp_avg, t.exp_avg_sq, t.grad,
                                                      t.param_copy, t.n, flag);
@@ -165,12 +188,12 @@ void launch_adam(const AdamConsts& c, const AdamTensors& t, bool vec4, const int
 
 template <int GD>
 void launch_copy_kind(const AdamConsts& c, const AdamTensors& t, CopyKind ck, bool vec4,
-                      const int* flag, cudaStream_t s) {
+                      const int* flag, cudaStream_t s, int dev) {
   switch (ck) {
-    case CopyKind::kNone: return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s);
-    case CopyKind::kFp32: return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s);
-    case CopyKind::kFp16: return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s);
-    case CopyKind::kBf16: return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s);
+    case CopyKind::kNone: return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp32: return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp16: return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kBf16: return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s, dev);
   }
 }
 
@@ -190,7 +213,11 @@ void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float 
   if (!(grad_divisor > 0.0f) || !std::isfinite(grad_divisor))
     fail(ErrorCode::kInvalidArgument, "adam_check_finite_cuda: grad_divisor must be finite and > 0");
   auto s = static_cast<cudaStream_t>(stream);
-  const unsigned grid = grid_for(n);
+  // Kernels launch on the current device: make it the stream's, for this call only.
+  const int dev = cuda::stream_device(stream);
+  cuda::DeviceGuard guard(dev);
+  const unsigned grid = grid_for(n, dev);
+  clear_last_error("adam_check_finite_cuda");
   switch (dtype) {
     case DType::kFp32: check_kernel<0><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
     case DType::kBf16: check_kernel<1><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
@@ -207,6 +234,8 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
          "adam_step_cuda: check_finite needs device_found_nonfinite (a zeroed device int)");
   if (t.n == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
+  const int dev = cuda::stream_device(stream);
+  cuda::DeviceGuard guard(dev);
   if (o.check_finite)
     adam_check_finite_cuda(t.grad, t.grad_dtype, t.n, o.grad_scale, device_found_nonfinite, stream,
                            o.grad_divisor);
@@ -217,10 +246,11 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
   const bool vec4 = aligned(t.param, 16) && aligned(t.exp_avg, 16) && aligned(t.exp_avg_sq, 16) &&
                     aligned(t.grad, 4 * gsz) && aligned(t.param_copy, 4 * csz);
   const int* flag = o.check_finite ? device_found_nonfinite : nullptr;
+  clear_last_error("adam_step_cuda");
   switch (t.grad_dtype) {
-    case DType::kFp32: launch_copy_kind<0>(c, t, ck, vec4, flag, s); break;
-    case DType::kBf16: launch_copy_kind<1>(c, t, ck, vec4, flag, s); break;
-    case DType::kFp16: launch_copy_kind<2>(c, t, ck, vec4, flag, s); break;
+    case DType::kFp32: launch_copy_kind<0>(c, t, ck, vec4, flag, s, dev); break;
+    case DType::kBf16: launch_copy_kind<1>(c, t, ck, vec4, flag, s, dev); break;
+    case DType::kFp16: launch_copy_kind<2>(c, t, ck, vec4, flag, s, dev); break;
   }
   check_cuda(cudaGetLastError(), "adam_step_cuda: kernel launch");
 }

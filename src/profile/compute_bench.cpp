@@ -153,13 +153,16 @@ AdamMeasure measure_gpu_adam(const Config& c, Device& device, std::uint64_t elem
   t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
   t.n = n;
   const AdamParams hp = AdamParams::from_config(c.optimizer);
-  adam_step_cuda(hp, t, {1, 1.0f, false}, nullptr);
-  gpu_synchronize();
+  // On a stream of `device` (the rank's GPU): the legacy stream would be the calling thread's
+  // current device's, which need not be the one holding the arrays.
+  auto run = device.create_stream();
+  adam_step_cuda(hp, t, {1, 1.0f, false}, run->native_handle());
+  run->synchronize(std::chrono::seconds(60));
   std::vector<double> times;
   for (int i = 0; i < 10; ++i) {
     Stopwatch sw;
-    adam_step_cuda(hp, t, {i + 2, 1.0f, false}, nullptr);
-    gpu_synchronize();
+    adam_step_cuda(hp, t, {i + 2, 1.0f, false}, run->native_handle());
+    run->synchronize(std::chrono::seconds(60));
     times.push_back(sw.seconds());
   }
   m.measured = true;

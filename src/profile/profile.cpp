@@ -334,10 +334,14 @@ class ProfileRun {
   }
 
   // 2. Host <-> device copies and GPU Adam (CUDA only; the host-emulated device is no GPU).
+  // This process's GPU on the node, by the rule the engine's storage uses (LOCAL_RANK, ...):
+  // every rank of a launch measures its own GPU, and the NCCL communicator below sits on it.
   void measure_device() {
+    ordinal_ = local_device_ordinal(r_.rank, static_cast<int>(config_.ranks_per_node()),
+                                    static_cast<int>(query_cuda_devices().devices.size()));
     if (r_.environment.has_gpu && config_.runtime.device != DeviceKind::kHost) {
       try {
-        gpu_ = make_device(DeviceKind::kCuda);
+        gpu_ = make_device(DeviceKind::kCuda, ordinal_);
       } catch (const Error& e) {
         r_.copies_skipped = std::string("skipped: the GPU could not be used: ") + e.what();
       }
@@ -404,7 +408,7 @@ class ProfileRun {
       try {
         NcclBootstrap boot;
         boot.host = comm_;
-        nccl = make_nccl_communicator(boot, 0, config_.runtime.collective_timeout_s);
+        nccl = make_nccl_communicator(boot, ordinal_, config_.runtime.collective_timeout_s);
       } catch (const Error& e) {
         r_.notes.push_back(
             strcat("NCCL could not start (", e.what(), "): measured ", comm_->backend_name()));
@@ -659,6 +663,7 @@ class ProfileRun {
   std::vector<std::string> paths_;  // the NVMe paths measured
   std::unique_ptr<TempDir> temp_;   // the directory measured when none is configured
   std::unique_ptr<Device> gpu_;     // the CUDA device, when one is used
+  int ordinal_ = 0;                 // its ordinal on the node (local_device_ordinal)
   std::uint64_t elements_ = 0;      // the sample step's sub-group size
   std::string configured_engine_;   // the I/O engine the configured settings ran with
 };

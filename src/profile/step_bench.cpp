@@ -77,7 +77,11 @@ std::unique_ptr<Communicator> one_rank(const Config& cfg) {
   b.size = 1;
   std::unique_ptr<Communicator> c;
   try {
-    c = make_nccl_communicator(b, 0, cfg.runtime.collective_timeout_s);
+    // The GPU the engine's storage will use (LOCAL_RANK under a launcher), not GPU 0.
+    const int ordinal =
+        local_device_ordinal(0, static_cast<int>(cfg.ranks_per_node()),
+                             static_cast<int>(query_cuda_devices().devices.size()));
+    c = make_nccl_communicator(b, ordinal, cfg.runtime.collective_timeout_s);
   } catch (...) {
     std::error_code ec;
     std::filesystem::remove_all(dir, ec);

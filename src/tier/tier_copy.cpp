@@ -212,11 +212,13 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
           s.event->synchronize(timeout);
         } catch (...) {
           *unsafe = true;
+          s.buf.detach();  // the device copy may still write it: never back to the pool (F10)
         }
       } else if (s.ticket) {
         try {
-          engine_->wait(s.ticket, timeout);
+          if (!engine_->wait(s.ticket, timeout)) s.buf.detach();  // the write may still read it
         } catch (...) {
+          s.buf.detach();
         }
       }
     }
@@ -292,14 +294,16 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
       if (!error) error = std::current_exception();
       if (s.stage == 0 && s.ticket) {
         try {
-          engine_->wait(s.ticket, timeout);
+          if (!engine_->wait(s.ticket, timeout)) s.buf.detach();  // the read may still write it
         } catch (...) {
+          s.buf.detach();
         }
       } else if (s.stage == 1) {
         try {
           s.event->synchronize(timeout);
         } catch (...) {
           *unsafe = true;
+          s.buf.detach();  // the device copy may still read it: never back to the pool (F10)
         }
       }
     }

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <vector>
 #include <thread>
 
 #include "device/device_test_util.hpp"
@@ -118,4 +120,54 @@ TEST(HostDevice, ConcurrentStreams) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures.load(), 0);
+}
+
+// The host device has no native streams: a hand-off from one is refused, nullptr is a no-op.
+TEST(HostDevice, ExternalProducerStream) {
+  auto dev = make_host_device(1 << 20);
+  auto s = dev->create_stream();
+  s->wait_external(nullptr);
+  int dummy = 0;
+  EXPECT_THROW(s->wait_external(&dummy), Error);
+  s->synchronize(std::chrono::seconds(10));
+}
+
+// One local-ordinal rule for storage, profile, bench and the communicator (F6).
+TEST(DeviceFactory, LocalDeviceOrdinal) {
+  const char* vars[] = {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                        "SLURM_LOCALID"};
+  for (const char* v : vars) ::unsetenv(v);
+  EXPECT_EQ(local_device_ordinal(5, 4, 8), 1);  // rank % ranks_per_node
+  EXPECT_EQ(local_device_ordinal(3, 4, 2), 1);  // ... modulo the devices
+  EXPECT_EQ(local_device_ordinal(3, 0, 0), 0);
+  ::setenv("SLURM_LOCALID", "2", 1);
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 2);
+  ::setenv("LOCAL_RANK", "3", 1);  // torchrun's first
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 3);
+  EXPECT_EQ(local_device_ordinal(0, 1, 2), 1);
+  ::setenv("LOCAL_RANK", "x", 1);  // not a number: the next one
+  EXPECT_EQ(local_device_ordinal(0, 1, 4), 2);
+  for (const char* v : vars) ::unsetenv(v);
+}
+
+// Like cudaFree (which synchronises the device), freeing device memory never pulls it from under
+// work already queued on a stream: a copy queued before the free still reads the data.
+TEST(HostDevice, FreeWaitsForQueuedWork) {
+  auto dev = make_host_device(1 << 24);
+  auto s = dev->create_stream();
+  const std::size_t n = 1 << 20;
+  std::vector<std::uint8_t> want(n, 0x3C), back(n, 0);
+  auto m = dev->allocate(n);
+  std::memcpy(m.get(), want.data(), n);  // host device memory is host memory
+  std::atomic<bool> go{false};
+  s->launch_host_func([&] {
+    while (!go.load()) std::this_thread::yield();
+  });
+  s->memcpy_async(back.data(), m.get(), n);
+  m.reset();  // freed while the copy is queued
+  auto other = dev->allocate(n);  // would likely reuse the freed block
+  std::memset(other.get(), 0, n);
+  go = true;
+  s->synchronize(std::chrono::seconds(10));
+  EXPECT_EQ(back, want) << "the queued copy read memory freed (and reused) after it was queued";
 }

@@ -162,3 +162,25 @@ TEST(PinnedPool, ConcurrentLeasesAreExclusive) {
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(pool.available(), 3u);
 }
+
+// F11: a buffer detached because a timed-out transfer may still write it is never handed out
+// again, and the pool's destruction neither unpins nor unmaps it: the late write lands in mapped
+// memory nobody else owns (it used to be munmapped under it: SIGSEGV, or another mapping's data).
+TEST(PinnedPool, DetachedBufferOutlivesThePool) {
+  auto dev = make_host_device();
+  void* late = nullptr;
+  std::size_t size = 0;
+  {
+    PinnedPool pool(small(2), dev.get(), nullptr);
+    PinnedBuffer b = pool.acquire(1s);
+    late = b.data();
+    size = b.size();
+    b.detach();
+    EXPECT_EQ(pool.available(), 1u);
+    PinnedBuffer other = pool.acquire(1s);
+    EXPECT_NE(other.data(), late);
+    EXPECT_FALSE(pool.try_acquire()) << "a detached buffer was handed out again";
+  }
+  std::memset(late, 0x5A, size);  // the stalled DMA completes after the pool is gone
+  EXPECT_EQ(static_cast<unsigned char*>(late)[size - 1], 0x5A);
+}

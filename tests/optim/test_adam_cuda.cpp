@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fakecuda/gpu_test_env.hpp"
 #include "optim/adam_test_util.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
@@ -18,9 +19,21 @@
 namespace strata {
 namespace {
 
-bool have_device() {
+using testing::gpu_base;
+
+int device_count() {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// A GPU from gpu_base() on, made current for the raw-API parts of the tests.
+bool have_device() {
+  if (device_count() <= gpu_base()) return false;
+  return cudaSetDevice(gpu_base()) == cudaSuccess;
 }
 
 #define CUDA_OK(x) ASSERT_EQ((x), cudaSuccess) << #x
@@ -135,7 +148,7 @@ TEST(AdamCuda, NonFiniteFlagSkipsTheUpdate) {
 // out) against CpuAdam on the same host arrays, bit for bit, and a host function on a CUDA stream.
 TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
   if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  auto dev = make_device(DeviceKind::kCuda);
+  auto dev = make_device(DeviceKind::kCuda, gpu_base());
   DeviceAdam dadam(*dev, 2, std::chrono::milliseconds(20000));
   CpuAdam cpu(2);
   std::mt19937_64 rng(testing::test_seed("AdamCuda.DeviceAdam"));
@@ -170,6 +183,89 @@ TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
   EXPECT_EQ(seen, 42);
   s->launch_host_func([] { fail(ErrorCode::kDevice, "host function failed on purpose"); });
   EXPECT_THROW(s->synchronize(std::chrono::milliseconds(10000)), Error);
+}
+
+// F1: a stream query that answered "not ready" leaves cudaErrorNotReady in the thread's
+// last-error slot; the launch check must not mistake it for a failed launch.
+TEST(AdamCuda, LaunchAfterANotReadyQuery) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::size_t n = 1 << 22;
+  Dev dp(n * 4), dm(n * 4), dv(n * 4), dg(n * 4);
+  cudaStream_t s;
+  CUDA_OK(cudaStreamCreate(&s));
+  CUDA_OK(cudaMemsetAsync(dp.p, 0, n * 4, s));
+  CUDA_OK(cudaMemsetAsync(dm.p, 0, n * 4, s));
+  CUDA_OK(cudaMemsetAsync(dv.p, 0, n * 4, s));
+  CUDA_OK(cudaMemsetAsync(dg.p, 0, n * 4, s));
+  cudaError_t q = cudaStreamQuery(s);  // the engine thread always polls first
+  if (q != cudaErrorNotReady) GTEST_SKIP() << "the memsets finished before the query";
+  AdamTensors t{dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, nullptr,
+                DType::kBf16, n};
+  EXPECT_NO_THROW(adam_step_cuda(AdamParams{}, t, {1, 1.0f, false}, s, nullptr));
+  CUDA_OK(cudaStreamSynchronize(s));
+  CUDA_OK(cudaStreamDestroy(s));
+}
+
+// F2: the kernel goes to the stream's device whatever the calling thread's current device is,
+// and the caller's device is left as it was.
+TEST(AdamCuda, LaunchesOnTheStreamsDevice) {
+  if (device_count() < gpu_base() + 2 || !have_device())
+    GTEST_SKIP() << "needs GPUs " << gpu_base() << " and " << gpu_base() + 1;
+  auto dev = make_device(DeviceKind::kCuda, gpu_base());
+  const std::size_t n = 1000;
+  std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f), g(n, 0.25f);
+  std::vector<float> p2 = p, m2 = m, v2 = v;
+  auto mem = dev->allocate(4 * n * 4);
+  auto* base = static_cast<float*>(mem.get());
+  AdamTensors d{base, base + n, base + 2 * n, base + 3 * n, DType::kFp32, nullptr, DType::kBf16, n};
+  auto s = dev->create_stream();
+  s->memcpy_async(d.param, p.data(), n * 4);
+  s->memcpy_async(d.exp_avg, m.data(), n * 4);
+  s->memcpy_async(d.exp_avg_sq, v.data(), n * 4);
+  s->memcpy_async(const_cast<void*>(d.grad), g.data(), n * 4);
+  CUDA_OK(cudaSetDevice(gpu_base() + 1));  // the caller works on another GPU
+  const AdamParams hp{OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01};
+  ASSERT_NO_THROW(adam_step_cuda(hp, d, {1, 1.0f, false}, s->native_handle(), nullptr));
+  int cur = -1;
+  CUDA_OK(cudaGetDevice(&cur));
+  EXPECT_EQ(cur, gpu_base() + 1) << "adam_step_cuda changed the caller's device";
+  std::vector<float> out(n);
+  s->memcpy_async(out.data(), d.param, n * 4);
+  s->synchronize(std::chrono::milliseconds(20000));
+  CpuAdam cpu(1);
+  AdamTensors h{p2.data(), m2.data(), v2.data(), g.data(), DType::kFp32, nullptr, DType::kBf16, n};
+  cpu.step(hp, h, {1, 1.0f, false});
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_EQ(testing::bits_of(out[i]), testing::bits_of(p2[i])) << i;
+  CUDA_OK(cudaSetDevice(gpu_base()));
+}
+
+// F17: the 16-bit parameter copy of a NaN master weight has the CPU kernels' bits.
+TEST(AdamCuda, NanCopiesMatchTheCpu) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  const std::size_t n = 8;
+  for (DType cd : {DType::kBf16, DType::kFp16}) {
+    std::vector<float> p(n, std::numeric_limits<float>::quiet_NaN()), m(n, 0.0f), v(n, 0.0f);
+    p[1] = -std::numeric_limits<float>::quiet_NaN();
+    p[2] = 1.5f;
+    std::vector<float> g(n, 0.5f);
+    std::vector<std::uint16_t> cpu_copy(n), gpu_copy(n);
+    std::vector<float> p2 = p, m2 = m, v2 = v;
+    CpuAdam cpu(1);
+    cpu.step(AdamParams{}, {p.data(), m.data(), v.data(), g.data(), DType::kFp32, cpu_copy.data(), cd, n},
+             {1, 1.0f, false});
+    Dev dp(n * 4), dm(n * 4), dv(n * 4), dg(n * 4), dc(n * 2);
+    CUDA_OK(cudaMemcpy(dp.p, p2.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dm.p, m2.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dv.p, v2.data(), n * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
+    adam_step_cuda(AdamParams{},
+                   {dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, dc.p, cd, n},
+                   {1, 1.0f, false}, nullptr, nullptr);
+    CUDA_OK(cudaMemcpy(gpu_copy.data(), dc.p, n * 2, cudaMemcpyDeviceToHost));
+    for (std::size_t i = 0; i < n; ++i)
+      EXPECT_EQ(gpu_copy[i], cpu_copy[i]) << testing::dt_name(cd) << " element " << i;
+  }
 }
 
 }  // namespace

@@ -148,3 +148,20 @@ TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
   rig.store->prefetch(id, Tier::kCpu).wait();  // nothing checks: the corruption goes through
   EXPECT_NE(rig.read(id, Tier::kCpu, kOdd), data);
 }
+
+// F10 (issue 27): a device->host copy into a pool buffer that timed out is still queued; its
+// buffer must not go back to the pool (another transfer would own it when the late copy lands).
+TEST(TierFaults, TimedOutDeviceCopyKeepsItsPoolBuffer) {
+  st::RigOptions o;
+  o.fault_device = true;
+  o.pool_buffers = 2;
+  o.timeout = 200ms;
+  st::StoreRig rig(o);
+  const BufferId id = rig.store->register_buffer({"w", 64 << 10, DType::kFp32, Tier::kGpu, {}});
+  // The copy waits 3 s of stream time; the store gives up after 200 ms.
+  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 1, std::chrono::milliseconds(3000)});
+  EXPECT_THROW(rig.store->move(id, Tier::kNvme).wait(), Error);
+  EXPECT_LT(rig.pool->available(), 2u)
+      << "the pool buffer of the timed-out device->host copy was given back while the copy is "
+         "still queued";
+}
