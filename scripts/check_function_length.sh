@@ -7,9 +7,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 max=${1:-80}
-# TODO(issue 22): paths being rewritten elsewhere while issue 22 is open (the same list as
-# scripts/check_format.sh). Empty it when they have merged.
-not_yet='^src/(zero|checkpoint|device)/|^src/cli/(cmd_checkpoint|import_deepspeed|cmd_import_deepspeed)\.cpp$|^src/comm/nccl_comm\.cpp$|^src/optim/(adam_cuda\.cu|device_adam\.cpp)$'
+not_yet='^$'  # paths not checked: none
+# TODO(issue 22): functions over the limit still to be split, by file and name; a function not
+# named here fails the check. Empty this list as they are split.
+known_long='^src/cli/import_deepspeed\.cpp:(zero|batches|precision|optimizer)$|^src/checkpoint/format\.cpp:parse_manifest$|^src/checkpoint/tools\.cpp:export_safetensors$|^src/checkpoint/checkpoint\.cpp:load_checkpoint$|^src/tier/tier_copy\.cpp:copy_nvme_to_gpu$'
 if ! command -v ctags >/dev/null || ! ctags --version 2>/dev/null | grep -q Universal; then
   echo "check_function_length: universal-ctags not found (apt-get install universal-ctags)" >&2
   exit 1
@@ -23,7 +24,10 @@ long=$(git ls-files -- 'src/*' | grep -E '\.(cpp|hpp|h|cu)$' | grep -Ev "$not_ye
       if ($i ~ /^end:/) e = substr($i, 5)
     }
     if (e && e - l + 1 > max) printf "%5d lines  %s:%d  %s\n", e - l + 1, $2, l, $1
-  }' | sort -rn)
+  }' | sort -rn |
+  while read -r n unit where name; do
+    [[ "${where%%:*}:$name" =~ $known_long ]] || echo "$n $unit  $where  $name"
+  done)
 if [ -n "$long" ]; then
   echo "functions over $max lines:"
   echo "$long"

@@ -246,7 +246,7 @@ class Engine {
   // only what it holds; the tensors and precision.params must match (else Error(kInvalidArgument),
   // nothing changed). Failures: IoError / Error(kChecksum / kInvalidArgument), nothing changed,
   // unless the files change between verification and restore (the engine then refuses to step).
-  // Layout and format: src/zero/checkpoint_format.hpp, docs/offload.md.
+  // Layout and format: src/checkpoint/format.hpp, docs/offload.md.
   void save_checkpoint(const std::string& dir);
   void load_checkpoint(const std::string& dir);
 

@@ -1,8 +1,8 @@
 // `strata checkpoint info|verify|export DIR`: inspect, check and consolidate a checkpoint written
 // by Engine::save_checkpoint / `strata train --checkpoint-dir` (docs/offload.md, "Checkpoints").
-//   info DIR [--json]                     world, stage, step, tensors, sizes, where each shard lives
-//   verify DIR [--json]                   every checksum; exit 0 (intact) or 1 (what is wrong)
-//   export DIR --out F [--dtype D] [--overwrite] [--json]
+//   info DIR [--json]                     world, stage, step, tensors, sizes, where each shard
+//   lives verify DIR [--json]                   every checksum; exit 0 (intact) or 1 (what is
+//   wrong) export DIR --out F [--dtype D] [--overwrite] [--json]
 //                                         the parameters (FP32 master, or converted) as safetensors
 // Exit codes: 0 ok; 1 a damaged checkpoint (checksum, missing or truncated shard) or another
 // failure; 2 bad input (no checkpoint in DIR, a format this strata does not read, bad arguments).
@@ -13,11 +13,11 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/tools.hpp"
 #include "cli/command.hpp"
 #include "core/printable.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
-#include "zero/checkpoint_tools.hpp"
 
 namespace {
 
@@ -71,13 +71,19 @@ json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
   j["partition_size"] = m.partition_size;
   j["block_elems"] = m.block_elems;
   auto& ts = j["tensors"] = json::array();
-  for (const auto& t : m.tensors) ts.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
+  for (const auto& t : m.tensors)
+    ts.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
   auto& ss = j["shards"] = json::array();
   for (const auto& s : m.shards) {
     struct stat st {};
     const bool present = dir.stat_entry(s.file, &st);
-    ss.push_back({{"rank", s.rank}, {"file", s.file}, {"path", dir.child_path(s.file)}, {"bytes", s.bytes},
-                  {"begin", s.begin}, {"count", s.count}, {"present", present},
+    ss.push_back({{"rank", s.rank},
+                  {"file", s.file},
+                  {"path", dir.child_path(s.file)},
+                  {"bytes", s.bytes},
+                  {"begin", s.begin},
+                  {"count", s.count},
+                  {"present", present},
                   {"size_matches", present && static_cast<std::uint64_t>(st.st_size) == s.bytes}});
   }
   j["config"] = m.config_yaml;
@@ -151,9 +157,9 @@ int run_verify(const Options& o) {
     for (const auto& n : r.notes) std::cerr << "strata: note: " << n << "\n";
     for (const auto& p : r.problems) std::cout << "DAMAGED: " << p << "\n";
     if (r.problems.empty())
-      std::cout << "ok: checkpoint " << o.dir << " (serial " << r.manifest.serial << ", " << r.manifest.world
-                << " shards, " << human(r.bytes_checked) << ", " << r.blocks_checked
-                << " blocks): the manifest and every checksum verify\n";
+      std::cout << "ok: checkpoint " << o.dir << " (serial " << r.manifest.serial << ", "
+                << r.manifest.world << " shards, " << human(r.bytes_checked) << ", "
+                << r.blocks_checked << " blocks): the manifest and every checksum verify\n";
     else
       std::cout << r.problems.size() << " problem(s) in checkpoint " << o.dir << "\n";
   }
@@ -162,19 +168,28 @@ int run_verify(const Options& o) {
 
 int run_export(const Options& o) {
   ExportOptions e;
-  if (o.dtype == "fp32") e.dtype = DType::kFp32;
-  else if (o.dtype == "bf16") e.dtype = DType::kBf16;
-  else if (o.dtype == "fp16") e.dtype = DType::kFp16;
-  else fail(ErrorCode::kInvalidArgument, strcat("--dtype '", o.dtype, "': must be fp32, bf16 or fp16"));
+  if (o.dtype == "fp32")
+    e.dtype = DType::kFp32;
+  else if (o.dtype == "bf16")
+    e.dtype = DType::kBf16;
+  else if (o.dtype == "fp16")
+    e.dtype = DType::kFp16;
+  else
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--dtype '", o.dtype, "': must be fp32, bf16 or fp16"));
   e.overwrite = o.overwrite;
   const ExportResult r = export_safetensors(o.dir, o.out, e);
   if (o.json) {
-    json j{{"dir", o.dir},         {"out", o.out},           {"dtype", o.dtype},
-           {"tensors", r.tensors}, {"parameters", r.parameters}, {"bytes", r.bytes}};
+    json j{{"dir", o.dir},
+           {"out", o.out},
+           {"dtype", o.dtype},
+           {"tensors", r.tensors},
+           {"parameters", r.parameters},
+           {"bytes", r.bytes}};
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << "exported " << r.tensors << " tensors (" << r.parameters << " parameters, " << o.dtype << ") to "
-              << o.out << " (" << human(r.bytes) << ")\n";
+    std::cout << "exported " << r.tensors << " tensors (" << r.parameters << " parameters, "
+              << o.dtype << ") to " << o.out << " (" << human(r.bytes) << ")\n";
   }
   return 0;
 }
@@ -184,15 +199,18 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.require_subcommand(1);
-       CLI::App* info = cmd.add_subcommand("info", "World, stage, step, tensors, sizes and where each shard lives");
+       CLI::App* info = cmd.add_subcommand(
+           "info", "World, stage, step, tensors, sizes and where each shard lives");
        info->add_option("dir", o->dir, "Checkpoint directory")->required();
        info->add_flag("--json", o->json, "Print one JSON document");
        CLI::App* verify = cmd.add_subcommand(
-           "verify", "Check the manifest and every checksum of every shard (exit 0: intact, 1: damaged)");
+           "verify",
+           "Check the manifest and every checksum of every shard (exit 0: intact, 1: damaged)");
        verify->add_option("dir", o->dir, "Checkpoint directory")->required();
        verify->add_flag("--json", o->json, "Print one JSON document");
        CLI::App* exp = cmd.add_subcommand(
-           "export", "Write the consolidated parameters (FP32 master weights) as one safetensors file");
+           "export",
+           "Write the consolidated parameters (FP32 master weights) as one safetensors file");
        exp->add_option("dir", o->dir, "Checkpoint directory")->required();
        exp->add_option("--out", o->out, "Output file (model.safetensors)")->required();
        exp->add_option("--dtype", o->dtype, "fp32 (default), bf16 or fp16")

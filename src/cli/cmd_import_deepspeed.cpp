@@ -42,8 +42,8 @@ std::string read_input(const std::string& path) {
   if (::fstat(fd, &st) != 0) throw IoError("stat", path, 0, 0, errno, "DeepSpeed config");
   if (!S_ISREG(st.st_mode)) fail(ErrorCode::kInvalidArgument, strcat(path, ": not a regular file"));
   if (static_cast<std::uint64_t>(st.st_size) > kMaxInput)
-    fail(ErrorCode::kInvalidArgument, strcat(path, ": ", st.st_size, " bytes; a DeepSpeed config may have at most ",
-                                             kMaxInput));
+    fail(ErrorCode::kInvalidArgument,
+         strcat(path, ": ", st.st_size, " bytes; a DeepSpeed config may have at most ", kMaxInput));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   std::size_t done = 0;
   while (done < text.size()) {
@@ -63,9 +63,12 @@ void write_output(const std::string& path, const std::string& text, bool overwri
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();
   const auto slash = p.rfind('/');
-  const std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+  const std::string parent = slash == std::string::npos ? "."
+                             : slash == 0               ? "/"
+                                                        : p.substr(0, slash);
   const std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
-  if (name.empty() || name == "." || name == "..") fail(ErrorCode::kInvalidArgument, strcat("-o '", path, "' does not name a file"));
+  if (name.empty() || name == "." || name == "..")
+    fail(ErrorCode::kInvalidArgument, strcat("-o '", path, "' does not name a file"));
   SafeDirOptions o;
   o.role = "-o directory";
   const SafeDir dir = SafeDir::open(parent, o);
@@ -97,10 +100,13 @@ void write_output(const std::string& path, const std::string& text, bool overwri
     dir.try_remove(tmp, false);
     throw;
   }
-  if (::renameat2(dir.fd(), tmp.c_str(), dir.fd(), name.c_str(), overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE)) != 0) {
+  if (::renameat2(dir.fd(), tmp.c_str(), dir.fd(), name.c_str(),
+                  overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE)) != 0) {
     const int err = errno;
     dir.try_remove(tmp, false);
-    if (err == EEXIST) fail(ErrorCode::kInvalidArgument, strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
+    if (err == EEXIST)
+      fail(ErrorCode::kInvalidArgument,
+           strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
     throw IoError("rename", dir.child_path(tmp), 0, 0, err, strcat("to ", dir.child_path(name)));
   }
   dir.sync();
@@ -120,7 +126,8 @@ int run(const Options& o) {
   };
   if (!o.parameters.empty()) io.parameters = counted("--parameters", o.parameters);
   if (!o.hidden_size.empty()) io.hidden_size = counted("--hidden-size", o.hidden_size);
-  if (!o.micro_batch.empty()) io.micro_batch = static_cast<std::uint32_t>(counted("--micro-batch", o.micro_batch));
+  if (!o.micro_batch.empty())
+    io.micro_batch = static_cast<std::uint32_t>(counted("--micro-batch", o.micro_batch));
   if (o.ranks) io.ranks = o.ranks;
   io.precision = o.precision;
   const std::string text = read_input(o.input);
@@ -131,8 +138,8 @@ int run(const Options& o) {
     std::cout << r.yaml;
   } else {
     write_output(o.output, r.yaml, o.overwrite);
-    std::cerr << "strata: wrote " << o.output << " (" << r.warnings.size() << " warning(s)); check it with `strata plan "
-              << o.output << "`\n";
+    std::cerr << "strata: wrote " << o.output << " (" << r.warnings.size()
+              << " warning(s)); check it with `strata plan " << o.output << "`\n";
   }
   return 0;
 }
@@ -144,12 +151,16 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("ds_config", o->input, "DeepSpeed JSON config")->required();
        cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
        cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists");
-       cmd.add_option("--parameters", o->parameters, "model.parameters, e.g. 7B (a DeepSpeed config has no model size)");
-       cmd.add_option("--hidden-size", o->hidden_size, "Resolves \"auto\" bucket sizes as the HF Trainer does (hidden^2)");
+       cmd.add_option("--parameters", o->parameters,
+                      "model.parameters, e.g. 7B (a DeepSpeed config has no model size)");
+       cmd.add_option("--hidden-size", o->hidden_size,
+                      "Resolves \"auto\" bucket sizes as the HF Trainer does (hidden^2)");
        cmd.add_option("--ranks", o->ranks, "world.ranks (default: derived from the batch sizes)")
            ->check(CLI::Range(1, 1 << 20));
-       cmd.add_option("--micro-batch", o->micro_batch, "Resolves \"auto\" train_micro_batch_size_per_gpu");
-       cmd.add_option("--precision", o->precision, "Resolves fp16/bf16 \"enabled\": \"auto\" (fp16, bf16, fp32)")
+       cmd.add_option("--micro-batch", o->micro_batch,
+                      "Resolves \"auto\" train_micro_batch_size_per_gpu");
+       cmd.add_option("--precision", o->precision,
+                      "Resolves fp16/bf16 \"enabled\": \"auto\" (fp16, bf16, fp32)")
            ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
        return [o]() -> int { return run(*o); };
      }});

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "checkpoint/format.hpp"
 #include "cli/command.hpp"
 #include "cli/mlp_model.hpp"
 #include "comm/numeric.hpp"
@@ -31,7 +32,6 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace {
 

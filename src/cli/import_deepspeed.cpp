@@ -25,7 +25,8 @@ using nlohmann::json;
 constexpr int kMaxDepth = 64;
 
 // HF Trainer defaults used for "auto" (transformers.TrainingArguments).
-constexpr double kHfLr = 5e-5, kHfBeta1 = 0.9, kHfBeta2 = 0.999, kHfEps = 1e-8, kHfWeightDecay = 0.0;
+constexpr double kHfLr = 5e-5, kHfBeta1 = 0.9, kHfBeta2 = 0.999, kHfEps = 1e-8,
+                 kHfWeightDecay = 0.0;
 constexpr double kHfMaxGradNorm = 1.0;
 constexpr std::uint64_t kHfMicroBatch = 8;
 // DeepSpeed defaults.
@@ -42,7 +43,8 @@ std::string fmt(std::uint64_t v) { return std::to_string(v); }
 // A key as a JSON-pointer token ("~" -> "~0", "/" -> "~1").
 std::string esc(const std::string& k) {
   std::string out;
-  for (char c : k) out += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
+  for (char c : k)
+    out += c == '~' ? std::string("~0") : c == '/' ? std::string("~1") : std::string(1, c);
   return out;
 }
 
@@ -63,12 +65,14 @@ std::string summary(const json& v) {
 std::string yaml_string(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
-    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    if (c == '"' || c == '\\')
+      out += '\\', out += static_cast<char>(c);
     else if (c < 0x20) {
       char buf[8];
       std::snprintf(buf, sizeof buf, "\\x%02x", c);
       out += buf;
-    } else out += static_cast<char>(c);
+    } else
+      out += static_cast<char>(c);
   }
   return out + "\"";
 }
@@ -87,7 +91,8 @@ class Importer {
   Importer(const json& root, const DsImportOptions& o) : root_(root), o_(o) {}
 
   DsImportResult run() {
-    if (!root_.is_object()) bad("", strcat("the top level is a JSON ", root_.type_name(), ", not an object"));
+    if (!root_.is_object())
+      bad("", strcat("the top level is a JSON ", root_.type_name(), ", not an object"));
     model();
     precision();
     optimizer();
@@ -132,10 +137,12 @@ class Importer {
   double number(const std::string& ptr, const json& v, double lo, double hi) const {
     if (!v.is_number()) bad(ptr, strcat("expected a number, got ", summary(v)));
     const double x = v.get<double>();
-    if (!std::isfinite(x) || x < lo || x > hi) bad(ptr, strcat(fmt(x), " is out of range [", fmt(lo), ", ", fmt(hi), "]"));
+    if (!std::isfinite(x) || x < lo || x > hi)
+      bad(ptr, strcat(fmt(x), " is out of range [", fmt(lo), ", ", fmt(hi), "]"));
     return x;
   }
-  std::uint64_t count(const std::string& ptr, const json& v, std::uint64_t lo, std::uint64_t hi) const {
+  std::uint64_t count(const std::string& ptr, const json& v, std::uint64_t lo,
+                      std::uint64_t hi) const {
     const double x = number(ptr, v, static_cast<double>(lo), static_cast<double>(hi));
     if (x != std::floor(x)) bad(ptr, strcat(fmt(x), " is not a whole number"));
     return static_cast<std::uint64_t>(x);
@@ -159,16 +166,22 @@ class Importer {
   void set(const std::string& path, const std::string& value, const std::string& comment) {
     entries_[path] = {value, comment};
   }
-  std::string src(const std::string& ptr, const json& v) const { return strcat(dotted(ptr), ": ", summary(v)); }
+  std::string src(const std::string& ptr, const json& v) const {
+    return strcat(dotted(ptr), ": ", summary(v));
+  }
 
   // ---- the mappings ----
   void model() {
     if (o_.parameters) {
-      set("model.parameters", fmt(*o_.parameters), "--parameters (a DeepSpeed config does not say the model size)");
+      set("model.parameters", fmt(*o_.parameters),
+          "--parameters (a DeepSpeed config does not say the model size)");
     } else {
-      set("model.parameters", "1B", "PLACEHOLDER: a DeepSpeed config does not say the model size; set it (--parameters)");
-      warn("model.parameters is a placeholder (1B): a DeepSpeed config does not say the model size; pass "
-           "--parameters or edit the YAML before trusting `strata plan`");
+      set("model.parameters", "1B",
+          "PLACEHOLDER: a DeepSpeed config does not say the model size; set it (--parameters)");
+      warn(
+          "model.parameters is a placeholder (1B): a DeepSpeed config does not say the model size; "
+          "pass "
+          "--parameters or edit the YAML before trusting `strata plan`");
     }
   }
 
@@ -189,11 +202,14 @@ class Importer {
       return boolean(ptr + "/enabled", *e) ? 1 : 0;
     };
     int f = enabled(fp16, "/fp16"), b = enabled(bf16, bptr);
-    std::string why_f = fp16 && find("/fp16/enabled") ? src("/fp16/enabled", root_.at(json::json_pointer("/fp16/enabled"))) : "";
+    std::string why_f = fp16 && find("/fp16/enabled")
+                            ? src("/fp16/enabled", root_.at(json::json_pointer("/fp16/enabled")))
+                            : "";
     if (f < 0 || b < 0) {
       const std::string p = o_.precision.empty() ? "fp32" : o_.precision;
       warn(strcat("fp16.enabled / bf16.enabled \"auto\" resolved to ", p,
-                  o_.precision.empty() ? " (the HF Trainer's default, without --fp16 / --bf16); pass --precision fp16|bf16|fp32"
+                  o_.precision.empty() ? " (the HF Trainer's default, without --fp16 / --bf16); "
+                                         "pass --precision fp16|bf16|fp32"
                                        : " (--precision)"));
       if (f < 0) f = p == "fp16";
       if (b < 0) b = p == "bf16";
@@ -204,10 +220,12 @@ class Importer {
       set("precision.params", "fp16", c);
       set("precision.grads", "fp16", c);
       double ls = 0;
-      if (const json* v = find("/fp16/loss_scale"); v && !is_auto(*v)) ls = number("/fp16/loss_scale", *v, 0, 1e30);
+      if (const json* v = find("/fp16/loss_scale"); v && !is_auto(*v))
+        ls = number("/fp16/loss_scale", *v, 0, 1e30);
       if (ls == 0) {
-        set("precision.loss_scale.dynamic", "true", find("/fp16/loss_scale") ? "fp16.loss_scale: 0 (dynamic)"
-                                                                             : "fp16: dynamic loss scaling (DeepSpeed's default)");
+        set("precision.loss_scale.dynamic", "true",
+            find("/fp16/loss_scale") ? "fp16.loss_scale: 0 (dynamic)"
+                                     : "fp16: dynamic loss scaling (DeepSpeed's default)");
         std::uint64_t power = 16;
         std::string pc = "fp16.initial_scale_power: 16 (DeepSpeed's default) -> 2^16";
         if (const json* v = find("/fp16/initial_scale_power"); v && !is_auto(*v)) {
@@ -216,14 +234,17 @@ class Importer {
         }
         set("precision.loss_scale.initial", fmt(std::ldexp(1.0, static_cast<int>(power))), pc);
       } else {
-        set("precision.loss_scale.dynamic", "false", strcat("fp16.loss_scale: ", fmt(ls), " (static)"));
+        set("precision.loss_scale.dynamic", "false",
+            strcat("fp16.loss_scale: ", fmt(ls), " (static)"));
         set("precision.loss_scale.initial", fmt(ls), strcat("fp16.loss_scale: ", fmt(ls)));
       }
       if (const json* v = find("/fp16/loss_scale_window"); v && !is_auto(*v))
-        set("precision.loss_scale.growth_interval", fmt(count("/fp16/loss_scale_window", *v, 1, 1u << 31)),
+        set("precision.loss_scale.growth_interval",
+            fmt(count("/fp16/loss_scale_window", *v, 1, 1u << 31)),
             src("/fp16/loss_scale_window", *v));
       else
-        set("precision.loss_scale.growth_interval", "1000", "fp16.loss_scale_window: 1000 (DeepSpeed's default)");
+        set("precision.loss_scale.growth_interval", "1000",
+            "fp16.loss_scale_window: 1000 (DeepSpeed's default)");
       set("precision.loss_scale.growth_factor", "2", "DeepSpeed's fixed factor");
       set("precision.loss_scale.backoff_factor", "0.5", "DeepSpeed's fixed factor");
       if (const json* v = find("/fp16/min_loss_scale"); v && !is_auto(*v))
@@ -232,10 +253,13 @@ class Importer {
       else
         set("precision.loss_scale.min_scale", "1", "fp16.min_loss_scale: 1 (DeepSpeed's default)");
       std::uint64_t hysteresis = 2;
-      if (const json* v = find("/fp16/hysteresis"); v && !is_auto(*v)) hysteresis = count("/fp16/hysteresis", *v, 0, 1u << 31);
+      if (const json* v = find("/fp16/hysteresis"); v && !is_auto(*v))
+        hysteresis = count("/fp16/hysteresis", *v, 0, 1u << 31);
       if (hysteresis > 1)
-        warn(strcat("fp16.hysteresis: ", hysteresis, hysteresis == 2 && !find("/fp16/hysteresis") ? " (DeepSpeed's default)" : "",
-                    ": strata backs the loss scale off at the first overflow (hysteresis 1), DeepSpeed after ",
+        warn(strcat("fp16.hysteresis: ", hysteresis,
+                    hysteresis == 2 && !find("/fp16/hysteresis") ? " (DeepSpeed's default)" : "",
+                    ": strata backs the loss scale off at the first overflow (hysteresis 1), "
+                    "DeepSpeed after ",
                     hysteresis, " consecutive ones"));
       ignore("/fp16/consecutive_hysteresis", "strata backs off at every overflow");
       ignore("/fp16/auto_cast", "strata does not run the model's forward pass");
@@ -247,12 +271,14 @@ class Importer {
       set("precision.loss_scale.dynamic", "false", "bf16: no loss scaling (as DeepSpeed)");
       set("precision.loss_scale.initial", "1", "bf16: no loss scaling (as DeepSpeed)");
     } else {
-      const std::string c = why_f.empty() ? "neither fp16 nor bf16 enabled: FP32 training" : why_f + " (FP32 training)";
+      const std::string c = why_f.empty() ? "neither fp16 nor bf16 enabled: FP32 training"
+                                          : why_f + " (FP32 training)";
       set("precision.params", "fp32", c);
       set("precision.grads", "fp32", c);
     }
     // The keys of a section that is not enabled do not apply.
-    for (const auto& [sec, ptr, on] : {std::tuple{fp16, std::string("/fp16"), f}, std::tuple{bf16, bptr, b}}) {
+    for (const auto& [sec, ptr, on] :
+         {std::tuple{fp16, std::string("/fp16"), f}, std::tuple{bf16, bptr, b}}) {
       if (!sec) continue;
       for (auto& [k, v] : sec->items()) {
         const std::string p = ptr + "/" + esc(k);
@@ -269,16 +295,20 @@ class Importer {
   void optimizer() {
     if (const json* v = find("/gradient_clipping")) {
       if (is_auto(*v)) {
-        set("optimizer.grad_clip", fmt(kHfMaxGradNorm), "gradient_clipping: \"auto\" -> the HF Trainer's max_grad_norm 1.0");
+        set("optimizer.grad_clip", fmt(kHfMaxGradNorm),
+            "gradient_clipping: \"auto\" -> the HF Trainer's max_grad_norm 1.0");
         warn("gradient_clipping \"auto\" resolved to 1.0 (the HF Trainer's default max_grad_norm)");
       } else {
-        set("optimizer.grad_clip", fmt(number("/gradient_clipping", *v, 0, 1e30)), src("/gradient_clipping", *v));
+        set("optimizer.grad_clip", fmt(number("/gradient_clipping", *v, 0, 1e30)),
+            src("/gradient_clipping", *v));
       }
     }
     const json* opt = section("/optimizer");
     if (!opt) {
-      warn("no optimizer section: strata's defaults (adamw, lr 1e-4, ...) apply; DeepSpeed would use the "
-           "client's optimizer");
+      warn(
+          "no optimizer section: strata's defaults (adamw, lr 1e-4, ...) apply; DeepSpeed would "
+          "use the "
+          "client's optimizer");
       return;
     }
     std::string type = "adamw";
@@ -295,18 +325,25 @@ class Importer {
     if (const json* t = find("/optimizer/type")) {
       const std::string name = printable(string("/optimizer/type", *t), 200);  // quoted in comments
       std::string lower = name;
-      std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-      if (lower == "adam" || lower == "fusedadam" || lower == "cpuadam" || lower == "deepspeedcpuadam") {
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      if (lower == "adam" || lower == "fusedadam" || lower == "cpuadam" ||
+          lower == "deepspeedcpuadam") {
         type = adam_w_mode ? "adamw" : "adam";
         tc = strcat("optimizer.type: ", name, " with ", awc);
       } else if (lower == "adamw") {
         type = "adamw";
         tc = strcat("optimizer.type: ", name);
-        if (!adam_w_mode) warn("optimizer.params.adam_w_mode: false is ignored with type AdamW (DeepSpeed ignores it too)");
+        if (!adam_w_mode)
+          warn(
+              "optimizer.params.adam_w_mode: false is ignored with type AdamW (DeepSpeed ignores "
+              "it too)");
       } else {
         tc = strcat("optimizer.type: ", name, " has no strata equivalent: imported as adamw");
-        warn(strcat("optimizer.type '", name, "' has no strata equivalent (strata runs Adam / AdamW with two FP32 "
-                    "moments): imported as adamw; the optimizer state and its size may differ from DeepSpeed's"));
+        warn(strcat("optimizer.type '", name,
+                    "' has no strata equivalent (strata runs Adam / AdamW with two FP32 "
+                    "moments): imported as adamw; the optimizer state and its size may differ from "
+                    "DeepSpeed's"));
       }
     }
     set("optimizer.type", type, tc);
@@ -316,9 +353,10 @@ class Importer {
       const json* v = find(ptr);
       if (!v) return;
       if (is_auto(*v)) {
-        set(yaml, fmt(hf), strcat(dotted(ptr), ": \"auto\" -> ", fmt(hf), " (the HF Trainer's default)"));
-        warn(strcat(dotted(ptr), " \"auto\" resolved to ", fmt(hf), " (the HF Trainer's default); edit ", yaml,
-                    " if your run sets it"));
+        set(yaml, fmt(hf),
+            strcat(dotted(ptr), ": \"auto\" -> ", fmt(hf), " (the HF Trainer's default)"));
+        warn(strcat(dotted(ptr), " \"auto\" resolved to ", fmt(hf),
+                    " (the HF Trainer's default); edit ", yaml, " if your run sets it"));
         return;
       }
       set(yaml, fmt(number(ptr, *v, lo, hi)), src(ptr, *v));
@@ -332,18 +370,26 @@ class Importer {
             "optimizer.params.betas: \"auto\" -> the HF Trainer's default");
         warn("optimizer.params.betas \"auto\" resolved to [0.9, 0.999] (the HF Trainer's default)");
       } else {
-        if (!v->is_array() || v->size() != 2) bad("/optimizer/params/betas", "expected [beta1, beta2]");
+        if (!v->is_array() || v->size() != 2)
+          bad("/optimizer/params/betas", "expected [beta1, beta2]");
         const double b1 = number("/optimizer/params/betas", (*v)[0], 0, 1);
         const double b2 = number("/optimizer/params/betas", (*v)[1], 0, 1);
-        set("optimizer.betas", strcat("[", fmt(b1), ", ", fmt(b2), "]"), src("/optimizer/params/betas", *v));
+        set("optimizer.betas", strcat("[", fmt(b1), ", ", fmt(b2), "]"),
+            src("/optimizer/params/betas", *v));
       }
     }
-    if (const json* v = find("/optimizer/params/bias_correction"); v && !boolean("/optimizer/params/bias_correction", *v))
-      warn("optimizer.params.bias_correction: false is not supported: strata's Adam always corrects the bias");
-    if (const json* v = find("/optimizer/params/amsgrad"); v && boolean("/optimizer/params/amsgrad", *v))
+    if (const json* v = find("/optimizer/params/bias_correction");
+        v && !boolean("/optimizer/params/bias_correction", *v))
+      warn(
+          "optimizer.params.bias_correction: false is not supported: strata's Adam always corrects "
+          "the bias");
+    if (const json* v = find("/optimizer/params/amsgrad");
+        v && boolean("/optimizer/params/amsgrad", *v))
       warn("optimizer.params.amsgrad: true is not supported: strata runs plain Adam / AdamW");
-    ignore("/optimizer/params/torch_adam", "strata runs its own CPU (SIMD) or CUDA Adam (optimizer.update)");
-    ignore("/optimizer/params/fp32_optimizer_states", "strata keeps the optimizer state in FP32 always");
+    ignore("/optimizer/params/torch_adam",
+           "strata runs its own CPU (SIMD) or CUDA Adam (optimizer.update)");
+    ignore("/optimizer/params/fp32_optimizer_states",
+           "strata keeps the optimizer state in FP32 always");
   }
 
   void batches() {
@@ -351,8 +397,10 @@ class Importer {
     auto get = [&](const char* key, std::optional<std::uint64_t>& out, bool& is_auto_value) {
       const std::string ptr = strcat("/", key);
       if (const json* v = find(ptr)) {
-        if (is_auto(*v)) is_auto_value = true;
-        else out = count(ptr, *v, 1, 1ull << 40);
+        if (is_auto(*v))
+          is_auto_value = true;
+        else
+          out = count(ptr, *v, 1, 1ull << 40);
       }
     };
     std::optional<std::uint64_t> tbs, micro, gas;
@@ -383,54 +431,78 @@ class Importer {
       if (micro && gas) {
         const std::uint64_t per = *micro * *gas;
         if (ranks && per * *ranks != *tbs)
-          bad("/train_batch_size", strcat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
-                                          " x gradient_accumulation_steps ", *gas, " x ", *ranks, " ranks"));
+          bad("/train_batch_size",
+              strcat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
+                     " x gradient_accumulation_steps ", *gas, " x ", *ranks, " ranks"));
         if (!ranks) {
           if (*tbs % per != 0)
-            bad("/train_batch_size", strcat(*tbs, " is not a multiple of train_micro_batch_size_per_gpu ", *micro,
-                                            " x gradient_accumulation_steps ", *gas));
+            bad("/train_batch_size",
+                strcat(*tbs, " is not a multiple of train_micro_batch_size_per_gpu ", *micro,
+                       " x gradient_accumulation_steps ", *gas));
           ranks = *tbs / per;
-          rc = strcat("train_batch_size ", *tbs, " / (micro ", *micro, " x gradient_accumulation_steps ", *gas, ")");
+          rc = strcat("train_batch_size ", *tbs, " / (micro ", *micro,
+                      " x gradient_accumulation_steps ", *gas, ")");
         }
       } else if (micro) {
         if (!ranks) {
           gas = 1;
-          if (*tbs % *micro != 0) bad("/train_batch_size", strcat(*tbs, " is not a multiple of the micro batch ", *micro));
+          if (*tbs % *micro != 0)
+            bad("/train_batch_size",
+                strcat(*tbs, " is not a multiple of the micro batch ", *micro));
           ranks = *tbs / *micro;
-          rc = strcat("train_batch_size ", *tbs, " / micro ", *micro, " (gradient_accumulation_steps 1 assumed)");
-          warn(strcat("world.ranks ", *ranks, " derived assuming gradient_accumulation_steps 1; pass --ranks if not"));
+          rc = strcat("train_batch_size ", *tbs, " / micro ", *micro,
+                      " (gradient_accumulation_steps 1 assumed)");
+          warn(strcat("world.ranks ", *ranks,
+                      " derived assuming gradient_accumulation_steps 1; pass --ranks if not"));
         } else {
           if (*tbs % (*micro * *ranks) != 0)
-            bad("/train_batch_size", strcat(*tbs, " is not a multiple of micro ", *micro, " x ", *ranks, " ranks"));
+            bad("/train_batch_size",
+                strcat(*tbs, " is not a multiple of micro ", *micro, " x ", *ranks, " ranks"));
           gas = *tbs / (*micro * *ranks);
         }
       } else {
         const std::uint64_t g = gas ? *gas : 1, r = ranks ? *ranks : 1;
         if (*tbs % (g * r) != 0)
-          bad("/train_batch_size", strcat(*tbs, " is not a multiple of gradient_accumulation_steps ", g, " x ", r, " ranks"));
+          bad("/train_batch_size",
+              strcat(*tbs, " is not a multiple of gradient_accumulation_steps ", g, " x ", r,
+                     " ranks"));
         micro = *tbs / (g * r);
-        mc = strcat("train_batch_size ", *tbs, " / (gradient_accumulation_steps ", g, " x ", r, " ranks)");
+        mc = strcat("train_batch_size ", *tbs, " / (gradient_accumulation_steps ", g, " x ", r,
+                    " ranks)");
         if (!ranks) {
           ranks = 1;
           rc = "train_batch_size alone does not say the world size: 1 assumed";
-          warn("world.ranks 1 assumed: train_batch_size alone does not say the world size; pass --ranks");
+          warn(
+              "world.ranks 1 assumed: train_batch_size alone does not say the world size; pass "
+              "--ranks");
         }
       }
     } else if (tbs_auto && micro) {
-      warn("train_batch_size \"auto\": DeepSpeed computes it as micro x gradient_accumulation_steps x world size");
+      warn(
+          "train_batch_size \"auto\": DeepSpeed computes it as micro x gradient_accumulation_steps "
+          "x world size");
     }
     if (!ranks)
-      warn("world.ranks not given and not derivable from the batch sizes (train_batch_size): strata's default 1; "
-           "pass --ranks");
-    if (micro) set("model.micro_batch", fmt(*micro), mc.empty() ? src("/train_micro_batch_size_per_gpu", *find("/train_micro_batch_size_per_gpu")) : mc);
+      warn(
+          "world.ranks not given and not derivable from the batch sizes (train_batch_size): "
+          "strata's default 1; "
+          "pass --ranks");
+    if (micro)
+      set("model.micro_batch", fmt(*micro),
+          mc.empty()
+              ? src("/train_micro_batch_size_per_gpu", *find("/train_micro_batch_size_per_gpu"))
+              : mc);
     if (ranks) set("world.ranks", fmt(*ranks), rc);
     if (gas && *gas > 1)
-      warn(strcat("gradient_accumulation_steps ", *gas, " has no strata key: gradients are accumulated by the "
-                  "training loop before each step(); the per-step figures of `strata plan` are per optimizer step"));
+      warn(strcat("gradient_accumulation_steps ", *gas,
+                  " has no strata key: gradients are accumulated by the "
+                  "training loop before each step(); the per-step figures of `strata plan` are per "
+                  "optimizer step"));
   }
 
   void offload(const char* kind, const std::string& ptr, int stage, std::set<std::string>& paths,
-               std::uint64_t& buffers, std::string& buffers_from, std::uint64_t& buffer_bytes, std::string& bytes_from) {
+               std::uint64_t& buffers, std::string& buffers_from, std::uint64_t& buffer_bytes,
+               std::string& bytes_from) {
     const json* sec = section(ptr);
     if (!sec) return;
     std::string device = "none";
@@ -449,13 +521,18 @@ class Importer {
     }
     if (const json* pm = find(ptr + "/pin_memory")) {
       const bool pin = boolean(ptr + "/pin_memory", *pm);
-      if (device == "cpu") set(yaml + ".pin_memory", pin ? "true" : "false", src(ptr + "/pin_memory", *pm));
-      else if (!pin) warn(strcat(dotted(ptr), ".pin_memory: false: strata's NVMe swap buffers are always page-locked"));
+      if (device == "cpu")
+        set(yaml + ".pin_memory", pin ? "true" : "false", src(ptr + "/pin_memory", *pm));
+      else if (!pin)
+        warn(strcat(dotted(ptr),
+                    ".pin_memory: false: strata's NVMe swap buffers are always page-locked"));
     }
     if (const json* p = find(ptr + "/nvme_path")) {
       const std::string path = string(ptr + "/nvme_path", *p);
-      if (device == "nvme") paths.insert(path);
-      else warn(strcat(dotted(ptr), ".nvme_path is not used with device cpu"));
+      if (device == "nvme")
+        paths.insert(path);
+      else
+        warn(strcat(dotted(ptr), ".nvme_path is not used with device cpu"));
     }
     if (const json* bc = find(ptr + "/buffer_count")) {
       const std::uint64_t n = count(ptr + "/buffer_count", *bc, 1, 4096);
@@ -473,7 +550,8 @@ class Importer {
       const std::uint64_t bytes = (elems * pb + 4095) / 4096 * 4096;
       if (device == "nvme") {
         buffer_bytes = std::max(buffer_bytes, bytes);
-        bytes_from = strcat(src(ptr + "/buffer_size", *bs), " elements x ", pb, " B, rounded to 4 KiB");
+        bytes_from =
+            strcat(src(ptr + "/buffer_size", *bs), " elements x ", pb, " B, rounded to 4 KiB");
       } else {
         warn(strcat(dotted(ptr), ".buffer_size is used for nvme offload only"));
       }
@@ -482,7 +560,8 @@ class Importer {
     ignore(ptr + "/max_in_cpu", "strata keeps no host cache of NVMe-offloaded parameters");
     for (auto& [k, v] : sec->items()) {
       const std::string p = ptr + "/" + esc(k);
-      if (!consumed_.count(p) && !subtree_.count(p)) ignore(p, "not a key strata knows in this section");
+      if (!consumed_.count(p) && !subtree_.count(p))
+        ignore(p, "not a key strata knows in this section");
     }
     (void)stage;
   }
@@ -496,22 +575,26 @@ class Importer {
   void zero() {
     const json* z = section("/zero_optimization");
     if (!z) {
-      set("zero.stage", "0", "no zero_optimization section: DeepSpeed's default stage 0 (plain data parallel)");
+      set("zero.stage", "0",
+          "no zero_optimization section: DeepSpeed's default stage 0 (plain data parallel)");
       return;
     }
     int stage = 0;
     if (const json* s = find("/zero_optimization/stage")) {
       stage = static_cast<int>(count("/zero_optimization/stage", *s, 0, 3));
-      set("zero.stage", fmt(static_cast<std::uint64_t>(stage)), src("/zero_optimization/stage", *s));
+      set("zero.stage", fmt(static_cast<std::uint64_t>(stage)),
+          src("/zero_optimization/stage", *s));
     } else {
       set("zero.stage", "0", "zero_optimization.stage not given: DeepSpeed's default 0");
     }
     if (const json* v = find("/zero_optimization/sub_group_size")) {
       if (is_auto(*v)) {
-        set("zero.sub_group_size", fmt(kDsSubGroup), "zero_optimization.sub_group_size: \"auto\" -> DeepSpeed's default");
+        set("zero.sub_group_size", fmt(kDsSubGroup),
+            "zero_optimization.sub_group_size: \"auto\" -> DeepSpeed's default");
         warn("zero_optimization.sub_group_size \"auto\" resolved to 1e9 (DeepSpeed's default)");
       } else {
-        set("zero.sub_group_size", fmt(count("/zero_optimization/sub_group_size", *v, 1, 1ull << 50)),
+        set("zero.sub_group_size",
+            fmt(count("/zero_optimization/sub_group_size", *v, 1, 1ull << 50)),
             src("/zero_optimization/sub_group_size", *v));
       }
     }
@@ -519,17 +602,23 @@ class Importer {
       if (is_auto(*v)) {
         if (o_.hidden_size) {
           const std::uint64_t h = *o_.hidden_size;
-          set("zero.reduce_bucket_size", fmt(h * h), strcat("zero_optimization.reduce_bucket_size: \"auto\" -> hidden_size^2 = ", h, "^2"));
+          set("zero.reduce_bucket_size", fmt(h * h),
+              strcat("zero_optimization.reduce_bucket_size: \"auto\" -> hidden_size^2 = ", h,
+                     "^2"));
           warn(strcat("zero_optimization.reduce_bucket_size \"auto\" resolved to ", h * h,
                       " (hidden_size^2, as the HF Trainer does)"));
         } else {
           set("zero.reduce_bucket_size", fmt(kDsReduceBucket),
-              "zero_optimization.reduce_bucket_size: \"auto\" -> DeepSpeed's default (no --hidden-size)");
-          warn("zero_optimization.reduce_bucket_size \"auto\" resolved to 5e8 (DeepSpeed's default); pass "
-               "--hidden-size for the HF Trainer's hidden_size^2");
+              "zero_optimization.reduce_bucket_size: \"auto\" -> DeepSpeed's default (no "
+              "--hidden-size)");
+          warn(
+              "zero_optimization.reduce_bucket_size \"auto\" resolved to 5e8 (DeepSpeed's "
+              "default); pass "
+              "--hidden-size for the HF Trainer's hidden_size^2");
         }
       } else {
-        set("zero.reduce_bucket_size", fmt(count("/zero_optimization/reduce_bucket_size", *v, 1, 1ull << 50)),
+        set("zero.reduce_bucket_size",
+            fmt(count("/zero_optimization/reduce_bucket_size", *v, 1, 1ull << 50)),
             src("/zero_optimization/reduce_bucket_size", *v));
       }
     }
@@ -542,27 +631,36 @@ class Importer {
             strcat(src("/zero_optimization/stage3_max_live_parameters", *v),
                    " (the most parameters gathered at once; capped at model.parameters)"));
       } else {
-        ignore("/zero_optimization/stage3_max_live_parameters", stage == 3 ? "\"auto\" has no value to bound the gather estimate"
-                                                                           : "only meaningful at stage 3");
+        ignore("/zero_optimization/stage3_max_live_parameters",
+               stage == 3 ? "\"auto\" has no value to bound the gather estimate"
+                          : "only meaningful at stage 3");
       }
     }
     // Offload: optimizer state, parameters (and the legacy ZeRO-Offload switches).
     std::set<std::string> paths;
     std::uint64_t buffers = 0, buffer_bytes = 0;
     std::string buffers_from, bytes_from;
-    offload("optimizer", "/zero_optimization/offload_optimizer", stage, paths, buffers, buffers_from, buffer_bytes, bytes_from);
-    offload("params", "/zero_optimization/offload_param", stage, paths, buffers, buffers_from, buffer_bytes, bytes_from);
-    if (const json* v = find("/zero_optimization/cpu_offload"); v && boolean("/zero_optimization/cpu_offload", *v) &&
-                                                               !entries_.count("offload.optimizer.tier"))
-      set("offload.optimizer.tier", "cpu", "zero_optimization.cpu_offload: true (legacy ZeRO-Offload switch)");
+    offload("optimizer", "/zero_optimization/offload_optimizer", stage, paths, buffers,
+            buffers_from, buffer_bytes, bytes_from);
+    offload("params", "/zero_optimization/offload_param", stage, paths, buffers, buffers_from,
+            buffer_bytes, bytes_from);
+    if (const json* v = find("/zero_optimization/cpu_offload");
+        v && boolean("/zero_optimization/cpu_offload", *v) &&
+        !entries_.count("offload.optimizer.tier"))
+      set("offload.optimizer.tier", "cpu",
+          "zero_optimization.cpu_offload: true (legacy ZeRO-Offload switch)");
     if (const json* v = find("/zero_optimization/cpu_offload_params");
-        v && boolean("/zero_optimization/cpu_offload_params", *v) && !entries_.count("offload.params.tier"))
-      set("offload.params.tier", "cpu", "zero_optimization.cpu_offload_params: true (legacy switch)");
+        v && boolean("/zero_optimization/cpu_offload_params", *v) &&
+        !entries_.count("offload.params.tier"))
+      set("offload.params.tier", "cpu",
+          "zero_optimization.cpu_offload_params: true (legacy switch)");
     if (const json* v = find("/zero_optimization/cpu_offload_use_pin_memory"); v) {
       const bool pin = boolean("/zero_optimization/cpu_offload_use_pin_memory", *v);
       for (const char* k : {"optimizer", "params"})
-        if (entries_.count(strcat("offload.", k, ".tier")) && entries_[strcat("offload.", k, ".tier")].value == "cpu")
-          set(strcat("offload.", k, ".pin_memory"), pin ? "true" : "false", src("/zero_optimization/cpu_offload_use_pin_memory", *v));
+        if (entries_.count(strcat("offload.", k, ".tier")) &&
+            entries_[strcat("offload.", k, ".tier")].value == "cpu")
+          set(strcat("offload.", k, ".pin_memory"), pin ? "true" : "false",
+              src("/zero_optimization/cpu_offload_use_pin_memory", *v));
     }
     auto opt = entries_.find("offload.optimizer.tier");
     if (stage >= 2 && opt != entries_.end() && opt->second.value != "gpu")
@@ -574,25 +672,32 @@ class Importer {
       for (const auto& p : paths) list += (list.size() > 1 ? ", " : "") + yaml_string(p);
       set("tiers.nvme.paths", list + "]", "zero_optimization.offload_*.nvme_path");
     }
-    if (buffers) set("tiers.host.buffer_count", fmt(buffers), buffers_from + " (one pool per rank: the larger)");
+    if (buffers)
+      set("tiers.host.buffer_count", fmt(buffers),
+          buffers_from + " (one pool per rank: the larger)");
     if (buffer_bytes) set("tiers.host.buffer_size", format_bytes_exact(buffer_bytes), bytes_from);
     // The rest of zero_optimization.
     const std::map<std::string, std::string> reasons{
-        {"allgather_partitions", "strata all-gathers the updated parameters after every step (stages 1-2)"},
+        {"allgather_partitions",
+         "strata all-gathers the updated parameters after every step (stages 1-2)"},
         {"allgather_bucket_size", "strata all-gathers each partition in one collective"},
-        {"overlap_comm", "strata always overlaps the gradient reduce-scatter with the backward pass (stages 2-3)"},
+        {"overlap_comm",
+         "strata always overlaps the gradient reduce-scatter with the backward pass (stages 2-3)"},
         {"reduce_scatter", "strata always reduce-scatters gradients at stages 1-3"},
         {"contiguous_gradients", "strata's gradient partition is always contiguous"},
         {"load_from_fp32_weights", "strata checkpoints always hold the FP32 master weights"},
         {"elastic_checkpoint", "strata checkpoints load into any world size (resharding)"},
         {"round_robin_gradients", "strata partitions the flat gradient space contiguously"},
         {"stage3_max_reuse_distance", "strata releases what the loop releases (gather/release)"},
-        {"stage3_prefetch_bucket_size", "strata prefetches the next gather call's tensors, replayed from the first step"},
+        {"stage3_prefetch_bucket_size",
+         "strata prefetches the next gather call's tensors, replayed from the first step"},
         {"stage3_param_persistence_threshold", "strata partitions every tensor at stage 3"},
         {"stage3_gather_16bit_weights_on_model_save",
-         "use `strata checkpoint export DIR --out model.safetensors --dtype fp16|bf16` for consolidated weights"},
+         "use `strata checkpoint export DIR --out model.safetensors --dtype fp16|bf16` for "
+         "consolidated weights"},
         {"stage3_gather_fp16_weights_on_model_save",
-         "use `strata checkpoint export DIR --out model.safetensors --dtype fp16` for consolidated weights"},
+         "use `strata checkpoint export DIR --out model.safetensors --dtype fp16` for consolidated "
+         "weights"},
         {"ignore_unused_parameters", "every registered tensor must receive a gradient each step"},
         {"legacy_stage1", "strata has one stage-1 implementation"},
         {"zero_hpz_partition_size", "strata has no hierarchical partitioning (ZeRO++)"},
@@ -619,18 +724,27 @@ class Importer {
     if (const json* v = find("/aio/block_size")) {
       const std::uint64_t b = count("/aio/block_size", *v, 1, 1ull << 30);
       const std::uint64_t r = (b + 4095) / 4096 * 4096;
-      set("tiers.nvme.block_size", format_bytes_exact(r), src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
-      if (r != b) warn(strcat("aio.block_size ", b, " rounded up to ", r, " (strata's requests are 4 KiB multiples)"));
+      set("tiers.nvme.block_size", format_bytes_exact(r),
+          src("/aio/block_size", *v) + (r != b ? " (rounded up to 4 KiB)" : ""));
+      if (r != b)
+        warn(strcat("aio.block_size ", b, " rounded up to ", r,
+                    " (strata's requests are 4 KiB multiples)"));
     }
     if (const json* v = find("/aio/queue_depth"))
-      set("tiers.nvme.queue_depth", fmt(count("/aio/queue_depth", *v, 1, 4096)), src("/aio/queue_depth", *v));
+      set("tiers.nvme.queue_depth", fmt(count("/aio/queue_depth", *v, 1, 4096)),
+          src("/aio/queue_depth", *v));
     for (const char* k : {"thread_count", "intra_op_parallelism"})
       if (const json* v = find(strcat("/aio/", k)))
-        set("tiers.nvme.io_threads", fmt(count(strcat("/aio/", k), *v, 1, 64)), src(strcat("/aio/", k), *v));
+        set("tiers.nvme.io_threads", fmt(count(strcat("/aio/", k), *v, 1, 64)),
+            src(strcat("/aio/", k), *v));
     if (const json* v = find("/aio/single_submit"); v && boolean("/aio/single_submit", *v))
-      warn("aio.single_submit: true: strata submits each batch of requests with one call (as single_submit false)");
+      warn(
+          "aio.single_submit: true: strata submits each batch of requests with one call (as "
+          "single_submit false)");
     if (const json* v = find("/aio/overlap_events"); v && !boolean("/aio/overlap_events", *v))
-      warn("aio.overlap_events: false: strata always overlaps I/O with compute (read-ahead, write-behind)");
+      warn(
+          "aio.overlap_events: false: strata always overlaps I/O with compute (read-ahead, "
+          "write-behind)");
     ignore("/aio/use_gds", "strata reads NVMe into pinned host buffers (no GPUDirect Storage)");
     for (auto& [k, v] : a->items()) {
       const std::string p = "/aio/" + esc(k);
@@ -641,14 +755,17 @@ class Importer {
   // Known DeepSpeed keys with no strata meaning.
   void ignored() {
     const std::map<std::string, std::string> reasons{
-        {"scheduler", "strata has no LR schedule in its config; a loop calls Engine::set_lr between steps"},
+        {"scheduler",
+         "strata has no LR schedule in its config; a loop calls Engine::set_lr between steps"},
         {"steps_per_print", "strata train prints every step"},
-        {"wall_clock_breakdown", "strata reports phase times in EngineStats and `strata train --json`"},
+        {"wall_clock_breakdown",
+         "strata reports phase times in EngineStats and `strata train --json`"},
         {"dump_state", "no strata meaning"},
         {"prescale_gradients", "strata averages gradients once, after the reduction"},
         {"gradient_predivide_factor", "strata averages gradients once, after the reduction"},
         {"communication_data_type", "strata reduces in precision.grads and accumulates in FP32"},
-        {"activation_checkpointing", "strata does not run the model (model.* shape keys drive the activation estimate)"},
+        {"activation_checkpointing",
+         "strata does not run the model (model.* shape keys drive the activation estimate)"},
         {"flops_profiler", "use `strata profile`"},
         {"tensorboard", "no monitoring backends"},
         {"wandb", "no monitoring backends"},
@@ -664,14 +781,16 @@ class Importer {
         {"sparse_attention", "strata does not run the model"},
         {"sparse_gradients", "strata reduces dense gradients"},
         {"pipeline", "strata is data parallel only"},
-        {"checkpoint", "strata checkpoints: `strata train --checkpoint-dir`, Engine::save_checkpoint"},
+        {"checkpoint",
+         "strata checkpoints: `strata train --checkpoint-dir`, Engine::save_checkpoint"},
         {"data_efficiency", "strata does not load data"},
         {"curriculum_learning", "strata does not load data"},
         {"compression_training", "strata does not compress"},
         {"data_types", "strata reduces in precision.grads and accumulates in FP32"},
         {"disable_allgather", "no strata meaning"},
         {"nebula", "strata checkpoints: `strata train --checkpoint-dir`"},
-        {"load_universal_checkpoint", "strata checkpoints load into any world size and stage by themselves"},
+        {"load_universal_checkpoint",
+         "strata checkpoints load into any world size and stage by themselves"},
         {"use_node_local_storage", "strata checkpoints need a directory every rank sees"},
         {"graph_harvesting", "no strata meaning"},
         {"timers", "no strata meaning"},
@@ -694,8 +813,9 @@ class Importer {
   void unknown(const std::string& ptr, const json& v) {
     if (subtree_.count(ptr)) return;
     if (!ptr.empty() && !consumed_.count(ptr)) {
-      warn(strcat(dotted(ptr), " (", summary(v), "): not a DeepSpeed key strata knows (a typo, or a newer "
-                                                  "DeepSpeed option?); ignored"));
+      warn(strcat(dotted(ptr), " (", summary(v),
+                  "): not a DeepSpeed key strata knows (a typo, or a newer "
+                  "DeepSpeed option?); ignored"));
       return;
     }
     if (!v.is_object()) return;
@@ -704,20 +824,45 @@ class Importer {
 
   // ---- the YAML ----
   std::string emit() const {
-    static const char* const kOrder[] = {
-        "model.parameters", "model.largest_layer", "model.micro_batch", "precision.params", "precision.grads",
-        "precision.loss_scale.dynamic", "precision.loss_scale.initial", "precision.loss_scale.growth_factor",
-        "precision.loss_scale.backoff_factor", "precision.loss_scale.growth_interval", "precision.loss_scale.min_scale",
-        "optimizer.type", "optimizer.lr", "optimizer.betas", "optimizer.eps", "optimizer.weight_decay",
-        "optimizer.grad_clip", "world.ranks", "zero.stage", "zero.sub_group_size", "zero.reduce_bucket_size",
-        "offload.optimizer.tier", "offload.optimizer.fraction", "offload.optimizer.pin_memory",
-        "offload.gradients.tier", "offload.params.tier", "offload.params.pin_memory", "tiers.host.buffer_count",
-        "tiers.host.buffer_size", "tiers.nvme.paths", "tiers.nvme.block_size", "tiers.nvme.queue_depth",
-        "tiers.nvme.io_threads"};
-    std::string out = strcat("# strata configuration imported from ", o_.source, " by `strata import-deepspeed` (strata ",
-                             build::kVersion, ").\n",
-                             "# Each key names the DeepSpeed key it came from; keys not listed keep strata's defaults\n"
-                             "# (configs/default.yaml, docs/config.md). Check the lines marked PLACEHOLDER and \"auto\".\n");
+    static const char* const kOrder[] = {"model.parameters",
+                                         "model.largest_layer",
+                                         "model.micro_batch",
+                                         "precision.params",
+                                         "precision.grads",
+                                         "precision.loss_scale.dynamic",
+                                         "precision.loss_scale.initial",
+                                         "precision.loss_scale.growth_factor",
+                                         "precision.loss_scale.backoff_factor",
+                                         "precision.loss_scale.growth_interval",
+                                         "precision.loss_scale.min_scale",
+                                         "optimizer.type",
+                                         "optimizer.lr",
+                                         "optimizer.betas",
+                                         "optimizer.eps",
+                                         "optimizer.weight_decay",
+                                         "optimizer.grad_clip",
+                                         "world.ranks",
+                                         "zero.stage",
+                                         "zero.sub_group_size",
+                                         "zero.reduce_bucket_size",
+                                         "offload.optimizer.tier",
+                                         "offload.optimizer.fraction",
+                                         "offload.optimizer.pin_memory",
+                                         "offload.gradients.tier",
+                                         "offload.params.tier",
+                                         "offload.params.pin_memory",
+                                         "tiers.host.buffer_count",
+                                         "tiers.host.buffer_size",
+                                         "tiers.nvme.paths",
+                                         "tiers.nvme.block_size",
+                                         "tiers.nvme.queue_depth",
+                                         "tiers.nvme.io_threads"};
+    std::string out = strcat(
+        "# strata configuration imported from ", o_.source,
+        " by `strata import-deepspeed` (strata ", build::kVersion, ").\n",
+        "# Each key names the DeepSpeed key it came from; keys not listed keep strata's defaults\n"
+        "# (configs/default.yaml, docs/config.md). Check the lines marked PLACEHOLDER and "
+        "\"auto\".\n");
     std::vector<std::string> open;  // the mapping path currently open
     for (const char* key : kOrder) {
       auto it = entries_.find(key);
@@ -729,14 +874,16 @@ class Importer {
         parts.push_back(std::string(key).substr(b, e - b));
       }
       std::size_t common = 0;
-      while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+      while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
+        ++common;
       open.resize(common);
       for (std::size_t i = common; i + 1 < parts.size(); ++i) {
         if (i == 0) out += "\n";
         out += std::string(2 * i, ' ') + parts[i] + ":\n";
         open.push_back(parts[i]);
       }
-      std::string line = std::string(2 * (parts.size() - 1), ' ') + parts.back() + ": " + it->second.value;
+      std::string line =
+          std::string(2 * (parts.size() - 1), ' ') + parts.back() + ": " + it->second.value;
       if (line.size() < 34) line.resize(34, ' ');
       out += line + "  # " + it->second.comment + "\n";
     }

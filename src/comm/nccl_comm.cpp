@@ -6,7 +6,6 @@
 // Uneven reduce-scatter / all-gather are grouped ncclReduce / ncclBroadcast calls, one per root.
 #include <cuda_runtime.h>
 #include <nccl.h>
-
 #include <signal.h>
 #include <unistd.h>
 
@@ -44,7 +43,8 @@ ncclDataType_t nccl_type(DType t) {
 }
 
 Clock::time_point deadline_in(double s) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
 
 // The bootstrap file: the id, then a line naming its writer ("owner HOST PID START"): a file
@@ -120,7 +120,8 @@ ncclUniqueId read_unique_id(const std::string& path, double timeout_s) {
     if (Clock::now() > deadline)
       fail(ErrorCode::kTimeout,
            strcat("NCCL bootstrap: rank 0 did not write its unique id to ", path, " within ",
-                  timeout_s, " s", said_stale ? " (the file there is a stale one of an earlier run)" : ""));
+                  timeout_s, " s",
+                  said_stale ? " (the file there is a stale one of an earlier run)" : ""));
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -143,7 +144,6 @@ class NcclHandle final : public CommHandle {
   bool finished_ = false;
   bool waited_ = false;
 };
-
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -221,8 +221,9 @@ class NcclCommunicator final : public Communicator {
         std::size_t off = 0;
         for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
           std::size_t c = counts[static_cast<std::size_t>(p)];
-          if (c) rc = ncclReduce(static_cast<const unsigned char*>(send) + off * es, recv, c,
-                                 nccl_type(dtype), ncclSum, p, comm_, stream_);
+          if (c)
+            rc = ncclReduce(static_cast<const unsigned char*>(send) + off * es, recv, c,
+                            nccl_type(dtype), ncclSum, p, comm_, stream_);
           off += c;
         }
         ncclResult_t rc2 = ncclGroupEnd();
@@ -248,8 +249,9 @@ class NcclCommunicator final : public Communicator {
         std::size_t off = 0;
         for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
           std::size_t c = counts[static_cast<std::size_t>(p)];
-          if (c) rc = ncclBroadcast(send, static_cast<unsigned char*>(recv) + off * es, c,
-                                    nccl_type(dtype), p, comm_, stream_);
+          if (c)
+            rc = ncclBroadcast(send, static_cast<unsigned char*>(recv) + off * es, c,
+                               nccl_type(dtype), p, comm_, stream_);
           off += c;
         }
         ncclResult_t rc2 = ncclGroupEnd();
@@ -321,8 +323,10 @@ class NcclCommunicator final : public Communicator {
         ncclCommDestroy(comm_);
         comm_ = nullptr;
       } else {
-        log_error("NCCL communicator (rank ", rank_, "): outstanding collectives did not finish "
-                  "within ", timeout_s_, " s of teardown: aborting it");
+        log_error("NCCL communicator (rank ", rank_,
+                  "): outstanding collectives did not finish "
+                  "within ",
+                  timeout_s_, " s of teardown: aborting it");
       }
     }
     if (comm_) ncclCommAbort(comm_);
@@ -347,8 +351,8 @@ class NcclCommunicator final : public Communicator {
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) check_nccl(state, what);
       if (Clock::now() > deadline) {
-        std::string msg = strcat("nccl ", what, " (rank ", rank_, " of ", size_, "): timed out after ",
-                                 timeout_s_, " s (a peer did not join)");
+        std::string msg = strcat("nccl ", what, " (rank ", rank_, " of ", size_,
+                                 "): timed out after ", timeout_s_, " s (a peer did not join)");
         abort_on_timeout(msg);
         fail(ErrorCode::kTimeout, msg);
       }
@@ -357,8 +361,10 @@ class NcclCommunicator final : public Communicator {
     }
   }
   std::string begin(CollectiveKind kind) {
-    std::string what = strcat("nccl ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
-    if (!broken_.empty() || !comm_) fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
+    std::string what =
+        strcat("nccl ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");
+    if (!broken_.empty() || !comm_)
+      fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
     return what;
   }
   // Issues one NCCL call with this communicator's device current (restored afterwards); polls

@@ -59,15 +59,15 @@ DeviceGuard::~DeviceGuard() {
   const cudaError_t rc = cudaSetDevice(previous_);
   if (rc != cudaSuccess) {
     (void)cudaGetLastError();
-    log_error("CUDA cudaSetDevice(", previous_, ") restoring the caller's device failed: ",
-              cudaGetErrorString(rc));
+    log_error("CUDA cudaSetDevice(", previous_,
+              ") restoring the caller's device failed: ", cudaGetErrorString(rc));
   }
 }
 
 int stream_device(void* stream) {
   int dev = 0;
-  const cudaError_t rc = stream ? cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &dev)
-                                : cudaGetDevice(&dev);
+  const cudaError_t rc =
+      stream ? cudaStreamGetDevice(static_cast<cudaStream_t>(stream), &dev) : cudaGetDevice(&dev);
   if (rc != cudaSuccess) fail_cuda(rc, stream ? "cudaStreamGetDevice" : "cudaGetDevice");
   return dev;
 }

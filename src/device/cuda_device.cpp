@@ -21,12 +21,13 @@ using cuda::DeviceGuard;
 // there would otherwise be reported by the next unrelated launch check (adam_step_cuda's).
 [[noreturn]] void cuda_fail(cudaError_t rc, const char* call, ErrorCode code = ErrorCode::kDevice) {
   (void)cudaGetLastError();
-  fail(code, strcat("CUDA ", call, " failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
+  fail(code,
+       strcat("CUDA ", call, " failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc)));
 }
 
-#define STRATA_CUDA_CHECK(call)                   \
-  do {                                            \
-    cudaError_t rc_ = (call);                     \
+#define STRATA_CUDA_CHECK(call)                    \
+  do {                                             \
+    cudaError_t rc_ = (call);                      \
     if (rc_ != cudaSuccess) cuda_fail(rc_, #call); \
   } while (0)
 
@@ -58,8 +59,8 @@ void poll_until(Query query, std::chrono::milliseconds timeout, const char* what
   for (;;) {
     if (query_done(query(), what)) return;
     if (std::chrono::steady_clock::now() >= deadline) {
-      fail(ErrorCode::kTimeout, strcat("CUDA ", what, ": not complete after ", timeout.count(),
-                                       " ms"));
+      fail(ErrorCode::kTimeout,
+           strcat("CUDA ", what, ": not complete after ", timeout.count(), " ms"));
     }
     std::this_thread::sleep_for(sleep);
     if (sleep < std::chrono::microseconds(64)) sleep *= 2;
@@ -199,8 +200,8 @@ class CudaDevice final : public Device {
     cudaError_t rc = cudaMalloc(&p, bytes ? bytes : 1);
     if (rc == cudaErrorMemoryAllocation) {
       (void)cudaGetLastError();  // clear the (non-sticky) allocation error
-      fail(ErrorCode::kOutOfMemory, strcat("CUDA cudaMalloc(", bytes, ") on ", name_,
-                                           " failed: out of device memory"));
+      fail(ErrorCode::kOutOfMemory,
+           strcat("CUDA cudaMalloc(", bytes, ") on ", name_, " failed: out of device memory"));
     }
     if (rc != cudaSuccess) cuda_fail(rc, "cudaMalloc");
     return p;
@@ -214,20 +215,23 @@ class CudaDevice final : public Device {
       log_error("CUDA cudaFree on ", name_, ": ", e.what());
     }
   }
-  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(ordinal_); }
+  std::unique_ptr<Stream> create_stream() override {
+    return std::make_unique<CudaStream>(ordinal_);
+  }
   std::unique_ptr<Event> create_event() override { return std::make_unique<CudaEvent>(ordinal_); }
   bool register_host(void* ptr, std::size_t bytes) override {
     DeviceGuard guard(ordinal_);
     const cudaError_t rc = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
     if (rc == cudaSuccess) return true;
     (void)cudaGetLastError();
-    const std::string what = strcat("CUDA cudaHostRegister(", ptr, ", ", bytes, " bytes) on ",
-                                    name_, " failed: ", cudaGetErrorName(rc), ": ",
-                                    cudaGetErrorString(rc));
+    const std::string what =
+        strcat("CUDA cudaHostRegister(", ptr, ", ", bytes, " bytes) on ", name_,
+               " failed: ", cudaGetErrorName(rc), ": ", cudaGetErrorString(rc));
     if (rc == cudaErrorMemoryAllocation)
       fail(ErrorCode::kOutOfMemory,
-           strcat(what, " (page-locked memory is limited by RLIMIT_MEMLOCK: raise it with "
-                        "`ulimit -l` or memlock in /etc/security/limits.conf)"));
+           strcat(what,
+                  " (page-locked memory is limited by RLIMIT_MEMLOCK: raise it with "
+                  "`ulimit -l` or memlock in /etc/security/limits.conf)"));
     if (rc == cudaErrorHostMemoryAlreadyRegistered || rc == cudaErrorInvalidValue)
       fail(ErrorCode::kInvalidArgument, what);
     fail(ErrorCode::kDevice, what);
@@ -249,6 +253,8 @@ class CudaDevice final : public Device {
 
 }  // namespace
 
-std::unique_ptr<Device> make_cuda_device(int ordinal) { return std::make_unique<CudaDevice>(ordinal); }
+std::unique_ptr<Device> make_cuda_device(int ordinal) {
+  return std::make_unique<CudaDevice>(ordinal);
+}
 
 }  // namespace strata::device

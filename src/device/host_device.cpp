@@ -35,8 +35,8 @@ class HostEvent final : public Event {
     std::unique_lock lock(state_->mutex);
     const std::uint64_t target = state_->recorded;
     if (!state_->cv.wait_for(lock, timeout, [&] { return state_->completed >= target; })) {
-      fail(ErrorCode::kTimeout, strcat("host device: event not complete after ", timeout.count(),
-                                       " ms"));
+      fail(ErrorCode::kTimeout,
+           strcat("host device: event not complete after ", timeout.count(), " ms"));
     }
     if (state_->error) rethrow_detached(state_->error);
   }
@@ -104,8 +104,7 @@ class HostStream final : public HostStreamBase {
     }
     enqueue([state, target] {
       std::unique_lock lock(state->mutex);
-      if (!state->cv.wait_for(lock, kCrossStreamWait,
-                              [&] { return state->completed >= target; })) {
+      if (!state->cv.wait_for(lock, kCrossStreamWait, [&] { return state->completed >= target; })) {
         fail(ErrorCode::kTimeout, "host device: stream waited too long for another stream's event");
       }
       if (state->error) rethrow_detached(state->error);
@@ -160,7 +159,8 @@ class HostStream final : public HostStreamBase {
         } catch (const Error&) {
           err = std::current_exception();
         } catch (const std::exception& e) {
-          err = std::make_exception_ptr(Error(ErrorCode::kDevice, strcat("host device: ", e.what())));
+          err =
+              std::make_exception_ptr(Error(ErrorCode::kDevice, strcat("host device: ", e.what())));
         }
       }
       lock.lock();
@@ -179,7 +179,7 @@ class HostStream final : public HostStreamBase {
   std::exception_ptr error_;         // guarded by mutex_: first failure, sticky
   bool stop_ = false;                // guarded by mutex_
   std::shared_ptr<HostDevice::StreamSet> set_;
-  std::thread worker_;               // last: started after every member above exists
+  std::thread worker_;  // last: started after every member above exists
 };
 
 }  // namespace
@@ -198,9 +198,8 @@ void* HostDevice::alloc(std::size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign;
   std::lock_guard lock(mutex_);
   if (allocated_ + rounded > total_) {
-    fail(ErrorCode::kOutOfMemory,
-         strcat("host device: cannot allocate ", bytes, " bytes: ", allocated_, " of ", total_,
-                " bytes in use"));
+    fail(ErrorCode::kOutOfMemory, strcat("host device: cannot allocate ", bytes,
+                                         " bytes: ", allocated_, " of ", total_, " bytes in use"));
   }
   void* p = std::aligned_alloc(kAlign, rounded);
   if (!p) fail(ErrorCode::kOutOfMemory, strcat("host device: aligned_alloc(", rounded, ") failed"));

@@ -9,8 +9,8 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "strata/device.hpp"

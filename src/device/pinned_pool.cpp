@@ -116,16 +116,18 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options, Device* device, IoEngin
         getrlimit(RLIMIT_MEMLOCK, &lim);
         fail(ErrorCode::kOutOfMemory,
              strcat("pinned pool: mlock of buffer ", i, " (", buffer_size_, " bytes; pool ", total,
-                    " bytes) failed: ", std::strerror(err), " (errno ", err, "); RLIMIT_MEMLOCK is ",
-                    limit_text(lim.rlim_cur), ": ", raise_hint()));
+                    " bytes) failed: ", std::strerror(err), " (errno ", err,
+                    "); RLIMIT_MEMLOCK is ", limit_text(lim.rlim_cur), ": ", raise_hint()));
       }
       locked_[i] = true;
     }
   } catch (...) {
     for (std::size_t i = 0; i < slabs_.size(); ++i) {
       if (!locked_[i]) continue;
-      if (device_locked_) device_->unregister_host(slabs_[i].data());
-      else munlock(slabs_[i].data(), buffer_size_);
+      if (device_locked_)
+        device_->unregister_host(slabs_[i].data());
+      else
+        munlock(slabs_[i].data(), buffer_size_);
     }
     throw;
   }
@@ -137,8 +139,8 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options, Device* device, IoEngin
   free_.reserve(slabs_.size());
   for (std::uint32_t i = slabs_.size(); i-- > 0;) free_.push_back(i);
   abandoned_.assign(slabs_.size(), false);
-  log_debug("pinned pool: ", slabs_.size(), " × ", format_bytes(buffer_size_, true), " locked with ",
-            lock_method());
+  log_debug("pinned pool: ", slabs_.size(), " × ", format_bytes(buffer_size_, true),
+            " locked with ", lock_method());
 }
 
 namespace {
@@ -174,8 +176,10 @@ PinnedPool::~PinnedPool() {
       continue;
     }
     if (!locked_[i]) continue;
-    if (device_locked_) device_->unregister_host(slabs_[i].data());
-    else munlock(slabs_[i].data(), buffer_size_);
+    if (device_locked_)
+      device_->unregister_host(slabs_[i].data());
+    else
+      munlock(slabs_[i].data(), buffer_size_);
   }
 }
 

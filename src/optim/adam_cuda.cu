@@ -180,20 +180,24 @@ void launch_adam(const AdamConsts& c, const AdamTensors& t, bool vec4, const int
   const unsigned grid = grid_for(work, dev);
   if (vec4)
     adam_kernel<GD, CK, true><<<grid, kBlock, 0, s>>>(c, t.param, t.exp_avg, t.exp_avg_sq, t.grad,
-                                                     t.param_copy, t.n, flag);
+                                                      t.param_copy, t.n, flag);
   else
-    adam_kernel<GD, CK, false><<<grid, kBlock, 0, s>>>(c, t.param, t.exp_avg, t.exp_avg_sq,
-                                                      t.grad, t.param_copy, t.n, flag);
+    adam_kernel<GD, CK, false><<<grid, kBlock, 0, s>>>(c, t.param, t.exp_avg, t.exp_avg_sq, t.grad,
+                                                       t.param_copy, t.n, flag);
 }
 
 template <int GD>
 void launch_copy_kind(const AdamConsts& c, const AdamTensors& t, CopyKind ck, bool vec4,
                       const int* flag, cudaStream_t s, int dev) {
   switch (ck) {
-    case CopyKind::kNone: return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kFp32: return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kFp16: return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kBf16: return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kNone:
+      return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp32:
+      return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp16:
+      return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kBf16:
+      return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s, dev);
   }
 }
 
@@ -211,7 +215,8 @@ void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float 
   if (!grad || !device_found_nonfinite)
     fail(ErrorCode::kInvalidArgument, "adam_check_finite_cuda: null grad or flag pointer");
   if (!(grad_divisor > 0.0f) || !std::isfinite(grad_divisor))
-    fail(ErrorCode::kInvalidArgument, "adam_check_finite_cuda: grad_divisor must be finite and > 0");
+    fail(ErrorCode::kInvalidArgument,
+         "adam_check_finite_cuda: grad_divisor must be finite and > 0");
   auto s = static_cast<cudaStream_t>(stream);
   // Kernels launch on the current device: make it the stream's, for this call only.
   const int dev = cuda::stream_device(stream);
@@ -219,9 +224,18 @@ void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float 
   const unsigned grid = grid_for(n, dev);
   clear_last_error("adam_check_finite_cuda");
   switch (dtype) {
-    case DType::kFp32: check_kernel<0><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
-    case DType::kBf16: check_kernel<1><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
-    case DType::kFp16: check_kernel<2><<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite); break;
+    case DType::kFp32:
+      check_kernel<0>
+          <<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite);
+      break;
+    case DType::kBf16:
+      check_kernel<1>
+          <<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite);
+      break;
+    case DType::kFp16:
+      check_kernel<2>
+          <<<grid, kBlock, 0, s>>>(grad, n, grad_divisor, grad_scale, device_found_nonfinite);
+      break;
   }
   check_cuda(cudaGetLastError(), "adam_check_finite_cuda: kernel launch");
 }
@@ -248,9 +262,15 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
   const int* flag = o.check_finite ? device_found_nonfinite : nullptr;
   clear_last_error("adam_step_cuda");
   switch (t.grad_dtype) {
-    case DType::kFp32: launch_copy_kind<0>(c, t, ck, vec4, flag, s, dev); break;
-    case DType::kBf16: launch_copy_kind<1>(c, t, ck, vec4, flag, s, dev); break;
-    case DType::kFp16: launch_copy_kind<2>(c, t, ck, vec4, flag, s, dev); break;
+    case DType::kFp32:
+      launch_copy_kind<0>(c, t, ck, vec4, flag, s, dev);
+      break;
+    case DType::kBf16:
+      launch_copy_kind<1>(c, t, ck, vec4, flag, s, dev);
+      break;
+    case DType::kFp16:
+      launch_copy_kind<2>(c, t, ck, vec4, flag, s, dev);
+      break;
   }
   check_cuda(cudaGetLastError(), "adam_step_cuda: kernel launch");
 }

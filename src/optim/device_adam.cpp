@@ -95,7 +95,8 @@ void DeviceAdam::step(const AdamParams& params, const AdamTensors& host, const A
   s.synchronize(m.timeout);
 }
 
-void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d, const AdamStepOptions& o) {
+void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d,
+                               const AdamStepOptions& o) {
   if (o.check_finite)
     fail(ErrorCode::kInvalidArgument,
          "DeviceAdam: check_finite is not supported; check the gradients before the step");

@@ -78,9 +78,8 @@ std::unique_ptr<Communicator> one_rank(const Config& cfg) {
   std::unique_ptr<Communicator> c;
   try {
     // The GPU the engine's storage will use (LOCAL_RANK under a launcher), not GPU 0.
-    const int ordinal =
-        local_device_ordinal(0, static_cast<int>(cfg.ranks_per_node()),
-                             static_cast<int>(query_cuda_devices().devices.size()));
+    const int ordinal = local_device_ordinal(0, static_cast<int>(cfg.ranks_per_node()),
+                                             static_cast<int>(query_cuda_devices().devices.size()));
     c = make_nccl_communicator(b, ordinal, cfg.runtime.collective_timeout_s);
   } catch (...) {
     std::error_code ec;

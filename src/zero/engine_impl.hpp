@@ -22,10 +22,10 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "tier/scratch_arena.hpp"
-#include "zero/checkpoint.hpp"
 #include "zero/engine_layout.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/host_collectives.hpp"

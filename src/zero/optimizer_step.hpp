@@ -20,11 +20,11 @@
 #include <span>
 #include <vector>
 
+#include "checkpoint/optimizer_state.hpp"
 #include "strata/adam.hpp"
 #include "strata/engine.hpp"
 #include "tier/stream_loop.hpp"
 #include "zero/engine_layout.hpp"
-#include "zero/optimizer_state.hpp"
 
 namespace strata::zero {
 

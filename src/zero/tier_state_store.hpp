@@ -1,7 +1,7 @@
 // The checkpoint seam over the TierStore: host views of a rank's optimizer state, whichever tier
-// each chunk lives in (zero/optimizer_state.hpp). acquire(r) reads the chunks r touches (NVMe:
-// whole chunks, CRC-checked; gpu: device→host copies) into host scratch; release(r, dirty) writes
-// them back (a chunk only partly inside r is read, patched and written whole).
+// each chunk lives in (checkpoint/optimizer_state.hpp). acquire(r) reads the chunks r touches
+// (NVMe: whole chunks, CRC-checked; gpu: device→host copies) into host scratch; release(r, dirty)
+// writes them back (a chunk only partly inside r is read, patched and written whole).
 //
 // Ownership: borrows the store and the chunk list (the engine's; they must outlive it).
 // Thread-safety: one user at a time, one range acquired at a time. Failure: the store's errors
@@ -13,9 +13,9 @@
 #include <span>
 #include <vector>
 
+#include "checkpoint/optimizer_state.hpp"
 #include "tier/tier_store.hpp"
 #include "zero/chunk.hpp"
-#include "zero/optimizer_state.hpp"
 
 namespace strata::zero {
 

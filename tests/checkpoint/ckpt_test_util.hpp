@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "strata/error.hpp"
 #include "core/crc32c.hpp"
+#include "strata/error.hpp"
 
 namespace strata::testing {
 
@@ -24,7 +24,7 @@ inline void write_file(const std::filesystem::path& p, const std::string& data) 
   out.write(data.data(), static_cast<std::streamsize>(data.size()));
 }
 
-// Seals a JSON object as strata does (checkpoint_format.cpp): the dump without its closing brace,
+// Seals a JSON object as strata does (checkpoint/format.cpp): the dump without its closing brace,
 // then the "manifest_crc32c" member holding the CRC32C of everything before it.
 inline std::string seal(nlohmann::json j) {
   j.erase("manifest_crc32c");

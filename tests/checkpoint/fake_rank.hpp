@@ -1,7 +1,7 @@
-// Ranks without an engine for checkpoint-format tests: a Partition, a resident optimizer state store
-// and a parameter span, filled with values that are a pure function of (tensor, element, array,
-// seed), so that any rank of any world size knows what every element must hold. Padding is zero,
-// as in the engine.
+// Ranks without an engine for checkpoint-format tests: a Partition, a resident optimizer state
+// store and a parameter span, filled with values that are a pure function of (tensor, element,
+// array, seed), so that any rank of any world size knows what every element must hold. Padding is
+// zero, as in the engine.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/checkpoint.hpp"
+#include "checkpoint/optimizer_state.hpp"
 #include "strata/partition.hpp"
-#include "zero/checkpoint.hpp"
-#include "zero/optimizer_state.hpp"
 
 namespace strata::testing {
 
@@ -27,7 +27,8 @@ inline std::uint64_t mix(std::uint64_t x) {
 
 // Bits of array `a` (0 params, 1 master, 2 exp_avg, 3 exp_avg_sq) for element e of tensor t.
 inline std::uint32_t value_bits(std::uint64_t seed, int a, std::size_t t, std::size_t e) {
-  const std::uint64_t h = mix(seed * 1000003ull + static_cast<std::uint64_t>(a) * 7919ull + t * 104729ull + mix(e));
+  const std::uint64_t h =
+      mix(seed * 1000003ull + static_cast<std::uint64_t>(a) * 7919ull + t * 104729ull + mix(e));
   if (a == 0) return static_cast<std::uint32_t>(h);  // any bit pattern
   // Finite floats (the moments' second array non-negative).
   float f = static_cast<float>(static_cast<std::int64_t>(h >> 11) % 2000001 - 1000000) / 1024.0f;
@@ -58,11 +59,12 @@ struct FakeRank {
 };
 
 // Rank `rank` of `world` at `stage`, holding the values of `seed` (seed 0: zeros everywhere).
-inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world, int rank, int stage, DType dtype,
-                               std::uint64_t seed) {
+inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world, int rank,
+                               int stage, DType dtype, std::uint64_t seed) {
   FakeRank f;
   std::vector<TensorSpec> specs;
-  for (std::size_t t = 0; t < sizes.size(); ++t) specs.push_back({"layer" + std::to_string(t) + ".w", sizes[t]});
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    specs.push_back({"layer" + std::to_string(t) + ".w", sizes[t]});
   f.part = std::make_unique<Partition>(specs, world, 1000);
   const std::size_t begin = stage == 0 ? 0 : f.part->partition_begin(rank);
   const std::size_t count = stage == 0 ? f.part->flat_size() : f.part->partition_size();
@@ -79,7 +81,8 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
         const std::size_t x = off + e - begin;
         const std::uint32_t pb = value_bits(seed, 0, t, e);
         std::memcpy(f.params.data() + x * pes, &pb, pes);
-        for (int a = 0; a < 3; ++a) arrays[a][x] = std::bit_cast<float>(value_bits(seed, a + 1, t, e));
+        for (int a = 0; a < 3; ++a)
+          arrays[a][x] = std::bit_cast<float>(value_bits(seed, a + 1, t, e));
       }
     }
     f.store->release({0, count}, true);
@@ -109,8 +112,8 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
 
 // Checks that the rank holds the values of `seed` (bitwise) and zero padding; returns the number of
 // mismatches (reporting the first few).
-inline std::size_t check_fake_rank(FakeRank& f, const std::vector<std::size_t>& sizes, std::uint64_t seed,
-                                   const std::string& what) {
+inline std::size_t check_fake_rank(FakeRank& f, const std::vector<std::size_t>& sizes,
+                                   std::uint64_t seed, const std::string& what) {
   const zero::RankState& s = f.state;
   const std::size_t count = s.store->size(), pes = dtype_size(s.param_dtype);
   std::vector<std::uint32_t> want[4];
@@ -134,8 +137,8 @@ inline std::size_t check_fake_rank(FakeRank& f, const std::vector<std::size_t>& 
     for (int a = 0; a < 4; ++a) {
       const std::uint32_t w = a == 0 ? w0 : want[a][x];
       if (got[a] != w && bad++ < 5)
-        ADD_FAILURE() << what << ": rank " << s.rank << " element " << s.opt_begin + x << " array " << a << ": got "
-                      << got[a] << ", want " << w;
+        ADD_FAILURE() << what << ": rank " << s.rank << " element " << s.opt_begin + x << " array "
+                      << a << ": got " << got[a] << ", want " << w;
     }
   }
   f.store->release({0, count}, false);

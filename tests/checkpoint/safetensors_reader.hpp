@@ -30,7 +30,8 @@ struct SafeTensorsFile {
 inline SafeTensorsFile parse_safetensors(const std::string& file) {
   if (file.size() < 8) throw std::runtime_error("shorter than the 8-byte header length");
   std::uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = n << 8 | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
+  for (int i = 7; i >= 0; --i)
+    n = n << 8 | static_cast<unsigned char>(file[static_cast<std::size_t>(i)]);
   if (n > file.size() - 8) throw std::runtime_error("header length beyond the file");
   const nlohmann::json h = nlohmann::json::parse(file.substr(8, n));
   if (!h.is_object()) throw std::runtime_error("header is not an object");
@@ -46,12 +47,16 @@ inline SafeTensorsFile parse_safetensors(const std::string& file) {
     st.dtype = t.at("dtype").get<std::string>();
     st.shape = t.at("shape").get<std::vector<std::uint64_t>>();
     const auto off = t.at("data_offsets").get<std::vector<std::uint64_t>>();
-    if (off.size() != 2 || off[0] > off[1] || off[1] > data.size()) throw std::runtime_error(name + ": bad data_offsets");
+    if (off.size() != 2 || off[0] > off[1] || off[1] > data.size())
+      throw std::runtime_error(name + ": bad data_offsets");
     std::uint64_t elems = 1;
     for (auto d : st.shape) elems *= d;
-    const std::uint64_t es = st.dtype == "F32" ? 4 : (st.dtype == "BF16" || st.dtype == "F16") ? 2 : 0;
+    const std::uint64_t es = st.dtype == "F32"                           ? 4
+                             : (st.dtype == "BF16" || st.dtype == "F16") ? 2
+                                                                         : 0;
     if (es == 0) throw std::runtime_error(name + ": unknown dtype " + st.dtype);
-    if (elems * es != off[1] - off[0]) throw std::runtime_error(name + ": byte count does not match the shape");
+    if (elems * es != off[1] - off[0])
+      throw std::runtime_error(name + ": byte count does not match the shape");
     st.bytes = data.substr(off[0], off[1] - off[0]);
     ranges.emplace_back(off[0], off[1]);
     out.tensors[name] = std::move(st);
@@ -62,7 +67,8 @@ inline SafeTensorsFile parse_safetensors(const std::string& file) {
     if (b != pos) throw std::runtime_error("the byte buffer has a hole or an overlap");
     pos = e;
   }
-  if (pos != data.size()) throw std::runtime_error("the byte buffer has unindexed bytes at its end");
+  if (pos != data.size())
+    throw std::runtime_error("the byte buffer has unindexed bytes at its end");
   return out;
 }
 

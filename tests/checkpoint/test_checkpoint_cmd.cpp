@@ -10,10 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/ckpt_test_util.hpp"
+#include "checkpoint/format.hpp"
 #include "checkpoint/safetensors_reader.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::testing {
 namespace {
@@ -35,15 +35,19 @@ int run(const std::string& args, std::string* out, std::string* err = nullptr) {
 // A checkpoint of `strata train`: 3 ranks, stage 3, 6 steps, hidden 24.
 void train(const std::string& dir) {
   std::string out;
-  ASSERT_EQ(run("train " + source_dir() + "/configs/default.yaml --set precision.params=fp32"
-                " --set precision.grads=fp32 --set zero.stage=3 --set optimizer.lr=0.01"
-                " --set runtime.cpu_threads=1 --steps 6 --ranks 3 --hidden 24 --checkpoint-dir " + dir,
-                &out),
-            0)
+  ASSERT_EQ(
+      run("train " + source_dir() +
+              "/configs/default.yaml --set precision.params=fp32"
+              " --set precision.grads=fp32 --set zero.stage=3 --set optimizer.lr=0.01"
+              " --set runtime.cpu_threads=1 --steps 6 --ranks 3 --hidden 24 --checkpoint-dir " +
+              dir,
+          &out),
+      0)
       << out;
 }
 
-const std::map<std::string, std::uint64_t> kTensors{{"w1", 24 * 16}, {"b1", 24}, {"w2", 4 * 24}, {"b2", 4}};
+const std::map<std::string, std::uint64_t> kTensors{
+    {"w1", 24 * 16}, {"b1", 24}, {"w2", 4 * 24}, {"b2", 4}};
 
 TEST(CheckpointCmd, InfoVerifyExport) {
   TempDir tmp("strata-ckpt-cmd");
@@ -57,9 +61,11 @@ TEST(CheckpointCmd, InfoVerifyExport) {
   EXPECT_EQ(info["steps"], 6);
   EXPECT_EQ(info["format_version"], 2);
   ASSERT_EQ(info["tensors"].size(), 4u);
-  for (const auto& t : info["tensors"]) EXPECT_EQ(t["numel"], kTensors.at(t["name"].get<std::string>()));
+  for (const auto& t : info["tensors"])
+    EXPECT_EQ(t["numel"], kTensors.at(t["name"].get<std::string>()));
   ASSERT_EQ(info["shards"].size(), 3u);
-  for (const auto& s : info["shards"]) EXPECT_TRUE(s["present"].get<bool>() && s["size_matches"].get<bool>());
+  for (const auto& s : info["shards"])
+    EXPECT_TRUE(s["present"].get<bool>() && s["size_matches"].get<bool>());
   ASSERT_EQ(run("checkpoint info " + ckpt, &out), 0);
   EXPECT_NE(out.find("saved by 3 rank(s) at ZeRO stage 3"), std::string::npos) << out;
   EXPECT_NE(out.find("shard-1-r2.bin"), std::string::npos) << out;
@@ -72,21 +78,30 @@ TEST(CheckpointCmd, InfoVerifyExport) {
   std::string files;
   for (const char* dt : {"fp32", "bf16", "fp16"}) {
     const std::string f = strcat(tmp.str(), "/model-", dt, ".safetensors");
-    ASSERT_EQ(run(strcat("checkpoint export ", ckpt, " --out ", f, " --dtype ", dt, " --json"), &out), 0) << out;
+    ASSERT_EQ(
+        run(strcat("checkpoint export ", ckpt, " --out ", f, " --dtype ", dt, " --json"), &out), 0)
+        << out;
     EXPECT_EQ(json::parse(out)["tensors"], 4);
     const SafeTensorsFile st = parse_safetensors(read_file(f));
     ASSERT_EQ(st.tensors.size(), 4u);
-    for (const auto& [name, numel] : kTensors) EXPECT_EQ(st.tensors.at(name).shape, std::vector<std::uint64_t>{numel});
+    for (const auto& [name, numel] : kTensors)
+      EXPECT_EQ(st.tensors.at(name).shape, std::vector<std::uint64_t>{numel});
     files += " " + f;
   }
-  EXPECT_EQ(run(strcat("checkpoint export ", ckpt, " --out ", tmp.str(), "/model-fp32.safetensors"), &out, &err), 2);
+  EXPECT_EQ(run(strcat("checkpoint export ", ckpt, " --out ", tmp.str(), "/model-fp32.safetensors"),
+                &out, &err),
+            2);
   EXPECT_NE(err.find("--overwrite"), std::string::npos) << err;
-  EXPECT_EQ(run(strcat("checkpoint export ", ckpt, " --out ", tmp.str(), "/x.safetensors --dtype fp8"), &out), 2);
+  EXPECT_EQ(
+      run(strcat("checkpoint export ", ckpt, " --out ", tmp.str(), "/x.safetensors --dtype fp8"),
+          &out),
+      2);
   // torch loads them (Debian's python3-torch 1.13: no safetensors module, frombuffer).
   std::string py;
   if (run_command("/usr/bin/python3 -c 'import torch' 2>&1", &py) == 0) {
-    const std::string cmd = "/usr/bin/python3 " + source_dir() + "/tests/checkpoint/torch_load_safetensors.py" + files +
-                            " '" + json(kTensors).dump() + "'";
+    const std::string cmd = "/usr/bin/python3 " + source_dir() +
+                            "/tests/checkpoint/torch_load_safetensors.py" + files + " '" +
+                            json(kTensors).dump() + "'";
     EXPECT_EQ(run_command(cmd, &py), 0) << cmd << "\n" << py;
     EXPECT_NE(py.find("loaded 4 tensors from each file: ok"), std::string::npos) << py;
   } else {
@@ -105,7 +120,8 @@ TEST(CheckpointCmd, InspectingADirectoryOthersCanWrite) {
   ASSERT_EQ(run("checkpoint info " + ckpt + " --json", &out, &err), 0) << out << err;
   EXPECT_EQ(json::parse(out)["steps"], 6);
   EXPECT_EQ(run("checkpoint verify " + ckpt, &out, &err), 0) << out << err;
-  EXPECT_EQ(run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err), 2);
+  EXPECT_EQ(run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err),
+            2);
   EXPECT_NE(err.find("writable by every user"), std::string::npos) << err;
   if (can_switch_user()) {  // owned by nobody
     ASSERT_EQ(::chmod(ckpt.c_str(), 0700), 0);
@@ -114,7 +130,8 @@ TEST(CheckpointCmd, InspectingADirectoryOthersCanWrite) {
     ASSERT_EQ(::chown(ckpt.c_str(), kNobodyUid, kNobodyGid), 0);
     EXPECT_EQ(run("checkpoint info " + ckpt, &out, &err), 0) << out << err;
     EXPECT_EQ(run("checkpoint verify " + ckpt, &out, &err), 0) << out << err;
-    EXPECT_EQ(run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err), 2);
+    EXPECT_EQ(
+        run("checkpoint export " + ckpt + " --out " + tmp.str() + "/m.safetensors", &out, &err), 2);
     EXPECT_NE(err.find("owned by uid 65534"), std::string::npos) << err;
   }
   EXPECT_FALSE(fs::exists(tmp.str() + "/m.safetensors"));
@@ -130,8 +147,10 @@ TEST(CheckpointCmd, DamagedForeignAndMissingCheckpoints) {
   // A flipped bit: verify exits 1 naming the shard and section; export fails (1).
   const std::string saved = read_file(shards[2]);
   const auto man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(ckpt));
-  const std::size_t at = zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
-                             .offset[zero::ckpt::kMaster] + 9;  // in the master weights
+  const std::size_t at =
+      zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
+          .offset[zero::ckpt::kMaster] +
+      9;  // in the master weights
   std::string bad = saved;
   bad[at] = static_cast<char>(bad[at] ^ 0x01);
   write_file(shards[2], bad);
@@ -145,7 +164,8 @@ TEST(CheckpointCmd, DamagedForeignAndMissingCheckpoints) {
   EXPECT_NE(out.find("truncated"), std::string::npos) << out;
   fs::remove(shards[2]);
   EXPECT_EQ(run("checkpoint verify " + ckpt + " --json", &out), 1) << out;
-  EXPECT_NE(json::parse(out)["problems"][0].get<std::string>().find("missing"), std::string::npos) << out;
+  EXPECT_NE(json::parse(out)["problems"][0].get<std::string>().find("missing"), std::string::npos)
+      << out;
   EXPECT_EQ(run("checkpoint info " + ckpt, &out), 0);
   EXPECT_NE(out.find("MISSING"), std::string::npos) << out;
   write_file(shards[2], saved);
@@ -168,10 +188,11 @@ TEST(CheckpointCmd, DamagedForeignAndMissingCheckpoints) {
   EXPECT_EQ(run("checkpoint verify " + tmp.str() + "/nope", &out), 2);
   EXPECT_EQ(run("checkpoint", &out), 2);
   // Resuming from the newer format refuses before training.
-  EXPECT_EQ(run("train " + source_dir() + "/configs/default.yaml --steps 8 --hidden 24 --checkpoint-dir " + ckpt +
-                " --resume",
-                &out, &err),
-            2);
+  EXPECT_EQ(
+      run("train " + source_dir() +
+              "/configs/default.yaml --steps 8 --hidden 24 --checkpoint-dir " + ckpt + " --resume",
+          &out, &err),
+      2);
   EXPECT_EQ(out.find("step 7"), std::string::npos) << out;
 }
 

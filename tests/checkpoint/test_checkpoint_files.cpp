@@ -12,9 +12,9 @@
 #include "../comm/comm_test_util.hpp"
 #include "checkpoint/ckpt_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
+#include "checkpoint/format.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::testing {
 namespace {
@@ -50,7 +50,8 @@ void expect_error(F&& f, int exit_code, const std::vector<std::string>& words) {
     ADD_FAILURE() << "not refused";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), exit_code) << e.what();
-    for (const auto& w : words) EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
+    for (const auto& w : words)
+      EXPECT_NE(std::string(e.what()).find(w), std::string::npos) << e.what();
   }
 }
 
@@ -72,7 +73,8 @@ TEST(CheckpointFiles, UnsafeDirectoriesAreRefusedWithTheReason) {
   ::mkdir(open.c_str(), 0700);
   save(open + "/ckpt", 3);
   ::chmod(open.c_str(), 0777);
-  expect_error([&] { save(open + "/ckpt2", 3); }, 2, {"checkpoint directory", open, "writable", "0777"});
+  expect_error([&] { save(open + "/ckpt2", 3); }, 2,
+               {"checkpoint directory", open, "writable", "0777"});
   EXPECT_NE(load(open + "/ckpt", 3).find("writable"), std::string::npos);
   ::chmod(open.c_str(), 0700);
   EXPECT_EQ(load(open + "/ckpt", 3), "");
@@ -86,7 +88,13 @@ TEST(CheckpointFiles, DirectoryOfAnotherUserIsRefused) {
   Shared t;
   // nobody pre-creates the checkpoint directory (world-writable, or private to it).
   const std::string trap = t.shared + "/ckpt";
-  ASSERT_EQ(run_as_user(kNobodyUid, kNobodyGid, [&] { return ::mkdir(trap.c_str(), 0777) == 0 && ::chmod(trap.c_str(), 0777) == 0 ? 0 : 1; }), 0);
+  ASSERT_EQ(
+      run_as_user(kNobodyUid, kNobodyGid,
+                  [&] {
+                    return ::mkdir(trap.c_str(), 0777) == 0 && ::chmod(trap.c_str(), 0777) == 0 ? 0
+                                                                                                : 1;
+                  }),
+      0);
   expect_error([&] { save(trap, 3); }, 2, {"checkpoint directory", trap, "owned by uid 65534"});
   expect_error([&] { save(trap + "/", 3); }, 2, {"owned by uid 65534"});
   EXPECT_TRUE(fs::is_empty(trap)) << "something was written into another user's directory";
@@ -95,7 +103,9 @@ TEST(CheckpointFiles, DirectoryOfAnotherUserIsRefused) {
   ::mkdir(mine.c_str(), 0700);
   save(mine, 4);
   const std::string link = t.shared + "/link";
-  ASSERT_EQ(run_as_user(kNobodyUid, kNobodyGid, [&] { return ::symlink(mine.c_str(), link.c_str()); }), 0);
+  ASSERT_EQ(
+      run_as_user(kNobodyUid, kNobodyGid, [&] { return ::symlink(mine.c_str(), link.c_str()); }),
+      0);
   EXPECT_NE(load(link, 4).find("symbolic link"), std::string::npos) << load(link, 4);
   expect_error([&] { save(link + "/", 5); }, 2, {"symbolic link"});
   EXPECT_EQ(load(mine, 4), "");
@@ -111,9 +121,9 @@ TEST(CheckpointFiles, PlantedSymlinksRedirectNothing) {
   const std::string victim = t.tmp.str() + "/precious";
   write_file(victim, "precious data");
   if (can_switch_user()) {  // nobody cannot plant a link into our private directory
-    EXPECT_NE(run_as_user(kNobodyUid, kNobodyGid, [&] {
-                return ::symlink(victim.c_str(), (dir + "/manifest.json.tmp").c_str());
-              }),
+    EXPECT_NE(run_as_user(
+                  kNobodyUid, kNobodyGid,
+                  [&] { return ::symlink(victim.c_str(), (dir + "/manifest.json.tmp").c_str()); }),
               0);
   }
   ASSERT_EQ(::symlink(victim.c_str(), (dir + "/manifest.json.tmp").c_str()), 0);
@@ -129,13 +139,15 @@ TEST(CheckpointFiles, PlantedSymlinksRedirectNothing) {
   save(other, 8);
   fs::rename(dir + "/manifest.json", dir + "/manifest.saved");
   fs::create_symlink(other + "/manifest.json", dir + "/manifest.json");
-  EXPECT_NE(load(dir, 8).find("Too many levels of symbolic links"), std::string::npos) << load(dir, 8);
+  EXPECT_NE(load(dir, 8).find("Too many levels of symbolic links"), std::string::npos)
+      << load(dir, 8);
   fs::remove(dir + "/manifest.json");
   fs::rename(dir + "/manifest.saved", dir + "/manifest.json");
   const auto shards = shard_files(dir);
   fs::rename(shards[0], dir + "/saved.bin");
   fs::create_symlink(dir + "/saved.bin", shards[0]);
-  EXPECT_NE(load(dir, 7).find("Too many levels of symbolic links"), std::string::npos) << load(dir, 7);
+  EXPECT_NE(load(dir, 7).find("Too many levels of symbolic links"), std::string::npos)
+      << load(dir, 7);
   fs::remove(shards[0]);
   fs::rename(dir + "/saved.bin", shards[0]);
   EXPECT_EQ(load(dir, 7), "");

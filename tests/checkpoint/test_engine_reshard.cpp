@@ -31,7 +31,8 @@ void PrintTo(const EngineCase& c, std::ostream* os) {
 
 std::string case_name(const ::testing::TestParamInfo<EngineCase>& i) {
   const auto& c = i.param;
-  return strcat("N", c.n, "s", c.s, "_to_M", c.m, "s", c.s2, "_", dtype_name(c.params), c.nvme > 0 ? "_nvme" : "");
+  return strcat("N", c.n, "s", c.s, "_to_M", c.m, "s", c.s2, "_", dtype_name(c.params),
+                c.nvme > 0 ? "_nvme" : "");
 }
 
 Config config(int stage, DType params, double nvme, const std::string& swap) {
@@ -68,7 +69,8 @@ void add_tensors(Engine& e) {
 
 void train_step(Engine& e, int rank, int step) {
   for (std::size_t t = kSizes.size(); t-- > 0;) {
-    std::mt19937_64 rng(7 + 1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t + 31ull * static_cast<std::uint64_t>(rank));
+    std::mt19937_64 rng(7 + 1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t +
+                        31ull * static_cast<std::uint64_t>(rank));
     std::normal_distribution<float> d(0.0f, 1.0f);
     std::vector<float> g(kSizes[t]);
     for (auto& x : g) x = d(rng);

@@ -10,10 +10,10 @@
 #include "checkpoint/ckpt_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
 #include "checkpoint/safetensors_reader.hpp"
+#include "checkpoint/tools.hpp"
 #include "comm/numeric.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_tools.hpp"
 
 namespace strata::testing {
 namespace {
@@ -81,8 +81,10 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   // A damaged checkpoint: the export fails naming the block and leaves no file.
   const auto shards = shard_files(ckpt);
   const auto man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(ckpt));
-  const std::size_t at = zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
-                             .offset[zero::ckpt::kMaster] + 1000;  // in the master weights
+  const std::size_t at =
+      zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
+          .offset[zero::ckpt::kMaster] +
+      1000;  // in the master weights
   std::string s = read_file(shards[1]);
   s[at] = static_cast<char>(s[at] ^ 0x10);
   write_file(shards[1], s);
@@ -90,7 +92,8 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   EXPECT_THROW(zero::export_safetensors(ckpt, bad, {}), Error);
   EXPECT_FALSE(fs::exists(bad));
   std::size_t leftovers = 0;
-  for (auto& e : fs::directory_iterator(dir.path())) leftovers += e.path().filename().string().find(".tmp-") != std::string::npos;
+  for (auto& e : fs::directory_iterator(dir.path()))
+    leftovers += e.path().filename().string().find(".tmp-") != std::string::npos;
   EXPECT_EQ(leftovers, 0u);
   EXPECT_EQ(zero::verify_checkpoint(ckpt).problems.size(), 1u);
 }

@@ -19,10 +19,10 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/ckpt_test_util.hpp"
+#include "checkpoint/format.hpp"
 #include "strata/error.hpp"
 #include "strata/partition.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::testing {
 namespace {

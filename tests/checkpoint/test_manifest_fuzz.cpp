@@ -35,7 +35,8 @@ Config small_config() {
 
 void one_step(Engine& e, int rank, int step) {
   for (std::size_t t = kSizes.size(); t-- > 0;) {
-    std::mt19937_64 rng(1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t + static_cast<std::uint64_t>(rank));
+    std::mt19937_64 rng(1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t +
+                        static_cast<std::uint64_t>(rank));
     std::normal_distribution<float> d(0.0f, 1.0f);
     std::vector<float> g(kSizes[t]);
     for (auto& x : g) x = d(rng);
@@ -72,12 +73,14 @@ void fuzz(int world, std::size_t stride) {
   const auto mpath = dir.path() / "manifest.json";
   auto comms = make_inprocess_communicators(world, 60.0);
   std::string manifest;
-  std::vector<int> failures(static_cast<std::size_t>(world), 0), loads(static_cast<std::size_t>(world), 0);
+  std::vector<int> failures(static_cast<std::size_t>(world), 0),
+      loads(static_cast<std::size_t>(world), 0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(small_config(), comm);
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       std::vector<float> init(kSizes[t]);
-      for (std::size_t i = 0; i < init.size(); ++i) init[i] = static_cast<float>((i * 37 + t * 11) % 101) / 50.0f - 1;
+      for (std::size_t i = 0; i < init.size(); ++i)
+        init[i] = static_cast<float>((i * 37 + t * 11) % 101) / 50.0f - 1;
       e.add_parameter("t" + std::to_string(t), init);
     }
     e.finalize();
@@ -93,8 +96,10 @@ void fuzz(int world, std::size_t stride) {
     for (std::size_t v = 0; v < 2 * n; v += stride) {
       if (rank == 0) {
         std::string text = manifest;
-        if (v < n) text[v] = static_cast<char>(text[v] ^ (1 << (v % 8)));
-        else text.resize(v - n);
+        if (v < n)
+          text[v] = static_cast<char>(text[v] ^ (1 << (v % 8)));
+        else
+          text.resize(v - n);
         write_file(mpath, text);
       }
       // (The snapshot's collectives keep rank 0 from rewriting the file before every rank read it.)
@@ -106,10 +111,12 @@ void fuzz(int world, std::size_t stride) {
         current = saved;
       } catch (const Error& err) {
         ++failures[static_cast<std::size_t>(rank)];
-        const bool code_ok = err.code() == ErrorCode::kChecksum || err.code() == ErrorCode::kInvalidArgument;
+        const bool code_ok =
+            err.code() == ErrorCode::kChecksum || err.code() == ErrorCode::kInvalidArgument;
         EXPECT_TRUE(code_ok) << "variant " << v << ": " << err.what();
         EXPECT_NE(std::string(err.what()).find("manifest.json"), std::string::npos) << err.what();
-        ASSERT_EQ(snapshot(e), current) << "variant " << v << " failed but changed the engine: " << err.what();
+        ASSERT_EQ(snapshot(e), current)
+            << "variant " << v << " failed but changed the engine: " << err.what();
       }
     }
     // The engine still trains, and the intact manifest loads.
@@ -123,14 +130,18 @@ void fuzz(int world, std::size_t stride) {
   for (int r = 1; r < world; ++r) EXPECT_EQ(failures[static_cast<std::size_t>(r)], failures[0]);
   // The seal covers every byte: no variant loads.
   EXPECT_EQ(loads[0], 0);
-  std::printf("%d rank(s): %zu manifest bytes, every %zu-th of %zu variants: %d failed cleanly, %d loaded\n", world,
-              manifest.size(), stride, 2 * manifest.size(), failures[0], loads[0]);
+  std::printf(
+      "%d rank(s): %zu manifest bytes, every %zu-th of %zu variants: %d failed cleanly, %d "
+      "loaded\n",
+      world, manifest.size(), stride, 2 * manifest.size(), failures[0], loads[0]);
 }
 
 const bool kSanitized = !std::string(build::kSanitize).empty();
 
 // Every variant on one rank (no collectives: fast); every 7th on two ranks, which must agree.
-TEST(ManifestFuzz, EveryByteFlippedAndEveryTruncationLoadsAllOrNothing) { fuzz(1, kSanitized ? 3 : 1); }
+TEST(ManifestFuzz, EveryByteFlippedAndEveryTruncationLoadsAllOrNothing) {
+  fuzz(1, kSanitized ? 3 : 1);
+}
 TEST(ManifestFuzz, TwoRanksFailTogether) { fuzz(2, kSanitized ? 31 : 7); }
 
 }  // namespace

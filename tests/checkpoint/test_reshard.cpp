@@ -1,5 +1,5 @@
-// Resharding loads (zero/checkpoint.cpp): a checkpoint saved by N ranks at stage s loads into M
-// ranks at stage s' (1 <= N, M <= 8, stages 0-3, every dtype): every element's parameters, FP32
+// Resharding loads (checkpoint/checkpoint.cpp): a checkpoint saved by N ranks at stage s loads into
+// M ranks at stage s' (1 <= N, M <= 8, stages 0-3, every dtype): every element's parameters, FP32
 // master and moments arrive bitwise, padding is zero, the scalars arrive, and each rank reads only
 // the blocks that hold its elements (bytes counted).
 #include <gtest/gtest.h>
@@ -8,9 +8,9 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
+#include "checkpoint/format.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::testing {
 namespace {
@@ -26,18 +26,19 @@ struct ReshardCase {
 
 std::string case_name(const ::testing::TestParamInfo<ReshardCase>& i) {
   const auto& c = i.param;
-  return strcat("N", c.n, "s", c.s, "_to_M", c.m, "s", c.s2, "_", dtype_name(c.dtype), "_block", c.block);
+  return strcat("N", c.n, "s", c.s, "_to_M", c.m, "s", c.s2, "_", dtype_name(c.dtype), "_block",
+                c.block);
 }
 
 void PrintTo(const ReshardCase& c, std::ostream* os) {
-  *os << c.n << " ranks stage " << c.s << " -> " << c.m << " ranks stage " << c.s2 << ", " << dtype_name(c.dtype)
-      << ", block " << c.block;
+  *os << c.n << " ranks stage " << c.s << " -> " << c.m << " ranks stage " << c.s2 << ", "
+      << dtype_name(c.dtype) << ", block " << c.block;
 }
 
 class Reshard : public ::testing::TestWithParam<ReshardCase> {};
 
-void save_fake(const std::string& dir, const std::vector<std::size_t>& sizes, int world, int stage, DType dtype,
-               std::uint64_t seed, std::uint64_t block) {
+void save_fake(const std::string& dir, const std::vector<std::size_t>& sizes, int world, int stage,
+               DType dtype, std::uint64_t seed, std::uint64_t block) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(sizes, world, rank, stage, dtype, seed);
@@ -54,10 +55,12 @@ TEST_P(Reshard, EveryElementArrivesBitwise) {
   save_fake(dir.str(), kSizes, c.n, c.s, c.dtype, seed, c.block);
   const zero::ckpt::Manifest man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(dir.str()));
   ASSERT_EQ(man.world, c.n);
-  const std::uint64_t header = zero::ckpt::shard_layout(man.partition_size, c.dtype, man.block_elems).header_bytes;
+  const std::uint64_t header =
+      zero::ckpt::shard_layout(man.partition_size, c.dtype, man.block_elems).header_bytes;
 
   auto comms = make_inprocess_communicators(c.m, 30.0);
-  std::vector<std::uint64_t> bytes(static_cast<std::size_t>(c.m)), elems(static_cast<std::size_t>(c.m));
+  std::vector<std::uint64_t> bytes(static_cast<std::size_t>(c.m)),
+      elems(static_cast<std::size_t>(c.m));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kSizes, c.m, rank, c.s2, c.dtype, 0);
     zero::load_checkpoint(dir.str(), f.state, comm);
@@ -78,20 +81,22 @@ TEST_P(Reshard, EveryElementArrivesBitwise) {
   const std::uint64_t runs = kSizes.size() + static_cast<std::uint64_t>(c.n);
   for (int r = 0; r < c.m; ++r) {
     // (+ the padding after a section, covered by its last block's checksum: < 4 KiB per section)
-    const std::uint64_t bound = static_cast<std::uint64_t>(c.n) * (header + 2 * 4 * 4096) +
-                                2 * (elems[static_cast<std::size_t>(r)] + 2 * runs * man.block_elems) * per_elem;
+    const std::uint64_t bound =
+        static_cast<std::uint64_t>(c.n) * (header + 2 * 4 * 4096) +
+        2 * (elems[static_cast<std::size_t>(r)] + 2 * runs * man.block_elems) * per_elem;
     EXPECT_LE(bytes[static_cast<std::size_t>(r)], bound) << "rank " << r;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Checkpoint, Reshard,
-    ::testing::Values(ReshardCase{4, 3, 3, 1, DType::kFp32, 64}, ReshardCase{1, 1, 8, 3, DType::kBf16, 1000},
-                      ReshardCase{8, 2, 1, 2, DType::kFp16, 64}, ReshardCase{2, 3, 5, 2, DType::kFp32, 333},
-                      ReshardCase{3, 1, 7, 3, DType::kFp16, 64}, ReshardCase{5, 2, 2, 1, DType::kBf16, 4096},
-                      ReshardCase{6, 3, 4, 3, DType::kFp32, 1}, ReshardCase{7, 1, 6, 2, DType::kFp32, 0},
-                      ReshardCase{2, 0, 3, 3, DType::kFp16, 64}, ReshardCase{3, 2, 2, 0, DType::kFp32, 64},
-                      ReshardCase{8, 3, 8, 1, DType::kBf16, 100}, ReshardCase{1, 0, 1, 3, DType::kFp32, 64}),
+    ::testing::Values(
+        ReshardCase{4, 3, 3, 1, DType::kFp32, 64}, ReshardCase{1, 1, 8, 3, DType::kBf16, 1000},
+        ReshardCase{8, 2, 1, 2, DType::kFp16, 64}, ReshardCase{2, 3, 5, 2, DType::kFp32, 333},
+        ReshardCase{3, 1, 7, 3, DType::kFp16, 64}, ReshardCase{5, 2, 2, 1, DType::kBf16, 4096},
+        ReshardCase{6, 3, 4, 3, DType::kFp32, 1}, ReshardCase{7, 1, 6, 2, DType::kFp32, 0},
+        ReshardCase{2, 0, 3, 3, DType::kFp16, 64}, ReshardCase{3, 2, 2, 0, DType::kFp32, 64},
+        ReshardCase{8, 3, 8, 1, DType::kBf16, 100}, ReshardCase{1, 0, 1, 3, DType::kFp32, 64}),
     case_name);
 
 // With many ranks loading a one-rank checkpoint, each reads about its share, not the whole.
@@ -101,7 +106,8 @@ TEST(Checkpoint, EachRankReadsOnlyItsShare) {
   save_fake(dir.str(), sizes, 1, 1, DType::kFp32, 5, 1024);
   std::uint64_t shard_bytes = 0;
   for (auto& e : std::filesystem::directory_iterator(dir.path()))
-    if (e.path().filename().string().rfind("shard-", 0) == 0) shard_bytes += std::filesystem::file_size(e.path());
+    if (e.path().filename().string().rfind("shard-", 0) == 0)
+      shard_bytes += std::filesystem::file_size(e.path());
   const int m = 8;
   auto comms = make_inprocess_communicators(m, 30.0);
   std::vector<std::uint64_t> bytes(m);
@@ -113,8 +119,11 @@ TEST(Checkpoint, EachRankReadsOnlyItsShare) {
   }));
   for (int r = 0; r < m; ++r) {
     // Two passes over 1/8 of the data, plus partial blocks and the header: well under 2/8 + 5%.
-    EXPECT_LT(static_cast<double>(bytes[static_cast<std::size_t>(r)]), shard_bytes * (2.0 / m + 0.05)) << "rank " << r;
-    EXPECT_GT(static_cast<double>(bytes[static_cast<std::size_t>(r)]), shard_bytes * (1.0 / m)) << "rank " << r;
+    EXPECT_LT(static_cast<double>(bytes[static_cast<std::size_t>(r)]),
+              shard_bytes * (2.0 / m + 0.05))
+        << "rank " << r;
+    EXPECT_GT(static_cast<double>(bytes[static_cast<std::size_t>(r)]), shard_bytes * (1.0 / m))
+        << "rank " << r;
   }
 }
 

@@ -11,11 +11,11 @@
 #include "../comm/comm_test_util.hpp"
 #include "checkpoint/ckpt_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
+#include "checkpoint/format.hpp"
+#include "checkpoint/tools.hpp"
 #include "strata/build_info.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
-#include "zero/checkpoint_format.hpp"
-#include "zero/checkpoint_tools.hpp"
 
 namespace strata::testing {
 namespace {
@@ -67,7 +67,8 @@ LoadResult load_fake(const std::string& dir, int world, int stage) {
     if (code == -1) {
       EXPECT_EQ(check_fake_rank(f, kSizes, kSaved, "after a load"), 0u);
     } else {
-      EXPECT_FALSE(f.state.restore_started) << "rank " << rank << " failed after it began restoring";
+      EXPECT_FALSE(f.state.restore_started)
+          << "rank " << rank << " failed after it began restoring";
       EXPECT_EQ(check_fake_rank(f, kSizes, kBefore, "after a failed load"), 0u);
       EXPECT_EQ(f.state.steps, kBefore % 1000 + 9) << "scalars changed by a failed load";
     }
@@ -83,7 +84,8 @@ void expect_refused(const LoadResult& r, ErrorCode code, const std::vector<std::
                     const std::string& what) {
   ASSERT_FALSE(r.loaded) << what;
   for (int c : r.codes) EXPECT_EQ(c, static_cast<int>(code)) << what << ": " << r.message;
-  for (const auto& w : words) EXPECT_NE(r.message.find(w), std::string::npos) << what << ": " << r.message;
+  for (const auto& w : words)
+    EXPECT_NE(r.message.find(w), std::string::npos) << what << ": " << r.message;
 }
 
 TEST(CheckpointRobust, NewerOrForeignFormatIsRefused) {
@@ -100,20 +102,25 @@ TEST(CheckpointRobust, NewerOrForeignFormatIsRefused) {
   newer["strata_version"] = "9.0.0";
   write_file(mpath, seal(newer));
   expect_refused(load_fake(dir.str(), 3, 1), ErrorCode::kInvalidArgument,
-                 {"manifest.json", "format_version", "3", "9.0.0", "reads format 2"}, "newer, sealed");
+                 {"manifest.json", "format_version", "3", "9.0.0", "reads format 2"},
+                 "newer, sealed");
   newer.erase("manifest_crc32c");
   write_file(mpath, newer.dump(1));
   expect_refused(load_fake(dir.str(), 3, 1), ErrorCode::kInvalidArgument,
-                 {"manifest.json", "format version 3", "strata 9.0.0", "upgrade strata"}, "newer, other seal");
+                 {"manifest.json", "format version 3", "strata 9.0.0", "upgrade strata"},
+                 "newer, other seal");
   // Not a strata checkpoint; the unsealed format 1 of earlier strata.
   json foreign = j;
   foreign["format"] = "deepspeed";
   write_file(mpath, seal(foreign));
-  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kInvalidArgument, {"not", "strata-checkpoint"}, "foreign");
+  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kInvalidArgument,
+                 {"not", "strata-checkpoint"}, "foreign");
   write_file(mpath, R"({"format": "strata-checkpoint", "version": 1, "serial": 3, "world": 2})");
-  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kInvalidArgument, {"format version 1", "older strata"}, "v1");
+  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kInvalidArgument,
+                 {"format version 1", "older strata"}, "v1");
   write_file(mpath, "not json at all");
-  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kChecksum, {"manifest.json", "truncated or damaged"}, "text");
+  expect_refused(load_fake(dir.str(), 2, 2), ErrorCode::kChecksum,
+                 {"manifest.json", "truncated or damaged"}, "text");
   // The original loads.
   write_file(mpath, good);
   EXPECT_TRUE(load_fake(dir.str(), 2, 2).loaded);
@@ -129,12 +136,14 @@ TEST(CheckpointRobust, MissingOrTruncatedShardIsRefused) {
   fs::remove(shards[1]);
   expect_refused(load_fake(dir.str(), 2, 1), ErrorCode::kChecksum,
                  {shards[1].filename().string(), "missing", "incomplete"}, "missing shard");
-  expect_refused(load_fake(dir.str(), 3, 3), ErrorCode::kChecksum, {"missing"}, "missing shard, same world");
+  expect_refused(load_fake(dir.str(), 3, 3), ErrorCode::kChecksum, {"missing"},
+                 "missing shard, same world");
   // Truncated by one byte, to half, to nothing; one byte too long.
   for (std::size_t n : {saved.size() - 1, saved.size() / 2, std::size_t{0}, saved.size() + 1}) {
     write_file(shards[1], n <= saved.size() ? saved.substr(0, n) : saved + "x");
     expect_refused(load_fake(dir.str(), 4, 2), ErrorCode::kChecksum,
-                   {shards[1].filename().string(), "bytes, the manifest says"}, strcat("shard of ", n, " bytes"));
+                   {shards[1].filename().string(), "bytes, the manifest says"},
+                   strcat("shard of ", n, " bytes"));
   }
   write_file(shards[1], saved);
   EXPECT_TRUE(load_fake(dir.str(), 4, 2).loaded);
@@ -201,8 +210,14 @@ TEST(CheckpointRobust, EveryManifestFieldIsValidated) {
       [](const json&) { return json(-1); },
       [](const json&) { return json(1e300); },
       [](const json&) { return json::array({1}); },
-      [](const json& v) { return v.is_number_unsigned() ? json(v.get<std::uint64_t>() + 1) : json(true); },
-      [](const json& v) { return v.is_number_unsigned() && v.get<std::uint64_t>() > 0 ? json(v.get<std::uint64_t>() - 1) : json(0); },
+      [](const json& v) {
+        return v.is_number_unsigned() ? json(v.get<std::uint64_t>() + 1) : json(true);
+      },
+      [](const json& v) {
+        return v.is_number_unsigned() && v.get<std::uint64_t>() > 0
+                   ? json(v.get<std::uint64_t>() - 1)
+                   : json(0);
+      },
       [](const json&) { return json(~0ull); },
   };
   int variants = 0, loaded = 0;
@@ -225,7 +240,8 @@ TEST(CheckpointRobust, EveryManifestFieldIsValidated) {
         continue;
       }
       const int code = r.codes[0];
-      EXPECT_TRUE(code == static_cast<int>(ErrorCode::kInvalidArgument) || code == static_cast<int>(ErrorCode::kChecksum))
+      EXPECT_TRUE(code == static_cast<int>(ErrorCode::kInvalidArgument) ||
+                  code == static_cast<int>(ErrorCode::kChecksum))
           << leaf.to_string() << ": " << r.message;
       EXPECT_NE(r.message.find("manifest"), std::string::npos) << r.message;
     }

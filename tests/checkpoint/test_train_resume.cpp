@@ -26,12 +26,21 @@ std::string strata() { return binary_dir() + "/strata"; }
 // fp16 gradients with a loss scale that overflows, backs off and grows again every 3 steps: the
 // scale, its good-step count and the skipped steps must all survive a restart.
 std::vector<std::string> train_args(int ranks, int steps = 24) {
-  return {"train", source_dir() + "/configs/default.yaml", "--set", "precision.params=bf16", "--set",
-          "precision.grads=fp16", "--set", "precision.loss_scale.initial=4e6", "--set",
-          "precision.loss_scale.growth_interval=3", "--set", "zero.stage=2", "--set", "zero.reduce_bucket_size=300",
-          "--set", "zero.sub_group_size=500", "--set", "optimizer.lr=0.01", "--set", "runtime.cpu_threads=1",
-          "--set", "runtime.collective_timeout_s=60", "--steps", std::to_string(steps), "--hidden", "24",
-          "--batch", "16", "--ranks", std::to_string(ranks)};
+  return {"train",    source_dir() + "/configs/default.yaml",
+          "--set",    "precision.params=bf16",
+          "--set",    "precision.grads=fp16",
+          "--set",    "precision.loss_scale.initial=4e6",
+          "--set",    "precision.loss_scale.growth_interval=3",
+          "--set",    "zero.stage=2",
+          "--set",    "zero.reduce_bucket_size=300",
+          "--set",    "zero.sub_group_size=500",
+          "--set",    "optimizer.lr=0.01",
+          "--set",    "runtime.cpu_threads=1",
+          "--set",    "runtime.collective_timeout_s=60",
+          "--steps",  std::to_string(steps),
+          "--hidden", "24",
+          "--batch",  "16",
+          "--ranks",  std::to_string(ranks)};
 }
 
 std::string shell(const std::vector<std::string>& args) {
@@ -100,7 +109,8 @@ bool read_until(int fd, const std::string& prefix, std::string& log) {
 void expect_same_step(const json& got, const json& want, const std::string& what) {
   ASSERT_EQ(got["step"], want["step"]) << what;
   for (const char* k : {"loss", "grad_norm", "loss_scale"})
-    EXPECT_EQ(got[k].get<double>(), want[k].get<double>()) << what << " step " << got["step"] << " " << k;
+    EXPECT_EQ(got[k].get<double>(), want[k].get<double>())
+        << what << " step " << got["step"] << " " << k;
   EXPECT_EQ(got["applied"], want["applied"]) << what << " step " << got["step"];
   EXPECT_GT(got["seconds"].get<double>(), 0) << what;
   EXPECT_GT(got["samples_per_second"].get<double>(), 0) << what;
@@ -109,12 +119,15 @@ void expect_same_step(const json& got, const json& want, const std::string& what
 TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
   const json want = run_json(train_args(2));
   ASSERT_EQ(want["steps"].size(), 24u);
-  ASSERT_GT(want["skipped_steps"].get<int>(), 0) << "the loss scale never overflowed: a weaker test";
+  ASSERT_GT(want["skipped_steps"].get<int>(), 0)
+      << "the loss scale never overflowed: a weaker test";
   std::mt19937_64 rng(test_seed("train kill step"));
   for (int trial = 0; trial < 3; ++trial) {
     TempDir ckpt("strata-train-resume");
     auto args = train_args(2);
-    for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--save-every", "3"}) args.push_back(a);
+    for (const std::string& a :
+         std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--save-every", "3"})
+      args.push_back(a);
     const int kill_at = 2 + static_cast<int>(rng() % 19);  // after step 2..20 is printed
     auto [pid, fd] = start(args);
     std::string log;
@@ -124,13 +137,15 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
     ::waitpid(pid, &status, 0);
     ::close(fd);
     ASSERT_TRUE(seen) << "output:\n" << log;
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "not killed mid-run:\n" << log;
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "not killed mid-run:\n"
+                                                                    << log;
     args.push_back("--resume");
     const json got = run_json(args);
     ASSERT_TRUE(got.contains("checkpoint")) << got.dump();
     const json& from = got["checkpoint"]["resumed_from_step"];
     const int first = from.is_null() ? 0 : from.get<int>();
-    std::printf("trial %d: killed after step %d was printed, resumed after step %d\n", trial, kill_at, first);
+    std::printf("trial %d: killed after step %d was printed, resumed after step %d\n", trial,
+                kill_at, first);
     EXPECT_EQ(first % 3, 0);
     EXPECT_LE(first, kill_at);
     EXPECT_GE(first, kill_at - 3);
@@ -149,11 +164,12 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
 TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
   TempDir ckpt("strata-train-resume");
   auto args = train_args(2, 9);
-  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()}) args.push_back(a);
+  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()})
+    args.push_back(a);
   run_json(args);
   auto more = train_args(3);
-  for (const std::string& a :
-       std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--resume", "--set", "zero.stage=3"})
+  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--resume",
+                                                       "--set", "zero.stage=3"})
     more.push_back(a);
   const json got = run_json(more);
   EXPECT_EQ(got["ranks"], 3);
@@ -164,7 +180,8 @@ TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
 }
 
 // args with the value after `flag` replaced.
-std::vector<std::string> with(std::vector<std::string> args, const std::string& flag, const std::string& value) {
+std::vector<std::string> with(std::vector<std::string> args, const std::string& flag,
+                              const std::string& value) {
   for (std::size_t i = 0; i + 1 < args.size(); ++i)
     if (args[i] == flag) {
       args[i + 1] = value;
@@ -181,7 +198,8 @@ std::vector<std::string> with(std::vector<std::string> args, const std::string& 
 TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
   TempDir ckpt("strata-train-options");
   auto args = train_args(2, 3);
-  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()}) args.push_back(a);
+  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()})
+    args.push_back(a);
   run_json(args);
   const json rec = json::parse(read_file(ckpt.str() + "/train.json"));
   EXPECT_EQ(rec["hidden"], 24);
@@ -197,13 +215,16 @@ TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
     const char* value;
     const char* says;
   };
-  for (const Bad& b : {Bad{"--batch", "8", "this run has --batch 8"}, Bad{"--seed", "7", "this run has --seed 7"},
-                       Bad{"--hidden", "20", "this run has --hidden 20"}}) {
+  for (const Bad& b :
+       {Bad{"--batch", "8", "this run has --batch 8"}, Bad{"--seed", "7", "this run has --seed 7"},
+        Bad{"--hidden", "20", "this run has --hidden 20"}}) {
     std::string out;
     EXPECT_EQ(run_command(shell(with(resume, b.flag, b.value)), &out), 2) << b.flag << "\n" << out;
     EXPECT_NE(out.find(b.says), std::string::npos) << out;
-    EXPECT_NE(out.find("was trained with --hidden 24 --batch 16 --seed 1"), std::string::npos) << out;
-    EXPECT_EQ(out.find("step 4 "), std::string::npos) << b.flag << ": trained before refusing\n" << out;
+    EXPECT_NE(out.find("was trained with --hidden 24 --batch 16 --seed 1"), std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("step 4 "), std::string::npos) << b.flag << ": trained before refusing\n"
+                                                      << out;
   }
   // The same options continue, and the record follows the new save (a leftover temporary file of
   // a run killed while writing it is replaced).
@@ -216,10 +237,13 @@ TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
   EXPECT_EQ(rec2["checkpoint_serial"], 2);
 
   // A record of another save: warned about, not checked.
-  write_file(ckpt.str() + "/train.json", "{\"hidden\": 24, \"batch\": 99, \"seed\": 1, \"checkpoint_serial\": 1}");
+  write_file(ckpt.str() + "/train.json",
+             "{\"hidden\": 24, \"batch\": 99, \"seed\": 1, \"checkpoint_serial\": 1}");
   std::string out;
   EXPECT_EQ(run_command(shell(with(resume, "--steps", "6")), &out), 0) << out;
-  EXPECT_NE(out.find("belongs to another save (serial 1, the checkpoint's is 2)"), std::string::npos) << out;
+  EXPECT_NE(out.find("belongs to another save (serial 1, the checkpoint's is 2)"),
+            std::string::npos)
+      << out;
   // No record: warned about, not checked.
   ASSERT_EQ(::unlink((ckpt.str() + "/train.json").c_str()), 0);
   EXPECT_EQ(run_command(shell(with(with(resume, "--steps", "7"), "--batch", "8")), &out), 0) << out;
@@ -241,11 +265,13 @@ TEST(TrainCliArgs, WorldRanksTimingAndBadArguments) {
   EXPECT_GT(j["steps"][0]["samples_per_second"].get<double>(), 0);
   EXPECT_GT(j["samples_per_second"].get<double>(), 0);
   const std::string base = shell(args);
-  for (const char* bad : {" --ranks 0", " --ranks -2", " --ranks 257", " --seed -1", " --save-every 3", " --resume",
-                          " --checkpoint-dir /proc/strata-nope", " --save-every 0 --checkpoint-dir /tmp/x"}) {
+  for (const char* bad :
+       {" --ranks 0", " --ranks -2", " --ranks 257", " --seed -1", " --save-every 3", " --resume",
+        " --checkpoint-dir /proc/strata-nope", " --save-every 0 --checkpoint-dir /tmp/x"}) {
     std::string out;
     EXPECT_EQ(run_command(base + bad, &out), 2) << bad << "\n" << out;
-    EXPECT_EQ(out.find("step 1 "), std::string::npos) << bad << ": trained before refusing\n" << out;
+    EXPECT_EQ(out.find("step 1 "), std::string::npos) << bad << ": trained before refusing\n"
+                                                      << out;
   }
 }
 

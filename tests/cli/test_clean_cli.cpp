@@ -193,12 +193,15 @@ TEST(CleanShutdown, NextRunRemovesWhatAKilledRunLeft) {
 TEST(CleanShutdown, NextBenchIoRemovesWhatAKilledOneLeft) {
   if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-bench-left");
-  const std::string dead = dir.str() + "/.strata-bench-io-" + std::to_string(dead_pid()) + "-0123abcd";
-  const std::string live = dir.str() + "/.strata-bench-io-" + std::to_string(getpid()) + "-0123abcd";
+  const std::string dead =
+      dir.str() + "/.strata-bench-io-" + std::to_string(dead_pid()) + "-0123abcd";
+  const std::string live =
+      dir.str() + "/.strata-bench-io-" + std::to_string(getpid()) + "-0123abcd";
   std::ofstream(dead) << std::string(1 << 20, 'x');
   std::ofstream(live) << "y";
   std::string out;
-  ASSERT_EQ(run_command(cli() + " bench io --dir " + dir.str() + " --size 1MiB --block-size 128KiB"
+  ASSERT_EQ(run_command(cli() + " bench io --dir " + dir.str() +
+                            " --size 1MiB --block-size 128KiB"
                             " --queue-depth 2 --rw write --engine threads --direct-io off",
                         &out),
             0)

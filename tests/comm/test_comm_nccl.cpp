@@ -94,7 +94,8 @@ TEST(Nccl, SingleRankCollectives) {
 // current device left alone (F3: NCCL needs its device current only during the calls).
 TEST(Nccl, TwoRanksOnTwoGpus) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2) GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+  if (gpus() < gpu_base() + 2)
+    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl2");
   on_ranks(2, [&](int r) {
@@ -134,7 +135,8 @@ TEST(Nccl, TwoRanksOnTwoGpus) {
 // every other in-flight collective fails too; none reports success for data that never arrived.
 TEST(Nccl, AbortFailsEveryInFlightCollective) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2) GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+  if (gpus() < gpu_base() + 2)
+    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl-abort");
   std::unique_ptr<Communicator> idle;  // rank 1: joins, then never takes part
@@ -176,7 +178,8 @@ TEST(Nccl, AbortFailsEveryInFlightCollective) {
 // rank 1, started first, waits for rank 0's fresh id instead of waiting forever on a dead root.
 TEST(Nccl, StaleBootstrapFileIsIgnored) {
   if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2) GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+  if (gpus() < gpu_base() + 2)
+    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl-stale");
   const std::string file = dir.str() + "/nccl-id";

@@ -2,8 +2,8 @@
 
 #include <atomic>
 #include <cstring>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "device/device_test_util.hpp"
 #include "strata/device.hpp"
@@ -164,7 +164,7 @@ TEST(HostDevice, FreeWaitsForQueuedWork) {
     while (!go.load()) std::this_thread::yield();
   });
   s->memcpy_async(back.data(), m.get(), n);
-  m.reset();  // freed while the copy is queued
+  m.reset();                      // freed while the copy is queued
   auto other = dev->allocate(n);  // would likely reuse the freed block
   std::memset(other.get(), 0, n);
   go = true;

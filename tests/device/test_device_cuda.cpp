@@ -88,7 +88,8 @@ TEST(CudaDevice, PollingLeavesNoErrorBehind) {
 
 // F3: every call leaves the caller's current device as it was.
 TEST(CudaDevice, CallerCurrentDeviceIsRestored) {
-  if (gpu_count() < gpu_base() + 2) GTEST_SKIP() << "needs GPUs " << gpu_base() << " and " << gpu_base() + 1;
+  if (gpu_count() < gpu_base() + 2)
+    GTEST_SKIP() << "needs GPUs " << gpu_base() << " and " << gpu_base() + 1;
   const int mine = gpu_base(), theirs = gpu_base() + 1;
   ASSERT_EQ(cudaSetDevice(theirs), cudaSuccess);  // the embedding framework's GPU
   auto dev = make_device(DeviceKind::kCuda, mine);
@@ -118,7 +119,8 @@ TEST(CudaDevice, CallerCurrentDeviceIsRestored) {
 // F4: freeing and unregistering from a thread that never used CUDA must not create a context on
 // that thread's default GPU 0 (a stray context per rank on a multi-GPU node).
 TEST(CudaDevice, FreeFromAFreshThreadTouchesNoOtherGpu) {
-  if (!st::under_fakecuda() || gpu_base() < 1) GTEST_SKIP() << "needs the fake runtime, GPUs from 1";
+  if (!st::under_fakecuda() || gpu_base() < 1)
+    GTEST_SKIP() << "needs the fake runtime, GPUs from 1";
   if (gpu_count() <= gpu_base()) GTEST_SKIP() << "no GPU " << gpu_base();
   auto dev = make_device(DeviceKind::kCuda, gpu_base());
   auto m = dev->allocate(1 << 20);
@@ -177,7 +179,12 @@ TEST(CudaDevice, ProducerStreamHandOff) {
   // The "backward": held back by a host function until the mover's copy is queued.
   std::atomic<bool> go{false};
   ASSERT_EQ(cudaLaunchHostFunc(
-                user, [](void* p) { while (!static_cast<std::atomic<bool>*>(p)->load()) {} }, &go),
+                user,
+                [](void* p) {
+                  while (!static_cast<std::atomic<bool>*>(p)->load()) {
+                  }
+                },
+                &go),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpyAsync(grad.get(), src.data(), n, cudaMemcpyDefault, user), cudaSuccess);
   auto mover = dev->create_stream();

@@ -27,10 +27,10 @@ cudaError_t enter(int dev = -1) {
   return cudaSuccess;
 }
 
-#define FAKE_ENTER(dev)                      \
-  do {                                       \
-    cudaError_t e_ = enter(dev);             \
-    if (e_ != cudaSuccess) return e_;        \
+#define FAKE_ENTER(dev)               \
+  do {                                \
+    cudaError_t e_ = enter(dev);      \
+    if (e_ != cudaSuccess) return e_; \
   } while (0)
 
 int current() { return thread_state().current; }
@@ -115,8 +115,7 @@ cudaError_t queue_copy(const CopyPlan& c, std::size_t n, const std::shared_ptr<S
   return cudaSuccess;
 }
 
-cudaError_t memcpy_impl(void* dst, const void* src, std::size_t n, cudaStream_t stream,
-                        bool sync) {
+cudaError_t memcpy_impl(void* dst, const void* src, std::size_t n, cudaStream_t stream, bool sync) {
   FAKE_ENTER(-1);
   Runtime& rt = Runtime::get();
   if (!rt.valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);
@@ -156,12 +155,13 @@ cudaError_t sticky_of(int dev) {
 
 extern "C" {
 
-// ---- errors --------------------------------------------------------------------------------------
+// ---- errors
+// --------------------------------------------------------------------------------------
 
 cudaError_t cudaGetLastError(void) {
   ThreadState& t = thread_state();
-  const cudaError_t sticky = Runtime::get().device_count() > t.current ? sticky_of(t.current)
-                                                                        : cudaSuccess;
+  const cudaError_t sticky =
+      Runtime::get().device_count() > t.current ? sticky_of(t.current) : cudaSuccess;
   if (sticky != cudaSuccess) return sticky;
   const cudaError_t e = t.last;
   t.last = cudaSuccess;
@@ -170,53 +170,83 @@ cudaError_t cudaGetLastError(void) {
 
 cudaError_t cudaPeekAtLastError(void) {
   ThreadState& t = thread_state();
-  const cudaError_t sticky = Runtime::get().device_count() > t.current ? sticky_of(t.current)
-                                                                        : cudaSuccess;
+  const cudaError_t sticky =
+      Runtime::get().device_count() > t.current ? sticky_of(t.current) : cudaSuccess;
   return sticky != cudaSuccess ? sticky : t.last;
 }
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "cudaSuccess";
-    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorNoDevice: return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady: return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
-    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
-    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
-    case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
-    case cudaErrorNotSupported: return "cudaErrorNotSupported";
-    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
-    default: return "cudaErrorUnknown";
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDeviceFunction:
+      return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice:
+      return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle:
+      return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress:
+      return "cudaErrorIllegalAddress";
+    case cudaErrorMisalignedAddress:
+      return "cudaErrorMisalignedAddress";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered:
+      return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNotPermitted:
+      return "cudaErrorNotPermitted";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    case cudaErrorLaunchFailure:
+      return "cudaErrorLaunchFailure";
+    default:
+      return "cudaErrorUnknown";
   }
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
-    case cudaErrorMemoryAllocation: return "out of memory";
-    case cudaErrorInvalidDevice: return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorNotReady: return "device not ready";
-    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
-    case cudaErrorMisalignedAddress: return "misaligned address";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorMemoryAllocation:
+      return "out of memory";
+    case cudaErrorInvalidDevice:
+      return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle:
+      return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
+    case cudaErrorIllegalAddress:
+      return "an illegal memory access was encountered";
+    case cudaErrorMisalignedAddress:
+      return "misaligned address";
     case cudaErrorHostMemoryAlreadyRegistered:
       return "part or all of the requested memory range is already mapped";
-    case cudaErrorHostMemoryNotRegistered: return "pointer does not correspond to a registered memory region";
-    case cudaErrorNotPermitted: return "operation not permitted";
-    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
-    default: return cudaGetErrorName(e);
+    case cudaErrorHostMemoryNotRegistered:
+      return "pointer does not correspond to a registered memory region";
+    case cudaErrorNotPermitted:
+      return "operation not permitted";
+    case cudaErrorNoDevice:
+      return "no CUDA-capable device is detected";
+    default:
+      return cudaGetErrorName(e);
   }
 }
 
-// ---- devices -------------------------------------------------------------------------------------
+// ---- devices
+// -------------------------------------------------------------------------------------
 
 cudaError_t cudaGetDeviceCount(int* count) {
   if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
@@ -262,12 +292,23 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int dev) {
   if (!value) return ret(cudaErrorInvalidValue);
   if (dev < 0 || dev >= rt.device_count()) return ret(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount: *value = 4 + dev; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
-    case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
-    default: return ret(cudaErrorInvalidValue);
+    case cudaDevAttrMultiProcessorCount:
+      *value = 4 + dev;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = 1024;
+      return cudaSuccess;
+    case cudaDevAttrWarpSize:
+      *value = 32;
+      return cudaSuccess;
+    default:
+      return ret(cudaErrorInvalidValue);
   }
 }
 
@@ -292,7 +333,8 @@ cudaError_t cudaRuntimeGetVersion(int* v) {
   return cudaSuccess;
 }
 
-// ---- memory --------------------------------------------------------------------------------------
+// ---- memory
+// --------------------------------------------------------------------------------------
 
 cudaError_t cudaMalloc(void** p, size_t bytes) {
   FAKE_ENTER(-1);
@@ -334,8 +376,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   return memcpy_impl(dst, src, n, nullptr, true);
 }
 
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind,
-                            cudaStream_t s) {
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind, cudaStream_t s) {
   return memcpy_impl(dst, src, n, s, false);
 }
 
@@ -347,7 +388,8 @@ cudaError_t cudaMemsetAsync(void* dst, int value, size_t n, cudaStream_t s) {
   return memset_impl(dst, value, n, s, false);
 }
 
-// ---- streams -------------------------------------------------------------------------------------
+// ---- streams
+// -------------------------------------------------------------------------------------
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned int flags) {
   FAKE_ENTER(-1);
@@ -435,7 +477,8 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t h, cudaHostFn_t fn, void* data) {
   return cudaSuccess;
 }
 
-// ---- events --------------------------------------------------------------------------------------
+// ---- events
+// --------------------------------------------------------------------------------------
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int flags) {
   FAKE_ENTER(-1);
@@ -504,7 +547,8 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   EventState* a = rt.event(start);
   EventState* b = rt.event(end);
   if (!ms || !a || !b) return ret(cudaErrorInvalidResourceHandle);
-  if (!a->timing || !b->timing || !a->stamp || !b->stamp) return ret(cudaErrorInvalidResourceHandle);
+  if (!a->timing || !b->timing || !a->stamp || !b->stamp)
+    return ret(cudaErrorInvalidResourceHandle);
   const std::int64_t t0 = *a->stamp, t1 = *b->stamp;
   if (t0 == 0 || t1 == 0) return ret(cudaErrorNotReady);
   *ms = static_cast<float>(static_cast<double>(t1 - t0) / 1e6);

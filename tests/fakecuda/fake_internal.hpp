@@ -50,8 +50,8 @@ struct StreamState {
   std::mutex mu;
   std::condition_variable cv;
   std::deque<Task> queue;
-  std::uint64_t enqueued = 0;   // tasks ever queued
-  std::uint64_t completed = 0;  // tasks ever finished
+  std::uint64_t enqueued = 0;       // tasks ever queued
+  std::uint64_t completed = 0;      // tasks ever finished
   bool answered_not_ready = false;  // since the last enqueue
   std::uint64_t synced = 0;  // a host sync has observed completion up to here: no forced NotReady
   bool stop = false;
@@ -157,8 +157,8 @@ class Runtime {
   std::mutex mu_;
   std::condition_variable pause_cv_;
   std::vector<DeviceState> devices_;
-  std::map<std::uintptr_t, Alloc> allocs_;                 // by device address
-  std::map<std::uintptr_t, std::size_t> pinned_;           // host ranges registered
+  std::map<std::uintptr_t, Alloc> allocs_;        // by device address
+  std::map<std::uintptr_t, std::size_t> pinned_;  // host ranges registered
   std::map<StreamState*, std::shared_ptr<StreamState>> streams_;
   std::map<EventState*, std::unique_ptr<EventState>> events_;
   std::map<std::uint64_t, Pending> pending_;

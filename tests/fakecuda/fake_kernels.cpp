@@ -206,8 +206,8 @@ void register_kernel(const void* host_fun, const char* device_name) {
   registry().names[host_fun] = device_name ? device_name : "";
 }
 
-cudaError_t launch_kernel(const void* host_fun, dim3 grid, dim3 block, void** args,
-                          std::size_t, cudaStream_t stream) {
+cudaError_t launch_kernel(const void* host_fun, dim3 grid, dim3 block, void** args, std::size_t,
+                          cudaStream_t stream) {
   if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
   Runtime& rt = Runtime::get();
   if (!rt.valid_stream(stream)) return ret(cudaErrorInvalidResourceHandle);

@@ -36,7 +36,7 @@ struct Group {
   int nranks = 0;
   std::mutex mu;
   std::condition_variable cv;
-  std::map<int, int> devices;  // rank -> device
+  std::map<int, int> devices;                          // rank -> device
   std::map<std::uint64_t, std::map<int, Op>> arrived;  // collective seq -> rank -> buffers
   std::map<std::uint64_t, int> released;               // seq -> ranks that left
   std::map<std::uint64_t, bool> done;
@@ -65,10 +65,14 @@ std::string key(const ncclUniqueId& id) { return std::string(id.internal, 32); }
 
 std::size_t elem_size(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat32: return 4;
-    case ncclFloat16: return 2;
-    case ncclBfloat16: return 2;
-    default: return 0;
+    case ncclFloat32:
+      return 4;
+    case ncclFloat16:
+      return 2;
+    case ncclBfloat16:
+      return 2;
+    default:
+      return 0;
   }
 }
 
@@ -94,8 +98,8 @@ float load(ncclDataType_t t, const char* p, std::size_t i) {
     if (sign) f = -f;
     return f;
   }
-  const std::uint32_t bits = exp == 0x1f ? sign | 0x7f800000u | (mant << 13)
-                                          : sign | ((exp + 112) << 23) | (mant << 13);
+  const std::uint32_t bits =
+      exp == 0x1f ? sign | 0x7f800000u | (mant << 13) : sign | ((exp + 112) << 23) | (mant << 13);
   std::memcpy(&f, &bits, 4);
   return f;
 }
@@ -109,8 +113,9 @@ void store(ncclDataType_t t, char* p, std::size_t i, float f) {
   std::memcpy(&x, &f, 4);
   std::uint16_t h;
   if (t == ncclBfloat16) {
-    h = (x & 0x7fffffffu) > 0x7f800000u ? 0x7fff
-                                          : static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    h = (x & 0x7fffffffu) > 0x7f800000u
+            ? 0x7fff
+            : static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
   } else {
     // float -> half, round to nearest even (normal and subnormal ranges).
     const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
@@ -151,7 +156,8 @@ void compute(const Collective& c, std::map<int, Op>& ops, int nranks) {
     std::vector<char> sum(total * es);
     for (std::size_t i = 0; i < total; ++i) {
       float s = 0.0f;
-      for (int r = 0; r < nranks; ++r) s = r == 0 ? load(c.type, ops[r].src, i) : s + load(c.type, ops[r].src, i);
+      for (int r = 0; r < nranks; ++r)
+        s = r == 0 ? load(c.type, ops[r].src, i) : s + load(c.type, ops[r].src, i);
       store(c.type, sum.data(), i, s);
     }
     for (int r = 0; r < nranks; ++r) {
@@ -163,7 +169,8 @@ void compute(const Collective& c, std::map<int, Op>& ops, int nranks) {
     }
   } else if (c.kind == Kind::kAllGather) {
     std::vector<char> all(c.count * nranks * es);
-    for (int r = 0; r < nranks; ++r) std::memcpy(all.data() + r * c.count * es, ops[r].src, c.count * es);
+    for (int r = 0; r < nranks; ++r)
+      std::memcpy(all.data() + r * c.count * es, ops[r].src, c.count * es);
     for (int r = 0; r < nranks; ++r) out[r] = all;
   } else {  // broadcast
     std::vector<char> b(ops[c.root].src, ops[c.root].src + c.count * es);
@@ -296,8 +303,10 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async) {
   if (cs->state == ncclInProgress) {
     Group& g = *cs->group;
     std::lock_guard<std::mutex> lock(g.mu);
-    if (g.failed) cs->state = ncclInvalidUsage;
-    else if (static_cast<int>(g.devices.size()) == g.nranks) cs->state = ncclSuccess;
+    if (g.failed)
+      cs->state = ncclInvalidUsage;
+    else if (static_cast<int>(g.devices.size()) == g.nranks)
+      cs->state = ncclSuccess;
   }
   *async = cs->state;
   return ncclSuccess;
@@ -345,15 +354,24 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess: return "no error";
-    case ncclUnhandledCudaError: return "unhandled cuda error";
-    case ncclSystemError: return "unhandled system error";
-    case ncclInternalError: return "internal error";
-    case ncclInvalidArgument: return "invalid argument";
-    case ncclInvalidUsage: return "invalid usage";
-    case ncclRemoteError: return "remote process exited or there was a network error";
-    case ncclInProgress: return "NCCL operation in progress";
-    default: return "unknown result code";
+    case ncclSuccess:
+      return "no error";
+    case ncclUnhandledCudaError:
+      return "unhandled cuda error";
+    case ncclSystemError:
+      return "unhandled system error";
+    case ncclInternalError:
+      return "internal error";
+    case ncclInvalidArgument:
+      return "invalid argument";
+    case ncclInvalidUsage:
+      return "invalid usage";
+    case ncclRemoteError:
+      return "remote process exited or there was a network error";
+    case ncclInProgress:
+      return "NCCL operation in progress";
+    default:
+      return "unknown result code";
   }
 }
 
@@ -390,8 +408,8 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataT
   CommState* cs = state(comm);
   if (!cs || root < 0 || root >= cs->group->nranks) return ncclInvalidArgument;
   const std::size_t b = count * elem_size(t);
-  return issue(comm, Collective{Kind::kBroadcast, count, t, root}, cs->rank == root ? send : nullptr,
-               cs->rank == root ? b : 0, recv, b, s);
+  return issue(comm, Collective{Kind::kBroadcast, count, t, root},
+               cs->rank == root ? send : nullptr, cs->rank == root ? b : 0, recv, b, s);
 }
 
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t t,

@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
+#include "checkpoint/format.hpp"
 #include "core/crc32c.hpp"
 #include "strata/error.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace {
 

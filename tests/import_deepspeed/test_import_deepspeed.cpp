@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <filesystem>
-
 #include <fstream>
 #include <functional>
 #include <map>
@@ -275,12 +274,16 @@ TEST(ImportDeepSpeedErrors, NumberValueAndControlCharacterLimits) {
     std::string text, want;
   };
   const std::vector<Bad> bad{
-      {"{\"optimizer\": {\"params\": {\"lr\": 1e400}}}", "ds.json:1:33: malformed JSON: the number 1e400 is out of the range"},
-      {"{\"optimizer\": {\"params\": {\"lr\": -1e400}}}", "ds.json:1:33: malformed JSON: the number -1e400"},
-      {"{\"train_batch_size\": " + std::string(100, '9') + "}", "ds.json:1:22: malformed JSON: a number of 100"},
+      {"{\"optimizer\": {\"params\": {\"lr\": 1e400}}}",
+       "ds.json:1:33: malformed JSON: the number 1e400 is out of the range"},
+      {"{\"optimizer\": {\"params\": {\"lr\": -1e400}}}",
+       "ds.json:1:33: malformed JSON: the number -1e400"},
+      {"{\"train_batch_size\": " + std::string(100, '9') + "}",
+       "ds.json:1:22: malformed JSON: a number of 100"},
       {many, "malformed JSON: more than 65536 values"},
       {"{\"\\u001b[2Jkey\\u0007\": 1, \"\\u001b[2Jkey\\u0007\": 2}", "duplicate key"},
-      {"{\"zero_optimization\": {\"stage\": \"\\u001b]0;owned\\u0007\"}}", "zero_optimization.stage"},
+      {"{\"zero_optimization\": {\"stage\": \"\\u001b]0;owned\\u0007\"}}",
+       "zero_optimization.stage"},
   };
   for (const auto& b : bad) {
     const CliRun r = run("import-deepspeed " + write(b.text));
@@ -288,7 +291,8 @@ TEST(ImportDeepSpeedErrors, NumberValueAndControlCharacterLimits) {
     EXPECT_NE(r.err.find(b.want), std::string::npos) << b.text.substr(0, 80) << "\n" << r.err;
     EXPECT_LT(r.err.size(), 4096u) << r.err.substr(0, 200);
     for (char c : r.err)
-      EXPECT_TRUE(c == '\n' || static_cast<unsigned char>(c) >= 0x20) << "control character in: " << r.err;
+      EXPECT_TRUE(c == '\n' || static_cast<unsigned char>(c) >= 0x20)
+          << "control character in: " << r.err;
   }
 }
 
@@ -301,7 +305,8 @@ TEST(ImportDeepSpeedErrors, OverwriteRefusesFifoAndDevice) {
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   CliRun r = run("import-deepspeed " + good + " -o " + fifo + " --overwrite");
   EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("is a FIFO; --overwrite replaces only a regular file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is a FIFO; --overwrite replaces only a regular file"), std::string::npos)
+      << r.err;
   struct stat st {};
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
@@ -318,7 +323,8 @@ TEST(ImportDeepSpeedErrors, OverwriteRefusesFifoAndDevice) {
   }
   // Nothing left beside them.
   std::string names;
-  for (const auto& e : std::filesystem::directory_iterator(tmp.path())) names += e.path().filename().string() + " ";
+  for (const auto& e : std::filesystem::directory_iterator(tmp.path()))
+    names += e.path().filename().string() + " ";
   EXPECT_TRUE(names == "fifo null " || names == "null fifo " || names == "fifo ") << names;
   // A regular file is still replaced.
   std::ofstream(tmp.str() + "/x.yaml") << "mine\n";

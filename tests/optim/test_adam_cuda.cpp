@@ -199,8 +199,8 @@ TEST(AdamCuda, LaunchAfterANotReadyQuery) {
   CUDA_OK(cudaMemsetAsync(dg.p, 0, n * 4, s));
   cudaError_t q = cudaStreamQuery(s);  // the engine thread always polls first
   if (q != cudaErrorNotReady) GTEST_SKIP() << "the memsets finished before the query";
-  AdamTensors t{dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, nullptr,
-                DType::kBf16, n};
+  AdamTensors t{dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p,
+                DType::kFp32,    nullptr,         DType::kBf16,    n};
   EXPECT_NO_THROW(adam_step_cuda(AdamParams{}, t, {1, 1.0f, false}, s, nullptr));
   CUDA_OK(cudaStreamSynchronize(s));
   CUDA_OK(cudaStreamDestroy(s));
@@ -252,16 +252,18 @@ TEST(AdamCuda, NanCopiesMatchTheCpu) {
     std::vector<std::uint16_t> cpu_copy(n), gpu_copy(n);
     std::vector<float> p2 = p, m2 = m, v2 = v;
     CpuAdam cpu(1);
-    cpu.step(AdamParams{}, {p.data(), m.data(), v.data(), g.data(), DType::kFp32, cpu_copy.data(), cd, n},
+    cpu.step(AdamParams{},
+             {p.data(), m.data(), v.data(), g.data(), DType::kFp32, cpu_copy.data(), cd, n},
              {1, 1.0f, false});
     Dev dp(n * 4), dm(n * 4), dv(n * 4), dg(n * 4), dc(n * 2);
     CUDA_OK(cudaMemcpy(dp.p, p2.data(), n * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dm.p, m2.data(), n * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dv.p, v2.data(), n * 4, cudaMemcpyHostToDevice));
     CUDA_OK(cudaMemcpy(dg.p, g.data(), n * 4, cudaMemcpyHostToDevice));
-    adam_step_cuda(AdamParams{},
-                   {dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, dc.p, cd, n},
-                   {1, 1.0f, false}, nullptr, nullptr);
+    adam_step_cuda(
+        AdamParams{},
+        {dp.at<float>(0), dm.at<float>(0), dv.at<float>(0), dg.p, DType::kFp32, dc.p, cd, n},
+        {1, 1.0f, false}, nullptr, nullptr);
     CUDA_OK(cudaMemcpy(gpu_copy.data(), dc.p, n * 2, cudaMemcpyDeviceToHost));
     for (std::size_t i = 0; i < n; ++i)
       EXPECT_EQ(gpu_copy[i], cpu_copy[i]) << testing::dt_name(cd) << " element " << i;

@@ -62,7 +62,8 @@ inline void ckpt_step(Engine& e, const std::vector<std::size_t>& sizes, int rank
   e.step();
 }
 
-inline std::vector<std::vector<float>> ckpt_params(Engine& e, const std::vector<std::size_t>& sizes) {
+inline std::vector<std::vector<float>> ckpt_params(Engine& e,
+                                                   const std::vector<std::size_t>& sizes) {
   std::vector<std::vector<float>> out;
   for (std::size_t t = 0; t < sizes.size(); ++t) {
     TensorId id = t;

@@ -58,9 +58,9 @@ class WatchedDevice final : public DeviceWrapper {
   struct Gate {
     std::mutex mu;
     std::condition_variable cv;
-    bool open = false;             // guarded by mu
-    bool timed_out = false;        // guarded by mu: opened by the safety timeout, not the test
-    std::uint64_t entered = 0;     // guarded by mu: held copies that reached the gate
+    bool open = false;          // guarded by mu
+    bool timed_out = false;     // guarded by mu: opened by the safety timeout, not the test
+    std::uint64_t entered = 0;  // guarded by mu: held copies that reached the gate
     std::uint64_t first = 0, count = 0;  // device→host copies [first, first + count) are held
     bool fail = false;                   // held copies fail once released
   };
@@ -119,7 +119,8 @@ class WatchedDevice final : public DeviceWrapper {
       if (bytes > 0 && dev_.map_->contains(src, bytes) && !dev_.map_->contains(dst, bytes)) {
         const std::uint64_t n = ++dev_.d2h_;
         const auto delay = std::chrono::milliseconds(dev_.delay_ms_.load());
-        if (delay.count() > 0) inner().launch_host_func([delay] { std::this_thread::sleep_for(delay); });
+        if (delay.count() > 0)
+          inner().launch_host_func([delay] { std::this_thread::sleep_for(delay); });
         std::shared_ptr<Gate> g = dev_.gate_;
         bool held;
         {
@@ -177,7 +178,8 @@ class DeviceOnlyComm final : public Communicator {
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
     check("reduce_scatter send", send, total(counts) * dtype_size(dtype));
-    check("reduce_scatter recv", recv, counts[static_cast<std::size_t>(rank())] * dtype_size(dtype));
+    check("reduce_scatter recv", recv,
+          counts[static_cast<std::size_t>(rank())] * dtype_size(dtype));
     return inner_->reduce_scatter_async(send, recv, counts, dtype);
   }
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,

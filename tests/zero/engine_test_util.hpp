@@ -22,8 +22,8 @@ struct EngineCase {
   DType grads = DType::kFp32;
   int steps = 3;
   std::vector<std::size_t> sizes{37, 0, 1, 130, 5, 64, 301, 2};
-  std::uint64_t bucket = 100;   // zero.reduce_bucket_size (elements): several buckets
-  std::uint64_t sub_group = 50; // zero.sub_group_size: several sub-groups per partition
+  std::uint64_t bucket = 100;    // zero.reduce_bucket_size (elements): several buckets
+  std::uint64_t sub_group = 50;  // zero.sub_group_size: several sub-groups per partition
   double clip = 0.0;
   double timeout_s = 30.0;
 };
@@ -53,8 +53,8 @@ inline std::vector<float> initial_values(std::uint64_t seed, std::size_t tensor,
   return v;
 }
 
-inline std::vector<unsigned char> grad_of(std::uint64_t seed, int rank, int step, std::size_t tensor,
-                                          std::size_t n, DType dt) {
+inline std::vector<unsigned char> grad_of(std::uint64_t seed, int rank, int step,
+                                          std::size_t tensor, std::size_t n, DType dt) {
   return rank_data(seed, rank, step * 1000 + static_cast<int>(tensor), n, dt);
 }
 
@@ -65,8 +65,7 @@ inline std::vector<std::vector<float>> train_rank(Communicator& comm, const Engi
   Engine e(engine_config(c), comm);
   std::vector<TensorId> ids;
   for (std::size_t t = 0; t < c.sizes.size(); ++t)
-    ids.push_back(e.add_parameter("t" + std::to_string(t),
-                                  initial_values(seed, t, c.sizes[t])));
+    ids.push_back(e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t])));
   e.finalize();
   for (int s = 0; s < c.steps; ++s) {
     // forward: every tensor gathered (stage 3) and released in order
@@ -119,27 +118,32 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
   for (int s = 0; s < c.steps; ++s) {
     for (std::size_t t = 0; t < c.sizes.size(); ++t) {
       std::vector<std::vector<unsigned char>> per_rank;
-      for (int r = 0; r < world; ++r) per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
+      for (int r = 0; r < world; ++r)
+        per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
       auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
       std::vector<unsigned char> copy(c.sizes[t] * pes);
-      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(), c.grads,
-                     copy.data(), c.params, c.sizes[t]};
-      adam.step(hp, at, AdamStepOptions{s + 1, static_cast<float>(1.0 / scale), false,
-                                        static_cast<float>(world)});
-      for (std::size_t i = 0; i < c.sizes[t]; ++i) out[t][i] = comm::load_elem(copy.data(), i, c.params);
+      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(),
+                     c.grads,          copy.data(), c.params,    c.sizes[t]};
+      adam.step(hp, at,
+                AdamStepOptions{s + 1, static_cast<float>(1.0 / scale), false,
+                                static_cast<float>(world)});
+      for (std::size_t i = 0; i < c.sizes[t]; ++i)
+        out[t][i] = comm::load_elem(copy.data(), i, c.params);
     }
   }
   return out;
 }
 
 inline void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
-                                 const std::vector<std::vector<float>>& want, const std::string& what) {
+                                 const std::vector<std::vector<float>>& want,
+                                 const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (std::size_t t = 0; t < got.size(); ++t) {
     ASSERT_EQ(got[t].size(), want[t].size());
     for (std::size_t i = 0; i < got[t].size(); ++i)
       ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-          << what << ": tensor " << t << " element " << i << ": " << got[t][i] << " vs " << want[t][i];
+          << what << ": tensor " << t << " element " << i << ": " << got[t][i] << " vs "
+          << want[t][i];
   }
 }
 

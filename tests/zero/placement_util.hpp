@@ -193,8 +193,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   // pool slot: gradients on NVMe, or some in device memory that is staged (CUDA, or `staged`).
   const bool some_grads_on_device = p.grads == Tier::kGpu || p.fraction < 1;
   const bool stats_staged =
-      p.grads == Tier::kNvme ||
-      (some_grads_on_device && (device == DeviceKind::kCuda || p.staged));
+      p.grads == Tier::kNvme || (some_grads_on_device && (device == DeviceKind::kCuda || p.staged));
   if (p.opt == Tier::kNvme && !stats_staged) {
     EXPECT_EQ(gated, kSteps) << "steps whose decision ran under the update's reads";
     EXPECT_EQ(cancelled, 2) << "skipped steps that cancelled the update's reads";

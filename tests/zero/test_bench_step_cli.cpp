@@ -13,15 +13,17 @@ namespace {
 TEST(BenchStepCli, JsonHasEveryFigure) {
   TempDir swap("strata-bench-step");
   std::string out;
-  const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
-                          "/bench/step/step.yaml --params 600K --rounds 1 --json --set tiers.nvme.paths=[" +
-                          swap.str() + "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3";
+  const std::string cmd =
+      binary_dir() + "/strata bench step " + source_dir() +
+      "/bench/step/step.yaml --params 600K --rounds 1 --json --set tiers.nvme.paths=[" +
+      swap.str() + "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3";
   ASSERT_EQ(run_command(cmd, &out), 0) << out;
   // stdout and stderr come together: the document is the part from the line starting with '{'.
   const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
   auto j = nlohmann::json::parse(out.substr(start, out.rfind("\n}") + 2 - start));
   const auto& s = j["step"];
-  for (const char* k : {"t_read_s", "t_update_s", "t_write_s", "t_step_s", "t_step_serial_s", "t_io_s"})
+  for (const char* k :
+       {"t_read_s", "t_update_s", "t_write_s", "t_step_s", "t_step_serial_s", "t_io_s"})
     EXPECT_GT(s[k].get<double>(), 0.0) << k;
   EXPECT_EQ(s["elements"].get<std::uint64_t>(), 600000u);
   EXPECT_EQ(s["buffers"].get<std::uint32_t>(), 3u);
@@ -31,7 +33,8 @@ TEST(BenchStepCli, JsonHasEveryFigure) {
   EXPECT_GT(j["rss_ratio_4x_vs_1x"].get<double>(), 0.5);
   EXPECT_EQ(j["step_4x"]["elements"].get<std::uint64_t>(), 2400000u);
   // Swap files are gone.
-  for (auto& e : std::filesystem::directory_iterator(swap.path())) ADD_FAILURE() << "left behind: " << e.path();
+  for (auto& e : std::filesystem::directory_iterator(swap.path()))
+    ADD_FAILURE() << "left behind: " << e.path();
 }
 
 // optimizer.update: device (the host-emulated device here): same figures, and the JSON says where
@@ -40,8 +43,10 @@ TEST(BenchStepCli, DeviceUpdate) {
   TempDir swap("strata-bench-step");
   std::string out;
   const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
-                          "/bench/step/step.yaml --params 300K --rounds 1 --no-scaling --json --set tiers.nvme.paths=[" +
-                          swap.str() + "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3" +
+                          "/bench/step/step.yaml --params 300K --rounds 1 --no-scaling --json "
+                          "--set tiers.nvme.paths=[" +
+                          swap.str() +
+                          "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3" +
                           " --set optimizer.update=device --set runtime.device=host";
   ASSERT_EQ(run_command(cmd, &out), 0) << out;
   const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
@@ -57,11 +62,13 @@ TEST(BenchStepCli, Issue15CreatesItsSwapDirectoryAndRefusesWhatTheMachineCannotH
   TempDir swap("strata-bench-step");
   const std::string fresh = swap.str() + "/new/swap";
   std::string out;
-  const std::string base = binary_dir() + "/strata bench step " + source_dir() + "/bench/step/step.yaml";
-  ASSERT_EQ(run_command(base + " --params 100K --rounds 1 --no-scaling --set tiers.nvme.paths=[" + fresh +
-                            "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=2",
-                        &out),
-            0)
+  const std::string base =
+      binary_dir() + "/strata bench step " + source_dir() + "/bench/step/step.yaml";
+  ASSERT_EQ(
+      run_command(base + " --params 100K --rounds 1 --no-scaling --set tiers.nvme.paths=[" + fresh +
+                      "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=2",
+                  &out),
+      0)
       << out;
   EXPECT_TRUE(std::filesystem::is_directory(fresh)) << out;
   EXPECT_TRUE(std::filesystem::is_empty(fresh)) << out;
@@ -70,7 +77,8 @@ TEST(BenchStepCli, Issue15CreatesItsSwapDirectoryAndRefusesWhatTheMachineCannotH
   EXPECT_NE(out.find("bench step: run 1 of 1: 100K params"), std::string::npos) << out;
   EXPECT_NE(out.find("bench step: run 1 of 1 done in"), std::string::npos) << out;
   // 90T parameters: refused before anything is allocated, naming memory and disk.
-  EXPECT_EQ(run_command(base + " --params 90T --set tiers.nvme.paths=[" + fresh + "]", &out), 2) << out;
+  EXPECT_EQ(run_command(base + " --params 90T --set tiers.nvme.paths=[" + fresh + "]", &out), 2)
+      << out;
   EXPECT_NE(out.find("of host memory and"), std::string::npos) << out;
   EXPECT_NE(out.find("of disk under " + fresh), std::string::npos) << out;
   EXPECT_TRUE(std::filesystem::is_empty(fresh));

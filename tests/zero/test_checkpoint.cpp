@@ -41,9 +41,9 @@ void expect_same(const std::vector<std::vector<float>>& a, const std::vector<std
 double g_state_nvme = 0;
 
 // Trains `first` steps, saves, trains `then` more; or (resume) loads and trains `then`.
-std::vector<std::vector<std::vector<float>>> run(int world, int stage, double fraction, const std::string& swap,
-                                                 const std::string& ckpt, int first, int then, bool resume,
-                                                 std::vector<std::uint64_t>* steps_after_load = nullptr) {
+std::vector<std::vector<std::vector<float>>> run(
+    int world, int stage, double fraction, const std::string& swap, const std::string& ckpt,
+    int first, int then, bool resume, std::vector<std::uint64_t>* steps_after_load = nullptr) {
   auto comms = make_inprocess_communicators(world, 30.0);
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
   if (steps_after_load) steps_after_load->assign(static_cast<std::size_t>(world), 0);
@@ -82,10 +82,12 @@ TEST(Checkpoint, ResumeIsBitwiseIdenticalAcrossTiers) {
     std::vector<std::uint64_t> steps;
     auto got = run(2, stage, 0.5, swap.str(), ckpt.str(), 10, 12, true, &steps);
     EXPECT_EQ(steps[0], 10u);
-    for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("stage ", stage, " nvme resume rank ", r));
+    for (int r = 0; r < 2; ++r)
+      expect_same(got[r], want[r], strcat("stage ", stage, " nvme resume rank ", r));
     run(2, stage, 1.0, swap.str(), ckpt.str(), 10, 0, false);
     got = run(2, stage, 0, swap.str(), ckpt.str(), 10, 12, true);
-    for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("stage ", stage, " resident resume rank ", r));
+    for (int r = 0; r < 2; ++r)
+      expect_same(got[r], want[r], strcat("stage ", stage, " resident resume rank ", r));
     // The second save replaced the first: one shard per rank left, one manifest.
     std::size_t shards = 0;
     for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
@@ -117,7 +119,8 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   // A flipped byte in rank 1's shard: both ranks refuse, nothing is restored.
   std::string shard1;
   for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
-    if (e.path().filename().string().find("-r1.bin") != std::string::npos) shard1 = e.path().string();
+    if (e.path().filename().string().find("-r1.bin") != std::string::npos)
+      shard1 = e.path().string();
   ASSERT_FALSE(shard1.empty());
   {
     std::fstream f(shard1, std::ios::in | std::ios::out | std::ios::binary);
@@ -209,13 +212,15 @@ TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
     saved = saved && read_until(fd, "saved 2", log);
     const auto save_time = std::chrono::steady_clock::now() - t0;
     saved = saved && read_until(fd, "saving 3", log);
-    std::this_thread::sleep_for(std::chrono::duration_cast<std::chrono::microseconds>(save_time * frac));
+    std::this_thread::sleep_for(
+        std::chrono::duration_cast<std::chrono::microseconds>(save_time * frac));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
     ::close(fd);
     ASSERT_TRUE(saved) << "helper output:\n" << log;
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the helper was not killed mid-run";
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+        << "the helper was not killed mid-run";
     // Was the helper inside the save of serial 3 (its shard begun, the manifest still serial 2)?
     std::ifstream mf(ckpt.path() / "manifest.json");
     std::string manifest((std::istreambuf_iterator<char>(mf)), std::istreambuf_iterator<char>());

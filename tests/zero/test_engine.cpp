@@ -22,9 +22,11 @@ struct Param {
 };
 
 std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  auto dn = [](DType t) { return t == DType::kFp32 ? "fp32" : t == DType::kFp16 ? "fp16" : "bf16"; };
-  return strcat("stage", info.param.stage, "_world", info.param.world, "_", dn(info.param.params), "_",
-                dn(info.param.grads));
+  auto dn = [](DType t) {
+    return t == DType::kFp32 ? "fp32" : t == DType::kFp16 ? "fp16" : "bf16";
+  };
+  return strcat("stage", info.param.stage, "_world", info.param.world, "_", dn(info.param.params),
+                "_", dn(info.param.grads));
 }
 
 class EngineMatchesReference : public ::testing::TestWithParam<Param> {};
@@ -42,20 +44,23 @@ TEST_P(EngineMatchesReference, AfterSteps) {
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
   }));
-  for (int r = 0; r < p.world; ++r) expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+  for (int r = 0; r < p.world; ++r)
+    expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
 }
 
 std::vector<Param> all_params() {
   std::vector<Param> v;
   for (int stage = 0; stage <= 3; ++stage)
-    for (int world = 1; world <= 4; ++world) v.push_back({stage, world, DType::kFp32, DType::kFp32});
+    for (int world = 1; world <= 4; ++world)
+      v.push_back({stage, world, DType::kFp32, DType::kFp32});
   for (int stage = 0; stage <= 3; ++stage) {
     v.push_back({stage, 3, DType::kFp16, DType::kFp16});
     v.push_back({stage, 2, DType::kBf16, DType::kBf16});
   }
   return v;
 }
-INSTANTIATE_TEST_SUITE_P(Stages, EngineMatchesReference, ::testing::ValuesIn(all_params()), param_name);
+INSTANTIATE_TEST_SUITE_P(Stages, EngineMatchesReference, ::testing::ValuesIn(all_params()),
+                         param_name);
 
 // Bytes each rank sends per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3 (gathering in
 // forward and backward), up to padding and the 16(N-1)-byte norm exchange; and `strata plan`'s
@@ -102,8 +107,9 @@ TEST(EngineBytes, PerStepMatchZeroAnalysis) {
       Config pc = engine_config(c);
       pc.model.parameters = 44004;
       pc.world.ranks = static_cast<std::uint32_t>(world);
-      const double planned = static_cast<double>(plan_layout(pc, stage, pc.offload).traffic.network) *
-                             (world - 1) / world;
+      const double planned =
+          static_cast<double>(plan_layout(pc, stage, pc.offload).traffic.network) * (world - 1) /
+          world;
       EXPECT_NEAR(planned, want, 1.0) << "stage " << stage;
       for (int r = 0; r < world; ++r) {
         double b = static_cast<double>(bytes[static_cast<std::size_t>(r)]);
@@ -203,7 +209,8 @@ TEST(EngineClip, ClipsToGlobalNorm) {
   c.clip = norm / 4;
   auto comms = make_inprocess_communicators(world, 30.0);
   std::vector<std::vector<StepResult>> res(world);
-  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) { train_rank(comm, c, seed, &res[rank]); }));
+  rethrow_any(run_ranks(
+      comms, [&](int rank, Communicator& comm) { train_rank(comm, c, seed, &res[rank]); }));
   for (int r = 0; r < world; ++r) {
     EXPECT_NEAR(res[r][0].grad_norm, norm, 1e-4 * norm);
     EXPECT_NEAR(res[r][0].clip_coef, 0.25, 1e-4);
@@ -222,7 +229,9 @@ TEST(EngineOverlap, BucketsLeaveBeforeStep) {
     for (std::size_t t = 0; t < c.sizes.size(); ++t)
       ids.push_back(e.add_parameter("t", initial_values(3, t, c.sizes[t])));
     e.finalize();
-    auto rs = [&] { return comm.stats().calls[static_cast<std::size_t>(CollectiveKind::kReduceScatter)]; };
+    auto rs = [&] {
+      return comm.stats().calls[static_cast<std::size_t>(CollectiveKind::kReduceScatter)];
+    };
     const auto start = rs();
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
       auto g = grad_of(3, rank, 0, *it, c.sizes[*it], c.grads);

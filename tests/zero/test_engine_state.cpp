@@ -27,7 +27,8 @@ constexpr double kGroup1Lr = 3e-3, kGroup1Decay = 0.0;
 double lr_at(int step, GroupId g) { return (g == 0 ? 1e-2 : kGroup1Lr) / (1.0 + step); }
 
 // The reference: per tensor CpuAdam with its group's lr / weight decay.
-std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world, std::uint64_t seed,
+std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world,
+                                                  std::uint64_t seed,
                                                   std::vector<std::vector<float>>* m_out) {
   Config cfg = engine_config(c);
   CpuAdam adam(1);
@@ -40,14 +41,15 @@ std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world
   for (int s = 0; s < c.steps; ++s)
     for (std::size_t t = 0; t < c.sizes.size(); ++t) {
       std::vector<std::vector<unsigned char>> per_rank;
-      for (int r = 0; r < world; ++r) per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
+      for (int r = 0; r < world; ++r)
+        per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
       auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
       AdamParams hp = AdamParams::from_config(cfg.optimizer);
       const GroupId g = t % 2;
       hp.lr = lr_at(s, g);
       hp.weight_decay = g == 0 ? cfg.optimizer.weight_decay : kGroup1Decay;
-      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(), c.grads,
-                     nullptr, DType::kFp32, c.sizes[t]};
+      AdamTensors at{master[t].data(), m[t].data(), v[t].data(),  sum.data(),
+                     c.grads,          nullptr,     DType::kFp32, c.sizes[t]};
       adam.step(hp, at, AdamStepOptions{s + 1, 1.0f, false, static_cast<float>(world)});
     }
   if (m_out) *m_out = m;
@@ -70,7 +72,8 @@ TEST_P(EngineGroups, PerGroupLrAndDecayMatchReference) {
     EXPECT_EQ(g1, 1u);
     std::vector<TensorId> ids;
     for (std::size_t t = 0; t < c.sizes.size(); ++t)
-      ids.push_back(e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]), t % 2));
+      ids.push_back(
+          e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]), t % 2));
     e.finalize();
     EXPECT_EQ(e.num_groups(), 2u);
     EXPECT_EQ(e.group_of(ids[1]), 1u);
@@ -150,7 +153,8 @@ std::vector<StateParam> state_params() {
     for (int world : {1, 2, 3, 4}) v.push_back({stage, world});
   return v;
 }
-INSTANTIATE_TEST_SUITE_P(Stages, EngineGroups, ::testing::ValuesIn(state_params()), state_param_name);
+INSTANTIATE_TEST_SUITE_P(Stages, EngineGroups, ::testing::ValuesIn(state_params()),
+                         state_param_name);
 
 TEST(EngineGroupsMisuse, ClearErrors) {
   auto comms = make_inprocess_communicators(1, 10.0);

@@ -87,8 +87,9 @@ TEST(EngineTorch, AveragedGradientsMatchTorchBitwise) {
         got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
       }));
       for (int r = 0; r < world; ++r)
-        expect_bitwise_equal(got[static_cast<std::size_t>(r)], want,
-                             strata::strcat("N=", world, " stage ", stage, " rank ", r, " vs torch"));
+        expect_bitwise_equal(
+            got[static_cast<std::size_t>(r)], want,
+            strata::strcat("N=", world, " stage ", stage, " rank ", r, " vs torch"));
     }
   }
 }
@@ -113,18 +114,22 @@ TEST(EngineTorch, Bf16GradientsAreNotLossScaledByDefault) {
   EXPECT_EQ(scale_of(base + "precision: {params: bf16, grads: bf16, loss_scale: {enabled: true, "
                             "initial: 1024}}\n"),
             1024.0);
-  EXPECT_EQ(scale_of(base + "precision: {params: fp16, grads: fp16, loss_scale: {enabled: false}}\n"), 1.0);
+  EXPECT_EQ(
+      scale_of(base + "precision: {params: fp16, grads: fp16, loss_scale: {enabled: false}}\n"),
+      1.0);
   EXPECT_EQ(scale_of(base + "precision: {grads: fp16, loss_scale: {enabled: auto}}\n"), 65536.0);
   try {
     parse_config(base + "precision: {loss_scale: {enabled: sometimes}}\n", "<test>");
     ADD_FAILURE() << "enabled: sometimes was accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_code(), 2);
-    EXPECT_NE(std::string(e.what()).find("precision.loss_scale.enabled"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("precision.loss_scale.enabled"), std::string::npos)
+        << e.what();
   }
   // It survives to_yaml.
   const Config c = parse_config(base + "precision: {loss_scale: {enabled: false}}\n", "<test>");
-  EXPECT_EQ(parse_config(to_yaml(c), "<round trip>").precision.loss_scale.enabled, LossScaling::kOff);
+  EXPECT_EQ(parse_config(to_yaml(c), "<round trip>").precision.loss_scale.enabled,
+            LossScaling::kOff);
 }
 
 }  // namespace

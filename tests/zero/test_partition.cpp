@@ -58,7 +58,8 @@ TEST(Partition, LayoutAndMapsCoverEveryElementOnce) {
       for (auto& s : p.owned_slices(r)) {
         EXPECT_EQ(s.rank, r);
         for (std::size_t i = 0; i < s.count; ++i)
-          ASSERT_EQ(seen[p.partition_begin(r) + s.partition_offset + i], static_cast<int>(s.tensor));
+          ASSERT_EQ(seen[p.partition_begin(r) + s.partition_offset + i],
+                    static_cast<int>(s.tensor));
         owned_total += s.count;
       }
     EXPECT_EQ(owned_total, numel);

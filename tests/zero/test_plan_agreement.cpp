@@ -68,7 +68,7 @@ class CountingDevice final : public DeviceWrapper {
 
  private:
   mutable std::mutex mu_;
-  std::map<void*, std::size_t> sizes_;  // GUARDED_BY(mu_)
+  std::map<void*, std::size_t> sizes_;    // GUARDED_BY(mu_)
   std::uint64_t current_ = 0, peak_ = 0;  // GUARDED_BY(mu_)
 };
 
@@ -88,7 +88,6 @@ std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.
 
 constexpr std::uint64_t kPage = 4096;
 constexpr std::uint64_t kBucket = 200'000;  // zero.reduce_bucket_size: several buckets
-
 
 std::vector<std::size_t> uneven(std::size_t total) {
   return {total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3};
@@ -140,12 +139,13 @@ RankSeen run_rank(const Config& cfg, const std::vector<std::size_t>& sizes, Comm
   std::vector<TensorId> ids;
   for (std::size_t t = 0; t < sizes.size(); ++t)
     ids.push_back(e.add_parameter(strata::strcat("t", t), std::vector<float>(sizes[t], 0.25f)));
-  zero::EngineAccess::set_storage_wrap(e, {[&](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
-                                             auto c = std::make_unique<CountingDevice>(std::move(d));
-                                             dev = c.get();
-                                             return c;
-                                           },
-                                           nullptr});
+  zero::EngineAccess::set_storage_wrap(e,
+                                       {[&](std::unique_ptr<Device> d) -> std::unique_ptr<Device> {
+                                          auto c = std::make_unique<CountingDevice>(std::move(d));
+                                          dev = c.get();
+                                          return c;
+                                        },
+                                        nullptr});
   e.finalize();
   seen.finalize_peak = dev->peak();
   seen.after_finalize = zero::EngineAccess::report(e);
@@ -153,7 +153,7 @@ RankSeen run_rank(const Config& cfg, const std::vector<std::size_t>& sizes, Comm
   const std::size_t ges = dtype_size(cfg.precision.grads);
   for (int step = 0; step < 2; ++step) {
     if (step == 1) dev->restart_peak();  // buckets exist from the first step on
-    for (TensorId id : ids) {  // forward
+    for (TensorId id : ids) {            // forward
       e.gather({&id, 1});
       e.release({&id, 1});
     }
@@ -199,9 +199,9 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
   const StateBytes* plan_tier[3] = {&l.on_gpu, &l.on_host, &l.on_nvme};
   // Padding: the flat space's alignment (tensor and partition alignment), each placement's
   // 1024-element rounding.
-  const std::uint64_t align_elems = c.sizes.size() * Partition::kDefaultTensorAlign +
-                                    static_cast<std::uint64_t>(c.world) * Partition::kDefaultPartitionAlign +
-                                    1024;
+  const std::uint64_t align_elems =
+      c.sizes.size() * Partition::kDefaultTensorAlign +
+      static_cast<std::uint64_t>(c.world) * Partition::kDefaultPartitionAlign + 1024;
   std::uint64_t gather_peak_max = 0;
   for (int r = 0; r < c.world; ++r) {
     SCOPED_TRACE(strata::strcat("rank ", r));
@@ -213,14 +213,17 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
     const std::uint64_t bpe[3] = {b.params, b.grads, b.optimizer()};
     std::uint64_t gpu_state_slack = 0;
     for (int t = 0; t < 3; ++t) {
-      const std::uint64_t want[3] = {plan_tier[t]->params, plan_tier[t]->grads, plan_tier[t]->optimizer};
+      const std::uint64_t want[3] = {plan_tier[t]->params, plan_tier[t]->grads,
+                                     plan_tier[t]->optimizer};
       for (int k = 0; k < 3; ++k) {
         const std::uint64_t slack = align_elems * bpe[k] + chunk_pad;
         if (t == 0) gpu_state_slack += slack;
         EXPECT_NEAR(static_cast<double>(rep.bytes[t][k]), static_cast<double>(want[k]),
                     static_cast<double>(slack))
             << tier_name(static_cast<Tier>(t)) << " tier, "
-            << (k == 0 ? "parameters" : k == 1 ? "gradients" : "optimizer state");
+            << (k == 0   ? "parameters"
+                : k == 1 ? "gradients"
+                         : "optimizer state");
       }
     }
     const std::uint64_t gpu_state = rep.bytes[0][0] + rep.bytes[0][1] + rep.bytes[0][2];
@@ -293,28 +296,44 @@ const std::vector<std::size_t> kEqual(12, 125'000);  // 12 layers, each below th
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanAgreement,
-    ::testing::Values(
-        AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16, DType::kFp16, kUneven},
-        AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu, DType::kBf16,
-                  DType::kFp32, kUneven},
-        AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll, kCpuAll, kGpu,
-                  DType::kFp16, DType::kFp16, kUneven},
-        AgreeCase{"stage2_world2_optimizer_cpu_half", 2, 2, {Tier::kCpu, 0.5, false}, kGpu, kGpu,
-                  DType::kBf16, DType::kBf16, kUneven},
-        AgreeCase{"stage2_world1_fp32_optimizer_cpu", 2, 1, kCpuAll, kGpu, kGpu, DType::kFp32,
-                  DType::kFp32, kUneven},
-        AgreeCase{"stage2_world2_optimizer_cpu_update_on_device", 2, 2, kCpuAll, kGpu, kGpu,
-                  DType::kFp16, DType::kFp16, kUneven, false, true},
-        AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll, DType::kBf16,
-                  DType::kBf16, kUneven, true},
-        AgreeCase{"stage3_world4_mixed", 3, 4, {Tier::kNvme, 0.7, false}, kCpuAll,
-                  {Tier::kNvme, 0.5, false}, DType::kFp16, DType::kFp16, kUneven, true},
-        AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu, kGpu,
-                  DType::kFp32, DType::kFp32, kEqual, true, false, true},
-        // A bucket larger than the model (DeepSpeed's 500M for a small model): one buffer of the
-        // flat gradients' size, not of 500M elements.
-        AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu,
-                  DType::kFp16, DType::kFp16, kUneven, false, false, false, 500'000'000}),
+    ::testing::Values(AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16,
+                                DType::kFp16, kUneven},
+                      AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu,
+                                DType::kBf16, DType::kFp32, kUneven},
+                      AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll,
+                                kCpuAll, kGpu, DType::kFp16, DType::kFp16, kUneven},
+                      AgreeCase{"stage2_world2_optimizer_cpu_half",
+                                2,
+                                2,
+                                {Tier::kCpu, 0.5, false},
+                                kGpu,
+                                kGpu,
+                                DType::kBf16,
+                                DType::kBf16,
+                                kUneven},
+                      AgreeCase{"stage2_world1_fp32_optimizer_cpu", 2, 1, kCpuAll, kGpu, kGpu,
+                                DType::kFp32, DType::kFp32, kUneven},
+                      AgreeCase{"stage2_world2_optimizer_cpu_update_on_device", 2, 2, kCpuAll, kGpu,
+                                kGpu, DType::kFp16, DType::kFp16, kUneven, false, true},
+                      AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll,
+                                DType::kBf16, DType::kBf16, kUneven, true},
+                      AgreeCase{"stage3_world4_mixed",
+                                3,
+                                4,
+                                {Tier::kNvme, 0.7, false},
+                                kCpuAll,
+                                {Tier::kNvme, 0.5, false},
+                                DType::kFp16,
+                                DType::kFp16,
+                                kUneven,
+                                true},
+                      AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu,
+                                kGpu, DType::kFp32, DType::kFp32, kEqual, true, false, true},
+                      // A bucket larger than the model (DeepSpeed's 500M for a small model): one
+                      // buffer of the flat gradients' size, not of 500M elements.
+                      AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu,
+                                DType::kFp16, DType::kFp16, kUneven, false, false, false,
+                                500'000'000}),
     agree_name);
 
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
@@ -328,7 +347,8 @@ TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
   cfg.tiers.gpu.budget = p.configured.per_rank.gpu + slack;
   ASSERT_TRUE(make_plan(cfg).configured_fits());
   auto comms = make_inprocess_communicators(1, 30.0);
-  rethrow_any(run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
+  rethrow_any(
+      run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
 
   cfg.tiers.gpu.budget = p.configured.per_rank.gpu - kBucket * 2;  // one fp16 bucket less
   const Plan q = make_plan(cfg);
@@ -336,7 +356,8 @@ TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
   EXPECT_NE(q.configured_rung.verdict.find("runtime buffers"), std::string::npos)
       << q.configured_rung.verdict;
   try {
-    rethrow_any(run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
+    rethrow_any(
+        run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
     ADD_FAILURE() << "the engine trained in a gpu budget the plan says is too small";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();

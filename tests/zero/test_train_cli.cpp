@@ -25,10 +25,12 @@ nlohmann::json run_train(const std::string& cmd) {
   std::string out;
   int rc = run_command(cmd, &out);
   EXPECT_EQ(rc, 0) << cmd << "\n" << out;
-  std::size_t start = out.rfind('{', 0) == 0 ? 0 : (out.find("\n{") == std::string::npos ? 0 : out.find("\n{") + 1);
+  std::size_t start =
+      out.rfind('{', 0) == 0 ? 0 : (out.find("\n{") == std::string::npos ? 0 : out.find("\n{") + 1);
   std::size_t end = out.rfind("\n}");
   try {
-    return nlohmann::json::parse(out.substr(start, end == std::string::npos ? std::string::npos : end + 2 - start));
+    return nlohmann::json::parse(
+        out.substr(start, end == std::string::npos ? std::string::npos : end + 2 - start));
   } catch (const std::exception& e) {
     ADD_FAILURE() << cmd << ": not one JSON document: " << e.what() << "\n" << out;
     return {};
@@ -54,8 +56,9 @@ TEST(TrainCli, LossFallsUnderEveryStage) {
 
 TEST(TrainCli, Fp16SkipsOverflowsAndStillLearns) {
   TempDir dir("strata-train");
-  auto j = run_train(binary_dir() + "/strata train " + write_config(dir, 2, "fp16") +
-                     " --steps 40 --ranks 2 --hidden 16 --json --set precision.loss_scale.initial=1e9");
+  auto j =
+      run_train(binary_dir() + "/strata train " + write_config(dir, 2, "fp16") +
+                " --steps 40 --ranks 2 --hidden 16 --json --set precision.loss_scale.initial=1e9");
   ASSERT_TRUE(j.contains("skipped_steps")) << j.dump();
   EXPECT_GT(j["skipped_steps"].get<int>(), 0);  // 1e9 overflows fp16 until it backs off
   EXPECT_LT(j["final_loss"].get<double>(), j["initial_loss"].get<double>());
@@ -64,17 +67,23 @@ TEST(TrainCli, Fp16SkipsOverflowsAndStillLearns) {
 TEST(TrainCli, BadInputExitsTwo) {
   TempDir dir("strata-train");
   std::string out;
-  EXPECT_EQ(run_command(binary_dir() + "/strata train " + dir.str() + "/missing.yaml 2>&1", &out), 2) << out;
-  EXPECT_EQ(run_command(binary_dir() + "/strata train " + write_config(dir, 1, "fp32") + " --steps 0 2>&1", &out), 2) << out;
+  EXPECT_EQ(run_command(binary_dir() + "/strata train " + dir.str() + "/missing.yaml 2>&1", &out),
+            2)
+      << out;
+  EXPECT_EQ(
+      run_command(
+          binary_dir() + "/strata train " + write_config(dir, 1, "fp32") + " --steps 0 2>&1", &out),
+      2)
+      << out;
 }
 
 TEST(TrainCli, UnderMpirun) {
   const char* mpirun = std::getenv("STRATA_MPIEXEC");
   if (!mpirun || !*mpirun) GTEST_SKIP() << "no MPI in this build";
   TempDir dir("strata-train");
-  auto j = run_train(std::string(mpirun) + " --allow-run-as-root --oversubscribe -np 2 " +
-                     binary_dir() + "/strata train " + write_config(dir, 3, "fp32") +
-                     " --steps 20 --hidden 16 --json");
+  auto j =
+      run_train(std::string(mpirun) + " --allow-run-as-root --oversubscribe -np 2 " + binary_dir() +
+                "/strata train " + write_config(dir, 3, "fp32") + " --steps 20 --hidden 16 --json");
   ASSERT_TRUE(j.contains("communicator")) << j.dump();
   EXPECT_EQ(j["communicator"], "mpi");
   EXPECT_EQ(j["ranks"], 2);

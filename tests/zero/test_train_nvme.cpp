@@ -40,12 +40,15 @@ TEST(TrainNvme, LossCurveEqualsResidentRun) {
   ASSERT_EQ(small["steps"].size(), 25u);
   EXPECT_EQ(nvme["stage"], 3);
   for (std::size_t i = 0; i < 25; ++i) {
-    EXPECT_EQ(nvme["steps"][i]["loss"].get<double>(), resident["steps"][i]["loss"].get<double>()) << "step " << i + 1;
-    EXPECT_EQ(small["steps"][i]["loss"].get<double>(), resident["steps"][i]["loss"].get<double>()) << "step " << i + 1;
+    EXPECT_EQ(nvme["steps"][i]["loss"].get<double>(), resident["steps"][i]["loss"].get<double>())
+        << "step " << i + 1;
+    EXPECT_EQ(small["steps"][i]["loss"].get<double>(), resident["steps"][i]["loss"].get<double>())
+        << "step " << i + 1;
   }
   EXPECT_LT(nvme["final_loss"].get<double>(), nvme["initial_loss"].get<double>());
   // The per-run swap directories are gone.
-  for (auto& e : std::filesystem::directory_iterator(swap.path())) ADD_FAILURE() << "left behind: " << e.path();
+  for (auto& e : std::filesystem::directory_iterator(swap.path()))
+    ADD_FAILURE() << "left behind: " << e.path();
 }
 
 }  // namespace

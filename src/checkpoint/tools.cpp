@@ -1,5 +1,5 @@
-// Offline checkpoint tools: verify, export to safetensors (see checkpoint_tools.hpp).
-#include "zero/checkpoint_tools.hpp"
+// Offline checkpoint tools: verify, export to safetensors (see tools.hpp).
+#include "checkpoint/tools.hpp"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -26,9 +26,12 @@ constexpr std::uint64_t kPiece = 1u << 20;  // elements converted and written at
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
-    case DType::kFp32: return "F32";
-    case DType::kBf16: return "BF16";
-    case DType::kFp16: return "F16";
+    case DType::kFp32:
+      return "F32";
+    case DType::kBf16:
+      return "BF16";
+    case DType::kFp16:
+      return "F16";
   }
   return "?";
 }
@@ -82,15 +85,18 @@ VerifyReport verify_checkpoint(const std::string& dir_path) {
     std::uint64_t serial = 0;
     int rank = 0;
     if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial)
-      rep.notes.push_back(strcat(dir.child_path(name), ": shard of serial ", serial,
-                                 ", not part of this checkpoint (left by an interrupted save; the next save removes it)"));
+      rep.notes.push_back(strcat(
+          dir.child_path(name), ": shard of serial ", serial,
+          ", not part of this checkpoint (left by an interrupted save; the next save removes it)"));
     if (name == kManifestTmpName)
-      rep.notes.push_back(strcat(dir.child_path(name), ": an uncommitted manifest (left by an interrupted save)"));
+      rep.notes.push_back(
+          strcat(dir.child_path(name), ": an uncommitted manifest (left by an interrupted save)"));
   }
   return rep;
 }
 
-ExportResult export_safetensors(const std::string& dir_path, const std::string& out, const ExportOptions& o) {
+ExportResult export_safetensors(const std::string& dir_path, const std::string& out,
+                                const ExportOptions& o) {
   const SafeDir dir = SafeDir::open(dir_path, {});
   const Manifest m = read_manifest(dir);
   // The header.
@@ -107,7 +113,9 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
       fail(ErrorCode::kInvalidArgument,
            strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
                   "' appears twice; safetensors needs unique names"));
-    h[t.name] = {{"dtype", safetensors_dtype(o.dtype)}, {"shape", {t.numel}}, {"data_offsets", {data, data + t.numel * es}}};
+    h[t.name] = {{"dtype", safetensors_dtype(o.dtype)},
+                 {"shape", {t.numel}},
+                 {"data_offsets", {data, data + t.numel * es}}};
     data += t.numel * es;
     params += t.numel;
   }
@@ -175,13 +183,14 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   if (::renameat2(odir.fd(), tmp.name.c_str(), odir.fd(), name.c_str(), flags) != 0) {
     const int err = errno;
     if (err == EEXIST)
-      fail(ErrorCode::kInvalidArgument, strcat(odir.child_path(name), " exists; pass --overwrite to replace it"));
+      fail(ErrorCode::kInvalidArgument,
+           strcat(odir.child_path(name), " exists; pass --overwrite to replace it"));
     throw IoError("rename", tpath, 0, 0, err, strcat("to ", odir.child_path(name)));
   }
   tmp.committed = true;
   odir.sync();
-  log_info("checkpoint: exported ", m.tensors.size(), " tensors (", params, " parameters, ", dtype_name(o.dtype),
-           ") to ", odir.child_path(name));
+  log_info("checkpoint: exported ", m.tensors.size(), " tensors (", params, " parameters, ",
+           dtype_name(o.dtype), ") to ", odir.child_path(name));
   return {m.tensors.size(), params, pos};
 }
 

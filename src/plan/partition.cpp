@@ -37,7 +37,8 @@ std::size_t Partition::partition_begin(int rank) const {
 
 int Partition::owner(std::size_t flat_offset) const {
   if (flat_offset >= flat_size())
-    fail(ErrorCode::kInvalidArgument, strcat("partition: offset ", flat_offset, " >= ", flat_size()));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("partition: offset ", flat_offset, " >= ", flat_size()));
   return static_cast<int>(flat_offset / partition_size_);
 }
 

@@ -1,6 +1,7 @@
 // The on-disk format of strata checkpoints, version 2 (docs/offload.md, "Checkpoint format"):
 // the manifest (parse, validate, seal), the shard layout and header, and block-verified reads.
-// Shared by Engine checkpoints (zero/checkpoint.cpp) and `strata checkpoint info|verify|export`.
+// Shared by Engine checkpoints (checkpoint/checkpoint.cpp) and `strata checkpoint
+// info|verify|export`.
 //
 // A checkpoint directory holds
 //   manifest.json                the checkpoint: format version, strata version, serial, world,
@@ -37,8 +38,8 @@
 #include <string_view>
 #include <vector>
 
-#include "strata/config.hpp"
 #include "core/safe_fs.hpp"
+#include "strata/config.hpp"
 
 namespace strata::zero::ckpt {
 
@@ -61,7 +62,8 @@ inline constexpr std::size_t kMaxManifestValues = 1u << 22;
 inline constexpr std::uint64_t kMaxHeaderBytes = 64ull << 20;
 inline constexpr int kMaxWorld = 1 << 20;
 inline constexpr int kSections = 4;
-inline constexpr const char* kSectionNames[kSections] = {"params", "master", "exp_avg", "exp_avg_sq"};
+inline constexpr const char* kSectionNames[kSections] = {"params", "master", "exp_avg",
+                                                         "exp_avg_sq"};
 enum Section { kParams = 0, kMaster = 1, kExpAvg = 2, kExpAvgSq = 3 };
 
 struct TensorEntry {
@@ -72,9 +74,9 @@ struct TensorEntry {
 
 struct ShardEntry {
   int rank = 0;
-  std::string file;              // shard-<serial>-r<rank>.bin
-  std::uint64_t bytes = 0;       // file size
-  std::uint64_t begin = 0;       // flat range [begin, begin + count)
+  std::string file;         // shard-<serial>-r<rank>.bin
+  std::uint64_t bytes = 0;  // file size
+  std::uint64_t begin = 0;  // flat range [begin, begin + count)
   std::uint64_t count = 0;
   std::uint32_t header_crc32c = 0;
 };
@@ -180,6 +182,7 @@ class ShardReader {
 
 // Positional I/O that completes short transfers (EINTR retried); IoError naming `path`.
 void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path);
-void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path);
+void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
+                 const std::string& path);
 
 }  // namespace strata::zero::ckpt

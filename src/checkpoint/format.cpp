@@ -1,5 +1,5 @@
-// The checkpoint format, version 2 (see checkpoint_format.hpp).
-#include "zero/checkpoint_format.hpp"
+// The checkpoint format, version 2 (see format.hpp).
+#include "checkpoint/format.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -55,9 +55,12 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 
 std::uint64_t dtype_code(DType t) {
   switch (t) {
-    case DType::kFp16: return 1;
-    case DType::kBf16: return 2;
-    case DType::kFp32: return 3;
+    case DType::kFp16:
+      return 1;
+    case DType::kBf16:
+      return 2;
+    case DType::kFp32:
+      return 3;
   }
   return 0;
 }
@@ -84,7 +87,8 @@ class Fields {
   explicit Fields(const std::string& file) : file_(file) {}
 
   [[noreturn]] void bad(const std::string& field, const std::string& what) const {
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", file_, ": field '", field, "': ", what));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint manifest ", file_, ": field '", field, "': ", what));
   }
   const json& member(const json& obj, const std::string& where, const char* key) const {
     const std::string field = where.empty() ? key : where + "." + key;
@@ -105,11 +109,13 @@ class Fields {
     if (x < lo || x > hi) bad(field, strcat(x, " is out of range [", lo, ", ", hi, "]"));
     return x;
   }
-  std::int64_t i64(const json& obj, const std::string& where, const char* key, std::int64_t lo) const {
+  std::int64_t i64(const json& obj, const std::string& where, const char* key,
+                   std::int64_t lo) const {
     const json& v = member(obj, where, key);
     const std::string field = where.empty() ? key : where + "." + key;
     if (v.is_number_unsigned()) {
-      if (v.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      if (v.get<std::uint64_t>() >
+          static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
         bad(field, "out of range");
     } else if (!v.is_number_integer()) {
       bad(field, strcat("expected an integer, got ", v.type_name()));
@@ -128,12 +134,16 @@ class Fields {
   }
   std::string str(const json& obj, const std::string& where, const char* key) const {
     const json& v = member(obj, where, key);
-    if (!v.is_string()) bad(where.empty() ? key : where + "." + key, strcat("expected a string, got ", v.type_name()));
+    if (!v.is_string())
+      bad(where.empty() ? key : where + "." + key,
+          strcat("expected a string, got ", v.type_name()));
     return v.get<std::string>();
   }
   const json& array(const json& obj, const std::string& where, const char* key) const {
     const json& v = member(obj, where, key);
-    if (!v.is_array()) bad(where.empty() ? key : where + "." + key, strcat("expected an array, got ", v.type_name()));
+    if (!v.is_array())
+      bad(where.empty() ? key : where + "." + key,
+          strcat("expected an array, got ", v.type_name()));
     return v;
   }
 
@@ -145,7 +155,8 @@ class Fields {
 // (kInvalidArgument); otherwise nothing. JSON beyond the limits (nested too deep, too many values,
 // numbers out of range) is no strata manifest of any version: refused (kInvalidArgument) before
 // it is parsed.
-void explain_foreign_format(std::string_view text, const std::string& path, const std::string& problem) {
+void explain_foreign_format(std::string_view text, const std::string& path,
+                            const std::string& problem) {
   try {
     check_json_limits(text, path, manifest_limits());
   } catch (const ConfigError& e) {
@@ -165,16 +176,18 @@ void explain_foreign_format(std::string_view text, const std::string& path, cons
   if (ver != j.end() && ver->is_number_unsigned() && ver->get<std::uint64_t>() != kFormatVersion) {
     const auto v = ver->get<std::uint64_t>();
     fail(ErrorCode::kInvalidArgument,
-         strcat("checkpoint manifest ", path, ": format version ", v, " (written by ", writer, "); this strata reads ",
-                "format ", kFormatVersion, v > kFormatVersion ? ": upgrade strata to load it" : "",
-                " (", problem, " under format ", kFormatVersion, ")"));
+         strcat("checkpoint manifest ", path, ": format version ", v, " (written by ", writer,
+                "); this strata reads ", "format ", kFormatVersion,
+                v > kFormatVersion ? ": upgrade strata to load it" : "", " (", problem,
+                " under format ", kFormatVersion, ")"));
   }
   if (ver == j.end() && fmt != j.end()) {
     auto old = j.find("version");
     if (old != j.end() && old->is_number_unsigned())
       fail(ErrorCode::kInvalidArgument,
            strcat("checkpoint manifest ", path, ": format version ", old->get<std::uint64_t>(),
-                  " (an unsealed manifest of an older strata); this strata reads format ", kFormatVersion,
+                  " (an unsealed manifest of an older strata); this strata reads format ",
+                  kFormatVersion,
                   ": load it with the strata that wrote it and save it again, or start over"));
   }
 }
@@ -219,7 +232,8 @@ std::string serialize_manifest(const Manifest& m) {
   j["tensors"] = std::move(tensors);
   j["adam_step"] = m.adam_step;
   if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
-    fail(ErrorCode::kInternal, strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
   j["loss_scale"] = m.loss_scale;
   j["good_steps"] = m.good_steps;
   j["steps"] = m.steps;
@@ -228,8 +242,12 @@ std::string serialize_manifest(const Manifest& m) {
   j["config"] = m.config_yaml;
   json shards = json::array();
   for (const auto& s : m.shards)
-    shards.push_back({{"rank", s.rank}, {"file", s.file}, {"bytes", s.bytes}, {"begin", s.begin},
-                      {"count", s.count}, {"header_crc32c", s.header_crc32c}});
+    shards.push_back({{"rank", s.rank},
+                      {"file", s.file},
+                      {"bytes", s.bytes},
+                      {"begin", s.begin},
+                      {"count", s.count},
+                      {"header_crc32c", s.header_crc32c}});
   j["shards"] = std::move(shards);
   // The config may hold non-UTF-8 path bytes: they are replaced (it is informational only).
   std::string body = j.dump(1, ' ', false, json::error_handler_t::replace);
@@ -259,17 +277,18 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   }
   if (!sealed) {
     explain_foreign_format(text, path, "no checksum trailer");
-    fail(ErrorCode::kChecksum,
-         strcat("checkpoint manifest ", path, " (", text.size(), " bytes) is truncated or damaged: it does not end "
-                "with its \"manifest_crc32c\" seal"));
+    fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", path, " (", text.size(),
+                                      " bytes) is truncated or damaged: it does not end "
+                                      "with its \"manifest_crc32c\" seal"));
   }
   const std::string_view body = text.substr(0, text.size() - kTrailerBytes);
   const std::uint32_t crc = crc32c(body.data(), body.size());
   if (crc != stored) {
     explain_foreign_format(text, path, "its checksum does not verify");
-    fail(ErrorCode::kChecksum, strcat("checkpoint manifest ", path, ": field 'manifest_crc32c': CRC32C of the ",
-                                      body.size(), " bytes before it is ", hex8(crc), ", the manifest says ",
-                                      hex8(stored), " (the file was changed or damaged after it was written)"));
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint manifest ", path, ": field 'manifest_crc32c': CRC32C of the ",
+                body.size(), " bytes before it is ", hex8(crc), ", the manifest says ",
+                hex8(stored), " (the file was changed or damaged after it was written)"));
   }
   // 2. The JSON, the format and the version.
   json j;
@@ -295,15 +314,20 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
   m.stage = static_cast<int>(f.u64(j, "", "stage", 0, 3));
   const std::string dt = f.str(j, "", "param_dtype");
-  if (dt == "fp16") m.param_dtype = DType::kFp16;
-  else if (dt == "bf16") m.param_dtype = DType::kBf16;
-  else if (dt == "fp32") m.param_dtype = DType::kFp32;
+  if (dt == "fp16")
+    m.param_dtype = DType::kFp16;
+  else if (dt == "bf16")
+    m.param_dtype = DType::kBf16;
+  else if (dt == "fp32")
+    m.param_dtype = DType::kFp32;
   else
     f.bad("param_dtype", strcat("'", printable(dt, kQuoteBytes), "' is not fp16, bf16 or fp32"));
-  m.partition_size = f.u64(j, "", "partition_size", 1, kMaxElems / static_cast<std::uint64_t>(m.world));
+  m.partition_size =
+      f.u64(j, "", "partition_size", 1, kMaxElems / static_cast<std::uint64_t>(m.world));
   m.flat_size = f.u64(j, "", "flat_size", 1, kMaxElems);
   if (m.flat_size != m.partition_size * static_cast<std::uint64_t>(m.world))
-    f.bad("flat_size", strcat(m.flat_size, " != partition_size ", m.partition_size, " x world ", m.world));
+    f.bad("flat_size",
+          strcat(m.flat_size, " != partition_size ", m.partition_size, " x world ", m.world));
   m.block_elems = f.u64(j, "", "block_elems", 1, kMaxBlockElems);
   const json& tensors = f.array(j, "", "tensors");
   std::uint64_t end = 0;
@@ -323,9 +347,11 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     const Partition p(std::move(specs), m.world, 1);
     for (std::size_t i = 0; i < m.tensors.size(); ++i)
       if (p.offset(i) != m.tensors[i].offset)
-        f.bad(strcat("tensors[", i, "].offset"), strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
+        f.bad(strcat("tensors[", i, "].offset"),
+              strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
     if (p.partition_size() != m.partition_size)
-      f.bad("partition_size", strcat(m.partition_size, " is not the layout's ", p.partition_size()));
+      f.bad("partition_size",
+            strcat(m.partition_size, " is not the layout's ", p.partition_size()));
   }
   m.adam_step = f.i64(j, "", "adam_step", 0);
   m.loss_scale = f.positive(j, "", "loss_scale");
@@ -361,16 +387,19 @@ Manifest read_manifest(const SafeDir& dir) {
   try {
     fd = dir.open_file(kManifestName, O_RDONLY | O_NONBLOCK);
   } catch (const IoError& e) {
-    if (e.errnum() == ENOENT) throw IoError("open", path, 0, 0, ENOENT, "no checkpoint in this directory");
+    if (e.errnum() == ENOENT)
+      throw IoError("open", path, 0, 0, ENOENT, "no checkpoint in this directory");
     throw;
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "checkpoint manifest");
   if (!S_ISREG(st.st_mode))
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, " is not a regular file"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint manifest ", path, " is not a regular file"));
   if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes)
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint manifest ", path, " is ", st.st_size,
-                                             " bytes, more than the ", kMaxManifestBytes, " a manifest may have"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint manifest ", path, " is ", st.st_size, " bytes, more than the ",
+                kMaxManifestBytes, " a manifest may have"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   pread_full(fd.get(), text.data(), text.size(), 0, path);
   return parse_manifest(text, path);
@@ -381,8 +410,9 @@ ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t b
   l.nblocks = (count + block_elems - 1) / block_elems;
   const std::uint64_t table = kSections * 4 * l.nblocks;
   if (table > kMaxHeaderBytes)
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint: ", l.nblocks, " blocks per section need a header of ",
-                                             table, " bytes (at most ", kMaxHeaderBytes, ")"));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint: ", l.nblocks, " blocks per section need a header of ", table,
+                " bytes (at most ", kMaxHeaderBytes, ")"));
   l.header_bytes = round_up(kHeaderFixed + table, kAlign);
   l.elem_bytes[kParams] = dtype_size(param_dtype);
   l.elem_bytes[kMaster] = l.elem_bytes[kExpAvg] = l.elem_bytes[kExpAvgSq] = 4;
@@ -397,27 +427,37 @@ ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t b
   return l;
 }
 
-std::vector<unsigned char> encode_shard_header(const Manifest& m, int rank, const ShardLayout& l,
-                                               const std::vector<std::uint32_t> (&crcs)[kSections]) {
+std::vector<unsigned char> encode_shard_header(
+    const Manifest& m, int rank, const ShardLayout& l,
+    const std::vector<std::uint32_t> (&crcs)[kSections]) {
   std::vector<unsigned char> h(l.header_bytes, 0);
   std::memcpy(h.data(), kMagic, 8);
   const std::uint32_t version = kFormatVersion;
   std::memcpy(h.data() + 8, &version, 4);
   const ShardEntry& s = m.shards.at(static_cast<std::size_t>(rank));
-  const std::uint64_t fields[] = {l.header_bytes, m.serial, static_cast<std::uint64_t>(rank),
-                                  static_cast<std::uint64_t>(m.world), static_cast<std::uint64_t>(m.stage),
-                                  dtype_code(m.param_dtype), s.begin, s.count, m.block_elems, l.nblocks};
+  const std::uint64_t fields[] = {l.header_bytes,
+                                  m.serial,
+                                  static_cast<std::uint64_t>(rank),
+                                  static_cast<std::uint64_t>(m.world),
+                                  static_cast<std::uint64_t>(m.stage),
+                                  dtype_code(m.param_dtype),
+                                  s.begin,
+                                  s.count,
+                                  m.block_elems,
+                                  l.nblocks};
   std::memcpy(h.data() + 16, fields, sizeof(fields));
   for (int sec = 0; sec < kSections; ++sec) {
     if (crcs[sec].size() != l.nblocks)
-      fail(ErrorCode::kInternal, strcat("checkpoint: ", crcs[sec].size(), " block CRCs for ", l.nblocks, " blocks"));
-    std::memcpy(h.data() + kHeaderFixed + 4 * l.nblocks * static_cast<std::uint64_t>(sec), crcs[sec].data(),
-                4 * l.nblocks);
+      fail(ErrorCode::kInternal,
+           strcat("checkpoint: ", crcs[sec].size(), " block CRCs for ", l.nblocks, " blocks"));
+    std::memcpy(h.data() + kHeaderFixed + 4 * l.nblocks * static_cast<std::uint64_t>(sec),
+                crcs[sec].data(), 4 * l.nblocks);
   }
   return h;
 }
 
-// ---- ShardReader ----------------------------------------------------------------------------------
+// ---- ShardReader
+// ----------------------------------------------------------------------------------
 
 ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
     : m_(m), shard_(shard), layout_(shard_layout(m.partition_size, m.param_dtype, m.block_elems)) {
@@ -427,42 +467,56 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
     fd_ = dir.open_file(e.file, O_RDONLY | O_NONBLOCK);
   } catch (const IoError& err) {
     if (err.errnum() == ENOENT)
-      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " (rank ", shard, "), named by ", m.path,
-                                        ", is missing: the checkpoint is incomplete"));
+      fail(ErrorCode::kChecksum,
+           strcat("checkpoint shard ", path_, " (rank ", shard, "), named by ", m.path,
+                  ", is missing: the checkpoint is incomplete"));
     throw;
   }
   struct stat st {};
   if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno, "checkpoint shard");
-  if (!S_ISREG(st.st_mode)) fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is not a regular file"));
+  if (!S_ISREG(st.st_mode))
+    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is not a regular file"));
   if (static_cast<std::uint64_t>(st.st_size) != e.bytes)
-    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is ", st.st_size, " bytes, the manifest says ",
-                                      e.bytes, static_cast<std::uint64_t>(st.st_size) < e.bytes ? " (truncated)" : "",
-                                      ": the checkpoint is damaged"));
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint shard ", path_, " is ", st.st_size, " bytes, the manifest says ",
+                e.bytes, static_cast<std::uint64_t>(st.st_size) < e.bytes ? " (truncated)" : "",
+                ": the checkpoint is damaged"));
   std::vector<unsigned char> h(layout_.header_bytes);
   pread_full(fd_.get(), h.data(), h.size(), 0, path_);
   bytes_read_ += h.size();
   const std::uint32_t crc = crc32c(h.data(), h.size());
   if (crc != e.header_crc32c)
-    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header (", h.size(), " bytes at offset 0) CRC32C ",
-                                      hex8(crc), ", the manifest says ", hex8(e.header_crc32c)));
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint shard ", path_, ": header (", h.size(), " bytes at offset 0) CRC32C ",
+                hex8(crc), ", the manifest says ", hex8(e.header_crc32c)));
   std::uint32_t version = 0;
   std::memcpy(&version, h.data() + 8, 4);
   std::uint64_t fields[10];
   std::memcpy(fields, h.data() + 16, sizeof(fields));
-  const std::uint64_t want[10] = {layout_.header_bytes, m.serial, static_cast<std::uint64_t>(shard),
-                                  static_cast<std::uint64_t>(m.world), static_cast<std::uint64_t>(m.stage),
-                                  dtype_code(m.param_dtype), e.begin, e.count, m.block_elems, layout_.nblocks};
-  const char* names[10] = {"header_bytes", "serial", "rank", "world", "stage", "param_dtype",
-                           "begin", "count", "block_elems", "nblocks"};
+  const std::uint64_t want[10] = {layout_.header_bytes,
+                                  m.serial,
+                                  static_cast<std::uint64_t>(shard),
+                                  static_cast<std::uint64_t>(m.world),
+                                  static_cast<std::uint64_t>(m.stage),
+                                  dtype_code(m.param_dtype),
+                                  e.begin,
+                                  e.count,
+                                  m.block_elems,
+                                  layout_.nblocks};
+  const char* names[10] = {"header_bytes", "serial", "rank",  "world",       "stage",
+                           "param_dtype",  "begin",  "count", "block_elems", "nblocks"};
   if (std::memcmp(h.data(), kMagic, 8) != 0 || version != kFormatVersion)
-    fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": not a strata shard of format ", kFormatVersion));
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint shard ", path_, ": not a strata shard of format ", kFormatVersion));
   for (int i = 0; i < 10; ++i)
     if (fields[i] != want[i])
-      fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, ": header field ", names[i], " is ", fields[i],
-                                        ", the manifest ", m.path, " implies ", want[i]));
+      fail(ErrorCode::kChecksum,
+           strcat("checkpoint shard ", path_, ": header field ", names[i], " is ", fields[i],
+                  ", the manifest ", m.path, " implies ", want[i]));
   for (int s = 0; s < kSections; ++s) {
     crc_[s].resize(layout_.nblocks);
-    std::memcpy(crc_[s].data(), h.data() + kHeaderFixed + 4 * layout_.nblocks * static_cast<std::uint64_t>(s),
+    std::memcpy(crc_[s].data(),
+                h.data() + kHeaderFixed + 4 * layout_.nblocks * static_cast<std::uint64_t>(s),
                 4 * layout_.nblocks);
   }
 }
@@ -492,7 +546,8 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
 void ShardReader::check_range(std::uint64_t first, std::uint64_t n) const {
   const std::uint64_t count = m_.shards[static_cast<std::size_t>(shard_)].count;
   if (first > count || n > count - first)
-    fail(ErrorCode::kInternal, strcat("checkpoint: read of [", first, ", +", n, ") beyond shard ", path_));
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: read of [", first, ", +", n, ") beyond shard ", path_));
 }
 
 void ShardReader::read(Section s, std::uint64_t first, std::uint64_t n, void* dst) {
@@ -548,7 +603,8 @@ void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offs
                 hex8(crc_[s][b])));
 }
 
-// ---- positional I/O -------------------------------------------------------------------------------
+// ---- positional I/O
+// -------------------------------------------------------------------------------
 
 void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
   auto* p = static_cast<unsigned char*>(buf);
@@ -557,19 +613,22 @@ void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const 
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw IoError("read", path, offset + done, n - done, errno, "checkpoint");
     if (r == 0)
-      fail(ErrorCode::kChecksum, strcat("checkpoint file ", path, ": unexpected end of file at offset ",
-                                        offset + done, " (", n - done, " more bytes expected): truncated"));
+      fail(ErrorCode::kChecksum,
+           strcat("checkpoint file ", path, ": unexpected end of file at offset ", offset + done,
+                  " (", n - done, " more bytes expected): truncated"));
     done += static_cast<std::uint64_t>(r);
   }
 }
 
-void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
+                 const std::string& path) {
   const auto* p = static_cast<const unsigned char*>(buf);
   for (std::uint64_t done = 0; done < n;) {
     const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw IoError("write", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0) throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
+    if (r == 0)
+      throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
     done += static_cast<std::uint64_t>(r);
   }
 }

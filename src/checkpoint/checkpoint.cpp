@@ -1,5 +1,5 @@
 // Checkpoints of the engine's sharded state: save, and load with resharding (see checkpoint.hpp).
-#include "zero/checkpoint.hpp"
+#include "checkpoint/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -14,14 +14,13 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint/format.hpp"
+#include "comm/rank_status.hpp"
 #include "core/crc32c.hpp"
 #include "core/printable.hpp"
 #include "strata/build_info.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "comm/rank_status.hpp"
-#include "core/crc32c.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::zero {
 namespace {
@@ -34,12 +33,15 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 
 void check_state(const RankState& s, const char* what) {
   if (!s.store || !s.partition)
-    fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": no optimizer state store or partition"));
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint ", what, ": no optimizer state store or partition"));
   if (s.params.size() != s.store->size() * dtype_size(s.param_dtype))
-    fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": ", s.params.size(), " parameter bytes for ",
-                                      s.store->size(), " optimizer elements"));
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint ", what, ": ", s.params.size(), " parameter bytes for ",
+                s.store->size(), " optimizer elements"));
   if (s.partition->world() != s.world || s.partition->flat_size() != s.flat_size ||
-      s.partition->partition_size() != s.partition_size || s.opt_begin + s.store->size() > s.flat_size)
+      s.partition->partition_size() != s.partition_size ||
+      s.opt_begin + s.store->size() > s.flat_size)
     fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": inconsistent rank layout"));
 }
 
@@ -59,7 +61,8 @@ void write_at(int fd, const void* p, std::uint64_t n, std::uint64_t off, const s
   pwrite_full(fd, p, n, off, path);
 }
 
-// ---- agreement between ranks -----------------------------------------------------------------------
+// ---- agreement between ranks
+// -----------------------------------------------------------------------
 
 // This rank's outcome of a phase; `extra` carries one value per rank (a checksum, a size).
 struct Outcome {
@@ -92,10 +95,10 @@ std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const O
                                  const std::string& what) {
   RankStatus status = RankStatus::of(mine.error);
   status.extra = mine.extra;
-  const auto all = exchange_status(status, s.world, [&](const void* send, void* recv,
-                                                        std::size_t bytes) {
-    all_gather_bytes(comm, s, send, recv, bytes);
-  });
+  const auto all =
+      exchange_status(status, s.world, [&](const void* send, void* recv, std::size_t bytes) {
+        all_gather_bytes(comm, s, send, recv, bytes);
+      });
   if (mine.error) std::rethrow_exception(mine.error);
   std::vector<std::uint64_t> extras(all.size());
   for (std::size_t r = 0; r < all.size(); ++r) {
@@ -107,7 +110,8 @@ std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const O
   return extras;
 }
 
-// ---- save ------------------------------------------------------------------------------------------
+// ---- save
+// ------------------------------------------------------------------------------------------
 
 // The next serial: above the committed manifest's and above every shard file present (leftovers of
 // killed saves), so that a new shard never meets an old file of its name.
@@ -141,7 +145,8 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   m.partition_size = s.partition_size;
   m.block_elems = block_elems;
   const Partition& p = *s.partition;
-  for (std::size_t i = 0; i < p.num_tensors(); ++i) m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
+  for (std::size_t i = 0; i < p.num_tensors(); ++i)
+    m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
   m.adam_step = s.adam_step;
   m.loss_scale = s.loss_scale;
   m.good_steps = s.good_steps;
@@ -168,7 +173,8 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   const ShardLayout l = shard_layout(e.count, m.param_dtype, m.block_elems);
   const std::uint64_t be = m.block_elems, pes = l.elem_bytes[kParams];
   if (e.begin < s.opt_begin || e.begin + e.count > s.opt_begin + s.store->size())
-    fail(ErrorCode::kInternal, strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
   const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
   const std::string path = dir.child_path(e.file);
   const auto delay = write_delay();
@@ -181,7 +187,8 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   auto block_crcs = [&](int sec, const unsigned char* p, std::uint64_t n) {
     for (std::uint64_t b = 0; b < n; b += be) {
       std::uint32_t c = crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
-      if (crcs[sec].size() + 1 == l.nblocks) c = crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
+      if (crcs[sec].size() + 1 == l.nblocks)
+        c = crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
       crcs[sec].push_back(c);
     }
   };
@@ -213,7 +220,8 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   write_at(fd.get(), header.data(), header.size(), 0, path, delay);
   if (::ftruncate(fd.get(), static_cast<off_t>(l.total)) != 0)
     throw IoError("ftruncate", path, l.total, 0, errno, "checkpoint shard");
-  if (::fdatasync(fd.get()) != 0) throw IoError("fdatasync", path, 0, l.total, errno, "checkpoint shard");
+  if (::fdatasync(fd.get()) != 0)
+    throw IoError("fdatasync", path, 0, l.total, errno, "checkpoint shard");
   return crc32c(header.data(), header.size());
 }
 
@@ -226,7 +234,8 @@ void commit_manifest(const SafeDir& dir, const Manifest& m) {
   {
     UniqueFd fd = dir.create_file(kManifestTmpName, O_WRONLY);
     write_at(fd.get(), text.data(), text.size(), 0, tmp, write_delay());
-    if (::fsync(fd.get()) != 0) throw IoError("fsync", tmp, 0, text.size(), errno, "checkpoint manifest");
+    if (::fsync(fd.get()) != 0)
+      throw IoError("fsync", tmp, 0, text.size(), errno, "checkpoint manifest");
   }
   dir.rename(kManifestTmpName, kManifestName);
   dir.sync();
@@ -234,11 +243,13 @@ void commit_manifest(const SafeDir& dir, const Manifest& m) {
   for (const std::string& name : dir.entries()) {
     std::uint64_t serial = 0;
     int rank = 0;
-    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial) dir.try_remove(name, false);
+    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial)
+      dir.try_remove(name, false);
   }
 }
 
-// ---- load ------------------------------------------------------------------------------------------
+// ---- load
+// ------------------------------------------------------------------------------------------
 
 // A run of this rank's range: `count` elements at `dst` (offset in the store's range) come from
 // shard `shard` at element `src` of that shard, or are padding (shard -1: zero).
@@ -251,12 +262,14 @@ struct Segment {
 void check_model(const Manifest& m, const RankState& s) {
   const Partition& p = *s.partition;
   if (m.param_dtype != s.param_dtype)
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": field 'param_dtype': parameters saved as ",
-                                             dtype_name(m.param_dtype), ", this run uses precision.params ",
-                                             dtype_name(s.param_dtype)));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint ", m.path, ": field 'param_dtype': parameters saved as ",
+                dtype_name(m.param_dtype), ", this run uses precision.params ",
+                dtype_name(s.param_dtype)));
   if (m.tensors.size() != p.num_tensors())
-    fail(ErrorCode::kInvalidArgument, strcat("checkpoint ", m.path, ": field 'tensors': ", m.tensors.size(),
-                                             " tensors saved, this model registers ", p.num_tensors()));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint ", m.path, ": field 'tensors': ", m.tensors.size(),
+                " tensors saved, this model registers ", p.num_tensors()));
   for (std::size_t i = 0; i < m.tensors.size(); ++i)
     if (m.tensors[i].name != p.tensor(i).name || m.tensors[i].numel != p.tensor(i).numel)
       fail(ErrorCode::kInvalidArgument,
@@ -279,8 +292,10 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
     std::uint64_t old = m.tensors[i].offset + (x0 - off);
     for (std::uint64_t x = x0; x < x1;) {
       const auto shard = static_cast<int>(old / m.partition_size);
-      const std::uint64_t take = std::min(x1 - x, (static_cast<std::uint64_t>(shard) + 1) * m.partition_size - old);
-      out.push_back({x - begin, take, shard, old - static_cast<std::uint64_t>(shard) * m.partition_size});
+      const std::uint64_t take =
+          std::min(x1 - x, (static_cast<std::uint64_t>(shard) + 1) * m.partition_size - old);
+      out.push_back(
+          {x - begin, take, shard, old - static_cast<std::uint64_t>(shard) * m.partition_size});
       x += take;
       old += take;
     }
@@ -320,7 +335,8 @@ class Shards {
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm, const SaveOptions& options) {
+void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,
+                     const SaveOptions& options) {
   check_state(s, "save");
   const std::uint64_t block_elems = options.block_elems ? options.block_elems : kDefaultBlockElems;
   if (block_elems > kMaxBlockElems)
@@ -360,9 +376,11 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
   if (s.rank == 0) {
     try {
       for (int r = 0; r < s.world; ++r)
-        m.shards[static_cast<std::size_t>(r)].header_crc32c = static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
+        m.shards[static_cast<std::size_t>(r)].header_crc32c =
+            static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
       commit_manifest(dir, m);
-      log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage, ") in ", dir.path());
+      log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage,
+               ") in ", dir.path());
     } catch (...) {
       o.capture();
     }
@@ -393,7 +411,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       ShardReader& r = shards->at(g.shard);
       for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
     }
-    if (s.rank == 0)  // every shard is present, of its size, with its header, even if nobody reads it
+    if (s.rank ==
+        0)  // every shard is present, of its size, with its header, even if nobody reads it
       for (int j = 0; j < m.world; ++j) shards->at(j);
   } catch (...) {
     o.capture();
@@ -401,8 +420,9 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   for (int r = 1; r < s.world; ++r)
     if (crcs[static_cast<std::size_t>(r)] != crcs[0])
-      fail(ErrorCode::kChecksum, strcat(what, ": ranks 0 and ", r, " read different manifests (the checkpoint ",
-                                        "changed during the load?); nothing was changed"));
+      fail(ErrorCode::kChecksum,
+           strcat(what, ": ranks 0 and ", r, " read different manifests (the checkpoint ",
+                  "changed during the load?); nothing was changed"));
   // Pass 2: restore, piece by piece of the store.
   s.restore_started = true;
   const std::uint64_t pes = dtype_size(s.param_dtype), total = s.store->size();
@@ -426,7 +446,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
         ShardReader& r = shards->at(g.shard);
         const std::uint64_t src = g.src + (x0 - g.dst);
         r.read(kParams, src, x1 - x0, params);
-        for (int a = 0; a < 3; ++a) r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
+        for (int a = 0; a < 3; ++a)
+          r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
       }
     } catch (...) {
       s.store->release(range, false);
@@ -442,10 +463,13 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   s.steps = m.steps;
   s.applied_steps = m.applied_steps;
   s.skipped_steps = m.skipped_steps;
-  const std::string done = strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
-                                  " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");
-  if (s.rank == 0) log_info(done);
-  else log_debug(done);
+  const std::string done =
+      strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
+             " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");
+  if (s.rank == 0)
+    log_info(done);
+  else
+    log_debug(done);
 }
 
 }  // namespace strata::zero

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/format.hpp"
 #include "strata/config.hpp"
-#include "zero/checkpoint_format.hpp"
 
 namespace strata::zero {
 
@@ -43,6 +43,7 @@ struct ExportResult {
   std::uint64_t parameters = 0;
   std::uint64_t bytes = 0;  // size of the file written
 };
-ExportResult export_safetensors(const std::string& dir, const std::string& out, const ExportOptions& options);
+ExportResult export_safetensors(const std::string& dir, const std::string& out,
+                                const ExportOptions& options);
 
 }  // namespace strata::zero

@@ -1,7 +1,8 @@
 // The checkpoint seam onto a rank's optimizer state (FP32 master weights and Adam's two moments):
 // a small host-view interface. The state itself lives in the rank's TierStore, wherever
-// offload.optimizer puts it (zero/tier_state_store.hpp adapts it); checkpoints (zero/checkpoint)
-// and Engine::read_state / write_state see it through this interface only.
+// offload.optimizer puts it (zero/tier_state_store.hpp adapts it); checkpoints
+// (checkpoint/checkpoint.hpp) and Engine::read_state / write_state see it through this interface
+// only.
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,5 @@
 // Checkpoints of the engine's sharded state (Engine::save_checkpoint / load_checkpoint), in the
-// format of zero/checkpoint_format.hpp (version 2; docs/offload.md, "Checkpoints").
+// format of checkpoint/format.hpp (version 2; docs/offload.md, "Checkpoints").
 //
 // The seam with the engine is RankState: the rank's layout (partition, stage, world, dtype), the
 // flat element range it holds, [opt_begin, opt_begin + store->size()), its optimizer state for
@@ -23,7 +23,7 @@
 // (verified again) into the store and params, piece by piece (memory: a few blocks per section,
 // never a whole tensor), and set the scalars. Each rank reads only the blocks that hold its
 // elements. Padding elements of the new layout are zero.
-// Failures: see checkpoint_format.hpp; a failure of pass 1 on any rank throws on every rank with
+// Failures: see format.hpp; a failure of pass 1 on any rank throws on every rank with
 // nothing changed. A failure in pass 2 (I/O error, or a shard changed between the passes) leaves
 // the rank partially restored: restore_started tells the engine, which then refuses to step.
 // The directory must be visible to every rank (a shared file system for multi-node runs).
@@ -34,9 +34,9 @@
 #include <span>
 #include <string>
 
+#include "checkpoint/optimizer_state.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
-#include "zero/optimizer_state.hpp"
 
 namespace strata::zero {
 
