@@ -388,6 +388,42 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
   agree(comm, s, o, what);
 }
 
+namespace {
+
+// Pass 2, one piece of the store: the segments that overlap it read from their shards (zero where
+// no shard holds them: padding).
+void restore_piece(const RankState& s, Range range, const std::vector<Segment>& segs,
+                   std::size_t* first, Shards& shards) {
+  const std::uint64_t pes = dtype_size(s.param_dtype), p = range.begin;
+  StateView v = s.store->acquire(range);
+  try {
+    float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
+    std::size_t& k = *first;  // first segment that may overlap the piece
+    while (k < segs.size() && segs[k].dst + segs[k].count <= p) ++k;
+    for (std::size_t i = k; i < segs.size() && segs[i].dst < range.end(); ++i) {
+      const Segment& g = segs[i];
+      const std::uint64_t x0 = std::max(g.dst, p), x1 = std::min(g.dst + g.count, range.end());
+      unsigned char* params = s.params.data() + x0 * pes;
+      if (g.shard < 0) {
+        for (float* a : arrays) std::memset(a + (x0 - p), 0, (x1 - x0) * sizeof(float));
+        std::memset(params, 0, (x1 - x0) * pes);
+        continue;
+      }
+      ShardReader& r = shards.at(g.shard);
+      const std::uint64_t src = g.src + (x0 - g.dst);
+      r.read(kParams, src, x1 - x0, params);
+      for (int a = 0; a < 3; ++a)
+        r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
+    }
+  } catch (...) {
+    s.store->release(range, false);
+    throw;
+  }
+  s.store->release(range, true);
+}
+
+}  // namespace
+
 void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& comm) {
   check_state(s, "load");
   s.restore_started = false;
@@ -411,8 +447,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       ShardReader& r = shards->at(g.shard);
       for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
     }
-    if (s.rank ==
-        0)  // every shard is present, of its size, with its header, even if nobody reads it
+    // Every shard is present, of its size, with its header, even if nobody reads it.
+    if (s.rank == 0)
       for (int j = 0; j < m.world; ++j) shards->at(j);
   } catch (...) {
     o.capture();
@@ -425,36 +461,14 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
                   "changed during the load?); nothing was changed"));
   // Pass 2: restore, piece by piece of the store.
   s.restore_started = true;
-  const std::uint64_t pes = dtype_size(s.param_dtype), total = s.store->size();
-  const std::uint64_t piece = round_up(kPiece, m.block_elems);
-  std::size_t k = 0;  // first segment that may overlap the piece
-  for (std::uint64_t p = 0; p < total; p += piece) {
-    const Range range{p, std::min(piece, total - p)};
-    StateView v = s.store->acquire(range);
-    try {
-      float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
-      while (k < segs.size() && segs[k].dst + segs[k].count <= p) ++k;
-      for (std::size_t i = k; i < segs.size() && segs[i].dst < range.end(); ++i) {
-        const Segment& g = segs[i];
-        const std::uint64_t x0 = std::max(g.dst, p), x1 = std::min(g.dst + g.count, range.end());
-        unsigned char* params = s.params.data() + x0 * pes;
-        if (g.shard < 0) {
-          for (float* a : arrays) std::memset(a + (x0 - p), 0, (x1 - x0) * sizeof(float));
-          std::memset(params, 0, (x1 - x0) * pes);
-          continue;
-        }
-        ShardReader& r = shards->at(g.shard);
-        const std::uint64_t src = g.src + (x0 - g.dst);
-        r.read(kParams, src, x1 - x0, params);
-        for (int a = 0; a < 3; ++a)
-          r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
-      }
-    } catch (...) {
-      s.store->release(range, false);
-      s.bytes_read = shards->bytes_read();
-      throw;
-    }
-    s.store->release(range, true);
+  const std::uint64_t total = s.store->size(), piece = round_up(kPiece, m.block_elems);
+  std::size_t k = 0;
+  try {
+    for (std::uint64_t p = 0; p < total; p += piece)
+      restore_piece(s, {p, std::min(piece, total - p)}, segs, &k, *shards);
+  } catch (...) {
+    s.bytes_read = shards->bytes_read();
+    throw;
   }
   s.bytes_read = shards->bytes_read();
   s.adam_step = m.adam_step;

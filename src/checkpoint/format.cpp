@@ -260,8 +260,10 @@ std::string serialize_manifest(const Manifest& m) {
   return body;
 }
 
-Manifest parse_manifest(std::string_view text, const std::string& path) {
-  // 1. The seal.
+namespace {
+
+// 1. The seal: the trailer's CRC32C over the bytes before it. Returns that CRC.
+std::uint32_t check_seal(std::string_view text, const std::string& path) {
   bool sealed = text.size() > kTrailerBytes;
   std::uint32_t stored = 0;
   if (sealed) {
@@ -290,17 +292,11 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
                 body.size(), " bytes before it is ", hex8(crc), ", the manifest says ",
                 hex8(stored), " (the file was changed or damaged after it was written)"));
   }
-  // 2. The JSON, the format and the version.
-  json j;
-  try {
-    j = parse_bounded_json(text, path, manifest_limits());
-  } catch (const ConfigError& e) {
-    refuse_json(e, path, "sealed, but not a manifest's JSON: ");
-  }
-  Fields f(path);
-  Manifest m;
-  m.path = path;
-  m.crc32c = crc;
+  return crc;
+}
+
+// 2. The format and its version.
+void read_format(const json& j, Fields& f, Manifest& m) {
   if (f.str(j, "", "format") != kFormatName) f.bad("format", strcat("not '", kFormatName, "'"));
   m.format_version = static_cast<std::uint32_t>(f.u64(j, "", "format_version", 0, ~0u));
   m.strata_version = f.str(j, "", "strata_version");
@@ -309,7 +305,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
           strcat(m.format_version, " (written by strata ", printable(m.strata_version, kQuoteBytes),
                  "); this strata reads format ", kFormatVersion,
                  m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
-  // 3. Every field.
+}
+
+// 3. The layout: world, stage, dtype, sizes, tensors (checked against the engine's partition).
+void read_layout(const json& j, Fields& f, Manifest& m) {
   m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
   m.world = static_cast<int>(f.u64(j, "", "world", 1, kMaxWorld));
   m.stage = static_cast<int>(f.u64(j, "", "stage", 0, 3));
@@ -340,19 +339,21 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     end = t.offset + t.numel;
     m.tensors.push_back(std::move(t));
   }
-  {  // The layout is the engine's (strata/partition.hpp): offsets and partition size follow from
-     // the tensor sizes and the world.
-    std::vector<TensorSpec> specs;
-    for (const auto& t : m.tensors) specs.push_back({t.name, t.numel});
-    const Partition p(std::move(specs), m.world, 1);
-    for (std::size_t i = 0; i < m.tensors.size(); ++i)
-      if (p.offset(i) != m.tensors[i].offset)
-        f.bad(strcat("tensors[", i, "].offset"),
-              strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
-    if (p.partition_size() != m.partition_size)
-      f.bad("partition_size",
-            strcat(m.partition_size, " is not the layout's ", p.partition_size()));
-  }
+  // The layout is the engine's (strata/partition.hpp): offsets and partition size follow from the
+  // tensor sizes and the world.
+  std::vector<TensorSpec> specs;
+  for (const auto& t : m.tensors) specs.push_back({t.name, t.numel});
+  const Partition p(std::move(specs), m.world, 1);
+  for (std::size_t i = 0; i < m.tensors.size(); ++i)
+    if (p.offset(i) != m.tensors[i].offset)
+      f.bad(strcat("tensors[", i, "].offset"),
+            strcat(m.tensors[i].offset, " is not the layout's ", p.offset(i)));
+  if (p.partition_size() != m.partition_size)
+    f.bad("partition_size", strcat(m.partition_size, " is not the layout's ", p.partition_size()));
+}
+
+// 4. The scalars and the config.
+void read_scalars(const json& j, Fields& f, Manifest& m) {
   m.adam_step = f.i64(j, "", "adam_step", 0);
   m.loss_scale = f.positive(j, "", "loss_scale");
   m.good_steps = static_cast<std::uint32_t>(f.u64(j, "", "good_steps", 0, ~0u));
@@ -360,6 +361,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   m.applied_steps = f.u64(j, "", "applied_steps", 0, m.steps);
   m.skipped_steps = f.u64(j, "", "skipped_steps", 0, m.steps);
   m.config_yaml = f.str(j, "", "config");
+}
+
+// 5. One shard per rank, each exactly where the layout puts it.
+void read_shards(const json& j, Fields& f, Manifest& m) {
   const json& shards = f.array(j, "", "shards");
   if (shards.size() != static_cast<std::size_t>(m.world))
     f.bad("shards", strcat(shards.size(), " entries for world ", m.world));
@@ -378,6 +383,26 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     s.header_crc32c = static_cast<std::uint32_t>(f.u64(shards[r], where, "header_crc32c", 0, ~0u));
     m.shards.push_back(std::move(s));
   }
+}
+
+}  // namespace
+
+Manifest parse_manifest(std::string_view text, const std::string& path) {
+  const std::uint32_t crc = check_seal(text, path);
+  json j;
+  try {
+    j = parse_bounded_json(text, path, manifest_limits());
+  } catch (const ConfigError& e) {
+    refuse_json(e, path, "sealed, but not a manifest's JSON: ");
+  }
+  Fields f(path);
+  Manifest m;
+  m.path = path;
+  m.crc32c = crc;
+  read_format(j, f, m);
+  read_layout(j, f, m);
+  read_scalars(j, f, m);
+  read_shards(j, f, m);
   return m;
 }
 

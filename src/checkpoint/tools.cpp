@@ -95,15 +95,14 @@ VerifyReport verify_checkpoint(const std::string& dir_path) {
   return rep;
 }
 
-ExportResult export_safetensors(const std::string& dir_path, const std::string& out,
-                                const ExportOptions& o) {
-  const SafeDir dir = SafeDir::open(dir_path, {});
-  const Manifest m = read_manifest(dir);
-  // The header.
-  const std::uint64_t es = dtype_size(o.dtype);
+namespace {
+
+// The safetensors header (padded to 8 bytes): every tensor under its name, the metadata.
+std::string safetensors_header(const Manifest& m, DType dtype, std::uint64_t* params) {
+  const std::uint64_t es = dtype_size(dtype);
   nlohmann::json h;
   std::set<std::string> names;
-  std::uint64_t data = 0, params = 0;
+  std::uint64_t data = 0;
   for (const TensorEntry& t : m.tensors) {
     if (t.name.empty() || t.name == "__metadata__")
       fail(ErrorCode::kInvalidArgument,
@@ -113,11 +112,11 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
       fail(ErrorCode::kInvalidArgument,
            strcat("checkpoint ", m.path, ": tensor name '", printable(t.name, 200),
                   "' appears twice; safetensors needs unique names"));
-    h[t.name] = {{"dtype", safetensors_dtype(o.dtype)},
+    h[t.name] = {{"dtype", safetensors_dtype(dtype)},
                  {"shape", {t.numel}},
                  {"data_offsets", {data, data + t.numel * es}}};
     data += t.numel * es;
-    params += t.numel;
+    *params += t.numel;
   }
   h["__metadata__"] = {{"format", "pt"},
                        {"source", "strata checkpoint export"},
@@ -127,26 +126,17 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
                        {"optimizer_step", std::to_string(m.adam_step)},
                        {"saved_world", std::to_string(m.world)},
                        {"saved_stage", std::to_string(m.stage)},
-                       {"values", strcat("FP32 master weights as ", dtype_name(o.dtype))}};
+                       {"values", strcat("FP32 master weights as ", dtype_name(dtype))}};
   std::string header = h.dump();
   header.resize((header.size() + 7) / 8 * 8, ' ');
-  const std::uint64_t hlen = header.size();
-  // The output: a temporary file beside it, renamed onto it at the end.
-  const auto [parent, name] = split_path(out);
-  SafeDirOptions po;
-  po.role = "--out directory";
-  const SafeDir odir = SafeDir::open(parent, po);
-  odir.check_replaceable(name, o.overwrite);
-  TempFile tmp{odir, strcat(".", name, ".tmp-", ::getpid())};
-  odir.try_remove(tmp.name, false);
-  UniqueFd fd = odir.create_file(tmp.name, O_WRONLY);
-  const std::string tpath = odir.child_path(tmp.name);
-  std::uint64_t pos = 0;
-  pwrite_full(fd.get(), &hlen, 8, pos, tpath);
-  pos += 8;
-  pwrite_full(fd.get(), header.data(), hlen, pos, tpath);
-  pos += hlen;
-  // The data, tensor by tensor, piece by piece, shard by shard.
+  return header;
+}
+
+// The data, tensor by tensor, piece by piece, shard by shard, from file offset `pos`; returns the
+// offset after it.
+std::uint64_t write_tensors(const SafeDir& dir, const Manifest& m, DType dtype, int fd,
+                            const std::string& tpath, std::uint64_t pos) {
+  const std::uint64_t es = dtype_size(dtype);
   std::vector<std::unique_ptr<ShardReader>> readers(m.shards.size());
   int current = -1;
   std::vector<float> in;
@@ -166,29 +156,61 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
       in.resize(n);
       r->read(kMaster, src, n, in.data());
       const void* bytes = in.data();
-      if (o.dtype != DType::kFp32) {
+      if (dtype != DType::kFp32) {
         conv.resize(n * es);
-        for (std::uint64_t i = 0; i < n; ++i) comm::store_elem(conv.data(), i, o.dtype, in[i]);
+        for (std::uint64_t i = 0; i < n; ++i) comm::store_elem(conv.data(), i, dtype, in[i]);
         bytes = conv.data();
       }
-      pwrite_full(fd.get(), bytes, n * es, pos, tpath);
+      pwrite_full(fd, bytes, n * es, pos, tpath);
       pos += n * es;
       done += n;
     }
   }
-  if (::fsync(fd.get()) != 0) throw IoError("fsync", tpath, 0, pos, errno, "safetensors export");
-  fd.reset();
-  odir.check_replaceable(name, o.overwrite);  // again: it may have appeared while we wrote
-  const unsigned flags = o.overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE);
+  return pos;
+}
+
+// Renames the finished temporary file onto `name` (refusing to replace anything unless
+// `overwrite`, and then only a regular file) and makes the rename durable.
+void commit_export(const SafeDir& odir, TempFile& tmp, const std::string& name, bool overwrite) {
+  odir.check_replaceable(name, overwrite);  // again: it may have appeared while we wrote
+  const unsigned flags = overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE);
   if (::renameat2(odir.fd(), tmp.name.c_str(), odir.fd(), name.c_str(), flags) != 0) {
     const int err = errno;
     if (err == EEXIST)
       fail(ErrorCode::kInvalidArgument,
            strcat(odir.child_path(name), " exists; pass --overwrite to replace it"));
-    throw IoError("rename", tpath, 0, 0, err, strcat("to ", odir.child_path(name)));
+    throw IoError("rename", odir.child_path(tmp.name), 0, 0, err,
+                  strcat("to ", odir.child_path(name)));
   }
   tmp.committed = true;
   odir.sync();
+}
+
+}  // namespace
+
+ExportResult export_safetensors(const std::string& dir_path, const std::string& out,
+                                const ExportOptions& o) {
+  const SafeDir dir = SafeDir::open(dir_path, {});
+  const Manifest m = read_manifest(dir);
+  std::uint64_t params = 0;
+  const std::string header = safetensors_header(m, o.dtype, &params);
+  const std::uint64_t hlen = header.size();
+  // The output: a temporary file beside it, renamed onto it at the end.
+  const auto [parent, name] = split_path(out);
+  SafeDirOptions po;
+  po.role = "--out directory";
+  const SafeDir odir = SafeDir::open(parent, po);
+  odir.check_replaceable(name, o.overwrite);
+  TempFile tmp{odir, strcat(".", name, ".tmp-", ::getpid())};
+  odir.try_remove(tmp.name, false);
+  UniqueFd fd = odir.create_file(tmp.name, O_WRONLY);
+  const std::string tpath = odir.child_path(tmp.name);
+  pwrite_full(fd.get(), &hlen, 8, 0, tpath);
+  pwrite_full(fd.get(), header.data(), hlen, 8, tpath);
+  const std::uint64_t pos = write_tensors(dir, m, o.dtype, fd.get(), tpath, 8 + hlen);
+  if (::fsync(fd.get()) != 0) throw IoError("fsync", tpath, 0, pos, errno, "safetensors export");
+  fd.reset();
+  commit_export(odir, tmp, name, o.overwrite);
   log_info("checkpoint: exported ", m.tensors.size(), " tensors (", params, " parameters, ",
            dtype_name(o.dtype), ") to ", odir.child_path(name));
   return {m.tensors.size(), params, pos};

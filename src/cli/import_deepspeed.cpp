@@ -185,6 +185,58 @@ class Importer {
     }
   }
 
+  // fp16 enabled: the model dtype and DeepSpeed's loss-scale settings (and its defaults).
+  void precision_fp16() {
+    const std::string c = "fp16.enabled: true";
+    set("precision.params", "fp16", c);
+    set("precision.grads", "fp16", c);
+    double ls = 0;
+    if (const json* v = find("/fp16/loss_scale"); v && !is_auto(*v))
+      ls = number("/fp16/loss_scale", *v, 0, 1e30);
+    if (ls == 0) {
+      set("precision.loss_scale.dynamic", "true",
+          find("/fp16/loss_scale") ? "fp16.loss_scale: 0 (dynamic)"
+                                   : "fp16: dynamic loss scaling (DeepSpeed's default)");
+      std::uint64_t power = 16;
+      std::string pc = "fp16.initial_scale_power: 16 (DeepSpeed's default) -> 2^16";
+      if (const json* v = find("/fp16/initial_scale_power"); v && !is_auto(*v)) {
+        power = count("/fp16/initial_scale_power", *v, 0, 100);
+        pc = strcat("fp16.initial_scale_power: ", power, " -> 2^", power);
+      }
+      set("precision.loss_scale.initial", fmt(std::ldexp(1.0, static_cast<int>(power))), pc);
+    } else {
+      set("precision.loss_scale.dynamic", "false",
+          strcat("fp16.loss_scale: ", fmt(ls), " (static)"));
+      set("precision.loss_scale.initial", fmt(ls), strcat("fp16.loss_scale: ", fmt(ls)));
+    }
+    if (const json* v = find("/fp16/loss_scale_window"); v && !is_auto(*v))
+      set("precision.loss_scale.growth_interval",
+          fmt(count("/fp16/loss_scale_window", *v, 1, 1u << 31)),
+          src("/fp16/loss_scale_window", *v));
+    else
+      set("precision.loss_scale.growth_interval", "1000",
+          "fp16.loss_scale_window: 1000 (DeepSpeed's default)");
+    set("precision.loss_scale.growth_factor", "2", "DeepSpeed's fixed factor");
+    set("precision.loss_scale.backoff_factor", "0.5", "DeepSpeed's fixed factor");
+    if (const json* v = find("/fp16/min_loss_scale"); v && !is_auto(*v))
+      set("precision.loss_scale.min_scale", fmt(number("/fp16/min_loss_scale", *v, 1e-30, 1e30)),
+          src("/fp16/min_loss_scale", *v));
+    else
+      set("precision.loss_scale.min_scale", "1", "fp16.min_loss_scale: 1 (DeepSpeed's default)");
+    std::uint64_t hysteresis = 2;
+    if (const json* v = find("/fp16/hysteresis"); v && !is_auto(*v))
+      hysteresis = count("/fp16/hysteresis", *v, 0, 1u << 31);
+    if (hysteresis > 1)
+      warn(strcat("fp16.hysteresis: ", hysteresis,
+                  hysteresis == 2 && !find("/fp16/hysteresis") ? " (DeepSpeed's default)" : "",
+                  ": strata backs the loss scale off at the first overflow (hysteresis 1), "
+                  "DeepSpeed after ",
+                  hysteresis, " consecutive ones"));
+    ignore("/fp16/consecutive_hysteresis", "strata backs off at every overflow");
+    ignore("/fp16/auto_cast", "strata does not run the model's forward pass");
+    ignore("/fp16/fp16_master_weights_and_grads", "strata keeps FP32 master weights");
+  }
+
   void precision() {
     const json* fp16 = section("/fp16");
     const json* bf16 = section("/bf16");
@@ -216,54 +268,7 @@ class Importer {
     }
     if (f && b) bad(bptr + "/enabled", "fp16 and bf16 are both enabled");
     if (f) {
-      const std::string c = "fp16.enabled: true";
-      set("precision.params", "fp16", c);
-      set("precision.grads", "fp16", c);
-      double ls = 0;
-      if (const json* v = find("/fp16/loss_scale"); v && !is_auto(*v))
-        ls = number("/fp16/loss_scale", *v, 0, 1e30);
-      if (ls == 0) {
-        set("precision.loss_scale.dynamic", "true",
-            find("/fp16/loss_scale") ? "fp16.loss_scale: 0 (dynamic)"
-                                     : "fp16: dynamic loss scaling (DeepSpeed's default)");
-        std::uint64_t power = 16;
-        std::string pc = "fp16.initial_scale_power: 16 (DeepSpeed's default) -> 2^16";
-        if (const json* v = find("/fp16/initial_scale_power"); v && !is_auto(*v)) {
-          power = count("/fp16/initial_scale_power", *v, 0, 100);
-          pc = strcat("fp16.initial_scale_power: ", power, " -> 2^", power);
-        }
-        set("precision.loss_scale.initial", fmt(std::ldexp(1.0, static_cast<int>(power))), pc);
-      } else {
-        set("precision.loss_scale.dynamic", "false",
-            strcat("fp16.loss_scale: ", fmt(ls), " (static)"));
-        set("precision.loss_scale.initial", fmt(ls), strcat("fp16.loss_scale: ", fmt(ls)));
-      }
-      if (const json* v = find("/fp16/loss_scale_window"); v && !is_auto(*v))
-        set("precision.loss_scale.growth_interval",
-            fmt(count("/fp16/loss_scale_window", *v, 1, 1u << 31)),
-            src("/fp16/loss_scale_window", *v));
-      else
-        set("precision.loss_scale.growth_interval", "1000",
-            "fp16.loss_scale_window: 1000 (DeepSpeed's default)");
-      set("precision.loss_scale.growth_factor", "2", "DeepSpeed's fixed factor");
-      set("precision.loss_scale.backoff_factor", "0.5", "DeepSpeed's fixed factor");
-      if (const json* v = find("/fp16/min_loss_scale"); v && !is_auto(*v))
-        set("precision.loss_scale.min_scale", fmt(number("/fp16/min_loss_scale", *v, 1e-30, 1e30)),
-            src("/fp16/min_loss_scale", *v));
-      else
-        set("precision.loss_scale.min_scale", "1", "fp16.min_loss_scale: 1 (DeepSpeed's default)");
-      std::uint64_t hysteresis = 2;
-      if (const json* v = find("/fp16/hysteresis"); v && !is_auto(*v))
-        hysteresis = count("/fp16/hysteresis", *v, 0, 1u << 31);
-      if (hysteresis > 1)
-        warn(strcat("fp16.hysteresis: ", hysteresis,
-                    hysteresis == 2 && !find("/fp16/hysteresis") ? " (DeepSpeed's default)" : "",
-                    ": strata backs the loss scale off at the first overflow (hysteresis 1), "
-                    "DeepSpeed after ",
-                    hysteresis, " consecutive ones"));
-      ignore("/fp16/consecutive_hysteresis", "strata backs off at every overflow");
-      ignore("/fp16/auto_cast", "strata does not run the model's forward pass");
-      ignore("/fp16/fp16_master_weights_and_grads", "strata keeps FP32 master weights");
+      precision_fp16();
     } else if (b) {
       const std::string c = strcat(dotted(bptr), ".enabled: true");
       set("precision.params", "bf16", c);
@@ -348,6 +353,12 @@ class Importer {
     }
     set("optimizer.type", type, tc);
     if (!params) return;
+    optimizer_params();
+  }
+
+  // optimizer.params: lr, eps, weight decay, betas ("auto" as the HF Trainer), and what strata
+  // does not support.
+  void optimizer_params() {
     auto value = [&](const char* key, double hf, double lo, double hi, const char* yaml) {
       const std::string ptr = strcat("/optimizer/params/", key);
       const json* v = find(ptr);
@@ -392,6 +403,61 @@ class Importer {
            "strata keeps the optimizer state in FP32 always");
   }
 
+  // train_batch_size given: the one of micro batch, accumulation steps and ranks not given (or
+  // all checked against it when every one is).
+  void batches_from_total(std::uint64_t total, std::optional<std::uint64_t>& micro,
+                          std::optional<std::uint64_t>& gas, std::optional<std::uint64_t>& ranks,
+                          std::string& mc, std::string& rc) {
+    const std::optional<std::uint64_t> tbs = total;
+    if (micro && gas) {
+      const std::uint64_t per = *micro * *gas;
+      if (ranks && per * *ranks != *tbs)
+        bad("/train_batch_size",
+            strcat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
+                   " x gradient_accumulation_steps ", *gas, " x ", *ranks, " ranks"));
+      if (!ranks) {
+        if (*tbs % per != 0)
+          bad("/train_batch_size",
+              strcat(*tbs, " is not a multiple of train_micro_batch_size_per_gpu ", *micro,
+                     " x gradient_accumulation_steps ", *gas));
+        ranks = *tbs / per;
+        rc = strcat("train_batch_size ", *tbs, " / (micro ", *micro,
+                    " x gradient_accumulation_steps ", *gas, ")");
+      }
+    } else if (micro) {
+      if (!ranks) {
+        gas = 1;
+        if (*tbs % *micro != 0)
+          bad("/train_batch_size", strcat(*tbs, " is not a multiple of the micro batch ", *micro));
+        ranks = *tbs / *micro;
+        rc = strcat("train_batch_size ", *tbs, " / micro ", *micro,
+                    " (gradient_accumulation_steps 1 assumed)");
+        warn(strcat("world.ranks ", *ranks,
+                    " derived assuming gradient_accumulation_steps 1; pass --ranks if not"));
+      } else {
+        if (*tbs % (*micro * *ranks) != 0)
+          bad("/train_batch_size",
+              strcat(*tbs, " is not a multiple of micro ", *micro, " x ", *ranks, " ranks"));
+        gas = *tbs / (*micro * *ranks);
+      }
+    } else {
+      const std::uint64_t g = gas ? *gas : 1, r = ranks ? *ranks : 1;
+      if (*tbs % (g * r) != 0)
+        bad("/train_batch_size", strcat(*tbs, " is not a multiple of gradient_accumulation_steps ",
+                                        g, " x ", r, " ranks"));
+      micro = *tbs / (g * r);
+      mc = strcat("train_batch_size ", *tbs, " / (gradient_accumulation_steps ", g, " x ", r,
+                  " ranks)");
+      if (!ranks) {
+        ranks = 1;
+        rc = "train_batch_size alone does not say the world size: 1 assumed";
+        warn(
+            "world.ranks 1 assumed: train_batch_size alone does not say the world size; pass "
+            "--ranks");
+      }
+    }
+  }
+
   void batches() {
     // DeepSpeed: train_batch_size = micro x gradient_accumulation_steps x world.
     auto get = [&](const char* key, std::optional<std::uint64_t>& out, bool& is_auto_value) {
@@ -428,55 +494,7 @@ class Importer {
       rc = "--ranks";
     }
     if (tbs) {
-      if (micro && gas) {
-        const std::uint64_t per = *micro * *gas;
-        if (ranks && per * *ranks != *tbs)
-          bad("/train_batch_size",
-              strcat(*tbs, " != train_micro_batch_size_per_gpu ", *micro,
-                     " x gradient_accumulation_steps ", *gas, " x ", *ranks, " ranks"));
-        if (!ranks) {
-          if (*tbs % per != 0)
-            bad("/train_batch_size",
-                strcat(*tbs, " is not a multiple of train_micro_batch_size_per_gpu ", *micro,
-                       " x gradient_accumulation_steps ", *gas));
-          ranks = *tbs / per;
-          rc = strcat("train_batch_size ", *tbs, " / (micro ", *micro,
-                      " x gradient_accumulation_steps ", *gas, ")");
-        }
-      } else if (micro) {
-        if (!ranks) {
-          gas = 1;
-          if (*tbs % *micro != 0)
-            bad("/train_batch_size",
-                strcat(*tbs, " is not a multiple of the micro batch ", *micro));
-          ranks = *tbs / *micro;
-          rc = strcat("train_batch_size ", *tbs, " / micro ", *micro,
-                      " (gradient_accumulation_steps 1 assumed)");
-          warn(strcat("world.ranks ", *ranks,
-                      " derived assuming gradient_accumulation_steps 1; pass --ranks if not"));
-        } else {
-          if (*tbs % (*micro * *ranks) != 0)
-            bad("/train_batch_size",
-                strcat(*tbs, " is not a multiple of micro ", *micro, " x ", *ranks, " ranks"));
-          gas = *tbs / (*micro * *ranks);
-        }
-      } else {
-        const std::uint64_t g = gas ? *gas : 1, r = ranks ? *ranks : 1;
-        if (*tbs % (g * r) != 0)
-          bad("/train_batch_size",
-              strcat(*tbs, " is not a multiple of gradient_accumulation_steps ", g, " x ", r,
-                     " ranks"));
-        micro = *tbs / (g * r);
-        mc = strcat("train_batch_size ", *tbs, " / (gradient_accumulation_steps ", g, " x ", r,
-                    " ranks)");
-        if (!ranks) {
-          ranks = 1;
-          rc = "train_batch_size alone does not say the world size: 1 assumed";
-          warn(
-              "world.ranks 1 assumed: train_batch_size alone does not say the world size; pass "
-              "--ranks");
-        }
-      }
+      batches_from_total(*tbs, micro, gas, ranks, mc, rc);
     } else if (tbs_auto && micro) {
       warn(
           "train_batch_size \"auto\": DeepSpeed computes it as micro x gradient_accumulation_steps "
@@ -587,6 +605,14 @@ class Importer {
     } else {
       set("zero.stage", "0", "zero_optimization.stage not given: DeepSpeed's default 0");
     }
+    zero_sizes();
+    zero_live_parameters(stage);
+    zero_offload(stage);
+    zero_ignored(*z);
+  }
+
+  // zero_optimization.sub_group_size and reduce_bucket_size ("auto" resolved as DeepSpeed / HF).
+  void zero_sizes() {
     if (const json* v = find("/zero_optimization/sub_group_size")) {
       if (is_auto(*v)) {
         set("zero.sub_group_size", fmt(kDsSubGroup),
@@ -622,6 +648,10 @@ class Importer {
             src("/zero_optimization/reduce_bucket_size", *v));
       }
     }
+  }
+
+  // stage3_max_live_parameters: the most parameters gathered at once.
+  void zero_live_parameters(int stage) {
     if (const json* v = find("/zero_optimization/stage3_max_live_parameters")) {
       if (stage == 3 && !is_auto(*v)) {
         std::uint64_t n = count("/zero_optimization/stage3_max_live_parameters", *v, 0, 1ull << 50);
@@ -636,7 +666,10 @@ class Importer {
                           : "only meaningful at stage 3");
       }
     }
-    // Offload: optimizer state, parameters (and the legacy ZeRO-Offload switches).
+  }
+
+  // Offload: optimizer state, parameters (and the legacy ZeRO-Offload switches).
+  void zero_offload(int stage) {
     std::set<std::string> paths;
     std::uint64_t buffers = 0, buffer_bytes = 0;
     std::string buffers_from, bytes_from;
@@ -676,7 +709,10 @@ class Importer {
       set("tiers.host.buffer_count", fmt(buffers),
           buffers_from + " (one pool per rank: the larger)");
     if (buffer_bytes) set("tiers.host.buffer_size", format_bytes_exact(buffer_bytes), bytes_from);
-    // The rest of zero_optimization.
+  }
+
+  // The rest of zero_optimization: keys strata has no use for, each with the reason.
+  void zero_ignored(const json& zsec) {
     const std::map<std::string, std::string> reasons{
         {"allgather_partitions",
          "strata all-gathers the updated parameters after every step (stages 1-2)"},
@@ -708,7 +744,7 @@ class Importer {
         {"memory_efficient_linear", "strata does not run the model's layers"},
         {"use_multi_rank_bucket_allreduce", "strata reduces each bucket with one collective"},
     };
-    for (auto& [k, v] : z->items()) {
+    for (auto& [k, v] : zsec.items()) {
       const std::string p = "/zero_optimization/" + esc(k);
       if (consumed_.count(p) || subtree_.count(p)) continue;
       auto it = reasons.find(k);

@@ -36,7 +36,7 @@ Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
   bytes = std::max<std::size_t>(bytes, 1);
   std::multimap<std::size_t, unsigned char*> shed;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (auto it = kept_.find(bytes); it != kept_.end()) {
       unsigned char* p = it->second;
       kept_.erase(it);
@@ -56,7 +56,7 @@ Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
     trim();  // kept blocks hold budget and device memory: give them all back, then try once more
     p = allocate(bytes, what);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++stats_.allocations;
   stats_.live_bytes += bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
@@ -91,12 +91,12 @@ void ScratchArena::free_blocks(const std::multimap<std::size_t, unsigned char*>&
     device_.free(p);
     store_.unreserve(Tier::kGpu, bytes);
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stats_.frees += blocks.size();
 }
 
 void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes) noexcept {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   stats_.live_bytes -= bytes;
   try {
     kept_.emplace(bytes, ptr);
@@ -111,7 +111,7 @@ void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes) noexcept {
 void ScratchArena::trim() noexcept {
   std::multimap<std::size_t, unsigned char*> all;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     all.swap(kept_);
     stats_.kept_bytes = 0;
   }
@@ -119,7 +119,7 @@ void ScratchArena::trim() noexcept {
 }
 
 ScratchStats ScratchArena::stats() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return stats_;
 }
 

@@ -22,9 +22,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string_view>
 
+#include "core/mutex.hpp"
 #include "strata/config.hpp"
 
 namespace strata {
@@ -79,19 +79,19 @@ class ScratchArena {
 
  private:
   friend class Scratch;
-  void give_back(unsigned char* ptr, std::size_t bytes) noexcept;
+  void give_back(unsigned char* ptr, std::size_t bytes) noexcept EXCLUDES(mu_);
   void* allocate(std::size_t bytes, std::string_view what);
   // Removes kept blocks until live + kept + `incoming` fits in `bound`; returns them (freed by
-  // the caller outside the mutex). REQUIRES: mu_ held.
+  // the caller outside the mutex).
   std::multimap<std::size_t, unsigned char*> shed_locked(std::uint64_t incoming,
-                                                         std::uint64_t bound);
+                                                         std::uint64_t bound) REQUIRES(mu_);
   void free_blocks(const std::multimap<std::size_t, unsigned char*>& blocks) noexcept;
 
   TierStore& store_;
   Device& device_;
-  mutable std::mutex mu_;
-  std::multimap<std::size_t, unsigned char*> kept_;  // guarded by mu_: size -> block
-  ScratchStats stats_;                               // guarded by mu_
+  mutable Mutex mu_;
+  std::multimap<std::size_t, unsigned char*> kept_ GUARDED_BY(mu_);  // size -> block
+  ScratchStats stats_ GUARDED_BY(mu_);
 };
 
 }  // namespace strata

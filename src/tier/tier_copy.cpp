@@ -176,6 +176,27 @@ struct Slot {
   int stage = 0;  // see the two pipelines
 };
 
+// NVMe → GPU, after slot `s` failed or was drained after another's failure: nothing still in
+// flight may touch its buffer afterwards. A read that may still write it, or a device copy that
+// may still read it, keeps the buffer detached: never back to the pool (F10).
+void settle_nvme_to_gpu_slot(Slot& s, IoEngine& engine, std::chrono::milliseconds timeout,
+                             bool* unsafe) {
+  if (s.stage == 0 && s.ticket) {
+    try {
+      if (!engine.wait(s.ticket, timeout)) s.buf.detach();
+    } catch (...) {
+      s.buf.detach();
+    }
+  } else if (s.stage == 1) {
+    try {
+      s.event->synchronize(timeout);
+    } catch (...) {
+      *unsafe = true;
+      s.buf.detach();
+    }
+  }
+}
+
 }  // namespace
 
 // Stage 0: device→pinned copy queued (event); stage 1: NVMe write submitted (ticket).
@@ -292,20 +313,7 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
       s.event->synchronize(timeout);
     } catch (...) {
       if (!error) error = std::current_exception();
-      if (s.stage == 0 && s.ticket) {
-        try {
-          if (!engine_->wait(s.ticket, timeout)) s.buf.detach();  // the read may still write it
-        } catch (...) {
-          s.buf.detach();
-        }
-      } else if (s.stage == 1) {
-        try {
-          s.event->synchronize(timeout);
-        } catch (...) {
-          *unsafe = true;
-          s.buf.detach();  // the device copy may still read it: never back to the pool (F10)
-        }
-      }
+      settle_nvme_to_gpu_slot(s, *engine_, timeout, unsafe);
     }
     free_events.push_back(s.event);
     window.pop_front();

@@ -11,23 +11,6 @@
 #include "strata/units.hpp"
 
 namespace strata::zero {
-namespace {
-
-// The rank's GPU on its node: LOCAL_RANK (torchrun), the MPI launchers' local rank, else the rank
-// modulo the node's ranks; modulo the visible devices.
-int local_ordinal(const Config& c, int rank) {
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
-    if (const char* s = std::getenv(v)) {
-      char* end = nullptr;
-      const long x = std::strtol(s, &end, 10);
-      if (end != s && x >= 0) return static_cast<int>(x);
-    }
-  }
-  return rank % static_cast<int>(std::max<std::uint32_t>(1, c.ranks_per_node()));
-}
-
-}  // namespace
 
 DeviceKind resolve_device_kind(const Config& c, const Communicator& comm) {
   const bool device_buffers = comm.buffer_location() == BufferLocation::kDevice;
@@ -52,9 +35,10 @@ RankStorage::RankStorage(const Config& config, const Communicator& comm, const S
   const DeviceKind kind = resolve_device_kind(config, comm);
   int ordinal = 0;
   if (kind == DeviceKind::kCuda) {
-    const GpuQuery q = query_cuda_devices();
-    const int n = std::max<int>(1, static_cast<int>(q.devices.size()));
-    ordinal = local_ordinal(config, rank_) % n;
+    // The rank's GPU on its node: LOCAL_RANK (torchrun), the MPI launchers' local rank, else the
+    // rank modulo the node's ranks; modulo the visible devices (as profile and bench step).
+    ordinal = local_device_ordinal(rank_, static_cast<int>(config.ranks_per_node()),
+                                   static_cast<int>(query_cuda_devices().devices.size()));
   }
   device_ =
       wrap_.make ? wrap_.make(kind, ordinal) : make_device(kind, ordinal, config.tiers.gpu.budget);
