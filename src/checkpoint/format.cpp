@@ -55,12 +55,9 @@ std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / 
 
 std::uint64_t dtype_code(DType t) {
   switch (t) {
-    case DType::kFp16:
-      return 1;
-    case DType::kBf16:
-      return 2;
-    case DType::kFp32:
-      return 3;
+    case DType::kFp16: return 1;
+    case DType::kBf16: return 2;
+    case DType::kFp32: return 3;
   }
   return 0;
 }

@@ -26,12 +26,9 @@ constexpr std::uint64_t kPiece = 1u << 20;  // elements converted and written at
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
-    case DType::kFp32:
-      return "F32";
-    case DType::kBf16:
-      return "BF16";
-    case DType::kFp16:
-      return "F16";
+    case DType::kFp32: return "F32";
+    case DType::kBf16: return "BF16";
+    case DType::kFp16: return "F16";
   }
   return "?";
 }

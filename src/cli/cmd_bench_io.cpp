@@ -57,29 +57,14 @@ void check_disk_directory(int fd, const std::string& dir) {
   if (::fstatfs(fd, &st) != 0) throw strata::IoError("statfs", dir, 0, 0, errno, "bench io --dir");
   const char* kind = nullptr;
   switch (static_cast<unsigned long>(st.f_type)) {
-    case PROC_SUPER_MAGIC:
-      kind = "proc";
-      break;
-    case SYSFS_MAGIC:
-      kind = "sysfs";
-      break;
-    case DEVPTS_SUPER_MAGIC:
-      kind = "devpts";
-      break;
-    case CGROUP_SUPER_MAGIC:
-      kind = "cgroup";
-      break;
-    case CGROUP2_SUPER_MAGIC:
-      kind = "cgroup2";
-      break;
-    case DEBUGFS_MAGIC:
-      kind = "debugfs";
-      break;
-    case SECURITYFS_MAGIC:
-      kind = "securityfs";
-      break;
-    default:
-      break;
+    case PROC_SUPER_MAGIC: kind = "proc"; break;
+    case SYSFS_MAGIC: kind = "sysfs"; break;
+    case DEVPTS_SUPER_MAGIC: kind = "devpts"; break;
+    case CGROUP_SUPER_MAGIC: kind = "cgroup"; break;
+    case CGROUP2_SUPER_MAGIC: kind = "cgroup2"; break;
+    case DEBUGFS_MAGIC: kind = "debugfs"; break;
+    case SECURITYFS_MAGIC: kind = "securityfs"; break;
+    default: break;
   }
   if (kind)
     strata::fail(strata::ErrorCode::kInvalidArgument,

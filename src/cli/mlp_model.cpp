@@ -29,14 +29,10 @@ std::string MlpModel::tensor_name(std::size_t i) const {
 
 std::size_t MlpModel::tensor_numel(std::size_t i) const {
   switch (i) {
-    case 0:
-      return shape_.hidden * shape_.input;
-    case 1:
-      return shape_.hidden;
-    case 2:
-      return shape_.output * shape_.hidden;
-    case 3:
-      return shape_.output;
+    case 0: return shape_.hidden * shape_.input;
+    case 1: return shape_.hidden;
+    case 2: return shape_.output * shape_.hidden;
+    case 3: return shape_.output;
   }
   fail(ErrorCode::kInvalidArgument, strcat("mlp: tensor ", i));
 }

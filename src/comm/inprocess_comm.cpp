@@ -146,8 +146,7 @@ std::vector<unsigned char> compute(const Slot& slot, const Post& mine, Collectiv
         std::memcpy(tmp.data(), send(mine.root), mine.count * es);
       }
       break;
-    case CollectiveKind::kBarrier:
-      break;
+    case CollectiveKind::kBarrier: break;
   }
   return tmp;
 }

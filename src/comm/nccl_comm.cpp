@@ -32,12 +32,9 @@ void check_cuda(cudaError_t rc, const std::string& what) {
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kFp32:
-      return ncclFloat32;
-    case DType::kFp16:
-      return ncclFloat16;
-    case DType::kBf16:
-      return ncclBfloat16;
+    case DType::kFp32: return ncclFloat32;
+    case DType::kFp16: return ncclFloat16;
+    case DType::kBf16: return ncclBfloat16;
   }
   return ncclFloat32;
 }

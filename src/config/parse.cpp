@@ -55,16 +55,11 @@ YAML::Node child(const YAML::Node& parent, const char* key) {
 const char* kind_name(const YAML::Node& n) {
   if (!n.IsDefined()) return "nothing";
   switch (n.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Scalar:
-      return "a scalar";
-    case YAML::NodeType::Null:
-      return "no value";
-    case YAML::NodeType::Undefined:
-      return "nothing";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Scalar: return "a scalar";
+    case YAML::NodeType::Null: return "no value";
+    case YAML::NodeType::Undefined: return "nothing";
   }
   return "?";
 }

@@ -7,32 +7,19 @@ namespace strata {
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::kInvalidArgument:
-      return "invalid argument";
-    case ErrorCode::kConfig:
-      return "config";
-    case ErrorCode::kIo:
-      return "io";
-    case ErrorCode::kChecksum:
-      return "checksum";
-    case ErrorCode::kOutOfMemory:
-      return "out of memory";
-    case ErrorCode::kBudget:
-      return "budget";
-    case ErrorCode::kTimeout:
-      return "timeout";
-    case ErrorCode::kDevice:
-      return "device";
-    case ErrorCode::kComm:
-      return "comm";
-    case ErrorCode::kUnsupported:
-      return "unsupported";
-    case ErrorCode::kNumeric:
-      return "numeric";
-    case ErrorCode::kCancelled:
-      return "cancelled";
-    case ErrorCode::kInternal:
-      return "internal";
+    case ErrorCode::kInvalidArgument: return "invalid argument";
+    case ErrorCode::kConfig: return "config";
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kChecksum: return "checksum";
+    case ErrorCode::kOutOfMemory: return "out of memory";
+    case ErrorCode::kBudget: return "budget";
+    case ErrorCode::kTimeout: return "timeout";
+    case ErrorCode::kDevice: return "device";
+    case ErrorCode::kComm: return "comm";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kNumeric: return "numeric";
+    case ErrorCode::kCancelled: return "cancelled";
+    case ErrorCode::kInternal: return "internal";
   }
   return "unknown";
 }
@@ -94,10 +81,8 @@ bool is_path_error(const std::string& op, int errnum) {
     case EROFS:
     case ENXIO:
     case ENODEV:
-    case EINVAL:
-      return true;
-    default:
-      return false;
+    case EINVAL: return true;
+    default: return false;
   }
 }
 }  // namespace

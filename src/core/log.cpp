@@ -48,16 +48,11 @@ void set_log_sink(LogSink sink) {
 
 const char* log_level_name(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug:
-      return "debug";
-    case LogLevel::kInfo:
-      return "info";
-    case LogLevel::kWarn:
-      return "warning";
-    case LogLevel::kError:
-      return "error";
-    case LogLevel::kOff:
-      return "off";
+    case LogLevel::kDebug: return "debug";
+    case LogLevel::kInfo: return "info";
+    case LogLevel::kWarn: return "warning";
+    case LogLevel::kError: return "error";
+    case LogLevel::kOff: return "off";
   }
   return "?";
 }

@@ -90,27 +90,18 @@ inline std::uint16_t float_to_bf16(float f) {
 
 inline float load_elem(const void* base, std::size_t i, DType t) {
   switch (t) {
-    case DType::kFp32:
-      return static_cast<const float*>(base)[i];
-    case DType::kFp16:
-      return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
-    case DType::kBf16:
-      return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kFp32: return static_cast<const float*>(base)[i];
+    case DType::kFp16: return half_to_float(static_cast<const std::uint16_t*>(base)[i]);
+    case DType::kBf16: return bf16_to_float(static_cast<const std::uint16_t*>(base)[i]);
   }
   return 0.0f;
 }
 
 inline void store_elem(void* base, std::size_t i, DType t, float v) {
   switch (t) {
-    case DType::kFp32:
-      static_cast<float*>(base)[i] = v;
-      break;
-    case DType::kFp16:
-      static_cast<std::uint16_t*>(base)[i] = float_to_half(v);
-      break;
-    case DType::kBf16:
-      static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v);
-      break;
+    case DType::kFp32: static_cast<float*>(base)[i] = v; break;
+    case DType::kFp16: static_cast<std::uint16_t*>(base)[i] = float_to_half(v); break;
+    case DType::kBf16: static_cast<std::uint16_t*>(base)[i] = float_to_bf16(v); break;
   }
 }
 

@@ -192,9 +192,7 @@ void FaultInjectingIoEngine::apply_faults(const IoRequest& r, std::uint32_t alig
         is_short = true;
         break;
       }
-      case IoFaultKind::kDelay:
-        pending.delay = std::max(pending.delay, f.delay);
-        break;
+      case IoFaultKind::kDelay: pending.delay = std::max(pending.delay, f.delay); break;
       case IoFaultKind::kCorruptRead: {
         std::uint64_t bit = f.bit;
         if (bit == IoFault::kRandomBit) {

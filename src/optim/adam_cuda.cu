@@ -190,14 +190,10 @@ template <int GD>
 void launch_copy_kind(const AdamConsts& c, const AdamTensors& t, CopyKind ck, bool vec4,
                       const int* flag, cudaStream_t s, int dev) {
   switch (ck) {
-    case CopyKind::kNone:
-      return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kFp32:
-      return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kFp16:
-      return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s, dev);
-    case CopyKind::kBf16:
-      return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kNone: return launch_adam<GD, int(CopyKind::kNone)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp32: return launch_adam<GD, int(CopyKind::kFp32)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kFp16: return launch_adam<GD, int(CopyKind::kFp16)>(c, t, vec4, flag, s, dev);
+    case CopyKind::kBf16: return launch_adam<GD, int(CopyKind::kBf16)>(c, t, vec4, flag, s, dev);
   }
 }
 
@@ -262,15 +258,9 @@ void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamSt
   const int* flag = o.check_finite ? device_found_nonfinite : nullptr;
   clear_last_error("adam_step_cuda");
   switch (t.grad_dtype) {
-    case DType::kFp32:
-      launch_copy_kind<0>(c, t, ck, vec4, flag, s, dev);
-      break;
-    case DType::kBf16:
-      launch_copy_kind<1>(c, t, ck, vec4, flag, s, dev);
-      break;
-    case DType::kFp16:
-      launch_copy_kind<2>(c, t, ck, vec4, flag, s, dev);
-      break;
+    case DType::kFp32: launch_copy_kind<0>(c, t, ck, vec4, flag, s, dev); break;
+    case DType::kBf16: launch_copy_kind<1>(c, t, ck, vec4, flag, s, dev); break;
+    case DType::kFp16: launch_copy_kind<2>(c, t, ck, vec4, flag, s, dev); break;
   }
   check_cuda(cudaGetLastError(), "adam_step_cuda: kernel launch");
 }

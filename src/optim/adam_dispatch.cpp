@@ -13,14 +13,10 @@ namespace strata {
 
 const char* adam_path_name(AdamPath p) {
   switch (p) {
-    case AdamPath::kAuto:
-      return "auto";
-    case AdamPath::kAvx512:
-      return "avx512";
-    case AdamPath::kAvx2:
-      return "avx2";
-    case AdamPath::kScalar:
-      return "scalar";
+    case AdamPath::kAuto: return "auto";
+    case AdamPath::kAvx512: return "avx512";
+    case AdamPath::kAvx2: return "avx2";
+    case AdamPath::kScalar: return "scalar";
   }
   return "?";
 }
@@ -28,8 +24,7 @@ const char* adam_path_name(AdamPath p) {
 bool adam_path_supported(AdamPath p) {
   switch (p) {
     case AdamPath::kAuto:
-    case AdamPath::kScalar:
-      return true;
+    case AdamPath::kScalar: return true;
 #if defined(__x86_64__) || defined(__i386__)
     // __builtin_cpu_supports checks CPUID and that the OS saves the register state (XCR0).
     case AdamPath::kAvx2:
@@ -39,8 +34,7 @@ bool adam_path_supported(AdamPath p) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && adam_path_supported(AdamPath::kAvx2);
 #else
-    default:
-      return false;
+    default: return false;
 #endif
   }
   return false;
@@ -86,12 +80,9 @@ const KernelTable& kernels_for(AdamPath p) {
     fail(ErrorCode::kUnsupported,
          strcat("Adam path ", adam_path_name(p), " is not supported by this CPU"));
   switch (p) {
-    case AdamPath::kAvx512:
-      return kernels_avx512();
-    case AdamPath::kAvx2:
-      return kernels_avx2();
-    default:
-      return kernels_scalar();
+    case AdamPath::kAvx512: return kernels_avx512();
+    case AdamPath::kAvx2: return kernels_avx2();
+    default: return kernels_scalar();
   }
 }
 
@@ -121,12 +112,9 @@ AdamConsts make_adam_consts(const AdamParams& p, const AdamStepOptions& o) {
 CopyKind copy_kind(const AdamTensors& t) {
   if (!t.param_copy) return CopyKind::kNone;
   switch (t.param_copy_dtype) {
-    case DType::kFp32:
-      return CopyKind::kFp32;
-    case DType::kFp16:
-      return CopyKind::kFp16;
-    default:
-      return CopyKind::kBf16;
+    case DType::kFp32: return CopyKind::kFp32;
+    case DType::kFp16: return CopyKind::kFp16;
+    default: return CopyKind::kBf16;
   }
 }
 

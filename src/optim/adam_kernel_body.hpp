@@ -43,12 +43,9 @@ inline std::uint16_t s_f_to_fp16(float f) { return strata::float_to_half(f); }
 
 inline float s_load_grad(DType dt, const void* g, std::size_t i) {
   switch (dt) {
-    case DType::kFp32:
-      return static_cast<const float*>(g)[i];
-    case DType::kBf16:
-      return s_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
-    default:
-      return s_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    case DType::kFp32: return static_cast<const float*>(g)[i];
+    case DType::kBf16: return s_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    default: return s_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
   }
 }
 
@@ -70,17 +67,10 @@ inline void s_adam_elem(const AdamConsts& c, float& p, float& m, float& v, float
 
 inline void s_store_copy(CopyKind k, void* out, std::size_t i, float p) {
   switch (k) {
-    case CopyKind::kNone:
-      break;
-    case CopyKind::kFp32:
-      static_cast<float*>(out)[i] = p;
-      break;
-    case CopyKind::kBf16:
-      static_cast<std::uint16_t*>(out)[i] = s_f_to_bf16(p);
-      break;
-    case CopyKind::kFp16:
-      static_cast<std::uint16_t*>(out)[i] = s_f_to_fp16(p);
-      break;
+    case CopyKind::kNone: break;
+    case CopyKind::kFp32: static_cast<float*>(out)[i] = p; break;
+    case CopyKind::kBf16: static_cast<std::uint16_t*>(out)[i] = s_f_to_bf16(p); break;
+    case CopyKind::kFp16: static_cast<std::uint16_t*>(out)[i] = s_f_to_fp16(p); break;
   }
 }
 
@@ -222,14 +212,10 @@ template <class V, DType GD>
 void v_adam_copy(const AdamConsts& c, CopyKind ck, float* p, float* m, float* v, const void* g,
                  void* out, std::size_t n) {
   switch (ck) {
-    case CopyKind::kNone:
-      return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
-    case CopyKind::kFp32:
-      return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
-    case CopyKind::kFp16:
-      return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
-    case CopyKind::kBf16:
-      return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
+    case CopyKind::kNone: return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
+    case CopyKind::kFp32: return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
+    case CopyKind::kFp16: return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
+    case CopyKind::kBf16: return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
   }
 }
 
@@ -237,12 +223,9 @@ template <class V>
 void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, float* p, float* m, float* v,
                   const void* g, void* out, std::size_t n) {
   switch (gd) {
-    case DType::kFp32:
-      return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
-    case DType::kBf16:
-      return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
-    case DType::kFp16:
-      return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp32: return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
+    case DType::kBf16: return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp16: return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
   }
 }
 
@@ -289,12 +272,9 @@ template <class V, bool kDiv>
 void v_stats_dtype(DType gd, const void* g, std::size_t n, float divisor, float scale, bool* finite,
                    double* sum_sq) {
   switch (gd) {
-    case DType::kFp32:
-      return v_stats<V, DType::kFp32, kDiv>(g, n, divisor, scale, finite, sum_sq);
-    case DType::kBf16:
-      return v_stats<V, DType::kBf16, kDiv>(g, n, divisor, scale, finite, sum_sq);
-    case DType::kFp16:
-      return v_stats<V, DType::kFp16, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kFp32: return v_stats<V, DType::kFp32, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kBf16: return v_stats<V, DType::kBf16, kDiv>(g, n, divisor, scale, finite, sum_sq);
+    case DType::kFp16: return v_stats<V, DType::kFp16, kDiv>(g, n, divisor, scale, finite, sum_sq);
   }
 }
 

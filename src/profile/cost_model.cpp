@@ -11,14 +11,10 @@ namespace strata {
 
 const char* profile_mode_name(ProfileMode m) {
   switch (m) {
-    case ProfileMode::kTiny:
-      return "tiny";
-    case ProfileMode::kQuick:
-      return "quick";
-    case ProfileMode::kDefault:
-      return "default";
-    case ProfileMode::kFull:
-      return "full";
+    case ProfileMode::kTiny: return "tiny";
+    case ProfileMode::kQuick: return "quick";
+    case ProfileMode::kDefault: return "default";
+    case ProfileMode::kFull: return "full";
   }
   return "?";
 }

@@ -129,14 +129,10 @@ Sizes full_sizes() {
 
 Sizes mode_sizes(ProfileMode mode) {
   switch (mode) {
-    case ProfileMode::kTiny:
-      return tiny_sizes();
-    case ProfileMode::kQuick:
-      return quick_sizes();
-    case ProfileMode::kDefault:
-      return default_sizes();
-    case ProfileMode::kFull:
-      return full_sizes();
+    case ProfileMode::kTiny: return tiny_sizes();
+    case ProfileMode::kQuick: return quick_sizes();
+    case ProfileMode::kDefault: return default_sizes();
+    case ProfileMode::kFull: return full_sizes();
   }
   return Sizes{};
 }

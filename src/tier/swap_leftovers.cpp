@@ -190,16 +190,11 @@ SwapLeftover examine(const SafeDir& dir, const std::string& name, const Parsed& 
 
 const char* swap_leftover_status_name(SwapLeftover::Status s) {
   switch (s) {
-    case SwapLeftover::Status::kRemoved:
-      return "removed";
-    case SwapLeftover::Status::kWouldRemove:
-      return "would remove";
-    case SwapLeftover::Status::kRunning:
-      return "kept: running";
-    case SwapLeftover::Status::kOtherUser:
-      return "kept: another user's";
-    case SwapLeftover::Status::kFailed:
-      return "failed";
+    case SwapLeftover::Status::kRemoved: return "removed";
+    case SwapLeftover::Status::kWouldRemove: return "would remove";
+    case SwapLeftover::Status::kRunning: return "kept: running";
+    case SwapLeftover::Status::kOtherUser: return "kept: another user's";
+    case SwapLeftover::Status::kFailed: return "failed";
   }
   return "?";
 }

@@ -25,20 +25,13 @@ namespace {
 constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
 const char* op_name(OpKind k) {
   switch (k) {
-    case OpKind::kMove:
-      return "tier store: moving";
-    case OpKind::kPrefetch:
-      return "tier store: prefetching";
-    case OpKind::kEvict:
-      return "tier store: evicting";
-    case OpKind::kAcquire:
-      return "tier store: acquiring";
-    case OpKind::kRead:
-      return "tier store: reading";
-    case OpKind::kWrite:
-      return "tier store: writing";
-    case OpKind::kZero:
-      return "tier store: zeroing";
+    case OpKind::kMove: return "tier store: moving";
+    case OpKind::kPrefetch: return "tier store: prefetching";
+    case OpKind::kEvict: return "tier store: evicting";
+    case OpKind::kAcquire: return "tier store: acquiring";
+    case OpKind::kRead: return "tier store: reading";
+    case OpKind::kWrite: return "tier store: writing";
+    case OpKind::kZero: return "tier store: zeroing";
   }
   return "tier store:";
 }
@@ -494,9 +487,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
   std::exception_ptr err;
   try {
     switch (job.kind) {
-      case OpKind::kPrefetch:
-        ensure_valid(b, t, ctx);
-        break;
+      case OpKind::kPrefetch: ensure_valid(b, t, ctx); break;
       case OpKind::kMove: {
         {
           MutexLock lock(mutex_);
@@ -515,18 +506,10 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
         }
         break;
       }
-      case OpKind::kEvict:
-        evict_copy(b, t, ctx);
-        break;
-      case OpKind::kRead:
-        stream_read(job, ctx);
-        break;
-      case OpKind::kWrite:
-        stream_write(job, ctx);
-        break;
-      case OpKind::kZero:
-        stream_zero(b, ctx);
-        break;
+      case OpKind::kEvict: evict_copy(b, t, ctx); break;
+      case OpKind::kRead: stream_read(job, ctx); break;
+      case OpKind::kWrite: stream_write(job, ctx); break;
+      case OpKind::kZero: stream_zero(b, ctx); break;
       case OpKind::kAcquire: {
         if (job.access == Access::kDiscard) {
           {
@@ -694,8 +677,7 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
         break;
       case OpKind::kRead:
       case OpKind::kWrite:
-      case OpKind::kZero:
-        return false;  // always on a mover (submit_stream never inlines)
+      case OpKind::kZero: return false;  // always on a mover (submit_stream never inlines)
     }
   } catch (...) {
     job.state->finish(std::current_exception(), nullptr);

@@ -203,12 +203,9 @@ Engine::~Engine() = default;
 
 const char* state_kind_name(StateKind kind) {
   switch (kind) {
-    case StateKind::kMaster:
-      return "master";
-    case StateKind::kExpAvg:
-      return "exp_avg";
-    case StateKind::kExpAvgSq:
-      return "exp_avg_sq";
+    case StateKind::kMaster: return "master";
+    case StateKind::kExpAvg: return "exp_avg";
+    case StateKind::kExpAvgSq: return "exp_avg_sq";
   }
   return "?";
 }

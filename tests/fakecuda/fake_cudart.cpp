@@ -177,71 +177,43 @@ cudaError_t cudaPeekAtLastError(void) {
 
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorMemoryAllocation:
-      return "cudaErrorMemoryAllocation";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
-    case cudaErrorInvalidDevice:
-      return "cudaErrorInvalidDevice";
-    case cudaErrorInvalidDeviceFunction:
-      return "cudaErrorInvalidDeviceFunction";
-    case cudaErrorNoDevice:
-      return "cudaErrorNoDevice";
-    case cudaErrorInvalidResourceHandle:
-      return "cudaErrorInvalidResourceHandle";
-    case cudaErrorNotReady:
-      return "cudaErrorNotReady";
-    case cudaErrorIllegalAddress:
-      return "cudaErrorIllegalAddress";
-    case cudaErrorMisalignedAddress:
-      return "cudaErrorMisalignedAddress";
-    case cudaErrorHostMemoryAlreadyRegistered:
-      return "cudaErrorHostMemoryAlreadyRegistered";
-    case cudaErrorHostMemoryNotRegistered:
-      return "cudaErrorHostMemoryNotRegistered";
-    case cudaErrorNotPermitted:
-      return "cudaErrorNotPermitted";
-    case cudaErrorNotSupported:
-      return "cudaErrorNotSupported";
-    case cudaErrorLaunchFailure:
-      return "cudaErrorLaunchFailure";
-    default:
-      return "cudaErrorUnknown";
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorMisalignedAddress: return "cudaErrorMisalignedAddress";
+    case cudaErrorHostMemoryAlreadyRegistered: return "cudaErrorHostMemoryAlreadyRegistered";
+    case cudaErrorHostMemoryNotRegistered: return "cudaErrorHostMemoryNotRegistered";
+    case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
+    case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    default: return "cudaErrorUnknown";
   }
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
   switch (e) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorMemoryAllocation:
-      return "out of memory";
-    case cudaErrorInvalidDevice:
-      return "invalid device ordinal";
-    case cudaErrorInvalidResourceHandle:
-      return "invalid resource handle";
-    case cudaErrorNotReady:
-      return "device not ready";
-    case cudaErrorIllegalAddress:
-      return "an illegal memory access was encountered";
-    case cudaErrorMisalignedAddress:
-      return "misaligned address";
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorMisalignedAddress: return "misaligned address";
     case cudaErrorHostMemoryAlreadyRegistered:
       return "part or all of the requested memory range is already mapped";
     case cudaErrorHostMemoryNotRegistered:
       return "pointer does not correspond to a registered memory region";
-    case cudaErrorNotPermitted:
-      return "operation not permitted";
-    case cudaErrorNoDevice:
-      return "no CUDA-capable device is detected";
-    default:
-      return cudaGetErrorName(e);
+    case cudaErrorNotPermitted: return "operation not permitted";
+    case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    default: return cudaGetErrorName(e);
   }
 }
 
@@ -292,23 +264,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int dev) {
   if (!value) return ret(cudaErrorInvalidValue);
   if (dev < 0 || dev >= rt.device_count()) return ret(cudaErrorInvalidDevice);
   switch (attr) {
-    case cudaDevAttrMultiProcessorCount:
-      *value = 4 + dev;
-      return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMajor:
-      *value = 9;
-      return cudaSuccess;
-    case cudaDevAttrComputeCapabilityMinor:
-      *value = 0;
-      return cudaSuccess;
-    case cudaDevAttrMaxThreadsPerBlock:
-      *value = 1024;
-      return cudaSuccess;
-    case cudaDevAttrWarpSize:
-      *value = 32;
-      return cudaSuccess;
-    default:
-      return ret(cudaErrorInvalidValue);
+    case cudaDevAttrMultiProcessorCount: *value = 4 + dev; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+    case cudaDevAttrMaxThreadsPerBlock: *value = 1024; return cudaSuccess;
+    case cudaDevAttrWarpSize: *value = 32; return cudaSuccess;
+    default: return ret(cudaErrorInvalidValue);
   }
 }
 

@@ -65,14 +65,10 @@ std::string key(const ncclUniqueId& id) { return std::string(id.internal, 32); }
 
 std::size_t elem_size(ncclDataType_t t) {
   switch (t) {
-    case ncclFloat32:
-      return 4;
-    case ncclFloat16:
-      return 2;
-    case ncclBfloat16:
-      return 2;
-    default:
-      return 0;
+    case ncclFloat32: return 4;
+    case ncclFloat16: return 2;
+    case ncclBfloat16: return 2;
+    default: return 0;
   }
 }
 
@@ -354,24 +350,15 @@ ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
 
 const char* ncclGetErrorString(ncclResult_t r) {
   switch (r) {
-    case ncclSuccess:
-      return "no error";
-    case ncclUnhandledCudaError:
-      return "unhandled cuda error";
-    case ncclSystemError:
-      return "unhandled system error";
-    case ncclInternalError:
-      return "internal error";
-    case ncclInvalidArgument:
-      return "invalid argument";
-    case ncclInvalidUsage:
-      return "invalid usage";
-    case ncclRemoteError:
-      return "remote process exited or there was a network error";
-    case ncclInProgress:
-      return "NCCL operation in progress";
-    default:
-      return "unknown result code";
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error";
+    case ncclSystemError: return "unhandled system error";
+    case ncclInternalError: return "internal error";
+    case ncclInvalidArgument: return "invalid argument";
+    case ncclInvalidUsage: return "invalid usage";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
   }
 }
 

@@ -64,12 +64,9 @@ inline std::uint16_t ref_f_to_fp16(float x) {
 
 inline float ref_grad(DType dt, const void* g, std::size_t i) {
   switch (dt) {
-    case DType::kFp32:
-      return static_cast<const float*>(g)[i];
-    case DType::kBf16:
-      return ref_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
-    default:
-      return ref_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    case DType::kFp32: return static_cast<const float*>(g)[i];
+    case DType::kBf16: return ref_bf16_to_f(static_cast<const std::uint16_t*>(g)[i]);
+    default: return ref_fp16_to_f(static_cast<const std::uint16_t*>(g)[i]);
   }
 }
 

@@ -211,9 +211,7 @@ TEST(TierModel, ConcurrentUsers) {
               rig.write(own, tt == Tier::kNvme ? Tier::kCpu : tt, ref);
               break;
             }
-            case 1:
-              rig.store->move(own, tt).wait(30s);
-              break;
+            case 1: rig.store->move(own, tt).wait(30s); break;
             case 2:
               if (rig.read(own, tt == Tier::kNvme ? Tier::kGpu : tt, ref.size()) != ref)
                 ++mismatches;
