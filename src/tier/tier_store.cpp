@@ -905,7 +905,7 @@ BufferInfo TierStore::Impl::info(BufferId id) const {
 void TierStore::Impl::reserve(Tier t, std::uint64_t bytes, const std::string& what) {
   if (t == Tier::kNvme)
     fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, ": nvme cannot be reserved"));
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
   const std::uint64_t in_use = used_[ti(t)] + (t == Tier::kCpu ? cached_ : 0);
   if (in_use + bytes > budget && t == Tier::kCpu) {
@@ -922,7 +922,7 @@ void TierStore::Impl::reserve(Tier t, std::uint64_t bytes, const std::string& wh
 
 void TierStore::Impl::unreserve(Tier t, std::uint64_t bytes) noexcept {
   if (t == Tier::kNvme) return;
-  std::lock_guard lock(mutex_);
+  MutexLock lock(mutex_);
   used_[ti(t)] -= std::min(bytes, used_[ti(t)]);
 }
 
