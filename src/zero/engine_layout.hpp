@@ -33,6 +33,7 @@
 #include "zero/rank_storage.hpp"
 
 namespace strata {
+class Stream;
 using TensorId = std::size_t;
 using GroupId = std::size_t;
 class ScratchArena;
@@ -148,6 +149,9 @@ void EngineLayout::for_each_group_run(std::size_t flat_b, std::size_t n, F&& fn)
 void put_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_t bytes,
                const void* host, std::chrono::milliseconds timeout);
 void get_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_t bytes, void* host,
+               std::chrono::milliseconds timeout);
+// A synchronous copy on `stream` (host or device memory on either side); 0 bytes: nothing.
+void copy_sync(Stream& stream, void* dst, const void* src, std::size_t bytes,
                std::chrono::milliseconds timeout);
 
 }  // namespace strata::zero

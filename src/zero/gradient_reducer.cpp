@@ -138,8 +138,7 @@ Scratch& GradientReducer::bucket_buffer(std::size_t k) {
 }
 
 void GradientReducer::copy(void* dst, const void* src, std::size_t bytes) {
-  stream_->memcpy_async(dst, src, bytes);
-  stream_->synchronize(timeout_);
+  copy_sync(*stream_, dst, src, bytes, timeout_);
 }
 
 void GradientReducer::check_all_arrived() const {

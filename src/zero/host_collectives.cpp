@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/numeric.hpp"
+#include "zero/engine_layout.hpp"
 
 namespace strata::zero {
 
@@ -12,9 +13,7 @@ HostCollectives::HostCollectives(Communicator& comm, Device& device, ScratchAren
     : comm_(comm), scratch_(scratch), timeout_(timeout), stream_(device.create_stream()) {}
 
 void HostCollectives::copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
-  stream_->memcpy_async(dst, src, bytes);
-  stream_->synchronize(timeout_);
+  copy_sync(*stream_, dst, src, bytes, timeout_);
 }
 
 void HostCollectives::broadcast(void* data, std::size_t count, DType dt, int root) {

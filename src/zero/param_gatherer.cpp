@@ -30,9 +30,7 @@ ParamGatherer::~ParamGatherer() {
 }
 
 void ParamGatherer::copy(void* dst, const void* src, std::size_t bytes) {
-  if (bytes == 0) return;
-  stream_->memcpy_async(dst, src, bytes);
-  stream_->synchronize(timeout_);
+  copy_sync(*stream_, dst, src, bytes, timeout_);
 }
 
 void ParamGatherer::start(TensorId id) {
