@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -449,6 +450,29 @@ ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t b
   return l;
 }
 
+namespace {
+
+// The shard header's ten fixed fields (after magic and version), in order: what a shard of
+// `rank` must say under manifest `m` and layout `l`. Written by encode_shard_header, checked by
+// ShardReader.
+constexpr int kHeaderFields = 10;
+std::array<std::uint64_t, kHeaderFields> header_fields(const Manifest& m, int rank,
+                                                       const ShardLayout& l) {
+  const ShardEntry& s = m.shards.at(static_cast<std::size_t>(rank));
+  return {l.header_bytes,
+          m.serial,
+          static_cast<std::uint64_t>(rank),
+          static_cast<std::uint64_t>(m.world),
+          static_cast<std::uint64_t>(m.stage),
+          dtype_code(m.param_dtype),
+          s.begin,
+          s.count,
+          m.block_elems,
+          l.nblocks};
+}
+
+}  // namespace
+
 std::vector<unsigned char> encode_shard_header(
     const Manifest& m, int rank, const ShardLayout& l,
     const std::vector<std::uint32_t> (&crcs)[kSections]) {
@@ -456,18 +480,8 @@ std::vector<unsigned char> encode_shard_header(
   std::memcpy(h.data(), kMagic, 8);
   const std::uint32_t version = kFormatVersion;
   std::memcpy(h.data() + 8, &version, 4);
-  const ShardEntry& s = m.shards.at(static_cast<std::size_t>(rank));
-  const std::uint64_t fields[] = {l.header_bytes,
-                                  m.serial,
-                                  static_cast<std::uint64_t>(rank),
-                                  static_cast<std::uint64_t>(m.world),
-                                  static_cast<std::uint64_t>(m.stage),
-                                  dtype_code(m.param_dtype),
-                                  s.begin,
-                                  s.count,
-                                  m.block_elems,
-                                  l.nblocks};
-  std::memcpy(h.data() + 16, fields, sizeof(fields));
+  const auto fields = header_fields(m, rank, l);
+  std::memcpy(h.data() + 16, fields.data(), sizeof(fields));
   for (int sec = 0; sec < kSections; ++sec) {
     if (crcs[sec].size() != l.nblocks)
       fail(ErrorCode::kInternal,
@@ -513,24 +527,15 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
                 hex8(crc), ", the manifest says ", hex8(e.header_crc32c)));
   std::uint32_t version = 0;
   std::memcpy(&version, h.data() + 8, 4);
-  std::uint64_t fields[10];
+  std::uint64_t fields[kHeaderFields];
   std::memcpy(fields, h.data() + 16, sizeof(fields));
-  const std::uint64_t want[10] = {layout_.header_bytes,
-                                  m.serial,
-                                  static_cast<std::uint64_t>(shard),
-                                  static_cast<std::uint64_t>(m.world),
-                                  static_cast<std::uint64_t>(m.stage),
-                                  dtype_code(m.param_dtype),
-                                  e.begin,
-                                  e.count,
-                                  m.block_elems,
-                                  layout_.nblocks};
-  const char* names[10] = {"header_bytes", "serial", "rank",  "world",       "stage",
-                           "param_dtype",  "begin",  "count", "block_elems", "nblocks"};
+  const auto want = header_fields(m, shard, layout_);
+  const char* names[kHeaderFields] = {"header_bytes", "serial", "rank",  "world",       "stage",
+                                      "param_dtype",  "begin",  "count", "block_elems", "nblocks"};
   if (std::memcmp(h.data(), kMagic, 8) != 0 || version != kFormatVersion)
     fail(ErrorCode::kChecksum,
          strcat("checkpoint shard ", path_, ": not a strata shard of format ", kFormatVersion));
-  for (int i = 0; i < 10; ++i)
+  for (int i = 0; i < kHeaderFields; ++i)
     if (fields[i] != want[i])
       fail(ErrorCode::kChecksum,
            strcat("checkpoint shard ", path_, ": header field ", names[i], " is ", fields[i],
