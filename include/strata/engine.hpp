@@ -81,8 +81,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "strata/communicator.hpp"
@@ -97,14 +99,15 @@ struct EngineAccess;  // tests and measurements (src/zero/engine_access.hpp)
 }
 
 using TensorId = std::size_t;
-// A parameter group (torch's param_groups): its own learning rate and weight decay; betas and eps
-// are optimizer.* for every group. Group 0 always exists and starts with optimizer.lr and
-// optimizer.weight_decay.
+// A parameter group (torch's param_groups): its own learning rate, weight decay, betas and eps.
+// Group 0 always exists and starts with optimizer.lr, .weight_decay, .betas and .eps; a beta or eps
+// a group leaves unset is optimizer.*'s.
 using GroupId = std::size_t;
 
 struct ParamGroupOptions {
   double lr = 1.0e-3;
   double weight_decay = 0.0;
+  std::optional<double> beta1, beta2, eps;  // unset: optimizer.betas / optimizer.eps
 };
 
 // Which FP32 optimizer array of a tensor (read_state / write_state).
@@ -160,6 +163,12 @@ class Engine {
   double lr(GroupId group = 0) const;
   void set_weight_decay(double weight_decay, GroupId group = 0);
   double weight_decay(GroupId group = 0) const;
+  // Adam's betas and eps of a group, any time like set_lr (torch's OneCycleLR and CyclicLR cycle
+  // beta1 per step): 0 <= beta < 1, eps >= 0 (Error(kInvalidArgument) otherwise).
+  void set_betas(double beta1, double beta2, GroupId group = 0);
+  std::pair<double, double> betas(GroupId group = 0) const;
+  void set_eps(double eps, GroupId group = 0);
+  double eps(GroupId group = 0) const;
   // Builds the partition and the state; rank 0's initial values are broadcast to all ranks.
   void finalize();
 
@@ -212,6 +221,17 @@ class Engine {
   void set_gradient_host(TensorId id, const void* grad);
   // All tensors at once, grads[i] for tensor i in registration order (device() memory).
   void set_gradients(std::span<const void* const> grads);
+
+  // Between the last set_gradient() of a step and step() (collective: every rank alike): finishes
+  // the reduction, agrees on the global L2 norm of the averaged, unscaled gradients and returns it
+  // (+infinity when some rank's gradients overflowed: the step will be skipped); step() then scales
+  // the gradients by min(1, max_norm / (norm + 1e-6)) — torch.nn.utils.clip_grad_norm_'s
+  // coefficient — and by optimizer.grad_clip's too when that is set (the smaller applies). A
+  // second call in the same step returns the same norm and clips to the smaller max_norm;
+  // max_norm = +infinity only reads the norm. No set_gradient() may follow until step(). A missing
+  // gradient or max_norm < 0 (or NaN) throws Error(kInvalidArgument) and changes nothing; any
+  // other failure leaves the engine failed, as for step().
+  double clip_grad_norm(double max_norm);
 
   // Reduces, checks and applies the step. A missing gradient throws Error(kInvalidArgument) and
   // changes nothing. Any other failure (collective, NVMe I/O, checksum, device) throws it and

@@ -355,6 +355,18 @@ PYBIND11_MODULE(_strata, m) {
       .def("set_weight_decay",
            [](PyEngine& s, double wd, GroupId g) { s.e().set_weight_decay(wd, g); })
       .def("weight_decay", [](const PyEngine& s, GroupId g) { return s.e().weight_decay(g); })
+      .def("set_betas",
+           [](PyEngine& s, double b1, double b2, GroupId g) { s.e().set_betas(b1, b2, g); })
+      .def("betas", [](const PyEngine& s, GroupId g) { return s.e().betas(g); })
+      .def("set_eps", [](PyEngine& s, double eps, GroupId g) { s.e().set_eps(eps, g); })
+      .def("eps", [](const PyEngine& s, GroupId g) { return s.e().eps(g); })
+      .def(
+          "clip_grad_norm",
+          [](PyEngine& s, double max_norm) {
+            py::gil_scoped_release nogil;
+            return s.e().clip_grad_norm(max_norm);
+          },
+          py::arg("max_norm"))
       .def(
           "finalize", [](PyEngine& s) { s.e().finalize(); }, G())
       .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })

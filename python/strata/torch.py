@@ -11,9 +11,12 @@ lands in the model's own tensors without a copy; at stage 3 each module's parame
 gathered by a forward pre-hook and dropped by a forward post-hook (and gathered again for the
 module's backward), with the engine's prefetch. docs/python.md has the whole contract.
 """
+import contextlib
 import datetime
+import math
 import os
 import time
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -93,9 +96,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         are broadcast to all.
       config: a YAML path, a dict, or None (defaults, with the model's dtype as precision).
       overrides: ``{"zero.stage": 3}`` or ``["zero.stage=3"]``, applied after the config.
-      param_groups: torch-style groups (``[{"params": [...], "lr": ..., "weight_decay": ...}]``);
-        default: :func:`no_decay_param_groups` (no weight decay for biases and norms). betas and
-        eps are the config's for every group.
+      param_groups: torch-style groups (``[{"params": [...], "lr": ..., "weight_decay": ...,
+        "betas": ..., "eps": ...}]``); default: :func:`no_decay_param_groups` (no weight decay for
+        biases and norms). A group without betas / eps takes the config's. Every group's lr,
+        weight_decay, betas and eps may change between steps (LR schedulers, OneCycleLR's
+        momentum cycle).
       process_group: a torch.distributed group to reduce over (default: the launcher's; see
         docs/python.md, "Launchers").
 
@@ -107,6 +112,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
                             % type(model).__name__)
+        _refuse_ddp(model)
+        self._constructing = True
         self._names = {}
         for n, p in model.named_parameters():
             self._names.setdefault(id(p), n)
@@ -165,6 +172,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._engine.finalize()
         self._arrived = [False] * len(self._params)
         self._n_arrived = 0
+        self._clip_norm = None  # this step's global norm, once clip_grad_norm_ asked for it
+        self._gathered_all = False  # inside full_parameters()
+        # The model's parameters strata does not train (frozen at construction): a later
+        # requires_grad_(True) is refused, not silently ignored.
+        self._frozen = [(n, p) for n, p in model.named_parameters() if id(p) not in self._ids]
+        for p in self._params:
+            _OWNER[id(p)] = (weakref.ref(p), weakref.ref(self))
+        self._constructing = False
 
         # Gradient hooks: on the AccumulateGrad node, created now (while every parameter still has
         # its full shape: autograd checks gradients against the shape it records here).
@@ -183,6 +198,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for p in self._params:
                 p.data = self._empty
             self._install_stage3_hooks(model)
+            self._install_state_dict_hooks(model)
+
+    def add_param_group(self, param_group):
+        """Parameter groups are fixed when the optimizer is built (strata partitions the parameters
+        across ranks then): pass every group to ZeroOptimizer(param_groups=...)."""
+        if getattr(self, "_constructing", True):
+            return super().add_param_group(param_group)
+        raise errors.UnsupportedError(
+            "strata: add_param_group() after construction: strata partitions the parameters across "
+            "ranks when the optimizer is built, so its groups are fixed then; pass every group to "
+            "ZeroOptimizer(model, param_groups=[...]) (a group may start with lr=0 and be raised "
+            "later by a scheduler or by setting param_groups[i]['lr'])")
 
     # ---- construction helpers ----
     def _name(self, p):
@@ -292,6 +319,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         the engine as autograd produces it (at stages 2-3 a full bucket starts its reduce-scatter
         while the rest of the backward runs). One backward() per step()."""
         self._check_usable()
+        self._check_requires_grad()
         if self._n_arrived:
             raise errors.UsageError(
                 "strata: backward() again before step(): %d of %d gradients of this step were already "
@@ -313,15 +341,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- the step ----
     def _sync_groups(self):
-        betas, eps = tuple(self._cfg["betas"]), self._cfg["eps"]
+        """Every group's lr, weight_decay, betas and eps as the loop (or a scheduler) left them."""
         for gi, group in enumerate(self.param_groups):
-            if tuple(group.get("betas", betas)) != betas or group.get("eps", eps) != eps:
-                raise errors.InvalidArgumentError(
-                    "strata: param_groups[%d] sets betas/eps %s/%s; strata uses optimizer.betas / "
-                    "optimizer.eps of the config (%s/%s) for every group"
-                    % (gi, group.get("betas"), group.get("eps"), betas, eps))
+            betas = tuple(group["betas"])
+            if len(betas) != 2:
+                raise errors.InvalidArgumentError("strata: param_groups[%d]['betas'] = %s: two values "
+                                                  "(beta1, beta2)" % (gi, group["betas"]))
             self._engine.set_lr(float(group["lr"]), gi)
             self._engine.set_weight_decay(float(group["weight_decay"]), gi)
+            self._engine.set_betas(float(betas[0]), float(betas[1]), gi)
+            self._engine.set_eps(float(group["eps"]), gi)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -333,6 +362,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_requires_grad()
         if self._n_arrived == 0:
             raise errors.UsageError(
                 "strata: step() before backward(): no gradient arrived in this step; call "
@@ -349,7 +379,55 @@ class ZeroOptimizer(torch.optim.Optimizer):
         r = self._call(self._engine.step)
         self._arrived = [False] * len(self._params)
         self._n_arrived = 0
+        self._clip_norm = None
         return StepResult(loss=loss, **r)
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
+        """torch.nn.utils.clip_grad_norm_ over every parameter of this optimizer, between backward
+        and step (collective: every rank calls it): reduces this step's gradients, returns their
+        global L2 norm (of the averaged, unscaled gradients, as torch computes it on the averaged
+        p.grad) as a 0-dim float32 tensor, and step() scales them by min(1, max_norm / (norm +
+        1e-6)), torch's coefficient. torch.nn.utils.clip_grad_norm_(model.parameters(), ...)
+        lands here once strata.torch is imported. Only the L2 norm (norm_type 2) is supported."""
+        self._check_usable()
+        norm_type = float(norm_type)
+        if norm_type != 2.0:
+            raise errors.UnsupportedError(
+                "strata: clip_grad_norm_(norm_type=%s): strata computes the global L2 norm across "
+                "ranks; use norm_type=2" % norm_type)
+        if self._n_arrived < len(self._params):
+            raise errors.UsageError(
+                "strata: clip_grad_norm_() before the backward handed in every gradient (%d of %d): "
+                "call it after backward() and before step()" % (self._n_arrived, len(self._params)))
+        max_norm = float(max_norm)
+        if math.isnan(max_norm) or max_norm < 0:
+            raise errors.InvalidArgumentError("strata: clip_grad_norm_(max_norm=%s): must be >= 0"
+                                              % max_norm)
+        norm = self._call(self._engine.clip_grad_norm, max_norm)
+        self._clip_norm = norm
+        if error_if_nonfinite and not math.isfinite(norm):
+            raise RuntimeError("The total norm of order 2.0 for gradients from `parameters` is "
+                               "non-finite, so it cannot be clipped. (strata: this step will be "
+                               "skipped on every rank)")
+        return torch.tensor(norm, dtype=torch.float32)
+
+    def _check_requires_grad(self):
+        """A parameter's requires_grad that changed since construction is refused: strata's
+        partition (and so what trains) is fixed when the optimizer is built."""
+        for name, p in self._frozen:
+            if p.requires_grad:
+                raise errors.UsageError(
+                    "strata: parameter '%s' was frozen (requires_grad=False) when ZeroOptimizer was "
+                    "built and now requires grad: strata would never train it. Build the optimizer "
+                    "with it trainable (e.g. with lr=0 in its own group until it should train), or "
+                    "freeze it again" % name)
+        for p in self._params:
+            if not p.requires_grad:
+                raise errors.UsageError(
+                    "strata: parameter '%s' no longer requires grad, but strata trains it (it was "
+                    "trainable when ZeroOptimizer was built): it would get no gradient. Leave it out "
+                    "of param_groups when building the optimizer, or set its group's lr to 0"
+                    % self._name(p))
 
     # ---- failures ----
     def _call(self, fn, *args):
@@ -417,6 +495,63 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if todo:
             self._fetch(todo)
 
+    def _install_state_dict_hooks(self, model):
+        """Stage 3: model.state_dict() holds full tensors — inside full_parameters(), or gathered on
+        demand in a one-rank run; with several ranks outside full_parameters() it raises (a
+        gather is collective: one rank alone would wait for the others)."""
+        for m in model.modules():
+            own = [(n, self._ids[id(p)]) for n, p in m.named_parameters(recurse=False)
+                   if id(p) in self._ids]
+            if own:
+                self._stage3_handles.append(m._register_state_dict_hook(self._full_entries(own)))
+
+    def _full_entries(self, own):
+        def hook(module, state_dict, prefix, local_metadata):
+            if self._engine is None or self._gathered_all:
+                return state_dict
+            missing = [(n, tid) for n, tid in own
+                       if tuple(self._params[tid].shape) != tuple(self._shapes[tid])]
+            if not missing:
+                return state_dict
+            if self.world > 1:
+                raise errors.UsageError(
+                    "strata: model.state_dict() at stage 3 outside opt.full_parameters(): the "
+                    "parameters are partitioned across %d ranks. On every rank: `with "
+                    "opt.full_parameters(): sd = model.state_dict()`, or sd = opt.full_state_dict()"
+                    % self.world)
+            self._fetch(tuple(tid for _, tid in missing))
+            for n, tid in missing:
+                state_dict[prefix + n] = self._params[tid].data
+                self._params[tid].data = self._empty
+            return state_dict
+        return hook
+
+    @contextlib.contextmanager
+    def full_parameters(self):
+        """Every parameter holds its full tensor inside the block (stage 3 gathers them all;
+        collective: every rank enters it; stages 0-2: nothing to do). For reading —
+        model.state_dict(), evaluation, export; changes made inside are not kept."""
+        self._check_usable()
+        if self.stage < 3 or self._gathered_all:
+            yield self._model
+            return
+        if self._n_arrived:
+            raise errors.UsageError("strata: full_parameters() between backward() and step()")
+        self._fetch(tuple(range(len(self._params))))
+        self._gathered_all = True
+        try:
+            yield self._model
+        finally:
+            self._gathered_all = False
+            for p in self._params:
+                p.data = self._empty
+
+    def full_state_dict(self):
+        """model.state_dict() with every parameter whole (a copy; buffers and frozen parameters
+        included). Collective at stage 3."""
+        with self.full_parameters():
+            return {k: v.detach().clone() for k, v in self._model.state_dict().items()}
+
     # ---- state ----
     def _read(self, tid, kind):
         t = torch.empty(self._shapes[tid], dtype=torch.float32)
@@ -464,13 +599,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.InvalidArgumentError(
                 "strata: load_state_dict: the state has groups of %s parameters, this optimizer %s"
                 % ([len(g["params"]) for g in groups], [len(g["params"]) for g in self.param_groups]))
-        betas, eps = tuple(self._cfg["betas"]), self._cfg["eps"]
         for gi, g in enumerate(groups):
-            if tuple(g.get("betas", betas)) != betas or g.get("eps", eps) != eps:
+            if "betas" in g and len(tuple(g["betas"])) != 2:
                 raise errors.InvalidArgumentError(
-                    "strata: load_state_dict: param_groups[%d] has betas/eps %s/%s, the config %s/%s "
-                    "(strata uses the config's for every group); nothing was loaded"
-                    % (gi, g.get("betas"), g.get("eps"), betas, eps))
+                    "strata: load_state_dict: param_groups[%d] has betas %s (two values expected); "
+                    "nothing was loaded" % (gi, g["betas"]))
         index = [i for g in groups for i in g["params"]]
         steps, values = set(), []
         for tid, idx in enumerate(index):  # everything is checked before anything is written
@@ -550,8 +683,93 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for tid, p in enumerate(self._params):
                 p.data = (self._engine_tensor(tid).clone() if self.stage < 3
                           else self._read(tid, "master").to(self._param_dtype))
+        for p in self._params:
+            _OWNER.pop(id(p), None)
         self._engine = None
         self._failed = "closed"
+
+
+# id(parameter) -> (weakref to it, weakref to the ZeroOptimizer that trains it): lets torch's
+# clip_grad_norm_ and DistributedDataParallel recognize strata's parameters.
+_OWNER = {}
+
+
+def _owner_of(p):
+    entry = _OWNER.get(id(p))
+    if entry is None or entry[0]() is not p:
+        return None
+    opt = entry[1]()
+    return opt if opt is not None and opt._engine is not None else None
+
+
+def _refuse_ddp(model):
+    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    if ddp is not None and isinstance(model, ddp):
+        raise errors.UnsupportedError(
+            "strata: ZeroOptimizer(DistributedDataParallel(model)): strata reduces the gradients "
+            "across ranks itself, DDP would average them a second time; pass the bare module "
+            "(ddp.module) and drop the DDP wrapper")
+
+
+def _install_ddp_guard():
+    """DistributedDataParallel around a model strata trains is refused: both would reduce the
+    gradients (averaged twice: silently wrong from the second step on)."""
+    cls = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    if cls is None or getattr(cls.__init__, "_strata_guard", False):
+        return
+    original = cls.__init__
+
+    def __init__(self, module, *args, **kwargs):
+        if isinstance(module, torch.nn.Module) and any(
+                _owner_of(p) is not None for p in module.parameters()):
+            raise errors.UnsupportedError(
+                "strata: DistributedDataParallel around a model whose parameters a ZeroOptimizer "
+                "trains: strata reduces the gradients across ranks itself, DDP would average them "
+                "a second time; train the bare module (no DDP wrapper)")
+        original(self, module, *args, **kwargs)
+
+    __init__._strata_guard = True
+    __init__.__doc__ = original.__doc__
+    cls.__init__ = __init__
+
+
+_TORCH_CLIP = torch.nn.utils.clip_grad_norm_
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, **kwargs):
+    """torch.nn.utils.clip_grad_norm_, which strata.torch installs in its place: parameters a
+    ZeroOptimizer trains are clipped by ZeroOptimizer.clip_grad_norm_ (the global norm across
+    ranks; their p.grad is None once handed to the engine); any other parameters by torch's."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    owners, others = {}, []
+    for p in params:
+        opt = _owner_of(p)
+        if opt is None:
+            others.append(p)
+        else:
+            owners.setdefault(id(opt), (opt, set()))[1].add(id(p))
+    if not owners:
+        return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
+    if len(owners) > 1:
+        raise errors.UnsupportedError("strata: clip_grad_norm_ over the parameters of %d "
+                                      "ZeroOptimizers at once; clip each optimizer's" % len(owners))
+    opt, mine = next(iter(owners.values()))
+    with_grad = [p for p in others if p.grad is not None]
+    if with_grad:
+        raise errors.UnsupportedError(
+            "strata: clip_grad_norm_ over parameters strata trains and %d that another optimizer "
+            "trains: their norms cannot be combined; clip them separately" % len(with_grad))
+    if len(mine) != len(opt._params):
+        raise errors.UnsupportedError(
+            "strata: clip_grad_norm_ over %d of the %d parameters this ZeroOptimizer trains: strata "
+            "clips by the global norm of all of them (pass model.parameters())"
+            % (len(mine), len(opt._params)))
+    return opt.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
+
+
+torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+_install_ddp_guard()
 
 
 def _config_sets(config, overrides, section, key):

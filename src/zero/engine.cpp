@@ -19,7 +19,8 @@ Engine::Impl::Impl(const Config& c, Communicator& cm)
     fail(ErrorCode::kInvalidArgument, strcat("engine: zero.stage ", c.zero.stage, " is not 0..3"));
   // Refused here, before anything is built: a device the communicator cannot reach.
   (void)zero::resolve_device_kind(c, cm);
-  groups.push_back({c.optimizer.lr, c.optimizer.weight_decay});
+  groups.push_back({c.optimizer.lr, c.optimizer.weight_decay, c.optimizer.beta1, c.optimizer.beta2,
+                    c.optimizer.eps});
 }
 
 Engine::Impl::~Impl() = default;  // collaborators first (they wait for their work), storage last
@@ -215,6 +216,22 @@ void check_group_value(double x, const char* what) {
   if (!(x >= 0) || !std::isfinite(x))
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " ", x, " must be finite and >= 0"));
 }
+void check_beta(double b, const char* what) {
+  if (!(b >= 0 && b < 1))
+    fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, " ", b, " must be in [0, 1)"));
+}
+// Betas and eps unset in `o` become optimizer.*'s; each value is checked.
+ParamGroupOptions resolved(ParamGroupOptions o, const OptimizerConfig& c, const char* what) {
+  check_group_value(o.lr, strcat(what, ": lr").c_str());
+  check_group_value(o.weight_decay, strcat(what, ": weight_decay").c_str());
+  o.beta1 = o.beta1.value_or(c.beta1);
+  o.beta2 = o.beta2.value_or(c.beta2);
+  o.eps = o.eps.value_or(c.eps);
+  check_beta(*o.beta1, strcat(what, ": beta1").c_str());
+  check_beta(*o.beta2, strcat(what, ": beta2").c_str());
+  check_group_value(*o.eps, strcat(what, ": eps").c_str());
+  return o;
+}
 ParamGroupOptions& group_ref(std::vector<ParamGroupOptions>& groups, GroupId g, const char* what) {
   if (g >= groups.size())
     fail(ErrorCode::kInvalidArgument,
@@ -238,9 +255,7 @@ TensorId Engine::add_parameter(std::string name, std::span<const float> initial,
 GroupId Engine::add_param_group(const ParamGroupOptions& options) {
   if (impl_->finalized())
     fail(ErrorCode::kInvalidArgument, "engine: add_param_group() after finalize()");
-  check_group_value(options.lr, "add_param_group: lr");
-  check_group_value(options.weight_decay, "add_param_group: weight_decay");
-  impl_->groups.push_back(options);
+  impl_->groups.push_back(resolved(options, impl_->cfg.optimizer, "add_param_group"));
   return impl_->groups.size() - 1;
 }
 std::size_t Engine::num_groups() const { return impl_->groups.size(); }
@@ -260,6 +275,22 @@ void Engine::set_weight_decay(double weight_decay, GroupId group) {
 double Engine::weight_decay(GroupId group) const {
   return group_ref(impl_->groups, group, "weight_decay").weight_decay;
 }
+void Engine::set_betas(double beta1, double beta2, GroupId group) {
+  check_beta(beta1, "set_betas: beta1");
+  check_beta(beta2, "set_betas: beta2");
+  ParamGroupOptions& g = group_ref(impl_->groups, group, "set_betas");
+  g.beta1 = beta1;
+  g.beta2 = beta2;
+}
+std::pair<double, double> Engine::betas(GroupId group) const {
+  const ParamGroupOptions& g = group_ref(impl_->groups, group, "betas");
+  return {*g.beta1, *g.beta2};
+}
+void Engine::set_eps(double eps, GroupId group) {
+  check_group_value(eps, "set_eps: eps");
+  group_ref(impl_->groups, group, "set_eps").eps = eps;
+}
+double Engine::eps(GroupId group) const { return *group_ref(impl_->groups, group, "eps").eps; }
 Device& Engine::device() {
   impl_->require_finalized("device");
   return impl_->storage->device();
@@ -309,6 +340,19 @@ void Engine::set_gradients(std::span<const void* const> grads) {
     fail(ErrorCode::kInvalidArgument, strcat("engine: set_gradients: ", grads.size(),
                                              " gradients for ", impl_->specs.size(), " tensors"));
   for (std::size_t i = 0; i < grads.size(); ++i) impl_->set_gradient(i, grads[i], Tier::kGpu);
+}
+double Engine::clip_grad_norm(double max_norm) {
+  impl_->require_finalized("clip_grad_norm");
+  impl_->require_usable("clip_grad_norm");
+  if (!(max_norm >= 0))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: clip_grad_norm(", max_norm, "): max_norm must be >= 0"));
+  impl_->reducer->check_all_arrived();  // a usage error, before anything changes
+  try {
+    return impl_->clip_grad_norm(max_norm);
+  } catch (const std::exception& e) {
+    std::rethrow_exception(impl_->fail_call(e));
+  }
 }
 StepResult Engine::step() {
   impl_->require_finalized("step");

@@ -19,6 +19,7 @@
 
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,7 +68,15 @@ struct Engine::Impl {
 
   // ---- changed by steps
   zero::LossScaler scaler;
-  EngineStats st;                          // counters and the orchestrator's own timings
+  EngineStats st;  // counters and the orchestrator's own timings
+  // The step's decision when clip_grad_norm() took it before step(): step() uses it as it is.
+  struct EarlyDecision {
+    bool go = false;        // the update runs (no overflow)
+    StepResult res;         // norm, overflow, clip coefficient
+    float grad_scale = 0;   // clip coefficient / loss scale
+    double loss_scale = 1;  // the scale the gradients carry
+  };
+  std::optional<EarlyDecision> early;
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
   // Set when a call failed after it began changing state: the rank's state may mix two steps.
   std::string broken;
@@ -95,6 +104,8 @@ struct Engine::Impl {
   // ---- engine_step.cpp
   void set_gradient(TensorId id, const void* grad, Tier memory);
   StepResult step();
+  // REQUIRES: finalized, usable, every gradient arrived.
+  double clip_grad_norm(double max_norm);
   // Parts 2-3 of a step: the statistics, the ranks' agreement, the loss scale; sets *grad_scale.
   // `local`: this rank's failure so far (it still joins the agreement, then rethrows it).
   bool decide(std::exception_ptr& local, StepResult& res, float* grad_scale, bool* agreed);

@@ -1,6 +1,7 @@
 // The step, orchestrated over the collaborators: reduce (GradientReducer) / agree on the norm and
 // overflow (OptimizerStep's statistics, RankAgreement) / loss scale (LossScaler) / update
 // (OptimizerStep) / publish the parameters.
+#include <algorithm>
 #include <cmath>
 
 #include "strata/log.hpp"
@@ -13,6 +14,10 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
   require_finalized("set_gradient");
   require_usable("set_gradient");
   check_id(id, "set_gradient");
+  if (early)
+    fail(ErrorCode::kInvalidArgument,
+         "engine: set_gradient after clip_grad_norm() and before step(): this step's gradients "
+         "are already reduced");
   reducer->check_hand_in(id, grad);  // argument errors change nothing
   // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half
   // done.
@@ -31,14 +36,18 @@ StepResult Engine::Impl::step() {
   const auto t_step = zero::Clock::now();
   ++st.steps;
   gatherer->begin_step();  // prefetches in flight read the parameters Adam is about to change
-  std::exception_ptr local = reducer->reduce();
+  std::exception_ptr local = early ? nullptr : reducer->reduce();
   StepResult res;
   float grad_scale = 0;
   bool decided = false;  // the decision ran (this rank joined the agreement)
   bool agreed = false;   // every rank passed the agreement and will join agree_outcome
   auto decide_once = [&] {
     decided = true;
-    return decide(local, res, &grad_scale, &agreed);
+    if (!early) return decide(local, res, &grad_scale, &agreed);
+    res = early->res;  // clip_grad_norm() decided: every rank passed the agreement then
+    grad_scale = early->grad_scale;
+    agreed = true;
+    return early->go;
   };
   bool applied = false;
   try {
@@ -64,6 +73,26 @@ StepResult Engine::Impl::step() {
   end_step(applied, res);
   st.step_s += zero::seconds_since(t_step);
   return res;
+}
+
+// The reduction and the decision of step(), taken early so that the loop can clip to its own
+// max_norm with the global norm (torch.nn.utils.clip_grad_norm_'s coefficient, computed in fp32 as
+// torch does).
+double Engine::Impl::clip_grad_norm(double max_norm) {
+  if (!early) {
+    std::exception_ptr local = reducer->reduce();
+    EarlyDecision d;
+    d.loss_scale = scaler.scale();
+    bool agreed = false;
+    d.go = decide(local, d.res, &d.grad_scale, &agreed);
+    early = d;
+  }
+  if (!early->go) return HUGE_VAL;  // overflow: the step is skipped
+  const float norm = static_cast<float>(early->res.grad_norm);
+  const float coef = std::min(1.0f, static_cast<float>(max_norm) / (norm + 1e-6f));
+  early->res.clip_coef = std::min(early->res.clip_coef, static_cast<double>(coef));
+  early->grad_scale = static_cast<float>(early->res.clip_coef / early->loss_scale);
+  return early->res.grad_norm;
 }
 
 // Parts 2-3: the statistics (unless this rank already failed), the agreement, the loss scale and
@@ -134,6 +163,7 @@ void Engine::Impl::end_step(bool applied, StepResult& res) {
     scaler.on_applied();
   }
   reducer->reset();
+  early.reset();
   res.loss_scale = scaler.scale();
   st.loss_scale = scaler.scale();
 }

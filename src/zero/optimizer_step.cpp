@@ -189,6 +189,9 @@ void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* g
                                AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
                                hp.lr = groups_[gid].lr;
                                hp.weight_decay = groups_[gid].weight_decay;
+                               hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
+                               hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
+                               hp.eps = groups_[gid].eps.value_or(hp.eps);
                                AdamTensors t;
                                t.param = v.master + o;
                                t.exp_avg = v.exp_avg + o;

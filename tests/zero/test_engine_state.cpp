@@ -1,8 +1,11 @@
-// The engine's embedder API beyond the basic loop: parameter groups (own lr and weight decay per
-// group, learning rate changed between steps) against the unsharded reference, and read_state /
+// The engine's embedder API beyond the basic loop: parameter groups (own lr, weight decay, betas
+// and eps per group, lr and beta1 changed between steps as OneCycleLR does), clip_grad_norm with
+// the loop's own max_norm, against the unsharded reference, and read_state /
 // write_state of the FP32 master and moments, gathered across ranks, for stages 0-3 x 1-4 ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "core/numeric.hpp"
@@ -21,15 +24,18 @@ std::string state_param_name(const ::testing::TestParamInfo<StateParam>& info) {
   return strcat("stage", info.param.stage, "_world", info.param.world);
 }
 
-// Tensors alternate between group 0 (config lr / decay) and group 1 (its own); the lr of both
-// changes after every step, as a scheduler would.
-constexpr double kGroup1Lr = 3e-3, kGroup1Decay = 0.0;
+// Tensors alternate between group 0 (config lr / decay / betas / eps) and group 1 (its own); the
+// lr of both and group 1's beta1 change after every step, as OneCycleLR would.
+constexpr double kGroup1Lr = 3e-3, kGroup1Decay = 0.0, kGroup1Beta2 = 0.99, kGroup1Eps = 1e-6;
 double lr_at(int step, GroupId g) { return (g == 0 ? 1e-2 : kGroup1Lr) / (1.0 + step); }
+double beta1_at(int step) { return 0.85 + 0.02 * step; }
 
-// The reference: per tensor CpuAdam with its group's lr / weight decay.
+// The reference: per tensor CpuAdam with its group's hyper-parameters; `coef[s]` (when given)
+// scales step s's averaged gradients (the clip coefficient).
 std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world,
                                                   std::uint64_t seed,
-                                                  std::vector<std::vector<float>>* m_out) {
+                                                  std::vector<std::vector<float>>* m_out,
+                                                  const std::vector<float>& coef = {}) {
   Config cfg = engine_config(c);
   CpuAdam adam(1);
   std::vector<std::vector<float>> master, m, v;
@@ -48,9 +54,15 @@ std::vector<std::vector<float>> grouped_reference(const EngineCase& c, int world
       const GroupId g = t % 2;
       hp.lr = lr_at(s, g);
       hp.weight_decay = g == 0 ? cfg.optimizer.weight_decay : kGroup1Decay;
+      if (g == 1) {
+        hp.beta1 = beta1_at(s);
+        hp.beta2 = kGroup1Beta2;
+        hp.eps = kGroup1Eps;
+      }
       AdamTensors at{master[t].data(), m[t].data(), v[t].data(),  sum.data(),
                      c.grads,          nullptr,     DType::kFp32, c.sizes[t]};
-      adam.step(hp, at, AdamStepOptions{s + 1, 1.0f, false, static_cast<float>(world)});
+      const float scale = coef.empty() ? 1.0f : coef[static_cast<std::size_t>(s)];
+      adam.step(hp, at, AdamStepOptions{s + 1, scale, false, static_cast<float>(world)});
     }
   if (m_out) *m_out = m;
   return master;
@@ -68,8 +80,9 @@ TEST_P(EngineGroups, PerGroupLrAndDecayMatchReference) {
   auto comms = make_inprocess_communicators(p.world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(engine_config(c), comm);
-    const GroupId g1 = e.add_param_group({kGroup1Lr, kGroup1Decay});
+    const GroupId g1 = e.add_param_group({kGroup1Lr, kGroup1Decay, 0.5, kGroup1Beta2, kGroup1Eps});
     EXPECT_EQ(g1, 1u);
+    EXPECT_EQ(e.betas(0).second, engine_config(c).optimizer.beta2);  // unset: the config's
     std::vector<TensorId> ids;
     for (std::size_t t = 0; t < c.sizes.size(); ++t)
       ids.push_back(
@@ -80,6 +93,7 @@ TEST_P(EngineGroups, PerGroupLrAndDecayMatchReference) {
     for (int s = 0; s < c.steps; ++s) {
       e.set_lr(lr_at(s, 0), 0);
       e.set_lr(lr_at(s, 1), 1);
+      e.set_betas(beta1_at(s), kGroup1Beta2, 1);
       for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
         auto g = grad_of(seed, rank, s, *it, c.sizes[*it], c.grads);
         e.gather({&*it, 1});
@@ -147,6 +161,83 @@ TEST_P(EngineGroups, WriteThenReadStateRoundTrips) {
   }));
 }
 
+// The loop clips to its own max_norm (torch.nn.utils.clip_grad_norm_ between backward and step):
+// clip_grad_norm returns the global norm of the averaged gradients on every rank, and the update
+// is the reference's with torch's coefficient min(1, max / (norm + 1e-6)) in fp32. Step 0's
+// max_norm clips, step 1's does not (max_norm far above the norm), step 2 only reads the norm.
+TEST_P(EngineGroups, ClipGradNormClipsWithTheGlobalNorm) {
+  const StateParam p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  const auto seed = test_seed("engine-clip");
+  const double max_norm[] = {0.05, 1e6, HUGE_VAL};
+  std::vector<double> norms(static_cast<std::size_t>(c.steps));
+  std::vector<float> coef;
+  for (int s = 0; s < c.steps; ++s) {  // the reference norm: of sum / world, in double
+    double sq = 0;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+      std::vector<std::vector<unsigned char>> per_rank;
+      for (int r = 0; r < p.world; ++r)
+        per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
+      const auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
+      for (std::size_t i = 0; i < c.sizes[t]; ++i) {
+        const double g = comm::load_elem(sum.data(), i, c.grads) / static_cast<float>(p.world);
+        sq += g * g;
+      }
+    }
+    norms[static_cast<std::size_t>(s)] = std::sqrt(sq);
+  }
+  std::vector<std::vector<double>> got_norms(static_cast<std::size_t>(p.world));
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  std::vector<std::vector<std::vector<float>>> masters(static_cast<std::size_t>(p.world));
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(engine_config(c), comm);
+    e.add_param_group({kGroup1Lr, kGroup1Decay, 0.5, kGroup1Beta2, kGroup1Eps});
+    std::vector<TensorId> ids;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      ids.push_back(
+          e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]), t % 2));
+    e.finalize();
+    for (int s = 0; s < c.steps; ++s) {
+      e.set_lr(lr_at(s, 0), 0);
+      e.set_lr(lr_at(s, 1), 1);
+      e.set_betas(beta1_at(s), kGroup1Beta2, 1);
+      for (auto id : ids) {
+        auto g = grad_of(seed, rank, s, id, c.sizes[id], c.grads);
+        e.gather({&id, 1});
+        e.set_gradient(id, g.data());
+        e.release({&id, 1});
+      }
+      const double norm = e.clip_grad_norm(max_norm[s]);
+      got_norms[static_cast<std::size_t>(rank)].push_back(norm);
+      auto g = grad_of(seed, rank, s, 0, c.sizes[0], c.grads);
+      expect_error(ErrorCode::kInvalidArgument, "after clip_grad_norm",
+                   [&] { e.set_gradient(ids[0], g.data()); });
+      const StepResult r = e.step();
+      EXPECT_TRUE(r.applied);
+      EXPECT_EQ(r.grad_norm, norm);
+    }
+    for (auto id : ids) {
+      std::vector<float> master(c.sizes[id]);
+      e.read_state(id, StateKind::kMaster, master);
+      masters[static_cast<std::size_t>(rank)].push_back(master);
+    }
+  }));
+  for (int s = 0; s < c.steps; ++s) {
+    const double norm = got_norms[0][static_cast<std::size_t>(s)];
+    EXPECT_NEAR(norm, norms[static_cast<std::size_t>(s)], 1e-6 * norm) << "step " << s;
+    for (int r = 1; r < p.world; ++r)
+      EXPECT_EQ(got_norms[static_cast<std::size_t>(r)][static_cast<std::size_t>(s)], norm);
+    const float n = static_cast<float>(norm);
+    coef.push_back(std::min(1.0f, static_cast<float>(max_norm[s]) / (n + 1e-6f)));
+  }
+  EXPECT_LT(coef[0], 1.0f);  // step 0 did clip
+  EXPECT_EQ(coef[1], 1.0f);
+  auto want = grouped_reference(c, p.world, seed, nullptr, coef);
+  for (int r = 0; r < p.world; ++r)
+    expect_bitwise_equal(masters[static_cast<std::size_t>(r)], want, strcat("rank ", r, " master"));
+}
+
 std::vector<StateParam> state_params() {
   std::vector<StateParam> v;
   for (int stage = 0; stage <= 3; ++stage)
@@ -170,6 +261,11 @@ TEST(EngineGroupsMisuse, ClearErrors) {
   std::vector<float> x(4, 1.0f);
   EXPECT_EQ(code([&] { e.add_parameter("x", x, 1); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code([&] { e.add_param_group({-1.0, 0.0}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.add_param_group({1e-3, 0.0, 1.0}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.set_betas(0.9, -0.1); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code([&] { e.set_eps(NAN); }), ErrorCode::kInvalidArgument);
+  e.set_betas(0.8, 0.95);
+  EXPECT_EQ(e.betas(), std::make_pair(0.8, 0.95));
   EXPECT_EQ(code([&] { e.set_lr(1e-3, 5); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code([&] { e.set_lr(-1.0); }), ErrorCode::kInvalidArgument);
   e.set_lr(0.5);
