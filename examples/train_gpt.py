@@ -49,6 +49,9 @@ def parse():
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--seq-len", type=int, default=64)
     ap.add_argument("--rows", type=int, default=4, help="sequences per rank and step")
+    ap.add_argument("--accumulate", type=int, default=1, metavar="K",
+                    help="micro-batches per step (gradient accumulation): --rows / K sequences each, "
+                         "one backward per micro-batch, the loss scaled by 1/K")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
@@ -70,6 +73,9 @@ def lr_at(step, base, warmup, total):
 
 def main():
     a = parse()
+    if a.accumulate < 1 or a.rows % a.accumulate:
+        raise SystemExit("train_gpt: --accumulate %d must be >= 1 and divide --rows %d"
+                         % (a.accumulate, a.rows))
     world_hint = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // world_hint))
     torch.manual_seed(a.seed)
@@ -109,8 +115,11 @@ def main():
         t0 = time.perf_counter()
         x, y = G.global_batch(data, step, world * a.rows, a.seq_len, seed=a.seed)
         xs, ys = x[rank * a.rows:(rank + 1) * a.rows], y[rank * a.rows:(rank + 1) * a.rows]
-        loss = model(xs, ys)
-        opt.backward(loss)
+        loss, m = 0.0, a.rows // a.accumulate
+        for k in range(a.accumulate):  # micro-batches: their gradients add up in the engine
+            part = model(xs[k * m:(k + 1) * m], ys[k * m:(k + 1) * m]) / a.accumulate
+            opt.backward(part)
+            loss += float(part)
         result = opt.step()
         dt = time.perf_counter() - t0
         s = opt.stats()

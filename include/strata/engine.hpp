@@ -201,7 +201,12 @@ class Engine {
   double loss_scale() const;
 
   // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
-  // data is copied (on the device) before return. At stages 2–3 this may start a bucket's
+  // data is copied (on the device) before return. Gradient accumulation: once every tensor's
+  // gradient arrived, handing one in again starts the next micro-batch, and the step's gradient is
+  // the sum of the micro-batches' (FP32 gradients; a second micro-batch of 16-bit gradients throws
+  // Error(kUnsupported), nothing changed). A tensor handed in again before every tensor arrived
+  // throws Error(kInvalidArgument), nothing changed. Where and in which order the sum is formed:
+  // docs/offload.md, "Gradient accumulation". At stages 2–3 this may start a bucket's
   // reduce-scatter on the device, finish an earlier one and queue the copy of the rank's share of
   // it to where offload.gradients puts it (device→host on the storage's copy streams, then on to
   // NVMe) without waiting for it: a later set_gradient() or step() collects it, and a failure of
@@ -233,9 +238,10 @@ class Engine {
   // other failure leaves the engine failed, as for step().
   double clip_grad_norm(double max_norm);
 
-  // Reduces, checks and applies the step. A missing gradient throws Error(kInvalidArgument) and
-  // changes nothing. Any other failure (collective, NVMe I/O, checksum, device) throws it and
-  // leaves the engine failed, as for set_gradient; its state may mix two steps.
+  // Reduces, checks and applies the step. A gradient missing from the (last) micro-batch throws
+  // Error(kInvalidArgument) and changes nothing. Any other failure (collective, NVMe I/O, checksum,
+  // device) throws it and leaves the engine failed, as for set_gradient; its state may mix two
+  // steps.
   StepResult step();
 
   EngineStats stats() const;

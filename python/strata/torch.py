@@ -170,8 +170,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 tid += 1
         self._sync_groups()
         self._engine.finalize()
-        self._arrived = [False] * len(self._params)
+        self._arrived = [False] * len(self._params)  # in the current micro-batch
         self._n_arrived = 0
+        self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None  # this step's global norm, once clip_grad_norm_ asked for it
         self._gathered_all = False  # inside full_parameters()
         # The model's parameters strata does not train (frozen at construction): a later
@@ -299,15 +300,36 @@ class ZeroOptimizer(torch.optim.Optimizer):
             g = g.to(self._grad_dtype)
         g = g.contiguous()
         if self._arrived[tid]:
-            raise errors.UsageError(
-                "strata: the gradient of '%s' arrived twice before step(): strata takes one backward "
-                "per step (gradient accumulation: sum the losses of the micro-batches, then backward "
-                "once)" % self._name(self._params[tid]))
+            self._next_micro_batch(tid)
         t0 = time.perf_counter()
         self._call(self._engine.set_gradient, tid, g.data_ptr())
         self._handin_s += time.perf_counter() - t0
         self._arrived[tid] = True
         self._n_arrived += 1
+
+    def _next_micro_batch(self, tid):
+        """A gradient arrives again: the next micro-batch, once the current one handed in every
+        gradient (else UsageError; nothing changes)."""
+        if self._n_arrived < len(self._params):
+            missing = [self._name(p) for p, a in zip(self._params, self._arrived) if not a]
+            raise errors.UsageError(
+                "strata: the gradient of '%s' arrived again (micro-batch %d) before micro-batch %d "
+                "handed in every gradient (%s%s missing): each backward must produce a gradient for "
+                "every parameter strata trains" % (
+                    self._name(self._params[tid]), self._micro + 2, self._micro + 1,
+                    ", ".join("'%s'" % n for n in missing[:4]),
+                    " and %d more" % (len(missing) - 4) if len(missing) > 4 else ""))
+        if self._grad_dtype != torch.float32:
+            raise errors.UnsupportedError(
+                "strata: a second backward before step() with %s gradients: gradient accumulation "
+                "over micro-batches needs FP32 gradients (precision.grads: fp32) for now; with "
+                "16-bit gradients sum the micro-batches' losses and call backward once"
+                % self._cfg["grads_dtype"])
+        if self._clip_norm is not None:
+            raise errors.UsageError("strata: a backward after clip_grad_norm_() and before step()")
+        self._arrived = [False] * len(self._params)
+        self._n_arrived = 0
+        self._micro += 1
 
     @property
     def loss_scale(self):
@@ -317,13 +339,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def backward(self, loss, retain_graph=False):
         """loss * loss_scale, then backward; the gradient hooks hand every parameter's gradient to
         the engine as autograd produces it (at stages 2-3 a full bucket starts its reduce-scatter
-        while the rest of the backward runs). One backward() per step()."""
+        while the rest of the backward runs). Gradient accumulation: call it once per micro-batch
+        before step(); the step's gradient is the sum of the micro-batches' gradients, as torch's
+        p.grad accumulates (scale each micro-batch's loss by 1/K yourself, as in a torch loop).
+        Each backward must produce a gradient for every trained parameter."""
         self._check_usable()
         self._check_requires_grad()
-        if self._n_arrived:
-            raise errors.UsageError(
-                "strata: backward() again before step(): %d of %d gradients of this step were already "
-                "handed in; strata takes one backward per step" % (self._n_arrived, len(self._params)))
         scale = self._engine.loss_scale()
         t0 = time.perf_counter()
         (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
@@ -332,7 +353,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def zero_grad(self, set_to_none=True):
         """Gradients live in the engine and are consumed by step(): nothing to zero. Raises
         UsageError between backward() and step() (those gradients cannot be taken back)."""
-        if self._n_arrived:
+        if self._n_arrived or self._micro:
             raise errors.UsageError(
                 "strata: zero_grad() after backward() and before step(): the engine has already "
                 "started reducing this step's gradients across ranks; call step() first")
@@ -371,14 +392,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
             missing = [self._name(p) for p, a in zip(self._params, self._arrived) if not a]
             more = " and %d more" % (len(missing) - 8) if len(missing) > 8 else ""
             raise errors.UsageError(
-                "strata: step(): the gradients of %s%s never arrived (%d of %d did). A parameter the "
-                "forward did not use gets no gradient: set requires_grad=False on it or leave it out "
-                "of param_groups. (On the other ranks this step will time out.)"
-                % (", ".join("'%s'" % n for n in missing[:8]), more, self._n_arrived, len(self._params)))
+                "strata: step(): the gradients of %s%s never arrived%s (%d of %d did). A parameter the "
+                "forward did not use gets no gradient: leave it out of param_groups (build the "
+                "optimizer with it frozen). (On the other ranks this step will time out.)"
+                % (", ".join("'%s'" % n for n in missing[:8]), more,
+                   " in micro-batch %d" % (self._micro + 1) if self._micro else "",
+                   self._n_arrived, len(self._params)))
         self._sync_groups()
         r = self._call(self._engine.step)
-        self._arrived = [False] * len(self._params)
+        self._arrived = [False] * len(self._params)  # in the current micro-batch
         self._n_arrived = 0
+        self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None
         return StepResult(loss=loss, **r)
 
@@ -490,8 +514,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return hook
 
     def _regather(self, ids):
-        todo = tuple(t for t in ids if not self._arrived[t]
-                     and tuple(self._params[t].data.shape) != tuple(self._shapes[t]))
+        """A module's backward is about to run: its parameters are gathered again. (A parameter's
+        gradient arrives after every module that uses it ran its backward: autograd sums the uses
+        first.)"""
+        todo = tuple(t for t in ids if tuple(self._params[t].data.shape) != tuple(self._shapes[t]))
         if todo:
             self._fetch(todo)
 

@@ -43,6 +43,7 @@ struct Options {
   int steps = 50;
   int ranks = 0;  // 0 (not given): world.ranks in-process ranks, or the MPI world under mpirun
   int batch = 32;
+  int accumulate = 1;  // micro-batches per step, batch / accumulate samples each
   int hidden = 64;
   std::int64_t seed = 1;
   std::string checkpoint_dir;
@@ -90,6 +91,7 @@ void write_train_options(const Options& o) {
   const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
   const std::string text = nlohmann::json{{"hidden", o.hidden},
                                           {"batch", o.batch},
+                                          {"accumulate", o.accumulate},
                                           {"seed", o.seed},
                                           {"checkpoint_serial", m.serial},
                                           {"step", m.steps}}
@@ -136,7 +138,7 @@ void check_resume_options(const Options& o) {
                 " bytes; remove it to resume unchecked"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   zero::ckpt::pread_full(fd.get(), text.data(), text.size(), 0, path);
-  int hidden = 0, batch = 0;
+  int hidden = 0, batch = 0, accumulate = 1;
   std::int64_t seed = 0;
   std::uint64_t serial = 0;
   try {
@@ -147,6 +149,7 @@ void check_resume_options(const Options& o) {
     const nlohmann::json j = parse_bounded_json(text, path, limits);
     hidden = j.at("hidden").get<int>();
     batch = j.at("batch").get<int>();
+    accumulate = j.value("accumulate", 1);  // absent: written before --accumulate existed
     seed = j.at("seed").get<std::int64_t>();
     serial = j.at("checkpoint_serial").get<std::uint64_t>();
   } catch (const std::exception& e) {
@@ -163,6 +166,7 @@ void check_resume_options(const Options& o) {
   std::string differ;
   if (hidden != o.hidden) differ += strcat(" --hidden ", o.hidden);
   if (batch != o.batch) differ += strcat(" --batch ", o.batch);
+  if (accumulate != o.accumulate) differ += strcat(" --accumulate ", o.accumulate);
   if (seed != o.seed) differ += strcat(" --seed ", o.seed);
   if (!differ.empty())
     fail(ErrorCode::kInvalidArgument,
@@ -194,6 +198,45 @@ int resume_if_asked(Engine& engine, const Communicator& comm, const Options& o, 
   return first;
 }
 
+// One micro-batch of step `s` (k of o.accumulate; batch / accumulate samples): forward, layer by
+// layer — at stage 3 each layer is gathered only while it is used (and the engine prefetches the
+// next layer from the second step on); no-ops at stages 0-2 — then backward, last layer first:
+// the layer is gathered again (a ZeRO-3 loop does not keep it between forward and backward), its
+// gradients (scaled by the loss scale and 1 / accumulate) are handed in as they are produced
+// (stages 2-3 reduce-scatter full buckets at once, overlapping the rest of backward). Returns the
+// micro-batch's loss.
+double micro_batch(Engine& engine, cli::MlpModel& model, const std::vector<TensorId>& ids, int rank,
+                   int s, int k, const Options& o) {
+  model.make_batch(rank, static_cast<std::uint64_t>(s),
+                   static_cast<std::size_t>(o.batch / o.accumulate), static_cast<std::uint64_t>(k));
+  const std::vector<std::vector<TensorId>> layers{{ids[0], ids[1]}, {ids[2], ids[3]}};
+  std::vector<std::vector<float>> params(ids.size()), grads;
+  for (const auto& layer : layers) {
+    engine.gather(layer);
+    for (TensorId id : layer) {
+      params[id].resize(engine.numel(id));
+      engine.read_param(id, params[id]);
+    }
+    engine.release(layer);
+  }
+  const double loss = model.forward_backward(params, grads);
+  const float scale = static_cast<float>(engine.loss_scale() / o.accumulate);
+  const DType gdt = engine.grad_dtype();
+  std::vector<unsigned char> gbuf;
+  for (std::size_t l = layers.size(); l-- > 0;) {
+    engine.gather(layers[l]);
+    for (std::size_t j = layers[l].size(); j-- > 0;) {
+      const TensorId id = layers[l][j];
+      gbuf.resize(grads[id].size() * dtype_size(gdt));
+      for (std::size_t i = 0; i < grads[id].size(); ++i)
+        store_elem(gbuf.data(), i, gdt, grads[id][i] * scale);
+      engine.set_gradient(id, gbuf.data());
+    }
+    engine.release(layers[l]);
+  }
+  return loss;
+}
+
 // One rank's training loop. Rank 0's records are the ones reported (the loss is the mean over
 // all ranks' batches, exchanged through the communicator).
 RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) {
@@ -204,43 +247,15 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
     ids.push_back(engine.add_parameter(model.tensor_name(t), model.initial(t)));
   engine.finalize();
-  const DType gdt = engine.grad_dtype();
   RankOutcome out;
   out.flat_size = engine.partition().flat_size();
   const bool print = comm.rank() == 0 && !o.json;
   const int first = resume_if_asked(engine, comm, o, print, out);
-  std::vector<std::vector<float>> params(ids.size()), grads;
-  std::vector<unsigned char> gbuf;
   for (int s = first; s < o.steps; ++s) {
     const auto t_step = std::chrono::steady_clock::now();
-    model.make_batch(comm.rank(), static_cast<std::uint64_t>(s), static_cast<std::size_t>(o.batch));
-    // Forward, layer by layer: at stage 3 each layer is gathered only while it is used (and the
-    // engine prefetches the next layer from the second step on); no-ops at stages 0-2.
-    const std::vector<std::vector<TensorId>> layers{{ids[0], ids[1]}, {ids[2], ids[3]}};
-    for (const auto& layer : layers) {
-      engine.gather(layer);
-      for (TensorId id : layer) {
-        params[id].resize(engine.numel(id));
-        engine.read_param(id, params[id]);
-      }
-      engine.release(layer);
-    }
-    double loss = model.forward_backward(params, grads);
-    const float scale = static_cast<float>(engine.loss_scale());
-    // Backward, last layer first: the layer is gathered again (a ZeRO-3 loop does not keep it
-    // between forward and backward), its gradients are handed in as they are produced (stages
-    // 2-3 reduce-scatter full buckets at once, overlapping the rest of backward).
-    for (std::size_t l = layers.size(); l-- > 0;) {
-      engine.gather(layers[l]);
-      for (std::size_t j = layers[l].size(); j-- > 0;) {
-        const TensorId k = layers[l][j];
-        gbuf.resize(grads[k].size() * dtype_size(gdt));
-        for (std::size_t i = 0; i < grads[k].size(); ++i)
-          store_elem(gbuf.data(), i, gdt, grads[k][i] * scale);
-        engine.set_gradient(k, gbuf.data());
-      }
-      engine.release(layers[l]);
-    }
+    double loss = 0;
+    for (int k = 0; k < o.accumulate; ++k)
+      loss += micro_batch(engine, model, ids, comm.rank(), s, k, o) / o.accumulate;
     StepResult r = engine.step();
     float l = static_cast<float>(loss), total = 0;
     comm.all_reduce(&l, &total, 1, DType::kFp32);
@@ -276,6 +291,9 @@ void check_options(const Options& o) {
   if (o.steps < 1) fail(ErrorCode::kInvalidArgument, "--steps must be >= 1");
   if (o.batch < 1 || o.hidden < 1)
     fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
+  if (o.accumulate < 1 || o.batch % o.accumulate != 0)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("--accumulate ", o.accumulate, " must be >= 1 and divide --batch ", o.batch));
   if (o.seed < 0) fail(ErrorCode::kInvalidArgument, strcat("--seed ", o.seed, " must be >= 0"));
   if (o.ranks < 0) fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " must be >= 1"));
   if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
@@ -381,6 +399,8 @@ void print_json(const Config& cfg, const Options& o, const Launch& run, double w
   nlohmann::json j;
   j["stage"] = cfg.zero.stage;
   j["ranks"] = world;
+  j["batch"] = o.batch;  // per rank and step
+  j["accumulate"] = o.accumulate;
   j["communicator"] = run.backend;
   j["params"] = t.params;
   j["padded_params"] = outcome.flat_size;
@@ -474,6 +494,10 @@ const bool kRegistered = strata::cli::register_command(
                       "MPI world size")
            ->check(CLI::Range(1, 256));
        cmd.add_option("--batch", o->batch, "Samples per rank and step")->capture_default_str();
+       cmd.add_option("--accumulate", o->accumulate,
+                      "Micro-batches per step (gradient accumulation): --batch / K samples each, "
+                      "one backward each, their gradients summed (each scaled by 1/K)")
+           ->capture_default_str();
        cmd.add_option("--hidden", o->hidden, "Hidden units of the MLP")->capture_default_str();
        cmd.add_option("--seed", o->seed, "Model and data seed (>= 0)")
            ->capture_default_str()
@@ -487,7 +511,7 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_flag(
            "--resume", o->resume,
            "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
-           "stage; --hidden, --batch and --seed as recorded in its train.json)");
+           "stage; --hidden, --batch, --accumulate and --seed as recorded in its train.json)");
        cmd.add_flag("--json", o->json, "Print one JSON document");
        strata::cli::add_set_option(cmd, o->overrides);
        return [o]() -> int { return run(*o); };

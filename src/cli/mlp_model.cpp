@@ -72,10 +72,10 @@ void mlp_forward(const MlpShape& s, const std::vector<std::vector<float>>& p, co
 }
 }  // namespace
 
-void MlpModel::make_batch(int rank, std::uint64_t step, std::size_t batch) {
+void MlpModel::make_batch(int rank, std::uint64_t step, std::size_t batch, std::uint64_t micro) {
   batch_ = batch;
   std::mt19937_64 rng(seed_ ^ (step * 0x9e3779b97f4a7c15ull) ^
-                      (static_cast<std::uint64_t>(rank) << 48));
+                      (static_cast<std::uint64_t>(rank) << 48) ^ (micro * 0xbf58476d1ce4e5b9ull));
   std::normal_distribution<float> d(0.0f, 1.0f);
   x_.resize(batch * shape_.input);
   y_.resize(batch * shape_.output);

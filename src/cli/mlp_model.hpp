@@ -31,8 +31,8 @@ class MlpModel {
   // Initial values (Xavier-uniform weights, zero biases), the same for a given seed.
   std::vector<float> initial(std::size_t i) const;
 
-  // One batch for (rank, step): inputs and teacher targets.
-  void make_batch(int rank, std::uint64_t step, std::size_t batch);
+  // One batch for (rank, step, micro-batch): inputs and teacher targets.
+  void make_batch(int rank, std::uint64_t step, std::size_t batch, std::uint64_t micro = 0);
 
   // Mean squared error of the batch with parameters `params[i]` (FP32, tensor order); fills
   // grads[i] with d loss / d params[i]. Returns the loss.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda/device_guard.hpp"
+#include "optim/accumulate.hpp"
 #include "optim/adam_kernels.hpp"
 #include "strata/error.hpp"
 
@@ -173,6 +174,13 @@ __global__ void check_kernel(const void* g, std::size_t n, float divisor, float 
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
+// dst[i] += src[i] in fp32 (gradient accumulation over micro-batches; __fadd_rn: no contraction).
+__global__ void accumulate_kernel(float* dst, const float* src, std::size_t n) {
+  const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    dst[i] = __fadd_rn(dst[i], src[i]);
+}
+
 template <int GD, int CK>
 void launch_adam(const AdamConsts& c, const AdamTensors& t, bool vec4, const int* flag,
                  cudaStream_t s, int dev) {
@@ -234,6 +242,17 @@ void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float 
       break;
   }
   check_cuda(cudaGetLastError(), "adam_check_finite_cuda: kernel launch");
+}
+
+void accumulate_cuda(float* dst, const float* src, std::size_t n, void* stream) {
+  if (n == 0) return;
+  if (!dst || !src) fail(ErrorCode::kInvalidArgument, "accumulate_cuda: null pointer");
+  auto s = static_cast<cudaStream_t>(stream);
+  const int dev = cuda::stream_device(stream);
+  cuda::DeviceGuard guard(dev);
+  clear_last_error("accumulate_cuda");
+  accumulate_kernel<<<grid_for(n, dev), kBlock, 0, s>>>(dst, src, n);
+  check_cuda(cudaGetLastError(), "accumulate_cuda: kernel launch");
 }
 
 void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o,

@@ -1,4 +1,5 @@
 // Built without CUDA: the CUDA entry points exist and say so.
+#include "optim/accumulate.hpp"
 #include "strata/adam.hpp"
 #include "strata/error.hpp"
 
@@ -12,6 +13,10 @@ void adam_step_cuda(const AdamParams&, const AdamTensors&, const AdamStepOptions
 
 void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*, float) {
   fail(ErrorCode::kUnsupported, "adam_check_finite_cuda: this build of strata has no CUDA support");
+}
+
+void accumulate_cuda(float*, const float*, std::size_t, void*) {
+  fail(ErrorCode::kUnsupported, "accumulate_cuda: this build of strata has no CUDA support");
 }
 
 }  // namespace strata

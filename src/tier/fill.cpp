@@ -10,9 +10,17 @@
 #include "strata/log.hpp"
 
 namespace strata::tier {
+namespace {
 
-Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout)
-    : store_(store), timeout_(timeout) {
+void accumulate_host(float* dst, const float* src, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
+               DeviceAdd add_on_device)
+    : store_(store), timeout_(timeout), add_on_device_(std::move(add_on_device)) {
   for (BufferId id : buffers) {
     const BufferInfo info = store_.info(id);
     Buf b;
@@ -31,8 +39,9 @@ Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::mil
 
 Filler::~Filler() { drain(); }
 
-void Filler::begin() {
+void Filler::begin(Mode mode) {
   drain();
+  mode_ = mode;
   for (Buf& b : bufs_) {
     b.filled = 0;
     b.touched = false;
@@ -106,7 +115,7 @@ void Filler::stage(std::size_t k) {
   Staged st;
   st.k = k;
   st.buf = take_buffer();
-  if (b.on_disk) {
+  if (b.on_disk || mode_ == Mode::kAccumulate) {  // continue from what the buffer holds
     store_.read(b.id, 0, 0, st.buf.data(), Tier::kCpu, true).wait(timeout_);
   } else {
     std::memset(st.buf.data(), 0, b.padded);
@@ -128,6 +137,9 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
   p.k = k;
   try {
     if (bytes == 0) {
+      p.done = true;
+    } else if (mode_ == Mode::kAccumulate) {
+      accumulate_piece(b, k, offset, bytes, src, src_memory);
       p.done = true;
     } else if (!b.nvme) {  // on the store's movers, in submission order per buffer
       if (!b.touched) p.zero = store_.zero(b.id);
@@ -169,6 +181,58 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
   const Ticket ticket = next_ticket_ - 1;
   collect();
   return ticket;
+}
+
+// A device piece in host memory (a synchronous copy on the filler's stream); a host one as it is.
+const float* Filler::host_floats(const void* src, std::uint64_t bytes, Tier src_memory) {
+  if (src_memory == Tier::kCpu) return static_cast<const float*>(src);
+  host_piece_.resize(bytes / sizeof(float));
+  if (!stream_) stream_ = store_.device().create_stream();
+  stream_->memcpy_async(host_piece_.data(), src, bytes);
+  stream_->synchronize(timeout_);
+  return host_piece_.data();
+}
+
+// An accumulating piece, synchronously: added on the device (gpu home), on the host into the
+// host copy (cpu home), or into the buffer's pool buffer, read from NVMe first (nvme home).
+void Filler::accumulate_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
+                              const void* src, Tier src_memory) {
+  if (offset % sizeof(float) || bytes % sizeof(float))
+    fail(ErrorCode::kInvalidArgument, strcat("filler: accumulating piece [", offset, ", ",
+                                             offset + bytes, ") is not whole FP32 elements"));
+  const std::size_t n = bytes / sizeof(float);
+  b.touched = true;
+  b.filled += bytes;
+  if (b.nvme) {
+    if (b.staged < 0) stage(k);
+    Staged& s = staged_[static_cast<std::size_t>(b.staged)];
+    auto* dst = reinterpret_cast<float*>(static_cast<unsigned char*>(s.buf.data()) + offset);
+    accumulate_host(dst, host_floats(src, bytes, src_memory), n);
+    if (b.filled == b.bytes) s.full = true;
+    if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
+    return;
+  }
+  const Tier home = store_.info(b.id).home;
+  if (home == Tier::kGpu && src_memory != Tier::kGpu)
+    fail(ErrorCode::kInvalidArgument, "filler: accumulating into device memory from host memory");
+  if (home == Tier::kGpu && !add_on_device_)
+    fail(ErrorCode::kInvalidArgument, "filler: accumulating into device memory needs a DeviceAdd");
+  const float* host_src = home == Tier::kGpu ? nullptr : host_floats(src, bytes, src_memory);
+  auto* base = static_cast<unsigned char*>(store_.acquire(b.id, home, Access::kWrite, timeout_));
+  try {
+    auto* dst = reinterpret_cast<float*>(base + offset);
+    if (home == Tier::kGpu) {
+      if (!stream_) stream_ = store_.device().create_stream();
+      add_on_device_(*stream_, dst, static_cast<const float*>(src), n);
+      stream_->synchronize(timeout_);
+    } else {
+      accumulate_host(dst, host_src, n);
+    }
+  } catch (...) {
+    store_.release(b.id, home);
+    throw;
+  }
+  store_.release(b.id, home);
 }
 
 bool Filler::finish(Piece& p, bool block) {
@@ -263,7 +327,7 @@ void Filler::end() {
       write_staged(0, false);
     }
     std::vector<std::pair<Transfer, std::size_t>> zeros;
-    for (k = 0; k < bufs_.size(); ++k)
+    for (k = 0; k < bufs_.size() && mode_ == Mode::kReplace; ++k)
       if (!bufs_[k].touched) zeros.emplace_back(store_.zero(bufs_[k].id), k);
     for (auto& [t, i] : zeros) {
       k = i;

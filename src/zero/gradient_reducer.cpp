@@ -3,8 +3,10 @@
 
 #include <algorithm>
 
+#include "optim/accumulate.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
+#include "strata/types.hpp"
 #include "zero/clock.hpp"
 
 namespace strata::zero {
@@ -52,7 +54,13 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
   if (layout.stage() >= 2) {
     std::vector<BufferId> grad_ids;
     for (const Chunk& c : layout.chunks()) grad_ids.push_back(c.grad);
-    fill_ = std::make_unique<tier::Filler>(store, std::move(grad_ids), timeout_);
+    const bool cuda = store.device().kind() == DeviceKind::kCuda;
+    const auto timeout = timeout_;
+    fill_ = std::make_unique<tier::Filler>(
+        store, std::move(grad_ids), timeout_,
+        [cuda, timeout](Stream& s, float* dst, const float* src, std::size_t n) {
+          accumulate_on_device(s, cuda, dst, src, n, timeout);
+        });
   }
   reset();
 }
@@ -75,6 +83,8 @@ std::size_t GradientReducer::bucket_len(std::size_t b) const {
 }
 
 void GradientReducer::reset() {
+  micro_ = 0;
+  n_arrived_ = 0;
   std::fill(arrived_.begin(), arrived_.end(), false);
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
@@ -82,27 +92,73 @@ void GradientReducer::reset() {
 
 void GradientReducer::check_hand_in(TensorId id, const void* grad) const {
   const TensorSpec& t = layout_.tensor(id);
-  if (arrived_[id])
+  if (arrived_[id] && n_arrived_ < arrived_.size()) {
+    std::size_t missing = 0;
+    while (arrived_[missing]) ++missing;
     fail(ErrorCode::kInvalidArgument,
-         strcat("engine: gradient of tensor '", t.name, "' handed in twice in one step"));
+         strcat("engine: gradient of tensor '", t.name, "' handed in again (micro-batch ",
+                micro_ + 2, ") before micro-batch ", micro_ + 1, " handed in every gradient ('",
+                layout_.tensor(missing).name, "' and ", arrived_.size() - n_arrived_ - 1,
+                " more missing)"));
+  }
+  if (arrived_[id] && layout_.grad_dtype() != DType::kFp32)
+    fail(ErrorCode::kUnsupported,
+         strcat("engine: gradient of tensor '", t.name, "' handed in again: accumulating ",
+                dtype_name(layout_.grad_dtype()),
+                " gradients over micro-batches is not supported yet (FP32 gradients accumulate; "
+                "with 16-bit gradients take one backward per step)"));
   if (t.numel > 0 && grad == nullptr)
     fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", t.name, "'"));
 }
 
 void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
+  if (arrived_[id]) start_micro_batch();
   arrived_[id] = true;
+  ++n_arrived_;
   const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
   if (n == 0) return;
   const auto t0 = Clock::now();
   const auto* src = static_cast<const unsigned char*>(grad);
   const std::size_t ges = layout_.grad_elem_bytes();
-  if (layout_.stage() < 2) {
+  if (layout_.stage() < 2 && micro_ > 0) {
+    accumulate_flat(off, n, src, memory);
+  } else if (layout_.stage() < 2) {
     store_.write(layout_.grads_buffer(), off * ges, n * ges, src, memory).wait(timeout_);
   } else {
     hand_in_bucketed(off, n, src);
     collect_copies(false);  // progress: finished copies free their buffers, spills start
   }
   times_.reduce_s += seconds_since(t0);
+}
+
+// Every tensor arrived in the current micro-batch and one is handed in again: the next begins.
+// Stages 2-3 finish the micro-batch's reductions and fills first; the next one's shares add.
+void GradientReducer::start_micro_batch() {
+  if (layout_.stage() >= 2) {
+    finish_round();
+    fill_->begin(tier::Filler::Mode::kAccumulate);
+  }
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  n_arrived_ = 0;
+  bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
+  bucket_issued_.assign(nbuckets_, false);
+  ++micro_;
+}
+
+// Stages 0-1, a later micro-batch: the gradient is added into the flat gradients (FP32) on the
+// device; from host memory on a CUDA device through a staging buffer.
+void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src,
+                                      Tier memory) {
+  const bool cuda = store_.device().kind() == DeviceKind::kCuda;
+  Scratch staged;
+  if (memory == Tier::kCpu && cuda) {
+    staged = scratch_.take(n * sizeof(float), "gradient accumulation staging");
+    copy(staged.data(), src, n * sizeof(float));
+    src = staged.data();
+  }
+  auto* dst = reinterpret_cast<float*>(layout_.grads_device()) + off;
+  accumulate_on_device(*stream_, cuda, dst, reinterpret_cast<const float*>(src), n, timeout_);
+  stream_->synchronize(timeout_);
 }
 
 // The copy stream takes host and device memory alike.
@@ -147,7 +203,9 @@ void GradientReducer::check_all_arrived() const {
     if (!arrived_[i])
       missing += strcat(missing.empty() ? "" : ", ", "'", layout_.tensor(i).name, "'");
   if (!missing.empty())
-    fail(ErrorCode::kInvalidArgument, strcat("engine: step() without the gradients of ", missing));
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: step() without the gradients of ", missing,
+                micro_ > 0 ? strcat(" in micro-batch ", micro_ + 1) : std::string()));
 }
 
 // Starts bucket k's reduce-scatter; the rank's share lands in a receive buffer and is filled into

@@ -7,6 +7,13 @@
 // the store's copy streams, spilled on to NVMe) — queued, not waited for: the backward goes on
 // while the share is copied out, and its receive buffer is reused only once the copy completed.
 //
+// Accumulation over micro-batches (FP32 gradients): a tensor handed in again once every tensor
+// arrived starts the next micro-batch. Stages 0-1 add each later micro-batch's gradient into the
+// flat gradients on the device (reduced once, at step(): DDP's no_sync). Stages 2-3 reduce-scatter
+// every micro-batch's buckets; the first fills the rank's shares into the gradient chunks, each
+// later one adds to them wherever they live (an accumulating round of the filler: on the device,
+// in host memory, or read from NVMe and written back). docs/offload.md, "Gradient accumulation".
+//
 // Ownership: borrows the layout, the communicator, the store and the scratch arena; owns the
 // buckets, receive buffers, the filler of the gradient chunks and its copy stream.
 // Thread-safety: one thread (the engine's). Failure: hand_in() throws argument errors before
@@ -41,13 +48,15 @@ class GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
-  // Argument checks (unknown id is the caller's): a gradient handed in twice this step, a null
-  // pointer. Throws Error(kInvalidArgument); nothing changes.
+  // Argument checks (unknown id is the caller's): a gradient handed in again before every tensor
+  // arrived in this micro-batch, a null pointer (Error(kInvalidArgument)); a second micro-batch of
+  // 16-bit gradients (Error(kUnsupported)). Nothing changes.
   void check_hand_in(TensorId id, const void* grad) const;
   // Copies tensor `id`'s gradient (grad dtype; `memory` kGpu = device memory, kCpu = host) and
   // starts the reductions it completes. REQUIRES: check_hand_in passed.
   void hand_in(TensorId id, const void* grad, Tier memory);
-  // Error(kInvalidArgument) naming the tensors whose gradients did not arrive this step.
+  // Error(kInvalidArgument) naming the tensors whose gradients did not arrive in this step's (last)
+  // micro-batch.
   void check_all_arrived() const;
   // Every gradient reduced into the rank's gradient range (stages 0-1: the collective; 2-3: the
   // collectives in flight retired, the chunks completed). Stages 2-3 return a failure instead of
@@ -76,6 +85,9 @@ class GradientReducer {
     tier::Filler::Ticket ticket = 0;
   };
 
+  bool any_arrived() const { return micro_ > 0 || n_arrived_ > 0; }
+  void start_micro_batch();
+  void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory);
   void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
   Scratch& bucket_buffer(std::size_t k);
   void issue_bucket(std::size_t k);
@@ -97,7 +109,9 @@ class GradientReducer {
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 
-  std::vector<bool> arrived_;
+  std::vector<bool> arrived_;  // in the current micro-batch
+  std::size_t n_arrived_ = 0;
+  std::size_t micro_ = 0;  // the current micro-batch of the step (0: the first)
   std::vector<std::size_t> bucket_pending_;
   std::vector<bool> bucket_issued_;
   std::vector<Scratch> bucket_of_;     // per bucket: its buffer while it fills / reduces

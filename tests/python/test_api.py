@@ -274,10 +274,10 @@ class Errors(unittest.TestCase):
             opt.step()
         msg = str(cm.exception)
         self.assertIn("the gradients of 'unused.weight', 'unused.bias' never arrived", msg)
-        self.assertIn("requires_grad=False", msg)
+        self.assertIn("leave it out of param_groups", msg)
         opt.close()
 
-    def test_step_before_backward_and_double_backward(self):
+    def test_step_before_backward_and_zero_grad_between(self):
         m = tiny_gpt()
         opt = strata.torch.ZeroOptimizer(m, base_config(2))
         with self.assertRaises(strata.UsageError) as cm:
@@ -286,9 +286,7 @@ class Errors(unittest.TestCase):
         self.assertIsInstance(cm.exception, RuntimeError)
         x, y = batch(0)
         opt.backward(m(x, y))
-        with self.assertRaises(strata.UsageError) as cm:
-            opt.backward(m(x, y))
-        self.assertIn("backward() again before step()", str(cm.exception))
+        opt.backward(m(x, y))  # a second micro-batch (accumulation: test_torch_loop.py)
         with self.assertRaises(strata.UsageError):
             opt.zero_grad()
         self.assertTrue(opt.step().applied)  # usage errors leave the optimizer usable

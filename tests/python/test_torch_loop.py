@@ -216,6 +216,61 @@ class ParamGroupHyperParameters(unittest.TestCase):
         opt.close()
 
 
+class Accumulation(unittest.TestCase):
+    """Gradient accumulation (issue 26): K backwards before step(), each on a micro-batch with its
+    loss scaled by 1/K, equal bit for bit to torch.optim.AdamW's loop over the same micro-batches
+    (one rank: torch's p.grad adds the micro-batches in the order strata does). It used to be
+    refused at the second backward."""
+
+    def loop(self, model, opt, k, steps, strata_opt):
+        for s in range(steps):
+            x, y = A.batch(s, rows=6)
+            if not strata_opt:
+                opt.zero_grad(set_to_none=True)
+            m = 6 // k
+            for j in range(k):
+                loss = model(x[j * m:(j + 1) * m], y[j * m:(j + 1) * m]) / k
+                opt.backward(loss) if strata_opt else loss.backward()
+            opt.step()
+
+    def test_bitwise_vs_adamw(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            nvme = dict(offload={"optimizer": {"tier": "nvme"}, "gradients": {"tier": "nvme"}},
+                        tiers={"nvme": {"paths": [tmp], "direct_io": "off"},
+                               "host": {"buffer_size": "256KiB"}})
+            cases = [(st, k, {}) for st in range(4) for k in (1, 2, 3)]
+            cases += [(2, 3, nvme), (3, 2, nvme)]
+            for stage, k, more in cases:
+                with self.subTest(stage=stage, k=k, nvme=bool(more)):
+                    ref = A.tiny_gpt()
+                    model = copy.deepcopy(ref)
+                    opt = strata.torch.ZeroOptimizer(model, A.base_config(stage, **more),
+                                                     param_groups=A.torch_groups(model))
+                    topt = adamw(A.torch_groups(ref))
+                    self.loop(model, opt, k, 3, True)
+                    self.loop(ref, topt, k, 3, False)
+                    A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                                     "stage %d K %d" % (stage, k))
+                    opt.close()
+
+    def test_a_micro_batch_missing_a_gradient_is_refused(self):
+        model = A.tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        x, y = A.batch(0)
+        opt.backward(model(x, y))
+        opt.step()
+        for p in model.blocks[1].parameters():  # a partial backward: blocks.1 gets no gradient
+            p.requires_grad_(False)
+        try:
+            model(x, y).backward()
+        finally:
+            for p in model.blocks[1].parameters():
+                p.requires_grad_(True)
+        with self.assertRaisesRegex(errors.UsageError, "arrived again .micro-batch 2. before"):
+            model(x, y).backward()
+        opt.close()
+
+
 class TrainerSequence(unittest.TestCase):
     """transformers.Trainer's call sequence (transformers is not packaged here): model.train(),
     loss.backward(), clip_grad_norm_(model.parameters(), max_grad_norm), optimizer.step(),

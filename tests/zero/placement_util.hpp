@@ -33,6 +33,9 @@ struct Placement {
   // The host-computed loops stage gpu-home parts through the pinned pool as on CUDA (the
   // host-emulated device otherwise views its memory in place: EngineAccess).
   bool staged = false;
+  // Micro-batches per step (gradient accumulation): each hands in every gradient; the overflow
+  // steps carry their inf / NaN in the middle one (K / 2).
+  int accumulate = 1;
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
@@ -45,6 +48,7 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
     s += strata::strcat("_", dtype_name(p.pdt), "_", dtype_name(p.gdt));
   if (p.pin) s += "_pinned";
   if (p.staged) s += "_staged";
+  if (p.accumulate > 1) s += strata::strcat("_accumulate", p.accumulate);
   return s;
 }
 
@@ -91,6 +95,28 @@ inline std::vector<Placement> all_cases() {
     v.push_back(s);
     v.back().staged = true;
   }
+  // Gradient accumulation: 2 and 3 micro-batches per step, every stage, every gradient tier a
+  // stage allows, 1-4 ranks; parts on their tier.
+  for (int stage = 0; stage <= 3; ++stage)
+    for (Tier g : tiers) {
+      if (stage < 2 && g != Tier::kGpu) continue;
+      const Tier o = stage == 0 ? Tier::kGpu : Tier::kNvme;
+      const Tier prm = stage == 3 ? Tier::kCpu : Tier::kGpu;
+      for (auto [k, world] : {std::pair{2, 1}, {3, 2}, {2, 4}}) {
+        v.push_back({stage, o, g, prm, 1.0, world});
+        v.back().accumulate = k;
+      }
+    }
+  for (const Placement& s :
+       std::initializer_list<Placement>{{3, Tier::kNvme, Tier::kNvme, Tier::kNvme, 0.5, 3},
+                                        {2, Tier::kCpu, Tier::kNvme, Tier::kGpu, 0.4, 2},
+                                        {1, Tier::kNvme, Tier::kGpu, Tier::kGpu, 0.5, 3}}) {
+    v.push_back(s);
+    v.back().accumulate = 3;
+  }
+  v.push_back({2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 1.0, 2});  // staged as on CUDA
+  v.back().staged = true;
+  v.back().accumulate = 2;
   return v;
 }
 
@@ -133,18 +159,47 @@ inline std::vector<float> initial(std::size_t t) {
   return v;
 }
 
-// Rank-distinct gradients (in the gradient dtype); steps 4 and 11 carry an inf / a NaN on the last
-// rank.
-inline std::vector<unsigned char> gradient(int rank, int world, int step, std::size_t t, DType dt) {
+// Rank- and micro-batch-distinct gradients (in the gradient dtype); steps 4 and 11 carry an inf /
+// a NaN on the last rank, in micro-batch `overflow_micro`.
+inline std::vector<unsigned char> gradient(int rank, int world, int step, std::size_t t, DType dt,
+                                           int micro = 0, int overflow_micro = 0) {
   std::mt19937_64 rng(0x5eed ^ (static_cast<std::uint64_t>(rank) << 40) ^
-                      (static_cast<std::uint64_t>(step) << 20) ^ t);
+                      (static_cast<std::uint64_t>(step) << 20) ^
+                      (static_cast<std::uint64_t>(micro) << 12) ^ t);
   std::normal_distribution<float> d(0.0f, 0.5f);
   std::vector<unsigned char> g(kSizes[t] * elem_size(dt));
   for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(g.data(), i, dt, d(rng));
-  if (kSizes[t] > 3 && rank == world - 1 && (step == 4 || step == 11) && t == 3)
+  if (kSizes[t] > 3 && rank == world - 1 && (step == 4 || step == 11) && t == 3 &&
+      micro == overflow_micro)
     store_elem(g.data(), kSizes[t] / 2, dt,
                step == 4 ? std::numeric_limits<float>::infinity() : std::nanf(""));
   return g;
+}
+
+// One micro-batch: the forward gathers every tensor one at a time (stage 3) and reads it through
+// param(); the backward hands in the gradients in reverse order, from device memory.
+inline void micro_batch(Engine& e, const std::vector<TensorId>& ids, Stream& stream,
+                        Communicator& comm, const Placement& p, int step, int micro) {
+  for (auto id : ids) {
+    e.gather({&id, 1});
+    if (kSizes[id]) {
+      EXPECT_NE(e.param(id), nullptr);
+    }
+    e.release({&id, 1});
+  }
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    e.gather({&*it, 1});
+    auto g = gradient(comm.rank(), comm.size(), step, *it, p.gdt, micro, p.accumulate / 2);
+    if (!g.empty()) {
+      DeviceMemory d = e.device().allocate(g.size());
+      stream.memcpy_async(d.get(), g.data(), g.size());
+      stream.synchronize(std::chrono::seconds(30));
+      e.set_gradient(*it, d.get());
+    } else {
+      e.set_gradient(*it, g.data());
+    }
+    e.release({&*it, 1});
+  }
 }
 
 // One rank's loop. Gradients are handed in from device memory of the engine's device (a copy on a
@@ -163,26 +218,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
   int gated = 0, cancelled = 0;
   for (int s = 0; s < kSteps; ++s) {
-    for (auto id : ids) {  // forward: gathered one at a time (stage 3), read through param()
-      e.gather({&id, 1});
-      if (kSizes[id]) {
-        EXPECT_NE(e.param(id), nullptr);
-      }
-      e.release({&id, 1});
-    }
-    for (auto it = ids.rbegin(); it != ids.rend(); ++it) {  // backward
-      e.gather({&*it, 1});
-      auto g = gradient(comm.rank(), comm.size(), s, *it, p.gdt);
-      if (!g.empty()) {
-        DeviceMemory d = e.device().allocate(g.size());
-        stream->memcpy_async(d.get(), g.data(), g.size());
-        stream->synchronize(std::chrono::seconds(30));
-        e.set_gradient(*it, d.get());
-      } else {
-        e.set_gradient(*it, g.data());
-      }
-      e.release({&*it, 1});
-    }
+    for (int k = 0; k < p.accumulate; ++k) micro_batch(e, ids, *stream, comm, p, s, k);
     if (!e.step().applied) ++*skipped;
     const tier::StreamStats u = zero::EngineAccess::last_update(e);
     gated += u.t_gate > 0;
@@ -221,6 +257,40 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   return out;
 }
 
+// Adds FP32 `b` into `a` (the accumulation order of docs/offload.md: micro-batch by micro-batch).
+inline void add_into(std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
+  for (std::size_t i = 0; i < a.size() / 4; ++i)
+    store_elem(a.data(), i, DType::kFp32,
+               load_elem(a.data(), i, DType::kFp32) + load_elem(b.data(), i, DType::kFp32));
+}
+
+// The step's gradient sum over ranks and micro-batches, in the engine's order: stages 0-1 sum
+// each rank's micro-batches first and reduce once; stages 2-3 reduce each micro-batch and sum the
+// reduced ones. The rank sum is the collective's (rank-ordered, rounded to the gradient dtype).
+inline std::vector<unsigned char> accumulated_sum(const Placement& p, int step, std::size_t t) {
+  const int k_over = p.accumulate / 2;
+  auto grad = [&](int r, int k) { return gradient(r, p.world, step, t, p.gdt, k, k_over); };
+  std::vector<std::vector<unsigned char>> per_rank;
+  if (p.stage < 2) {
+    for (int r = 0; r < p.world; ++r) {
+      per_rank.push_back(grad(r, 0));
+      for (int k = 1; k < p.accumulate; ++k) add_into(per_rank.back(), grad(r, k));
+    }
+    return reference_sum(per_rank, 0, kSizes[t], p.gdt);
+  }
+  std::vector<unsigned char> sum;
+  for (int k = 0; k < p.accumulate; ++k) {
+    per_rank.clear();
+    for (int r = 0; r < p.world; ++r) per_rank.push_back(grad(r, k));
+    auto reduced = reference_sum(per_rank, 0, kSizes[t], p.gdt);
+    if (k == 0)
+      sum = std::move(reduced);
+    else
+      add_into(sum, reduced);
+  }
+  return sum;
+}
+
 // The unsharded reference.
 inline std::vector<std::vector<float>> reference(const Placement& p, int* skipped) {
   const Config cfg = placement_config(p, "");
@@ -244,9 +314,7 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
     // torch's averaging: the sum divided by N, then unscaled (AdamStepOptions::grad_divisor).
     const float inv = static_cast<float>(1.0 / scale);
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
-      std::vector<std::vector<unsigned char>> per_rank;
-      for (int r = 0; r < p.world; ++r) per_rank.push_back(gradient(r, p.world, s, t, p.gdt));
-      sums.push_back(reference_sum(per_rank, 0, kSizes[t], p.gdt));
+      sums.push_back(accumulated_sum(p, s, t));
       for (std::size_t i = 0; i < kSizes[t]; ++i)
         finite = finite && std::isfinite((load_elem(sums[t].data(), i, p.gdt) / p.world) * inv);
     }

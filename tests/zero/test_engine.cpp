@@ -250,6 +250,7 @@ TEST(EngineMisuse, ClearErrors) {
   Engine e(engine_config(c), *comms[0]);
   std::vector<float> init(10, 0.5f);
   auto id = e.add_parameter("w", init);
+  auto other = e.add_parameter("v", init);
   EXPECT_THROW(e.step(), Error);  // before finalize
   e.finalize();
   EXPECT_THROW(e.add_parameter("late", init), Error);
@@ -257,7 +258,13 @@ TEST(EngineMisuse, ClearErrors) {
   EXPECT_THROW(e.param(7), Error);
   std::vector<float> g(10, 1.0f);
   e.set_gradient(id, g.data());
-  EXPECT_THROW(e.set_gradient(id, g.data()), Error);
+  // Again before 'v' arrived: not a second micro-batch (it would drop or double a gradient).
+  expect_error(ErrorCode::kInvalidArgument, "before micro-batch 1 handed in every gradient ('v'",
+               [&] { e.set_gradient(id, g.data()); });
+  e.set_gradient(other, g.data());
+  e.set_gradient(id, g.data());  // micro-batch 2 (accumulation)
+  expect_error(ErrorCode::kInvalidArgument, "in micro-batch 2", [&] { e.step(); });
+  e.set_gradient(other, g.data());
   e.step();
   try {
     e.step();
@@ -268,6 +275,23 @@ TEST(EngineMisuse, ClearErrors) {
   Config bad = engine_config(c);
   bad.zero.stage = 4;
   EXPECT_THROW(Engine(bad, *comms[0]), Error);
+}
+
+// Accumulating 16-bit gradients is not built: the second micro-batch is refused before anything
+// changes, and the step of the first goes on.
+TEST(EngineMisuse, SixteenBitGradientsDoNotAccumulateYet) {
+  auto comms = make_inprocess_communicators(1, 5.0);
+  EngineCase c;
+  c.grads = DType::kBf16;
+  c.params = DType::kBf16;
+  Engine e(engine_config(c), *comms[0]);
+  auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
+  e.finalize();
+  std::vector<std::uint16_t> g(10, 0x3f80);  // bf16 1.0
+  e.set_gradient(id, g.data());
+  expect_error(ErrorCode::kUnsupported, "accumulating bf16 gradients",
+               [&] { e.set_gradient(id, g.data()); });
+  EXPECT_TRUE(e.step().applied);
 }
 
 // A rank that dies mid-training makes the others' step() fail (they return: nothing hangs past
