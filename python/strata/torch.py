@@ -585,6 +585,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for tid, p in enumerate(self._params):
                 p.data = (self._engine_tensor(tid).clone() if self.stage < 3
                           else self._read(tid, "master").to(self._device, self._param_dtype))
+            if self._cuda:  # the clones read the engine's memory on torch's stream
+                torch.cuda.current_stream(self._device).synchronize()
         self._engine = None
         self._failed = "closed"
 
