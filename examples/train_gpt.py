@@ -11,6 +11,10 @@ every Debian machine (/usr/share/common-licenses; --data FILE for your own).
       examples/train_gpt.py --config examples/zero2-nvme.yaml
   mpirun -np 2 -x PYTHONPATH=build/python /usr/bin/python3 examples/train_gpt.py
 
+  # on a GPU (one per rank: cuda:LOCAL_RANK): the model, the batches and the engine's gpu-tier
+  # state on the device, the reductions on strata's NCCL
+  PYTHONPATH=build/python python3 examples/train_gpt.py --device cuda --config examples/zero2-nvme.yaml
+
 Every step prints the loss, tokens/s and the step's time split: backward (forward excluded;
 including handing the gradients to the engine), reduce (gradient reduce + norm/overflow exchange
 left after the backward), optimizer (Adam over the rank's partition, NVMe streaming included),
@@ -38,6 +42,8 @@ def parse():
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="config override, as strata's --set (repeatable), e.g. zero.stage=3")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where the model trains (cuda: this rank's GPU, cuda:LOCAL_RANK)")
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--checkpoint-dir", default="checkpoints/gpt")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
@@ -79,7 +85,12 @@ def main():
     world_hint = int(os.environ.get("WORLD_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
     torch.set_num_threads(a.threads or max(1, (os.cpu_count() or 1) // world_hint))
     torch.manual_seed(a.seed)
-    model = G.GPT(a.d_model, a.layers, a.heads, a.seq_len)
+    device = torch.device("cpu")
+    if a.device == "cuda":
+        local = int(os.environ.get("LOCAL_RANK", os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+        device = torch.device("cuda", local % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    model = G.GPT(a.d_model, a.layers, a.heads, a.seq_len).to(device)
     twin = None
     if a.compare_torch:
         import copy
@@ -90,10 +101,10 @@ def main():
     rank, world = opt.rank, opt.world
     cfg = opt.config
     if rank == 0:
-        print("strata %s: GPT %.2fM parameters, %d rank(s) (%s), zero.stage %d, optimizer state on %s, "
-              "%s params / %s grads" % (strata.__version__, G.num_params(model) / 1e6, world, opt.backend,
-                                        cfg["stage"], cfg["optimizer_tier"], cfg["params_dtype"],
-                                        cfg["grads_dtype"]), flush=True)
+        print("strata %s: GPT %.2fM parameters on %s, %d rank(s) (%s), zero.stage %d, optimizer state on "
+              "%s, %s params / %s grads" % (strata.__version__, G.num_params(model) / 1e6, device, world,
+                                            opt.backend, cfg["stage"], cfg["optimizer_tier"],
+                                            cfg["params_dtype"], cfg["grads_dtype"]), flush=True)
     data = G.load_corpus(a.data)
     start = 0
     if a.resume:
@@ -114,6 +125,7 @@ def main():
             g["lr"] = lr
         t0 = time.perf_counter()
         x, y = G.global_batch(data, step, world * a.rows, a.seq_len, seed=a.seed)
+        x, y = x.to(device), y.to(device)
         xs, ys = x[rank * a.rows:(rank + 1) * a.rows], y[rank * a.rows:(rank + 1) * a.rows]
         loss, m = 0.0, a.rows // a.accumulate
         for k in range(a.accumulate):  # micro-batches: their gradients add up in the engine

@@ -12,7 +12,9 @@
 #      pass), and says how many were skipped otherwise;
 #   3. `strata bench step` with Adam on the device (optimizer.update device, runtime.device cuda);
 #   4. `strata profile --quick` (host<->device copies, GPU Adam, the sample step);
-#   5. the Python example on the GPU: examples/train_gpt.py --device cuda, a few steps;
+#   5. the Python example on the GPU: examples/train_gpt.py --device cuda, 20 steps, with a Python
+#      whose torch sees the GPU (STRATA_GPU_PYTHON, else python3 on PATH, else /usr/bin/python3),
+#      the package built for it;
 # and prints ONE summary line (also written to $OUT/summary.txt). Bounded: each phase has its own
 # timeout (build 210 s, tests 120 s, bench 30 s, profile 45 s, python 60 s: 465 s at worst), so one
 # call stays under 8 minutes; set STRATA_GPU_BUILD to reuse a build directory.
@@ -20,7 +22,8 @@
 # Usage: scripts/gpu_check.sh [OUT_DIR]     (default: ./gpu-check-out)
 # Environment: STRATA_GPU_BUILD (build dir, default build-gpu), STRATA_JOBS (default nproc),
 #              STRATA_GPU_SWAP (a directory for the swap files, default a fresh one under /tmp),
-#              STRATA_CUDA_ARCHS (force CMAKE_CUDA_ARCHITECTURES).
+#              STRATA_CUDA_ARCHS (force CMAKE_CUDA_ARCHITECTURES), STRATA_GPU_PYTHON (the Python
+#              with CUDA torch for phase 5).
 # Exit code: 0 when every phase passed, 1 otherwise, 2 when there is no GPU (nothing ran).
 set -uo pipefail
 
@@ -80,13 +83,35 @@ else
   archs="80;90"
 fi
 
+# The Python the example runs with: one whose torch sees a GPU (STRATA_GPU_PYTHON, else the
+# `python3` on PATH — on a GPU machine usually a venv with CUDA torch —, else /usr/bin/python3);
+# the package is built for it, against its torch and pybind11 (pip's CMake configs).
+py=""
+for cand in ${STRATA_GPU_PYTHON:-} python3 /usr/bin/python3; do
+  if command -v "$cand" >/dev/null &&
+     "$cand" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    py=$(command -v "$cand")
+    break
+  fi
+done
+py_prefix=""
+if [ -n "$py" ]; then
+  py_prefix=$("$py" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+  pb=$("$py" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null) &&
+    py_prefix="$py_prefix;$pb"
+  echo "python for the example: $py ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
+else
+  echo "no python3 whose torch sees a GPU: phase 5 will fail"
+fi
+
 # ---- 1. build (CUDA for this GPU; tests; the CLI; the Python package) ---------------------------
 targets="strata_cli test_device_cuda test_optim_cuda test_comm_nccl test_zero_placements_cuda"
 gen=""
 command -v ninja >/dev/null && gen="-G Ninja"
 if timeout 210 bash -c "
     cmake -S '$root' -B '$build' $gen -DCMAKE_BUILD_TYPE=Release -DSTRATA_WITH_CUDA=ON \
-          '-DCMAKE_CUDA_ARCHITECTURES=$archs' -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF &&
+          '-DCMAKE_CUDA_ARCHITECTURES=$archs' -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF \
+          ${py:+'-DSTRATA_PYTHON=$py' '-DCMAKE_PREFIX_PATH=$py_prefix'} &&
     cmake --build '$build' -j '$jobs' --target $targets &&
     { cmake --build '$build' -j '$jobs' --target strata_python strata_python_files ||
       echo 'gpu_check: the Python package did not build (phase 5 will say so)'; }" \
@@ -147,8 +172,9 @@ else
 fi
 
 # ---- 5. the Python example on the GPU ---------------------------------------------------------------
-py=/usr/bin/python3
-if [ ! -d "$build/python/strata" ]; then
+if [ -z "$py" ]; then
+  result[python]="FAILED (no python3 whose torch sees the GPU; set STRATA_GPU_PYTHON)"
+elif ! ls "$build"/python/strata/_strata*.so >/dev/null 2>&1; then
   result[python]="FAILED (the Python package was not built: pybind11/torch missing? $out/build.log)"
 elif ! PYTHONPATH="$build/python" "$py" "$root/examples/train_gpt.py" --help 2>/dev/null | grep -q -- '--device'; then
   result[python]="FAILED (examples/train_gpt.py has no --device option: torch GPU models not supported yet)"

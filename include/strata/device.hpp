@@ -56,9 +56,10 @@ class Stream {
   // Producer hand-off: work queued after this call starts only after everything queued so far on
   // `producer`, a native stream of the caller's (a cudaStream_t of this stream's device, e.g.
   // torch.cuda.current_stream().cuda_stream) — no host synchronisation. Without it a stream of
-  // strata's (non-blocking) is ordered after nothing the caller queued. nullptr = nothing to wait
-  // for (host code is ordered by the call itself). The host device has no native streams: it
-  // accepts only nullptr (Error(kInvalidArgument) otherwise).
+  // strata's (non-blocking) is ordered after nothing the caller queued. nullptr: on a GPU CUDA's
+  // legacy default stream of this stream's device (torch's default stream); the host device has no
+  // native streams and accepts only nullptr, a no-op there (host code is ordered by the call
+  // itself); any other handle is Error(kInvalidArgument).
   virtual void wait_external(void* producer);
   // Queues a host function to run after the work queued so far (cudaLaunchHostFunc on a GPU; the
   // stream's worker thread on the host device). `fn` must not call the device API. An exception it

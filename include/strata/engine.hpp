@@ -99,6 +99,11 @@ struct EngineAccess;  // tests and measurements (src/zero/engine_access.hpp)
 }
 
 using TensorId = std::size_t;
+// A native stream of the caller's, opaque here: a cudaStream_t of device() on a GPU (e.g.
+// torch.cuda.current_stream().cuda_stream); nullptr is CUDA's legacy default stream (torch's
+// default stream) of device(). On the host-emulated device only nullptr is accepted (host code
+// is ordered by the call itself); another handle is Error(kInvalidArgument).
+using StreamHandle = void*;
 // A parameter group (torch's param_groups): its own learning rate, weight decay, betas and eps.
 // Group 0 always exists and starts with optimizer.lr, .weight_decay, .betas and .eps; a beta or eps
 // a group leaves unset is optimizer.*'s.
@@ -215,12 +220,16 @@ class Engine {
   // set_gradient / step / checkpoint call throws Error(kIo) until a new engine loads a checkpoint
   // (docs/offload.md).
   // `grad` is device() memory (host memory on the host-emulated device).
-  // Ordering contract (GPU): strata's copy streams are non-blocking, ordered after nothing the
-  // caller queued. Until the producer-stream overload exists, the work that wrote `grad` must be
-  // complete before this call (e.g. torch.cuda.current_stream().synchronize()); likewise nothing
-  // of the caller's may still read param() when step() runs. The device layer has the hand-off
-  // the overload will use: Stream::wait_external(producer_stream) (issue 27, F7).
+  // Ordering (GPU): strata's copy streams are non-blocking, ordered after nothing the caller
+  // queued. With this overload the work that wrote `grad` must be complete before the call (e.g.
+  // torch.cuda.current_stream().synchronize()); the overload below takes the producer's stream.
   void set_gradient(TensorId id, const void* grad);
+  // The same, with the producer's stream (see StreamHandle): the copy starts only after the work
+  // queued on `producer` before this call (an event recorded on it, which strata's hand-off stream
+  // waits on; the call returns once the copy is done, as above). A hand-off that fails (the
+  // producer's device failed, a timeout after runtime.collective_timeout_s, a stream of another
+  // device: Error(kDevice / kTimeout / kInvalidArgument)) changes nothing.
+  void set_gradient(TensorId id, const void* grad, StreamHandle producer);
   // The same from host memory, whatever the device (a convenience: one host-to-device copy on a
   // GPU, synchronous).
   void set_gradient_host(TensorId id, const void* grad);
@@ -243,6 +252,12 @@ class Engine {
   // device) throws it and leaves the engine failed, as for set_gradient; its state may mix two
   // steps.
   StepResult step();
+  // The same, with the consumer's stream: the step first waits for the work queued on `consumer`
+  // before the call (kernels still reading param() or the gradients), then runs as step(). The
+  // update is complete on the device when step() returns (strata synchronises its own streams):
+  // work the caller queues afterwards, on any stream, reads the new parameters. A hand-off that
+  // fails changes nothing (as for set_gradient).
+  StepResult step(StreamHandle consumer);
 
   EngineStats stats() const;
 

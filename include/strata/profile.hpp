@@ -31,6 +31,7 @@
 namespace strata {
 
 class Communicator;
+class Engine;
 
 // How much to measure. kTiny is for tests (a few points, kilobytes to megabytes).
 enum class ProfileMode { kTiny, kQuick, kDefault, kFull };
@@ -358,5 +359,18 @@ std::string tuned_config_text(const std::string& original_text, const Config& or
                               std::string* note);
 
 ProfileReport run_profile(const Config& config, const ProfileOptions& options);
+
+// The device bound of an engine's update as `strata bench step` measures it (benchmarks only:
+// bench/python/bench_optimizer_step.py through the Python package): the update's chunks read and
+// written back unchanged, reads || writes (t_io_s), and Adam alone on chunks held in memory
+// (t_update_s); the state is not changed. And the last step's host update loop: its time, its
+// computes, its waits for reads and writes, its gate (last_loop_*). After finalize(), between
+// steps.
+struct EngineBound {
+  double t_io_s = 0, t_update_s = 0;
+  double last_loop_s = 0, last_loop_compute_s = 0, last_loop_wait_read_s = 0,
+         last_loop_wait_write_s = 0, last_loop_gate_s = 0;
+};
+EngineBound measure_engine_bound(Engine& engine);
 
 }  // namespace strata

@@ -14,7 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 #include "strata/log.hpp"
 
 // torch binds ProcessGroup with an intrusive_ptr holder (torch/csrc/utils/pybind.h says the same).

@@ -1,8 +1,10 @@
 // strata._strata: the extension behind `import strata`. A thin binding of the C++ API the Python
 // package needs (config loading, the Engine, communicators); python/strata/torch.py builds the
 // torch optimizer on top of it. No torch header here: tensors cross as (address, element count)
-// pairs that the Python side checks (contiguous, CPU, dtype) before passing them, and parameters
-// come back as writable buffers torch.frombuffer() wraps without a copy.
+// pairs that the Python side checks (contiguous, dtype, device) before passing them, and
+// parameters come back without a copy as writable buffers (host memory: torch.frombuffer) or
+// __cuda_array_interface__ objects (a CUDA engine's device memory: torch.as_tensor). CUDA
+// streams cross as torch's integer handles (Stream.cuda_stream) for the engine's hand-offs.
 //
 // Lifetime: an Engine object owns its communicator and the strata::Engine; every ParamBuffer
 // (and so every torch tensor aliasing the engine's parameters) keeps them alive.
@@ -11,6 +13,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -25,10 +28,11 @@
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/device.hpp"
+#include "strata/device_query.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
-#include "zero/engine_access.hpp"
+#include "strata/profile.hpp"
 
 namespace py = pybind11;
 
@@ -48,12 +52,21 @@ struct EngineBox {
 };
 
 // A writable byte buffer over one tensor's parameters inside the engine (stages 0-2: stable for
-// the engine's lifetime), keeping the engine alive.
+// the engine's lifetime), keeping the engine alive. ParamBuffer (host memory) has the buffer
+// protocol (torch.frombuffer); DeviceParamBuffer (a CUDA engine's device memory, which host code
+// cannot read) only __cuda_array_interface__ (torch.as_tensor(b, device="cuda")).
 struct ParamBuffer {
   std::shared_ptr<EngineBox> box;
   void* data = nullptr;
   std::size_t bytes = 0;
 };
+struct DeviceParamBuffer : ParamBuffer {};
+
+// A caller's stream as the binding receives it: torch.cuda.Stream.cuda_stream (an int; 0 is the
+// legacy default stream), or None (no stream: host code ordered by the call itself).
+StreamHandle stream_handle(const py::object& s) {
+  return s.is_none() ? nullptr : reinterpret_cast<StreamHandle>(s.cast<std::uintptr_t>());
+}
 
 StateKind state_kind(const std::string& s) {
   if (s == "master") return StateKind::kMaster;
@@ -73,8 +86,9 @@ std::unique_ptr<Communicator>& mpi_keeper() {
 
 class PyEngine {
  public:
-  // comm: "single" (one rank, in-process), "mpi" (MPI_COMM_WORLD), "c10d" (process_group).
-  PyEngine(const Config& config, const std::string& comm, py::handle process_group) {
+  // comm: "single" (one rank, in-process), "mpi" (MPI_COMM_WORLD), "c10d" (process_group), "nccl"
+  // (strata's NCCL on GPU `device`; make_nccl).
+  PyEngine(const Config& config, const std::string& comm, py::handle process_group, int device) {
     box_ = std::make_shared<EngineBox>();
     const double timeout = config.runtime.collective_timeout_s;
     if (comm == "single") {
@@ -92,11 +106,44 @@ class PyEngine {
       box_->comm = make_mpi_communicator(timeout);
     } else if (comm == "c10d") {
       box_->comm = make_c10d_communicator(process_group, timeout);
+    } else if (comm == "nccl") {
+      box_->comm = make_nccl(config, process_group, device);
     } else {
       fail(ErrorCode::kInvalidArgument,
-           strcat("unknown communicator '", comm, "' (single | mpi | c10d)"));
+           strcat("unknown communicator '", comm, "' (single | mpi | c10d | nccl)"));
     }
     box_->engine = std::make_unique<Engine>(config, *box_->comm);
+  }
+
+  // strata's NCCL communicator on GPU `device` (the model's), its id exchanged over the host
+  // communicator: `process_group` (c10d), else MPI under mpirun, else a one-rank world. The
+  // engine puts its state on the rank's local GPU (LOCAL_RANK, ...; device.hpp): the model must
+  // be there too.
+  static std::unique_ptr<Communicator> make_nccl(const Config& config, py::handle process_group,
+                                                 int device) {
+    const double timeout = config.runtime.collective_timeout_s;
+    std::unique_ptr<Communicator> host;
+    if (!process_group.is_none()) {
+      host = make_c10d_communicator(process_group, timeout);
+    } else if (launched_by_mpi()) {
+      py::gil_scoped_release nogil;
+      host = make_mpi_communicator(timeout);
+    } else {
+      host = std::move(make_inprocess_communicators(1, timeout)[0]);
+    }
+    const int gpus = static_cast<int>(query_cuda_devices().devices.size());
+    const int local =
+        local_device_ordinal(host->rank(), static_cast<int>(config.ranks_per_node()), gpus);
+    if (device != local)
+      fail(ErrorCode::kInvalidArgument, strcat("the model is on cuda:", device, " but rank ",
+                                               host->rank(), "'s GPU is cuda:", local,
+                                               " (LOCAL_RANK, else the rank modulo "
+                                               "world.ranks_per_node, of ",
+                                               gpus, " visible): move the model to cuda:", local));
+    NcclBootstrap boot;
+    boot.host = host.get();
+    py::gil_scoped_release nogil;
+    return make_nccl_communicator(boot, device, timeout);
   }
 
   Engine& e() { return *box_->engine; }
@@ -109,16 +156,9 @@ class PyEngine {
     return e().add_parameter(name, init, group);
   }
 
-  // torch here is CPU-only: parameters must be host memory.
-  void require_host_params(const char* what) {
-    if (e().device().kind() != DeviceKind::kHost)
-      fail(ErrorCode::kUnsupported,
-           strcat(what, ": the engine keeps the parameters on ", e().device().name(),
-                  "; the Python package needs them in host memory (runtime.device: host)"));
-  }
+  bool on_device() { return e().device().kind() == DeviceKind::kCuda; }
 
-  ParamBuffer param_buffer(TensorId id) {
-    require_host_params("param_buffer");
+  py::object param_buffer(TensorId id) {
     if (e().stage() == 3)
       fail(ErrorCode::kInvalidArgument,
            "param_buffer: stage 3 parameters move; use gather + copy_param");
@@ -126,13 +166,26 @@ class PyEngine {
     b.box = box_;
     b.data = const_cast<void*>(e().param(id));
     b.bytes = e().numel(id) * dtype_size(e().param_dtype());
-    return b;
+    if (on_device()) return py::cast(DeviceParamBuffer{std::move(b)});
+    return py::cast(std::move(b));
   }
 
-  void copy_param(TensorId id, Address dst) {
-    require_host_params("copy_param");
+  // The gathered parameters of `id` into `dst` (host memory, or device memory of the engine's GPU,
+  // after the work queued on `stream` so far: torch's allocator may hand out memory its stream
+  // still uses).
+  void copy_param(TensorId id, Address dst, py::object stream) {
     const void* src = e().param(id);
-    std::memcpy(reinterpret_cast<void*>(dst), src, e().numel(id) * dtype_size(e().param_dtype()));
+    const std::size_t bytes = e().numel(id) * dtype_size(e().param_dtype());
+    if (!on_device()) {
+      std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+      return;
+    }
+    const StreamHandle caller = stream_handle(stream);
+    py::gil_scoped_release nogil;
+    if (!copy_stream_) copy_stream_ = e().device().create_stream();
+    copy_stream_->wait_external(caller);
+    copy_stream_->memcpy_async(reinterpret_cast<void*>(dst), src, bytes);
+    copy_stream_->synchronize(timeout());
   }
 
   void read_state(TensorId id, const std::string& kind, Address out) {
@@ -145,7 +198,13 @@ class PyEngine {
   }
 
  private:
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(static_cast<std::int64_t>(box_->comm->timeout_s() * 1000.0) +
+                                     1);
+  }
+
   std::shared_ptr<EngineBox> box_;
+  std::unique_ptr<Stream> copy_stream_;  // copy_param on a GPU (destroyed before the engine)
 };
 
 DType dtype_of(const std::string& s) {
@@ -265,6 +324,18 @@ PYBIND11_MODULE(_strata, m) {
       .def_property_readonly("address",
                              [](const ParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
       .def_property_readonly("nbytes", [](const ParamBuffer& b) { return b.bytes; });
+  py::class_<DeviceParamBuffer>(m, "DeviceParamBuffer")
+      .def_property_readonly(
+          "address", [](const DeviceParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
+      .def_property_readonly("nbytes", [](const DeviceParamBuffer& b) { return b.bytes; })
+      .def_property_readonly("__cuda_array_interface__", [](const DeviceParamBuffer& b) {
+        py::dict d;
+        d["shape"] = py::make_tuple(b.bytes);
+        d["typestr"] = "|u1";
+        d["data"] = py::make_tuple(reinterpret_cast<Address>(b.data), false);
+        d["version"] = 2;
+        return d;
+      });
 
   using G = py::call_guard<py::gil_scoped_release>;
   py::class_<PyHandle>(m, "CommHandle")
@@ -330,8 +401,9 @@ PYBIND11_MODULE(_strata, m) {
         return d;
       });
   py::class_<PyEngine>(m, "Engine")
-      .def(py::init<const Config&, const std::string&, py::handle>(), py::arg("config"),
-           py::arg("comm"), py::arg("process_group") = py::none())
+      .def(py::init<const Config&, const std::string&, py::handle, int>(), py::arg("config"),
+           py::arg("comm"), py::arg("process_group") = py::none(), py::arg("device") = -1)
+      .def_property_readonly("device", [](PyEngine& s) { return s.on_device() ? "cuda" : "host"; })
       .def_property_readonly("rank", [](PyEngine& s) { return s.comm().rank(); })
       .def_property_readonly("world", [](PyEngine& s) { return s.comm().size(); })
       .def_property_readonly("backend",
@@ -371,7 +443,8 @@ PYBIND11_MODULE(_strata, m) {
           "finalize", [](PyEngine& s) { s.e().finalize(); }, G())
       .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })
       .def("param_buffer", &PyEngine::param_buffer)
-      .def("copy_param", &PyEngine::copy_param, G())
+      .def("copy_param", &PyEngine::copy_param, py::arg("id"), py::arg("dst"),
+           py::arg("stream") = py::none())
       .def(
           "gather", [](PyEngine& s, std::vector<TensorId> ids) { s.e().gather(ids); }, G())
       .def(
@@ -385,39 +458,51 @@ PYBIND11_MODULE(_strata, m) {
             s.e().set_gradient_host(id, reinterpret_cast<const void*>(grad));
           },
           G())
-      .def("step",
-           [](PyEngine& s) {
-             StepResult r;
-             {
-               py::gil_scoped_release nogil;
-               r = s.e().step();
-             }
-             return step_result(r);
+      // A gradient in device memory of the engine's GPU, written by work queued on `stream`
+      // (torch.cuda.current_stream().cuda_stream): the engine's copy waits for it.
+      .def("set_gradient_device",
+           [](PyEngine& s, TensorId id, Address grad, py::object stream) {
+             const StreamHandle producer = stream_handle(stream);
+             py::gil_scoped_release nogil;
+             s.e().set_gradient(id, reinterpret_cast<const void*>(grad), producer);
            })
+      // stream: the caller's (None: no hand-off), waited for before the parameters change.
+      .def(
+          "step",
+          [](PyEngine& s, py::object stream) {
+            const StreamHandle consumer = stream_handle(stream);
+            const bool handoff = !stream.is_none();
+            StepResult r;
+            {
+              py::gil_scoped_release nogil;
+              r = handoff ? s.e().step(consumer) : s.e().step();
+            }
+            return step_result(r);
+          },
+          py::arg("stream") = py::none())
       .def("stats", [](const PyEngine& s) { return stats_dict(s.e().stats()); })
       // Benchmarks only (bench/python/bench_optimizer_step.py): the device bound of this engine's
       // update as `strata bench step` measures it (zero::EngineAccess::measure) — read || write
       // back every host-computed chunk unchanged (t_io_s), and Adam alone on chunks held in
       // memory (t_update_s). The state is not changed. Also the last step's update loop: its
       // time, its computes, its waits for reads and writes, its gate (last_loop_*).
+      // Benchmarks only (bench/python/bench_optimizer_step.py): measure_engine_bound
+      // (strata/profile.hpp), as `strata bench step` measures the update's device bound.
       .def("_measure_bound",
            [](PyEngine& s) {
-             double io = 0, update = 0;
+             EngineBound b;
              {
                py::gil_scoped_release nogil;
-               io = zero::EngineAccess::measure(s.e(), zero::Measure::kIo).t_total;
-               update = zero::EngineAccess::measure(s.e(), zero::Measure::kUpdate).t_total;
+               b = measure_engine_bound(s.e());
              }
              py::dict d;
-             d["t_io_s"] = io;
-             d["t_update_s"] = update;
-             // The last step's host update loop, as bench step reports it.
-             const tier::StreamStats u = zero::EngineAccess::last_update(s.e());
-             d["last_loop_s"] = u.t_total;
-             d["last_loop_compute_s"] = u.t_compute;
-             d["last_loop_wait_read_s"] = u.t_wait_in;
-             d["last_loop_wait_write_s"] = u.t_wait_out;
-             d["last_loop_gate_s"] = u.t_gate;
+             d["t_io_s"] = b.t_io_s;
+             d["t_update_s"] = b.t_update_s;
+             d["last_loop_s"] = b.last_loop_s;
+             d["last_loop_compute_s"] = b.last_loop_compute_s;
+             d["last_loop_wait_read_s"] = b.last_loop_wait_read_s;
+             d["last_loop_wait_write_s"] = b.last_loop_wait_write_s;
+             d["last_loop_gate_s"] = b.last_loop_gate_s;
              return d;
            })
       .def("read_state", &PyEngine::read_state, G())

@@ -91,9 +91,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
     """AdamW/Adam (optimizer.type) whose state lives where strata's config puts it.
 
     Args:
-      model: the torch.nn.Module to train (CPU, contiguous floating-point parameters of the dtype
-        precision.params names). Every rank must build the same model; rank 0's initial values
-        are broadcast to all.
+      model: the torch.nn.Module to train (contiguous floating-point parameters of the dtype
+        precision.params names, all on the CPU or all on this rank's GPU). Every rank must build
+        the same model; rank 0's initial values are broadcast to all. A CUDA model: the engine
+        keeps its state on that GPU (runtime.device cuda) where offload.* says gpu, reduces
+        through strata's NCCL, and hands gradients and the update over on torch's current stream.
       config: a YAML path, a dict, or None (defaults, with the model's dtype as precision).
       overrides: ``{"zero.stage": 3}`` or ``["zero.stage=3"]``, applied after the config.
       param_groups: torch-style groups (``[{"params": [...], "lr": ..., "weight_decay": ...,
@@ -121,6 +123,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not trainable:
             raise errors.InvalidArgumentError("strata: the model has no parameter that requires grad")
         defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in trainable))]
+        # A CUDA model: the engine's state on its GPU, the collectives on strata's NCCL.
+        self._device = trainable[0].device
+        self._cuda = self._device.type == "cuda"
+        if self._cuda and not _config_sets(config, overrides, "runtime", "device"):
+            defaults.append("runtime.device=cuda")
         # precision.params / precision.grads the config leaves out follow the model's dtype.
         dt = {v: k for k, v in _DTYPES.items()}.get(trainable[0].dtype)
         if dt is not None:
@@ -195,7 +202,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for tid, p in enumerate(self._params):
                 p.data = self._engine_tensor(tid)
         else:
-            self._empty = torch.empty(0, dtype=self._param_dtype)
+            self._empty = torch.empty(0, dtype=self._param_dtype, device=self._device)
             for p in self._params:
                 p.data = self._empty
             self._install_stage3_hooks(model)
@@ -231,10 +238,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.InvalidArgumentError(
                 "strata: parameter '%s' does not require grad: no gradient would ever arrive for it; "
                 "leave it out of param_groups" % name)
-        if p.device.type != "cpu":
+        if p.device != self._device:
             raise errors.UnsupportedError(
-                "strata: parameter '%s' is on %s; this build's torch is CPU-only and strata keeps the "
-                "parameters in host memory: build the model on the CPU" % (name, p.device))
+                "strata: parameter '%s' is on %s, the first one on %s: strata trains a model on one "
+                "device (the CPU, or this rank's GPU)" % (name, p.device, self._device))
+        if p.device.type not in ("cpu", "cuda") or (self._cuda and not _strata.with_cuda):
+            raise errors.UnsupportedError(
+                "strata: parameter '%s' is on %s; this strata supports the CPU%s" % (
+                    name, p.device, " and CUDA" if _strata.with_cuda else " only (built without CUDA)"))
         if not p.is_contiguous():
             raise errors.InvalidArgumentError(
                 "strata: parameter '%s' is not contiguous (shape %s, strides %s, e.g. a transposed "
@@ -248,12 +259,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _make_engine(self, process_group):
         choice = self._cfg["communicator"]
+        if self._cuda:
+            return self._make_cuda_engine(process_group, choice)
         if process_group is not None:
             return _strata.Engine(self._config, "c10d", process_group)
         if choice == "nccl":
             raise errors.UnsupportedError(
-                "strata: runtime.communicator: nccl is not available from Python yet (the engine "
-                "reduces host buffers); use auto, or mpi under mpirun")
+                "strata: runtime.communicator: nccl needs the model on a GPU (this one is on the "
+                "CPU); use auto, or mpi under mpirun")
         if choice == "mpi" or (choice == "auto" and _strata.launched_by_mpi()):
             if not _strata.launched_by_mpi() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 raise errors.UsageError(
@@ -271,11 +284,30 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return _strata.Engine(self._config, "single")
         return _strata.Engine(self._config, "c10d", group)
 
+    def _make_cuda_engine(self, process_group, choice):
+        """strata's NCCL on the model's GPU; its id goes over `process_group`, else the launcher's
+        gloo group (torchrun), else MPI (mpirun), else a one-rank world."""
+        if choice not in ("auto", "nccl"):
+            raise errors.UnsupportedError(
+                "strata: the model is on %s and runtime.communicator is %s: a CUDA model reduces on "
+                "its GPU through NCCL; use runtime.communicator: auto or nccl" % (self._device, choice))
+        group = process_group
+        if group is None and not _strata.launched_by_mpi():
+            group = _launcher_group(self._cfg["collective_timeout_s"])
+        index = self._device.index if self._device.index is not None else torch.cuda.current_device()
+        return _strata.Engine(self._config, "nccl", group, index)
+
+    def _stream(self):
+        """torch's current stream on the model's GPU (its raw handle), None for a CPU model."""
+        return torch.cuda.current_stream(self._device).cuda_stream if self._cuda else None
+
     def _engine_tensor(self, tid):
         shape = self._shapes[tid]
         if self._params[tid].numel() == 0:
-            return torch.empty(shape, dtype=self._param_dtype)
+            return torch.empty(shape, dtype=self._param_dtype, device=self._device)
         buf = self._engine.param_buffer(tid)  # keeps the engine alive as long as the tensor
+        if self._cuda:  # device memory, through __cuda_array_interface__
+            return torch.as_tensor(buf, device=self._device).view(self._param_dtype).view(shape)
         return torch.frombuffer(buf, dtype=self._param_dtype).view(shape)
 
     # ---- gradients ----
@@ -302,7 +334,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._arrived[tid]:
             self._next_micro_batch(tid)
         t0 = time.perf_counter()
-        self._call(self._engine.set_gradient, tid, g.data_ptr())
+        if self._cuda:  # the engine's copy waits for the stream that wrote g
+            self._call(self._engine.set_gradient_device, tid, g.data_ptr(), self._stream())
+        else:
+            self._call(self._engine.set_gradient, tid, g.data_ptr())
         self._handin_s += time.perf_counter() - t0
         self._arrived[tid] = True
         self._n_arrived += 1
@@ -399,8 +434,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
                    " in micro-batch %d" % (self._micro + 1) if self._micro else "",
                    self._n_arrived, len(self._params)))
         self._sync_groups()
-        r = self._call(self._engine.step)
-        self._arrived = [False] * len(self._params)  # in the current micro-batch
+        r = self._call(self._engine.step, self._stream())  # waits for torch's queued reads
+        self._arrived = [False] * len(self._params)
         self._n_arrived = 0
         self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None
@@ -433,7 +468,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise RuntimeError("The total norm of order 2.0 for gradients from `parameters` is "
                                "non-finite, so it cannot be clipped. (strata: this step will be "
                                "skipped on every rank)")
-        return torch.tensor(norm, dtype=torch.float32)
+        return torch.tensor(norm, dtype=torch.float32, device=self._device)
 
     def _check_requires_grad(self):
         """A parameter's requires_grad that changed since construction is refused: strata's
@@ -487,9 +522,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         gathered buffer is released at once; autograd may keep the copy for the backward)."""
         self._call(self._engine.gather, list(ids))
         for tid in ids:
-            t = torch.empty(self._shapes[tid], dtype=self._param_dtype)
+            t = torch.empty(self._shapes[tid], dtype=self._param_dtype, device=self._device)
             if t.numel():
-                self._engine.copy_param(tid, t.data_ptr())
+                self._engine.copy_param(tid, t.data_ptr(), self._stream())
             self._params[tid].data = t
         self._call(self._engine.release, list(ids))
 
@@ -708,7 +743,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self._engine is not None and self._failed is None:
             for tid, p in enumerate(self._params):
                 p.data = (self._engine_tensor(tid).clone() if self.stage < 3
-                          else self._read(tid, "master").to(self._param_dtype))
+                          else self._read(tid, "master").to(self._device, self._param_dtype))
+            if self._cuda:  # the clones read the engine's memory on torch's stream
+                torch.cuda.current_stream(self._device).synchronize()
         for p in self._params:
             _OWNER.pop(id(p), None)
         self._engine = None

@@ -1,7 +1,9 @@
 // `strata train CONFIG [--steps N] [--ranks N] [--checkpoint-dir DIR [--save-every N] [--resume]]
 // [--json]`: the example training loop. Trains a two-layer MLP on synthetic regression through the
 // ZeRO Engine (zero.stage, precision.*, optimizer.* from the config) on in-process ranks (threads;
-// --ranks, else world.ranks), or one rank per process under mpirun, printing the loss, the step
+// --ranks, else world.ranks), or one rank per process under mpirun — with runtime.communicator
+// nccl one GPU per rank, the collectives on NCCL and the engine's state in device memory where
+// offload.* says gpu (the MLP itself runs on the host) — printing the loss, the step
 // time and samples/s per step. With --checkpoint-dir it saves a checkpoint every --save-every steps
 // and after the last; --resume continues from the checkpoint in DIR (if there is one) at the step
 // it was saved after, with any world size or stage: the batches are a function of (rank, step), so
@@ -15,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -29,6 +32,8 @@
 #include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
+#include "strata/device.hpp"
+#include "strata/device_query.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -198,6 +203,37 @@ int resume_if_asked(Engine& engine, const Communicator& comm, const Options& o, 
   return first;
 }
 
+// The sum of every rank's loss, all-reduced; through device memory for a device communicator
+// (NCCL), allocated once (no cudaMalloc/cudaFree beside other ranks' collectives).
+class LossSum {
+ public:
+  LossSum(Communicator& comm, Device& device) : comm_(comm) {
+    if (comm.buffer_location() == BufferLocation::kHost) return;
+    buf_ = device.allocate(2 * sizeof(float));
+    stream_ = device.create_stream();
+  }
+  float operator()(float loss) {
+    float total = 0;
+    if (!stream_) {
+      comm_.all_reduce(&loss, &total, 1, DType::kFp32);
+      return total;
+    }
+    auto* d = static_cast<float*>(buf_.get());
+    stream_->memcpy_async(d, &loss, sizeof(float));
+    stream_->synchronize(kWait);
+    comm_.all_reduce(d, d + 1, 1, DType::kFp32);
+    stream_->memcpy_async(&total, d + 1, sizeof(float));
+    stream_->synchronize(kWait);
+    return total;
+  }
+
+ private:
+  static constexpr std::chrono::seconds kWait{60};
+  Communicator& comm_;
+  DeviceMemory buf_;
+  std::unique_ptr<Stream> stream_;
+};
+
 // One micro-batch of step `s` (k of o.accumulate; batch / accumulate samples): forward, layer by
 // layer — at stage 3 each layer is gathered only while it is used (and the engine prefetches the
 // next layer from the second step on); no-ops at stages 0-2 — then backward, last layer first:
@@ -230,7 +266,10 @@ double micro_batch(Engine& engine, cli::MlpModel& model, const std::vector<Tenso
       gbuf.resize(grads[id].size() * dtype_size(gdt));
       for (std::size_t i = 0; i < grads[id].size(); ++i)
         store_elem(gbuf.data(), i, gdt, grads[id][i] * scale);
-      engine.set_gradient(id, gbuf.data());
+      if (engine.device().kind() == DeviceKind::kCuda)  // computed on the host: one copy over
+        engine.set_gradient_host(id, gbuf.data());
+      else
+        engine.set_gradient(id, gbuf.data());
     }
     engine.release(layers[l]);
   }
@@ -247,6 +286,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   for (std::size_t t = 0; t < cli::MlpModel::kTensors; ++t)
     ids.push_back(engine.add_parameter(model.tensor_name(t), model.initial(t)));
   engine.finalize();
+  LossSum loss_sum(comm, engine.device());
   RankOutcome out;
   out.flat_size = engine.partition().flat_size();
   const bool print = comm.rank() == 0 && !o.json;
@@ -257,8 +297,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
     for (int k = 0; k < o.accumulate; ++k)
       loss += micro_batch(engine, model, ids, comm.rank(), s, k, o) / o.accumulate;
     StepResult r = engine.step();
-    float l = static_cast<float>(loss), total = 0;
-    comm.all_reduce(&l, &total, 1, DType::kFp32);
+    const float total = loss_sum(static_cast<float>(loss));
     const double secs = seconds_since(t_step);
     const double samples = static_cast<double>(o.batch) * comm.size();
     StepRecord rec{
@@ -317,8 +356,9 @@ struct Launch {
   bool report = true;  // this process reports (rank 0)
 };
 
-// Under mpirun: this process is one rank.
-Launch train_mpi(const Config& cfg, const Options& o) {
+// Under mpirun: this process is one rank. With runtime.communicator nccl the collectives run on
+// NCCL on the process's GPU (its launcher's local rank), its id exchanged over MPI.
+Launch train_mpi(const Config& cfg, const Options& o, bool nccl) {
   Launch run;
   const double timeout = cfg.runtime.collective_timeout_s;
   auto comm = make_mpi_communicator(timeout);
@@ -330,35 +370,45 @@ Launch train_mpi(const Config& cfg, const Options& o) {
       comm->rank() == 0)
     log_warn("train: world.ranks is ", cfg.world.ranks, " but mpirun started ", run.world,
              " ranks; using ", run.world);
-  run.backend = comm->backend_name();
   log_debug("train: MPI rank ", comm->rank(), " of ", run.world);
-  run.outcome = train_rank(cfg, *comm, o);
   run.report = comm->rank() == 0;  // rank 0 reports
+  if (nccl) {
+    NcclBootstrap boot;
+    boot.host = comm.get();
+    const int gpus = static_cast<int>(query_cuda_devices().devices.size());
+    auto device_comm = make_nccl_communicator(
+        boot, local_device_ordinal(comm->rank(), static_cast<int>(cfg.ranks_per_node()), gpus),
+        timeout);
+    run.backend = device_comm->backend_name();
+    run.outcome = train_rank(cfg, *device_comm, o);
+    return run;
+  }
+  run.backend = comm->backend_name();
+  run.outcome = train_rank(cfg, *comm, o);
   return run;
 }
 
-// In-process ranks: one thread each.
-Launch train_inprocess(Config cfg, const Options& o) {
-  Launch run;
-  const double timeout = cfg.runtime.collective_timeout_s;
-  int& world = run.world;
-  RankOutcome& outcome = run.outcome;
-  world = o.ranks ? o.ranks : static_cast<int>(std::min<std::uint32_t>(cfg.world.ranks, 100000));
+// The in-process world: --ranks, else world.ranks; 1..256.
+int inprocess_world(const Config& cfg, const Options& o) {
+  const int world =
+      o.ranks ? o.ranks : static_cast<int>(std::min<std::uint32_t>(cfg.world.ranks, 100000));
   if (world < 1 || world > 256)
     fail(ErrorCode::kInvalidArgument,
          strcat(o.ranks ? "--ranks " : "world.ranks ", world,
                 ": strata train runs 1..256 in-process ranks (use mpirun for more)"));
-  if (cfg.runtime.cpu_threads == 0)
-    cfg.runtime.cpu_threads =
-        std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
-  auto comms = make_inprocess_communicators(world, timeout);
-  run.backend = comms[0]->backend_name();
+  return world;
+}
+
+// Runs rank(r) for r < world, one thread each; returns rank 0's outcome, throws the first failure
+// (in rank order) once every thread ended.
+RankOutcome run_rank_threads(int world, const std::function<RankOutcome(int)>& rank) {
+  RankOutcome outcome;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        RankOutcome res = train_rank(cfg, *comms[static_cast<std::size_t>(r)], o);
+        RankOutcome res = rank(r);
         if (r == 0) outcome = std::move(res);
       } catch (...) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
@@ -367,6 +417,72 @@ Launch train_inprocess(Config cfg, const Options& o) {
   for (auto& t : threads) t.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+  return outcome;
+}
+
+// In-process ranks: one thread each.
+Launch train_inprocess(Config cfg, const Options& o) {
+  Launch run;
+  const int world = run.world = inprocess_world(cfg, o);
+  if (cfg.runtime.cpu_threads == 0)
+    cfg.runtime.cpu_threads =
+        std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
+  auto comms = make_inprocess_communicators(world, cfg.runtime.collective_timeout_s);
+  run.backend = comms[0]->backend_name();
+  run.outcome = run_rank_threads(
+      world, [&](int r) { return train_rank(cfg, *comms[static_cast<std::size_t>(r)], o); });
+  return run;
+}
+
+// A private directory for the NCCL id file of one launch (F16: never a previous run's id),
+// removed with everything in it.
+class BootstrapDir {
+ public:
+  BootstrapDir() {
+    std::string t = (std::filesystem::temp_directory_path() / "strata-train-XXXXXX").string();
+    if (::mkdtemp(t.data()) == nullptr)
+      throw IoError("mkdtemp", t, 0, 0, errno, "train: the NCCL bootstrap directory");
+    path_ = t;
+  }
+  ~BootstrapDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  BootstrapDir(const BootstrapDir&) = delete;
+  BootstrapDir& operator=(const BootstrapDir&) = delete;
+  std::string file() const { return path_ + "/nccl-id"; }
+
+ private:
+  std::string path_;
+};
+
+// runtime.communicator nccl: under mpirun one rank per process (train_mpi); otherwise in-process
+// ranks, one thread and one GPU each (rank r on GPU r, as the engine picks it: world.ranks and
+// world.ranks_per_node become the world), the NCCL id through a file.
+Launch train_nccl(Config cfg, const Options& o) {
+  if (launched_by_mpi()) return train_mpi(cfg, o, true);
+  Launch run;
+  const int world = run.world = inprocess_world(cfg, o);
+  const int gpus = static_cast<int>(query_cuda_devices().devices.size());
+  if (gpus < world)
+    fail(ErrorCode::kUnsupported,
+         strcat("train: runtime.communicator nccl with ", world, " in-process ranks needs ", world,
+                " GPUs (one per rank); ", gpus, " visible"));
+  cfg.world.ranks = cfg.world.ranks_per_node = static_cast<std::uint32_t>(world);
+  if (cfg.runtime.cpu_threads == 0)
+    cfg.runtime.cpu_threads =
+        std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(world));
+  const BootstrapDir dir;
+  run.backend = "nccl";
+  run.outcome = run_rank_threads(world, [&](int r) {
+    NcclBootstrap boot;
+    boot.file = dir.file();
+    boot.rank = r;
+    boot.size = world;
+    auto comm = make_nccl_communicator(boot, local_device_ordinal(r, world, gpus),
+                                       cfg.runtime.collective_timeout_s);
+    return train_rank(cfg, *comm, o);
+  });
   return run;
 }
 
@@ -465,12 +581,10 @@ int run(const Options& o) {
   check_options(o);
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
-  if (cfg.runtime.communicator == CommBackend::kNccl)
-    fail(ErrorCode::kInvalidArgument,
-         "strata train keeps its state in host memory: runtime.communicator must be auto, "
-         "inprocess or mpi");
   auto t0 = std::chrono::steady_clock::now();
-  const Launch launch = use_mpi ? train_mpi(cfg, o) : train_inprocess(cfg, o);
+  const Launch launch = cfg.runtime.communicator == CommBackend::kNccl ? train_nccl(cfg, o)
+                        : use_mpi                                      ? train_mpi(cfg, o, false)
+                                                                       : train_inprocess(cfg, o);
   if (!launch.report) return 0;
   const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (o.json)
@@ -481,7 +595,8 @@ int run(const Options& o) {
 }
 
 const bool kRegistered = strata::cli::register_command(
-    {"train", "Train a small MLP through the ZeRO engine (in-process ranks or mpirun)",
+    {"train",
+     "Train a small MLP through the ZeRO engine (in-process ranks or mpirun; NCCL on GPUs)",
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("config", o->config, "YAML configuration")->required();

@@ -1,7 +1,7 @@
 // Communicator's blocking and equal-chunk forms, names and stats helpers.
 #include "strata/communicator.hpp"
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 
 namespace strata {
 

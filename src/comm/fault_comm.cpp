@@ -4,7 +4,7 @@
 #include <chrono>
 #include <thread>
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 
 namespace strata {
 namespace {

@@ -15,7 +15,7 @@
 #include <map>
 #include <thread>
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 #include "core/mutex.hpp"
 #include "strata/log.hpp"
 

@@ -16,7 +16,7 @@
 #include <cstring>
 #include <thread>
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 #include "core/mutex.hpp"
 #include "strata/log.hpp"
 

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/comm_internal.hpp"
+#include "comm/backend.hpp"
 #include "cuda/device_guard.hpp"
 #include "strata/log.hpp"
 

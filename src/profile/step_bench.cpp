@@ -21,6 +21,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "strata/profile.hpp"
 #include "zero/engine_access.hpp"
 
 namespace strata::profile {
@@ -219,3 +220,20 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
 }
 
 }  // namespace strata::profile
+
+namespace strata {
+
+EngineBound measure_engine_bound(Engine& engine) {
+  EngineBound b;
+  b.t_io_s = zero::EngineAccess::measure(engine, zero::Measure::kIo).t_total;
+  b.t_update_s = zero::EngineAccess::measure(engine, zero::Measure::kUpdate).t_total;
+  const tier::StreamStats u = zero::EngineAccess::last_update(engine);
+  b.last_loop_s = u.t_total;
+  b.last_loop_compute_s = u.t_compute;
+  b.last_loop_wait_read_s = u.t_wait_in;
+  b.last_loop_wait_write_s = u.t_wait_out;
+  b.last_loop_gate_s = u.t_gate;
+  return b;
+}
+
+}  // namespace strata

@@ -46,6 +46,11 @@ struct Copy {
   bool locked_by_device = false;  // ... through Device::register_host (else mlock)
 };
 
+struct QuarantinedHost {
+  IoBuffer mem;
+  bool locked = false, by_device = false;  // as the Copy it came from (unlocked at shutdown)
+};
+
 struct Buf {
   BufferId id = 0;
   BufferSpec spec;
@@ -56,7 +61,9 @@ struct Buf {
   std::vector<std::uint32_t> crc;  // per piece of the NVMe copy, when checksums are on
   std::uint32_t queued = 0;        // jobs queued or running
   bool running = false;
-  std::vector<IoBuffer> quarantine;  // storage an unfinished (timed-out) transfer may still touch
+  // Storage an unfinished (timed-out) transfer may still touch, kept until the store shuts down;
+  // a host copy keeps its page lock (a late copy may still DMA into it) until then (F11).
+  std::vector<QuarantinedHost> quarantine;
   std::vector<DeviceMemory> gpu_quarantine;
 };
 
@@ -178,6 +185,9 @@ class TierStore::Impl {
   void undo_copy_locked(tier::Buf& b, Tier t, bool unsafe) REQUIRES(mutex_);
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t) REQUIRES(mutex_);
+  // Moves the host copy (a timed-out transfer may still touch it) into b.quarantine with its page
+  // lock; pinned_used_ keeps counting it.
+  void quarantine_host_locked(tier::Buf& b) REQUIRES(mutex_);
   void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const REQUIRES(mutex_);
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);

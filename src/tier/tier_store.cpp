@@ -148,9 +148,21 @@ TierStore::Impl::~Impl() {
   }
   work_cv_.notify_all();
   for (auto& w : workers_) w.join();
+  // The movers' streams go first: destroying one waits for its queued work, and a copy that
+  // timed out may still be queued there, into a quarantined buffer freed below (F11).
+  contexts_.clear();
   MutexLock lock(mutex_);
   for (auto& [id, b] : bufs_) {
     for (Tier t : kTiers) drop_locked(*b, t);
+    for (tier::QuarantinedHost& q : b->quarantine) {  // the streams are done: unlock, then unmap
+      if (!q.locked) continue;
+      if (q.by_device) {
+        device_.unregister_host(q.mem.data());
+      } else {
+        ::munlock(q.mem.data(), q.mem.size());
+      }
+      pinned_used_ -= b->padded;
+    }
   }
   bufs_.clear();
   host_cache_.clear();
@@ -339,6 +351,12 @@ void TierStore::Impl::drop_locked(Buf& b, Tier t) {
     c.extent = {};
     b.nvme_zero = false;
   }
+}
+
+void TierStore::Impl::quarantine_host_locked(Buf& b) {
+  tier::Copy& c = b.copy[ti(Tier::kCpu)];
+  b.quarantine.push_back({std::move(c.host), c.locked, c.locked_by_device});
+  c.locked = c.locked_by_device = false;  // a new host copy gets its own lock
 }
 
 void TierStore::Impl::lock_host(Buf& b) {
@@ -804,7 +822,7 @@ void TierStore::Impl::transfer(Buf& b, Tier t, Tier src, bool fresh, WorkerConte
 void TierStore::Impl::undo_copy_locked(Buf& b, Tier t, bool unsafe) {
   tier::Copy& d = b.copy[ti(t)];
   if (unsafe) {  // a transfer may still write into it: keep the memory alive, account it gone
-    if (t == Tier::kCpu && d.host) b.quarantine.push_back(std::move(d.host));
+    if (t == Tier::kCpu && d.host) quarantine_host_locked(b);
     if (t == Tier::kGpu && d.gpu) b.gpu_quarantine.push_back(std::move(d.gpu));
   }
   if (t == Tier::kNvme) {

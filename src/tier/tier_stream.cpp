@@ -232,8 +232,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     if (unsafe) {
       log_error("tier store: a copy into buffer '", b.spec.name,
                 "' did not finish; its memory is kept");
-      if (home == Tier::kCpu && !b.copy[ti(home)].pins)
-        b.quarantine.push_back(std::move(b.copy[ti(home)].host));
+      if (home == Tier::kCpu && !b.copy[ti(home)].pins) quarantine_host_locked(b);
       if (home == Tier::kGpu && !b.copy[ti(home)].pins)
         b.gpu_quarantine.push_back(std::move(b.copy[ti(home)].gpu));
     }

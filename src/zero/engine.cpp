@@ -74,6 +74,17 @@ std::exception_ptr Engine::Impl::fail_call(const std::exception& e) noexcept {
   return cause ? cause : std::current_exception();
 }
 
+void Engine::Impl::wait_for_caller(StreamHandle caller, const char* what) {
+  try {
+    if (!caller_handoff) caller_handoff = storage->device().create_stream();
+    caller_handoff->wait_external(caller);
+    caller_handoff->synchronize(layout->timeout());
+  } catch (const Error& e) {
+    fail(e.code(),
+         strcat("engine rank ", rank, ": ", what, ": waiting for the caller's stream: ", e.what()));
+  }
+}
+
 void Engine::Impl::check_id(TensorId id, const char* what) const {
   if (id >= specs.size())
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, ": unknown tensor id ", id));
@@ -332,6 +343,12 @@ double Engine::loss_scale() const { return impl_->scaler.scale(); }
 void Engine::set_gradient(TensorId id, const void* grad) {
   impl_->set_gradient(id, grad, Tier::kGpu);
 }
+void Engine::set_gradient(TensorId id, const void* grad, StreamHandle producer) {
+  impl_->require_finalized("set_gradient");
+  impl_->require_usable("set_gradient");
+  impl_->wait_for_caller(producer, "set_gradient");
+  impl_->set_gradient(id, grad, Tier::kGpu);
+}
 void Engine::set_gradient_host(TensorId id, const void* grad) {
   impl_->set_gradient(id, grad, Tier::kCpu);
 }
@@ -363,6 +380,13 @@ StepResult Engine::step() {
   } catch (const std::exception& e) {
     std::rethrow_exception(impl_->fail_call(e));
   }
+}
+StepResult Engine::step(StreamHandle consumer) {
+  impl_->require_finalized("step");
+  impl_->require_usable("step");
+  impl_->reducer->check_all_arrived();
+  impl_->wait_for_caller(consumer, "step");
+  return step();
 }
 EngineStats Engine::stats() const { return impl_->stats(); }
 

@@ -65,6 +65,7 @@ struct Engine::Impl {
   std::unique_ptr<zero::ParamGatherer> gatherer;
   std::unique_ptr<zero::OptimizerStep> optimizer;
   std::unique_ptr<zero::TierStateStore> state;  // the checkpoint seam's host views
+  std::unique_ptr<Stream> caller_handoff;       // waits for callers' streams (made on first use)
 
   // ---- changed by steps
   zero::LossScaler scaler;
@@ -99,6 +100,9 @@ struct Engine::Impl {
   void initialize_state();     // rank 0's initial values everywhere
   TierStore& store() { return storage->store(); }
   zero::StorageReport report() const;
+  // The hand-off from a caller's stream (set_gradient / step with a StreamHandle): returns once
+  // the work queued on `caller` so far is complete. Changes nothing; throws what the wait threw.
+  void wait_for_caller(StreamHandle caller, const char* what);
   EngineStats stats() const;
 
   // ---- engine_step.cpp

@@ -4,6 +4,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <mutex>
+#include <set>
+
+#include "strata/device.hpp"
+#include "strata/device_fault.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 #include "tier/swap_space.hpp"
@@ -164,4 +169,70 @@ TEST(TierFaults, TimedOutDeviceCopyKeepsItsPoolBuffer) {
   EXPECT_LT(rig.pool->available(), 2u)
       << "the pool buffer of the timed-out device->host copy was given back while the copy is "
          "still queued";
+}
+
+namespace {
+
+// Says yes to every registration (as cudaHostRegister does) without doing one, and remembers the
+// ranges: the host-emulated device declines, so the store's pinned host copies would take the
+// mlock path instead of the device's.
+class RegisteringDevice final : public DeviceWrapper {
+ public:
+  using DeviceWrapper::DeviceWrapper;
+  bool register_host(void* ptr, std::size_t) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!ranges_.insert(ptr).second) ++twice_;
+    return true;
+  }
+  void unregister_host(void* ptr) noexcept override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ranges_.erase(ptr) == 0) ++unknown_;
+  }
+  std::size_t registered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ranges_.size();
+  }
+  int twice() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return twice_;
+  }
+  int unknown() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return unknown_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<void*> ranges_;
+  int twice_ = 0, unknown_ = 0;
+};
+
+}  // namespace
+
+// F11 (issue 27): a pinned host copy whose device->host copy timed out is quarantined with its
+// registration, which is undone when the store shuts down, after the late copy ran (the movers'
+// streams drain before any buffer is freed): never unmapped while registered, never written
+// after it was freed.
+TEST(TierFaults, TimedOutCopyIntoAPinnedHostCopyKeepsItsRegistrationUntilShutdown) {
+  RegisteringDevice* reg = nullptr;
+  st::RigOptions o;
+  o.fault_device = true;
+  o.timeout = 200ms;
+  o.wrap_device = [&](std::unique_ptr<Device> d) {
+    auto r = std::make_unique<RegisteringDevice>(std::move(d));
+    reg = r.get();
+    return r;
+  };
+  st::StoreRig rig(o);
+  const std::size_t pool_ranges = reg->registered();
+  const BufferId id =
+      rig.store->register_buffer({"w", 64 << 10, DType::kFp32, Tier::kGpu, {}, /*pinned=*/true});
+  // The device->host copy waits 1.5 s of stream time; the store gives up after 200 ms.
+  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 1, std::chrono::milliseconds(1500)});
+  EXPECT_THROW(rig.store->move(id, Tier::kCpu).wait(), Error);
+  EXPECT_EQ(reg->registered(), pool_ranges + 1) << "the quarantined copy stays registered";
+  rig.store.reset();
+  EXPECT_EQ(reg->registered(), pool_ranges) << "a quarantined copy left registered at shutdown";
+  EXPECT_EQ(reg->unknown(), 0) << "unregistered a range that was never registered";
+  EXPECT_EQ(reg->twice(), 0);
 }

@@ -54,6 +54,8 @@ struct RigOptions {
   std::uint32_t movers = 2;
   std::chrono::milliseconds timeout{20000};
   bool fault_device = false;  // the device goes through a FaultInjectingDevice (StoreRig::fdev)
+  // Wraps the device last (over the fault-injecting one), e.g. to watch registrations.
+  std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> wrap_device;
 };
 
 // Caller memory for the streaming calls: host (4096-aligned) or device memory, with helpers to
@@ -102,6 +104,7 @@ struct StoreRig {
       fdev = f.get();
       device = std::move(f);
     }
+    if (o.wrap_device) device = o.wrap_device(std::move(device));
     IoEngineOptions io;
     io.block_size = 64 << 10;
     io.direct_io = o.direct_io;

@@ -1,4 +1,6 @@
-// Pieces shared by the communicator backends: byte accounting, count checks, handle types.
+// What a Communicator backend builds on (the layer-level header for backends, in src/comm and
+// outside it: python/src's c10d communicator): byte accounting, count checks, a ready handle, and
+// through comm/numeric.hpp the rank-ordered host reduction.
 #pragma once
 
 #include <atomic>
