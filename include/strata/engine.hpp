@@ -84,6 +84,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -288,8 +289,14 @@ class Engine {
   // nothing changed). Failures: IoError / Error(kChecksum / kInvalidArgument), nothing changed,
   // unless the files change between verification and restore (the engine then refuses to step).
   // Layout and format: src/checkpoint/format.hpp, docs/offload.md.
-  void save_checkpoint(const std::string& dir);
+  // Both also keep the parameter groups' lr, weight decay, betas and eps (restored by the load
+  // when the group count matches; else kept, with a warning), and the embedder's client_state
+  // (UTF-8 text of at most 1 MiB, e.g. JSON: its loop's step, data position, scheduler; rank 0's
+  // is saved; else Error(kInvalidArgument), nothing written), committed with the checkpoint.
+  void save_checkpoint(const std::string& dir, std::string_view client_state = {});
   void load_checkpoint(const std::string& dir);
+  // The client_state of the checkpoint last loaded ("" before any load, or when it had none).
+  const std::string& checkpoint_client_state() const;
 
  private:
   friend struct zero::EngineAccess;

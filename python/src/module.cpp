@@ -510,11 +510,16 @@ PYBIND11_MODULE(_strata, m) {
       .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
       .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
       .def(
-          "save_checkpoint", [](PyEngine& s, const std::string& d) { s.e().save_checkpoint(d); },
-          G())
+          "save_checkpoint",
+          [](PyEngine& s, const std::string& d, const std::string& client_state) {
+            s.e().save_checkpoint(d, client_state);
+          },
+          G(), py::arg("dir"), py::arg("client_state") = std::string())
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())
+      .def("checkpoint_client_state",
+           [](const PyEngine& s) { return s.e().checkpoint_client_state(); })
       .def(
           "barrier", [](PyEngine& s) { s.comm().barrier(); }, G());
 }

@@ -13,6 +13,7 @@ module's backward), with the engine's prefetch. docs/python.md has the whole con
 """
 import contextlib
 import datetime
+import json
 import math
 import os
 import time
@@ -105,12 +106,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
         momentum cycle).
       process_group: a torch.distributed group to reduce over (default: the launcher's; see
         docs/python.md, "Launchers").
+      stage3_units: stage 3 only — module classes (or a callable module -> bool) each gathered as
+        one unit with its whole subtree (FSDP2's fully_shard per block); nn.MultiheadAttention and
+        nn.Transformer{Encoder,Decoder}Layer always are. Default: every other module with
+        parameters of its own is a unit of those.
 
     Collective calls (every rank, same order): the constructor, backward(), step(), state_dict(),
     load_state_dict(), save_checkpoint(), load_checkpoint().
     """
 
-    def __init__(self, model, config=None, *, overrides=None, param_groups=None, process_group=None):
+    def __init__(self, model, config=None, *, overrides=None, param_groups=None, process_group=None,
+                 stage3_units=None):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
                             % type(model).__name__)
@@ -205,7 +211,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._empty = torch.empty(0, dtype=self._param_dtype, device=self._device)
             for p in self._params:
                 p.data = self._empty
-            self._install_stage3_hooks(model)
+            self._held = set()  # gathered again for a backward whose gradient has not arrived
+            self._install_stage3_hooks(model, stage3_units)
             self._install_state_dict_hooks(model)
 
     def add_param_group(self, param_group):
@@ -320,6 +327,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             p.grad = None
             self._hand_in(tid, g)
             if self.stage == 3:
+                self._held.discard(tid)
                 p.data = self._empty
         return hook
 
@@ -435,6 +443,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
                    self._n_arrived, len(self._params)))
         self._sync_groups()
         r = self._call(self._engine.step, self._stream())  # waits for torch's queued reads
+        if self.stage == 3:
+            for tid in self._held:
+                self._params[tid].data = self._empty
+            self._held.clear()
         self._arrived = [False] * len(self._params)
         self._n_arrived = 0
         self._micro = 0  # micro-batches of this step before the current one
@@ -508,14 +520,34 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                            % (self._failed, _RECOVERY))
 
     # ---- stage 3 ----
-    def _install_stage3_hooks(self, model):
+    def _install_stage3_hooks(self, model, units):
+        """Stage 3: a forward pre-hook gathers a unit's parameters, a post-hook drops them. A unit is
+        a module whose forward reads every parameter of its subtree (nested units excepted): by
+        default each module with parameters of its own, except the torch modules whose forward
+        reads their children's parameters directly (nn.MultiheadAttention reads out_proj's;
+        nn.Transformer{Encoder,Decoder}Layer's fast path reads all of its children's), which are
+        one unit with their whole subtree. `units` (classes, or a callable module -> bool) names
+        more whole-subtree units, as FSDP2's fully_shard per block."""
+        whole = _whole_unit_test(units)
         self._stage3_handles = []
-        for m in model.modules():
-            ids = tuple(self._ids[id(p)] for p in m.parameters(recurse=False) if id(p) in self._ids)
-            if not ids:
-                continue
-            self._stage3_handles.append(m.register_forward_pre_hook(self._pre_forward(ids)))
-            self._stage3_handles.append(m.register_forward_hook(self._post_forward(ids)))
+
+        def own(m, subtree):
+            ps = m.parameters(recurse=subtree)
+            return tuple(dict.fromkeys(self._ids[id(p)] for p in ps if id(p) in self._ids))
+
+        def visit(m):
+            if whole(m):
+                self._hook_unit(m, own(m, True))
+                return
+            self._hook_unit(m, own(m, False))
+            for c in m.children():
+                visit(c)
+        visit(model)
+
+    def _hook_unit(self, module, ids):
+        if ids:
+            self._stage3_handles.append(module.register_forward_pre_hook(self._pre_forward(ids)))
+            self._stage3_handles.append(module.register_forward_hook(self._post_forward(ids)))
 
     def _fetch(self, ids):
         """Gathers `ids` and gives each parameter a private copy of its full tensor (the engine's
@@ -536,8 +568,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _post_forward(self, ids):
         def hook(module, inputs, output):
-            for tid in ids:
-                self._params[tid].data = self._empty
+            for tid in ids:  # not those a backward is about to read (checkpoint's recompute)
+                if tid not in self._held:
+                    self._params[tid].data = self._empty
             if not torch.is_grad_enabled():
                 return output
             if isinstance(output, torch.Tensor):
@@ -552,6 +585,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """A module's backward is about to run: its parameters are gathered again. (A parameter's
         gradient arrives after every module that uses it ran its backward: autograd sums the uses
         first.)"""
+        self._held.update(ids)  # until their gradients arrive (a recompute must not drop them)
         todo = tuple(t for t in ids if tuple(self._params[t].data.shape) != tuple(self._shapes[t]))
         if todo:
             self._fetch(todo)
@@ -698,17 +732,37 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return self._params[tid].detach().float()
         return self._read(tid, "master")
 
-    def save_checkpoint(self, directory):
+    def save_checkpoint(self, directory, client_state=None):
         """The engine's checkpoint (every rank's shard + a manifest, committed atomically; see
-        docs/offload.md). Collective."""
+        docs/offload.md), with every group's lr, weight_decay, betas and eps, and `client_state`:
+        the loop's own state (its step, data position, a scheduler's state_dict()), anything
+        json.dumps takes, at most 1 MiB of JSON; rank 0's is kept. Collective."""
         self._check_usable()
-        self._engine.save_checkpoint(os.fspath(directory))
+        text = ""
+        if client_state is not None:
+            try:
+                text = json.dumps(client_state, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise errors.InvalidArgumentError(
+                    "strata: save_checkpoint(client_state=...): not JSON (%s); nothing was written"
+                    % e) from None
+        self._sync_groups()
+        self._engine.save_checkpoint(os.fspath(directory), text)
 
     def load_checkpoint(self, directory):
         """Restores a checkpoint written by save_checkpoint (verified before anything changes; the
-        world size and stage may differ: the load reshards). Collective."""
+        world size and stage may differ: the load reshards), with every group's lr, weight_decay,
+        betas and eps as saved (as torch's load_state_dict restores them). Returns the client_state
+        saved with it, or None. Collective."""
         self._check_usable()
         self._engine.load_checkpoint(os.fspath(directory))
+        for gi, g in enumerate(self.param_groups):
+            g["lr"] = self._engine.lr(gi)
+            g["weight_decay"] = self._engine.weight_decay(gi)
+            g["betas"] = tuple(self._engine.betas(gi))
+            g["eps"] = self._engine.eps(gi)
+        text = self._engine.checkpoint_client_state()
+        return json.loads(text) if text else None
 
     # ---- information ----
     @property
@@ -750,6 +804,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
             _OWNER.pop(id(p), None)
         self._engine = None
         self._failed = "closed"
+
+
+# torch modules whose forward reads parameters of their children without calling them (stage 3
+# gathers their whole subtree as one unit).
+_WHOLE_UNITS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
+                torch.nn.TransformerDecoderLayer)
+
+
+def _whole_unit_test(units):
+    if units is None:
+        return lambda m: isinstance(m, _WHOLE_UNITS)
+    if callable(units) and not isinstance(units, type):
+        return lambda m: isinstance(m, _WHOLE_UNITS) or bool(units(m))
+    classes = tuple(units) if isinstance(units, (list, tuple)) else (units,)
+    if not all(isinstance(c, type) for c in classes):
+        raise errors.InvalidArgumentError("strata: stage3_units: module classes or a callable "
+                                          "(module -> bool), not %r" % (units,))
+    return lambda m: isinstance(m, _WHOLE_UNITS + classes)
 
 
 # id(parameter) -> (weakref to it, weakref to the ZeroOptimizer that trains it): lets torch's

@@ -154,6 +154,8 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   m.applied_steps = s.applied_steps;
   m.skipped_steps = s.skipped_steps;
   m.config_yaml = s.config_yaml;
+  m.groups = s.groups;
+  m.client_state = s.client_state;
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
     ShardEntry e;
@@ -477,6 +479,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   s.steps = m.steps;
   s.applied_steps = m.applied_steps;
   s.skipped_steps = m.skipped_steps;
+  s.groups = m.groups;
+  s.client_state = m.client_state;
   const std::string done =
       strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
              " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");

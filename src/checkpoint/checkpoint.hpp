@@ -33,7 +33,9 @@
 #include <functional>
 #include <span>
 #include <string>
+#include <vector>
 
+#include "checkpoint/format.hpp"
 #include "checkpoint/optimizer_state.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
@@ -55,6 +57,9 @@ struct RankState {
   std::uint32_t good_steps = 0;
   std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
+  std::vector<ckpt::GroupEntry> groups;  // the parameter groups' hyper-parameters (load: may be
+                                         // empty, from a checkpoint written before they were kept)
+  std::string client_state;              // the embedder's (rank 0's is saved)
   // The ranks' agreement (a few bytes per rank, host memory in and out) run where the
   // communicator's buffers live: all_gather(send, recv, bytes) leaves every rank's `bytes` bytes
   // in recv, in rank order (bytes a multiple of 4). The engine stages it through its device memory

@@ -63,16 +63,6 @@ std::uint64_t dtype_code(DType t) {
   return 0;
 }
 
-// nlohmann's own strict check (it rejects overlong forms and surrogates too).
-bool valid_utf8(const std::string& s) {
-  try {
-    (void)json(s).dump();
-    return true;
-  } catch (const json::type_error&) {
-    return false;
-  }
-}
-
 std::string hex8(std::uint32_t v) {
   char buf[9];
   std::snprintf(buf, sizeof(buf), "%08x", v);
@@ -120,6 +110,14 @@ class Fields {
     }
     const std::int64_t x = v.get<std::int64_t>();
     if (x < lo) bad(field, strcat(x, " is below ", lo));
+    return x;
+  }
+  double non_negative(const json& obj, const std::string& where, const char* key) const {
+    const json& v = member(obj, where, key);
+    const std::string field = where.empty() ? key : where + "." + key;
+    if (!v.is_number()) bad(field, strcat("expected a number, got ", v.type_name()));
+    const double x = v.get<double>();
+    if (!std::isfinite(x) || !(x >= 0)) bad(field, strcat(x, " must be finite and >= 0"));
     return x;
   }
   double positive(const json& obj, const std::string& where, const char* key) const {
@@ -207,6 +205,37 @@ bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* ra
   return true;
 }
 
+// nlohmann's own strict check (it rejects overlong forms and surrogates too).
+bool valid_utf8(std::string_view s) {
+  try {
+    (void)json(std::string(s)).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+namespace {
+void write_groups_and_client_state(const Manifest& m, json& j) {
+  if (!m.groups.empty()) {
+    json groups = json::array();
+    for (const GroupEntry& g : m.groups)
+      groups.push_back({{"lr", g.lr},
+                        {"weight_decay", g.weight_decay},
+                        {"beta1", g.beta1},
+                        {"beta2", g.beta2},
+                        {"eps", g.eps}});
+    j["groups"] = std::move(groups);
+  }
+  if (m.client_state.empty()) return;
+  if (m.client_state.size() > kMaxClientStateBytes || !valid_utf8(m.client_state))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint: the client state (", m.client_state.size(),
+                " bytes) must be UTF-8 text of at most ", kMaxClientStateBytes, " bytes"));
+  j["client_state"] = m.client_state;
+}
+}  // namespace
+
 std::string serialize_manifest(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
@@ -238,6 +267,7 @@ std::string serialize_manifest(const Manifest& m) {
   j["applied_steps"] = m.applied_steps;
   j["skipped_steps"] = m.skipped_steps;
   j["config"] = m.config_yaml;
+  write_groups_and_client_state(m, j);
   json shards = json::array();
   for (const auto& s : m.shards)
     shards.push_back({{"rank", s.rank},
@@ -350,6 +380,31 @@ void read_layout(const json& j, Fields& f, Manifest& m) {
     f.bad("partition_size", strcat(m.partition_size, " is not the layout's ", p.partition_size()));
 }
 
+// 4b. The optional groups and client state (absent: empty).
+void read_groups_and_client_state(const json& j, Fields& f, Manifest& m) {
+  if (j.contains("groups")) {
+    const json& groups = f.array(j, "", "groups");
+    if (groups.size() > kMaxGroups) f.bad("groups", strcat(groups.size(), " entries"));
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      const std::string where = strcat("groups[", i, "]");
+      GroupEntry g;
+      g.lr = f.non_negative(groups[i], where, "lr");
+      g.weight_decay = f.non_negative(groups[i], where, "weight_decay");
+      g.beta1 = f.non_negative(groups[i], where, "beta1");
+      g.beta2 = f.non_negative(groups[i], where, "beta2");
+      g.eps = f.non_negative(groups[i], where, "eps");
+      if (g.beta1 >= 1 || g.beta2 >= 1) f.bad(where, "a beta is not below 1");
+      m.groups.push_back(g);
+    }
+  }
+  if (j.contains("client_state")) {
+    m.client_state = f.str(j, "", "client_state");
+    if (m.client_state.size() > kMaxClientStateBytes)
+      f.bad("client_state",
+            strcat(m.client_state.size(), " bytes, more than ", kMaxClientStateBytes));
+  }
+}
+
 // 4. The scalars and the config.
 void read_scalars(const json& j, Fields& f, Manifest& m) {
   m.adam_step = f.i64(j, "", "adam_step", 0);
@@ -400,6 +455,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   read_format(j, f, m);
   read_layout(j, f, m);
   read_scalars(j, f, m);
+  read_groups_and_client_state(j, f, m);
   read_shards(j, f, m);
   return m;
 }

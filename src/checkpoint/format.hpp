@@ -81,6 +81,15 @@ struct ShardEntry {
   std::uint32_t header_crc32c = 0;
 };
 
+// A parameter group's hyper-parameters at the save (Engine's ParamGroupOptions).
+struct GroupEntry {
+  double lr = 0, weight_decay = 0, beta1 = 0, beta2 = 0, eps = 0;
+};
+inline constexpr std::size_t kMaxGroups = 1u << 16;
+// The embedder's own state saved with a checkpoint (UTF-8 text, e.g. JSON: a loop's step, data
+// position, scheduler state).
+inline constexpr std::size_t kMaxClientStateBytes = 1u << 20;
+
 struct Manifest {
   std::uint32_t format_version = kFormatVersion;
   std::string strata_version;
@@ -97,11 +106,17 @@ struct Manifest {
   std::uint32_t good_steps = 0;
   std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
+  // Optional (absent from manifests written before them: empty).
+  std::vector<GroupEntry> groups;  // per parameter group, in group order
+  std::string client_state;
   std::vector<ShardEntry> shards;  // shards[r].rank == r
   // Set by parse_manifest: where it came from and its own checksum.
   std::string path;
   std::uint32_t crc32c = 0;
 };
+
+// Whether `s` is valid UTF-8 (what the manifest's strings must be).
+bool valid_utf8(std::string_view s);
 
 std::string shard_file_name(std::uint64_t serial, int rank);
 // Parses "shard-<serial>-r<rank>.bin"; false for any other name.

@@ -179,12 +179,19 @@ EngineStats Engine::Impl::stats() const {
 // ---- the public API
 // -------------------------------------------------------------------------------
 
-void Engine::save_checkpoint(const std::string& dir) {
+void Engine::save_checkpoint(const std::string& dir, std::string_view client_state) {
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
+  if (client_state.size() > zero::ckpt::kMaxClientStateBytes ||
+      !zero::ckpt::valid_utf8(client_state))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: save_checkpoint: the client state (", client_state.size(),
+                " bytes) must be UTF-8 text of at most ", zero::ckpt::kMaxClientStateBytes,
+                " bytes; nothing was written"));
   zero::RankState r = m.rank_state();
   r.config_yaml = to_yaml(m.cfg);
+  r.client_state = client_state;
   zero::save_checkpoint(dir, r, m.comm);
   m.ckpt_params.clear();
   m.ckpt_params.shrink_to_fit();
@@ -208,6 +215,8 @@ void Engine::load_checkpoint(const std::string& dir) {
   m.after_load(r);
   m.scratch->trim();
 }
+
+const std::string& Engine::checkpoint_client_state() const { return impl_->loaded_client_state; }
 
 Engine::Engine(const Config& config, Communicator& comm)
     : impl_(std::make_unique<Impl>(config, comm)) {}

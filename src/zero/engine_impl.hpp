@@ -78,6 +78,7 @@ struct Engine::Impl {
     double loss_scale = 1;  // the scale the gradients carry
   };
   std::optional<EarlyDecision> early;
+  std::string loaded_client_state;         // of the checkpoint last loaded
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
   // Set when a call failed after it began changing state: the rank's state may mix two steps.
   std::string broken;
@@ -132,6 +133,7 @@ struct Engine::Impl {
   void write_own(std::size_t b, std::size_t n, const unsigned char* host);
   zero::RankState rank_state();
   void after_load(const zero::RankState& r);
+  void restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved);
 };
 
 }  // namespace strata

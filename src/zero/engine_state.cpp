@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/numeric.hpp"
+#include "strata/log.hpp"
 #include "zero/clock.hpp"
 #include "zero/engine_impl.hpp"
 
@@ -198,6 +199,8 @@ zero::RankState Engine::Impl::rank_state() {
   r.steps = st.steps;
   r.applied_steps = st.applied_steps;
   r.skipped_steps = st.skipped_steps;
+  for (const ParamGroupOptions& g : groups)
+    r.groups.push_back({g.lr, g.weight_decay, *g.beta1, *g.beta2, *g.eps});
   return r;
 }
 
@@ -221,7 +224,25 @@ void Engine::Impl::after_load(const zero::RankState& r) {
   st.applied_steps = r.applied_steps;
   st.skipped_steps = r.skipped_steps;
   st.loss_scale = r.loss_scale;
+  restore_groups(r.groups);
+  loaded_client_state = r.client_state;
   reducer->reset();
+  early.reset();
+}
+
+// The groups' hyper-parameters as saved (torch's optimizer.load_state_dict restores them too). A
+// checkpoint without them (written before they were kept) or with another number of groups (a
+// model regrouped since) leaves the current ones, said once.
+void Engine::Impl::restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved) {
+  if (saved.size() == groups.size()) {
+    for (std::size_t i = 0; i < saved.size(); ++i)
+      groups[i] = {saved[i].lr, saved[i].weight_decay, saved[i].beta1, saved[i].beta2,
+                   saved[i].eps};
+  } else if (rank == 0) {
+    log_warn("engine: the checkpoint holds the hyper-parameters of ", saved.size(),
+             " parameter groups, this engine has ", groups.size(),
+             ": the groups' lr, weight decay, betas and eps are kept as they are");
+  }
 }
 
 }  // namespace strata

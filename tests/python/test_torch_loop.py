@@ -14,6 +14,7 @@ import unittest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.utils.checkpoint  # noqa: F401  (torch.utils.checkpoint.checkpoint)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -158,6 +159,71 @@ class Stage3StateDict(unittest.TestCase):
         opt.close()
 
 
+class TorchModulesAtStage3(unittest.TestCase):
+    """Stage 3 on torch's own modules (issue 24 point 3): nn.TransformerEncoderLayer and
+    nn.TransformerDecoderLayer (nn.MultiheadAttention reads out_proj.weight without calling
+    out_proj), tied embeddings, torch.utils.checkpoint in both modes: equal bit for bit to AdamW on
+    the same model; evaluation under no_grad (the encoder's fast path) equals the reference's. These
+    failed with "mat2 must be a matrix, got 1-D tensor" or a size mismatch."""
+
+    class Net(nn.Module):
+        def __init__(self, ckpt=None, decoder=False):
+            super().__init__()
+            torch.manual_seed(3)
+            self.ckpt, self.decoder = ckpt, decoder
+            self.emb = nn.Embedding(50, 16)
+            self.enc = nn.TransformerEncoder(
+                nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2)
+            self.dec = (nn.TransformerDecoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+                        if decoder else None)
+            self.head = nn.Linear(16, 50, bias=False)
+            self.head.weight = self.emb.weight  # tied
+
+        def forward(self, x, y):
+            h = self.emb(x)
+            if self.ckpt is None:
+                h = self.enc(h)
+            else:
+                for layer in self.enc.layers:
+                    h = torch.utils.checkpoint.checkpoint(layer, h, use_reentrant=self.ckpt)
+            if self.dec is not None:
+                h = self.dec(h, self.emb(y))
+            return nn.functional.cross_entropy(self.head(h).reshape(-1, 50), y.reshape(-1))
+
+    def data(self, s):
+        g = torch.Generator().manual_seed(100 + s)
+        return torch.randint(0, 50, (2, 8), generator=g), torch.randint(0, 50, (2, 8), generator=g)
+
+    def run_case(self, **kw):
+        ref = self.Net(**kw)
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(3), param_groups=A.torch_groups(model))
+        topt = adamw(A.torch_groups(ref))
+        for s in range(3):
+            x, y = self.data(s)
+            opt.backward(model(x, y))
+            opt.step()
+            topt.zero_grad()
+            ref(x, y).backward()
+            topt.step()
+        A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()), str(kw))
+        model.eval(), ref.eval()
+        with torch.no_grad():
+            x, y = self.data(9)
+            self.assertEqual(float(model(x, y)), float(ref(x, y)), "eval %s" % kw)
+        opt.close()
+
+    def test_transformer_layers_and_tied_embedding(self):
+        for kw in ({}, {"decoder": True}):
+            with self.subTest(**kw):
+                self.run_case(**kw)
+
+    def test_activation_checkpointing_both_modes(self):
+        for reentrant in (True, False):
+            with self.subTest(use_reentrant=reentrant):
+                self.run_case(ckpt=reentrant)
+
+
 class ParamGroupHyperParameters(unittest.TestCase):
     """Per-group betas/eps were refused, so OneCycleLR (momentum cycle on beta1) failed at its first
     step; add_param_group was accepted and failed at step() with 'unknown group'."""
@@ -269,6 +335,40 @@ class Accumulation(unittest.TestCase):
         with self.assertRaisesRegex(errors.UsageError, "arrived again .micro-batch 2. before"):
             model(x, y).backward()
         opt.close()
+
+
+class CheckpointResume(unittest.TestCase):
+    """load_checkpoint restores every group's lr (and weight decay, betas, eps) and returns the
+    loop's client_state: a resume through opt.load_checkpoint + sched.load_state_dict continues
+    bit for bit. The lr used to stay the constructor's, so the first resumed step was wrong."""
+
+    def test_resume_restores_groups_and_client_state(self):
+        decay = lambda s: 0.5 ** s  # noqa: E731
+        with tempfile.TemporaryDirectory() as tmp:
+            model = A.tiny_gpt()
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            opt.param_groups[1]["betas"] = (0.8, 0.9)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, decay)
+            A.train(model, opt, 3, sched=sched)
+            opt.save_checkpoint(tmp, client_state={"step": 3, "sched": sched.state_dict()})
+            want = A.train(model, opt, 2, start=3, sched=sched)
+            want_groups = [(g["lr"], g["betas"]) for g in opt.param_groups]
+            opt.close()
+
+            model = A.tiny_gpt(seed=9)  # other initial values: the checkpoint brings them
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, decay)
+            state = opt.load_checkpoint(tmp)
+            self.assertEqual(state["step"], 3)
+            self.assertEqual(opt.param_groups[1]["betas"], (0.8, 0.9))
+            sched.load_state_dict(state["sched"])
+            got = A.train(model, opt, 2, start=3, sched=sched)
+            self.assertEqual(got, want)
+            self.assertEqual([(g["lr"], g["betas"]) for g in opt.param_groups], want_groups)
+            with self.assertRaisesRegex(errors.InvalidArgumentError, "not JSON"):
+                opt.save_checkpoint(tmp, client_state={"f": lambda: 0})
+            self.assertEqual(opt.load_checkpoint(tmp)["step"], 3)  # the failed save wrote nothing
+            opt.close()
 
 
 class TrainerSequence(unittest.TestCase):

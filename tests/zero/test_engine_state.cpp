@@ -247,6 +247,40 @@ std::vector<StateParam> state_params() {
 INSTANTIATE_TEST_SUITE_P(Stages, EngineGroups, ::testing::ValuesIn(state_params()),
                          state_param_name);
 
+// A checkpoint keeps every group's lr / weight decay / betas / eps and the embedder's client state;
+// a new engine's load restores them (torch's load_state_dict does the same for its groups).
+TEST(EngineCheckpointExtras, GroupsAndClientStateRoundTrip) {
+  TempDir dir("strata-ckpt-extras");
+  const std::string client = R"({"step": 7, "data": "pos \u00e9"})";
+  auto comms = make_inprocess_communicators(2, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(engine_config(EngineCase{}), comm);
+    e.add_param_group({kGroup1Lr, kGroup1Decay, 0.5, kGroup1Beta2, kGroup1Eps});
+    e.add_parameter("a", std::vector<float>(40, 0.5f), 0);
+    e.add_parameter("b", std::vector<float>(30, 0.25f), 1);
+    e.finalize();
+    e.set_lr(0.123, 1);
+    e.set_betas(0.7, 0.8, 0);
+    expect_error(ErrorCode::kInvalidArgument, "UTF-8",
+                 [&] { e.save_checkpoint(dir.str(), std::string("\xff\xfe", 2)); });
+    e.save_checkpoint(dir.str(), rank == 0 ? client : "another rank's");
+    Engine f(engine_config(EngineCase{}), comm);
+    f.add_param_group({1.0, 0.0});
+    f.add_parameter("a", std::vector<float>(40, 0.0f), 0);
+    f.add_parameter("b", std::vector<float>(30, 0.0f), 1);
+    f.finalize();
+    EXPECT_EQ(f.checkpoint_client_state(), "");
+    f.load_checkpoint(dir.str());
+    EXPECT_EQ(f.checkpoint_client_state(), client) << "rank " << rank;
+    EXPECT_EQ(f.lr(1), 0.123);
+    EXPECT_EQ(f.weight_decay(1), kGroup1Decay);
+    EXPECT_EQ(f.betas(0), std::make_pair(0.7, 0.8));
+    EXPECT_EQ(f.betas(1), std::make_pair(0.5, kGroup1Beta2));
+    EXPECT_EQ(f.eps(1), kGroup1Eps);
+    EXPECT_EQ(f.lr(0), e.lr(0));
+  }));
+}
+
 TEST(EngineGroupsMisuse, ClearErrors) {
   auto comms = make_inprocess_communicators(1, 10.0);
   Engine e(engine_config(EngineCase{}), *comms[0]);
