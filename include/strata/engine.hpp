@@ -227,7 +227,9 @@ class Engine {
   void set_gradient(TensorId id, const void* grad);
   // The same, with the producer's stream (see StreamHandle): the copy starts only after the work
   // queued on `producer` before this call (an event recorded on it, which strata's hand-off stream
-  // waits on; the call returns once the copy is done, as above). A hand-off that fails (the
+  // waits on; the calling thread waits for that stream, then copies, and returns once the copy is
+  // done, as above: no device-wide synchronisation, but the call blocks until the producer's
+  // queued work is done). A hand-off that fails (the
   // producer's device failed, a timeout after runtime.collective_timeout_s, a stream of another
   // device: Error(kDevice / kTimeout / kInvalidArgument)) changes nothing.
   void set_gradient(TensorId id, const void* grad, StreamHandle producer);

@@ -84,6 +84,19 @@ std::unique_ptr<Communicator>& mpi_keeper() {
   return keeper;
 }
 
+// A new MPI_COMM_WORLD communicator, MPI kept up by the keeper until interpreter exit.
+std::unique_ptr<Communicator> mpi_communicator(double timeout) {
+  if (!mpi_keeper()) {
+    {
+      py::gil_scoped_release nogil;
+      mpi_keeper() = make_mpi_communicator(timeout);
+    }
+    py::module_::import("atexit").attr("register")(py::cpp_function([] { mpi_keeper().reset(); }));
+  }
+  py::gil_scoped_release nogil;
+  return make_mpi_communicator(timeout);
+}
+
 class PyEngine {
  public:
   // comm: "single" (one rank, in-process), "mpi" (MPI_COMM_WORLD), "c10d" (process_group), "nccl"
@@ -94,16 +107,7 @@ class PyEngine {
     if (comm == "single") {
       box_->comm = std::move(make_inprocess_communicators(1, timeout)[0]);
     } else if (comm == "mpi") {
-      if (!mpi_keeper()) {
-        {
-          py::gil_scoped_release nogil;
-          mpi_keeper() = make_mpi_communicator(timeout);
-        }
-        py::module_::import("atexit").attr("register")(
-            py::cpp_function([] { mpi_keeper().reset(); }));
-      }
-      py::gil_scoped_release nogil;
-      box_->comm = make_mpi_communicator(timeout);
+      box_->comm = mpi_communicator(timeout);
     } else if (comm == "c10d") {
       box_->comm = make_c10d_communicator(process_group, timeout);
     } else if (comm == "nccl") {
@@ -126,8 +130,7 @@ class PyEngine {
     if (!process_group.is_none()) {
       host = make_c10d_communicator(process_group, timeout);
     } else if (launched_by_mpi()) {
-      py::gil_scoped_release nogil;
-      host = make_mpi_communicator(timeout);
+      host = mpi_communicator(timeout);
     } else {
       host = std::move(make_inprocess_communicators(1, timeout)[0]);
     }
