@@ -208,6 +208,9 @@ class TierStore::Impl {
   void copy_gpu_to_nvme(tier::Buf& b, const std::uint8_t* src, tier::WorkerContext& ctx,
                         bool* unsafe);
   void copy_nvme_to_gpu(tier::Buf& b, std::uint8_t* dst, tier::WorkerContext& ctx, bool* unsafe);
+  // The pipeline both GPU ⇄ NVMe copies run, `leg` being one direction (tier_copy.cpp).
+  template <typename Leg>
+  void run_piece_pipeline(tier::Buf& b, tier::WorkerContext& ctx, Leg leg);
   void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
                    bool* unsafe);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
