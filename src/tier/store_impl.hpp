@@ -2,6 +2,7 @@
 // the data paths between tiers (tier_copy.cpp).
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -217,6 +218,10 @@ class TierStore::Impl {
   std::uint64_t piece_size() const { return pool_ ? pool_->buffer_size() : (1ULL << 20); }
   std::size_t pieces(const tier::Buf& b) const {
     return static_cast<std::size_t>((b.padded + piece_size() - 1) / piece_size());
+  }
+  // Bytes of piece i of b (the last one may be shorter).
+  std::uint64_t piece_len(const tier::Buf& b, std::size_t i) const {
+    return std::min<std::uint64_t>(piece_size(), b.padded - i * piece_size());
   }
 
   TierStoreOptions options_;

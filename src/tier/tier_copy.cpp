@@ -121,16 +121,14 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_->submit(IoRequest{IoOp::kWrite, swap_->file(),
-                                      const_cast<std::uint8_t*>(src + off), len, base + off}));
+    set.add(
+        engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
+                                  piece_len(b, i), base + off}));
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
-  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i) {
-    const std::uint64_t off = i * piece_size();
-    b.crc[i] = crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
-  }
+  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i)
+    b.crc[i] = crc32c(src + i * piece_size(), piece_len(b, i));
   set.finish(unsafe);
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
@@ -142,15 +140,13 @@ void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe)
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_->submit(IoRequest{IoOp::kRead, swap_->file(), dst + off, len, base + off}));
+    set.add(engine_->submit(
+        IoRequest{IoOp::kRead, swap_->file(), dst + off, piece_len(b, i), base + off}));
   }
   // Verify each piece as it lands, while the later ones are still being read.
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
     set.wait_front(unsafe);  // throws: the destructor drains the rest
-    verify_piece(b, i, dst + off, len);
+    verify_piece(b, i, dst + i * piece_size(), piece_len(b, i));
   }
   MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
@@ -255,12 +251,11 @@ void TierStore::Impl::run_piece_pipeline(Buf& b, WorkerContext& ctx, Leg leg) {
 
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n && !error; ++i) {
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - i * piece_size());
     tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
                                            error, [this] { return take_staging(); });
     if (error) break;
     try {
-      Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
+      Slot s{std::move(pb), free_events.back(), i, piece_len(b, i), 0, 0};
       free_events.pop_back();
       leg.start(s);
       window.push_back(std::move(s));
