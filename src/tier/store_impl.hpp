@@ -180,6 +180,11 @@ class TierStore::Impl {
   void evict_copy(tier::Buf& b, Tier from, tier::WorkerContext& ctx);
   void drop_locked(tier::Buf& b, Tier t) REQUIRES(mutex_);
   void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const REQUIRES(mutex_);
+  // After a write or zero: `only` becomes the one valid copy (the memory copies besides it are
+  // dropped; NVMe storage is reserved when it is `only`). `zeros`: the NVMe copy reads as zeros
+  // without having been written.
+  void keep_only_locked(tier::Buf& b, Tier only, bool zeros = false) REQUIRES(mutex_);
+  void* copy_address(tier::Buf& b, Tier t);  // of a memory copy; takes mutex_
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.
