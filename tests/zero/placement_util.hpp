@@ -18,6 +18,7 @@
 #include "strata/device.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
+#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
 
@@ -116,12 +117,8 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.offload.optimizer = {p.opt, p.fraction, p.pin};
   cfg.offload.gradients = {p.grads, p.fraction, p.pin};
   cfg.offload.params = {p.params, p.fraction, p.pin};
-  cfg.tiers.host.buffer_count = 3;
-  cfg.tiers.host.buffer_size = 16 << 10;  // ~640 elements per chunk: several chunks per rank
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+  use_test_swap(cfg, dir, 3, 16 << 10);  // ~640 elements per chunk: several chunks per rank
   cfg.tiers.nvme.queue_depth = 4;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;  // the page cache: CI's disk is not what is tested
   return cfg;
 }
 

@@ -19,6 +19,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/io_fault.hpp"
+#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "tier/swap_space.hpp"
 #include "zero/engine_access.hpp"
@@ -31,24 +32,11 @@ using zero::EngineAccess;
 const std::vector<std::size_t> kSizes{3001, 7, 2120, 129};
 
 Config fault_config(int stage, Tier opt, Tier grads, Tier params, const std::string& dir) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = 1500;
-  cfg.zero.sub_group_size = 2500;
-  cfg.precision.params = DType::kFp32;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 5.0;
-  cfg.runtime.device = DeviceKind::kHost;
+  Config cfg = small_engine_config(stage, 1500, 2500, 5.0);
   cfg.offload.optimizer = {opt, 1.0, false};
   cfg.offload.gradients = {grads, 1.0, false};
   cfg.offload.params = {params, 1.0, false};
-  cfg.tiers.host.buffer_count = 3;
-  cfg.tiers.host.buffer_size = 16 << 10;
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  use_test_swap(cfg, dir, 3, 16 << 10);
   return cfg;
 }
 

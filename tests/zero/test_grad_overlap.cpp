@@ -18,6 +18,7 @@
 #include "device_watch.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
+#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
 
@@ -31,26 +32,14 @@ constexpr std::size_t kTensorElems = 256;
 constexpr std::uint64_t kBucket = kTensorsPerBucket * kTensorElems;
 
 Config overlap_config(int stage, Tier grads, const std::string& dir) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = kBucket;
-  cfg.zero.sub_group_size = 1500;  // chunks cut inside the buckets' shares
-  cfg.precision.params = DType::kFp32;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 60.0;
-  cfg.runtime.device = DeviceKind::kHost;
+  // Sub-groups of 1500 elements: chunks cut inside the buckets' shares.
+  Config cfg = small_engine_config(stage, kBucket, 1500, 60.0);
   cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
   cfg.offload.gradients = {grads, 1.0, false};
   cfg.offload.params = {stage == 3 ? Tier::kCpu : Tier::kGpu, 1.0, false};
   // Enough pool buffers for every gradient chunk one share touches: a filler that needs a pool
   // buffer while every one holds a chunk waits for the oldest chunk's copies (fill.hpp).
-  cfg.tiers.host.buffer_count = 8;
-  cfg.tiers.host.buffer_size = 16 << 10;
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  use_test_swap(cfg, dir, 8, 16 << 10);
   return cfg;
 }
 
