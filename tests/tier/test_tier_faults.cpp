@@ -37,17 +37,12 @@ void flip_bit_in_swap(st::StoreRig& rig, BufferId id, std::uint64_t buffer_offse
 TEST(TierFaults, ReadErrorMidMoveKeepsTheSource) {
   for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
     st::StoreRig rig;
-    auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
     auto data = st::random_bytes(kOdd, 5);
-    rig.write(id, Tier::kCpu, data);
+    auto id = rig.add("m", Tier::kCpu, data);
     rig.store->move(id, Tier::kNvme).wait();
     auto f = rig.fault->add_fault(IoFault::fail_nth(3, EIO, IoOp::kRead));
-    try {
-      rig.store->move(id, dst).wait();
-      FAIL() << "expected EIO";
-    } catch (const IoError& e) {
-      EXPECT_EQ(e.errnum(), EIO) << e.what();
-    }
+    st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
+                              [&] { rig.store->move(id, dst).wait(); });
     EXPECT_EQ(rig.fault->fired(f), 1u);
     auto i = rig.store->info(id);
     EXPECT_TRUE(i.valid[int(Tier::kNvme)]);
@@ -62,9 +57,8 @@ TEST(TierFaults, ReadErrorMidMoveKeepsTheSource) {
 TEST(TierFaults, ShortReadMidMoveIsAnError) {
   for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
     st::StoreRig rig;
-    auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
     auto data = st::random_bytes(kOdd, 6);
-    rig.write(id, Tier::kCpu, data);
+    auto id = rig.add("m", Tier::kCpu, data);
     rig.store->evict(id, Tier::kCpu).wait();
     rig.fault->add_fault(IoFault::short_nth(2, 4096, IoOp::kRead));
     EXPECT_THROW(rig.store->prefetch(id, dst).wait(), IoError);
@@ -85,12 +79,7 @@ TEST(TierFaults, WriteErrorKeepsTheMemoryCopy) {
     auto down = [&] {
       return src == Tier::kCpu ? rig.store->evict(id, src) : rig.store->move(id, Tier::kNvme);
     };
-    try {
-      down().wait();
-      FAIL() << "expected ENOSPC";
-    } catch (const IoError& e) {
-      EXPECT_EQ(e.errnum(), ENOSPC) << e.what();
-    }
+    st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(ENOSPC), [&] { down().wait(); });
     auto i = rig.store->info(id);
     EXPECT_TRUE(i.valid[int(src)]);
     EXPECT_FALSE(i.valid[int(Tier::kNvme)]);
@@ -105,21 +94,14 @@ TEST(TierFaults, WriteErrorKeepsTheMemoryCopy) {
 TEST(TierFaults, FlippedBitInTheSwapFileIsAChecksumError) {
   for (Tier dst : {Tier::kCpu, Tier::kGpu}) {
     st::StoreRig rig;
-    auto id = rig.store->register_buffer({"moment1", kOdd, DType::kFp32, Tier::kCpu, {}});
     auto data = st::random_bytes(kOdd, 12);
-    rig.write(id, Tier::kCpu, data);
+    auto id = rig.add("moment1", Tier::kCpu, data);
     rig.store->move(id, Tier::kNvme).wait();
     flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // third piece
-    try {
-      rig.store->move(id, dst).wait();
-      FAIL() << "expected kChecksum";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
-      const std::string m = e.what();
-      EXPECT_NE(m.find("'moment1'"), std::string::npos) << m;
-      EXPECT_NE(m.find("buffer offset 131072"), std::string::npos) << m;
-      EXPECT_NE(m.find("swap.bin"), std::string::npos) << m;
-    }
+    const std::string m = st::expect_error(ErrorCode::kChecksum, "'moment1'",
+                                           [&] { rig.store->move(id, dst).wait(); });
+    EXPECT_NE(m.find("buffer offset 131072"), std::string::npos) << m;
+    EXPECT_NE(m.find("swap.bin"), std::string::npos) << m;
     EXPECT_EQ(rig.store->stats().checksum_failures, 1u);
     EXPECT_FALSE(rig.store->info(id).valid[int(dst)]);
     flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // repaired
@@ -140,9 +122,8 @@ TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
   st::RigOptions o;
   o.checksum = false;
   st::StoreRig rig(o);
-  auto id = rig.store->register_buffer({"c", kOdd, DType::kFp32, Tier::kCpu, {}});
   auto data = st::random_bytes(kOdd, 14);
-  rig.write(id, Tier::kCpu, data);
+  auto id = rig.add("c", Tier::kCpu, data);
   rig.store->evict(id, Tier::kCpu).wait();
   rig.fault->add_fault(IoFault::corrupt_nth_read(1, 100));
   rig.store->prefetch(id, Tier::kCpu).wait();  // nothing checks: the corruption goes through
