@@ -115,9 +115,12 @@ class ProfileCli : public ::testing::Test {
     r.rc = strata::testing::run_command(
         "(" + strata::testing::binary_dir() + "/strata profile " + args + " 2>" + err_file + ")",
         &r.out);
-    std::ifstream in(err_file);
-    r.err.assign(std::istreambuf_iterator<char>(in), {});
+    r.err = read_file(err_file);
     return r;
+  }
+  static std::string read_file(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
   }
   // Writes `text` to NAME in the directory; returns its path.
   std::string write_file(const std::string& name, const std::string& text) const {
@@ -183,8 +186,7 @@ TEST_F(ProfileCli, NoPathWritesNoTemporarySettingsIntoTheTunedConfig) {
   const std::string tuned = dir.str() + "/tuned.yaml";
   CliRun r = profile(cfg + " --tiny --write-config " + tuned);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
-  std::ifstream in(tuned);
-  const std::string t((std::istreambuf_iterator<char>(in)), {});
+  const std::string t = read_file(tuned);
   EXPECT_NE(t.find("# a comment that must survive"), std::string::npos) << t;
   EXPECT_NE(t.find("block_size: 2MiB   # mine"), std::string::npos) << t;  // not the temp dir's
   EXPECT_NE(t.find("queue_depth: 4"), std::string::npos) << t;
@@ -207,8 +209,7 @@ TEST_F(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
   const std::string tuned = dir.str() + "/tuned.yaml";
   CliRun r = profile(cfg + " --tiny --write-config " + tuned);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
-  std::ifstream in(tuned);
-  const std::string t((std::istreambuf_iterator<char>(in)), {});
+  const std::string t = read_file(tuned);
   for (const char* kept :
        {"# job", "parameters: 20M   # twenty million", "budget: 64GiB}   # per node"})
     EXPECT_NE(t.find(kept), std::string::npos) << kept << "\n" << t;
@@ -231,8 +232,7 @@ TEST_F(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
   const std::string existing = write_file("keep.yaml", "precious\n");
   CliRun r = profile(cfg + " --tiny --write-config " + existing + " --set zero.stage=9");
   EXPECT_EQ(r.rc, 2);
-  std::ifstream in(existing);
-  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), {}), "precious\n");
+  EXPECT_EQ(read_file(existing), "precious\n");
 }
 
 TEST_F(ProfileCli, ModelParametersAbsentIsBadInput) {
