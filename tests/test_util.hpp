@@ -57,6 +57,11 @@ bool can_switch_user();
 // process).
 int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn);
 
+// Lists of FP32 tensors (model parameters) equal bit for bit; the first difference is a fatal
+// failure naming `what`, the tensor, the element and both values.
+void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
+                          const std::vector<std::vector<float>>& want, const std::string& what);
+
 // The part of an IoError's message that names errno `errnum` ("... (errno 28)"): with
 // expect_error<IoError>, it checks the error number.
 inline std::string errno_text(int errnum) { return "(errno " + std::to_string(errnum) + ")"; }

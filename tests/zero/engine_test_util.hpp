@@ -13,6 +13,7 @@
 #include "../comm/comm_test_util.hpp"
 #include "strata/adam.hpp"
 #include "strata/engine.hpp"
+#include "test_util.hpp"
 
 namespace strata::testing {
 
@@ -132,19 +133,6 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
     }
   }
   return out;
-}
-
-inline void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
-                                 const std::vector<std::vector<float>>& want,
-                                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t t = 0; t < got.size(); ++t) {
-    ASSERT_EQ(got[t].size(), want[t].size());
-    for (std::size_t i = 0; i < got[t].size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-          << what << ": tensor " << t << " element " << i << ": " << got[t][i] << " vs "
-          << want[t][i];
-  }
 }
 
 }  // namespace strata::testing
