@@ -11,6 +11,7 @@
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
+#include "engine_basics.hpp"
 #include "strata/adam.hpp"
 #include "strata/engine.hpp"
 #include "test_util.hpp"
@@ -36,10 +37,7 @@ inline Config engine_config(const EngineCase& c) {
   cfg.zero.sub_group_size = c.sub_group;
   cfg.precision.params = c.params;
   cfg.precision.grads = c.grads;
-  cfg.precision.loss_scale.initial = 1024.0;
-  cfg.optimizer.type = OptimizerType::kAdamW;
-  cfg.optimizer.lr = 1e-2;
-  cfg.optimizer.weight_decay = 0.01;
+  use_reference_adamw(cfg);
   cfg.optimizer.grad_clip = c.clip;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = c.timeout_s;

@@ -14,11 +14,11 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "core/numeric.hpp"
+#include "engine_basics.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
-#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
 
@@ -107,10 +107,7 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.zero.sub_group_size = 2500;  // cut inside the chunks
   cfg.precision.params = p.pdt;
   cfg.precision.grads = p.gdt;
-  cfg.precision.loss_scale.initial = 1024;
-  cfg.optimizer.type = OptimizerType::kAdamW;
-  cfg.optimizer.lr = 1e-2;
-  cfg.optimizer.weight_decay = 0.01;
+  use_reference_adamw(cfg);
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
   cfg.runtime.device = DeviceKind::kHost;
@@ -207,15 +204,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
       EXPECT_EQ(u.bytes_in + u.bytes_out, 0u) << "host-device memory was copied, not viewed";
     }
   }
-  std::vector<std::vector<float>> out;
-  for (auto id : ids) {
-    e.gather({&id, 1});
-    std::vector<float> v(kSizes[id]);
-    e.read_param(id, v);
-    out.push_back(std::move(v));
-    e.release({&id, 1});
-  }
-  return out;
+  return read_params(e, kSizes);
 }
 
 // The unsharded reference.

@@ -55,7 +55,7 @@ std::vector<std::vector<std::vector<float>>> run(
       if (!ckpt.empty()) e.save_checkpoint(ckpt);
     }
     for (int s = first; s < first + then; ++s) ckpt_step(e, kSizes, rank, s);
-    out[static_cast<std::size_t>(rank)] = ckpt_params(e, kSizes);
+    out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
   }));
   return out;
 }
@@ -127,13 +127,13 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   auto errs = run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(ckpt_config(2, 0.5, swap.str()), comm);
     ckpt_register(e, kSizes);
-    auto before = ckpt_params(e, kSizes);
+    auto before = read_params(e, kSizes);
     try {
       e.load_checkpoint(ckpt.str());
     } catch (const Error& err) {
       codes[static_cast<std::size_t>(rank)] = static_cast<int>(err.code());
     }
-    expect_bitwise_equal(ckpt_params(e, kSizes), before, "after a failed load");
+    expect_bitwise_equal(read_params(e, kSizes), before, "after a failed load");
     EXPECT_EQ(e.stats().steps, 0u);
   });
   rethrow_any(errs);
@@ -226,16 +226,16 @@ TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
     ASSERT_NO_THROW(e.load_checkpoint(ckpt.str())) << "kill at " << pct << "% of a save";
     const auto steps = e.stats().steps;
     EXPECT_TRUE(steps == 2 || steps == 3) << steps;
-    auto got = ckpt_params(e, sizes);
+    auto got = read_params(e, sizes);
     Engine ref(ckpt_config(1, 0, swap.str()), *comms[0]);
     ckpt_register(ref, sizes);
     for (int s = 0; s < static_cast<int>(steps); ++s) ckpt_step(ref, sizes, 0, s);
-    expect_bitwise_equal(got, ckpt_params(ref, sizes),
+    expect_bitwise_equal(got, read_params(ref, sizes),
                          strcat("after SIGKILL at ", pct, "% of a save"));
     // And training continues identically.
     ckpt_step(e, sizes, 0, static_cast<int>(steps));
     ckpt_step(ref, sizes, 0, static_cast<int>(steps));
-    expect_bitwise_equal(ckpt_params(e, sizes), ckpt_params(ref, sizes),
+    expect_bitwise_equal(read_params(e, sizes), read_params(ref, sizes),
                          "one step after the resume");
   }
   // At least one kill landed inside a save (shard of serial 3 begun, not committed).

@@ -87,7 +87,7 @@ TEST_P(DeviceComm, TheEngineAndItsCheckpointsHandItOnlyDeviceMemory) {
       e->read_state(0, StateKind::kExpAvg, m);
       e->write_state(0, StateKind::kExpAvg, m);
       ckpt_step(*e, kSizes, rank, 5);
-      want[static_cast<std::size_t>(rank)] = ckpt_params(*e, kSizes);
+      want[static_cast<std::size_t>(rank)] = read_params(*e, kSizes);
     }));
     for (int r = 0; r < c.world; ++r)
       EXPECT_EQ(w.watch[static_cast<std::size_t>(r)]->host_buffers(), 0u)
@@ -102,7 +102,7 @@ TEST_P(DeviceComm, TheEngineAndItsCheckpointsHandItOnlyDeviceMemory) {
       e->load_checkpoint(ckpt.str());
       EXPECT_EQ(e->stats().steps, 5u);
       ckpt_step(*e, kSizes, rank, 5);
-      got[static_cast<std::size_t>(rank)] = ckpt_params(*e, kSizes);
+      got[static_cast<std::size_t>(rank)] = read_params(*e, kSizes);
     }));
     for (int r = 0; r < c.world; ++r)
       EXPECT_EQ(w.watch[static_cast<std::size_t>(r)]->host_buffers(), 0u)

@@ -16,11 +16,11 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "device/pinned_pool.hpp"
+#include "engine_basics.hpp"
 #include "strata/device_fault.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/io_fault.hpp"
-#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "tier/swap_space.hpp"
 #include "zero/engine_access.hpp"

@@ -17,9 +17,9 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "device_watch.hpp"
+#include "engine_basics.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
-#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
 

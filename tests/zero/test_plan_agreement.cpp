@@ -22,11 +22,11 @@
 #include <numeric>
 
 #include "../comm/comm_test_util.hpp"
+#include "engine_basics.hpp"
 #include "strata/device.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
-#include "test_configs.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
 
