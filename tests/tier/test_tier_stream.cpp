@@ -253,7 +253,16 @@ std::string fill_name(const ::testing::TestParamInfo<FillCase>& i) {
          (i.param.device_source ? "_from_device" : "_from_host");
 }
 
-class FillerModel : public ::testing::TestWithParam<FillCase> {};
+class FillerModel : public ::testing::TestWithParam<FillCase> {
+ protected:
+  // The case's pool: GetParam().pool buffers of 64 KiB.
+  static st::RigOptions pool_options() {
+    st::RigOptions ro;
+    ro.pool_buffers = GetParam().pool;
+    ro.pool_buffer_size = 64 << 10;
+    return ro;
+  }
+};
 
 // The filler model's gradient chunks: 9 buffers of random sizes up to 60 KiB, homes cycling
 // through the three tiers, random contents.
@@ -292,10 +301,7 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   const std::uint64_t seed = st::test_seed("filler model");
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  st::RigOptions ro;
-  ro.pool_buffers = c.pool;
-  ro.pool_buffer_size = 64 << 10;
-  st::StoreRig rig(ro);
+  st::StoreRig rig(pool_options());
   Model m{rig};
   const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
@@ -336,9 +342,7 @@ TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
   const std::uint64_t seed = st::test_seed("filler async model");
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  st::RigOptions ro;
-  ro.pool_buffers = c.pool;
-  ro.pool_buffer_size = 64 << 10;
+  st::RigOptions ro = pool_options();
   ro.fault_device = true;
   st::StoreRig rig(ro);
   rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, 2ms});  // every device copy
