@@ -47,3 +47,29 @@ function(strata_add_test name)
                        LABELS "${ARG_LABELS}"
                        ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR}")
 endfunction()
+
+# strata_add_mpi_tests(NAME): test NAME (a strata_add_test binary) again under mpirun with 2 and 4
+# processes, as NAME_np2 and NAME_np4; nothing without MPI.
+function(strata_add_mpi_tests name)
+  if(NOT (STRATA_HAVE_MPI AND MPIEXEC_EXECUTABLE))
+    return()
+  endif()
+  foreach(np 2 4)
+    add_test(NAME ${name}_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG} ${np}
+                     $<TARGET_FILE:${name}>)
+    set_tests_properties(${name}_np${np} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+                         LABELS "no_sanitizer;mpi" PROCESSORS ${np})
+  endforeach()
+endfunction()
+
+# strata_add_subdirectories(): add_subdirectory() for every folder here with a CMakeLists.txt (the
+# tests' and the benchmarks' per-layer folders).
+function(strata_add_subdirectories)
+  file(GLOB _dirs LIST_DIRECTORIES true ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  foreach(dir ${_dirs})
+    if(IS_DIRECTORY ${dir} AND EXISTS ${dir}/CMakeLists.txt)
+      add_subdirectory(${dir})
+    endif()
+  endforeach()
+endfunction()

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -95,6 +96,18 @@ int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn) {
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) == 255) return -1;
   return WEXITSTATUS(status);
+}
+
+void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
+                          const std::vector<std::vector<float>>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    ASSERT_EQ(got[t].size(), want[t].size()) << what << ": tensor " << t;
+    for (std::size_t i = 0; i < got[t].size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
+          << what << ": tensor " << t << " element " << i << ": " << got[t][i] << " vs "
+          << want[t][i];
+  }
 }
 
 }  // namespace strata::testing

@@ -57,12 +57,21 @@ bool can_switch_user();
 // process).
 int run_as_user(uid_t uid, gid_t gid, const std::function<int()>& fn);
 
+// Lists of FP32 tensors (model parameters) equal bit for bit; the first difference is a fatal
+// failure naming `what`, the tensor, the element and both values.
+void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
+                          const std::vector<std::vector<float>>& want, const std::string& what);
+
+// The part of an IoError's message that names errno `errnum` ("... (errno 28)"): with
+// expect_error<IoError>, it checks the error number.
+inline std::string errno_text(int errnum) { return "(errno " + std::to_string(errnum) + ")"; }
+
 // Runs fn, which must throw E (strata::Error or a subclass: IoError, ConfigError) with `code`
 // and a message that contains `fragment` (an empty fragment: any message). Anything else (no
 // throw, another code or message, another exception type) is a test failure reported at the
 // caller's line. Returns the message ("" when fn did not throw E), for further checks.
 //   expect_error(ErrorCode::kBudget, "buffer 'second'", [&] { swap.allocate(n, "second"); });
-//   expect_error<IoError>(ErrorCode::kIo, "ENOSPC", [&] { ... });
+//   expect_error<IoError>(ErrorCode::kIo, errno_text(ENOSPC), [&] { ... });
 template <class E = Error, class Fn>
 std::string expect_error(ErrorCode code, std::string_view fragment, Fn&& fn,
                          std::source_location where = std::source_location::current()) {

@@ -152,6 +152,45 @@ class IoEngine {
   virtual void shutdown() = 0;
 };
 
+// Decorator (like leveldb's EnvWrapper, and DeviceWrapper in device.hpp): every call is forwarded
+// to the owned inner engine; a wrapper overrides only what it changes (FaultInjectingIoEngine).
+// REQUIRES: inner is not null.
+class IoEngineWrapper : public IoEngine {
+ public:
+  explicit IoEngineWrapper(std::unique_ptr<IoEngine> inner) : inner_(std::move(inner)) {}
+  IoEngine& inner() const { return *inner_; }
+
+  IoEngineKind kind() const override { return inner_->kind(); }
+  const char* name() const override { return inner_->name(); }
+  const IoEngineOptions& options() const override { return inner_->options(); }
+  FileId register_file(std::shared_ptr<IoFile> file) override {
+    return inner_->register_file(std::move(file));
+  }
+  FileId register_striped(std::vector<std::shared_ptr<IoFile>> files) override {
+    return inner_->register_striped(std::move(files));
+  }
+  void unregister_file(FileId id) override { inner_->unregister_file(id); }
+  std::uint32_t alignment(FileId id) const override { return inner_->alignment(id); }
+  std::string describe_file(FileId id) const override { return inner_->describe_file(id); }
+  void register_buffers(std::span<const IoRegion> regions) override {
+    inner_->register_buffers(regions);
+  }
+  IoTicket submit(const IoRequest& request) override { return inner_->submit(request); }
+  IoTicket submit_batch(std::span<const IoRequest> requests) override {
+    return inner_->submit_batch(requests);
+  }
+  bool wait(IoTicket ticket, std::chrono::nanoseconds timeout) override {
+    return inner_->wait(ticket, timeout);
+  }
+  bool poll(IoTicket ticket) override { return inner_->poll(ticket); }
+  bool wait_all(std::chrono::nanoseconds timeout) override { return inner_->wait_all(timeout); }
+  IoStats stats() const override { return inner_->stats(); }
+  void shutdown() override { inner_->shutdown(); }
+
+ private:
+  std::unique_ptr<IoEngine> inner_;
+};
+
 // io_uring probe: sets up a ring with this engine's flags and does a real write + read round
 // trip (O_DIRECT per options.direct_io) of a temporary file in `dir` (removed afterwards).
 struct IoUringProbe {

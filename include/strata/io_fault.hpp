@@ -69,7 +69,7 @@ struct IoFault {
   static IoFault corrupt_nth_read(std::uint64_t nth, std::uint64_t bit = kRandomBit);
 };
 
-class FaultInjectingIoEngine : public IoEngine {
+class FaultInjectingIoEngine : public IoEngineWrapper {
  public:
   explicit FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner);
   ~FaultInjectingIoEngine() override;
@@ -79,24 +79,14 @@ class FaultInjectingIoEngine : public IoEngine {
   void clear_faults();
   std::uint64_t fired(std::size_t fault_id) const;  // how many requests it has fired on
   std::uint64_t fired_total() const;
-  IoEngine& inner() { return *inner_; }
 
-  IoEngineKind kind() const override { return inner_->kind(); }
+  // The rest is forwarded to the inner engine (IoEngineWrapper).
   const char* name() const override;
-  const IoEngineOptions& options() const override { return inner_->options(); }
-  FileId register_file(std::shared_ptr<IoFile> file) override;
-  FileId register_striped(std::vector<std::shared_ptr<IoFile>> files) override;
-  void unregister_file(FileId id) override;
-  std::uint32_t alignment(FileId id) const override;
-  std::string describe_file(FileId id) const override;
-  void register_buffers(std::span<const IoRegion> regions) override;
   IoTicket submit(const IoRequest& request) override;
   IoTicket submit_batch(std::span<const IoRequest> requests) override;
   bool wait(IoTicket ticket, std::chrono::nanoseconds timeout) override;
   bool poll(IoTicket ticket) override;
   bool wait_all(std::chrono::nanoseconds timeout) override;
-  IoStats stats() const override;
-  void shutdown() override;
 
  private:
   struct Pending;
@@ -109,7 +99,6 @@ class FaultInjectingIoEngine : public IoEngine {
   void apply_faults(const IoRequest& r, std::uint32_t align, std::size_t index, Pending& pending,
                     std::vector<IoRequest>& pass);  // REQUIRES: mu_ held
 
-  std::unique_ptr<IoEngine> inner_;
   std::string name_;
   mutable std::mutex mu_;
   std::vector<FaultState> faults_;

@@ -61,6 +61,14 @@ inline void check_counts(const char* op, std::span<const std::size_t> counts, in
          strcat(op, ": ", counts.size(), " counts for ", size, " ranks"));
 }
 
+// Before a reduce-scatter / all-gather with counts[r] elements at rank r: one count per rank
+// (else Error(kInvalidArgument) naming the collective), and the bytes `rank` sends counted.
+inline void count_per_rank(StatsCounter& stats, CollectiveKind kind,
+                           std::span<const std::size_t> counts, int rank, int size, DType t) {
+  check_counts(collective_name(kind), counts, size);
+  stats.add(kind, scatter_gather_bytes(counts, rank, t));
+}
+
 // A handle whose work already finished (or failed) when it was created.
 class ReadyHandle final : public CommHandle {
  public:

@@ -263,18 +263,12 @@ class InProcessCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    comm::check_counts("reduce_scatter", counts, size());
-    Post p{CollectiveKind::kReduceScatter, send, recv, {counts.begin(), counts.end()}, 0, dtype, 0};
-    stats_.add(p.kind, comm::scatter_gather_bytes(counts, rank_, dtype));
-    return submit(std::move(p));
+    return submit_per_rank(CollectiveKind::kReduceScatter, send, recv, counts, dtype);
   }
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    comm::check_counts("all_gather", counts, size());
-    Post p{CollectiveKind::kAllGather, send, recv, {counts.begin(), counts.end()}, 0, dtype, 0};
-    stats_.add(p.kind, comm::scatter_gather_bytes(counts, rank_, dtype));
-    return submit(std::move(p));
+    return submit_per_rank(CollectiveKind::kAllGather, send, recv, counts, dtype);
   }
   std::unique_ptr<CommHandle> broadcast_async(void* buffer, std::size_t count, DType dtype,
                                               int root) override {
@@ -291,6 +285,12 @@ class InProcessCommunicator final : public Communicator {
   CommStats stats() const override { return stats_.snapshot(); }
 
  private:
+  // reduce_scatter / all_gather: counts[r] elements at rank r.
+  std::unique_ptr<CommHandle> submit_per_rank(CollectiveKind kind, const void* send, void* recv,
+                                              std::span<const std::size_t> counts, DType dtype) {
+    comm::count_per_rank(stats_, kind, counts, rank_, size(), dtype);
+    return submit(Post{kind, send, recv, {counts.begin(), counts.end()}, 0, dtype, 0});
+  }
   std::unique_ptr<CommHandle> submit(Post p) {
     auto op = std::make_shared<OpState>();
     op->post = std::move(p);

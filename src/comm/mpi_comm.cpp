@@ -135,8 +135,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    comm::check_counts("reduce_scatter", counts, size_);
-    stats_.add(CollectiveKind::kReduceScatter, comm::scatter_gather_bytes(counts, rank_, dtype));
+    comm::count_per_rank(stats_, CollectiveKind::kReduceScatter, counts, rank_, size_, dtype);
     auto h = start(CollectiveKind::kReduceScatter);
     post_reduce_scatter(*h, send, recv, {counts.begin(), counts.end()}, dtype);
     return h;
@@ -144,8 +143,7 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    comm::check_counts("all_gather", counts, size_);
-    stats_.add(CollectiveKind::kAllGather, comm::scatter_gather_bytes(counts, rank_, dtype));
+    comm::count_per_rank(stats_, CollectiveKind::kAllGather, counts, rank_, size_, dtype);
     auto h = start(CollectiveKind::kAllGather);
     post_all_gather(*h, send, recv, {counts.begin(), counts.end()}, dtype, next_tag());
     return h;

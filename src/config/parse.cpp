@@ -210,17 +210,25 @@ class Reader {
     return n.Scalar();
   }
 
-  std::uint64_t count(const YAML::Node& n, const std::string& path, std::uint64_t lo,
-                      std::uint64_t hi) {
-    const std::string& s = scalar(n, path, "a count (e.g. 7.5B, 350M, 1200)");
+  // A scalar (`what` it should be) read by `parse` (parse_count, parse_bytes), in [lo, hi]; the
+  // parser's refusal is reported at the node.
+  std::uint64_t parsed(const YAML::Node& n, const std::string& path, const char* what,
+                       std::uint64_t (*parse)(std::string_view), std::uint64_t lo,
+                       std::uint64_t hi) {
+    const std::string& s = scalar(n, path, what);
     std::uint64_t v = 0;
     try {
-      v = parse_count(s);
+      v = parse(s);
     } catch (const Error& e) {
       error(path, e.what());
     }
     range(path, s, v, lo, hi);
     return v;
+  }
+
+  std::uint64_t count(const YAML::Node& n, const std::string& path, std::uint64_t lo,
+                      std::uint64_t hi) {
+    return parsed(n, path, "a count (e.g. 7.5B, 350M, 1200)", parse_count, lo, hi);
   }
 
   std::uint64_t integer(const YAML::Node& n, const std::string& path, std::uint64_t lo,
@@ -230,15 +238,7 @@ class Reader {
 
   std::uint64_t bytes(const YAML::Node& n, const std::string& path, std::uint64_t lo,
                       std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
-    const std::string& s = scalar(n, path, "a size (e.g. 4GiB, 512MiB, 80GB)");
-    std::uint64_t v = 0;
-    try {
-      v = parse_bytes(s);
-    } catch (const Error& e) {
-      error(path, e.what());
-    }
-    range(path, s, v, lo, hi);
-    return v;
+    return parsed(n, path, "a size (e.g. 4GiB, 512MiB, 80GB)", parse_bytes, lo, hi);
   }
 
   void range(const std::string& path, const std::string& s, std::uint64_t v, std::uint64_t lo,

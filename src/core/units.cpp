@@ -110,6 +110,28 @@ std::string trim_zeros(double v, int decimals) {
   return s;
 }
 
+// The size units parse_bytes() accepts, with their bytes.
+struct SizeUnit {
+  std::string_view name;
+  double bytes;
+};
+constexpr SizeUnit kSizeUnits[] = {{"B", 1},        {"kB", 1e3},     {"KB", 1e3},
+                                   {"MB", 1e6},     {"GB", 1e9},     {"TB", 1e12},
+                                   {"PB", 1e15},    {"KiB", 0x1p10}, {"MiB", 0x1p20},
+                                   {"GiB", 0x1p30}, {"TiB", 0x1p40}, {"PiB", 0x1p50}};
+
+// "1M" and friends: fio and dd read it as 2^20, other tools as 10^6, so parse_bytes asks instead
+// of guessing. s.unit is one letter of kKmMgGtTpP.
+[[noreturn]] void fail_ambiguous_unit(const Split& s, const std::string& text) {
+  const char up = static_cast<char>(std::toupper(static_cast<unsigned char>(s.unit[0])));
+  const int power = static_cast<int>(std::string_view("KMGTP").find(up)) + 1;  // of 1000 or 1024
+  const std::string si = up == 'K' ? "kB" : std::string(1, up) + "B";
+  fail(ErrorCode::kInvalidArgument,
+       strcat("'", text, "': '", s.unit, "' is ambiguous (2^", 10 * power, " for fio, 10^",
+              3 * power, " for others): did you mean ", s.number, up, "iB (or ", s.number, si,
+              ")?"));
+}
+
 }  // namespace
 
 std::uint64_t parse_bytes(std::string_view text) {
@@ -118,59 +140,19 @@ std::uint64_t parse_bytes(std::string_view text) {
       "or KiB, MiB, GiB, TiB, PiB (powers of 1024), e.g. 4GiB, 512MiB, 80GB";
   Split s = split_number(text, "size");
   std::string t = trim(text);
-  double mult = 0;
   const std::string& u = s.unit;
-  if (u == "B")
-    mult = 1;
-  else if (u == "kB" || u == "KB")
-    mult = 1e3;
-  else if (u == "MB")
-    mult = 1e6;
-  else if (u == "GB")
-    mult = 1e9;
-  else if (u == "TB")
-    mult = 1e12;
-  else if (u == "PB")
-    mult = 1e15;
-  else if (u == "KiB")
-    mult = 1024.0;
-  else if (u == "MiB")
-    mult = 1024.0 * 1024;
-  else if (u == "GiB")
-    mult = 1024.0 * 1024 * 1024;
-  else if (u == "TiB")
-    mult = 1024.0 * 1024 * 1024 * 1024;
-  else if (u == "PiB")
-    mult = 1024.0 * 1024 * 1024 * 1024 * 1024;
-  else if (u.size() == 1 && std::string_view("kKmMgGtTpP").find(u[0]) != std::string_view::npos) {
-    // fio and dd read "1M" as 2^20, other tools as 10^6: ask instead of guessing.
-    const char up = static_cast<char>(std::toupper(static_cast<unsigned char>(u[0])));
-    const std::string si = up == 'K' ? "kB" : std::string(1, up) + "B";
-    fail(ErrorCode::kInvalidArgument,
-         strcat("'", t, "': '", u, "' is ambiguous (2^",
-                up == 'K'   ? 10
-                : up == 'M' ? 20
-                : up == 'G' ? 30
-                : up == 'T' ? 40
-                            : 50,
-                " for fio, 10^",
-                up == 'K'   ? 3
-                : up == 'M' ? 6
-                : up == 'G' ? 9
-                : up == 'T' ? 12
-                            : 15,
-                " for others): did you mean ", s.number, up, "iB (or ", s.number, si, ")?"));
-  } else if (u.empty()) {
+  for (const SizeUnit& unit : kSizeUnits)
+    if (u == unit.name) return scale(s.number, unit.bytes, t, "size", "byte");
+  if (u.size() == 1 && std::string_view("kKmMgGtTpP").find(u[0]) != std::string_view::npos)
+    fail_ambiguous_unit(s, t);
+  if (u.empty()) {
     const double v = to_double(s.number, t, "size");
     if (v == 0) return 0;
     fail(ErrorCode::kInvalidArgument,
          strcat("'", t, "' has no unit: write ", t, "B for bytes, or e.g. ", t, "GB, ", t, "GiB; ",
                 kAccepted, " (0 needs no unit)"));
-  } else {
-    fail(ErrorCode::kInvalidArgument,
-         strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
   }
-  return scale(s.number, mult, t, "size", "byte");
+  fail(ErrorCode::kInvalidArgument, strcat("'", t, "': unknown size unit '", u, "'; ", kAccepted));
 }
 
 std::string format_bytes_exact(std::uint64_t bytes) {

@@ -16,6 +16,11 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds ti
   return std::chrono::steady_clock::now() + timeout;
 }
 
+std::unique_ptr<IoEngine> non_null(std::unique_ptr<IoEngine> inner) {
+  if (!inner) fail(ErrorCode::kInvalidArgument, "FaultInjectingIoEngine: null inner engine");
+  return inner;
+}
+
 std::exception_ptr make_io_error(IoOp op, const std::string& path, std::uint64_t offset,
                                  std::uint64_t length, int errnum, const std::string& context) {
   try {
@@ -27,40 +32,20 @@ std::exception_ptr make_io_error(IoOp op, const std::string& path, std::uint64_t
 }  // namespace
 
 IoFault IoFault::fail_nth(std::uint64_t nth, int errnum, std::optional<IoOp> op) {
-  IoFault f;
-  f.kind = IoFaultKind::kError;
-  f.nth = nth;
-  f.errnum = errnum;
-  f.op = op;
-  return f;
+  return {.kind = IoFaultKind::kError, .op = op, .nth = nth, .errnum = errnum};
 }
 
 IoFault IoFault::short_nth(std::uint64_t nth, std::uint64_t bytes, std::optional<IoOp> op) {
-  IoFault f;
-  f.kind = IoFaultKind::kShortResult;
-  f.nth = nth;
-  f.short_bytes = bytes;
-  f.op = op;
-  return f;
+  return {.kind = IoFaultKind::kShortResult, .op = op, .nth = nth, .short_bytes = bytes};
 }
 
 IoFault IoFault::delay_nth(std::uint64_t nth, std::chrono::milliseconds delay,
                            std::optional<IoOp> op) {
-  IoFault f;
-  f.kind = IoFaultKind::kDelay;
-  f.nth = nth;
-  f.delay = delay;
-  f.op = op;
-  return f;
+  return {.kind = IoFaultKind::kDelay, .op = op, .nth = nth, .delay = delay};
 }
 
 IoFault IoFault::corrupt_nth_read(std::uint64_t nth, std::uint64_t bit) {
-  IoFault f;
-  f.kind = IoFaultKind::kCorruptRead;
-  f.nth = nth;
-  f.bit = bit;
-  f.op = IoOp::kRead;
-  return f;
+  return {.kind = IoFaultKind::kCorruptRead, .op = IoOp::kRead, .nth = nth, .bit = bit};
 }
 
 struct FaultInjectingIoEngine::Pending {
@@ -80,12 +65,11 @@ struct FaultInjectingIoEngine::Pending {
 };
 
 FaultInjectingIoEngine::FaultInjectingIoEngine(std::unique_ptr<IoEngine> inner)
-    : inner_(std::move(inner)) {
-  if (!inner_) fail(ErrorCode::kInvalidArgument, "FaultInjectingIoEngine: null inner engine");
-  name_ = strcat("fault(", inner_->name(), ")");
+    : IoEngineWrapper(non_null(std::move(inner))) {
+  name_ = strcat("fault(", this->inner().name(), ")");
 }
 
-FaultInjectingIoEngine::~FaultInjectingIoEngine() { inner_->shutdown(); }
+FaultInjectingIoEngine::~FaultInjectingIoEngine() { inner().shutdown(); }
 
 const char* FaultInjectingIoEngine::name() const { return name_.c_str(); }
 
@@ -116,23 +100,6 @@ std::uint64_t FaultInjectingIoEngine::fired_total() const {
   for (auto& f : faults_) n += f.fired;
   return n;
 }
-
-FileId FaultInjectingIoEngine::register_file(std::shared_ptr<IoFile> file) {
-  return inner_->register_file(std::move(file));
-}
-FileId FaultInjectingIoEngine::register_striped(std::vector<std::shared_ptr<IoFile>> files) {
-  return inner_->register_striped(std::move(files));
-}
-void FaultInjectingIoEngine::unregister_file(FileId id) { inner_->unregister_file(id); }
-std::uint32_t FaultInjectingIoEngine::alignment(FileId id) const { return inner_->alignment(id); }
-std::string FaultInjectingIoEngine::describe_file(FileId id) const {
-  return inner_->describe_file(id);
-}
-void FaultInjectingIoEngine::register_buffers(std::span<const IoRegion> regions) {
-  inner_->register_buffers(regions);
-}
-IoStats FaultInjectingIoEngine::stats() const { return inner_->stats(); }
-void FaultInjectingIoEngine::shutdown() { inner_->shutdown(); }
 
 IoTicket FaultInjectingIoEngine::submit(const IoRequest& request) {
   return submit_batch(std::span<const IoRequest>(&request, 1));
@@ -211,7 +178,7 @@ void FaultInjectingIoEngine::apply_faults(const IoRequest& r, std::uint32_t alig
       pending.injected_index = static_cast<std::uint32_t>(index);
     }
   };
-  const std::string path = inner_->describe_file(r.file);
+  const std::string path = inner().describe_file(r.file);
   if (error) {
     record(make_io_error(r.op, path, r.offset, r.length, errnum, "injected fault"));
     return;
@@ -231,7 +198,7 @@ void FaultInjectingIoEngine::apply_faults(const IoRequest& r, std::uint32_t alig
 
 IoTicket FaultInjectingIoEngine::submit_batch(std::span<const IoRequest> requests) {
   if (requests.empty()) fail(ErrorCode::kInvalidArgument, "io: submit_batch: empty batch");
-  const std::vector<std::uint32_t> align = check_batch(*inner_, requests);
+  const std::vector<std::uint32_t> align = check_batch(inner(), requests);
   auto pending = std::make_shared<Pending>();
   std::vector<IoRequest> pass;
   pass.reserve(requests.size());
@@ -242,7 +209,7 @@ IoTicket FaultInjectingIoEngine::submit_batch(std::span<const IoRequest> request
       apply_faults(requests[i], align[i], i, *pending, pass);
     id = next_ticket_++;
   }
-  if (!pass.empty()) pending->inner = inner_->submit_batch(pass);
+  if (!pass.empty()) pending->inner = inner().submit_batch(pass);
   std::lock_guard<std::mutex> lock(mu_);
   pending_.emplace(id, pending);
   return id;
@@ -267,7 +234,7 @@ bool FaultInjectingIoEngine::finish(IoTicket ticket,
       try {
         auto now = std::chrono::steady_clock::now();
         auto left = deadline > now ? deadline - now : std::chrono::steady_clock::duration::zero();
-        if (!inner_->wait(p->inner, left)) return false;
+        if (!inner().wait(p->inner, left)) return false;
       } catch (...) {
         p->inner_error = std::current_exception();
       }

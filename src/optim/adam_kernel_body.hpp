@@ -348,43 +348,34 @@ void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out,
   }
 }
 
-template <class V>
-void v_f32_to_bf16(const void* src, void* dst, std::size_t n) {
+// FP32 -> a 16-bit type: W lanes at a time through `vec`, the tail through `one` (the same bits).
+template <class V, auto vec, auto one>
+void v_narrow(const void* src, void* dst, std::size_t n) {
   const float* s = static_cast<const float*>(src);
   std::uint16_t* d = static_cast<std::uint16_t*>(dst);
   std::size_t i = 0;
-  for (; i + V::W <= n; i += V::W) V::store16(d + i, V::f_to_bf16(V::load(s + i)));
-  for (; i < n; ++i) d[i] = s_f_to_bf16(s[i]);
+  for (; i + V::W <= n; i += V::W) V::store16(d + i, vec(V::load(s + i)));
+  for (; i < n; ++i) d[i] = one(s[i]);
 }
-template <class V>
-void v_f32_to_fp16(const void* src, void* dst, std::size_t n) {
-  const float* s = static_cast<const float*>(src);
-  std::uint16_t* d = static_cast<std::uint16_t*>(dst);
-  std::size_t i = 0;
-  for (; i + V::W <= n; i += V::W) V::store16(d + i, V::f_to_fp16(V::load(s + i)));
-  for (; i < n; ++i) d[i] = s_f_to_fp16(s[i]);
-}
-template <class V>
-void v_bf16_to_f32(const void* src, void* dst, std::size_t n) {
+// A 16-bit type -> FP32, the same way.
+template <class V, auto vec, auto one>
+void v_widen(const void* src, void* dst, std::size_t n) {
   const std::uint16_t* s = static_cast<const std::uint16_t*>(src);
   float* d = static_cast<float*>(dst);
   std::size_t i = 0;
-  for (; i + V::W <= n; i += V::W) V::store(d + i, V::bf16_to_f(V::load16(s + i)));
-  for (; i < n; ++i) d[i] = s_bf16_to_f(s[i]);
-}
-template <class V>
-void v_fp16_to_f32(const void* src, void* dst, std::size_t n) {
-  const std::uint16_t* s = static_cast<const std::uint16_t*>(src);
-  float* d = static_cast<float*>(dst);
-  std::size_t i = 0;
-  for (; i + V::W <= n; i += V::W) V::store(d + i, V::fp16_to_f(V::load16(s + i)));
-  for (; i < n; ++i) d[i] = s_fp16_to_f(s[i]);
+  for (; i + V::W <= n; i += V::W) V::store(d + i, vec(V::load16(s + i)));
+  for (; i < n; ++i) d[i] = one(s[i]);
 }
 
 template <class V>
 strata::optim::KernelTable make_table() {
-  return {&v_adam_entry<V>,  &v_stats_entry<V>, &v_stream<V>,     &v_f32_to_bf16<V>,
-          &v_f32_to_fp16<V>, &v_bf16_to_f32<V>, &v_fp16_to_f32<V>};
+  return {&v_adam_entry<V>,
+          &v_stats_entry<V>,
+          &v_stream<V>,
+          &v_narrow<V, V::f_to_bf16, s_f_to_bf16>,
+          &v_narrow<V, V::f_to_fp16, s_f_to_fp16>,
+          &v_widen<V, V::bf16_to_f, s_bf16_to_f>,
+          &v_widen<V, V::fp16_to_f, s_fp16_to_f>};
 }
 
 // Portable traits: one lane, the scalar helpers.

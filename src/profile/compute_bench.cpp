@@ -9,6 +9,7 @@
 #include "profile/profile_internal.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
+#include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
 
@@ -34,6 +35,14 @@ void fill_random(void* data, std::size_t bytes, std::uint64_t seed) {
     std::memcpy(p + i, &v, 8);
   }
   for (; i < bytes; ++i) p[i] = static_cast<std::uint8_t>(i * 131 + seed);
+}
+
+void add_random_parameter(Engine& engine, const std::string& name, std::size_t n, float bound,
+                          std::mt19937& rng) {
+  std::vector<float> init(n);
+  std::uniform_real_distribution<float> d(-bound, bound);
+  for (auto& x : init) x = d(rng);
+  engine.add_parameter(name, init);
 }
 
 namespace {

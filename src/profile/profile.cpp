@@ -30,111 +30,54 @@ namespace {
 
 constexpr std::uint64_t K = 1ULL << 10, M = 1ULL << 20, G = 1ULL << 30;
 
-// --tiny (tests): the least that exercises every path
-Sizes tiny_sizes() {
-  Sizes s;
-  s.block_sizes = {128 * K, 1 * M};
-  s.queue_depths = {1, 8};
-  s.rings = {1};
-  s.both_engines = false;
-  s.io_region = 4 * M;
-  s.io_point_s = 0.01;
-  s.io_passes = 1;
-  s.copy_sizes = {1 * M};
-  s.adam_elements = 256 * K;
-  s.gpu_adam_elements = 1 * M;
-  s.triad_bytes = 24 * M;
-  s.collective_sizes = {256 * K};
-  s.sample_elements = 256 * K;
-  s.sample_sub_groups = 3;
-  s.sample_repeats = 1;
-  s.max_streams = 4;
-  s.stream_region = 4 * M;
-  s.stream_s = 0.02;
-  s.engine_check_steps = 3;
-  return s;
-}
-
-// --quick
-Sizes quick_sizes() {
-  Sizes s;
-  s.block_sizes = {128 * K, 1 * M, 8 * M};
-  s.queue_depths = {1, 32};
-  s.rings = {1};
-  s.io_region = 64 * M;
-  s.io_point_s = 0.05;
-  s.io_passes = 2;
-  s.copy_sizes = {1 * M, 16 * M, 64 * M};
-  s.adam_elements = 4 * M;
-  s.gpu_adam_elements = 16 * M;
-  s.triad_bytes = 96 * M;
-  s.collective_sizes = {1 * M, 16 * M};
-  s.sample_elements = 4 * M;
-  s.sample_sub_groups = 4;
-  s.sample_repeats = 3;
-  s.stream_region = 32 * M;
-  s.stream_s = 0.1;
-  s.engine_check_steps = 3;
-  return s;
-}
-
-// the default mode
-Sizes default_sizes() {
-  Sizes s;
-  s.block_sizes = {128 * K, 512 * K, 1 * M, 2 * M, 8 * M};
-  s.queue_depths = {1, 8, 32, 128};
-  s.rings = {1, 2};
-  s.io_region = 128 * M;
-  s.io_point_s = 0.06;
-  s.io_passes = 2;
-  s.copy_sizes = {1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G};
-  s.adam_elements = 16 * M;
-  s.gpu_adam_elements = 64 * M;
-  s.triad_bytes = 192 * M;
-  s.collective_sizes = {1 * M, 16 * M};
-  s.sample_elements = 8 * M;
-  s.sample_sub_groups = 4;
-  s.sample_repeats = 5;
-  s.stream_region = 64 * M;
-  s.stream_s = 0.2;
-  s.engine_check_steps = 5;
-  return s;
-}
-
-// --full
-Sizes full_sizes() {
-  Sizes s;
-  s.block_sizes = {128 * K, 256 * K, 512 * K, 1 * M, 2 * M, 4 * M, 8 * M};
-  s.queue_depths = {1, 2, 4, 8, 16, 32, 64, 128};
-  s.rings = {1, 2, 4};
-  s.io_region = 512 * M;
-  s.io_point_s = 0.15;
-  s.io_passes = 3;
-  s.copy_sizes = {1 * M,  2 * M,   4 * M,   8 * M,   16 * M, 32 * M,
-                  64 * M, 128 * M, 256 * M, 512 * M, 1 * G};
-  s.adam_elements = 64 * M;
-  s.gpu_adam_elements = 256 * M;
-  s.triad_bytes = 1536 * M;
-  s.collective_sizes = {1 * M, 16 * M, 64 * M, 256 * M};
-  s.sample_elements = 32 * M;
-  s.sample_sub_groups = 6;
-  s.sample_repeats = 5;
-  s.stream_region = 128 * M;
-  s.stream_s = 0.5;
-  s.engine_check_steps = 7;
-  return s;
+// first, 2 * first, 4 * first, ... up to last.
+std::vector<std::uint64_t> doubling(std::uint64_t first, std::uint64_t last) {
+  std::vector<std::uint64_t> v;
+  for (std::uint64_t x = first; x <= last; x *= 2) v.push_back(x);
+  return v;
 }
 
 }  // namespace
 
+// Each knob is one row: its value in the modes tiny (tests: the least that exercises every
+// path), quick, default and full.
 Sizes mode_sizes(ProfileMode mode) {
-  switch (mode) {
-    case ProfileMode::kTiny: return tiny_sizes();
-    case ProfileMode::kQuick: return quick_sizes();
-    case ProfileMode::kDefault: return default_sizes();
-    case ProfileMode::kFull: return full_sizes();
-  }
-  return Sizes{};
+  const auto pick = [mode]<typename T>(T tiny, T quick, T standard, T full) {
+    switch (mode) {
+      case ProfileMode::kTiny: return tiny;
+      case ProfileMode::kQuick: return quick;
+      case ProfileMode::kDefault: return standard;
+      case ProfileMode::kFull: return full;
+    }
+    return standard;
+  };
+  using U64s = std::vector<std::uint64_t>;
+  using U32s = std::vector<std::uint32_t>;
+  Sizes s;
+  s.block_sizes = pick(U64s{128 * K, 1 * M}, U64s{128 * K, 1 * M, 8 * M},
+                       U64s{128 * K, 512 * K, 1 * M, 2 * M, 8 * M}, doubling(128 * K, 8 * M));
+  s.queue_depths =
+      pick(U32s{1, 8}, U32s{1, 32}, U32s{1, 8, 32, 128}, U32s{1, 2, 4, 8, 16, 32, 64, 128});
+  s.rings = pick(U32s{1}, U32s{1}, U32s{1, 2}, U32s{1, 2, 4});
+  s.both_engines = mode != ProfileMode::kTiny;
+  s.io_region = pick(4 * M, 64 * M, 128 * M, 512 * M);
+  s.io_point_s = pick(0.01, 0.05, 0.06, 0.15);
+  s.io_passes = pick(1u, 2u, 2u, 3u);
+  s.copy_sizes = pick(U64s{1 * M}, U64s{1 * M, 16 * M, 64 * M},
+                      U64s{1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G}, doubling(1 * M, 1 * G));
+  s.adam_elements = pick(256 * K, 4 * M, 16 * M, 64 * M);
+  s.gpu_adam_elements = pick(1 * M, 16 * M, 64 * M, 256 * M);
+  s.triad_bytes = pick(24 * M, 96 * M, 192 * M, 1536 * M);
+  s.collective_sizes = pick(U64s{256 * K}, U64s{1 * M, 16 * M}, U64s{1 * M, 16 * M},
+                            U64s{1 * M, 16 * M, 64 * M, 256 * M});
+  s.sample_elements = pick(256 * K, 4 * M, 8 * M, 32 * M);
+  s.sample_sub_groups = pick(3u, 4u, 4u, 6u);
+  s.sample_repeats = pick(1u, 3u, 5u, 5u);
+  s.max_streams = pick(4u, 8u, 8u, 8u);
+  s.stream_region = pick(4 * M, 32 * M, 64 * M, 128 * M);
+  s.stream_s = pick(0.02, 0.1, 0.2, 0.5);
+  s.engine_check_steps = pick(3, 3, 5, 7);
+  return s;
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 namespace strata {
 class Device;
 class Communicator;
+class Engine;
 }  // namespace strata
 
 namespace strata::profile {
@@ -56,6 +58,10 @@ class Stopwatch {
 
 double median(std::vector<double> v);
 void fill_random(void* data, std::size_t bytes, std::uint64_t seed);
+// The model of a measured engine: one parameter `name` of n values uniform in [-bound, bound),
+// drawn from rng.
+void add_random_parameter(Engine& engine, const std::string& name, std::size_t n, float bound,
+                          std::mt19937& rng);
 
 Environment collect_environment(const std::vector<std::string>& paths,
                                 const std::string& adam_path);

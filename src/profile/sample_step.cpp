@@ -99,11 +99,8 @@ class Sample {
     comms_ = make_inprocess_communicators(1, e.runtime.collective_timeout_s);
     engine_ = std::make_unique<Engine>(e, *comms_[0]);
     const std::uint64_t n = elements * sub_groups;
-    std::vector<float> init(n);
     std::mt19937 rng(5);
-    std::uniform_real_distribution<float> d(-0.5f, 0.5f);
-    for (auto& x : init) x = d(rng);
-    engine_->add_parameter("sample", init);
+    add_random_parameter(*engine_, "sample", n, 0.5f, rng);
     engine_->finalize();
     grads_.resize(n * dtype_size(e.precision.grads));
     std::normal_distribution<float> g(0, 1e-2f);

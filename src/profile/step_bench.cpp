@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/numeric.hpp"
+#include "profile/profile_internal.hpp"
 #include "strata/communicator.hpp"
 #include "strata/device.hpp"
 #include "strata/device_query.hpp"
@@ -187,11 +188,8 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   std::unique_ptr<Communicator> comm = one_rank(cfg);
   auto engine = std::make_unique<Engine>(cfg, *comm);
   {
-    std::vector<float> init(n);
     std::mt19937 rng(5);
-    std::uniform_real_distribution<float> d(-0.1f, 0.1f);
-    for (auto& x : init) x = d(rng);
-    engine->add_parameter("state", init);
+    add_random_parameter(*engine, "state", n, 0.1f, rng);
   }
   engine->finalize();
   Engine& e = *engine;

@@ -2,6 +2,7 @@
 // the data paths between tiers (tier_copy.cpp).
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -189,6 +190,11 @@ class TierStore::Impl {
   // lock; pinned_used_ keeps counting it.
   void quarantine_host_locked(tier::Buf& b) REQUIRES(mutex_);
   void require_unpinned_away_locked(const tier::Buf& b, const char* verb) const REQUIRES(mutex_);
+  // After a write or zero: `only` becomes the one valid copy (the memory copies besides it are
+  // dropped; NVMe storage is reserved when it is `only`). `zeros`: the NVMe copy reads as zeros
+  // without having been written.
+  void keep_only_locked(tier::Buf& b, Tier only, bool zeros = false) REQUIRES(mutex_);
+  void* copy_address(tier::Buf& b, Tier t);  // of a memory copy; takes mutex_
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
   // Streaming operations (read / write / zero), on a mover.
@@ -218,12 +224,19 @@ class TierStore::Impl {
   void copy_gpu_to_nvme(tier::Buf& b, const std::uint8_t* src, tier::WorkerContext& ctx,
                         bool* unsafe);
   void copy_nvme_to_gpu(tier::Buf& b, std::uint8_t* dst, tier::WorkerContext& ctx, bool* unsafe);
+  // The pipeline both GPU ⇄ NVMe copies run, `leg` being one direction (tier_copy.cpp).
+  template <typename Leg>
+  void run_piece_pipeline(tier::Buf& b, tier::WorkerContext& ctx, Leg leg);
   void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
                    bool* unsafe);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
   std::uint64_t piece_size() const { return pool_ ? pool_->buffer_size() : (1ULL << 20); }
   std::size_t pieces(const tier::Buf& b) const {
     return static_cast<std::size_t>((b.padded + piece_size() - 1) / piece_size());
+  }
+  // Bytes of piece i of b (the last one may be shorter).
+  std::uint64_t piece_len(const tier::Buf& b, std::size_t i) const {
+    return std::min<std::uint64_t>(piece_size(), b.padded - i * piece_size());
   }
 
   TierStoreOptions options_;

@@ -292,8 +292,7 @@ class Runner {
   }
 
   void issue(std::size_t i) {
-    phase_ = "reading";
-    phase_item_ = i;
+    enter("reading", i);
     inflight_.emplace_back();
     Pending& p = inflight_.back();
     p.item = i;
@@ -325,8 +324,7 @@ class Runner {
   }
 
   void wait_inputs(Pending& p) {
-    phase_ = "reading";
-    phase_item_ = p.item;
+    enter("reading", p.item);
     auto t = Clock::now();
     for (auto& [tr, k] : p.acquires) {
       phase_part_ = k;
@@ -345,8 +343,7 @@ class Runner {
   }
 
   void compute(Pending& p) {
-    phase_ = "computing";
-    phase_item_ = p.item;
+    enter("computing", p.item);
     const StreamItem& item = items_[p.item];
     const ItemPlan& plan = plans_[p.item];
     // Staged outputs that are not read: their padding must hold zeros (it is written to NVMe).
@@ -367,6 +364,11 @@ class Runner {
     ++computed_;
   }
 
+  void enter(const char* phase, std::size_t item) {
+    phase_ = phase;
+    phase_item_ = item;
+  }
+
   void memset_device(void* at, std::uint64_t bytes) {
     if (!stream_) stream_ = store_.device().create_stream();
     stream_->memset_async(at, 0, bytes);
@@ -374,8 +376,7 @@ class Runner {
   }
 
   void write_back(Pending& p) {
-    phase_ = "writing";
-    phase_item_ = p.item;
+    enter("writing", p.item);
     const StreamItem& item = items_[p.item];
     const ItemPlan& plan = plans_[p.item];
     for (std::size_t k = 0; k < item.parts.size(); ++k) {
@@ -403,8 +404,7 @@ class Runner {
   void finish_writes(std::size_t i) {
     while (!inflight_.empty() && inflight_.front().item <= i) {
       Pending& p = inflight_.front();
-      phase_ = "writing";
-      phase_item_ = p.item;
+      enter("writing", p.item);
       auto t = Clock::now();
       for (auto& [tr, k] : p.writes) {
         phase_part_ = k;
@@ -508,6 +508,8 @@ class Runner {
   std::unique_ptr<Stream> stream_;
   std::size_t current_ = 0;
   std::size_t computed_ = 0, written_ = 0;
+  // Where the loop is (named in the error of a step that fails): set by enter(), the part by
+  // the steps that go part by part.
   const char* phase_ = "starting";
   std::size_t phase_item_ = 0, phase_part_ = 0;
   StreamStats stats_;

@@ -121,16 +121,14 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_->submit(IoRequest{IoOp::kWrite, swap_->file(),
-                                      const_cast<std::uint8_t*>(src + off), len, base + off}));
+    set.add(
+        engine_->submit(IoRequest{IoOp::kWrite, swap_->file(), const_cast<std::uint8_t*>(src + off),
+                                  piece_len(b, i), base + off}));
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
-  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i) {
-    const std::uint64_t off = i * piece_size();
-    b.crc[i] = crc32c(src + off, std::min<std::uint64_t>(piece_size(), b.padded - off));
-  }
+  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i)
+    b.crc[i] = crc32c(src + i * piece_size(), piece_len(b, i));
   set.finish(unsafe);
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
@@ -142,15 +140,13 @@ void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe)
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    set.add(engine_->submit(IoRequest{IoOp::kRead, swap_->file(), dst + off, len, base + off}));
+    set.add(engine_->submit(
+        IoRequest{IoOp::kRead, swap_->file(), dst + off, piece_len(b, i), base + off}));
   }
   // Verify each piece as it lands, while the later ones are still being read.
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
     set.wait_front(unsafe);  // throws: the destructor drains the rest
-    verify_piece(b, i, dst + off, len);
+    verify_piece(b, i, dst + i * piece_size(), piece_len(b, i));
   }
   MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
@@ -176,6 +172,37 @@ struct Slot {
   int stage = 0;  // see the two pipelines
 };
 
+// One direction of the GPU ⇄ NVMe pipeline: what happens to a slot at each step.
+template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle>
+struct PieceLeg {
+  Start start;      // puts the slot's piece in flight in stage 0
+  Ready ready;      // stage 0 has finished (never blocks)
+  Advance advance;  // stage 0 -> 1
+  Finish finish;    // waits until the slot is done with its buffer; throws on failure
+  Settle settle;    // after a failure: nothing still in flight may touch the slot's buffer
+};
+
+// GPU → NVMe, after slot `s` failed or was drained after another's failure: a device copy that
+// may still write its buffer, or a write that may still read it, keeps the buffer detached:
+// never back to the pool (F10).
+void settle_gpu_to_nvme_slot(Slot& s, IoEngine& engine, std::chrono::milliseconds timeout,
+                             bool* unsafe) {
+  if (s.stage == 0) {
+    try {
+      s.event->synchronize(timeout);
+    } catch (...) {
+      *unsafe = true;
+      s.buf.detach();
+    }
+  } else if (s.ticket) {
+    try {
+      if (!engine.wait(s.ticket, timeout)) s.buf.detach();
+    } catch (...) {
+      s.buf.detach();
+    }
+  }
+}
+
 // NVMe → GPU, after slot `s` failed or was drained after another's failure: nothing still in
 // flight may touch its buffer afterwards. A read that may still write it, or a device copy that
 // may still read it, keeps the buffer detached: never back to the pool (F10).
@@ -199,49 +226,24 @@ void settle_nvme_to_gpu_slot(Slot& s, IoEngine& engine, std::chrono::millisecond
 
 }  // namespace
 
-// Stage 0: device→pinned copy queued (event); stage 1: NVMe write submitted (ticket).
-void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerContext& ctx,
-                                       bool* unsafe) {
-  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
-  const auto timeout = options_.timeout;
+// Each piece of `b` passes through a pinned staging buffer in two stages, up to window_ pieces
+// (and one event each) in flight; a piece moves to stage 1 as soon as its stage 0 is seen done,
+// in order. The first failure stops new pieces; the ones in flight are drained (each settled),
+// and the failure is rethrown.
+template <typename Leg>
+void TierStore::Impl::run_piece_pipeline(Buf& b, WorkerContext& ctx, Leg leg) {
   std::deque<Slot> window;
   std::vector<Event*> free_events;
   for (auto& e : ctx.events) free_events.push_back(e.get());
   std::exception_ptr error;
-
-  auto to_write = [&](Slot& s) {  // stage 0 → 1
-    s.event->synchronize(timeout);
-    s.ticket = engine_->submit(
-        IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len, base + s.piece * piece_size()});
-    s.stage = 1;
-    // Checksummed while the write is in flight (both only read the pinned buffer).
-    if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
-  };
   auto retire_front = [&] {
     Slot& s = window.front();
     try {
       if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
-      if (s.stage == 0) to_write(s);
-      if (!engine_->wait(s.ticket, timeout)) {
-        *unsafe = true;
-        fail(ErrorCode::kTimeout, "tier store: NVMe write not complete in time");
-      }
+      leg.finish(s);
     } catch (...) {
       if (!error) error = std::current_exception();
-      if (s.stage == 0) {
-        try {
-          s.event->synchronize(timeout);
-        } catch (...) {
-          *unsafe = true;
-          s.buf.detach();  // the device copy may still write it: never back to the pool (F10)
-        }
-      } else if (s.ticket) {
-        try {
-          if (!engine_->wait(s.ticket, timeout)) s.buf.detach();  // the write may still read it
-        } catch (...) {
-          s.buf.detach();
-        }
-      }
+      leg.settle(s);
     }
     free_events.push_back(s.event);
     window.pop_front();
@@ -249,24 +251,18 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
 
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n && !error; ++i) {
-    const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    const std::uint64_t real = std::min<std::uint64_t>(len, b.spec.bytes - off);
     tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
                                            error, [this] { return take_staging(); });
     if (error) break;
     try {
-      Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
+      Slot s{std::move(pb), free_events.back(), i, piece_len(b, i), 0, 0};
       free_events.pop_back();
-      if (real < len) std::memset(s.buf.bytes() + real, 0, len - real);
-      ctx.stream->memcpy_async(s.buf.data(), src + off, real);
-      ctx.stream->record(*s.event);
+      leg.start(s);
       window.push_back(std::move(s));
-      // Start the NVMe write of every piece whose device copy already finished.
       for (auto& w : window) {
         if (w.stage == 0) {
-          if (!w.event->query()) break;
-          to_write(w);
+          if (!leg.ready(w)) break;
+          leg.advance(w);
         }
       }
     } catch (...) {
@@ -275,6 +271,38 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
   }
   while (!window.empty()) retire_front();
   if (error) std::rethrow_exception(error);
+}
+
+// Stage 0: device→pinned copy queued (event); stage 1: NVMe write submitted (ticket).
+void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerContext& ctx,
+                                       bool* unsafe) {
+  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  const auto timeout = options_.timeout;
+  auto start = [&](Slot& s) {  // the device copy into the pinned buffer, zero padding after it
+    const std::uint64_t off = s.piece * piece_size();
+    const std::uint64_t real = std::min<std::uint64_t>(s.len, b.spec.bytes - off);
+    if (real < s.len) std::memset(s.buf.bytes() + real, 0, s.len - real);
+    ctx.stream->memcpy_async(s.buf.data(), src + off, real);
+    ctx.stream->record(*s.event);
+  };
+  auto copied = [](Slot& s) { return s.event->query(); };
+  auto to_write = [&](Slot& s) {  // stage 0 → 1
+    s.event->synchronize(timeout);
+    s.ticket = engine_->submit(
+        IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len, base + s.piece * piece_size()});
+    s.stage = 1;
+    // Checksummed while the write is in flight (both only read the pinned buffer).
+    if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
+  };
+  auto finish = [&](Slot& s) {
+    if (s.stage == 0) to_write(s);
+    if (!engine_->wait(s.ticket, timeout)) {
+      *unsafe = true;
+      fail(ErrorCode::kTimeout, "tier store: NVMe write not complete in time");
+    }
+  };
+  auto settle = [&](Slot& s) { settle_gpu_to_nvme_slot(s, *engine_, timeout, unsafe); };
+  run_piece_pipeline(b, ctx, PieceLeg{start, copied, to_write, finish, settle});
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
   stats_.bytes_from_gpu += b.spec.bytes;
@@ -285,12 +313,13 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
                                        bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   const auto timeout = options_.timeout;
-  std::deque<Slot> window;
-  std::vector<Event*> free_events;
-  for (auto& e : ctx.events) free_events.push_back(e.get());
-  std::exception_ptr error;
-
+  auto start = [&](Slot& s) {
+    s.ticket = engine_->submit(
+        IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), s.len, base + s.piece * piece_size()});
+  };
+  auto read = [&](Slot& s) { return engine_->poll(s.ticket); };
   auto to_device = [&](Slot& s) {  // stage 0 (read done) → 1
+    s.ticket = 0;
     verify_piece(b, s.piece, s.buf.data(), s.len);
     const std::uint64_t off = s.piece * piece_size();
     const std::uint64_t real = std::min<std::uint64_t>(s.len, b.spec.bytes - off);
@@ -298,54 +327,18 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
     ctx.stream->record(*s.event);
     s.stage = 1;
   };
-  auto retire_front = [&] {
-    Slot& s = window.front();
-    try {
-      if (error) fail(ErrorCode::kCancelled, "draining after an earlier failure");
-      if (s.stage == 0) {
-        if (!engine_->wait(s.ticket, timeout)) {
-          *unsafe = true;
-          fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
-        }
-        s.ticket = 0;
-        to_device(s);
+  auto finish = [&](Slot& s) {
+    if (s.stage == 0) {
+      if (!engine_->wait(s.ticket, timeout)) {
+        *unsafe = true;
+        fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
       }
-      s.event->synchronize(timeout);
-    } catch (...) {
-      if (!error) error = std::current_exception();
-      settle_nvme_to_gpu_slot(s, *engine_, timeout, unsafe);
+      to_device(s);
     }
-    free_events.push_back(s.event);
-    window.pop_front();
+    s.event->synchronize(timeout);
   };
-
-  const std::size_t n = pieces(b);
-  for (std::size_t i = 0; i < n && !error; ++i) {
-    const std::uint64_t off = i * piece_size();
-    const std::uint64_t len = std::min<std::uint64_t>(piece_size(), b.padded - off);
-    tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
-                                           error, [this] { return take_staging(); });
-    if (error) break;
-    try {
-      Slot s{std::move(pb), free_events.back(), i, len, 0, 0};
-      free_events.pop_back();
-      s.ticket =
-          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), s.buf.data(), len, base + off});
-      window.push_back(std::move(s));
-      // Queue the device copy of every piece whose read already finished (in order).
-      for (auto& w : window) {
-        if (w.stage == 0) {
-          if (!engine_->poll(w.ticket)) break;
-          w.ticket = 0;
-          to_device(w);
-        }
-      }
-    } catch (...) {
-      error = std::current_exception();
-    }
-  }
-  while (!window.empty()) retire_front();
-  if (error) std::rethrow_exception(error);
+  auto settle = [&](Slot& s) { settle_nvme_to_gpu_slot(s, *engine_, timeout, unsafe); };
+  run_piece_pipeline(b, ctx, PieceLeg{start, read, to_device, finish, settle});
   MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
   stats_.bytes_to_gpu += b.spec.bytes;

@@ -21,6 +21,22 @@ constexpr Tier kMemTiers[2] = {Tier::kGpu, Tier::kCpu};
 void* copy_ptr(tier::Copy& c, Tier t) { return t == Tier::kGpu ? c.gpu.get() : c.host.data(); }
 }  // namespace
 
+void TierStore::Impl::keep_only_locked(Buf& b, Tier only, bool zeros) {
+  for (Tier u : kMemTiers)
+    if (u != only) drop_locked(b, u);
+  if (only == Tier::kNvme)
+    reserve_locked(b, Tier::kNvme);
+  else
+    b.copy[ti(Tier::kNvme)].valid = false;
+  b.copy[ti(only)].valid = true;
+  b.nvme_zero = zeros;
+}
+
+void* TierStore::Impl::copy_address(Buf& b, Tier t) {
+  MutexLock lock(mutex_);
+  return copy_ptr(b.copy[ti(t)], t);
+}
+
 tier::Staging TierStore::Impl::take_staging() {
   if (pool_) {
     PinnedBuffer p = pool_->try_acquire();
@@ -192,10 +208,8 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     require_unpinned_away_locked(b, "write");
     if (home == Tier::kNvme) {
       // The other copies are stale from here on; the write makes the NVMe copy the only one.
-      for (Tier u : kMemTiers) drop_locked(b, u);
-      reserve_locked(b, Tier::kNvme);
-      b.copy[ti(Tier::kNvme)].valid = false;
-      b.nvme_zero = false;
+      keep_only_locked(b, Tier::kNvme);
+      b.copy[ti(Tier::kNvme)].valid = false;  // until the write lands
     } else {
       need_load = !b.copy[ti(home)].valid && !whole;
     }
@@ -217,11 +231,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   } else {
     ensure_storage(b, home);
   }
-  void* base = nullptr;
-  {
-    MutexLock lock(mutex_);
-    base = copy_ptr(b.copy[ti(home)], home);
-  }
+  void* base = copy_address(b, home);
   try {
     copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier,
                 ctx, &unsafe);
@@ -239,11 +249,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     throw;
   }
   MutexLock lock(mutex_);
-  for (Tier u : kMemTiers)
-    if (u != home) drop_locked(b, u);
-  b.copy[ti(Tier::kNvme)].valid = false;
-  b.nvme_zero = false;
-  b.copy[ti(home)].valid = true;
+  keep_only_locked(b, home);
   ++stats_.writes;
   if (home == Tier::kGpu && job.tier == Tier::kCpu) stats_.bytes_to_gpu += job.bytes;
 }
@@ -254,19 +260,12 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
     MutexLock lock(mutex_);
     require_unpinned_away_locked(b, "zero");
     if (home == Tier::kNvme) {
-      for (Tier u : kMemTiers) drop_locked(b, u);
-      reserve_locked(b, Tier::kNvme);
-      b.copy[ti(Tier::kNvme)].valid = true;
-      b.nvme_zero = true;
+      keep_only_locked(b, Tier::kNvme, /*zeros=*/true);
       return;
     }
   }
   ensure_storage(b, home);
-  void* base = nullptr;
-  {
-    MutexLock lock(mutex_);
-    base = copy_ptr(b.copy[ti(home)], home);
-  }
+  void* base = copy_address(b, home);
   if (home == Tier::kCpu) {
     std::memset(base, 0, b.padded);
   } else {
@@ -274,11 +273,7 @@ void TierStore::Impl::stream_zero(Buf& b, WorkerContext& ctx) {
     ctx.stream->synchronize(options_.timeout);
   }
   MutexLock lock(mutex_);
-  for (Tier u : kMemTiers)
-    if (u != home) drop_locked(b, u);
-  b.copy[ti(Tier::kNvme)].valid = false;
-  b.nvme_zero = false;
-  b.copy[ti(home)].valid = true;
+  keep_only_locked(b, home);
 }
 
 }  // namespace strata

@@ -129,7 +129,10 @@ TEST(InProcessFaults, BadArguments) {
   auto comms = make_inprocess_communicators(1, 1.0);
   std::vector<std::size_t> counts{1, 2};
   float x = 0;
-  EXPECT_THROW(comms[0]->reduce_scatter(&x, &x, counts, DType::kFp32), Error);
+  expect_error(ErrorCode::kInvalidArgument, "reduce_scatter: 2 counts for 1 ranks",
+               [&] { comms[0]->reduce_scatter(&x, &x, counts, DType::kFp32); });
+  expect_error(ErrorCode::kInvalidArgument, "all_gather: 2 counts for 1 ranks",
+               [&] { comms[0]->all_gather(&x, &x, counts, DType::kFp32); });
   EXPECT_THROW(comms[0]->broadcast(&x, 1, DType::kFp32, 3), Error);
 }
 

@@ -147,6 +147,26 @@ TEST_P(FaultTest, ValidationStillApplies) {
   EXPECT_THROW(engine_->submit({IoOp::kWrite, id_, w_.bytes() + 1, kLen, 0}), Error);
 }
 
+// What the wrapper does not change is the inner engine's (IoEngineWrapper forwards it).
+TEST_P(FaultTest, ForwardsTheRestToTheInnerEngine) {
+  IoEngine& inner = engine_->inner();
+  EXPECT_EQ(engine_->kind(), GetParam());
+  EXPECT_EQ(std::string(engine_->name()), std::string("fault(") + inner.name() + ")");
+  EXPECT_EQ(&engine_->options(), &inner.options());
+  EXPECT_EQ(engine_->describe_file(id_), dir_.str() + "/f");
+  EXPECT_EQ(engine_->alignment(id_), inner.alignment(id_));
+  ASSERT_TRUE(engine_->wait(write(), 10s));
+  EXPECT_EQ(engine_->stats().bytes_written, kLen);
+  EXPECT_EQ(inner.stats().bytes_written, kLen);
+  engine_->shutdown();
+  testing::expect_error(ErrorCode::kCancelled, "", [&] { write(); });
+}
+
+TEST(FaultEngine, RefusesANullInnerEngine) {
+  testing::expect_error(ErrorCode::kInvalidArgument, "null inner engine",
+                        [] { FaultInjectingIoEngine e(nullptr); });
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, FaultTest,
                          ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kThreads),
                          kind_name);

@@ -15,6 +15,15 @@ Config config(std::uint64_t params, std::uint32_t ranks, int stage = 2) {
   c.zero.stage = stage;
   return c;
 }
+// A transformer's shape, for the activation estimate.
+void set_shape(Config& c, std::uint32_t layers, std::uint32_t hidden, std::uint32_t heads,
+               std::uint32_t sequence, std::uint32_t micro_batch) {
+  c.model.layers = layers;
+  c.model.hidden_size = hidden;
+  c.model.heads = heads;
+  c.model.sequence_length = sequence;
+  c.model.micro_batch = micro_batch;
+}
 constexpr std::uint64_t kGB = 1'000'000'000ULL;
 constexpr std::uint64_t kMiB = 1ULL << 20;
 constexpr std::uint64_t kStaging = (1ULL << 24) * 4;  // finalize()'s broadcast piece, 64 MiB
@@ -261,11 +270,7 @@ TEST(Plan, LadderOrder) {
 // (and the reason says why stage 1 fails). Larger buckets make stage 2 not fit.
 TEST(Plan, RecommendationCountsActivations13B) {
   Config c = config(13'000'000'000ULL, 8, 1);
-  c.model.layers = 40;
-  c.model.hidden_size = 5120;
-  c.model.heads = 40;
-  c.model.sequence_length = 4096;
-  c.model.micro_batch = 4;
+  set_shape(c, 40, 5120, 40, 4096, 4);
   Plan p = make_plan(c);
   EXPECT_TRUE(p.configured.fits());   // model state + runtime buffers alone: 71.57 GB
   EXPECT_FALSE(p.configured_fits());  // + activations
@@ -438,11 +443,7 @@ TEST(Plan, PinnedPoolWhereverTheEngineHasOne) {
 
 TEST(Plan, ActivationEstimate) {
   Config c = config(7'500'000'000ULL, 8, 3);
-  c.model.layers = 32;
-  c.model.hidden_size = 4096;
-  c.model.heads = 32;
-  c.model.sequence_length = 2048;
-  c.model.micro_batch = 1;
+  set_shape(c, 32, 4096, 32, 2048, 1);  // layers, hidden, heads, sequence, micro-batch
   c.tiers.gpu.budget = 40 * kGB;
   Plan p = make_plan(c);
   ASSERT_TRUE(p.activations.available);

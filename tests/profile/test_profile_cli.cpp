@@ -25,23 +25,6 @@ struct CliRun {
   std::string out, err;
 };
 
-CliRun profile(const std::string& args, const TempDir& dir) {
-  CliRun r;
-  const std::string err_file = dir.str() + "/stderr.txt";
-  r.rc = strata::testing::run_command(
-      "(" + strata::testing::binary_dir() + "/strata profile " + args + " 2>" + err_file + ")",
-      &r.out);
-  std::ifstream in(err_file);
-  r.err.assign(std::istreambuf_iterator<char>(in), {});
-  return r;
-}
-
-std::string write_file(const TempDir& dir, const std::string& name, const std::string& text) {
-  const std::string path = dir.str() + "/" + name;
-  std::ofstream(path) << text;
-  return path;
-}
-
 // 20M parameters on 2 ranks, stage 2, optimizer state on NVMe in `nvme` (or on cpu without).
 std::string config_text(const std::string& nvme, const std::string& extra = "") {
   std::string s =
@@ -122,13 +105,41 @@ void expect_valid_report(const json& j, bool has_gpu) {
 
 }  // namespace
 
-TEST(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
-  TempDir dir("strata-profile-test");
+// Each test runs `strata profile` in a directory of its own, removed afterwards.
+class ProfileCli : public ::testing::Test {
+ protected:
+  // Exit status, stdout and stderr of `strata profile ARGS`.
+  CliRun profile(const std::string& args) const {
+    CliRun r;
+    const std::string err_file = dir.str() + "/stderr.txt";
+    r.rc = strata::testing::run_command(
+        "(" + strata::testing::binary_dir() + "/strata profile " + args + " 2>" + err_file + ")",
+        &r.out);
+    r.err = read_file(err_file);
+    return r;
+  }
+  static std::string read_file(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  // Writes `text` to NAME in the directory; returns its path.
+  std::string write_file(const std::string& name, const std::string& text) const {
+    const std::string path = dir.str() + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  // c.yaml: config_text() with the optimizer state on the host (no NVMe path).
+  std::string host_config() const { return write_file("c.yaml", config_text("")); }
+
+  TempDir dir{"strata-profile-test"};
+};
+
+TEST_F(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
   const std::string nvme = dir.str() + "/nvme";
   fs::create_directory(nvme);
-  const std::string cfg = write_file(dir, "c.yaml", config_text(nvme));
+  const std::string cfg = write_file("c.yaml", config_text(nvme));
   const std::string tuned = dir.str() + "/tuned.yaml";
-  CliRun r = profile(cfg + " --tiny --json --write-config " + tuned, dir);
+  CliRun r = profile(cfg + " --tiny --json --write-config " + tuned);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json j = json::parse(r.out);  // stdout holds exactly one JSON document
   expect_valid_report(j, strata::cuda_available());
@@ -149,10 +160,9 @@ TEST(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
   EXPECT_TRUE(fs::is_empty(nvme));
 }
 
-TEST(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
-  TempDir dir("strata-profile-test");
-  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  CliRun r = profile(cfg + " --tiny --json", dir);
+TEST_F(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
+  const std::string cfg = host_config();
+  CliRun r = profile(cfg + " --tiny --json");
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json j = json::parse(r.out);
   expect_valid_report(j, strata::cuda_available());
@@ -167,18 +177,16 @@ TEST(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
             "stage 0, no offload");  // 20M parameters fit any GPU
 }
 
-TEST(ProfileCli, NoPathWritesNoTemporarySettingsIntoTheTunedConfig) {
-  TempDir dir("strata-profile-test");
+TEST_F(ProfileCli, NoPathWritesNoTemporarySettingsIntoTheTunedConfig) {
   const std::string text =
       "# a comment that must survive\nmodel: {parameters: 20M}\n"
       "world: {ranks: 2, ranks_per_node: 2}\nzero: {stage: 1}\n"
       "tiers:\n  nvme:\n    block_size: 2MiB   # mine\n    queue_depth: 4\n";
-  const std::string cfg = write_file(dir, "c.yaml", text);
+  const std::string cfg = write_file("c.yaml", text);
   const std::string tuned = dir.str() + "/tuned.yaml";
-  CliRun r = profile(cfg + " --tiny --write-config " + tuned, dir);
+  CliRun r = profile(cfg + " --tiny --write-config " + tuned);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
-  std::ifstream in(tuned);
-  const std::string t((std::istreambuf_iterator<char>(in)), {});
+  const std::string t = read_file(tuned);
   EXPECT_NE(t.find("# a comment that must survive"), std::string::npos) << t;
   EXPECT_NE(t.find("block_size: 2MiB   # mine"), std::string::npos) << t;  // not the temp dir's
   EXPECT_NE(t.find("queue_depth: 4"), std::string::npos) << t;
@@ -190,20 +198,18 @@ TEST(ProfileCli, NoPathWritesNoTemporarySettingsIntoTheTunedConfig) {
   EXPECT_NE(r.out.find("not changed (no NVMe path configured"), std::string::npos) << r.out;
 }
 
-TEST(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
-  TempDir dir("strata-profile-test");
+TEST_F(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
   const std::string nvme = dir.str() + "/nvme";
   fs::create_directory(nvme);
   const std::string text =
       "# job\nmodel:\n  parameters: 20M   # twenty million\nworld: {ranks: 2}\n"
       "tiers:\n  host: {budget: 64GiB}   # per node\n  nvme:\n    paths: [" +
       nvme + "]\n    block_size: 256KiB\n";
-  const std::string cfg = write_file(dir, "c.yaml", text);
+  const std::string cfg = write_file("c.yaml", text);
   const std::string tuned = dir.str() + "/tuned.yaml";
-  CliRun r = profile(cfg + " --tiny --write-config " + tuned, dir);
+  CliRun r = profile(cfg + " --tiny --write-config " + tuned);
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
-  std::ifstream in(tuned);
-  const std::string t((std::istreambuf_iterator<char>(in)), {});
+  const std::string t = read_file(tuned);
   for (const char* kept :
        {"# job", "parameters: 20M   # twenty million", "budget: 64GiB}   # per node"})
     EXPECT_NE(t.find(kept), std::string::npos) << kept << "\n" << t;
@@ -211,12 +217,11 @@ TEST(ProfileCli, WriteConfigKeepsCommentsAndUnits) {
   EXPECT_EQ(strata::load_config(tuned).tiers.host.budget, 64ULL << 30);
 }
 
-TEST(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
-  TempDir dir("strata-profile-test");
-  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
+TEST_F(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
+  const std::string cfg = host_config();
   for (const std::string& bad :
        {dir.str(), std::string("/proc/strata-no-such-file"), dir.str() + "/missing-dir/t.yaml"}) {
-    CliRun r = profile(cfg + " --tiny --write-config " + bad, dir);
+    CliRun r = profile(cfg + " --tiny --write-config " + bad);
     EXPECT_EQ(r.rc, 2) << bad << ": " << r.err;
     EXPECT_NE(r.err.find("--write-config: "), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("errno"), std::string::npos) << r.err;
@@ -224,26 +229,23 @@ TEST(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
     EXPECT_EQ(r.err.find("== "), std::string::npos) << "progress before the failure: " << r.err;
   }
   // An existing file is kept as it was when the run fails.
-  const std::string existing = write_file(dir, "keep.yaml", "precious\n");
-  CliRun r = profile(cfg + " --tiny --write-config " + existing + " --set zero.stage=9", dir);
+  const std::string existing = write_file("keep.yaml", "precious\n");
+  CliRun r = profile(cfg + " --tiny --write-config " + existing + " --set zero.stage=9");
   EXPECT_EQ(r.rc, 2);
-  std::ifstream in(existing);
-  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), {}), "precious\n");
+  EXPECT_EQ(read_file(existing), "precious\n");
 }
 
-TEST(ProfileCli, ModelParametersAbsentIsBadInput) {
-  TempDir dir("strata-profile-test");
+TEST_F(ProfileCli, ModelParametersAbsentIsBadInput) {
   // Until model.parameters is optional in the loader, the loader refuses the file; either way
   // the command exits 2 naming the key.
-  CliRun r = profile(write_file(dir, "c.yaml", "world: {ranks: 2}\n") + " --tiny", dir);
+  CliRun r = profile(write_file("c.yaml", "world: {ranks: 2}\n") + " --tiny");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("model.parameters"), std::string::npos) << r.err;
 }
 
-TEST(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
-  TempDir dir("strata-profile-test");
-  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  CliRun r = profile(cfg + " --tiny", dir);
+TEST_F(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
+  const std::string cfg = host_config();
+  CliRun r = profile(cfg + " --tiny");
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   for (const char* s : {"NVMe through the strata I/O engine", "CPU Adam", "triad", "Collectives",
                         "Sample step", "predicted", "pipelined", "Recommendation", "block_size"})
@@ -262,26 +264,23 @@ TEST(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
   EXPECT_EQ(r.err.find("\033["), std::string::npos);
 }
 
-TEST(ProfileCli, MissingPathIsBadInput) {
-  TempDir dir("strata-profile-test");
+TEST_F(ProfileCli, MissingPathIsBadInput) {
   const std::string missing = dir.str() + "/does-not-exist";
-  CliRun r = profile(write_file(dir, "c.yaml", config_text(missing)) + " --tiny", dir);
+  CliRun r = profile(write_file("c.yaml", config_text(missing)) + " --tiny");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("does not exist"), std::string::npos) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
 }
 
-TEST(ProfileCli, FileInsteadOfDirectoryIsBadInput) {
-  TempDir dir("strata-profile-test");
-  const std::string file = write_file(dir, "plain-file", "x");
-  CliRun r = profile(write_file(dir, "c.yaml", config_text(file)) + " --tiny", dir);
+TEST_F(ProfileCli, FileInsteadOfDirectoryIsBadInput) {
+  const std::string file = write_file("plain-file", "x");
+  CliRun r = profile(write_file("c.yaml", config_text(file)) + " --tiny");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("is not a directory"), std::string::npos) << r.err;
 }
 
-TEST(ProfileCli, UnwritablePathIsBadInput) {
-  TempDir dir("strata-profile-test");
+TEST_F(ProfileCli, UnwritablePathIsBadInput) {
   std::string target = dir.str() + "/read-only";
   fs::create_directory(target);
   ::chmod(target.c_str(), 0500);
@@ -300,39 +299,36 @@ TEST(ProfileCli, UnwritablePathIsBadInput) {
     if (!fs::is_directory(target) || writable(target))
       GTEST_SKIP() << "no unwritable directory available to this user";
   }
-  CliRun r = profile(write_file(dir, "c.yaml", config_text(target)) + " --tiny", dir);
+  CliRun r = profile(write_file("c.yaml", config_text(target)) + " --tiny");
   ::chmod((dir.str() + "/read-only").c_str(), 0700);
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("is not writable"), std::string::npos) << r.err;
 }
 
-TEST(ProfileCli, TmpfsWithDirectIoRequiredIsBadInput) {
+TEST_F(ProfileCli, TmpfsWithDirectIoRequiredIsBadInput) {
   if (!fs::is_directory("/dev/shm") || !strata::is_tmpfs("/dev/shm"))
     GTEST_SKIP() << "/dev/shm is not tmpfs here";
-  TempDir dir("strata-profile-test");
-  CliRun r = profile(
-      write_file(dir, "c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny", dir);
+  CliRun r =
+      profile(write_file("c.yaml", config_text("/dev/shm", ", direct_io: required")) + " --tiny");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("tmpfs"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("direct_io"), std::string::npos) << r.err;
 }
 
-TEST(ProfileCli, BadOptionsAreBadInput) {
-  TempDir dir("strata-profile-test");
-  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  EXPECT_EQ(profile(cfg + " --quick --full", dir).rc, 2);
-  EXPECT_EQ(profile(dir.str() + "/missing.yaml --tiny", dir).rc, 2);
-  CliRun r = profile(cfg + " --tiny --write-config /nonexistent-dir/t.yaml", dir);
+TEST_F(ProfileCli, BadOptionsAreBadInput) {
+  const std::string cfg = host_config();
+  EXPECT_EQ(profile(cfg + " --quick --full").rc, 2);
+  EXPECT_EQ(profile(dir.str() + "/missing.yaml --tiny").rc, 2);
+  CliRun r = profile(cfg + " --tiny --write-config /nonexistent-dir/t.yaml");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("--write-config"), std::string::npos) << r.err;
 }
 
 // One process with world.network_bandwidth: the network leg is taken from the key (not measured
 // between threads), counted in the prediction, and the report says where it came from.
-TEST(ProfileCli, NetworkBandwidthKeyIsUsedWhenNotLaunchedAcrossProcesses) {
-  TempDir dir("strata-profile-test");
-  const std::string cfg = write_file(dir, "c.yaml", config_text(""));
-  CliRun r = profile(cfg + " --tiny --json --set world.network_bandwidth=10GB", dir);
+TEST_F(ProfileCli, NetworkBandwidthKeyIsUsedWhenNotLaunchedAcrossProcesses) {
+  const std::string cfg = host_config();
+  CliRun r = profile(cfg + " --tiny --json --set world.network_bandwidth=10GB");
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = json::parse(r.out);
   EXPECT_TRUE(j["collectives"]["points"].empty());

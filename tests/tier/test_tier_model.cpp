@@ -20,8 +20,6 @@ namespace st = strata::testing;
 
 namespace {
 
-constexpr Tier kAll[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
-
 struct ModelBuf {
   BufferId id;
   std::string name;
@@ -65,9 +63,9 @@ void run_model(std::uint64_t seed, int ops) {
       ModelBuf b;
       b.name = "buf" + std::to_string(registered++);
       const std::uint64_t n = 1 + rng() % (160 << 10);
-      const Tier home = kAll[rng() % 3];
+      const Tier home = st::kAllTiers[rng() % 3];
       b.allowed = {home};
-      for (Tier t : kAll) {
+      for (Tier t : st::kAllTiers) {
         if (t != home && rng() % 4) b.allowed.push_back(t);
       }
       if (b.allowed.size() == 1 && home == Tier::kNvme) b.allowed.push_back(Tier::kCpu);
@@ -203,8 +201,7 @@ TEST(TierModel, ConcurrentUsers) {
       std::vector<std::uint8_t> ref(n - t * 1000, 0);
       for (int i = 0; i < 60; ++i) {
         try {
-          const Tier tiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
-          const Tier tt = tiers[rng() % 3];
+          const Tier tt = st::kAllTiers[rng() % 3];
           switch (rng() % 5) {
             case 0: {
               ref = st::random_bytes(ref.size(), rng());

@@ -42,9 +42,8 @@ TEST(TierStore, RegistersZeroFilledCopiesInEveryHomeTier) {
 
 TEST(TierStore, EveryPathPreservesBytes) {
   st::StoreRig rig;
-  auto id = rig.store->register_buffer({"master", kOdd, DType::kFp32, Tier::kCpu, {}});
   auto data = st::random_bytes(kOdd, 42);
-  rig.write(id, Tier::kCpu, data);
+  auto id = rig.add("master", Tier::kCpu, data);
 
   rig.store->move(id, Tier::kNvme).wait();  // cpu → nvme
   auto i = rig.store->info(id);
@@ -95,9 +94,8 @@ TEST(TierStore, CleanCopyIsNotWrittenAgain) {
 
 TEST(TierStore, AcquireWaitsForTheMoveInFlight) {
   st::StoreRig rig;
-  auto id = rig.store->register_buffer({"m", kOdd, DType::kFp32, Tier::kCpu, {}});
   auto data = st::random_bytes(kOdd, 7);
-  rig.write(id, Tier::kCpu, data);
+  auto id = rig.add("m", Tier::kCpu, data);
   // Slow every NVMe read: the acquire below must wait behind the move, not see a partial copy.
   rig.fault->add_fault([] {
     IoFault f;
@@ -151,9 +149,8 @@ TEST(TierStore, BudgetsAreEnforced) {
 
 TEST(TierStore, PinnedCopiesAreProtected) {
   st::StoreRig rig;
-  auto id = rig.store->register_buffer({"p", kOdd, DType::kFp32, Tier::kCpu, {}});
   auto data = st::random_bytes(kOdd, 9);
-  rig.write(id, Tier::kCpu, data);
+  auto id = rig.add("p", Tier::kCpu, data);
   rig.store->acquire(id, Tier::kCpu, Access::kRead);
   EXPECT_THROW(rig.store->evict(id, Tier::kCpu).wait(), Error);
   EXPECT_THROW(rig.store->move(id, Tier::kGpu).wait(), Error);
@@ -187,9 +184,8 @@ TEST(TierStore, AHeldPoolDoesNotStarveTheStore) {
   o.timeout = 2000ms;
   o.host_budget = (4 << 16) + (64 << 10);  // the pool + one bounce buffer
   st::StoreRig rig(o);
-  auto id = rig.store->register_buffer({"g", kOdd, DType::kFp32, Tier::kGpu, {}});
   auto data = st::random_bytes(kOdd, 11);
-  rig.write(id, Tier::kGpu, data);
+  auto id = rig.add("g", Tier::kGpu, data);
   std::vector<PinnedBuffer> hog;
   for (std::uint32_t i = 0; i < rig.pool->buffer_count(); ++i) hog.push_back(rig.pool->acquire(1s));
   rig.store->move(id, Tier::kNvme).wait(10s);

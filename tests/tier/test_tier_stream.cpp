@@ -27,8 +27,6 @@ namespace st = strata::testing;
 
 namespace {
 
-constexpr Tier kHomes[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
-
 // A reference copy of every buffer, checked against the store through read().
 struct Model {
   st::StoreRig& rig;
@@ -123,7 +121,7 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
     tier::StreamItem it;
     // Part 0: a whole chunk (in + out) on a random tier, of uneven size (0 < n <= 30000).
     const BufferId own =
-        m.add("chunk." + std::to_string(i), 1 + rng() % 30000, kHomes[rng() % 3], rng());
+        m.add("chunk." + std::to_string(i), 1 + rng() % 30000, st::kAllTiers[rng() % 3], rng());
     it.parts.push_back({own, 0, 0, true, true});
     // Part 1: an input range of a big buffer's first half (outputs go to the second halves: a
     // read-ahead never races an earlier item's write).
@@ -135,7 +133,7 @@ TEST_P(StreamLoopModel, RandomItemsMatchTheModel) {
     if (rng() % 2) {
       if (rng() % 2) {
         const BufferId out =
-            m.add("out." + std::to_string(i), 1 + rng() % 20000, kHomes[rng() % 3], rng());
+            m.add("out." + std::to_string(i), 1 + rng() % 20000, st::kAllTiers[rng() % 3], rng());
         it.parts.push_back({out, 0, 0, false, true});
       } else {
         const BufferId dst = rng() % 2 ? big_gpu : big_cpu;
@@ -255,15 +253,24 @@ std::string fill_name(const ::testing::TestParamInfo<FillCase>& i) {
          (i.param.device_source ? "_from_device" : "_from_host");
 }
 
-class FillerModel : public ::testing::TestWithParam<FillCase> {};
+class FillerModel : public ::testing::TestWithParam<FillCase> {
+ protected:
+  // The case's pool: GetParam().pool buffers of 64 KiB.
+  static st::RigOptions pool_options() {
+    st::RigOptions ro;
+    ro.pool_buffers = GetParam().pool;
+    ro.pool_buffer_size = 64 << 10;
+    return ro;
+  }
+};
 
 // The filler model's gradient chunks: 9 buffers of random sizes up to 60 KiB, homes cycling
-// through kHomes, random contents.
+// through the three tiers, random contents.
 std::vector<BufferId> add_grad_buffers(Model& m, std::mt19937_64& rng) {
   std::vector<BufferId> bufs;
   for (int k = 0; k < 9; ++k)
     bufs.push_back(
-        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), kHomes[k % 3], rng()));
+        m.add("grad." + std::to_string(k), 1 + rng() % (60 << 10), st::kAllTiers[k % 3], rng()));
   return bufs;
 }
 
@@ -294,10 +301,7 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   const std::uint64_t seed = st::test_seed("filler model");
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  st::RigOptions ro;
-  ro.pool_buffers = c.pool;
-  ro.pool_buffer_size = 64 << 10;
-  st::StoreRig rig(ro);
+  st::StoreRig rig(pool_options());
   Model m{rig};
   const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
@@ -338,9 +342,7 @@ TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
   const std::uint64_t seed = st::test_seed("filler async model");
   SCOPED_TRACE(::testing::Message() << "seed " << seed);
   std::mt19937_64 rng(seed);
-  st::RigOptions ro;
-  ro.pool_buffers = c.pool;
-  ro.pool_buffer_size = 64 << 10;
+  st::RigOptions ro = pool_options();
   ro.fault_device = true;
   st::StoreRig rig(ro);
   rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, 2ms});  // every device copy

@@ -43,6 +43,9 @@ class TmpfsMount {
 
 namespace strata::testing {
 
+// Every tier, fastest first.
+constexpr Tier kAllTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
+
 struct RigOptions {
   std::uint32_t pool_buffers = 4;
   std::uint64_t pool_buffer_size = 64 << 10;
@@ -141,6 +144,12 @@ struct StoreRig {
     }
     store->release(id, t);
     return out;
+  }
+  // Registers FP32 buffer `name` of data.size() bytes at `home` and writes `data` there.
+  BufferId add(const std::string& name, Tier home, const std::vector<std::uint8_t>& data) {
+    const BufferId id = store->register_buffer({name, data.size(), DType::kFp32, home, {}});
+    write(id, home, data);
+    return id;
   }
   // Writes data[at, at+n) at the same offset. With `discard` (only for the whole buffer) the old
   // contents are not loaded (Access::kDiscard).

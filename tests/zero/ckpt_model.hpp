@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "engine_basics.hpp"
 #include "strata/engine.hpp"
 
 namespace strata::testing {
@@ -60,20 +61,6 @@ inline void ckpt_step(Engine& e, const std::vector<std::size_t>& sizes, int rank
     e.set_gradient(static_cast<TensorId>(t), g.data());
   }
   e.step();
-}
-
-inline std::vector<std::vector<float>> ckpt_params(Engine& e,
-                                                   const std::vector<std::size_t>& sizes) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t t = 0; t < sizes.size(); ++t) {
-    TensorId id = t;
-    e.gather({&id, 1});
-    std::vector<float> p(sizes[t]);
-    e.read_param(id, p);
-    out.push_back(std::move(p));
-    e.release({&id, 1});
-  }
-  return out;
 }
 
 }  // namespace strata::testing

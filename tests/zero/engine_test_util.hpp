@@ -11,8 +11,10 @@
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
+#include "engine_basics.hpp"
 #include "strata/adam.hpp"
 #include "strata/engine.hpp"
+#include "test_util.hpp"
 
 namespace strata::testing {
 
@@ -35,10 +37,7 @@ inline Config engine_config(const EngineCase& c) {
   cfg.zero.sub_group_size = c.sub_group;
   cfg.precision.params = c.params;
   cfg.precision.grads = c.grads;
-  cfg.precision.loss_scale.initial = 1024.0;
-  cfg.optimizer.type = OptimizerType::kAdamW;
-  cfg.optimizer.lr = 1e-2;
-  cfg.optimizer.weight_decay = 0.01;
+  use_reference_adamw(cfg);
   cfg.optimizer.grad_clip = c.clip;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = c.timeout_s;
@@ -132,19 +131,6 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
     }
   }
   return out;
-}
-
-inline void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
-                                 const std::vector<std::vector<float>>& want,
-                                 const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t t = 0; t < got.size(); ++t) {
-    ASSERT_EQ(got[t].size(), want[t].size());
-    for (std::size_t i = 0; i < got[t].size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-          << what << ": tensor " << t << " element " << i << ": " << got[t][i] << " vs "
-          << want[t][i];
-  }
 }
 
 }  // namespace strata::testing

@@ -14,6 +14,7 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "core/numeric.hpp"
+#include "engine_basics.hpp"
 #include "strata/adam.hpp"
 #include "strata/device.hpp"
 #include "strata/engine.hpp"
@@ -132,22 +133,15 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.zero.sub_group_size = 2500;  // cut inside the chunks
   cfg.precision.params = p.pdt;
   cfg.precision.grads = p.gdt;
-  cfg.precision.loss_scale.initial = 1024;
-  cfg.optimizer.type = OptimizerType::kAdamW;
-  cfg.optimizer.lr = 1e-2;
-  cfg.optimizer.weight_decay = 0.01;
+  use_reference_adamw(cfg);
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
   cfg.runtime.device = DeviceKind::kHost;
   cfg.offload.optimizer = {p.opt, p.fraction, p.pin};
   cfg.offload.gradients = {p.grads, p.fraction, p.pin};
   cfg.offload.params = {p.params, p.fraction, p.pin};
-  cfg.tiers.host.buffer_count = 3;
-  cfg.tiers.host.buffer_size = 16 << 10;  // ~640 elements per chunk: several chunks per rank
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+  use_test_swap(cfg, dir, 3, 16 << 10);  // ~640 elements per chunk: several chunks per rank
   cfg.tiers.nvme.queue_depth = 4;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;  // the page cache: CI's disk is not what is tested
   return cfg;
 }
 
@@ -246,15 +240,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
       EXPECT_EQ(u.bytes_in + u.bytes_out, 0u) << "host-device memory was copied, not viewed";
     }
   }
-  std::vector<std::vector<float>> out;
-  for (auto id : ids) {
-    e.gather({&id, 1});
-    std::vector<float> v(kSizes[id]);
-    e.read_param(id, v);
-    out.push_back(std::move(v));
-    e.release({&id, 1});
-  }
-  return out;
+  return read_params(e, kSizes);
 }
 
 // Adds FP32 `b` into `a` (the accumulation order of docs/offload.md: micro-batch by micro-batch).

@@ -26,17 +26,6 @@ namespace {
 
 const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
 
-void expect_same(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b,
-                 const std::string& what) {
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t t = 0; t < a.size(); ++t) {
-    ASSERT_EQ(a[t].size(), b[t].size());
-    for (std::size_t i = 0; i < a[t].size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(a[t][i]), std::bit_cast<std::uint32_t>(b[t][i]))
-          << what << " tensor " << t << " element " << i;
-  }
-}
-
 // > 0: also gradients (stage >= 2) and parameters (stage 3) on NVMe, this fraction of each.
 double g_state_nvme = 0;
 
@@ -66,7 +55,7 @@ std::vector<std::vector<std::vector<float>>> run(
       if (!ckpt.empty()) e.save_checkpoint(ckpt);
     }
     for (int s = first; s < first + then; ++s) ckpt_step(e, kSizes, rank, s);
-    out[static_cast<std::size_t>(rank)] = ckpt_params(e, kSizes);
+    out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
   }));
   return out;
 }
@@ -83,11 +72,11 @@ TEST(Checkpoint, ResumeIsBitwiseIdenticalAcrossTiers) {
     auto got = run(2, stage, 0.5, swap.str(), ckpt.str(), 10, 12, true, &steps);
     EXPECT_EQ(steps[0], 10u);
     for (int r = 0; r < 2; ++r)
-      expect_same(got[r], want[r], strcat("stage ", stage, " nvme resume rank ", r));
+      expect_bitwise_equal(got[r], want[r], strcat("stage ", stage, " nvme resume rank ", r));
     run(2, stage, 1.0, swap.str(), ckpt.str(), 10, 0, false);
     got = run(2, stage, 0, swap.str(), ckpt.str(), 10, 12, true);
     for (int r = 0; r < 2; ++r)
-      expect_same(got[r], want[r], strcat("stage ", stage, " resident resume rank ", r));
+      expect_bitwise_equal(got[r], want[r], strcat("stage ", stage, " resident resume rank ", r));
     // The second save replaced the first: one shard per rank left, one manifest.
     std::size_t shards = 0;
     for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
@@ -107,9 +96,11 @@ TEST(Checkpoint, ResumeWithParamsAndGradientsOnNvme) {
   run(2, 3, 0.5, swap.str(), ckpt.str(), 10, 0, false);
   auto got = run(2, 3, 1.0, swap.str(), ckpt.str(), 10, 6, true);
   g_state_nvme = 0;
-  for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("params nvme resume rank ", r));
+  for (int r = 0; r < 2; ++r)
+    expect_bitwise_equal(got[r], want[r], strcat("params nvme resume rank ", r));
   got = run(2, 3, 0, swap.str(), ckpt.str(), 10, 6, true);
-  for (int r = 0; r < 2; ++r) expect_same(got[r], want[r], strcat("resident resume rank ", r));
+  for (int r = 0; r < 2; ++r)
+    expect_bitwise_equal(got[r], want[r], strcat("resident resume rank ", r));
 }
 
 TEST(Checkpoint, VerificationFailuresChangeNothing) {
@@ -136,13 +127,13 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   auto errs = run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(ckpt_config(2, 0.5, swap.str()), comm);
     ckpt_register(e, kSizes);
-    auto before = ckpt_params(e, kSizes);
+    auto before = read_params(e, kSizes);
     try {
       e.load_checkpoint(ckpt.str());
     } catch (const Error& err) {
       codes[static_cast<std::size_t>(rank)] = static_cast<int>(err.code());
     }
-    expect_same(ckpt_params(e, kSizes), before, "after a failed load");
+    expect_bitwise_equal(read_params(e, kSizes), before, "after a failed load");
     EXPECT_EQ(e.stats().steps, 0u);
   });
   rethrow_any(errs);
@@ -235,15 +226,17 @@ TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
     ASSERT_NO_THROW(e.load_checkpoint(ckpt.str())) << "kill at " << pct << "% of a save";
     const auto steps = e.stats().steps;
     EXPECT_TRUE(steps == 2 || steps == 3) << steps;
-    auto got = ckpt_params(e, sizes);
+    auto got = read_params(e, sizes);
     Engine ref(ckpt_config(1, 0, swap.str()), *comms[0]);
     ckpt_register(ref, sizes);
     for (int s = 0; s < static_cast<int>(steps); ++s) ckpt_step(ref, sizes, 0, s);
-    expect_same(got, ckpt_params(ref, sizes), strcat("after SIGKILL at ", pct, "% of a save"));
+    expect_bitwise_equal(got, read_params(ref, sizes),
+                         strcat("after SIGKILL at ", pct, "% of a save"));
     // And training continues identically.
     ckpt_step(e, sizes, 0, static_cast<int>(steps));
     ckpt_step(ref, sizes, 0, static_cast<int>(steps));
-    expect_same(ckpt_params(e, sizes), ckpt_params(ref, sizes), "one step after the resume");
+    expect_bitwise_equal(read_params(e, sizes), read_params(ref, sizes),
+                         "one step after the resume");
   }
   // At least one kill landed inside a save (shard of serial 3 begun, not committed).
   EXPECT_GT(mid_save, 0) << "no kill landed inside the save of serial 3";

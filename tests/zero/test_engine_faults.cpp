@@ -12,9 +12,11 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <source_location>
 
 #include "../comm/comm_test_util.hpp"
 #include "device/pinned_pool.hpp"
+#include "engine_basics.hpp"
 #include "strata/device_fault.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
@@ -31,24 +33,11 @@ using zero::EngineAccess;
 const std::vector<std::size_t> kSizes{3001, 7, 2120, 129};
 
 Config fault_config(int stage, Tier opt, Tier grads, Tier params, const std::string& dir) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = 1500;
-  cfg.zero.sub_group_size = 2500;
-  cfg.precision.params = DType::kFp32;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 5.0;
-  cfg.runtime.device = DeviceKind::kHost;
+  Config cfg = small_engine_config(stage, 1500, 2500, 5.0);
   cfg.offload.optimizer = {opt, 1.0, false};
   cfg.offload.gradients = {grads, 1.0, false};
   cfg.offload.params = {params, 1.0, false};
-  cfg.tiers.host.buffer_count = 3;
-  cfg.tiers.host.buffer_size = 16 << 10;
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  use_test_swap(cfg, dir, 3, 16 << 10);
   return cfg;
 }
 
@@ -90,23 +79,18 @@ struct Rank {
       e->release({&id, 1});
     }
   }
-  void expect_failed_for_good() {
-    try {
-      backward(99);
-      e->step();
-      FAIL() << "a failed engine took another step";
-    } catch (const Error& err) {
-      EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
-      EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos)
-          << err.what();
-    }
+  // A failed engine takes no other step and saves no checkpoint.
+  void expect_failed_for_good(std::source_location where = std::source_location::current()) {
+    expect_error(
+        ErrorCode::kIo, "unusable after a failed step",
+        [&] {
+          backward(99);
+          e->step();
+        },
+        where);
     TempDir ckpt("strata-faults-ckpt");
-    try {
-      e->save_checkpoint(ckpt.str());
-      FAIL() << "a failed engine saved a checkpoint";
-    } catch (const Error& err) {
-      EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
-    }
+    expect_error(
+        ErrorCode::kIo, "", [&] { e->save_checkpoint(ckpt.str()); }, where);
   }
   void expect_pool_whole() {
     PinnedPool* p = EngineAccess::storage(*e).pool();
@@ -135,13 +119,7 @@ TEST(EngineFaults, BudgetsAreEnforcedAtFinalizeNamingTierAndBuffer) {
     SCOPED_TRACE(c.name);
     Config cfg = fault_config(1, c.opt, Tier::kGpu, Tier::kGpu, dir.str());
     c.set(cfg);
-    try {
-      Rank r(cfg, *comms[0]);
-      FAIL() << "no budget error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
-      EXPECT_NE(std::string(e.what()).find(c.tier), std::string::npos) << e.what();
-    }
+    expect_error(ErrorCode::kBudget, c.tier, [&] { Rank r(cfg, *comms[0]); });
   }
   // Within the budgets: nothing exceeds one.
   Config cfg = fault_config(3, Tier::kNvme, Tier::kCpu, Tier::kGpu, dir.str());
@@ -172,14 +150,8 @@ TEST(EngineFaults, AFailedDeviceAllocationNamesTheBuffer) {
       return std::unique_ptr<Device>(std::move(f));
     };
     EngineAccess::set_storage_wrap(*r.e, std::move(w));
-    try {
-      r.e->finalize();
-      FAIL() << "no allocation error";
-    } catch (const Error& e) {
-      EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory) << e.what();
-      EXPECT_NE(std::string(e.what()).find(names), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("gpu tier"), std::string::npos) << e.what();
-    }
+    const std::string msg = expect_error(ErrorCode::kOutOfMemory, names, [&] { r.e->finalize(); });
+    EXPECT_NE(msg.find("gpu tier"), std::string::npos) << msg;
   }
 }
 
@@ -290,13 +262,10 @@ TEST(EngineFaults, AFailedGatherReadCanBeRetried) {
   Rank r(fault_config(3, Tier::kGpu, Tier::kGpu, Tier::kNvme, dir.str()), *comms[0]);
   r.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
   TensorId id = 0;
-  try {
+  const std::string msg = expect_error<IoError>(ErrorCode::kIo, "buffer 'param.", [&] {
     r.e->gather({&id, 1});
-    FAIL() << "the gather did not fail";
-  } catch (const IoError& e) {
-    EXPECT_EQ(e.errnum(), EIO);
-    EXPECT_NE(std::string(e.what()).find("buffer 'param."), std::string::npos) << e.what();
-  }
+  });
+  EXPECT_NE(msg.find(errno_text(EIO)), std::string::npos) << msg;
   r.io->clear_faults();
   r.e->gather({&id, 1});
   std::vector<float> v(kSizes[0]);
@@ -317,13 +286,7 @@ TEST(EngineFaults, AFailedDeviceCopyFailsTheStep) {
   r.backward(1);
   ASSERT_NE(r.device, nullptr);
   r.device->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
-  try {
-    r.e->step();
-    FAIL() << "no device error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kDevice) << e.what();
-    EXPECT_NE(std::string(e.what()).find("buffer '"), std::string::npos) << e.what();
-  }
+  expect_error(ErrorCode::kDevice, "buffer '", [&] { r.e->step(); });
   r.device->clear_faults();
   r.expect_pool_whole();
   r.expect_failed_for_good();
@@ -348,14 +311,8 @@ TEST(EngineFaults, AFlippedBitInASwapFileIsAChecksumError) {
   ASSERT_EQ(::pwrite(fd, &byte, 1, static_cast<off_t>(off)), 1);
   ::close(fd);
   r.backward(1);
-  try {
-    r.e->step();
-    FAIL() << "no checksum error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kChecksum) << e.what();
-    EXPECT_NE(std::string(e.what()).find("'opt.1'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
-  }
+  const std::string msg = expect_error(ErrorCode::kChecksum, "'opt.1'", [&] { r.e->step(); });
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
   r.expect_pool_whole();
   r.expect_failed_for_good();
 }

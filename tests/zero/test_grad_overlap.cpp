@@ -12,10 +12,12 @@
 
 #include <bit>
 #include <random>
+#include <source_location>
 #include <thread>
 
 #include "../comm/comm_test_util.hpp"
 #include "device_watch.hpp"
+#include "engine_basics.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
@@ -31,26 +33,14 @@ constexpr std::size_t kTensorElems = 256;
 constexpr std::uint64_t kBucket = kTensorsPerBucket * kTensorElems;
 
 Config overlap_config(int stage, Tier grads, const std::string& dir) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = kBucket;
-  cfg.zero.sub_group_size = 1500;  // chunks cut inside the buckets' shares
-  cfg.precision.params = DType::kFp32;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 60.0;
-  cfg.runtime.device = DeviceKind::kHost;
+  // Sub-groups of 1500 elements: chunks cut inside the buckets' shares.
+  Config cfg = small_engine_config(stage, kBucket, 1500, 60.0);
   cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
   cfg.offload.gradients = {grads, 1.0, false};
   cfg.offload.params = {stage == 3 ? Tier::kCpu : Tier::kGpu, 1.0, false};
   // Enough pool buffers for every gradient chunk one share touches: a filler that needs a pool
   // buffer while every one holds a chunk waits for the oldest chunk's copies (fill.hpp).
-  cfg.tiers.host.buffer_count = 8;
-  cfg.tiers.host.buffer_size = 16 << 10;
-  cfg.tiers.nvme.paths = {dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  use_test_swap(cfg, dir, 8, 16 << 10);
   return cfg;
 }
 
@@ -115,15 +105,6 @@ struct Rank {
     return out;
   }
 };
-
-void expect_bitwise(const std::vector<std::vector<float>>& got,
-                    const std::vector<std::vector<float>>& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size());
-  for (std::size_t t = 0; t < got.size(); ++t)
-    for (std::size_t i = 0; i < got[t].size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(got[t][i]), std::bit_cast<std::uint32_t>(want[t][i]))
-          << what << ": tensor " << t << " element " << i;
-}
 
 // Waits (bounded) until `cond` holds: a condition, not a timing assumption.
 template <typename F>
@@ -200,7 +181,7 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
   r.e->step();
   EXPECT_FALSE(r.dev->gate_timed_out());
-  expect_bitwise(r.params(), want, "after the overlapped steps");
+  expect_bitwise_equal(r.params(), want, "after the overlapped steps");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
@@ -208,45 +189,51 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                                            OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme}),
                          overlap_name);
 
-void expect_failed_for_good(Rank& r) {
-  try {
-    r.make_grads(0, 5);
-    for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
-    r.e->step();
-    FAIL() << "a failed engine took another step";
-  } catch (const Error& err) {
-    EXPECT_EQ(err.code(), ErrorCode::kIo) << err.what();
-    EXPECT_NE(std::string(err.what()).find("unusable after a failed step"), std::string::npos)
-        << err.what();
+// A failed engine takes no other step.
+void expect_failed_for_good(Rank& r, std::source_location where = std::source_location::current()) {
+  expect_error(
+      ErrorCode::kIo, "unusable after a failed step",
+      [&] {
+        r.make_grads(0, 5);
+        for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+        r.e->step();
+      },
+      where);
+}
+
+// `fn` (step(), or the set_gradient() that waits for the copy) reports the failed share copy.
+template <class Fn>
+void expect_copy_error(Fn&& fn, std::source_location where = std::source_location::current()) {
+  const std::string msg = expect_error(ErrorCode::kDevice, "injected by the test", fn, where);
+  if (!msg.empty()) EXPECT_NE(msg.find("'grad."), std::string::npos) << msg;
+}
+
+// One rank over a watched device whose first device->host share copy is held, then fails.
+class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
+ protected:
+  // The rank with `buckets` buckets and its gradients made; the copy held.
+  Rank& start(std::size_t buckets) {
+    const OverlapCase c = GetParam();
+    rank_ = std::make_unique<Rank>(overlap_config(c.stage, c.grads, dir_.str()), *comms_[0],
+                                   buckets, true);
+    rank_->make_grads(0, 0);
+    rank_->dev->hold(1, 1, true);
+    return *rank_;
   }
-}
 
-void expect_copy_error(const Error& err) {
-  EXPECT_EQ(err.code(), ErrorCode::kDevice) << err.what();
-  EXPECT_NE(std::string(err.what()).find("injected by the test"), std::string::npos) << err.what();
-  EXPECT_NE(std::string(err.what()).find("'grad."), std::string::npos) << err.what();
-}
-
-class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {};
+  TempDir dir_{"strata-overlap"};
+  std::vector<std::unique_ptr<Communicator>> comms_ = make_inprocess_communicators(1, 60.0);
+  std::unique_ptr<Rank> rank_;
+};
 
 // Three buckets: no set_gradient() needs the failing copy's receive buffer; the failure surfaces
 // at step().
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
-  const OverlapCase c = GetParam();
-  TempDir dir("strata-overlap");
-  auto comms = make_inprocess_communicators(1, 60.0);
-  Rank r(overlap_config(c.stage, c.grads, dir.str()), *comms[0], 3, true);
-  r.make_grads(0, 0);
-  r.dev->hold(1, 1, true);
+  Rank& r = start(3);
   for (std::size_t i = 0; i < r.tensors; ++i) ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
   r.dev->open();
-  try {
-    r.e->step();
-    FAIL() << "the failed copy went unnoticed";
-  } catch (const Error& err) {
-    expect_copy_error(err);
-  }
+  expect_copy_error([&] { r.e->step(); });
   EXPECT_FALSE(r.dev->gate_timed_out());
   expect_failed_for_good(r);
 }
@@ -254,22 +241,12 @@ TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
 // Four buckets: the call that completes the last bucket needs a receive buffer, waits for the
 // failed copy and reports it.
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtTheSetGradientThatWaitsForIt) {
-  const OverlapCase c = GetParam();
-  TempDir dir("strata-overlap");
-  auto comms = make_inprocess_communicators(1, 60.0);
-  Rank r(overlap_config(c.stage, c.grads, dir.str()), *comms[0], 4, true);
-  r.make_grads(0, 0);
-  r.dev->hold(1, 1, true);
+  Rank& r = start(4);
   for (std::size_t i = 0; i + 1 < r.tensors; ++i)
     ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
   r.dev->open();
-  try {
-    r.backward_call(r.tensors - 1);
-    FAIL() << "the failed copy went unnoticed";
-  } catch (const Error& err) {
-    expect_copy_error(err);
-  }
+  expect_copy_error([&] { r.backward_call(r.tensors - 1); });
   expect_failed_for_good(r);
 }
 
@@ -302,8 +279,8 @@ TEST_P(GradOverlap, DelayedCopiesNeverLoseAShare) {
     }));
   }
   for (int rank = 0; rank < kWorld; ++rank)
-    expect_bitwise(got[static_cast<std::size_t>(rank)], want[static_cast<std::size_t>(rank)],
-                   strcat("rank ", rank, " with delayed copies"));
+    expect_bitwise_equal(got[static_cast<std::size_t>(rank)], want[static_cast<std::size_t>(rank)],
+                         strcat("rank ", rank, " with delayed copies"));
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include <numeric>
 
 #include "../comm/comm_test_util.hpp"
+#include "engine_basics.hpp"
 #include "strata/device.hpp"
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
@@ -111,11 +112,7 @@ Config case_config(const AgreeCase& c, const std::string& swap_dir) {
   cfg.tiers.gpu.budget = 256ULL << 20;
   cfg.tiers.host.budget = 512ULL << 20;
   cfg.tiers.host.pinned_budget = 64ULL << 20;
-  cfg.tiers.host.buffer_count = 3;
-  cfg.tiers.host.buffer_size = 1 << 20;
-  cfg.tiers.nvme.paths = {swap_dir};
-  cfg.tiers.nvme.engine = IoEngineKind::kThreads;
-  cfg.tiers.nvme.direct_io = DirectIoMode::kOff;
+  use_test_swap(cfg, swap_dir, 3, 1 << 20);
   cfg.runtime.device = DeviceKind::kHost;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 60;
