@@ -149,8 +149,9 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("ds_config", o->input, "DeepSpeed JSON config")->required();
-       cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
-       cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists");
+       auto* output =
+           cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
+       cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists")->needs(output);
        cmd.add_option("--parameters", o->parameters,
                       "model.parameters, e.g. 7B (a DeepSpeed config has no model size)");
        cmd.add_option("--hidden-size", o->hidden_size,
