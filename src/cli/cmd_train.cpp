@@ -244,6 +244,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
     StepResult r = engine.step();
     float l = static_cast<float>(loss), total = 0;
     comm.all_reduce(&l, &total, 1, DType::kFp32);
+    if (comm.rank() == 0) flush_rank_warnings();  // every rank is past this step's warnings
     const double secs = seconds_since(t_step);
     const double samples = static_cast<double>(o.batch) * comm.size();
     StepRecord rec{
@@ -305,6 +306,8 @@ Launch train_mpi(const Config& cfg, const Options& o) {
   const double timeout = cfg.runtime.collective_timeout_s;
   auto comm = make_mpi_communicator(timeout);
   run.world = comm->size();
+  RankLogGroup warnings(1, run.world);  // "warning (rank 3): ..."
+  RankLogScope scope(warnings, comm->rank());
   if (o.ranks && o.ranks != run.world)
     fail(ErrorCode::kInvalidArgument,
          strcat("--ranks ", o.ranks, " but mpirun started ", run.world, " ranks"));
@@ -336,9 +339,11 @@ Launch train_inprocess(Config cfg, const Options& o) {
   auto comms = make_inprocess_communicators(world, timeout);
   run.backend = comms[0]->backend_name();
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  RankLogGroup warnings(world, world);  // each warning once, naming the ranks
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
+      RankLogScope scope(warnings, r);
       try {
         RankOutcome res = train_rank(cfg, *comms[static_cast<std::size_t>(r)], o);
         if (r == 0) outcome = std::move(res);
