@@ -404,18 +404,17 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   return m;
 }
 
-Manifest read_manifest(const SafeDir& dir) {
+Manifest read_manifest(const SafeDir& dir, FileEnv& env) {
   const std::string path = dir.child_path(kManifestName);
-  UniqueFd fd;
+  std::unique_ptr<RandomAccessFile> file;
   try {
-    fd = dir.open_file(kManifestName, O_RDONLY | O_NONBLOCK);
+    file = env.open_file(dir, kManifestName);
   } catch (const IoError& e) {
     if (e.errnum() == ENOENT)
       throw IoError("open", path, 0, 0, ENOENT, "no checkpoint in this directory");
     throw;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "checkpoint manifest");
+  const struct stat st = file->status();
   if (!S_ISREG(st.st_mode))
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint manifest ", path, " is not a regular file"));
@@ -424,7 +423,7 @@ Manifest read_manifest(const SafeDir& dir) {
          strcat("checkpoint manifest ", path, " is ", st.st_size, " bytes, more than the ",
                 kMaxManifestBytes, " a manifest may have"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  pread_full(fd.get(), text.data(), text.size(), 0, path);
+  file->read_at(text.data(), text.size(), 0);
   return parse_manifest(text, path);
 }
 
@@ -495,12 +494,12 @@ std::vector<unsigned char> encode_shard_header(
 // ---- ShardReader
 // ----------------------------------------------------------------------------------
 
-ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
+ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard, FileEnv& env)
     : m_(m), shard_(shard), layout_(shard_layout(m.partition_size, m.param_dtype, m.block_elems)) {
   const ShardEntry& e = m.shards.at(static_cast<std::size_t>(shard));
   path_ = dir.child_path(e.file);
   try {
-    fd_ = dir.open_file(e.file, O_RDONLY | O_NONBLOCK);
+    file_ = env.open_file(dir, e.file);
   } catch (const IoError& err) {
     if (err.errnum() == ENOENT)
       fail(ErrorCode::kChecksum,
@@ -508,8 +507,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
                   ", is missing: the checkpoint is incomplete"));
     throw;
   }
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno, "checkpoint shard");
+  const struct stat st = file_->status();
   if (!S_ISREG(st.st_mode))
     fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is not a regular file"));
   if (static_cast<std::uint64_t>(st.st_size) != e.bytes)
@@ -518,7 +516,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
                 e.bytes, static_cast<std::uint64_t>(st.st_size) < e.bytes ? " (truncated)" : "",
                 ": the checkpoint is damaged"));
   std::vector<unsigned char> h(layout_.header_bytes);
-  pread_full(fd_.get(), h.data(), h.size(), 0, path_);
+  file_->read_at(h.data(), h.size(), 0);
   bytes_read_ += h.size();
   const std::uint32_t crc = crc32c(h.data(), h.size());
   if (crc != e.header_crc32c)
@@ -558,7 +556,7 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   const std::uint64_t pad = b1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
   c.buf.resize((last - first) * eb + pad);
   const std::uint64_t off = layout_.offset[s] + first * eb;
-  pread_full(fd_.get(), c.buf.data(), c.buf.size(), off, path_);
+  file_->read_at(c.buf.data(), c.buf.size(), off);
   bytes_read_ += c.buf.size();
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
@@ -612,7 +610,7 @@ void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
     std::uint32_t crc = 0;
     for (std::uint64_t done = 0; done < len;) {
       const std::uint64_t k = std::min(len - done, kVerifyPiece);
-      pread_full(fd_.get(), buf.data(), k, off + done, path_);
+      file_->read_at(buf.data(), k, off + done);
       crc = crc32c(buf.data(), k, crc);
       done += k;
     }
@@ -628,36 +626,6 @@ void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offs
          strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
                 " (offset ", offset, ", ", len, " bytes) CRC32C ", hex8(crc), ", the header says ",
                 hex8(crc_[s][b])));
-}
-
-// ---- positional I/O
-// -------------------------------------------------------------------------------
-
-void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(buf);
-  for (std::uint64_t done = 0; done < n;) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("read", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0)
-      fail(ErrorCode::kChecksum,
-           strcat("checkpoint file ", path, ": unexpected end of file at offset ", offset + done,
-                  " (", n - done, " more bytes expected): truncated"));
-    done += static_cast<std::uint64_t>(r);
-  }
-}
-
-void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
-                 const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(buf);
-  for (std::uint64_t done = 0; done < n;) {
-    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("write", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0)
-      throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
-    done += static_cast<std::uint64_t>(r);
-  }
 }
 
 }  // namespace strata::zero::ckpt

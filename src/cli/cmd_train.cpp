@@ -26,6 +26,7 @@
 #include "cli/mlp_model.hpp"
 #include "comm/numeric.hpp"
 #include "core/bounded_json.hpp"
+#include "core/file_env.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
@@ -95,17 +96,9 @@ void write_train_options(const Options& o) {
                                           {"step", m.steps}}
                                .dump(2) +
                            "\n";
-  const std::string tmp = std::string(kTrainOptionsFile) + ".tmp";
-  dir.try_remove(tmp, false);  // a leftover of a run killed while writing it (the link, if one)
-  {
-    UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
-    zero::ckpt::pwrite_full(fd.get(), text.data(), text.size(), 0, dir.child_path(tmp));
-    if (::fsync(fd.get()) != 0)
-      throw IoError("fsync", dir.child_path(tmp), 0, text.size(), errno,
-                    "train: recording the checkpoint's model options");
-  }
-  dir.rename(tmp, kTrainOptionsFile);
-  dir.sync();
+  // Through the checkpoint's file seam, as the checkpoint itself.
+  write_file_atomically(FileEnv::current(), dir, kTrainOptionsFile,
+                        std::string(kTrainOptionsFile) + ".tmp", text, 0644);
 }
 
 // --resume with a checkpoint in DIR: refuses --hidden/--batch/--seed other than those it was
@@ -117,9 +110,9 @@ void check_resume_options(const Options& o) {
   const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
   const std::string path = dir.child_path(kTrainOptionsFile);
   // Opened, then checked on the descriptor (as read_manifest does): not a FIFO, not huge.
-  UniqueFd fd;
+  std::unique_ptr<RandomAccessFile> file;
   try {
-    fd = dir.open_file(kTrainOptionsFile, O_RDONLY | O_NONBLOCK);
+    file = FileEnv::current().open_file(dir, kTrainOptionsFile);
   } catch (const IoError& e) {
     if (e.errnum() != ENOENT) throw;
     log_warn("train: ", path,
@@ -128,14 +121,13 @@ void check_resume_options(const Options& o) {
              o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
     return;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "train --resume");
+  const struct stat st = file->status();
   if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kTrainOptionsMaxBytes)
     fail(ErrorCode::kInvalidArgument,
          strcat("--resume: ", path, " is not a regular file of at most ", kTrainOptionsMaxBytes,
                 " bytes; remove it to resume unchecked"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  zero::ckpt::pread_full(fd.get(), text.data(), text.size(), 0, path);
+  file->read_at(text.data(), text.size(), 0);
   int hidden = 0, batch = 0;
   std::int64_t seed = 0;
   std::uint64_t serial = 0;

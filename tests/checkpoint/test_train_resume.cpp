@@ -70,13 +70,13 @@ std::pair<pid_t, int> start(const std::vector<std::string>& args) {
   EXPECT_EQ(::pipe(fds), 0);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::setenv("STRATA_CHECKPOINT_WRITE_DELAY_MS", "4", 1);  // saves last long enough to be hit
     ::dup2(fds[1], 1);
     const int null = ::open("/dev/null", O_WRONLY);
     ::dup2(null, 2);
     ::close(fds[0]);
     ::close(fds[1]);
-    std::vector<std::string> all{strata()};
+    // The test-only build whose saves last long enough to be hit (slow_saves.cpp).
+    std::vector<std::string> all{STRATA_SLOW_SAVES};
     all.insert(all.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());

@@ -159,9 +159,6 @@ std::pair<pid_t, int> start_helper(const std::string& ckpt, const std::string& s
   EXPECT_EQ(::pipe(fds), 0);
   pid_t pid = ::fork();
   if (pid == 0) {
-    // Every checkpoint write of the helper takes >= 20 ms, so a save lasts long enough to be
-    // killed inside whatever the build (sanitizers) and the machine's load.
-    ::setenv("STRATA_CHECKPOINT_WRITE_DELAY_MS", "20", 1);
     ::dup2(fds[1], 1);
     ::close(fds[0]);
     ::close(fds[1]);
