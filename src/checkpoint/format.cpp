@@ -207,7 +207,7 @@ bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* ra
   return true;
 }
 
-std::string serialize_manifest(const Manifest& m) {
+json manifest_fields(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
   j["format_version"] = m.format_version;
@@ -220,18 +220,10 @@ std::string serialize_manifest(const Manifest& m) {
   j["partition_size"] = m.partition_size;
   j["block_elems"] = m.block_elems;
   json tensors = json::array();
-  for (const auto& t : m.tensors) {
-    if (!valid_utf8(t.name))
-      fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
-                  "' is not valid UTF-8"));
+  for (const auto& t : m.tensors)
     tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
-  }
   j["tensors"] = std::move(tensors);
   j["adam_step"] = m.adam_step;
-  if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
-    fail(ErrorCode::kInternal,
-         strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
   j["loss_scale"] = m.loss_scale;
   j["good_steps"] = m.good_steps;
   j["steps"] = m.steps;
@@ -247,6 +239,19 @@ std::string serialize_manifest(const Manifest& m) {
                       {"count", s.count},
                       {"header_crc32c", s.header_crc32c}});
   j["shards"] = std::move(shards);
+  return j;
+}
+
+std::string serialize_manifest(const Manifest& m) {
+  for (const auto& t : m.tensors)
+    if (!valid_utf8(t.name))
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
+                  "' is not valid UTF-8"));
+  if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
+  const json j = manifest_fields(m);
   // The config may hold non-UTF-8 path bytes: they are replaced (it is informational only).
   std::string body = j.dump(1, ' ', false, json::error_handler_t::replace);
   // body ends with "\n}": the seal goes before the closing brace.

@@ -111,12 +111,16 @@ bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* ra
 
 // Sealed JSON text (see above). Tensor names must be valid UTF-8 (Error kInvalidArgument).
 std::string serialize_manifest(const Manifest& m);
+// The manifest's fields as manifest.json holds them, without the seal: what serialize_manifest
+// seals and what `strata checkpoint info --json` shows (one list of fields for both).
+nlohmann::json manifest_fields(const Manifest& m);
 // Checks the seal, the format and version, then every field (types, ranges, consistency: the
 // shards tile [0, flat_size) in partitions, tensors ascending and inside it, file names as
 // written). `path` is for messages.
 Manifest parse_manifest(std::string_view text, const std::string& path);
 // Opens DIR/manifest.json (no symlink, a regular file of at most kMaxManifestBytes) and parses it.
-Manifest read_manifest(const SafeDir& dir);
+// Through `env` (FileEnv::current() by default), as every file of a checkpoint is read and written.
+Manifest read_manifest(const SafeDir& dir, FileEnv& env = FileEnv::current());
 
 // Where a shard's parts lie.
 struct ShardLayout {
