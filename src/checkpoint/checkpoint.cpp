@@ -115,6 +115,18 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   return serial + 1;
 }
 
+// The training counters a checkpoint carries, saved from RankState into the Manifest and loaded
+// back (the same six fields in both): one list of them.
+template <typename From, typename To>
+void copy_counters(const From& from, To& to) {
+  to.adam_step = from.adam_step;
+  to.loss_scale = from.loss_scale;
+  to.good_steps = from.good_steps;
+  to.steps = from.steps;
+  to.applied_steps = from.applied_steps;
+  to.skipped_steps = from.skipped_steps;
+}
+
 Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_elems) {
   Manifest m;
   m.strata_version = build::kVersion;
@@ -128,12 +140,7 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   const Partition& p = *s.partition;
   for (std::size_t i = 0; i < p.num_tensors(); ++i)
     m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
-  m.adam_step = s.adam_step;
-  m.loss_scale = s.loss_scale;
-  m.good_steps = s.good_steps;
-  m.steps = s.steps;
-  m.applied_steps = s.applied_steps;
-  m.skipped_steps = s.skipped_steps;
+  copy_counters(s, m);
   m.config_yaml = s.config_yaml;
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
@@ -438,12 +445,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
     throw;
   }
   s.bytes_read = shards->bytes_read();
-  s.adam_step = m.adam_step;
-  s.loss_scale = m.loss_scale;
-  s.good_steps = m.good_steps;
-  s.steps = m.steps;
-  s.applied_steps = m.applied_steps;
-  s.skipped_steps = m.skipped_steps;
+  copy_counters(m, s);
   const std::string done =
       strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
              " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");
