@@ -103,10 +103,7 @@ struct SavedManifest {
 
 TEST(CheckpointRobust, NewerOrForeignFormatIsRefused) {
   const SavedManifest saved;
-  const TempDir& dir = saved.dir;
-  const fs::path& mpath = saved.path;
-  const std::string& good = saved.text;
-  const json& j = saved.parsed;
+  const auto& [dir, mpath, good, j] = saved;
   EXPECT_EQ(j["format_version"], 2);
   EXPECT_FALSE(j["strata_version"].get<std::string>().empty());
   // A newer format, sealed as ours and not.
@@ -209,10 +206,7 @@ TEST(CheckpointRobust, FlippedBitsInShardsAreCaught) {
 // (kInvalidArgument or kChecksum, naming the field or file) or loads exactly what it says.
 TEST(CheckpointRobust, EveryManifestFieldIsValidated) {
   const SavedManifest saved;
-  const TempDir& dir = saved.dir;
-  const fs::path& mpath = saved.path;
-  const std::string& good = saved.text;
-  const json& orig = saved.parsed;
+  const auto& [dir, mpath, good, orig] = saved;
   std::vector<json::json_pointer> leaves;
   const json flat = orig.flatten();
   for (auto& [k, v] : flat.items())
