@@ -1,6 +1,7 @@
 #include "core/file_env.hpp"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,9 +32,8 @@ void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
   for (std::uint64_t done = 0; done < n;) {
     const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("write", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0)
-      throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
+    if (r < 0) throw IoError("write", path, offset + done, n - done, errno);
+    if (r == 0) throw IoError("write", path, offset + done, n - done, EIO, "wrote nothing");
     done += static_cast<std::uint64_t>(r);
   }
 }
@@ -49,10 +49,10 @@ class PosixWritableFile final : public WritableFile {
   }
   void truncate(std::uint64_t size) override {
     if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
-      throw IoError("ftruncate", path_, size, 0, errno, "checkpoint");
+      throw IoError("ftruncate", path_, size, 0, errno);
   }
   void sync() override {
-    if (::fdatasync(fd_.get()) != 0) throw IoError("fdatasync", path_, 0, 0, errno, "checkpoint");
+    if (::fdatasync(fd_.get()) != 0) throw IoError("fdatasync", path_, 0, 0, errno);
   }
 
  private:
@@ -67,7 +67,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   const std::string& path() const override { return path_; }
   struct stat status() const override {
     struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno, "checkpoint");
+    if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno);
     return st;
   }
   void read_at(void* dst, std::uint64_t n, std::uint64_t offset) override {
@@ -120,6 +120,58 @@ void write_file_atomically(FileEnv& env, const SafeDir& dir, std::string_view na
   }
   env.rename(dir, tmp_name, name);
   env.sync_dir(dir);
+}
+
+namespace {
+
+// (directory, name) of an output path; Error(kInvalidArgument) naming `option` when it names no
+// file.
+std::pair<std::string, std::string> split_output_path(const std::string& path,
+                                                      const std::string& option) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const auto slash = p.rfind('/');
+  std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
+  std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
+  if (name.empty() || name == "." || name == "..")
+    fail(ErrorCode::kInvalidArgument, strcat(option, " '", path, "' does not name a file"));
+  return {parent, name};
+}
+
+}  // namespace
+
+ReplacingFile::ReplacingFile(const std::string& path, const std::string& option, bool overwrite,
+                             mode_t mode, FileEnv& env)
+    : overwrite_(overwrite), env_(env) {
+  auto [parent, name] = split_output_path(path, option);
+  SafeDirOptions o;
+  o.role = option + " directory";
+  dir_ = SafeDir::open(parent, o);
+  name_ = std::move(name);
+  dir_.check_replaceable(name_, overwrite_);
+  tmp_ = strcat(".", name_, ".tmp-", ::getpid());
+  dir_.try_remove(tmp_, false);
+  file_ = env_.create_file(dir_, tmp_, mode);
+}
+
+ReplacingFile::~ReplacingFile() {
+  file_.reset();
+  if (!committed_ && dir_) dir_.try_remove(tmp_, false);
+}
+
+void ReplacingFile::commit() {
+  file_->sync();
+  file_.reset();
+  dir_.check_replaceable(name_, overwrite_);  // again: it may have appeared while we wrote
+  const unsigned flags = overwrite_ ? 0u : static_cast<unsigned>(RENAME_NOREPLACE);
+  if (::renameat2(dir_.fd(), tmp_.c_str(), dir_.fd(), name_.c_str(), flags) != 0) {
+    const int err = errno;
+    if (err == EEXIST)
+      fail(ErrorCode::kInvalidArgument, strcat(path(), " exists; pass --overwrite to replace it"));
+    throw IoError("rename", dir_.child_path(tmp_), 0, 0, err, strcat("to ", path()));
+  }
+  committed_ = true;
+  dir_.sync();
 }
 
 ScopedFileEnv::ScopedFileEnv(FileEnv& env) : previous_(current_env().exchange(&env)) {}

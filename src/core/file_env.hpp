@@ -102,6 +102,34 @@ class FileEnvWrapper : public FileEnv {
 void write_file_atomically(FileEnv& env, const SafeDir& dir, std::string_view name,
                            std::string_view tmp_name, std::string_view text, mode_t mode = 0600);
 
+// A new file at `path`, written beside it (".NAME.tmp-PID" in its directory: exclusive, no-follow,
+// `mode`; a leftover of that name removed) and renamed onto it by commit(): the outputs of
+// `strata import-deepspeed -o` and `strata checkpoint export --out`. An existing `path` is refused
+// unless `overwrite`, and even then unless it is a regular file (SafeDir::check_replaceable):
+// checked when constructed and again at commit(), whose rename replaces nothing unless
+// `overwrite`. Destroyed uncommitted (an exception on the way): the temporary file is removed.
+// `option` names the path in messages ("-o", "--out"); a path that names no file ("", "dir/.")
+// is Error(kInvalidArgument).
+class ReplacingFile {
+ public:
+  ReplacingFile(const std::string& path, const std::string& option, bool overwrite,
+                mode_t mode = 0600, FileEnv& env = FileEnv::current());
+  ~ReplacingFile();
+  ReplacingFile(const ReplacingFile&) = delete;
+  ReplacingFile& operator=(const ReplacingFile&) = delete;
+  WritableFile& file() { return *file_; }                      // the temporary file
+  std::string path() const { return dir_.child_path(name_); }  // the destination
+  void commit();  // sync, check again, rename onto path(), sync the directory
+
+ private:
+  SafeDir dir_;
+  std::string name_, tmp_;
+  const bool overwrite_;
+  FileEnv& env_;
+  std::unique_ptr<WritableFile> file_;
+  bool committed_ = false;
+};
+
 // Installs `env` as FileEnv::current() for the process while it lives (restores the previous).
 // For a test's process or a child it starts, before the work it affects; not while another thread
 // uses FileEnv::current().
