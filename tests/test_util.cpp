@@ -1,5 +1,6 @@
 #include "test_util.hpp"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -7,6 +8,7 @@
 #include <array>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -74,6 +76,52 @@ int run_command(const std::string& command, std::string* output) {
   if (output) *output = out;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   return -1;
+}
+
+Child start_child(const std::vector<std::string>& argv, bool keep_stderr) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {};
+  std::vector<std::string> args = argv;  // copied before fork: the child only makes syscalls
+  std::vector<char*> ptrs;
+  for (auto& a : args) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  std::cout.flush();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(fds[1], 1);
+    if (!keep_stderr) {
+      const int null = ::open("/dev/null", O_WRONLY);
+      ::dup2(null, 2);
+    }
+    ::close(fds[0]);
+    ::close(fds[1]);
+    ::execv(ptrs[0], ptrs.data());
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  if (pid < 0) {
+    ::close(fds[0]);
+    return {};
+  }
+  return {pid, fds[0]};
+}
+
+bool read_line_until(int fd, const std::function<bool(const std::string&)>& done,
+                     std::string* log) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string line;
+  char c;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::read(fd, &c, 1) <= 0) return false;
+    if (c != '\n') {
+      line += c;
+      continue;
+    }
+    *log += line + "\n";
+    if (done(line)) return true;
+    line.clear();
+  }
+  return false;
 }
 
 bool can_switch_user() { return ::geteuid() == 0; }

@@ -45,6 +45,17 @@ std::string binary_dir();  // build root ($STRATA_BINARY_DIR set by CTest)
 // Runs a shell command, returns its exit status; stdout+stderr captured into *output.
 int run_command(const std::string& command, std::string* output);
 
+// A child process (the kill-during-save tests): argv[0] executed with argv, its stdout on a pipe
+// whose read end is `out` (the parent's), its stderr on /dev/null unless keep_stderr.
+struct Child {
+  pid_t pid = -1;
+  int out = -1;
+};
+Child start_child(const std::vector<std::string>& argv, bool keep_stderr = false);
+// Reads lines from `fd` (appending each to *log) until `done(line)` holds (true), or EOF or 60 s
+// pass (false).
+bool read_line_until(int fd, const std::function<bool(const std::string&)>& done, std::string* log);
+
 // The attacker of the file-safety tests: user `nobody` (uid/gid 65534).
 constexpr uid_t kNobodyUid = 65534;
 constexpr gid_t kNobodyGid = 65534;

@@ -1,17 +1,11 @@
 // Checkpoints of the engine's sharded state: save, and load with resharding (see checkpoint.hpp).
 #include "checkpoint/checkpoint.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "checkpoint/format.hpp"
@@ -45,21 +39,8 @@ void check_state(const RankState& s, const char* what) {
     fail(ErrorCode::kInternal, strcat("checkpoint ", what, ": inconsistent rank layout"));
 }
 
-// Test hook: STRATA_CHECKPOINT_WRITE_DELAY_MS=N sleeps N ms before writing each piece of a shard,
-// its header and the manifest, so that a test can kill a process reliably inside a save. Unset
-// (the normal case): no delay.
-std::chrono::milliseconds write_delay() {
-  const char* v = std::getenv("STRATA_CHECKPOINT_WRITE_DELAY_MS");
-  if (v == nullptr || *v == '\0') return std::chrono::milliseconds(0);
-  const long ms = std::strtol(v, nullptr, 10);
-  return std::chrono::milliseconds(ms > 0 ? ms : 0);
-}
-
-void write_at(int fd, const void* p, std::uint64_t n, std::uint64_t off, const std::string& path,
-              std::chrono::milliseconds delay) {
-  if (delay.count() > 0) std::this_thread::sleep_for(delay);
-  pwrite_full(fd, p, n, off, path);
-}
+// The file seam of this rank's checkpoint files (tests hand in a FaultInjectingFileEnv).
+FileEnv& env_of(const RankState& s) { return s.env ? *s.env : FileEnv::current(); }
 
 // ---- agreement between ranks
 // -----------------------------------------------------------------------
@@ -115,12 +96,12 @@ std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const O
 
 // The next serial: above the committed manifest's and above every shard file present (leftovers of
 // killed saves), so that a new shard never meets an old file of its name.
-std::uint64_t next_serial(const SafeDir& dir) {
+std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   std::uint64_t serial = 0;
   struct stat st {};
   if (dir.stat_entry(kManifestName, &st)) {
     try {
-      serial = read_manifest(dir).serial;
+      serial = read_manifest(dir, env).serial;
     } catch (const std::exception& e) {
       log_warn("checkpoint: the existing manifest in ", dir.path(), " is unreadable (", e.what(),
                "); it will be replaced");
@@ -132,6 +113,20 @@ std::uint64_t next_serial(const SafeDir& dir) {
     if (parse_shard_file_name(name, &s, &r)) serial = std::max(serial, s);
   }
   return serial + 1;
+}
+
+// The training counters a checkpoint carries, saved from RankState into the Manifest and loaded
+// back (the same six fields in both): one list of them.
+template <typename From, typename To>
+void copy_counters(const From& from, To& to) {
+  to.adam_step = from.adam_step;
+  to.loss_scale = from.loss_scale;
+  to.good_steps = from.good_steps;
+  to.steps = from.steps;
+  to.applied_steps = from.applied_steps;
+  to.skipped_steps = from.skipped_steps;
+  to.groups = from.groups;
+  to.client_state = from.client_state;
 }
 
 Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_elems) {
@@ -147,15 +142,8 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   const Partition& p = *s.partition;
   for (std::size_t i = 0; i < p.num_tensors(); ++i)
     m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
-  m.adam_step = s.adam_step;
-  m.loss_scale = s.loss_scale;
-  m.good_steps = s.good_steps;
-  m.steps = s.steps;
-  m.applied_steps = s.applied_steps;
-  m.skipped_steps = s.skipped_steps;
+  copy_counters(s, m);
   m.config_yaml = s.config_yaml;
-  m.groups = s.groups;
-  m.client_state = s.client_state;
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
     ShardEntry e;
@@ -178,10 +166,8 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
     fail(ErrorCode::kInternal,
          strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
   const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
-  const std::string path = dir.child_path(e.file);
-  const auto delay = write_delay();
-  dir.try_remove(e.file, false);  // a leftover of a killed save of this serial
-  UniqueFd fd = dir.create_file(e.file, O_WRONLY);
+  dir.try_remove(e.file, false);                     // a leftover of a killed save of this serial
+  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, e.file);
   std::vector<std::uint32_t> crcs[kSections];
   for (auto& c : crcs) c.reserve(l.nblocks);
   // Per block; the section's last block also covers the zero padding after the section.
@@ -199,10 +185,9 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   // store (whatever tier it lives in).
   for (std::uint64_t b = 0; b < e.count; b += piece) {
     const std::uint64_t n = std::min(piece, e.count - b);
-    if (delay.count() > 0) std::this_thread::sleep_for(delay);
     const unsigned char* p = s.params.data() + (base + b) * pes;
     block_crcs(kParams, p, n);
-    pwrite_full(fd.get(), p, n * pes, l.offset[kParams] + b * pes, path);
+    file->write_at(p, n * pes, l.offset[kParams] + b * pes);
     const Range r{base + b, n};
     StateView v = s.store->acquire(r);
     try {
@@ -210,7 +195,7 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
       for (int a = 0; a < 3; ++a) {
         const auto* q = reinterpret_cast<const unsigned char*>(arrays[a]);
         block_crcs(kMaster + a, q, n);
-        pwrite_full(fd.get(), q, n * 4, l.offset[kMaster + a] + b * 4, path);
+        file->write_at(q, n * 4, l.offset[kMaster + a] + b * 4);
       }
     } catch (...) {
       s.store->release(r, false);
@@ -219,28 +204,15 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
     s.store->release(r, false);
   }
   const std::vector<unsigned char> header = encode_shard_header(m, s.rank, l, crcs);
-  write_at(fd.get(), header.data(), header.size(), 0, path, delay);
-  if (::ftruncate(fd.get(), static_cast<off_t>(l.total)) != 0)
-    throw IoError("ftruncate", path, l.total, 0, errno, "checkpoint shard");
-  if (::fdatasync(fd.get()) != 0)
-    throw IoError("fdatasync", path, 0, l.total, errno, "checkpoint shard");
+  file->write_at(header.data(), header.size(), 0);
+  file->truncate(l.total);
+  file->sync();
   return crc32c(header.data(), header.size());
 }
 
-void commit_manifest(const SafeDir& dir, const Manifest& m) {
-  const std::string text = serialize_manifest(m);
-  const std::string tmp = dir.child_path(kManifestTmpName);
-  // A leftover of a killed save (or anything planted there: unlinkat removes a link, never its
-  // target); then an exclusive, no-follow create.
-  dir.try_remove(kManifestTmpName, false);
-  {
-    UniqueFd fd = dir.create_file(kManifestTmpName, O_WRONLY);
-    write_at(fd.get(), text.data(), text.size(), 0, tmp, write_delay());
-    if (::fsync(fd.get()) != 0)
-      throw IoError("fsync", tmp, 0, text.size(), errno, "checkpoint manifest");
-  }
-  dir.rename(kManifestTmpName, kManifestName);
-  dir.sync();
+void commit_manifest(const SafeDir& dir, const Manifest& m, FileEnv& env) {
+  // (A leftover manifest.json.tmp of a killed save, or anything planted there, is removed first.)
+  write_file_atomically(env, dir, kManifestName, kManifestTmpName, serialize_manifest(m));
   // The previous checkpoint (and leftovers of killed saves) can go now.
   for (const std::string& name : dir.entries()) {
     std::uint64_t serial = 0;
@@ -310,10 +282,11 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
 // Open shard readers, one per saved shard at most, opened when first needed.
 class Shards {
  public:
-  Shards(const SafeDir& dir, const Manifest& m) : dir_(dir), m_(m), readers_(m.shards.size()) {}
+  Shards(const SafeDir& dir, const Manifest& m, FileEnv& env)
+      : dir_(dir), m_(m), env_(env), readers_(m.shards.size()) {}
   ShardReader& at(int shard) {
     auto& r = readers_[static_cast<std::size_t>(shard)];
-    if (!r) r = std::make_unique<ShardReader>(dir_, m_, shard);
+    if (!r) r = std::make_unique<ShardReader>(dir_, m_, shard, env_);
     if (shard != current_) {  // shards are visited in ascending order: free the previous cache
       if (current_ >= 0 && readers_[static_cast<std::size_t>(current_)])
         readers_[static_cast<std::size_t>(current_)]->drop_cache();
@@ -331,6 +304,7 @@ class Shards {
  private:
   const SafeDir& dir_;
   const Manifest& m_;
+  FileEnv& env_;
   std::vector<std::unique_ptr<ShardReader>> readers_;
   int current_ = -1;
 };
@@ -355,7 +329,7 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
     opt.role = "checkpoint directory";
     if (s.rank == 0) {
       dir = SafeDir::open(dir_path, opt);
-      o.extra = next_serial(dir);
+      o.extra = next_serial(dir, env_of(s));
     }
   } catch (...) {
     o.capture();
@@ -380,7 +354,7 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
       for (int r = 0; r < s.world; ++r)
         m.shards[static_cast<std::size_t>(r)].header_crc32c =
             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
-      commit_manifest(dir, m);
+      commit_manifest(dir, m, env_of(s));
       log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage,
                ") in ", dir.path());
     } catch (...) {
@@ -439,11 +413,11 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   Outcome o;
   try {
     dir = SafeDir::open(dir_path, {});
-    m = read_manifest(dir);
+    m = read_manifest(dir, env_of(s));
     o.extra = m.crc32c;
     check_model(m, s);
     segs = plan_segments(m, s);
-    shards = std::make_unique<Shards>(dir, m);
+    shards = std::make_unique<Shards>(dir, m, env_of(s));
     for (const Segment& g : segs) {
       if (g.shard < 0) continue;
       ShardReader& r = shards->at(g.shard);
@@ -473,14 +447,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
     throw;
   }
   s.bytes_read = shards->bytes_read();
-  s.adam_step = m.adam_step;
-  s.loss_scale = m.loss_scale;
-  s.good_steps = m.good_steps;
-  s.steps = m.steps;
-  s.applied_steps = m.applied_steps;
-  s.skipped_steps = m.skipped_steps;
-  s.groups = m.groups;
-  s.client_state = m.client_state;
+  copy_counters(m, s);
   const std::string done =
       strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
              " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");

@@ -37,6 +37,7 @@
 
 #include "checkpoint/format.hpp"
 #include "checkpoint/optimizer_state.hpp"
+#include "core/file_env.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 
@@ -67,6 +68,10 @@ struct RankState {
   // on the host arrays (host-buffer communicators only; a device one fails with
   // Error(kInvalidArgument) on every rank, before anything is written or read).
   std::function<void(const void* send, void* recv, std::size_t bytes)> all_gather;
+  // The file seam every checkpoint file of this rank is written and read through; nullptr:
+  // FileEnv::current() (the syscalls unless a test installed a wrapper). Tests hand in a
+  // FaultInjectingFileEnv (core/file_env.hpp) to fail or slow a rank's writes, reads, syncs.
+  FileEnv* env = nullptr;
   // Set by load_checkpoint.
   bool restore_started = false;  // pass 2 began: a failure from here on left partial state
   std::uint64_t bytes_read = 0;  // checkpoint bytes this rank read (both passes)

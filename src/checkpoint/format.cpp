@@ -236,7 +236,7 @@ void write_groups_and_client_state(const Manifest& m, json& j) {
 }
 }  // namespace
 
-std::string serialize_manifest(const Manifest& m) {
+json manifest_fields(const Manifest& m) {
   json j;
   j["format"] = kFormatName;
   j["format_version"] = m.format_version;
@@ -249,18 +249,10 @@ std::string serialize_manifest(const Manifest& m) {
   j["partition_size"] = m.partition_size;
   j["block_elems"] = m.block_elems;
   json tensors = json::array();
-  for (const auto& t : m.tensors) {
-    if (!valid_utf8(t.name))
-      fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
-                  "' is not valid UTF-8"));
+  for (const auto& t : m.tensors)
     tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
-  }
   j["tensors"] = std::move(tensors);
   j["adam_step"] = m.adam_step;
-  if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
-    fail(ErrorCode::kInternal,
-         strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
   j["loss_scale"] = m.loss_scale;
   j["good_steps"] = m.good_steps;
   j["steps"] = m.steps;
@@ -277,6 +269,19 @@ std::string serialize_manifest(const Manifest& m) {
                       {"count", s.count},
                       {"header_crc32c", s.header_crc32c}});
   j["shards"] = std::move(shards);
+  return j;
+}
+
+std::string serialize_manifest(const Manifest& m) {
+  for (const auto& t : m.tensors)
+    if (!valid_utf8(t.name))
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
+                  "' is not valid UTF-8"));
+  if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
+  const json j = manifest_fields(m);
   // The config may hold non-UTF-8 path bytes: they are replaced (it is informational only).
   std::string body = j.dump(1, ' ', false, json::error_handler_t::replace);
   // body ends with "\n}": the seal goes before the closing brace.
@@ -460,18 +465,17 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   return m;
 }
 
-Manifest read_manifest(const SafeDir& dir) {
+Manifest read_manifest(const SafeDir& dir, FileEnv& env) {
   const std::string path = dir.child_path(kManifestName);
-  UniqueFd fd;
+  std::unique_ptr<RandomAccessFile> file;
   try {
-    fd = dir.open_file(kManifestName, O_RDONLY | O_NONBLOCK);
+    file = env.open_file(dir, kManifestName);
   } catch (const IoError& e) {
     if (e.errnum() == ENOENT)
       throw IoError("open", path, 0, 0, ENOENT, "no checkpoint in this directory");
     throw;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "checkpoint manifest");
+  const struct stat st = file->status();
   if (!S_ISREG(st.st_mode))
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint manifest ", path, " is not a regular file"));
@@ -480,7 +484,7 @@ Manifest read_manifest(const SafeDir& dir) {
          strcat("checkpoint manifest ", path, " is ", st.st_size, " bytes, more than the ",
                 kMaxManifestBytes, " a manifest may have"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  pread_full(fd.get(), text.data(), text.size(), 0, path);
+  file->read_at(text.data(), text.size(), 0);
   return parse_manifest(text, path);
 }
 
@@ -551,12 +555,12 @@ std::vector<unsigned char> encode_shard_header(
 // ---- ShardReader
 // ----------------------------------------------------------------------------------
 
-ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
+ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard, FileEnv& env)
     : m_(m), shard_(shard), layout_(shard_layout(m.partition_size, m.param_dtype, m.block_elems)) {
   const ShardEntry& e = m.shards.at(static_cast<std::size_t>(shard));
   path_ = dir.child_path(e.file);
   try {
-    fd_ = dir.open_file(e.file, O_RDONLY | O_NONBLOCK);
+    file_ = env.open_file(dir, e.file);
   } catch (const IoError& err) {
     if (err.errnum() == ENOENT)
       fail(ErrorCode::kChecksum,
@@ -564,8 +568,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
                   ", is missing: the checkpoint is incomplete"));
     throw;
   }
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) throw IoError("stat", path_, 0, 0, errno, "checkpoint shard");
+  const struct stat st = file_->status();
   if (!S_ISREG(st.st_mode))
     fail(ErrorCode::kChecksum, strcat("checkpoint shard ", path_, " is not a regular file"));
   if (static_cast<std::uint64_t>(st.st_size) != e.bytes)
@@ -574,7 +577,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard)
                 e.bytes, static_cast<std::uint64_t>(st.st_size) < e.bytes ? " (truncated)" : "",
                 ": the checkpoint is damaged"));
   std::vector<unsigned char> h(layout_.header_bytes);
-  pread_full(fd_.get(), h.data(), h.size(), 0, path_);
+  file_->read_at(h.data(), h.size(), 0);
   bytes_read_ += h.size();
   const std::uint32_t crc = crc32c(h.data(), h.size());
   if (crc != e.header_crc32c)
@@ -614,7 +617,7 @@ void ShardReader::load_blocks(Section s, std::uint64_t b0, std::uint64_t b1) {
   const std::uint64_t pad = b1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
   c.buf.resize((last - first) * eb + pad);
   const std::uint64_t off = layout_.offset[s] + first * eb;
-  pread_full(fd_.get(), c.buf.data(), c.buf.size(), off, path_);
+  file_->read_at(c.buf.data(), c.buf.size(), off);
   bytes_read_ += c.buf.size();
   for (std::uint64_t b = b0; b < b1; ++b) {
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
@@ -668,7 +671,7 @@ void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
     std::uint32_t crc = 0;
     for (std::uint64_t done = 0; done < len;) {
       const std::uint64_t k = std::min(len - done, kVerifyPiece);
-      pread_full(fd_.get(), buf.data(), k, off + done, path_);
+      file_->read_at(buf.data(), k, off + done);
       crc = crc32c(buf.data(), k, crc);
       done += k;
     }
@@ -684,36 +687,6 @@ void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offs
          strcat("checkpoint shard ", path_, ": section ", kSectionNames[s], " block ", b,
                 " (offset ", offset, ", ", len, " bytes) CRC32C ", hex8(crc), ", the header says ",
                 hex8(crc_[s][b])));
-}
-
-// ---- positional I/O
-// -------------------------------------------------------------------------------
-
-void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
-  auto* p = static_cast<unsigned char*>(buf);
-  for (std::uint64_t done = 0; done < n;) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("read", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0)
-      fail(ErrorCode::kChecksum,
-           strcat("checkpoint file ", path, ": unexpected end of file at offset ", offset + done,
-                  " (", n - done, " more bytes expected): truncated"));
-    done += static_cast<std::uint64_t>(r);
-  }
-}
-
-void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
-                 const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(buf);
-  for (std::uint64_t done = 0; done < n;) {
-    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw IoError("write", path, offset + done, n - done, errno, "checkpoint");
-    if (r == 0)
-      throw IoError("write", path, offset + done, n - done, EIO, "checkpoint: wrote nothing");
-    done += static_cast<std::uint64_t>(r);
-  }
 }
 
 }  // namespace strata::zero::ckpt

@@ -34,10 +34,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "core/file_env.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/config.hpp"
 
@@ -124,12 +126,16 @@ bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* ra
 
 // Sealed JSON text (see above). Tensor names must be valid UTF-8 (Error kInvalidArgument).
 std::string serialize_manifest(const Manifest& m);
+// The manifest's fields as manifest.json holds them, without the seal: what serialize_manifest
+// seals and what `strata checkpoint info --json` shows (one list of fields for both).
+nlohmann::json manifest_fields(const Manifest& m);
 // Checks the seal, the format and version, then every field (types, ranges, consistency: the
 // shards tile [0, flat_size) in partitions, tensors ascending and inside it, file names as
 // written). `path` is for messages.
 Manifest parse_manifest(std::string_view text, const std::string& path);
 // Opens DIR/manifest.json (no symlink, a regular file of at most kMaxManifestBytes) and parses it.
-Manifest read_manifest(const SafeDir& dir);
+// Through `env` (FileEnv::current() by default), as every file of a checkpoint is read and written.
+Manifest read_manifest(const SafeDir& dir, FileEnv& env = FileEnv::current());
 
 // Where a shard's parts lie.
 struct ShardLayout {
@@ -161,13 +167,12 @@ class ShardReader {
   static constexpr std::uint64_t kCacheBlocks = 4;
   static constexpr std::uint64_t kCacheBytes = 4ull << 20;
   static constexpr std::uint64_t kVerifyPiece = 1ull << 20;
-  ShardReader(const SafeDir& dir, const Manifest& m, int shard);
+  ShardReader(const SafeDir& dir, const Manifest& m, int shard, FileEnv& env = FileEnv::current());
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
 
   const ShardLayout& layout() const { return layout_; }
   const std::string& path() const { return path_; }
-  int fd() const { return fd_.get(); }
   // Elements [first, first + n) of `section` (relative to the shard's begin) into dst.
   void read(Section section, std::uint64_t first, std::uint64_t n, void* dst);
   // Verifies the blocks holding elements [first, first + n) of `section` (no copy).
@@ -185,7 +190,7 @@ class ShardReader {
   const Manifest& m_;
   int shard_;
   std::string path_;
-  UniqueFd fd_;
+  std::unique_ptr<RandomAccessFile> file_;
   ShardLayout layout_;
   std::vector<std::uint32_t> crc_[kSections];
   struct Cache {
@@ -194,10 +199,5 @@ class ShardReader {
   } cache_[kSections];
   std::uint64_t bytes_read_ = 0;
 };
-
-// Positional I/O that completes short transfers (EINTR retried); IoError naming `path`.
-void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path);
-void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
-                 const std::string& path);
 
 }  // namespace strata::zero::ckpt

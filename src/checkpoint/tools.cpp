@@ -34,27 +34,6 @@ const char* safetensors_dtype(DType t) {
 }
 
 // Splits "a/b/c" into ("a/b", "c"); "c" into (".", "c"). The name must be one component.
-std::pair<std::string, std::string> split_path(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const auto slash = p.rfind('/');
-  std::string parent = slash == std::string::npos ? "." : slash == 0 ? "/" : p.substr(0, slash);
-  std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
-  if (name.empty() || name == "." || name == "..")
-    fail(ErrorCode::kInvalidArgument, strcat("--out '", path, "' does not name a file"));
-  return {parent, name};
-}
-
-// Removes the temporary file unless committed.
-struct TempFile {
-  const SafeDir& dir;
-  std::string name;
-  bool committed = false;
-  ~TempFile() {
-    if (!committed) dir.try_remove(name, false);
-  }
-};
-
 }  // namespace
 
 VerifyReport verify_checkpoint(const std::string& dir_path) {
@@ -131,8 +110,8 @@ std::string safetensors_header(const Manifest& m, DType dtype, std::uint64_t* pa
 
 // The data, tensor by tensor, piece by piece, shard by shard, from file offset `pos`; returns the
 // offset after it.
-std::uint64_t write_tensors(const SafeDir& dir, const Manifest& m, DType dtype, int fd,
-                            const std::string& tpath, std::uint64_t pos) {
+std::uint64_t write_tensors(const SafeDir& dir, const Manifest& m, DType dtype, WritableFile& out,
+                            std::uint64_t pos) {
   const std::uint64_t es = dtype_size(dtype);
   std::vector<std::unique_ptr<ShardReader>> readers(m.shards.size());
   int current = -1;
@@ -158,29 +137,12 @@ std::uint64_t write_tensors(const SafeDir& dir, const Manifest& m, DType dtype, 
         for (std::uint64_t i = 0; i < n; ++i) comm::store_elem(conv.data(), i, dtype, in[i]);
         bytes = conv.data();
       }
-      pwrite_full(fd, bytes, n * es, pos, tpath);
+      out.write_at(bytes, n * es, pos);
       pos += n * es;
       done += n;
     }
   }
   return pos;
-}
-
-// Renames the finished temporary file onto `name` (refusing to replace anything unless
-// `overwrite`, and then only a regular file) and makes the rename durable.
-void commit_export(const SafeDir& odir, TempFile& tmp, const std::string& name, bool overwrite) {
-  odir.check_replaceable(name, overwrite);  // again: it may have appeared while we wrote
-  const unsigned flags = overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE);
-  if (::renameat2(odir.fd(), tmp.name.c_str(), odir.fd(), name.c_str(), flags) != 0) {
-    const int err = errno;
-    if (err == EEXIST)
-      fail(ErrorCode::kInvalidArgument,
-           strcat(odir.child_path(name), " exists; pass --overwrite to replace it"));
-    throw IoError("rename", odir.child_path(tmp.name), 0, 0, err,
-                  strcat("to ", odir.child_path(name)));
-  }
-  tmp.committed = true;
-  odir.sync();
 }
 
 }  // namespace
@@ -193,23 +155,14 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   const std::string header = safetensors_header(m, o.dtype, &params);
   const std::uint64_t hlen = header.size();
   // The output: a temporary file beside it, renamed onto it at the end.
-  const auto [parent, name] = split_path(out);
-  SafeDirOptions po;
-  po.role = "--out directory";
-  const SafeDir odir = SafeDir::open(parent, po);
-  odir.check_replaceable(name, o.overwrite);
-  TempFile tmp{odir, strcat(".", name, ".tmp-", ::getpid())};
-  odir.try_remove(tmp.name, false);
-  UniqueFd fd = odir.create_file(tmp.name, O_WRONLY);
-  const std::string tpath = odir.child_path(tmp.name);
-  pwrite_full(fd.get(), &hlen, 8, 0, tpath);
-  pwrite_full(fd.get(), header.data(), hlen, 8, tpath);
-  const std::uint64_t pos = write_tensors(dir, m, o.dtype, fd.get(), tpath, 8 + hlen);
-  if (::fsync(fd.get()) != 0) throw IoError("fsync", tpath, 0, pos, errno, "safetensors export");
-  fd.reset();
-  commit_export(odir, tmp, name, o.overwrite);
+  ReplacingFile outfile(out, "--out", o.overwrite);
+  WritableFile& f = outfile.file();
+  f.write_at(&hlen, 8, 0);
+  f.write_at(header.data(), hlen, 8);
+  const std::uint64_t pos = write_tensors(dir, m, o.dtype, f, 8 + hlen);
+  outfile.commit();
   log_info("checkpoint: exported ", m.tensors.size(), " tensors (", params, " parameters, ",
-           dtype_name(o.dtype), ") to ", odir.child_path(name));
+           dtype_name(o.dtype), ") to ", outfile.path());
   return {m.tensors.size(), params, pos};
 }
 

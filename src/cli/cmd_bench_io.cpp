@@ -328,13 +328,15 @@ const bool kRegistered = strata::cli::register_command(
        auto o = std::make_shared<Options>();
        cmd.add_option("--dir", o->dir, "Directory for the test file (and the io_uring probe)")
            ->required();
-       cmd.add_option("--file", o->file,
-                      "Use this file instead of a temporary one in --dir: an existing file is only "
-                      "read unless --overwrite; one bench io creates is removed unless --keep");
+       auto* file = cmd.add_option(
+           "--file", o->file,
+           "Use this file instead of a temporary one in --dir: an existing file is only "
+           "read unless --overwrite; one bench io creates is removed unless --keep");
        cmd.add_flag(
-           "--overwrite", o->overwrite,
-           "Allow --rw write (or a read that must lay out data first) into an existing --file");
-       cmd.add_flag("--keep", o->keep, "Keep the --file that bench io created");
+              "--overwrite", o->overwrite,
+              "Allow --rw write (or a read that must lay out data first) into an existing --file")
+           ->needs(file);
+       cmd.add_flag("--keep", o->keep, "Keep the --file that bench io created")->needs(file);
        cmd.add_option("--size", o->size, "Bytes to transfer (e.g. 4GiB)")->capture_default_str();
        cmd.add_option("--block-size", o->block_size, "Request size")->capture_default_str();
        cmd.add_option("--queue-depth", o->queue_depth, "Requests in flight per ring")

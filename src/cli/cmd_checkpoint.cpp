@@ -52,41 +52,21 @@ std::uint64_t parameters(const ckpt::Manifest& m) {
   return n;
 }
 
+// The manifest's fields (as manifest.json names them), where the directory is, the parameter
+// count, and whether each shard is there with its size.
 json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
-  json j;
+  json j = ckpt::manifest_fields(m);
   j["dir"] = dir.path();
-  j["format_version"] = m.format_version;
-  j["strata_version"] = m.strata_version;
-  j["serial"] = m.serial;
-  j["world"] = m.world;
-  j["stage"] = m.stage;
-  j["param_dtype"] = dtype_name(m.param_dtype);
-  j["steps"] = m.steps;
-  j["applied_steps"] = m.applied_steps;
-  j["skipped_steps"] = m.skipped_steps;
-  j["optimizer_step"] = m.adam_step;
-  j["loss_scale"] = m.loss_scale;
+  j["optimizer_step"] = m.adam_step;  // the name `info --json` has always used
   j["parameters"] = parameters(m);
-  j["flat_size"] = m.flat_size;
-  j["partition_size"] = m.partition_size;
-  j["block_elems"] = m.block_elems;
-  auto& ts = j["tensors"] = json::array();
-  for (const auto& t : m.tensors)
-    ts.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
-  auto& ss = j["shards"] = json::array();
-  for (const auto& s : m.shards) {
+  for (json& s : j["shards"]) {
+    const std::string file = s["file"].get<std::string>();
     struct stat st {};
-    const bool present = dir.stat_entry(s.file, &st);
-    ss.push_back({{"rank", s.rank},
-                  {"file", s.file},
-                  {"path", dir.child_path(s.file)},
-                  {"bytes", s.bytes},
-                  {"begin", s.begin},
-                  {"count", s.count},
-                  {"present", present},
-                  {"size_matches", present && static_cast<std::uint64_t>(st.st_size) == s.bytes}});
+    const bool present = dir.stat_entry(file, &st);
+    s["path"] = dir.child_path(file);
+    s["present"] = present;
+    s["size_matches"] = present && static_cast<std::uint64_t>(st.st_size) == s["bytes"];
   }
-  j["config"] = m.config_yaml;
   return j;
 }
 

@@ -1,13 +1,17 @@
 // `strata clean PATH... [--dry-run] [--json]`: removes what killed strata processes left under
 // swap paths (per-run swap directories, `bench io` files), as every run does at start-up for its
 // own tiers.nvme.paths. PATH is a swap path (tiers.nvme.paths entry) or one per-run directory.
-// Exit code 0 when everything found was removed (or nothing was found), 1 when removing
-// something failed, 2 for a bad or unsafe PATH.
+// Exit code 0 when everything found was removed (or nothing was found in a PATH that is empty or
+// holds strata's entries), 1 when removing something failed, 2 for a bad or unsafe PATH, and for a
+// PATH that holds other things but nothing of strata's (`strata clean /etc`: a mistyped path is
+// not reported as clean). Every PATH is checked before anything is removed.
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/command.hpp"
+#include "core/safe_fs.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 #include "tier/swap_space.hpp"
@@ -22,7 +26,28 @@ struct Options {
   bool json = false;
 };
 
+bool strata_name(std::string_view name) {
+  return name.starts_with("strata-") || name.starts_with(".strata-");
+}
+
+// Refuses (exit 2) a PATH that holds entries but none of strata's (strata-swap-* directories,
+// .strata-bench-io-* files): not a swap path. An empty directory is a swap path after clean runs.
+void check_swap_path(const std::string& path) {
+  const std::string norm = normalize_path(path);
+  const std::string base = norm.substr(norm.find_last_of('/') + 1);
+  if (base.starts_with("strata-swap-")) return;  // one per-run directory itself
+  const SafeDir dir = SafeDir::open(path, {.role = "swap path", .read_only = true});
+  const std::vector<std::string> names = dir.entries();
+  if (names.empty() || std::any_of(names.begin(), names.end(), strata_name)) return;
+  fail(ErrorCode::kInvalidArgument,
+       strcat("clean: ", path, " holds nothing of strata's (", names.size(),
+              names.size() == 1 ? " entry" : " entries",
+              ", none a strata-swap-* directory or a bench io file): not a swap path "
+              "(a tiers.nvme.paths entry or a strata-swap-* directory); nothing was removed"));
+}
+
 int run(const Options& o) {
+  for (const auto& p : o.paths) check_swap_path(p);
   std::vector<SwapLeftover> all;
   for (const auto& p : o.paths) {
     auto found = find_swap_leftovers(p, !o.dry_run);
@@ -91,7 +116,9 @@ const bool kRegistered = strata::cli::register_command(
        cmd.footer(
            "An entry is removed when its process (the pid in its name) is gone and nobody holds "
            "its lock; entries of running processes and of other users (unless run as root) are "
-           "kept. Every strata run does this for its own tiers.nvme.paths at start-up.");
+           "kept. Every strata run does this for its own tiers.nvme.paths at start-up. A PATH "
+           "that holds other files but nothing of strata's is refused (exit 2) before anything "
+           "is removed; an empty one has nothing to clean (exit 0).");
        return [o]() -> int { return run(*o); };
      }});
 

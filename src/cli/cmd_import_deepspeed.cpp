@@ -14,6 +14,7 @@
 
 #include "cli/command.hpp"
 #include "cli/import_deepspeed.hpp"
+#include "core/file_env.hpp"
 #include "core/printable.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/error.hpp"
@@ -57,59 +58,12 @@ std::string read_input(const std::string& path) {
   return text;
 }
 
-// Writes `text` to `path` through a temporary file in its directory (O_EXCL, no symlink), then a
-// rename (that does not replace an existing file unless overwrite).
+// Writes `text` to `path` through a temporary file beside it, renamed onto it (replacing nothing
+// unless overwrite, and then only a regular file).
 void write_output(const std::string& path, const std::string& text, bool overwrite) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  const auto slash = p.rfind('/');
-  const std::string parent = slash == std::string::npos ? "."
-                             : slash == 0               ? "/"
-                                                        : p.substr(0, slash);
-  const std::string name = slash == std::string::npos ? p : p.substr(slash + 1);
-  if (name.empty() || name == "." || name == "..")
-    fail(ErrorCode::kInvalidArgument, strcat("-o '", path, "' does not name a file"));
-  SafeDirOptions o;
-  o.role = "-o directory";
-  const SafeDir dir = SafeDir::open(parent, o);
-  dir.check_replaceable(name, overwrite);
-  const std::string tmp = strcat(".", name, ".tmp-", ::getpid());
-  dir.try_remove(tmp, false);
-  {
-    UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd.get(), text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = n < 0 ? errno : EIO;
-        dir.try_remove(tmp, false);
-        throw IoError("write", dir.child_path(tmp), done, text.size() - done, err);
-      }
-      done += static_cast<std::size_t>(n);
-    }
-    if (::fsync(fd.get()) != 0) {
-      const int err = errno;
-      dir.try_remove(tmp, false);
-      throw IoError("fsync", dir.child_path(tmp), 0, text.size(), err);
-    }
-  }
-  try {
-    dir.check_replaceable(name, overwrite);  // again: it may have appeared while we wrote
-  } catch (...) {
-    dir.try_remove(tmp, false);
-    throw;
-  }
-  if (::renameat2(dir.fd(), tmp.c_str(), dir.fd(), name.c_str(),
-                  overwrite ? 0u : static_cast<unsigned>(RENAME_NOREPLACE)) != 0) {
-    const int err = errno;
-    dir.try_remove(tmp, false);
-    if (err == EEXIST)
-      fail(ErrorCode::kInvalidArgument,
-           strcat(dir.child_path(name), " exists; pass --overwrite to replace it"));
-    throw IoError("rename", dir.child_path(tmp), 0, 0, err, strcat("to ", dir.child_path(name)));
-  }
-  dir.sync();
+  ReplacingFile out(path, "-o", overwrite, 0644);
+  out.file().write_at(text.data(), text.size(), 0);
+  out.commit();
 }
 
 int run(const Options& o) {
@@ -149,8 +103,9 @@ const bool kRegistered = strata::cli::register_command(
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("ds_config", o->input, "DeepSpeed JSON config")->required();
-       cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
-       cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists");
+       auto* output =
+           cmd.add_option("-o,--output", o->output, "Write the YAML here (default: stdout)");
+       cmd.add_flag("--overwrite", o->overwrite, "Replace the -o file if it exists")->needs(output);
        cmd.add_option("--parameters", o->parameters,
                       "model.parameters, e.g. 7B (a DeepSpeed config has no model size)");
        cmd.add_option("--hidden-size", o->hidden_size,

@@ -671,7 +671,8 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--target-overhead", o->target_overhead,
                       "Target transfer overhead per step in seconds, for the placement")
            ->capture_default_str();
-       cmd.add_option("--repeats", o->repeats, "Sample-step repeats (default: per mode)");
+       cmd.add_option("--repeats", o->repeats, "Sample-step repeats (default: per mode)")
+           ->check(CLI::Range(1u, 1000000u));
        return [o]() -> int {
          const strata::Config config = strata::load_config(o->config, o->overrides);
          if (config.model.parameters == 0)

@@ -29,6 +29,7 @@
 #include "cli/mlp_model.hpp"
 #include "comm/numeric.hpp"
 #include "core/bounded_json.hpp"
+#include "core/file_env.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
@@ -102,17 +103,9 @@ void write_train_options(const Options& o) {
                                           {"step", m.steps}}
                                .dump(2) +
                            "\n";
-  const std::string tmp = std::string(kTrainOptionsFile) + ".tmp";
-  dir.try_remove(tmp, false);  // a leftover of a run killed while writing it (the link, if one)
-  {
-    UniqueFd fd = dir.create_file(tmp, O_WRONLY, 0644);
-    zero::ckpt::pwrite_full(fd.get(), text.data(), text.size(), 0, dir.child_path(tmp));
-    if (::fsync(fd.get()) != 0)
-      throw IoError("fsync", dir.child_path(tmp), 0, text.size(), errno,
-                    "train: recording the checkpoint's model options");
-  }
-  dir.rename(tmp, kTrainOptionsFile);
-  dir.sync();
+  // Through the checkpoint's file seam, as the checkpoint itself.
+  write_file_atomically(FileEnv::current(), dir, kTrainOptionsFile,
+                        std::string(kTrainOptionsFile) + ".tmp", text, 0644);
 }
 
 // --resume with a checkpoint in DIR: refuses --hidden/--batch/--seed other than those it was
@@ -124,9 +117,9 @@ void check_resume_options(const Options& o) {
   const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
   const std::string path = dir.child_path(kTrainOptionsFile);
   // Opened, then checked on the descriptor (as read_manifest does): not a FIFO, not huge.
-  UniqueFd fd;
+  std::unique_ptr<RandomAccessFile> file;
   try {
-    fd = dir.open_file(kTrainOptionsFile, O_RDONLY | O_NONBLOCK);
+    file = FileEnv::current().open_file(dir, kTrainOptionsFile);
   } catch (const IoError& e) {
     if (e.errnum() != ENOENT) throw;
     log_warn("train: ", path,
@@ -135,14 +128,13 @@ void check_resume_options(const Options& o) {
              o.hidden, " --batch ", o.batch, " --seed ", o.seed, " unchecked");
     return;
   }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw IoError("stat", path, 0, 0, errno, "train --resume");
+  const struct stat st = file->status();
   if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kTrainOptionsMaxBytes)
     fail(ErrorCode::kInvalidArgument,
          strcat("--resume: ", path, " is not a regular file of at most ", kTrainOptionsMaxBytes,
                 " bytes; remove it to resume unchecked"));
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  zero::ckpt::pread_full(fd.get(), text.data(), text.size(), 0, path);
+  file->read_at(text.data(), text.size(), 0);
   int hidden = 0, batch = 0, accumulate = 1;
   std::int64_t seed = 0;
   std::uint64_t serial = 0;
@@ -298,6 +290,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
       loss += micro_batch(engine, model, ids, comm.rank(), s, k, o) / o.accumulate;
     StepResult r = engine.step();
     const float total = loss_sum(static_cast<float>(loss));
+    if (comm.rank() == 0) flush_rank_warnings();  // every rank is past this step's warnings
     const double secs = seconds_since(t_step);
     const double samples = static_cast<double>(o.batch) * comm.size();
     StepRecord rec{
@@ -363,6 +356,8 @@ Launch train_mpi(const Config& cfg, const Options& o, bool nccl) {
   const double timeout = cfg.runtime.collective_timeout_s;
   auto comm = make_mpi_communicator(timeout);
   run.world = comm->size();
+  RankLogGroup warnings(1, run.world);  // "warning (rank 3): ..."
+  RankLogScope scope(warnings, comm->rank());
   if (o.ranks && o.ranks != run.world)
     fail(ErrorCode::kInvalidArgument,
          strcat("--ranks ", o.ranks, " but mpirun started ", run.world, " ranks"));
@@ -404,9 +399,11 @@ int inprocess_world(const Config& cfg, const Options& o) {
 RankOutcome run_rank_threads(int world, const std::function<RankOutcome(int)>& rank) {
   RankOutcome outcome;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
+  RankLogGroup warnings(world, world);  // each warning once, naming the ranks
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
+      RankLogScope scope(warnings, r);
       try {
         RankOutcome res = rank(r);
         if (r == 0) outcome = std::move(res);

@@ -62,6 +62,18 @@ void install_cleanup_handlers() {
 
 using Runners = std::vector<std::pair<CLI::App*, std::shared_ptr<RunFn>>>;
 
+// No option or operand of any command takes an empty string: `--checkpoint-dir ''` or `-o ''`
+// (an unset shell variable) is refused (exit 2) instead of being read as "not given".
+void refuse_empty_values(CLI::App& cmd) {
+  const CLI::Validator nonempty(
+      [](std::string& value) -> std::string {
+        return value.empty() ? "an empty value (give one, or leave the option out)" : "";
+      },
+      "", "NONEMPTY");
+  for (CLI::Option* opt : cmd.get_options())
+    if (opt->get_type_size_max() > 0) opt->check(nonempty);
+}
+
 // Adds every registered command to `app` ("bench io" under a "bench" group), in name order.
 Runners add_commands(CLI::App& app) {
   std::map<std::string, CLI::App*> groups;
@@ -85,6 +97,7 @@ Runners add_commands(CLI::App& app) {
     }
     CLI::App* sub = parent->add_subcommand(leaf, spec.description);
     auto run = std::make_shared<RunFn>(spec.setup(*sub));
+    refuse_empty_values(*sub);
     runners.emplace_back(sub, run);
   }
 
@@ -113,6 +126,16 @@ bool reported_unknown_command(CLI::App& app, int argc, char** argv) {
   return false;
 }
 
+// After an ExtrasError: the arguments no command takes, quoted (an empty one is said so, where
+// CLI11 would print nothing). Returns exit code 2.
+int report_extras(CLI::App& app) {
+  std::string list;
+  for (const std::string& a : app.remaining(true))
+    list += (list.empty() ? "'" : ", '") + printable(a, 200) + (a.empty() ? "' (empty)" : "'");
+  std::cerr << "strata: error: unexpected argument(s): " << list << " (see --help)\n";
+  return 2;
+}
+
 }  // namespace
 }  // namespace strata::cli
 
@@ -138,6 +161,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     if (cli::reported_unknown_command(app, argc, argv)) return 2;
+    if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) return cli::report_extras(app);
     app.exit(e);
     return 2;
   }

@@ -88,12 +88,22 @@ void expect_refused(const LoadResult& r, ErrorCode code, const std::vector<std::
     EXPECT_NE(r.message.find(w), std::string::npos) << what << ": " << r.message;
 }
 
+// A checkpoint of 2 ranks at stage 2 in a fresh directory, and its manifest (path, text, JSON).
+struct SavedManifest {
+  TempDir dir{"strata-robust"};
+  fs::path path = dir.path() / "manifest.json";
+  std::string text;
+  json parsed;
+  SavedManifest() {
+    save_fake(dir.str(), 2, 2);
+    text = read_file(path);
+    parsed = json::parse(text);
+  }
+};
+
 TEST(CheckpointRobust, NewerOrForeignFormatIsRefused) {
-  TempDir dir("strata-robust");
-  save_fake(dir.str(), 2, 2);
-  const fs::path mpath = dir.path() / "manifest.json";
-  const std::string good = read_file(mpath);
-  const json j = json::parse(good);
+  const SavedManifest saved;
+  const auto& [dir, mpath, good, j] = saved;
   EXPECT_EQ(j["format_version"], 2);
   EXPECT_FALSE(j["strata_version"].get<std::string>().empty());
   // A newer format, sealed as ours and not.
@@ -195,11 +205,8 @@ TEST(CheckpointRobust, FlippedBitsInShardsAreCaught) {
 // and the manifest re-sealed, as a crafted file would be: each variant fails cleanly
 // (kInvalidArgument or kChecksum, naming the field or file) or loads exactly what it says.
 TEST(CheckpointRobust, EveryManifestFieldIsValidated) {
-  TempDir dir("strata-robust");
-  save_fake(dir.str(), 2, 2);
-  const fs::path mpath = dir.path() / "manifest.json";
-  const std::string good = read_file(mpath);
-  const json orig = json::parse(good);
+  const SavedManifest saved;
+  const auto& [dir, mpath, good, orig] = saved;
   std::vector<json::json_pointer> leaves;
   const json flat = orig.flatten();
   for (auto& [k, v] : flat.items())

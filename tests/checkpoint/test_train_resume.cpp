@@ -43,6 +43,12 @@ std::vector<std::string> train_args(int ranks, int steps = 24) {
           "--ranks",  std::to_string(ranks)};
 }
 
+// args followed by more.
+std::vector<std::string> plus(std::vector<std::string> args, const std::vector<std::string>& more) {
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 std::string shell(const std::vector<std::string>& args) {
   std::string s = strata();
   for (const auto& a : args) s += " '" + a + "'";
@@ -64,46 +70,18 @@ json run_json(std::vector<std::string> args) {
   }
 }
 
-// Starts strata with stdout on a pipe; returns the pid and the read end.
-std::pair<pid_t, int> start(const std::vector<std::string>& args) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::setenv("STRATA_CHECKPOINT_WRITE_DELAY_MS", "4", 1);  // saves last long enough to be hit
-    ::dup2(fds[1], 1);
-    const int null = ::open("/dev/null", O_WRONLY);
-    ::dup2(null, 2);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    std::vector<std::string> all{strata()};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  return {pid, fds[0]};
+// Starts the test-only build of strata whose saves last long enough to be hit (slow_saves.cpp),
+// its stdout on a pipe.
+Child start(const std::vector<std::string>& args) {
+  std::vector<std::string> argv{STRATA_SLOW_SAVES};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return start_child(argv);
 }
 
 // Reads lines until one starts with `prefix` (or EOF / 60 s).
 bool read_until(int fd, const std::string& prefix, std::string& log) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::string line;
-  char c;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (::read(fd, &c, 1) <= 0) return false;
-    if (c != '\n') {
-      line += c;
-      continue;
-    }
-    log += line + "\n";
-    if (line.rfind(prefix, 0) == 0) return true;
-    line.clear();
-  }
-  return false;
+  return read_line_until(
+      fd, [&](const std::string& line) { return line.rfind(prefix, 0) == 0; }, &log);
 }
 
 void expect_same_step(const json& got, const json& want, const std::string& what) {
@@ -125,9 +103,7 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
   for (int trial = 0; trial < 3; ++trial) {
     TempDir ckpt("strata-train-resume");
     auto args = train_args(2);
-    for (const std::string& a :
-         std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--save-every", "3"})
-      args.push_back(a);
+    args = plus(args, {"--checkpoint-dir", ckpt.str(), "--save-every", "3"});
     const int kill_at = 2 + static_cast<int>(rng() % 19);  // after step 2..20 is printed
     auto [pid, fd] = start(args);
     std::string log;
@@ -164,13 +140,10 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
 TEST(TrainResume, AnotherWorldSizeAndStageContinue) {
   TempDir ckpt("strata-train-resume");
   auto args = train_args(2, 9);
-  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()})
-    args.push_back(a);
+  args = plus(args, {"--checkpoint-dir", ckpt.str()});
   run_json(args);
   auto more = train_args(3);
-  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str(), "--resume",
-                                                       "--set", "zero.stage=3"})
-    more.push_back(a);
+  more = plus(more, {"--checkpoint-dir", ckpt.str(), "--resume", "--set", "zero.stage=3"});
   const json got = run_json(more);
   EXPECT_EQ(got["ranks"], 3);
   EXPECT_EQ(got["stage"], 3);
@@ -198,8 +171,7 @@ std::vector<std::string> with(std::vector<std::string> args, const std::string& 
 TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
   TempDir ckpt("strata-train-options");
   auto args = train_args(2, 3);
-  for (const std::string& a : std::vector<std::string>{"--checkpoint-dir", ckpt.str()})
-    args.push_back(a);
+  args = plus(args, {"--checkpoint-dir", ckpt.str()});
   run_json(args);
   const json rec = json::parse(read_file(ckpt.str() + "/train.json"));
   EXPECT_EQ(rec["hidden"], 24);
@@ -257,7 +229,7 @@ TEST(TrainResume, OtherModelOrDataOptionsAreRefused) {
 TEST(TrainCliArgs, WorldRanksTimingAndBadArguments) {
   auto args = train_args(2, 4);
   args.erase(args.end() - 2, args.end());  // no --ranks: world.ranks
-  for (const std::string& a : std::vector<std::string>{"--set", "world.ranks=3"}) args.push_back(a);
+  args = plus(args, {"--set", "world.ranks=3"});
   const json j = run_json(args);
   EXPECT_EQ(j["ranks"], 3);
   ASSERT_EQ(j["steps"].size(), 4u);

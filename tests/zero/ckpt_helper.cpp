@@ -2,7 +2,11 @@
 // one step, then saves a checkpoint, printing "saving K" before and "saved K" after each save
 // (K = steps done), for K = 1..LAST; then it waits (at most 120 s) to be killed, so that a kill
 // sent late (the test process descheduled on a loaded machine) still finds the checkpoint of step
-// LAST - 1 or LAST, never a later one. Usage: zero_ckpt_helper CHECKPOINT_DIR SWAP_DIR LAST
+// LAST - 1 or LAST, never a later one. Every checkpoint write takes >= 8 ms more (about 80 ms a
+// save of its ten writes), through a delaying FaultInjectingFileEnv installed as the process's
+// FileEnv, so that a save lasts long enough to be killed inside whatever the build (sanitizers)
+// and the machine's load.
+// Usage: zero_ckpt_helper CHECKPOINT_DIR SWAP_DIR LAST
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +14,7 @@
 #include <thread>
 
 #include "ckpt_model.hpp"
+#include "core/file_env.hpp"
 #include "strata/communicator.hpp"
 
 int main(int argc, char** argv) {
@@ -20,6 +25,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: %s CHECKPOINT_DIR SWAP_DIR LAST\n", argv[0]);
     return 2;
   }
+  FaultInjectingFileEnv slow(FileEnv::standard());
+  slow.add_fault(FileFault::delay_every(FileOp::kWrite, std::chrono::milliseconds(8)));
+  const ScopedFileEnv installed(slow);
   try {
     const std::vector<std::size_t> sizes{600000, 33, 900001};
     auto comms = make_inprocess_communicators(1, 30.0);

@@ -144,43 +144,15 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   EXPECT_THROW(run(2, 2, 0, swap.str(), ckpt.str(), 4, 0, true), Error);
 }
 
-// Starts the helper with its stdout on a pipe; returns the pid and the read end.
-std::pair<pid_t, int> start_helper(const std::string& ckpt, const std::string& swap) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    // Every checkpoint write of the helper takes >= 20 ms, so a save lasts long enough to be
-    // killed inside whatever the build (sanitizers) and the machine's load.
-    ::setenv("STRATA_CHECKPOINT_WRITE_DELAY_MS", "20", 1);
-    ::dup2(fds[1], 1);
-    ::close(fds[0]);
-    ::close(fds[1]);
-    ::execl(STRATA_CKPT_HELPER, STRATA_CKPT_HELPER, ckpt.c_str(), swap.c_str(), "3",
-            static_cast<char*>(nullptr));  // saves serials 1..3, then waits to be killed
-    ::_exit(127);
-  }
-  ::close(fds[1]);
-  return {pid, fds[0]};
+// The helper (ckpt_helper.cpp: saves serials 1..3, then waits to be killed), its stdout on a pipe.
+Child start_helper(const std::string& ckpt, const std::string& swap) {
+  return start_child({STRATA_CKPT_HELPER, ckpt, swap, "3"}, true);
 }
 
 // Reads lines until one equals `want` (or EOF / 60 s).
 bool read_until(int fd, const std::string& want, std::string& log) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  std::string line;
-  char c;
-  while (std::chrono::steady_clock::now() < deadline) {
-    ssize_t n = ::read(fd, &c, 1);
-    if (n <= 0) return false;
-    if (c != '\n') {
-      line += c;
-      continue;
-    }
-    log += line + "\n";
-    if (line == want) return true;
-    line.clear();
-  }
-  return false;
+  return read_line_until(
+      fd, [&](const std::string& line) { return line == want; }, &log);
 }
 
 TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
