@@ -250,6 +250,13 @@ class Engine {
   // other failure leaves the engine failed, as for step().
   double clip_grad_norm(double max_norm);
 
+  // Drops the gradients handed in since the last step (torch's zero_grad between backward and
+  // step; also after step() refused a missing gradient): the next set_gradient() starts the step
+  // afresh. Starts no collective (those already in flight complete first); every rank should call
+  // it at the same point, as every rank hands in the same gradients. A failure of a collective in
+  // flight leaves the engine failed, as for set_gradient.
+  void discard_gradients();
+
   // Reduces, checks and applies the step. A gradient missing from the (last) micro-batch throws
   // Error(kInvalidArgument) and changes nothing. Any other failure (collective, NVMe I/O, checksum,
   // device) throws it and leaves the engine failed, as for set_gradient; its state may mix two

@@ -521,6 +521,8 @@ PYBIND11_MODULE(_strata, m) {
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())
+      .def(
+          "discard_gradients", [](PyEngine& s) { s.e().discard_gradients(); }, G())
       .def("checkpoint_client_state",
            [](const PyEngine& s) { return s.e().checkpoint_client_state(); })
       .def(

@@ -394,12 +394,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._backward_s += time.perf_counter() - t0
 
     def zero_grad(self, set_to_none=True):
-        """Gradients live in the engine and are consumed by step(): nothing to zero. Raises
-        UsageError between backward() and step() (those gradients cannot be taken back)."""
+        """Gradients live in the engine and are consumed by step(): between steps nothing to
+        zero. Between backward() and step() — or after step() refused a missing gradient — it
+        drops this step's gradients, as torch's does (every rank alike: each rank drops its own;
+        the reductions already started finish first)."""
+        self._check_usable()
         if self._n_arrived or self._micro:
-            raise errors.UsageError(
-                "strata: zero_grad() after backward() and before step(): the engine has already "
-                "started reducing this step's gradients across ranks; call step() first")
+            self._call(self._engine.discard_gradients)
+            self._arrived = [False] * len(self._params)
+            self._n_arrived = 0
+            self._micro = 0
+            self._clip_norm = None
+            if self.stage == 3:
+                for tid in self._held:
+                    self._params[tid].data = self._empty
+                self._held.clear()
         for p in self._params:
             p.grad = None
 
@@ -437,7 +446,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.UsageError(
                 "strata: step(): the gradients of %s%s never arrived%s (%d of %d did). A parameter the "
                 "forward did not use gets no gradient: leave it out of param_groups (build the "
-                "optimizer with it frozen). (On the other ranks this step will time out.)"
+                "optimizer with it frozen). opt.zero_grad() drops this step's gradients and the "
+                "loop can go on. (On ranks that did step() the step will time out.)"
                 % (", ".join("'%s'" % n for n in missing[:8]), more,
                    " in micro-batch %d" % (self._micro + 1) if self._micro else "",
                    self._n_arrived, len(self._params)))

@@ -380,6 +380,16 @@ double Engine::clip_grad_norm(double max_norm) {
     std::rethrow_exception(impl_->fail_call(e));
   }
 }
+void Engine::discard_gradients() {
+  impl_->require_finalized("discard_gradients");
+  impl_->require_usable("discard_gradients");
+  try {
+    impl_->reducer->discard();
+    impl_->early.reset();
+  } catch (const std::exception& e) {
+    std::rethrow_exception(impl_->fail_call(e));
+  }
+}
 StepResult Engine::step() {
   impl_->require_finalized("step");
   impl_->require_usable("step");

@@ -90,6 +90,22 @@ void GradientReducer::reset() {
   bucket_issued_.assign(nbuckets_, false);
 }
 
+void GradientReducer::discard() {
+  while (!inflight_.empty()) {
+    InFlight f = std::move(inflight_.front());
+    inflight_.pop_front();
+    f.handle->wait();
+    free_recvs_.push_back(std::move(f.recv));
+  }
+  if (fill_ && fill_->active()) {
+    collect_copies(true);
+    fill_->abandon();
+  }
+  for (std::size_t k = 0; k < nbuckets_; ++k)
+    if (bucket_of_[k]) free_buckets_.push_back(std::move(bucket_of_[k]));
+  reset();
+}
+
 void GradientReducer::check_hand_in(TensorId id, const void* grad) const {
   const TensorSpec& t = layout_.tensor(id);
   if (arrived_[id] && n_arrived_ < arrived_.size()) {

@@ -64,6 +64,11 @@ class GradientReducer {
   std::exception_ptr reduce();
   // A new step: nothing arrived, every bucket empty.
   void reset();
+  // The step's gradients dropped (torch's zero_grad between backward and step): the collectives in
+  // flight complete (nothing new starts), the filler's round is given up (the chunks' contents are
+  // undefined until the next step's first micro-batch replaces them), then reset(). Throws what a
+  // collective's completion throws.
+  void discard();
 
   // The failed state: lets the filler's pool buffers go; the cause, if a copy failed first.
   void abandon() noexcept;

@@ -287,8 +287,10 @@ class Errors(unittest.TestCase):
         x, y = batch(0)
         opt.backward(m(x, y))
         opt.backward(m(x, y))  # a second micro-batch (accumulation: test_torch_loop.py)
+        opt.zero_grad()  # drops both (test_torch_loop.py: ZeroGrad)
         with self.assertRaises(strata.UsageError):
-            opt.zero_grad()
+            opt.step()
+        opt.backward(m(x, y))
         self.assertTrue(opt.step().applied)  # usage errors leave the optimizer usable
         opt.close()
 

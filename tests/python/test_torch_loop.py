@@ -371,6 +371,48 @@ class CheckpointResume(unittest.TestCase):
             opt.close()
 
 
+class ZeroGrad(unittest.TestCase):
+    """zero_grad() between backward and step drops the gradients, as torch's does (it used to
+    raise), and after step() refused a missing gradient it lets the loop go on (it used to leave
+    the optimizer stuck: backward, zero_grad and step all raised from then on)."""
+
+    def test_drops_like_torch(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            nvme = dict(offload={"optimizer": {"tier": "nvme"}, "gradients": {"tier": "nvme"}},
+                        tiers={"nvme": {"paths": [tmp], "direct_io": "off"}})
+            for stage, more in ((0, {}), (2, {}), (3, {}), (2, nvme)):
+                with self.subTest(stage=stage, nvme=bool(more)):
+                    ref = A.tiny_gpt()
+                    model = copy.deepcopy(ref)
+                    opt = strata.torch.ZeroOptimizer(model, A.base_config(stage, **more),
+                                                     param_groups=A.torch_groups(model))
+                    topt = adamw(A.torch_groups(ref))
+                    for m, o, strata_opt in ((model, opt, True), (ref, topt, False)):
+                        for s in range(3):
+                            x, y = A.batch(s)
+                            o.zero_grad()
+                            m(*A.batch(s + 50)).backward()  # dropped by the zero_grad below
+                            o.zero_grad()
+                            m(x, y).backward()
+                            o.step()
+                    A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                                     "stage %d" % stage)
+                    opt.close()
+
+    def test_a_missing_gradient_does_not_leave_the_optimizer_stuck(self):
+        model = A.tiny_gpt()
+        model.extra = nn.Linear(4, 4)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        x, y = A.batch(0)
+        opt.backward(model(x, y))
+        with self.assertRaisesRegex(errors.UsageError, "'extra.weight'.*never arrived"):
+            opt.step()
+        opt.zero_grad()
+        opt.backward(model(x, y) + model.extra(torch.ones(1, 4)).sum())
+        self.assertTrue(opt.step().applied)
+        opt.close()
+
+
 class TrainerSequence(unittest.TestCase):
     """transformers.Trainer's call sequence (transformers is not packaged here): model.train(),
     loss.backward(), clip_grad_norm_(model.parameters(), max_grad_norm), optimizer.step(),

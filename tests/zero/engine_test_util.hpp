@@ -28,6 +28,9 @@ struct EngineCase {
   std::uint64_t sub_group = 50;  // zero.sub_group_size: several sub-groups per partition
   double clip = 0.0;
   double timeout_s = 30.0;
+  // Before each step's backward, a partial backward of other gradients (every tensor but the first)
+  // that discard_gradients() drops: the result must not change.
+  bool discard_first = false;
 };
 
 inline Config engine_config(const EngineCase& c) {
@@ -74,6 +77,15 @@ inline std::vector<std::vector<float>> train_rank(Communicator& comm, const Engi
         EXPECT_NE(e.param(id), nullptr);
       }
       e.release({&id, 1});
+    }
+    if (c.discard_first) {
+      for (auto it = ids.rbegin(); std::next(it) != ids.rend(); ++it) {
+        auto g = grad_of(seed, comm.rank(), s + 500, *it, c.sizes[*it], c.grads);
+        e.gather({&*it, 1});
+        e.set_gradient(*it, g.data());
+        e.release({&*it, 1});
+      }
+      e.discard_gradients();
     }
     // backward: reverse order, one tensor at a time
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {

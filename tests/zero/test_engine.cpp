@@ -61,6 +61,34 @@ std::vector<Param> all_params() {
 INSTANTIATE_TEST_SUITE_P(Stages, EngineMatchesReference, ::testing::ValuesIn(all_params()),
                          param_name);
 
+// discard_gradients() drops a partial backward (at stages 2-3 with some buckets' reduce-scatters
+// already issued): the steps that follow equal the reference, as if it never happened.
+class EngineDiscard : public ::testing::TestWithParam<Param> {};
+
+TEST_P(EngineDiscard, DroppedGradientsLeaveNoTrace) {
+  const Param p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  c.discard_first = true;
+  const auto seed = test_seed("engine-discard");
+  auto want = reference_params(c, p.world, seed);
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
+  }));
+  for (int r = 0; r < p.world; ++r)
+    expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+}
+
+std::vector<Param> discard_params() {
+  std::vector<Param> v;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {1, 2, 4}) v.push_back({stage, world, DType::kFp32, DType::kFp32});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Stages, EngineDiscard, ::testing::ValuesIn(discard_params()), param_name);
+
 // Bytes each rank sends per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3 (gathering in
 // forward and backward), up to padding and the 16(N-1)-byte norm exchange; and `strata plan`'s
 // link figure agrees.
