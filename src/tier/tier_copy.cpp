@@ -181,6 +181,10 @@ struct PieceLeg {
   Finish finish;    // waits until the slot is done with its buffer; throws on failure
   Settle settle;    // after a failure: nothing still in flight may touch the slot's buffer
 };
+// Spelled out: clang before 17 deduces no aggregate's template arguments (the thread-safety
+// check compiles this file with clang).
+template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle>
+PieceLeg(Start, Ready, Advance, Finish, Settle) -> PieceLeg<Start, Ready, Advance, Finish, Settle>;
 
 // GPU → NVMe, after slot `s` failed or was drained after another's failure: a device copy that
 // may still write its buffer, or a write that may still read it, keeps the buffer detached:
