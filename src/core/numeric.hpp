@@ -105,5 +105,10 @@ inline void store_elem(void* base, std::size_t i, DType t, float v) {
   }
 }
 
+// dst[i] += src[i] in FP32, element by element (gradient accumulation over micro-batches).
+inline void accumulate_fp32(float* dst, const float* src, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
 }  // namespace
 }  // namespace strata

@@ -1,13 +1,10 @@
 // Gradient accumulation (see accumulate.hpp).
 #include "optim/accumulate.hpp"
 
+#include "core/numeric.hpp"
 #include "strata/device.hpp"
 
 namespace strata {
-
-void accumulate_host(float* dst, const float* src, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
 
 void accumulate_on_device(Stream& stream, bool cuda, float* dst, const float* src, std::size_t n,
                           std::chrono::milliseconds timeout) {
@@ -17,7 +14,7 @@ void accumulate_on_device(Stream& stream, bool cuda, float* dst, const float* sr
     return;
   }
   stream.synchronize(timeout);
-  accumulate_host(dst, src, n);
+  accumulate_fp32(dst, src, n);
 }
 
 }  // namespace strata

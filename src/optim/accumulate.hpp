@@ -8,10 +8,8 @@
 namespace strata {
 class Stream;
 
-// Host memory, on the calling thread.
-void accumulate_host(float* dst, const float* src, std::size_t n) noexcept;
-
-// Both arrays in `stream`'s device memory, in stream order after the work queued on it: a CUDA
+// (Host memory: accumulate_fp32, core/numeric.hpp.) Both arrays in `stream`'s device memory, in
+// stream order after the work queued on it: a CUDA
 // kernel on a CUDA stream (returns once enqueued); on the host-emulated device the stream is
 // synchronized (bounded by `timeout`) and the sum computed on the calling thread. Throws
 // Error(kDevice / kTimeout) as the stream does, Error(kUnsupported) for CUDA in a build without it.

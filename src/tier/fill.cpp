@@ -5,18 +5,12 @@
 #include <cstring>
 #include <utility>
 
+#include "core/numeric.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
 namespace strata::tier {
-namespace {
-
-void accumulate_host(float* dst, const float* src, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
-}
-
-}  // namespace
 
 Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
                DeviceAdd add_on_device)
@@ -207,7 +201,7 @@ void Filler::accumulate_piece(Buf& b, std::size_t k, std::uint64_t offset, std::
     if (b.staged < 0) stage(k);
     Staged& s = staged_[static_cast<std::size_t>(b.staged)];
     auto* dst = reinterpret_cast<float*>(static_cast<unsigned char*>(s.buf.data()) + offset);
-    accumulate_host(dst, host_floats(src, bytes, src_memory), n);
+    accumulate_fp32(dst, host_floats(src, bytes, src_memory), n);
     if (b.filled == b.bytes) s.full = true;
     if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
     return;
@@ -226,7 +220,7 @@ void Filler::accumulate_piece(Buf& b, std::size_t k, std::uint64_t offset, std::
       add_on_device_(*stream_, dst, static_cast<const float*>(src), n);
       stream_->synchronize(timeout_);
     } else {
-      accumulate_host(dst, host_src, n);
+      accumulate_fp32(dst, host_src, n);
     }
   } catch (...) {
     store_.release(b.id, home);

@@ -30,21 +30,26 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 class EngineMatchesReference : public ::testing::TestWithParam<Param> {};
 
+// Every rank's train_rank(c) against the unsharded reference, bitwise.
+void expect_ranks_match_reference(const EngineCase& c, int world, const char* seed_name) {
+  const auto seed = test_seed(seed_name);
+  auto want = reference_params(c, world, seed);
+  auto comms = make_inprocess_communicators(world, 30.0);
+  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(world));
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
+  }));
+  for (int r = 0; r < world; ++r)
+    expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+}
+
 TEST_P(EngineMatchesReference, AfterSteps) {
   const Param p = GetParam();
   EngineCase c;
   c.stage = p.stage;
   c.params = p.params;
   c.grads = p.grads;
-  const auto seed = test_seed("engine");
-  auto want = reference_params(c, p.world, seed);
-  auto comms = make_inprocess_communicators(p.world, 30.0);
-  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
-  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
-  }));
-  for (int r = 0; r < p.world; ++r)
-    expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+  expect_ranks_match_reference(c, p.world, "engine");
 }
 
 std::vector<Param> all_params() {
@@ -70,15 +75,7 @@ TEST_P(EngineDiscard, DroppedGradientsLeaveNoTrace) {
   EngineCase c;
   c.stage = p.stage;
   c.discard_first = true;
-  const auto seed = test_seed("engine-discard");
-  auto want = reference_params(c, p.world, seed);
-  auto comms = make_inprocess_communicators(p.world, 30.0);
-  std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
-  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    got[static_cast<std::size_t>(rank)] = train_rank(comm, c, seed);
-  }));
-  for (int r = 0; r < p.world; ++r)
-    expect_bitwise_equal(got[static_cast<std::size_t>(r)], want, strcat("rank ", r));
+  expect_ranks_match_reference(c, p.world, "engine-discard");
 }
 
 std::vector<Param> discard_params() {
