@@ -176,7 +176,8 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
 
 // Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model
 // dtype. One call per parameter group the chunk spans (usually one): element-wise, so the cut
-// changes no bit. on_device: the arrays are device memory (state placed on gpu).
+// changes no bit. on_device: the arrays are device memory (state placed on gpu). On the device
+// every group's update is queued on DeviceAdam's stream and the chunk waits once (F9).
 void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* grad,
                                void* param_copy, bool on_device, float grad_scale) {
   const auto* g = static_cast<const unsigned char*>(grad);
@@ -184,30 +185,37 @@ void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* g
   const AdamStepOptions so{adam_step_, grad_scale, false,
                            static_cast<float>(layout_.world())};  // g / N, as torch
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
-  layout_.for_each_group_run(layout_.opt_begin() + c.r.begin, c.r.count,
-                             [&](std::size_t o, std::size_t n, GroupId gid) {
-                               AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
-                               hp.lr = groups_[gid].lr;
-                               hp.weight_decay = groups_[gid].weight_decay;
-                               hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
-                               hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
-                               hp.eps = groups_[gid].eps.value_or(hp.eps);
-                               AdamTensors t;
-                               t.param = v.master + o;
-                               t.exp_avg = v.exp_avg + o;
-                               t.exp_avg_sq = v.exp_avg_sq + o;
-                               t.grad = g + o * ges;
-                               t.grad_dtype = layout_.grad_dtype();
-                               t.param_copy = p + o * pes;
-                               t.param_copy_dtype = layout_.param_dtype();
-                               t.n = n;
-                               if (on_device)
-                                 device_adam_->step_resident(hp, t, so);
-                               else if (update_on_device_)
-                                 device_adam_->step(hp, t, so);
-                               else
-                                 adam_->step(hp, t, so);
-                             });
+  const bool queued = on_device || update_on_device_;
+  auto group = [&](std::size_t o, std::size_t n, GroupId gid) {
+    AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
+    hp.lr = groups_[gid].lr;
+    hp.weight_decay = groups_[gid].weight_decay;
+    hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
+    hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
+    hp.eps = groups_[gid].eps.value_or(hp.eps);
+    AdamTensors t;
+    t.param = v.master + o;
+    t.exp_avg = v.exp_avg + o;
+    t.exp_avg_sq = v.exp_avg_sq + o;
+    t.grad = g + o * ges;
+    t.grad_dtype = layout_.grad_dtype();
+    t.param_copy = p + o * pes;
+    t.param_copy_dtype = layout_.param_dtype();
+    t.n = n;
+    if (on_device)
+      device_adam_->enqueue_resident(hp, t, so);
+    else if (update_on_device_)
+      device_adam_->enqueue(hp, t, so);
+    else
+      adam_->step(hp, t, so);
+  };
+  try {
+    layout_.for_each_group_run(layout_.opt_begin() + c.r.begin, c.r.count, group);
+  } catch (...) {
+    if (queued) device_adam_->wait();  // the groups queued so far still use the chunk's arrays
+    throw;
+  }
+  if (queued) device_adam_->wait();
 }
 
 // Whether the decision can run while the host update's first reads are in flight: the state of
