@@ -152,6 +152,8 @@ void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe)
   stats_.bytes_from_nvme += b.padded;
 }
 
+// One copy, one wait: the copy is a whole leg (the caller hands the bytes on next). Legs of
+// several pieces queue them all and wait once (read_nvme_to_gpu).
 void TierStore::Impl::copy_device(void* dst, const void* src, std::size_t bytes, WorkerContext& ctx,
                                   bool* unsafe) {
   *unsafe = true;
@@ -260,8 +262,8 @@ void TierStore::Impl::run_piece_pipeline(Buf& b, std::size_t first, std::size_t 
   };
 
   for (std::size_t i = first; i < end && !error; ++i) {
-    tier::Staging pb = next_staging_buffer(pool_, window_, window, free_events, retire_front,
-                                           error, [this] { return take_staging(); });
+    tier::Staging pb = next_staging_buffer(pool_, window_, window, free_events, retire_front, error,
+                                           [this] { return take_staging(); });
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, piece_len(b, i), 0, 0};
@@ -320,7 +322,8 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
   auto settle = [&](Slot& s) { settle_gpu_to_nvme_slot(s, *engine_, timeout, unsafe); };
   // Each piece's copy is waited for where its bytes are needed: before its NVMe write.
   auto flush = [](std::deque<Slot>&) {};
-  run_piece_pipeline(b, 0, pieces(b), ctx, PieceLeg{start, copied, to_write, finish, settle, flush});
+  run_piece_pipeline(b, 0, pieces(b), ctx,
+                     PieceLeg{start, copied, to_write, finish, settle, flush});
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
   stats_.bytes_from_gpu += b.spec.bytes;
