@@ -179,14 +179,16 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
 // changes no bit. Where the tensors' step counts differ (skip_gradient), a group's run is cut
 // further at the tensors whose count differs from their neighbour's; a skipped tensor keeps its
 // state and gets its parameters from its master. on_device: the arrays are device memory (state
-// placed on gpu).
+// placed on gpu). On the device every run's update is queued on DeviceAdam's stream and the chunk
+// waits once (F9).
 void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* grad,
                                void* param_copy, bool on_device, float grad_scale) {
   const auto* g = static_cast<const unsigned char*>(grad);
   auto* p = static_cast<unsigned char*>(param_copy);
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
   const std::size_t flat_b = layout_.opt_begin() + c.r.begin;
-  layout_.for_each_group_run(flat_b, c.r.count, [&](std::size_t o, std::size_t n, GroupId gid) {
+  const bool queued = on_device || update_on_device_;
+  auto group = [&](std::size_t o, std::size_t n, GroupId gid) {
     AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
     hp.lr = groups_[gid].lr;
     hp.weight_decay = groups_[gid].weight_decay;
@@ -212,7 +214,14 @@ void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* g
     for_each_count_run(flat_b + o, n, [&](std::size_t ro, std::size_t rn, std::int64_t step) {
       run(o + ro, rn, step);
     });
-  });
+  };
+  try {
+    layout_.for_each_group_run(flat_b, c.r.count, group);
+  } catch (...) {
+    if (queued) device_adam_->wait();  // the runs queued so far still use the chunk's arrays
+    throw;
+  }
+  if (queued) device_adam_->wait();
 }
 
 void OptimizerStep::adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step,
@@ -220,9 +229,9 @@ void OptimizerStep::adam_run(const AdamParams& hp, const AdamTensors& t, std::in
   const AdamStepOptions so{step, grad_scale, false,
                            static_cast<float>(layout_.world())};  // g / N, as torch
   if (on_device)
-    device_adam_->step_resident(hp, t, so);
+    device_adam_->enqueue_resident(hp, t, so);  // adam_chunk waits once for the whole chunk
   else if (update_on_device_)
-    device_adam_->step(hp, t, so);
+    device_adam_->enqueue(hp, t, so);
   else
     adam_->step(hp, t, so);
 }
