@@ -15,7 +15,6 @@
 #include "device/device_test_util.hpp"
 #include "fakecuda/gpu_test_env.hpp"
 #include "strata/device.hpp"
-#include "strata/device_pool.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
@@ -223,33 +222,4 @@ TEST(CudaDevice, DeviceFaultSurfacesAtTheWait) {
         s->synchronize(10s);
       },
       Error);
-}
-
-// F5/F8 (the device part): runtime buffers from the caching pool cost no cudaMalloc/cudaFree
-// (each synchronises the device) once the pool is warm; a block released after a stream is reused
-// only after that stream's work.
-TEST(CudaDevice, BufferPoolSteadyStateMakesNoDeviceCalls) {
-  if (gpu_count() <= gpu_base()) GTEST_SKIP() << "no GPU " << gpu_base();
-  auto dev = make_device(DeviceKind::kCuda, gpu_base());
-  DeviceBufferPool pool(*dev);
-  auto s = dev->create_stream();
-  std::vector<std::uint8_t> back(3 << 20);
-  for (int step = 0; step < 4; ++step) {
-    if (step == 1 && st::under_fakecuda()) fakecuda_reset_counters();
-    auto bucket = pool.acquire(3 << 20);
-    auto recv = pool.acquire(100000);
-    s->memset_async(bucket.get(), step + 1, 3 << 20);
-    s->memcpy_async(back.data(), bucket.get(), back.size());
-    bucket.release_after(*s);
-    recv.reset();
-    s->synchronize(10s);
-    EXPECT_EQ(back[0], step + 1);
-    EXPECT_EQ(back.back(), step + 1);
-  }
-  EXPECT_EQ(pool.stats().device_allocs, 2u);
-  EXPECT_EQ(pool.stats().device_frees, 0u);
-  if (st::under_fakecuda()) {
-    EXPECT_EQ(fakecuda_counter("malloc"), 0);
-    EXPECT_EQ(fakecuda_counter("free"), 0);
-  }
 }

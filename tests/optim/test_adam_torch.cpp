@@ -22,7 +22,8 @@ const char* kPython = "/usr/bin/python3";
 
 bool torch_available() {
   std::string out;
-  return testing::run_command(std::string(kPython) + " -c 'import torch' 2>&1", &out) == 0;
+  const std::string command = std::string(kPython).append(" -c 'import torch' 2>&1");
+  return testing::run_command(command, &out) == 0;
 }
 
 template <class T>

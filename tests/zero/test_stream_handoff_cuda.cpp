@@ -154,7 +154,9 @@ TEST_P(StreamHandOff, TheEngineWaitsForTheCallersStream) {
         cudaMemcpyAsync(grad.get(), g.data(), kN * sizeof(float), cudaMemcpyDefault, user.get()),
         cudaSuccess);
     if (producer) user.open_later(200ms);
-    if (!producer) ASSERT_EQ(cudaStreamSynchronize(user.get()), cudaSuccess);
+    if (!producer) {
+      ASSERT_EQ(cudaStreamSynchronize(user.get()), cudaSuccess);
+    }
     e.set_gradient(id, grad.get(), user.get());
     user.join();
     // Consumer: a kernel of the caller's still reads param() (a copy, behind the gate).
