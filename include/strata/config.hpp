@@ -142,6 +142,10 @@ struct NvmeTierConfig {
   bool checksum = true;
   bool sqpoll = false;       // io_uring submission-queue polling thread
   std::uint64_t budget = 0;  // bytes of swap space per node across all paths; 0 = unlimited
+  // Swap space kept beside the optimizer state on nvme for the pinned versions of an asynchronous
+  // checkpoint, as a fraction of that state (0..1): a block rewritten while a save is in flight
+  // takes a new slot. 0: none (a step after an asynchronous save waits for its writer).
+  double snapshot_room = 1.0;
 };
 
 struct TiersConfig {

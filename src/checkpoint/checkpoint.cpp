@@ -311,57 +311,85 @@ class Shards {
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,
-                     const SaveOptions& options) {
+PendingSave begin_save(const std::string& dir_path, const RankState& s, Communicator& comm,
+                       const SaveOptions& options) {
   check_state(s, "save");
   const std::uint64_t block_elems = options.block_elems ? options.block_elems : kDefaultBlockElems;
   if (block_elems > kMaxBlockElems)
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint save: block_elems ", block_elems, " is more than the ", kMaxBlockElems,
                 " a checkpoint may have"));
-  const std::string what = strcat("checkpoint save into ", dir_path);
-  // 1. The directory (created if missing), and the serial (rank 0's, for every rank).
-  SafeDir dir;
+  // The directory (created if missing), and the serial (rank 0's, for every rank).
+  PendingSave p;
+  p.path = dir_path;
   Outcome o;
   try {
     SafeDirOptions opt;
     opt.create = true;
     opt.role = "checkpoint directory";
     if (s.rank == 0) {
-      dir = SafeDir::open(dir_path, opt);
-      o.extra = next_serial(dir, env_of(s));
+      p.dir = SafeDir::open(dir_path, opt);
+      o.extra = next_serial(p.dir, env_of(s));
     }
   } catch (...) {
     o.capture();
   }
-  const std::uint64_t serial = agree(comm, s, o, what)[0];
-  // 2. Every rank's shard.
-  Manifest m;
-  o = Outcome{};
+  const std::uint64_t serial = agree(comm, s, o, strcat("checkpoint save into ", dir_path))[0];
+  p.manifest = skeleton(s, serial, block_elems);
+  return p;
+}
+
+std::uint32_t write_shard(const PendingSave& p, const RankState& s) {
+  SafeDir opened;
+  const SafeDir* dir = &p.dir;
   try {
-    if (s.rank != 0) dir = SafeDir::open(dir_path, {});
-    m = skeleton(s, serial, block_elems);
-    o.extra = write_shard(dir, m, s);
+    if (s.rank != 0) {
+      opened = SafeDir::open(p.path, {});
+      dir = &opened;
+    }
+    return write_shard(*dir, p.manifest, s);
   } catch (...) {
-    o.capture();
-    if (dir) dir.try_remove(shard_file_name(serial, s.rank), false);
+    if (*dir) dir->try_remove(shard_file_name(p.manifest.serial, s.rank), false);
+    throw;
   }
+}
+
+void finish_save(PendingSave& p, const RankState& s, Communicator& comm, std::exception_ptr error,
+                 std::uint32_t header_crc) {
+  const std::string what = strcat("checkpoint save into ", p.path);
+  Outcome o;
+  o.error = error;
+  o.extra = header_crc;
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
-  // 3. Rank 0 commits; everyone learns whether it did.
+  // Rank 0 commits; everyone learns whether it did.
   o = Outcome{};
   if (s.rank == 0) {
     try {
+      Manifest& m = p.manifest;
       for (int r = 0; r < s.world; ++r)
         m.shards[static_cast<std::size_t>(r)].header_crc32c =
             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
-      commit_manifest(dir, m, env_of(s));
-      log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage,
-               ") in ", dir.path());
+      commit_manifest(p.dir, m, env_of(s));
+      log_info("checkpoint: saved serial ", m.serial, " (", s.world, " shards, stage ", s.stage,
+               ") in ", p.dir.path());
     } catch (...) {
       o.capture();
     }
   }
   agree(comm, s, o, what);
+}
+
+void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,
+                     const SaveOptions& options) {
+  PendingSave p = begin_save(dir_path, s, comm, options);
+  std::exception_ptr error;
+  std::uint32_t crc = 0;
+  try {
+    crc = write_shard(p, s);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish_save(p, s, comm, error, crc);
 }
 
 namespace {

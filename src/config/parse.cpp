@@ -547,6 +547,11 @@ void Reader::read_nvme_tier(const YAML::Node& root, Config& c) {
   with(nvme, "tiers.nvme", "checksum", [&](auto& v, auto& p) { T.nvme.checksum = boolean(v, p); });
   with(nvme, "tiers.nvme", "sqpoll", [&](auto& v, auto& p) { T.nvme.sqpoll = boolean(v, p); });
   with(nvme, "tiers.nvme", "budget", [&](auto& v, auto& p) { T.nvme.budget = bytes(v, p, 0); });
+  with(nvme, "tiers.nvme", "snapshot_room", [&](auto& v, auto& p) {
+    T.nvme.snapshot_room = number(v, p);
+    if (!(T.nvme.snapshot_room >= 0.0 && T.nvme.snapshot_room <= 1.0))
+      error(p, "'" + v.Scalar() + "' is out of range: a fraction must be in [0, 1]");
+  });
 }
 
 // The runtime section.

@@ -118,7 +118,8 @@ std::string to_yaml(const Config& c) {
     << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
     << "    checksum: " << boolean(t.nvme.checksum) << "\n"
     << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
-    << "    budget: " << bytes_text(t.nvme.budget) << "\n";
+    << "    budget: " << bytes_text(t.nvme.budget) << "\n"
+    << "    snapshot_room: " << num(t.nvme.snapshot_room) << "\n";
   o << "runtime:\n"
     << "  device: " << device_name(c.runtime.device) << "\n"
     << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"

@@ -198,7 +198,7 @@ class TierStore::Impl {
                               void* dst, Tier memory, bool padded);
   void unpin(SnapshotId s, const BufferId* id);  // id null: every block left
   VersionUsage version_usage() const;
-  TierBytes rewrite_cost(SnapshotId s) const;
+  VersionBytes rewrite_cost(SnapshotId s) const;
 
  private:
   // ---- versions (tier_versions.cpp)

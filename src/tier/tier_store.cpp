@@ -1060,6 +1060,6 @@ Transfer TierStore::read_pinned(SnapshotId s, BufferId id, std::uint64_t offset,
 void TierStore::unpin(SnapshotId s, BufferId id) { impl_->unpin(s, &id); }
 void TierStore::unpin(SnapshotId s) { impl_->unpin(s, nullptr); }
 VersionUsage TierStore::version_usage() const { return impl_->version_usage(); }
-TierBytes TierStore::rewrite_cost(SnapshotId s) const { return impl_->rewrite_cost(s); }
+VersionBytes TierStore::rewrite_cost(SnapshotId s) const { return impl_->rewrite_cost(s); }
 
 }  // namespace strata

@@ -165,15 +165,15 @@ struct TierStoreStats {
   std::uint64_t reads = 0, writes = 0;  // streaming read() / write() calls completed
 };
 
-// Bytes per tier (indexed by Tier).
-struct TierBytes {
+// Bytes per tier (indexed by Tier) held or needed by versions.
+struct VersionBytes {
   std::uint64_t bytes[3] = {0, 0, 0};
   std::uint64_t operator[](Tier t) const { return bytes[static_cast<int>(t)]; }
 };
 
 // What versions other than the committed ones hold (docs/versioned_state.md).
 struct VersionUsage {
-  TierBytes held;                     // storage of pinned versions that were rewritten since
+  VersionBytes held;                  // storage of pinned versions that were rewritten since
   std::uint32_t snapshots = 0;        // live snapshots
   std::uint64_t pinned_blocks = 0;    // (snapshot, block) pairs still pinned
   std::uint64_t diverged_blocks = 0;  // of them, holding their own storage (rewritten since)
@@ -275,7 +275,7 @@ class TierStore {
   VersionUsage version_usage() const;
   // Bytes per tier that rewriting every block of `s` still sharing its committed version would
   // hold (nvme: new slots; gpu / cpu: staging copies).
-  TierBytes rewrite_cost(SnapshotId s) const;
+  VersionBytes rewrite_cost(SnapshotId s) const;
 
  private:
   class Impl;

@@ -54,10 +54,10 @@ SnapshotId TierStore::Impl::pin_committed(std::span<const BufferId> ids) {
   for (const Buf* b : bufs) {
     for (Tier t : kTiers) {
       if (b->copy[ti(t)].write_pins)
-        fail(ErrorCode::kInvalidArgument,
-             strcat("tier store: cannot pin buffer '", b->spec.name, "': it is acquired for "
-                                                                     "writing on ",
-                    tier_name(t), "; release it first"));
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: cannot pin buffer '", b->spec.name,
+                                                 "': it is acquired for "
+                                                 "writing on ",
+                                                 tier_name(t), "; release it first"));
     }
   }
   const SnapshotId s = next_snapshot_++;
@@ -85,9 +85,11 @@ void TierStore::Impl::reserve_version_locked(const Buf& b, Tier t) {
   if (used_[ti(t)] + b.padded > budget)
     fail(ErrorCode::kBudget,
          strcat("tier store: keeping the pinned version of buffer '", b.spec.name, "' (snapshot ",
-                b.versions.front().snap, ", ", b.padded, " bytes) before it is rewritten does not "
-                "fit in the ", tier_name(t), " tier: ", used_[ti(t)], " of ", budget,
-                " bytes in use (tiers.", t == Tier::kGpu ? "gpu" : "host",
+                b.versions.front().snap, ", ", b.padded,
+                " bytes) before it is rewritten does not "
+                "fit in the ",
+                tier_name(t), " tier: ", used_[ti(t)], " of ", budget, " bytes in use (tiers.",
+                t == Tier::kGpu ? "gpu" : "host",
                 ".budget); nothing was changed: unpin the snapshot first"));
   used_[ti(t)] += b.padded;
   version_bytes_[ti(t)] += b.padded;
@@ -113,9 +115,9 @@ void TierStore::Impl::free_version_locked(const Buf& b, tier::Version& v) {
 // with nothing changed.
 void TierStore::Impl::preserve_slot_locked(Buf& b) {
   tier::Copy& n = b.copy[ti(Tier::kNvme)];
-  SwapExtent fresh = swap_->allocate(
-      b.padded, strcat("a new version of buffer '", b.spec.name, "' (snapshot ",
-                       b.versions.front().snap, " pins the current one)"));
+  SwapExtent fresh =
+      swap_->allocate(b.padded, strcat("a new version of buffer '", b.spec.name, "' (snapshot ",
+                                       b.versions.front().snap, " pins the current one)"));
   auto v = std::make_shared<tier::Version>();
   v->where = Tier::kNvme;
   v->extent = n.extent;
@@ -170,7 +172,8 @@ void TierStore::Impl::preserve_pinned(Buf& b, WorkerContext& ctx) {
     }
     if (!b.copy[ti(Tier::kCpu)].valid) src = Tier::kGpu;
     if (!b.copy[ti(src)].valid)
-      fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
+      fail(ErrorCode::kInternal,
+           strcat("tier store: buffer '", b.spec.name, "' has no valid copy"));
   }
   preserve_copy(b, src, ctx);
 }
@@ -195,8 +198,8 @@ Transfer TierStore::Impl::submit_read_pinned(SnapshotId s, BufferId id, std::uin
     if (offset + bytes > b.spec.bytes || bytes == 0 || !dst || memory == Tier::kNvme)
       fail(ErrorCode::kInvalidArgument,
            strcat("tier store: read of bytes [", offset, ", ", offset + bytes,
-                  ") of the pinned version of '", b.spec.name, "' (", b.spec.bytes,
-                  " bytes) into ", dst ? tier_name(memory) : "a null pointer"));
+                  ") of the pinned version of '", b.spec.name, "' (", b.spec.bytes, " bytes) into ",
+                  dst ? tier_name(memory) : "a null pointer"));
     ++rec.reads;
     Job job{OpKind::kReadPinned, &b, memory, Access::kRead, state, offset, bytes, dst, padded, s};
     ++b.queued;
@@ -220,9 +223,9 @@ void TierStore::Impl::read_version_nvme(Buf& b, const tier::Version& v, Job& job
         IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, v.extent.offset + off});
     if (!engine_->wait(t, options_.timeout)) {
       pb.detach();  // the kernel may still write into it
-      fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of the pinned version of '",
-                                       b.spec.name, "' not complete after ",
-                                       options_.timeout.count(), " ms"));
+      fail(ErrorCode::kTimeout,
+           strcat("tier store: NVMe read of the pinned version of '", b.spec.name,
+                  "' not complete after ", options_.timeout.count(), " ms"));
     }
     const std::uint32_t got = v.crc.empty() ? 0 : crc32c(pb.data(), len);
     if (!v.crc.empty() && got != v.crc[p]) {
@@ -328,10 +331,10 @@ VersionUsage TierStore::Impl::version_usage() const {
   return u;
 }
 
-TierBytes TierStore::Impl::rewrite_cost(SnapshotId s) const {
+VersionBytes TierStore::Impl::rewrite_cost(SnapshotId s) const {
   MutexLock lock(mutex_);
   auto it = snapshots_.find(s);
-  TierBytes cost;
+  VersionBytes cost;
   if (it == snapshots_.end()) return cost;
   for (BufferId id : it->second.ids) {
     const Buf& b = buf_locked(id);
