@@ -248,6 +248,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["optimizer_s"] = s.optimizer_s;
   d["gather_s"] = s.gather_s;
   d["step_s"] = s.step_s;
+  d["checkpoint_blocked_s"] = s.checkpoint_blocked_s;
   py::dict bytes, calls;
   for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
     const char* name = collective_name(static_cast<CollectiveKind>(k));
@@ -518,6 +519,15 @@ PYBIND11_MODULE(_strata, m) {
             s.e().save_checkpoint(d, client_state);
           },
           G(), py::arg("dir"), py::arg("client_state") = std::string())
+      .def(
+          "save_checkpoint_async",
+          [](PyEngine& s, const std::string& d, const std::string& client_state) {
+            s.e().save_checkpoint(d, SaveMode::kAsync, client_state);
+          },
+          G(), py::arg("dir"), py::arg("client_state") = std::string())
+      .def(
+          "wait_checkpoint", [](PyEngine& s) { s.e().wait_checkpoint(); }, G())
+      .def("checkpoint_pending", [](const PyEngine& s) { return s.e().checkpoint_pending(); })
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())

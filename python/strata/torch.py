@@ -742,11 +742,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return self._params[tid].detach().float()
         return self._read(tid, "master")
 
-    def save_checkpoint(self, directory, client_state=None):
+    def save_checkpoint(self, directory, client_state=None, blocking=True):
         """The engine's checkpoint (every rank's shard + a manifest, committed atomically; see
         docs/offload.md), with every group's lr, weight_decay, betas and eps, and `client_state`:
         the loop's own state (its step, data position, a scheduler's state_dict()), anything
-        json.dumps takes, at most 1 MiB of JSON; rank 0's is kept. Collective."""
+        json.dumps takes, at most 1 MiB of JSON; rank 0's is kept. Collective.
+
+        blocking=False: returns after the snapshot (the step, counters, groups and client_state
+        captured, the optimizer state pinned where it lives); the shards are written in the
+        background while training goes on. The save is committed by the next wait_checkpoint(),
+        save_checkpoint() or load_checkpoint() (collective), which also raises a failure of the
+        background writer; the previous checkpoint stays loadable until then. Call
+        wait_checkpoint() before the optimizer is dropped. Returns the seconds the call blocked."""
         self._check_usable()
         text = ""
         if client_state is not None:
@@ -757,7 +764,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "strata: save_checkpoint(client_state=...): not JSON (%s); nothing was written"
                     % e) from None
         self._sync_groups()
-        self._engine.save_checkpoint(os.fspath(directory), text)
+        t0 = time.perf_counter()
+        if blocking:
+            self._engine.save_checkpoint(os.fspath(directory), text)
+        else:
+            self._engine.save_checkpoint_async(os.fspath(directory), text)
+        return time.perf_counter() - t0
+
+    def wait_checkpoint(self):
+        """Waits for an asynchronous save (save_checkpoint(blocking=False)) and commits it
+        (collective; nothing to do without one). Raises what failed it, on every rank. Returns
+        the seconds it blocked."""
+        t0 = time.perf_counter()
+        self._engine.wait_checkpoint()
+        return time.perf_counter() - t0
+
+    @property
+    def checkpoint_pending(self):
+        """An asynchronous save is in flight or not yet committed by wait_checkpoint()."""
+        return self._engine.checkpoint_pending()
 
     def load_checkpoint(self, directory):
         """Restores a checkpoint written by save_checkpoint (verified before anything changes; the

@@ -53,7 +53,8 @@ struct Options {
   int hidden = 64;
   std::int64_t seed = 1;
   std::string checkpoint_dir;
-  int save_every = 0;  // 0: only after the last step
+  int save_every = 0;           // 0: only after the last step
+  bool blocking_saves = false;  // --save-every saves wait for their writes (else asynchronous)
   bool resume = false;
   bool json = false;
 };
@@ -70,7 +71,9 @@ struct StepRecord {
 
 struct SaveRecord {
   int step;
-  double seconds;
+  double seconds;  // training blocked by the save call (async: the snapshot, and the commit of
+                   // the previous save when its writer was still at work)
+  bool async;
 };
 
 struct RankOutcome {
@@ -304,13 +307,19 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
                 << (rec.applied ? "" : "  (skipped: overflow)") << std::endl;
     if (!o.checkpoint_dir.empty() &&
         ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+      // Asynchronous unless asked otherwise; the last save is waited for (the run ends with it).
+      const bool async = !o.blocking_saves && s + 1 < o.steps;
       const auto t_save = std::chrono::steady_clock::now();
-      engine.save_checkpoint(o.checkpoint_dir);
-      if (comm.rank() == 0) write_train_options(o);
-      out.saves.push_back({s + 1, seconds_since(t_save)});
+      const bool committed_before = engine.checkpoint_pending();  // the call commits it
+      engine.save_checkpoint(o.checkpoint_dir, async ? SaveMode::kAsync : SaveMode::kBlocking);
+      // train.json follows the committed manifest: the previous save's while this one writes.
+      if (comm.rank() == 0 && (!async || committed_before)) write_train_options(o);
+      out.saves.push_back({s + 1, seconds_since(t_save), async});
       if (print)
-        std::cout << "saved checkpoint after step " << s + 1 << " in " << o.checkpoint_dir << " ("
-                  << out.saves.back().seconds * 1e3 << " ms)" << std::endl;
+        std::cout << (async ? "checkpoint after step " : "saved checkpoint after step ") << s + 1
+                  << " in " << o.checkpoint_dir
+                  << (async ? " writing in the background; training blocked " : " (")
+                  << out.saves.back().seconds * 1e3 << " ms" << (async ? "" : ")") << std::endl;
     }
   }
   out.stats = engine.stats();
@@ -538,7 +547,14 @@ void print_json(const Config& cfg, const Options& o, const Launch& run, double w
     c["resumed_from_step"] =
         outcome.resumed_from >= 0 ? nlohmann::json(outcome.resumed_from) : nlohmann::json();
     auto& saves = c["saves"] = nlohmann::json::array();
-    for (auto& v : outcome.saves) saves.push_back({{"step", v.step}, {"seconds", v.seconds}});
+    for (auto& v : outcome.saves)
+      saves.push_back({{"step", v.step},
+                       {"seconds", v.seconds},
+                       {"blocked_s", v.seconds},
+                       {"mode", v.async ? "async" : "blocking"}});
+    // Everything checkpoints blocked the loop for: the save calls, and steps that waited for a
+    // writer to make room for their copy-on-write (EngineStats::checkpoint_blocked_s).
+    c["checkpoint_blocked_s"] = outcome.stats.checkpoint_blocked_s;
     j["checkpoint"] = c;
   }
   nlohmann::json bytes;
@@ -620,6 +636,9 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--save-every", o->save_every,
                       "Steps between checkpoints (default: only after the last)")
            ->check(CLI::PositiveNumber);
+       cmd.add_flag("--blocking-saves", o->blocking_saves,
+                    "--save-every saves wait for their writes (default: asynchronous: a snapshot, "
+                    "then the shards are written while training goes on; the last save waits)");
        cmd.add_flag(
            "--resume", o->resume,
            "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "
