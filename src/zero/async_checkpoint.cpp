@@ -6,9 +6,8 @@
 
 namespace strata::zero {
 
-AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks,
-                                 PendingSave save, RankState state,
-                                 std::vector<unsigned char> params,
+AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, PendingSave save,
+                                 RankState state, std::vector<unsigned char> params,
                                  std::chrono::milliseconds timeout)
     : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(params)) {
   state_.params = {params_.data(), params_.size()};
@@ -17,8 +16,8 @@ AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks
     for (const Chunk& c : chunks) ids.push_back(c.opt);
     snap_ = store_.pin_committed(ids);
     pinned_ok_ = true;
-    pinned_ = std::make_unique<PinnedStateStore>(store_, chunks, state_.store->size(), snap_,
-                                                 timeout);
+    pinned_ =
+        std::make_unique<PinnedStateStore>(store_, chunks, state_.store->size(), snap_, timeout);
     state_.store = pinned_.get();
   } catch (...) {  // reported by finish() on every rank: the others have begun the save too
     error_ = std::current_exception();

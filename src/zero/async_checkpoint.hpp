@@ -65,7 +65,7 @@ class AsyncCheckpoint {
   bool pinned_ok_ = false;
   mutable Mutex mutex_;
   bool done_ GUARDED_BY(mutex_) = false;
-  std::exception_ptr error_;    // the pin's or the writer's; read after join()
+  std::exception_ptr error_;      // the pin's or the writer's; read after join()
   std::uint32_t header_crc_ = 0;  // the writer's; read after join()
   std::thread thread_;
 };

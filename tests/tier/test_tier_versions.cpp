@@ -37,7 +37,9 @@ enum class Placement { kHome, kAlsoNvme, kAlsoCpu };
 void rewrite(st::StoreRig& rig, BufferId id, Tier home, Rewrite how,
              std::vector<std::uint8_t>& data) {
   switch (how) {
-    case Rewrite::kAcquireWrite: rig.write(id, home == Tier::kNvme ? Tier::kCpu : home, data); break;
+    case Rewrite::kAcquireWrite:
+      rig.write(id, home == Tier::kNvme ? Tier::kCpu : home, data);
+      break;
     case Rewrite::kAcquireDiscard:
       rig.write(id, home == Tier::kNvme ? Tier::kCpu : home, data, 0, ~0ULL, true);
       break;
@@ -110,9 +112,9 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
   const bool nvme_valid = rig.store->info(id).valid[int(Tier::kNvme)];
-  const Tier cost_tier = nvme_valid                                        ? Tier::kNvme
+  const Tier cost_tier = nvme_valid                                   ? Tier::kNvme
                          : rig.store->info(id).valid[int(Tier::kCpu)] ? Tier::kCpu
-                                                                          : Tier::kGpu;
+                                                                      : Tier::kGpu;
   const std::uint64_t padded = rig.store->padded_bytes(id);
   EXPECT_EQ(rig.store->rewrite_cost(s)[cost_tier], padded);
   EXPECT_EQ(read_pinned(rig, s, id, kOdd), old_data);  // before any change: the committed one
@@ -154,8 +156,8 @@ namespace {
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (Tier home : st::kAllTiers)
-    for (Rewrite how : {Rewrite::kAcquireWrite, Rewrite::kAcquireDiscard, Rewrite::kStreamWrite,
-                        Rewrite::kZero})
+    for (Rewrite how :
+         {Rewrite::kAcquireWrite, Rewrite::kAcquireDiscard, Rewrite::kStreamWrite, Rewrite::kZero})
       for (Placement p : {Placement::kHome, Placement::kAlsoNvme, Placement::kAlsoCpu})
         out.push_back({home, how, p});
   return out;
@@ -250,9 +252,8 @@ TEST(PinnedVersions, NewSlotOverCapacityRefused) {
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
   auto b = st::random_bytes(kOdd, 22);
-  st::expect_error(ErrorCode::kBudget, "snapshot", [&] {
-    rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b);
-  });
+  st::expect_error(ErrorCode::kBudget, "snapshot",
+                   [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
   EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
   EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
   EXPECT_TRUE(rig.store->failure().empty());
@@ -273,7 +274,8 @@ TEST(PinnedVersions, IoFaultsLeavePinnedVersionIntact) {
     st::expect_error<IoError>(ErrorCode::kIo, "", [&] { read_pinned(rig, s, id, kOdd); });
     rig.fault->clear_faults();
     rig.fault->add_fault(IoFault::corrupt_nth_read(1));
-    st::expect_error(ErrorCode::kChecksum, "buffer 'opt.0'", [&] { read_pinned(rig, s, id, kOdd); });
+    st::expect_error(ErrorCode::kChecksum, "buffer 'opt.0'",
+                     [&] { read_pinned(rig, s, id, kOdd); });
     rig.fault->clear_faults();
     EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
     EXPECT_TRUE(rig.store->failure().empty());
@@ -285,12 +287,11 @@ TEST(PinnedVersions, IoFaultsLeavePinnedVersionIntact) {
   // A failed rewrite of the block (its write to the new slot).
   rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
   auto b = st::random_bytes(kOdd, 32);
-  st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO), [&] {
-    rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b);
-  });
+  st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
+                            [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
   rig.fault->clear_faults();
-  EXPECT_FALSE(rig.store->failure().empty());  // the block lost its committed contents...
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);   // ... not its pinned version
+  EXPECT_FALSE(rig.store->failure().empty());   // the block lost its committed contents...
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);  // ... not its pinned version
   rig.store->unpin(s);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kNvme], 0u);
 }

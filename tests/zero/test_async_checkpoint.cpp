@@ -155,12 +155,12 @@ TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
   expect_bitwise_equal(from_async, from_blocking, "async vs blocking checkpoint");
 }
 
-INSTANTIATE_TEST_SUITE_P(StagesRanksTiers, AsyncCheckpoint,
-                         ::testing::ValuesIn([] {
+INSTANTIATE_TEST_SUITE_P(StagesRanksTiers, AsyncCheckpoint, ::testing::ValuesIn([] {
                            std::vector<Case> v;
                            for (int stage = 0; stage <= 3; ++stage)
                              for (int world : {1, 2})
-                               for (Tier t : {Tier::kCpu, Tier::kNvme}) v.push_back({stage, world, t});
+                               for (Tier t : {Tier::kCpu, Tier::kNvme})
+                                 v.push_back({stage, world, t});
                            return v;
                          }()),
                          [](const ::testing::TestParamInfo<Case>& i) {
@@ -220,7 +220,7 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
       got = with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
         for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
         e.save_checkpoint(dir.str(), SaveMode::kAsync);  // committed by the next call
-        e.save_checkpoint(ref.str());  // the same step, blocking: the reference
+        e.save_checkpoint(ref.str());                    // the same step, blocking: the reference
         ckpt_step(e, kSizes, rank, 2);
         if (rank == 0) {
           FileFault f = FileFault::fail_nth(op, 1, EIO);
@@ -231,8 +231,8 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
         ckpt_step(e, kSizes, rank, 3);  // (both ranks' faults are in place after this collective)
         e.save_checkpoint(dir.str(), SaveMode::kAsync);
         for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
-        errors[static_cast<std::size_t>(rank)] = expect_error<IoError>(
-            ErrorCode::kIo, errno_text(EIO), [&] { e.wait_checkpoint(); });
+        errors[static_cast<std::size_t>(rank)] =
+            expect_error<IoError>(ErrorCode::kIo, errno_text(EIO), [&] { e.wait_checkpoint(); });
         EXPECT_FALSE(e.checkpoint_pending());
         e.wait_checkpoint();  // reported once
       });
