@@ -144,8 +144,9 @@ struct NvmeTierConfig {
   std::uint64_t budget = 0;  // bytes of swap space per node across all paths; 0 = unlimited
   // Swap space kept beside the optimizer state on nvme for the pinned versions of an asynchronous
   // checkpoint, as a fraction of that state (0..1): a block rewritten while a save is in flight
-  // takes a new slot. 0: none (a step after an asynchronous save waits for its writer).
-  double snapshot_room = 1.0;
+  // takes a new slot; reserved at start-up (the swap file grows by it) and counted by `strata
+  // plan`. 0 (default): none, and a step after an asynchronous save waits for its writer.
+  double snapshot_room = 0.0;
 };
 
 struct TiersConfig {

@@ -22,8 +22,10 @@ namespace {
 
 const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
 
-Config async_config(int stage, Tier state, const std::string& swap) {
+// snapshot_room 1: a step never waits for the writer (every rewritten NVMe block takes a new slot).
+Config async_config(int stage, Tier state, const std::string& swap, double room = 1.0) {
   Config cfg = ckpt_config(stage, state == Tier::kNvme ? 1.0 : 0.0, swap);
+  cfg.tiers.nvme.snapshot_room = room;
   if (state == Tier::kCpu) cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
   if (state == Tier::kNvme) cfg.tiers.host.buffer_size = 3 * 4096;  // several chunks per rank
   return cfg;
@@ -32,12 +34,12 @@ Config async_config(int stage, Tier state, const std::string& swap) {
 // Runs `fn` on an engine per rank (registered, finalized); returns each rank's parameters after.
 using RankFn = std::function<void(int rank, Engine& e)>;
 std::vector<std::vector<std::vector<float>>> with_engines(int world, int stage, Tier state,
-                                                          const std::string& swap,
-                                                          const RankFn& fn) {
+                                                          const std::string& swap, const RankFn& fn,
+                                                          double room = 1.0) {
   auto comms = make_inprocess_communicators(world, 30.0);
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    Engine e(async_config(stage, state, swap), comm);
+    Engine e(async_config(stage, state, swap, room), comm);
     ckpt_register(e, kSizes);
     fn(rank, e);
     out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
@@ -201,6 +203,42 @@ TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
                        loaded(2, 2, Tier::kNvme, swap.str(), ref1.str()), "first save");
   expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), second.str()),
                        loaded(2, 2, Tier::kNvme, swap.str(), ref2.str()), "second save");
+}
+
+// Without snapshot room (tiers.nvme.snapshot_room 0, the default) the first step after an
+// asynchronous save waits for its writer instead of taking new slots: nothing diverges, the
+// checkpoint is the blocking save's, the training that went on is that of a run that never saved.
+TEST(AsyncCheckpointSaves, WithoutSnapshotRoomTheStepWaitsForTheWriter) {
+  TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
+  const auto want = with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(ref.str());
+    for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+  });
+  FaultInjectingFileEnv slow(FileEnv::standard());
+  slow.add_fault(FileFault::delay_every(FileOp::kWrite, std::chrono::milliseconds(5)));
+  std::vector<std::uint64_t> diverged(2);
+  std::vector<std::vector<std::vector<float>>> got;
+  {
+    ScopedFileEnv scoped(slow);
+    got = with_engines(
+        2, 2, Tier::kNvme, swap.str(),
+        [&](int rank, Engine& e) {
+          for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+          e.save_checkpoint(dir.str(), SaveMode::kAsync);
+          for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+          diverged[static_cast<std::size_t>(rank)] =
+              zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
+          e.wait_checkpoint();
+        },
+        0.0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(diverged[static_cast<std::size_t>(r)], 0u) << "rank " << r;
+    expect_bitwise_equal(got[r], want[r], strcat("training went on, rank ", r));
+  }
+  expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), dir.str()),
+                       loaded(2, 2, Tier::kNvme, swap.str(), ref.str()), "async vs blocking");
 }
 
 // Every rank's shard fsync fails in the background: the save call returns, training goes on
