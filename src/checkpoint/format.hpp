@@ -110,6 +110,9 @@ struct Manifest {
   std::string config_yaml;
   // Optional (absent from manifests written before them: empty).
   std::vector<GroupEntry> groups;  // per parameter group, in group order
+  // Each tensor's own Adam step count (its "step" in `tensors`), when they differ from adam_step
+  // (a tensor skipped by some update); empty: every tensor's is adam_step.
+  std::vector<std::int64_t> tensor_steps;
   std::string client_state;
   std::vector<ShardEntry> shards;  // shards[r].rank == r
   // Set by parse_manifest: where it came from and its own checksum.
