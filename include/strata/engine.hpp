@@ -88,6 +88,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/checkpoint_model.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/partition.hpp"
@@ -302,7 +303,11 @@ class Engine {
   // when the group count matches; else kept, with a warning), and the embedder's client_state
   // (UTF-8 text of at most 1 MiB, e.g. JSON: its loop's step, data position, scheduler; rank 0's
   // is saved; else Error(kInvalidArgument), nothing written), committed with the checkpoint.
-  void save_checkpoint(const std::string& dir, std::string_view client_state = {});
+  // `model` (strata/checkpoint_model.hpp) records the tensors' model shapes and aliases and saves
+  // the tensors the engine does not train, for `strata checkpoint export`; the load restores the
+  // trained state only.
+  void save_checkpoint(const std::string& dir, std::string_view client_state = {},
+                       const CheckpointModel& model = {});
   void load_checkpoint(const std::string& dir);
   // The client_state of the checkpoint last loaded ("" before any load, or when it had none).
   const std::string& checkpoint_client_state() const;

@@ -514,10 +514,26 @@ PYBIND11_MODULE(_strata, m) {
       .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
       .def(
           "save_checkpoint",
-          [](PyEngine& s, const std::string& d, const std::string& client_state) {
-            s.e().save_checkpoint(d, client_state);
+          [](PyEngine& s, const std::string& d, const std::string& client_state,
+             std::vector<std::vector<std::uint64_t>> shapes,
+             std::vector<std::vector<std::string>> aliases,
+             const std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>,
+                                          Address, std::size_t>>& extra) {
+            // extra: (name, safetensors dtype, shape, address, bytes) of host tensors the caller
+            // keeps alive for the call.
+            CheckpointModel model{std::move(shapes), std::move(aliases), {}};
+            for (const auto& [name, dtype, shape, address, bytes] : extra)
+              model.extra.push_back(
+                  {name, dtype, shape,
+                   {reinterpret_cast<const unsigned char*>(address), bytes}});
+            s.e().save_checkpoint(d, client_state, model);
           },
-          G(), py::arg("dir"), py::arg("client_state") = std::string())
+          G(), py::arg("dir"), py::arg("client_state") = std::string(),
+          py::arg("shapes") = std::vector<std::vector<std::uint64_t>>(),
+          py::arg("aliases") = std::vector<std::vector<std::string>>(),
+          py::arg("extra") = std::vector<std::tuple<std::string, std::string,
+                                                    std::vector<std::uint64_t>, Address,
+                                                    std::size_t>>())
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())

@@ -109,8 +109,7 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   }
   for (const std::string& name : dir.entries()) {
     std::uint64_t s = 0;
-    int r = 0;
-    if (parse_shard_file_name(name, &s, &r)) serial = std::max(serial, s);
+    if (checkpoint_file_serial(name, &s)) serial = std::max(serial, s);
   }
   return serial + 1;
 }
@@ -144,6 +143,7 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
     m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
   copy_counters(s, m);
   m.config_yaml = s.config_yaml;
+  if (s.model) set_model(m, *s.model, s.rank == 0);
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
     ShardEntry e;
@@ -210,15 +210,30 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   return crc32c(header.data(), header.size());
 }
 
+// Rank 0: the extra tensors, back to back, as set_model laid them out.
+void write_extra(const SafeDir& dir, const Manifest& m, const RankState& s) {
+  if (m.extra_file.empty()) return;
+  dir.try_remove(m.extra_file, false);  // a leftover of a killed save of this serial
+  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, m.extra_file);
+  for (std::size_t i = 0; i < m.extra.size(); ++i) {
+    const auto& data = s.model->extra[i].data;
+    for (std::uint64_t done = 0; done < data.size();) {
+      const std::uint64_t n = std::min<std::uint64_t>(data.size() - done, kPiece);
+      file->write_at(data.data() + done, n, m.extra[i].offset + done);
+      done += n;
+    }
+  }
+  file->truncate(m.extra_bytes);
+  file->sync();
+}
+
 void commit_manifest(const SafeDir& dir, const Manifest& m, FileEnv& env) {
   // (A leftover manifest.json.tmp of a killed save, or anything planted there, is removed first.)
   write_file_atomically(env, dir, kManifestName, kManifestTmpName, serialize_manifest(m));
   // The previous checkpoint (and leftovers of killed saves) can go now.
   for (const std::string& name : dir.entries()) {
     std::uint64_t serial = 0;
-    int rank = 0;
-    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial)
-      dir.try_remove(name, false);
+    if (checkpoint_file_serial(name, &serial) && serial != m.serial) dir.try_remove(name, false);
   }
 }
 
@@ -277,6 +292,12 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
   }
   if (pos < end) out.push_back({pos - begin, end - pos, -1, 0});
   return out;
+}
+
+// The extra file (what the load does not restore, but the checkpoint holds) is there, of its size.
+void check_extra_file(const SafeDir& dir, const Manifest& m, FileEnv& env) {
+  if (m.extra_file.empty()) return;
+  open_extra_file(dir, m, env);
 }
 
 // Open shard readers, one per saved shard at most, opened when first needed.
@@ -342,9 +363,13 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
     if (s.rank != 0) dir = SafeDir::open(dir_path, {});
     m = skeleton(s, serial, block_elems);
     o.extra = write_shard(dir, m, s);
+    if (s.rank == 0) write_extra(dir, m, s);
   } catch (...) {
     o.capture();
-    if (dir) dir.try_remove(shard_file_name(serial, s.rank), false);
+    if (dir) {
+      dir.try_remove(shard_file_name(serial, s.rank), false);
+      if (s.rank == 0) dir.try_remove(extra_file_name(serial), false);
+    }
   }
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   // 3. Rank 0 commits; everyone learns whether it did.
@@ -424,8 +449,10 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
     }
     // Every shard is present, of its size, with its header, even if nobody reads it.
-    if (s.rank == 0)
+    if (s.rank == 0) {
       for (int j = 0; j < m.world; ++j) shards->at(j);
+      check_extra_file(dir, m, env_of(s));
+    }
   } catch (...) {
     o.capture();
   }

@@ -179,7 +179,8 @@ EngineStats Engine::Impl::stats() const {
 // ---- the public API
 // -------------------------------------------------------------------------------
 
-void Engine::save_checkpoint(const std::string& dir, std::string_view client_state) {
+void Engine::save_checkpoint(const std::string& dir, std::string_view client_state,
+                             const CheckpointModel& model) {
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
@@ -192,6 +193,7 @@ void Engine::save_checkpoint(const std::string& dir, std::string_view client_sta
   zero::RankState r = m.rank_state();
   r.config_yaml = to_yaml(m.cfg);
   r.client_state = client_state;
+  if (!model.empty()) r.model = &model;
   zero::save_checkpoint(dir, r, m.comm);
   m.ckpt_params.clear();
   m.ckpt_params.shrink_to_fit();
