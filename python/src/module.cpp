@@ -280,6 +280,7 @@ py::dict config_dict(const Config& c) {
   d["cpu_threads"] = c.runtime.cpu_threads;
   d["loss_scale_initial"] = c.precision.loss_scale.initial;
   d["loss_scale_dynamic"] = c.precision.loss_scale.dynamic;
+  d["accumulate"] = c.train.accumulate;  // train.accumulate: for the loop to read (it decides)
   return d;
 }
 
@@ -524,16 +525,15 @@ PYBIND11_MODULE(_strata, m) {
             CheckpointModel model{std::move(shapes), std::move(aliases), {}};
             for (const auto& [name, dtype, shape, address, bytes] : extra)
               model.extra.push_back(
-                  {name, dtype, shape,
-                   {reinterpret_cast<const unsigned char*>(address), bytes}});
+                  {name, dtype, shape, {reinterpret_cast<const unsigned char*>(address), bytes}});
             s.e().save_checkpoint(d, client_state, model);
           },
           G(), py::arg("dir"), py::arg("client_state") = std::string(),
           py::arg("shapes") = std::vector<std::vector<std::uint64_t>>(),
           py::arg("aliases") = std::vector<std::vector<std::string>>(),
-          py::arg("extra") = std::vector<std::tuple<std::string, std::string,
-                                                    std::vector<std::uint64_t>, Address,
-                                                    std::size_t>>())
+          py::arg("extra") =
+              std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>, Address,
+                                     std::size_t>>())
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())

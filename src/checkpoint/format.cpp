@@ -12,8 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/bounded_json.hpp"
 #include "core/crc32c.hpp"
@@ -344,7 +344,8 @@ void write_groups_and_client_state(const Manifest& m, json& j) {
                          {"offset", e.offset},
                          {"bytes", e.bytes},
                          {"crc32c", e.crc32c}});
-    j["extra"] = {{"file", m.extra_file}, {"bytes", m.extra_bytes}, {"tensors", std::move(tensors)}};
+    j["extra"] = {
+        {"file", m.extra_file}, {"bytes", m.extra_bytes}, {"tensors", std::move(tensors)}};
   }
   if (m.client_state.empty()) return;
   if (m.client_state.size() > kMaxClientStateBytes || !valid_utf8(m.client_state))
@@ -480,7 +481,8 @@ std::uint64_t read_shape(const json& obj, const std::string& where, Fields& f,
     if (!d.is_number_unsigned() || d.get<std::uint64_t>() > kMaxElems)
       f.bad(where + ".shape", strcat("a dimension is not an unsigned integer up to ", kMaxElems));
     const std::uint64_t x = d.get<std::uint64_t>();
-    if (x && n > kMaxElems / x) f.bad(where + ".shape", strcat("more than ", kMaxElems, " elements"));
+    if (x && n > kMaxElems / x)
+      f.bad(where + ".shape", strcat("more than ", kMaxElems, " elements"));
     n *= x;
     shape.push_back(x);
   }
@@ -488,13 +490,11 @@ std::uint64_t read_shape(const json& obj, const std::string& where, Fields& f,
 }
 
 // A tensor's optional model shape (its element count must be numel) and aliases.
-void read_shape_and_aliases(const json& obj, const std::string& where, Fields& f,
-                            TensorEntry& t) {
+void read_shape_and_aliases(const json& obj, const std::string& where, Fields& f, TensorEntry& t) {
   if (obj.contains("shape")) {
     t.has_shape = true;
     const std::uint64_t n = read_shape(obj, where, f, t.shape);
-    if (n != t.numel)
-      f.bad(where + ".shape", strcat(n, " elements, the tensor has ", t.numel));
+    if (n != t.numel) f.bad(where + ".shape", strcat(n, " elements, the tensor has ", t.numel));
   }
   if (!obj.contains("aliases")) return;
   const json& aliases = f.array(obj, where, "aliases");

@@ -134,9 +134,9 @@ struct Manifest {
   // Optional (absent from manifests written before them: empty).
   std::vector<GroupEntry> groups;  // per parameter group, in group order
   std::string client_state;
-  std::string extra_file;            // "" (none) or extra-<serial>.bin
-  std::uint64_t extra_bytes = 0;     // its size
-  std::vector<ExtraEntry> extra;     // its tensors, back to back from offset 0
+  std::string extra_file;          // "" (none) or extra-<serial>.bin
+  std::uint64_t extra_bytes = 0;   // its size
+  std::vector<ExtraEntry> extra;   // its tensors, back to back from offset 0
   std::vector<ShardEntry> shards;  // shards[r].rank == r
   // Set by parse_manifest: where it came from and its own checksum.
   std::string path;

@@ -3,7 +3,8 @@
 //
 // verify_checkpoint: reads the manifest (its failures throw, as read_manifest does), then every
 // shard in full: size, header, every block's CRC32C, and the zero padding between sections, and
-// the extra file (size, each tensor's CRC32C). The problems are collected, not thrown: the report lists each, naming file, section and offset.
+// the extra file (size, each tensor's CRC32C). The problems are collected, not thrown: the report
+// lists each, naming file, section and offset.
 //
 // export_safetensors: the consolidated model in the safetensors format
 // (https://huggingface.co/docs/safetensors): an 8-byte little-endian header length, the JSON
@@ -46,7 +47,7 @@ struct ExportOptions {
 struct ExportResult {
   std::uint64_t tensors = 0;     // names written (aliases and untrained tensors included)
   std::uint64_t parameters = 0;  // trained elements (each tensor once)
-  std::uint64_t bytes = 0;  // size of the file written
+  std::uint64_t bytes = 0;       // size of the file written
 };
 ExportResult export_safetensors(const std::string& dir, const std::string& out,
                                 const ExportOptions& options);
