@@ -186,8 +186,8 @@ class Importer {
   }
 
   // fp16 enabled: the model dtype and DeepSpeed's loss-scale settings (and its defaults).
-  void precision_fp16() {
-    const std::string c = "fp16.enabled: true";
+  void precision_fp16(bool from_auto) {
+    const std::string c = from_auto ? "fp16.enabled: \"auto\" -> fp16" : "fp16.enabled: true";
     set("precision.params", "fp16", c);
     set("precision.grads", "fp16", c);
     double ls = 0;
@@ -280,15 +280,17 @@ class Importer {
       return boolean(ptr + "/enabled", *e) ? 1 : 0;
     };
     int f = enabled(fp16, "/fp16"), b = enabled(bf16, bptr);
+    const bool f_auto = f < 0, b_auto = b < 0;
     std::string why_f = fp16 && find("/fp16/enabled")
                             ? src("/fp16/enabled", root_.at(json::json_pointer("/fp16/enabled")))
                             : "";
     if (f < 0 || b < 0) resolve_auto_precision(f, b, dotted(bptr));
     if (f && b) bad(bptr + "/enabled", "fp16 and bf16 are both enabled");
     if (f) {
-      precision_fp16();
+      precision_fp16(f_auto);
     } else if (b) {
-      const std::string c = strcat(dotted(bptr), ".enabled: true");
+      const std::string c =
+          strcat(dotted(bptr), b_auto ? ".enabled: \"auto\" -> bf16" : ".enabled: true");
       set("precision.params", "bf16", c);
       set("precision.grads", "bf16", c);
       set("precision.loss_scale.dynamic", "false", "bf16: no loss scaling (as DeepSpeed)");
@@ -529,10 +531,11 @@ class Importer {
               ? src("/train_micro_batch_size_per_gpu", *find("/train_micro_batch_size_per_gpu"))
               : mc);
     if (ranks) set("world.ranks", fmt(*ranks), rc);
-    if (gas)
+    // (gas may hold the 1 batches_from_total assumed for a config without the key: no key then.)
+    if (const json* v = find("/gradient_accumulation_steps"); gas && (v || gas_auto))
       set("train.accumulate", fmt(*gas),
           gas_auto ? "gradient_accumulation_steps: \"auto\" -> 1 (the HF Trainer's default)"
-                   : src("/gradient_accumulation_steps", *find("/gradient_accumulation_steps")) +
+                   : src("/gradient_accumulation_steps", *v) +
                          " (strata train's micro-batches per step; a torch loop keeps its own)");
   }
 
