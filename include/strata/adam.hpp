@@ -181,6 +181,18 @@ class DeviceAdam {
   // gpu): no copies; on a CUDA device adam_step_cuda on this object's stream, on the host-emulated
   // device CpuAdam on the stream's worker. Returns when it is done. Failures as step().
   void step_resident(const AdamParams& params, const AdamTensors& device, const AdamStepOptions& o);
+  // Stream-ordered batches (several parameter groups of one chunk: one wait, not one per group):
+  // enqueue() / enqueue_resident() queue what step() / step_resident() do and return at once;
+  // wait() returns when everything queued is done (the arrays may then be read, reused or freed)
+  // and reports a failure of any of it. The arrays of every queued update must stay valid until
+  // then. A queued step() that needs larger device buffers than the batch's earlier ones first
+  // waits for them (the buffers are reallocated). An enqueue that fails has waited for what was
+  // queued before it rethrows (Error(kTimeout) instead when that did not finish in time: the
+  // arrays may still be in use).
+  void enqueue(const AdamParams& params, const AdamTensors& host, const AdamStepOptions& o);
+  void enqueue_resident(const AdamParams& params, const AdamTensors& device,
+                        const AdamStepOptions& o);
+  void wait();
   std::uint64_t device_bytes() const;  // device memory held
   const Device& device() const;
 

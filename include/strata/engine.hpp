@@ -63,7 +63,8 @@
 //
 // Requirements on the loop: every rank registers the same tensors in the same order, and hands in
 // gradients, calls gather/prefetch/release and step() in the same order (collectives are matched
-// by order). Each tensor's gradient is handed in exactly once per step.
+// by order). Each tensor's gradient is handed in exactly once per step (set_gradient, or
+// skip_gradient for a tensor the loss did not use; those may differ between ranks).
 //
 // Thread-safety: an Engine is driven by one thread. Failure: bad use (unknown id, gradient twice,
 // gradient missing at step(), param() of an ungathered stage-3 tensor, calls before finalize())
@@ -239,6 +240,16 @@ class Engine {
   void set_gradient_host(TensorId id, const void* grad);
   // All tensors at once, grads[i] for tensor i in registration order (device() memory).
   void set_gradients(std::span<const void* const> grads);
+  // Tensor `id` has no gradient on this rank in this micro-batch: the loss did not use it (torch's
+  // p.grad is None; DDP's find_unused_parameters). It counts as handed in, with zeros: a tensor
+  // some ranks used gets the others' zeros in its sum (as DDP's all-reduce). A tensor that no rank
+  // used in any micro-batch of the step is skipped by that step's update, as torch.optim.AdamW
+  // skips a parameter whose grad is None: no Adam update, no weight decay, its moments unchanged
+  // and its own step count not advanced (optimizer_step(id); the bias correction of its later
+  // updates uses that count). The ranks agree on which tensors every rank skipped inside step()
+  // (one more exchange of a bit per tensor, only when some rank skipped one). Errors as
+  // set_gradient's argument errors (unknown id, handed in again before every tensor arrived).
+  void skip_gradient(TensorId id);
 
   // Between the last set_gradient() of a step and step() (collective: every rank alike): finishes
   // the reduction, agrees on the global L2 norm of the averaged, unscaled gradients and returns it
@@ -283,8 +294,13 @@ class Engine {
   void write_state(TensorId id, StateKind kind, std::span<const float> in);
   // Adam's step count (torch's state["step"]): applied updates since the start or the checkpoint.
   std::int64_t optimizer_step() const;
-  // Between steps, on every rank alike (load_state_dict); >= 0.
+  // Between steps, on every rank alike (load_state_dict); >= 0. Sets every tensor's count.
   void set_optimizer_step(std::int64_t step);
+  // One tensor's own step count (torch's per-parameter state["step"]): the global count less the
+  // steps whose update skipped the tensor (skip_gradient), or what set_optimizer_step(id, step)
+  // set. Checkpoints keep them.
+  std::int64_t optimizer_step(TensorId id) const;
+  void set_optimizer_step(TensorId id, std::int64_t step);
 
   // Checkpoints (after finalize(), between steps, called by every rank in the same order).
   // save_checkpoint: each rank writes its shard (its parameters in the model dtype, FP32 master and

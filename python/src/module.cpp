@@ -462,6 +462,10 @@ PYBIND11_MODULE(_strata, m) {
             s.e().set_gradient_host(id, reinterpret_cast<const void*>(grad));
           },
           G())
+      // No gradient on this rank (the loss did not use the parameter): zeros, and the update
+      // skips the tensor when no rank used it.
+      .def(
+          "skip_gradient", [](PyEngine& s, TensorId id) { s.e().skip_gradient(id); }, G())
       // A gradient in device memory of the engine's GPU, written by work queued on `stream`
       // (torch.cuda.current_stream().cuda_stream): the engine's copy waits for it.
       .def("set_gradient_device",
@@ -513,6 +517,10 @@ PYBIND11_MODULE(_strata, m) {
       .def("write_state", &PyEngine::write_state, G())
       .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
       .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
+      // One parameter's own step count (torch's per-parameter state["step"]).
+      .def("tensor_step", [](const PyEngine& s, TensorId id) { return s.e().optimizer_step(id); })
+      .def("set_tensor_step",
+           [](PyEngine& s, TensorId id, std::int64_t v) { s.e().set_optimizer_step(id, v); })
       .def(
           "save_checkpoint",
           [](PyEngine& s, const std::string& d, const std::string& client_state,

@@ -111,16 +111,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
         one unit with its whole subtree (FSDP2's fully_shard per block); nn.MultiheadAttention and
         nn.Transformer{Encoder,Decoder}Layer always are. Default: every other module with
         parameters of its own is a unit of those.
+      unused_parameters: what a parameter that got no gradient in a step (the loss did not use
+        it) does — "warn" (default): skipped, as torch.optim.AdamW skips p.grad None (no update,
+        no weight decay, its own step count stays), with a warning once per parameter; on several
+        ranks one that some rank used gets zeros from the others (DDP's find_unused_parameters);
+        "ignore": the same without the warning; "error": step() raises UsageError.
 
     Collective calls (every rank, same order): the constructor, backward(), step(), state_dict(),
     load_state_dict(), save_checkpoint(), load_checkpoint().
     """
 
     def __init__(self, model, config=None, *, overrides=None, param_groups=None, process_group=None,
-                 stage3_units=None):
+                 stage3_units=None, unused_parameters="warn"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
                             % type(model).__name__)
+        if unused_parameters not in ("warn", "ignore", "error"):
+            raise errors.InvalidArgumentError(
+                "strata: ZeroOptimizer(unused_parameters=%r): 'warn', 'ignore' or 'error'"
+                % (unused_parameters,))
+        self._unused = unused_parameters
+        self._warned_unused = set()  # parameter ids warned about (once each)
         _refuse_ddp(model)
         self._constructing = True
         self._names = {}
@@ -355,6 +366,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _next_micro_batch(self, tid):
         """A gradient arrives again: the next micro-batch, once the current one handed in every
         gradient (else UsageError; nothing changes)."""
+        if self._n_arrived < len(self._params) and self._unused != "error":
+            self._skip_unused()  # the missing ones had no gradient in the micro-batch that ended
         if self._n_arrived < len(self._params):
             missing = [self._name(p) for p, a in zip(self._params, self._arrived) if not a]
             raise errors.UsageError(
@@ -375,6 +388,26 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._arrived = [False] * len(self._params)
         self._n_arrived = 0
         self._micro += 1
+
+    def _skip_unused(self):
+        """The parameters whose gradient did not arrive in this micro-batch (the loss did not use
+        them): handed to the engine as skipped — zeros from this rank; the update skips the ones no
+        rank used, as torch.optim.AdamW skips p.grad None. Warned once per parameter."""
+        for tid, a in enumerate(self._arrived):
+            if a:
+                continue
+            self._call(self._engine.skip_gradient, tid)
+            self._arrived[tid] = True
+            self._n_arrived += 1
+            if self._unused == "warn" and tid not in self._warned_unused:
+                self._warned_unused.add(tid)
+                warnings.warn(
+                    "strata: parameter '%s' got no gradient in this step (the loss did not use "
+                    "it): it is skipped by the update, as torch.optim.AdamW skips a grad of None "
+                    "(on several ranks: where another rank used it, this rank adds zeros, as DDP's "
+                    "find_unused_parameters). Warned once per parameter; "
+                    "ZeroOptimizer(unused_parameters='ignore') silences it."
+                    % self._name(self._params[tid]), UserWarning, stacklevel=4)
 
     @property
     def loss_scale(self):
@@ -442,13 +475,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.UsageError(
                 "strata: step() before backward(): no gradient arrived in this step; call "
                 "opt.backward(loss) (or loss.backward()) first")
+        if self._n_arrived < len(self._params) and self._unused != "error":
+            self._skip_unused()
         if self._n_arrived < len(self._params):
             missing = [self._name(p) for p, a in zip(self._params, self._arrived) if not a]
             more = " and %d more" % (len(missing) - 8) if len(missing) > 8 else ""
             raise errors.UsageError(
                 "strata: step(): the gradients of %s%s never arrived%s (%d of %d did). A parameter the "
                 "forward did not use gets no gradient: leave it out of param_groups (build the "
-                "optimizer with it frozen). opt.zero_grad() drops this step's gradients and the "
+                "optimizer with it frozen), or let the step skip it (unused_parameters='warn'). "
+                "opt.zero_grad() drops this step's gradients and the "
                 "loop can go on. (On ranks that did step() the step will time out.)"
                 % (", ".join("'%s'" % n for n in missing[:8]), more,
                    " in micro-batch %d" % (self._micro + 1) if self._micro else "",
@@ -478,10 +514,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.UnsupportedError(
                 "strata: clip_grad_norm_(norm_type=%s): strata computes the global L2 norm across "
                 "ranks; use norm_type=2" % norm_type)
-        if self._n_arrived < len(self._params):
+        if self._n_arrived == 0 or (self._n_arrived < len(self._params) and self._unused == "error"):
             raise errors.UsageError(
                 "strata: clip_grad_norm_() before the backward handed in every gradient (%d of %d): "
                 "call it after backward() and before step()" % (self._n_arrived, len(self._params)))
+        self._skip_unused()  # torch's clip_grad_norm_ leaves out p.grad None
         max_norm = float(max_norm)
         if math.isnan(max_norm) or max_norm < 0:
             raise errors.InvalidArgumentError("strata: clip_grad_norm_(max_norm=%s): must be >= 0"
@@ -681,10 +718,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         own them) and 'master' (the FP32 master weights; equal to the parameters in fp32).
         Collective: every rank calls it and gets the whole state."""
         self._check_usable()
-        step = torch.tensor(float(self._engine.optimizer_step()))
         state = {}
         for tid in range(len(self._params)):
-            state[tid] = {"step": step.clone(), "exp_avg": self._read(tid, "exp_avg"),
+            step = torch.tensor(float(self._engine.tensor_step(tid)))  # its own, as torch's
+            state[tid] = {"step": step, "exp_avg": self._read(tid, "exp_avg"),
                           "exp_avg_sq": self._read(tid, "exp_avg_sq"), "master": self._read(tid, "master")}
         groups, i = [], 0
         for g in self.param_groups:
@@ -712,11 +749,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "strata: load_state_dict: param_groups[%d] has betas %s (two values expected); "
                     "nothing was loaded" % (gi, g["betas"]))
         index = [i for g in groups for i in g["params"]]
-        steps, values = set(), []
+        steps, values = [], []
         for tid, idx in enumerate(index):  # everything is checked before anything is written
-            st = state_dict["state"].get(idx, {})
-            if "step" in st:
-                steps.add(int(float(st["step"])))
+            # Each parameter's own step (torch's); a parameter without state never stepped: 0.
+            st = state_dict["state"].get(idx)
+            steps.append(int(float(st["step"])) if st is not None and "step" in st else
+                         None if st is not None else 0)
+            st = st or {}
             master = st.get("master")
             if master is None:
                 master = self._current_param(tid)
@@ -724,15 +763,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 ("master", master),
                 ("exp_avg", st.get("exp_avg", torch.zeros(self._shapes[tid]))),
                 ("exp_avg_sq", st.get("exp_avg_sq", torch.zeros(self._shapes[tid]))))])
-        if len(steps) > 1:
+        if any(s is not None and s < 0 for s in steps):
             raise errors.InvalidArgumentError(
-                "strata: load_state_dict: the parameters have different step counts %s; strata keeps "
-                "one step count for all; nothing was loaded" % sorted(steps))
+                "strata: load_state_dict: a negative step count %s; nothing was loaded"
+                % min(s for s in steps if s is not None))
         for tid, kinds in enumerate(values):
             for kind, v in kinds:
                 if v.numel():
                     self._engine.write_state(tid, kind, v.data_ptr())
-        self._engine.set_optimizer_step(steps.pop() if steps else 0)
+        top = max([s for s in steps if s is not None] or [0])
+        self._engine.set_optimizer_step(top)  # a state without 'step' (not torch's) takes it
+        for tid, s in enumerate(steps):
+            if s is not None and s != top:
+                self._engine.set_tensor_step(tid, s)
         for g, saved in zip(self.param_groups, groups):
             for k, v in saved.items():
                 if k != "params":

@@ -119,6 +119,7 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
 template <typename From, typename To>
 void copy_counters(const From& from, To& to) {
   to.adam_step = from.adam_step;
+  to.tensor_steps = from.tensor_steps;
   to.loss_scale = from.loss_scale;
   to.good_steps = from.good_steps;
   to.steps = from.steps;

@@ -54,6 +54,7 @@ struct RankState {
   OptimizerStateStore* store = nullptr;  // the rank's optimizer range
   // Scalars (saved from / restored into).
   std::int64_t adam_step = 0;
+  std::vector<std::int64_t> tensor_steps;  // each tensor's own count; empty: all adam_step
   double loss_scale = 1;
   std::uint32_t good_steps = 0;
   std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;

@@ -369,8 +369,10 @@ json manifest_fields(const Manifest& m) {
   j["partition_size"] = m.partition_size;
   j["block_elems"] = m.block_elems;
   json tensors = json::array();
-  for (const auto& t : m.tensors) {
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorEntry& t = m.tensors[i];
     json e = {{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}};
+    if (!m.tensor_steps.empty()) e["step"] = m.tensor_steps.at(i);
     if (t.has_shape) e["shape"] = t.shape;
     if (!t.aliases.empty()) e["aliases"] = t.aliases;
     tensors.push_back(std::move(e));
@@ -537,6 +539,11 @@ void read_layout(const json& j, Fields& f, Manifest& m) {
     end = t.offset + t.numel;
     read_shape_and_aliases(tensors[i], where, f, t);
     m.tensors.push_back(std::move(t));
+    // Optional, on every tensor or none: each tensor's own step count.
+    const bool has_step = tensors[i].contains("step");
+    if (i > 0 && has_step != !m.tensor_steps.empty())
+      f.bad(where + ".step", "present for some tensors only");
+    if (has_step) m.tensor_steps.push_back(f.i64(tensors[i], where, "step", 0));
   }
   // The layout is the engine's (strata/partition.hpp): offsets and partition size follow from the
   // tensor sizes and the world.

@@ -133,6 +133,9 @@ struct Manifest {
   std::string config_yaml;
   // Optional (absent from manifests written before them: empty).
   std::vector<GroupEntry> groups;  // per parameter group, in group order
+  // Each tensor's own Adam step count (its "step" in `tensors`), when they differ from adam_step
+  // (a tensor skipped by some update); empty: every tensor's is adam_step.
+  std::vector<std::int64_t> tensor_steps;
   std::string client_state;
   std::string extra_file;          // "" (none) or extra-<serial>.bin
   std::uint64_t extra_bytes = 0;   // its size

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "comm/backend.hpp"
+#include "core/poll_backoff.hpp"
 #include "cuda/device_guard.hpp"
 #include "strata/log.hpp"
 
@@ -311,9 +312,10 @@ class NcclCommunicator final : public Communicator {
     if (comm_ && broken_.empty()) {
       const auto deadline = deadline_in(timeout_s_);
       cudaError_t rc;
+      PollBackoff backoff(std::chrono::microseconds(100));
       while ((rc = cudaStreamQuery(stream_)) == cudaErrorNotReady && Clock::now() < deadline) {
         (void)cudaGetLastError();
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        backoff.pause();
       }
       (void)cudaGetLastError();
       if (rc == cudaSuccess) {
@@ -336,11 +338,11 @@ class NcclCommunicator final : public Communicator {
     (void)cudaGetLastError();
     log_error("NCCL communicator: ", what, ": ", cudaGetErrorString(rc));
   }
-  // Polls a non-blocking communicator until its last call has left ncclInProgress (1 -> 100 us
-  // back-off: an init takes milliseconds, an enqueue microseconds).
+  // Polls a non-blocking communicator until its last call has left ncclInProgress (a PollBackoff
+  // up to 100 us: an init takes milliseconds, an enqueue microseconds).
   void settle(const std::string& what) {
     auto deadline = deadline_in(timeout_s_);
-    auto sleep = std::chrono::microseconds(1);
+    PollBackoff backoff(std::chrono::microseconds(100));
     for (;;) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t rc = ncclCommGetAsyncError(comm_, &state);
@@ -353,8 +355,7 @@ class NcclCommunicator final : public Communicator {
         abort_on_timeout(msg);
         fail(ErrorCode::kTimeout, msg);
       }
-      std::this_thread::sleep_for(sleep);
-      if (sleep < std::chrono::microseconds(100)) sleep *= 2;
+      backoff.pause();
     }
   }
   std::string begin(CollectiveKind kind) {
@@ -424,8 +425,11 @@ bool NcclHandle::done() {
   return false;
 }
 
+// Polls with a PollBackoff (a short spin, then sleeps up to 50 us), not a fixed sleep per poll: a
+// collective that ends within microseconds is seen within microseconds.
 void NcclHandle::wait() {
   waited_ = true;
+  PollBackoff backoff(std::chrono::microseconds(50));
   while (!done()) {
     if (Clock::now() > deadline_) {
       std::string msg = strcat(what_, ": timed out after ", comm_->timeout_s(),
@@ -434,7 +438,7 @@ void NcclHandle::wait() {
       comm_->abort_on_timeout(msg);
       fail(ErrorCode::kTimeout, msg);
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    backoff.pause();
   }
 }
 

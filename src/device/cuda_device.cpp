@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "core/poll_backoff.hpp"
 #include "core/rethrow.hpp"
 #include "cuda/device_guard.hpp"
 #include "strata/error.hpp"
@@ -50,20 +51,19 @@ bool query_done(cudaError_t rc, const char* what) {
   cuda_fail(rc, what);
 }
 
-// Polls `query` until complete or the deadline passes. The back-off stays short (1 -> 64 us):
-// a sync is on the path of every transfer.
+// Polls `query` until complete or the deadline passes (a bounded wait: cudaStreamSynchronize has
+// no deadline). Between polls a PollBackoff: a short spin of yields, then sleeps of 1 -> 64 us.
 template <typename Query>
 void poll_until(Query query, std::chrono::milliseconds timeout, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  auto sleep = std::chrono::microseconds(1);
+  PollBackoff backoff;
   for (;;) {
     if (query_done(query(), what)) return;
     if (std::chrono::steady_clock::now() >= deadline) {
       fail(ErrorCode::kTimeout,
            strcat("CUDA ", what, ": not complete after ", timeout.count(), " ms"));
     }
-    std::this_thread::sleep_for(sleep);
-    if (sleep < std::chrono::microseconds(64)) sleep *= 2;
+    backoff.pause();
   }
 }
 

@@ -15,6 +15,7 @@ struct DeviceAdam::Impl {
   DeviceMemory mem;              // master | m | v | grad | param copy, each 256-byte aligned
   std::size_t capacity = 0;      // elements the layout was made for
   std::size_t grad_size = 0, copy_size = 0;
+  bool pending = false;            // work queued since the last wait
   std::unique_ptr<Stream> stream;  // last: destroyed (drained) before the memory and the kernel
 
   Impl(Device& d, unsigned threads, std::chrono::milliseconds t) : device(d), timeout(t) {
@@ -28,6 +29,7 @@ struct DeviceAdam::Impl {
   }
   void reserve(std::size_t n, std::size_t gs, std::size_t cs) {
     if (n <= capacity && gs <= grad_size && cs <= copy_size) return;
+    wait();  // queued updates still use the buffers
     const std::size_t want = std::max(n, capacity);
     const std::size_t g = std::max(gs, grad_size), c = std::max(cs, copy_size);
     mem.reset();
@@ -37,7 +39,47 @@ struct DeviceAdam::Impl {
     grad_size = g;
     copy_size = c;
   }
+  void wait() {
+    if (!pending) return;
+    pending = false;
+    stream->synchronize(timeout);
+  }
+  // Runs `queue_work` (stream operations); on failure waits for what the stream already holds
+  // before rethrowing, or throws the wait's timeout (the arrays may still be in use).
+  template <typename F>
+  void queue(F&& queue_work) {
+    try {
+      queue_work();
+      pending = true;
+    } catch (...) {
+      pending = false;
+      try {
+        stream->synchronize(timeout);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kTimeout) throw;
+      }
+      throw;
+    }
+  }
+  void launch(const AdamParams& params, const AdamTensors& d, const AdamStepOptions& o) {
+    if (cpu) {
+      CpuAdam* k = cpu.get();
+      stream->launch_host_func([k, params, d, o] { k->step(params, d, o); });
+    } else {
+      adam_step_cuda(params, d, o, stream->native_handle(), nullptr);
+    }
+  }
 };
+
+namespace {
+void check_step_args(const AdamTensors& t, const AdamStepOptions& o) {
+  if (o.check_finite)
+    fail(ErrorCode::kInvalidArgument,
+         "DeviceAdam: check_finite is not supported; check the gradients before the step");
+  if (!t.param || !t.exp_avg || !t.exp_avg_sq || !t.grad)
+    fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
+}
+}  // namespace
 
 DeviceAdam::DeviceAdam(Device& device, unsigned cpu_threads, std::chrono::milliseconds timeout)
     : impl_(std::make_unique<Impl>(device, cpu_threads, timeout)) {
@@ -57,11 +99,21 @@ std::uint64_t DeviceAdam::device_bytes() const { return impl_->mem.size(); }
 const Device& DeviceAdam::device() const { return impl_->device; }
 
 void DeviceAdam::step(const AdamParams& params, const AdamTensors& host, const AdamStepOptions& o) {
-  if (o.check_finite)
-    fail(ErrorCode::kInvalidArgument,
-         "DeviceAdam: check_finite is not supported; check the gradients before the step");
-  if (!host.param || !host.exp_avg || !host.exp_avg_sq || !host.grad)
-    fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
+  enqueue(params, host, o);
+  wait();
+}
+
+void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d,
+                               const AdamStepOptions& o) {
+  enqueue_resident(params, d, o);
+  wait();
+}
+
+void DeviceAdam::wait() { impl_->wait(); }
+
+void DeviceAdam::enqueue(const AdamParams& params, const AdamTensors& host,
+                         const AdamStepOptions& o) {
+  check_step_args(host, o);
   const std::size_t n = host.n;
   if (n == 0) return;
   Impl& m = *impl_;
@@ -78,40 +130,24 @@ void DeviceAdam::step(const AdamParams& params, const AdamTensors& host, const A
   d.param_copy = host.param_copy ? base + 3 * fb + Impl::pad(m.capacity * m.grad_size) : nullptr;
 
   Stream& s = *m.stream;
-  s.memcpy_async(d.param, host.param, n * sizeof(float));
-  s.memcpy_async(d.exp_avg, host.exp_avg, n * sizeof(float));
-  s.memcpy_async(d.exp_avg_sq, host.exp_avg_sq, n * sizeof(float));
-  s.memcpy_async(const_cast<void*>(d.grad), host.grad, n * gs);
-  if (m.cpu) {
-    CpuAdam* cpu = m.cpu.get();
-    s.launch_host_func([cpu, params, d, o] { cpu->step(params, d, o); });
-  } else {
-    adam_step_cuda(params, d, o, s.native_handle(), nullptr);
-  }
-  s.memcpy_async(host.param, d.param, n * sizeof(float));
-  s.memcpy_async(host.exp_avg, d.exp_avg, n * sizeof(float));
-  s.memcpy_async(host.exp_avg_sq, d.exp_avg_sq, n * sizeof(float));
-  if (host.param_copy) s.memcpy_async(host.param_copy, d.param_copy, n * cs);
-  s.synchronize(m.timeout);
+  m.queue([&] {
+    s.memcpy_async(d.param, host.param, n * sizeof(float));
+    s.memcpy_async(d.exp_avg, host.exp_avg, n * sizeof(float));
+    s.memcpy_async(d.exp_avg_sq, host.exp_avg_sq, n * sizeof(float));
+    s.memcpy_async(const_cast<void*>(d.grad), host.grad, n * gs);
+    m.launch(params, d, o);
+    s.memcpy_async(host.param, d.param, n * sizeof(float));
+    s.memcpy_async(host.exp_avg, d.exp_avg, n * sizeof(float));
+    s.memcpy_async(host.exp_avg_sq, d.exp_avg_sq, n * sizeof(float));
+    if (host.param_copy) s.memcpy_async(host.param_copy, d.param_copy, n * cs);
+  });
 }
 
-void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d,
-                               const AdamStepOptions& o) {
-  if (o.check_finite)
-    fail(ErrorCode::kInvalidArgument,
-         "DeviceAdam: check_finite is not supported; check the gradients before the step");
-  if (!d.param || !d.exp_avg || !d.exp_avg_sq || !d.grad)
-    fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
+void DeviceAdam::enqueue_resident(const AdamParams& params, const AdamTensors& d,
+                                  const AdamStepOptions& o) {
+  check_step_args(d, o);
   if (d.n == 0) return;
-  Impl& m = *impl_;
-  Stream& s = *m.stream;
-  if (m.cpu) {
-    CpuAdam* cpu = m.cpu.get();
-    s.launch_host_func([cpu, params, d, o] { cpu->step(params, d, o); });
-  } else {
-    adam_step_cuda(params, d, o, s.native_handle(), nullptr);
-  }
-  s.synchronize(m.timeout);
+  impl_->queue([&] { impl_->launch(params, d, o); });
 }
 
 }  // namespace strata

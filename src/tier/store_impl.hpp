@@ -224,9 +224,16 @@ class TierStore::Impl {
   void copy_gpu_to_nvme(tier::Buf& b, const std::uint8_t* src, tier::WorkerContext& ctx,
                         bool* unsafe);
   void copy_nvme_to_gpu(tier::Buf& b, std::uint8_t* dst, tier::WorkerContext& ctx, bool* unsafe);
-  // The pipeline both GPU ⇄ NVMe copies run, `leg` being one direction (tier_copy.cpp).
+  // Bytes [offset, offset + bytes) of the NVMe copy into device memory (dst: the range's first
+  // byte) through staging pieces, the device copies stream-ordered: one wait for the whole range
+  // when it fits the window.
+  void read_nvme_to_gpu(tier::Buf& b, std::uint64_t offset, std::uint64_t bytes, std::uint8_t* dst,
+                        tier::WorkerContext& ctx, bool* unsafe);
+  // The pipeline both GPU ⇄ NVMe copies run over pieces [first, end), `leg` being one direction
+  // (tier_copy.cpp).
   template <typename Leg>
-  void run_piece_pipeline(tier::Buf& b, tier::WorkerContext& ctx, Leg leg);
+  void run_piece_pipeline(tier::Buf& b, std::size_t first, std::size_t end,
+                          tier::WorkerContext& ctx, Leg leg);
   void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
                    bool* unsafe);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);

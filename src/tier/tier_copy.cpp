@@ -66,18 +66,18 @@ class TicketSet {
   std::exception_ptr error_;
 };
 
-// The staging buffer for the next piece of a GPU <-> NVMe pipeline: a free pool buffer at once
-// while the window has room and an event is free; else the oldest piece in flight is retired to
-// make room; with nothing in flight, `take` (a pool buffer or a bounce buffer, never blocking).
-// Returns an empty buffer once `error` is set.
+// The staging buffer for the next piece of a GPU <-> NVMe pipeline: a free pool buffer (when
+// there is a pool) at once while the window has room and an event is free; else the oldest piece
+// in flight is retired to make room; with nothing in flight, `take` (a pool buffer or a bounce
+// buffer, never blocking). Returns an empty buffer once `error` is set.
 template <typename Window, typename Events, typename Retire, typename Take>
-tier::Staging next_staging_buffer(PinnedPool& pool, std::size_t window_cap, Window& window,
+tier::Staging next_staging_buffer(PinnedPool* pool, std::size_t window_cap, Window& window,
                                   const Events& free_events, Retire& retire_front,
                                   std::exception_ptr& error, Take&& take) {
   tier::Staging pb;
   while (!pb) {
-    if (window.size() < window_cap && !free_events.empty()) {
-      PinnedBuffer p = pool.try_acquire();
+    if (pool && window.size() < window_cap && !free_events.empty()) {
+      PinnedBuffer p = pool->try_acquire();
       if (p) pb = tier::Staging(std::move(p));
     }
     if (pb) break;
@@ -152,6 +152,8 @@ void TierStore::Impl::copy_nvme_to_host(Buf& b, std::uint8_t* dst, bool* unsafe)
   stats_.bytes_from_nvme += b.padded;
 }
 
+// One copy, one wait: the copy is a whole leg (the caller hands the bytes on next). Legs of
+// several pieces queue them all and wait once (read_nvme_to_gpu).
 void TierStore::Impl::copy_device(void* dst, const void* src, std::size_t bytes, WorkerContext& ctx,
                                   bool* unsafe) {
   *unsafe = true;
@@ -173,18 +175,22 @@ struct Slot {
 };
 
 // One direction of the GPU ⇄ NVMe pipeline: what happens to a slot at each step.
-template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle>
+template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle,
+          typename Flush>
 struct PieceLeg {
   Start start;      // puts the slot's piece in flight in stage 0
   Ready ready;      // stage 0 has finished (never blocks)
   Advance advance;  // stage 0 -> 1
   Finish finish;    // waits until the slot is done with its buffer; throws on failure
   Settle settle;    // after a failure: nothing still in flight may touch the slot's buffer
+  Flush flush;      // once every piece was started: may complete the whole window at once
 };
 // Spelled out: clang before 17 deduces no aggregate's template arguments (the thread-safety
 // check compiles this file with clang).
-template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle>
-PieceLeg(Start, Ready, Advance, Finish, Settle) -> PieceLeg<Start, Ready, Advance, Finish, Settle>;
+template <typename Start, typename Ready, typename Advance, typename Finish, typename Settle,
+          typename Flush>
+PieceLeg(Start, Ready, Advance, Finish, Settle, Flush)
+    -> PieceLeg<Start, Ready, Advance, Finish, Settle, Flush>;
 
 // GPU → NVMe, after slot `s` failed or was drained after another's failure: a device copy that
 // may still write its buffer, or a write that may still read it, keeps the buffer detached:
@@ -230,12 +236,14 @@ void settle_nvme_to_gpu_slot(Slot& s, IoEngine& engine, std::chrono::millisecond
 
 }  // namespace
 
-// Each piece of `b` passes through a pinned staging buffer in two stages, up to window_ pieces
-// (and one event each) in flight; a piece moves to stage 1 as soon as its stage 0 is seen done,
-// in order. The first failure stops new pieces; the ones in flight are drained (each settled),
-// and the failure is rethrown.
+// Pieces [first, end) of `b` pass through pinned staging buffers in two stages, up to window_
+// pieces (and one event each) in flight; a piece moves to stage 1 as soon as its stage 0 is seen
+// done, in order. Once every piece was started the leg's flush may complete the window at once
+// (one wait for the lot); what it left is retired piece by piece. The first failure stops new
+// pieces; the ones in flight are drained (each settled), and the failure is rethrown.
 template <typename Leg>
-void TierStore::Impl::run_piece_pipeline(Buf& b, WorkerContext& ctx, Leg leg) {
+void TierStore::Impl::run_piece_pipeline(Buf& b, std::size_t first, std::size_t end,
+                                         WorkerContext& ctx, Leg leg) {
   std::deque<Slot> window;
   std::vector<Event*> free_events;
   for (auto& e : ctx.events) free_events.push_back(e.get());
@@ -253,10 +261,9 @@ void TierStore::Impl::run_piece_pipeline(Buf& b, WorkerContext& ctx, Leg leg) {
     window.pop_front();
   };
 
-  const std::size_t n = pieces(b);
-  for (std::size_t i = 0; i < n && !error; ++i) {
-    tier::Staging pb = next_staging_buffer(*pool_, window_, window, free_events, retire_front,
-                                           error, [this] { return take_staging(); });
+  for (std::size_t i = first; i < end && !error; ++i) {
+    tier::Staging pb = next_staging_buffer(pool_, window_, window, free_events, retire_front, error,
+                                           [this] { return take_staging(); });
     if (error) break;
     try {
       Slot s{std::move(pb), free_events.back(), i, piece_len(b, i), 0, 0};
@@ -269,6 +276,13 @@ void TierStore::Impl::run_piece_pipeline(Buf& b, WorkerContext& ctx, Leg leg) {
           leg.advance(w);
         }
       }
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (!error) {
+    try {
+      leg.flush(window);
     } catch (...) {
       error = std::current_exception();
     }
@@ -306,15 +320,22 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
     }
   };
   auto settle = [&](Slot& s) { settle_gpu_to_nvme_slot(s, *engine_, timeout, unsafe); };
-  run_piece_pipeline(b, ctx, PieceLeg{start, copied, to_write, finish, settle});
+  // Each piece's copy is waited for where its bytes are needed: before its NVMe write.
+  auto flush = [](std::deque<Slot>&) {};
+  run_piece_pipeline(b, 0, pieces(b), ctx,
+                     PieceLeg{start, copied, to_write, finish, settle, flush});
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
   stats_.bytes_from_gpu += b.spec.bytes;
 }
 
-// Stage 0: NVMe read submitted (ticket); stage 1: pinned→device copy queued (event).
-void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext& ctx,
-                                       bool* unsafe) {
+// Stage 0: NVMe read submitted (ticket); stage 1: pinned→device copy queued (event); stage 2: the
+// copy is known complete. Stream-ordered: a piece's copy is waited for only when its buffer is
+// needed for a later piece; once every piece was started one wait (the newest copy's event: the
+// stream runs them in order) completes all the copies still queued.
+void TierStore::Impl::read_nvme_to_gpu(Buf& b, std::uint64_t offset, std::uint64_t bytes,
+                                       std::uint8_t* dst, WorkerContext& ctx, bool* unsafe) {
+  if (bytes == 0) return;
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   const auto timeout = options_.timeout;
   auto start = [&](Slot& s) {
@@ -326,23 +347,49 @@ void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext&
     s.ticket = 0;
     verify_piece(b, s.piece, s.buf.data(), s.len);
     const std::uint64_t off = s.piece * piece_size();
-    const std::uint64_t real = std::min<std::uint64_t>(s.len, b.spec.bytes - off);
-    ctx.stream->memcpy_async(dst + off, s.buf.data(), real);
+    const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + s.len);
+    ctx.stream->memcpy_async(dst + (lo - offset), s.buf.bytes() + (lo - off), hi - lo);
     ctx.stream->record(*s.event);
     s.stage = 1;
   };
-  auto finish = [&](Slot& s) {
-    if (s.stage == 0) {
-      if (!engine_->wait(s.ticket, timeout)) {
-        *unsafe = true;
-        fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
-      }
-      to_device(s);
+  auto read_done = [&](Slot& s) {  // stage 0 → 1, waiting for the read
+    if (!engine_->wait(s.ticket, timeout)) {
+      *unsafe = true;
+      fail(ErrorCode::kTimeout, "tier store: NVMe read not complete in time");
     }
-    s.event->synchronize(timeout);
+    to_device(s);
+  };
+  auto finish = [&](Slot& s) {
+    if (s.stage == 0) read_done(s);
+    if (s.stage == 1) s.event->synchronize(timeout);
+    s.stage = 2;
   };
   auto settle = [&](Slot& s) { settle_nvme_to_gpu_slot(s, *engine_, timeout, unsafe); };
-  run_piece_pipeline(b, ctx, PieceLeg{start, read, to_device, finish, settle});
+  auto flush = [&](std::deque<Slot>& window) {
+    for (Slot& s : window)
+      if (s.stage == 0) read_done(s);
+    if (window.empty()) return;
+    try {
+      window.back().event->synchronize(timeout);
+    } catch (...) {  // any copy of the window may still be queued: no buffer goes back (F10)
+      *unsafe = true;
+      for (Slot& s : window) {
+        if (s.stage == 1) s.buf.detach();
+        s.stage = 2;
+      }
+      throw;
+    }
+    for (Slot& s : window) s.stage = 2;
+  };
+  const std::uint64_t piece = piece_size();
+  run_piece_pipeline(b, static_cast<std::size_t>(offset / piece),
+                     static_cast<std::size_t>((offset + bytes - 1) / piece + 1), ctx,
+                     PieceLeg{start, read, to_device, finish, settle, flush});
+}
+
+void TierStore::Impl::copy_nvme_to_gpu(Buf& b, std::uint8_t* dst, WorkerContext& ctx,
+                                       bool* unsafe) {
+  read_nvme_to_gpu(b, 0, b.spec.bytes, dst, ctx, unsafe);
   MutexLock lock(mutex_);
   stats_.bytes_from_nvme += b.padded;
   stats_.bytes_to_gpu += b.spec.bytes;

@@ -36,10 +36,12 @@
 // (Error(kInvalidArgument) naming the buffer and the pins). A write or zero into a home copy that
 // is pinned on its own tier is allowed (the pin holder coordinates with it, like a kWrite acquire).
 // NVMe ⇄ GPU goes through the pinned pool in pieces of buffer_size, overlapping the NVMe leg of one
-// piece with the PCIe leg of another. Host ⇄ NVMe goes directly from the host copy (page-aligned).
-// A piece takes a pool buffer when one is free; when every one is held (by the stream loop's
-// slots, the filler) it takes a transient page-aligned bounce buffer instead, counted against the
-// host budget while it lives: holders of pool buffers never starve the store's own transfers.
+// piece with the PCIe leg of another. NVMe → GPU copies are stream-ordered: the mover waits for a
+// piece's copy only when its staging buffer is needed again, and once at the leg's end (F9). Host ⇄
+// NVMe goes directly from the host copy (page-aligned). A piece takes a pool buffer when one is
+// free; when every one is held (by the stream loop's slots, the filler) it takes a transient
+// page-aligned bounce buffer instead, counted against the host budget while it lives: holders of
+// pool buffers never starve the store's own transfers.
 //
 // Budgets (checked when the transfer starts; failing = Error(kBudget) at the wait, nothing
 // changed): gpu copies ≤ gpu_budget; host copies + the pinned pool ≤ host_budget; NVMe extents ≤

@@ -68,14 +68,21 @@ void TierStore::Impl::copy_memory(void* dst, const void* src, std::size_t bytes,
   copy_device(dst, src, bytes, ctx, unsafe);
 }
 
-// Pieces wholly inside the range whose destination is 4096-aligned host memory are read straight
-// into it (all in flight at once); the others (the range's edges, the padded last piece, device
-// destinations) go through a pool buffer, one at a time. Every piece's CRC is checked.
+// A device destination takes the GPU ⇄ NVMe piece pipeline (stream-ordered copies, one wait at
+// the end). Host: pieces wholly inside the range whose destination is 4096-aligned are read
+// straight into it (all in flight at once); the others (the range's edges, the padded last piece)
+// go through a pool buffer, one at a time. Every piece's CRC is checked.
 void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_t bytes, void* dst,
                                       Tier memory, WorkerContext& ctx, bool* unsafe) {
   const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
   const std::uint64_t piece = piece_size();
   const std::uint64_t first = offset / piece, last = (offset + bytes - 1) / piece;
+  if (memory == Tier::kGpu) {
+    read_nvme_to_gpu(b, offset, bytes, static_cast<std::uint8_t*>(dst), ctx, unsafe);
+    MutexLock lock(mutex_);
+    stats_.bytes_from_nvme += (last - first + 1) * piece;
+    return;
+  }
   auto* out = static_cast<std::uint8_t*>(dst);
   struct Direct {
     std::uint64_t p, len;

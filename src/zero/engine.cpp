@@ -333,6 +333,18 @@ void Engine::set_optimizer_step(std::int64_t step) {
   impl_->require_finalized("set_optimizer_step");
   impl_->optimizer->set_step_count(step);
 }
+std::int64_t Engine::optimizer_step(TensorId id) const {
+  impl_->check_id(id, "optimizer_step");
+  return impl_->optimizer ? impl_->optimizer->step_count(id) : 0;
+}
+void Engine::set_optimizer_step(TensorId id, std::int64_t step) {
+  impl_->check_id(id, "set_optimizer_step");
+  if (step < 0)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: set_optimizer_step(", id, ", ", step, "): must be >= 0"));
+  impl_->require_finalized("set_optimizer_step");
+  impl_->optimizer->set_step_count(id, step);
+}
 void Engine::finalize() { impl_->finalize(); }
 int Engine::stage() const { return impl_->cfg.zero.stage; }
 DType Engine::param_dtype() const { return impl_->cfg.precision.params; }
@@ -369,6 +381,7 @@ void Engine::set_gradients(std::span<const void* const> grads) {
                                              " gradients for ", impl_->specs.size(), " tensors"));
   for (std::size_t i = 0; i < grads.size(); ++i) impl_->set_gradient(i, grads[i], Tier::kGpu);
 }
+void Engine::skip_gradient(TensorId id) { impl_->skip_gradient(id); }
 double Engine::clip_grad_norm(double max_norm) {
   impl_->require_finalized("clip_grad_norm");
   impl_->require_usable("clip_grad_norm");

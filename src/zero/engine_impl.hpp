@@ -108,6 +108,9 @@ struct Engine::Impl {
 
   // ---- engine_step.cpp
   void set_gradient(TensorId id, const void* grad, Tier memory);
+  void skip_gradient(TensorId id);
+  // Some rank skipped a tensor's gradient: which tensors every rank skipped (one exchange).
+  std::vector<bool> agree_skipped();
   StepResult step();
   // REQUIRES: finalized, usable, every gradient arrived.
   double clip_grad_norm(double max_norm);

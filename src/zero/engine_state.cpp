@@ -194,6 +194,7 @@ zero::RankState Engine::Impl::rank_state() {
     agreement->exchange(send, recv, bytes);
   };
   r.adam_step = optimizer->step_count();
+  r.tensor_steps = optimizer->step_counts();
   r.loss_scale = scaler.scale();
   r.good_steps = scaler.state().good_steps;
   r.steps = st.steps;
@@ -218,7 +219,7 @@ void Engine::Impl::after_load(const zero::RankState& r) {
   }
   ckpt_params.clear();
   ckpt_params.shrink_to_fit();
-  optimizer->set_step_count(r.adam_step);
+  optimizer->set_step_counts(r.adam_step, r.tensor_steps);
   scaler.restore({r.loss_scale, r.good_steps});
   st.steps = r.steps;
   st.applied_steps = r.applied_steps;

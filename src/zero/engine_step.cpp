@@ -28,6 +28,31 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
   }
 }
 
+void Engine::Impl::skip_gradient(TensorId id) {
+  require_finalized("skip_gradient");
+  require_usable("skip_gradient");
+  check_id(id, "skip_gradient");
+  if (early)
+    fail(ErrorCode::kInvalidArgument,
+         "engine: skip_gradient after clip_grad_norm() and before step(): this step's gradients "
+         "are already reduced");
+  reducer->check_hand_in(id, nullptr, true);
+  try {
+    reducer->hand_in_zero(id);
+  } catch (const std::exception& e) {
+    std::rethrow_exception(fail_call(e));
+  }
+}
+
+// The tensors no rank used (each rank's bits of use, OR-ed), after agree_step said some rank
+// skipped one. Every rank calls it alike.
+std::vector<bool> Engine::Impl::agree_skipped() {
+  const std::vector<bool> used = agreement->agree_used(reducer->used());
+  std::vector<bool> skipped(used.size());
+  for (std::size_t i = 0; i < used.size(); ++i) skipped[i] = !used[i];
+  return skipped;
+}
+
 // REQUIRES: finalized, usable, every gradient arrived. A rank whose reduction, statistics or
 // update fails still takes part in the step's two exchanges (agree_step, agree_outcome), so that
 // every rank stops in this step naming it instead of waiting out the collective timeout in its
@@ -109,7 +134,8 @@ bool Engine::Impl::decide(std::exception_ptr& local, StepResult& res, float* gra
       local = std::current_exception();
     }
   }
-  const zero::StepAgreement a = agreement->agree_step(stats, local != nullptr);
+  const zero::StepAgreement a =
+      agreement->agree_step(stats, local != nullptr, !reducer->all_used());
   st.norm_s += zero::seconds_since(t0);
   if (local) std::rethrow_exception(local);
   if (a.failed_peer >= 0)
@@ -122,6 +148,7 @@ bool Engine::Impl::decide(std::exception_ptr& local, StepResult& res, float* gra
     if (rank == 0) log_info("engine: gradient overflow, step skipped; loss scale now ", now);
     return false;
   }
+  optimizer->set_skipped(a.any_skipped ? agree_skipped() : std::vector<bool>{});
   res.grad_norm = std::sqrt(a.sum_sq);
   const double clip = cfg.optimizer.grad_clip;
   res.clip_coef = clip > 0 && res.grad_norm > clip ? clip / (res.grad_norm + 1e-6) : 1.0;

@@ -50,6 +50,7 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
       stream_(store.device().create_stream()),
       arrived_(layout.tensors(), false),
+      used_(layout.tensors(), false),
       bucket_of_(nbuckets_) {
   if (layout.stage() >= 2) {
     std::vector<BufferId> grad_ids;
@@ -86,8 +87,11 @@ void GradientReducer::reset() {
   micro_ = 0;
   n_arrived_ = 0;
   std::fill(arrived_.begin(), arrived_.end(), false);
+  std::fill(used_.begin(), used_.end(), false);
+  n_used_ = 0;
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
+  next_issue_ = nbuckets_;
 }
 
 void GradientReducer::discard() {
@@ -106,7 +110,7 @@ void GradientReducer::discard() {
   reset();
 }
 
-void GradientReducer::check_hand_in(TensorId id, const void* grad) const {
+void GradientReducer::check_hand_in(TensorId id, const void* grad, bool zeros) const {
   const TensorSpec& t = layout_.tensor(id);
   if (arrived_[id] && n_arrived_ < arrived_.size()) {
     std::size_t missing = 0;
@@ -123,14 +127,20 @@ void GradientReducer::check_hand_in(TensorId id, const void* grad) const {
                 dtype_name(layout_.grad_dtype()),
                 " gradients over micro-batches is not supported yet (FP32 gradients accumulate; "
                 "with 16-bit gradients take one backward per step)"));
-  if (t.numel > 0 && grad == nullptr)
+  if (!zeros && t.numel > 0 && grad == nullptr)
     fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", t.name, "'"));
 }
 
-void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
+void GradientReducer::mark_arrived(TensorId id) {
   if (arrived_[id]) start_micro_batch();
   arrived_[id] = true;
   ++n_arrived_;
+}
+
+void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
+  mark_arrived(id);
+  if (!used_[id]) ++n_used_;
+  used_[id] = true;
   const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
   if (n == 0) return;
   const auto t0 = Clock::now();
@@ -147,6 +157,44 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
   times_.reduce_s += seconds_since(t0);
 }
 
+// Zeros: stages 0-1 clear the tensor's flat gradients in the first micro-batch (a later one adds
+// nothing); stages 2-3 count its elements into their buckets, which are zeroed when taken.
+void GradientReducer::hand_in_zero(TensorId id) {
+  mark_arrived(id);
+  const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
+  if (n == 0) return;
+  const auto t0 = Clock::now();
+  const std::size_t ges = layout_.grad_elem_bytes();
+  if (layout_.stage() < 2 && micro_ == 0) {
+    stream_->memset_async(layout_.grads_device() + off * ges, 0, n * ges);
+    stream_->synchronize(timeout_);
+  } else if (layout_.stage() >= 2) {
+    for (std::size_t pos = off; pos < off + n;) {
+      const std::size_t k = pos / bucket_elems_;
+      const std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+      bucket_buffer(k);
+      bucket_pending_[k] -= stop - pos;
+      if (bucket_pending_[k] == 0) bucket_complete(k);
+      pos = stop;
+    }
+    collect_copies(false);
+  }
+  times_.reduce_s += seconds_since(t0);
+}
+
+// Bucket k holds every gradient: issued now on one rank; on several, with every complete bucket
+// below the ones already issued, in descending order.
+void GradientReducer::bucket_complete(std::size_t k) {
+  if (comm_.size() == 1) {
+    issue_bucket(k);
+    return;
+  }
+  while (next_issue_ > 0 && bucket_pending_[next_issue_ - 1] == 0) {
+    --next_issue_;
+    if (bucket_expected_[next_issue_] > 0) issue_bucket(next_issue_);
+  }
+}
+
 // Every tensor arrived in the current micro-batch and one is handed in again: the next begins.
 // Stages 2-3 finish the micro-batch's reductions and fills first; the next one's shares add.
 void GradientReducer::start_micro_batch() {
@@ -158,6 +206,7 @@ void GradientReducer::start_micro_batch() {
   n_arrived_ = 0;
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
+  next_issue_ = nbuckets_;
   ++micro_;
 }
 
@@ -186,7 +235,7 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
     copy(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
          (stop - pos) * ges);
     bucket_pending_[k] -= stop - pos;
-    if (bucket_pending_[k] == 0) issue_bucket(k);
+    if (bucket_pending_[k] == 0) bucket_complete(k);
     pos = stop;
   }
 }

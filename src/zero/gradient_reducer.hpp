@@ -7,6 +7,9 @@
 // the store's copy streams, spilled on to NVMe) — queued, not waited for: the backward goes on
 // while the share is copied out, and its receive buffer is reused only once the copy completed.
 //
+// Buckets are issued in descending order on several ranks (a bucket completed early waits for the
+// ones above it): the collectives match on every rank whatever order the hand-ins complete them.
+//
 // Accumulation over micro-batches (FP32 gradients): a tensor handed in again once every tensor
 // arrived starts the next micro-batch. Stages 0-1 add each later micro-batch's gradient into the
 // flat gradients on the device (reduced once, at step(): DDP's no_sync). Stages 2-3 reduce-scatter
@@ -51,10 +54,18 @@ class GradientReducer {
   // Argument checks (unknown id is the caller's): a gradient handed in again before every tensor
   // arrived in this micro-batch, a null pointer (Error(kInvalidArgument)); a second micro-batch of
   // 16-bit gradients (Error(kUnsupported)). Nothing changes.
-  void check_hand_in(TensorId id, const void* grad) const;
+  // grad == nullptr with `zeros`: hand_in_zero's check.
+  void check_hand_in(TensorId id, const void* grad, bool zeros = false) const;
   // Copies tensor `id`'s gradient (grad dtype; `memory` kGpu = device memory, kCpu = host) and
   // starts the reductions it completes. REQUIRES: check_hand_in passed.
   void hand_in(TensorId id, const void* grad, Tier memory);
+  // Tensor `id` has no gradient on this rank in this micro-batch (the loss did not use it): it
+  // arrives as zeros (nothing is added in a later micro-batch). REQUIRES: check_hand_in passed.
+  void hand_in_zero(TensorId id);
+  // Per tensor: whether this rank handed in a gradient (not hand_in_zero) in any micro-batch of
+  // the step.
+  const std::vector<bool>& used() const { return used_; }
+  bool all_used() const { return n_used_ == used_.size(); }
   // Error(kInvalidArgument) naming the tensors whose gradients did not arrive in this step's (last)
   // micro-batch.
   void check_all_arrived() const;
@@ -94,6 +105,8 @@ class GradientReducer {
   void start_micro_batch();
   void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory);
   void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
+  void mark_arrived(TensorId id);
+  void bucket_complete(std::size_t k);
   Scratch& bucket_buffer(std::size_t k);
   void issue_bucket(std::size_t k);
   void retire_oldest();
@@ -115,6 +128,12 @@ class GradientReducer {
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 
   std::vector<bool> arrived_;  // in the current micro-batch
+  std::vector<bool> used_;     // a gradient (not zeros) in some micro-batch of the step
+  std::size_t n_used_ = 0;
+  // Several ranks: buckets are issued in descending order (the backward's), whatever order they
+  // complete in, so that every rank issues the same collectives in the same order even when a
+  // tensor is used on some ranks only (its zeros complete its bucket at step() there).
+  std::size_t next_issue_ = 0;  // buckets [0, next_issue_) are not issued yet
   std::size_t n_arrived_ = 0;
   std::size_t micro_ = 0;  // the current micro-batch of the step (0: the first)
   std::vector<std::size_t> bucket_pending_;

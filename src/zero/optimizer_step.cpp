@@ -176,38 +176,134 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
 
 // Adam on one chunk: master | m | v at `v`, its gradients, its parameters written in the model
 // dtype. One call per parameter group the chunk spans (usually one): element-wise, so the cut
-// changes no bit. on_device: the arrays are device memory (state placed on gpu).
+// changes no bit. Where the tensors' step counts differ (skip_gradient), a group's run is cut
+// further at the tensors whose count differs from their neighbour's; a skipped tensor keeps its
+// state and gets its parameters from its master. on_device: the arrays are device memory (state
+// placed on gpu). On the device every run's update is queued on DeviceAdam's stream and the chunk
+// waits once (F9).
 void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* grad,
                                void* param_copy, bool on_device, float grad_scale) {
   const auto* g = static_cast<const unsigned char*>(grad);
   auto* p = static_cast<unsigned char*>(param_copy);
-  const AdamStepOptions so{adam_step_, grad_scale, false,
-                           static_cast<float>(layout_.world())};  // g / N, as torch
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
-  layout_.for_each_group_run(layout_.opt_begin() + c.r.begin, c.r.count,
-                             [&](std::size_t o, std::size_t n, GroupId gid) {
-                               AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
-                               hp.lr = groups_[gid].lr;
-                               hp.weight_decay = groups_[gid].weight_decay;
-                               hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
-                               hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
-                               hp.eps = groups_[gid].eps.value_or(hp.eps);
-                               AdamTensors t;
-                               t.param = v.master + o;
-                               t.exp_avg = v.exp_avg + o;
-                               t.exp_avg_sq = v.exp_avg_sq + o;
-                               t.grad = g + o * ges;
-                               t.grad_dtype = layout_.grad_dtype();
-                               t.param_copy = p + o * pes;
-                               t.param_copy_dtype = layout_.param_dtype();
-                               t.n = n;
-                               if (on_device)
-                                 device_adam_->step_resident(hp, t, so);
-                               else if (update_on_device_)
-                                 device_adam_->step(hp, t, so);
-                               else
-                                 adam_->step(hp, t, so);
-                             });
+  const std::size_t flat_b = layout_.opt_begin() + c.r.begin;
+  const bool queued = on_device || update_on_device_;
+  auto group = [&](std::size_t o, std::size_t n, GroupId gid) {
+    AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
+    hp.lr = groups_[gid].lr;
+    hp.weight_decay = groups_[gid].weight_decay;
+    hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
+    hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
+    hp.eps = groups_[gid].eps.value_or(hp.eps);
+    auto run = [&](std::size_t ro, std::size_t rn, std::int64_t step) {
+      AdamTensors t;
+      t.param = v.master + ro;
+      t.exp_avg = v.exp_avg + ro;
+      t.exp_avg_sq = v.exp_avg_sq + ro;
+      t.grad = g + ro * ges;
+      t.grad_dtype = layout_.grad_dtype();
+      t.param_copy = p + ro * pes;
+      t.param_copy_dtype = layout_.param_dtype();
+      t.n = rn;
+      if (step == 0)
+        params_from_master(t, on_device);
+      else
+        adam_run(hp, t, step, grad_scale, on_device);
+    };
+    if (counts_.empty()) return run(o, n, adam_step_);  // the common case: one count
+    for_each_count_run(flat_b + o, n, [&](std::size_t ro, std::size_t rn, std::int64_t step) {
+      run(o + ro, rn, step);
+    });
+  };
+  try {
+    layout_.for_each_group_run(flat_b, c.r.count, group);
+  } catch (...) {
+    if (queued) device_adam_->wait();  // the runs queued so far still use the chunk's arrays
+    throw;
+  }
+  if (queued) device_adam_->wait();
+}
+
+void OptimizerStep::adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step,
+                             float grad_scale, bool on_device) {
+  const AdamStepOptions so{step, grad_scale, false,
+                           static_cast<float>(layout_.world())};  // g / N, as torch
+  if (on_device)
+    device_adam_->enqueue_resident(hp, t, so);  // adam_chunk waits once for the whole chunk
+  else if (update_on_device_)
+    device_adam_->enqueue(hp, t, so);
+  else
+    adam_->step(hp, t, so);
+}
+
+// A skipped run: the state stays; the parameters the loop writes back are the master's, rounded
+// to the model dtype (what they already were). Device memory of a CUDA device goes through the
+// host.
+void OptimizerStep::params_from_master(const AdamTensors& t, bool on_device) {
+  const DType dt = t.param_copy_dtype;
+  if (!on_device || store_.device().kind() == DeviceKind::kHost) {
+    for (std::size_t i = 0; i < t.n; ++i) store_elem(t.param_copy, i, dt, t.param[i]);
+    return;
+  }
+  if (!copy_stream_) copy_stream_ = store_.device().create_stream();
+  std::vector<float> master(t.n);
+  std::vector<unsigned char> params(t.n * elem_size(dt));
+  copy_sync(*copy_stream_, master.data(), t.param, t.n * sizeof(float), layout_.timeout());
+  for (std::size_t i = 0; i < t.n; ++i) store_elem(params.data(), i, dt, master[i]);
+  copy_sync(*copy_stream_, t.param_copy, params.data(), params.size(), layout_.timeout());
+}
+
+std::int64_t OptimizerStep::update_step(TensorId id) const {
+  if (!skipped_.empty() && skipped_[id]) return 0;
+  return counts_.empty() ? adam_step_ : counts_[id];
+}
+
+void OptimizerStep::for_each_count_run(
+    std::size_t flat_b, std::size_t n,
+    const std::function<void(std::size_t, std::size_t, std::int64_t)>& fn) const {
+  const Partition& part = layout_.partition();
+  const std::size_t tensors = part.num_tensors(), end = flat_b + n;
+  std::size_t lo = 0, hi = tensors;  // the last tensor starting at or before flat_b
+  while (lo < hi) {
+    const std::size_t mid = (lo + hi) / 2;
+    if (part.offset(mid) <= flat_b)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  std::size_t run_b = flat_b;
+  std::int64_t run_step = -1;
+  for (std::size_t t = lo == 0 ? 0 : lo - 1, pos = flat_b; pos < end; ++t) {
+    const std::size_t stop = t + 1 < tensors ? std::min(end, part.offset(t + 1)) : end;
+    if (stop > pos) {
+      const std::int64_t step = update_step(t);
+      if (step != run_step && pos > run_b) fn(run_b - flat_b, pos - run_b, run_step);
+      if (step != run_step) run_b = pos;
+      run_step = step;
+      pos = stop;
+    }
+  }
+  if (end > run_b) fn(run_b - flat_b, end - run_b, run_step);
+}
+
+void OptimizerStep::count_update() {
+  if (!skipped_.empty() && counts_.empty()) counts_.assign(layout_.tensors(), adam_step_);
+  ++adam_step_;
+  for (std::size_t t = 0; t < counts_.size(); ++t)
+    if (skipped_.empty() || !skipped_[t]) ++counts_[t];
+}
+
+void OptimizerStep::set_step_count(TensorId id, std::int64_t step) {
+  if (counts_.empty()) counts_.assign(layout_.tensors(), adam_step_);
+  counts_[id] = step;
+  set_step_counts(adam_step_, std::move(counts_));
+}
+
+void OptimizerStep::set_step_counts(std::int64_t global, std::vector<std::int64_t> counts) {
+  adam_step_ = global;
+  counts_ = std::move(counts);
+  if (std::all_of(counts_.begin(), counts_.end(), [&](std::int64_t c) { return c == global; }))
+    counts_.clear();  // back to the common case
 }
 
 // Whether the decision can run while the host update's first reads are in flight: the state of
@@ -230,11 +326,18 @@ bool OptimizerStep::run(const std::function<bool()>& decide, const float& grad_s
     const auto t = Clock::now();
     const bool go = decide();
     t_decide += seconds_since(t);
-    if (go) ++adam_step_;
+    if (go) count_update();
     return go;
   };
   bool ran = false;
-  if (gate || decided()) ran = run_loops(host_items, gate, decided, grad_scale);
+  try {
+    if (gate || decided()) ran = run_loops(host_items, gate, decided, grad_scale);
+  } catch (...) {
+    skipped_.clear();
+    throw;
+  }
+  skipped_.clear();
+  set_step_counts(adam_step_, std::move(counts_));
   optimizer_s_ += seconds_since(t0) - t_decide;
   return ran;
 }

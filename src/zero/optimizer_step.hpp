@@ -59,8 +59,22 @@ class OptimizerStep {
   // returns whether the update ran. `decide` runs once: before the loop, or as its gate.
   bool run(const std::function<bool()>& decide, const float& grad_scale);
 
+  // Adam's step count: the updates applied (the global one), and each tensor's own — the global
+  // one less the updates that skipped the tensor, or what set_step_count(id, ...) set.
   std::int64_t step_count() const { return adam_step_; }
-  void set_step_count(std::int64_t step) { adam_step_ = step; }
+  std::int64_t step_count(TensorId id) const { return counts_.empty() ? adam_step_ : counts_[id]; }
+  // Sets the global count and every tensor's.
+  void set_step_count(std::int64_t step) {
+    adam_step_ = step;
+    counts_.clear();
+  }
+  void set_step_count(TensorId id, std::int64_t step);
+  // Every tensor's own count (empty: all equal the global one), for checkpoints; `counts` empty or
+  // one per tensor.
+  const std::vector<std::int64_t>& step_counts() const { return counts_; }
+  void set_step_counts(std::int64_t global, std::vector<std::int64_t> counts);
+  // The tensors the next update skips (no rank used them; empty: none), set by the decision.
+  void set_skipped(std::vector<bool> skipped) { skipped_ = std::move(skipped); }
   double seconds() const { return optimizer_s_; }  // in Adam's loops, decision excluded
   const tier::StreamStats& last_update() const { return last_update_; }
   void set_pipelined(bool on) { pipelined_ = on; }
@@ -79,6 +93,16 @@ class OptimizerStep {
   bool in_gate(const std::function<bool()>& decided);
   void adam_chunk(const Chunk& c, const StateView& v, const void* grad, void* param_copy,
                   bool on_device, float grad_scale);
+  void adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step, float grad_scale,
+                bool on_device);
+  void params_from_master(const AdamTensors& t, bool on_device);
+  // Runs of [flat_b, flat_b + n) by the step number of this update (0: skipped); fn(offset, count,
+  // step). A tensor's run takes the padding after it.
+  void for_each_count_run(
+      std::size_t flat_b, std::size_t n,
+      const std::function<void(std::size_t, std::size_t, std::int64_t)>& fn) const;
+  std::int64_t update_step(TensorId id) const;
+  void count_update();  // the decision said go: the counts advance
   std::vector<tier::StreamItem> update_items(bool device) const;
   std::vector<tier::StreamItem> stats_items() const;
   tier::StreamOptions stream_options(tier::Where where, const char* what) const;
@@ -90,6 +114,9 @@ class OptimizerStep {
   const std::unique_ptr<CpuAdam> adam_;
   const std::unique_ptr<DeviceAdam> device_adam_;  // state on gpu, or update_on_device_
   std::int64_t adam_step_ = 0;
+  std::vector<std::int64_t> counts_;     // per tensor; empty: every tensor's is adam_step_
+  std::vector<bool> skipped_;            // this step's skipped tensors; empty: none
+  std::unique_ptr<Stream> copy_stream_;  // params_from_master on a CUDA device (made on first use)
   double optimizer_s_ = 0;
   tier::StreamStats last_update_;     // the last step's host loop
   bool pipelined_ = true;             // false: the loops run serially (benchmarks' reference)

@@ -1,6 +1,7 @@
 // What every rank must decide alike (see rank_agreement.hpp).
 #include "zero/rank_agreement.hpp"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <vector>
@@ -27,6 +28,7 @@ RankAgreement::RankAgreement(Communicator& comm, Device& device, std::chrono::mi
       rank_(comm.rank()),
       world_(comm.size()),
       timeout_(timeout),
+      device_(device),
       stream_(device.create_stream()),
       words_(allocate_words(device, kMaxExchangeBytes * (static_cast<std::size_t>(world_) + 1))) {}
 
@@ -47,13 +49,14 @@ void RankAgreement::exchange(const void* send, void* recv, std::size_t bytes) {
 }
 
 // (sum of squares as FP64 bits, finite flag, failed flag) from every rank, summed in rank order.
-StepAgreement RankAgreement::agree_step(const AdamGradStats& local, bool failed_here) {
+StepAgreement RankAgreement::agree_step(const AdamGradStats& local, bool failed_here,
+                                        bool skipped_here) {
   std::uint32_t mine[4];
   const std::uint64_t bits =
       std::bit_cast<std::uint64_t>(local.finite && !failed_here ? local.sum_sq : 0.0);
   mine[0] = static_cast<std::uint32_t>(bits);
   mine[1] = static_cast<std::uint32_t>(bits >> 32);
-  mine[2] = local.finite ? 1u : 0u;
+  mine[2] = (local.finite ? 1u : 0u) | (skipped_here ? 2u : 0u);
   mine[3] = failed_here ? 1u : 0u;
   std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world_));
   exchange(mine, all.data(), sizeof(mine));
@@ -61,11 +64,36 @@ StepAgreement RankAgreement::agree_step(const AdamGradStats& local, bool failed_
   for (int r = 0; r < world_; ++r) {
     const std::uint32_t* p = all.data() + 4 * r;
     if (p[3] != 0u && r != rank_ && a.failed_peer < 0) a.failed_peer = r;
-    a.finite = a.finite && p[2] == 1u;
+    a.finite = a.finite && (p[2] & 1u) != 0u;
+    a.any_skipped = a.any_skipped || (p[2] & 2u) != 0u;
     a.sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) |
                                       (static_cast<std::uint64_t>(p[1]) << 32));
   }
   return a;
+}
+
+std::vector<bool> RankAgreement::agree_used(const std::vector<bool>& used) {
+  const std::size_t words = (used.size() + 31) / 32, bytes = 4 * std::max<std::size_t>(words, 1);
+  std::vector<std::uint32_t> mine(bytes / 4, 0u);
+  for (std::size_t i = 0; i < used.size(); ++i)
+    if (used[i]) mine[i / 32] |= 1u << (i % 32);
+  std::vector<std::uint32_t> all(mine.size() * static_cast<std::size_t>(world_));
+  if (world_ == 1) {
+    all = mine;
+  } else {
+    DeviceMemory buf = allocate_words(device_, bytes * (static_cast<std::size_t>(world_) + 1));
+    auto* dev = static_cast<unsigned char*>(buf.get());
+    stream_->memcpy_async(dev, mine.data(), bytes);
+    stream_->synchronize(timeout_);
+    comm_.all_gather(dev, dev + bytes, bytes / 4, DType::kFp32);
+    stream_->memcpy_async(all.data(), dev + bytes, bytes * static_cast<std::size_t>(world_));
+    stream_->synchronize(timeout_);
+  }
+  std::vector<bool> any(used.size(), false);
+  for (std::size_t r = 0; r < static_cast<std::size_t>(world_); ++r)
+    for (std::size_t i = 0; i < used.size(); ++i)
+      if ((all[r * mine.size() + i / 32] >> (i % 32)) & 1u) any[i] = true;
+  return any;
 }
 
 int RankAgreement::agree_outcome(bool ok_here) {

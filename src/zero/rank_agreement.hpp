@@ -5,6 +5,7 @@
 // others learn of its failure in the same call instead of waiting out the collective timeout.
 //   agree_step      the gradient statistics: global sum of squares (summed in rank order:
 //                   identical on every rank), overflow anywhere, a rank that failed before it
+//   agree_used      which tensors some rank used (after agree_step, when some rank skipped one)
 //   agree_outcome   after the update: did every rank's go through
 //   agree_start     after a rank built its storage: did every rank's (disk, memlock, budgets)
 //   exchange        any few words (the checkpoint's agreement), <= kMaxExchangeBytes per rank
@@ -19,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "strata/adam.hpp"
 #include "strata/communicator.hpp"
@@ -27,9 +29,10 @@
 namespace strata::zero {
 
 struct StepAgreement {
-  bool finite = true;    // no rank saw inf/NaN
-  double sum_sq = 0;     // over every rank, in rank order
-  int failed_peer = -1;  // the first other rank that failed before the agreement, or -1
+  bool finite = true;        // no rank saw inf/NaN
+  double sum_sq = 0;         // over every rank, in rank order
+  int failed_peer = -1;      // the first other rank that failed before the agreement, or -1
+  bool any_skipped = false;  // some rank skipped a tensor's gradient (agree_used follows)
 };
 
 class RankAgreement {
@@ -43,8 +46,12 @@ class RankAgreement {
   // Device bytes the agreement holds (its word buffer: 16 B to send + 16 B per rank).
   std::size_t device_bytes() const { return words_.size(); }
 
-  // failed_here: this rank's reduction or statistics failed (`local` is then ignored).
-  StepAgreement agree_step(const AdamGradStats& local, bool failed_here);
+  // failed_here: this rank's reduction or statistics failed (`local` is then ignored);
+  // skipped_here: this rank skipped some tensor's gradient.
+  StepAgreement agree_step(const AdamGradStats& local, bool failed_here, bool skipped_here = false);
+  // Per tensor, whether any rank used it (every rank's `used`, OR-ed): a bit per tensor from every
+  // rank, through a device buffer made for the call.
+  std::vector<bool> agree_used(const std::vector<bool>& used);
   // Returns the first other rank whose update failed, or -1.
   int agree_outcome(bool ok_here);
   // Start-up: `failure` is this rank's error (null: it started). Throws Error(kComm) naming the
@@ -61,6 +68,7 @@ class RankAgreement {
   Communicator& comm_;
   const int rank_, world_;
   const std::chrono::milliseconds timeout_;
+  Device& device_;
   std::unique_ptr<Stream> stream_;
   DeviceMemory words_;  // [0, 16): this rank's words; [16, 16 + 16 × world): everyone's
 };

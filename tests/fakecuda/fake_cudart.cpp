@@ -277,6 +277,7 @@ cudaError_t cudaDeviceSynchronize(void) {
   FAKE_ENTER(-1);
   touch_context(current());
   Runtime::get().count("device_sync");
+  Runtime::get().count("host_sync");
   Runtime::get().drain_device(current());
   const cudaError_t s = sticky_of(current());
   return s != cudaSuccess ? ret(s) : cudaSuccess;
@@ -393,6 +394,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
     rt.count("not_ready");
     return ret(cudaErrorNotReady);
   }
+  if (s->observe_locked(s->enqueued)) rt.count("host_sync");
   return cudaSuccess;
 }
 
@@ -401,7 +403,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
   Runtime& rt = Runtime::get();
   if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
   auto s = rt.stream(h);
-  s->sync_to(s->enqueued);
+  if (s->sync_to(s->enqueued)) rt.count("host_sync");
   if (cudaError_t e = sticky_of(s->device); e != cudaSuccess) return ret(e);
   return cudaSuccess;
 }
@@ -499,6 +501,12 @@ cudaError_t cudaEventQuery(cudaEvent_t ev) {
     rt.count("not_ready");
     return ret(cudaErrorNotReady);
   }
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(e->stream->mu);
+    first = e->stream->observe_locked(e->seq);
+  }
+  if (first) rt.count("host_sync");
   return cudaSuccess;
 }
 
@@ -521,7 +529,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
   Runtime& rt = Runtime::get();
   EventState* e = rt.event(ev);
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  if (e->stream) e->stream->sync_to(e->seq);
+  if (e->stream && e->stream->sync_to(e->seq)) rt.count("host_sync");
   if (cudaError_t st = sticky_of(e->device); st != cudaSuccess) return ret(st);
   return cudaSuccess;
 }

@@ -54,13 +54,19 @@ struct StreamState {
   std::uint64_t completed = 0;      // tasks ever finished
   bool answered_not_ready = false;  // since the last enqueue
   std::uint64_t synced = 0;  // a host sync has observed completion up to here: no forced NotReady
+  // The host has learned that work up to here completed (a sync, or a query answering success):
+  // each advance is one "host_sync" (fakecuda.h).
+  std::uint64_t observed = 0;
   bool stop = false;
   std::mt19937_64 rng;
   std::thread worker;
 
   void push(Task t);
   void wait_for(std::uint64_t seq);  // until completed >= seq
-  void sync_to(std::uint64_t seq);   // wait_for, as a host synchronisation (sets `synced`)
+  // wait_for, as a host synchronisation (sets `synced`); true when it is the first host
+  // observation of work up to seq (advances `observed`).
+  bool sync_to(std::uint64_t seq);
+  bool observe_locked(std::uint64_t seq);  // mu held: advances `observed`, true when it moved
   bool done_up_to(std::uint64_t seq);
   void loop();
 };

@@ -90,10 +90,17 @@ void StreamState::wait_for(std::uint64_t seq) {
   cv.wait(lock, [&] { return completed >= seq; });
 }
 
-void StreamState::sync_to(std::uint64_t seq) {
+bool StreamState::sync_to(std::uint64_t seq) {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return completed >= seq; });
   synced = std::max(synced, seq);
+  return observe_locked(seq);
+}
+
+bool StreamState::observe_locked(std::uint64_t seq) {
+  if (observed >= seq) return false;
+  observed = seq;
+  return true;
 }
 
 bool StreamState::done_up_to(std::uint64_t seq) {

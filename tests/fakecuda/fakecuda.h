@@ -30,7 +30,11 @@ FAKECUDA_WEAK int fakecuda_active(void);
 FAKECUDA_WEAK int fakecuda_context_created(int dev);
 // Counters since the last reset, by name: "malloc", "free", "host_register", "host_unregister",
 // "pageable_copy", "device_sync" (calls that synchronise the device or the host), "kernel",
-// "not_ready" (NotReady answers of stream/event queries), "nccl_collective".
+// "not_ready" (NotReady answers of stream/event queries), "nccl_collective", "host_sync" (the
+// host learning that device work completed: a cudaStreamQuery/cudaEventQuery answering success
+// for work no earlier observation of that stream covered, a cudaStreamSynchronize /
+// cudaEventSynchronize that waited for such work, a cudaDeviceSynchronize; strata's bounded waits
+// poll queries, so each of its waits on new work is one — however many queries it took).
 FAKECUDA_WEAK long fakecuda_counter(const char* name);
 FAKECUDA_WEAK void fakecuda_reset_counters(void);
 // The next kernel launched on `dev` faults at execution: cudaErrorIllegalAddress, sticky for the

@@ -185,6 +185,64 @@ TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
   EXPECT_THROW(s->synchronize(std::chrono::milliseconds(10000)), Error);
 }
 
+// F9 (issue 27): the parameter groups of one chunk are queued on DeviceAdam's stream and waited
+// for once (the fake runtime's "host_sync": one, not one per group), bitwise what CpuAdam makes
+// of each group with its own hyper-parameters.
+TEST(AdamCuda, DeviceAdamGroupsOfAChunkWaitOnce) {
+  if (!have_device()) GTEST_SKIP() << "no CUDA device";
+  auto dev = make_device(DeviceKind::kCuda, gpu_base());
+  DeviceAdam dadam(*dev, 2, std::chrono::milliseconds(20000));
+  CpuAdam cpu(2);
+  std::mt19937_64 rng(testing::test_seed("AdamCuda.DeviceAdamGroups"));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  constexpr std::size_t kCuts[4] = {0, 1000, 2501, 3000};  // three groups, one misaligned
+  constexpr std::size_t n = kCuts[3];
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
+  for (auto& x : p) x = nd(rng);
+  testing::RandomGrads g = testing::random_grads(rng, n, DType::kFp32, 0.1f);
+  const auto* gh = static_cast<const float*>(g.data(DType::kFp32));
+  // Device copies of master | m | v | grad, and the bf16 param copy.
+  auto dmem = dev->allocate(4 * n * sizeof(float) + n * sizeof(std::uint16_t));
+  auto* dp = static_cast<float*>(dmem.get());
+  float* arrays[4] = {dp, dp + n, dp + 2 * n, dp + 3 * n};
+  auto* dcopy = reinterpret_cast<std::uint16_t*>(dp + 4 * n);
+  auto s = dev->create_stream();
+  const float* host_in[4] = {p.data(), m.data(), v.data(), gh};
+  for (int k = 0; k < 4; ++k) s->memcpy_async(arrays[k], host_in[k], n * sizeof(float));
+  s->synchronize(std::chrono::milliseconds(10000));
+  auto group_params = [](int k) {
+    return AdamParams{OptimizerType::kAdamW, 1e-3 * (k + 1), 0.9, 0.999, 1e-8, 0.01 * k};
+  };
+  std::vector<std::uint16_t> copy(n), want_copy(n);
+  if (testing::under_fakecuda()) fakecuda_reset_counters();
+  for (int k = 0; k < 3; ++k) {
+    const std::size_t o = kCuts[k], len = kCuts[k + 1] - kCuts[k];
+    dadam.enqueue_resident(group_params(k),
+                           AdamTensors{arrays[0] + o, arrays[1] + o, arrays[2] + o, arrays[3] + o,
+                                       DType::kFp32, dcopy + o, DType::kBf16, len},
+                           {1, 1.0f, false});
+  }
+  dadam.wait();
+  if (testing::under_fakecuda()) {
+    EXPECT_EQ(fakecuda_counter("host_sync"), 1) << "one wait for the three groups' kernels";
+  }
+  std::vector<float> got_p(n);
+  s->memcpy_async(got_p.data(), arrays[0], n * sizeof(float));
+  s->memcpy_async(copy.data(), dcopy, n * sizeof(std::uint16_t));
+  s->synchronize(std::chrono::milliseconds(10000));
+  for (int k = 0; k < 3; ++k) {
+    const std::size_t o = kCuts[k], len = kCuts[k + 1] - kCuts[k];
+    cpu.step(group_params(k),
+             AdamTensors{p.data() + o, m.data() + o, v.data() + o, gh + o, DType::kFp32,
+                         want_copy.data() + o, DType::kBf16, len},
+             {1, 1.0f, false});
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_EQ(testing::bits_of(got_p[i]), testing::bits_of(p[i])) << "p[" << i << "]";
+    ASSERT_EQ(copy[i], want_copy[i]) << "copy[" << i << "]";
+  }
+}
+
 // F1: a stream query that answered "not ready" leaves cudaErrorNotReady in the thread's
 // last-error slot; the launch check must not mistake it for a failed launch.
 TEST(AdamCuda, LaunchAfterANotReadyQuery) {

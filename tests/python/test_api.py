@@ -267,7 +267,7 @@ class Errors(unittest.TestCase):
     def test_gradient_that_never_arrives(self):
         m = tiny_gpt()
         m.unused = nn.Linear(3, 3)
-        opt = strata.torch.ZeroOptimizer(m, base_config(2))
+        opt = strata.torch.ZeroOptimizer(m, base_config(2), unused_parameters="error")
         x, y = batch(0)
         opt.backward(m(x, y))
         with self.assertRaises(strata.UsageError) as cm:

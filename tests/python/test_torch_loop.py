@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import unittest
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -321,7 +322,7 @@ class Accumulation(unittest.TestCase):
 
     def test_a_micro_batch_missing_a_gradient_is_refused(self):
         model = A.tiny_gpt()
-        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2), unused_parameters="error")
         x, y = A.batch(0)
         opt.backward(model(x, y))
         opt.step()
@@ -402,7 +403,7 @@ class ZeroGrad(unittest.TestCase):
     def test_a_missing_gradient_does_not_leave_the_optimizer_stuck(self):
         model = A.tiny_gpt()
         model.extra = nn.Linear(4, 4)
-        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2), unused_parameters="error")
         x, y = A.batch(0)
         opt.backward(model(x, y))
         with self.assertRaisesRegex(errors.UsageError, "'extra.weight'.*never arrived"):
@@ -411,6 +412,181 @@ class ZeroGrad(unittest.TestCase):
         opt.backward(model(x, y) + model.extra(torch.ones(1, 4)).sum())
         self.assertTrue(opt.step().applied)
         opt.close()
+
+
+class WithHeads(nn.Module):
+    """The tiny GPT, a head the loss never uses and one it uses on odd steps only."""
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = A.tiny_gpt()
+        torch.manual_seed(11)
+        self.unused = nn.Linear(8, 8)
+        self.alt = nn.Linear(8, 1)
+
+    def forward(self, x, y, step, use_alt=None):
+        loss = self.gpt(x, y)
+        if (step % 2 == 1) if use_alt is None else use_alt:
+            loss = loss + 0.1 * self.alt(torch.linspace(-1, 1, 8).reshape(1, 8)).sum()
+        return loss
+
+
+class UnusedParameters(unittest.TestCase):
+    """A parameter the loss does not use (an unused head; one used every other step) is skipped by
+    that step's update as torch.optim.AdamW skips p.grad None — no update, no weight decay, its
+    own step count stays, so its later bias correction uses its own count — with a warning once
+    per parameter. Bitwise against AdamW; state_dict's per-parameter steps equal torch's; a
+    checkpoint and a torch state_dict with differing counts resume bitwise. It used to raise at
+    step() ("never arrived")."""
+
+    NAMES = ("unused.weight", "unused.bias", "alt.weight", "alt.bias")
+
+    def loop(self, model, opt, start, steps, strata_opt, clip=False):
+        for s in range(start, start + steps):
+            x, y = A.batch(s)
+            if not strata_opt:
+                opt.zero_grad(set_to_none=True)  # torch 1.13's default would zero, not None
+            model(x, y, s).backward()
+            if clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
+            opt.step()
+
+    def check(self, opt, model, ref, topt, what, clip=False):
+        if clip:  # the clip norm's summation order differs from torch's: within 1e-6
+            close_to(self, A.master_of(opt, model), dict(ref.named_parameters()), 1e-6, what)
+        else:
+            A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()), what)
+        sd = opt.state_dict()
+        tsd = topt.state_dict()["state"]
+        for i, (n, p) in enumerate(ref.named_parameters()):
+            want = float(tsd[i]["step"]) if i in tsd else 0.0  # torch: no state, never stepped
+            self.assertEqual(float(sd["state"][i]["step"]), want, "%s: step of %s" % (what, n))
+
+    def cases(self, tmp):
+        nvme = dict(offload={"optimizer": {"tier": "nvme"}, "gradients": {"tier": "nvme"}},
+                    tiers={"nvme": {"paths": [tmp], "direct_io": "off"},
+                           "host": {"buffer_size": "256KiB"}})
+        return [(0, {}), (3, {}), (2, nvme), (3, nvme)]
+
+    def test_bitwise_vs_adamw_warned_once(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            for stage, more in self.cases(tmp):
+                for clip in (False, True):
+                    with self.subTest(stage=stage, nvme=bool(more), clip=clip):
+                        ref = WithHeads()
+                        model = copy.deepcopy(ref)
+                        with warnings.catch_warnings(record=True) as caught:
+                            warnings.simplefilter("always")
+                            opt = strata.torch.ZeroOptimizer(model, A.base_config(stage, **more),
+                                                             param_groups=A.torch_groups(model))
+                            self.loop(model, opt, 0, 5, True, clip)
+                        topt = adamw(A.torch_groups(ref))
+                        self.loop(ref, topt, 0, 5, False, clip)
+                        self.check(opt, model, ref, topt, "stage %d" % stage, clip)
+                        said = [str(w.message) for w in caught if "got no gradient" in str(w.message)]
+                        self.assertEqual(len(said), len(self.NAMES), said)
+                        for n in self.NAMES:
+                            self.assertEqual(sum("'%s'" % n in m for m in said), 1, (n, said))
+                        opt.close()
+
+    def test_checkpoint_and_state_dict_keep_each_parameters_step(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = WithHeads()
+            model = copy.deepcopy(ref)
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2), unused_parameters="ignore",
+                                             param_groups=A.torch_groups(model))
+            topt = adamw(A.torch_groups(ref))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                self.loop(model, opt, 0, 4, True)
+            self.assertFalse([w for w in caught if "got no gradient" in str(w.message)])
+            self.loop(ref, topt, 0, 4, False)
+            ckpt = os.path.join(tmp, "ckpt")
+            opt.save_checkpoint(ckpt)
+            torch_state = copy.deepcopy(topt.state_dict())  # alt: step 2, unused: no state
+            opt.close()
+            self.loop(ref, topt, 4, 3, False)
+            for stage in (3, 1):  # resharded: another stage
+                with self.subTest(via="checkpoint", stage=stage):
+                    model = WithHeads()
+                    opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
+                                                     unused_parameters="ignore",
+                                                     param_groups=A.torch_groups(model))
+                    opt.load_checkpoint(ckpt)
+                    self.loop(model, opt, 4, 3, True)
+                    self.check(opt, model, ref, topt, "resumed at stage %d" % stage)
+                    opt.close()
+            with self.subTest(via="torch AdamW state_dict"):
+                model = copy.deepcopy(ref)
+                back = WithHeads()  # the model as it was at step 4: replay torch to get it
+                tb = adamw(A.torch_groups(back))
+                self.loop(back, tb, 0, 4, False)
+                model.load_state_dict(back.state_dict())
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(3), unused_parameters="ignore",
+                                                 param_groups=A.torch_groups(model))
+                opt.load_state_dict(torch_state)
+                self.loop(model, opt, 4, 3, True)
+                self.check(opt, model, ref, topt, "from torch's state_dict")
+                opt.close()
+
+
+    def test_accumulation_a_head_missing_from_a_micro_batch(self):
+        # K = 2: on odd steps alt is used in the first micro-batch only (its gradient: that one's;
+        # the second adds nothing), on even steps in none (skipped).
+        for stage in (1, 2):
+            with self.subTest(stage=stage):
+                ref = WithHeads()
+                model = copy.deepcopy(ref)
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
+                                                 unused_parameters="ignore",
+                                                 param_groups=A.torch_groups(model))
+                topt = adamw(A.torch_groups(ref))
+                for m, o, strata_opt in ((model, opt, True), (ref, topt, False)):
+                    for s in range(4):
+                        x, y = A.batch(s, rows=4)
+                        if not strata_opt:
+                            o.zero_grad(set_to_none=True)
+                        (m(x[:2], y[:2], s) / 2).backward()
+                        (m(x[2:], y[2:], 0) / 2).backward()
+                        o.step()
+                self.check(opt, model, ref, topt, "K 2 stage %d" % stage)
+                opt.close()
+
+    def test_two_ranks_a_head_used_on_one(self):
+        """2 ranks (gloo, as under torchrun), stages 1 and 2 with many buckets: alt is used on rank
+        0 only on odd steps, on rank 1 only at step 2, by none on the others (no unused head). Each
+        rank checks its state bitwise against AdamW on the rank-ordered sum (zeros where a rank did
+        not use a parameter, None where none did) / 2."""
+        import socket
+        import subprocess
+        import time
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            procs, outs = [], [os.path.join(tmp, "rank%d.txt" % r) for r in range(2)]
+            for r in range(2):
+                env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                           LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                           OMP_NUM_THREADS="1")
+                procs.append(subprocess.Popen([sys.executable, os.path.abspath(__file__),
+                                               "unused-worker", outs[r]], env=env))
+            deadline = time.monotonic() + 300
+            for p in procs:
+                try:
+                    p.wait(timeout=max(1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    self.fail("a rank hung (killed after 300 s)")
+            for r, p in enumerate(procs):
+                self.assertEqual(p.returncode, 0, "rank %d" % r)
+                with open(outs[r]) as f:
+                    self.assertEqual(f.read(), "ok", "rank %d" % r)
+
+    def test_a_bad_choice_is_refused(self):
+        with self.assertRaisesRegex(errors.InvalidArgumentError, "'warn', 'ignore' or 'error'"):
+            strata.torch.ZeroOptimizer(WithHeads(), A.base_config(2), unused_parameters="skip")
 
 
 class TrainerSequence(unittest.TestCase):
@@ -466,5 +642,62 @@ class TrainerSequence(unittest.TestCase):
                 opt.close()
 
 
+def unused_worker(out):
+    """One rank of UnusedParameters.test_two_ranks_a_head_used_on_one: writes "ok" or the failure."""
+    rank, world = int(os.environ["RANK"]), 2
+
+    def use_alt(r, s):
+        return (s % 2 == 1 and r == 0) or (s == 2 and r == 1)
+
+    msgs = []
+    for stage in (1, 2):
+        ref = WithHeads()
+        ref.unused = None  # alt's bucket is complete where alt is used, at step() elsewhere
+        model = copy.deepcopy(ref)
+        cfg = A.base_config(stage, zero={"reduce_bucket_size": 512},
+                            runtime={"collective_timeout_s": 60})
+        opt = strata.torch.ZeroOptimizer(model, cfg, unused_parameters="ignore",
+                                         param_groups=A.torch_groups(model))
+        if opt.world != world:
+            msgs.append("stage %d: a world of %d" % (stage, opt.world))
+        topt = adamw(A.torch_groups(ref))
+        params = list(ref.parameters())
+        for s in range(5):
+            x, y = A.batch(world * s + rank)
+            model(x, y, s, use_alt(rank, s)).backward()
+            opt.step()
+            per_rank = []
+            for r in range(world):
+                ref.zero_grad(set_to_none=True)
+                x, y = A.batch(world * s + r)
+                ref(x, y, s, use_alt(r, s)).backward()
+                per_rank.append([None if p.grad is None else p.grad.clone() for p in params])
+            for i, p in enumerate(params):
+                gs = [g[i] for g in per_rank]
+                if all(g is None for g in gs):
+                    p.grad = None  # AdamW skips it
+                    continue
+                acc = gs[0] if gs[0] is not None else torch.zeros_like(p)
+                for g in gs[1:]:
+                    acc = acc + (g if g is not None else torch.zeros_like(p))
+                p.grad = acc / world
+            topt.step()
+        got = A.master_of(opt, model)
+        sd, tsd = opt.state_dict()["state"], topt.state_dict()["state"]
+        for i, (n, p) in enumerate(ref.named_parameters()):
+            a, b = got[n].reshape(-1), p.detach().reshape(-1)
+            if not torch.equal(a.view(torch.int32), b.view(torch.int32)):
+                msgs.append("stage %d: %s differs by %g" % (stage, n, float((a - b).abs().max())))
+            want = float(tsd[i]["step"]) if i in tsd else 0.0
+            if float(sd[i]["step"]) != want:
+                msgs.append("stage %d: step of %s %s, torch's %s" % (stage, n, sd[i]["step"], want))
+        opt.close()
+    with open(out, "w") as f:
+        f.write("; ".join(msgs) if msgs else "ok")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "unused-worker":
+        unused_worker(sys.argv[2])
+        sys.exit(0)
     unittest.main()

@@ -153,6 +153,27 @@ TEST(TierFaults, TimedOutDeviceCopyKeepsItsPoolBuffer) {
          "still queued";
 }
 
+// F10 with F9's stream-ordered legs: an NVMe -> GPU leg queues every piece's copy and waits once
+// at its end; when that wait times out every piece's copy may still be queued, so none of their
+// pool buffers may go back to the pool (3 pieces in flight: 1 of 4 buffers left).
+TEST(TierFaults, TimedOutLegKeepsEveryQueuedPieceBuffer) {
+  st::RigOptions o;
+  o.fault_device = true;
+  o.pool_buffers = 4;
+  o.movers = 1;  // the window: all 4 pool buffers
+  o.timeout = 200ms;
+  st::StoreRig rig(o);
+  const auto data = st::random_bytes(3 * (64 << 10), 15);  // 3 pieces
+  const BufferId id = rig.add("w", Tier::kCpu, data);
+  rig.store->move(id, Tier::kNvme).wait();
+  // The first piece's copy waits 1.5 s of stream time (the later ones queue behind it); the store
+  // gives up after 200 ms.
+  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 1, std::chrono::milliseconds(1500)});
+  EXPECT_THROW(rig.store->move(id, Tier::kGpu).wait(), Error);
+  EXPECT_EQ(rig.pool->available(), 1u)
+      << "a pool buffer of a piece whose copy may still be queued was given back";
+}
+
 namespace {
 
 // Says yes to every registration (as cudaHostRegister does) without doing one, and remembers the

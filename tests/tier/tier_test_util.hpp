@@ -59,6 +59,8 @@ struct RigOptions {
   bool fault_device = false;  // the device goes through a FaultInjectingDevice (StoreRig::fdev)
   // Wraps the device last (over the fault-injecting one), e.g. to watch registrations.
   std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)> wrap_device;
+  // The device (default: the host-emulated one), e.g. a CUDA device under the fake runtime.
+  std::function<std::unique_ptr<Device>()> make_device;
 };
 
 // Caller memory for the streaming calls: host (4096-aligned) or device memory, with helpers to
@@ -101,7 +103,7 @@ class CallerMemory {
 // swap space in a fresh temporary directory. Members are destroyed in reverse order.
 struct StoreRig {
   explicit StoreRig(const RigOptions& o = {}) : dir("strata-tier") {
-    device = make_host_device();
+    device = o.make_device ? o.make_device() : make_host_device();
     if (o.fault_device) {
       auto f = std::make_unique<FaultInjectingDevice>(std::move(device));
       fdev = f.get();

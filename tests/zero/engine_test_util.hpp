@@ -8,6 +8,7 @@
 
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <random>
 
 #include "../comm/comm_test_util.hpp"
@@ -31,7 +32,24 @@ struct EngineCase {
   // Before each step's backward, a partial backward of other gradients (every tensor but the first)
   // that discard_gradients() drops: the result must not change.
   bool discard_first = false;
+  // Whether `rank` uses tensor t at step s (its gradient is handed in); not: skip_gradient(t).
+  // Empty: every rank uses every tensor.
+  std::function<bool(int rank, int step, std::size_t t)> uses;
+  // The skips come after the backward's hand-ins (as the Python side finds them, at step()), not
+  // where the tensor's gradient would have come: on several ranks the buckets then complete in
+  // another order than on a rank that used the tensor. Not at stage 3, where the gathers between
+  // the hand-ins are collectives too.
+  bool skip_late = false;
+  std::function<void(Config&)> configure;  // more settings (placements)
 };
+
+// Whether some rank of `world` uses tensor t at step s.
+inline bool used_anywhere(const EngineCase& c, int world, int s, std::size_t t) {
+  if (!c.uses) return true;
+  for (int r = 0; r < world; ++r)
+    if (c.uses(r, s, t)) return true;
+  return false;
+}
 
 inline Config engine_config(const EngineCase& c) {
   Config cfg;
@@ -44,6 +62,7 @@ inline Config engine_config(const EngineCase& c) {
   cfg.optimizer.grad_clip = c.clip;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = c.timeout_s;
+  if (c.configure) c.configure(cfg);
   return cfg;
 }
 
@@ -88,15 +107,36 @@ inline std::vector<std::vector<float>> train_rank(Communicator& comm, const Engi
       e.discard_gradients();
     }
     // backward: reverse order, one tensor at a time
+    std::vector<TensorId> late;
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
       TensorId id = *it;
+      if (c.uses && !c.uses(comm.rank(), s, id) && c.skip_late) {
+        late.push_back(id);
+        continue;
+      }
+      if (c.uses && !c.uses(comm.rank(), s, id)) {
+        // Stage 3's gathers are collective: a tensor some rank uses is gathered on every rank
+        // (its module ran everywhere, its output unused here), one no rank uses on none.
+        if (used_anywhere(c, comm.size(), s, id)) {
+          e.gather({&id, 1});
+          e.release({&id, 1});
+        }
+        e.skip_gradient(id);
+        continue;
+      }
       e.gather({&id, 1});
       auto g = grad_of(seed, comm.rank(), s, id, c.sizes[id], c.grads);
       e.set_gradient(id, g.data());
       e.release({&id, 1});
     }
+    for (auto id : late) e.skip_gradient(id);
     auto r = e.step();
     if (results) results->push_back(r);
+  }
+  for (auto id : ids) {  // each tensor's own step count: the steps some rank used it in
+    std::int64_t want = 0;
+    for (int s = 0; s < c.steps; ++s) want += used_anywhere(c, comm.size(), s, id) ? 1 : 0;
+    EXPECT_EQ(e.optimizer_step(id), want) << "tensor " << id;
   }
   std::vector<std::vector<float>> out;
   for (auto id : ids) {
@@ -126,20 +166,30 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
     out.emplace_back(c.sizes[t], 0.0f);
   }
   const std::size_t pes = comm::elem_size(c.params);
+  std::vector<std::int64_t> count(c.sizes.size(), 0);  // per tensor, as torch's state["step"]
   for (int s = 0; s < c.steps; ++s) {
     for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+      if (!used_anywhere(c, world, s, t)) continue;  // torch: grad None, no update at all
       std::vector<std::vector<unsigned char>> per_rank;
-      for (int r = 0; r < world; ++r)
+      for (int r = 0; r < world; ++r) {
         per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
+        if (c.uses && !c.uses(r, s, t))  // DDP: an unused rank's gradient is zeros
+          std::fill(per_rank.back().begin(), per_rank.back().end(), 0);
+      }
       auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
       std::vector<unsigned char> copy(c.sizes[t] * pes);
       AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sum.data(),
                      c.grads,          copy.data(), c.params,    c.sizes[t]};
       adam.step(hp, at,
-                AdamStepOptions{s + 1, static_cast<float>(1.0 / scale), false,
+                AdamStepOptions{++count[t], static_cast<float>(1.0 / scale), false,
                                 static_cast<float>(world)});
-      for (std::size_t i = 0; i < c.sizes[t]; ++i)
-        out[t][i] = comm::load_elem(copy.data(), i, c.params);
+    }
+  }
+  for (std::size_t t = 0; t < c.sizes.size(); ++t) {  // the model dtype's rounding of the master
+    std::vector<unsigned char> copy(c.sizes[t] * pes);
+    for (std::size_t i = 0; i < c.sizes[t]; ++i) {
+      comm::store_elem(copy.data(), i, c.params, master[t][i]);
+      out[t][i] = comm::load_elem(copy.data(), i, c.params);
     }
   }
   return out;

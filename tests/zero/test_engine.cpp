@@ -4,7 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <memory>
+#include <utility>
 
+#include "checkpoint/format.hpp"
 #include "engine_test_util.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
@@ -85,6 +91,177 @@ std::vector<Param> discard_params() {
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Stages, EngineDiscard, ::testing::ValuesIn(discard_params()), param_name);
+
+// Unused parameters (skip_gradient; torch's grad None, DDP's find_unused_parameters): tensor 0 is
+// never used, tensor 3 not at steps 0 and 2 on any rank (its own step count falls behind the
+// global one: its bias correction differs), tensor 6 at step 1 only on rank 0 and at step 3 on
+// every rank but rank 0 (the others contribute zeros), the empty tensor 1 never. Bitwise against
+// AdamW with per-tensor step counts; each tensor's optimizer_step(id) is checked too.
+bool unused_case_uses(int rank, int step, std::size_t t) {
+  if (t == 0 || t == 1) return false;
+  if (t == 3) return step == 1 || step == 3;
+  if (t == 6 && step == 1) return rank == 0;
+  if (t == 6 && step == 3) return rank != 0;
+  return true;
+}
+
+class EngineUnused : public ::testing::TestWithParam<Param> {};
+
+TEST_P(EngineUnused, SkippedTensorsMatchAdamWWithTheirOwnStepCounts) {
+  const Param p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  c.params = p.params;
+  c.grads = p.grads;
+  c.steps = 5;
+  c.uses = unused_case_uses;
+  expect_ranks_match_reference(c, p.world, "engine-unused");
+  if (p.stage == 3) return;
+  c.skip_late = true;  // the buckets complete in another order on each rank
+  expect_ranks_match_reference(c, p.world, "engine-unused-late");
+}
+
+std::vector<Param> unused_params() {
+  std::vector<Param> v;
+  for (int stage = 0; stage <= 3; ++stage)
+    for (int world : {1, 2, 4}) v.push_back({stage, world, DType::kFp32, DType::kFp32});
+  v.push_back({2, 2, DType::kBf16, DType::kBf16});
+  v.push_back({3, 2, DType::kFp16, DType::kFp16});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Stages, EngineUnused, ::testing::ValuesIn(unused_params()), param_name);
+
+// The same with the optimizer state (and at stages 2-3 the gradients) on NVMe, several chunks per
+// rank: a skipped tensor's state streams through unchanged.
+class EngineUnusedNvme : public ::testing::TestWithParam<Param> {};
+
+TEST_P(EngineUnusedNvme, SkippedTensorsStreamThroughUnchanged) {
+  const Param p = GetParam();
+  TempDir dir("strata-unused");
+  EngineCase c;
+  c.stage = p.stage;
+  c.steps = 5;
+  c.uses = unused_case_uses;
+  c.configure = [&](Config& cfg) {
+    cfg.offload.optimizer = {Tier::kNvme, 1.0, false};
+    if (p.stage >= 2) cfg.offload.gradients = {Tier::kNvme, 1.0, false};
+    use_test_swap(cfg, dir.str(), 3, 16 << 10);
+  };
+  c.skip_late = p.stage < 3;
+  expect_ranks_match_reference(c, p.world, "engine-unused-nvme");
+}
+
+std::vector<Param> unused_nvme_params() {
+  std::vector<Param> v;
+  for (int stage = 1; stage <= 3; ++stage)
+    for (int world : {1, 2}) v.push_back({stage, world, DType::kFp32, DType::kFp32});
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(Stages, EngineUnusedNvme, ::testing::ValuesIn(unused_nvme_params()),
+                         param_name);
+
+// Steps [from, to) of the unused case's loop on one engine (every tensor gathered for its
+// gradient; the unused ones skipped).
+// `uses(rank, s, id)` says whether this rank hands the gradient in; a tensor some rank uses is
+// gathered on every rank (stage 3's gathers are collective).
+void unused_steps(Engine& e, const EngineCase& c, std::uint64_t seed, int rank, int from, int to,
+                  const std::function<bool(int, std::size_t)>& uses,
+                  const std::function<bool(int, std::size_t)>& anywhere) {
+  for (int s = from; s < to; ++s) {
+    for (TensorId id = c.sizes.size(); id-- > 0;) {
+      if (anywhere(s, id)) e.gather({&id, 1});
+      if (uses(s, id)) {
+        auto g = grad_of(seed, rank, s, id, c.sizes[id], c.grads);
+        e.set_gradient(id, g.data());
+      } else {
+        e.skip_gradient(id);
+      }
+      if (anywhere(s, id)) e.release({&id, 1});
+    }
+    e.step();
+  }
+}
+
+void unused_steps(Engine& e, const EngineCase& c, std::uint64_t seed, int rank, int from, int to) {
+  unused_steps(
+      e, c, seed, rank, from, to, [&](int s, std::size_t id) { return c.uses(rank, s, id); },
+      [&](int s, std::size_t id) { return used_anywhere(c, 2, s, id); });
+}
+
+std::unique_ptr<Engine> unused_engine(const EngineCase& c, Communicator& comm, std::uint64_t seed) {
+  auto e = std::make_unique<Engine>(engine_config(c), comm);
+  for (std::size_t t = 0; t < c.sizes.size(); ++t)
+    e->add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]));
+  e->finalize();
+  return e;
+}
+
+// A checkpoint keeps each tensor's own step count, resharded (saved by 2 ranks at stage 2, loaded
+// by 1, 2 and 4 ranks at stages 0, 3 and 1): the resumed steps equal the uninterrupted run's,
+// bitwise. A checkpoint whose counts are all equal (no "step" per tensor in the manifest, as one
+// written before them) loads with every count = the global one.
+TEST(EngineUnusedCheckpoint, EachTensorsCountSurvivesAndReshards) {
+  TempDir dir("strata-unused-ckpt"), even("strata-unused-even");
+  const auto seed = test_seed("engine-unused-ckpt");
+  EngineCase c;
+  c.stage = 2;
+  c.steps = 5;
+  c.uses = unused_case_uses;
+  std::vector<std::vector<float>> want;
+  std::vector<std::int64_t> want_counts;
+  auto comms = make_inprocess_communicators(2, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    auto e = unused_engine(c, comm, seed);
+    unused_steps(*e, c, seed, rank, 0, 3);
+    e->save_checkpoint(dir.str());
+    unused_steps(*e, c, seed, rank, 3, 5);
+    if (rank == 0) want = read_params(*e, c.sizes);
+    for (TensorId id = 0; rank == 0 && id < c.sizes.size(); ++id)
+      want_counts.push_back(e->optimizer_step(id));
+  }));
+  ASSERT_NE(want_counts[3], want_counts[2]);  // the counts differ at the save and after it
+  const std::string manifest = dir.str() + "/manifest.json";
+  std::ifstream in(manifest, std::ios::binary);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  const auto saved = zero::ckpt::parse_manifest(text, manifest);
+  EXPECT_EQ(saved.adam_step, 3);
+  EXPECT_EQ(saved.tensor_steps, (std::vector<std::int64_t>{0, 0, 3, 1, 3, 3, 3, 3}));
+  for (const auto& [world, stage] : {std::pair{1, 0}, {2, 3}, {4, 1}}) {
+    EngineCase d = c;
+    d.stage = stage;
+    auto cs = make_inprocess_communicators(world, 30.0);
+    rethrow_any(run_ranks(cs, [&](int rank, Communicator& comm) {
+      auto e = unused_engine(d, comm, seed + 1);  // other initial values: the load brings them
+      e->load_checkpoint(dir.str());
+      EXPECT_EQ(e->optimizer_step(3), 1);
+      EXPECT_EQ(e->optimizer_step(0), 0);
+      EXPECT_EQ(e->optimizer_step(5), 3);
+      // Ranks 0 and 1 hand in what they did in the saving run, the others nothing (one rank: what
+      // either used, so that the same tensors are skipped; only 2 ranks give the same sums).
+      unused_steps(
+          *e, d, seed, rank, 3, 5,
+          [&](int s, std::size_t id) {
+            return world == 1 ? used_anywhere(d, 2, s, id) : rank < 2 && d.uses(rank, s, id);
+          },
+          [&](int s, std::size_t id) { return used_anywhere(d, 2, s, id); });
+      if (world == 2) expect_bitwise_equal(read_params(*e, d.sizes), want, strcat("stage ", stage));
+      for (TensorId id = 0; id < d.sizes.size(); ++id)
+        EXPECT_EQ(e->optimizer_step(id), want_counts[id]) << "tensor " << id << " world " << world;
+    }));
+  }
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    EngineCase u = c;
+    u.uses = [](int, int, std::size_t) { return true; };
+    auto e = unused_engine(u, comm, seed);
+    unused_steps(*e, u, seed, rank, 0, 2);
+    e->save_checkpoint(even.str());
+    auto f = unused_engine(c, comm, seed);
+    unused_steps(*f, c, seed, rank, 0, 3);
+    EXPECT_NE(f->optimizer_step(3), f->optimizer_step(2));
+    f->load_checkpoint(even.str());
+    for (TensorId id = 0; id < c.sizes.size(); ++id) EXPECT_EQ(f->optimizer_step(id), 2);
+  }));
+}
 
 // Bytes each rank sends per step: 2Ψ(N-1)/N for stages 0-2, 3Ψ(N-1)/N for stage 3 (gathering in
 // forward and backward), up to padding and the 16(N-1)-byte norm exchange; and `strata plan`'s
