@@ -89,6 +89,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/checkpoint_model.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/partition.hpp"
@@ -324,7 +325,11 @@ class Engine {
   // when the group count matches; else kept, with a warning), and the embedder's client_state
   // (UTF-8 text of at most 1 MiB, e.g. JSON: its loop's step, data position, scheduler; rank 0's
   // is saved; else Error(kInvalidArgument), nothing written), committed with the checkpoint.
-  void save_checkpoint(const std::string& dir, std::string_view client_state = {});
+  // `model` (strata/checkpoint_model.hpp) records the tensors' model shapes and aliases and saves
+  // the tensors the engine does not train, for `strata checkpoint export`; the load restores the
+  // trained state only.
+  void save_checkpoint(const std::string& dir, std::string_view client_state = {},
+                       const CheckpointModel& model = {});
   // The same with a mode. kBlocking: as above. kAsync: returns once every rank agreed on the save
   // (directory, serial) and took its snapshot: the counters, loss scale, groups and client_state
   // captured, the parameters copied into host memory, the optimizer state pinned where it lives
@@ -338,7 +343,10 @@ class Engine {
   // is untouched. A step() whose copy-on-write would not fit in the tiers' budgets first waits for
   // this rank's writer (counted in EngineStats::checkpoint_blocked_s). The destructor waits for
   // the writer but does not commit: call wait_checkpoint() before it.
-  void save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state = {});
+  // `model`'s untrained tensors are written by rank 0 during the call, whatever the mode (their
+  // data is borrowed for the call only).
+  void save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state = {},
+                       const CheckpointModel& model = {});
   // Waits for an asynchronous save and commits it (collective; nothing to do without one). Throws
   // the save's failure. Allowed on a failed engine (the snapshot predates the failure).
   void wait_checkpoint();

@@ -109,8 +109,7 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   }
   for (const std::string& name : dir.entries()) {
     std::uint64_t s = 0;
-    int r = 0;
-    if (parse_shard_file_name(name, &s, &r)) serial = std::max(serial, s);
+    if (checkpoint_file_serial(name, &s)) serial = std::max(serial, s);
   }
   return serial + 1;
 }
@@ -145,6 +144,7 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
     m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
   copy_counters(s, m);
   m.config_yaml = s.config_yaml;
+  if (s.model) set_model(m, *s.model, s.rank == 0);
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
     ShardEntry e;
@@ -211,15 +211,30 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   return crc32c(header.data(), header.size());
 }
 
+// Rank 0: the extra tensors, back to back, as set_model laid them out.
+void write_extra(const SafeDir& dir, const Manifest& m, const RankState& s) {
+  if (m.extra_file.empty()) return;
+  dir.try_remove(m.extra_file, false);  // a leftover of a killed save of this serial
+  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, m.extra_file);
+  for (std::size_t i = 0; i < m.extra.size(); ++i) {
+    const auto& data = s.model->extra[i].data;
+    for (std::uint64_t done = 0; done < data.size();) {
+      const std::uint64_t n = std::min<std::uint64_t>(data.size() - done, kPiece);
+      file->write_at(data.data() + done, n, m.extra[i].offset + done);
+      done += n;
+    }
+  }
+  file->truncate(m.extra_bytes);
+  file->sync();
+}
+
 void commit_manifest(const SafeDir& dir, const Manifest& m, FileEnv& env) {
   // (A leftover manifest.json.tmp of a killed save, or anything planted there, is removed first.)
   write_file_atomically(env, dir, kManifestName, kManifestTmpName, serialize_manifest(m));
   // The previous checkpoint (and leftovers of killed saves) can go now.
   for (const std::string& name : dir.entries()) {
     std::uint64_t serial = 0;
-    int rank = 0;
-    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial)
-      dir.try_remove(name, false);
+    if (checkpoint_file_serial(name, &serial) && serial != m.serial) dir.try_remove(name, false);
   }
 }
 
@@ -280,6 +295,12 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
   return out;
 }
 
+// The extra file (what the load does not restore, but the checkpoint holds) is there, of its size.
+void check_extra_file(const SafeDir& dir, const Manifest& m, FileEnv& env) {
+  if (m.extra_file.empty()) return;
+  open_extra_file(dir, m, env);
+}
+
 // Open shard readers, one per saved shard at most, opened when first needed.
 class Shards {
  public:
@@ -337,6 +358,17 @@ PendingSave begin_save(const std::string& dir_path, const RankState& s, Communic
   }
   const std::uint64_t serial = agree(comm, s, o, strcat("checkpoint save into ", dir_path))[0];
   p.manifest = skeleton(s, serial, block_elems);
+  // The tensors the engine does not train (CheckpointModel::extra, borrowed for the call): rank 0
+  // writes them here, on the caller's thread, whatever the mode; a failure is the save's
+  // (finish_save reports it on every rank).
+  if (s.rank == 0) {
+    try {
+      write_extra(p.dir, p.manifest, s);
+    } catch (...) {
+      p.extra_error = std::current_exception();
+      p.dir.try_remove(extra_file_name(serial), false);
+    }
+  }
   return p;
 }
 
@@ -359,7 +391,7 @@ void finish_save(PendingSave& p, const RankState& s, Communicator& comm, std::ex
                  std::uint32_t header_crc) {
   const std::string what = strcat("checkpoint save into ", p.path);
   Outcome o;
-  o.error = error;
+  o.error = error ? error : p.extra_error;
   o.extra = header_crc;
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   // Rank 0 commits; everyone learns whether it did.
@@ -453,8 +485,10 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
     }
     // Every shard is present, of its size, with its header, even if nobody reads it.
-    if (s.rank == 0)
+    if (s.rank == 0) {
       for (int j = 0; j < m.world; ++j) shards->at(j);
+      check_extra_file(dir, m, env_of(s));
+    }
   } catch (...) {
     o.capture();
   }

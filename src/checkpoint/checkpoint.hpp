@@ -63,6 +63,9 @@ struct RankState {
   std::vector<ckpt::GroupEntry> groups;  // the parameter groups' hyper-parameters (load: may be
                                          // empty, from a checkpoint written before they were kept)
   std::string client_state;              // the embedder's (rank 0's is saved)
+  // Save: the embedder's model description (shapes, aliases, extra tensors; rank 0's extra
+  // tensors are written, to extra-<serial>.bin); nullptr: none (strata/checkpoint_model.hpp).
+  const CheckpointModel* model = nullptr;
   // The ranks' agreement (a few bytes per rank, host memory in and out) run where the
   // communicator's buffers live: all_gather(send, recv, bytes) leaves every rank's `bytes` bytes
   // in recv, in rank order (bytes a multiple of 4). The engine stages it through its device memory
@@ -101,6 +104,7 @@ struct PendingSave {
   std::string path;  // the directory as given
   SafeDir dir;
   ckpt::Manifest manifest;
+  std::exception_ptr extra_error;  // rank 0's write of the untrained tensors failed
 };
 PendingSave begin_save(const std::string& dir, const RankState& state, Communicator& comm,
                        const SaveOptions& options = {});

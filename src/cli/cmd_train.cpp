@@ -49,7 +49,8 @@ struct Options {
   int steps = 50;
   int ranks = 0;  // 0 (not given): world.ranks in-process ranks, or the MPI world under mpirun
   int batch = 32;
-  int accumulate = 1;  // micro-batches per step, batch / accumulate samples each
+  int accumulate = 1;             // micro-batches per step, batch / accumulate samples each
+  bool accumulate_given = false;  // --accumulate given (else train.accumulate)
   int hidden = 64;
   std::int64_t seed = 1;
   std::string checkpoint_dir;
@@ -334,7 +335,9 @@ void check_options(const Options& o) {
     fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
   if (o.accumulate < 1 || o.batch % o.accumulate != 0)
     fail(ErrorCode::kInvalidArgument,
-         strcat("--accumulate ", o.accumulate, " must be >= 1 and divide --batch ", o.batch));
+         strcat(o.accumulate_given ? "--accumulate " : "train.accumulate ", o.accumulate,
+                o.accumulate_given ? "" : strcat(" (", o.config, "; --accumulate overrides it)"),
+                " must be >= 1 and divide --batch ", o.batch));
   if (o.seed < 0) fail(ErrorCode::kInvalidArgument, strcat("--seed ", o.seed, " must be >= 0"));
   if (o.ranks < 0) fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " must be >= 1"));
   if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
@@ -589,8 +592,10 @@ void print_summary(const Config& cfg, const Options& o, const Launch& run, doubl
   }
 }
 
-int run(const Options& o) {
-  Config cfg = load_config(o.config, o.overrides);
+int run(const Options& given) {
+  Config cfg = load_config(given.config, given.overrides);
+  Options o = given;
+  if (!o.accumulate_given) o.accumulate = static_cast<int>(cfg.train.accumulate);
   check_options(o);
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
@@ -622,10 +627,15 @@ const bool kRegistered = strata::cli::register_command(
                       "MPI world size")
            ->check(CLI::Range(1, 256));
        cmd.add_option("--batch", o->batch, "Samples per rank and step")->capture_default_str();
-       cmd.add_option("--accumulate", o->accumulate,
-                      "Micro-batches per step (gradient accumulation): --batch / K samples each, "
-                      "one backward each, their gradients summed (each scaled by 1/K)")
-           ->capture_default_str();
+       cmd.add_option_function<int>(
+           "--accumulate",
+           [o](const int& k) {
+             o->accumulate = k;
+             o->accumulate_given = true;
+           },
+           "Micro-batches per step (gradient accumulation): --batch / K samples each, one "
+           "backward each, their gradients summed (each scaled by 1/K); default: the config's "
+           "train.accumulate (1)");
        cmd.add_option("--hidden", o->hidden, "Hidden units of the MLP")->capture_default_str();
        cmd.add_option("--seed", o->seed, "Model and data seed (>= 0)")
            ->capture_default_str()

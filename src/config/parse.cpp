@@ -383,6 +383,7 @@ using limits::kMaxBufferSize;
 using limits::kMaxCollectiveTimeoutS;
 using limits::kMinCollectiveTimeoutS;
 constexpr std::uint64_t kMaxCpuThreads = limits::kMaxCpuThreads;
+constexpr std::uint64_t kMaxAccumulate = limits::kMaxAccumulate;
 
 void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t) {
   if (!n.IsDefined() || n.IsNull()) return;
@@ -567,6 +568,9 @@ void Reader::read_runtime(const YAML::Node& root, Config& c) {
   });
   with(rt, "runtime", "cpu_threads",
        [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, kMaxCpuThreads); });
+  const YAML::Node train = child(root, "train");
+  with(train, "train", "accumulate",
+       [&](auto& v, auto& p) { c.train.accumulate = integer(v, p, 1, kMaxAccumulate); });
 }
 
 Config Reader::read(const YAML::Node& root) {

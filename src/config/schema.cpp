@@ -54,6 +54,7 @@ SchemaNode build() {
           SchemaNode{"runtime",
                      {leaf("device"), leaf("communicator"), leaf("collective_timeout_s"),
                       leaf("cpu_threads")}},
+          SchemaNode{"train", {leaf("accumulate")}},
       }};
 }
 }  // namespace

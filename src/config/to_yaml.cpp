@@ -125,6 +125,8 @@ std::string to_yaml(const Config& c) {
     << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"
     << "  collective_timeout_s: " << num(c.runtime.collective_timeout_s) << "\n"
     << "  cpu_threads: " << c.runtime.cpu_threads << "\n";
+  o << "train:\n"
+    << "  accumulate: " << c.train.accumulate << "\n";
   return o.str();
 }
 

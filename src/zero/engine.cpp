@@ -179,15 +179,17 @@ EngineStats Engine::Impl::stats() const {
 // ---- the public API
 // -------------------------------------------------------------------------------
 
-void Engine::save_checkpoint(const std::string& dir, std::string_view client_state) {
-  save_checkpoint(dir, SaveMode::kBlocking, client_state);
+void Engine::save_checkpoint(const std::string& dir, std::string_view client_state,
+                             const CheckpointModel& model) {
+  save_checkpoint(dir, SaveMode::kBlocking, client_state, model);
 }
 
-void Engine::save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state) {
+void Engine::save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state,
+                             const CheckpointModel& model) {
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
-  m.save(dir, mode, client_state);
+  m.save(dir, mode, client_state, model.empty() ? nullptr : &model);
 }
 
 void Engine::wait_checkpoint() {

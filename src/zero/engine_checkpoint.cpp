@@ -7,7 +7,8 @@
 
 namespace strata {
 
-void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view client_state) {
+void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view client_state,
+                        const CheckpointModel* model) {
   if (client_state.size() > zero::ckpt::kMaxClientStateBytes ||
       !zero::ckpt::valid_utf8(client_state))
     fail(ErrorCode::kInvalidArgument,
@@ -24,11 +25,13 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
   zero::RankState r = rank_state();
   r.config_yaml = to_yaml(cfg);
   r.client_state = client_state;
+  r.model = model;
   if (mode == SaveMode::kBlocking) {
     zero::save_checkpoint(dir, r, comm);
   } else {
     if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
     zero::PendingSave p = zero::begin_save(dir, r, comm);
+    r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
     saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), std::move(p),
                                                      std::move(r), std::move(ckpt_params),
                                                      layout->timeout());

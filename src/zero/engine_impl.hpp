@@ -140,7 +140,8 @@ struct Engine::Impl {
   zero::RankState rank_state();
 
   // ---- engine_checkpoint.cpp
-  void save(const std::string& dir, SaveMode mode, std::string_view client_state);
+  void save(const std::string& dir, SaveMode mode, std::string_view client_state,
+            const CheckpointModel* model);
   // Waits for the save in flight and commits it (collective); throws its failure.
   void finish_saving();
   // Before a change of the optimizer state: waits for this rank's writer when rewriting the blocks
