@@ -46,6 +46,8 @@ def parse():
                     help="where the model trains (cuda: this rank's GPU, cuda:LOCAL_RANK)")
     ap.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps (0: never)")
     ap.add_argument("--checkpoint-dir", default="checkpoints/gpt")
+    ap.add_argument("--blocking-saves", action="store_true",
+                    help="wait for each checkpoint's writes (default: asynchronous saves)")
     ap.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
     ap.add_argument("--stop-after", type=int, default=0,
                     help="leave after this step (a preempted job, for trying --resume)")
@@ -161,11 +163,18 @@ def main():
                                         rec["optimizer_s"], rec["transfers_s"],
                                         "" if result.applied else " [overflow: skipped]"), flush=True)
         if a.save_every and (step + 1) % a.save_every == 0:
-            opt.save_checkpoint(a.checkpoint_dir)
+            blocked = opt.save_checkpoint(a.checkpoint_dir, blocking=a.blocking_saves)
             if rank == 0:
-                print("checkpoint: %s (step %d)" % (a.checkpoint_dir, step + 1), flush=True)
+                print("checkpoint: %s (step %d, %s; training blocked %.1f ms)"
+                      % (a.checkpoint_dir, step + 1,
+                         "written" if a.blocking_saves else "writing in the background",
+                         blocked * 1e3), flush=True)
         if a.stop_after and step + 1 >= a.stop_after:
             break
+    if a.save_every:
+        blocked = opt.wait_checkpoint()  # commits the last asynchronous save
+        if rank == 0 and not a.blocking_saves:
+            print("checkpoint: committed (training blocked %.1f ms)" % (blocked * 1e3), flush=True)
     if rank == 0 and a.log_json:
         with open(a.log_json, "w") as f:
             json.dump(records, f)

@@ -38,8 +38,9 @@ constexpr std::uint64_t kMaxBlockSize = 1ULL << 30;   // 1 GiB, as the I/O engin
 constexpr std::uint32_t kMaxQueueDepth = 4096;
 constexpr std::uint32_t kMaxIoThreads = 64;
 constexpr double kMinCollectiveTimeoutS = 0.001;
-constexpr double kMaxCollectiveTimeoutS = 1e6;  // 11.6 days; 1e15 ns fits an int64
-constexpr std::uint32_t kMaxCpuThreads = 1024;  // as CpuAdam accepts
+constexpr double kMaxCollectiveTimeoutS = 1e6;      // 11.6 days; 1e15 ns fits an int64
+constexpr std::uint32_t kMaxCpuThreads = 1024;      // as CpuAdam accepts
+constexpr std::uint32_t kMaxAccumulate = 1u << 16;  // micro-batches per optimizer step
 }  // namespace limits
 
 struct ModelConfig {
@@ -142,6 +143,11 @@ struct NvmeTierConfig {
   bool checksum = true;
   bool sqpoll = false;       // io_uring submission-queue polling thread
   std::uint64_t budget = 0;  // bytes of swap space per node across all paths; 0 = unlimited
+  // Swap space kept beside the optimizer state on nvme for the pinned versions of an asynchronous
+  // checkpoint, as a fraction of that state (0..1): a block rewritten while a save is in flight
+  // takes a new slot; reserved at start-up (the swap file grows by it) and counted by `strata
+  // plan`. 0 (default): none, and a step after an asynchronous save waits for its writer.
+  double snapshot_room = 0.0;
 };
 
 struct TiersConfig {
@@ -157,6 +163,13 @@ struct RuntimeConfig {
   std::uint32_t cpu_threads = 0;        // optimizer threads; 0 = all cores
 };
 
+// How a training loop steps (DeepSpeed's gradient_accumulation_steps): read by `strata train`
+// (its --accumulate overrides it). An embedder's loop decides its own micro-batches per step:
+// the Engine and strata.torch sum whatever is handed in before step() (docs/python.md).
+struct TrainConfig {
+  std::uint32_t accumulate = 1;  // micro-batches per optimizer step, 1..kMaxAccumulate
+};
+
 struct Config {
   ModelConfig model;
   PrecisionConfig precision;
@@ -166,6 +179,7 @@ struct Config {
   OffloadConfig offload;
   TiersConfig tiers;
   RuntimeConfig runtime;
+  TrainConfig train;
 
   std::string source;  // file the config was loaded from ("<string>" for parse_config)
 

@@ -89,6 +89,7 @@
 #include <utility>
 #include <vector>
 
+#include "strata/checkpoint_model.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 #include "strata/partition.hpp"
@@ -144,7 +145,13 @@ struct EngineStats {
   double optimizer_s = 0;  // Adam over the sub-groups
   double gather_s = 0;     // parameter all-gather after the step, and stage-3 gathers
   double step_s = 0;       // whole step() calls
+  // Seconds the caller was blocked by checkpoints: whole blocking saves; for asynchronous ones,
+  // the snapshot, the waits for the writer (its commit, or a step making room) and the commit.
+  double checkpoint_blocked_s = 0;
 };
+
+// Engine::save_checkpoint: wait for the whole save, or snapshot and write in the background.
+enum class SaveMode { kBlocking, kAsync };
 
 class Engine {
  public:
@@ -318,7 +325,33 @@ class Engine {
   // when the group count matches; else kept, with a warning), and the embedder's client_state
   // (UTF-8 text of at most 1 MiB, e.g. JSON: its loop's step, data position, scheduler; rank 0's
   // is saved; else Error(kInvalidArgument), nothing written), committed with the checkpoint.
-  void save_checkpoint(const std::string& dir, std::string_view client_state = {});
+  // `model` (strata/checkpoint_model.hpp) records the tensors' model shapes and aliases and saves
+  // the tensors the engine does not train, for `strata checkpoint export`; the load restores the
+  // trained state only.
+  void save_checkpoint(const std::string& dir, std::string_view client_state = {},
+                       const CheckpointModel& model = {});
+  // The same with a mode. kBlocking: as above. kAsync: returns once every rank agreed on the save
+  // (directory, serial) and took its snapshot: the counters, loss scale, groups and client_state
+  // captured, the parameters copied into host memory, the optimizer state pinned where it lives
+  // (TierStore versioned state: no copy; a block rewritten by a later step keeps its pinned
+  // version, on NVMe in a new swap slot, in memory as a copy counted against the tier's budget).
+  // A background thread then writes the rank's shard (fdatasync) while training goes on. The save
+  // is committed (rank 0 renames the manifest, once every rank's shard is durable) by the next
+  // wait_checkpoint(), save_checkpoint() or load_checkpoint() — collective calls every rank makes
+  // alike; a failure of the background writer on any rank is reported there (IoError naming the
+  // path and errno, on every rank), the previous checkpoint stays loadable and the training state
+  // is untouched. A step() whose copy-on-write would not fit in the tiers' budgets first waits for
+  // this rank's writer (counted in EngineStats::checkpoint_blocked_s). The destructor waits for
+  // the writer but does not commit: call wait_checkpoint() before it.
+  // `model`'s untrained tensors are written by rank 0 during the call, whatever the mode (their
+  // data is borrowed for the call only).
+  void save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state = {},
+                       const CheckpointModel& model = {});
+  // Waits for an asynchronous save and commits it (collective; nothing to do without one). Throws
+  // the save's failure. Allowed on a failed engine (the snapshot predates the failure).
+  void wait_checkpoint();
+  // An asynchronous save has begun and not yet been committed by wait_checkpoint() & co.
+  bool checkpoint_pending() const;
   void load_checkpoint(const std::string& dir);
   // The client_state of the checkpoint last loaded ("" before any load, or when it had none).
   const std::string& checkpoint_client_state() const;

@@ -137,10 +137,13 @@ struct Layout {
   StateBytes on_gpu, on_host, on_nvme;  // per rank, by kind of state
   PoolPlan pool;                        // the pinned staging pool (in pinned_host)
   RuntimeBuffers runtime;               // the engine's runtime buffers (in gpu)
-  TierBytes per_rank;                   // state + pool (pinned host) + runtime buffers (gpu)
-  TierBytes per_node;                   // per_rank x ranks on the fullest node
-  LinkTraffic traffic;                  // per rank per optimizer step
-  std::vector<TierVerdict> verdicts;    // gpu, host, pinned_host, nvme (of per_rank / per_node)
+  // Swap space reserved for the pinned versions of asynchronous checkpoints
+  // (tiers.nvme.snapshot_room x the optimizer state on nvme, within the budget; in per_rank.nvme).
+  std::uint64_t snapshot_room = 0;
+  TierBytes per_rank;   // state + pool (pinned host) + runtime buffers (gpu) + snapshot room (nvme)
+  TierBytes per_node;   // per_rank x ranks on the fullest node
+  LinkTraffic traffic;  // per rank per optimizer step
+  std::vector<TierVerdict> verdicts;  // gpu, host, pinned_host, nvme (of per_rank / per_node)
   bool fits() const;
   std::string describe() const;  // "stage 2, optimizer on cpu"
 };

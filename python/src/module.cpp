@@ -248,6 +248,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["optimizer_s"] = s.optimizer_s;
   d["gather_s"] = s.gather_s;
   d["step_s"] = s.step_s;
+  d["checkpoint_blocked_s"] = s.checkpoint_blocked_s;
   py::dict bytes, calls;
   for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
     const char* name = collective_name(static_cast<CollectiveKind>(k));
@@ -280,6 +281,7 @@ py::dict config_dict(const Config& c) {
   d["cpu_threads"] = c.runtime.cpu_threads;
   d["loss_scale_initial"] = c.precision.loss_scale.initial;
   d["loss_scale_dynamic"] = c.precision.loss_scale.dynamic;
+  d["accumulate"] = c.train.accumulate;  // train.accumulate: for the loop to read (it decides)
   return d;
 }
 
@@ -522,10 +524,31 @@ PYBIND11_MODULE(_strata, m) {
            [](PyEngine& s, TensorId id, std::int64_t v) { s.e().set_optimizer_step(id, v); })
       .def(
           "save_checkpoint",
-          [](PyEngine& s, const std::string& d, const std::string& client_state) {
-            s.e().save_checkpoint(d, client_state);
+          [](PyEngine& s, const std::string& d, const std::string& client_state,
+             std::vector<std::vector<std::uint64_t>> shapes,
+             std::vector<std::vector<std::string>> aliases,
+             const std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>,
+                                          Address, std::size_t>>& extra,
+             bool blocking) {
+            // extra: (name, safetensors dtype, shape, address, bytes) of host tensors the caller
+            // keeps alive for the call (written during it, also by an asynchronous save).
+            CheckpointModel model{std::move(shapes), std::move(aliases), {}};
+            for (const auto& [name, dtype, shape, address, bytes] : extra)
+              model.extra.push_back(
+                  {name, dtype, shape, {reinterpret_cast<const unsigned char*>(address), bytes}});
+            s.e().save_checkpoint(d, blocking ? SaveMode::kBlocking : SaveMode::kAsync,
+                                  client_state, model);
           },
-          G(), py::arg("dir"), py::arg("client_state") = std::string())
+          G(), py::arg("dir"), py::arg("client_state") = std::string(),
+          py::arg("shapes") = std::vector<std::vector<std::uint64_t>>(),
+          py::arg("aliases") = std::vector<std::vector<std::string>>(),
+          py::arg("extra") =
+              std::vector<std::tuple<std::string, std::string, std::vector<std::uint64_t>, Address,
+                                     std::size_t>>(),
+          py::arg("blocking") = true)
+      .def(
+          "wait_checkpoint", [](PyEngine& s) { s.e().wait_checkpoint(); }, G())
+      .def("checkpoint_pending", [](const PyEngine& s) { return s.e().checkpoint_pending(); })
       .def(
           "load_checkpoint", [](PyEngine& s, const std::string& d) { s.e().load_checkpoint(d); },
           G())

@@ -200,6 +200,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None  # this step's global norm, once clip_grad_norm_ asked for it
         self._gathered_all = False  # inside full_parameters()
+        self._warned_skipped_export = False
         # The model's parameters strata does not train (frozen at construction): a later
         # requires_grad_(True) is refused, not silently ignored.
         self._frozen = [(n, p) for n, p in model.named_parameters() if id(p) not in self._ids]
@@ -786,11 +787,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return self._params[tid].detach().float()
         return self._read(tid, "master")
 
-    def save_checkpoint(self, directory, client_state=None):
+    def save_checkpoint(self, directory, client_state=None, blocking=True):
         """The engine's checkpoint (every rank's shard + a manifest, committed atomically; see
         docs/offload.md), with every group's lr, weight_decay, betas and eps, and `client_state`:
         the loop's own state (its step, data position, a scheduler's state_dict()), anything
-        json.dumps takes, at most 1 MiB of JSON; rank 0's is kept. Collective."""
+        json.dumps takes, at most 1 MiB of JSON; rank 0's is kept. Collective.
+
+        blocking=False: returns after the snapshot (the step, counters, groups and client_state
+        captured, the optimizer state pinned where it lives); the shards are written in the
+        background while training goes on. The save is committed by the next wait_checkpoint(),
+        save_checkpoint() or load_checkpoint() (collective), which also raises a failure of the
+        background writer; the previous checkpoint stays loadable until then. Call
+        wait_checkpoint() before the optimizer is dropped. Returns the seconds the call blocked."""
         self._check_usable()
         text = ""
         if client_state is not None:
@@ -801,7 +809,51 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "strata: save_checkpoint(client_state=...): not JSON (%s); nothing was written"
                     % e) from None
         self._sync_groups()
-        self._engine.save_checkpoint(os.fspath(directory), text)
+        t0 = time.perf_counter()
+        shapes, aliases, extra, keep = self._checkpoint_model()
+        self._engine.save_checkpoint(os.fspath(directory), text, shapes, aliases, extra,
+                                     blocking=blocking)
+        del keep  # the untrained tensors' copies: written during the call, whatever the mode
+        return time.perf_counter() - t0
+
+    def wait_checkpoint(self):
+        """Waits for an asynchronous save (save_checkpoint(blocking=False)) and commits it
+        (collective; nothing to do without one). Raises what failed it, on every rank. Returns
+        the seconds it blocked."""
+        t0 = time.perf_counter()
+        self._engine.wait_checkpoint()
+        return time.perf_counter() - t0
+
+    @property
+    def checkpoint_pending(self):
+        """An asynchronous save is in flight or not yet committed by wait_checkpoint()."""
+        return self._engine.checkpoint_pending()
+
+    def _checkpoint_model(self):
+        """What save_checkpoint records for `strata checkpoint export`: every trained parameter's
+        shape and its other names in model.state_dict() (a tied weight's), and the state_dict's
+        tensors strata does not train (frozen parameters, persistent buffers) as CPU copies."""
+        shapes = [list(s) for s in self._shapes]
+        aliases = [[] for _ in self._params]
+        extra, keep, skipped = [], [], []
+        for name, t in _state_dict_tensors(self._model):
+            tid = self._ids.get(id(t))
+            if tid is not None:
+                if name != self._name(t):
+                    aliases[tid].append(name)
+                continue
+            dtype = _SAFETENSORS_DTYPES.get(t.dtype)
+            if dtype is None:
+                skipped.append("%s (%s)" % (name, t.dtype))
+                continue
+            c = t.detach().to("cpu").contiguous()
+            keep.append(c)
+            extra.append((name, dtype, list(c.shape), c.data_ptr(), c.numel() * c.element_size()))
+        if skipped and not self._warned_skipped_export:
+            self._warned_skipped_export = True
+            warnings.warn("strata: save_checkpoint: tensors of a dtype safetensors has no name for "
+                          "are not saved for export: %s" % ", ".join(skipped))
+        return shapes, aliases, extra, keep
 
     def load_checkpoint(self, directory):
         """Restores a checkpoint written by save_checkpoint (verified before anything changes; the
@@ -864,6 +916,25 @@ class ZeroOptimizer(torch.optim.Optimizer):
 # gathers their whole subtree as one unit).
 _WHOLE_UNITS = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer,
                 torch.nn.TransformerDecoderLayer)
+
+
+_SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16",
+                       torch.bfloat16: "BF16", torch.int64: "I64", torch.int32: "I32",
+                       torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _state_dict_tensors(module, prefix=""):
+    """(name, tensor) for every parameter and persistent buffer model.state_dict() holds, in its
+    order and under each of its names, without calling state_dict() (no stage-3 gather)."""
+    for n, p in module._parameters.items():
+        if p is not None:
+            yield prefix + n, p
+    for n, b in module._buffers.items():
+        if b is not None and n not in module._non_persistent_buffers_set:
+            yield prefix + n, b
+    for n, child in module._modules.items():
+        if child is not None:
+            yield from _state_dict_tensors(child, prefix + n + ".")
 
 
 def _whole_unit_test(units):

@@ -109,8 +109,7 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   }
   for (const std::string& name : dir.entries()) {
     std::uint64_t s = 0;
-    int r = 0;
-    if (parse_shard_file_name(name, &s, &r)) serial = std::max(serial, s);
+    if (checkpoint_file_serial(name, &s)) serial = std::max(serial, s);
   }
   return serial + 1;
 }
@@ -145,6 +144,7 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
     m.tensors.push_back({p.tensor(i).name, p.tensor(i).numel, p.offset(i)});
   copy_counters(s, m);
   m.config_yaml = s.config_yaml;
+  if (s.model) set_model(m, *s.model, s.rank == 0);
   const ShardLayout l = shard_layout(s.partition_size, s.param_dtype, block_elems);
   for (int r = 0; r < s.world; ++r) {
     ShardEntry e;
@@ -211,15 +211,30 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   return crc32c(header.data(), header.size());
 }
 
+// Rank 0: the extra tensors, back to back, as set_model laid them out.
+void write_extra(const SafeDir& dir, const Manifest& m, const RankState& s) {
+  if (m.extra_file.empty()) return;
+  dir.try_remove(m.extra_file, false);  // a leftover of a killed save of this serial
+  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, m.extra_file);
+  for (std::size_t i = 0; i < m.extra.size(); ++i) {
+    const auto& data = s.model->extra[i].data;
+    for (std::uint64_t done = 0; done < data.size();) {
+      const std::uint64_t n = std::min<std::uint64_t>(data.size() - done, kPiece);
+      file->write_at(data.data() + done, n, m.extra[i].offset + done);
+      done += n;
+    }
+  }
+  file->truncate(m.extra_bytes);
+  file->sync();
+}
+
 void commit_manifest(const SafeDir& dir, const Manifest& m, FileEnv& env) {
   // (A leftover manifest.json.tmp of a killed save, or anything planted there, is removed first.)
   write_file_atomically(env, dir, kManifestName, kManifestTmpName, serialize_manifest(m));
   // The previous checkpoint (and leftovers of killed saves) can go now.
   for (const std::string& name : dir.entries()) {
     std::uint64_t serial = 0;
-    int rank = 0;
-    if (parse_shard_file_name(name, &serial, &rank) && serial != m.serial)
-      dir.try_remove(name, false);
+    if (checkpoint_file_serial(name, &serial) && serial != m.serial) dir.try_remove(name, false);
   }
 }
 
@@ -280,6 +295,12 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
   return out;
 }
 
+// The extra file (what the load does not restore, but the checkpoint holds) is there, of its size.
+void check_extra_file(const SafeDir& dir, const Manifest& m, FileEnv& env) {
+  if (m.extra_file.empty()) return;
+  open_extra_file(dir, m, env);
+}
+
 // Open shard readers, one per saved shard at most, opened when first needed.
 class Shards {
  public:
@@ -312,57 +333,96 @@ class Shards {
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,
-                     const SaveOptions& options) {
+PendingSave begin_save(const std::string& dir_path, const RankState& s, Communicator& comm,
+                       const SaveOptions& options) {
   check_state(s, "save");
   const std::uint64_t block_elems = options.block_elems ? options.block_elems : kDefaultBlockElems;
   if (block_elems > kMaxBlockElems)
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint save: block_elems ", block_elems, " is more than the ", kMaxBlockElems,
                 " a checkpoint may have"));
-  const std::string what = strcat("checkpoint save into ", dir_path);
-  // 1. The directory (created if missing), and the serial (rank 0's, for every rank).
-  SafeDir dir;
+  // The directory (created if missing), and the serial (rank 0's, for every rank).
+  PendingSave p;
+  p.path = dir_path;
   Outcome o;
   try {
     SafeDirOptions opt;
     opt.create = true;
     opt.role = "checkpoint directory";
     if (s.rank == 0) {
-      dir = SafeDir::open(dir_path, opt);
-      o.extra = next_serial(dir, env_of(s));
+      p.dir = SafeDir::open(dir_path, opt);
+      o.extra = next_serial(p.dir, env_of(s));
     }
   } catch (...) {
     o.capture();
   }
-  const std::uint64_t serial = agree(comm, s, o, what)[0];
-  // 2. Every rank's shard.
-  Manifest m;
-  o = Outcome{};
-  try {
-    if (s.rank != 0) dir = SafeDir::open(dir_path, {});
-    m = skeleton(s, serial, block_elems);
-    o.extra = write_shard(dir, m, s);
-  } catch (...) {
-    o.capture();
-    if (dir) dir.try_remove(shard_file_name(serial, s.rank), false);
+  const std::uint64_t serial = agree(comm, s, o, strcat("checkpoint save into ", dir_path))[0];
+  p.manifest = skeleton(s, serial, block_elems);
+  // The tensors the engine does not train (CheckpointModel::extra, borrowed for the call): rank 0
+  // writes them here, on the caller's thread, whatever the mode; a failure is the save's
+  // (finish_save reports it on every rank).
+  if (s.rank == 0) {
+    try {
+      write_extra(p.dir, p.manifest, s);
+    } catch (...) {
+      p.extra_error = std::current_exception();
+      p.dir.try_remove(extra_file_name(serial), false);
+    }
   }
+  return p;
+}
+
+std::uint32_t write_shard(const PendingSave& p, const RankState& s) {
+  SafeDir opened;
+  const SafeDir* dir = &p.dir;
+  try {
+    if (s.rank != 0) {
+      opened = SafeDir::open(p.path, {});
+      dir = &opened;
+    }
+    return write_shard(*dir, p.manifest, s);
+  } catch (...) {
+    if (*dir) dir->try_remove(shard_file_name(p.manifest.serial, s.rank), false);
+    throw;
+  }
+}
+
+void finish_save(PendingSave& p, const RankState& s, Communicator& comm, std::exception_ptr error,
+                 std::uint32_t header_crc) {
+  const std::string what = strcat("checkpoint save into ", p.path);
+  Outcome o;
+  o.error = error ? error : p.extra_error;
+  o.extra = header_crc;
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
-  // 3. Rank 0 commits; everyone learns whether it did.
+  // Rank 0 commits; everyone learns whether it did.
   o = Outcome{};
   if (s.rank == 0) {
     try {
+      Manifest& m = p.manifest;
       for (int r = 0; r < s.world; ++r)
         m.shards[static_cast<std::size_t>(r)].header_crc32c =
             static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
-      commit_manifest(dir, m, env_of(s));
-      log_info("checkpoint: saved serial ", serial, " (", s.world, " shards, stage ", s.stage,
-               ") in ", dir.path());
+      commit_manifest(p.dir, m, env_of(s));
+      log_info("checkpoint: saved serial ", m.serial, " (", s.world, " shards, stage ", s.stage,
+               ") in ", p.dir.path());
     } catch (...) {
       o.capture();
     }
   }
   agree(comm, s, o, what);
+}
+
+void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,
+                     const SaveOptions& options) {
+  PendingSave p = begin_save(dir_path, s, comm, options);
+  std::exception_ptr error;
+  std::uint32_t crc = 0;
+  try {
+    crc = write_shard(p, s);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  finish_save(p, s, comm, error, crc);
 }
 
 namespace {
@@ -425,8 +485,10 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       for (int sec = 0; sec < kSections; ++sec) r.verify(static_cast<Section>(sec), g.src, g.count);
     }
     // Every shard is present, of its size, with its header, even if nobody reads it.
-    if (s.rank == 0)
+    if (s.rank == 0) {
       for (int j = 0; j < m.world; ++j) shards->at(j);
+      check_extra_file(dir, m, env_of(s));
+    }
   } catch (...) {
     o.capture();
   }

@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <span>
 #include <string>
@@ -62,6 +63,9 @@ struct RankState {
   std::vector<ckpt::GroupEntry> groups;  // the parameter groups' hyper-parameters (load: may be
                                          // empty, from a checkpoint written before they were kept)
   std::string client_state;              // the embedder's (rank 0's is saved)
+  // Save: the embedder's model description (shapes, aliases, extra tensors; rank 0's extra
+  // tensors are written, to extra-<serial>.bin); nullptr: none (strata/checkpoint_model.hpp).
+  const CheckpointModel* model = nullptr;
   // The ranks' agreement (a few bytes per rank, host memory in and out) run where the
   // communicator's buffers live: all_gather(send, recv, bytes) leaves every rank's `bytes` bytes
   // in recv, in rank order (bytes a multiple of 4). The engine stages it through its device memory
@@ -84,6 +88,29 @@ struct SaveOptions {
 
 void save_checkpoint(const std::string& dir, const RankState& state, Communicator& comm,
                      const SaveOptions& options = {});
+
+// The same save in three phases, for a save whose shard is written in the background
+// (Engine::save_checkpoint with SaveMode::kAsync); save_checkpoint runs them in a row.
+//   begin_save   collective (the caller's thread): the directory and the serial; the manifest is
+//                laid out from `state`'s layout and scalars (captured now).
+//   write_shard  this rank only, any thread (no collective): the rank's shard through the file
+//                seam, fdatasynced; returns its header's CRC32C. A failure removes the partial
+//                shard and throws.
+//   finish_save  collective (the caller's thread, the same on every rank): every rank's outcome of
+//                write_shard (`error` null: succeeded with `header_crc`); when all succeeded rank 0
+//                commits the manifest; any failure throws on every rank, the previous checkpoint
+//                stays. `state` supplies the rank, the world and the exchange (all_gather).
+struct PendingSave {
+  std::string path;  // the directory as given
+  SafeDir dir;
+  ckpt::Manifest manifest;
+  std::exception_ptr extra_error;  // rank 0's write of the untrained tensors failed
+};
+PendingSave begin_save(const std::string& dir, const RankState& state, Communicator& comm,
+                       const SaveOptions& options = {});
+std::uint32_t write_shard(const PendingSave& save, const RankState& state);
+void finish_save(PendingSave& save, const RankState& state, Communicator& comm,
+                 std::exception_ptr error, std::uint32_t header_crc);
 // Fills params, the store and the scalars of `state`; layout fields must be set by the caller.
 void load_checkpoint(const std::string& dir, RankState& state, Communicator& comm);
 

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/bounded_json.hpp"
 #include "core/crc32c.hpp"
@@ -205,6 +206,113 @@ bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* ra
   return true;
 }
 
+std::string extra_file_name(std::uint64_t serial) { return strcat("extra-", serial, ".bin"); }
+
+bool parse_extra_file_name(std::string_view name, std::uint64_t* serial) {
+  unsigned long long s = 0;
+  int end = 0;
+  const std::string n(name);
+  if (std::sscanf(n.c_str(), "extra-%llu.bin%n", &s, &end) != 1) return false;
+  if (static_cast<std::size_t>(end) != n.size() || extra_file_name(s) != n) return false;
+  *serial = s;
+  return true;
+}
+
+bool checkpoint_file_serial(std::string_view name, std::uint64_t* serial) {
+  int rank = 0;
+  return parse_shard_file_name(name, serial, &rank) || parse_extra_file_name(name, serial);
+}
+
+std::uint64_t extra_dtype_size(std::string_view dtype) {
+  static constexpr std::pair<std::string_view, std::uint64_t> kSizes[] = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8},
+      {"I32", 4}, {"I16", 2}, {"I8", 1},  {"U8", 1},   {"BOOL", 1}};
+  for (const auto& [name, size] : kSizes)
+    if (name == dtype) return size;
+  return 0;
+}
+
+std::uint64_t shape_numel(const std::vector<std::uint64_t>& shape, const std::string& what) {
+  if (shape.size() > kMaxShapeDims)
+    fail(ErrorCode::kInvalidArgument,
+         strcat(what, ": ", shape.size(), " dimensions, more than ", kMaxShapeDims));
+  std::uint64_t n = 1;
+  for (const std::uint64_t d : shape) {
+    if (d > kMaxElems || (d && n > kMaxElems / d))
+      fail(ErrorCode::kInvalidArgument,
+           strcat(what, ": more than ", kMaxElems, " elements (dimension ", d, ")"));
+    n *= d;
+  }
+  return n;
+}
+
+void check_model_names(const Manifest& m) {
+  std::set<std::string_view> names;
+  auto add = [&](const std::string& name) {
+    if (name.empty() || name == "__metadata__")
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(name, kQuoteBytes),
+                  "' cannot be a safetensors tensor name"));
+    if (!names.insert(name).second)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("checkpoint ", m.path, ": tensor name '", printable(name, kQuoteBytes),
+                  "' appears twice; safetensors needs unique names"));
+  };
+  for (const TensorEntry& t : m.tensors) {
+    add(t.name);
+    for (const std::string& a : t.aliases) add(a);
+  }
+  for (const ExtraEntry& e : m.extra) add(e.name);
+}
+
+namespace {
+void set_tensor_shapes(Manifest& m, const CheckpointModel& model) {
+  if ((!model.shapes.empty() && model.shapes.size() != m.tensors.size()) ||
+      (!model.aliases.empty() && model.aliases.size() != m.tensors.size()))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint: the model description has ", model.shapes.size(), " shapes and ",
+                model.aliases.size(), " alias lists for ", m.tensors.size(), " tensors"));
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    TensorEntry& t = m.tensors[i];
+    if (!model.shapes.empty()) {
+      const std::uint64_t n = shape_numel(model.shapes[i], "checkpoint: tensor '" + t.name + "'");
+      if (n != t.numel)
+        fail(ErrorCode::kInvalidArgument,
+             strcat("checkpoint: tensor '", printable(t.name, kQuoteBytes), "': shape of ", n,
+                    " elements, the tensor has ", t.numel));
+      t.has_shape = true;
+      t.shape = model.shapes[i];
+    }
+    if (!model.aliases.empty()) t.aliases = model.aliases[i];
+  }
+}
+}  // namespace
+
+void set_model(Manifest& m, const CheckpointModel& model, bool crcs) {
+  set_tensor_shapes(m, model);
+  m.extra.clear();
+  m.extra_file.clear();
+  m.extra_bytes = 0;
+  for (const CheckpointModel::Extra& x : model.extra) {
+    const std::string what = "checkpoint: extra tensor '" + printable(x.name, kQuoteBytes) + "'";
+    const std::uint64_t es = extra_dtype_size(x.dtype);
+    if (es == 0)
+      fail(ErrorCode::kInvalidArgument,
+           strcat(what, ": dtype '", printable(x.dtype, kQuoteBytes),
+                  "' is not one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL"));
+    const std::uint64_t n = shape_numel(x.shape, what);
+    if (x.data.size() / es != n || x.data.size() % es != 0)
+      fail(ErrorCode::kInvalidArgument,
+           strcat(what, ": ", x.data.size(), " bytes of data for ", n, " elements of ", x.dtype));
+    ExtraEntry e{x.name, x.dtype, x.shape, m.extra_bytes, x.data.size(), 0};
+    if (crcs) e.crc32c = crc32c(x.data.data(), x.data.size());
+    m.extra_bytes += e.bytes;
+    m.extra.push_back(std::move(e));
+  }
+  if (!model.extra.empty()) m.extra_file = extra_file_name(m.serial);
+  check_model_names(m);
+}
+
 // nlohmann's own strict check (it rejects overlong forms and surrogates too).
 bool valid_utf8(std::string_view s) {
   try {
@@ -226,6 +334,18 @@ void write_groups_and_client_state(const Manifest& m, json& j) {
                         {"beta2", g.beta2},
                         {"eps", g.eps}});
     j["groups"] = std::move(groups);
+  }
+  if (!m.extra_file.empty()) {
+    json tensors = json::array();
+    for (const ExtraEntry& e : m.extra)
+      tensors.push_back({{"name", e.name},
+                         {"dtype", e.dtype},
+                         {"shape", e.shape},
+                         {"offset", e.offset},
+                         {"bytes", e.bytes},
+                         {"crc32c", e.crc32c}});
+    j["extra"] = {
+        {"file", m.extra_file}, {"bytes", m.extra_bytes}, {"tensors", std::move(tensors)}};
   }
   if (m.client_state.empty()) return;
   if (m.client_state.size() > kMaxClientStateBytes || !valid_utf8(m.client_state))
@@ -251,8 +371,11 @@ json manifest_fields(const Manifest& m) {
   json tensors = json::array();
   for (std::size_t i = 0; i < m.tensors.size(); ++i) {
     const TensorEntry& t = m.tensors[i];
-    tensors.push_back({{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}});
-    if (!m.tensor_steps.empty()) tensors.back()["step"] = m.tensor_steps.at(i);
+    json e = {{"name", t.name}, {"numel", t.numel}, {"offset", t.offset}};
+    if (!m.tensor_steps.empty()) e["step"] = m.tensor_steps.at(i);
+    if (t.has_shape) e["shape"] = t.shape;
+    if (!t.aliases.empty()) e["aliases"] = t.aliases;
+    tensors.push_back(std::move(e));
   }
   j["tensors"] = std::move(tensors);
   j["adam_step"] = m.adam_step;
@@ -276,11 +399,17 @@ json manifest_fields(const Manifest& m) {
 }
 
 std::string serialize_manifest(const Manifest& m) {
-  for (const auto& t : m.tensors)
-    if (!valid_utf8(t.name))
+  auto check_name = [](const std::string& name) {
+    if (!valid_utf8(name))
       fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint: tensor name '", printable(t.name, kQuoteBytes),
+           strcat("checkpoint: tensor name '", printable(name, kQuoteBytes),
                   "' is not valid UTF-8"));
+  };
+  for (const auto& t : m.tensors) {
+    check_name(t.name);
+    for (const auto& a : t.aliases) check_name(a);
+  }
+  for (const auto& e : m.extra) check_name(e.name);
   if (!std::isfinite(m.loss_scale) || !(m.loss_scale > 0))
     fail(ErrorCode::kInternal,
          strcat("checkpoint: loss scale ", m.loss_scale, " is not finite and > 0"));
@@ -343,6 +472,41 @@ void read_format(const json& j, Fields& f, Manifest& m) {
                  m.format_version > kFormatVersion ? ": upgrade strata to load it" : ""));
 }
 
+// A shape: an array of at most kMaxShapeDims unsigned integers; returns its element count.
+std::uint64_t read_shape(const json& obj, const std::string& where, Fields& f,
+                         std::vector<std::uint64_t>& shape) {
+  const json& dims = f.array(obj, where, "shape");
+  if (dims.size() > kMaxShapeDims)
+    f.bad(where + ".shape", strcat(dims.size(), " dimensions, more than ", kMaxShapeDims));
+  std::uint64_t n = 1;
+  for (const json& d : dims) {
+    if (!d.is_number_unsigned() || d.get<std::uint64_t>() > kMaxElems)
+      f.bad(where + ".shape", strcat("a dimension is not an unsigned integer up to ", kMaxElems));
+    const std::uint64_t x = d.get<std::uint64_t>();
+    if (x && n > kMaxElems / x)
+      f.bad(where + ".shape", strcat("more than ", kMaxElems, " elements"));
+    n *= x;
+    shape.push_back(x);
+  }
+  return n;
+}
+
+// A tensor's optional model shape (its element count must be numel) and aliases.
+void read_shape_and_aliases(const json& obj, const std::string& where, Fields& f, TensorEntry& t) {
+  if (obj.contains("shape")) {
+    t.has_shape = true;
+    const std::uint64_t n = read_shape(obj, where, f, t.shape);
+    if (n != t.numel) f.bad(where + ".shape", strcat(n, " elements, the tensor has ", t.numel));
+  }
+  if (!obj.contains("aliases")) return;
+  const json& aliases = f.array(obj, where, "aliases");
+  for (std::size_t k = 0; k < aliases.size(); ++k) {
+    if (!aliases[k].is_string() || aliases[k].get<std::string>().empty())
+      f.bad(strcat(where, ".aliases[", k, "]"), "expected a non-empty string");
+    t.aliases.push_back(aliases[k].get<std::string>());
+  }
+}
+
 // 3. The layout: world, stage, dtype, sizes, tensors (checked against the engine's partition).
 void read_layout(const json& j, Fields& f, Manifest& m) {
   m.serial = f.u64(j, "", "serial", 1, 1ull << 62);
@@ -373,6 +537,7 @@ void read_layout(const json& j, Fields& f, Manifest& m) {
     t.numel = f.u64(tensors[i], where, "numel", 0, m.flat_size);
     t.offset = f.u64(tensors[i], where, "offset", end, m.flat_size - t.numel);
     end = t.offset + t.numel;
+    read_shape_and_aliases(tensors[i], where, f, t);
     m.tensors.push_back(std::move(t));
     // Optional, on every tensor or none: each tensor's own step count.
     const bool has_step = tensors[i].contains("step");
@@ -416,6 +581,40 @@ void read_groups_and_client_state(const json& j, Fields& f, Manifest& m) {
       f.bad("client_state",
             strcat(m.client_state.size(), " bytes, more than ", kMaxClientStateBytes));
   }
+}
+
+// 4c. The optional extra file: its name, size, and its tensors back to back inside it.
+void read_extra(const json& j, Fields& f, Manifest& m) {
+  if (!j.contains("extra")) return;
+  const json& x = f.member(j, "", "extra");
+  m.extra_file = f.str(x, "extra", "file");
+  if (m.extra_file != extra_file_name(m.serial))
+    f.bad("extra.file", strcat("'", printable(m.extra_file, kQuoteBytes), "' is not '",
+                               extra_file_name(m.serial), "'"));
+  m.extra_bytes = f.u64(x, "extra", "bytes", 0, 1ull << 62);
+  const json& tensors = f.array(x, "extra", "tensors");
+  std::uint64_t end = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string where = strcat("extra.tensors[", i, "]");
+    ExtraEntry e;
+    e.name = f.str(tensors[i], where, "name");
+    if (e.name.empty()) f.bad(where + ".name", "empty");
+    e.dtype = f.str(tensors[i], where, "dtype");
+    const std::uint64_t es = extra_dtype_size(e.dtype);
+    if (es == 0)
+      f.bad(where + ".dtype", strcat("'", printable(e.dtype, kQuoteBytes),
+                                     "' is not one of F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL"));
+    const std::uint64_t n = read_shape(tensors[i], where, f, e.shape);
+    e.offset = f.u64(tensors[i], where, "offset", end, end);
+    e.bytes = f.u64(tensors[i], where, "bytes", 0, m.extra_bytes - end);
+    if (n > e.bytes / es || n * es != e.bytes)
+      f.bad(where + ".bytes", strcat(e.bytes, " bytes for ", n, " elements of ", e.dtype));
+    e.crc32c = static_cast<std::uint32_t>(f.u64(tensors[i], where, "crc32c", 0, ~0u));
+    end += e.bytes;
+    m.extra.push_back(std::move(e));
+  }
+  if (end != m.extra_bytes)
+    f.bad("extra.bytes", strcat(m.extra_bytes, " bytes, its tensors hold ", end));
 }
 
 // 4. The scalars and the config.
@@ -469,6 +668,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   read_layout(j, f, m);
   read_scalars(j, f, m);
   read_groups_and_client_state(j, f, m);
+  read_extra(j, f, m);
   read_shards(j, f, m);
   return m;
 }
@@ -494,6 +694,47 @@ Manifest read_manifest(const SafeDir& dir, FileEnv& env) {
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   file->read_at(text.data(), text.size(), 0);
   return parse_manifest(text, path);
+}
+
+std::unique_ptr<RandomAccessFile> open_extra_file(const SafeDir& dir, const Manifest& m,
+                                                  FileEnv& env) {
+  const std::string path = dir.child_path(m.extra_file);
+  std::unique_ptr<RandomAccessFile> file;
+  try {
+    file = env.open_file(dir, m.extra_file);
+  } catch (const IoError& e) {
+    if (e.errnum() == ENOENT)
+      fail(ErrorCode::kChecksum, strcat("checkpoint extra file ", path, ", named by ", m.path,
+                                        ", is missing: the checkpoint is incomplete"));
+    throw;
+  }
+  const struct stat st = file->status();
+  if (!S_ISREG(st.st_mode))
+    fail(ErrorCode::kChecksum, strcat("checkpoint extra file ", path, " is not a regular file"));
+  if (static_cast<std::uint64_t>(st.st_size) != m.extra_bytes)
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint extra file ", path, " is ", st.st_size, " bytes, the manifest says ",
+                m.extra_bytes, ": the checkpoint is damaged"));
+  return file;
+}
+
+void read_extra_tensor(RandomAccessFile& file, const Manifest& m, std::size_t i,
+                       const std::function<void(const unsigned char*, std::uint64_t)>& sink) {
+  const ExtraEntry& e = m.extra.at(i);
+  std::vector<unsigned char> buf(std::min(e.bytes, kExtraPiece));
+  std::uint32_t crc = 0;
+  for (std::uint64_t done = 0; done < e.bytes;) {
+    const std::uint64_t n = std::min(e.bytes - done, kExtraPiece);
+    file.read_at(buf.data(), n, e.offset + done);
+    crc = crc32c(buf.data(), n, crc);
+    sink(buf.data(), n);
+    done += n;
+  }
+  if (crc != e.crc32c)
+    fail(ErrorCode::kChecksum,
+         strcat("checkpoint extra file ", m.extra_file, " of ", m.path, ": tensor '",
+                printable(e.name, kQuoteBytes), "' (offset ", e.offset, ", ", e.bytes,
+                " bytes) CRC32C ", hex8(crc), ", the manifest says ", hex8(e.crc32c)));
 }
 
 ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t block_elems) {

@@ -10,6 +10,9 @@
 //                                and per shard its file, size, element range and header CRC32C.
 //                                Sealed: its last member is "manifest_crc32c", the CRC32C of every
 //                                byte before the ",\n" that precedes it (so any change fails).
+//   extra-<serial>.bin           optional (written by rank 0 when the embedder gave tensors it
+//                                does not train: frozen parameters, buffers): their bytes one
+//                                after another, each tensor's CRC32C in the manifest.
 //   shard-<serial>-r<rank>.bin   one per saving rank, holding the flat element range
 //                                [rank * partition_size, +partition_size) (rank r's ZeRO partition
 //                                at stages 1-3; the same slice of the replicated state at stage 0):
@@ -33,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
@@ -41,6 +45,7 @@
 
 #include "core/file_env.hpp"
 #include "core/safe_fs.hpp"
+#include "strata/checkpoint_model.hpp"
 #include "strata/config.hpp"
 
 namespace strata::zero::ckpt {
@@ -72,7 +77,25 @@ struct TensorEntry {
   std::string name;
   std::uint64_t numel = 0;
   std::uint64_t offset = 0;  // flat offset (saved layout)
+  // Optional (absent from manifests written before them, and when the embedder gave none).
+  bool has_shape = false;
+  std::vector<std::uint64_t> shape;  // the model's shape (product == numel; empty: a scalar)
+  std::vector<std::string> aliases;  // further model names of the tensor (tied weights)
 };
+
+// A tensor the engine does not train, in the checkpoint's extra file (strata/checkpoint_model.hpp).
+struct ExtraEntry {
+  std::string name;
+  std::string dtype;  // safetensors' name (extra_dtype_size)
+  std::vector<std::uint64_t> shape;
+  std::uint64_t offset = 0, bytes = 0;  // in the extra file; bytes == numel x element size
+  std::uint32_t crc32c = 0;             // of those bytes
+};
+inline constexpr std::size_t kMaxShapeDims = 64;
+// Bytes per element of an extra tensor's dtype ("F32", "I64", ...); 0 for a name not known.
+std::uint64_t extra_dtype_size(std::string_view dtype);
+// The element count of `shape`, or Error(kInvalidArgument) naming `what` beyond kMaxElems.
+std::uint64_t shape_numel(const std::vector<std::uint64_t>& shape, const std::string& what);
 
 struct ShardEntry {
   int rank = 0;
@@ -114,6 +137,9 @@ struct Manifest {
   // (a tensor skipped by some update); empty: every tensor's is adam_step.
   std::vector<std::int64_t> tensor_steps;
   std::string client_state;
+  std::string extra_file;          // "" (none) or extra-<serial>.bin
+  std::uint64_t extra_bytes = 0;   // its size
+  std::vector<ExtraEntry> extra;   // its tensors, back to back from offset 0
   std::vector<ShardEntry> shards;  // shards[r].rank == r
   // Set by parse_manifest: where it came from and its own checksum.
   std::string path;
@@ -126,6 +152,20 @@ bool valid_utf8(std::string_view s);
 std::string shard_file_name(std::uint64_t serial, int rank);
 // Parses "shard-<serial>-r<rank>.bin"; false for any other name.
 bool parse_shard_file_name(std::string_view name, std::uint64_t* serial, int* rank);
+std::string extra_file_name(std::uint64_t serial);
+// Parses "extra-<serial>.bin"; false for any other name.
+bool parse_extra_file_name(std::string_view name, std::uint64_t* serial);
+// The serial of a checkpoint file (a shard or an extra file); false for any other name.
+bool checkpoint_file_serial(std::string_view name, std::uint64_t* serial);
+
+// Records the embedder's model description in `m` (whose tensors are set): each tensor's shape
+// and aliases, the extra tensors (laid out back to back in extra_file_name(m.serial); their
+// CRC32C computed when `crcs`). Checks what strata/checkpoint_model.hpp says, then the names
+// (check_model_names): Error(kInvalidArgument), `m` unusable.
+void set_model(Manifest& m, const CheckpointModel& model, bool crcs);
+// Every name an export writes (tensor names, aliases, extra tensors) is non-empty, not
+// "__metadata__" and unique; else Error(kInvalidArgument) naming it and `m.path`.
+void check_model_names(const Manifest& m);
 
 // Sealed JSON text (see above). Tensor names must be valid UTF-8 (Error kInvalidArgument).
 std::string serialize_manifest(const Manifest& m);
@@ -139,6 +179,17 @@ Manifest parse_manifest(std::string_view text, const std::string& path);
 // Opens DIR/manifest.json (no symlink, a regular file of at most kMaxManifestBytes) and parses it.
 // Through `env` (FileEnv::current() by default), as every file of a checkpoint is read and written.
 Manifest read_manifest(const SafeDir& dir, FileEnv& env = FileEnv::current());
+
+// The manifest's extra file (m.extra_file non-empty), opened (no symlink) and checked: a regular
+// file of m.extra_bytes bytes, else Error(kChecksum) (missing: the checkpoint is incomplete).
+std::unique_ptr<RandomAccessFile> open_extra_file(const SafeDir& dir, const Manifest& m,
+                                                  FileEnv& env = FileEnv::current());
+// Streams extra tensor i of `m` from `file` through `sink` in pieces of at most kExtraPiece bytes,
+// then checks its CRC32C: Error(kChecksum) naming the file, tensor, offset and length (what the
+// sink received is then not to be used).
+inline constexpr std::uint64_t kExtraPiece = 1ull << 20;
+void read_extra_tensor(RandomAccessFile& file, const Manifest& m, std::size_t i,
+                       const std::function<void(const unsigned char*, std::uint64_t)>& sink);
 
 // Where a shard's parts lie.
 struct ShardLayout {

@@ -3,7 +3,7 @@
 //   info DIR [--json]                     world, stage, step, tensors, sizes, where each shard
 //   lives verify DIR [--json]                   every checksum; exit 0 (intact) or 1 (what is
 //   wrong) export DIR --out F [--dtype D] [--overwrite] [--json]
-//                                         the parameters (FP32 master, or converted) as safetensors
+//                                         the model (FP32 master, or converted) as safetensors
 // Exit codes: 0 ok; 1 a damaged checkpoint (checksum, missing or truncated shard) or another
 // failure; 2 bad input (no checkpoint in DIR, a format this strata does not read, bad arguments).
 #include <sys/stat.h>
@@ -168,7 +168,7 @@ int run_export(const Options& o) {
            {"bytes", r.bytes}};
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << "exported " << r.tensors << " tensors (" << r.parameters << " parameters, "
+    std::cout << "exported " << r.tensors << " tensors (" << r.parameters << " trained parameters, "
               << o.dtype << ") to " << o.out << " (" << human(r.bytes) << ")\n";
   }
   return 0;
@@ -190,7 +190,12 @@ const bool kRegistered = strata::cli::register_command(
        verify->add_flag("--json", o->json, "Print one JSON document");
        CLI::App* exp = cmd.add_subcommand(
            "export",
-           "Write the consolidated parameters (FP32 master weights) as one safetensors file");
+           "Write the consolidated model as one safetensors file: the trained tensors' FP32 master "
+           "weights (or --dtype) and, from checkpoints strata.torch saved, every state_dict entry "
+           "under its model name and shape (tied weights under each name, frozen parameters and "
+           "buffers as saved): model.load_state_dict(strict=True) takes it. Checkpoints without "
+           "that record (the C++ API, strata train) export each trained tensor 1-D under its "
+           "registered name");
        exp->add_option("dir", o->dir, "Checkpoint directory")->required();
        exp->add_option("--out", o->out, "Output file (model.safetensors)")->required();
        exp->add_option("--dtype", o->dtype, "fp32 (default), bf16 or fp16")

@@ -17,6 +17,7 @@
 #include "core/file_env.hpp"
 #include "core/printable.hpp"
 #include "core/safe_fs.hpp"
+#include "strata/device_query.hpp"
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
@@ -66,6 +67,21 @@ void write_output(const std::string& path, const std::string& text, bool overwri
   out.commit();
 }
 
+// Whether bf16 is supported for fp16/bf16 "auto" (import_deepspeed.hpp): the GPUs this process
+// sees, all of compute capability >= 8.0, or none visible.
+void bf16_support(cli::DsImportOptions& io) {
+  const GpuQuery q = query_cuda_devices();
+  for (const GpuInfo& g : q.devices)
+    if (g.major < 8) {
+      io.bf16_supported = false;
+      io.bf16_why = strcat("GPU ", g.index, " (", g.name, ") has compute capability ", g.major, ".",
+                           g.minor, ", below 8.0");
+      return;
+    }
+  if (!q.devices.empty())
+    io.bf16_why = strcat(q.devices.size(), " GPU(s) here, all of compute capability >= 8.0");
+}
+
 int run(const Options& o) {
   cli::DsImportOptions io;
   io.source = o.input;
@@ -84,6 +100,7 @@ int run(const Options& o) {
     io.micro_batch = static_cast<std::uint32_t>(counted("--micro-batch", o.micro_batch));
   if (o.ranks) io.ranks = o.ranks;
   io.precision = o.precision;
+  if (o.precision.empty()) bf16_support(io);
   const std::string text = read_input(o.input);
   const cli::DsImportResult r = cli::import_deepspeed(text, io);
   for (const auto& w : r.warnings)
@@ -115,7 +132,10 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--micro-batch", o->micro_batch,
                       "Resolves \"auto\" train_micro_batch_size_per_gpu");
        cmd.add_option("--precision", o->precision,
-                      "Resolves fp16/bf16 \"enabled\": \"auto\" (fp16, bf16, fp32)")
+                      "Resolves fp16/bf16 \"enabled\": \"auto\" (fp16, bf16, fp32); default: bf16 "
+                      "when bf16.enabled is \"auto\" and bf16 is supported (every GPU here of "
+                      "compute capability >= 8.0, or none visible), else fp16 when fp16.enabled is "
+                      "\"auto\", else fp32")
            ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
        return [o]() -> int { return run(*o); };
      }});

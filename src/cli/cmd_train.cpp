@@ -49,11 +49,13 @@ struct Options {
   int steps = 50;
   int ranks = 0;  // 0 (not given): world.ranks in-process ranks, or the MPI world under mpirun
   int batch = 32;
-  int accumulate = 1;  // micro-batches per step, batch / accumulate samples each
+  int accumulate = 1;             // micro-batches per step, batch / accumulate samples each
+  bool accumulate_given = false;  // --accumulate given (else train.accumulate)
   int hidden = 64;
   std::int64_t seed = 1;
   std::string checkpoint_dir;
-  int save_every = 0;  // 0: only after the last step
+  int save_every = 0;           // 0: only after the last step
+  bool blocking_saves = false;  // --save-every saves wait for their writes (else asynchronous)
   bool resume = false;
   bool json = false;
 };
@@ -70,7 +72,9 @@ struct StepRecord {
 
 struct SaveRecord {
   int step;
-  double seconds;
+  double seconds;  // training blocked by the save call (async: the snapshot, and the commit of
+                   // the previous save when its writer was still at work)
+  bool async;
 };
 
 struct RankOutcome {
@@ -304,13 +308,19 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
                 << (rec.applied ? "" : "  (skipped: overflow)") << std::endl;
     if (!o.checkpoint_dir.empty() &&
         ((o.save_every > 0 && (s + 1) % o.save_every == 0) || s + 1 == o.steps)) {
+      // Asynchronous unless asked otherwise; the last save is waited for (the run ends with it).
+      const bool async = !o.blocking_saves && s + 1 < o.steps;
       const auto t_save = std::chrono::steady_clock::now();
-      engine.save_checkpoint(o.checkpoint_dir);
-      if (comm.rank() == 0) write_train_options(o);
-      out.saves.push_back({s + 1, seconds_since(t_save)});
+      const bool committed_before = engine.checkpoint_pending();  // the call commits it
+      engine.save_checkpoint(o.checkpoint_dir, async ? SaveMode::kAsync : SaveMode::kBlocking);
+      // train.json follows the committed manifest: the previous save's while this one writes.
+      if (comm.rank() == 0 && (!async || committed_before)) write_train_options(o);
+      out.saves.push_back({s + 1, seconds_since(t_save), async});
       if (print)
-        std::cout << "saved checkpoint after step " << s + 1 << " in " << o.checkpoint_dir << " ("
-                  << out.saves.back().seconds * 1e3 << " ms)" << std::endl;
+        std::cout << (async ? "checkpoint after step " : "saved checkpoint after step ") << s + 1
+                  << " in " << o.checkpoint_dir
+                  << (async ? " writing in the background; training blocked " : " (")
+                  << out.saves.back().seconds * 1e3 << " ms" << (async ? "" : ")") << std::endl;
     }
   }
   out.stats = engine.stats();
@@ -325,7 +335,9 @@ void check_options(const Options& o) {
     fail(ErrorCode::kInvalidArgument, "--batch and --hidden must be >= 1");
   if (o.accumulate < 1 || o.batch % o.accumulate != 0)
     fail(ErrorCode::kInvalidArgument,
-         strcat("--accumulate ", o.accumulate, " must be >= 1 and divide --batch ", o.batch));
+         strcat(o.accumulate_given ? "--accumulate " : "train.accumulate ", o.accumulate,
+                o.accumulate_given ? "" : strcat(" (", o.config, "; --accumulate overrides it)"),
+                " must be >= 1 and divide --batch ", o.batch));
   if (o.seed < 0) fail(ErrorCode::kInvalidArgument, strcat("--seed ", o.seed, " must be >= 0"));
   if (o.ranks < 0) fail(ErrorCode::kInvalidArgument, strcat("--ranks ", o.ranks, " must be >= 1"));
   if (o.checkpoint_dir.empty() && (o.save_every != 0 || o.resume))
@@ -538,7 +550,14 @@ void print_json(const Config& cfg, const Options& o, const Launch& run, double w
     c["resumed_from_step"] =
         outcome.resumed_from >= 0 ? nlohmann::json(outcome.resumed_from) : nlohmann::json();
     auto& saves = c["saves"] = nlohmann::json::array();
-    for (auto& v : outcome.saves) saves.push_back({{"step", v.step}, {"seconds", v.seconds}});
+    for (auto& v : outcome.saves)
+      saves.push_back({{"step", v.step},
+                       {"seconds", v.seconds},
+                       {"blocked_s", v.seconds},
+                       {"mode", v.async ? "async" : "blocking"}});
+    // Everything checkpoints blocked the loop for: the save calls, and steps that waited for a
+    // writer to make room for their copy-on-write (EngineStats::checkpoint_blocked_s).
+    c["checkpoint_blocked_s"] = outcome.stats.checkpoint_blocked_s;
     j["checkpoint"] = c;
   }
   nlohmann::json bytes;
@@ -573,8 +592,10 @@ void print_summary(const Config& cfg, const Options& o, const Launch& run, doubl
   }
 }
 
-int run(const Options& o) {
-  Config cfg = load_config(o.config, o.overrides);
+int run(const Options& given) {
+  Config cfg = load_config(given.config, given.overrides);
+  Options o = given;
+  if (!o.accumulate_given) o.accumulate = static_cast<int>(cfg.train.accumulate);
   check_options(o);
   const bool use_mpi = cfg.runtime.communicator == CommBackend::kMpi ||
                        (cfg.runtime.communicator == CommBackend::kAuto && launched_by_mpi());
@@ -606,10 +627,15 @@ const bool kRegistered = strata::cli::register_command(
                       "MPI world size")
            ->check(CLI::Range(1, 256));
        cmd.add_option("--batch", o->batch, "Samples per rank and step")->capture_default_str();
-       cmd.add_option("--accumulate", o->accumulate,
-                      "Micro-batches per step (gradient accumulation): --batch / K samples each, "
-                      "one backward each, their gradients summed (each scaled by 1/K)")
-           ->capture_default_str();
+       cmd.add_option_function<int>(
+           "--accumulate",
+           [o](const int& k) {
+             o->accumulate = k;
+             o->accumulate_given = true;
+           },
+           "Micro-batches per step (gradient accumulation): --batch / K samples each, one "
+           "backward each, their gradients summed (each scaled by 1/K); default: the config's "
+           "train.accumulate (1)");
        cmd.add_option("--hidden", o->hidden, "Hidden units of the MLP")->capture_default_str();
        cmd.add_option("--seed", o->seed, "Model and data seed (>= 0)")
            ->capture_default_str()
@@ -620,6 +646,9 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--save-every", o->save_every,
                       "Steps between checkpoints (default: only after the last)")
            ->check(CLI::PositiveNumber);
+       cmd.add_flag("--blocking-saves", o->blocking_saves,
+                    "--save-every saves wait for their writes (default: asynchronous: a snapshot, "
+                    "then the shards are written while training goes on; the last save waits)");
        cmd.add_flag(
            "--resume", o->resume,
            "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "

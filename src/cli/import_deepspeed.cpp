@@ -186,8 +186,8 @@ class Importer {
   }
 
   // fp16 enabled: the model dtype and DeepSpeed's loss-scale settings (and its defaults).
-  void precision_fp16() {
-    const std::string c = "fp16.enabled: true";
+  void precision_fp16(bool from_auto) {
+    const std::string c = from_auto ? "fp16.enabled: \"auto\" -> fp16" : "fp16.enabled: true";
     set("precision.params", "fp16", c);
     set("precision.grads", "fp16", c);
     double ls = 0;
@@ -237,6 +237,32 @@ class Importer {
     ignore("/fp16/fp16_master_weights_and_grads", "strata keeps FP32 master weights");
   }
 
+  // fp16/bf16 "enabled": "auto" (f, b: -1) -> 0 or 1: --precision, else bf16 where the template
+  // allows it and bf16 is supported, else fp16 where it allows that, else fp32
+  // (import_deepspeed.hpp).
+  void resolve_auto_precision(int& f, int& b, const std::string& bkey) {
+    const std::string keys = f < 0 && b < 0 ? strcat("fp16.enabled and ", bkey, ".enabled")
+                             : f < 0        ? std::string("fp16.enabled")
+                                            : strcat(bkey, ".enabled");
+    std::string p = o_.precision, why = "--precision";
+    if (p.empty()) {
+      if (b < 0 && o_.bf16_supported) {
+        p = "bf16";
+        why = strcat("bf16 supported: ", o_.bf16_why);
+      } else if (f < 0) {
+        p = "fp16";
+        why = b < 0 ? strcat("bf16 not supported: ", o_.bf16_why) : "fp16 is the one \"auto\"";
+      } else {
+        p = "fp32";
+        why = strcat("bf16 not supported: ", o_.bf16_why);
+      }
+      why += "; pass --precision fp16|bf16|fp32 to choose";
+    }
+    warn(strcat(keys, " \"auto\" resolved to ", p, " (", why, ")"));
+    if (f < 0) f = p == "fp16";
+    if (b < 0) b = p == "bf16";
+  }
+
   void precision() {
     const json* fp16 = section("/fp16");
     const json* bf16 = section("/bf16");
@@ -254,23 +280,17 @@ class Importer {
       return boolean(ptr + "/enabled", *e) ? 1 : 0;
     };
     int f = enabled(fp16, "/fp16"), b = enabled(bf16, bptr);
+    const bool f_auto = f < 0, b_auto = b < 0;
     std::string why_f = fp16 && find("/fp16/enabled")
                             ? src("/fp16/enabled", root_.at(json::json_pointer("/fp16/enabled")))
                             : "";
-    if (f < 0 || b < 0) {
-      const std::string p = o_.precision.empty() ? "fp32" : o_.precision;
-      warn(strcat("fp16.enabled / bf16.enabled \"auto\" resolved to ", p,
-                  o_.precision.empty() ? " (the HF Trainer's default, without --fp16 / --bf16); "
-                                         "pass --precision fp16|bf16|fp32"
-                                       : " (--precision)"));
-      if (f < 0) f = p == "fp16";
-      if (b < 0) b = p == "bf16";
-    }
+    if (f < 0 || b < 0) resolve_auto_precision(f, b, dotted(bptr));
     if (f && b) bad(bptr + "/enabled", "fp16 and bf16 are both enabled");
     if (f) {
-      precision_fp16();
+      precision_fp16(f_auto);
     } else if (b) {
-      const std::string c = strcat(dotted(bptr), ".enabled: true");
+      const std::string c =
+          strcat(dotted(bptr), b_auto ? ".enabled: \"auto\" -> bf16" : ".enabled: true");
       set("precision.params", "bf16", c);
       set("precision.grads", "bf16", c);
       set("precision.loss_scale.dynamic", "false", "bf16: no loss scaling (as DeepSpeed)");
@@ -511,11 +531,12 @@ class Importer {
               ? src("/train_micro_batch_size_per_gpu", *find("/train_micro_batch_size_per_gpu"))
               : mc);
     if (ranks) set("world.ranks", fmt(*ranks), rc);
-    if (gas && *gas > 1)
-      warn(strcat("gradient_accumulation_steps ", *gas,
-                  " has no strata key: gradients are accumulated by the "
-                  "training loop before each step(); the per-step figures of `strata plan` are per "
-                  "optimizer step"));
+    // (gas may hold the 1 batches_from_total assumed for a config without the key: no key then.)
+    if (const json* v = find("/gradient_accumulation_steps"); gas && (v || gas_auto))
+      set("train.accumulate", fmt(*gas),
+          gas_auto ? "gradient_accumulation_steps: \"auto\" -> 1 (the HF Trainer's default)"
+                   : src("/gradient_accumulation_steps", *v) +
+                         " (strata train's micro-batches per step; a torch loop keeps its own)");
   }
 
   void offload(const char* kind, const std::string& ptr, int stage, std::set<std::string>& paths,
@@ -650,21 +671,21 @@ class Importer {
     }
   }
 
-  // stage3_max_live_parameters: the most parameters gathered at once.
+  // stage3_max_live_parameters: DeepSpeed's bound on the parameters gathered at once (it frees
+  // gathered ones early to stay below it). strata has no such bound: what is gathered at once is
+  // the loop's current gather call and the next one, prefetched (the plan counts 2 x
+  // model.largest_layer). Not mapped (it is no layer size), said with the value.
   void zero_live_parameters(int stage) {
-    if (const json* v = find("/zero_optimization/stage3_max_live_parameters")) {
-      if (stage == 3 && !is_auto(*v)) {
-        std::uint64_t n = count("/zero_optimization/stage3_max_live_parameters", *v, 0, 1ull << 50);
-        std::uint64_t params = o_.parameters ? *o_.parameters : 1'000'000'000ull;
-        if (n > params) n = params;
-        set("model.largest_layer", fmt(n),
-            strcat(src("/zero_optimization/stage3_max_live_parameters", *v),
-                   " (the most parameters gathered at once; capped at model.parameters)"));
-      } else {
-        ignore("/zero_optimization/stage3_max_live_parameters",
-               stage == 3 ? "\"auto\" has no value to bound the gather estimate"
-                          : "only meaningful at stage 3");
-      }
+    const std::string ptr = "/zero_optimization/stage3_max_live_parameters";
+    if (const json* v = find(ptr)) {
+      if (stage == 3 && !is_auto(*v)) (void)count(ptr, *v, 0, 1ull << 50);
+      ignore(ptr,
+             stage == 3
+                 ? "strata does not bound the parameters gathered at once: a stage-3 loop holds "
+                   "its current gather call's tensors and the next call's, prefetched (the "
+                   "plan counts 2 x model.largest_layer: set model.largest_layer to your "
+                   "largest layer's parameter count)"
+                 : "only meaningful at stage 3");
     }
   }
 
@@ -726,7 +747,9 @@ class Importer {
         {"round_robin_gradients", "strata partitions the flat gradient space contiguously"},
         {"stage3_max_reuse_distance", "strata releases what the loop releases (gather/release)"},
         {"stage3_prefetch_bucket_size",
-         "strata prefetches the next gather call's tensors, replayed from the first step"},
+         "strata's prefetch is not sized in elements: it prefetches exactly the next gather "
+         "call's tensors (the order replayed from the first step), whatever their size; there is "
+         "no setting for it"},
         {"stage3_param_persistence_threshold", "strata partitions every tensor at stage 3"},
         {"stage3_gather_16bit_weights_on_model_save",
          "use `strata checkpoint export DIR --out model.safetensors --dtype fp16|bf16` for "
@@ -892,7 +915,8 @@ class Importer {
                                          "tiers.nvme.paths",
                                          "tiers.nvme.block_size",
                                          "tiers.nvme.queue_depth",
-                                         "tiers.nvme.io_threads"};
+                                         "tiers.nvme.io_threads",
+                                         "train.accumulate"};
     std::string out = strcat(
         "# strata configuration imported from ", o_.source,
         " by `strata import-deepspeed` (strata ", build::kVersion, ").\n",

@@ -383,6 +383,7 @@ using limits::kMaxBufferSize;
 using limits::kMaxCollectiveTimeoutS;
 using limits::kMinCollectiveTimeoutS;
 constexpr std::uint64_t kMaxCpuThreads = limits::kMaxCpuThreads;
+constexpr std::uint64_t kMaxAccumulate = limits::kMaxAccumulate;
 
 void Reader::read_offload(const YAML::Node& n, const std::string& path, OffloadTarget& t) {
   if (!n.IsDefined() || n.IsNull()) return;
@@ -547,6 +548,11 @@ void Reader::read_nvme_tier(const YAML::Node& root, Config& c) {
   with(nvme, "tiers.nvme", "checksum", [&](auto& v, auto& p) { T.nvme.checksum = boolean(v, p); });
   with(nvme, "tiers.nvme", "sqpoll", [&](auto& v, auto& p) { T.nvme.sqpoll = boolean(v, p); });
   with(nvme, "tiers.nvme", "budget", [&](auto& v, auto& p) { T.nvme.budget = bytes(v, p, 0); });
+  with(nvme, "tiers.nvme", "snapshot_room", [&](auto& v, auto& p) {
+    T.nvme.snapshot_room = number(v, p);
+    if (!(T.nvme.snapshot_room >= 0.0 && T.nvme.snapshot_room <= 1.0))
+      error(p, "'" + v.Scalar() + "' is out of range: a fraction must be in [0, 1]");
+  });
 }
 
 // The runtime section.
@@ -562,6 +568,9 @@ void Reader::read_runtime(const YAML::Node& root, Config& c) {
   });
   with(rt, "runtime", "cpu_threads",
        [&](auto& v, auto& p) { c.runtime.cpu_threads = integer(v, p, 0, kMaxCpuThreads); });
+  const YAML::Node train = child(root, "train");
+  with(train, "train", "accumulate",
+       [&](auto& v, auto& p) { c.train.accumulate = integer(v, p, 1, kMaxAccumulate); });
 }
 
 Config Reader::read(const YAML::Node& root) {

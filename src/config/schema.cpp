@@ -41,18 +41,20 @@ SchemaNode build() {
           SchemaNode{
               "offload",
               {offload_target("optimizer"), offload_target("gradients"), offload_target("params")}},
-          SchemaNode{"tiers",
-                     {SchemaNode{"gpu", {leaf("budget")}},
-                      SchemaNode{"host",
-                                 {leaf("budget"), leaf("pinned_budget"), leaf("buffer_count"),
-                                  leaf("buffer_size")}},
-                      SchemaNode{"nvme",
-                                 {leaf("paths"), leaf("engine"), leaf("block_size"),
-                                  leaf("queue_depth"), leaf("io_threads"), leaf("direct_io"),
-                                  leaf("checksum"), leaf("sqpoll"), leaf("budget")}}}},
+          SchemaNode{
+              "tiers",
+              {SchemaNode{"gpu", {leaf("budget")}},
+               SchemaNode{"host",
+                          {leaf("budget"), leaf("pinned_budget"), leaf("buffer_count"),
+                           leaf("buffer_size")}},
+               SchemaNode{"nvme",
+                          {leaf("paths"), leaf("engine"), leaf("block_size"), leaf("queue_depth"),
+                           leaf("io_threads"), leaf("direct_io"), leaf("checksum"), leaf("sqpoll"),
+                           leaf("budget"), leaf("snapshot_room")}}}},
           SchemaNode{"runtime",
                      {leaf("device"), leaf("communicator"), leaf("collective_timeout_s"),
                       leaf("cpu_threads")}},
+          SchemaNode{"train", {leaf("accumulate")}},
       }};
 }
 }  // namespace

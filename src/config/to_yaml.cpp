@@ -118,12 +118,15 @@ std::string to_yaml(const Config& c) {
     << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
     << "    checksum: " << boolean(t.nvme.checksum) << "\n"
     << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
-    << "    budget: " << bytes_text(t.nvme.budget) << "\n";
+    << "    budget: " << bytes_text(t.nvme.budget) << "\n"
+    << "    snapshot_room: " << num(t.nvme.snapshot_room) << "\n";
   o << "runtime:\n"
     << "  device: " << device_name(c.runtime.device) << "\n"
     << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"
     << "  collective_timeout_s: " << num(c.runtime.collective_timeout_s) << "\n"
     << "  cpu_threads: " << c.runtime.cpu_threads << "\n";
+  o << "train:\n"
+    << "  accumulate: " << c.train.accumulate << "\n";
   return o.str();
 }
 

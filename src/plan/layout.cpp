@@ -62,6 +62,18 @@ std::string target_text(const char* what, const OffloadTarget& t) {
   return s;
 }
 
+// The swap space RankStorage reserves beside the state for asynchronous checkpoints' pinned
+// versions: tiers.nvme.snapshot_room of the optimizer state on nvme (4 KiB-aligned), within what
+// the rank's share of tiers.nvme.budget leaves.
+std::uint64_t snapshot_room(const Config& c, const Layout& l) {
+  if (l.per_rank.nvme == 0 || l.on_nvme.optimizer == 0) return 0;
+  const double want = static_cast<double>(l.on_nvme.optimizer) * c.tiers.nvme.snapshot_room;
+  std::uint64_t room = (static_cast<std::uint64_t>(want) + 4095) / 4096 * 4096;
+  const std::uint64_t budget = c.tiers.nvme.budget / std::max<std::uint32_t>(1, c.ranks_per_node());
+  if (budget > 0) room = std::min(room, budget > l.per_rank.nvme ? budget - l.per_rank.nvme : 0);
+  return room;
+}
+
 }  // namespace
 
 bool Layout::fits() const {
@@ -117,6 +129,8 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   l.per_rank.pinned_host = sat_add(l.per_rank.pinned_host, l.pool.bytes());
   l.runtime = runtime_buffers(c, stage, offload);
   l.per_rank.gpu = sat_add(l.per_rank.gpu, l.runtime.total());
+  l.snapshot_room = snapshot_room(c, l);
+  l.per_rank.nvme = sat_add(l.per_rank.nvme, l.snapshot_room);
 
   const std::uint32_t rpn = std::min(c.ranks_per_node(), std::max<std::uint32_t>(c.world.ranks, 1));
   l.per_node.gpu = sat_mul(l.per_rank.gpu, rpn);

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -52,6 +53,29 @@ struct QuarantinedHost {
   bool locked = false, by_device = false;  // as the Copy it came from (unlocked at shutdown)
 };
 
+// A pinned version that is no longer the block's committed contents (copy-on-write preserved it):
+// the swap slot the block had (NVMe, with its CRCs, or known zero), or a staging copy in memory.
+struct Version {
+  Tier where = Tier::kNvme;
+  SwapExtent extent{};             // kNvme
+  std::vector<std::uint32_t> crc;  // kNvme: per piece, when checksums are on
+  bool zero = false;               // kNvme: reads as zeros (never written)
+  IoBuffer host;                   // kCpu
+  DeviceMemory gpu;                // kGpu
+};
+
+// One snapshot's pin of a block; `data` null while the pinned version is the committed one.
+// Shared between snapshots that pinned the same committed version.
+struct VersionRef {
+  SnapshotId snap = 0;
+  std::shared_ptr<Version> data;
+};
+
+struct SnapshotRec {
+  std::vector<BufferId> ids;  // blocks still pinned
+  std::uint32_t reads = 0;    // read_pinned operations queued or running
+};
+
 struct Buf {
   BufferId id = 0;
   BufferSpec spec;
@@ -66,9 +90,15 @@ struct Buf {
   // a host copy keeps its page lock (a late copy may still DMA into it) until then (F11).
   std::vector<QuarantinedHost> quarantine;
   std::vector<DeviceMemory> gpu_quarantine;
+  std::vector<VersionRef> versions;  // pinned versions (tier_versions.cpp)
 };
 
-enum class OpKind { kMove, kPrefetch, kEvict, kAcquire, kRead, kWrite, kZero };
+enum class OpKind { kMove, kPrefetch, kEvict, kAcquire, kRead, kWrite, kZero, kReadPinned };
+
+// Whether a job changes the buffer's contents (copy-on-write runs before it).
+inline bool changes_contents(OpKind k, Access a) {
+  return k == OpKind::kWrite || k == OpKind::kZero || (k == OpKind::kAcquire && a != Access::kRead);
+}
 
 struct Job {
   OpKind kind;
@@ -80,6 +110,7 @@ struct Job {
   std::uint64_t offset = 0, bytes = 0;
   void* ptr = nullptr;
   bool padded = false;  // kRead: the caller's memory has room for the padded buffer
+  SnapshotId snap = 0;  // kReadPinned
 };
 
 // A staging buffer for one piece of a transfer: a pinned pool buffer when one is free, else a
@@ -161,8 +192,32 @@ class TierStore::Impl {
   TierStoreStats stats() const;
   const SwapSpace* swap() const { return swap_.get(); }
   std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;
+  // ---- versions (tier_versions.cpp)
+  SnapshotId pin_committed(std::span<const BufferId> ids);
+  Transfer submit_read_pinned(SnapshotId s, BufferId id, std::uint64_t offset, std::uint64_t bytes,
+                              void* dst, Tier memory, bool padded);
+  void unpin(SnapshotId s, const BufferId* id);  // id null: every block left
+  VersionUsage version_usage() const;
+  VersionBytes rewrite_cost(SnapshotId s) const;
 
  private:
+  // ---- versions (tier_versions.cpp)
+  // Whether a pin of `b` still shares its committed version (a change must preserve it first).
+  static bool shares_committed(const tier::Buf& b);
+  // Copy-on-write before a job that changes `b`'s contents (see tier_store.hpp); on a mover.
+  void preserve_pinned(tier::Buf& b, tier::WorkerContext& ctx);
+  // preserve_pinned()'s steps: NVMe valid (a slot swap, under the lock), or a memory copy.
+  void preserve_slot_locked(tier::Buf& b) REQUIRES(mutex_);
+  void preserve_copy(tier::Buf& b, Tier src, tier::WorkerContext& ctx);
+  void adopt_version_locked(tier::Buf& b, std::shared_ptr<tier::Version> v) REQUIRES(mutex_);
+  void reserve_version_locked(const tier::Buf& b, Tier t) REQUIRES(mutex_);
+  void free_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
+  void unpin_one_locked(tier::Buf& b, SnapshotId s) REQUIRES(mutex_);
+  void run_read_pinned(tier::Job& job, tier::WorkerContext& ctx);
+  void read_version_nvme(tier::Buf& b, const tier::Version& v, tier::Job& job,
+                         tier::WorkerContext& ctx);
+  tier::SnapshotRec& snapshot_locked(SnapshotId s) REQUIRES(mutex_);
+
   // ---- scheduling (tier_store.cpp)
   void worker_loop(tier::WorkerContext& ctx);
   void run_job(tier::Job& job, tier::WorkerContext& ctx);
@@ -269,6 +324,9 @@ class TierStore::Impl {
   bool stop_ GUARDED_BY(mutex_) = false;
   std::string failure_ GUARDED_BY(mutex_);
   std::uint64_t pinned_used_ GUARDED_BY(mutex_) = 0;
+  std::map<SnapshotId, tier::SnapshotRec> snapshots_ GUARDED_BY(mutex_);
+  SnapshotId next_snapshot_ GUARDED_BY(mutex_) = 1;
+  std::uint64_t version_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};
 
   Mutex admin_mutex_;
   std::unique_ptr<Stream> admin_stream_ GUARDED_BY(admin_mutex_);

@@ -32,6 +32,7 @@ const char* op_name(OpKind k) {
     case OpKind::kRead: return "tier store: reading";
     case OpKind::kWrite: return "tier store: writing";
     case OpKind::kZero: return "tier store: zeroing";
+    case OpKind::kReadPinned: return "tier store: reading the pinned version of";
   }
   return "tier store:";
 }
@@ -259,6 +260,10 @@ void TierStore::Impl::unregister_buffer(BufferId id) {
                                                b.spec.name, "': acquired on ", tier_name(t)));
     }
   }
+  if (!b.versions.empty())
+    fail(ErrorCode::kInvalidArgument,
+         strcat("tier store: cannot unregister buffer '", b.spec.name, "': snapshot ",
+                b.versions.front().snap, " pins it; unpin it first"));
   for (Tier t : kTiers) drop_locked(b, t);
   bufs_.erase(id);
 }
@@ -504,6 +509,11 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
   void* ptr = nullptr;
   std::exception_ptr err;
   try {
+    // Copy-on-write of a pinned version, once its contents are no longer needed in place
+    // (acquire for kWrite and partial writes load them first; stream_write preserves itself).
+    if (job.kind == OpKind::kZero ||
+        (job.kind == OpKind::kAcquire && job.access == Access::kDiscard))
+      preserve_pinned(b, ctx);
     switch (job.kind) {
       case OpKind::kPrefetch: ensure_valid(b, t, ctx); break;
       case OpKind::kMove: {
@@ -528,6 +538,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
       case OpKind::kRead: stream_read(job, ctx); break;
       case OpKind::kWrite: stream_write(job, ctx); break;
       case OpKind::kZero: stream_zero(b, ctx); break;
+      case OpKind::kReadPinned: run_read_pinned(job, ctx); break;
       case OpKind::kAcquire: {
         if (job.access == Access::kDiscard) {
           {
@@ -537,6 +548,7 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
           ensure_storage(b, t);
         } else {
           ensure_valid(b, t, ctx);
+          if (job.access == Access::kWrite) preserve_pinned(b, ctx);
         }
         MutexLock lock(mutex_);
         ptr = pin_locked(b, t, job.access);
@@ -556,6 +568,11 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
     renew_stream(ctx);
     MutexLock lock(mutex_);
     check_lost_locked(b, err);
+  }
+  if (job.kind == OpKind::kReadPinned) {  // before finish(): the reader may unpin at once
+    MutexLock lock(mutex_);
+    auto rec = snapshots_.find(job.snap);
+    if (rec != snapshots_.end()) --rec->second.reads;
   }
   job.state->finish(err, ptr);
 }
@@ -691,11 +708,13 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
       }
       case OpKind::kAcquire:
         if (!c.valid) return false;
+        if (job.access != Access::kRead && shares_committed(b)) return false;  // copy-on-write
         ptr = pin_locked(b, t, job.access);
         break;
       case OpKind::kRead:
       case OpKind::kWrite:
-      case OpKind::kZero: return false;  // always on a mover (submit_stream never inlines)
+      case OpKind::kZero:
+      case OpKind::kReadPinned: return false;  // always on a mover (never inlined)
     }
   } catch (...) {
     job.state->finish(std::current_exception(), nullptr);
@@ -1031,5 +1050,16 @@ const SwapSpace* TierStore::swap_space() const { return impl_->swap(); }
 std::pair<std::uint64_t, std::uint64_t> TierStore::nvme_extent(BufferId id) const {
   return impl_->nvme_extent(id);
 }
+SnapshotId TierStore::pin_committed(std::span<const BufferId> ids) {
+  return impl_->pin_committed(ids);
+}
+Transfer TierStore::read_pinned(SnapshotId s, BufferId id, std::uint64_t offset,
+                                std::uint64_t bytes, void* dst, Tier memory, bool padded) {
+  return impl_->submit_read_pinned(s, id, offset, bytes, dst, memory, padded);
+}
+void TierStore::unpin(SnapshotId s, BufferId id) { impl_->unpin(s, &id); }
+void TierStore::unpin(SnapshotId s) { impl_->unpin(s, nullptr); }
+VersionUsage TierStore::version_usage() const { return impl_->version_usage(); }
+VersionBytes TierStore::rewrite_cost(SnapshotId s) const { return impl_->rewrite_cost(s); }
 
 }  // namespace strata

@@ -69,6 +69,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,8 @@ class PinnedPool;
 class SwapSpace;
 
 using BufferId = std::uint32_t;
+// A set of pinned versions (pin_committed): a checkpoint's snapshot of a rank's state blocks.
+using SnapshotId = std::uint64_t;
 
 // kRead: the caller only reads. kWrite: the caller modifies (the other copies become invalid).
 // kDiscard: the caller overwrites every byte: like kWrite, but the current contents are not
@@ -164,6 +167,20 @@ struct TierStoreStats {
   std::uint64_t reads = 0, writes = 0;  // streaming read() / write() calls completed
 };
 
+// Bytes per tier (indexed by Tier) held or needed by versions.
+struct VersionBytes {
+  std::uint64_t bytes[3] = {0, 0, 0};
+  std::uint64_t operator[](Tier t) const { return bytes[static_cast<int>(t)]; }
+};
+
+// What versions other than the committed ones hold (docs/versioned_state.md).
+struct VersionUsage {
+  VersionBytes held;                  // storage of pinned versions that were rewritten since
+  std::uint32_t snapshots = 0;        // live snapshots
+  std::uint64_t pinned_blocks = 0;    // (snapshot, block) pairs still pinned
+  std::uint64_t diverged_blocks = 0;  // of them, holding their own storage (rewritten since)
+};
+
 class TierStore {
  public:
   // `engine` and `pool` may be null without an NVMe tier (nvme_capacity 0); without a pool,
@@ -223,6 +240,44 @@ class TierStore {
   std::string failure() const;
   // Where the buffer's NVMe extent lies (tests): {swap offset, length}; {0,0} if none.
   std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;
+
+  // ---- Versioned state (docs/versioned_state.md): the snapshot half.
+  // A block has one *committed* version (its contents as every other operation sees them) and may
+  // have *pinned* ones. pin_committed(ids) pins the committed version of every block at once: the
+  // contents after every operation submitted before the call (it waits, bounded, for the blocks'
+  // queued operations). Refused (Error(kInvalidArgument), nothing pinned) for an unknown or
+  // repeated id, or a block acquired for writing (its contents may change under the pin).
+  // Copy-on-write: an operation that changes a pinned block's contents (write, zero, an acquire
+  // for kWrite / kDiscard) first preserves the pinned version, once per pin:
+  //   - the block's NVMe copy is valid: the pinned version keeps that swap slot (and its CRCs);
+  //     the block gets a new slot (SwapSpace::allocate). No data is copied.
+  //   - else (the contents live in gpu / host memory only): the valid memory copy (host preferred)
+  //     is copied into a staging buffer of the same tier, counted against that tier's budget.
+  // Budget policy: when the new slot or the staging copy does not fit, the changing operation
+  // fails with Error(kBudget) naming the block and the snapshot, nothing changed (committed and
+  // pinned versions as they were). A caller that must not fail waits for the snapshot's reader to
+  // unpin first: rewrite_cost(s) says what rewriting every block still shared would take, per tier
+  // (the engine compares it with the tiers' headroom before a step).
+  // read_pinned: the pinned version's bytes [offset, offset + bytes) (bytes 0 = to the end) into
+  // the caller's memory, as read() (NVMe: CRC-checked); runs in the block's order with its other
+  // operations. unpin(s, id) ends one block's pin (the reader is done with it), unpin(s) the rest
+  // of the snapshot; both wait (bounded) for the snapshot's reads in flight, then free what the
+  // pinned versions held (slots back to the extent allocator, staging memory to the budget).
+  // A failed operation never touches a pinned version: the pin stays readable, also once the store
+  // is failed (read_pinned and unpin are the operations a failed store still runs: a checkpoint of
+  // the step before the failure can be finished). unregister_buffer() of a pinned block is
+  // refused.
+  // The speculative update (issue 26) adds pending versions beside these (pending_version,
+  // commit, discard) over the same per-block version list.
+  SnapshotId pin_committed(std::span<const BufferId> ids);
+  Transfer read_pinned(SnapshotId s, BufferId id, std::uint64_t offset, std::uint64_t bytes,
+                       void* dst, Tier memory = Tier::kCpu, bool padded = false);
+  void unpin(SnapshotId s, BufferId id);
+  void unpin(SnapshotId s);
+  VersionUsage version_usage() const;
+  // Bytes per tier that rewriting every block of `s` still sharing its committed version would
+  // hold (nvme: new slots; gpu / cpu: staging copies).
+  VersionBytes rewrite_cost(SnapshotId s) const;
 
  private:
   class Impl;

@@ -213,12 +213,16 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
   {
     MutexLock lock(mutex_);
     require_unpinned_away_locked(b, "write");
+    need_load = home != Tier::kNvme && !b.copy[ti(home)].valid && !whole;
+  }
+  if (need_load) ensure_valid(b, home, ctx);  // before the copy-on-write: it may need the slot
+  preserve_pinned(b, ctx);
+  {
+    MutexLock lock(mutex_);
     if (home == Tier::kNvme) {
       // The other copies are stale from here on; the write makes the NVMe copy the only one.
       keep_only_locked(b, Tier::kNvme);
       b.copy[ti(Tier::kNvme)].valid = false;  // until the write lands
-    } else {
-      need_load = !b.copy[ti(home)].valid && !whole;
     }
   }
   bool unsafe = false;
@@ -233,11 +237,7 @@ void TierStore::Impl::stream_write(Job& job, WorkerContext& ctx) {
     ++stats_.writes;
     return;
   }
-  if (need_load) {
-    ensure_valid(b, home, ctx);
-  } else {
-    ensure_storage(b, home);
-  }
+  if (!need_load) ensure_storage(b, home);
   void* base = copy_address(b, home);
   try {
     copy_memory(static_cast<std::uint8_t*>(base) + job.offset, job.ptr, job.bytes, home, job.tier,

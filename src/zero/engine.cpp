@@ -179,29 +179,31 @@ EngineStats Engine::Impl::stats() const {
 // ---- the public API
 // -------------------------------------------------------------------------------
 
-void Engine::save_checkpoint(const std::string& dir, std::string_view client_state) {
+void Engine::save_checkpoint(const std::string& dir, std::string_view client_state,
+                             const CheckpointModel& model) {
+  save_checkpoint(dir, SaveMode::kBlocking, client_state, model);
+}
+
+void Engine::save_checkpoint(const std::string& dir, SaveMode mode, std::string_view client_state,
+                             const CheckpointModel& model) {
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
-  if (client_state.size() > zero::ckpt::kMaxClientStateBytes ||
-      !zero::ckpt::valid_utf8(client_state))
-    fail(ErrorCode::kInvalidArgument,
-         strcat("engine: save_checkpoint: the client state (", client_state.size(),
-                " bytes) must be UTF-8 text of at most ", zero::ckpt::kMaxClientStateBytes,
-                " bytes; nothing was written"));
-  zero::RankState r = m.rank_state();
-  r.config_yaml = to_yaml(m.cfg);
-  r.client_state = client_state;
-  zero::save_checkpoint(dir, r, m.comm);
-  m.ckpt_params.clear();
-  m.ckpt_params.shrink_to_fit();
-  m.scratch->trim();
+  m.save(dir, mode, client_state, model.empty() ? nullptr : &model);
 }
+
+void Engine::wait_checkpoint() {
+  impl_->require_finalized("wait_checkpoint");
+  impl_->finish_saving();
+}
+
+bool Engine::checkpoint_pending() const { return impl_->saving != nullptr; }
 
 void Engine::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   m.require_finalized("load_checkpoint");
   m.require_usable("load_checkpoint");
+  m.finish_saving();
   m.gatherer->drop_all();
   zero::RankState r = m.rank_state();
   try {
@@ -319,6 +321,7 @@ void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
   impl_->read_state(id, kind, out);
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
+  if (impl_->finalized()) impl_->make_room_for_update();
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const {
@@ -407,6 +410,7 @@ StepResult Engine::step() {
   impl_->require_finalized("step");
   impl_->require_usable("step");
   impl_->reducer->check_all_arrived();  // a usage error, before anything changes
+  impl_->make_room_for_update();
   try {
     return impl_->step();
   } catch (const std::exception& e) {

@@ -27,6 +27,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "tier/scratch_arena.hpp"
+#include "zero/async_checkpoint.hpp"
 #include "zero/engine_layout.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/host_collectives.hpp"
@@ -66,6 +67,8 @@ struct Engine::Impl {
   std::unique_ptr<zero::OptimizerStep> optimizer;
   std::unique_ptr<zero::TierStateStore> state;  // the checkpoint seam's host views
   std::unique_ptr<Stream> caller_handoff;       // waits for callers' streams (made on first use)
+  // An asynchronous checkpoint save in flight (destroyed first: it waits for its writer).
+  std::unique_ptr<zero::AsyncCheckpoint> saving;
 
   // ---- changed by steps
   zero::LossScaler scaler;
@@ -135,6 +138,15 @@ struct Engine::Impl {
   void read_own(std::size_t b, std::size_t n, unsigned char* host);
   void write_own(std::size_t b, std::size_t n, const unsigned char* host);
   zero::RankState rank_state();
+
+  // ---- engine_checkpoint.cpp
+  void save(const std::string& dir, SaveMode mode, std::string_view client_state,
+            const CheckpointModel* model);
+  // Waits for the save in flight and commits it (collective); throws its failure.
+  void finish_saving();
+  // Before a change of the optimizer state: waits for this rank's writer when rewriting the blocks
+  // it still pins would not fit in the tiers' budgets (local, no collective).
+  void make_room_for_update();
   void after_load(const zero::RankState& r);
   void restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved);
 };

@@ -137,6 +137,7 @@ StorageNeeds EngineLayout::storage_needs(bool cuda) const {
     }
     if (!grads_cpu) need = std::max(need, round_up(e * grad_elem_, kAlign));  // statistics pass
     if (c.opt_tier == Tier::kNvme) n.nvme_bytes += round_up(12 * e, kAlign);
+    if (c.opt_tier == Tier::kNvme) n.nvme_opt_bytes += round_up(12 * e, kAlign);
     if (stage_ >= 2 && c.grad_tier == Tier::kNvme) n.nvme_bytes += round_up(e * grad_elem_, kAlign);
     if (stage_ == 3 && c.param_tier == Tier::kNvme)
       n.nvme_bytes += round_up(e * param_elem_, kAlign);

@@ -96,6 +96,13 @@ void RankStorage::open(const StorageNeeds& needs) {
   so.host_budget = host_budget();
   so.pinned_budget = pinned_budget();
   so.nvme_capacity = needs.nvme_bytes;
+  if (needs.nvme_bytes > 0) {  // room for pinned versions, within what the budget leaves
+    std::uint64_t room = static_cast<std::uint64_t>(static_cast<double>(needs.nvme_opt_bytes) *
+                                                    c.tiers.nvme.snapshot_room);
+    room = (room + 4095) / 4096 * 4096;
+    if (nvme_budget() > 0) room = std::min(room, nvme_budget() - needs.nvme_bytes);
+    so.nvme_capacity += room;
+  }
   so.nvme_paths = c.tiers.nvme.paths;
   so.block_size = c.tiers.nvme.block_size;
   so.checksum = c.tiers.nvme.checksum;

@@ -49,7 +49,10 @@ struct StorageNeeds {
   std::uint32_t pool_buffers = 0;
   std::uint64_t pool_buffer_size = 0;
   std::uint64_t nvme_bytes = 0;  // swap space to reserve (0: no NVMe tier)
-  std::uint32_t movers = 2;      // the store's transfer threads
+  // The optimizer state on NVMe: tiers.nvme.snapshot_room of it is reserved besides nvme_bytes
+  // for pinned versions (asynchronous checkpoints: TierStore versioned state).
+  std::uint64_t nvme_opt_bytes = 0;
+  std::uint32_t movers = 2;  // the store's transfer threads
 };
 
 // The device kind a rank's engine uses with this communicator (see above).

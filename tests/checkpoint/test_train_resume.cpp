@@ -104,6 +104,11 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
     TempDir ckpt("strata-train-resume");
     auto args = train_args(2);
     args = plus(args, {"--checkpoint-dir", ckpt.str(), "--save-every", "3"});
+    // Trial 0 saves blocking; the others asynchronously (the default): a save is committed by the
+    // next one, so the last committed checkpoint may be one save further back, and the kill may
+    // land while a background writer is at work.
+    const bool blocking = trial == 0;
+    if (blocking) args.push_back("--blocking-saves");
     const int kill_at = 2 + static_cast<int>(rng() % 19);  // after step 2..20 is printed
     auto [pid, fd] = start(args);
     std::string log;
@@ -124,12 +129,20 @@ TEST(TrainResume, SigkillAtARandomStepThenResumeGivesTheUninterruptedLosses) {
                 kill_at, first);
     EXPECT_EQ(first % 3, 0);
     EXPECT_LE(first, kill_at);
-    EXPECT_GE(first, kill_at - 3);
+    EXPECT_GE(first, kill_at - (blocking ? 3 : 6));
     ASSERT_EQ(got["steps"].size(), static_cast<std::size_t>(24 - first)) << got.dump();
     for (std::size_t i = 0; i < got["steps"].size(); ++i)
       expect_same_step(got["steps"][i], want["steps"][static_cast<std::size_t>(first) + i],
                        strcat("killed after step ", kill_at, ", resumed after step ", first));
     EXPECT_EQ(got["skipped_steps"], want["skipped_steps"]);
+    // Each save says how long it blocked training; the last one (the run's end) waits.
+    const json& saves = got["checkpoint"]["saves"];
+    ASSERT_FALSE(saves.empty()) << got.dump();
+    for (std::size_t i = 0; i < saves.size(); ++i) {
+      EXPECT_GE(saves[i]["blocked_s"].get<double>(), 0.0);
+      EXPECT_EQ(saves[i]["mode"], blocking || i + 1 == saves.size() ? "blocking" : "async");
+    }
+    EXPECT_GE(got["checkpoint"]["checkpoint_blocked_s"].get<double>(), 0.0);
     // Resuming a finished run trains nothing.
     const json again = run_json(args);
     EXPECT_EQ(again["steps"].size(), 0u);

@@ -53,6 +53,7 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.runtime.device, b.runtime.device);
   EXPECT_EQ(a.runtime.communicator, b.runtime.communicator);
   EXPECT_EQ(a.runtime.collective_timeout_s, b.runtime.collective_timeout_s);
+  EXPECT_EQ(a.train.accumulate, b.train.accumulate);
 }
 }  // namespace
 
@@ -111,7 +112,9 @@ tiers:
     sqpoll: true
     budget: 2TB
 runtime: {device: host, communicator: inprocess, collective_timeout_s: 12.5, cpu_threads: 2}
+train: {accumulate: 4}
 )");
+  EXPECT_EQ(c.train.accumulate, 4u);
   EXPECT_EQ(c.model.parameters, 7'500'000'000ULL);
   EXPECT_EQ(c.model.largest_layer, 200'000'000ULL);
   EXPECT_TRUE(c.model.has_shape());

@@ -285,6 +285,13 @@ TEST(ConfigErrors, Issue15RangesKeepArithmeticInBounds) {
   expect_config_error("runtime: {cpu_threads: 4096}\n",
                       {1, 24, "runtime.cpu_threads", {"[0, 1024]"}});
   EXPECT_EQ(parse_config("runtime: {cpu_threads: 1024}\n").runtime.cpu_threads, 1024u);
+  // train.accumulate (issue 24.6: DeepSpeed's gradient_accumulation_steps): 1..65536.
+  expect_config_error("train: {accumulate: 0}\n", {1, 21, "train.accumulate", {"[1, 65536]"}});
+  expect_config_error("train:\n  accumulate: 65537\n", {2, 15, "train.accumulate", {"[1, 65536]"}});
+  expect_config_error("train: {accumulate: two}\n", {1, 21, "train.accumulate", {}});
+  expect_config_error("train: {acumulate: 2}\n", {1, 9, "train.acumulate", {"accumulate"}});
+  EXPECT_EQ(parse_config("train: {accumulate: 65536}\n").train.accumulate, 65536u);
+  EXPECT_EQ(parse_config("{}\n").train.accumulate, 1u);
   expect_config_error("model: {sequence_length: 16777217}\n",
                       {1, 26, "model.sequence_length", {"out of range"}});
   expect_config_error("model: {hidden_size: 64, heads: 128}\n",

@@ -130,13 +130,15 @@ INSTANTIATE_TEST_SUITE_P(
                      EXPECT_EQ(c.tiers.nvme.io_threads, 1u);
                      EXPECT_EQ(c.zero.sub_group_size, 1'000'000'000u);
                      EXPECT_EQ(c.zero.reduce_bucket_size, 500'000'000u);
-                     EXPECT_EQ(c.model.largest_layer, 1'000'000'000u);
+                     // stage3_max_live_parameters bounds live parameters, not a layer's size.
+                     EXPECT_EQ(c.model.largest_layer, 0u);
                      EXPECT_EQ(c.optimizer.lr, 3e-5);
                      EXPECT_EQ(c.optimizer.weight_decay, 0.01);
                      EXPECT_EQ(c.optimizer.grad_clip, 1.0);
                      EXPECT_EQ(c.precision.loss_scale.growth_interval, 1000u);
                    },
                    {"fast_init", "max_in_cpu", "stage3_prefetch_bucket_size",
+                    "stage3_max_live_parameters", "does not bound the parameters gathered",
                     "stage3_max_reuse_distance", "stage3_param_persistence_threshold",
                     "stage3_gather_16bit_weights_on_model_save", "world.ranks not given"}},
         // bf16, ZeRO-3, batch sizes that give the world size.
@@ -151,8 +153,9 @@ INSTANTIATE_TEST_SUITE_P(
                      EXPECT_EQ(c.model.micro_batch, 4u);
                      EXPECT_EQ(c.optimizer.beta2, 0.95);
                      EXPECT_EQ(c.optimizer.weight_decay, 0.1);
+                     EXPECT_EQ(c.train.accumulate, 16u);  // gradient_accumulation_steps
                    },
-                   {"gradient_accumulation_steps 16", "steps_per_print", "wall_clock_breakdown"}},
+                   {"steps_per_print", "wall_clock_breakdown"}},
         // fp16 with dynamic loss scaling, classic Adam (adam_w_mode false), a scheduler.
         ImportCase{"fp16_dynamic_zero1.json",
                    "--parameters 1.3B",
@@ -182,11 +185,35 @@ INSTANTIATE_TEST_SUITE_P(
               EXPECT_EQ(c.world.ranks, 4u);
               EXPECT_EQ(c.offload.params.tier, Tier::kCpu);
               EXPECT_TRUE(c.offload.params.pin_memory);
+              EXPECT_EQ(c.train.accumulate, 1u);  // "auto": the HF Trainer's default
+              EXPECT_EQ(c.model.largest_layer, 0u);
             },
             {"\"auto\" resolved to 5e-05", "reduce_bucket_size \"auto\" resolved to 16777216",
              "gradient_clipping \"auto\" resolved to 1", "--precision",
              "fp16.loss_scale_window (1000) has no "
              "strata meaning: fp16 is not enabled"}},
+        // The HF Trainer's ZeRO-3 template as the Trainer fills it (numbers, 1e9 written as
+        // such) with fp16/bf16 still "auto" and no --precision (issue 24.6): bf16 where bf16 is
+        // supported (this machine: no GPU visible, or GPUs of compute capability >= 8.0),
+        // gradient_accumulation_steps -> train.accumulate, stage3_max_live_parameters and
+        // stage3_prefetch_bucket_size reported as what strata does instead (no largest_layer).
+        ImportCase{"hf_trainer_zero3_gas.json",
+                   "--parameters 7B",
+                   [](const Config& c) {
+                     EXPECT_EQ(c.precision.params, DType::kBf16);
+                     EXPECT_EQ(c.precision.grads, DType::kBf16);
+                     EXPECT_FALSE(c.precision.loss_scaling());
+                     EXPECT_EQ(c.train.accumulate, 4u);
+                     EXPECT_EQ(c.world.ranks, 4u);  // 32 / (2 x 4)
+                     EXPECT_EQ(c.model.micro_batch, 2u);
+                     EXPECT_EQ(c.model.largest_layer, 0u);
+                     EXPECT_EQ(c.zero.sub_group_size, 1'000'000'000u);
+                     EXPECT_EQ(c.zero.reduce_bucket_size, 16777216u);
+                   },
+                   {"fp16.enabled and bf16.enabled \"auto\" resolved to bf16 (bf16 supported: ",
+                    "--precision fp16|bf16|fp32", "stage3_max_live_parameters",
+                    "does not bound the parameters gathered at once", "stage3_prefetch_bucket_size",
+                    "not sized in elements"}},
         // Unknown keys and keys without a strata meaning, aio values strata rounds or does
         // differently.
         ImportCase{

@@ -156,6 +156,26 @@ TEST(Plan, NvmeOffloadAtStage3) {
   EXPECT_EQ(make_plan(c).configured.traffic.network, 0u);
 }
 
+// tiers.nvme.snapshot_room: swap for asynchronous checkpoints' pinned versions, a fraction of the
+// optimizer state on nvme, counted in the nvme row and cut to what the budget leaves.
+TEST(Plan, SnapshotRoomCountsInTheNvmeRow) {
+  Config c = config(1'000'000'000ULL, 4, 3);
+  c.offload.optimizer.tier = Tier::kNvme;
+  c.offload.params.tier = Tier::kNvme;
+  c.offload.gradients.tier = Tier::kCpu;
+  c.tiers.nvme.paths = {"/tmp/x"};
+  EXPECT_EQ(make_plan(c).configured.snapshot_room, 0u);  // default: none
+  c.tiers.nvme.snapshot_room = 0.5;
+  Layout l = make_plan(c).configured;
+  EXPECT_EQ(l.snapshot_room, 1'500'000'256ULL);  // half of 3 GB, 4 KiB-aligned
+  EXPECT_EQ(l.per_rank.nvme, 3'500'000'000ULL + l.snapshot_room);
+  c.world.ranks_per_node = 1;
+  c.tiers.nvme.budget = 4 * kGB;  // the state takes 3.5 GB: 0.5 GB left for the room
+  l = make_plan(c).configured;
+  EXPECT_EQ(l.snapshot_room, 500'000'000ULL);
+  EXPECT_TRUE(l.fits());
+}
+
 TEST(Plan, VerdictNamesTheOverflowingTier) {
   Config c = config(7'500'000'000ULL, 8, 1);
   c.tiers.gpu.budget = 40 * kGB;

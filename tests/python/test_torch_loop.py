@@ -372,6 +372,42 @@ class CheckpointResume(unittest.TestCase):
             opt.close()
 
 
+class AsyncCheckpoint(unittest.TestCase):
+    """save_checkpoint(blocking=False) returns after a snapshot; the training goes on while the
+    shards are written; wait_checkpoint() commits. The checkpoint equals a blocking save of the
+    same step, and the steps after it are those of a run that did not save."""
+
+    def test_async_equals_blocking(self):
+        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
+            model = A.tiny_gpt()
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            A.train(model, opt, 3)
+            opt.save_checkpoint(b_dir, client_state={"step": 3})
+            blocked = opt.save_checkpoint(a_dir, client_state={"step": 3}, blocking=False)
+            self.assertGreaterEqual(blocked, 0.0)
+            self.assertTrue(opt.checkpoint_pending)
+            after = A.train(model, opt, 2, start=3)
+            opt.wait_checkpoint()
+            self.assertFalse(opt.checkpoint_pending)
+            opt.close()
+
+            model = A.tiny_gpt()
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            A.train(model, opt, 3)
+            self.assertEqual(A.train(model, opt, 2, start=3), after)  # the save changed nothing
+            opt.close()
+
+            got = []
+            for d in (a_dir, b_dir):
+                model = A.tiny_gpt(seed=9)
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+                self.assertEqual(opt.load_checkpoint(d)["step"], 3)
+                got.append(A.train(model, opt, 2, start=3))
+                opt.close()
+            self.assertEqual(got[0], got[1])
+            self.assertEqual(got[0], after)
+
+
 class ZeroGrad(unittest.TestCase):
     """zero_grad() between backward and step drops the gradients, as torch's does (it used to
     raise), and after step() refused a missing gradient it lets the loop go on (it used to leave

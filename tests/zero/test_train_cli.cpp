@@ -97,6 +97,36 @@ TEST(TrainCli, AccumulateSumsTheMicroBatches) {
   EXPECT_NE(out.find("--accumulate 3 must be >= 1 and divide --batch 8"), std::string::npos) << out;
 }
 
+// train.accumulate (what `strata import-deepspeed` maps gradient_accumulation_steps to) is the
+// default of --accumulate: the same run as the flag's; the flag overrides it; a value that does
+// not divide --batch names the key and the file; out of range: file:line:col.
+TEST(TrainCli, AccumulateFromTheConfig) {
+  TempDir dir("strata-train");
+  const std::string strata = binary_dir() + "/strata train ";
+  const std::string args = " --steps 4 --ranks 2 --hidden 16 --batch 12 --json";
+  auto flag = run_train(strata + write_config(dir, 2, "fp32") + args + " --accumulate 3");
+  auto key = run_train(strata + write_config(dir, 2, "fp32") + " --set train.accumulate=3" + args);
+  EXPECT_EQ(key["accumulate"], 3) << key.dump();
+  ASSERT_EQ(key["steps"].size(), 4u);
+  for (std::size_t s = 0; s < 4; ++s)
+    EXPECT_EQ(key["steps"][s]["loss"].get<double>(), flag["steps"][s]["loss"].get<double>()) << s;
+  auto over = run_train(strata + write_config(dir, 2, "fp32") + " --set train.accumulate=3" + args +
+                        " --accumulate 2");
+  EXPECT_EQ(over["accumulate"], 2) << over.dump();
+  std::string out;
+  EXPECT_EQ(run_command(
+                strata + write_config(dir, 2, "fp32") + " --set train.accumulate=5 --batch 12 2>&1",
+                &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("train.accumulate 5 ("), std::string::npos) << out;
+  EXPECT_NE(out.find("must be >= 1 and divide --batch 12"), std::string::npos) << out;
+  std::ofstream(dir.str() + "/acc.yaml") << "zero: {stage: 1}\ntrain:\n  accumulate: 0\n";
+  EXPECT_EQ(run_command(strata + dir.str() + "/acc.yaml 2>&1", &out), 2) << out;
+  EXPECT_NE(out.find("acc.yaml:3:15"), std::string::npos) << out;
+  EXPECT_NE(out.find("train.accumulate"), std::string::npos) << out;
+}
+
 TEST(TrainCli, BadInputExitsTwo) {
   TempDir dir("strata-train");
   std::string out;

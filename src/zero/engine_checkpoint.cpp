@@ -1,0 +1,75 @@
+// Engine::Impl: checkpoint saves, blocking and asynchronous (engine.hpp, "Checkpoints";
+// zero/async_checkpoint.hpp), over the checkpoint seam of engine_state.cpp.
+#include "checkpoint/format.hpp"
+#include "strata/log.hpp"
+#include "zero/clock.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace strata {
+
+void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view client_state,
+                        const CheckpointModel* model) {
+  if (client_state.size() > zero::ckpt::kMaxClientStateBytes ||
+      !zero::ckpt::valid_utf8(client_state))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("engine: save_checkpoint: the client state (", client_state.size(),
+                " bytes) must be UTF-8 text of at most ", zero::ckpt::kMaxClientStateBytes,
+                " bytes; nothing was written"));
+  const auto t0 = zero::Clock::now();
+  struct Blocked {  // the caller's time in this call, however it ends
+    EngineStats& st;
+    zero::Clock::time_point t0;
+    ~Blocked() { st.checkpoint_blocked_s += zero::seconds_since(t0); }
+  } blocked{st, t0};
+  finish_saving();  // the previous save first (its failure is reported here)
+  zero::RankState r = rank_state();
+  r.config_yaml = to_yaml(cfg);
+  r.client_state = client_state;
+  r.model = model;
+  if (mode == SaveMode::kBlocking) {
+    zero::save_checkpoint(dir, r, comm);
+  } else {
+    if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
+    zero::PendingSave p = zero::begin_save(dir, r, comm);
+    r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
+    saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), std::move(p),
+                                                     std::move(r), std::move(ckpt_params),
+                                                     layout->timeout());
+  }
+  ckpt_params.clear();
+  ckpt_params.shrink_to_fit();
+  scratch->trim();
+}
+
+void Engine::Impl::finish_saving() {
+  if (!saving) return;
+  const auto t0 = zero::Clock::now();
+  std::unique_ptr<zero::AsyncCheckpoint> s = std::move(saving);
+  try {
+    s->finish(comm);
+  } catch (...) {
+    st.checkpoint_blocked_s += zero::seconds_since(t0);
+    throw;
+  }
+  st.checkpoint_blocked_s += zero::seconds_since(t0);
+}
+
+void Engine::Impl::make_room_for_update() {
+  if (!saving || !saving->writing()) return;
+  const VersionBytes cost = saving->rewrite_cost();
+  TierStore& s = store();
+  for (Tier t : {Tier::kGpu, Tier::kCpu, Tier::kNvme}) {
+    const TierUsage u = s.usage(t);
+    const std::uint64_t room = u.budget > u.used ? u.budget - u.used : 0;
+    if (cost[t] <= room) continue;
+    log_info("engine rank ", rank, ": the checkpoint writer of ", saving->path(),
+             " still pins state whose copy-on-write (", cost[t], " bytes) exceeds the room in the ",
+             tier_name(t), " tier (", room, " bytes): waiting for it before the update");
+    const auto t0 = zero::Clock::now();
+    saving->wait_local();
+    st.checkpoint_blocked_s += zero::seconds_since(t0);
+    return;
+  }
+}
+
+}  // namespace strata

@@ -1,0 +1,380 @@
+// Versioned state, the snapshot half (tier_store.hpp, "Versioned state"): a pinned version reads
+// back unchanged however the block is rewritten, in every tier and mix of tiers; copy-on-write is
+// counted and freed; faults leave the committed and the pinned versions untouched.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "strata/error.hpp"
+#include "test_util.hpp"
+#include "tier/swap_space.hpp"
+#include "tier/tier_store.hpp"
+#include "tier_test_util.hpp"
+
+using namespace strata;
+namespace st = strata::testing;
+
+namespace {
+
+constexpr std::uint64_t kOdd = (200 << 10) + 13;  // 4 pieces of 64 KiB, the last one partial
+
+enum class Rewrite { kAcquireWrite, kAcquireDiscard, kStreamWrite, kZero };
+const char* rewrite_name(Rewrite r) {
+  switch (r) {
+    case Rewrite::kAcquireWrite: return "acquire_write";
+    case Rewrite::kAcquireDiscard: return "acquire_discard";
+    case Rewrite::kStreamWrite: return "stream_write";
+    case Rewrite::kZero: return "zero";
+  }
+  return "?";
+}
+
+// How the block's committed contents are placed when it is pinned.
+enum class Placement { kHome, kAlsoNvme, kAlsoCpu };
+
+// Replaces the block's contents with `data` (zero: with zeros; `data` is set to them).
+void rewrite(st::StoreRig& rig, BufferId id, Tier home, Rewrite how,
+             std::vector<std::uint8_t>& data) {
+  switch (how) {
+    case Rewrite::kAcquireWrite:
+      rig.write(id, home == Tier::kNvme ? Tier::kCpu : home, data);
+      break;
+    case Rewrite::kAcquireDiscard:
+      rig.write(id, home == Tier::kNvme ? Tier::kCpu : home, data, 0, ~0ULL, true);
+      break;
+    case Rewrite::kStreamWrite: {
+      IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
+      std::memcpy(src.data(), data.data(), data.size());
+      rig.store->write(id, 0, 0, src.data()).wait();
+      break;
+    }
+    case Rewrite::kZero:
+      rig.store->zero(id).wait();
+      data.assign(data.size(), 0);
+      break;
+  }
+}
+
+// The pinned version of `id`, whole into host memory, and a range at an odd offset into `memory`.
+std::vector<std::uint8_t> read_pinned(st::StoreRig& rig, SnapshotId s, BufferId id,
+                                      std::uint64_t bytes, Tier memory = Tier::kCpu,
+                                      std::uint64_t offset = 0) {
+  st::CallerMemory out(*rig.device, memory, bytes);
+  rig.store->read_pinned(s, id, offset, bytes, out.data(), memory).wait();
+  return out.get(bytes);
+}
+
+std::vector<std::uint8_t> slice(const std::vector<std::uint8_t>& v, std::uint64_t at,
+                                std::uint64_t n) {
+  return {v.begin() + static_cast<std::ptrdiff_t>(at),
+          v.begin() + static_cast<std::ptrdiff_t>(at + n)};
+}
+
+// Registers `name` at `home` holding `data` (written with write(): any home, NVMe included).
+BufferId add(st::StoreRig& rig, const std::string& name, Tier home,
+             const std::vector<std::uint8_t>& data) {
+  const BufferId id = rig.store->register_buffer({name, data.size(), DType::kFp32, home, {}});
+  IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
+  std::memcpy(src.data(), data.data(), data.size());
+  rig.store->write(id, 0, 0, src.data()).wait();
+  return id;
+}
+
+void place(st::StoreRig& rig, BufferId id, Tier home, Placement p) {
+  if (p == Placement::kAlsoNvme && home != Tier::kNvme) rig.store->prefetch(id, Tier::kNvme).wait();
+  if (p == Placement::kAlsoCpu && home != Tier::kCpu) rig.store->prefetch(id, Tier::kCpu).wait();
+}
+
+struct Case {
+  Tier home;
+  Rewrite how;
+  Placement placement;
+};
+
+class PinnedVersion : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+// The pinned version reads back unchanged after the block was rewritten (twice), from host and
+// device memory, whole and in a range; the committed version is the new data; copy-on-write holds
+// exactly one copy (NVMe: the old slot; memory: a staging copy in the block's tier) until unpin.
+TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
+  const Case c = GetParam();
+  st::StoreRig rig;
+  const std::uint64_t seed = st::test_seed("PinnedVersion");
+  const auto old_data = st::random_bytes(kOdd, seed);
+  const BufferId id = add(rig, "opt.0", c.home, old_data);
+  place(rig, id, c.home, c.placement);
+  const std::uint64_t swap_before = rig.store->usage(Tier::kNvme).used;
+  const std::uint64_t host_before = rig.store->usage(Tier::kCpu).used;
+  const std::uint64_t gpu_before = rig.store->usage(Tier::kGpu).used;
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  const bool nvme_valid = rig.store->info(id).valid[int(Tier::kNvme)];
+  const Tier cost_tier = nvme_valid                                   ? Tier::kNvme
+                         : rig.store->info(id).valid[int(Tier::kCpu)] ? Tier::kCpu
+                                                                      : Tier::kGpu;
+  const std::uint64_t padded = rig.store->padded_bytes(id);
+  EXPECT_EQ(rig.store->rewrite_cost(s)[cost_tier], padded);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), old_data);  // before any change: the committed one
+
+  auto new_data = st::random_bytes(kOdd, seed + 1);
+  rewrite(rig, id, c.home, c.how, new_data);
+  VersionUsage u = rig.store->version_usage();
+  EXPECT_EQ(u.snapshots, 1u);
+  EXPECT_EQ(u.pinned_blocks, 1u);
+  EXPECT_EQ(u.diverged_blocks, 1u);
+  EXPECT_EQ(u.held[cost_tier], padded);
+  EXPECT_EQ(rig.store->rewrite_cost(s)[cost_tier], 0u);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), new_data);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), old_data);
+  EXPECT_EQ(read_pinned(rig, s, id, 70000, Tier::kGpu, 65531), slice(old_data, 65531, 70000));
+
+  auto newer = st::random_bytes(kOdd, seed + 2);  // a second rewrite copies nothing more
+  rewrite(rig, id, c.home, Rewrite::kStreamWrite, newer);
+  EXPECT_EQ(rig.store->version_usage().held[cost_tier], padded);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd, Tier::kCpu), old_data);
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), newer);
+
+  rig.store->unpin(s);
+  u = rig.store->version_usage();
+  EXPECT_EQ(u.snapshots, 0u);
+  EXPECT_EQ(u.pinned_blocks, 0u);
+  for (Tier t : st::kAllTiers) EXPECT_EQ(u.held[t], 0u) << tier_name(t);
+  rig.store->move(id, c.home).wait();
+  if (c.home != Tier::kNvme) rig.store->evict(id, Tier::kNvme).wait();
+  EXPECT_LE(rig.store->usage(Tier::kNvme).used, swap_before);  // the old slot went back
+  EXPECT_LE(rig.store->usage(Tier::kCpu).used, host_before);
+  EXPECT_LE(rig.store->usage(Tier::kGpu).used, gpu_before);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), newer);
+  st::expect_error(ErrorCode::kInvalidArgument, "no snapshot",
+                   [&] { rig.store->read_pinned(s, id, 0, 0, nullptr).wait(); });
+}
+
+namespace {
+std::vector<Case> all_cases() {
+  std::vector<Case> out;
+  for (Tier home : st::kAllTiers)
+    for (Rewrite how :
+         {Rewrite::kAcquireWrite, Rewrite::kAcquireDiscard, Rewrite::kStreamWrite, Rewrite::kZero})
+      for (Placement p : {Placement::kHome, Placement::kAlsoNvme, Placement::kAlsoCpu})
+        out.push_back({home, how, p});
+  return out;
+}
+}  // namespace
+
+namespace {
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  static const char* kPlace[] = {"home", "also_nvme", "also_cpu"};
+  return std::string(tier_name(i.param.home)) + "_" + rewrite_name(i.param.how) + "_" +
+         kPlace[static_cast<int>(i.param.placement)];
+}
+}  // namespace
+
+INSTANTIATE_TEST_SUITE_P(EveryTier, PinnedVersion, ::testing::ValuesIn(all_cases()), case_name);
+
+// A rank's state split over the tiers (offload fractions): one snapshot pins blocks of every home;
+// a full rewrite of all of them leaves every pinned version intact; per-block unpin frees each.
+TEST(PinnedVersions, MixedTiersOneSnapshot) {
+  st::StoreRig rig;
+  const std::uint64_t seed = st::test_seed("MixedTiersOneSnapshot");
+  const Tier homes[] = {Tier::kGpu, Tier::kCpu, Tier::kNvme, Tier::kNvme, Tier::kCpu};
+  std::vector<BufferId> ids;
+  std::vector<std::vector<std::uint8_t>> old;
+  for (std::size_t k = 0; k < std::size(homes); ++k) {
+    old.push_back(st::random_bytes(kOdd - 977 * k, seed + k));
+    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
+  }
+  const SnapshotId s = rig.store->pin_committed(ids);
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    auto fresh = st::random_bytes(old[k].size(), seed + 100 + k);
+    rewrite(rig, ids[k], homes[k], Rewrite::kStreamWrite, fresh);
+  }
+  EXPECT_EQ(rig.store->version_usage().diverged_blocks, ids.size());
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    EXPECT_EQ(read_pinned(rig, s, ids[k], old[k].size()), old[k]) << k;
+    rig.store->unpin(s, ids[k]);
+    EXPECT_EQ(rig.store->version_usage().pinned_blocks, ids.size() - k - 1);
+  }
+  const VersionUsage u = rig.store->version_usage();
+  for (Tier t : st::kAllTiers) EXPECT_EQ(u.held[t], 0u) << tier_name(t);
+  rig.store->unpin(s);
+  EXPECT_EQ(rig.store->version_usage().snapshots, 0u);
+}
+
+// Two snapshots of one committed version share its copy; it is freed with the last pin.
+TEST(PinnedVersions, TwoSnapshotsShareOneCopy) {
+  st::StoreRig rig;
+  const auto a = st::random_bytes(kOdd, 7);
+  const BufferId id = add(rig, "opt.0", Tier::kCpu, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s1 = rig.store->pin_committed(ids), s2 = rig.store->pin_committed(ids);
+  auto b = st::random_bytes(kOdd, 8);
+  rig.write(id, Tier::kCpu, b);
+  const std::uint64_t padded = rig.store->padded_bytes(id);
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], padded);
+  rig.store->unpin(s1);
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], padded);
+  EXPECT_EQ(read_pinned(rig, s2, id, kOdd), a);
+  rig.store->unpin(s2);
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], 0u);
+}
+
+// Over budget the change is refused with nothing changed; after unpin it goes through.
+TEST(PinnedVersions, CopyOverBudgetRefusedNothingChanged) {
+  st::RigOptions o;
+  o.host_budget = (256 << 10) + 4 * (64 << 10) + (64 << 10);  // the pool, the block, not a copy
+  st::StoreRig rig(o);
+  const auto a = st::random_bytes(kOdd, 11);
+  const BufferId id = add(rig, "opt.0", Tier::kCpu, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  auto b = st::random_bytes(kOdd, 12);
+  st::expect_error(ErrorCode::kBudget, "pinned version of buffer 'opt.0'",
+                   [&] { rig.write(id, Tier::kCpu, b); });
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kCpu], rig.store->padded_bytes(id));
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], 0u);
+  rig.store->unpin(s);
+  rig.write(id, Tier::kCpu, b);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+}
+
+// A full swap space refuses the new slot: the write fails, both versions stay as they were.
+TEST(PinnedVersions, NewSlotOverCapacityRefused) {
+  st::RigOptions o;
+  o.nvme_capacity = 256 << 10;  // one block's slot
+  st::StoreRig rig(o);
+  const auto a = st::random_bytes(kOdd, 21);
+  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  auto b = st::random_bytes(kOdd, 22);
+  st::expect_error(ErrorCode::kBudget, "snapshot",
+                   [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_TRUE(rig.store->failure().empty());
+  rig.store->unpin(s);
+}
+
+// I/O faults: a failed rewrite of a pinned NVMe block, a failed and a corrupted read of the pinned
+// version: each reported; the pinned version reads back unchanged afterwards.
+TEST(PinnedVersions, IoFaultsLeavePinnedVersionIntact) {
+  st::StoreRig rig;
+  const auto a = st::random_bytes(kOdd, 31);
+  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  // Failed and corrupted reads of the pinned version (still the committed one, then a new one).
+  for (int round = 0; round < 2; ++round) {
+    rig.fault->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
+    st::expect_error<IoError>(ErrorCode::kIo, "", [&] { read_pinned(rig, s, id, kOdd); });
+    rig.fault->clear_faults();
+    rig.fault->add_fault(IoFault::corrupt_nth_read(1));
+    st::expect_error(ErrorCode::kChecksum, "buffer 'opt.0'",
+                     [&] { read_pinned(rig, s, id, kOdd); });
+    rig.fault->clear_faults();
+    EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+    EXPECT_TRUE(rig.store->failure().empty());
+    if (round == 1) break;
+    auto fresh = st::random_bytes(kOdd, 33);
+    rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, fresh);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), fresh);  // the committed version, untouched too
+  }
+  // A failed rewrite of the block (its write to the new slot).
+  rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
+  auto b = st::random_bytes(kOdd, 32);
+  st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
+                            [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
+  rig.fault->clear_faults();
+  EXPECT_FALSE(rig.store->failure().empty());   // the block lost its committed contents...
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);  // ... not its pinned version
+  rig.store->unpin(s);
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kNvme], 0u);
+}
+
+// A device fault during the copy-on-write of a gpu block fails the change with nothing changed;
+// the retry preserves the version and applies the change.
+TEST(PinnedVersions, DeviceFaultDuringCopyChangesNothing) {
+  st::RigOptions o;
+  o.fault_device = true;
+  st::StoreRig rig(o);
+  const auto a = st::random_bytes(kOdd, 41);
+  const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  auto b = st::random_bytes(kOdd, 42);
+  rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
+  IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
+  std::memcpy(src.data(), b.data(), b.size());
+  st::expect_error(ErrorCode::kDevice, "", [&] { rig.store->write(id, 0, 0, src.data()).wait(); });
+  rig.fdev->clear_faults();
+  EXPECT_EQ(rig.store->version_usage().held[Tier::kGpu], 0u);
+  EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kGpu], rig.store->padded_bytes(id));
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  rig.store->write(id, 0, 0, src.data()).wait();
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  rig.store->unpin(s);
+}
+
+TEST(PinnedVersions, Refusals) {
+  st::StoreRig rig;
+  const BufferId id = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOdd, 51));
+  rig.store->acquire(id, Tier::kCpu, Access::kWrite);
+  const BufferId ids[] = {id};
+  st::expect_error(ErrorCode::kInvalidArgument, "acquired for writing",
+                   [&] { rig.store->pin_committed(ids); });
+  rig.store->release(id, Tier::kCpu);
+  const BufferId twice[] = {id, id};
+  st::expect_error(ErrorCode::kInvalidArgument, "named twice",
+                   [&] { rig.store->pin_committed(twice); });
+  const SnapshotId s = rig.store->pin_committed(ids);
+  st::expect_error(ErrorCode::kInvalidArgument, "snapshot",
+                   [&] { rig.store->unregister_buffer(id); });
+  const BufferId other = add(rig, "opt.1", Tier::kCpu, st::random_bytes(100, 52));
+  std::vector<std::uint8_t> out(100);
+  st::expect_error(ErrorCode::kInvalidArgument, "does not pin buffer 'opt.1'",
+                   [&] { rig.store->read_pinned(s, other, 0, 0, out.data()); });
+  st::expect_error(ErrorCode::kInvalidArgument, "of the pinned version of 'opt.0'",
+                   [&] { rig.store->read_pinned(s, id, kOdd, 1, out.data()); });
+  rig.store->unpin(s, id);
+  st::expect_error(ErrorCode::kInvalidArgument, "does not pin",
+                   [&] { rig.store->read_pinned(s, id, 0, 0, out.data()); });
+  rig.store->unpin(s);
+  st::expect_error(ErrorCode::kInvalidArgument, "no snapshot", [&] { rig.store->unpin(s); });
+  rig.store->unregister_buffer(id);
+}
+
+// A reader of the pinned versions runs while another thread rewrites the blocks over and over:
+// every read is the pinned data (TSan: the copy-on-write against the reads).
+TEST(PinnedVersions, ConcurrentReaderAndWriter) {
+  st::StoreRig rig;
+  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
+  std::vector<BufferId> ids;
+  std::vector<std::vector<std::uint8_t>> old;
+  for (std::size_t k = 0; k < 3; ++k) {
+    old.push_back(st::random_bytes(kOdd, 60 + k));
+    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
+  }
+  const SnapshotId s = rig.store->pin_committed(ids);
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(ids[0]), HugePageMode::kNone);
+    for (int round = 0; !stop && round < 50; ++round) {
+      for (BufferId id : ids) {
+        std::memset(src.data(), round, kOdd);
+        rig.store->write(id, 0, 0, src.data()).wait();
+      }
+    }
+  });
+  for (int i = 0; i < 6; ++i)
+    for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(read_pinned(rig, s, ids[k], kOdd), old[k]);
+  stop = true;
+  writer.join();
+  rig.store->unpin(s);
+}

@@ -1,0 +1,289 @@
+// Asynchronous checkpoints (Engine::save_checkpoint with SaveMode::kAsync): the checkpoint taken
+// while training goes on is bitwise the blocking save of the same step (stages 0-3, 1 and 2
+// ranks, optimizer state on cpu and on NVMe), the steps taken meanwhile are those of a run that
+// never saved; a save while the previous one is still writing waits for it and commits it; a
+// failure of the background writer is reported at the next call and leaves the previous
+// checkpoint loadable and the training state untouched.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+
+#include "../comm/comm_test_util.hpp"
+#include "ckpt_model.hpp"
+#include "core/file_env.hpp"
+#include "strata/error.hpp"
+#include "test_util.hpp"
+#include "zero/engine_access.hpp"
+
+namespace strata::testing {
+namespace {
+
+const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
+
+// snapshot_room 1: a step never waits for the writer (every rewritten NVMe block takes a new slot).
+Config async_config(int stage, Tier state, const std::string& swap, double room = 1.0) {
+  Config cfg = ckpt_config(stage, state == Tier::kNvme ? 1.0 : 0.0, swap);
+  cfg.tiers.nvme.snapshot_room = room;
+  if (state == Tier::kCpu) cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
+  if (state == Tier::kNvme) cfg.tiers.host.buffer_size = 3 * 4096;  // several chunks per rank
+  return cfg;
+}
+
+// Runs `fn` on an engine per rank (registered, finalized); returns each rank's parameters after.
+using RankFn = std::function<void(int rank, Engine& e)>;
+std::vector<std::vector<std::vector<float>>> with_engines(int world, int stage, Tier state,
+                                                          const std::string& swap, const RankFn& fn,
+                                                          double room = 1.0) {
+  auto comms = make_inprocess_communicators(world, 30.0);
+  std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(async_config(stage, state, swap, room), comm);
+    ckpt_register(e, kSizes);
+    fn(rank, e);
+    out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
+  }));
+  return out;
+}
+
+// Everything a checkpoint restores, as a fresh engine sees it after loading `dir`: parameters,
+// master weights and both moments of every tensor, and the step counters.
+std::vector<std::vector<float>> loaded(int world, int stage, Tier state, const std::string& swap,
+                                       const std::string& dir) {
+  std::vector<std::vector<float>> got;
+  with_engines(world, stage, state, swap, [&](int rank, Engine& e) {
+    e.load_checkpoint(dir);
+    std::vector<std::vector<float>> mine = read_params(e, kSizes);
+    for (std::size_t t = 0; t < kSizes.size(); ++t)
+      for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+        std::vector<float> v(kSizes[t]);
+        e.read_state(static_cast<TensorId>(t), k, v);
+        mine.push_back(v);
+      }
+    const EngineStats s = e.stats();
+    mine.push_back({static_cast<float>(s.steps), static_cast<float>(s.applied_steps),
+                    static_cast<float>(e.optimizer_step()), static_cast<float>(s.loss_scale)});
+    if (rank == 0) got = mine;
+  });
+  return got;
+}
+
+// Holds every shard write until every rank has arrived (or a minute passed: a safety net that no
+// assertion depends on), so that the steps after an asynchronous save run while its snapshot is
+// entirely pinned: every rewritten block goes through copy-on-write.
+class GatedFileEnv : public FileEnvWrapper {
+ public:
+  GatedFileEnv(FileEnv& target, int ranks) : FileEnvWrapper(target), ranks_(ranks) {}
+  void arrive() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (++arrived_ >= ranks_) cv_.notify_all();
+  }
+  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
+                                            mode_t mode) override {
+    return std::make_unique<Gated>(FileEnvWrapper::create_file(dir, name, mode), *this);
+  }
+
+ private:
+  struct Gated : WritableFile {
+    Gated(std::unique_ptr<WritableFile> f, GatedFileEnv& env) : f_(std::move(f)), env_(env) {}
+    const std::string& path() const override { return f_->path(); }
+    void write_at(const void* d, std::uint64_t n, std::uint64_t off) override {
+      env_.wait();
+      f_->write_at(d, n, off);
+    }
+    void truncate(std::uint64_t size) override { f_->truncate(size); }
+    void sync() override { f_->sync(); }
+    std::unique_ptr<WritableFile> f_;
+    GatedFileEnv& env_;
+  };
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::minutes(1), [&] { return arrived_ >= ranks_; });
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int ranks_, arrived_ = 0;
+};
+
+struct Case {
+  int stage, world;
+  Tier state;
+};
+
+class AsyncCheckpoint : public ::testing::TestWithParam<Case> {};
+
+}  // namespace
+
+// Save asynchronously at step 5, train 4 more steps while the writer is held back (every state
+// block copy-on-write), commit: the checkpoint loads bitwise equal to a blocking save at step 5,
+// and the training went on bitwise as a run that never saved.
+TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
+  const Case c = GetParam();
+  TempDir swap("strata-async-swap"), async_dir("strata-async"), blocking_dir("strata-blocking");
+  const auto want = with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
+  });
+  with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(blocking_dir.str(), SaveMode::kBlocking, "{\"at\":5}");
+  });
+  GatedFileEnv gate(FileEnv::standard(), c.world);
+  std::vector<std::uint64_t> diverged(static_cast<std::size_t>(c.world));
+  std::vector<std::vector<std::vector<float>>> got;
+  {
+    ScopedFileEnv scoped(gate);
+    got = with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+      for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
+      e.save_checkpoint(async_dir.str(), SaveMode::kAsync, "{\"at\":5}");
+      EXPECT_TRUE(e.checkpoint_pending());
+      for (int s = 5; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
+      diverged[static_cast<std::size_t>(rank)] =
+          zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
+      gate.arrive();
+      e.wait_checkpoint();
+      EXPECT_FALSE(e.checkpoint_pending());
+      const VersionUsage u = zero::EngineAccess::storage(e).store().version_usage();
+      EXPECT_EQ(u.snapshots, 0u);
+      for (Tier t : {Tier::kGpu, Tier::kCpu, Tier::kNvme}) EXPECT_EQ(u.held[t], 0u);
+    });
+  }
+  for (int r = 0; r < c.world; ++r) {
+    expect_bitwise_equal(got[r], want[r], strcat("training went on, rank ", r));
+    EXPECT_GT(diverged[static_cast<std::size_t>(r)], 0u) << "rank " << r;
+  }
+  const auto from_async = loaded(c.world, c.stage, c.state, swap.str(), async_dir.str());
+  const auto from_blocking = loaded(c.world, c.stage, c.state, swap.str(), blocking_dir.str());
+  expect_bitwise_equal(from_async, from_blocking, "async vs blocking checkpoint");
+}
+
+INSTANTIATE_TEST_SUITE_P(StagesRanksTiers, AsyncCheckpoint, ::testing::ValuesIn([] {
+                           std::vector<Case> v;
+                           for (int stage = 0; stage <= 3; ++stage)
+                             for (int world : {1, 2})
+                               for (Tier t : {Tier::kCpu, Tier::kNvme})
+                                 v.push_back({stage, world, t});
+                           return v;
+                         }()),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           return strcat("stage", i.param.stage, "_ranks", i.param.world, "_",
+                                         tier_name(i.param.state));
+                         });
+
+// A second save while the first one's writer is still at work (every shard write delayed) waits
+// for it and commits it before it begins: both checkpoints load as blocking saves of their steps.
+TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
+  TempDir swap("strata-async-swap"), first("strata-async-1"), second("strata-async-2"),
+      ref1("strata-ref-1"), ref2("strata-ref-2");
+  with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(ref1.str());
+    ckpt_step(e, kSizes, rank, 4);
+    e.save_checkpoint(ref2.str());
+  });
+  FaultInjectingFileEnv slow(FileEnv::standard());
+  slow.add_fault(FileFault::delay_every(FileOp::kWrite, std::chrono::milliseconds(20)));
+  {
+    ScopedFileEnv scoped(slow);
+    with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+      for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+      e.save_checkpoint(first.str(), SaveMode::kAsync);
+      EXPECT_FALSE(std::filesystem::exists(first.path() / "manifest.json"));
+      ckpt_step(e, kSizes, rank, 4);
+      e.save_checkpoint(second.str(), SaveMode::kAsync);
+      // The first save was waited for and committed before the second began.
+      EXPECT_TRUE(std::filesystem::exists(first.path() / "manifest.json"));
+      EXPECT_TRUE(e.checkpoint_pending());
+      ckpt_step(e, kSizes, rank, 5);
+      e.wait_checkpoint();
+    });
+  }
+  EXPECT_GT(slow.calls(FileOp::kWrite), 0u);
+  expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), first.str()),
+                       loaded(2, 2, Tier::kNvme, swap.str(), ref1.str()), "first save");
+  expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), second.str()),
+                       loaded(2, 2, Tier::kNvme, swap.str(), ref2.str()), "second save");
+}
+
+// Without snapshot room (tiers.nvme.snapshot_room 0, the default) the first step after an
+// asynchronous save waits for its writer instead of taking new slots: nothing diverges, the
+// checkpoint is the blocking save's, the training that went on is that of a run that never saved.
+TEST(AsyncCheckpointSaves, WithoutSnapshotRoomTheStepWaitsForTheWriter) {
+  TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
+  const auto want = with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(ref.str());
+    for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+  });
+  FaultInjectingFileEnv slow(FileEnv::standard());
+  slow.add_fault(FileFault::delay_every(FileOp::kWrite, std::chrono::milliseconds(5)));
+  std::vector<std::uint64_t> diverged(2);
+  std::vector<std::vector<std::vector<float>>> got;
+  {
+    ScopedFileEnv scoped(slow);
+    got = with_engines(
+        2, 2, Tier::kNvme, swap.str(),
+        [&](int rank, Engine& e) {
+          for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+          e.save_checkpoint(dir.str(), SaveMode::kAsync);
+          for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+          diverged[static_cast<std::size_t>(rank)] =
+              zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
+          e.wait_checkpoint();
+        },
+        0.0);
+  }
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(diverged[static_cast<std::size_t>(r)], 0u) << "rank " << r;
+    expect_bitwise_equal(got[r], want[r], strcat("training went on, rank ", r));
+  }
+  expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), dir.str()),
+                       loaded(2, 2, Tier::kNvme, swap.str(), ref.str()), "async vs blocking");
+}
+
+// Every rank's shard fsync fails in the background: the save call returns, training goes on
+// untouched, wait_checkpoint() throws the writer's IoError (path, errno) on every rank, and the
+// checkpoint committed before it loads.
+TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
+  for (FileOp op : {FileOp::kSync, FileOp::kWrite}) {
+    TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
+    const auto want = with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+      for (int s = 0; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+    });
+    FaultInjectingFileEnv faulty(FileEnv::standard());
+    std::vector<std::string> errors(2);
+    std::vector<std::vector<std::vector<float>>> got;
+    {
+      ScopedFileEnv scoped(faulty);
+      got = with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+        for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+        e.save_checkpoint(dir.str(), SaveMode::kAsync);  // committed by the next call
+        e.save_checkpoint(ref.str());                    // the same step, blocking: the reference
+        ckpt_step(e, kSizes, rank, 2);
+        if (rank == 0) {
+          FileFault f = FileFault::fail_nth(op, 1, EIO);
+          f.name = "shard-";
+          f.count = 0;
+          faulty.add_fault(f);
+        }
+        ckpt_step(e, kSizes, rank, 3);  // (both ranks' faults are in place after this collective)
+        e.save_checkpoint(dir.str(), SaveMode::kAsync);
+        for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+        errors[static_cast<std::size_t>(rank)] =
+            expect_error<IoError>(ErrorCode::kIo, errno_text(EIO), [&] { e.wait_checkpoint(); });
+        EXPECT_FALSE(e.checkpoint_pending());
+        e.wait_checkpoint();  // reported once
+      });
+    }
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_NE(errors[r].find(dir.str()), std::string::npos) << errors[r];
+      EXPECT_NE(errors[r].find("injected fault"), std::string::npos) << errors[r];
+      expect_bitwise_equal(got[r], want[r], strcat("training untouched, rank ", r));
+    }
+    expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
+                         loaded(2, 1, Tier::kCpu, swap.str(), ref.str()),
+                         strcat("previous checkpoint after a failed ", file_op_name(op)));
+  }
+}
+
+}  // namespace strata::testing
