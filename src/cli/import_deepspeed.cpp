@@ -757,7 +757,10 @@ class Importer {
         {"stage3_gather_fp16_weights_on_model_save",
          "use `strata checkpoint export DIR --out model.safetensors --dtype fp16` for consolidated "
          "weights"},
-        {"ignore_unused_parameters", "every registered tensor must receive a gradient each step"},
+        {"ignore_unused_parameters",
+         "a parameter no rank has a gradient for is skipped for the step when the loop says so "
+         "(Engine::skip_gradient; strata.torch does it for every parameter its backward left "
+         "out, warning once unless unused_parameters='ignore')"},
         {"legacy_stage1", "strata has one stage-1 implementation"},
         {"zero_hpz_partition_size", "strata has no hierarchical partitioning (ZeRO++)"},
         {"zero_quantized_weights", "strata does not quantize communication (ZeRO++)"},
