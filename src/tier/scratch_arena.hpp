@@ -6,11 +6,11 @@
 // TierStore::reserve for as long as the arena holds it: one budget covers state and scratch.
 //
 // Reuse (leveldb's arena is the shape; here blocks come and go): a block given back is kept for
-// the next request of the same size, as long as what the arena holds (live + kept) stays within
-// the most it ever had live at once. A loop that repeats — the same buckets each step, the same
-// layers gathered in the same order — allocates nothing after its first step, and the arena never
-// holds more device memory than its peak demand. A request no kept block fits frees kept blocks
-// until that bound holds again, then allocates.
+// the next request it fits with little to spare (reuse_limit), as long as what the arena holds
+// (live + kept) stays within the most it ever had live at once. A loop that repeats — the same
+// buckets each step, the same layers gathered in the same order — allocates nothing after its first
+// step, and the arena never holds more device memory than its peak demand. A request no kept block
+// fits frees kept blocks until that bound holds again, then allocates.
 //
 // Ownership: borrows the store and the device (both must outlive it). Every Scratch must be given
 // back (destroyed or reset) before the arena is destroyed; the destructor frees the kept blocks.
@@ -71,7 +71,8 @@ class ScratchArena {
   ScratchArena(const ScratchArena&) = delete;
   ScratchArena& operator=(const ScratchArena&) = delete;
 
-  // A block of `bytes` (>= 1; contents undefined) of device memory. `what` names it in errors.
+  // A block of at least `bytes` (>= 1; contents undefined; size() says how much: a kept block
+  // of up to reuse_limit(bytes) is reused) of device memory. `what` names it in errors.
   Scratch take(std::size_t bytes, std::string_view what);
   // Frees every kept block (e.g. before a phase that needs the device memory for something else).
   void trim() noexcept;
@@ -81,6 +82,7 @@ class ScratchArena {
   friend class Scratch;
   void give_back(unsigned char* ptr, std::size_t bytes) noexcept EXCLUDES(mu_);
   void* allocate(std::size_t bytes, std::string_view what);
+  static std::size_t reuse_limit(std::size_t bytes);
   // Removes kept blocks until live + kept + `incoming` fits in `bound`; returns them (freed by
   // the caller outside the mutex).
   std::multimap<std::size_t, unsigned char*> shed_locked(std::uint64_t incoming,

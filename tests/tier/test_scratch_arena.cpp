@@ -68,8 +68,8 @@ TEST(ScratchArena, OverTheBudgetNamesTheScratchAndHoldsNothing) {
   o.gpu_budget = 64 << 10;
   st::StoreRig rig(o);
   ScratchArena arena(*rig.store, *rig.device);
-  { Scratch a = arena.take(48 << 10, "gradient bucket"); }  // kept
-  Scratch b = arena.take(40 << 10, "gathered parameters");  // the kept block makes room
+  { Scratch a = arena.take(24 << 10, "gradient bucket"); }  // kept
+  Scratch b = arena.take(48 << 10, "gathered parameters");  // too small: freed to make room
   EXPECT_EQ(arena.stats().kept_bytes, 0u);
   try {
     (void)arena.take(32 << 10, "gradient receive buffer");
@@ -80,8 +80,30 @@ TEST(ScratchArena, OverTheBudgetNamesTheScratchAndHoldsNothing) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("tiers.gpu.budget"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(arena.stats().live_bytes, 40u << 10);
-  EXPECT_EQ(gpu_used(*rig.store), 40u << 10);
+  EXPECT_EQ(arena.stats().live_bytes, 48u << 10);
+  EXPECT_EQ(gpu_used(*rig.store), 48u << 10);
+}
+
+// Requests of varying sizes one at a time (stage-3 gathers of single tensors): a kept block that
+// holds a request with little to spare serves it, so the loop allocates in its first round only;
+// a block far larger than a request is not given to it.
+TEST(ScratchArena, VaryingSizesReuseALargerKeptBlock) {
+  st::StoreRig rig;
+  ScratchArena arena(*rig.store, *rig.device);
+  const std::size_t sizes[] = {12004, 28, 8480, 516, 4000, 4};
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t s : sizes) {
+      Scratch a = arena.take(s, "test");
+      EXPECT_GE(a.size(), s);
+      std::memset(a.data(), round + 1, a.size());
+    }
+    EXPECT_EQ(arena.stats().allocations, 1u) << "round " << round;
+    EXPECT_EQ(arena.stats().frees, 0u) << "round " << round;
+  }
+  arena.trim();
+  { Scratch big = arena.take(std::size_t{8} << 20, "test"); }  // kept
+  Scratch small = arena.take(100, "test");
+  EXPECT_EQ(small.size(), 100u) << "an 8 MiB block given to a 100-byte request";
 }
 
 // A failed device allocation: the device's error, nothing reserved.
