@@ -146,13 +146,12 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   }
   if (stage >= 2 && c.model.parameters > 0) {
     // Buffers are min(B, F) elements each (no bucket is longer than the flat gradients). Handed in
-    // tensor by tensor in backward order, at most two buckets are in flight, one waits for its
-    // earlier tensors and one is being filled; a tensor larger than a bucket can complete one more
-    // inside it. Receive buffers: two reduce-scatters in flight plus one whose share is still being
-    // copied out to the host (ZeRO-Offload overlap, src/zero/engine_grads.cpp).
+    // tensor by tensor in backward order (a tensor spanning buckets fills its last one first), at
+    // most two buckets are in flight and one is being filled, which also waits for its earlier
+    // tensors (src/zero/gradient_reducer.cpp). Receive buffers: two reduce-scatters in flight plus
+    // one whose share is still being copied out to the host (ZeRO-Offload overlap).
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
-    const bool small_tensors = c.model.largest_layer > 0 && c.model.largest_layer < bucket;
-    r.bucket_count = std::min<std::uint64_t>(nbuckets, small_tensors ? 4 : 5);
+    r.bucket_count = std::min<std::uint64_t>(nbuckets, 3);
     r.buckets = sat_mul(r.bucket_count, std::min(bucket, flat), gb);
     r.receive_count = std::min<std::uint64_t>(nbuckets, 3);
     r.receive = sat_mul(r.receive_count, std::min(bucket, psize), gb);

@@ -169,13 +169,14 @@ void GradientReducer::hand_in_zero(TensorId id) {
     stream_->memset_async(layout_.grads_device() + off * ges, 0, n * ges);
     stream_->synchronize(timeout_);
   } else if (layout_.stage() >= 2) {
-    for (std::size_t pos = off; pos < off + n;) {
-      const std::size_t k = pos / bucket_elems_;
-      const std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+    // Last bucket first, as hand_in_bucketed.
+    for (std::size_t stop = off + n; stop > off;) {
+      const std::size_t k = (stop - 1) / bucket_elems_;
+      const std::size_t pos = std::max(off, bucket_begin(k));
       bucket_buffer(k);
       bucket_pending_[k] -= stop - pos;
       if (bucket_pending_[k] == 0) bucket_complete(k);
-      pos = stop;
+      stop = pos;
     }
     collect_copies(false);
   }
@@ -226,17 +227,20 @@ void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsi
   stream_->synchronize(timeout_);
 }
 
-// The copy stream takes host and device memory alike.
+// The copy stream takes host and device memory alike. A tensor spanning several buckets fills them
+// last bucket first: a backward handing in tensors in reverse order then completes buckets in
+// descending order, the order in which several ranks issue them (bucket_complete), so no complete
+// bucket waits for a higher one with its buffer held.
 void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src) {
   const std::size_t ges = layout_.grad_elem_bytes();
-  for (std::size_t pos = off; pos < off + n;) {
-    const std::size_t k = pos / bucket_elems_;
-    const std::size_t stop = std::min(off + n, bucket_begin(k) + bucket_len(k));
+  for (std::size_t stop = off + n; stop > off;) {
+    const std::size_t k = (stop - 1) / bucket_elems_;
+    const std::size_t pos = std::max(off, bucket_begin(k));
     copy(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, src + (pos - off) * ges,
          (stop - pos) * ges);
     bucket_pending_[k] -= stop - pos;
     if (bucket_pending_[k] == 0) bucket_complete(k);
-    pos = stop;
+    stop = pos;
   }
 }
 

@@ -202,10 +202,10 @@ TEST(Plan, VerdictNamesTheOverflowingTier) {
 
 TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   Config c = config(7'500'000'000ULL, 8, 0);
-  // 50M-element buckets: 5 x 100 MB + 3 x 100 MB receive buffers at stages 2-3, + 144 B norm +
+  // 50M-element buckets: 3 x 100 MB + 3 x 100 MB receive buffers at stages 2-3, + 144 B norm +
   // 67.11 MB staging on every rung (stages 0-1: norm + staging).
   c.zero.reduce_bucket_size = 50'000'000;
-  const std::uint64_t rt01 = 144 + kStaging, rt23 = 800'000'000ULL + rt01;
+  const std::uint64_t rt01 = 144 + kStaging, rt23 = 600'000'000ULL + rt01;
   auto rec = [&](std::uint64_t gpu_budget) {
     c.tiers.gpu.budget = gpu_budget;
     return recommend(c);
@@ -213,13 +213,13 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_EQ(rec(80 * kGB).layout.describe(), "stage 1, no offload");   // 120 GB does not fit
   EXPECT_EQ(rec(120 * kGB).layout.describe(), "stage 1, no offload");  // + runtime buffers
   EXPECT_EQ(rec(120 * kGB + rt01).layout.describe(), "stage 0, no offload");
-  EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");  // 28.125 GB + 867 MB
+  EXPECT_EQ(rec(30 * kGB).layout.describe(), "stage 2, no offload");  // 28.125 GB + 667 MB
   EXPECT_EQ(rec(28'125'000'000ULL + rt23 - 1).layout.describe(), "stage 2, optimizer on cpu");
   // Stage 2 with the optimizer on the host (16.9 GB) comes before stage 3 (lowest stage first).
   Recommendation r = rec(20 * kGB);
   EXPECT_EQ(r.layout.describe(), "stage 2, optimizer on cpu");
-  EXPECT_NE(r.reason.find("[stage 2, no offload: gpu needs 28.12 GB model state + 867.11 MB "
-                          "runtime buffers = 28.99 GB per rank > budget 20 GB (over by 8.99 GB)]"),
+  EXPECT_NE(r.reason.find("[stage 2, no offload: gpu needs 28.12 GB model state + 667.11 MB "
+                          "runtime buffers = 28.79 GB per rank > budget 20 GB (over by 8.79 GB)]"),
             std::string::npos)
       << r.reason;
   EXPECT_NE(r.reason.find("[stage 0, no offload: gpu needs 120 GB"), std::string::npos) << r.reason;
@@ -236,7 +236,7 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_TRUE(r.found);
   EXPECT_EQ(r.layout.describe(), "stage 3, optimizer on nvme");
   EXPECT_NE(r.reason.find("needs tiers.nvme.paths"), std::string::npos) << r.reason;
-  // A 1 GB gpu holds only the runtime buffers: everything off it; nothing at all with 700 MB.
+  // A 1 GB gpu holds only the runtime buffers: everything off it; nothing at all with 667 MB.
   c.tiers.host.budget = 512 * kGB;
   EXPECT_EQ(rec(1 * kGB).layout.describe(),
             "stage 3, optimizer on cpu, gradients on cpu, params on cpu");
@@ -244,7 +244,7 @@ TEST(Plan, RecommendsLowestStageThenLeastOffload) {
   EXPECT_FALSE(r.found);
   // The advice names the knob that shrinks what overflows: the buckets and receive buffers.
   EXPECT_NE(r.reason.find("shrink zero.reduce_bucket_size (gradient buckets and receive buffers: "
-                          "800 MB per rank)"),
+                          "600 MB per rank)"),
             std::string::npos)
       << r.reason;
   c.tiers.host.budget = 20 * kGB;  // 30 GB of params + grads per node no longer fit on the host
@@ -307,20 +307,20 @@ TEST(Plan, RecommendationCountsActivations13B) {
             std::string::npos)
       << r.reason;
   const RuntimeBuffers& rt = r.ladder[2].layout.runtime;
-  EXPECT_EQ(rt.bucket_count, 5u);  // 26 buckets; model.largest_layer not given
-  EXPECT_EQ(rt.buckets, 5 * kGB);  // 500M fp16 gradients each
+  EXPECT_EQ(rt.bucket_count, 3u);  // 26 buckets: 2 in flight + 1 being filled
+  EXPECT_EQ(rt.buckets, 3 * kGB);  // 500M fp16 gradients each
   EXPECT_EQ(rt.receive, 3 * kGB);  // 2 reduce-scatters in flight + 1 share copied out
-  EXPECT_EQ(rt.total(), 8 * kGB + 144 + kStaging);
+  EXPECT_EQ(rt.total(), 6 * kGB + 144 + kStaging);
   EXPECT_EQ(r.ladder[2].gpu_total,
-            48'750'000'000ULL + 8 * kGB + 144 + kStaging + 22'984'785'920ULL);
-  // Largest layer below the bucket: 4 buckets, and 1 GB more room.
+            48'750'000'000ULL + 6 * kGB + 144 + kStaging + 22'984'785'920ULL);
+  // Largest layer below the bucket: the same 3 buckets.
   Config d = c;
   d.model.largest_layer = 315'000'000;
-  EXPECT_EQ(make_plan(d).recommendation.ladder[2].layout.runtime.bucket_count, 4u);
-  // 600M-element buckets: 6 + 3.6 GB of buckets push stage 2 over; stage 2 with the optimizer on
-  // the host is next.
+  EXPECT_EQ(make_plan(d).recommendation.ladder[2].layout.runtime.bucket_count, 3u);
+  // 800M-element buckets: 4.8 + 4.8 GB of buckets and receive buffers push stage 2 over; stage 2
+  // with the optimizer on the host is next.
   d = c;
-  d.zero.reduce_bucket_size = 600'000'000;
+  d.zero.reduce_bucket_size = 800'000'000;
   Recommendation big = recommend(d);
   EXPECT_FALSE(big.ladder[2].fits);
   EXPECT_NE(big.ladder[2].verdict.find("9.67 GB runtime buffers"), std::string::npos)
@@ -352,7 +352,7 @@ TEST(Plan, Stage3CountsTheGatheredLayers) {
   EXPECT_EQ(rt.layer, 500'000'000u);
   EXPECT_EQ(rt.gathered, 2 * 500'000'000ULL * 2);  // 2 fp16 layers
   EXPECT_EQ(rt.send, 2 * 500'000'000ULL * 2);      // a layer may lie wholly in one partition
-  EXPECT_EQ(rt.bucket_count, 5u);                  // the layer is not below the 500M bucket
+  EXPECT_EQ(rt.bucket_count, 3u);                  // 2 in flight + 1 being filled
   Plan p = make_plan(c);
   EXPECT_FALSE(p.configured_fits());
   EXPECT_NE(p.configured_rung.verdict.find("runtime buffers"), std::string::npos)
@@ -378,17 +378,17 @@ TEST(Plan, RuntimeBuffersFormulas) {
   c.precision.grads = DType::kFp32;
   // P = ceil(1000003 / 3) = 333335 rounded up to 64 = 333376; F = 1000128; 11 buckets.
   RuntimeBuffers r = runtime_buffers(c, 2, c.offload);
-  EXPECT_EQ(r.bucket_count, 5u);
-  EXPECT_EQ(r.buckets, 5 * 100'000ULL * 4);
+  EXPECT_EQ(r.bucket_count, 3u);
+  EXPECT_EQ(r.buckets, 3 * 100'000ULL * 4);
   EXPECT_EQ(r.receive_count, 3u);
   EXPECT_EQ(r.receive, 3 * 100'000ULL * 4);
   EXPECT_EQ(r.norm, 16u * 4);
   EXPECT_EQ(r.staging, 1'000'128ULL * 4);  // the whole flat space fits one broadcast piece
   EXPECT_EQ(r.step(), r.buckets + r.receive + r.norm);
   EXPECT_EQ(r.total(), r.step() + r.staging);
-  // Every tensor below the bucket (model.largest_layer < B): 4.
+  // Every tensor below the bucket (model.largest_layer < B): the same 3.
   c.model.largest_layer = 99'999;
-  EXPECT_EQ(runtime_buffers(c, 2, c.offload).bucket_count, 4u);
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).bucket_count, 3u);
   // One bucket larger than the model: one buffer of the flat gradients' size (F = 1000128), not of
   // B elements, and a receive buffer of the partition.
   c.zero.reduce_bucket_size = 500'000'000;

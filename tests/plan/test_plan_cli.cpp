@@ -52,9 +52,9 @@ TEST(PlanCli, CheckExitsThreeWhenTheLayoutDoesNotFit) {
   r = plan(cfg + " --check --set zero.stage=2", dir);
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("Verdict: fits with activation checkpointing"), std::string::npos) << r.out;
-  // The runtime buffers decide: 600M-element gradient buckets (5 x 1.2 GB + 3 x 1.2 GB receive
+  // The runtime buffers decide: 800M-element gradient buckets (3 x 1.6 GB + 3 x 1.6 GB receive
   // buffers) do not fit beside 48.75 GB of model state and 22.98 GB of activations.
-  r = plan(cfg + " --check --set zero.stage=2 --set zero.reduce_bucket_size=600M", dir);
+  r = plan(cfg + " --check --set zero.stage=2 --set zero.reduce_bucket_size=800M", dir);
   EXPECT_EQ(r.rc, 3) << r.err;
   EXPECT_NE(r.err.find("+ 9.67 GB runtime buffers +"), std::string::npos) << r.err;
   // Without --check the report exits 0 either way; --json keeps its one document with --check.
@@ -76,8 +76,8 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_NE(r.out.find("Every stage x offload rung"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("> stage 2, no offload"), std::string::npos) << r.out;
   // The runtime buffers as their own lines, and the pinned pool a GPU rank has without offload.
-  EXPECT_NE(r.out.find("    runtime buffers        8.07 GB"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("buckets             5 GB  5 x zero.reduce_bucket_size (500M)"),
+  EXPECT_NE(r.out.find("    runtime buffers        6.07 GB"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("buckets             3 GB  3 x zero.reduce_bucket_size (500M)"),
             std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("pinned staging pool: 1.07 GB per rank (4 x 256 MiB)"), std::string::npos)
@@ -91,7 +91,7 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_EQ(j["ladder"][1]["activations_per_rank_bytes"].get<std::uint64_t>(), 22'984'785'920ULL);
   EXPECT_TRUE(j["ladder"][2]["fits"].get<bool>());
   const std::uint64_t pools = 8ULL * 4 * (256ULL << 20);  // every rank's pinned pool
-  const std::uint64_t runtime = 8'000'000'000ULL + 144 + (1ULL << 26);
+  const std::uint64_t runtime = 6'000'000'000ULL + 144 + (1ULL << 26);
   EXPECT_EQ(j["ladder"][2]["gpu_model_state_per_rank_bytes"].get<std::uint64_t>(),
             48'750'000'000ULL);
   EXPECT_EQ(j["ladder"][2]["runtime_buffers_per_rank_bytes"].get<std::uint64_t>(), runtime);
@@ -101,8 +101,8 @@ TEST(PlanCli, LadderTableAndRecommendation13B) {
   EXPECT_EQ(j["ladder"][3]["host_per_node_bytes"].get<std::uint64_t>(),
             8 * 19'500'000'000ULL + pools);
   const auto& rt = j["configured"]["runtime_buffers_per_rank_bytes"];
-  EXPECT_EQ(rt["buckets"].get<std::uint64_t>(), 5'000'000'000ULL);
-  EXPECT_EQ(rt["bucket_count"].get<int>(), 5);
+  EXPECT_EQ(rt["buckets"].get<std::uint64_t>(), 3'000'000'000ULL);
+  EXPECT_EQ(rt["bucket_count"].get<int>(), 3);
   EXPECT_EQ(rt["receive"].get<std::uint64_t>(), 3'000'000'000ULL);
   EXPECT_EQ(rt["total"].get<std::uint64_t>(), runtime);
   EXPECT_EQ(j["configured"]["per_rank_bytes"]["gpu"].get<std::uint64_t>(),
