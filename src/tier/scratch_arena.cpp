@@ -17,12 +17,13 @@ Scratch& Scratch::operator=(Scratch&& other) noexcept {
     arena_ = std::exchange(other.arena_, nullptr);
     ptr_ = std::exchange(other.ptr_, nullptr);
     bytes_ = std::exchange(other.bytes_, 0);
+    varying_ = std::exchange(other.varying_, false);
   }
   return *this;
 }
 
 void Scratch::reset() noexcept {
-  if (ptr_ != nullptr) arena_->give_back(ptr_, bytes_);
+  if (ptr_ != nullptr) arena_->give_back(ptr_, bytes_, varying_);
   arena_ = nullptr;
   ptr_ = nullptr;
   bytes_ = 0;
@@ -32,22 +33,19 @@ ScratchArena::ScratchArena(TierStore& store, Device& device) : store_(store), de
 
 ScratchArena::~ScratchArena() { trim(); }
 
-Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
+Scratch ScratchArena::take(std::size_t bytes, std::string_view what, bool varying) {
   bytes = std::max<std::size_t>(bytes, 1);
-  std::multimap<std::size_t, unsigned char*> shed;
+  std::multimap<std::size_t, ScratchArena::Kept> shed;
   {
     MutexLock lock(mu_);
-    // The smallest kept block that holds `bytes` with little to spare: a loop whose requests vary
-    // in size (stage-3 gathers of tensors one at a time) reuses its blocks instead of freeing one
-    // to allocate another (within the peak bound below, only so many blocks are kept).
-    if (auto it = kept_.lower_bound(bytes); it != kept_.end() && it->first <= reuse_limit(bytes)) {
+    if (auto it = find_kept_locked(bytes, varying); it != kept_.end()) {
       const std::size_t size = it->first;
-      unsigned char* p = it->second;
+      unsigned char* p = it->second.ptr;
       kept_.erase(it);
       stats_.kept_bytes -= size;
       stats_.live_bytes += size;
       stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-      return Scratch(this, p, size);
+      return Scratch(this, p, size, varying);
     }
     const std::uint64_t bound = std::max(stats_.peak_live_bytes, stats_.live_bytes + bytes);
     shed = shed_locked(bytes, bound);
@@ -65,7 +63,21 @@ Scratch ScratchArena::take(std::size_t bytes, std::string_view what) {
   ++stats_.allocations;
   stats_.live_bytes += bytes;
   stats_.peak_live_bytes = std::max(stats_.peak_live_bytes, stats_.live_bytes);
-  return Scratch(this, static_cast<unsigned char*>(p), bytes);
+  return Scratch(this, static_cast<unsigned char*>(p), bytes, varying);
+}
+
+// A kept block of exactly `bytes`, or for a varying request the smallest kept block of another
+// varying request that holds `bytes` with little to spare: a loop whose requests vary in size
+// reuses its blocks instead of freeing one to allocate another (only so many are kept: the peak
+// bound), and the fixed-size requests (buckets, receive buffers) keep their exact sizes.
+std::multimap<std::size_t, ScratchArena::Kept>::iterator ScratchArena::find_kept_locked(
+    std::size_t bytes, bool varying) {
+  auto it = kept_.lower_bound(bytes);
+  if (it != kept_.end() && it->first == bytes) return it;
+  if (!varying) return kept_.end();
+  for (; it != kept_.end() && it->first <= reuse_limit(bytes); ++it)
+    if (it->second.varying) return it;
+  return kept_.end();
 }
 
 // The largest kept block a request of `bytes` may take: a quarter more, or 1 MiB more for small
@@ -85,9 +97,9 @@ void* ScratchArena::allocate(std::size_t bytes, std::string_view what) {
   }
 }
 
-std::multimap<std::size_t, unsigned char*> ScratchArena::shed_locked(std::uint64_t incoming,
-                                                                     std::uint64_t bound) {
-  std::multimap<std::size_t, unsigned char*> out;
+std::multimap<std::size_t, ScratchArena::Kept> ScratchArena::shed_locked(std::uint64_t incoming,
+                                                                         std::uint64_t bound) {
+  std::multimap<std::size_t, ScratchArena::Kept> out;
   while (!kept_.empty() && stats_.live_bytes + stats_.kept_bytes + incoming > bound) {
     auto largest = std::prev(kept_.end());
     stats_.kept_bytes -= largest->first;
@@ -97,20 +109,21 @@ std::multimap<std::size_t, unsigned char*> ScratchArena::shed_locked(std::uint64
   return out;
 }
 
-void ScratchArena::free_blocks(const std::multimap<std::size_t, unsigned char*>& blocks) noexcept {
-  for (const auto& [bytes, p] : blocks) {
-    device_.free(p);
+void ScratchArena::free_blocks(
+    const std::multimap<std::size_t, ScratchArena::Kept>& blocks) noexcept {
+  for (const auto& [bytes, k] : blocks) {
+    device_.free(k.ptr);
     store_.unreserve(Tier::kGpu, bytes);
   }
   MutexLock lock(mu_);
   stats_.frees += blocks.size();
 }
 
-void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes) noexcept {
+void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes, bool varying) noexcept {
   MutexLock lock(mu_);
   stats_.live_bytes -= bytes;
   try {
-    kept_.emplace(bytes, ptr);
+    kept_.emplace(bytes, Kept{ptr, varying});
     stats_.kept_bytes += bytes;
   } catch (...) {  // no memory for the map node: free the block at once
     device_.free(ptr);
@@ -120,7 +133,7 @@ void ScratchArena::give_back(unsigned char* ptr, std::size_t bytes) noexcept {
 }
 
 void ScratchArena::trim() noexcept {
-  std::multimap<std::size_t, unsigned char*> all;
+  std::multimap<std::size_t, ScratchArena::Kept> all;
   {
     MutexLock lock(mu_);
     all.swap(kept_);

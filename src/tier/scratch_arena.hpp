@@ -49,11 +49,12 @@ class Scratch {
 
  private:
   friend class ScratchArena;
-  Scratch(ScratchArena* arena, unsigned char* ptr, std::size_t bytes)
-      : arena_(arena), ptr_(ptr), bytes_(bytes) {}
+  Scratch(ScratchArena* arena, unsigned char* ptr, std::size_t bytes, bool varying)
+      : arena_(arena), ptr_(ptr), bytes_(bytes), varying_(varying) {}
   ScratchArena* arena_ = nullptr;
   unsigned char* ptr_ = nullptr;
   std::size_t bytes_ = 0;
+  bool varying_ = false;
 };
 
 struct ScratchStats {
@@ -71,28 +72,36 @@ class ScratchArena {
   ScratchArena(const ScratchArena&) = delete;
   ScratchArena& operator=(const ScratchArena&) = delete;
 
-  // A block of at least `bytes` (>= 1; contents undefined; size() says how much: a kept block
-  // of up to reuse_limit(bytes) is reused) of device memory. `what` names it in errors.
-  Scratch take(std::size_t bytes, std::string_view what);
+  // A block of at least `bytes` (>= 1; contents undefined; size() says how much) of device
+  // memory. `what` names it in errors. A kept block of exactly `bytes` is reused; a `varying`
+  // request (its size changes from call to call: stage-3 gathers of tensors one at a time) also
+  // takes a kept block of another varying request of up to reuse_limit(bytes).
+  Scratch take(std::size_t bytes, std::string_view what, bool varying = false);
   // Frees every kept block (e.g. before a phase that needs the device memory for something else).
   void trim() noexcept;
   ScratchStats stats() const;
 
  private:
   friend class Scratch;
-  void give_back(unsigned char* ptr, std::size_t bytes) noexcept EXCLUDES(mu_);
+  struct Kept {
+    unsigned char* ptr;
+    bool varying;
+  };
+  void give_back(unsigned char* ptr, std::size_t bytes, bool varying) noexcept EXCLUDES(mu_);
+  std::multimap<std::size_t, Kept>::iterator find_kept_locked(std::size_t bytes, bool varying)
+      REQUIRES(mu_);
   void* allocate(std::size_t bytes, std::string_view what);
   static std::size_t reuse_limit(std::size_t bytes);
   // Removes kept blocks until live + kept + `incoming` fits in `bound`; returns them (freed by
   // the caller outside the mutex).
-  std::multimap<std::size_t, unsigned char*> shed_locked(std::uint64_t incoming,
-                                                         std::uint64_t bound) REQUIRES(mu_);
-  void free_blocks(const std::multimap<std::size_t, unsigned char*>& blocks) noexcept;
+  std::multimap<std::size_t, Kept> shed_locked(std::uint64_t incoming, std::uint64_t bound)
+      REQUIRES(mu_);
+  void free_blocks(const std::multimap<std::size_t, Kept>& blocks) noexcept;
 
   TierStore& store_;
   Device& device_;
   mutable Mutex mu_;
-  std::multimap<std::size_t, unsigned char*> kept_ GUARDED_BY(mu_);  // size -> block
+  std::multimap<std::size_t, Kept> kept_ GUARDED_BY(mu_);  // size -> block
   ScratchStats stats_ GUARDED_BY(mu_);
 };
 

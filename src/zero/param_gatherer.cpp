@@ -41,7 +41,7 @@ void ParamGatherer::start(TensorId id) {
     g.ready = true;
     return;
   }
-  g.buf = scratch_.take(n * layout_.param_elem_bytes(), "gathered parameters");
+  g.buf = scratch_.take(n * layout_.param_elem_bytes(), "gathered parameters", true);
   try {
     start_io(id);
   } catch (...) {  // a failed read changes nothing: the gather can be retried
@@ -58,7 +58,7 @@ void ParamGatherer::start_io(TensorId id) {
   const unsigned char* send = g.buf.data();  // a rank with no share sends nothing
   if (const std::size_t mine = share.local.count) {
     const std::size_t b = share.local.begin;
-    g.send = scratch_.take(mine * pes, "gather send slice");
+    g.send = scratch_.take(mine * pes, "gather send slice", true);
     std::vector<Transfer> reads;
     for (std::size_t pos = b; pos < b + mine;) {
       const Chunk& c = layout_.chunk_at(pos);

@@ -84,16 +84,16 @@ TEST(ScratchArena, OverTheBudgetNamesTheScratchAndHoldsNothing) {
   EXPECT_EQ(gpu_used(*rig.store), 48u << 10);
 }
 
-// Requests of varying sizes one at a time (stage-3 gathers of single tensors): a kept block that
-// holds a request with little to spare serves it, so the loop allocates in its first round only;
-// a block far larger than a request is not given to it.
+// Varying requests one at a time (stage-3 gathers of single tensors): a kept block of another
+// varying request that holds a request with little to spare serves it, so the loop allocates in its
+// first round only; a block far larger than a request is not given to it.
 TEST(ScratchArena, VaryingSizesReuseALargerKeptBlock) {
   st::StoreRig rig;
   ScratchArena arena(*rig.store, *rig.device);
   const std::size_t sizes[] = {12004, 28, 8480, 516, 4000, 4};
   for (int round = 0; round < 3; ++round) {
     for (std::size_t s : sizes) {
-      Scratch a = arena.take(s, "test");
+      Scratch a = arena.take(s, "test", true);
       EXPECT_GE(a.size(), s);
       std::memset(a.data(), round + 1, a.size());
     }
@@ -101,9 +101,13 @@ TEST(ScratchArena, VaryingSizesReuseALargerKeptBlock) {
     EXPECT_EQ(arena.stats().frees, 0u) << "round " << round;
   }
   arena.trim();
-  { Scratch big = arena.take(std::size_t{8} << 20, "test"); }  // kept
-  Scratch small = arena.take(100, "test");
+  { Scratch big = arena.take(std::size_t{8} << 20, "test", true); }  // kept
+  Scratch small = arena.take(100, "test", true);
   EXPECT_EQ(small.size(), 100u) << "an 8 MiB block given to a 100-byte request";
+  // A fixed-size request takes only a block of its own size.
+  { Scratch g = arena.take(5000, "test", true); }  // kept
+  Scratch fixed = arena.take(4000, "test");
+  EXPECT_EQ(fixed.size(), 4000u);
 }
 
 // A failed device allocation: the device's error, nothing reserved.
