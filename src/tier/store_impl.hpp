@@ -36,6 +36,7 @@ struct Transfer::State {
 namespace tier {
 
 inline int ti(Tier t) { return static_cast<int>(t); }
+inline constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
 
 struct Copy {
   IoBuffer host;        // Tier::kCpu storage
@@ -53,8 +54,10 @@ struct QuarantinedHost {
   bool locked = false, by_device = false;  // as the Copy it came from (unlocked at shutdown)
 };
 
-// A pinned version that is no longer the block's committed contents (copy-on-write preserved it):
-// the swap slot the block had (NVMe, with its CRCs, or known zero), or a staging copy in memory.
+// A version that is not the block's committed contents. Pinned (copy-on-write preserved it): the
+// swap slot the block had (NVMe, with its CRCs, or known zero), or a staging copy in memory.
+// Pending (open_pending): a new swap slot (home nvme) or a second buffer in the home tier, written
+// by write_pending, until commit or discard.
 struct Version {
   Tier where = Tier::kNvme;
   SwapExtent extent{};             // kNvme
@@ -62,6 +65,12 @@ struct Version {
   bool zero = false;               // kNvme: reads as zeros (never written)
   IoBuffer host;                   // kCpu
   DeviceMemory gpu;                // kGpu
+  // Pending only: byte ranges written so far, in order (a commit takes these; the rest of the
+  // block stays as committed); a write that failed (commit refused); a device copy that did not
+  // finish (its memory is never reused: quarantined when the version goes).
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> written;
+  bool failed = false;
+  bool unsafe = false;
 };
 
 // One snapshot's pin of a block; `data` null while the pinned version is the committed one.
@@ -91,9 +100,21 @@ struct Buf {
   std::vector<QuarantinedHost> quarantine;
   std::vector<DeviceMemory> gpu_quarantine;
   std::vector<VersionRef> versions;  // pinned versions (tier_versions.cpp)
+  std::shared_ptr<Version> pending;  // the pending version, if open (tier_versions.cpp)
 };
 
-enum class OpKind { kMove, kPrefetch, kEvict, kAcquire, kRead, kWrite, kZero, kReadPinned };
+enum class OpKind {
+  kMove,
+  kPrefetch,
+  kEvict,
+  kAcquire,
+  kRead,
+  kWrite,
+  kZero,
+  kReadPinned,
+  kWritePending,
+  kCommit
+};
 
 // Whether a job changes the buffer's contents (copy-on-write runs before it).
 inline bool changes_contents(OpKind k, Access a) {
@@ -168,6 +189,14 @@ struct WorkerContext {
 
 }  // namespace tier
 
+// The tier store's own files (tier_*.cpp) name these unqualified.
+using tier::Buf;
+using tier::Job;
+using tier::kTiers;
+using tier::OpKind;
+using tier::ti;
+using tier::WorkerContext;
+
 class TierStore::Impl {
  public:
   Impl(const TierStoreOptions& options, Device& device, IoEngine* engine, PinnedPool* pool);
@@ -199,6 +228,12 @@ class TierStore::Impl {
   void unpin(SnapshotId s, const BufferId* id);  // id null: every block left
   VersionUsage version_usage() const;
   VersionBytes rewrite_cost(SnapshotId s) const;
+  void open_pending(std::span<const BufferId> ids);
+  Transfer submit_write_pending(BufferId id, std::uint64_t offset, std::uint64_t bytes,
+                                const void* src, Tier memory);
+  void commit(std::span<const BufferId> ids);
+  void discard(std::span<const BufferId> ids);
+  bool has_pending(BufferId id) const;
 
  private:
   // ---- versions (tier_versions.cpp)
@@ -217,6 +252,16 @@ class TierStore::Impl {
   void read_version_nvme(tier::Buf& b, const tier::Version& v, tier::Job& job,
                          tier::WorkerContext& ctx);
   tier::SnapshotRec& snapshot_locked(SnapshotId s) REQUIRES(mutex_);
+  // ---- pending versions (tier_versions.cpp)
+  std::vector<tier::Buf*> distinct_locked(std::span<const BufferId> ids, const char* what)
+      REQUIRES(mutex_);
+  void wait_blocks_idle_locked(UniqueLock& lock, const std::vector<tier::Buf*>& bufs,
+                               const char* what) REQUIRES(mutex_);
+  std::shared_ptr<tier::Version> make_pending_locked(tier::Buf& b) REQUIRES(mutex_);
+  void free_pending_locked(tier::Buf& b) REQUIRES(mutex_);
+  void run_write_pending(tier::Job& job, tier::WorkerContext& ctx);
+  void run_commit(tier::Buf& b, tier::WorkerContext& ctx);
+  void commit_slot(tier::Buf& b, tier::Version& p, tier::WorkerContext& ctx);
 
   // ---- scheduling (tier_store.cpp)
   void worker_loop(tier::WorkerContext& ctx);
@@ -275,6 +320,9 @@ class TierStore::Impl {
   // ---- data paths (tier_copy.cpp); the destination's storage exists. Throw on failure; never
   // return while the device or the kernel may still touch a buffer (unless `*unsafe` is set).
   void copy_host_to_nvme(tier::Buf& b, const std::uint8_t* src, bool* unsafe);
+  // The same into another slot of the block's size (a pending version), its CRCs into `crc`.
+  void copy_host_to_slot(tier::Buf& b, const std::uint8_t* src, const SwapExtent& slot,
+                         std::vector<std::uint32_t>& crc, bool* unsafe);
   void copy_nvme_to_host(tier::Buf& b, std::uint8_t* dst, bool* unsafe);
   void copy_gpu_to_nvme(tier::Buf& b, const std::uint8_t* src, tier::WorkerContext& ctx,
                         bool* unsafe);
@@ -327,6 +375,8 @@ class TierStore::Impl {
   std::map<SnapshotId, tier::SnapshotRec> snapshots_ GUARDED_BY(mutex_);
   SnapshotId next_snapshot_ GUARDED_BY(mutex_) = 1;
   std::uint64_t version_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};
+  std::uint64_t pending_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};
+  std::uint64_t pending_blocks_ GUARDED_BY(mutex_) = 0;
 
   Mutex admin_mutex_;
   std::unique_ptr<Stream> admin_stream_ GUARDED_BY(admin_mutex_);

@@ -74,7 +74,7 @@ ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
            strcat("stream: part [", pp.offset, ", ", pp.offset + pp.bytes, ") of '", info.name,
                   "' beyond its ", info.bytes, " bytes"));
     pp.whole = pp.offset == 0 && pp.bytes == info.bytes;
-    pp.in_place = views_in_place(info.home, where, device_is_host);
+    pp.in_place = !sp.pending && views_in_place(info.home, where, device_is_host);
     pp.tier = info.home;
     if (!pp.in_place) {
       if (info.home == Tier::kNvme && !pp.whole)
@@ -390,7 +390,9 @@ class Runner {
       const PartPlan& pp = plan.parts[k];
       if (pp.in_place || !sp.out) continue;
       phase_part_ = k;
-      p.writes.emplace_back(store_.write(sp.id, pp.offset, pp.whole ? 0 : pp.bytes, p.views[k], t_),
+      const std::uint64_t n = pp.whole ? 0 : pp.bytes;
+      p.writes.emplace_back(sp.pending ? store_.write_pending(sp.id, pp.offset, n, p.views[k], t_)
+                                       : store_.write(sp.id, pp.offset, n, p.views[k], t_),
                             k);
       stats_.bytes_out += pp.bytes;
     }

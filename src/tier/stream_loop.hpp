@@ -17,6 +17,9 @@
 // (TierStore::read: NVMe with its CRC checked, or a device→host copy on a mover's stream); parts
 // with `out` are written after it (TierStore::write: to NVMe with fresh CRCs, or host→device).
 //
+// Versions: a part marked `pending` is read from the committed version and written to the
+// block's pending version (the speculative update, issue 26); the one loop serves both updates.
+//
 // Schedule: with a window of w slots, item i+1..i+w-1 are read while fn runs on item i and the
 // writes of i-1.. are still in flight; a slot is reused only after its writes completed (drain
 // before release), and goes back as soon as they did (checked, without waiting, before each
@@ -67,6 +70,11 @@ struct StreamPart {
   std::uint64_t bytes = 0;   // 0: from offset to the end of the buffer
   bool in = true;            // its current contents are needed by the compute
   bool out = false;          // the compute changes it: store it afterwards
+  // The version selector (docs/versioned_state.md): false, the committed version is read and
+  // written; true, the committed version is read and the result is written to the block's
+  // pending version (TierStore::write_pending; open_pending first). A pending part is always
+  // staged in the slot, never viewed in place (the committed bytes must not change).
+  bool pending = false;
 };
 
 inline constexpr std::size_t kMaxParts = 4;

@@ -13,10 +13,6 @@
 
 namespace strata {
 
-using tier::Buf;
-using tier::ti;
-using tier::WorkerContext;
-
 namespace {
 
 // Waits for every ticket (all of them, also after a failure, so no buffer is still in use when
@@ -116,7 +112,12 @@ void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, 
 }
 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
-  const std::uint64_t base = b.copy[ti(Tier::kNvme)].extent.offset;
+  copy_host_to_slot(b, src, b.copy[ti(Tier::kNvme)].extent, b.crc, unsafe);
+}
+
+void TierStore::Impl::copy_host_to_slot(Buf& b, const std::uint8_t* src, const SwapExtent& slot,
+                                        std::vector<std::uint32_t>& crc, bool* unsafe) {
+  const std::uint64_t base = slot.offset;
   TicketSet set(*engine_, options_.timeout);
   const std::size_t n = pieces(b);
   for (std::size_t i = 0; i < n; ++i) {
@@ -127,8 +128,8 @@ void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* u
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
-  for (std::size_t i = 0; i < n && !b.crc.empty(); ++i)
-    b.crc[i] = crc32c(src + i * piece_size(), piece_len(b, i));
+  for (std::size_t i = 0; i < n && !crc.empty(); ++i)
+    crc[i] = crc32c(src + i * piece_size(), piece_len(b, i));
   set.finish(unsafe);
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;

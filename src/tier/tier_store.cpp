@@ -15,14 +15,7 @@
 
 namespace strata {
 
-using tier::Buf;
-using tier::Job;
-using tier::OpKind;
-using tier::ti;
-using tier::WorkerContext;
-
 namespace {
-constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
 const char* op_name(OpKind k) {
   switch (k) {
     case OpKind::kMove: return "tier store: moving";
@@ -33,6 +26,8 @@ const char* op_name(OpKind k) {
     case OpKind::kWrite: return "tier store: writing";
     case OpKind::kZero: return "tier store: zeroing";
     case OpKind::kReadPinned: return "tier store: reading the pinned version of";
+    case OpKind::kWritePending: return "tier store: writing the pending version of";
+    case OpKind::kCommit: return "tier store: committing the pending version of";
   }
   return "tier store:";
 }
@@ -264,6 +259,7 @@ void TierStore::Impl::unregister_buffer(BufferId id) {
     fail(ErrorCode::kInvalidArgument,
          strcat("tier store: cannot unregister buffer '", b.spec.name, "': snapshot ",
                 b.versions.front().snap, " pins it; unpin it first"));
+  if (b.pending) free_pending_locked(b);
   for (Tier t : kTiers) drop_locked(b, t);
   bufs_.erase(id);
 }
@@ -539,6 +535,8 @@ void TierStore::Impl::run_job(Job& job, WorkerContext& ctx) {
       case OpKind::kWrite: stream_write(job, ctx); break;
       case OpKind::kZero: stream_zero(b, ctx); break;
       case OpKind::kReadPinned: run_read_pinned(job, ctx); break;
+      case OpKind::kWritePending: run_write_pending(job, ctx); break;
+      case OpKind::kCommit: run_commit(b, ctx); break;
       case OpKind::kAcquire: {
         if (job.access == Access::kDiscard) {
           {
@@ -714,7 +712,9 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
       case OpKind::kRead:
       case OpKind::kWrite:
       case OpKind::kZero:
-      case OpKind::kReadPinned: return false;  // always on a mover (never inlined)
+      case OpKind::kReadPinned:
+      case OpKind::kWritePending:
+      case OpKind::kCommit: return false;  // always on a mover (never inlined)
     }
   } catch (...) {
     job.state->finish(std::current_exception(), nullptr);
@@ -1061,5 +1061,13 @@ void TierStore::unpin(SnapshotId s, BufferId id) { impl_->unpin(s, &id); }
 void TierStore::unpin(SnapshotId s) { impl_->unpin(s, nullptr); }
 VersionUsage TierStore::version_usage() const { return impl_->version_usage(); }
 VersionBytes TierStore::rewrite_cost(SnapshotId s) const { return impl_->rewrite_cost(s); }
+void TierStore::open_pending(std::span<const BufferId> ids) { impl_->open_pending(ids); }
+Transfer TierStore::write_pending(BufferId id, std::uint64_t offset, std::uint64_t bytes,
+                                  const void* src, Tier memory) {
+  return impl_->submit_write_pending(id, offset, bytes, src, memory);
+}
+void TierStore::commit(std::span<const BufferId> ids) { impl_->commit(ids); }
+void TierStore::discard(std::span<const BufferId> ids) { impl_->discard(ids); }
+bool TierStore::has_pending(BufferId id) const { return impl_->has_pending(id); }
 
 }  // namespace strata

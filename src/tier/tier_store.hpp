@@ -179,6 +179,8 @@ struct VersionUsage {
   std::uint32_t snapshots = 0;        // live snapshots
   std::uint64_t pinned_blocks = 0;    // (snapshot, block) pairs still pinned
   std::uint64_t diverged_blocks = 0;  // of them, holding their own storage (rewritten since)
+  VersionBytes pending;               // storage of open pending versions (open_pending)
+  std::uint64_t pending_blocks = 0;   // blocks with an open pending version
 };
 
 class TierStore {
@@ -267,8 +269,6 @@ class TierStore {
   // is failed (read_pinned and unpin are the operations a failed store still runs: a checkpoint of
   // the step before the failure can be finished). unregister_buffer() of a pinned block is
   // refused.
-  // The speculative update (issue 26) adds pending versions beside these (pending_version,
-  // commit, discard) over the same per-block version list.
   SnapshotId pin_committed(std::span<const BufferId> ids);
   Transfer read_pinned(SnapshotId s, BufferId id, std::uint64_t offset, std::uint64_t bytes,
                        void* dst, Tier memory = Tier::kCpu, bool padded = false);
@@ -278,6 +278,35 @@ class TierStore {
   // Bytes per tier that rewriting every block of `s` still sharing its committed version would
   // hold (nvme: new slots; gpu / cpu: staging copies).
   VersionBytes rewrite_cost(SnapshotId s) const;
+
+  // ---- Versioned state: the pending half (the speculative update, issue 26).
+  // open_pending(ids) gives every block a *pending* version beside its committed one, storage
+  // only (its bytes are undefined until written): home nvme a new swap slot (SwapSpace::allocate),
+  // home cpu / gpu a second buffer of the block's padded size counted against that tier's budget.
+  // All or none: Error(kBudget) when one does not fit, Error(kInvalidArgument) for an unknown or
+  // repeated id or a block that already has one; nothing opened then.
+  // write_pending(id, ...) writes a byte range of the pending version from the caller's memory (as
+  // write(), in the block's order with its other operations); home nvme: the whole block only,
+  // from 4096-aligned host memory holding padded_bytes() (device memory: Error(kUnsupported)).
+  // Every other operation (read, acquire, pin_committed, read_pinned...) sees the committed
+  // version: a pending one is never read before it is committed. A failed write_pending leaves
+  // the committed version untouched and the store usable; the pending version is marked failed.
+  // commit(ids): each block's pending version becomes its committed one, in the block's order
+  // (after its queued operations): nvme: the pending slot becomes the block's NVMe copy (no data
+  // copied; the old slot is freed, or kept by the snapshots that pin it), the memory copies
+  // dropped; cpu / gpu: the written ranges are copied into the home copy (copy-on-write first for
+  // a pinned block, as for write()), the rest of the block keeps its committed bytes. Refused,
+  // nothing changed, when a block has no pending version, or one whose write failed, or (nvme)
+  // one not wholly written (Error(kInvalidArgument)). A commit job that fails (I/O, budget of a
+  // copy-on-write) throws; the blocks committed before it stay committed, the failing one keeps
+  // its old version and its pending one is freed. discard(ids) frees the pending versions (after
+  // the blocks' queued operations), committed versions unchanged; blocks without one are skipped.
+  void open_pending(std::span<const BufferId> ids);
+  Transfer write_pending(BufferId id, std::uint64_t offset, std::uint64_t bytes, const void* src,
+                         Tier memory = Tier::kCpu);
+  void commit(std::span<const BufferId> ids);
+  void discard(std::span<const BufferId> ids);
+  bool has_pending(BufferId id) const;
 
  private:
   class Impl;

@@ -11,11 +11,6 @@
 
 namespace strata {
 
-using tier::Buf;
-using tier::Job;
-using tier::ti;
-using tier::WorkerContext;
-
 namespace {
 constexpr Tier kMemTiers[2] = {Tier::kGpu, Tier::kCpu};
 void* copy_ptr(tier::Copy& c, Tier t) { return t == Tier::kGpu ? c.gpu.get() : c.host.data(); }

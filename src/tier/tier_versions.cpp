@@ -1,24 +1,15 @@
-// The tier store's versioned state, the snapshot half (docs/versioned_state.md; the contract is in
-// tier_store.hpp, "Versioned state"): pins of committed versions, copy-on-write before a change,
-// reads of pinned versions, unpin.
+// The tier store's versioned state (docs/versioned_state.md; the contract is in tier_store.hpp,
+// "Versioned state"): pins of committed versions, copy-on-write before a change, reads of pinned
+// versions, unpin; pending versions, their writes, commit and discard.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/crc32c.hpp"
 #include "strata/error.hpp"
 #include "tier/store_impl.hpp"
 
 namespace strata {
-
-using tier::Buf;
-using tier::Job;
-using tier::OpKind;
-using tier::ti;
-using tier::WorkerContext;
-
-namespace {
-constexpr Tier kTiers[3] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
-}  // namespace
 
 tier::SnapshotRec& TierStore::Impl::snapshot_locked(SnapshotId s) {
   auto it = snapshots_.find(s);
@@ -32,25 +23,36 @@ bool TierStore::Impl::shares_committed(const Buf& b) {
                      [](const tier::VersionRef& r) { return !r.data; });
 }
 
-SnapshotId TierStore::Impl::pin_committed(std::span<const BufferId> ids) {
-  UniqueLock lock(mutex_);
-  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-  if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+std::vector<Buf*> TierStore::Impl::distinct_locked(std::span<const BufferId> ids,
+                                                   const char* what) {
   std::vector<Buf*> bufs;
   for (BufferId id : ids) {
     Buf& b = buf_locked(id);
     if (std::find(bufs.begin(), bufs.end(), &b) != bufs.end())
       fail(ErrorCode::kInvalidArgument,
-           strcat("tier store: pin_committed: buffer '", b.spec.name, "' named twice"));
+           strcat("tier store: ", what, ": buffer '", b.spec.name, "' named twice"));
     bufs.push_back(&b);
   }
+  return bufs;
+}
+
+void TierStore::Impl::wait_blocks_idle_locked(UniqueLock& lock, const std::vector<Buf*>& bufs,
+                                              const char* what) {
   const auto idle = [&]() REQUIRES(mutex_) {
     return std::all_of(bufs.begin(), bufs.end(), [](const Buf* b) { return b->queued == 0; });
   };
   if (!state_cv_.wait_for(lock, options_.timeout, idle))
-    fail(ErrorCode::kTimeout, strcat("tier store: pin_committed: the blocks still have transfers "
-                                     "after ",
-                                     options_.timeout.count(), " ms"));
+    fail(ErrorCode::kTimeout,
+         strcat("tier store: ", what, ": the blocks still have transfers after ",
+                options_.timeout.count(), " ms"));
+}
+
+SnapshotId TierStore::Impl::pin_committed(std::span<const BufferId> ids) {
+  UniqueLock lock(mutex_);
+  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+  if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+  const std::vector<Buf*> bufs = distinct_locked(ids, "pin_committed");
+  wait_blocks_idle_locked(lock, bufs, "pin_committed");
   for (const Buf* b : bufs) {
     for (Tier t : kTiers) {
       if (b->copy[ti(t)].write_pins)
@@ -319,6 +321,8 @@ VersionUsage TierStore::Impl::version_usage() const {
   MutexLock lock(mutex_);
   VersionUsage u;
   for (Tier t : kTiers) u.held.bytes[ti(t)] = version_bytes_[ti(t)];
+  for (Tier t : kTiers) u.pending.bytes[ti(t)] = pending_bytes_[ti(t)];
+  u.pending_blocks = pending_blocks_;
   u.snapshots = static_cast<std::uint32_t>(snapshots_.size());
   for (const auto& [s, rec] : snapshots_) {
     for (BufferId id : rec.ids) {
@@ -347,6 +351,272 @@ VersionBytes TierStore::Impl::rewrite_cost(SnapshotId s) const {
     cost.bytes[ti(where)] += b.padded;
   }
   return cost;
+}
+
+// ---- pending versions
+
+std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
+  auto p = std::make_shared<tier::Version>();
+  const Tier t = b.spec.home;
+  p->where = t;
+  if (t == Tier::kNvme) {
+    p->extent = swap_->allocate(b.padded, strcat("the pending version of buffer '", b.spec.name,
+                                                 "' (optimizer.speculation_budget)"));
+    p->crc.assign(options_.checksum ? pieces(b) : 0, 0);
+    pending_bytes_[ti(t)] += p->extent.length;
+    return p;
+  }
+  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
+  if (t == Tier::kCpu && used_[ti(t)] + cached_ + b.padded > budget) {
+    host_cache_.clear();  // cached mappings are the first to go
+    cached_ = 0;
+  }
+  if (used_[ti(t)] + b.padded > budget)
+    fail(ErrorCode::kBudget,
+         strcat("tier store: a pending version of buffer '", b.spec.name, "' (", b.padded,
+                " bytes) does not fit in the ", tier_name(t), " tier: ", used_[ti(t)], " of ",
+                budget, " bytes in use (tiers.", t == Tier::kGpu ? "gpu" : "host",
+                ".budget); nothing was opened"));
+  if (t == Tier::kCpu)
+    p->host = IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
+  else
+    p->gpu = device_.allocate(b.padded);
+  used_[ti(t)] += b.padded;
+  pending_bytes_[ti(t)] += b.padded;
+  return p;
+}
+
+void TierStore::Impl::free_pending_locked(Buf& b) {
+  tier::Version& p = *b.pending;
+  if (p.where == Tier::kNvme) {
+    if (p.extent.length) {
+      pending_bytes_[ti(Tier::kNvme)] -= p.extent.length;
+      if (!p.unsafe) swap_->free(p.extent);  // else a late write may still land in it: kept
+    }
+  } else {
+    pending_bytes_[ti(p.where)] -= b.padded;
+    if (p.unsafe) {  // a device copy may still touch it: kept (and counted) until shutdown
+      if (p.host) b.quarantine.push_back({std::move(p.host), false, false});
+      if (p.gpu) b.gpu_quarantine.push_back(std::move(p.gpu));
+    } else {
+      used_[ti(p.where)] -= b.padded;
+    }
+  }
+  --pending_blocks_;
+  b.pending.reset();
+}
+
+void TierStore::Impl::open_pending(std::span<const BufferId> ids) {
+  MutexLock lock(mutex_);
+  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+  if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+  const std::vector<Buf*> bufs = distinct_locked(ids, "open_pending");
+  for (const Buf* b : bufs)
+    if (b->pending)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: buffer '", b->spec.name, "' already has a pending version"));
+  std::vector<Buf*> opened;
+  try {
+    for (Buf* b : bufs) {
+      b->pending = make_pending_locked(*b);
+      ++pending_blocks_;
+      opened.push_back(b);
+    }
+  } catch (...) {
+    for (Buf* b : opened) free_pending_locked(*b);
+    throw;
+  }
+}
+
+bool TierStore::Impl::has_pending(BufferId id) const {
+  MutexLock lock(mutex_);
+  return buf_locked(id).pending != nullptr;
+}
+
+Transfer TierStore::Impl::submit_write_pending(BufferId id, std::uint64_t offset,
+                                               std::uint64_t bytes, const void* src, Tier memory) {
+  auto state = std::make_shared<Transfer::State>();
+  {
+    MutexLock lock(mutex_);
+    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    Buf& b = buf_locked(id);
+    if (!b.pending)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: write_pending: buffer '", b.spec.name, "' has no pending version"));
+    if (bytes == 0 && offset <= b.spec.bytes) bytes = b.spec.bytes - offset;
+    if (offset + bytes > b.spec.bytes || bytes == 0 || !src || memory == Tier::kNvme)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: write of bytes [", offset, ", ", offset + bytes,
+                  ") of the pending version of '", b.spec.name, "' (", b.spec.bytes,
+                  " bytes) from ", src ? tier_name(memory) : "a null pointer"));
+    if (b.spec.home == Tier::kNvme) {
+      if (offset != 0 || bytes != b.spec.bytes)
+        fail(ErrorCode::kInvalidArgument, strcat("tier store: buffer '", b.spec.name,
+                                                 "' lives on nvme: its pending version is "
+                                                 "written whole, not bytes [",
+                                                 offset, ", ", offset + bytes, ")"));
+      if (memory != Tier::kCpu)
+        fail(ErrorCode::kUnsupported,
+             strcat("tier store: the pending version of '", b.spec.name,
+                    "' (on nvme) is written from host memory only, not device memory"));
+      if (reinterpret_cast<std::uintptr_t>(src) % 4096 != 0)
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: write of the pending version of '", b.spec.name,
+                    "' to nvme from host memory that is not 4096-aligned"));
+    }
+    Job job{OpKind::kWritePending, &b, memory, Access::kRead, state, offset, bytes,
+            const_cast<void*>(src)};
+    ++b.queued;
+    queue_.push_back(std::move(job));
+  }
+  work_cv_.notify_one();
+  return Transfer(state);
+}
+
+void TierStore::Impl::run_write_pending(Job& job, WorkerContext& ctx) {
+  Buf& b = *job.buf;
+  std::shared_ptr<tier::Version> p;
+  {
+    MutexLock lock(mutex_);
+    p = b.pending;
+  }
+  if (!p)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("tier store: buffer '", b.spec.name, "' has no pending version (discarded?)"));
+  bool unsafe = false;
+  try {
+    if (p->where == Tier::kNvme) {
+      copy_host_to_slot(b, static_cast<const std::uint8_t*>(job.ptr), p->extent, p->crc, &unsafe);
+    } else {
+      auto* base =
+          static_cast<std::uint8_t*>(p->where == Tier::kGpu ? p->gpu.get() : p->host.data());
+      copy_memory(base + job.offset, job.ptr, job.bytes, p->where, job.tier, ctx, &unsafe);
+    }
+  } catch (...) {
+    MutexLock lock(mutex_);
+    p->failed = true;  // the committed version was not touched
+    p->unsafe = p->unsafe || unsafe;
+    throw;
+  }
+  MutexLock lock(mutex_);
+  p->written.emplace_back(job.offset, job.bytes);
+  ++stats_.writes;
+}
+
+void TierStore::Impl::commit(std::span<const BufferId> ids) {
+  std::vector<Transfer> jobs;
+  {
+    UniqueLock lock(mutex_);
+    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    const std::vector<Buf*> bufs = distinct_locked(ids, "commit");
+    wait_blocks_idle_locked(lock, bufs, "commit");
+    for (const Buf* b : bufs) {
+      const char* why = !b->pending                   ? "has no pending version"
+                        : b->pending->failed          ? "has a pending version whose write failed"
+                        : b->pending->written.empty() ? "has a pending version never written"
+                                                      : nullptr;
+      if (!why && b->spec.home == Tier::kNvme && b->pending->written.size() != 1)
+        why = "has a pending version (on nvme) not written whole";
+      if (why)
+        fail(ErrorCode::kInvalidArgument,
+             strcat("tier store: commit refused: buffer '", b->spec.name, "' ", why,
+                    "; nothing was committed"));
+    }
+    for (Buf* b : bufs) {
+      auto state = std::make_shared<Transfer::State>();
+      ++b->queued;
+      queue_.push_back(Job{OpKind::kCommit, b, b->spec.home, Access::kRead, state});
+      jobs.emplace_back(state);
+    }
+  }
+  work_cv_.notify_all();
+  std::exception_ptr first;
+  for (const Transfer& t : jobs) {
+    try {
+      t.wait(options_.timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+// On a mover, in the block's order. Memory homes: the written ranges go through stream_write (the
+// copy-on-write of a pinned block, the budgets and the failure handling as for write()).
+void TierStore::Impl::run_commit(Buf& b, WorkerContext& ctx) {
+  std::shared_ptr<tier::Version> p;
+  {
+    MutexLock lock(mutex_);
+    p = b.pending;
+  }
+  if (!p)
+    fail(ErrorCode::kInternal, strcat("tier store: buffer '", b.spec.name,
+                                      "' lost its "
+                                      "pending version"));
+  try {
+    if (p->where == Tier::kNvme) {
+      commit_slot(b, *p, ctx);
+    } else {
+      auto* base =
+          static_cast<std::uint8_t*>(p->where == Tier::kGpu ? p->gpu.get() : p->host.data());
+      for (const auto& [off, len] : p->written) {
+        Job w{OpKind::kWrite, &b, p->where, Access::kRead, nullptr, off, len, base + off};
+        stream_write(w, ctx);
+      }
+    }
+  } catch (...) {
+    MutexLock lock(mutex_);
+    if (b.pending == p) free_pending_locked(b);
+    throw;
+  }
+  MutexLock lock(mutex_);
+  if (b.pending == p) free_pending_locked(b);
+}
+
+// The pending slot becomes the block's NVMe copy; the old slot goes to the snapshots still sharing
+// the committed version (no data copied), else back to the extent allocator.
+void TierStore::Impl::commit_slot(Buf& b, tier::Version& p, WorkerContext& ctx) {
+  bool copy_first = false;
+  {
+    MutexLock lock(mutex_);
+    require_unpinned_away_locked(b, "commit");
+    if (b.copy[ti(Tier::kCpu)].pins)
+      fail(ErrorCode::kInvalidArgument,
+           strcat("tier store: cannot commit buffer '", b.spec.name, "': it is acquired on cpu"));
+    copy_first = shares_committed(b) && !b.copy[ti(Tier::kNvme)].valid;
+  }
+  if (copy_first) preserve_pinned(b, ctx);  // the committed contents live in memory only
+  MutexLock lock(mutex_);
+  tier::Copy& n = b.copy[ti(Tier::kNvme)];
+  if (shares_committed(b)) {  // the NVMe copy is valid: the pins keep its slot
+    auto v = std::make_shared<tier::Version>();
+    v->where = Tier::kNvme;
+    v->extent = n.extent;
+    v->crc = std::move(b.crc);
+    v->zero = b.nvme_zero;
+    version_bytes_[ti(Tier::kNvme)] += v->extent.length;
+    adopt_version_locked(b, std::move(v));
+  } else if (n.extent.length) {
+    swap_->free(n.extent);
+  }
+  for (Tier u : {Tier::kGpu, Tier::kCpu}) drop_locked(b, u);
+  pending_bytes_[ti(Tier::kNvme)] -= p.extent.length;
+  n.extent = std::exchange(p.extent, SwapExtent{});
+  b.crc = std::move(p.crc);
+  n.valid = true;
+  b.nvme_zero = false;
+  ++stats_.writes;
+}
+
+void TierStore::Impl::discard(std::span<const BufferId> ids) {
+  UniqueLock lock(mutex_);
+  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+  const std::vector<Buf*> bufs = distinct_locked(ids, "discard");
+  wait_blocks_idle_locked(lock, bufs, "discard");
+  for (Buf* b : bufs)
+    if (b->pending) free_pending_locked(*b);
 }
 
 }  // namespace strata

@@ -8,6 +8,7 @@
 
 #include "strata/error.hpp"
 #include "test_util.hpp"
+#include "tier/stream_loop.hpp"
 #include "tier/swap_space.hpp"
 #include "tier/tier_store.hpp"
 #include "tier_test_util.hpp"
@@ -377,4 +378,214 @@ TEST(PinnedVersions, ConcurrentReaderAndWriter) {
   stop = true;
   writer.join();
   rig.store->unpin(s);
+}
+
+// ---- pending versions (the speculative update's half)
+
+namespace {
+
+// Writes `data` (whole) into the pending version of `id` from 4096-aligned host memory.
+Transfer write_pending(st::StoreRig& rig, BufferId id, const std::vector<std::uint8_t>& data,
+                       std::uint64_t at = 0, std::uint64_t n = 0) {
+  static thread_local IoBuffer src;
+  src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
+  std::memcpy(src.data(), data.data() + at, n ? n : data.size());
+  return rig.store->write_pending(id, at, n, src.data());
+}
+
+std::uint64_t pending_held(st::StoreRig& rig, Tier t) {
+  return rig.store->version_usage().pending[t];
+}
+
+class PendingVersion : public ::testing::TestWithParam<Tier> {};
+
+std::string home_name(const ::testing::TestParamInfo<Tier>& i) { return tier_name(i.param); }
+
+}  // namespace
+
+// A pending version is written beside the committed one, never read before commit; commit makes
+// it the contents (its storage counted in the home tier until then), discard drops it.
+TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
+  const Tier home = GetParam();
+  st::StoreRig rig;
+  const auto a = st::random_bytes(kOdd, 71), b = st::random_bytes(kOdd, 72);
+  const BufferId id = add(rig, "opt.0", home, a);
+  const BufferId ids[] = {id};
+  for (const bool keep : {false, true}) {
+    rig.store->open_pending(ids);
+    EXPECT_TRUE(rig.store->has_pending(id));
+    EXPECT_GE(pending_held(rig, home), rig.store->padded_bytes(id));
+    write_pending(rig, id, b).wait();
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);  // the committed version, untouched
+    if (keep) {
+      rig.store->commit(ids);
+    } else {
+      rig.store->discard(ids);
+    }
+    EXPECT_FALSE(rig.store->has_pending(id));
+    EXPECT_EQ(pending_held(rig, home), 0u);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), keep ? b : a);
+  }
+  EXPECT_EQ(rig.store->version_usage().pending_blocks, 0u);
+  EXPECT_TRUE(rig.store->failure().empty());
+}
+
+// Memory homes: a pending version written in ranges commits those ranges only (nvme pending
+// versions are written whole: PendingVersions.Refusals).
+TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
+  for (const Tier home : {Tier::kGpu, Tier::kCpu}) {
+    SCOPED_TRACE(tier_name(home));
+    st::StoreRig rig;
+    const auto a = st::random_bytes(kOdd, 73), b = st::random_bytes(kOdd, 74);
+    const BufferId id = add(rig, "opt.0", home, a);
+    const BufferId ids[] = {id};
+    rig.store->open_pending(ids);
+    write_pending(rig, id, b, 1000, 5000).wait();
+    write_pending(rig, id, b, 90000, 7).wait();
+    rig.store->commit(ids);
+    auto want = a;
+    std::memcpy(want.data() + 1000, b.data() + 1000, 5000);
+    std::memcpy(want.data() + 90000, b.data() + 90000, 7);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), want);
+  }
+}
+
+// A snapshot pinned while a pending version exists keeps the old contents after the commit (nvme:
+// the old slot, no copy); the committed version is the new one; unpin frees the old one.
+TEST_P(PendingVersion, ComposesWithAPin) {
+  const Tier home = GetParam();
+  st::StoreRig rig;
+  const auto a = st::random_bytes(kOdd, 75), b = st::random_bytes(kOdd, 76);
+  const BufferId id = add(rig, "opt.0", home, a);
+  const BufferId ids[] = {id};
+  rig.store->open_pending(ids);
+  write_pending(rig, id, b).wait();
+  const SnapshotId s = rig.store->pin_committed(ids);
+  rig.store->commit(ids);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_GE(rig.store->version_usage().held[home], rig.store->padded_bytes(id));
+  rig.store->unpin(s);
+  EXPECT_EQ(rig.store->version_usage().held[home], 0u);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTier, PendingVersion,
+                         ::testing::Values(Tier::kGpu, Tier::kCpu, Tier::kNvme), home_name);
+
+// A failed write of a pending version (I/O error, corrupted data is caught at the read after the
+// commit) leaves the committed version and the store usable; commit is refused, discard works.
+TEST(PendingVersions, FailedWriteLeavesCommittedUntouched) {
+  st::StoreRig rig;
+  const auto a = st::random_bytes(kOdd, 81), b = st::random_bytes(kOdd, 82);
+  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
+  const BufferId ids[] = {id};
+  rig.store->open_pending(ids);
+  rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
+  st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
+                            [&] { write_pending(rig, id, b).wait(); });
+  rig.fault->clear_faults();
+  EXPECT_TRUE(rig.store->failure().empty());
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  st::expect_error(ErrorCode::kInvalidArgument, "whose write failed",
+                   [&] { rig.store->commit(ids); });
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  rig.store->discard(ids);
+  EXPECT_EQ(pending_held(rig, Tier::kNvme), 0u);
+  rig.store->open_pending(ids);
+  write_pending(rig, id, b).wait();
+  rig.store->commit(ids);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+}
+
+// A device fault while a gpu block's pending version is written: the same.
+TEST(PendingVersions, DeviceFaultLeavesCommittedUntouched) {
+  st::RigOptions o;
+  o.fault_device = true;
+  st::StoreRig rig(o);
+  const auto a = st::random_bytes(kOdd, 83), b = st::random_bytes(kOdd, 84);
+  const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
+  const BufferId ids[] = {id};
+  rig.store->open_pending(ids);
+  rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
+  st::expect_error(ErrorCode::kDevice, "", [&] { write_pending(rig, id, b).wait(); });
+  rig.fdev->clear_faults();
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  st::expect_error(ErrorCode::kInvalidArgument, "whose write failed",
+                   [&] { rig.store->commit(ids); });
+  rig.store->discard(ids);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_TRUE(rig.store->failure().empty());
+}
+
+// Budgets: a pending copy that does not fit the host budget, or a slot the swap space cannot hold,
+// is refused with nothing opened (all or none over the ids).
+TEST(PendingVersions, OverBudgetRefusedNothingOpened) {
+  st::RigOptions o;
+  o.host_budget = (256 << 10) + 4 * (64 << 10) + (64 << 10);  // the pool and one block
+  o.nvme_capacity = 256 << 10;                                // one block's slot
+  st::StoreRig rig(o);
+  const BufferId cpu = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOdd, 85));
+  const BufferId nvme = add(rig, "opt.1", Tier::kNvme, st::random_bytes(kOdd, 86));
+  for (BufferId id : {cpu, nvme}) {
+    const BufferId ids[] = {id};
+    st::expect_error(ErrorCode::kBudget, "", [&] { rig.store->open_pending(ids); });
+    EXPECT_FALSE(rig.store->has_pending(id));
+  }
+  EXPECT_EQ(rig.store->version_usage().pending_blocks, 0u);
+  for (Tier t : {Tier::kCpu, Tier::kNvme}) EXPECT_EQ(pending_held(rig, t), 0u);
+}
+
+TEST(PendingVersions, Refusals) {
+  st::StoreRig rig;
+  const BufferId id = add(rig, "opt.0", Tier::kNvme, st::random_bytes(kOdd, 87));
+  const BufferId ids[] = {id};
+  std::vector<std::uint8_t> b = st::random_bytes(kOdd, 88);
+  st::expect_error(ErrorCode::kInvalidArgument, "no pending version",
+                   [&] { write_pending(rig, id, b); });
+  st::expect_error(ErrorCode::kInvalidArgument, "no pending version",
+                   [&] { rig.store->commit(ids); });
+  rig.store->open_pending(ids);
+  st::expect_error(ErrorCode::kInvalidArgument, "already has",
+                   [&] { rig.store->open_pending(ids); });
+  st::expect_error(ErrorCode::kInvalidArgument, "never written", [&] { rig.store->commit(ids); });
+  st::expect_error(ErrorCode::kInvalidArgument, "written whole",
+                   [&] { write_pending(rig, id, b, 0, 4096); });
+  rig.store->discard(ids);
+  rig.store->discard(ids);  // nothing left: a no-op
+  EXPECT_EQ(rig.store->version_usage().pending_blocks, 0u);
+}
+
+// The one loop with the version selector: the update reads committed and writes pending; the
+// committed contents stay until the commit.
+TEST(PendingVersions, StreamWritesThePendingVersion) {
+  st::RigOptions o;
+  o.pool_buffer_size = 256 << 10;  // one block per slot
+  st::StoreRig rig(o);
+  std::vector<BufferId> ids;
+  std::vector<std::vector<std::uint8_t>> old;
+  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
+  for (std::size_t k = 0; k < 3; ++k) {
+    old.push_back(st::random_bytes(kOdd, 90 + k));
+    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
+  }
+  rig.store->open_pending(ids);
+  std::vector<tier::StreamItem> items;
+  for (BufferId id : ids) items.push_back({{{id, 0, 0, true, true, true}}});
+  tier::StreamOptions so;
+  so.window = 2;
+  tier::run_stream(
+      *rig.store, items,
+      [](std::size_t, std::span<void* const> v) {
+        auto* p = static_cast<std::uint8_t*>(v[0]);
+        for (std::uint64_t i = 0; i < kOdd; ++i) p[i] = static_cast<std::uint8_t>(p[i] ^ 0x5a);
+      },
+      so);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOdd), old[k]);
+  rig.store->commit(ids);
+  for (std::size_t k = 0; k < 3; ++k) {
+    auto want = old[k];
+    for (auto& x : want) x = static_cast<std::uint8_t>(x ^ 0x5a);
+    EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOdd), want);
+  }
 }
