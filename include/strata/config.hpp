@@ -93,6 +93,12 @@ struct OptimizerConfig {
   double weight_decay = 0.01;  // >= 0
   double grad_clip = 0.0;      // max global gradient L2 norm; 0 = no clipping
   OptimizerUpdate update = OptimizerUpdate::kCpu;
+  // The speculative update during the backward (docs/offload.md, "The speculative update"): off,
+  // on (refused where unsupported), auto (where supported; paused while rollbacks are frequent).
+  OptimizerOverlap overlap = OptimizerOverlap::kOff;
+  // Bytes of pending versions one step may hold (host, device and NVMe together); 0 = no bound
+  // beyond the tiers' budgets. Chunks beyond it wait for the decision.
+  std::uint64_t speculation_budget = 0;
 };
 
 struct WorldConfig {

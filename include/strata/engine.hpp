@@ -128,6 +128,14 @@ struct StepResult {
   double grad_norm = 0;   // global, of the averaged, unscaled gradients (before clipping)
   double clip_coef = 1;   // applied to the gradients (1 when no clipping)
   double loss_scale = 1;  // the scale for the next step
+  // The speculative update (optimizer.overlap, docs/offload.md): chunks of the rank's state
+  // updated during the backward into pending versions, of which committed (no clip, no overflow)
+  // or rolled back (discarded; the serial update ran instead). speculated = committed +
+  // rolled_back.
+  std::uint32_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;
+  // Seconds from the last gradient handed in (or from step()'s start, if later) to the end of
+  // step(): the optimizer time the backward did not hide.
+  double exposed_s = 0;
 };
 
 struct EngineStats {
@@ -148,6 +156,9 @@ struct EngineStats {
   // Seconds the caller was blocked by checkpoints: whole blocking saves; for asynchronous ones,
   // the snapshot, the waits for the writer (its commit, or a step making room) and the commit.
   double checkpoint_blocked_s = 0;
+  // The speculative update, summed over steps (see StepResult).
+  std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;
+  double exposed_s = 0;
 };
 
 // Engine::save_checkpoint: wait for the whole save, or snapshot and write in the background.

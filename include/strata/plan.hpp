@@ -140,6 +140,11 @@ struct Layout {
   // Swap space reserved for the pinned versions of asynchronous checkpoints
   // (tiers.nvme.snapshot_room x the optimizer state on nvme, within the budget; in per_rank.nvme).
   std::uint64_t snapshot_room = 0;
+  // The speculative update's pending versions at most (optimizer.overlap on / auto where it
+  // speculates, docs/offload.md; within optimizer.speculation_budget): the off-gpu optimizer state
+  // (pageable host, nvme) and the parameters it writes (stages 1-2: the flat parameters, gpu;
+  // stage 3: in the parameters' tier). In per_rank.
+  TierBytes speculation;
   TierBytes per_rank;   // state + pool (pinned host) + runtime buffers (gpu) + snapshot room (nvme)
   TierBytes per_node;   // per_rank x ranks on the fullest node
   LinkTraffic traffic;  // per rank per optimizer step

@@ -17,6 +17,8 @@ enum class OptimizerType { kAdam, kAdamW };
 // Where the optimizer update runs: the CPU kernel on host memory, or the runtime.device's kernel
 // after a host-to-device copy (DeviceAdam).
 enum class OptimizerUpdate { kCpu, kDevice };
+// Whether the update runs speculatively during the backward (optimizer.overlap, docs/offload.md).
+enum class OptimizerOverlap { kOff, kOn, kAuto };
 // Where a piece of state lives. kCpu is host memory (pinned or pageable, see OffloadTarget).
 enum class Tier { kGpu, kCpu, kNvme };
 enum class IoEngineKind { kAuto, kIoUring, kThreads };
@@ -54,6 +56,8 @@ EnumNames<OptimizerType> enum_names<OptimizerType>();
 template <>
 EnumNames<OptimizerUpdate> enum_names<OptimizerUpdate>();
 template <>
+EnumNames<OptimizerOverlap> enum_names<OptimizerOverlap>();
+template <>
 EnumNames<IoEngineKind> enum_names<IoEngineKind>();
 template <>
 EnumNames<DirectIoMode> enum_names<DirectIoMode>();
@@ -82,13 +86,14 @@ std::optional<E> enum_from_name(std::string_view name) {
 std::size_t dtype_size(DType t);
 
 // The names, by enum (each one row of its table).
-const char* dtype_name(DType t);                       // "fp16" | "bf16" | "fp32"
-const char* tier_name(Tier t);                         // "gpu" | "cpu" | "nvme"
-const char* optimizer_name(OptimizerType t);           // "adam" | "adamw"
-const char* optimizer_update_name(OptimizerUpdate u);  // "cpu" | "device"
-const char* io_engine_name(IoEngineKind k);            // "auto" | "io_uring" | "threads"
-const char* direct_io_name(DirectIoMode m);            // "auto" | "required" | "off"
-const char* device_name(DeviceKind k);                 // "auto" | "cuda" | "host"
-const char* comm_backend_name(CommBackend b);          // "auto" | "inprocess" | "mpi" | "nccl"
+const char* dtype_name(DType t);                         // "fp16" | "bf16" | "fp32"
+const char* tier_name(Tier t);                           // "gpu" | "cpu" | "nvme"
+const char* optimizer_name(OptimizerType t);             // "adam" | "adamw"
+const char* optimizer_update_name(OptimizerUpdate u);    // "cpu" | "device"
+const char* optimizer_overlap_name(OptimizerOverlap o);  // "off" | "on" | "auto"
+const char* io_engine_name(IoEngineKind k);              // "auto" | "io_uring" | "threads"
+const char* direct_io_name(DirectIoMode m);              // "auto" | "required" | "off"
+const char* device_name(DeviceKind k);                   // "auto" | "cuda" | "host"
+const char* comm_backend_name(CommBackend b);            // "auto" | "inprocess" | "mpi" | "nccl"
 
 }  // namespace strata

@@ -74,6 +74,10 @@ json layout_json(const strata::Layout& l) {
                                  {"nvme", state_json(l.on_nvme)}};
   j["pinned_pool_per_rank"] = pool_json(l.pool);
   j["runtime_buffers_per_rank_bytes"] = runtime_json(l.runtime);
+  j["speculation_per_rank_bytes"] = {{"gpu", l.speculation.gpu},
+                                     {"pinned_host", l.speculation.pinned_host},
+                                     {"pageable_host", l.speculation.pageable_host},
+                                     {"nvme", l.speculation.nvme}};
   j["per_rank_bytes"] = tiers_json(l.per_rank);
   j["per_node_bytes"] = tiers_json(l.per_node);
   j["traffic_per_rank_per_step_bytes"] = {{"nvme_read", l.traffic.nvme_read},
@@ -202,6 +206,8 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   row("gpu", l.per_rank.gpu, l.per_node.gpu);
   row("  model state", l.on_gpu.total(), l.on_gpu.total() * p.ranks_per_node);
   row("  runtime buffers", l.runtime.total(), l.runtime.total() * p.ranks_per_node);
+  if (l.speculation.total() > 0)
+    row("  pending versions", l.speculation.total(), l.speculation.total() * p.ranks_per_node);
   row("pinned host", l.per_rank.pinned_host, l.per_node.pinned_host);
   row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
   row("nvme", l.per_rank.nvme, l.per_node.nvme);

@@ -470,6 +470,10 @@ void Reader::read_optimizer(const YAML::Node& root, Config& c) {
        [&](auto& v, auto& p) { O.grad_clip = number_in(v, p, 0, 1e30); });
   with(opt, "optimizer", "update",
        [&](auto& v, auto& p) { O.update = choice(v, p, options_of<OptimizerUpdate>()); });
+  with(opt, "optimizer", "overlap",
+       [&](auto& v, auto& p) { O.overlap = choice(v, p, options_of<OptimizerOverlap>()); });
+  with(opt, "optimizer", "speculation_budget",
+       [&](auto& v, auto& p) { O.speculation_budget = bytes(v, p, 0); });
 }
 
 // The world and zero sections.

@@ -33,9 +33,10 @@ SchemaNode build() {
                SchemaNode{"loss_scale",
                           {leaf("enabled"), leaf("dynamic"), leaf("initial"), leaf("growth_factor"),
                            leaf("backoff_factor"), leaf("growth_interval"), leaf("min_scale")}}}},
-          SchemaNode{"optimizer",
-                     {leaf("type"), leaf("lr"), leaf("betas"), leaf("eps"), leaf("weight_decay"),
-                      leaf("grad_clip"), leaf("update")}},
+          SchemaNode{
+              "optimizer",
+              {leaf("type"), leaf("lr"), leaf("betas"), leaf("eps"), leaf("weight_decay"),
+               leaf("grad_clip"), leaf("update"), leaf("overlap"), leaf("speculation_budget")}},
           SchemaNode{"world", {leaf("ranks"), leaf("ranks_per_node"), leaf("network_bandwidth")}},
           SchemaNode{"zero", {leaf("stage"), leaf("sub_group_size"), leaf("reduce_bucket_size")}},
           SchemaNode{

@@ -84,7 +84,9 @@ std::string to_yaml(const Config& c) {
     << "  eps: " << num(c.optimizer.eps) << "\n"
     << "  weight_decay: " << num(c.optimizer.weight_decay) << "\n"
     << "  grad_clip: " << num(c.optimizer.grad_clip) << "\n"
-    << "  update: " << optimizer_update_name(c.optimizer.update) << "\n";
+    << "  update: " << optimizer_update_name(c.optimizer.update) << "\n"
+    << "  overlap: " << optimizer_overlap_name(c.optimizer.overlap) << "\n"
+    << "  speculation_budget: " << bytes_text(c.optimizer.speculation_budget) << "\n";
   o << "world:\n"
     << "  ranks: " << c.world.ranks << "\n"
     << "  ranks_per_node: " << c.world.ranks_per_node << "\n"

@@ -14,6 +14,9 @@ constexpr EnumName<OptimizerType> kOptimizerNames[] = {{OptimizerType::kAdam, "a
                                                        {OptimizerType::kAdamW, "adamw"}};
 constexpr EnumName<OptimizerUpdate> kUpdateNames[] = {{OptimizerUpdate::kCpu, "cpu"},
                                                       {OptimizerUpdate::kDevice, "device"}};
+constexpr EnumName<OptimizerOverlap> kOverlapNames[] = {{OptimizerOverlap::kOff, "off"},
+                                                        {OptimizerOverlap::kOn, "on"},
+                                                        {OptimizerOverlap::kAuto, "auto"}};
 constexpr EnumName<IoEngineKind> kIoEngineNames[] = {{IoEngineKind::kAuto, "auto"},
                                                      {IoEngineKind::kIoUring, "io_uring"},
                                                      {IoEngineKind::kThreads, "threads"}};
@@ -51,6 +54,10 @@ EnumNames<OptimizerUpdate> enum_names<OptimizerUpdate>() {
   return {kUpdateNames, std::size(kUpdateNames)};
 }
 template <>
+EnumNames<OptimizerOverlap> enum_names<OptimizerOverlap>() {
+  return {kOverlapNames, std::size(kOverlapNames)};
+}
+template <>
 EnumNames<IoEngineKind> enum_names<IoEngineKind>() {
   return {kIoEngineNames, std::size(kIoEngineNames)};
 }
@@ -76,6 +83,7 @@ const char* dtype_name(DType t) { return enum_name(t); }
 const char* tier_name(Tier t) { return enum_name(t); }
 const char* optimizer_name(OptimizerType t) { return enum_name(t); }
 const char* optimizer_update_name(OptimizerUpdate u) { return enum_name(u); }
+const char* optimizer_overlap_name(OptimizerOverlap o) { return enum_name(o); }
 const char* io_engine_name(IoEngineKind k) { return enum_name(k); }
 const char* direct_io_name(DirectIoMode m) { return enum_name(m); }
 const char* device_name(DeviceKind k) { return enum_name(k); }

@@ -74,6 +74,31 @@ std::uint64_t snapshot_room(const Config& c, const Layout& l) {
   return room;
 }
 
+// The pending versions the speculative update may hold per rank (engine_speculate.cpp): stages
+// 2-3, host-updated state, no gradients on nvme; each tier at most optimizer.speculation_budget.
+TierBytes speculation_room(const Config& c, const Layout& l, std::uint64_t params_bytes) {
+  TierBytes t;
+  if (c.optimizer.overlap == OptimizerOverlap::kOff || l.stage < 2 ||
+      c.optimizer.update == OptimizerUpdate::kDevice || l.on_nvme.grads > 0)
+    return t;
+  const std::uint64_t opt_off = l.on_host.optimizer + l.on_nvme.optimizer;
+  if (opt_off == 0) return t;
+  t.pageable_host = l.on_host.optimizer;  // pending host copies are not page-locked
+  t.nvme = l.on_nvme.optimizer;
+  if (l.stage < 3) {
+    t.gpu = params_bytes;  // the flat parameters' pending version
+  } else {
+    // The parameters of the speculated chunks, in the parameters' tier.
+    const BytesPerParam b = bytes_per_param(c.precision);
+    const std::uint64_t p = opt_off / b.optimizer() * b.params;
+    const Tier pt = l.offload.params.fraction > 0 ? l.offload.params.tier : Tier::kGpu;
+    (pt == Tier::kGpu ? t.gpu : pt == Tier::kCpu ? t.pageable_host : t.nvme) += p;
+  }
+  if (const std::uint64_t b = c.optimizer.speculation_budget; b > 0)
+    for (std::uint64_t* v : {&t.gpu, &t.pageable_host, &t.nvme}) *v = std::min(*v, b);
+  return t;
+}
+
 }  // namespace
 
 bool Layout::fits() const {
@@ -131,6 +156,8 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   l.per_rank.gpu = sat_add(l.per_rank.gpu, l.runtime.total());
   l.snapshot_room = snapshot_room(c, l);
   l.per_rank.nvme = sat_add(l.per_rank.nvme, l.snapshot_room);
+  l.speculation = speculation_room(c, l, f.param_elements * b.params);
+  l.per_rank += l.speculation;
 
   const std::uint32_t rpn = std::min(c.ranks_per_node(), std::max<std::uint32_t>(c.world.ranks, 1));
   l.per_node.gpu = sat_mul(l.per_rank.gpu, rpn);

@@ -103,6 +103,7 @@ void Engine::Impl::finalize() {
   std::exception_ptr failure;
   try {
     build_collaborators();
+    check_overlap();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -204,6 +205,7 @@ void Engine::load_checkpoint(const std::string& dir) {
   m.require_finalized("load_checkpoint");
   m.require_usable("load_checkpoint");
   m.finish_saving();
+  m.cancel_speculation(false);
   m.gatherer->drop_all();
   zero::RankState r = m.rank_state();
   try {
@@ -322,6 +324,7 @@ void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
   if (impl_->finalized()) impl_->make_room_for_update();
+  impl_->cancel_speculation();  // the state the speculation read changes: this step is serial
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const {
@@ -332,6 +335,7 @@ void Engine::set_optimizer_step(std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
+  impl_->cancel_speculation();
   impl_->optimizer->set_step_count(step);
 }
 std::int64_t Engine::optimizer_step(TensorId id) const {
@@ -344,6 +348,7 @@ void Engine::set_optimizer_step(TensorId id, std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", id, ", ", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
+  impl_->cancel_speculation();
   impl_->optimizer->set_step_count(id, step);
 }
 void Engine::finalize() { impl_->finalize(); }
@@ -400,6 +405,7 @@ void Engine::discard_gradients() {
   impl_->require_finalized("discard_gradients");
   impl_->require_usable("discard_gradients");
   try {
+    impl_->cancel_speculation(false);
     impl_->reducer->discard();
     impl_->early.reset();
   } catch (const std::exception& e) {

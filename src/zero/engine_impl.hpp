@@ -17,6 +17,7 @@
 // thread except through the store, the filler and the communicator, which synchronize themselves.
 #pragma once
 
+#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "strata/error.hpp"
 #include "tier/scratch_arena.hpp"
 #include "zero/async_checkpoint.hpp"
+#include "zero/clock.hpp"
 #include "zero/engine_layout.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/host_collectives.hpp"
@@ -81,6 +83,21 @@ struct Engine::Impl {
     double loss_scale = 1;  // the scale the gradients carry
   };
   std::optional<EarlyDecision> early;
+  // The speculative update of this step (engine_speculate.cpp): chunks updated into pending
+  // versions during the backward, on the assumptions it made (loss scale, hyper-parameters).
+  struct Speculation {
+    std::vector<std::size_t> chunks;        // speculated, in order
+    std::vector<BufferId> pending;          // blocks with a pending version (opt, parameters)
+    bool params_open = false;               // stages 1-2: the flat parameters' pending version
+    std::uint64_t bytes = 0;                // padded bytes of the pending versions
+    double scale = 0;                       // the loss scale assumed
+    std::vector<ParamGroupOptions> groups;  // the hyper-parameters assumed
+    bool off = false;  // this step runs serially (a failure, a micro-batch beyond K, a change)
+  };
+  Speculation spec;
+  std::deque<bool> spec_history;  // optimizer.overlap auto: the last speculated steps rolled back?
+  int spec_pause = 0;             // ... steps left without speculating
+  zero::Clock::time_point last_grad{};     // the last gradient handed in
   std::string loaded_client_state;         // of the checkpoint last loaded
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
   // Set when a call failed after it began changing state: the rank's state may mix two steps.
@@ -124,6 +141,19 @@ struct Engine::Impl {
   void publish_params();             // stages 1-2: the all-gather of the updated parameters
   void all_gather_params();          // every rank's partition of the flat parameters
   void end_step(bool applied, StepResult& res);
+
+  // ---- engine_speculate.cpp (docs/offload.md, "The speculative update")
+  // finalize(): Error(kUnsupported) for optimizer.overlap on where nothing can be speculated.
+  void check_overlap() const;
+  // After each gradient hand-in: speculate the chunks the last micro-batch completed.
+  void after_hand_in();
+  void speculate(const std::vector<std::size_t>& filled);
+  bool chunk_used(std::size_t ci) const;  // every tensor of the chunk used on this rank
+  // The step's decision is known: commit (returns the chunks done) or discard.
+  std::vector<bool> settle_speculation(bool go, StepResult& res);
+  // Drops this step's pending versions (errors logged); `off`: the step runs serially.
+  void cancel_speculation(bool off = true) noexcept;
+  void end_speculation_step(bool speculated, bool rolled_back);
 
   // ---- engine_state.cpp
   const void* param(TensorId id) const;

@@ -23,6 +23,7 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
   // done.
   try {
     reducer->hand_in(id, grad, memory);
+    after_hand_in();
   } catch (const std::exception& e) {
     std::rethrow_exception(fail_call(e));
   }
@@ -39,6 +40,7 @@ void Engine::Impl::skip_gradient(TensorId id) {
   reducer->check_hand_in(id, nullptr, true);
   try {
     reducer->hand_in_zero(id);
+    after_hand_in();
   } catch (const std::exception& e) {
     std::rethrow_exception(fail_call(e));
   }
@@ -75,10 +77,18 @@ StepResult Engine::Impl::step() {
     return early->go;
   };
   bool applied = false;
+  const bool speculated = !spec.chunks.empty();
   try {
     if (local) decide_once();  // joins the agreement with its failed flag, then throws `local`
-    applied = optimizer->run(decide_once, grad_scale);
+    if (speculated) {          // the decision first: commit or roll back, then the rest
+      const bool go = decide_once();
+      const std::vector<bool> done = settle_speculation(go, res);
+      applied = optimizer->run([go] { return go; }, grad_scale, done);
+    } else {
+      applied = optimizer->run(decide_once, grad_scale);
+    }
   } catch (...) {
+    cancel_speculation(false);
     const std::exception_ptr error = std::current_exception();
     if (!decided) {
       // The update failed before its gate ran the agreement (the loop's first reads could not be
@@ -96,6 +106,12 @@ StepResult Engine::Impl::step() {
   if (const int peer = agreement->agree_outcome(true); peer >= 0)
     agreement->fail_for_peer(peer, "update");
   end_step(applied, res);
+  end_speculation_step(speculated, res.rolled_back_chunks > 0);
+  st.speculated_chunks += res.speculated_chunks;
+  st.committed_chunks += res.committed_chunks;
+  st.rolled_back_chunks += res.rolled_back_chunks;
+  res.exposed_s = zero::seconds_since(std::max(last_grad, t_step));
+  st.exposed_s += res.exposed_s;
   st.step_s += zero::seconds_since(t_step);
   return res;
 }

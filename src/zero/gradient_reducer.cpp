@@ -92,6 +92,21 @@ void GradientReducer::reset() {
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
   next_issue_ = nbuckets_;
+  chunk_filled_.assign(layout_.chunks().size(), 0);
+  filled_.clear();
+}
+
+// Waits for the fills of the chunks it returns (the speculative update reads them next; a gpu
+// home's accumulating add runs on the filler's stream, outside the store's order).
+std::vector<std::size_t> GradientReducer::take_filled_chunks() {
+  std::vector<std::size_t> out;
+  if (filled_.empty()) return out;
+  const auto t0 = Clock::now();
+  fill_->wait(filled_.back().second);
+  for (const auto& [ci, ticket] : filled_) out.push_back(ci);
+  filled_.clear();
+  times_.grad_spill_s += seconds_since(t0);
+  return out;
 }
 
 void GradientReducer::discard() {
@@ -208,6 +223,8 @@ void GradientReducer::start_micro_batch() {
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
   next_issue_ = nbuckets_;
+  chunk_filled_.assign(layout_.chunks().size(), 0);
+  filled_.clear();
   ++micro_;
 }
 
@@ -334,6 +351,8 @@ void GradientReducer::retire_oldest() {
     const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
     last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
                              f.recv.data() + (pos - f.share_begin) * ges, Tier::kGpu);
+    chunk_filled_[ci] += stop - pos;
+    if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
     pos = stop;
   }
   copying_.push_back({std::move(f.recv), last});

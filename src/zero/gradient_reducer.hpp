@@ -85,6 +85,14 @@ class GradientReducer {
   void abandon() noexcept;
   std::exception_ptr abandon_for_cause() noexcept;
 
+  // Stages 2-3, the speculative update (issue 26): the micro-batch being handed in (0: the first),
+  // and the chunks whose gradient this micro-batch completed since the last call (every element
+  // of the chunk's range filled in this micro-batch: their buckets retired), once per chunk and
+  // micro-batch; it waits for those fills. Which chunks: those whose buckets retired during the
+  // hand-ins, the same on every step with the same hand-in order.
+  std::size_t micro_batch() const { return micro_; }
+  std::vector<std::size_t> take_filled_chunks();
+
   const ReduceTimes& times() const { return times_; }
   std::size_t bucket_buffers() const { return buckets_made_; }  // made so far (tests, plan)
   std::size_t receive_buffers() const { return recvs_made_; }
@@ -144,6 +152,10 @@ class GradientReducer {
   std::deque<InFlight> inflight_;      // collectives in flight, oldest first (at most 2)
   std::deque<Copying> copying_;
   std::size_t buckets_made_ = 0, recvs_made_ = 0;
+  // take_filled_chunks(): elements filled per chunk in this micro-batch; chunks filled whole, with
+  // the ticket of their last piece, not yet taken.
+  std::vector<std::size_t> chunk_filled_;
+  std::deque<std::pair<std::size_t, tier::Filler::Ticket>> filled_;
   ReduceTimes times_;
 };
 

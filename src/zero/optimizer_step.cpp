@@ -67,7 +67,10 @@ OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
       groups_(groups),
       update_on_device_(layout.config().optimizer.update == strata::OptimizerUpdate::kDevice),
       adam_(std::make_unique<CpuAdam>(layout.config().runtime.cpu_threads)),
-      device_adam_(make_device_adam(layout, store, update_on_device_)) {}
+      device_adam_(make_device_adam(layout, store, update_on_device_)),
+      grads_on_nvme_(layout.stage() >= 2 &&
+                     std::any_of(layout.chunks().begin(), layout.chunks().end(),
+                                 [&](const Chunk& c) { return c.grad_tier == Tier::kNvme; })) {}
 
 OptimizerStep::~OptimizerStep() = default;
 
@@ -86,26 +89,39 @@ tier::StreamOptions OptimizerStep::stream_options(tier::Where where, const char*
 
 // One item per chunk whose Adam runs on the host (device = false) or on the device (true):
 // master | m | v (read and written), the chunk's gradients (read), its parameters (written).
-std::vector<tier::StreamItem> OptimizerStep::update_items(bool device) const {
+tier::StreamItem OptimizerStep::chunk_item(const Chunk& c) const {
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
   const std::size_t opt_begin = layout_.opt_begin();
+  tier::StreamItem it;
+  it.parts.push_back({c.opt, 0, 0, true, true});
+  if (layout_.stage() < 2)
+    it.parts.push_back(
+        {layout_.grads_buffer(), (opt_begin + c.r.begin) * ges, c.r.count * ges, true, false});
+  else
+    it.parts.push_back({c.grad, 0, 0, true, false});
+  if (layout_.stage() < 3)
+    it.parts.push_back(
+        {layout_.params_buffer(), (opt_begin + c.r.begin) * pes, c.r.count * pes, false, true});
+  else
+    it.parts.push_back({c.param, 0, 0, false, true});
+  return it;
+}
+
+// The chunks whose Adam runs on the device (true) or the host, in order, less those `done`.
+std::vector<const Chunk*> OptimizerStep::update_chunks(bool device,
+                                                       const std::vector<bool>& done) const {
+  std::vector<const Chunk*> of;
+  const auto& chunks = layout_.chunks();
+  for (std::size_t i = 0; i < chunks.size(); ++i)
+    if ((chunks[i].opt_tier == Tier::kGpu) == device && (done.empty() || !done[i]))
+      of.push_back(&chunks[i]);
+  return of;
+}
+
+std::vector<tier::StreamItem> OptimizerStep::update_items(bool device,
+                                                          const std::vector<bool>& done) const {
   std::vector<tier::StreamItem> items;
-  for (const Chunk& c : layout_.chunks()) {
-    if ((c.opt_tier == Tier::kGpu) != device) continue;
-    tier::StreamItem it;
-    it.parts.push_back({c.opt, 0, 0, true, true});
-    if (layout_.stage() < 2)
-      it.parts.push_back(
-          {layout_.grads_buffer(), (opt_begin + c.r.begin) * ges, c.r.count * ges, true, false});
-    else
-      it.parts.push_back({c.grad, 0, 0, true, false});
-    if (layout_.stage() < 3)
-      it.parts.push_back(
-          {layout_.params_buffer(), (opt_begin + c.r.begin) * pes, c.r.count * pes, false, true});
-    else
-      it.parts.push_back({c.param, 0, 0, false, true});
-    items.push_back(std::move(it));
-  }
+  for (const Chunk* c : update_chunks(device, done)) items.push_back(chunk_item(*c));
   return items;
 }
 
@@ -210,7 +226,7 @@ void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* g
       else
         adam_run(hp, t, step, grad_scale, on_device);
     };
-    if (counts_.empty()) return run(o, n, adam_step_);  // the common case: one count
+    if (counts_.empty()) return run(o, n, adam_step_ + ahead_);  // the common case: one count
     for_each_count_run(flat_b + o, n, [&](std::size_t ro, std::size_t rn, std::int64_t step) {
       run(o + ro, rn, step);
     });
@@ -255,7 +271,7 @@ void OptimizerStep::params_from_master(const AdamTensors& t, bool on_device) {
 
 std::int64_t OptimizerStep::update_step(TensorId id) const {
   if (!skipped_.empty() && skipped_[id]) return 0;
-  return counts_.empty() ? adam_step_ : counts_[id];
+  return (counts_.empty() ? adam_step_ : counts_[id]) + ahead_;
 }
 
 void OptimizerStep::for_each_count_run(
@@ -317,10 +333,12 @@ bool OptimizerStep::gated(std::span<const tier::StreamItem> host_items) const {
   return true;
 }
 
-bool OptimizerStep::run(const std::function<bool()>& decide, const float& grad_scale) {
+bool OptimizerStep::run(const std::function<bool()>& decide, const float& grad_scale,
+                        const std::vector<bool>& done) {
   const auto t0 = Clock::now();
-  const auto host_items = update_items(false);
-  const bool gate = gated(host_items);
+  done_ = done;
+  const auto host_items = update_items(false, done_);
+  const bool gate = done_.empty() && gated(host_items);
   double t_decide = 0;
   auto decided = [&] {
     const auto t = Clock::now();
@@ -334,9 +352,11 @@ bool OptimizerStep::run(const std::function<bool()>& decide, const float& grad_s
     if (gate || decided()) ran = run_loops(host_items, gate, decided, grad_scale);
   } catch (...) {
     skipped_.clear();
+    done_.clear();
     throw;
   }
   skipped_.clear();
+  done_.clear();
   set_step_counts(adam_step_, std::move(counts_));
   optimizer_s_ += seconds_since(t0) - t_decide;
   return ran;
@@ -348,17 +368,13 @@ bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, b
                               const std::function<bool()>& decided, const float& grad_scale) {
   for (const bool device : {false, true}) {
     const std::vector<tier::StreamItem> dev_items =
-        device ? update_items(true) : std::vector<tier::StreamItem>{};
+        device ? update_items(true, done_) : std::vector<tier::StreamItem>{};
     const auto& items = device ? dev_items : host_items;
     if (items.empty()) continue;
-    std::vector<const Chunk*> of;  // item i is the i-th chunk of this kind, in order
-    for (const Chunk& c : layout_.chunks())
-      if ((c.opt_tier == Tier::kGpu) == device) of.push_back(&c);
+    // item i is the i-th chunk of this kind, in order
+    const std::vector<const Chunk*> of = update_chunks(device, done_);
     auto fn = [&](std::size_t i, std::span<void* const> v) {
-      const Chunk& c = *of[i];
-      auto* base = static_cast<float*>(v[0]);
-      const StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
-      adam_chunk(c, sv, v[1], v[2], device, grad_scale);
+      run_chunk(*of[i], v, device, grad_scale);
     };
     tier::StreamOptions o = stream_options(device ? tier::Where::kDevice : tier::Where::kHost,
                                            device ? "optimizer step (device)" : "optimizer step");
@@ -368,6 +384,50 @@ bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, b
     if (s.cancelled) return false;
   }
   return true;
+}
+
+void OptimizerStep::run_chunk(const Chunk& c, std::span<void* const> v, bool device,
+                              float grad_scale) {
+  auto* base = static_cast<float*>(v[0]);
+  const StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
+  adam_chunk(c, sv, v[1], v[2], device, grad_scale);
+}
+
+// ---- the speculative update
+
+// Not with any gradient chunk on NVMe: the gradient filler holds pool buffers for them during the
+// backward, which the speculative loop on the same thread would wait for.
+bool OptimizerStep::can_speculate(std::size_t ci) const {
+  const Chunk& c = layout_.chunks()[ci];
+  if (c.opt_tier == Tier::kGpu || update_on_device_ || !store_.pool()) return false;
+  if (layout_.stage() < 2 || grads_on_nvme_) return false;
+  tier::StreamItem it = chunk_item(c);
+  it.parts[0].pending = it.parts[2].pending = true;
+  return tier::staged_bytes(store_, it, tier::Where::kHost) <= store_.pool()->buffer_size();
+}
+
+void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_scale) {
+  if (chunks.empty()) return;
+  const auto t0 = Clock::now();
+  std::vector<tier::StreamItem> items;
+  std::vector<const Chunk*> of;
+  for (std::size_t ci : chunks) {
+    of.push_back(&layout_.chunks()[ci]);
+    items.push_back(chunk_item(*of.back()));
+    items.back().parts[0].pending = items.back().parts[2].pending = true;
+  }
+  ahead_ = 1;
+  try {
+    tier::run_stream(
+        store_, items,
+        [&](std::size_t i, std::span<void* const> v) { run_chunk(*of[i], v, false, grad_scale); },
+        stream_options(tier::Where::kHost, "speculative optimizer step"));
+  } catch (...) {
+    ahead_ = 0;
+    throw;
+  }
+  ahead_ = 0;
+  optimizer_s_ += seconds_since(t0);
 }
 
 // The gate: the decision runs with the statistics read in place (gated() checked they can be).

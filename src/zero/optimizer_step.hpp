@@ -57,7 +57,20 @@ class OptimizerStep {
   AdamGradStats grad_stats(float inv);
   // Runs Adam over the chunks if `decide` says so (it sets *grad_scale before returning true);
   // returns whether the update ran. `decide` runs once: before the loop, or as its gate.
-  bool run(const std::function<bool()>& decide, const float& grad_scale);
+  // `done`: per chunk index (empty: none), chunks whose update is already applied (a committed
+  // speculative update): skipped by the loops.
+  bool run(const std::function<bool()>& decide, const float& grad_scale,
+           const std::vector<bool>& done = {});
+
+  // ---- the speculative update (docs/offload.md, "The speculative update")
+  // Whether chunk `ci` can be speculated: its Adam runs on the host (state on cpu / nvme,
+  // optimizer.update cpu), its gradient is not on nvme, and its item fits one pool slot with
+  // every part staged.
+  bool can_speculate(std::size_t ci) const;
+  // Adam over `chunks` as the next update would run it with `grad_scale` (step counts one ahead;
+  // no tensor skipped), the state and parameters written to the blocks' pending versions (the
+  // caller opened them: opt, and the parameters). Throws what the loop throws.
+  void speculate(std::span<const std::size_t> chunks, float grad_scale);
 
   // Adam's step count: the updates applied (the global one), and each tensor's own — the global
   // one less the updates that skipped the tensor, or what set_step_count(id, ...) set.
@@ -103,7 +116,10 @@ class OptimizerStep {
       const std::function<void(std::size_t, std::size_t, std::int64_t)>& fn) const;
   std::int64_t update_step(TensorId id) const;
   void count_update();  // the decision said go: the counts advance
-  std::vector<tier::StreamItem> update_items(bool device) const;
+  std::vector<tier::StreamItem> update_items(bool device, const std::vector<bool>& done = {}) const;
+  std::vector<const Chunk*> update_chunks(bool device, const std::vector<bool>& done) const;
+  tier::StreamItem chunk_item(const Chunk& c) const;
+  void run_chunk(const Chunk& c, std::span<void* const> v, bool device, float grad_scale);
   std::vector<tier::StreamItem> stats_items() const;
   tier::StreamOptions stream_options(tier::Where where, const char* what) const;
 
@@ -113,6 +129,7 @@ class OptimizerStep {
   const bool update_on_device_;  // optimizer.update: device (for host-placed state)
   const std::unique_ptr<CpuAdam> adam_;
   const std::unique_ptr<DeviceAdam> device_adam_;  // state on gpu, or update_on_device_
+  const bool grads_on_nvme_;                       // stages 2-3: some gradient chunk lives on nvme
   std::int64_t adam_step_ = 0;
   std::vector<std::int64_t> counts_;     // per tensor; empty: every tensor's is adam_step_
   std::vector<bool> skipped_;            // this step's skipped tensors; empty: none
@@ -122,6 +139,8 @@ class OptimizerStep {
   bool pipelined_ = true;             // false: the loops run serially (benchmarks' reference)
   bool stage_device_memory_ = false;  // tests: stage gpu-home parts on the host device too
   bool gating_ = false;               // the decision runs as the host loop's gate
+  std::int64_t ahead_ = 0;            // 1 while speculating: the counts the next update uses
+  std::vector<bool> done_;            // run(): chunks already updated (committed speculation)
 };
 
 }  // namespace strata::zero

@@ -176,6 +176,38 @@ TEST(Plan, SnapshotRoomCountsInTheNvmeRow) {
   EXPECT_TRUE(l.fits());
 }
 
+// optimizer.overlap: the speculative update's pending versions, in the tiers of the state they
+// shadow (host copies pageable), the flat parameters' at stages 1-2 on the gpu; none where the
+// engine does not speculate (off, stage < 2, gradients on nvme); each tier cut to the budget.
+TEST(Plan, SpeculationCountsThePendingVersions) {
+  Config c = config(1'000'000'000ULL, 4, 2);
+  c.offload.optimizer = {Tier::kNvme, 1.0, true};
+  c.offload.gradients.tier = Tier::kCpu;
+  c.tiers.nvme.paths = {"/tmp/x"};
+  const Layout off = make_plan(c).configured;
+  EXPECT_EQ(off.speculation.total(), 0u);
+  c.optimizer.overlap = OptimizerOverlap::kAuto;
+  Layout l = make_plan(c).configured;
+  EXPECT_EQ(l.speculation.nvme, off.on_nvme.optimizer);
+  EXPECT_EQ(l.speculation.gpu, off.footprint.param_elements * 2);  // fp16 flat parameters
+  EXPECT_EQ(l.per_rank.nvme, off.per_rank.nvme + l.speculation.nvme);
+  EXPECT_EQ(l.per_rank.gpu, off.per_rank.gpu + l.speculation.gpu);
+  c.optimizer.speculation_budget = 1'000'000;
+  l = make_plan(c).configured;
+  EXPECT_EQ(l.speculation.nvme, 1'000'000u);
+  EXPECT_EQ(l.speculation.gpu, 1'000'000u);
+  c.optimizer.speculation_budget = 0;
+  c.offload.optimizer.tier = Tier::kCpu;  // pinned state, pageable pending copies
+  l = make_plan(c).configured;
+  EXPECT_EQ(l.speculation.pageable_host, l.on_host.optimizer);
+  EXPECT_EQ(l.speculation.pinned_host, 0u);
+  c.offload.gradients.tier = Tier::kNvme;  // not speculated
+  EXPECT_EQ(make_plan(c).configured.speculation.total(), 0u);
+  c.offload.gradients.tier = Tier::kCpu;
+  c.zero.stage = 1;
+  EXPECT_EQ(make_plan(c).configured.speculation.total(), 0u);
+}
+
 TEST(Plan, VerdictNamesTheOverflowingTier) {
   Config c = config(7'500'000'000ULL, 8, 1);
   c.tiers.gpu.budget = 40 * kGB;

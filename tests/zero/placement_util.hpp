@@ -37,6 +37,10 @@ struct Placement {
   // Micro-batches per step (gradient accumulation): each hands in every gradient; the overflow
   // steps carry their inf / NaN in the middle one (K / 2).
   int accumulate = 1;
+  // optimizer.overlap on: the update speculated during the last micro-batch's backward.
+  bool overlap = false;
+  // clip_grad_norm(1e-3) before step() on steps 2, 7 and 15: clipping forced on chosen steps.
+  bool force_clip = false;
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
@@ -50,7 +54,31 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   if (p.pin) s += "_pinned";
   if (p.staged) s += "_staged";
   if (p.accumulate > 1) s += strata::strcat("_accumulate", p.accumulate);
+  if (p.overlap) s += "_overlap";
+  if (p.force_clip) s += "_clip";
   return s;
+}
+
+// The speculative update (optimizer.overlap on): stages 2-3, state on cpu / nvme, gradients on
+// gpu / cpu, K = 1-3 micro-batches on 1-4 ranks; a fraction, page-locked host state.
+inline std::vector<Placement> overlap_cases() {
+  std::vector<Placement> v;
+  for (int stage = 2; stage <= 3; ++stage)
+    for (Tier o : {Tier::kCpu, Tier::kNvme})
+      for (Tier g : {Tier::kGpu, Tier::kCpu})
+        for (auto [k, world] : {std::pair{1, 1}, {2, 2}, {3, 4}}) {
+          v.push_back({stage, o, g, stage == 3 ? o : Tier::kGpu, 1.0, world});
+          v.back().accumulate = k;
+          v.back().overlap = true;
+        }
+  v.push_back({2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 0.5, 2});
+  v.back().accumulate = 2;
+  v.back().overlap = true;
+  v.push_back({3, Tier::kCpu, Tier::kCpu, Tier::kCpu, 1.0, 2, DType::kFp32, DType::kFp32, true});
+  v.back().overlap = true;
+  v.push_back({2, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 3, DType::kBf16, DType::kFp16});
+  v.back().overlap = true;
+  return v;
 }
 
 // Every placement a stage allows (config validation: optimizer off gpu from stage 1, gradients
@@ -118,6 +146,7 @@ inline std::vector<Placement> all_cases() {
   v.push_back({2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 1.0, 2});  // staged as on CUDA
   v.back().staged = true;
   v.back().accumulate = 2;
+  for (const Placement& s : overlap_cases()) v.push_back(s);
   return v;
 }
 
@@ -142,6 +171,8 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.offload.params = {p.params, p.fraction, p.pin};
   use_test_swap(cfg, dir, 3, 16 << 10);  // ~640 elements per chunk: several chunks per rank
   cfg.tiers.nvme.queue_depth = 4;
+  cfg.train.accumulate = static_cast<std::uint32_t>(p.accumulate);
+  cfg.optimizer.overlap = p.overlap ? OptimizerOverlap::kOn : OptimizerOverlap::kOff;
   return cfg;
 }
 
@@ -196,11 +227,23 @@ inline void micro_batch(Engine& e, const std::vector<TensorId>& ids, Stream& str
   }
 }
 
+// With overlap on, a rank speculates the same chunks on every step (those whose buckets retired
+// during the backward: on several ranks the lowest partitions' buckets retire at step(), so a rank
+// may speculate none); the overflow steps (and the clipped ones) rolled back, the others committed.
+inline void check_speculation(const EngineStats& st, const Placement& p) {
+  EXPECT_EQ(st.speculated_chunks, st.committed_chunks + st.rolled_back_chunks);
+  EXPECT_EQ(st.speculated_chunks % kSteps, 0u) << "not the same chunks on every step";
+  const std::uint64_t per_step = st.speculated_chunks / kSteps;
+  EXPECT_EQ(st.rolled_back_chunks, (p.force_clip ? 5 : 2) * per_step)
+      << "two overflow steps" << (p.force_clip ? " and three clipped ones" : "");
+}
+
 // One rank's loop. Gradients are handed in from device memory of the engine's device (a copy on a
 // stream: on the host-emulated device that is host memory too).
 inline std::vector<std::vector<float>> train(Communicator& comm, const Placement& p,
                                              const std::string& dir, int* skipped,
-                                             DeviceKind device = DeviceKind::kHost) {
+                                             DeviceKind device = DeviceKind::kHost,
+                                             EngineStats* stats = nullptr) {
   Config cfg = placement_config(p, dir);
   cfg.runtime.device = device;
   Engine e(cfg, comm);
@@ -213,7 +256,11 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   int gated = 0, cancelled = 0;
   for (int s = 0; s < kSteps; ++s) {
     for (int k = 0; k < p.accumulate; ++k) micro_batch(e, ids, *stream, comm, p, s, k);
-    if (!e.step().applied) ++*skipped;
+    if (p.force_clip && (s == 2 || s == 7 || s == 15)) e.clip_grad_norm(1e-3);
+    const StepResult r = e.step();
+    if (!r.applied) ++*skipped;
+    EXPECT_EQ(r.speculated_chunks, r.committed_chunks + r.rolled_back_chunks);
+    if (!p.overlap) EXPECT_EQ(r.speculated_chunks, 0u);
     const tier::StreamStats u = zero::EngineAccess::last_update(e);
     gated += u.t_gate > 0;
     cancelled += u.cancelled;
@@ -221,10 +268,14 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   // With state on NVMe the norm and overflow decision runs while the update's first reads are in
   // flight (the loop's gate; a skipped step cancels the loop), unless the statistics pass needs a
   // pool slot: gradients on NVMe, or some in device memory that is staged (CUDA, or `staged`).
+  if (stats) *stats = e.stats();
+  if (p.overlap) check_speculation(e.stats(), p);
   const bool some_grads_on_device = p.grads == Tier::kGpu || p.fraction < 1;
   const bool stats_staged =
       p.grads == Tier::kNvme || (some_grads_on_device && (device == DeviceKind::kCuda || p.staged));
-  if (p.opt == Tier::kNvme && !stats_staged) {
+  if (p.overlap) {
+    // (a speculated step decides first; a rolled-back one may gate its serial update)
+  } else if (p.opt == Tier::kNvme && !stats_staged) {
     EXPECT_EQ(gated, kSteps) << "steps whose decision ran under the update's reads";
     EXPECT_EQ(cancelled, 2) << "skipped steps that cancelled the update's reads";
   } else {

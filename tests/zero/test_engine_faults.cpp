@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -394,6 +395,92 @@ INSTANTIATE_TEST_SUITE_P(
         PeerCase{1, 3, Tier::kNvme, Tier::kGpu, "update", "stage1_opt_nvme_writeback_world3",
                  IoOp::kWrite}),
     [](const ::testing::TestParamInfo<PeerCase>& i) { return i.param.name; });
+
+// ---- the speculative update (optimizer.overlap on)
+
+namespace {
+
+Config speculating_config(const std::string& dir, bool overlap) {
+  Config cfg = fault_config(2, Tier::kNvme, Tier::kCpu, Tier::kGpu, dir);
+  cfg.optimizer.overlap = overlap ? OptimizerOverlap::kOn : OptimizerOverlap::kOff;
+  return cfg;
+}
+
+// Every tensor's parameters and optimizer state, FP32 bits.
+std::vector<std::uint32_t> everything(Engine& e) {
+  std::vector<std::uint32_t> out;
+  for (TensorId t = 0; t < kSizes.size(); ++t) {
+    std::vector<float> v(kSizes[t]);
+    e.read_param(t, v);
+    for (float x : v) out.push_back(std::bit_cast<std::uint32_t>(x));
+    for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+      e.read_state(t, k, v);
+      for (float x : v) out.push_back(std::bit_cast<std::uint32_t>(x));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// A failed write of a speculative update's pending version (NVMe state): the speculation is
+// dropped and that step runs serially; the engine stays usable and equals the serial engine bit
+// for bit.
+TEST(EngineFaults, AFailedSpeculativeWriteFallsBackToTheSerialStep) {
+  TempDir dir("strata-faults"), dir2("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  auto comms2 = make_inprocess_communicators(1, 5.0);
+  Rank spec(speculating_config(dir.str(), true), *comms[0]);
+  Rank serial(speculating_config(dir2.str(), false), *comms2[0]);
+  for (int step = 0; step < 5; ++step) {
+    std::size_t id = 0;
+    if (step == 2) id = spec.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kWrite));
+    spec.backward(step);
+    serial.backward(step);
+    const StepResult r = spec.e->step();
+    serial.e->step();
+    if (step == 2) {
+      EXPECT_EQ(spec.io->fired(id), 1u);
+      EXPECT_EQ(r.speculated_chunks, 0u) << "the failed speculation is not counted as one";
+    } else {
+      EXPECT_GT(r.committed_chunks, 0u) << "step " << step;
+    }
+  }
+  EXPECT_EQ(everything(*spec.e), everything(*serial.e));
+  spec.expect_pool_whole();
+}
+
+// An asynchronous checkpoint taken between the backward and step(), while the speculative update's
+// pending versions exist: it holds the state before the step (its pins keep the committed slots
+// the commit replaces); the step commits; both equal the serial engine's, bit for bit.
+TEST(EngineFaults, ACheckpointPinnedWhileSpeculating) {
+  TempDir dir("strata-faults"), dir2("strata-faults"), ckpt("strata-ckpt"), ckpt2("strata-ckpt");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  auto comms2 = make_inprocess_communicators(1, 5.0);
+  Config with_room = speculating_config(dir.str(), true);
+  with_room.tiers.nvme.snapshot_room = 1.0;  // the step need not wait for the writer
+  Rank spec(with_room, *comms[0]);
+  Rank serial(speculating_config(dir2.str(), false), *comms2[0]);
+  for (int step = 0; step < 4; ++step) {
+    spec.backward(step);
+    serial.backward(step);
+    if (step == 2) {
+      spec.e->save_checkpoint(ckpt.str(), SaveMode::kAsync);
+      serial.e->save_checkpoint(ckpt2.str(), SaveMode::kBlocking);
+    }
+    const StepResult r = spec.e->step();
+    serial.e->step();
+    EXPECT_GT(r.committed_chunks, 0u) << "step " << step;
+    if (step == 2) spec.e->wait_checkpoint();
+  }
+  EXPECT_EQ(everything(*spec.e), everything(*serial.e));
+  TempDir dir3("strata-faults"), dir4("strata-faults");
+  Rank a(speculating_config(dir3.str(), false), *comms[0]);
+  Rank b(speculating_config(dir4.str(), false), *comms2[0]);
+  a.e->load_checkpoint(ckpt.str());
+  b.e->load_checkpoint(ckpt2.str());
+  EXPECT_EQ(everything(*a.e), everything(*b.e));
+}
 
 }  // namespace
 }  // namespace strata::testing

@@ -25,10 +25,18 @@ TEST_P(Placements, BitwiseIdenticalToTheUnshardedReference) {
   auto comms = make_inprocess_communicators(p.world, 30.0);
   std::vector<std::vector<std::vector<float>>> got(static_cast<std::size_t>(p.world));
   std::vector<int> skipped(static_cast<std::size_t>(p.world), 0);
+  std::vector<EngineStats> st(static_cast<std::size_t>(p.world));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    got[static_cast<std::size_t>(rank)] =
-        train(comm, p, dir.str(), &skipped[static_cast<std::size_t>(rank)]);
+    const auto r = static_cast<std::size_t>(rank);
+    got[r] = train(comm, p, dir.str(), &skipped[r], DeviceKind::kHost, &st[r]);
   }));
+  std::uint64_t speculated = 0;
+  for (const EngineStats& s : st) speculated += s.speculated_chunks;
+  if (p.overlap) {
+    EXPECT_GT(speculated, 0u) << "overlap on, yet no rank speculated a chunk";
+  } else {
+    EXPECT_EQ(speculated, 0u);
+  }
   for (int r = 0; r < p.world; ++r) {
     EXPECT_EQ(skipped[static_cast<std::size_t>(r)], 2) << "rank " << r;
     const auto& g = got[static_cast<std::size_t>(r)];
@@ -42,6 +50,90 @@ TEST_P(Placements, BitwiseIdenticalToTheUnshardedReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Placements, ::testing::ValuesIn(all_cases()), case_name);
+
+// The speculative update against the serial one (overlap off) with clipping forced on chosen
+// steps (clip_grad_norm before step(): every speculated chunk of those steps rolled back) besides
+// the two overflow steps: bitwise identical parameters on every rank.
+class Speculation : public ::testing::TestWithParam<Placement> {};
+
+TEST_P(Speculation, BitwiseIdenticalToTheSerialStepWithClipping) {
+  const Placement on = GetParam();
+  Placement off = on;
+  off.overlap = false;
+  TempDir dir("strata-speculation");
+  std::vector<std::vector<std::vector<float>>> got[2];
+  EngineStats stats[2];
+  for (int run = 0; run < 2; ++run) {
+    const Placement& p = run ? on : off;
+    auto comms = make_inprocess_communicators(p.world, 30.0);
+    got[run].resize(static_cast<std::size_t>(p.world));
+    std::vector<int> skipped(static_cast<std::size_t>(p.world), 0);
+    std::vector<EngineStats> st(static_cast<std::size_t>(p.world));
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      const auto r = static_cast<std::size_t>(rank);
+      got[run][r] = train(comm, p, dir.str(), &skipped[r], DeviceKind::kHost, &st[r]);
+    }));
+    for (const EngineStats& s : st) stats[run].speculated_chunks += s.speculated_chunks;
+  }
+  // (Each rank checked its own counts in train(): five steps rolled back, 17 committed.)
+  EXPECT_GT(stats[1].speculated_chunks, 0u);
+  EXPECT_EQ(stats[0].speculated_chunks, 0u);
+  for (int r = 0; r < on.world; ++r) {
+    const auto& a = got[0][static_cast<std::size_t>(r)];
+    const auto& b = got[1][static_cast<std::size_t>(r)];
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t t = 0; t < a.size(); ++t)
+      for (std::size_t i = 0; i < a[t].size(); ++i)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(a[t][i]), std::bit_cast<std::uint32_t>(b[t][i]))
+            << "rank " << r << " tensor " << t << " element " << i;
+  }
+}
+
+std::vector<Placement> clip_cases() {
+  std::vector<Placement> v;
+  for (const Placement& s :
+       std::initializer_list<Placement>{{2, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 2},
+                                        {2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 1.0, 1},
+                                        {3, Tier::kNvme, Tier::kCpu, Tier::kNvme, 1.0, 3},
+                                        {3, Tier::kCpu, Tier::kGpu, Tier::kCpu, 1.0, 4}}) {
+    v.push_back(s);
+    v.back().accumulate = 1 + static_cast<int>(v.size()) % 3;
+    v.back().overlap = v.back().force_clip = true;
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Clip, Speculation, ::testing::ValuesIn(clip_cases()), case_name);
+
+// optimizer.overlap: on where nothing can be speculated is refused at finalize(), naming why;
+// auto there trains serially.
+TEST(Speculation, OnRefusedWhereUnsupported) {
+  TempDir dir("strata-speculation");
+  for (const Placement& base :
+       std::initializer_list<Placement>{{1, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 1},
+                                        {2, Tier::kGpu, Tier::kGpu, Tier::kGpu, 1.0, 1},
+                                        {2, Tier::kCpu, Tier::kNvme, Tier::kGpu, 1.0, 1}}) {
+    Placement p = base;
+    p.overlap = true;
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Config cfg = placement_config(p, dir.str());
+    {
+      Engine e(cfg, *comms[0]);
+      e.add_parameter("t", initial(0));
+      expect_error(ErrorCode::kUnsupported, "optimizer.overlap: on is not supported",
+                   [&] { e.finalize(); });
+    }
+    cfg.optimizer.overlap = OptimizerOverlap::kAuto;
+    Engine e(cfg, *comms[0]);
+    e.add_parameter("t", initial(0));
+    e.finalize();
+    std::vector<float> g(kSizes[0], 0.25f);
+    e.set_gradient_host(0, g.data());
+    const StepResult r = e.step();
+    EXPECT_TRUE(r.applied);
+    EXPECT_EQ(r.speculated_chunks, 0u);
+  }
+}
 
 }  // namespace
 }  // namespace strata::testing

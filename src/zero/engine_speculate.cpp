@@ -1,0 +1,174 @@
+// The speculative update (docs/offload.md, "The speculative update"; issue 26): during the last
+// micro-batch's backward, each chunk whose gradient is complete is updated into pending versions
+// of its state and parameters, assuming no clipping and no overflow; step() commits them when the
+// ranks' decision agrees (clip coefficient 1, finite, the loss scale and hyper-parameters as
+// assumed) and runs the rest, else discards them and runs the serial update. Either way the result
+// is the serial step's, bit for bit: the same Adam over the same committed state, gradients, step
+// counts and grad scale (1 / loss scale, what the decision computes for a coefficient of 1).
+#include <algorithm>
+
+#include "strata/log.hpp"
+#include "zero/engine_impl.hpp"
+
+namespace strata {
+
+namespace {
+constexpr std::size_t kAutoWindow = 4;  // auto: the last speculated steps looked at
+constexpr std::size_t kAutoMaxRollbacks = 2;
+constexpr int kAutoPause = 16;  // steps without speculating after that many rollbacks
+
+bool same_groups(const std::vector<ParamGroupOptions>& a, const std::vector<ParamGroupOptions>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].lr != b[i].lr || a[i].weight_decay != b[i].weight_decay || a[i].beta1 != b[i].beta1 ||
+        a[i].beta2 != b[i].beta2 || a[i].eps != b[i].eps)
+      return false;
+  return true;
+}
+}  // namespace
+
+void Engine::Impl::check_overlap() const {
+  if (cfg.optimizer.overlap != OptimizerOverlap::kOn) return;
+  const char* why = nullptr;
+  if (layout->stage() < 2)
+    why = "zero.stage 0-1 reduce the gradients at step(): no gradient is final during the backward";
+  else if (cfg.optimizer.update == OptimizerUpdate::kDevice)
+    why = "optimizer.update: device is not speculated";
+  bool any = false;
+  for (std::size_t ci = 0; ci < layout->chunks().size() && !why && !any; ++ci)
+    any = optimizer->can_speculate(ci);
+  if (!why && !any)
+    why =
+        "no chunk of this rank's state can be speculated (state on gpu, gradients on nvme, or "
+        "a chunk larger than a pinned buffer with every part staged)";
+  if (why)
+    fail(ErrorCode::kUnsupported,
+         strcat("engine rank ", rank, ": optimizer.overlap: on is not supported here: ", why,
+                "; use overlap: auto (serial where unsupported) or off"));
+}
+
+void Engine::Impl::after_hand_in() {
+  last_grad = zero::Clock::now();
+  if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;
+  const std::size_t k = std::max<std::uint32_t>(1, cfg.train.accumulate);
+  const std::size_t micro = reducer->micro_batch();
+  if (micro + 1 > k) {  // more micro-batches than train.accumulate: the gradients change again
+    if (!spec.off) cancel_speculation();
+    return;
+  }
+  if (micro + 1 != k || spec.off || spec_pause > 0) return;
+  speculate(reducer->take_filled_chunks());
+}
+
+// Every tensor with elements in chunk ci was handed in on this rank (so no rank skips it: its step
+// count advances, as the speculation assumed).
+bool Engine::Impl::chunk_used(std::size_t ci) const {
+  const zero::Chunk& c = layout->chunks()[ci];
+  const std::size_t b = layout->opt_begin() + c.r.begin, e = b + c.r.count;
+  const Partition& part = layout->partition();
+  const std::vector<bool>& used = reducer->used();
+  for (std::size_t t = 0; t < part.num_tensors(); ++t) {
+    const std::size_t tb = part.offset(t), te = tb + part.tensor(t).numel;
+    if (tb >= e) break;
+    if (te > b && te > tb && !used[t]) return false;
+  }
+  return true;
+}
+
+void Engine::Impl::speculate(const std::vector<std::size_t>& filled) {
+  const std::uint64_t budget = cfg.optimizer.speculation_budget;
+  const int stage = layout->stage();
+  std::vector<std::size_t> go;
+  std::vector<BufferId> open;
+  std::uint64_t bytes = spec.bytes;
+  bool params = spec.params_open;
+  for (std::size_t ci : filled) {
+    if (!optimizer->can_speculate(ci) || !chunk_used(ci)) continue;
+    const zero::Chunk& c = layout->chunks()[ci];
+    std::uint64_t cost = store().padded_bytes(c.opt);
+    if (stage == 3) cost += store().padded_bytes(c.param);
+    if (stage < 3 && !params) cost += store().padded_bytes(layout->params_buffer());
+    if (budget && bytes + cost > budget) continue;  // waits for the decision
+    if (stage < 3 && !params) open.push_back(layout->params_buffer());
+    params = params || stage < 3;
+    open.push_back(c.opt);
+    if (stage == 3) open.push_back(c.param);
+    bytes += cost;
+    go.push_back(ci);
+  }
+  if (go.empty()) return;
+  if (spec.chunks.empty()) {
+    spec.scale = scaler.scale();
+    spec.groups = groups;
+  }
+  try {
+    store().open_pending(open);  // all or none
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kBudget) throw;
+    return;  // no room for these: they wait for the decision
+  }
+  spec.pending.insert(spec.pending.end(), open.begin(), open.end());
+  spec.params_open = params;
+  spec.bytes = bytes;
+  try {
+    optimizer->speculate(go, static_cast<float>(1.0 / spec.scale));
+  } catch (const std::exception& e) {
+    // The committed versions are untouched: the step runs serially (and meets a real failure
+    // itself).
+    log_warn("engine rank ", rank,
+             ": speculative update failed, the step runs serially: ", e.what());
+    cancel_speculation();
+    return;
+  }
+  spec.chunks.insert(spec.chunks.end(), go.begin(), go.end());
+}
+
+std::vector<bool> Engine::Impl::settle_speculation(bool go, StepResult& res) {
+  const bool keep = go && !spec.off && res.clip_coef == 1.0 && scaler.scale() == spec.scale &&
+                    same_groups(groups, spec.groups);
+  const auto n = static_cast<std::uint32_t>(spec.chunks.size());
+  res.speculated_chunks = n;
+  std::vector<bool> done;
+  if (keep) {
+    store().commit(spec.pending);
+    done.assign(layout->chunks().size(), false);
+    for (std::size_t ci : spec.chunks) done[ci] = true;
+    res.committed_chunks = n;
+  } else {
+    res.rolled_back_chunks = n;
+  }
+  cancel_speculation(false);  // discard (what was not committed), clear
+  return done;
+}
+
+void Engine::Impl::cancel_speculation(bool off) noexcept {
+  if (!spec.pending.empty()) {
+    try {
+      store().discard(spec.pending);
+    } catch (const std::exception& e) {
+      log_error("engine rank ", rank, ": discarding the speculative update: ", e.what());
+    }
+  }
+  spec = Speculation{};
+  spec.off = off;
+}
+
+void Engine::Impl::end_speculation_step(bool speculated, bool rolled_back) {
+  spec = Speculation{};
+  if (spec_pause > 0) {
+    if (--spec_pause == 0) spec_history.clear();  // auto: try again
+    return;
+  }
+  if (!speculated || cfg.optimizer.overlap != OptimizerOverlap::kAuto) return;
+  spec_history.push_back(rolled_back);
+  if (spec_history.size() > kAutoWindow) spec_history.pop_front();
+  if (static_cast<std::size_t>(std::count(spec_history.begin(), spec_history.end(), true)) >=
+      kAutoMaxRollbacks) {
+    spec_pause = kAutoPause;
+    if (rank == 0)
+      log_info("engine: speculative update paused for ", kAutoPause, " steps (", kAutoMaxRollbacks,
+               " of the last ", spec_history.size(), " rolled back)");
+  }
+}
+
+}  // namespace strata
