@@ -149,7 +149,7 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
   if (layout_.stage() < 2 && micro_ > 0) {
     accumulate_flat(off, n, src, memory);
   } else if (layout_.stage() < 2) {
-    store_.write(layout_.grads_buffer(), off * ges, n * ges, src, memory).wait(timeout_);
+    copy(layout_.grads_device() + off * ges, src, n * ges);  // the caller's thread on a host device
   } else {
     hand_in_bucketed(off, n, src);
     collect_copies(false);  // progress: finished copies free their buffers, spills start
@@ -166,8 +166,7 @@ void GradientReducer::hand_in_zero(TensorId id) {
   const auto t0 = Clock::now();
   const std::size_t ges = layout_.grad_elem_bytes();
   if (layout_.stage() < 2 && micro_ == 0) {
-    stream_->memset_async(layout_.grads_device() + off * ges, 0, n * ges);
-    stream_->synchronize(timeout_);
+    stream_->fill(layout_.grads_device() + off * ges, 0, n * ges, timeout_);
   } else if (layout_.stage() >= 2) {
     // Last bucket first, as hand_in_bucketed.
     for (std::size_t stop = off + n; stop > off;) {
@@ -257,13 +256,12 @@ Scratch& GradientReducer::bucket_buffer(std::size_t k) {
     b = scratch_.take(bucket_len(0) * layout_.grad_elem_bytes(), "gradient bucket");
     ++buckets_made_;
   }
-  stream_->memset_async(b.data(), 0, b.size());
-  stream_->synchronize(timeout_);
+  stream_->fill(b.data(), 0, b.size(), timeout_);
   return b;
 }
 
 void GradientReducer::copy(void* dst, const void* src, std::size_t bytes) {
-  copy_sync(*stream_, dst, src, bytes, timeout_);
+  stream_->copy(dst, src, bytes, timeout_);
 }
 
 void GradientReducer::check_all_arrived() const {
