@@ -21,6 +21,13 @@ gradients (fixed random values) are handed in before each timed step, outside th
    of `strata bench step` on the same config and element count. Prints the medians and
    step / bound for both (target <= 1.1).
 
+3. Iteration (issue 26, point 5): a whole training iteration (zero_grad, forward, backward, step)
+   of the example GPT (examples/gpt_model.py, 4.2M parameters by default), ZeroOptimizer with
+   the default config (state in host memory) against torch.optim.AdamW, alternating each round.
+   Prints both medians, strata / torch (target <= 1.05), and strata's exposed optimizer time (its
+   step() after the backward) and gradient hand-in time per iteration. --iteration-only runs only
+   this part.
+
 Run it on a quiet machine (speed figures taken while other jobs run are not results):
   PYTHONPATH=build/python /usr/bin/python3 bench/python/bench_optimizer_step.py \\
       --threads 8 --nvme /mnt/nvme/strata-bench --strata build/strata
@@ -175,6 +182,66 @@ def part_nvme(a, model_a, grads):
             "io_engine": steps[0]["io_engine"], "target": "<= 1.1"}
 
 
+def part_iteration(a):
+    """Whole iterations of a small GPT: ZeroOptimizer (defaults) vs torch AdamW, alternating."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+    import gpt_model as G
+
+    torch.manual_seed(1)
+    ma = G.GPT(a.it_d_model, a.it_layers, a.it_heads, a.it_seq)
+    mb = copy.deepcopy(ma)
+    zopt = strata.torch.ZeroOptimizer(ma, None, overrides=["optimizer.lr=1e-3"] + a.it_set)
+    topt = torch.optim.AdamW(mb.parameters(), lr=1e-3)
+    data = G.load_corpus(None)
+
+    def run(model, backward, opt_step, zero_grad, i):
+        x, y = G.global_batch(data, i, a.it_rows, a.it_seq, seed=1)
+        t0 = time.perf_counter()
+        zero_grad()
+        backward(model(x, y))
+        t1 = time.perf_counter()
+        opt_step()
+        t2 = time.perf_counter()
+        return t2 - t0, t2 - t1
+
+    def strata_it(i):
+        return run(ma, zopt.backward, zopt.step, zopt.zero_grad, i)
+
+    def torch_it(i):
+        return run(mb, lambda l: l.backward(), topt.step, topt.zero_grad, i)
+
+    for i in range(3):  # warm-up: first touch of the state, torch's allocator
+        strata_it(i), torch_it(i)
+    s0 = zopt.stats()
+    ts, tt, exposed = [], [], []
+    for i in range(a.it_rounds):
+        t, e = strata_it(i)
+        ts.append(t)
+        exposed.append(e)
+        tt.append(torch_it(i)[0])
+    s1 = zopt.stats()
+    ms, mt = statistics.median(ts), statistics.median(tt)
+    n = sum(p.numel() for p in ma.parameters())
+    cfg = zopt.config
+    zopt.close()
+    return {"part": "iteration", "params": n, "stage": cfg["stage"], "optimizer_tier": cfg["optimizer_tier"],
+            "rounds": a.it_rounds, "threads": torch.get_num_threads(),
+            "strata_iteration_s": ms, "torch_adamw_iteration_s": mt, "strata_over_torch": ms / mt,
+            "strata_exposed_step_s": statistics.median(exposed),
+            "strata_handin_s_per_iteration": (s1["handin_s"] - s0["handin_s"]) / a.it_rounds,
+            "strata_iteration_s_rounds": ts, "torch_iteration_s_rounds": tt, "target": "<= 1.05"}
+
+
+def print_iteration(a):
+    r = part_iteration(a)
+    print(json.dumps(r) if a.json else
+          "iteration: %.2fM-parameter GPT, stage %d, state on %s: ZeroOptimizer %.4f s, torch AdamW %.4f s: "
+          "strata / torch %.3f (target <= 1.05); exposed step %.4f s, hand-in %.4f s per iteration\n%s"
+          % (r["params"] / 1e6, r["stage"], r["optimizer_tier"], r["strata_iteration_s"],
+             r["torch_adamw_iteration_s"], r["strata_over_torch"], r["strata_exposed_step_s"],
+             r["strata_handin_s_per_iteration"], json.dumps(r)), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--d-model", type=int, default=1024)
@@ -195,11 +262,24 @@ def main():
                          "MALLOC_TRIM_THRESHOLD_=2^46), so torch's step does not page-fault its "
                          "temporaries anew (torch's best case here); default: as torch runs by default")
     ap.add_argument("--json", action="store_true")
+    it = ap.add_argument_group("part 3, iteration (the example GPT)")
+    it.add_argument("--iteration-only", action="store_true", help="run only part 3")
+    it.add_argument("--it-d-model", type=int, default=240)
+    it.add_argument("--it-layers", type=int, default=6)
+    it.add_argument("--it-heads", type=int, default=6)
+    it.add_argument("--it-seq", type=int, default=64)
+    it.add_argument("--it-rows", type=int, default=4, help="sequences per iteration")
+    it.add_argument("--it-rounds", type=int, default=30)
+    it.add_argument("--it-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override for part 3's ZeroOptimizer (repeatable)")
     a = ap.parse_args()
     if a.malloc == "keep" and MALLOC_MODE != "keep":
         os.environ.update(_KEEP_ENV)
         os.execv(sys.executable, [sys.executable] + sys.argv)
     torch.set_num_threads(a.threads)
+    if a.iteration_only:
+        print_iteration(a)
+        return 0
     torch.manual_seed(0)
     model_a = Shapes(a.d_model, a.layers, a.vocab)
     a.n = sum(p.numel() for p in model_a.parameters())
@@ -222,6 +302,7 @@ def main():
               % (r["strata_step_s"], r["in_process_bound_s"], r["step_over_in_process_bound"],
                  r["bench_step_t_io_s"], r["bench_step_t_update_s"], r["device_bound_s"],
                  r["step_over_bound"], json.dumps(r)), flush=True)
+    print_iteration(a)
     return 0
 
 

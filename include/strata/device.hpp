@@ -71,6 +71,12 @@ class Stream {
   // Blocks until everything queued so far is done. Throws Error(kTimeout) past `timeout` and the
   // first error of queued work (Error(kDevice)); the stream stays unusable after such an error.
   virtual void synchronize(std::chrono::milliseconds timeout) = 0;
+  // Synchronous forms: memcpy_async / memset_async, then synchronize(timeout). The caller waits
+  // anyway, so the host device runs the work in the caller's thread once the stream is idle (no
+  // hand-off to its worker and back: a gradient hand-in per tensor paid two thread wake-ups).
+  virtual void copy(void* dst, const void* src, std::size_t bytes,
+                    std::chrono::milliseconds timeout);
+  virtual void fill(void* dst, int value, std::size_t bytes, std::chrono::milliseconds timeout);
 };
 
 // A device allocation, freed on destruction. Move-only.

@@ -40,6 +40,19 @@ void Stream::wait_external(void* producer) {
          "(the host-emulated device orders host producers by the call itself: pass nullptr)");
 }
 
+void Stream::copy(void* dst, const void* src, std::size_t bytes,
+                  std::chrono::milliseconds timeout) {
+  if (bytes == 0) return;
+  memcpy_async(dst, src, bytes);
+  synchronize(timeout);
+}
+
+void Stream::fill(void* dst, int value, std::size_t bytes, std::chrono::milliseconds timeout) {
+  if (bytes == 0) return;
+  memset_async(dst, value, bytes);
+  synchronize(timeout);
+}
+
 int local_device_ordinal(int rank, int ranks_per_node, int device_count) {
   const int n = std::max(1, device_count);
   for (const char* v :

@@ -72,6 +72,13 @@ class HostStream final : public HostStreamBase {
   void memset_async(void* dst, int value, std::size_t bytes) override {
     enqueue([=] { std::memset(dst, value, bytes); });
   }
+  void copy(void* dst, const void* src, std::size_t bytes,
+            std::chrono::milliseconds timeout) override {
+    run_here([=] { std::memcpy(dst, src, bytes); }, timeout);
+  }
+  void fill(void* dst, int value, std::size_t bytes, std::chrono::milliseconds timeout) override {
+    run_here([=] { std::memset(dst, value, bytes); }, timeout);
+  }
   void record(Event& event) override {
     auto state = host_event(event).state();
     std::uint64_t ticket;
@@ -133,6 +140,34 @@ class HostStream final : public HostStreamBase {
     if (!e) fail(ErrorCode::kInvalidArgument, "host device: event from another device");
     return *e;
   }
+  // A synchronous operation in the caller's thread, in the stream's order: once everything queued
+  // before it is done (synchronize: its errors and timeout), with the worker held off until it
+  // returns (work queued meanwhile by another thread runs after it). Its failure fails the stream,
+  // as the worker's would.
+  template <typename Fn>
+  void run_here(Fn fn, std::chrono::milliseconds timeout) {
+    synchronize(timeout);
+    {
+      std::lock_guard lock(mutex_);
+      ++queued_;
+      ++inline_;
+    }
+    std::exception_ptr err;
+    try {
+      fn();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard lock(mutex_);
+      if (err && !error_) error_ = err;
+      ++done_;
+      --inline_;
+    }
+    done_cv_.notify_all();
+    cv_.notify_one();
+    if (err) rethrow_detached(err);
+  }
   void enqueue(std::function<void()> fn) { push(Task{std::move(fn), false}); }
   void enqueue_always(std::function<void()> fn) { push(Task{std::move(fn), true}); }
   void push(Task task) {
@@ -146,7 +181,7 @@ class HostStream final : public HostStreamBase {
   void run() {
     std::unique_lock lock(mutex_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+      cv_.wait(lock, [&] { return (stop_ || !tasks_.empty()) && inline_ == 0; });
       if (tasks_.empty()) return;  // stop_ and drained
       Task task = std::move(tasks_.front());
       tasks_.pop_front();
@@ -178,6 +213,7 @@ class HostStream final : public HostStreamBase {
   std::uint64_t done_ = 0;           // guarded by mutex_
   std::exception_ptr error_;         // guarded by mutex_: first failure, sticky
   bool stop_ = false;                // guarded by mutex_
+  int inline_ = 0;                   // guarded by mutex_: run_here operations in progress
   std::shared_ptr<HostDevice::StreamSet> set_;
   std::thread worker_;  // last: started after every member above exists
 };

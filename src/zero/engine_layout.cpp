@@ -298,9 +298,7 @@ void get_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_
 
 void copy_sync(Stream& stream, void* dst, const void* src, std::size_t bytes,
                std::chrono::milliseconds timeout) {
-  if (bytes == 0) return;
-  stream.memcpy_async(dst, src, bytes);
-  stream.synchronize(timeout);
+  stream.copy(dst, src, bytes, timeout);
 }
 
 }  // namespace strata::zero

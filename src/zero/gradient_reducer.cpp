@@ -32,6 +32,30 @@ std::vector<std::size_t> expected_per_bucket(const EngineLayout& l, std::size_t 
   return expected;
 }
 
+// Per bucket, the ranges of its elements no tensor covers (alignment padding, the partition's
+// tail), relative to the bucket's start: the only elements zeroed when a bucket buffer is taken.
+std::vector<std::vector<GradientReducer::Range>> gaps_per_bucket(const EngineLayout& l,
+                                                                 std::size_t bucket_elems,
+                                                                 std::size_t nbuckets) {
+  std::vector<std::vector<GradientReducer::Range>> gaps(nbuckets);
+  auto add_gap = [&](std::size_t b, std::size_t e) {  // flat [b, e), split at bucket bounds
+    while (b < e) {
+      const std::size_t k = b / bucket_elems, stop = std::min(e, (k + 1) * bucket_elems);
+      gaps[k].push_back({b - k * bucket_elems, stop - b});
+      b = stop;
+    }
+  };
+  std::size_t covered = 0;  // tensors lie in increasing order in the flat layout
+  for (std::size_t i = 0; nbuckets > 0 && i < l.tensors(); ++i) {
+    const std::size_t b = l.partition().offset(i);
+    if (l.tensor(i).numel == 0) continue;
+    add_gap(covered, b);
+    covered = b + l.tensor(i).numel;
+  }
+  if (nbuckets > 0) add_gap(covered, l.flat_size());
+  return gaps;
+}
+
 std::size_t bucket_elems_of(const EngineLayout& l) {
   return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
 }
@@ -48,6 +72,7 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
       bucket_elems_(bucket_elems_of(layout)),
       nbuckets_(layout.stage() >= 2 ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_ : 0),
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
+      bucket_gaps_(gaps_per_bucket(layout, bucket_elems_, nbuckets_)),
       stream_(store.device().create_stream()),
       arrived_(layout.tensors(), false),
       used_(layout.tensors(), false),
@@ -164,7 +189,7 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
   if (layout_.stage() < 2 && micro_ > 0) {
     accumulate_flat(off, n, src, memory);
   } else if (layout_.stage() < 2) {
-    store_.write(layout_.grads_buffer(), off * ges, n * ges, src, memory).wait(timeout_);
+    copy(layout_.grads_device() + off * ges, src, n * ges);  // the caller's thread on a host device
   } else {
     hand_in_bucketed(off, n, src);
     collect_copies(false);  // progress: finished copies free their buffers, spills start
@@ -173,7 +198,7 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
 }
 
 // Zeros: stages 0-1 clear the tensor's flat gradients in the first micro-batch (a later one adds
-// nothing); stages 2-3 count its elements into their buckets, which are zeroed when taken.
+// nothing); stages 2-3 write zeros into its elements of their buckets.
 void GradientReducer::hand_in_zero(TensorId id) {
   mark_arrived(id);
   const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
@@ -181,14 +206,14 @@ void GradientReducer::hand_in_zero(TensorId id) {
   const auto t0 = Clock::now();
   const std::size_t ges = layout_.grad_elem_bytes();
   if (layout_.stage() < 2 && micro_ == 0) {
-    stream_->memset_async(layout_.grads_device() + off * ges, 0, n * ges);
-    stream_->synchronize(timeout_);
+    stream_->fill(layout_.grads_device() + off * ges, 0, n * ges, timeout_);
   } else if (layout_.stage() >= 2) {
     // Last bucket first, as hand_in_bucketed.
     for (std::size_t stop = off + n; stop > off;) {
       const std::size_t k = (stop - 1) / bucket_elems_;
       const std::size_t pos = std::max(off, bucket_begin(k));
-      bucket_buffer(k);
+      stream_->fill(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, 0, (stop - pos) * ges,
+                    timeout_);
       bucket_pending_[k] -= stop - pos;
       if (bucket_pending_[k] == 0) bucket_complete(k);
       stop = pos;
@@ -261,7 +286,8 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
   }
 }
 
-// Bucket k's buffer, zeroed when it is taken: its padding (elements of no tensor) must be zero.
+// Bucket k's buffer, its padding (elements of no tensor) zeroed when it is taken: every other
+// element is written by a hand-in (hand_in_zero writes zeros) before the bucket is complete.
 Scratch& GradientReducer::bucket_buffer(std::size_t k) {
   Scratch& b = bucket_of_[k];
   if (b) return b;
@@ -274,13 +300,14 @@ Scratch& GradientReducer::bucket_buffer(std::size_t k) {
     b = scratch_.take(bucket_len(0) * layout_.grad_elem_bytes(), "gradient bucket");
     ++buckets_made_;
   }
-  stream_->memset_async(b.data(), 0, b.size());
-  stream_->synchronize(timeout_);
+  const std::size_t ges = layout_.grad_elem_bytes();
+  for (const Range& g : bucket_gaps_[k])
+    stream_->fill(b.data() + g.begin * ges, 0, g.count * ges, timeout_);
   return b;
 }
 
 void GradientReducer::copy(void* dst, const void* src, std::size_t bytes) {
-  copy_sync(*stream_, dst, src, bytes, timeout_);
+  stream_->copy(dst, src, bytes, timeout_);
 }
 
 void GradientReducer::check_all_arrived() const {

@@ -45,6 +45,10 @@ struct ReduceTimes {
 
 class GradientReducer {
  public:
+  struct Range {
+    std::size_t begin = 0, count = 0;
+  };
+
   GradientReducer(const EngineLayout& layout, Communicator& comm, TierStore& store,
                   ScratchArena& scratch);
   ~GradientReducer();  // waits for the collectives in flight (bounded), errors dropped
@@ -131,7 +135,8 @@ class GradientReducer {
   ScratchArena& scratch_;
   const std::chrono::milliseconds timeout_;
   const std::size_t bucket_elems_, nbuckets_;
-  const std::vector<std::size_t> bucket_expected_;  // elements of tensors per bucket
+  const std::vector<std::size_t> bucket_expected_;     // elements of tensors per bucket
+  const std::vector<std::vector<Range>> bucket_gaps_;  // per bucket: elements of no tensor
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 

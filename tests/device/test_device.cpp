@@ -171,3 +171,38 @@ TEST(HostDevice, FreeWaitsForQueuedWork) {
   s->synchronize(std::chrono::seconds(10));
   EXPECT_EQ(back, want) << "the queued copy read memory freed (and reused) after it was queued";
 }
+
+// copy() and fill() are synchronous and in stream order: after the work queued before them, also
+// on the host device, which runs them in the caller's thread once the stream is idle.
+TEST(HostDevice, SynchronousCopyAndFillFollowQueuedWork) {
+  auto dev = make_host_device();
+  const std::size_t n = 6 << 20;
+  auto src = st::random_bytes(n, 7);
+  auto mem = dev->allocate(n);
+  std::vector<std::uint8_t> back(n);
+  auto s = dev->create_stream();
+  for (int i = 0; i < 3; ++i) s->memcpy_async(mem.get(), src.data(), n);  // queued, not waited
+  s->fill(mem.get(), 0x33, 1000, 10s);
+  s->copy(back.data(), mem.get(), n, 10s);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(back[i], 0x33) << i;
+  EXPECT_EQ(0, std::memcmp(back.data() + 1000, src.data() + 1000, n - 1000));
+  // Work queued after a synchronous copy runs after it.
+  s->memset_async(mem.get(), 0x44, 10);
+  s->copy(back.data(), mem.get(), 20, 10s);
+  EXPECT_EQ(back[9], 0x44);
+  EXPECT_EQ(back[10], 0x33);
+  s->copy(back.data(), mem.get(), 0, 10s);  // nothing to do
+}
+
+TEST(HostDevice, SynchronousCopyReportsTheStreamsFailure) {
+  auto dev = make_host_device();
+  auto s = dev->create_stream();
+  std::vector<std::uint8_t> a(64, 1), b(64, 2);
+  s->launch_host_func([] { throw std::runtime_error("queued work failed"); });
+  st::expect_error(ErrorCode::kDevice, "queued work failed",
+                   [&] { s->copy(b.data(), a.data(), 64, 10s); });
+  EXPECT_EQ(b[0], 2);  // a failed stream runs nothing more
+  st::expect_error(ErrorCode::kDevice, "queued work failed",
+                   [&] { s->fill(b.data(), 0, 64, 10s); });
+  EXPECT_EQ(b[0], 2);
+}
