@@ -11,6 +11,9 @@
 // every tiers.nvme.paths entry (90 % of the free space) hold the larger (4x) run; an explicit
 // --params that does not fit is refused up front (exit 2) with the memory and disk it needs.
 // Missing swap directories are created (SwapSpace); progress goes to stderr, one line per run.
+// --backward T|auto [--tensors N] measures the speculative update instead
+// (profile::run_overlap_bench): the serial step, the overlapped one, the exposed optimizer time
+// after the last gradient and the rollback cost (clipping forced), behind a simulated backward.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
@@ -18,6 +21,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -43,6 +47,8 @@ struct Options {
   int rounds = 5;
   bool no_scaling = false;
   bool json = false;
+  std::string backward;  // --backward T|auto: the speculative update against the serial one
+  std::size_t tensors = 32;
 };
 
 // MemAvailable from /proc/meminfo, in bytes (0 when unknown).
@@ -316,11 +322,60 @@ json measured(const Config& cfg, const profile::StepBenchOptions& b, const char*
   return j;
 }
 
+// --backward: the serial step, the overlapped one, the exposed time and the rollback cost, in
+// this process (one size; profile::run_overlap_bench).
+int run_overlap(const Options& o, const Config& cfg) {
+  profile::OverlapBenchOptions b;
+  b.config = cfg;
+  b.rounds = o.rounds;
+  b.tensors = o.tensors;
+  b.elements = size_to_machine(cfg, o);
+  if (o.backward != "auto") {
+    char* end = nullptr;
+    b.backward_s = std::strtod(o.backward.c_str(), &end);
+    if (o.backward.empty() || *end != '\0' || !(b.backward_s >= 0))
+      fail(ErrorCode::kInvalidArgument,
+           strcat("bench step: --backward '", o.backward, "': seconds >= 0, or auto"));
+  }
+  const profile::OverlapBenchResult r = profile::run_overlap_bench(b);
+  json j = {{"elements", r.elements},
+            {"backward_s", r.backward_s},
+            {"tensors", o.tensors},
+            {"serial_step_s", r.serial_step_s},
+            {"serial_total_s", r.serial_total_s},
+            {"overlapped_step_s", r.overlapped_step_s},
+            {"overlapped_total_s", r.overlapped_total_s},
+            {"exposed_s", r.exposed_s},
+            {"rollback_step_s", r.rollback_step_s},
+            {"rollback_total_s", r.rollback_total_s},
+            {"speculated_chunks", r.speculated_chunks},
+            {"committed_chunks", r.committed_chunks},
+            {"rolled_back_chunks", r.rolled_back_chunks}};
+  if (o.json) {
+    std::cout << json{{"config", o.config}, {"overlap", j}}.dump(2) << "\n";
+    return 0;
+  }
+  auto ms = [](double s) { return s * 1e3; };
+  std::cout
+      << "Speculative update: " << format_count(r.elements) << " params in " << o.tensors
+      << " tensors, simulated backward " << ms(r.backward_s) << " ms (sleeping)\n"
+      << "  serial:      step after the last gradient " << ms(r.serial_step_s)
+      << " ms, backward + step " << ms(r.serial_total_s) << " ms\n"
+      << "  overlapped:  step after the last gradient " << ms(r.overlapped_step_s)
+      << " ms (exposed " << ms(r.exposed_s) << " ms), backward + step " << ms(r.overlapped_total_s)
+      << " ms; " << r.committed_chunks << " of " << r.speculated_chunks << " chunks committed\n"
+      << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
+      << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n"
+      << "  (the speculative update runs on the hand-in thread: it adds to the backward here)\n";
+  return 0;
+}
+
 int run(const Options& o) {
   Config cfg = load_config(o.config, o.overrides);
   if (cfg.tiers.nvme.paths.empty())
     fail(ErrorCode::kInvalidArgument,
          "bench step: tiers.nvme.paths is empty: name a directory on NVMe");
+  if (!o.backward.empty()) return run_overlap(o, cfg);
   profile::StepBenchOptions bo;
   bo.config = cfg;
   bo.rounds = o.rounds;
@@ -354,6 +409,12 @@ const bool kRegistered = strata::cli::register_command(
        cmd.add_option("--rounds", o->rounds, "Measured rounds (medians)")->capture_default_str();
        cmd.add_flag("--no-scaling", o->no_scaling, "Skip the 4x-size run (peak RSS ratio)");
        cmd.add_flag("--json", o->json, "Print one JSON document");
+       cmd.add_option("--backward", o->backward,
+                      "Instead: the speculative update (optimizer.overlap) against the serial "
+                      "step behind a simulated backward of T seconds (or auto: the serial step's "
+                      "time), with the rollback cost (clipping forced)");
+       cmd.add_option("--tensors", o->tensors, "With --backward: gradients handed in one by one")
+           ->capture_default_str();
        strata::cli::add_set_option(cmd, o->overrides);
        return [o]() -> int { return run(*o); };
      }});

@@ -217,6 +217,86 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   return res;
 }
 
+namespace {
+
+struct OverlapRun {
+  double step_s = 0, total_s = 0, exposed_s = 0;
+  StepResult last;
+};
+
+// One engine of the overlap bench: a warm-up step, then `rounds` simulated backwards + steps.
+OverlapRun overlap_run(const OverlapBenchOptions& o, OptimizerOverlap overlap, bool clip,
+                       double backward_s) {
+  Config cfg = o.config;
+  cfg.world.ranks = 1;
+  cfg.world.ranks_per_node = 1;
+  cfg.zero.stage = std::max(cfg.zero.stage, 2);
+  cfg.optimizer.overlap = overlap;
+  cfg.train.accumulate = 1;
+  const std::size_t nt = std::max<std::size_t>(1, o.tensors), n = o.elements;
+  cfg.zero.reduce_bucket_size = std::max<std::uint64_t>(1, n / nt);
+  std::unique_ptr<Communicator> comm = one_rank(cfg);
+  Engine e(cfg, *comm);
+  std::mt19937 rng(5);
+  for (std::size_t t = 0; t < nt; ++t)
+    add_random_parameter(e, strcat("t", t), n / nt + (t + 1 == nt ? n % nt : 0), 0.1f, rng);
+  e.finalize();
+  const std::vector<unsigned char> grads = make_grads(cfg.precision.grads, n);
+  const std::size_t es = dtype_size(cfg.precision.grads);
+  const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt));
+  auto one = [&](OverlapRun& r) {
+    const auto t0 = Clock::now();
+    for (std::size_t t = nt; t-- > 0;) {
+      e.set_gradient_host(t, grads.data() + t * (n / nt) * es);
+      std::this_thread::sleep_for(pause);
+    }
+    if (clip) e.clip_grad_norm(1e-12);
+    const auto t1 = Clock::now();
+    r.last = e.step();
+    r.step_s = std::chrono::duration<double>(Clock::now() - t1).count();
+    r.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    r.exposed_s = r.last.exposed_s;
+  };
+  OverlapRun warm, r;
+  one(warm);
+  std::vector<double> step, total, exposed;
+  for (int i = 0; i < std::max(1, o.rounds); ++i) {
+    one(r);
+    step.push_back(r.step_s);
+    total.push_back(r.total_s);
+    exposed.push_back(r.exposed_s);
+  }
+  r.step_s = median(step);
+  r.total_s = median(total);
+  r.exposed_s = median(exposed);
+  return r;
+}
+
+}  // namespace
+
+OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
+  if (o.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: no elements");
+  OverlapBenchResult res;
+  res.elements = o.elements;
+  double t = o.backward_s;
+  if (t < 0) t = overlap_run(o, OptimizerOverlap::kOff, false, 0).step_s;
+  res.backward_s = t;
+  const OverlapRun serial = overlap_run(o, OptimizerOverlap::kOff, false, t);
+  const OverlapRun on = overlap_run(o, OptimizerOverlap::kOn, false, t);
+  const OverlapRun clipped = overlap_run(o, OptimizerOverlap::kOn, true, t);
+  res.serial_step_s = serial.step_s;
+  res.serial_total_s = serial.total_s;
+  res.overlapped_step_s = on.step_s;
+  res.overlapped_total_s = on.total_s;
+  res.exposed_s = on.exposed_s;
+  res.rollback_step_s = clipped.step_s;
+  res.rollback_total_s = clipped.total_s;
+  res.speculated_chunks = on.last.speculated_chunks;
+  res.committed_chunks = on.last.committed_chunks;
+  res.rolled_back_chunks = clipped.last.rolled_back_chunks;
+  return res;
+}
+
 }  // namespace strata::profile
 
 namespace strata {

@@ -61,4 +61,33 @@ struct StepBenchResult {
 
 StepBenchResult run_step_bench(const StepBenchOptions& options);
 
+// The speculative update against the serial one (strata bench step --backward): a one-rank
+// Engine at stage 2 (zero.stage 0-1 are raised to 2: only stages 2-3 speculate) holding
+// `elements` parameters in `tensors` tensors, whose simulated backward hands the gradients in one
+// tensor at a time, last first, sleeping backward_s / tensors after each (no CPU spent), then
+// calls step(). Three engines: optimizer.overlap off (the serial step), on, and on with clipping
+// forced every step (clip_grad_norm with a tiny max norm: every speculated chunk rolled back).
+// One warm-up step each, then the median of `rounds`.
+struct OverlapBenchOptions {
+  Config config;
+  std::uint64_t elements = 0;
+  double backward_s = -1;  // T; < 0: the serial step's time after the backward, measured first
+  std::size_t tensors = 32;
+  int rounds = 3;
+};
+
+struct OverlapBenchResult {
+  std::uint64_t elements = 0;
+  double backward_s = 0;  // T used
+  // step() after the last gradient (the optimizer time not hidden by the backward), and the
+  // whole backward + step().
+  double serial_step_s = 0, serial_total_s = 0;
+  double overlapped_step_s = 0, overlapped_total_s = 0;
+  double exposed_s = 0;                              // StepResult::exposed_s of the overlapped step
+  double rollback_step_s = 0, rollback_total_s = 0;  // clipping forced
+  std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;  // per step
+};
+
+OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& options);
+
 }  // namespace strata::profile

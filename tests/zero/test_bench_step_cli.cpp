@@ -56,6 +56,36 @@ TEST(BenchStepCli, DeviceUpdate) {
   EXPECT_GT(j["step"]["t_step_s"].get<double>(), 0.0);
 }
 
+// --backward: the speculative update's figures, in one JSON document (values not checked: no
+// assertion on timing; the chunk counts are the engine's).
+TEST(BenchStepCli, BackwardOverlapFields) {
+  TempDir swap("strata-bench-step");
+  std::string out;
+  const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
+                          "/bench/step/step.yaml --params 200K --rounds 1 --json --backward 0.02 "
+                          "--tensors 8 --set tiers.nvme.paths=[" +
+                          swap.str() +
+                          "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3";
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
+  auto j = nlohmann::json::parse(out.substr(start, out.rfind("\n}") + 2 - start));
+  const auto& o = j["overlap"];
+  for (const char* k : {"serial_step_s", "serial_total_s", "overlapped_step_s",
+                        "overlapped_total_s", "exposed_s", "rollback_step_s", "rollback_total_s"})
+    EXPECT_GE(o[k].get<double>(), 0.0) << k;
+  EXPECT_DOUBLE_EQ(o["backward_s"].get<double>(), 0.02);
+  EXPECT_EQ(o["elements"].get<std::uint64_t>(), 200000u);
+  EXPECT_GT(o["speculated_chunks"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(o["committed_chunks"], o["speculated_chunks"]);
+  EXPECT_EQ(o["rolled_back_chunks"], o["speculated_chunks"]);
+  std::string bad;
+  EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
+                            "/bench/step/step.yaml --backward soon 2>&1",
+                        &bad),
+            2)
+      << bad;
+}
+
 // issue 15: `bench step` did not create its swap directory (and blamed io_uring), and ran a size
 // the machine could not hold until the OOM killer came.
 TEST(BenchStepCli, Issue15CreatesItsSwapDirectoryAndRefusesWhatTheMachineCannotHold) {
