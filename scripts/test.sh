@@ -2,7 +2,8 @@
 # The whole test suite: installs dependencies, checks the formatting, the function length and
 # clang's thread-safety analysis, builds, runs every test under CTest, then the CUDA and NCCL code
 # against the fake CUDA runtime (label "fakecuda", tests/fakecuda), then again under
-# ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
+# ASan+UBSan (every test not labelled "no_sanitizer"), then the concurrent layers (CTest label
+# "tsan") under ThreadSanitizer; each sanitizer build compiles only what its tests run.
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
