@@ -97,27 +97,37 @@ verify() {  # verify DIR WHAT: strata checkpoint verify on the committed checkpo
   fi
 }
 
-# No swap files left, no shard of a serial above the committed one (a partial shard).
+# No swap files left; no partial shard: a shard of a serial above the committed one may stay only
+# whole (its writer had finished and fdatasynced it — the save was abandoned before its commit;
+# the next save removes it), i.e. of the size of the reference run's shards (the same layout).
 clean_after_term() {  # clean_after_term DIR
   if [ "$nvme" = 1 ] && [ -n "$(find "$swap" -mindepth 1 2>/dev/null | head -1)" ]; then
     echo "swap left behind:"; find "$swap" -mindepth 1; return 1
   fi
-  "$py" - "$1" <<'EOF'
+  "$py" - "$1" "$out/ref" 2>&1 <<'EOF'
 import json, os, re, sys
-d = sys.argv[1]
-serial = json.load(open(os.path.join(d, "manifest.json")))["serial"] if os.path.exists(
-    os.path.join(d, "manifest.json")) else 0
+d, ref = sys.argv[1], sys.argv[2]
+def manifest(d):
+    p = os.path.join(d, "manifest.json")
+    return json.load(open(p)) if os.path.exists(p) else None
+m = manifest(d)
+serial = m["serial"] if m else 0
+whole = {s["bytes"] for s in manifest(ref)["shards"]}
 for n in os.listdir(d):
-    m = re.match(r"(shard|extra)-(\d+)-", n)
-    if m and int(m.group(2)) > serial:
-        sys.exit("partial %s left after SIGTERM (committed serial %d)" % (n, serial))
+    g = re.match(r"shard-(\d+)-", n)
+    size = os.path.getsize(os.path.join(d, n))
+    if g and int(g.group(1)) > serial and size not in whole:
+        sys.exit("partial %s (%d bytes) left after SIGTERM (committed serial %d)" %
+                 (n, size, serial))
 EOF
 }
 
 echo "ckpt_kill_trials: $trials trials, SIG$sig, seed $seed, $ranks ranks, stage $stage," \
   "nvme $nvme; files in $out"
 rm -rf "$swap"; mkdir -p "$swap"
-if ! "$bin" "${args[@]}" --json >"$out/want.json" 2>"$out/want.err"; then
+rm -rf "$out/ref"
+if ! "$bin" "${args[@]}" --checkpoint-dir "$out/ref" --save-every 3 --json >"$out/want.json" \
+  2>"$out/want.err"; then
   echo "the uninterrupted run failed:"; cat "$out/want.err"; exit 1
 fi
 printf 'seed\ttrial\tsignal\tstep\tdelay_ms\tresumed_from\tresult\n' >"$out/trials.tsv"
@@ -132,17 +142,19 @@ for ((t = 0; t < trials; t++)); do
   "$bin" "${args[@]}" --checkpoint-dir "$dir" --save-every 3 >"$log" 2>&1 &
   pid=$!
   # Until step K is printed (or the run ends), then D ms more.
-  while kill -0 "$pid" 2>/dev/null && ! grep -q "^step $k " "$log"; do sleep 0.005; done
+  while kill -0 "$pid" 2>/dev/null && ! grep -q "^step $k " "$log" 2>/dev/null; do
+    sleep 0.005
+  done
   sleep "$(awk -v d="$d" 'BEGIN { printf "%.3f", d / 1000 }')"
   kill -s "$sig" "$pid" 2>/dev/null
-  wait "$pid"
+  { wait "$pid"; } 2>/dev/null
   rc=$?
   why=""
   if [ "$sig" = TERM ]; then
     [ "$rc" = 143 ] || [ "$rc" = 0 ] || why="exit $rc after SIGTERM (want 143, or 0: finished)"
-    [ -n "$why" ] || why=$(clean_after_term "$dir") || true
+    [ -n "$why" ] || why=$(clean_after_term "$dir" 2>&1) || true
   fi
-  [ -n "$why" ] || why=$(verify "$dir" "after the SIG$sig") || true
+  [ -n "$why" ] || why=$(verify "$dir" "after the SIG$sig" 2>&1) || true
   from=-
   if [ -z "$why" ]; then
     rm -rf "$swap"; mkdir -p "$swap"

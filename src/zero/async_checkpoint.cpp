@@ -9,8 +9,7 @@ namespace strata::zero {
 
 AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks,
                                  ParamBlocks params, PendingSave save, RankState state,
-                                 std::vector<unsigned char> copy,
-                                 std::chrono::milliseconds timeout)
+                                 std::vector<unsigned char> copy, std::chrono::milliseconds timeout)
     : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(copy)) {
   state_.params = {params_.data(), params_.size()};
   state_.params_in_store = params.per_chunk;
