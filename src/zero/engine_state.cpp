@@ -183,9 +183,10 @@ void Engine::Impl::write_params(TensorId id, std::span<const float> in,
 
 // ---- the checkpoint seam
 
-// The rank's parameters (model dtype) materialized in host memory for the duration of the call,
-// and the optimizer state through host views of the TierStore.
-zero::RankState Engine::Impl::rank_state() {
+// The rank's parameters (model dtype) materialized in host memory for the duration of the call
+// (unless !copy_params: an asynchronous save reads them from its snapshot), and the optimizer
+// state through host views of the TierStore.
+zero::RankState Engine::Impl::rank_state(bool copy_params) {
   const int stage = layout->stage();
   const std::size_t pes = layout->param_elem_bytes(), psize = layout->partition_size();
   zero::RankState r;
@@ -198,10 +199,10 @@ zero::RankState Engine::Impl::rank_state() {
   r.partition = &layout->partition();
   r.opt_begin = layout->opt_begin();
   const std::size_t first = stage == 0 ? 0 : layout->own_begin();
-  ckpt_params.resize((stage == 0 ? layout->flat_size() : psize) * pes);
-  if (stage == 3)
+  ckpt_params.resize(copy_params ? (stage == 0 ? layout->flat_size() : psize) * pes : 0);
+  if (copy_params && stage == 3)
     read_own(0, psize, ckpt_params.data());
-  else
+  else if (copy_params)
     zero::get_bytes(store(), layout->params_buffer(), first * pes, ckpt_params.size(),
                     ckpt_params.data(), layout->timeout());
   r.params = {ckpt_params.data(), ckpt_params.size()};
