@@ -31,6 +31,15 @@ def human_bytes(n):
     return f"{n} B"
 
 
+
+def save(fig, out, name):
+    """Lays the figure out, writes it to out/name (110 dpi), closes it; returns the path."""
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
 def plot_nvme(report, out):
     points = report["nvme"]["points"]
     if not points:
@@ -64,11 +73,7 @@ def plot_nvme(report, out):
     env = report["environment"]
     fig.suptitle(f"NVMe through the strata I/O engine ({env.get('cpu_model', '')}, "
                  f"load {env.get('load_average_1m', 0):.2f})", fontsize=10)
-    fig.tight_layout()
-    path = os.path.join(out, "profile_nvme.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "profile_nvme.png")
 
 
 def plot_step(report, out):
@@ -120,11 +125,7 @@ def plot_step(report, out):
     ax2.set_title(f"configured: {report['model']['layout']}, {m['sub_groups']} sub-groups", fontsize=9)
     ax2.legend(fontsize=7)
     ax2.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = os.path.join(out, "profile_step.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "profile_step.png")
 
 
 def plot_copies(report, out):
@@ -145,11 +146,7 @@ def plot_copies(report, out):
     ax.set_title(f"host <-> device: {report['environment']['gpu']}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "profile_copies.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, out, "profile_copies.png")
 
 
 def main():

@@ -2,7 +2,8 @@
 # The whole test suite: installs dependencies, checks the formatting, the function length and
 # clang's thread-safety analysis, builds, runs every test under CTest, then the CUDA and NCCL code
 # against the fake CUDA runtime (label "fakecuda", tests/fakecuda), then again under
-# ASan+UBSan, then the concurrent layers (CTest label "tsan") under ThreadSanitizer.
+# ASan+UBSan (every test not labelled "no_sanitizer"), then the concurrent layers (CTest label
+# "tsan") under ThreadSanitizer; each sanitizer build compiles only what its tests run.
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,6 +29,23 @@ run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
   total_pass=$((total_pass + ran - failed - skipped))
   rm -f "$log"
   [ "$rc" -eq 0 ] && [ "$ran" -gt 0 ]
+}
+
+# build_tested BUILD_DIR [ctest selection...]: builds only the executables the selected tests run
+# (and what those depend on: the strata CLI for the tests that run it), not the whole tree: the
+# sanitizer builds compile no test they will not run. Before the build CTest cannot say which
+# executable a test runs, so a test's name is its executable's, or that name with "_tsan"
+# appended (test_zero_placements_tsan runs test_zero_placements); a name that follows neither
+# rule makes the build fail with "unknown target", never skip silently.
+build_tested() {
+  local dir=$1
+  shift
+  local targets
+  targets=$(cd "$dir" && ctest -N "$@" | sed -n 's/^ *Test *#[0-9]*: //p' | sed 's/_tsan$//' |
+    sort -u | tr '\n' ' ')
+  [ -n "$targets" ] || { echo "no tests selected by '$*' in $dir" >&2; return 1; }
+  # shellcheck disable=SC2086
+  cmake --build "$dir" -j "$jobs" --target $targets
 }
 
 # Line tables only (-g1): file:line in backtraces and sanitizer reports, at two thirds of the
@@ -58,10 +76,11 @@ else
 fi
 
 if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
-  echo "== build (ASan+UBSan) =="
-  if "$root/scripts/build.sh" "$root/build-asan" -DSTRATA_SANITIZE=address,undefined \
-      -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=Debug \
-      "${g1_flags[@]}"; then
+  echo "== build (ASan+UBSan, the executables its tests run) =="
+  cmake -S "$root" -B "$root/build-asan" -G Ninja -DSTRATA_SANITIZE=address,undefined \
+    -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_BUILD_TYPE=Debug "${g1_flags[@]}" >/dev/null || exit 1
+  if build_tested "$root/build-asan" -LE no_sanitizer; then
     echo "== tests under ASan+UBSan =="
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
       run_ctest "$root/build-asan" -LE no_sanitizer || status=1
@@ -72,20 +91,11 @@ if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DSTRATA_SANITIZE=thread -DSTRATA_WITH_CUDA=OFF \
     -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${g1_flags[@]}" >/dev/null ||
     exit 1
-  # The targets to build are the executables the tsan-labelled tests run. Before the build CTest
-  # cannot say which executable a test runs, so a test's name is its executable's, or that name
-  # with "_tsan" appended (test_zero_placements_tsan runs test_zero_placements); a name that
-  # follows neither rule makes the build below fail with "unknown target", never skip silently.
-  tsan_targets=$(cd "$root/build-tsan" && ctest -N -L tsan | sed -n 's/^ *Test *#[0-9]*: //p' |
-    sed 's/_tsan$//' | sort -u | tr '\n' ' ')
-  if [ -n "$tsan_targets" ]; then
-    # shellcheck disable=SC2086
-    if cmake --build "$root/build-tsan" -j "$jobs" --target $tsan_targets; then
-      echo "== tests under TSan =="
-      TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest "$root/build-tsan" -L tsan || status=1
-    else
-      status=1
-    fi
+  if build_tested "$root/build-tsan" -L tsan; then
+    echo "== tests under TSan =="
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest "$root/build-tsan" -L tsan || status=1
+  else
+    status=1
   fi
 fi
 

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -104,6 +105,21 @@ Child start_child(const std::vector<std::string>& argv, bool keep_stderr) {
     return {};
   }
   return {pid, fds[0]};
+}
+
+pid_t spawn_quiet(const std::vector<std::string>& argv, bool keep_stderr) {
+  std::vector<std::string> args = argv;
+  std::vector<char*> ptrs;
+  for (auto& a : args) ptrs.push_back(a.data());
+  ptrs.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  if (!keep_stderr) posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, ptrs[0], &fa, nullptr, ptrs.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  return rc == 0 ? pid : -1;
 }
 
 bool read_line_until(int fd, const std::function<bool(const std::string&)>& done,

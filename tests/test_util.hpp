@@ -52,6 +52,9 @@ struct Child {
   int out = -1;
 };
 Child start_child(const std::vector<std::string>& argv, bool keep_stderr = false);
+// argv[0] started with argv (posix_spawn, this environment), its stdout on /dev/null, its stderr
+// too unless keep_stderr. Returns its pid, or -1 when it could not be started.
+pid_t spawn_quiet(const std::vector<std::string>& argv, bool keep_stderr = false);
 // Reads lines from `fd` (appending each to *log) until `done(line)` holds (true), or EOF or 60 s
 // pass (false).
 bool read_line_until(int fd, const std::function<bool(const std::string&)>& done, std::string* log);

@@ -163,20 +163,18 @@ def part_nvme(a, model_a, grads):
         return statistics.median(r[key] for r in rows)
 
     return {"part": "nvme", "params": a.n, "threads": a.threads, "rounds": a.rounds, "strata_step_s": ms,
-            "bench_step_t_io_s": med(steps, "t_io_s"),
-            "bench_step_t_update_s": med(steps, "t_update_s"),
-            "bench_step_t_step_s": med(steps, "t_step_s"),
-            # The whole Engine::step() of bench step (statistics pass + update): the same step in C++.
-            "bench_step_t_engine_step_s": med(steps, "t_engine_step_s"),
+            # bench_step_t_engine_step_s: the whole Engine::step() of bench step (statistics pass +
+            # update), the same step in C++.
+            **{"bench_step_" + k: med(steps, k)
+               for k in ("t_io_s", "t_update_s", "t_step_s", "t_engine_step_s")},
             "device_bound_s": mb, "step_over_bound": ms / mb,
             "step_over_bound_rounds": [t / b for t, b in zip(ts, bounds)],
             "in_process_t_io_s": med(inproc, "t_io_s"),
-            # The step's own update loop (medians): its computes, its waits for reads, and its gate
-            # (the statistics pass and the agreement, run under the first reads).
-            "step_loop_s": med(inproc, "last_loop_s"),
-            "step_loop_compute_s": med(inproc, "last_loop_compute_s"),
-            "step_loop_wait_read_s": med(inproc, "last_loop_wait_read_s"),
-            "step_loop_gate_s": med(inproc, "last_loop_gate_s"),
+            # The step's own update loop (medians, step_loop<part>_s from last_loop<part>_s): its
+            # computes, its waits for reads, and its gate (the statistics pass and the agreement,
+            # run under the first reads).
+            **{"step_loop" + part + "_s": med(inproc, "last_loop" + part + "_s")
+               for part in ("", "_compute", "_wait_read", "_gate")},
             "in_process_bound_s": mi, "step_over_in_process_bound": ms / mi,
             "step_over_in_process_bound_rounds": [t / b for t, b in zip(ts, ibounds)],
             "io_engine": steps[0]["io_engine"], "target": "<= 1.1"}

@@ -107,16 +107,11 @@ class C10dCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    comm::check_counts("reduce_scatter", counts, size_);
-    stats_.add(CollectiveKind::kReduceScatter, comm::scatter_gather_bytes(counts, rank_, dtype));
-    const std::size_t es = dtype_size(dtype), total = comm::sum_counts(counts);
+    comm::count_per_rank(stats_, CollectiveKind::kReduceScatter, counts, rank_, size_, dtype);
     const std::size_t mine = counts[static_cast<std::size_t>(rank_)];
-    if (size_ == 1) {
-      std::memmove(recv, send, mine * es);
-      return ready();
-    }
+    if (auto h = alone(send, recv, mine * dtype_size(dtype))) return h;
     const std::string what = describe(CollectiveKind::kReduceScatter);
-    if (total == 0) return ready();
+    if (comm::sum_counts(counts) == 0) return ready();
     return start(what, {reduce_scatter_stage(static_cast<const unsigned char*>(send), counts, dtype,
                                              [recv](const at::Tensor&) { return recv; })});
   }
@@ -124,13 +119,9 @@ class C10dCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    comm::check_counts("all_gather", counts, size_);
-    stats_.add(CollectiveKind::kAllGather, comm::scatter_gather_bytes(counts, rank_, dtype));
+    comm::count_per_rank(stats_, CollectiveKind::kAllGather, counts, rank_, size_, dtype);
     const std::size_t es = dtype_size(dtype), total = comm::sum_counts(counts);
-    if (size_ == 1) {
-      std::memmove(recv, send, total * es);
-      return ready();
-    }
+    if (auto h = alone(send, recv, total * es)) return h;
     const std::string what = describe(CollectiveKind::kAllGather);
     if (total == 0) return ready();
     const auto* src = static_cast<const unsigned char*>(send);
@@ -144,10 +135,7 @@ class C10dCommunicator final : public Communicator {
     auto counts = comm::split_counts(count, size_);
     stats_.add(CollectiveKind::kAllReduce, 2 * comm::scatter_gather_bytes(counts, rank_, dtype));
     const std::size_t es = dtype_size(dtype);
-    if (size_ == 1) {
-      std::memmove(recv, send, count * es);
-      return ready();
-    }
+    if (auto h = alone(send, recv, count * es)) return h;
     const std::string what = describe(CollectiveKind::kAllReduce);
     if (count == 0) return ready();
     // Stage 1 reduces this rank's chunk into `chunk`; stage 2 all-gathers the chunks into recv.
@@ -212,6 +200,13 @@ class C10dCommunicator final : public Communicator {
                   ")");
   }
   static std::unique_ptr<CommHandle> ready() { return std::make_unique<comm::ReadyHandle>(); }
+  // A world of one rank: `bytes` of send copied to recv (they may overlap), a finished handle;
+  // null with more ranks.
+  std::unique_ptr<CommHandle> alone(const void* send, void* recv, std::size_t bytes) const {
+    if (size_ != 1) return nullptr;
+    std::memmove(recv, send, bytes);
+    return ready();
+  }
 
   std::unique_ptr<CommHandle> start(const std::string& what, std::vector<Stage> stages) {
     if (!broken_.empty())

@@ -225,6 +225,15 @@ struct PyHandle {
   std::unique_ptr<CommHandle> h;
 };
 
+// A collective over per-rank shares (Communicator::reduce_scatter_async or all_gather_async) with
+// Python's arguments: buffer addresses, the per-rank counts, the dtype's name.
+template <auto Collective>
+PyHandle shares_async(PyComm& c, Address send, Address recv, std::vector<std::size_t> counts,
+                      const std::string& dt) {
+  return PyHandle{((*c.c).*Collective)(reinterpret_cast<const void*>(send),
+                                       reinterpret_cast<void*>(recv), counts, dtype_of(dt))};
+}
+
 py::dict step_result(const StepResult& r) {
   py::dict d;
   d["applied"] = r.applied;
@@ -366,24 +375,8 @@ PYBIND11_MODULE(_strata, m) {
                                                   dtype_of(dt))};
           },
           G())
-      .def(
-          "reduce_scatter_async",
-          [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts,
-             const std::string& dt) {
-            return PyHandle{c.c->reduce_scatter_async(reinterpret_cast<const void*>(send),
-                                                      reinterpret_cast<void*>(recv), counts,
-                                                      dtype_of(dt))};
-          },
-          G())
-      .def(
-          "all_gather_async",
-          [](PyComm& c, Address send, Address recv, std::vector<std::size_t> counts,
-             const std::string& dt) {
-            return PyHandle{c.c->all_gather_async(reinterpret_cast<const void*>(send),
-                                                  reinterpret_cast<void*>(recv), counts,
-                                                  dtype_of(dt))};
-          },
-          G())
+      .def("reduce_scatter_async", &shares_async<&Communicator::reduce_scatter_async>, G())
+      .def("all_gather_async", &shares_async<&Communicator::all_gather_async>, G())
       .def(
           "broadcast_async",
           [](PyComm& c, Address buf, std::size_t count, const std::string& dt, int root) {

@@ -795,10 +795,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
         blocking=False: returns after the snapshot (the step, counters, groups and client_state
         captured, the optimizer state pinned where it lives); the shards are written in the
-        background while training goes on. The save is committed by the next wait_checkpoint(),
-        save_checkpoint() or load_checkpoint() (collective), which also raises a failure of the
-        background writer; the previous checkpoint stays loadable until then. Call
-        wait_checkpoint() before the optimizer is dropped. Returns the seconds the call blocked."""
+        background while training goes on. Rank 0 commits it once every rank's shard is durable:
+        at the start of the first step() after the step in which every rank's writer had finished,
+        or at the next wait_checkpoint(), save_checkpoint(), load_checkpoint() or close()
+        (collective), which also raise a failure of the background writer; the previous
+        checkpoint stays loadable until then. close() (or wait_checkpoint()) before the optimizer
+        is dropped: a dropped engine only logs a failure. Returns the seconds the call blocked."""
         self._check_usable()
         text = ""
         if client_state is not None:
@@ -896,7 +898,20 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def close(self):
         """Detaches the model (its parameters become ordinary tensors holding the current values)
-        and drops the engine: its swap files are removed. The optimizer cannot be used after."""
+        and drops the engine: its swap files are removed. The optimizer cannot be used after.
+        An asynchronous save still in flight is finished first (wait_checkpoint(): collective,
+        every rank closes alike) and its failure raised once the optimizer is closed."""
+        pending = None
+        if self._engine is not None and self._failed is None and self._engine.checkpoint_pending():
+            try:
+                self._engine.wait_checkpoint()
+            except Exception as e:  # raised below, after the engine is dropped
+                pending = e
+        self._close()
+        if pending is not None:
+            raise pending
+
+    def _close(self):
         for h in self._hook_handles + getattr(self, "_stage3_handles", []):
             h.remove()
         self._hook_handles, self._stage3_handles, self._grad_accs = [], [], []

@@ -13,6 +13,7 @@
 #include "core/crc32c.hpp"
 #include "core/printable.hpp"
 #include "strata/build_info.hpp"
+#include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
@@ -29,7 +30,8 @@ void check_state(const RankState& s, const char* what) {
   if (!s.store || !s.partition)
     fail(ErrorCode::kInternal,
          strcat("checkpoint ", what, ": no optimizer state store or partition"));
-  if (s.params.size() != s.store->size() * dtype_size(s.param_dtype))
+  const std::size_t want = s.params_in_store ? 0 : s.store->size() * dtype_size(s.param_dtype);
+  if (s.params.size() != want)
     fail(ErrorCode::kInternal,
          strcat("checkpoint ", what, ": ", s.params.size(), " parameter bytes for ",
                 s.store->size(), " optimizer elements"));
@@ -169,6 +171,9 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
   dir.try_remove(e.file, false);                     // a leftover of a killed save of this serial
   const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, e.file);
+  // A SIGTERM / SIGINT while the shard is written (the `strata` command's handler) removes the
+  // partial shard with the swap files: the save is abandoned, the previous checkpoint stays.
+  CleanupRegistration on_signal(dir.fd(), e.file, false);
   std::vector<std::uint32_t> crcs[kSections];
   for (auto& c : crcs) c.reserve(l.nblocks);
   // Per block; the section's last block also covers the zero padding after the section.
@@ -186,12 +191,13 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
   // store (whatever tier it lives in).
   for (std::uint64_t b = 0; b < e.count; b += piece) {
     const std::uint64_t n = std::min(piece, e.count - b);
-    const unsigned char* p = s.params.data() + (base + b) * pes;
-    block_crcs(kParams, p, n);
-    file->write_at(p, n * pes, l.offset[kParams] + b * pes);
     const Range r{base + b, n};
     StateView v = s.store->acquire(r);
     try {
+      const unsigned char* p = s.params_in_store ? v.params : s.params.data() + (base + b) * pes;
+      if (!p) fail(ErrorCode::kInternal, "checkpoint save: the store's views hold no parameters");
+      block_crcs(kParams, p, n);
+      file->write_at(p, n * pes, l.offset[kParams] + b * pes);
       const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
       for (int a = 0; a < 3; ++a) {
         const auto* q = reinterpret_cast<const unsigned char*>(arrays[a]);
@@ -387,6 +393,36 @@ std::uint32_t write_shard(const PendingSave& p, const RankState& s) {
   }
 }
 
+namespace {
+
+// Rank 0: the manifest with every shard's header CRC committed; a failure is captured in `o`.
+void commit_on_rank0(PendingSave& p, const RankState& s, Outcome& o) {
+  try {
+    commit_manifest(p.dir, p.manifest, env_of(s));
+    log_info("checkpoint: saved serial ", p.manifest.serial, " (", s.world, " shards, stage ",
+             s.stage, ") in ", p.dir.path());
+  } catch (...) {
+    o.capture();
+  }
+}
+
+// The header of shard `rank` as its writer left it (durable): its CRC32C. The file must be of the
+// manifest's size (a shard cut short is not durable).
+std::uint32_t shard_header_crc(const PendingSave& p, const RankState& s, int rank) {
+  const ShardEntry& e = p.manifest.shards[static_cast<std::size_t>(rank)];
+  const ShardLayout l = shard_layout(e.count, p.manifest.param_dtype, p.manifest.block_elems);
+  const std::unique_ptr<RandomAccessFile> f = env_of(s).open_file(p.dir, e.file);
+  const struct stat st = f->status();
+  if (!S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != e.bytes)
+    fail(ErrorCode::kChecksum, strcat("checkpoint save into ", p.path, ": shard ", f->path(),
+                                      " is ", st.st_size, " bytes, its writer wrote ", e.bytes));
+  std::vector<unsigned char> h(l.header_bytes);
+  f->read_at(h.data(), h.size(), 0);
+  return crc32c(h.data(), h.size());
+}
+
+}  // namespace
+
 void finish_save(PendingSave& p, const RankState& s, Communicator& comm, std::exception_ptr error,
                  std::uint32_t header_crc) {
   const std::string what = strcat("checkpoint save into ", p.path);
@@ -397,19 +433,33 @@ void finish_save(PendingSave& p, const RankState& s, Communicator& comm, std::ex
   // Rank 0 commits; everyone learns whether it did.
   o = Outcome{};
   if (s.rank == 0) {
-    try {
-      Manifest& m = p.manifest;
-      for (int r = 0; r < s.world; ++r)
-        m.shards[static_cast<std::size_t>(r)].header_crc32c =
-            static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
-      commit_manifest(p.dir, m, env_of(s));
-      log_info("checkpoint: saved serial ", m.serial, " (", s.world, " shards, stage ", s.stage,
-               ") in ", p.dir.path());
-    } catch (...) {
-      o.capture();
-    }
+    for (int r = 0; r < s.world; ++r)
+      p.manifest.shards[static_cast<std::size_t>(r)].header_crc32c =
+          static_cast<std::uint32_t>(crcs[static_cast<std::size_t>(r)]);
+    commit_on_rank0(p, s, o);
   }
   agree(comm, s, o, what);
+}
+
+std::exception_ptr commit_durable_save(PendingSave& p, const RankState& s) {
+  if (s.rank != 0) return nullptr;
+  Outcome o;
+  if (p.extra_error) return p.extra_error;
+  try {
+    for (int r = 0; r < s.world; ++r)
+      p.manifest.shards[static_cast<std::size_t>(r)].header_crc32c = shard_header_crc(p, s, r);
+  } catch (...) {
+    return std::current_exception();
+  }
+  commit_on_rank0(p, s, o);
+  return o.error;
+}
+
+void finish_committed_save(const PendingSave& p, const RankState& s, Communicator& comm,
+                           std::exception_ptr commit_error) {
+  Outcome o;
+  o.error = commit_error;
+  agree(comm, s, o, strcat("checkpoint save into ", p.path));
 }
 
 void save_checkpoint(const std::string& dir_path, const RankState& s, Communicator& comm,

@@ -53,6 +53,10 @@ struct RankState {
   // This rank's parameters (model dtype) for the store's flat range: store->size() elements.
   std::span<unsigned char> params;
   OptimizerStateStore* store = nullptr;  // the rank's optimizer range
+  // Save only: the store's views carry the parameters (StateView::params; `params` is empty) — an
+  // asynchronous save's snapshot, where copying them would make the save call's time grow with
+  // the model.
+  bool params_in_store = false;
   // Scalars (saved from / restored into).
   std::int64_t adam_step = 0;
   std::vector<std::int64_t> tensor_steps;  // each tensor's own count; empty: all adam_step
@@ -100,6 +104,13 @@ void save_checkpoint(const std::string& dir, const RankState& state, Communicato
 //                write_shard (`error` null: succeeded with `header_crc`); when all succeeded rank 0
 //                commits the manifest; any failure throws on every rank, the previous checkpoint
 //                stays. `state` supplies the rank, the world and the exchange (all_gather).
+// Or, when every rank's write_shard is known to have succeeded (each rank said so in an exchange of
+// its own, e.g. the engine's step agreement), without waiting for a call of every rank:
+//   commit_durable_save    rank 0 only, not collective: reads every shard's header CRC32C back
+//                          (each is durable), commits the manifest; returns its failure (null:
+//                          committed; other ranks: null, nothing done).
+//   finish_committed_save  collective, later: every rank learns rank 0's outcome (throws on every
+//                          rank when it failed; the previous checkpoint stays).
 struct PendingSave {
   std::string path;  // the directory as given
   SafeDir dir;
@@ -111,6 +122,9 @@ PendingSave begin_save(const std::string& dir, const RankState& state, Communica
 std::uint32_t write_shard(const PendingSave& save, const RankState& state);
 void finish_save(PendingSave& save, const RankState& state, Communicator& comm,
                  std::exception_ptr error, std::uint32_t header_crc);
+std::exception_ptr commit_durable_save(PendingSave& save, const RankState& state);
+void finish_committed_save(const PendingSave& save, const RankState& state, Communicator& comm,
+                           std::exception_ptr commit_error);
 // Fills params, the store and the scalars of `state`; layout fields must be set by the caller.
 void load_checkpoint(const std::string& dir, RankState& state, Communicator& comm);
 

@@ -16,6 +16,9 @@ struct StateView {
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   std::size_t count = 0;
+  // The parameters (model dtype) of the same elements, when the store holds them too (a snapshot
+  // of the rank's state: RankState::params_in_store); else nullptr.
+  const unsigned char* params = nullptr;
 };
 
 // Thread-safety: one user at a time, one range acquired at a time. acquire() may block (state on

@@ -25,6 +25,20 @@
 #include "strata/profile.hpp"
 #include "strata/units.hpp"
 
+// The report's records whose JSON keys are their field names (nlohmann's to_json, found by ADL).
+namespace strata {
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(SampleRun, measured_s, repeats, measured_median_s, predicted_s,
+                                   error)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(PathInfo, path, filesystem, device, mount_point, free_bytes,
+                                   temporary)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Environment, hostname, kernel, cpu_model, cores, memory_bytes,
+                                   memlock_limit_bytes, gpu, has_gpu, adam_path, load_average_1m,
+                                   timestamp_utc, paths)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds, bytes_per_second)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
+                                   algbw_bytes_per_second, busbw_bytes_per_second)
+}  // namespace strata
+
 namespace {
 
 using nlohmann::json;
@@ -160,37 +174,6 @@ json pool_json(const strata::PoolUse& p) {
           {"reason", p.reason}};
 }
 
-json sample_run_json(const strata::SampleRun& s) {
-  return {{"measured_s", s.measured_s},
-          {"repeats", s.repeats},
-          {"measured_median_s", s.measured_median_s},
-          {"predicted_s", s.predicted_s},
-          {"error", s.error}};
-}
-
-json environment_json(const strata::Environment& e) {
-  json paths = json::array();
-  for (const auto& p : e.paths)
-    paths.push_back({{"path", p.path},
-                     {"filesystem", p.filesystem},
-                     {"device", p.device},
-                     {"mount_point", p.mount_point},
-                     {"free_bytes", p.free_bytes},
-                     {"temporary", p.temporary}});
-  return {{"hostname", e.hostname},
-          {"kernel", e.kernel},
-          {"cpu_model", e.cpu_model},
-          {"cores", e.cores},
-          {"memory_bytes", e.memory_bytes},
-          {"memlock_limit_bytes", e.memlock_limit_bytes},
-          {"gpu", e.gpu},
-          {"has_gpu", e.has_gpu},
-          {"adam_path", e.adam_path},
-          {"load_average_1m", e.load_average_1m},
-          {"timestamp_utc", e.timestamp_utc},
-          {"paths", paths}};
-}
-
 json io_points_json(const std::vector<strata::IoPoint>& points) {
   json io = json::array();
   for (const auto& p : points)
@@ -206,30 +189,6 @@ json io_points_json(const std::vector<strata::IoPoint>& points) {
                   {"bytes_per_second", p.bytes_per_second},
                   {"runs_bytes_per_second", p.runs_bps}});
   return io;
-}
-
-json copies_json(const std::vector<strata::CopyPoint>& points) {
-  json copies = json::array();
-  for (const auto& c : points)
-    copies.push_back({{"direction", c.direction},
-                      {"pinned", c.pinned},
-                      {"bytes", c.bytes},
-                      {"seconds", c.seconds},
-                      {"bytes_per_second", c.bytes_per_second}});
-  return copies;
-}
-
-json collectives_json(const std::vector<strata::CollectivePoint>& points) {
-  json coll = json::array();
-  for (const auto& c : points)
-    coll.push_back({{"collective", c.collective},
-                    {"backend", c.backend},
-                    {"ranks", c.ranks},
-                    {"bytes", c.bytes},
-                    {"seconds", c.seconds},
-                    {"algbw_bytes_per_second", c.algbw_bytes_per_second},
-                    {"busbw_bytes_per_second", c.busbw_bytes_per_second}});
-  return coll;
 }
 
 json model_json(const strata::ProfileReport& r) {
@@ -275,8 +234,8 @@ json sample_step_json(const strata::SampleStep& s) {
             {"tier_write_runs_bytes_per_second", s.tier_write_runs},
             {"adam_runs_params_per_second", s.adam_runs},
             {"pinned_pool", pool_json(s.pool)},
-            {"serial", sample_run_json(s.serial)},
-            {"pipelined", sample_run_json(s.pipelined)}};
+            {"serial", s.serial},
+            {"pipelined", s.pipelined}};
   json eng = {{"ran", s.engine_ran}, {"skipped", null_if_empty(s.engine_skipped)}};
   if (s.engine_ran) {
     eng["implementation"] =
@@ -288,8 +247,8 @@ json sample_step_json(const strata::SampleStep& s) {
     eng["read_s"] = s.engine_read_s;
     eng["update_s"] = s.engine_update_s;
     eng["write_s"] = s.engine_write_s;
-    eng["serial"] = sample_run_json(s.engine_serial);
-    eng["pipelined"] = sample_run_json(s.engine_pipelined);
+    eng["serial"] = s.engine_serial;
+    eng["pipelined"] = s.engine_pipelined;
   }
   j["engine_step"] = eng;
   return j;
@@ -376,18 +335,16 @@ json report_json(const strata::ProfileReport& r) {
   j["elapsed_s"] = r.elapsed_s;
   j["phase_seconds"] = json::object();
   for (const auto& [name, sec] : r.phase_seconds) j["phase_seconds"][name] = sec;
-  j["environment"] = environment_json(r.environment);
+  j["environment"] = r.environment;
   j["notes"] = r.notes;
   j["nvme"] = {{"points", io_points_json(r.io)}};
-  j["host_device_copies"] = {{"skipped", null_if_empty(r.copies_skipped)},
-                             {"points", copies_json(r.copies)}};
+  j["host_device_copies"] = {{"skipped", null_if_empty(r.copies_skipped)}, {"points", r.copies}};
   j["cpu_adam"] = adam_json(r.cpu_adam);
   j["gpu_adam"] = adam_json(r.gpu_adam);
   j["memory_bandwidth"] = {{"kernel", "triad"},
                            {"threads", r.triad_threads},
                            {"bytes_per_second", r.triad_bytes_per_second}};
-  j["collectives"] = {{"skipped", null_if_empty(r.collectives_skipped)},
-                      {"points", collectives_json(r.collectives)}};
+  j["collectives"] = {{"skipped", null_if_empty(r.collectives_skipped)}, {"points", r.collectives}};
   j["model"] = model_json(r);
   j["sample_step"] = sample_step_json(r.sample);
   j["recommendation"] = recommendation_json(r);

@@ -11,6 +11,7 @@
 // The model and data options (--hidden, --batch, --seed) go into DIR/train.json beside each
 // checkpoint, and --resume refuses other values (see check_resume_options).
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -111,6 +112,26 @@ void write_train_options(const Options& o) {
   write_file_atomically(FileEnv::current(), dir, kTrainOptionsFile,
                         std::string(kTrainOptionsFile) + ".tmp", text, 0644);
 }
+
+// Rank 0: writes train.json whenever the committed manifest changed since it last did (a save
+// committed by its call, or an asynchronous one committed by a later step once every rank's shard
+// was durable, or by the next save). One stat per call; the manifest is read only when it changed.
+class TrainOptionsWriter {
+ public:
+  void after_commit_point(const Options& o) {
+    struct stat st {};
+    const std::string path = (std::filesystem::path(o.checkpoint_dir) / "manifest.json").string();
+    if (::stat(path.c_str(), &st) != 0) return;  // nothing committed yet
+    if (st.st_ino == ino_ && st.st_dev == dev_) return;
+    write_train_options(o);
+    ino_ = st.st_ino;
+    dev_ = st.st_dev;
+  }
+
+ private:
+  ino_t ino_ = 0;
+  dev_t dev_ = 0;
+};
 
 // --resume with a checkpoint in DIR: refuses --hidden/--batch/--seed other than those it was
 // trained with (the run would continue on other batches, or fail to load other shapes). A
@@ -287,6 +308,7 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
   out.flat_size = engine.partition().flat_size();
   const bool print = comm.rank() == 0 && !o.json;
   const int first = resume_if_asked(engine, comm, o, print, out);
+  TrainOptionsWriter options_writer;
   for (int s = first; s < o.steps; ++s) {
     const auto t_step = std::chrono::steady_clock::now();
     double loss = 0;
@@ -301,6 +323,9 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
         s + 1, total / static_cast<float>(comm.size()), r.grad_norm, r.loss_scale, r.applied,
         secs,  secs > 0 ? samples / secs : 0.0};
     out.steps.push_back(rec);
+    // An asynchronous save is committed by the step after the one that found every shard durable.
+    if (comm.rank() == 0 && !o.checkpoint_dir.empty() && engine.checkpoint_pending())
+      options_writer.after_commit_point(o);
     if (print)
       std::cout << "step " << rec.step << "  loss " << rec.loss << "  grad_norm " << rec.grad_norm
                 << "  loss_scale " << rec.loss_scale << "  time " << rec.seconds * 1e3
@@ -311,10 +336,9 @@ RankOutcome train_rank(const Config& cfg, Communicator& comm, const Options& o) 
       // Asynchronous unless asked otherwise; the last save is waited for (the run ends with it).
       const bool async = !o.blocking_saves && s + 1 < o.steps;
       const auto t_save = std::chrono::steady_clock::now();
-      const bool committed_before = engine.checkpoint_pending();  // the call commits it
       engine.save_checkpoint(o.checkpoint_dir, async ? SaveMode::kAsync : SaveMode::kBlocking);
       // train.json follows the committed manifest: the previous save's while this one writes.
-      if (comm.rank() == 0 && (!async || committed_before)) write_train_options(o);
+      if (comm.rank() == 0) options_writer.after_commit_point(o);
       out.saves.push_back({s + 1, seconds_since(t_save), async});
       if (print)
         std::cout << (async ? "checkpoint after step " : "saved checkpoint after step ") << s + 1
@@ -648,7 +672,9 @@ const bool kRegistered = strata::cli::register_command(
            ->check(CLI::PositiveNumber);
        cmd.add_flag("--blocking-saves", o->blocking_saves,
                     "--save-every saves wait for their writes (default: asynchronous: a snapshot, "
-                    "then the shards are written while training goes on; the last save waits)");
+                    "then the shards are written while training goes on and committed by a step "
+                    "once every shard is durable, or by the next save; the last save waits; "
+                    "each save prints how long it blocked training)");
        cmd.add_flag(
            "--resume", o->resume,
            "Continue from the checkpoint in --checkpoint-dir if there is one (any world size and "

@@ -162,6 +162,30 @@ class Importer {
     subtree_.insert(ptr);
     warn(strcat(dotted(ptr), " (", summary(root_.at(p)), ") has no strata meaning: ", reason));
   }
+  // The keys of `section` (at pointer `prefix`) not read yet that `reasons` names: ignored, each
+  // with its reason.
+  void ignore_known(const json& section, const std::string& prefix,
+                    const std::map<std::string, std::string>& reasons) {
+    for (auto& [k, v] : section.items()) {
+      const std::string p = prefix + esc(k);
+      if (consumed_.count(p) || subtree_.count(p)) continue;
+      auto it = reasons.find(k);
+      if (it != reasons.end()) ignore(p, it->second);
+    }
+  }
+  // `yaml` from the value `v` at `ptr`: "auto" resolves to `resolved` (`why`: whose default),
+  // noted and warned about (`hint` appended to the warning); any other value is `read(v)`.
+  template <typename Read>
+  void set_resolving_auto(const std::string& yaml, const std::string& ptr, const json& v,
+                          const std::string& resolved, const std::string& why,
+                          const std::string& hint, Read&& read) {
+    if (is_auto(v)) {
+      set(yaml, resolved, strcat(dotted(ptr), ": \"auto\" -> ", resolved, " (", why, ")"));
+      warn(strcat(dotted(ptr), " \"auto\" resolved to ", resolved, " (", why, ")", hint));
+      return;
+    }
+    set(yaml, read(v), src(ptr, v));
+  }
   void warn(const std::string& w) { warnings_.push_back(w); }
   void set(const std::string& path, const std::string& value, const std::string& comment) {
     entries_[path] = {value, comment};
@@ -319,14 +343,10 @@ class Importer {
 
   void optimizer() {
     if (const json* v = find("/gradient_clipping")) {
-      if (is_auto(*v)) {
-        set("optimizer.grad_clip", fmt(kHfMaxGradNorm),
-            "gradient_clipping: \"auto\" -> the HF Trainer's max_grad_norm 1.0");
-        warn("gradient_clipping \"auto\" resolved to 1.0 (the HF Trainer's default max_grad_norm)");
-      } else {
-        set("optimizer.grad_clip", fmt(number("/gradient_clipping", *v, 0, 1e30)),
-            src("/gradient_clipping", *v));
-      }
+      set_resolving_auto("optimizer.grad_clip", "/gradient_clipping", *v, fmt(kHfMaxGradNorm),
+                         "the HF Trainer's default max_grad_norm", "", [&](const json& x) {
+                           return fmt(number("/gradient_clipping", x, 0, 1e30));
+                         });
     }
     const json* opt = section("/optimizer");
     if (!opt) {
@@ -383,14 +403,9 @@ class Importer {
       const std::string ptr = strcat("/optimizer/params/", key);
       const json* v = find(ptr);
       if (!v) return;
-      if (is_auto(*v)) {
-        set(yaml, fmt(hf),
-            strcat(dotted(ptr), ": \"auto\" -> ", fmt(hf), " (the HF Trainer's default)"));
-        warn(strcat(dotted(ptr), " \"auto\" resolved to ", fmt(hf),
-                    " (the HF Trainer's default); edit ", yaml, " if your run sets it"));
-        return;
-      }
-      set(yaml, fmt(number(ptr, *v, lo, hi)), src(ptr, *v));
+      set_resolving_auto(yaml, ptr, *v, fmt(hf), "the HF Trainer's default",
+                         strcat("; edit ", yaml, " if your run sets it"),
+                         [&](const json& x) { return fmt(number(ptr, x, lo, hi)); });
     };
     value("lr", kHfLr, 0, 1e6, "optimizer.lr");
     value("eps", kHfEps, 1e-300, 1, "optimizer.eps");
@@ -635,39 +650,20 @@ class Importer {
   // zero_optimization.sub_group_size and reduce_bucket_size ("auto" resolved as DeepSpeed / HF).
   void zero_sizes() {
     if (const json* v = find("/zero_optimization/sub_group_size")) {
-      if (is_auto(*v)) {
-        set("zero.sub_group_size", fmt(kDsSubGroup),
-            "zero_optimization.sub_group_size: \"auto\" -> DeepSpeed's default");
-        warn("zero_optimization.sub_group_size \"auto\" resolved to 1e9 (DeepSpeed's default)");
-      } else {
-        set("zero.sub_group_size",
-            fmt(count("/zero_optimization/sub_group_size", *v, 1, 1ull << 50)),
-            src("/zero_optimization/sub_group_size", *v));
-      }
+      set_resolving_auto("zero.sub_group_size", "/zero_optimization/sub_group_size", *v,
+                         fmt(kDsSubGroup), "DeepSpeed's default", "", [&](const json& x) {
+                           return fmt(count("/zero_optimization/sub_group_size", x, 1, 1ull << 50));
+                         });
     }
     if (const json* v = find("/zero_optimization/reduce_bucket_size")) {
-      if (is_auto(*v)) {
-        if (o_.hidden_size) {
-          const std::uint64_t h = *o_.hidden_size;
-          set("zero.reduce_bucket_size", fmt(h * h),
-              strcat("zero_optimization.reduce_bucket_size: \"auto\" -> hidden_size^2 = ", h,
-                     "^2"));
-          warn(strcat("zero_optimization.reduce_bucket_size \"auto\" resolved to ", h * h,
-                      " (hidden_size^2, as the HF Trainer does)"));
-        } else {
-          set("zero.reduce_bucket_size", fmt(kDsReduceBucket),
-              "zero_optimization.reduce_bucket_size: \"auto\" -> DeepSpeed's default (no "
-              "--hidden-size)");
-          warn(
-              "zero_optimization.reduce_bucket_size \"auto\" resolved to 5e8 (DeepSpeed's "
-              "default); pass "
-              "--hidden-size for the HF Trainer's hidden_size^2");
-        }
-      } else {
-        set("zero.reduce_bucket_size",
-            fmt(count("/zero_optimization/reduce_bucket_size", *v, 1, 1ull << 50)),
-            src("/zero_optimization/reduce_bucket_size", *v));
-      }
+      const auto h = o_.hidden_size;
+      set_resolving_auto(
+          "zero.reduce_bucket_size", "/zero_optimization/reduce_bucket_size", *v,
+          h ? fmt(*h * *h) : fmt(kDsReduceBucket),
+          h ? strcat("hidden_size^2 = ", *h, "^2, as the HF Trainer does") : "DeepSpeed's default",
+          h ? "" : "; pass --hidden-size for the HF Trainer's hidden_size^2", [&](const json& x) {
+            return fmt(count("/zero_optimization/reduce_bucket_size", x, 1, 1ull << 50));
+          });
     }
   }
 
@@ -770,12 +766,7 @@ class Importer {
         {"memory_efficient_linear", "strata does not run the model's layers"},
         {"use_multi_rank_bucket_allreduce", "strata reduces each bucket with one collective"},
     };
-    for (auto& [k, v] : zsec.items()) {
-      const std::string p = "/zero_optimization/" + esc(k);
-      if (consumed_.count(p) || subtree_.count(p)) continue;
-      auto it = reasons.find(k);
-      if (it != reasons.end()) ignore(p, it->second);
-    }
+    ignore_known(zsec, "/zero_optimization/", reasons);
   }
 
   void aio() {
@@ -863,12 +854,7 @@ class Importer {
         {"fp16_master_weights_and_grads", "strata keeps FP32 master weights"},
         {"gradient_accumulation_dtype", "gradients are accumulated by the training loop"},
     };
-    for (auto& [k, v] : root_.items()) {
-      const std::string p = "/" + esc(k);
-      if (consumed_.count(p) || subtree_.count(p)) continue;
-      auto it = reasons.find(k);
-      if (it != reasons.end()) ignore(p, it->second);
-    }
+    ignore_known(root_, "/", reasons);
   }
 
   // Anything neither mapped nor known: listed as unknown.

@@ -15,6 +15,7 @@
 #include "comm/numeric.hpp"
 #include "strata/communicator.hpp"
 #include "strata/error.hpp"
+#include "strata/log.hpp"
 
 namespace strata::comm {
 
@@ -67,6 +68,17 @@ inline void count_per_rank(StatsCounter& stats, CollectiveKind kind,
                            std::span<const std::size_t> counts, int rank, int size, DType t) {
   check_counts(collective_name(kind), counts, size);
   stats.add(kind, scatter_gather_bytes(counts, rank, t));
+}
+
+// A handle's destructor when its caller never waited: waits (the collective must not be left
+// half-done on its buffers) and logs a failure instead of throwing from the destructor.
+inline void wait_unwaited(CommHandle& handle, bool waited) noexcept {
+  if (waited) return;
+  try {
+    handle.wait();
+  } catch (const std::exception& e) {
+    log_error("unwaited collective failed: ", e.what());
+  }
 }
 
 // A handle whose work already finished (or failed) when it was created.

@@ -203,15 +203,7 @@ struct OpState {
 class InProcessHandle final : public CommHandle {
  public:
   explicit InProcessHandle(std::shared_ptr<OpState> op) : op_(std::move(op)) {}
-  ~InProcessHandle() override {
-    if (!waited_) {
-      try {
-        wait();
-      } catch (const std::exception& e) {
-        log_error("unwaited collective failed: ", e.what());
-      }
-    }
-  }
+  ~InProcessHandle() override { comm::wait_unwaited(*this, waited_); }
   void wait() override {
     waited_ = true;
     UniqueLock lock(op_->mu);

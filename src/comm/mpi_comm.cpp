@@ -285,15 +285,7 @@ class MpiCommunicator final : public Communicator {
   comm::StatsCounter stats_;
 };
 
-MpiHandle::~MpiHandle() {
-  if (!waited_) {
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      log_error("unwaited collective failed: ", e.what());
-    }
-  }
-}
+MpiHandle::~MpiHandle() { comm::wait_unwaited(*this, waited_); }
 
 bool MpiHandle::poll() {
   bool all = true;

@@ -205,58 +205,29 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    comm::check_counts("reduce_scatter", counts, size_);
-    stats_.add(CollectiveKind::kReduceScatter, comm::scatter_gather_bytes(counts, rank_, dtype));
-    std::string what = begin(CollectiveKind::kReduceScatter);
     const std::size_t es = comm::elem_size(dtype);
-    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
-      enqueue(what, [&] {
-        return ncclReduceScatter(send, recv, counts[0], nccl_type(dtype), ncclSum, comm_, stream_);
-      });
-    } else {
-      enqueue(what, [&] {
-        ncclResult_t rc = ncclGroupStart();
-        std::size_t off = 0;
-        for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
-          std::size_t c = counts[static_cast<std::size_t>(p)];
-          if (c)
-            rc = ncclReduce(static_cast<const unsigned char*>(send) + off * es, recv, c,
-                            nccl_type(dtype), ncclSum, p, comm_, stream_);
-          off += c;
-        }
-        ncclResult_t rc2 = ncclGroupEnd();
-        return rc != ncclSuccess && rc != ncclInProgress ? rc : rc2;
-      });
-    }
-    return finish(std::move(what));
+    const auto* in = static_cast<const unsigned char*>(send);
+    return shares_collective(
+        CollectiveKind::kReduceScatter, counts, dtype,
+        [&] {
+          return ncclReduceScatter(send, recv, counts[0], nccl_type(dtype), ncclSum, comm_,
+                                   stream_);
+        },
+        [&](int p, std::size_t off, std::size_t c) {  // rank p's share reduced to rank p
+          return ncclReduce(in + off * es, recv, c, nccl_type(dtype), ncclSum, p, comm_, stream_);
+        });
   }
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    comm::check_counts("all_gather", counts, size_);
-    stats_.add(CollectiveKind::kAllGather, comm::scatter_gather_bytes(counts, rank_, dtype));
-    std::string what = begin(CollectiveKind::kAllGather);
     const std::size_t es = comm::elem_size(dtype);
-    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
-      enqueue(what, [&] {
-        return ncclAllGather(send, recv, counts[0], nccl_type(dtype), comm_, stream_);
-      });
-    } else {
-      enqueue(what, [&] {
-        ncclResult_t rc = ncclGroupStart();
-        std::size_t off = 0;
-        for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
-          std::size_t c = counts[static_cast<std::size_t>(p)];
-          if (c)
-            rc = ncclBroadcast(send, static_cast<unsigned char*>(recv) + off * es, c,
-                               nccl_type(dtype), p, comm_, stream_);
-          off += c;
-        }
-        ncclResult_t rc2 = ncclGroupEnd();
-        return rc != ncclSuccess && rc != ncclInProgress ? rc : rc2;
-      });
-    }
-    return finish(std::move(what));
+    auto* out = static_cast<unsigned char*>(recv);
+    return shares_collective(
+        CollectiveKind::kAllGather, counts, dtype,
+        [&] { return ncclAllGather(send, recv, counts[0], nccl_type(dtype), comm_, stream_); },
+        [&](int p, std::size_t off, std::size_t c) {  // rank p's share broadcast from rank p
+          return ncclBroadcast(send, out + off * es, c, nccl_type(dtype), p, comm_, stream_);
+        });
   }
   std::unique_ptr<CommHandle> broadcast_async(void* buffer, std::size_t count, DType dtype,
                                               int root) override {
@@ -365,6 +336,32 @@ class NcclCommunicator final : public Communicator {
       fail(ErrorCode::kComm, strcat(what, ": communicator is broken: ", broken_));
     return what;
   }
+  // A collective over per-rank shares (reduce-scatter, all-gather): `even()`, one NCCL call, when
+  // every share has the same size; otherwise `per_rank(p, offset, count)` (in elements) for each
+  // rank with a share, in one NCCL group that is always closed (the first failure ends the loop).
+  template <typename Even, typename PerRank>
+  std::unique_ptr<CommHandle> shares_collective(CollectiveKind kind,
+                                                std::span<const std::size_t> counts, DType dtype,
+                                                Even&& even, PerRank&& per_rank) {
+    comm::count_per_rank(stats_, kind, counts, rank_, size_, dtype);
+    std::string what = begin(kind);
+    if (std::all_of(counts.begin(), counts.end(), [&](std::size_t c) { return c == counts[0]; })) {
+      enqueue(what, even);
+      return finish(std::move(what));
+    }
+    enqueue(what, [&] {
+      ncclResult_t rc = ncclGroupStart();
+      std::size_t off = 0;
+      for (int p = 0; p < size_ && (rc == ncclSuccess || rc == ncclInProgress); ++p) {
+        const std::size_t c = counts[static_cast<std::size_t>(p)];
+        if (c) rc = per_rank(p, off, c);
+        off += c;
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return rc != ncclSuccess && rc != ncclInProgress ? rc : end;
+    });
+    return finish(std::move(what));
+  }
   // Issues one NCCL call with this communicator's device current (restored afterwards); polls
   // only when NCCL says the call is still in progress (a non-blocking communicator).
   template <typename F>
@@ -398,13 +395,7 @@ class NcclCommunicator final : public Communicator {
 };
 
 NcclHandle::~NcclHandle() {
-  if (!waited_) {
-    try {
-      wait();
-    } catch (const std::exception& e) {
-      log_error("unwaited collective failed: ", e.what());
-    }
-  }
+  comm::wait_unwaited(*this, waited_);
   if (event_) cudaEventDestroy(event_);
 }
 

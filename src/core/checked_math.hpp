@@ -14,22 +14,38 @@ namespace strata {
 
 constexpr std::uint64_t kSaturated = std::numeric_limits<std::uint64_t>::max();
 
-// a × b × ..., or kSaturated when the product does not fit in 64 bits.
-constexpr std::uint64_t sat_mul(std::uint64_t a) { return a; }
-template <typename... Rest>
-constexpr std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b, Rest... rest) {
+namespace detail {
+// a op b op ..., folded left with `overflows(x, y, &r)` (a __builtin_*_overflow), or kSaturated
+// as soon as one partial result does not fit in 64 bits.
+template <typename Overflows>
+constexpr std::uint64_t saturating_fold(Overflows, std::uint64_t a) {
+  return a;
+}
+template <typename Overflows, typename... Rest>
+constexpr std::uint64_t saturating_fold(Overflows overflows, std::uint64_t a, std::uint64_t b,
+                                        Rest... rest) {
   std::uint64_t r = 0;
-  if (__builtin_mul_overflow(a, b, &r)) return kSaturated;
-  return sat_mul(r, static_cast<std::uint64_t>(rest)...);
+  if (overflows(a, b, &r)) return kSaturated;
+  return saturating_fold(overflows, r, static_cast<std::uint64_t>(rest)...);
+}
+inline constexpr auto kMulOverflows = [](std::uint64_t x, std::uint64_t y, std::uint64_t* r) {
+  return __builtin_mul_overflow(x, y, r);
+};
+inline constexpr auto kAddOverflows = [](std::uint64_t x, std::uint64_t y, std::uint64_t* r) {
+  return __builtin_add_overflow(x, y, r);
+};
+}  // namespace detail
+
+// a × b × ..., or kSaturated when the product does not fit in 64 bits.
+template <typename... Rest>
+constexpr std::uint64_t sat_mul(std::uint64_t a, Rest... rest) {
+  return detail::saturating_fold(detail::kMulOverflows, a, rest...);
 }
 
 // a + b + ..., or kSaturated when the sum does not fit.
-constexpr std::uint64_t sat_add(std::uint64_t a) { return a; }
 template <typename... Rest>
-constexpr std::uint64_t sat_add(std::uint64_t a, std::uint64_t b, Rest... rest) {
-  std::uint64_t r = 0;
-  if (__builtin_add_overflow(a, b, &r)) return kSaturated;
-  return sat_add(r, static_cast<std::uint64_t>(rest)...);
+constexpr std::uint64_t sat_add(std::uint64_t a, Rest... rest) {
+  return detail::saturating_fold(detail::kAddOverflows, a, rest...);
 }
 
 // `used` fits `budget` (a saturated figure never fits).

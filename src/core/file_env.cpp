@@ -252,47 +252,47 @@ void FaultInjectingFileEnv::before(FileOp op, std::string_view name, const std::
 
 namespace {
 
-// The file objects of a FaultInjectingFileEnv: each call asks the env first.
-class FaultyWritableFile final : public WritableFile {
+// The file objects of a FaultInjectingFileEnv: each call asks the env first (`ask`: the operation,
+// the file's name in its directory and path, the byte range), then goes to the wrapped file.
+template <typename File>
+class FaultyFile : public File {
  public:
-  FaultyWritableFile(FaultInjectingFileEnv& env, std::unique_ptr<WritableFile> file,
-                     std::string name)
+  FaultyFile(FaultInjectingFileEnv& env, std::unique_ptr<File> file, std::string name)
       : env_(env), file_(std::move(file)), name_(std::move(name)) {}
   const std::string& path() const override { return file_->path(); }
-  void write_at(const void* data, std::uint64_t n, std::uint64_t offset) override {
-    env_.before(FileOp::kWrite, name_, path(), offset, n);
-    file_->write_at(data, n, offset);
+
+ protected:
+  File& ask(FileOp op, std::uint64_t offset, std::uint64_t n) {
+    env_.before(op, name_, path(), offset, n);
+    return *file_;
   }
-  void truncate(std::uint64_t size) override { file_->truncate(size); }
-  void sync() override {
-    env_.before(FileOp::kSync, name_, path(), 0, 0);
-    file_->sync();
-  }
+  File& file() const { return *file_; }
 
  private:
   FaultInjectingFileEnv& env_;
-  const std::unique_ptr<WritableFile> file_;
+  const std::unique_ptr<File> file_;
   const std::string name_;
 };
 
-class FaultyRandomAccessFile final : public RandomAccessFile {
+class FaultyWritableFile final : public FaultyFile<WritableFile> {
  public:
-  FaultyRandomAccessFile(FaultInjectingFileEnv& env, std::unique_ptr<RandomAccessFile> file,
-                         std::string name)
-      : env_(env), file_(std::move(file)), name_(std::move(name)) {}
-  const std::string& path() const override { return file_->path(); }
+  using FaultyFile::FaultyFile;
+  void write_at(const void* data, std::uint64_t n, std::uint64_t offset) override {
+    ask(FileOp::kWrite, offset, n).write_at(data, n, offset);
+  }
+  void truncate(std::uint64_t size) override { file().truncate(size); }
+  void sync() override { ask(FileOp::kSync, 0, 0).sync(); }
+};
+
+class FaultyRandomAccessFile final : public FaultyFile<RandomAccessFile> {
+ public:
+  using FaultyFile::FaultyFile;
   struct stat status() const override {
-    return file_->status();
+    return file().status();
   }
   void read_at(void* dst, std::uint64_t n, std::uint64_t offset) override {
-    env_.before(FileOp::kRead, name_, path(), offset, n);
-    file_->read_at(dst, n, offset);
+    ask(FileOp::kRead, offset, n).read_at(dst, n, offset);
   }
-
- private:
-  FaultInjectingFileEnv& env_;
-  const std::unique_ptr<RandomAccessFile> file_;
-  const std::string name_;
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "core/move_handle.hpp"
 #include "device/host_device.hpp"
 #include "strata/device_query.hpp"
 #include "strata/error.hpp"
@@ -14,16 +15,8 @@
 namespace strata {
 
 DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
-  if (this != &other) {
-    reset();
-    device_ = other.device_;
-    ptr_ = other.ptr_;
-    bytes_ = other.bytes_;
-    other.device_ = nullptr;
-    other.ptr_ = nullptr;
-    other.bytes_ = 0;
-  }
-  return *this;
+  return move_assign_handle(*this, other, &DeviceMemory::reset, &DeviceMemory::device_,
+                            &DeviceMemory::ptr_, &DeviceMemory::bytes_);
 }
 
 void DeviceMemory::reset() noexcept {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/move_handle.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
@@ -55,17 +56,8 @@ PinnedPoolOptions PinnedPoolOptions::from(const HostTierConfig& host) {
 }
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
-  if (this != &other) {
-    release();
-    pool_ = other.pool_;
-    index_ = other.index_;
-    data_ = other.data_;
-    size_ = other.size_;
-    other.pool_ = nullptr;
-    other.data_ = nullptr;
-    other.size_ = 0;
-  }
-  return *this;
+  return move_assign_handle(*this, other, &PinnedBuffer::release, &PinnedBuffer::pool_,
+                            &PinnedBuffer::index_, &PinnedBuffer::data_, &PinnedBuffer::size_);
 }
 
 void PinnedBuffer::release() noexcept {

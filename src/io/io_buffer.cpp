@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/move_handle.hpp"
 #include "strata/error.hpp"
 #include "strata/io_file.hpp"
 #include "strata/log.hpp"
@@ -72,17 +73,8 @@ IoBuffer IoBuffer::allocate(std::size_t bytes, HugePageMode mode) {
 IoBuffer::IoBuffer(IoBuffer&& other) noexcept { *this = std::move(other); }
 
 IoBuffer& IoBuffer::operator=(IoBuffer&& other) noexcept {
-  if (this != &other) {
-    reset();
-    data_ = other.data_;
-    size_ = other.size_;
-    mapped_ = other.mapped_;
-    hugetlb_ = other.hugetlb_;
-    other.data_ = nullptr;
-    other.size_ = other.mapped_ = 0;
-    other.hugetlb_ = false;
-  }
-  return *this;
+  return move_assign_handle(*this, other, &IoBuffer::reset, &IoBuffer::data_, &IoBuffer::size_,
+                            &IoBuffer::mapped_, &IoBuffer::hugetlb_);
 }
 
 IoBuffer::~IoBuffer() { reset(); }

@@ -5,10 +5,12 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "strata/communicator.hpp"
 #include "strata/profile.hpp"
 
 namespace strata {
@@ -57,6 +59,9 @@ class Stopwatch {
 };
 
 double median(std::vector<double> v);
+// The one rank's communicator of a measured engine: NCCL (device buffers) when the engine will run
+// on a CUDA device, else the in-process one (step_bench.cpp).
+std::unique_ptr<Communicator> one_rank(const Config& cfg);
 void fill_random(void* data, std::size_t bytes, std::uint64_t seed);
 // The model of a measured engine: one parameter `name` of n values uniform in [-bound, bound),
 // drawn from rng.

@@ -62,37 +62,6 @@ std::uint64_t peak_rss() {
   return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
 }
 
-// The one rank's communicator: NCCL (device buffers) when the engine will run on a CUDA device,
-// else the in-process one. A single NCCL rank bootstraps through a file in a private directory.
-std::unique_ptr<Communicator> one_rank(const Config& cfg) {
-  const bool cuda =
-      cfg.runtime.device == DeviceKind::kCuda ||
-      (cfg.runtime.device == DeviceKind::kAuto && cuda_available() && nccl_available());
-  if (!cuda) return std::move(make_inprocess_communicators(1, cfg.runtime.collective_timeout_s)[0]);
-  char tmpl[] = "/tmp/strata-bench-XXXXXX";
-  if (!::mkdtemp(tmpl))
-    throw IoError("mkdtemp", tmpl, 0, 0, errno, "bench step: the NCCL bootstrap directory");
-  const std::string dir = tmpl;
-  NcclBootstrap b;
-  b.file = dir + "/nccl-id";
-  b.rank = 0;
-  b.size = 1;
-  std::unique_ptr<Communicator> c;
-  try {
-    // The GPU the engine's storage will use (LOCAL_RANK under a launcher), not GPU 0.
-    const int ordinal = local_device_ordinal(0, static_cast<int>(cfg.ranks_per_node()),
-                                             static_cast<int>(query_cuda_devices().devices.size()));
-    c = make_nccl_communicator(b, ordinal, cfg.runtime.collective_timeout_s);
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-    throw;
-  }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
-  return c;
-}
-
 // What the engine's layout gives the bench: the offloaded chunks and their bytes, the pinned
 // pool, the I/O engine, where the update runs.
 void describe_storage(Engine& e, const Config& cfg, StepBenchResult& res) {
@@ -172,6 +141,37 @@ void summarize(const Rounds& r, StepBenchResult& res) {
 }
 
 }  // namespace
+
+// The one rank's communicator: NCCL (device buffers) when the engine will run on a CUDA device,
+// else the in-process one. A single NCCL rank bootstraps through a file in a private directory.
+std::unique_ptr<Communicator> one_rank(const Config& cfg) {
+  const bool cuda =
+      cfg.runtime.device == DeviceKind::kCuda ||
+      (cfg.runtime.device == DeviceKind::kAuto && cuda_available() && nccl_available());
+  if (!cuda) return std::move(make_inprocess_communicators(1, cfg.runtime.collective_timeout_s)[0]);
+  char tmpl[] = "/tmp/strata-bench-XXXXXX";
+  if (!::mkdtemp(tmpl))
+    throw IoError("mkdtemp", tmpl, 0, 0, errno, "bench step: the NCCL bootstrap directory");
+  const std::string dir = tmpl;
+  NcclBootstrap b;
+  b.file = dir + "/nccl-id";
+  b.rank = 0;
+  b.size = 1;
+  std::unique_ptr<Communicator> c;
+  try {
+    // The GPU the engine's storage will use (LOCAL_RANK under a launcher), not GPU 0.
+    const int ordinal = local_device_ordinal(0, static_cast<int>(cfg.ranks_per_node()),
+                                             static_cast<int>(query_cuda_devices().devices.size()));
+    c = make_nccl_communicator(b, ordinal, cfg.runtime.collective_timeout_s);
+  } catch (...) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  return c;
+}
 
 StepBenchResult run_step_bench(const StepBenchOptions& o) {
   if (o.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: no elements");

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "core/move_handle.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "tier/tier_store.hpp"
@@ -12,14 +13,8 @@
 namespace strata {
 
 Scratch& Scratch::operator=(Scratch&& other) noexcept {
-  if (this != &other) {
-    reset();
-    arena_ = std::exchange(other.arena_, nullptr);
-    ptr_ = std::exchange(other.ptr_, nullptr);
-    bytes_ = std::exchange(other.bytes_, 0);
-    varying_ = std::exchange(other.varying_, false);
-  }
-  return *this;
+  return move_assign_handle(*this, other, &Scratch::reset, &Scratch::arena_, &Scratch::ptr_,
+                            &Scratch::bytes_, &Scratch::varying_);
 }
 
 void Scratch::reset() noexcept {

@@ -3,21 +3,26 @@
 
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "zero/clock.hpp"
 
 namespace strata::zero {
 
-AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, PendingSave save,
-                                 RankState state, std::vector<unsigned char> params,
-                                 std::chrono::milliseconds timeout)
-    : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(params)) {
+AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks,
+                                 ParamBlocks params, PendingSave save, RankState state,
+                                 std::vector<unsigned char> copy, std::chrono::milliseconds timeout)
+    : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(copy)) {
   state_.params = {params_.data(), params_.size()};
+  state_.params_in_store = params.per_chunk;
   try {
     std::vector<BufferId> ids;
-    for (const Chunk& c : chunks) ids.push_back(c.opt);
+    for (const Chunk& c : chunks) {
+      ids.push_back(c.opt);
+      if (params.per_chunk) ids.push_back(c.param);
+    }
     snap_ = store_.pin_committed(ids);
     pinned_ok_ = true;
-    pinned_ =
-        std::make_unique<PinnedStateStore>(store_, chunks, state_.store->size(), snap_, timeout);
+    pinned_ = std::make_unique<PinnedStateStore>(store_, chunks, params, state_.store->size(),
+                                                 snap_, timeout, [this] { yield_to_step(); });
     state_.store = pinned_.get();
   } catch (...) {  // reported by finish() on every rank: the others have begun the save too
     error_ = std::current_exception();
@@ -30,15 +35,25 @@ AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks
 }
 
 AsyncCheckpoint::~AsyncCheckpoint() {
-  const bool finished = !thread_.joinable();
+  if (finished_) return;
   wait_local();
-  if (!finished)
+  commit_if_durable();
+  try {
+    if (error_) std::rethrow_exception(error_);
+    if (commit_error_) std::rethrow_exception(commit_error_);
+  } catch (const std::exception& e) {
+    log_error("checkpoint: the asynchronous save into ", save_.path,
+              " failed (the previous checkpoint stays): ", e.what());
+    return;
+  }
+  if (!committed_)
     log_warn("checkpoint: the asynchronous save into ", save_.path,
-             " was not committed (wait_checkpoint() was not called); the previous checkpoint "
-             "stays");
+             " was not committed (no wait_checkpoint() nor step after its writers finished); the "
+             "previous checkpoint stays");
 }
 
 void AsyncCheckpoint::run() noexcept {
+  const auto t0 = Clock::now();
   try {
     header_crc_ = write_shard(save_, state_);
   } catch (...) {
@@ -46,7 +61,32 @@ void AsyncCheckpoint::run() noexcept {
   }
   unpin_all();
   MutexLock lock(mutex_);
+  stats_.write_s = seconds_since(t0);
   done_ = true;
+  durable_ = !error_;
+}
+
+void AsyncCheckpoint::yield_to_step() {
+  UniqueLock lock(mutex_);
+  if (!step_running_) return;
+  const auto t0 = Clock::now();
+  ++stats_.pauses;
+  step_ended_.wait_for(lock, kMaxYield,
+                       [this]() NO_THREAD_SAFETY_ANALYSIS { return !step_running_; });
+  stats_.paused_s += seconds_since(t0);
+}
+
+void AsyncCheckpoint::set_step_running(bool running) {
+  {
+    MutexLock lock(mutex_);
+    step_running_ = running;
+  }
+  if (!running) step_ended_.notify_all();
+}
+
+AsyncCheckpoint::WriterStats AsyncCheckpoint::writer_stats() const {
+  MutexLock lock(mutex_);
+  return stats_;
 }
 
 void AsyncCheckpoint::unpin_all() noexcept {
@@ -65,11 +105,31 @@ bool AsyncCheckpoint::writing() const {
 }
 
 void AsyncCheckpoint::wait_local() {
+  set_step_running(false);
   if (thread_.joinable()) thread_.join();
+}
+
+bool AsyncCheckpoint::durable() const {
+  MutexLock lock(mutex_);
+  return durable_;
+}
+
+bool AsyncCheckpoint::commit_if_durable() {
+  if (!everywhere_) return false;
+  if (committed_) return true;
+  wait_local();  // (the writer has finished: durable everywhere)
+  committed_ = true;
+  commit_error_ = commit_durable_save(save_, state_);
+  return true;
 }
 
 void AsyncCheckpoint::finish(Communicator& comm) {
   wait_local();
+  finished_ = true;  // whatever the collective below throws, the destructor has nothing to do
+  if (commit_if_durable()) {
+    finish_committed_save(save_, state_, comm, commit_error_);
+    return;
+  }
   finish_save(save_, state_, comm, error_, header_crc_);
 }
 

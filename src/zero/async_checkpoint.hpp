@@ -4,17 +4,28 @@
 // (TierStore::pin_committed: training goes on, copy-on-write keeps the pinned bytes) and starts a
 // writer thread that streams the rank's shard from the pinned versions through the checkpoint's
 // file seam (checkpoint write_shard: blocks, CRCs, fdatasync), unpinning each block once it has
-// been read. The parameters (model dtype) were copied into host memory by the caller.
-// finish() — on the engine thread, every rank alike — waits for the writer and runs the
-// collective finish_save: rank 0 commits the manifest only when every rank's shard is durable.
+// been read. The parameters (model dtype): at stage 3 each chunk's param block is pinned too and
+// read by the writer, so nothing of the model's size is copied during the save call; at stages
+// 0-2 they live in one flat device buffer that the update writes in place while the layout holds
+// it for the model's use (the store cannot pin it), so the caller copies the rank's slice into
+// host memory (`copy`: 2-4 bytes per parameter at memory speed, against the 12 + 2-4 bytes the
+// writer writes at disk speed).
+//
+// The step's own I/O goes first: the engine marks the time a step runs (set_step_running: from
+// the step's start to its outcome agreement — the gradients' and the update's streams); the writer
+// pauses before each piece (up to 4 MiB of each section) while it is marked, at most kMaxYield a
+// piece, so that back-to-back steps still let it progress. The writer itself keeps one write in
+// flight (queue depth 1, synchronous writes through the file seam).
 //
 // Failure: anything failing after begin_save (the pin, the writer) is kept and reported by
 // finish() on every rank (the previous checkpoint stays); the training state is never touched.
-// Ownership: borrows the store (must outlive it); owns the thread, the snapshot and the params.
+// Ownership: borrows the store and the chunks (must outlive it); owns the thread, the snapshot and
+// the parameters' copy.
 // Thread-safety: one engine thread calls every member; the writer thread runs only run() and
 // touches only the store (thread-safe), its own PinnedStateStore and the immutable save data.
-// The destructor waits for the writer and unpins (the save is left uncommitted if finish() was
-// not called: its shard is removed by the next save into that directory).
+// The destructor waits for the writer and unpins; it commits (rank 0) when every rank's shard was
+// known durable, and logs (error) a failure of the writer or of that commit; otherwise the save is
+// left uncommitted (a warning; its shard is removed by the next save into that directory).
 #pragma once
 
 #include <chrono>
@@ -34,10 +45,11 @@ namespace strata::zero {
 
 class AsyncCheckpoint {
  public:
-  // `state`: the rank's seam as rank_state() made it (its store is replaced by the pinned views,
-  // its params by `params`, which it owns from now on).
-  AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, PendingSave save,
-                  RankState state, std::vector<unsigned char> params,
+  // `state`: the rank's seam as rank_state() made it (its store is replaced by the pinned views);
+  // `params.per_chunk`: the parameters are pinned and read from the snapshot, else `copy` holds
+  // them (owned from now on).
+  AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
+                  PendingSave save, RankState state, std::vector<unsigned char> copy,
                   std::chrono::milliseconds timeout);
   ~AsyncCheckpoint();
   AsyncCheckpoint(const AsyncCheckpoint&) = delete;
@@ -49,24 +61,49 @@ class AsyncCheckpoint {
   void wait_local();
   // wait_local(), then the collective finish_save: throws (on every rank) when any rank failed.
   void finish(Communicator& comm);
+  // This rank's shard is written and durable (the writer finished without failure).
+  bool durable() const;
+  // Every rank's shard is durable (the step agreement said so): commit_if_durable() may commit.
+  void mark_durable_everywhere() { everywhere_ = true; }
+  // Rank 0 commits the manifest once every rank's shard is durable (not collective; a failure is
+  // kept for finish()). Returns whether the save is committed (or its commit failed).
+  bool commit_if_durable();
+  // A step runs (its I/O goes first) or ended; wait_local() ends a pause too.
+  void set_step_running(bool running);
+  static constexpr std::chrono::milliseconds kMaxYield{100};
+  struct WriterStats {
+    double write_s = 0;   // the writer thread's time, pauses included
+    double paused_s = 0;  // of it, paused for steps
+    std::uint32_t pauses = 0;
+  };
+  WriterStats writer_stats() const;
   // What rewriting the blocks still pinned would hold (TierStore::rewrite_cost).
   VersionBytes rewrite_cost() const;
 
  private:
-  void run() noexcept;  // the writer thread
+  void run() noexcept;   // the writer thread
+  void yield_to_step();  // the writer thread, before each piece
   void unpin_all() noexcept;
 
   TierStore& store_;
   PendingSave save_;
   RankState state_;
-  std::vector<unsigned char> params_;
+  std::vector<unsigned char> params_;  // the parameters when the snapshot does not hold them
   std::unique_ptr<PinnedStateStore> pinned_;
   SnapshotId snap_ = 0;
   bool pinned_ok_ = false;
   mutable Mutex mutex_;
   bool done_ GUARDED_BY(mutex_) = false;
-  std::exception_ptr error_;      // the pin's or the writer's; read after join()
-  std::uint32_t header_crc_ = 0;  // the writer's; read after join()
+  bool durable_ GUARDED_BY(mutex_) = false;
+  bool step_running_ GUARDED_BY(mutex_) = false;
+  WriterStats stats_ GUARDED_BY(mutex_);
+  CondVar step_ended_;
+  bool everywhere_ = false;          // engine thread: every rank's shard durable
+  bool committed_ = false;           // engine thread: commit_if_durable() ran
+  std::exception_ptr commit_error_;  // engine thread: rank 0's commit failed
+  bool finished_ = false;            // engine thread: finish() ran
+  std::exception_ptr error_;         // the pin's or the writer's; read after join()
+  std::uint32_t header_crc_ = 0;     // the writer's; read after join()
   std::thread thread_;
 };
 

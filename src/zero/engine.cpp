@@ -416,7 +416,7 @@ StepResult Engine::step() {
   impl_->require_finalized("step");
   impl_->require_usable("step");
   impl_->reducer->check_all_arrived();  // a usage error, before anything changes
-  impl_->make_room_for_update();
+  impl_->make_room_for_update(true);
   try {
     return impl_->step();
   } catch (const std::exception& e) {

@@ -59,4 +59,14 @@ tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined)
   return m.optimizer->measure_io(what == Measure::kRead, what == Measure::kWrite, pipelined);
 }
 
+AsyncCheckpoint::WriterStats EngineAccess::wait_checkpoint_writer(Engine& e) {
+  if (!e.impl_->saving) return {};
+  e.impl_->saving->wait_local();
+  return e.impl_->saving->writer_stats();
+}
+
+bool EngineAccess::checkpoint_writing(const Engine& e) {
+  return e.impl_->saving && e.impl_->saving->writing();
+}
+
 }  // namespace strata::zero

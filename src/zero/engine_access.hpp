@@ -8,6 +8,7 @@
 #include "strata/engine.hpp"
 #include "tier/scratch_arena.hpp"
 #include "tier/stream_loop.hpp"
+#include "zero/async_checkpoint.hpp"
 #include "zero/chunk.hpp"
 #include "zero/rank_storage.hpp"
 
@@ -41,6 +42,12 @@ struct EngineAccess {
   // On the host-emulated device: the host-computed loops stage gpu-home parts through the pinned
   // pool as on CUDA (on), or view them in place (off, the default): tests cover both paths.
   static void set_stage_device_memory(Engine& e, bool on);
+  // Waits for this rank's asynchronous checkpoint writer, if one is at work (local, no collective;
+  // the save stays uncommitted until a step agreement or wait_checkpoint()); returns its figures
+  // (zero without an asynchronous save pending).
+  static AsyncCheckpoint::WriterStats wait_checkpoint_writer(Engine& e);
+  // An asynchronous save's writer is at work.
+  static bool checkpoint_writing(const Engine& e);
 };
 
 }  // namespace strata::zero

@@ -22,19 +22,32 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
     ~Blocked() { st.checkpoint_blocked_s += zero::seconds_since(t0); }
   } blocked{st, t0};
   finish_saving();  // the previous save first (its failure is reported here)
-  zero::RankState r = rank_state();
+  const bool async = mode == SaveMode::kAsync;
+  // Asynchronous at stage 3: the parameter blocks are pinned with the optimizer state and read by
+  // the writer; at stages 0-2 the call copies them (async_checkpoint.hpp says why).
+  const bool pin_params = async && layout->stage() == 3;
+  zero::RankState r = rank_state(!pin_params);
+  r.params_in_store = pin_params;
   r.config_yaml = to_yaml(cfg);
   r.client_state = client_state;
   r.model = model;
-  if (mode == SaveMode::kBlocking) {
+  if (!async) {
     zero::save_checkpoint(dir, r, comm);
   } else {
     if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
     zero::PendingSave p = zero::begin_save(dir, r, comm);
     r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
-    saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), std::move(p),
-                                                     std::move(r), std::move(ckpt_params),
-                                                     layout->timeout());
+    const zero::ParamBlocks params{pin_params, layout->param_elem_bytes()};
+    saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), params,
+                                                     std::move(p), std::move(r),
+                                                     std::move(ckpt_params), layout->timeout());
+    // Every rank's "my shard is durable" rides on the step agreements that follow: the first one
+    // in which every rank says so lets rank 0 commit at the start of the next step.
+    // While a step runs (make_room_for_update .. its outcome agreement) the writer pauses.
+    zero::AsyncCheckpoint* a = saving.get();
+    agreement->set_checkpoint_hooks({[a] { return a->durable(); },
+                                     [a] { a->mark_durable_everywhere(); },
+                                     [a] { a->set_step_running(false); }});
   }
   ckpt_params.clear();
   ckpt_params.shrink_to_fit();
@@ -45,6 +58,7 @@ void Engine::Impl::finish_saving() {
   if (!saving) return;
   const auto t0 = zero::Clock::now();
   std::unique_ptr<zero::AsyncCheckpoint> s = std::move(saving);
+  agreement->set_checkpoint_hooks({});
   try {
     s->finish(comm);
   } catch (...) {
@@ -54,8 +68,14 @@ void Engine::Impl::finish_saving() {
   st.checkpoint_blocked_s += zero::seconds_since(t0);
 }
 
-void Engine::Impl::make_room_for_update() {
-  if (!saving || !saving->writing()) return;
+void Engine::Impl::make_room_for_update(bool step) {
+  if (!saving) return;
+  if (saving->commit_if_durable()) {  // every rank's shard durable: committed (rank 0) now
+    agreement->set_checkpoint_hooks({});
+    return;
+  }
+  if (!saving->writing()) return;
+  if (step) saving->set_step_running(true);  // its I/O first (until the outcome agreement)
   const VersionBytes cost = saving->rewrite_cost();
   TierStore& s = store();
   for (Tier t : {Tier::kGpu, Tier::kCpu, Tier::kNvme}) {

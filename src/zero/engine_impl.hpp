@@ -167,16 +167,18 @@ struct Engine::Impl {
   // Parameters [b, b + n) of the own partition (stage 3), model dtype, from / into the chunks.
   void read_own(std::size_t b, std::size_t n, unsigned char* host);
   void write_own(std::size_t b, std::size_t n, const unsigned char* host);
-  zero::RankState rank_state();
+  zero::RankState rank_state(bool copy_params = true);
 
   // ---- engine_checkpoint.cpp
   void save(const std::string& dir, SaveMode mode, std::string_view client_state,
             const CheckpointModel* model);
   // Waits for the save in flight and commits it (collective); throws its failure.
   void finish_saving();
-  // Before a change of the optimizer state: waits for this rank's writer when rewriting the blocks
-  // it still pins would not fit in the tiers' budgets (local, no collective).
-  void make_room_for_update();
+  // Before a change of the optimizer state: commits an asynchronous save every rank's shard of
+  // which is durable (rank 0), and waits for this rank's writer when rewriting the blocks it
+  // still pins would not fit in the tiers' budgets (local, no collective). `step`: a step begins
+  // (the writer pauses until its outcome agreement).
+  void make_room_for_update(bool step = false);
   void after_load(const zero::RankState& r);
   void restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved);
 };

@@ -12,6 +12,16 @@ namespace strata {
 
 // ---- parameters
 
+namespace {
+// Runs `work`, adding the seconds it took to `total`.
+template <typename Work>
+void add_seconds(double& total, Work&& work) {
+  const auto t0 = zero::Clock::now();
+  work();
+  total += zero::seconds_since(t0);
+}
+}  // namespace
+
 const void* Engine::Impl::param(TensorId id) const {
   require_finalized("param");
   check_id(id, "param");
@@ -47,10 +57,7 @@ void Engine::Impl::gather(std::span<const TensorId> ids) {
   require_finalized("gather");
   require_usable("gather");
   for (auto id : ids) check_id(id, "gather");
-  if (layout->stage() < 3) return;
-  const auto t0 = zero::Clock::now();
-  gatherer->gather(ids);
-  st.gather_s += zero::seconds_since(t0);
+  if (layout->stage() == 3) add_seconds(st.gather_s, [&] { gatherer->gather(ids); });
 }
 
 void Engine::Impl::prefetch(std::span<const TensorId> ids) {
@@ -63,33 +70,38 @@ void Engine::Impl::prefetch(std::span<const TensorId> ids) {
 void Engine::Impl::release(std::span<const TensorId> ids) {
   require_finalized("release");
   for (auto id : ids) check_id(id, "release");
-  if (layout->stage() < 3) return;
-  const auto t0 = zero::Clock::now();
-  gatherer->release(ids);
-  st.gather_s += zero::seconds_since(t0);
+  if (layout->stage() == 3) add_seconds(st.gather_s, [&] { gatherer->release(ids); });
 }
+
+namespace {
+// Own partition elements [b, b + n) run by run over the param chunks that hold them:
+// `move(chunk, offset in the chunk, bytes, offset in the host buffer)`, in bytes of the model
+// dtype.
+template <typename Move>
+void for_each_own_run(const zero::EngineLayout& layout, std::size_t b, std::size_t n, Move move) {
+  const std::size_t pes = layout.param_elem_bytes();
+  for (std::size_t pos = b; pos < b + n;) {
+    const zero::Chunk& c = layout.chunk_at(pos);
+    const std::size_t stop = std::min(b + n, c.r.end());
+    move(c, (pos - c.r.begin) * pes, (stop - pos) * pes, (pos - b) * pes);
+    pos = stop;
+  }
+}
+}  // namespace
 
 // Stage 3: own partition elements [b, b + n) in the model dtype, from / into the param chunks.
 void Engine::Impl::read_own(std::size_t b, std::size_t n, unsigned char* host) {
-  const std::size_t pes = layout->param_elem_bytes();
-  for (std::size_t pos = b; pos < b + n;) {
-    const zero::Chunk& c = layout->chunk_at(pos);
-    const std::size_t stop = std::min(b + n, c.r.end());
-    zero::get_bytes(store(), c.param, (pos - c.r.begin) * pes, (stop - pos) * pes,
-                    host + (pos - b) * pes, layout->timeout());
-    pos = stop;
-  }
+  for_each_own_run(*layout, b, n,
+                   [&](const zero::Chunk& c, std::size_t off, std::size_t len, std::size_t at) {
+                     zero::get_bytes(store(), c.param, off, len, host + at, layout->timeout());
+                   });
 }
 
 void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* host) {
-  const std::size_t pes = layout->param_elem_bytes();
-  for (std::size_t pos = b; pos < b + n;) {
-    const zero::Chunk& c = layout->chunk_at(pos);
-    const std::size_t stop = std::min(b + n, c.r.end());
-    zero::put_bytes(store(), c.param, (pos - c.r.begin) * pes, (stop - pos) * pes,
-                    host + (pos - b) * pes, layout->timeout());
-    pos = stop;
-  }
+  for_each_own_run(*layout, b, n,
+                   [&](const zero::Chunk& c, std::size_t off, std::size_t len, std::size_t at) {
+                     zero::put_bytes(store(), c.param, off, len, host + at, layout->timeout());
+                   });
 }
 
 // ---- optimizer state
@@ -106,13 +118,20 @@ void check_size(const TensorSpec& t, std::size_t given, const char* what) {
     fail(ErrorCode::kInvalidArgument, strcat("engine: ", what, "('", t.name, "'): ", given,
                                              " elements given, the tensor has ", t.numel));
 }
+
+// What read_state and write_state check first: a finalized, usable engine, a registered tensor,
+// and `given` elements, the tensor's size.
+template <typename EngineImpl>  // Engine::Impl, private to Engine: deduced, not named
+void check_state_call(EngineImpl& impl, TensorId id, std::size_t given, const char* what) {
+  impl.require_finalized(what);
+  impl.require_usable(what);
+  impl.check_id(id, what);
+  check_size(impl.specs[id], given, what);
+}
 }  // namespace
 
 void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out) {
-  require_finalized("read_state");
-  require_usable("read_state");
-  check_id(id, "read_state");
-  check_size(specs[id], out.size(), "read_state");
+  check_state_call(*this, id, out.size(), "read_state");
   if (out.empty()) return;
   const zero::TensorShare share = layout->share(id);
   std::vector<float> mine(share.local.count);
@@ -129,10 +148,7 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
 }
 
 void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const float> in) {
-  require_finalized("write_state");
-  require_usable("write_state");
-  check_id(id, "write_state");
-  check_size(specs[id], in.size(), "write_state");
+  check_state_call(*this, id, in.size(), "write_state");
   if (in.empty()) return;
   const zero::TensorShare share = layout->share(id);
   if (share.local.count) {
@@ -167,9 +183,10 @@ void Engine::Impl::write_params(TensorId id, std::span<const float> in,
 
 // ---- the checkpoint seam
 
-// The rank's parameters (model dtype) materialized in host memory for the duration of the call,
-// and the optimizer state through host views of the TierStore.
-zero::RankState Engine::Impl::rank_state() {
+// The rank's parameters (model dtype) materialized in host memory for the duration of the call
+// (unless !copy_params: an asynchronous save reads them from its snapshot), and the optimizer
+// state through host views of the TierStore.
+zero::RankState Engine::Impl::rank_state(bool copy_params) {
   const int stage = layout->stage();
   const std::size_t pes = layout->param_elem_bytes(), psize = layout->partition_size();
   zero::RankState r;
@@ -182,10 +199,10 @@ zero::RankState Engine::Impl::rank_state() {
   r.partition = &layout->partition();
   r.opt_begin = layout->opt_begin();
   const std::size_t first = stage == 0 ? 0 : layout->own_begin();
-  ckpt_params.resize((stage == 0 ? layout->flat_size() : psize) * pes);
-  if (stage == 3)
+  ckpt_params.resize(copy_params ? (stage == 0 ? layout->flat_size() : psize) * pes : 0);
+  if (copy_params && stage == 3)
     read_own(0, psize, ckpt_params.data());
-  else
+  else if (copy_params)
     zero::get_bytes(store(), layout->params_buffer(), first * pes, ckpt_params.size(),
                     ckpt_params.data(), layout->timeout());
   r.params = {ckpt_params.data(), ckpt_params.size()};

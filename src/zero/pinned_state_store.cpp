@@ -9,13 +9,16 @@
 namespace strata::zero {
 
 PinnedStateStore::PinnedStateStore(TierStore& store, std::span<const Chunk> chunks,
-                                   std::size_t size, SnapshotId snapshot,
-                                   std::chrono::milliseconds timeout)
+                                   ParamBlocks params, std::size_t size, SnapshotId snapshot,
+                                   std::chrono::milliseconds timeout,
+                                   std::function<void()> before_read)
     : store_(store),
       chunks_(chunks),
+      pblocks_(params),
       size_(size),
       snap_(snapshot),
       timeout_(timeout),
+      before_read_(std::move(before_read)),
       unpinned_(chunks.size(), false) {}
 
 StateView PinnedStateStore::acquire(Range r) {
@@ -24,24 +27,40 @@ StateView PinnedStateStore::acquire(Range r) {
   if (r.end() > size_)
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint snapshot: range [", r.begin, ", ", r.end(), ") beyond ", size_));
+  if (before_read_) before_read_();
   scratch_.assign(3 * r.count, 0.0f);
   float* out[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
-  IoBuffer buf;
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     const Chunk& c = chunks_[k];
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
-    const std::uint64_t padded = store_.padded_bytes(c.opt);
-    if (buf.size() < padded) buf = IoBuffer::allocate(padded, HugePageMode::kNone);
-    store_.read_pinned(snap_, c.opt, 0, 0, buf.data(), Tier::kCpu, true).wait(timeout_);
-    const auto* chunk = static_cast<const float*>(buf.data());
+    const auto* chunk = static_cast<const float*>(read_block(c.opt));
     for (int a = 0; a < 3; ++a)
       std::memcpy(out[a] + (b - r.begin), chunk + a * c.r.count + (b - c.r.begin),
                   (e - b) * sizeof(float));
   }
+  if (pblocks_.per_chunk) read_params(r);
   acquired_ = true;
   range_ = r;
-  return {out[0], out[1], out[2], r.count};
+  return {out[0], out[1], out[2], r.count, pblocks_.per_chunk ? params_.data() : nullptr};
+}
+
+const void* PinnedStateStore::read_block(BufferId id) {
+  const std::uint64_t padded = store_.padded_bytes(id);
+  if (block_.size() < padded) block_ = IoBuffer::allocate(padded, HugePageMode::kNone);
+  store_.read_pinned(snap_, id, 0, 0, block_.data(), Tier::kCpu, true).wait(timeout_);
+  return block_.data();
+}
+
+void PinnedStateStore::read_params(Range r) {
+  const std::size_t pes = pblocks_.elem_bytes;
+  params_.assign(r.count * pes, 0);
+  for (const Chunk& c : chunks_) {
+    const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
+    if (b >= e) continue;
+    const auto* block = static_cast<const unsigned char*>(read_block(c.param));
+    std::memcpy(params_.data() + (b - r.begin) * pes, block + (b - c.r.begin) * pes, (e - b) * pes);
+  }
 }
 
 void PinnedStateStore::release(Range r, bool dirty) {
@@ -55,6 +74,7 @@ void PinnedStateStore::release(Range r, bool dirty) {
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     if (unpinned_[k] || chunks_[k].r.end() > r.end()) continue;
     store_.unpin(snap_, chunks_[k].opt);
+    if (pblocks_.per_chunk) store_.unpin(snap_, chunks_[k].param);
     unpinned_[k] = true;
   }
 }

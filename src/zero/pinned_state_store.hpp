@@ -1,14 +1,17 @@
 // Host views of a snapshot of the rank's optimizer state (checkpoint/optimizer_state.hpp) for the
 // background checkpoint writer: acquire(r) reads the pinned versions (TierStore::read_pinned) of
-// the chunks r touches into host scratch; release(r, false) frees nothing but lets the blocks the
-// writer has passed go (unpinned: ranges are visited in ascending order). Read-only: a dirty
-// release is refused (Error(kInvalidArgument)).
+// the chunks r touches into host scratch, with the parameters of r (model dtype) from the pinned
+// parameter blocks when it holds them (StateView::params: stage 3, each chunk's param block);
+// release(r, false) frees nothing but lets the blocks the writer has passed go
+// (unpinned: ranges are visited in ascending order). Read-only: a dirty release is refused
+// (Error(kInvalidArgument)).
 //
 // Ownership: borrows the store and the chunk list (must outlive it); the snapshot is the caller's
 // (unpin(s) of what is left is the caller's). Thread-safety: one user at a time.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -19,22 +22,39 @@
 
 namespace strata::zero {
 
+// Where the rank's parameters live when the snapshot holds them: each chunk's `param` block
+// (stage 3); `per_chunk` false: the snapshot does not hold them (StateView::params is null).
+struct ParamBlocks {
+  bool per_chunk = false;
+  std::size_t elem_bytes = 0;
+};
+
 class PinnedStateStore final : public OptimizerStateStore {
  public:
-  PinnedStateStore(TierStore& store, std::span<const Chunk> chunks, std::size_t size,
-                   SnapshotId snapshot, std::chrono::milliseconds timeout);
+  // `before_read`: called at the start of each acquire() (the writer's pause for steps); may be
+  // empty.
+  PinnedStateStore(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
+                   std::size_t size, SnapshotId snapshot, std::chrono::milliseconds timeout,
+                   std::function<void()> before_read = {});
   std::size_t size() const override { return size_; }
   StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
 
  private:
   TierStore& store_;
+  const void* read_block(BufferId id);  // the pinned version of the whole block, into block_
+  void read_params(Range r);            // into params_
+
   std::span<const Chunk> chunks_;
+  ParamBlocks pblocks_;
   std::size_t size_;
   SnapshotId snap_;
   std::chrono::milliseconds timeout_;
-  std::vector<float> scratch_;  // master | m | v of the acquired range
-  std::vector<bool> unpinned_;  // per chunk
+  std::function<void()> before_read_;
+  std::vector<float> scratch_;         // master | m | v of the acquired range
+  std::vector<unsigned char> params_;  // the parameters of the acquired range
+  IoBuffer block_;                     // a whole pinned block read back
+  std::vector<bool> unpinned_;         // per chunk
   bool acquired_ = false;
   Range range_;
 };

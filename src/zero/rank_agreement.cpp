@@ -56,21 +56,27 @@ StepAgreement RankAgreement::agree_step(const AdamGradStats& local, bool failed_
       std::bit_cast<std::uint64_t>(local.finite && !failed_here ? local.sum_sq : 0.0);
   mine[0] = static_cast<std::uint32_t>(bits);
   mine[1] = static_cast<std::uint32_t>(bits >> 32);
-  mine[2] = (local.finite ? 1u : 0u) | (skipped_here ? 2u : 0u);
+  const bool durable = ckpt_.durable && ckpt_.durable();
+  mine[2] = (local.finite ? 1u : 0u) | (skipped_here ? 2u : 0u) | (durable ? 4u : 0u);
   mine[3] = failed_here ? 1u : 0u;
   std::vector<std::uint32_t> all(4 * static_cast<std::size_t>(world_));
   exchange(mine, all.data(), sizeof(mine));
   StepAgreement a;
+  bool durable_everywhere = static_cast<bool>(ckpt_.everywhere);
   for (int r = 0; r < world_; ++r) {
     const std::uint32_t* p = all.data() + 4 * r;
+    durable_everywhere = durable_everywhere && (p[2] & 4u) != 0u;
     if (p[3] != 0u && r != rank_ && a.failed_peer < 0) a.failed_peer = r;
     a.finite = a.finite && (p[2] & 1u) != 0u;
     a.any_skipped = a.any_skipped || (p[2] & 2u) != 0u;
     a.sum_sq += std::bit_cast<double>(static_cast<std::uint64_t>(p[0]) |
                                       (static_cast<std::uint64_t>(p[1]) << 32));
   }
+  if (durable_everywhere) ckpt_.everywhere();
   return a;
 }
+
+void RankAgreement::set_checkpoint_hooks(CheckpointHooks hooks) { ckpt_ = std::move(hooks); }
 
 std::vector<bool> RankAgreement::agree_used(const std::vector<bool>& used) {
   const std::size_t words = (used.size() + 31) / 32, bytes = 4 * std::max<std::size_t>(words, 1);
@@ -97,6 +103,7 @@ std::vector<bool> RankAgreement::agree_used(const std::vector<bool>& used) {
 }
 
 int RankAgreement::agree_outcome(bool ok_here) {
+  if (ckpt_.step_ended) ckpt_.step_ended();
   if (world_ == 1) return -1;
   const std::uint32_t mine[1] = {ok_here ? 0u : 1u};
   std::vector<std::uint32_t> all(static_cast<std::size_t>(world_));

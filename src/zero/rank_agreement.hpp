@@ -9,6 +9,8 @@
 //   agree_outcome   after the update: did every rank's go through
 //   agree_start     after a rank built its storage: did every rank's (disk, memlock, budgets)
 //   exchange        any few words (the checkpoint's agreement), <= kMaxExchangeBytes per rank
+// agree_step also carries one bit per rank for an asynchronous checkpoint in flight ("my shard is
+// durable", set_checkpoint_hooks): no collective of its own, none from the writer thread.
 // Every call is collective: every rank calls it in the same order.
 //
 // Ownership: borrows the communicator and the device; owns the word buffer and its stream.
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -58,6 +61,19 @@ class RankAgreement {
   // first other rank that failed, its error class and errno, when this rank did not fail; this
   // rank's own failure is the caller's to rethrow.
   void agree_start(const std::exception_ptr& failure);
+  // An asynchronous checkpoint's part in the step's exchanges (all run on this thread):
+  //   durable     asked at each agree_step: this rank's shard is durable (the bit it sends);
+  //   everywhere  runs in the agree_step in which every rank's bit was set — the same agree_step
+  //               on every rank;
+  //   step_ended  runs at agree_outcome (the step's I/O is over: the writer may go on).
+  // Empty functions: no save (the bit is 0). Set and cleared by every rank at the same call (save /
+  // finish), so that every rank's words mean the same.
+  struct CheckpointHooks {
+    std::function<bool()> durable;
+    std::function<void()> everywhere;
+    std::function<void()> step_ended;
+  };
+  void set_checkpoint_hooks(CheckpointHooks hooks);
   // `bytes` (a multiple of 4, <= kMaxExchangeBytes) per rank: recv gets every rank's, in order.
   void exchange(const void* send, void* recv, std::size_t bytes);
 
@@ -71,6 +87,7 @@ class RankAgreement {
   Device& device_;
   std::unique_ptr<Stream> stream_;
   DeviceMemory words_;  // [0, 16): this rank's words; [16, 16 + 16 × world): everyone's
+  CheckpointHooks ckpt_;
 };
 
 }  // namespace strata::zero

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "checkpoint/checkpoint.hpp"
@@ -108,6 +109,12 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
     s.config_yaml = "zero:\n  stage: " + std::to_string(stage) + "\n";
   }
   return f;
+}
+
+// The training counters a checkpoint carries beside the tensors, as one comparable tuple.
+inline auto counters(const zero::RankState& s) {
+  return std::tie(s.adam_step, s.loss_scale, s.good_steps, s.steps, s.applied_steps,
+                  s.skipped_steps);
 }
 
 // Checks that the rank holds the values of `seed` (bitwise) and zero padding; returns the number of

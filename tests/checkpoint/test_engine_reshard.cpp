@@ -11,6 +11,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
+#include "zero/engine_basics.hpp"
 
 namespace strata::testing {
 namespace {
@@ -36,22 +37,12 @@ std::string case_name(const ::testing::TestParamInfo<EngineCase>& i) {
 }
 
 Config config(int stage, DType params, double nvme, const std::string& swap) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = 1000;
-  cfg.zero.sub_group_size = 900;
+  Config cfg = base_engine_config(stage, 1000, 900, 60.0);
   cfg.precision.params = params;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
   cfg.optimizer.weight_decay = 0.01;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 60.0;
   if (nvme > 0) {
     cfg.offload.optimizer = {Tier::kNvme, nvme, false};
-    cfg.tiers.host.buffer_count = 2;
-    cfg.tiers.host.buffer_size = 4 * 4096;
-    cfg.tiers.nvme.paths = {swap};
-    cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+    use_test_swap(cfg, swap, 2, 4 * 4096);
   }
   return cfg;
 }

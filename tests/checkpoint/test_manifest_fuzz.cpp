@@ -14,6 +14,7 @@
 #include "strata/engine.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
+#include "zero/engine_basics.hpp"
 
 namespace strata::testing {
 namespace {
@@ -21,15 +22,8 @@ namespace {
 const std::vector<std::size_t> kSizes{300, 17, 0, 129};
 
 Config small_config() {
-  Config cfg;
-  cfg.zero.stage = 2;
-  cfg.zero.reduce_bucket_size = 100;
-  cfg.zero.sub_group_size = 64;
+  Config cfg = base_engine_config(2, 100, 64, 60.0);
   cfg.precision.params = DType::kBf16;
-  cfg.precision.grads = DType::kFp32;
-  cfg.optimizer.lr = 1e-2;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 60.0;
   return cfg;
 }
 

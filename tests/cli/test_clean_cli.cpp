@@ -1,9 +1,7 @@
 // `strata clean` and clean shutdown: what killed runs leave is found and removed; SIGTERM/SIGINT
 // remove swap files and end the process by that signal (issue 15, point 4).
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -92,17 +90,8 @@ TEST(CleanCli, RefusesUnsafePaths) {
 // Starts the CLI with `args`, waits until `dir` holds a strata-swap-* directory, sends `sig`.
 // Returns the wait status.
 int run_and_signal(const std::vector<std::string>& args, const std::string& dir, int sig) {
-  std::vector<std::string> a = args;
-  std::vector<char*> argv;
-  for (auto& s : a) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, a[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) return -1;
-  posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = spawn_quiet(args);
+  if (pid < 0) return -1;
   bool seen = false;
   for (int i = 0; i < 1500 && !seen; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -90,21 +90,25 @@ TEST(Nccl, SingleRankCollectives) {
 #endif
 }
 
+// Two ranks on GPUs base and base + 1: SKIPPED (in SetUp) without NCCL or without those GPUs.
+class NcclTwoGpus : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
+    if (gpus() < gpu_base() + 2)
+      GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+  }
+};
+
 // Two ranks (threads) on GPUs base and base+1: sums, uneven gathers, and the calling thread's
 // current device left alone (F3: NCCL needs its device current only during the calls).
-TEST(Nccl, TwoRanksOnTwoGpus) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2)
-    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+TEST_F(NcclTwoGpus, TwoRanksOnTwoGpus) {
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl2");
   on_ranks(2, [&](int r) {
     const int other = gpu_base() + 1 - r;  // the thread's own current GPU: the other rank's
     ASSERT_EQ(cudaSetDevice(other), cudaSuccess);
-    NcclBootstrap boot;
-    boot.file = dir.str() + "/nccl-id";
-    boot.rank = r;
-    boot.size = 2;
+    const NcclBootstrap boot{nullptr, dir.str() + "/nccl-id", r, 2};  // rank r of 2, by file
     auto comm = make_nccl_communicator(boot, gpu_base() + r, 60.0);
     const std::size_t n = 301;
     std::vector<float> mine(n);
@@ -133,18 +137,12 @@ TEST(Nccl, TwoRanksOnTwoGpus) {
 
 // F13: after one collective timed out (its peer never joined) and the communicator was aborted,
 // every other in-flight collective fails too; none reports success for data that never arrived.
-TEST(Nccl, AbortFailsEveryInFlightCollective) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2)
-    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+TEST_F(NcclTwoGpus, AbortFailsEveryInFlightCollective) {
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl-abort");
   std::unique_ptr<Communicator> idle;  // rank 1: joins, then never takes part
   on_ranks(2, [&](int r) {
-    NcclBootstrap boot;
-    boot.file = dir.str() + "/nccl-id";
-    boot.rank = r;
-    boot.size = 2;
+    const NcclBootstrap boot{nullptr, dir.str() + "/nccl-id", r, 2};  // rank r of 2, by file
     auto comm = make_nccl_communicator(boot, gpu_base() + r, 3.0);
     if (r == 1) {
       idle = std::move(comm);
@@ -176,10 +174,7 @@ TEST(Nccl, AbortFailsEveryInFlightCollective) {
 
 // F16: a bootstrap file left by an earlier run (its writer is gone) is not taken for this run's:
 // rank 1, started first, waits for rank 0's fresh id instead of waiting forever on a dead root.
-TEST(Nccl, StaleBootstrapFileIsIgnored) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (gpus() < gpu_base() + 2)
-    GTEST_SKIP() << "needs GPUs " << gpu_base() << ", " << gpu_base() + 1;
+TEST_F(NcclTwoGpus, StaleBootstrapFileIsIgnored) {
 #ifdef STRATA_TEST_HAVE_CUDA
   TempDir dir("strata-nccl-stale");
   const std::string file = dir.str() + "/nccl-id";
@@ -203,10 +198,7 @@ TEST(Nccl, StaleBootstrapFileIsIgnored) {
     } else {
       rank1_started = true;
     }
-    NcclBootstrap boot;
-    boot.file = file;
-    boot.rank = r;
-    boot.size = 2;
+    const NcclBootstrap boot{nullptr, file, r, 2};  // rank r of 2, by file
     auto comm = make_nccl_communicator(boot, gpu_base() + r, 10.0);
     comm->barrier();
   });

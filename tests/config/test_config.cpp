@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <tuple>
 
 #include "config/suggest.hpp"
 #include "strata/config.hpp"
@@ -17,43 +18,26 @@ namespace {
 Config parse(const std::string& yaml, const std::vector<std::string>& sets = {}) {
   return parse_config(yaml, "test.yaml", sets);
 }
-bool operator_eq(const OffloadTarget& a, const OffloadTarget& b) {
-  return a.tier == b.tier && a.fraction == b.fraction && a.pin_memory == b.pin_memory;
+// Every field a config file can set (besides to_yaml, which prints what a file would say), as
+// one tuple: two configs are the same when their tuples compare equal; a failure prints both.
+auto offload_fields(const OffloadTarget& o) { return std::tie(o.tier, o.fraction, o.pin_memory); }
+auto fields(const Config& c) {
+  return std::tuple_cat(
+      std::tie(c.model.parameters, c.model.largest_layer, c.model.layers, c.model.micro_batch,
+               c.precision.params, c.precision.grads, c.precision.loss_scale.initial,
+               c.precision.loss_scale.dynamic, c.optimizer.type, c.optimizer.lr, c.optimizer.beta1,
+               c.optimizer.beta2, c.optimizer.eps, c.world.ranks, c.world.ranks_per_node,
+               c.zero.stage, c.zero.sub_group_size),
+      offload_fields(c.offload.optimizer), offload_fields(c.offload.gradients),
+      offload_fields(c.offload.params),
+      std::tie(c.tiers.gpu.budget, c.tiers.host.pinned_budget, c.tiers.host.buffer_size,
+               c.tiers.nvme.paths, c.tiers.nvme.engine, c.tiers.nvme.block_size,
+               c.tiers.nvme.direct_io, c.tiers.nvme.budget, c.runtime.device,
+               c.runtime.communicator, c.runtime.collective_timeout_s, c.train.accumulate));
 }
 void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(to_yaml(a), to_yaml(b));
-  EXPECT_EQ(a.model.parameters, b.model.parameters);
-  EXPECT_EQ(a.model.largest_layer, b.model.largest_layer);
-  EXPECT_EQ(a.model.layers, b.model.layers);
-  EXPECT_EQ(a.model.micro_batch, b.model.micro_batch);
-  EXPECT_EQ(a.precision.params, b.precision.params);
-  EXPECT_EQ(a.precision.grads, b.precision.grads);
-  EXPECT_EQ(a.precision.loss_scale.initial, b.precision.loss_scale.initial);
-  EXPECT_EQ(a.precision.loss_scale.dynamic, b.precision.loss_scale.dynamic);
-  EXPECT_EQ(a.optimizer.type, b.optimizer.type);
-  EXPECT_EQ(a.optimizer.lr, b.optimizer.lr);
-  EXPECT_EQ(a.optimizer.beta1, b.optimizer.beta1);
-  EXPECT_EQ(a.optimizer.beta2, b.optimizer.beta2);
-  EXPECT_EQ(a.optimizer.eps, b.optimizer.eps);
-  EXPECT_EQ(a.world.ranks, b.world.ranks);
-  EXPECT_EQ(a.world.ranks_per_node, b.world.ranks_per_node);
-  EXPECT_EQ(a.zero.stage, b.zero.stage);
-  EXPECT_EQ(a.zero.sub_group_size, b.zero.sub_group_size);
-  EXPECT_TRUE(operator_eq(a.offload.optimizer, b.offload.optimizer));
-  EXPECT_TRUE(operator_eq(a.offload.gradients, b.offload.gradients));
-  EXPECT_TRUE(operator_eq(a.offload.params, b.offload.params));
-  EXPECT_EQ(a.tiers.gpu.budget, b.tiers.gpu.budget);
-  EXPECT_EQ(a.tiers.host.pinned_budget, b.tiers.host.pinned_budget);
-  EXPECT_EQ(a.tiers.host.buffer_size, b.tiers.host.buffer_size);
-  EXPECT_EQ(a.tiers.nvme.paths, b.tiers.nvme.paths);
-  EXPECT_EQ(a.tiers.nvme.engine, b.tiers.nvme.engine);
-  EXPECT_EQ(a.tiers.nvme.block_size, b.tiers.nvme.block_size);
-  EXPECT_EQ(a.tiers.nvme.direct_io, b.tiers.nvme.direct_io);
-  EXPECT_EQ(a.tiers.nvme.budget, b.tiers.nvme.budget);
-  EXPECT_EQ(a.runtime.device, b.runtime.device);
-  EXPECT_EQ(a.runtime.communicator, b.runtime.communicator);
-  EXPECT_EQ(a.runtime.collective_timeout_s, b.runtime.collective_timeout_s);
-  EXPECT_EQ(a.train.accumulate, b.train.accumulate);
+  EXPECT_EQ(fields(a), fields(b));
 }
 }  // namespace
 

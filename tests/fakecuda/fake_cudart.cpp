@@ -151,6 +151,33 @@ cudaError_t sticky_of(int dev) {
   return rt.device(dev).sticky;
 }
 
+// The stream a stream call names, or null with *err what the call returns: cudaErrorNotPermitted
+// from inside a host function (as CUDA), cudaErrorInvalidResourceHandle for a destroyed or unknown
+// handle.
+std::shared_ptr<StreamState> called_stream(cudaStream_t h, cudaError_t* err) {
+  if (thread_state().in_host_func) {
+    *err = cudaErrorNotPermitted;
+    return nullptr;
+  }
+  Runtime& rt = Runtime::get();
+  if (!rt.valid_stream(h)) {
+    *err = cudaErrorInvalidResourceHandle;
+    return nullptr;
+  }
+  return rt.stream(h);
+}
+
+// The event an event call names, or null with *err what the call returns (as called_stream).
+EventState* called_event(cudaEvent_t ev, cudaError_t* err) {
+  if (thread_state().in_host_func) {
+    *err = cudaErrorNotPermitted;
+    return nullptr;
+  }
+  EventState* e = Runtime::get().event(ev);
+  if (!e) *err = cudaErrorInvalidResourceHandle;
+  return e;
+}
+
 }  // namespace
 
 extern "C" {
@@ -382,10 +409,10 @@ cudaError_t cudaStreamGetDevice(cudaStream_t h, int* dev) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t h) {
-  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
+  cudaError_t err = cudaSuccess;
+  auto s = called_stream(h, &err);
+  if (!s) return ret(err);
   Runtime& rt = Runtime::get();
-  if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
-  auto s = rt.stream(h);
   if (cudaError_t e = sticky_of(s->device); e != cudaSuccess) return ret(e);
   std::lock_guard<std::mutex> lock(s->mu);
   // New work answers NotReady at least once, however fast it ran.
@@ -399,22 +426,21 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t h) {
-  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
-  Runtime& rt = Runtime::get();
-  if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
-  auto s = rt.stream(h);
-  if (s->sync_to(s->enqueued)) rt.count("host_sync");
+  cudaError_t err = cudaSuccess;
+  auto s = called_stream(h, &err);
+  if (!s) return ret(err);
+  if (s->sync_to(s->enqueued)) Runtime::get().count("host_sync");
   if (cudaError_t e = sticky_of(s->device); e != cudaSuccess) return ret(e);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t h, cudaEvent_t ev, unsigned int) {
-  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
+  cudaError_t err = cudaSuccess;
+  auto s = called_stream(h, &err);
+  if (!s) return ret(err);
   Runtime& rt = Runtime::get();
-  if (!rt.valid_stream(h)) return ret(cudaErrorInvalidResourceHandle);
   EventState* e = rt.event(ev);
   if (!e) return ret(cudaErrorInvalidResourceHandle);
-  auto s = rt.stream(h);
   if (!e->stream) return cudaSuccess;  // never recorded: nothing to wait for
   auto producer = e->stream;
   const std::uint64_t seq = e->seq;
@@ -485,10 +511,10 @@ cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t h) {
 }
 
 cudaError_t cudaEventQuery(cudaEvent_t ev) {
-  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
+  cudaError_t err = cudaSuccess;
+  EventState* e = called_event(ev, &err);
+  if (!e) return ret(err);
   Runtime& rt = Runtime::get();
-  EventState* e = rt.event(ev);
-  if (!e) return ret(cudaErrorInvalidResourceHandle);
   if (cudaError_t st = sticky_of(e->device); st != cudaSuccess) return ret(st);
   if (!e->stream) return cudaSuccess;
   bool synced = false;
@@ -525,11 +551,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-  if (thread_state().in_host_func) return ret(cudaErrorNotPermitted);
-  Runtime& rt = Runtime::get();
-  EventState* e = rt.event(ev);
-  if (!e) return ret(cudaErrorInvalidResourceHandle);
-  if (e->stream && e->stream->sync_to(e->seq)) rt.count("host_sync");
+  cudaError_t err = cudaSuccess;
+  EventState* e = called_event(ev, &err);
+  if (!e) return ret(err);
+  if (e->stream && e->stream->sync_to(e->seq)) Runtime::get().count("host_sync");
   if (cudaError_t st = sticky_of(e->device); st != cudaSuccess) return ret(st);
   return cudaSuccess;
 }

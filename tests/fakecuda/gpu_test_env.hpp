@@ -10,8 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <string>
 
 #include "fakecuda/fakecuda.h"
+#include "strata/communicator.hpp"
+#include "strata/device_query.hpp"
 
 namespace strata::testing {
 
@@ -20,6 +23,22 @@ inline bool under_fakecuda() { return fakecuda_active != nullptr && fakecuda_act
 inline int gpu_base() {
   const char* v = std::getenv("STRATA_TEST_GPU_BASE");
   return v ? std::atoi(v) : 0;
+}
+
+// Why a test needing NCCL and `gpus` CUDA devices cannot run here; "" when it can.
+inline std::string nccl_gpus_missing(int gpus) {
+  if (!nccl_available()) return "built without NCCL";
+  const int have = static_cast<int>(query_cuda_devices().devices.size());
+  if (have < gpus) return std::to_string(gpus) + " GPU(s) needed, " + std::to_string(have);
+  return "";
+}
+
+// For ranks that are threads: each takes its device from the config (rank % ranks_per_node), not
+// from a launcher's local rank, so the launchers' local-rank variables are removed.
+inline void forget_launcher_local_rank() {
+  for (const char* v :
+       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    ::unsetenv(v);
 }
 
 class FakeCudaEnvironment : public ::testing::Environment {

@@ -1,8 +1,10 @@
 # Runs one fuzzer: first every regression input once (tests/fuzz/regressions for fuzz_config,
-# tests/fuzz/regressions_<what> for fuzz_<what>), then SECONDS of fuzzing from a seed corpus (the
-# SEEDS globs, '|'-separated, relative to SOURCE_DIR), with per-input time and memory limits.
+# tests/fuzz/regressions_<what> for fuzz_<what>), then RUNS inputs generated with libFuzzer seed
+# SEED (at most SECONDS when SECONDS > 0) from a seed corpus (the SEEDS globs, '|'-separated,
+# relative to SOURCE_DIR), with per-input time and memory limits.
 # Fails on any crash, leak, timeout or out-of-memory.
-# cmake -DFUZZER=... -DNAME=fuzz_config -DSOURCE_DIR=... -DWORK_DIR=... -DSECONDS=45 -DSEEDS=... \
+# cmake -DFUZZER=... -DNAME=fuzz_config -DSOURCE_DIR=... -DWORK_DIR=... -DRUNS=2000 -DSEED=1 \
+#       [-DSECONDS=60] -DSEEDS=... \
 #       [-DDICT=file] -P run_fuzz.cmake
 if(NOT NAME)
   set(NAME fuzz_config)
@@ -35,7 +37,17 @@ set(dict)
 if(DICT)
   set(dict -dict=${DICT})
 endif()
-execute_process(COMMAND ${FUZZER} ${limits} -max_total_time=${SECONDS} -print_final_stats=1 ${dict}
+if(NOT DEFINED RUNS)
+  set(RUNS 2000)
+endif()
+if(NOT DEFINED SEED)
+  set(SEED 1)
+endif()
+set(budget -runs=${RUNS} -seed=${SEED})
+if(SECONDS GREATER 0)
+  list(APPEND budget -max_total_time=${SECONDS})
+endif()
+execute_process(COMMAND ${FUZZER} ${limits} ${budget} -print_final_stats=1 ${dict}
                         -artifact_prefix=${WORK_DIR}/
                         ${WORK_DIR}/corpus ${WORK_DIR}/seeds
                 RESULT_VARIABLE rc)

@@ -1,8 +1,6 @@
 // `strata bench io` end to end (skipped when the CLI is not built in this build directory).
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -119,21 +117,13 @@ TEST(BenchIoCli, InterruptRemovesTheBenchmarkFile) {
   for (int sig : {SIGINT, SIGTERM}) {
     SCOPED_TRACE(sig);
     testing::TempDir dir("strata-io-cli");
-    const std::string exe = cli();
-    std::vector<std::string> args = {exe,       "--log-level",  "error",   "bench",
+    std::vector<std::string> args = {cli(),     "--log-level",  "error",   "bench",
                                      "io",      "--dir",        dir.str(), "--size",
                                      "2GiB",    "--block-size", "4KiB",    "--queue-depth",
                                      "1",       "--direct-io",  "off",     "--engine",
                                      "threads", "--rw",         "write"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    pid_t pid = 0;
-    ASSERT_EQ(posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
+    const pid_t pid = testing::spawn_quiet(args, /*keep_stderr=*/true);
+    ASSERT_GT(pid, 0);
     // Wait for the benchmark file, then interrupt.
     bool seen = false;
     for (int i = 0; i < 600 && !seen; ++i) {

@@ -144,15 +144,26 @@ TEST(AdamCuda, NonFiniteFlagSkipsTheUpdate) {
   EXPECT_NE(out[0], 1.0f);
 }
 
+// DeviceAdam on GPU gpu_base() beside a CpuAdam, two threads each, and normal(0, 1) values:
+// SKIPPED (in SetUp) without a CUDA device.
+class DeviceAdamVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_device()) GTEST_SKIP() << "no CUDA device";
+    dev = make_device(DeviceKind::kCuda, gpu_base());
+    dadam_ = std::make_unique<DeviceAdam>(*dev, 2, std::chrono::milliseconds(20000));
+  }
+  std::unique_ptr<Device> dev;
+  std::unique_ptr<DeviceAdam> dadam_;
+  CpuAdam cpu{2};
+  std::normal_distribution<float> nd{0.0f, 1.0f};
+};
+
 // optimizer.update: device on a GPU — DeviceAdam (copies in, adam_step_cuda on its stream, copies
 // out) against CpuAdam on the same host arrays, bit for bit, and a host function on a CUDA stream.
-TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  auto dev = make_device(DeviceKind::kCuda, gpu_base());
-  DeviceAdam dadam(*dev, 2, std::chrono::milliseconds(20000));
-  CpuAdam cpu(2);
+TEST_F(DeviceAdamVsCpu, DeviceAdamOnCudaMatchesCpu) {
   std::mt19937_64 rng(testing::test_seed("AdamCuda.DeviceAdam"));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
+  DeviceAdam& dadam = *dadam_;
   const AdamParams hp{OptimizerType::kAdamW, 1e-3, 0.9, 0.999, 1e-8, 0.01};
   for (std::size_t n : {std::size_t(5), std::size_t(70001), std::size_t(4096)}) {
     std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);
@@ -188,13 +199,9 @@ TEST(AdamCuda, DeviceAdamOnCudaMatchesCpu) {
 // F9 (issue 27): the parameter groups of one chunk are queued on DeviceAdam's stream and waited
 // for once (the fake runtime's "host_sync": one, not one per group), bitwise what CpuAdam makes
 // of each group with its own hyper-parameters.
-TEST(AdamCuda, DeviceAdamGroupsOfAChunkWaitOnce) {
-  if (!have_device()) GTEST_SKIP() << "no CUDA device";
-  auto dev = make_device(DeviceKind::kCuda, gpu_base());
-  DeviceAdam dadam(*dev, 2, std::chrono::milliseconds(20000));
-  CpuAdam cpu(2);
+TEST_F(DeviceAdamVsCpu, DeviceAdamGroupsOfAChunkWaitOnce) {
   std::mt19937_64 rng(testing::test_seed("AdamCuda.DeviceAdamGroups"));
-  std::normal_distribution<float> nd(0.0f, 1.0f);
+  DeviceAdam& dadam = *dadam_;
   constexpr std::size_t kCuts[4] = {0, 1000, 2501, 3000};  // three groups, one misaligned
   constexpr std::size_t n = kCuts[3];
   std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f);

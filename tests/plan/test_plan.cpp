@@ -15,6 +15,16 @@ Config config(std::uint64_t params, std::uint32_t ranks, int stage = 2) {
   c.zero.stage = stage;
   return c;
 }
+// 1B parameters on 4 ranks at stage 3, the optimizer state and the parameters on NVMe, the
+// gradients in host memory.
+Config nvme_stage3_config() {
+  Config c = config(1'000'000'000ULL, 4, 3);
+  c.offload.optimizer.tier = Tier::kNvme;
+  c.offload.params.tier = Tier::kNvme;
+  c.offload.gradients.tier = Tier::kCpu;
+  c.tiers.nvme.paths = {"/tmp/x"};
+  return c;
+}
 // A transformer's shape, for the activation estimate.
 void set_shape(Config& c, std::uint32_t layers, std::uint32_t hidden, std::uint32_t heads,
                std::uint32_t sequence, std::uint32_t micro_batch) {
@@ -132,11 +142,7 @@ TEST(Plan, NvmeGradientsAreReadTwice) {
 }
 
 TEST(Plan, NvmeOffloadAtStage3) {
-  Config c = config(1'000'000'000ULL, 4, 3);
-  c.offload.optimizer.tier = Tier::kNvme;
-  c.offload.params.tier = Tier::kNvme;
-  c.offload.gradients.tier = Tier::kCpu;
-  c.tiers.nvme.paths = {"/tmp/x"};
+  Config c = nvme_stage3_config();
   Layout l = make_plan(c).configured;
   EXPECT_EQ(l.on_gpu.total(), 0u);
   EXPECT_EQ(l.per_rank.gpu, l.runtime.total());  // no layer size given: no gathers counted
@@ -159,11 +165,7 @@ TEST(Plan, NvmeOffloadAtStage3) {
 // tiers.nvme.snapshot_room: swap for asynchronous checkpoints' pinned versions, a fraction of the
 // optimizer state on nvme, counted in the nvme row and cut to what the budget leaves.
 TEST(Plan, SnapshotRoomCountsInTheNvmeRow) {
-  Config c = config(1'000'000'000ULL, 4, 3);
-  c.offload.optimizer.tier = Tier::kNvme;
-  c.offload.params.tier = Tier::kNvme;
-  c.offload.gradients.tier = Tier::kCpu;
-  c.tiers.nvme.paths = {"/tmp/x"};
+  Config c = nvme_stage3_config();
   EXPECT_EQ(make_plan(c).configured.snapshot_room, 0u);  // default: none
   c.tiers.nvme.snapshot_room = 0.5;
   Layout l = make_plan(c).configured;

@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from verdict import verdict  # (this folder: the script's own, first on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TIMEOUT_S = 6.0
 HANG_S = 60.0  # an error later than this counts as a hang (rank 0 is killed at 120 s)
@@ -149,10 +151,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("kill", "stall"):
             bad += run(mode, tmp)
-    for b in bad:
-        print("FAIL", b)
-    print("PASS" if not bad else "FAIL")
-    return 1 if bad else 0
+    return verdict(bad)
 
 
 if __name__ == "__main__":

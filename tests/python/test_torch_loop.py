@@ -408,6 +408,28 @@ class AsyncCheckpoint(unittest.TestCase):
             self.assertEqual(got[0], after)
 
 
+    def test_close_commits_the_pending_save(self):
+        """close() with an asynchronous save still pending waits for its writer and commits it
+        (it used to drop the engine with the save uncommitted: the directory held no checkpoint)."""
+        with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
+            model = A.tiny_gpt()
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            A.train(model, opt, 3)
+            opt.save_checkpoint(b_dir, client_state={"step": 3})
+            opt.save_checkpoint(a_dir, client_state={"step": 3}, blocking=False)
+            self.assertTrue(opt.checkpoint_pending)
+            opt.close()
+            self.assertTrue(os.path.exists(os.path.join(a_dir, "manifest.json")))
+            got = []
+            for d in (a_dir, b_dir):
+                model = A.tiny_gpt(seed=9)
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+                self.assertEqual(opt.load_checkpoint(d)["step"], 3)
+                got.append(A.train(model, opt, 2, start=3))
+                opt.close()
+            self.assertEqual(got[0], got[1])
+
+
 class ZeroGrad(unittest.TestCase):
     """zero_grad() between backward and step drops the gradients, as torch's does (it used to
     raise), and after step() refused a missing gradient it lets the loop go on (it used to leave

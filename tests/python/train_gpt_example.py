@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 
+from verdict import verdict  # (this folder: the script's own, first on sys.path)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(HERE, "..", "..", "examples", "train_gpt.py")
 CONFIG = os.path.join(HERE, "..", "..", "examples", "zero2-nvme.yaml")
@@ -52,10 +54,7 @@ def main():
             bad.append("resumed losses differ: %s vs %s" % (la, lb))
         if os.listdir(tmp + "/nvme"):
             bad.append("swap left behind: %s" % os.listdir(tmp + "/nvme"))
-    for b in bad:
-        print("FAIL", b)
-    print("PASS" if not bad else "FAIL")
-    return 1 if bad else 0
+    return verdict(bad)
 
 
 if __name__ == "__main__":

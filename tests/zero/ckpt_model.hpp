@@ -15,23 +15,13 @@
 namespace strata::testing {
 
 inline Config ckpt_config(int stage, double nvme_fraction, const std::string& swap_dir) {
-  Config cfg;
-  cfg.zero.stage = stage;
-  cfg.zero.reduce_bucket_size = 50000;
-  cfg.zero.sub_group_size = 70000;
-  cfg.precision.params = DType::kFp32;
-  cfg.precision.grads = DType::kFp32;
+  Config cfg = base_engine_config(stage, 50000, 70000, 30.0);
   cfg.optimizer.lr = 1e-3;
   cfg.optimizer.weight_decay = 0.01;
-  cfg.runtime.cpu_threads = 1;
-  cfg.runtime.collective_timeout_s = 30.0;
   if (nvme_fraction > 0) {
     cfg.offload.optimizer.tier = Tier::kNvme;
     cfg.offload.optimizer.fraction = nvme_fraction;
-    cfg.tiers.host.buffer_count = 3;
-    cfg.tiers.host.buffer_size = 256 << 10;
-    cfg.tiers.nvme.paths = {swap_dir};
-    cfg.tiers.nvme.engine = IoEngineKind::kThreads;
+    use_test_swap(cfg, swap_dir, 3, 256 << 10);
   }
   return cfg;
 }

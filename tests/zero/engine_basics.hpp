@@ -13,9 +13,9 @@
 namespace strata::testing {
 
 // Stage `stage`, gradient buckets of `bucket` and optimizer sub-groups of `sub_group` elements,
-// FP32 parameters and gradients, lr 1e-2, one optimizer thread, the host-emulated device.
-inline Config small_engine_config(int stage, std::uint64_t bucket, std::uint64_t sub_group,
-                                  double collective_timeout_s) {
+// FP32 parameters and gradients, lr 1e-2, one optimizer thread; the device the config's default.
+inline Config base_engine_config(int stage, std::uint64_t bucket, std::uint64_t sub_group,
+                                 double collective_timeout_s) {
   Config cfg;
   cfg.zero.stage = stage;
   cfg.zero.reduce_bucket_size = bucket;
@@ -25,6 +25,13 @@ inline Config small_engine_config(int stage, std::uint64_t bucket, std::uint64_t
   cfg.optimizer.lr = 1e-2;
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = collective_timeout_s;
+  return cfg;
+}
+
+// base_engine_config on the host-emulated device.
+inline Config small_engine_config(int stage, std::uint64_t bucket, std::uint64_t sub_group,
+                                  double collective_timeout_s) {
+  Config cfg = base_engine_config(stage, bucket, sub_group, collective_timeout_s);
   cfg.runtime.device = DeviceKind::kHost;
   return cfg;
 }

@@ -286,4 +286,62 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
   }
 }
 
+// An asynchronous save followed by steps only (no wait_checkpoint, no other save): rank 0 commits
+// it at the start of the step after the one whose agreement carried every rank's "my shard is
+// durable" — the run has a committed checkpoint without any checkpoint call. It used to be
+// committed only by the next save / wait_checkpoint / load.
+TEST(AsyncCheckpointSaves, CommittedByTheStepsAfterTheWritersFinish) {
+  TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
+  with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(ref.str());
+  });
+  std::vector<int> committed_after(2, -1), before(2, -1);
+  with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(dir.str(), SaveMode::kAsync);
+    zero::EngineAccess::wait_checkpoint_writer(e);  // this rank's shard is durable
+    before[static_cast<std::size_t>(rank)] =
+        std::filesystem::exists(dir.path() / "manifest.json") ? 1 : 0;
+    ckpt_step(e, kSizes, rank, 3);  // its agreement: every rank's shard durable
+    ckpt_step(e, kSizes, rank, 4);  // rank 0 commits at its start (before its collectives)
+    committed_after[static_cast<std::size_t>(rank)] =
+        std::filesystem::exists(dir.path() / "manifest.json") ? 1 : 0;
+    EXPECT_TRUE(e.checkpoint_pending());  // until a call reports the commit on every rank
+    e.wait_checkpoint();
+    EXPECT_FALSE(e.checkpoint_pending());
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(before[static_cast<std::size_t>(r)], 0) << "rank " << r;
+    EXPECT_EQ(committed_after[static_cast<std::size_t>(r)], 1) << "rank " << r;
+  }
+  expect_bitwise_equal(loaded(2, 2, Tier::kNvme, swap.str(), dir.str()),
+                       loaded(2, 2, Tier::kNvme, swap.str(), ref.str()), "committed by the steps");
+}
+
+// An engine dropped with its asynchronous save still pending: the destructor waits for the writer
+// and, when a step agreement already said every shard is durable, rank 0 commits it; without such
+// an agreement the save stays uncommitted and the previous checkpoint loads.
+TEST(AsyncCheckpointSaves, DestructorCommitsWhatEveryRankMadeDurable) {
+  TempDir swap("strata-async-swap"), dir("strata-async"), ref1("strata-ref1");
+  with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(ref1.str());
+  });
+  with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(dir.str(), SaveMode::kAsync);
+    zero::EngineAccess::wait_checkpoint_writer(e);
+    ckpt_step(e, kSizes, rank, 2);  // the agreement says durable everywhere; no commit yet
+  });                               // the destructors: rank 0 commits
+  expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
+                       loaded(2, 1, Tier::kCpu, swap.str(), ref1.str()), "committed on drop");
+  with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    e.save_checkpoint(dir.str(), SaveMode::kAsync);  // no step after it: not known durable
+  });
+  expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
+                       loaded(2, 1, Tier::kCpu, swap.str(), ref1.str()), "uncommitted on drop");
+}
+
 }  // namespace strata::testing

@@ -67,11 +67,8 @@ GroupRun step_with_groups(bool three, const std::string& dir) {
 }
 
 TEST(DeviceAdamGroups, OneWaitPerChunkWhateverTheGroups) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (query_cuda_devices().devices.empty()) GTEST_SKIP() << "no GPU";
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    ::unsetenv(v);
+  if (const std::string why = nccl_gpus_missing(1); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
   TempDir dir("strata-groups");
   const GroupRun one = step_with_groups(false, dir.str());
   const GroupRun three = step_with_groups(true, dir.str());

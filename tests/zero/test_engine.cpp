@@ -34,6 +34,15 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
                 "_", dn(info.param.grads));
 }
 
+// The engine case a parameter names: its stage and its parameter and gradient dtypes.
+EngineCase param_case(const Param& p) {
+  EngineCase c;
+  c.stage = p.stage;
+  c.params = p.params;
+  c.grads = p.grads;
+  return c;
+}
+
 class EngineMatchesReference : public ::testing::TestWithParam<Param> {};
 
 // Every rank's train_rank(c) against the unsharded reference, bitwise.
@@ -51,11 +60,7 @@ void expect_ranks_match_reference(const EngineCase& c, int world, const char* se
 
 TEST_P(EngineMatchesReference, AfterSteps) {
   const Param p = GetParam();
-  EngineCase c;
-  c.stage = p.stage;
-  c.params = p.params;
-  c.grads = p.grads;
-  expect_ranks_match_reference(c, p.world, "engine");
+  expect_ranks_match_reference(param_case(p), p.world, "engine");
 }
 
 std::vector<Param> all_params() {
@@ -109,10 +114,7 @@ class EngineUnused : public ::testing::TestWithParam<Param> {};
 
 TEST_P(EngineUnused, SkippedTensorsMatchAdamWWithTheirOwnStepCounts) {
   const Param p = GetParam();
-  EngineCase c;
-  c.stage = p.stage;
-  c.params = p.params;
-  c.grads = p.grads;
+  EngineCase c = param_case(p);
   c.steps = 5;
   c.uses = unused_case_uses;
   expect_ranks_match_reference(c, p.world, "engine-unused");

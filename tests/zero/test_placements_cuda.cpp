@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "fakecuda/gpu_test_env.hpp"
 #include "placement_util.hpp"
 #include "strata/device_query.hpp"
 
@@ -36,9 +37,7 @@ TEST_P(PlacementsCuda, MatchTheUnshardedReference) {
   if (gpus() < p.world) GTEST_SKIP() << p.world << " GPUs needed, " << gpus() << " present";
   // Ranks are threads here: the engine's device is rank % world.ranks_per_node (placement_config
   // sets both to the world), not a launcher's LOCAL_RANK.
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    ::unsetenv(v);
+  forget_launcher_local_rank();
   TempDir dir("strata-placement-cuda");
   int want_skipped = 0;
   const auto want = reference(p, &want_skipped);

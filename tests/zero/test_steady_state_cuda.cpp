@@ -45,11 +45,8 @@ void one_step(Engine& e, const std::vector<TensorId>& ids, const std::vector<Dev
 }
 
 TEST_P(SteadyState, AStepAllocatesAndFreesNoDeviceMemory) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (query_cuda_devices().devices.empty()) GTEST_SKIP() << "no GPU";
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    ::unsetenv(v);
+  if (const std::string why = nccl_gpus_missing(1); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
   TempDir dir("strata-steady");
   Placement p;
   p.stage = GetParam().stage;

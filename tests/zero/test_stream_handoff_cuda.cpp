@@ -120,18 +120,13 @@ class Registered {
   void* p_;
 };
 
-int cuda_device_count() { return static_cast<int>(query_cuda_devices().devices.size()); }
-
 // The ZeRO stage, and which hand-off is exercised: the producer's (the gradient written behind the
 // gate) or the consumer's (param() read behind the gate; the gradient written before the call).
 class StreamHandOff : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(StreamHandOff, TheEngineWaitsForTheCallersStream) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (cuda_device_count() < 1) GTEST_SKIP() << "no GPU";
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    ::unsetenv(v);
+  if (const std::string why = nccl_gpus_missing(1); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
   const auto [stage, producer] = GetParam();
   TempDir dir("strata-handoff");
   const auto want = reference(stage, dir.str());
@@ -190,11 +185,8 @@ INSTANTIATE_TEST_SUITE_P(Stages, StreamHandOff,
 
 // A stream of another device is refused before anything changes (the engine stays usable).
 TEST(StreamHandOffRefusal, AStreamOfAnotherDeviceChangesNothing) {
-  if (!nccl_available()) GTEST_SKIP() << "built without NCCL";
-  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  for (const char* v :
-       {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    ::unsetenv(v);
+  if (const std::string why = nccl_gpus_missing(2); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
   TempDir dir("strata-handoff");
   NcclBootstrap boot;
   boot.file = dir.str() + "/nccl-id";

@@ -1,0 +1,68 @@
+// `strata bench checkpoint` on a tiny model (a smoke test: the command runs, for both placements,
+// and reports every field, consistent with each other; no figure is checked — speed is never
+// checked in tests), its --help, and its refusals.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_util.hpp"
+
+namespace strata::testing {
+namespace {
+
+using nlohmann::json;
+
+std::string strata() { return binary_dir() + "/strata"; }
+
+int run(const std::string& args, std::string* out) {
+  return run_command("{ " + strata() + " bench checkpoint " + args + " 2>/dev/null; }", out);
+}
+
+}  // namespace
+
+TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
+  TempDir swap("strata-bench-ckpt-swap"), dir("strata-bench-ckpt");
+  std::string out;
+  const int rc =
+      run(source_dir() + "/configs/default.yaml --params 20000 --rounds 1 --steps 2" +
+              " --set tiers.nvme.paths=[" + swap.str() + "] --set runtime.cpu_threads=1" +
+              " --set tiers.host.buffer_size=64KiB --dir " + dir.str() + " --json",
+          &out);
+  ASSERT_EQ(rc, 0) << out;
+  const json j = json::parse(out);
+  ASSERT_EQ(j["results"].size(), 2u) << out;
+  EXPECT_EQ(j["results"][0]["state"], "nvme");
+  EXPECT_EQ(j["results"][1]["state"], "cpu");
+  for (const json& r : j["results"]) {
+    EXPECT_EQ(r["params"], 20000);
+    EXPECT_EQ(r["shard_bytes"], 20000u * (2 + 12)) << "fp16 parameters + three FP32 arrays";
+    for (const char* k : {"blocking_save_s", "async_blocked_s", "writer_s", "raw_write_s",
+                          "idle_step_s", "writer_bytes_per_s", "raw_write_bytes_per_s"})
+      EXPECT_GT(r[k].get<double>(), 0) << k << " in " << r.dump();
+    EXPECT_DOUBLE_EQ(r["blocked_ratio"].get<double>(),
+                     r["async_blocked_s"].get<double>() / r["blocking_save_s"].get<double>());
+    EXPECT_DOUBLE_EQ(
+        r["writer_vs_raw"].get<double>(),
+        r["writer_bytes_per_s"].get<double>() / r["raw_write_bytes_per_s"].get<double>());
+    for (const char* k : {"busy_step_s", "busy_slowdown", "writer_paused_s", "writer_busy_s"})
+      EXPECT_GE(r[k].get<double>(), 0) << k;
+    EXPECT_GE(r["busy_steps"].get<int>(), 0);
+    EXPECT_GE(r["writer_pauses"].get<int>(), 0);
+  }
+  // The bench's checkpoints and raw file are gone; the directory given stays.
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(BenchCheckpointCli, HelpAndRefusals) {
+  std::string out;
+  ASSERT_EQ(run("--help", &out), 0);
+  for (const char* k : {"--params", "--state", "--dir", "--rounds", "--steps", "--json", "--set"})
+    EXPECT_NE(out.find(k), std::string::npos) << k << "\n" << out;
+  const std::string cfg = source_dir() + "/configs/default.yaml";
+  EXPECT_EQ(run(cfg + " --state nvme --params 1000", &out), 2) << out;  // no nvme paths
+  EXPECT_EQ(run(cfg + " --state disk --params 1000", &out), 2) << out;
+  EXPECT_EQ(run(cfg + " --state cpu --params 0", &out), 2) << out;
+}
+
+}  // namespace strata::testing
