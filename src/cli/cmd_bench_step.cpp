@@ -365,8 +365,7 @@ int run_overlap(const Options& o, const Config& cfg) {
       << " ms (exposed " << ms(r.exposed_s) << " ms), backward + step " << ms(r.overlapped_total_s)
       << " ms; " << r.committed_chunks << " of " << r.speculated_chunks << " chunks committed\n"
       << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
-      << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n"
-      << "  (the speculative update runs on the hand-in thread: it adds to the backward here)\n";
+      << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n";
   return 0;
 }
 

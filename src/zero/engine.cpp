@@ -23,7 +23,9 @@ Engine::Impl::Impl(const Config& c, Communicator& cm)
                     c.optimizer.eps});
 }
 
-Engine::Impl::~Impl() = default;  // collaborators first (they wait for their work), storage last
+// The speculative jobs first (they use the optimizer and the store), then the collaborators (they
+// wait for their work), storage last.
+Engine::Impl::~Impl() { spec_jobs.reset(); }
 
 void Engine::Impl::require_finalized(const char* what) const {
   if (!finalized())
@@ -104,6 +106,8 @@ void Engine::Impl::finalize() {
   try {
     build_collaborators();
     check_overlap();
+    if (cfg.optimizer.overlap != OptimizerOverlap::kOff && cfg.zero.stage >= 2)
+      spec_jobs = std::make_unique<zero::SerialJobs>();
   } catch (...) {
     failure = std::current_exception();
   }
@@ -166,6 +170,7 @@ zero::StorageReport Engine::Impl::report() const {
 }
 
 EngineStats Engine::Impl::stats() const {
+  if (spec_jobs) spec_jobs->wait();  // the optimizer's timings: the speculative jobs finished
   EngineStats s = st;
   s.loss_scale = scaler.scale();
   s.comm = comm.stats();
@@ -190,6 +195,7 @@ void Engine::save_checkpoint(const std::string& dir, SaveMode mode, std::string_
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
+  m.join_speculation();  // the snapshot pins blocks the speculative jobs may be writing
   m.save(dir, mode, client_state, model.empty() ? nullptr : &model);
 }
 
@@ -289,11 +295,13 @@ GroupId Engine::group_of(TensorId id) const {
 }
 void Engine::set_lr(double lr, GroupId group) {
   check_group_value(lr, "set_lr: lr");
+  impl_->join_speculation();  // the speculative jobs read the hyper-parameters
   group_ref(impl_->groups, group, "set_lr").lr = lr;
 }
 double Engine::lr(GroupId group) const { return group_ref(impl_->groups, group, "lr").lr; }
 void Engine::set_weight_decay(double weight_decay, GroupId group) {
   check_group_value(weight_decay, "set_weight_decay: weight_decay");
+  impl_->join_speculation();
   group_ref(impl_->groups, group, "set_weight_decay").weight_decay = weight_decay;
 }
 double Engine::weight_decay(GroupId group) const {
@@ -302,6 +310,7 @@ double Engine::weight_decay(GroupId group) const {
 void Engine::set_betas(double beta1, double beta2, GroupId group) {
   check_beta(beta1, "set_betas: beta1");
   check_beta(beta2, "set_betas: beta2");
+  impl_->join_speculation();
   ParamGroupOptions& g = group_ref(impl_->groups, group, "set_betas");
   g.beta1 = beta1;
   g.beta2 = beta2;
@@ -312,6 +321,7 @@ std::pair<double, double> Engine::betas(GroupId group) const {
 }
 void Engine::set_eps(double eps, GroupId group) {
   check_group_value(eps, "set_eps: eps");
+  impl_->join_speculation();
   group_ref(impl_->groups, group, "set_eps").eps = eps;
 }
 double Engine::eps(GroupId group) const { return *group_ref(impl_->groups, group, "eps").eps; }
@@ -320,6 +330,7 @@ Device& Engine::device() {
   return impl_->storage->device();
 }
 void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
+  impl_->join_speculation();
   impl_->read_state(id, kind, out);
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
@@ -328,6 +339,7 @@ void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in)
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const {
+  if (impl_->spec_jobs) impl_->spec_jobs->wait();  // a speculative job counts one step ahead
   return impl_->optimizer ? impl_->optimizer->step_count() : 0;
 }
 void Engine::set_optimizer_step(std::int64_t step) {
@@ -340,6 +352,7 @@ void Engine::set_optimizer_step(std::int64_t step) {
 }
 std::int64_t Engine::optimizer_step(TensorId id) const {
   impl_->check_id(id, "optimizer_step");
+  if (impl_->spec_jobs) impl_->spec_jobs->wait();
   return impl_->optimizer ? impl_->optimizer->step_count(id) : 0;
 }
 void Engine::set_optimizer_step(TensorId id, std::int64_t step) {

@@ -38,6 +38,7 @@
 #include "zero/param_gatherer.hpp"
 #include "zero/rank_agreement.hpp"
 #include "zero/rank_storage.hpp"
+#include "zero/serial_jobs.hpp"
 #include "zero/tier_state_store.hpp"
 
 namespace strata {
@@ -71,6 +72,12 @@ struct Engine::Impl {
   std::unique_ptr<Stream> caller_handoff;       // waits for callers' streams (made on first use)
   // An asynchronous checkpoint save in flight (destroyed first: it waits for its writer).
   std::unique_ptr<zero::AsyncCheckpoint> saving;
+  // The speculative update's thread (engine_speculate.cpp): Adam of the chunks whose gradients
+  // are final runs there while the backward goes on. Only `optimizer->speculate` runs on it; the
+  // engine's thread joins it (join_speculation) before anything else touches the optimizer or
+  // the blocks it writes. Made by finalize() when optimizer.overlap is not off; ~Impl joins it
+  // first.
+  std::unique_ptr<zero::SerialJobs> spec_jobs;
 
   // ---- changed by steps
   zero::LossScaler scaler;
@@ -153,6 +160,10 @@ struct Engine::Impl {
   std::vector<bool> settle_speculation(bool go, StepResult& res);
   // Drops this step's pending versions (errors logged); `off`: the step runs serially.
   void cancel_speculation(bool off = true) noexcept;
+  // The speculative jobs posted so far finished; one that failed makes this step serial (its
+  // pending versions discarded, the committed state untouched). REQUIRES: the engine's thread.
+  void join_speculation() noexcept;
+  bool settle_jobs() noexcept;  // waits for the jobs; whether one failed (logged)
   void end_speculation_step(bool speculated, bool rolled_back);
 
   // ---- engine_state.cpp

@@ -122,6 +122,25 @@ std::size_t EngineLayout::staged_chunk_cap(std::uint64_t buf) const {
   return static_cast<std::size_t>(cap);
 }
 
+// The NVMe slots of the speculative update's pending versions (engine_speculate.cpp): the
+// optimizer state on NVMe and, at stage 3, the parameters on NVMe, where the update can be
+// speculated (stages 2-3, host-updated state, no gradients on NVMe), within
+// optimizer.speculation_budget. strata plan counts the same (plan/layout.cpp speculation_room).
+std::uint64_t EngineLayout::speculation_nvme_bytes(std::uint64_t nvme_opt_bytes) const {
+  const Config& c = config();
+  if (c.optimizer.overlap == OptimizerOverlap::kOff || stage_ < 2 ||
+      c.optimizer.update == OptimizerUpdate::kDevice)
+    return 0;
+  std::uint64_t bytes = nvme_opt_bytes;
+  for (const Chunk& ch : chunks_) {
+    if (ch.grad_tier == Tier::kNvme) return 0;
+    if (stage_ == 3 && ch.param_tier == Tier::kNvme)
+      bytes += round_up(ch.r.count * param_elem_, kAlign);
+  }
+  if (c.optimizer.speculation_budget > 0) bytes = std::min(bytes, c.optimizer.speculation_budget);
+  return bytes;
+}
+
 StorageNeeds EngineLayout::storage_needs(bool cuda) const {
   StorageNeeds n;
   std::uint64_t need = 0;
@@ -142,6 +161,7 @@ StorageNeeds EngineLayout::storage_needs(bool cuda) const {
     if (stage_ == 3 && c.param_tier == Tier::kNvme)
       n.nvme_bytes += round_up(e * param_elem_, kAlign);
   }
+  n.nvme_pending_bytes = speculation_nvme_bytes(n.nvme_opt_bytes);
   const bool offloaded = std::any_of(chunks_.begin(), chunks_.end(), [&](const Chunk& c) {
     return c.opt_tier != Tier::kGpu || (stage_ >= 2 && c.grad_tier != Tier::kGpu) ||
            (stage_ == 3 && c.param_tier != Tier::kGpu);

@@ -105,6 +105,7 @@ class EngineLayout {
   void cut_chunks(std::uint64_t buffer_size, bool staging);
   std::size_t staged_chunk_cap(std::uint64_t buffer_size) const;
   StorageNeeds storage_needs(bool cuda) const;
+  std::uint64_t speculation_nvme_bytes(std::uint64_t nvme_opt_bytes) const;
   void register_buffers();
   BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home, BufferKind kind,
                       bool pinned = false);

@@ -110,17 +110,33 @@ void Engine::Impl::speculate(const std::vector<std::size_t>& filled) {
   spec.pending.insert(spec.pending.end(), open.begin(), open.end());
   spec.params_open = params;
   spec.bytes = bytes;
+  // On the speculation thread, while the backward goes on; a failure is found by
+  // join_speculation (the step then runs serially).
+  const float grad_scale = static_cast<float>(1.0 / spec.scale);
+  spec_jobs->post([this, go, grad_scale] { optimizer->speculate(go, grad_scale); });
+  spec.chunks.insert(spec.chunks.end(), go.begin(), go.end());
+}
+
+bool Engine::Impl::settle_jobs() noexcept {
+  if (!spec_jobs) return false;
+  spec_jobs->wait();
+  const std::exception_ptr e = spec_jobs->take_error();
+  if (!e) return false;
   try {
-    optimizer->speculate(go, static_cast<float>(1.0 / spec.scale));
-  } catch (const std::exception& e) {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
     // The committed versions are untouched: the step runs serially (and meets a real failure
     // itself).
     log_warn("engine rank ", rank,
-             ": speculative update failed, the step runs serially: ", e.what());
-    cancel_speculation();
-    return;
+             ": speculative update failed, the step runs serially: ", x.what());
+  } catch (...) {
+    log_warn("engine rank ", rank, ": speculative update failed, the step runs serially");
   }
-  spec.chunks.insert(spec.chunks.end(), go.begin(), go.end());
+  return true;
+}
+
+void Engine::Impl::join_speculation() noexcept {
+  if (settle_jobs()) cancel_speculation();
 }
 
 std::vector<bool> Engine::Impl::settle_speculation(bool go, StepResult& res) {
@@ -142,6 +158,7 @@ std::vector<bool> Engine::Impl::settle_speculation(bool go, StepResult& res) {
 }
 
 void Engine::Impl::cancel_speculation(bool off) noexcept {
+  settle_jobs();  // nothing writes the pending versions any more
   if (!spec.pending.empty()) {
     try {
       store().discard(spec.pending);

@@ -61,6 +61,7 @@ std::vector<bool> Engine::Impl::agree_skipped() {
 // next collective.
 StepResult Engine::Impl::step() {
   const auto t_step = zero::Clock::now();
+  join_speculation();
   ++st.steps;
   gatherer->begin_step();  // prefetches in flight read the parameters Adam is about to change
   std::exception_ptr local = early ? nullptr : reducer->reduce();
@@ -120,6 +121,7 @@ StepResult Engine::Impl::step() {
 // max_norm with the global norm (torch.nn.utils.clip_grad_norm_'s coefficient, computed in fp32 as
 // torch does).
 double Engine::Impl::clip_grad_norm(double max_norm) {
+  join_speculation();
   if (!early) {
     std::exception_ptr local = reducer->reduce();
     EarlyDecision d;

@@ -100,6 +100,7 @@ void RankStorage::open(const StorageNeeds& needs) {
     std::uint64_t room = static_cast<std::uint64_t>(static_cast<double>(needs.nvme_opt_bytes) *
                                                     c.tiers.nvme.snapshot_room);
     room = (room + 4095) / 4096 * 4096;
+    room += needs.nvme_pending_bytes;  // the speculative update's new slots
     if (nvme_budget() > 0) room = std::min(room, nvme_budget() - needs.nvme_bytes);
     so.nvme_capacity += room;
   }

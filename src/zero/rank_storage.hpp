@@ -52,6 +52,10 @@ struct StorageNeeds {
   // The optimizer state on NVMe: tiers.nvme.snapshot_room of it is reserved besides nvme_bytes
   // for pinned versions (asynchronous checkpoints: TierStore versioned state).
   std::uint64_t nvme_opt_bytes = 0;
+  // The speculative update's pending versions on NVMe (new slots beside the committed ones:
+  // optimizer.overlap on/auto; at most optimizer.speculation_budget), reserved besides nvme_bytes
+  // as strata plan counts them ("pending versions").
+  std::uint64_t nvme_pending_bytes = 0;
   std::uint32_t movers = 2;  // the store's transfer threads
 };
 
