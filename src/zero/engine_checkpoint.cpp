@@ -23,11 +23,18 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
   } blocked{st, t0};
   finish_saving();  // the previous save first (its failure is reported here)
   const bool async = mode == SaveMode::kAsync;
-  // Asynchronous at stage 3: the parameter blocks are pinned with the optimizer state and read by
-  // the writer; at stages 0-2 the call copies them (async_checkpoint.hpp says why).
-  const bool pin_params = async && layout->stage() == 3;
-  zero::RankState r = rank_state(!pin_params);
-  r.params_in_store = pin_params;
+  // Asynchronous: the writer reads the parameters from the snapshot, the call copies none: at
+  // stage 3 the parameter blocks are pinned with the optimizer state; at stages 0-2 the writer
+  // makes them from the pinned master, unless the rank's parameters may differ from its master's
+  // rounding (params_follow_master, engine_state.cpp): then the call copies them.
+  using Source = zero::ParamBlocks::Source;
+  const Source source = !async                 ? Source::kNone
+                        : layout->stage() == 3 ? Source::kBlocks
+                        : params_follow_master ? Source::kFromMaster
+                                               : Source::kNone;
+  const zero::ParamBlocks params{source, layout->param_dtype(), layout->param_elem_bytes()};
+  zero::RankState r = rank_state(!params.in_snapshot());
+  r.params_in_store = params.in_snapshot();
   r.config_yaml = to_yaml(cfg);
   r.client_state = client_state;
   r.model = model;
@@ -37,7 +44,6 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
     if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
     zero::PendingSave p = zero::begin_save(dir, r, comm);
     r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
-    const zero::ParamBlocks params{pin_params, layout->param_elem_bytes()};
     saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), params,
                                                      std::move(p), std::move(r),
                                                      std::move(ckpt_params), layout->timeout());
