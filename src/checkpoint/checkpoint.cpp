@@ -11,6 +11,7 @@
 #include "checkpoint/format.hpp"
 #include "comm/rank_status.hpp"
 #include "core/crc32c.hpp"
+#include "core/numeric.hpp"
 #include "core/printable.hpp"
 #include "strata/build_info.hpp"
 #include "strata/cleanup.hpp"
@@ -477,10 +478,22 @@ void save_checkpoint(const std::string& dir_path, const RankState& s, Communicat
 
 namespace {
 
+// Whether n loaded parameters are bitwise their masters rounded to `dt` (store_elem).
+bool params_follow(const unsigned char* params, const float* master, std::uint64_t n, DType dt) {
+  const std::size_t pes = dtype_size(dt);
+  unsigned char want[4];
+  for (std::uint64_t i = 0; i < n; ++i) {
+    store_elem(want, 0, dt, master[i]);
+    if (std::memcmp(want, params + i * pes, pes) != 0) return false;
+  }
+  return true;
+}
+
 // Pass 2, one piece of the store: the segments that overlap it read from their shards (zero where
-// no shard holds them: padding).
-void restore_piece(const RankState& s, Range range, const std::vector<Segment>& segs,
-                   std::size_t* first, Shards& shards) {
+// no shard holds them: padding); clears s.params_follow_master where a parameter is not its
+// master's rounding.
+void restore_piece(RankState& s, Range range, const std::vector<Segment>& segs, std::size_t* first,
+                   Shards& shards) {
   const std::uint64_t pes = dtype_size(s.param_dtype), p = range.begin;
   StateView v = s.store->acquire(range);
   try {
@@ -501,6 +514,9 @@ void restore_piece(const RankState& s, Range range, const std::vector<Segment>& 
       r.read(kParams, src, x1 - x0, params);
       for (int a = 0; a < 3; ++a)
         r.read(static_cast<Section>(kMaster + a), src, x1 - x0, arrays[a] + (x0 - p));
+      if (s.params_follow_master &&
+          !params_follow(params, v.master + (x0 - p), x1 - x0, s.param_dtype))
+        s.params_follow_master = false;
     }
   } catch (...) {
     s.store->release(range, false);
@@ -515,6 +531,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   check_state(s, "load");
   s.restore_started = false;
   s.bytes_read = 0;
+  s.params_follow_master = true;
   const std::string what = strcat("checkpoint load from ", dir_path);
   SafeDir dir;
   Manifest m;

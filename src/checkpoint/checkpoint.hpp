@@ -84,6 +84,9 @@ struct RankState {
   // Set by load_checkpoint.
   bool restore_started = false;  // pass 2 began: a failure from here on left partial state
   std::uint64_t bytes_read = 0;  // checkpoint bytes this rank read (both passes)
+  // Every loaded parameter is bitwise its loaded master rounded to param_dtype (store_elem, what
+  // the update writes): an asynchronous save may then make them from the master (the engine).
+  bool params_follow_master = true;
 };
 
 struct SaveOptions {

@@ -356,16 +356,17 @@ int run_overlap(const Options& o, const Config& cfg) {
     return 0;
   }
   auto ms = [](double s) { return s * 1e3; };
-  std::cout
-      << "Speculative update: " << format_count(r.elements) << " params in " << o.tensors
-      << " tensors, simulated backward " << ms(r.backward_s) << " ms (sleeping)\n"
-      << "  serial:      step after the last gradient " << ms(r.serial_step_s)
-      << " ms, backward + step " << ms(r.serial_total_s) << " ms\n"
-      << "  overlapped:  step after the last gradient " << ms(r.overlapped_step_s)
-      << " ms (exposed " << ms(r.exposed_s) << " ms), backward + step " << ms(r.overlapped_total_s)
-      << " ms; " << r.committed_chunks << " of " << r.speculated_chunks << " chunks committed\n"
-      << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
-      << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n";
+  std::cout << "Speculative update: " << format_count(r.elements) << " params in " << o.tensors
+            << " tensors, simulated backward " << ms(r.backward_s) << " ms (sleeping)\n"
+            << "  serial:      step after the last gradient " << ms(r.serial_step_s)
+            << " ms, backward + step " << ms(r.serial_total_s) << " ms\n"
+            << "  overlapped:  step after the last gradient " << ms(r.overlapped_step_s)
+            << " ms (exposed " << ms(r.exposed_s) << " ms), backward + step "
+            << ms(r.overlapped_total_s) << " ms; " << r.committed_chunks << " of "
+            << r.speculated_chunks << " chunks committed\n"
+            << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
+            << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks
+            << " chunks rolled back)\n";
   return 0;
 }
 

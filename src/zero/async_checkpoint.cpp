@@ -12,12 +12,14 @@ AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks
                                  std::vector<unsigned char> copy, std::chrono::milliseconds timeout)
     : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(copy)) {
   state_.params = {params_.data(), params_.size()};
-  state_.params_in_store = params.per_chunk;
+  state_.params_in_store = params.in_snapshot();
   try {
+    if (params.in_snapshot() && !params_.empty())
+      fail(ErrorCode::kInternal, "checkpoint: the parameters both copied and in the snapshot");
     std::vector<BufferId> ids;
     for (const Chunk& c : chunks) {
       ids.push_back(c.opt);
-      if (params.per_chunk) ids.push_back(c.param);
+      if (params.source == ParamBlocks::Source::kBlocks) ids.push_back(c.param);
     }
     snap_ = store_.pin_committed(ids);
     pinned_ok_ = true;

@@ -4,12 +4,15 @@
 // (TierStore::pin_committed: training goes on, copy-on-write keeps the pinned bytes) and starts a
 // writer thread that streams the rank's shard from the pinned versions through the checkpoint's
 // file seam (checkpoint write_shard: blocks, CRCs, fdatasync), unpinning each block once it has
-// been read. The parameters (model dtype): at stage 3 each chunk's param block is pinned too and
-// read by the writer, so nothing of the model's size is copied during the save call; at stages
-// 0-2 they live in one flat device buffer that the update writes in place while the layout holds
-// it for the model's use (the store cannot pin it), so the caller copies the rank's slice into
-// host memory (`copy`: 2-4 bytes per parameter at memory speed, against the 12 + 2-4 bytes the
-// writer writes at disk speed).
+// been read. The parameters (model dtype) are not copied during the save call either: at stage 3
+// each chunk's param block is pinned too and read by the writer; at stages 0-2 they live in one
+// flat device buffer that the update writes in place while the layout holds it for the model's use
+// (the store cannot pin it), but they are exactly the model-dtype rounding of the FP32 master
+// weights (every path that writes them writes store_elem(master); engine_state.cpp,
+// "params_follow_master"), so the writer makes them from the pinned master (ParamBlocks::
+// kFromMaster). Only where the engine knows that they may differ (a checkpoint whose parameters
+// were not its master's rounding was loaded; a write_state of the master failed part-way) does
+// the caller copy the rank's slice into host memory (`copy`: 2-4 bytes per parameter).
 //
 // The step's own I/O goes first: the engine marks the time a step runs (set_step_running: from
 // the step's start to its outcome agreement — the gradients' and the update's streams); the writer
@@ -46,8 +49,8 @@ namespace strata::zero {
 class AsyncCheckpoint {
  public:
   // `state`: the rank's seam as rank_state() made it (its store is replaced by the pinned views);
-  // `params.per_chunk`: the parameters are pinned and read from the snapshot, else `copy` holds
-  // them (owned from now on).
+  // `params.in_snapshot()`: the writer reads the parameters from the snapshot (pinned blocks or
+  // the pinned master), else `copy` holds them (owned from now on).
   AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
                   PendingSave save, RankState state, std::vector<unsigned char> copy,
                   std::chrono::milliseconds timeout);
@@ -79,6 +82,8 @@ class AsyncCheckpoint {
   WriterStats writer_stats() const;
   // What rewriting the blocks still pinned would hold (TierStore::rewrite_cost).
   VersionBytes rewrite_cost() const;
+  // Parameter bytes the save call copied (`copy`): 0 unless the snapshot cannot hold them.
+  std::size_t param_copy_bytes() const { return params_.size(); }
 
  private:
   void run() noexcept;   // the writer thread

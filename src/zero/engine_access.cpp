@@ -69,4 +69,10 @@ bool EngineAccess::checkpoint_writing(const Engine& e) {
   return e.impl_->saving && e.impl_->saving->writing();
 }
 
+std::size_t EngineAccess::checkpoint_param_copy_bytes(const Engine& e) {
+  return e.impl_->saving ? e.impl_->saving->param_copy_bytes() : 0;
+}
+
+bool EngineAccess::params_follow_master(const Engine& e) { return e.impl_->params_follow_master; }
+
 }  // namespace strata::zero

@@ -48,6 +48,11 @@ struct EngineAccess {
   static AsyncCheckpoint::WriterStats wait_checkpoint_writer(Engine& e);
   // An asynchronous save's writer is at work.
   static bool checkpoint_writing(const Engine& e);
+  // Parameter bytes the pending asynchronous save's call copied (0 without one; 0 when its
+  // snapshot holds them: stage 3's pinned blocks, stages 0-2 made from the pinned master).
+  static std::size_t checkpoint_param_copy_bytes(const Engine& e);
+  // Stages 0-2: the rank's parameters are known to be its master's rounding (engine_state.cpp).
+  static bool params_follow_master(const Engine& e);
 };
 
 }  // namespace strata::zero

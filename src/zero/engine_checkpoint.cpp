@@ -1,5 +1,7 @@
 // Engine::Impl: checkpoint saves, blocking and asynchronous (engine.hpp, "Checkpoints";
 // zero/async_checkpoint.hpp), over the checkpoint seam of engine_state.cpp.
+#include <algorithm>
+
 #include "checkpoint/format.hpp"
 #include "strata/log.hpp"
 #include "zero/clock.hpp"
@@ -23,11 +25,18 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
   } blocked{st, t0};
   finish_saving();  // the previous save first (its failure is reported here)
   const bool async = mode == SaveMode::kAsync;
-  // Asynchronous at stage 3: the parameter blocks are pinned with the optimizer state and read by
-  // the writer; at stages 0-2 the call copies them (async_checkpoint.hpp says why).
-  const bool pin_params = async && layout->stage() == 3;
-  zero::RankState r = rank_state(!pin_params);
-  r.params_in_store = pin_params;
+  // Asynchronous: the writer reads the parameters from the snapshot, the call copies none: at
+  // stage 3 the parameter blocks are pinned with the optimizer state; at stages 0-2 the writer
+  // makes them from the pinned master, unless the rank's parameters may differ from its master's
+  // rounding (params_follow_master, engine_state.cpp): then the call copies them.
+  using Source = zero::ParamBlocks::Source;
+  const Source source = !async                 ? Source::kNone
+                        : layout->stage() == 3 ? Source::kBlocks
+                        : params_follow_master ? Source::kFromMaster
+                                               : Source::kNone;
+  const zero::ParamBlocks params{source, layout->param_dtype(), layout->param_elem_bytes()};
+  zero::RankState r = rank_state(!params.in_snapshot());
+  r.params_in_store = params.in_snapshot();
   r.config_yaml = to_yaml(cfg);
   r.client_state = client_state;
   r.model = model;
@@ -37,7 +46,6 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
     if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
     zero::PendingSave p = zero::begin_save(dir, r, comm);
     r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
-    const zero::ParamBlocks params{pin_params, layout->param_elem_bytes()};
     saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), params,
                                                      std::move(p), std::move(r),
                                                      std::move(ckpt_params), layout->timeout());
@@ -68,6 +76,23 @@ void Engine::Impl::finish_saving() {
   st.checkpoint_blocked_s += zero::seconds_since(t0);
 }
 
+namespace {
+// The swap space's room for pinned versions: tiers.nvme.snapshot_room of the optimizer state on
+// nvme, as the storage reserved it (rank_storage.cpp; strata plan counts the same), less what the
+// versions hold already — not whatever else of the swap file happens to be free (its rounding to
+// whole extents): with snapshot_room 0 a step waits for the writer instead of taking new slots.
+std::uint64_t nvme_version_room(const zero::EngineLayout& layout, const TierStore& store) {
+  auto round_up = [](std::uint64_t v) { return (v + 4095) / 4096 * 4096; };
+  std::uint64_t opt_bytes = 0;  // EngineLayout::storage_needs' nvme_opt_bytes
+  for (const zero::Chunk& c : layout.chunks())
+    if (c.opt_tier == Tier::kNvme) opt_bytes += round_up(12 * c.r.count);
+  const std::uint64_t room = round_up(static_cast<std::uint64_t>(
+      static_cast<double>(opt_bytes) * layout.config().tiers.nvme.snapshot_room));
+  const std::uint64_t held = store.version_usage().held[Tier::kNvme];
+  return room > held ? room - held : 0;
+}
+}  // namespace
+
 void Engine::Impl::make_room_for_update(bool step) {
   if (!saving) return;
   if (saving->commit_if_durable()) {  // every rank's shard durable: committed (rank 0) now
@@ -80,7 +105,8 @@ void Engine::Impl::make_room_for_update(bool step) {
   TierStore& s = store();
   for (Tier t : {Tier::kGpu, Tier::kCpu, Tier::kNvme}) {
     const TierUsage u = s.usage(t);
-    const std::uint64_t room = u.budget > u.used ? u.budget - u.used : 0;
+    std::uint64_t room = u.budget > u.used ? u.budget - u.used : 0;
+    if (t == Tier::kNvme) room = std::min(room, nvme_version_room(*layout, s));
     if (cost[t] <= room) continue;
     log_info("engine rank ", rank, ": the checkpoint writer of ", saving->path(),
              " still pins state whose copy-on-write (", cost[t], " bytes) exceeds the room in the ",

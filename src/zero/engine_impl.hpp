@@ -107,6 +107,7 @@ struct Engine::Impl {
   zero::Clock::time_point last_grad{};     // the last gradient handed in
   std::string loaded_client_state;         // of the checkpoint last loaded
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
+  bool params_follow_master = true;        // stages 0-2: params == round(master) (engine_state.cpp)
   // Set when a call failed after it began changing state: the rank's state may mix two steps.
   std::string broken;
 

@@ -147,16 +147,24 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
   host_comm->all_gather(mine.data(), out.data(), share.counts, DType::kFp32);
 }
 
+// The master keeps params == round(master) (params_follow_master): the parameters are written
+// from the same values with the same conversion. A failure part-way (the master written, the
+// parameters not, or either in part) breaks it for the rank: an asynchronous save copies them.
 void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const float> in) {
   check_state_call(*this, id, in.size(), "write_state");
   if (in.empty()) return;
   const zero::TensorShare share = layout->share(id);
-  if (share.local.count) {
-    const zero::StateView v = state->acquire(share.local);
-    std::memcpy(state_array(v, kind), in.data() + share.from, share.local.count * sizeof(float));
-    state->release(share.local, true);
+  try {
+    if (share.local.count) {
+      const zero::StateView v = state->acquire(share.local);
+      std::memcpy(state_array(v, kind), in.data() + share.from, share.local.count * sizeof(float));
+      state->release(share.local, true);
+    }
+    if (kind == StateKind::kMaster) write_params(id, in, share);  // the parameters follow
+  } catch (...) {
+    if (kind == StateKind::kMaster) params_follow_master = false;
+    throw;
   }
-  if (kind == StateKind::kMaster) write_params(id, in, share);  // the parameters follow
 }
 
 // The model-dtype parameters of tensor `id` from its new FP32 master `in`: stages 0-2 in the flat
@@ -182,6 +190,27 @@ void Engine::Impl::write_params(TensorId id, std::span<const float> in,
 }
 
 // ---- the checkpoint seam
+//
+// params_follow_master (stages 0-2): the rank's parameters for its optimizer range are bitwise
+// store_elem(master, model dtype) (core/numeric.hpp), so that an asynchronous save makes them
+// from its pinned master instead of copying them (async_checkpoint.hpp). Every path that writes
+// either keeps it:
+//   finalize     EngineLayout::initialize writes params = store_elem(init), master = init.
+//   step         the update writes every chunk's parameters from its new master through the
+//                kernels' param copy (CpuAdam's scalar / F16C / AVX-512 lanes and the CUDA kernel
+//                produce store_elem's bits, NaN included); a run whose tensors do not step (unused,
+//                skip_gradient) gets store_elem(master) (OptimizerStep::params_from_master); an
+//                overflow changes neither. Stages 1-2 all-gather the other ranks' partitions only.
+//   write_state  kMaster writes the parameters from the same values (store_elem); the moments
+//                do not touch them; a failure part-way breaks it (write_state).
+//   load         the parameters and the master come from the checkpoint (any world, any stage):
+//                checkpoint load compares every loaded element (RankState::params_follow_master)
+//                and a checkpoint whose parameters are not its master's rounding breaks it until
+//                the next load; a failed restore leaves the engine broken (no save).
+// What it cannot see: a write into the parameters' memory behind the engine's back (Engine::
+// param() is const; the Python binding's `.data` views are writable): the next applied step
+// overwrites it from the master; a blocking save writes it, an asynchronous one the master's
+// rounding (docs/offload.md).
 
 // The rank's parameters (model dtype) materialized in host memory for the duration of the call
 // (unless !copy_params: an asynchronous save reads them from its snapshot), and the optimizer
@@ -236,6 +265,7 @@ void Engine::Impl::after_load(const zero::RankState& r) {
   }
   ckpt_params.clear();
   ckpt_params.shrink_to_fit();
+  params_follow_master = r.params_follow_master;
   optimizer->set_step_counts(r.adam_step, r.tensor_steps);
   scaler.restore({r.loss_scale, r.good_steps});
   st.steps = r.steps;

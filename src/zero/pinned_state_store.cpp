@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/numeric.hpp"
 #include "strata/error.hpp"
 
 namespace strata::zero {
@@ -39,10 +40,11 @@ StateView PinnedStateStore::acquire(Range r) {
       std::memcpy(out[a] + (b - r.begin), chunk + a * c.r.count + (b - c.r.begin),
                   (e - b) * sizeof(float));
   }
-  if (pblocks_.per_chunk) read_params(r);
+  if (pblocks_.source == ParamBlocks::Source::kBlocks) read_params(r);
+  if (pblocks_.source == ParamBlocks::Source::kFromMaster) round_master(out[0], r.count);
   acquired_ = true;
   range_ = r;
-  return {out[0], out[1], out[2], r.count, pblocks_.per_chunk ? params_.data() : nullptr};
+  return {out[0], out[1], out[2], r.count, pblocks_.in_snapshot() ? params_.data() : nullptr};
 }
 
 const void* PinnedStateStore::read_block(BufferId id) {
@@ -63,6 +65,15 @@ void PinnedStateStore::read_params(Range r) {
   }
 }
 
+// The parameters as the update writes them from these master weights: the same conversion
+// (store_elem, core/numeric.hpp; the SIMD and CUDA kernels produce its bits, NaN included).
+void PinnedStateStore::round_master(const float* master, std::size_t n) {
+  if (dtype_size(pblocks_.dtype) != pblocks_.elem_bytes)
+    fail(ErrorCode::kInternal, "checkpoint snapshot: parameter dtype and element size disagree");
+  params_.resize(n * pblocks_.elem_bytes);
+  for (std::size_t i = 0; i < n; ++i) store_elem(params_.data(), i, pblocks_.dtype, master[i]);
+}
+
 void PinnedStateStore::release(Range r, bool dirty) {
   if (!acquired_ || r.begin != range_.begin || r.count != range_.count)
     fail(ErrorCode::kInvalidArgument,
@@ -74,7 +85,7 @@ void PinnedStateStore::release(Range r, bool dirty) {
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     if (unpinned_[k] || chunks_[k].r.end() > r.end()) continue;
     store_.unpin(snap_, chunks_[k].opt);
-    if (pblocks_.per_chunk) store_.unpin(snap_, chunks_[k].param);
+    if (pblocks_.source == ParamBlocks::Source::kBlocks) store_.unpin(snap_, chunks_[k].param);
     unpinned_[k] = true;
   }
 }

@@ -1,7 +1,8 @@
 // Host views of a snapshot of the rank's optimizer state (checkpoint/optimizer_state.hpp) for the
 // background checkpoint writer: acquire(r) reads the pinned versions (TierStore::read_pinned) of
-// the chunks r touches into host scratch, with the parameters of r (model dtype) from the pinned
-// parameter blocks when it holds them (StateView::params: stage 3, each chunk's param block);
+// the chunks r touches into host scratch, with the parameters of r (model dtype, StateView::params)
+// from the pinned parameter blocks (stage 3, each chunk's param block) or made from the pinned
+// master weights (stages 0-2: the model-dtype rounding the update writes, store_elem);
 // release(r, false) frees nothing but lets the blocks the writer has passed go
 // (unpinned: ranges are visited in ascending order). Read-only: a dirty release is refused
 // (Error(kInvalidArgument)).
@@ -22,11 +23,20 @@
 
 namespace strata::zero {
 
-// Where the rank's parameters live when the snapshot holds them: each chunk's `param` block
-// (stage 3); `per_chunk` false: the snapshot does not hold them (StateView::params is null).
+// Where the snapshot's parameters come from:
+//   kNone        the snapshot does not hold them (StateView::params is null; the caller copied)
+//   kBlocks      each chunk's pinned `param` block (stage 3)
+//   kFromMaster  the pinned FP32 master weights rounded to `dtype` with store_elem
+//                (core/numeric.hpp), bitwise what every path that writes the parameters of stages
+//                0-2 writes (the update's kernels, a skipped run, initialize, write_state): valid
+//                only while the engine knows that the rank's parameters follow its master
+//                (engine_state.cpp, "params_follow_master").
 struct ParamBlocks {
-  bool per_chunk = false;
+  enum class Source { kNone, kBlocks, kFromMaster };
+  Source source = Source::kNone;
+  DType dtype = DType::kFp32;
   std::size_t elem_bytes = 0;
+  bool in_snapshot() const { return source != Source::kNone; }
 };
 
 class PinnedStateStore final : public OptimizerStateStore {
@@ -43,7 +53,8 @@ class PinnedStateStore final : public OptimizerStateStore {
  private:
   TierStore& store_;
   const void* read_block(BufferId id);  // the pinned version of the whole block, into block_
-  void read_params(Range r);            // into params_
+  void read_params(Range r);            // into params_ (kBlocks)
+  void round_master(const float* master, std::size_t n);  // into params_ (kFromMaster)
 
   std::span<const Chunk> chunks_;
   ParamBlocks pblocks_;

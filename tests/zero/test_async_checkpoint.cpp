@@ -23,9 +23,12 @@ namespace {
 const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
 
 // snapshot_room 1: a step never waits for the writer (every rewritten NVMe block takes a new slot).
-Config async_config(int stage, Tier state, const std::string& swap, double room = 1.0) {
+// `params`: the model dtype (precision.params).
+Config async_config(int stage, Tier state, const std::string& swap, double room = 1.0,
+                    DType params = DType::kFp32) {
   Config cfg = ckpt_config(stage, state == Tier::kNvme ? 1.0 : 0.0, swap);
   cfg.tiers.nvme.snapshot_room = room;
+  cfg.precision.params = params;
   if (state == Tier::kCpu) cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
   if (state == Tier::kNvme) cfg.tiers.host.buffer_size = 3 * 4096;  // several chunks per rank
   return cfg;
@@ -35,11 +38,12 @@ Config async_config(int stage, Tier state, const std::string& swap, double room 
 using RankFn = std::function<void(int rank, Engine& e)>;
 std::vector<std::vector<std::vector<float>>> with_engines(int world, int stage, Tier state,
                                                           const std::string& swap, const RankFn& fn,
-                                                          double room = 1.0) {
+                                                          double room = 1.0,
+                                                          DType params = DType::kFp32) {
   auto comms = make_inprocess_communicators(world, 30.0);
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    Engine e(async_config(stage, state, swap, room), comm);
+    Engine e(async_config(stage, state, swap, room, params), comm);
     ckpt_register(e, kSizes);
     fn(rank, e);
     out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
@@ -50,22 +54,25 @@ std::vector<std::vector<std::vector<float>>> with_engines(int world, int stage, 
 // Everything a checkpoint restores, as a fresh engine sees it after loading `dir`: parameters,
 // master weights and both moments of every tensor, and the step counters.
 std::vector<std::vector<float>> loaded(int world, int stage, Tier state, const std::string& swap,
-                                       const std::string& dir) {
+                                       const std::string& dir, DType params = DType::kFp32) {
   std::vector<std::vector<float>> got;
-  with_engines(world, stage, state, swap, [&](int rank, Engine& e) {
-    e.load_checkpoint(dir);
-    std::vector<std::vector<float>> mine = read_params(e, kSizes);
-    for (std::size_t t = 0; t < kSizes.size(); ++t)
-      for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-        std::vector<float> v(kSizes[t]);
-        e.read_state(static_cast<TensorId>(t), k, v);
-        mine.push_back(v);
-      }
-    const EngineStats s = e.stats();
-    mine.push_back({static_cast<float>(s.steps), static_cast<float>(s.applied_steps),
-                    static_cast<float>(e.optimizer_step()), static_cast<float>(s.loss_scale)});
-    if (rank == 0) got = mine;
-  });
+  with_engines(
+      world, stage, state, swap,
+      [&](int rank, Engine& e) {
+        e.load_checkpoint(dir);
+        std::vector<std::vector<float>> mine = read_params(e, kSizes);
+        for (std::size_t t = 0; t < kSizes.size(); ++t)
+          for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
+            std::vector<float> v(kSizes[t]);
+            e.read_state(static_cast<TensorId>(t), k, v);
+            mine.push_back(v);
+          }
+        const EngineStats s = e.stats();
+        mine.push_back({static_cast<float>(s.steps), static_cast<float>(s.applied_steps),
+                        static_cast<float>(e.optimizer_step()), static_cast<float>(s.loss_scale)});
+        if (rank == 0) got = mine;
+      },
+      1.0, params);
   return got;
 }
 
@@ -109,6 +116,7 @@ class GatedFileEnv : public FileEnvWrapper {
 struct Case {
   int stage, world;
   Tier state;
+  DType params;
 };
 
 class AsyncCheckpoint : public ::testing::TestWithParam<Case> {};
@@ -117,26 +125,34 @@ class AsyncCheckpoint : public ::testing::TestWithParam<Case> {};
 
 // Save asynchronously at step 5, train 4 more steps while the writer is held back (every state
 // block copy-on-write), commit: the checkpoint loads bitwise equal to a blocking save at step 5,
-// and the training went on bitwise as a run that never saved.
+// and the training went on bitwise as a run that never saved. The save call copies no parameter
+// bytes at any stage (stage 3: pinned parameter blocks; stages 0-2: the writer rounds the pinned
+// master to the model dtype, which must give the parameters' bits: FP32, BF16 and FP16 models).
 TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
   const Case c = GetParam();
   TempDir swap("strata-async-swap"), async_dir("strata-async"), blocking_dir("strata-blocking");
-  const auto want = with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+  auto engines = [&](const RankFn& fn) {
+    return with_engines(c.world, c.stage, c.state, swap.str(), fn, 1.0, c.params);
+  };
+  const auto want = engines([&](int rank, Engine& e) {
     for (int s = 0; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
   });
-  with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+  engines([&](int rank, Engine& e) {
     for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
     e.save_checkpoint(blocking_dir.str(), SaveMode::kBlocking, "{\"at\":5}");
   });
   GatedFileEnv gate(FileEnv::standard(), c.world);
   std::vector<std::uint64_t> diverged(static_cast<std::size_t>(c.world));
+  std::vector<std::size_t> copied(static_cast<std::size_t>(c.world), 1);
   std::vector<std::vector<std::vector<float>>> got;
   {
     ScopedFileEnv scoped(gate);
-    got = with_engines(c.world, c.stage, c.state, swap.str(), [&](int rank, Engine& e) {
+    got = engines([&](int rank, Engine& e) {
       for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
+      EXPECT_TRUE(zero::EngineAccess::params_follow_master(e));
       e.save_checkpoint(async_dir.str(), SaveMode::kAsync, "{\"at\":5}");
       EXPECT_TRUE(e.checkpoint_pending());
+      copied[static_cast<std::size_t>(rank)] = zero::EngineAccess::checkpoint_param_copy_bytes(e);
       for (int s = 5; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
       diverged[static_cast<std::size_t>(rank)] =
           zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
@@ -151,9 +167,11 @@ TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
   for (int r = 0; r < c.world; ++r) {
     expect_bitwise_equal(got[r], want[r], strcat("training went on, rank ", r));
     EXPECT_GT(diverged[static_cast<std::size_t>(r)], 0u) << "rank " << r;
+    EXPECT_EQ(copied[static_cast<std::size_t>(r)], 0u) << "parameter bytes copied, rank " << r;
   }
-  const auto from_async = loaded(c.world, c.stage, c.state, swap.str(), async_dir.str());
-  const auto from_blocking = loaded(c.world, c.stage, c.state, swap.str(), blocking_dir.str());
+  const auto from_async = loaded(c.world, c.stage, c.state, swap.str(), async_dir.str(), c.params);
+  const auto from_blocking =
+      loaded(c.world, c.stage, c.state, swap.str(), blocking_dir.str(), c.params);
   expect_bitwise_equal(from_async, from_blocking, "async vs blocking checkpoint");
 }
 
@@ -162,13 +180,80 @@ INSTANTIATE_TEST_SUITE_P(StagesRanksTiers, AsyncCheckpoint, ::testing::ValuesIn(
                            for (int stage = 0; stage <= 3; ++stage)
                              for (int world : {1, 2})
                                for (Tier t : {Tier::kCpu, Tier::kNvme})
-                                 v.push_back({stage, world, t});
+                                 for (DType d : {DType::kFp32, DType::kBf16, DType::kFp16})
+                                   v.push_back({stage, world, t, d});
                            return v;
                          }()),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            return strcat("stage", i.param.stage, "_ranks", i.param.world, "_",
-                                         tier_name(i.param.state));
+                                         tier_name(i.param.state), "_", dtype_name(i.param.params));
                          });
+
+// The fallback: a checkpoint whose parameters are not their master's rounding (saved blocking
+// after a write into the parameters' memory behind the engine's back, as a Python `.data` view
+// allows) is loaded; the rank whose range holds that parameter (every rank at stage 0) no longer
+// knows that its parameters follow its master, so its asynchronous save copies them in the call
+// and saves the loaded parameters, bitwise what a blocking save of the same state saves (without
+// the fallback it would save the master's rounding); the other ranks copy nothing. Loading a
+// checkpoint whose parameters follow their master makes the call copy nothing again.
+TEST(AsyncCheckpointSaves, ParametersNotTheMastersRoundingAreCopied) {
+  for (int stage = 0; stage <= 2; ++stage) {
+    SCOPED_TRACE(strcat("stage ", stage));
+    TempDir swap("strata-async-swap"), odd("strata-odd"), async_dir("strata-async"),
+        ref("strata-ref"), clean("strata-clean"), again("strata-again");
+    const int world = 2;
+    auto comms = make_inprocess_communicators(world, 30.0);
+    std::vector<int> follows(world, -1);
+    std::vector<std::size_t> copied(world, 0), expected(world, 0), copied_clean(world, 1);
+    int owner = -1;
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      Config cfg = async_config(stage, Tier::kCpu, swap.str(), 1.0, DType::kBf16);
+      cfg.runtime.device = DeviceKind::kHost;  // param() is host memory
+      Engine e(cfg, comm);
+      ckpt_register(e, kSizes);
+      const Partition& part = e.partition();
+      const std::size_t psize = part.partition_size(), elem = part.offset(0) + 7;
+      if (rank == 0) owner = static_cast<int>(elem / psize);
+      for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+      e.save_checkpoint(clean.str());
+      // Every rank's copy of parameter 7 of tensor 0 becomes 3.0 behind the engine's back.
+      auto* p = static_cast<std::uint16_t*>(const_cast<void*>(e.param(0)));
+      ASSERT_NE(p[7], 0x4040);
+      p[7] = 0x4040;  // bf16 3.0
+      e.save_checkpoint(odd.str());
+      e.load_checkpoint(odd.str());
+      follows[static_cast<std::size_t>(rank)] = zero::EngineAccess::params_follow_master(e);
+      e.save_checkpoint(async_dir.str(), SaveMode::kAsync);
+      copied[static_cast<std::size_t>(rank)] = zero::EngineAccess::checkpoint_param_copy_bytes(e);
+      expected[static_cast<std::size_t>(rank)] = (stage == 0 ? part.flat_size() : psize) * 2;
+      e.save_checkpoint(ref.str());  // waits for the asynchronous one first
+      e.load_checkpoint(clean.str());
+      EXPECT_TRUE(zero::EngineAccess::params_follow_master(e));
+      e.save_checkpoint(again.str(), SaveMode::kAsync);
+      copied_clean[static_cast<std::size_t>(rank)] =
+          zero::EngineAccess::checkpoint_param_copy_bytes(e);
+      e.wait_checkpoint();
+    }));
+    ASSERT_GE(owner, 0);
+    for (int r = 0; r < world; ++r) {
+      const std::size_t i = static_cast<std::size_t>(r);
+      const bool holds = stage == 0 || r == owner;  // the changed parameter is in its range
+      EXPECT_EQ(follows[i], holds ? 0 : 1) << "rank " << r;
+      EXPECT_EQ(copied[i], holds ? expected[i] : 0u) << "rank " << r;
+      EXPECT_EQ(copied_clean[i], 0u) << "rank " << r;
+    }
+    const auto from_odd = loaded(world, stage, Tier::kCpu, swap.str(), odd.str(), DType::kBf16);
+    EXPECT_EQ(from_odd[0][7], 3.0f);  // the write behind the engine's back was saved
+    expect_bitwise_equal(
+        loaded(world, stage, Tier::kCpu, swap.str(), async_dir.str(), DType::kBf16), from_odd,
+        "asynchronous save after the load");
+    expect_bitwise_equal(loaded(world, stage, Tier::kCpu, swap.str(), ref.str(), DType::kBf16),
+                         from_odd, "blocking save after the load");
+    expect_bitwise_equal(loaded(world, stage, Tier::kCpu, swap.str(), again.str(), DType::kBf16),
+                         loaded(world, stage, Tier::kCpu, swap.str(), clean.str(), DType::kBf16),
+                         "asynchronous save after loading the clean checkpoint");
+  }
+}
 
 // A second save while the first one's writer is still at work (every shard write delayed) waits
 // for it and commits it before it begins: both checkpoints load as blocking saves of their steps.
