@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """bench/python/bench_optimizer_step.py on a tiny model, one round: the benchmark runs and prints
-both parts' JSON with every figure present (a smoke test: no speed is asserted here; the speed
+its three parts' JSON with every figure present (a smoke test: no speed is asserted here; the speed
 figures are taken by running the benchmark on a quiet machine, docs/performance.md).
 
 Usage: bench_smoke.py SOURCE_DIR BUILD_DIR"""
@@ -17,12 +17,18 @@ with tempfile.TemporaryDirectory(prefix="strata-bench-smoke-") as tmp:
         ["/usr/bin/python3", os.path.join(src, "bench", "python", "bench_optimizer_step.py"),
          "--d-model", "64", "--layers", "2", "--vocab", "500", "--threads", "1", "--rounds", "2",
          "--buffers", "2", "--buffer-size", "1MiB", "--sub-group", "40000",
-         "--nvme", os.path.join(tmp, "nvme"), "--strata", os.path.join(build, "strata"), "--json"],
+         "--nvme", os.path.join(tmp, "nvme"), "--strata", os.path.join(build, "strata"),
+         "--it-d-model", "32", "--it-layers", "1", "--it-heads", "2", "--it-seq", "16", "--it-rows", "2",
+         "--it-rounds", "2", "--json"],
         check=True, capture_output=True, text=True).stdout
 lines = [json.loads(l) for l in out.splitlines() if l.strip()]
 parts = {l["part"]: l for l in lines}
-assert set(parts) == {"host", "nvme"}, out
-host, nvme = parts["host"], parts["nvme"]
+assert set(parts) == {"host", "nvme", "iteration"}, out
+host, nvme, it = parts["host"], parts["nvme"], parts["iteration"]
+for k in ("strata_iteration_s", "torch_adamw_iteration_s", "strata_over_torch", "strata_exposed_step_s",
+          "strata_handin_s_per_iteration"):
+    assert it[k] > 0 and math.isfinite(it[k]), (k, it)
+assert len(it["strata_iteration_s_rounds"]) == 2 and it["params"] > 0, it
 n = 500 * 64 + 2 * (2 * 64 + 3 * 64 * 64 + 3 * 64 + 64 * 64 + 64 + 2 * 64 + 4 * 64 * 64 + 4 * 64 + 64 * 4 * 64 + 64)
 assert host["params"] == n and nvme["params"] == n, (host["params"], n)
 for k in ("strata_step_s", "torch_adamw_foreach_step_s", "speedup"):
