@@ -316,6 +316,18 @@ void get_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_
   store.read(id, offset, bytes, host, Tier::kCpu).wait(timeout);
 }
 
+void wait_all(std::vector<Transfer>& transfers, std::chrono::milliseconds timeout) {
+  std::exception_ptr first;
+  for (Transfer& t : transfers) {
+    try {
+      t.wait(timeout);
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
 void copy_sync(Stream& stream, void* dst, const void* src, std::size_t bytes,
                std::chrono::milliseconds timeout) {
   stream.copy(dst, src, bytes, timeout);

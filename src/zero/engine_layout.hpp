@@ -152,6 +152,10 @@ void put_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_
 void get_bytes(TierStore& store, BufferId id, std::uint64_t offset, std::uint64_t bytes, void* host,
                std::chrono::milliseconds timeout);
 // A synchronous copy on `stream` (host or device memory on either side); 0 bytes: nothing.
+// Waits for every transfer, then rethrows the first failure (none is left writing into its
+// destination after a return or a throw).
+void wait_all(std::vector<Transfer>& transfers, std::chrono::milliseconds timeout);
+
 void copy_sync(Stream& stream, void* dst, const void* src, std::size_t bytes,
                std::chrono::milliseconds timeout);
 

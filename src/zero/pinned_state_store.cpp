@@ -6,6 +6,7 @@
 
 #include "core/numeric.hpp"
 #include "strata/error.hpp"
+#include "zero/engine_layout.hpp"
 
 namespace strata::zero {
 
@@ -31,15 +32,18 @@ StateView PinnedStateStore::acquire(Range r) {
   if (before_read_) before_read_();
   scratch_.assign(3 * r.count, 0.0f);
   float* out[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
-  for (std::size_t k = 0; k < chunks_.size(); ++k) {
-    const Chunk& c = chunks_[k];
+  // Only the range's elements of each array, not the whole block per piece (see
+  // TierStateStore::acquire).
+  std::vector<Transfer> reads;
+  for (const Chunk& c : chunks_) {
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
-    const auto* chunk = static_cast<const float*>(read_block(c.opt));
     for (int a = 0; a < 3; ++a)
-      std::memcpy(out[a] + (b - r.begin), chunk + a * c.r.count + (b - c.r.begin),
-                  (e - b) * sizeof(float));
+      reads.push_back(
+          store_.read_pinned(snap_, c.opt, (a * c.r.count + (b - c.r.begin)) * sizeof(float),
+                             (e - b) * sizeof(float), out[a] + (b - r.begin), Tier::kCpu, false));
   }
+  wait_all(reads, timeout_);  // every read, also after one failed: they write into scratch_
   if (pblocks_.source == ParamBlocks::Source::kBlocks) read_params(r);
   if (pblocks_.source == ParamBlocks::Source::kFromMaster) round_master(out[0], r.count);
   acquired_ = true;

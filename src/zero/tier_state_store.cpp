@@ -6,6 +6,7 @@
 
 #include "strata/error.hpp"
 #include "strata/io_file.hpp"
+#include "zero/engine_layout.hpp"
 
 namespace strata::zero {
 
@@ -38,16 +39,18 @@ StateView TierStateStore::acquire(Range r) {
          strcat("optimizer state: range [", r.begin, ", ", r.end(), ") beyond ", size_));
   scratch_.assign(3 * r.count, 0.0f);
   float* out[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
-  std::vector<float> chunk;
-  for (std::size_t k = 0; k < chunks_.size(); ++k) {
-    const Chunk& c = chunks_[k];
+  // Only the range's elements of each array (master | m | v of a chunk lie one after the other):
+  // reading the whole chunk for each piece of a save made a save of a chunk of C elements in
+  // pieces of P read C * C / P elements (61.8 s for a 1.87 GB shard, against 5.2 s to write it).
+  std::vector<Transfer> reads;
+  for (const Chunk& c : chunks_) {
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
-    load(k, chunk);
     for (int a = 0; a < 3; ++a)
-      std::memcpy(out[a] + (b - r.begin), chunk.data() + a * c.r.count + (b - c.r.begin),
-                  (e - b) * sizeof(float));
+      reads.push_back(store_.read(c.opt, (a * c.r.count + (b - c.r.begin)) * sizeof(float),
+                                  (e - b) * sizeof(float), out[a] + (b - r.begin), Tier::kCpu));
   }
+  wait_all(reads, timeout_);  // every read, also after one failed: they write into scratch_
   acquired_ = true;
   range_ = r;
   return {out[0], out[1], out[2], r.count};
