@@ -260,7 +260,9 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
     const StepResult r = e.step();
     if (!r.applied) ++*skipped;
     EXPECT_EQ(r.speculated_chunks, r.committed_chunks + r.rolled_back_chunks);
-    if (!p.overlap) EXPECT_EQ(r.speculated_chunks, 0u);
+    if (!p.overlap) {
+      EXPECT_EQ(r.speculated_chunks, 0u);
+    }
     const tier::StreamStats u = zero::EngineAccess::last_update(e);
     gated += u.t_gate > 0;
     cancelled += u.cancelled;
