@@ -77,6 +77,7 @@ std::vector<Command> commands(const Inputs& in) {
       {"bench adam", "bench adam --params 1K --rounds 1 {}", "bench adam --params 1K --rounds 1"},
       {"bench io", "bench io --size 1MiB --dir {}", "bench io --size 1MiB --dir " + in.empty,
        false},
+      {"bench checkpoint", "bench checkpoint {}", "bench checkpoint " + in.config},
       {"bench step", "bench step {}", "bench step " + in.config},
       {"checkpoint info", "checkpoint info {}", "checkpoint info " + in.empty},
       {"checkpoint verify", "checkpoint verify {}", "checkpoint verify " + in.empty},
