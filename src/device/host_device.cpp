@@ -146,11 +146,14 @@ class HostStream final : public HostStreamBase {
   // as the worker's would.
   template <typename Fn>
   void run_here(Fn fn, std::chrono::milliseconds timeout) {
-    synchronize(timeout);
-    {
+    for (bool claimed = false; !claimed;) {  // idle under the lock: nothing queued meanwhile runs
+      synchronize(timeout);
       std::lock_guard lock(mutex_);
-      ++queued_;
-      ++inline_;
+      claimed = done_ == queued_;
+      if (claimed) {
+        ++queued_;
+        ++inline_;
+      }
     }
     std::exception_ptr err;
     try {
