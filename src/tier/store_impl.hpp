@@ -246,6 +246,13 @@ class TierStore::Impl {
   void preserve_copy(tier::Buf& b, Tier src, tier::WorkerContext& ctx);
   void adopt_version_locked(tier::Buf& b, std::shared_ptr<tier::Version> v) REQUIRES(mutex_);
   void reserve_version_locked(const tier::Buf& b, Tier t) REQUIRES(mutex_);
+  // tiers.gpu.budget or tiers.host.budget.
+  std::uint64_t budget_of(Tier t) const {
+    return t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
+  }
+  // Whether `bytes` more fit in memory tier t's budget; the host tier's cached mappings are
+  // dropped first when they stand in the way.
+  bool fits_locked(Tier t, std::uint64_t bytes) REQUIRES(mutex_);
   void free_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
   void unpin_one_locked(tier::Buf& b, SnapshotId s) REQUIRES(mutex_);
   void run_read_pinned(tier::Job& job, tier::WorkerContext& ctx);

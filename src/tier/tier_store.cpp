@@ -939,17 +939,21 @@ BufferInfo TierStore::Impl::info(BufferId id) const {
   return i;
 }
 
+bool TierStore::Impl::fits_locked(Tier t, std::uint64_t bytes) {
+  const std::uint64_t budget = budget_of(t);
+  if (t == Tier::kCpu && used_[ti(t)] + cached_ + bytes > budget) {
+    host_cache_.clear();  // cached mappings are the first to go
+    cached_ = 0;
+  }
+  return used_[ti(t)] + bytes <= budget;
+}
+
 void TierStore::Impl::reserve(Tier t, std::uint64_t bytes, const std::string& what) {
   if (t == Tier::kNvme)
     fail(ErrorCode::kInvalidArgument, strcat("tier store: ", what, ": nvme cannot be reserved"));
   MutexLock lock(mutex_);
-  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
-  const std::uint64_t in_use = used_[ti(t)] + (t == Tier::kCpu ? cached_ : 0);
-  if (in_use + bytes > budget && t == Tier::kCpu) {
-    host_cache_.clear();  // cached mappings are the first to go
-    cached_ = 0;
-  }
-  if (used_[ti(t)] + bytes > budget)
+  const std::uint64_t budget = budget_of(t);
+  if (!fits_locked(t, bytes))
     fail(ErrorCode::kBudget,
          strcat("tier store: ", what, " (", bytes, " bytes) does not fit in the ", tier_name(t),
                 " tier: ", used_[ti(t)], " of ", budget, " bytes in use (tiers.",

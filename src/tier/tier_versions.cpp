@@ -79,12 +79,8 @@ void TierStore::Impl::adopt_version_locked(Buf& b, std::shared_ptr<tier::Version
 }
 
 void TierStore::Impl::reserve_version_locked(const Buf& b, Tier t) {
-  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
-  if (t == Tier::kCpu && used_[ti(t)] + cached_ + b.padded > budget) {
-    host_cache_.clear();  // cached mappings are the first to go
-    cached_ = 0;
-  }
-  if (used_[ti(t)] + b.padded > budget)
+  const std::uint64_t budget = budget_of(t);
+  if (!fits_locked(t, b.padded))
     fail(ErrorCode::kBudget,
          strcat("tier store: keeping the pinned version of buffer '", b.spec.name, "' (snapshot ",
                 b.versions.front().snap, ", ", b.padded,
@@ -366,12 +362,8 @@ std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
     pending_bytes_[ti(t)] += p->extent.length;
     return p;
   }
-  const std::uint64_t budget = t == Tier::kGpu ? options_.gpu_budget : options_.host_budget;
-  if (t == Tier::kCpu && used_[ti(t)] + cached_ + b.padded > budget) {
-    host_cache_.clear();  // cached mappings are the first to go
-    cached_ = 0;
-  }
-  if (used_[ti(t)] + b.padded > budget)
+  const std::uint64_t budget = budget_of(t);
+  if (!fits_locked(t, b.padded))
     fail(ErrorCode::kBudget,
          strcat("tier store: a pending version of buffer '", b.spec.name, "' (", b.padded,
                 " bytes) does not fit in the ", tier_name(t), " tier: ", used_[ti(t)], " of ",
