@@ -15,6 +15,15 @@ constexpr std::size_t kAlign = 4096;
 // How long a stream's worker waits on another stream's event before declaring the stream failed.
 constexpr auto kCrossStreamWait = std::chrono::minutes(10);
 
+// memcpy/memset with an empty range: the pointers of an empty span may be null, which the C
+// library may not be handed (UBSan: "null pointer passed as argument").
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+  if (bytes != 0) std::memcpy(dst, src, bytes);
+}
+void fill_bytes(void* dst, int value, std::size_t bytes) {
+  if (bytes != 0) std::memset(dst, value, bytes);
+}
+
 struct EventState {
   std::mutex mutex;
   std::condition_variable cv;
@@ -67,17 +76,17 @@ class HostStream final : public HostStreamBase {
   }
 
   void memcpy_async(void* dst, const void* src, std::size_t bytes) override {
-    enqueue([=] { std::memcpy(dst, src, bytes); });
+    enqueue([=] { copy_bytes(dst, src, bytes); });
   }
   void memset_async(void* dst, int value, std::size_t bytes) override {
-    enqueue([=] { std::memset(dst, value, bytes); });
+    enqueue([=] { fill_bytes(dst, value, bytes); });
   }
   void copy(void* dst, const void* src, std::size_t bytes,
             std::chrono::milliseconds timeout) override {
-    run_here([=] { std::memcpy(dst, src, bytes); }, timeout);
+    run_here([=] { copy_bytes(dst, src, bytes); }, timeout);
   }
   void fill(void* dst, int value, std::size_t bytes, std::chrono::milliseconds timeout) override {
-    run_here([=] { std::memset(dst, value, bytes); }, timeout);
+    run_here([=] { fill_bytes(dst, value, bytes); }, timeout);
   }
   void record(Event& event) override {
     auto state = host_event(event).state();
