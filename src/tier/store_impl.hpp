@@ -8,10 +8,13 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
+#include <string>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/mutex.hpp"
@@ -346,7 +349,29 @@ class TierStore::Impl {
                           tier::WorkerContext& ctx, Leg leg);
   void copy_device(void* dst, const void* src, std::size_t bytes, tier::WorkerContext& ctx,
                    bool* unsafe);
+  // CRC32C is kept per check unit (crc_unit() bytes, a divisor of the piece size of at most
+  // 1 MiB), so that a read of part of a piece reads and checks only the units it touches, not the
+  // whole piece (the pool's buffer size: 256 MiB in configs/default.yaml).
+  // Verifies the units of bytes [off, off + len) of `b`'s NVMe copy (off a multiple of the unit;
+  // len one, or reaching the end of the padded buffer) against `crc`: Error(kChecksum) naming the
+  // buffer, the offset and the swap file.
+  void verify_units(tier::Buf& b, const std::vector<std::uint32_t>& crc, std::uint64_t slot,
+                    std::uint64_t off, const void* data, std::uint64_t len,
+                    const std::string& what);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
+  // The CRCs of the units of bytes [off, off + len) into `crc` (when checksums are on).
+  void checksum_units(std::vector<std::uint32_t>& crc, std::uint64_t off, const void* data,
+                      std::uint64_t len) const;
+  std::uint64_t crc_unit() const { return std::gcd(piece_size(), std::uint64_t{1} << 20); }
+  std::size_t crc_units(const tier::Buf& b) const {
+    return static_cast<std::size_t>((b.padded + crc_unit() - 1) / crc_unit());
+  }
+  // [lo, hi) widened to whole check units, hi at most the padded end of `b`.
+  std::pair<std::uint64_t, std::uint64_t> unit_span(const tier::Buf& b, std::uint64_t lo,
+                                                    std::uint64_t hi) const {
+    const std::uint64_t u = crc_unit();
+    return {lo / u * u, std::min<std::uint64_t>((hi + u - 1) / u * u, b.padded)};
+  }
   std::uint64_t piece_size() const { return pool_ ? pool_->buffer_size() : (1ULL << 20); }
   std::size_t pieces(const tier::Buf& b) const {
     return static_cast<std::size_t>((b.padded + piece_size() - 1) / piece_size());

@@ -94,21 +94,43 @@ tier::Staging next_staging_buffer(PinnedPool* pool, std::size_t window_cap, Wind
 
 }  // namespace
 
-void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
-  if (!options_.checksum || b.crc.empty()) return;
-  const std::uint32_t got = crc32c(data, len);
-  if (got == b.crc[piece]) return;
-  const std::uint64_t off = piece * piece_size();
-  const auto [path, file_off] = swap_->locate(b.copy[ti(Tier::kNvme)].extent.offset + off);
-  {
-    MutexLock lock(mutex_);
-    ++stats_.checksum_failures;
+void TierStore::Impl::verify_units(Buf& b, const std::vector<std::uint32_t>& crc,
+                                   std::uint64_t slot, std::uint64_t off, const void* data,
+                                   std::uint64_t len, const std::string& what) {
+  if (crc.empty()) return;
+  const std::uint64_t unit = crc_unit();
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  for (std::uint64_t done = 0; done < len; done += unit) {
+    const std::uint64_t n = std::min(unit, len - done);
+    const std::size_t u = static_cast<std::size_t>((off + done) / unit);
+    const std::uint32_t got = crc32c(p + done, n);
+    if (got == crc[u]) continue;
+    const auto [path, file_off] = swap_->locate(slot + off + done);
+    {
+      MutexLock lock(mutex_);
+      ++stats_.checksum_failures;
+    }
+    fail(ErrorCode::kChecksum,
+         strcat("checksum mismatch reading ", what, " '", b.spec.name,
+                "' back from NVMe at buffer offset ", off + done, " (", n, " bytes; swap file ",
+                path, " offset ", file_off, "): CRC32C stored 0x", std::hex, crc[u], ", read 0x",
+                got, std::dec));
   }
-  fail(ErrorCode::kChecksum,
-       strcat("checksum mismatch reading buffer '", b.spec.name,
-              "' back from NVMe at buffer offset ", off, " (", len, " bytes; swap file ", path,
-              " offset ", file_off, "): CRC32C stored 0x", std::hex, b.crc[piece], ", read 0x", got,
-              std::dec));
+}
+
+void TierStore::Impl::verify_piece(Buf& b, std::size_t piece, const void* data, std::uint64_t len) {
+  if (!options_.checksum) return;
+  verify_units(b, b.crc, b.copy[ti(Tier::kNvme)].extent.offset, piece * piece_size(), data, len,
+               "buffer");
+}
+
+void TierStore::Impl::checksum_units(std::vector<std::uint32_t>& crc, std::uint64_t off,
+                                     const void* data, std::uint64_t len) const {
+  if (crc.empty()) return;
+  const std::uint64_t unit = crc_unit();
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  for (std::uint64_t done = 0; done < len; done += unit)
+    crc[static_cast<std::size_t>((off + done) / unit)] = crc32c(p + done, std::min(unit, len - done));
 }
 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {
@@ -128,8 +150,7 @@ void TierStore::Impl::copy_host_to_slot(Buf& b, const std::uint8_t* src, const S
   }
   // The checksums are computed while the writes are in flight (the engine and this thread only
   // read the host copy, which nothing can modify during the transfer).
-  for (std::size_t i = 0; i < n && !crc.empty(); ++i)
-    crc[i] = crc32c(src + i * piece_size(), piece_len(b, i));
+  checksum_units(crc, 0, src, b.padded);
   set.finish(unsafe);
   MutexLock lock(mutex_);
   stats_.bytes_to_nvme += b.padded;
@@ -311,7 +332,7 @@ void TierStore::Impl::copy_gpu_to_nvme(Buf& b, const std::uint8_t* src, WorkerCo
         IoRequest{IoOp::kWrite, swap_->file(), s.buf.data(), s.len, base + s.piece * piece_size()});
     s.stage = 1;
     // Checksummed while the write is in flight (both only read the pinned buffer).
-    if (!b.crc.empty()) b.crc[s.piece] = crc32c(s.buf.data(), s.len);
+    checksum_units(b.crc, s.piece * piece_size(), s.buf.data(), s.len);
   };
   auto finish = [&](Slot& s) {
     if (s.stage == 0) to_write(s);

@@ -285,7 +285,7 @@ void TierStore::Impl::reserve_locked(Buf& b, Tier t, IoBuffer* reuse) {
   if (t == Tier::kNvme) {
     if (b.copy[ti(t)].extent.length == 0) {
       b.copy[ti(t)].extent = swap_->allocate(b.padded, strcat("buffer '", b.spec.name, "'"));
-      b.crc.assign(options_.checksum ? pieces(b) : 0, 0);
+      b.crc.assign(options_.checksum ? crc_units(b) : 0, 0);
     }
     return;
   }

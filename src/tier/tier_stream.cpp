@@ -84,6 +84,7 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
     IoTicket t;
   };
   std::vector<Direct> direct;
+  std::uint64_t read_bytes = 0;
   std::exception_ptr error;
   auto settle = [&] {  // waits for every direct read (also after an error)
     for (Direct& d : direct) {
@@ -112,20 +113,25 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
         direct.push_back({p, len,
                           engine_->submit(IoRequest{IoOp::kRead, swap_->file(),
                                                     out + (off - offset), len, base + off})});
+        read_bytes += len;
         continue;
       }
+      // Only the check units of the piece that the range touches.
+      const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
+      const auto [ulo, uhi] = unit_span(b, lo, hi);
       tier::Staging pb = take_staging();
-      const IoTicket t =
-          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, base + off});
+      const IoTicket t = engine_->submit(
+          IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, base + ulo});
       if (!engine_->wait(t, options_.timeout)) {
         pb.detach();  // the kernel may still write into it
         *unsafe = true;
         fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
                                          "' not complete after ", options_.timeout.count(), " ms"));
       }
-      verify_piece(b, static_cast<std::size_t>(p), pb.data(), len);
-      const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
-      copy_memory(out + (lo - offset), pb.bytes() + (lo - off), hi - lo, memory, Tier::kCpu, ctx,
+      if (options_.checksum)
+        verify_units(b, b.crc, base, ulo, pb.data(), uhi - ulo, "buffer");
+      read_bytes += uhi - ulo;
+      copy_memory(out + (lo - offset), pb.bytes() + (lo - ulo), hi - lo, memory, Tier::kCpu, ctx,
                   unsafe);
     }
   } catch (...) {
@@ -134,7 +140,7 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
   settle();
   if (error) std::rethrow_exception(error);
   MutexLock lock(mutex_);
-  stats_.bytes_from_nvme += (last - first + 1) * piece;
+  stats_.bytes_from_nvme += read_bytes;
 }
 
 void TierStore::Impl::stream_read(Job& job, WorkerContext& ctx) {

@@ -125,7 +125,7 @@ void TierStore::Impl::preserve_slot_locked(Buf& b) {
   n.extent = fresh;
   n.valid = false;
   b.nvme_zero = false;
-  b.crc.assign(options_.checksum ? pieces(b) : 0, 0);
+  b.crc.assign(options_.checksum ? crc_units(b) : 0, 0);
   adopt_version_locked(b, std::move(v));
 }
 
@@ -207,39 +207,31 @@ Transfer TierStore::Impl::submit_read_pinned(SnapshotId s, BufferId id, std::uin
   return Transfer(state);
 }
 
-// Pieces of the version's slot through staging buffers, each CRC-checked against the version's.
+// The check units of the version's slot that the range touches, piece by piece through staging
+// buffers, each CRC-checked against the version's.
 void TierStore::Impl::read_version_nvme(Buf& b, const tier::Version& v, Job& job,
                                         WorkerContext& ctx) {
   const std::uint64_t piece = piece_size();
   const std::uint64_t first = job.offset / piece, last = (job.offset + job.bytes - 1) / piece;
   auto* out = static_cast<std::uint8_t*>(job.ptr);
+  const std::string what = strcat("the pinned version (snapshot ", job.snap, ") of buffer");
   bool unsafe = false;
   for (std::uint64_t p = first; p <= last; ++p) {
     const std::uint64_t off = p * piece, len = std::min<std::uint64_t>(piece, b.padded - off);
+    const std::uint64_t lo = std::max(job.offset, off);
+    const std::uint64_t hi = std::min(job.offset + job.bytes, off + len);
+    const auto [ulo, uhi] = unit_span(b, lo, hi);
     tier::Staging pb = take_staging();
     const IoTicket t = engine_->submit(
-        IoRequest{IoOp::kRead, swap_->file(), pb.data(), len, v.extent.offset + off});
+        IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, v.extent.offset + ulo});
     if (!engine_->wait(t, options_.timeout)) {
       pb.detach();  // the kernel may still write into it
       fail(ErrorCode::kTimeout,
            strcat("tier store: NVMe read of the pinned version of '", b.spec.name,
                   "' not complete after ", options_.timeout.count(), " ms"));
     }
-    const std::uint32_t got = v.crc.empty() ? 0 : crc32c(pb.data(), len);
-    if (!v.crc.empty() && got != v.crc[p]) {
-      const auto [path, file_off] = swap_->locate(v.extent.offset + off);
-      {
-        MutexLock lock(mutex_);
-        ++stats_.checksum_failures;
-      }
-      fail(ErrorCode::kChecksum,
-           strcat("checksum mismatch reading the pinned version of buffer '", b.spec.name,
-                  "' (snapshot ", job.snap, ") from NVMe at buffer offset ", off, " (", len,
-                  " bytes; swap file ", path, " offset ", file_off, ")"));
-    }
-    const std::uint64_t lo = std::max(job.offset, off);
-    const std::uint64_t hi = std::min(job.offset + job.bytes, off + len);
-    copy_memory(out + (lo - job.offset), pb.bytes() + (lo - off), hi - lo, job.tier, Tier::kCpu,
+    verify_units(b, v.crc, v.extent.offset, ulo, pb.data(), uhi - ulo, what);
+    copy_memory(out + (lo - job.offset), pb.bytes() + (lo - ulo), hi - lo, job.tier, Tier::kCpu,
                 ctx, &unsafe);
   }
 }
@@ -358,7 +350,7 @@ std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
   if (t == Tier::kNvme) {
     p->extent = swap_->allocate(b.padded, strcat("the pending version of buffer '", b.spec.name,
                                                  "' (optimizer.speculation_budget)"));
-    p->crc.assign(options_.checksum ? pieces(b) : 0, 0);
+    p->crc.assign(options_.checksum ? crc_units(b) : 0, 0);
     pending_bytes_[ti(t)] += p->extent.length;
     return p;
   }

@@ -116,6 +116,32 @@ TEST_P(MemoryTierFaults, FlippedBitInTheSwapFileIsAChecksumError) {
 INSTANTIATE_TEST_SUITE_P(Tiers, MemoryTierFaults, ::testing::Values(Tier::kCpu, Tier::kGpu),
                          [](const auto& info) { return std::string(tier_name(info.param)); });
 
+// Pieces larger than a check unit (4 MiB pieces, 1 MiB units): a read of part of a piece reads
+// and checks only the units it touches, so a flipped bit in another unit does not fail it, and
+// the one that touches that unit does (naming the unit's offset).
+TEST(TierFaults, APartialReadChecksOnlyTheUnitsItReads) {
+  st::RigOptions o;
+  o.pool_buffer_size = 4 << 20;
+  o.nvme_capacity = 64 << 20;
+  st::StoreRig rig(o);
+  const std::uint64_t mib = 1 << 20, n = 3 * mib + 12345;
+  auto data = st::random_bytes(n, 14);
+  auto id = rig.add("moment2", Tier::kCpu, data);
+  rig.store->move(id, Tier::kNvme).wait();
+  flip_bit_in_swap(rig, id, 2 * mib + 77, 5);  // the third unit
+  std::vector<std::uint8_t> out(300000);
+  const auto before = rig.store->stats().bytes_from_nvme;
+  rig.store->read(id, 1000, out.size(), out.data()).wait();
+  EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + 1000));
+  EXPECT_EQ(rig.store->stats().bytes_from_nvme - before, mib);  // one unit, not the 4 MiB piece
+  std::vector<std::uint8_t> across(mib + 300000);  // the second unit into the third
+  const std::string m = st::expect_error(ErrorCode::kChecksum, "'moment2'", [&] {
+    rig.store->read(id, mib + 5, across.size(), across.data()).wait();
+  });
+  EXPECT_NE(m.find("buffer offset 2097152"), std::string::npos) << m;
+  EXPECT_EQ(rig.store->stats().checksum_failures, 1u);
+}
+
 TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
   {
     st::StoreRig rig;

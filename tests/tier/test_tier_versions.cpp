@@ -589,3 +589,27 @@ TEST(PendingVersions, StreamWritesThePendingVersion) {
     EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOdd), want);
   }
 }
+
+// Pieces larger than a check unit (4 MiB pieces, 1 MiB units): a range of a pinned version in
+// another slot reads back exactly, wherever it starts and ends (inside a unit, on a unit's edge,
+// across units and pieces, up to the block's odd end).
+TEST(PinnedVersions, RangesOfAVersionReadOnlyTheirUnits) {
+  st::RigOptions o;
+  o.pool_buffer_size = 4 << 20;
+  o.nvme_capacity = 64 << 20;
+  st::StoreRig rig(o);
+  const std::uint64_t n = (5 << 20) + 4321;  // two pieces, the second partial
+  const auto a = st::random_bytes(n, 61);
+  const BufferId id = add(rig, "opt.big", Tier::kNvme, a);
+  const BufferId ids[] = {id};
+  const SnapshotId s = rig.store->pin_committed(ids);
+  auto b = st::random_bytes(n, 62);
+  rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b);  // the pinned version moves out
+  const std::uint64_t mib = 1 << 20;
+  const std::pair<std::uint64_t, std::uint64_t> ranges[] = {
+      {100, 300000}, {mib, mib}, {mib - 7, 2 * mib + 14}, {3 * mib + 5, 2 * mib}, {n - 9, 9}};
+  for (const auto& [at, len] : ranges)
+    EXPECT_EQ(read_pinned(rig, s, id, len, Tier::kCpu, at), slice(a, at, len)) << at << "+" << len;
+  EXPECT_EQ(rig.read(id, Tier::kCpu, n), b);
+  rig.store->unpin(s);
+}
