@@ -24,6 +24,9 @@ namespace {
 using namespace ckpt;
 
 constexpr std::uint64_t kPiece = 1u << 20;  // elements per streamed piece (rounded to blocks)
+// Elements per piece of a save (rounded to blocks): two pieces' state (24 B per element) are in
+// host memory at a time, one written while the next is read.
+constexpr std::uint64_t kSavePiece = 2u << 20;
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -187,14 +190,19 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
       crcs[sec].push_back(c);
     }
   };
-  const std::uint64_t piece = round_up(kPiece, be);
+  const std::uint64_t piece = round_up(kSavePiece, be);
+  struct DropPrefetch {  // however this ends, no prefetched range outlives the save
+    OptimizerStateStore* store;
+    ~DropPrefetch() { store->drop_prefetch(); }
+  } drop_prefetch{s.store};
   // Piece by piece: the parameters straight from the span, the optimizer state streamed from the
-  // store (whatever tier it lives in).
+  // store (whatever tier it lives in), the next piece read while this one is written.
   for (std::uint64_t b = 0; b < e.count; b += piece) {
     const std::uint64_t n = std::min(piece, e.count - b);
     const Range r{base + b, n};
     StateView v = s.store->acquire(r);
     try {
+      if (b + n < e.count) s.store->prefetch({base + b + n, std::min(piece, e.count - b - n)});
       const unsigned char* p = s.params_in_store ? v.params : s.params.data() + (base + b) * pes;
       if (!p) fail(ErrorCode::kInternal, "checkpoint save: the store's views hold no parameters");
       block_crcs(kParams, p, n);

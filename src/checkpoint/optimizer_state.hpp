@@ -32,6 +32,13 @@ class OptimizerStateStore {
   virtual StateView acquire(Range r) = 0;
   // dirty: the views were modified and must be stored back where the state lives.
   virtual void release(Range r, bool dirty) = 0;
+  // A hint that the next acquire() will be of `r`: a store may start reading it now, while the
+  // caller still uses the range it holds (a checkpoint save writes one range out while the next
+  // is read). The state must not change meanwhile except through this store (a dirty release()
+  // drops the prefetch): a caller that will not acquire `r` next drops it (drop_prefetch()) before
+  // it lets go of the store. Default: nothing.
+  virtual void prefetch(Range r) { (void)r; }
+  virtual void drop_prefetch() noexcept {}
 };
 
 }  // namespace strata::zero

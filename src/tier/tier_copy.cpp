@@ -130,7 +130,8 @@ void TierStore::Impl::checksum_units(std::vector<std::uint32_t>& crc, std::uint6
   const std::uint64_t unit = crc_unit();
   const auto* p = static_cast<const std::uint8_t*>(data);
   for (std::uint64_t done = 0; done < len; done += unit)
-    crc[static_cast<std::size_t>((off + done) / unit)] = crc32c(p + done, std::min(unit, len - done));
+    crc[static_cast<std::size_t>((off + done) / unit)] =
+        crc32c(p + done, std::min(unit, len - done));
 }
 
 void TierStore::Impl::copy_host_to_nvme(Buf& b, const std::uint8_t* src, bool* unsafe) {

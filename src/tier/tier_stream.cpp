@@ -120,16 +120,15 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
       const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
       const auto [ulo, uhi] = unit_span(b, lo, hi);
       tier::Staging pb = take_staging();
-      const IoTicket t = engine_->submit(
-          IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, base + ulo});
+      const IoTicket t =
+          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, base + ulo});
       if (!engine_->wait(t, options_.timeout)) {
         pb.detach();  // the kernel may still write into it
         *unsafe = true;
         fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
                                          "' not complete after ", options_.timeout.count(), " ms"));
       }
-      if (options_.checksum)
-        verify_units(b, b.crc, base, ulo, pb.data(), uhi - ulo, "buffer");
+      if (options_.checksum) verify_units(b, b.crc, base, ulo, pb.data(), uhi - ulo, "buffer");
       read_bytes += uhi - ulo;
       copy_memory(out + (lo - offset), pb.bytes() + (lo - ulo), hi - lo, memory, Tier::kCpu, ctx,
                   unsafe);

@@ -23,32 +23,40 @@ PinnedStateStore::PinnedStateStore(TierStore& store, std::span<const Chunk> chun
       before_read_(std::move(before_read)),
       unpinned_(chunks.size(), false) {}
 
-StateView PinnedStateStore::acquire(Range r) {
-  if (acquired_)
-    fail(ErrorCode::kInvalidArgument, "checkpoint snapshot: acquire() while a range is acquired");
+void PinnedStateStore::check_range(Range r) const {
   if (r.end() > size_)
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint snapshot: range [", r.begin, ", ", r.end(), ") beyond ", size_));
+}
+
+void PinnedStateStore::start_reads(Range r) {
+  next_.settle();
   if (before_read_) before_read_();
-  scratch_.assign(3 * r.count, 0.0f);
-  float* out[3] = {scratch_.data(), scratch_.data() + r.count, scratch_.data() + 2 * r.count};
-  // Only the range's elements of each array, not the whole block per piece (see
-  // TierStateStore::acquire).
-  std::vector<Transfer> reads;
-  for (const Chunk& c : chunks_) {
-    const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
-    if (b >= e) continue;
-    for (int a = 0; a < 3; ++a)
-      reads.push_back(
-          store_.read_pinned(snap_, c.opt, (a * c.r.count + (b - c.r.begin)) * sizeof(float),
-                             (e - b) * sizeof(float), out[a] + (b - r.begin), Tier::kCpu, false));
-  }
-  wait_all(reads, timeout_);  // every read, also after one failed: they write into scratch_
+  next_.start(chunks_, r, timeout_,
+              [this](const Chunk& c, std::uint64_t offset, std::uint64_t bytes, float* dst) {
+                return store_.read_pinned(snap_, c.opt, offset, bytes, dst, Tier::kCpu, false);
+              });
+}
+
+StateView PinnedStateStore::acquire(Range r) {
+  if (acquired_)
+    fail(ErrorCode::kInvalidArgument, "checkpoint snapshot: acquire() while a range is acquired");
+  check_range(r);
+  if (!next_.holds(r)) start_reads(r);
+  current_.swap(next_);
+  next_.settle();  // the range acquired before: never taken for a prefetch of it
+  current_.wait();
   if (pblocks_.source == ParamBlocks::Source::kBlocks) read_params(r);
-  if (pblocks_.source == ParamBlocks::Source::kFromMaster) round_master(out[0], r.count);
+  if (pblocks_.source == ParamBlocks::Source::kFromMaster) round_master(current_.array(0), r.count);
   acquired_ = true;
   range_ = r;
-  return {out[0], out[1], out[2], r.count, pblocks_.in_snapshot() ? params_.data() : nullptr};
+  return {current_.array(0), current_.array(1), current_.array(2), r.count,
+          pblocks_.in_snapshot() ? params_.data() : nullptr};
+}
+
+void PinnedStateStore::prefetch(Range r) {
+  check_range(r);
+  start_reads(r);
 }
 
 const void* PinnedStateStore::read_block(BufferId id) {

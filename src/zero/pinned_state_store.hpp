@@ -1,11 +1,11 @@
 // Host views of a snapshot of the rank's optimizer state (checkpoint/optimizer_state.hpp) for the
 // background checkpoint writer: acquire(r) reads the pinned versions (TierStore::read_pinned) of
-// the chunks r touches into host scratch, with the parameters of r (model dtype, StateView::params)
-// from the pinned parameter blocks (stage 3, each chunk's param block) or made from the pinned
-// master weights (stages 0-2: the model-dtype rounding the update writes, store_elem);
-// release(r, false) frees nothing but lets the blocks the writer has passed go
-// (unpinned: ranges are visited in ascending order). Read-only: a dirty release is refused
-// (Error(kInvalidArgument)).
+// the chunks r touches into host scratch (or takes the reads prefetch(r) started), with the
+// parameters of r (model dtype, StateView::params) from the pinned parameter blocks (stage 3, each
+// chunk's param block) or made from the pinned master weights (stages 0-2: the model-dtype rounding
+// the update writes, store_elem); release(r, false) frees nothing but lets the blocks the writer
+// has passed go (unpinned: ranges are visited in ascending order). Read-only: a dirty release is
+// refused (Error(kInvalidArgument)).
 //
 // Ownership: borrows the store and the chunk list (must outlive it); the snapshot is the caller's
 // (unpin(s) of what is left is the caller's). Thread-safety: one user at a time.
@@ -20,6 +20,7 @@
 #include "strata/io_file.hpp"
 #include "tier/tier_store.hpp"
 #include "zero/chunk.hpp"
+#include "zero/range_reads.hpp"
 
 namespace strata::zero {
 
@@ -41,20 +42,24 @@ struct ParamBlocks {
 
 class PinnedStateStore final : public OptimizerStateStore {
  public:
-  // `before_read`: called at the start of each acquire() (the writer's pause for steps); may be
-  // empty.
+  // `before_read`: called before each range's reads start (the writer's pause for steps: in
+  // prefetch(), or in acquire() of a range not prefetched); may be empty.
   PinnedStateStore(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
                    std::size_t size, SnapshotId snapshot, std::chrono::milliseconds timeout,
                    std::function<void()> before_read = {});
   std::size_t size() const override { return size_; }
   StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
+  void prefetch(Range r) override;
+  void drop_prefetch() noexcept override { next_.settle(); }
 
  private:
   TierStore& store_;
   const void* read_block(BufferId id);  // the pinned version of the whole block, into block_
   void read_params(Range r);            // into params_ (kBlocks)
   void round_master(const float* master, std::size_t n);  // into params_ (kFromMaster)
+  void check_range(Range r) const;
+  void start_reads(Range r);  // before_read_, then the reads of r into next_
 
   std::span<const Chunk> chunks_;
   ParamBlocks pblocks_;
@@ -62,7 +67,8 @@ class PinnedStateStore final : public OptimizerStateStore {
   SnapshotId snap_;
   std::chrono::milliseconds timeout_;
   std::function<void()> before_read_;
-  std::vector<float> scratch_;         // master | m | v of the acquired range
+  RangeReads current_;                 // master | m | v of the acquired range
+  RangeReads next_;                    // the prefetched range
   std::vector<unsigned char> params_;  // the parameters of the acquired range
   IoBuffer block_;                     // a whole pinned block read back
   std::vector<bool> unpinned_;         // per chunk

@@ -1,7 +1,8 @@
 // The checkpoint seam over the TierStore: host views of a rank's optimizer state, whichever tier
-// each chunk lives in (checkpoint/optimizer_state.hpp). acquire(r) reads the chunks r touches
-// (NVMe: whole chunks, CRC-checked; gpu: device→host copies) into host scratch; release(r, dirty)
-// writes them back (a chunk only partly inside r is read, patched and written whole).
+// each chunk lives in (checkpoint/optimizer_state.hpp). acquire(r) reads the elements of r from
+// the chunks it touches (NVMe: CRC-checked; gpu: device→host copies) into host scratch, or takes
+// the reads prefetch(r) started; release(r, dirty) writes them back (a chunk only partly inside r
+// is read, patched and written whole).
 //
 // Ownership: borrows the store and the chunk list (the engine's; they must outlive it).
 // Thread-safety: one user at a time, one range acquired at a time. Failure: the store's errors
@@ -16,6 +17,7 @@
 #include "checkpoint/optimizer_state.hpp"
 #include "tier/tier_store.hpp"
 #include "zero/chunk.hpp"
+#include "zero/range_reads.hpp"
 
 namespace strata::zero {
 
@@ -26,17 +28,22 @@ class TierStateStore final : public OptimizerStateStore {
   std::size_t size() const override { return size_; }
   StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
+  void prefetch(Range r) override;
+  void drop_prefetch() noexcept override { next_.settle(); }
 
  private:
   // Chunk k's master | m | v into `out` (3 × count floats, padded room).
   void load(std::size_t k, std::vector<float>& out);
   void store_chunk(std::size_t k, const std::vector<float>& in);
+  void check_range(Range r) const;
+  void start_reads(RangeReads& reads, Range r);
 
   TierStore& store_;
   std::span<const Chunk> chunks_;
   std::size_t size_;
   std::chrono::milliseconds timeout_;
-  std::vector<float> scratch_;  // master | m | v of the acquired range
+  RangeReads current_;  // the acquired range
+  RangeReads next_;     // the prefetched one
   bool acquired_ = false;
   Range range_;
 };

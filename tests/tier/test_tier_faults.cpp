@@ -134,7 +134,7 @@ TEST(TierFaults, APartialReadChecksOnlyTheUnitsItReads) {
   rig.store->read(id, 1000, out.size(), out.data()).wait();
   EXPECT_TRUE(std::equal(out.begin(), out.end(), data.begin() + 1000));
   EXPECT_EQ(rig.store->stats().bytes_from_nvme - before, mib);  // one unit, not the 4 MiB piece
-  std::vector<std::uint8_t> across(mib + 300000);  // the second unit into the third
+  std::vector<std::uint8_t> across(mib + 300000);               // the second unit into the third
   const std::string m = st::expect_error(ErrorCode::kChecksum, "'moment2'", [&] {
     rig.store->read(id, mib + 5, across.size(), across.data()).wait();
   });
