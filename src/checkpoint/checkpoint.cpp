@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <memory>
 #include <vector>
 
@@ -164,62 +165,116 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   return m;
 }
 
-// Writes this rank's shard; returns the header's CRC32C.
-std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState& s) {
-  const ShardEntry& e = m.shards[static_cast<std::size_t>(s.rank)];
-  const ShardLayout l = shard_layout(e.count, m.param_dtype, m.block_elems);
-  const std::uint64_t be = m.block_elems, pes = l.elem_bytes[kParams];
-  if (e.begin < s.opt_begin || e.begin + e.count > s.opt_begin + s.store->size())
-    fail(ErrorCode::kInternal,
-         strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
-  const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
-  dir.try_remove(e.file, false);                     // a leftover of a killed save of this serial
-  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, e.file);
-  // A SIGTERM / SIGINT while the shard is written (the `strata` command's handler) removes the
-  // partial shard with the swap files: the save is abandoned, the previous checkpoint stays.
-  CleanupRegistration on_signal(dir.fd(), e.file, false);
-  std::vector<std::uint32_t> crcs[kSections];
-  for (auto& c : crcs) c.reserve(l.nblocks);
-  // Per block; the section's last block also covers the zero padding after the section.
-  const std::vector<unsigned char> zeros(4096, 0);
-  auto block_crcs = [&](int sec, const unsigned char* p, std::uint64_t n) {
-    for (std::uint64_t b = 0; b < n; b += be) {
-      std::uint32_t c = crc32c(p + b * l.elem_bytes[sec], std::min(be, n - b) * l.elem_bytes[sec]);
-      if (crcs[sec].size() + 1 == l.nblocks)
-        c = crc32c(zeros.data(), l.padded[sec] - l.bytes[sec], c);
-      crcs[sec].push_back(c);
-    }
+// The writes of one piece of a shard, done by a thread of their own while the caller checksums
+// the next piece and the store reads the one after (write_shard). One batch at a time: wait()
+// before the next submit() (and before the batch's buffers are reused); the destructor waits too
+// (dropping an error: the save is failing already).
+class WriteBehind {
+ public:
+  struct Write {
+    const void* data;
+    std::uint64_t n, offset;
   };
-  const std::uint64_t piece = round_up(kSavePiece, be);
+  explicit WriteBehind(WritableFile& file) : file_(file) {}
+  ~WriteBehind() {
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+  void submit(std::vector<Write> batch) {
+    pending_ = std::async(std::launch::async, [this, batch = std::move(batch)] {
+      for (const Write& w : batch) file_.write_at(w.data, w.n, w.offset);
+    });
+  }
+  void wait() {  // rethrows the batch's failure
+    if (pending_.valid()) pending_.get();
+  }
+
+ private:
+  WritableFile& file_;
+  std::future<void> pending_;
+};
+
+// The CRC32C of each block of each section of a shard, in order; a section's last block's CRC
+// also covers the zero padding after the section.
+class BlockCrcs {
+ public:
+  BlockCrcs(const ShardLayout& l, std::uint64_t block_elems) : l_(l), be_(block_elems) {
+    for (auto& c : crcs_) c.reserve(l.nblocks);
+  }
+  void add(int sec, const unsigned char* p, std::uint64_t n) {
+    const std::uint64_t eb = l_.elem_bytes[sec];
+    for (std::uint64_t b = 0; b < n; b += be_) {
+      std::uint32_t c = crc32c(p + b * eb, std::min(be_, n - b) * eb);
+      if (crcs_[sec].size() + 1 == l_.nblocks)
+        c = crc32c(zeros_.data(), l_.padded[sec] - l_.bytes[sec], c);
+      crcs_[sec].push_back(c);
+    }
+  }
+  const std::vector<std::uint32_t> (&crcs() const)[kSections] { return crcs_; }
+
+ private:
+  const ShardLayout& l_;
+  const std::uint64_t be_;
+  const std::vector<unsigned char> zeros_ = std::vector<unsigned char>(4096, 0);
+  std::vector<std::uint32_t> crcs_[kSections];
+};
+
+// The optimizer state streamed from the store (whatever tier it lives in) piece by piece, with
+// the parameters (straight from the span, or from the store's views): each piece checksummed
+// while the previous one is written and the next one read.
+void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
+                  std::uint64_t block_elems, WritableFile& file, BlockCrcs& crcs) {
+  const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
+  const std::uint64_t pes = l.elem_bytes[kParams], piece = round_up(kSavePiece, block_elems);
   struct DropPrefetch {  // however this ends, no prefetched range outlives the save
     OptimizerStateStore* store;
     ~DropPrefetch() { store->drop_prefetch(); }
   } drop_prefetch{s.store};
-  // Piece by piece: the parameters straight from the span, the optimizer state streamed from the
-  // store (whatever tier it lives in), the next piece read while this one is written.
+  WriteBehind behind(file);  // (waits before the guard drops the prefetch)
   for (std::uint64_t b = 0; b < e.count; b += piece) {
     const std::uint64_t n = std::min(piece, e.count - b);
     const Range r{base + b, n};
     StateView v = s.store->acquire(r);
     try {
-      if (b + n < e.count) s.store->prefetch({base + b + n, std::min(piece, e.count - b - n)});
       const unsigned char* p = s.params_in_store ? v.params : s.params.data() + (base + b) * pes;
       if (!p) fail(ErrorCode::kInternal, "checkpoint save: the store's views hold no parameters");
-      block_crcs(kParams, p, n);
-      file->write_at(p, n * pes, l.offset[kParams] + b * pes);
+      std::vector<WriteBehind::Write> batch{{p, n * pes, l.offset[kParams] + b * pes}};
+      crcs.add(kParams, p, n);
       const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
       for (int a = 0; a < 3; ++a) {
         const auto* q = reinterpret_cast<const unsigned char*>(arrays[a]);
-        block_crcs(kMaster + a, q, n);
-        file->write_at(q, n * 4, l.offset[kMaster + a] + b * 4);
+        crcs.add(kMaster + a, q, n);
+        batch.push_back({q, n * 4, l.offset[kMaster + a] + b * 4});
       }
+      behind.wait();  // the previous piece is written: the prefetch may reuse its buffers
+      if (b + n < e.count) s.store->prefetch({base + b + n, std::min(piece, e.count - b - n)});
+      behind.submit(std::move(batch));
     } catch (...) {
       s.store->release(r, false);
       throw;
     }
-    s.store->release(r, false);
+    s.store->release(r, false);  // (the views stay readable until the next prefetch)
   }
-  const std::vector<unsigned char> header = encode_shard_header(m, s.rank, l, crcs);
+  behind.wait();
+}
+
+// Writes this rank's shard; returns the header's CRC32C.
+std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState& s) {
+  const ShardEntry& e = m.shards[static_cast<std::size_t>(s.rank)];
+  const ShardLayout l = shard_layout(e.count, m.param_dtype, m.block_elems);
+  if (e.begin < s.opt_begin || e.begin + e.count > s.opt_begin + s.store->size())
+    fail(ErrorCode::kInternal,
+         strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
+  dir.try_remove(e.file, false);  // a leftover of a killed save of this serial
+  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, e.file);
+  // A SIGTERM / SIGINT while the shard is written (the `strata` command's handler) removes the
+  // partial shard with the swap files: the save is abandoned, the previous checkpoint stays.
+  CleanupRegistration on_signal(dir.fd(), e.file, false);
+  BlockCrcs crcs(l, m.block_elems);
+  write_pieces(l, e, s, m.block_elems, *file, crcs);
+  const std::vector<unsigned char> header = encode_shard_header(m, s.rank, l, crcs.crcs());
   file->write_at(header.data(), header.size(), 0);
   file->truncate(l.total);
   file->sync();

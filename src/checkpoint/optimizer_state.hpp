@@ -28,7 +28,9 @@ class OptimizerStateStore {
  public:
   virtual ~OptimizerStateStore() = default;
   virtual std::size_t size() const = 0;  // elements
-  // Host views of elements [r.begin, r.end()); valid until release(r, ...).
+  // Host views of elements [r.begin, r.end()); valid until release(r, ...), and after a clean
+  // release (dirty false) still readable until the first prefetch() or acquire() after the next
+  // acquire() (a save writes one range out while the store reads the next).
   virtual StateView acquire(Range r) = 0;
   // dirty: the views were modified and must be stored back where the state lives.
   virtual void release(Range r, bool dirty) = 0;

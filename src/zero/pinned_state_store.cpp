@@ -46,12 +46,13 @@ StateView PinnedStateStore::acquire(Range r) {
   current_.swap(next_);
   next_.settle();  // the range acquired before: never taken for a prefetch of it
   current_.wait();
+  params_current_ ^= 1;  // the range before's stay readable (OptimizerStateStore)
   if (pblocks_.source == ParamBlocks::Source::kBlocks) read_params(r);
   if (pblocks_.source == ParamBlocks::Source::kFromMaster) round_master(current_.array(0), r.count);
   acquired_ = true;
   range_ = r;
   return {current_.array(0), current_.array(1), current_.array(2), r.count,
-          pblocks_.in_snapshot() ? params_.data() : nullptr};
+          pblocks_.in_snapshot() ? params().data() : nullptr};
 }
 
 void PinnedStateStore::prefetch(Range r) {
@@ -68,12 +69,13 @@ const void* PinnedStateStore::read_block(BufferId id) {
 
 void PinnedStateStore::read_params(Range r) {
   const std::size_t pes = pblocks_.elem_bytes;
-  params_.assign(r.count * pes, 0);
+  params().resize(r.count * pes);  // every element is copied below
   for (const Chunk& c : chunks_) {
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
     const auto* block = static_cast<const unsigned char*>(read_block(c.param));
-    std::memcpy(params_.data() + (b - r.begin) * pes, block + (b - c.r.begin) * pes, (e - b) * pes);
+    std::memcpy(params().data() + (b - r.begin) * pes, block + (b - c.r.begin) * pes,
+                (e - b) * pes);
   }
 }
 
@@ -82,8 +84,9 @@ void PinnedStateStore::read_params(Range r) {
 void PinnedStateStore::round_master(const float* master, std::size_t n) {
   if (dtype_size(pblocks_.dtype) != pblocks_.elem_bytes)
     fail(ErrorCode::kInternal, "checkpoint snapshot: parameter dtype and element size disagree");
-  params_.resize(n * pblocks_.elem_bytes);
-  for (std::size_t i = 0; i < n; ++i) store_elem(params_.data(), i, pblocks_.dtype, master[i]);
+  std::vector<unsigned char>& out = params();
+  out.resize(n * pblocks_.elem_bytes);
+  for (std::size_t i = 0; i < n; ++i) store_elem(out.data(), i, pblocks_.dtype, master[i]);
 }
 
 void PinnedStateStore::release(Range r, bool dirty) {

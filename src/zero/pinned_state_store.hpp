@@ -56,8 +56,8 @@ class PinnedStateStore final : public OptimizerStateStore {
  private:
   TierStore& store_;
   const void* read_block(BufferId id);  // the pinned version of the whole block, into block_
-  void read_params(Range r);            // into params_ (kBlocks)
-  void round_master(const float* master, std::size_t n);  // into params_ (kFromMaster)
+  void read_params(Range r);            // into params() (kBlocks)
+  void round_master(const float* master, std::size_t n);  // into params() (kFromMaster)
   void check_range(Range r) const;
   void start_reads(Range r);  // before_read_, then the reads of r into next_
 
@@ -67,11 +67,14 @@ class PinnedStateStore final : public OptimizerStateStore {
   SnapshotId snap_;
   std::chrono::milliseconds timeout_;
   std::function<void()> before_read_;
-  RangeReads current_;                 // master | m | v of the acquired range
-  RangeReads next_;                    // the prefetched range
-  std::vector<unsigned char> params_;  // the parameters of the acquired range
-  IoBuffer block_;                     // a whole pinned block read back
-  std::vector<bool> unpinned_;         // per chunk
+  RangeReads current_;  // master | m | v of the acquired range
+  RangeReads next_;     // the prefetched range
+  // The parameters of the acquired range and of the one before it.
+  std::vector<unsigned char> params_[2];
+  int params_current_ = 0;
+  std::vector<unsigned char>& params() { return params_[params_current_]; }
+  IoBuffer block_;              // a whole pinned block read back
+  std::vector<bool> unpinned_;  // per chunk
   bool acquired_ = false;
   Range range_;
 };

@@ -16,7 +16,7 @@ void RangeReads::start(std::span<const Chunk> chunks, Range r, std::chrono::mill
   started_ = true;
   timeout_ = timeout;
   range_ = r;
-  scratch_.assign(3 * r.count, 0.0f);
+  scratch_.resize(3 * r.count);  // no zeroing: the chunks cover the range, every byte is read
   // Only the range's elements of each array (master | m | v of a chunk lie one after the other):
   // reading the whole chunk for each piece of a save made a save of a chunk of C elements in
   // pieces of P read C * C / P elements (61.8 s for a 1.87 GB shard, against 5.2 s to write it).

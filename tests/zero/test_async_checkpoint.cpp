@@ -12,6 +12,7 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "ckpt_model.hpp"
+#include "checkpoint/format.hpp"
 #include "core/file_env.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
@@ -86,8 +87,13 @@ class GatedFileEnv : public FileEnvWrapper {
     std::lock_guard<std::mutex> lock(mu_);
     if (++arrived_ >= ranks_) cv_.notify_all();
   }
+  // A shard's writer waits before it creates the file, so before it has read any of the
+  // snapshot (it reads each piece before the previous one is written).
   std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
                                             mode_t mode) override {
+    std::uint64_t serial = 0;
+    int rank = 0;
+    if (zero::ckpt::parse_shard_file_name(name, &serial, &rank)) wait();
     return std::make_unique<Gated>(FileEnvWrapper::create_file(dir, name, mode), *this);
   }
 
