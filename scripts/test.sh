@@ -12,6 +12,11 @@ export CTEST_OUTPUT_ON_FAILURE=1
 jobs=$(nproc)
 
 total_pass=0 total_fail=0 total_skip=0
+phase_log=""
+phase() {  # phase NAME: a header, and when it began (printed again at the end, for CI's tail)
+  phase_log+="$1: ${SECONDS}s; "
+  echo "== $1 == (${SECONDS}s)"
+}
 run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
   local dir=$1
   shift
@@ -53,22 +58,22 @@ build_tested() {
 g1_flags=(-DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS_DEBUG="-g1")
 
 status=0
-echo "== format (clang-format, 100 columns), function length (80 lines) =="
+phase "format (clang-format, 100 columns), function length (80 lines)"
 "$root/scripts/check_format.sh" || status=1
 "$root/scripts/check_function_length.sh" || status=1
-echo "== thread safety (clang -Wthread-safety) =="
+phase "thread safety (clang -Wthread-safety)"
 "$root/scripts/check_thread_safety.sh" "$root/build-tsa" || status=1
 
-echo "== build (RelWithDebInfo) =="
+phase "build (RelWithDebInfo)"
 "$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON \
   "${g1_flags[@]}" || exit 1
-echo "== tests =="
+phase "tests"
 run_ctest "$root/build" -LE fakecuda || status=1
 
 # The gpu tests' binaries (CUDA device, CUDA Adam, NCCL, the placement matrix with 1, 2 and 4
 # fake GPUs) against the fake CUDA runtime + fake NCCL: built whenever the toolkit and NCCL's
 # headers are there (no GPU needed). Without them the label is empty, and that is said.
-echo "== CUDA and NCCL code on the fake CUDA runtime (label fakecuda) =="
+phase "CUDA and NCCL code on the fake CUDA runtime (label fakecuda)"
 if [ -n "$(cd "$root/build" && ctest -N -L fakecuda | sed -n 's/^ *Test *#[0-9]*: //p')" ]; then
   run_ctest "$root/build" -L fakecuda || status=1
 else
@@ -76,23 +81,23 @@ else
 fi
 
 if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
-  echo "== build (ASan+UBSan, the executables its tests run) =="
+  phase "build (ASan+UBSan, the executables its tests run)"
   cmake -S "$root" -B "$root/build-asan" -G Ninja -DSTRATA_SANITIZE=address,undefined \
     -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF \
     -DCMAKE_BUILD_TYPE=Debug "${g1_flags[@]}" >/dev/null || exit 1
   if build_tested "$root/build-asan" -LE no_sanitizer; then
-    echo "== tests under ASan+UBSan =="
+    phase "tests under ASan+UBSan"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
       run_ctest "$root/build-asan" -LE no_sanitizer || status=1
   else
     status=1
   fi
-  echo "== build (TSan, concurrent layers) =="
+  phase "build (TSan, concurrent layers)"
   cmake -S "$root" -B "$root/build-tsan" -G Ninja -DSTRATA_SANITIZE=thread -DSTRATA_WITH_CUDA=OFF \
     -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${g1_flags[@]}" >/dev/null ||
     exit 1
   if build_tested "$root/build-tsan" -L tsan; then
-    echo "== tests under TSan =="
+    phase "tests under TSan"
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest "$root/build-tsan" -L tsan || status=1
   else
     status=1
@@ -100,5 +105,6 @@ if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
 fi
 
 echo
-echo "all: $total_pass passed, $total_fail failed, $total_skip skipped"
+echo "phases began at: $phase_log"
+echo "all: $total_pass passed, $total_fail failed, $total_skip skipped (${SECONDS}s)"
 exit $status

@@ -16,9 +16,9 @@
 //
 // The step's own I/O goes first: the engine marks the time a step runs (set_step_running: from
 // the step's start to its outcome agreement — the gradients' and the update's streams); the writer
-// pauses before each piece (up to 4 MiB of each section) while it is marked, at most kMaxYield a
-// piece, so that back-to-back steps still let it progress. The writer itself keeps one write in
-// flight (queue depth 1, synchronous writes through the file seam).
+// pauses before it starts reading each piece (up to 8 MiB of each section) while it is marked, at
+// most kMaxYield a piece, so that back-to-back steps still let it progress. The writer reads one
+// piece ahead and writes the one before on a thread of its own (checkpoint write_shard).
 //
 // Failure: anything failing after begin_save (the pin, the writer) is kept and reported by
 // finish() on every rank (the previous checkpoint stays); the training state is never touched.
