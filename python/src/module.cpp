@@ -241,6 +241,10 @@ py::dict step_result(const StepResult& r) {
   d["grad_norm"] = r.grad_norm;
   d["clip_coef"] = r.clip_coef;
   d["loss_scale"] = r.loss_scale;
+  d["speculated_chunks"] = r.speculated_chunks;
+  d["committed_chunks"] = r.committed_chunks;
+  d["rolled_back_chunks"] = r.rolled_back_chunks;
+  d["exposed_s"] = r.exposed_s;
   return d;
 }
 
@@ -258,6 +262,10 @@ py::dict stats_dict(const EngineStats& s) {
   d["gather_s"] = s.gather_s;
   d["step_s"] = s.step_s;
   d["checkpoint_blocked_s"] = s.checkpoint_blocked_s;
+  d["speculated_chunks"] = s.speculated_chunks;
+  d["committed_chunks"] = s.committed_chunks;
+  d["rolled_back_chunks"] = s.rolled_back_chunks;
+  d["exposed_s"] = s.exposed_s;
   py::dict bytes, calls;
   for (std::size_t k = 0; k < kCollectiveKinds; ++k) {
     const char* name = collective_name(static_cast<CollectiveKind>(k));

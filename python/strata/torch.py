@@ -48,6 +48,14 @@ class StepResult:
     grad_norm: float    # global L2 norm of the averaged, unscaled gradients, before clipping
     clip_coef: float    # applied to the gradients (1.0 when not clipped)
     loss_scale: float   # the scale for the next backward()
+    # The speculative update (optimizer.overlap, docs/offload.md): chunks of this rank's state
+    # updated during the backward, of which committed (no clip, no overflow) or rolled back (the
+    # serial update ran instead); exposed_s: seconds from the last gradient handed in (or from
+    # step()'s start, if later) to the end of step(), the optimizer time the backward did not hide.
+    speculated_chunks: int = 0
+    committed_chunks: int = 0
+    rolled_back_chunks: int = 0
+    exposed_s: float = 0.0
     loss: object = None  # what the closure returned, if step() was given one
 
 

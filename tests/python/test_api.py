@@ -189,6 +189,42 @@ class TorchContract(unittest.TestCase):
         opt.step()
         opt.close()
 
+    def test_speculative_update_is_reported(self):
+        # optimizer.overlap on (stage 2, Adam on the host): chunks are updated during the backward;
+        # each step says how many and whether they were committed or rolled back (a clip that
+        # bites rolls back), and stats() sums them. Same losses as without overlap.
+        cfg = base_config(2, optimizer={"overlap": "on"}, offload={"optimizer": {"tier": "cpu"}})
+        m, ref = tiny_gpt(), tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(m, cfg)
+        ref_opt = strata.torch.ZeroOptimizer(ref, base_config(2, offload={"optimizer": {"tier": "cpu"}}))
+        results = []
+        for s in range(4):
+            x, y = batch(s)
+            loss, ref_loss = m(x, y), ref(x, y)
+            self.assertEqual(float(loss), float(ref_loss), "step %d" % s)
+            opt.backward(loss)
+            ref_opt.backward(ref_loss)
+            if s == 3:  # a clip that bites: what was speculated is rolled back
+                opt.clip_grad_norm_(1e-3)
+                ref_opt.clip_grad_norm_(1e-3)
+            results.append(opt.step())
+            ref_opt.step()
+        for s, r in enumerate(results):
+            self.assertEqual(r.speculated_chunks, r.committed_chunks + r.rolled_back_chunks)
+            self.assertGreaterEqual(r.exposed_s, 0.0)
+        self.assertGreater(results[0].speculated_chunks, 0)
+        self.assertEqual(results[0].rolled_back_chunks, 0)
+        self.assertGreater(results[3].rolled_back_chunks, 0)
+        self.assertEqual(results[3].committed_chunks, 0)
+        st = opt.stats()
+        self.assertEqual(st["speculated_chunks"], sum(r.speculated_chunks for r in results))
+        self.assertEqual(st["rolled_back_chunks"], sum(r.rolled_back_chunks for r in results))
+        self.assertAlmostEqual(st["exposed_s"], sum(r.exposed_s for r in results), places=6)
+        for p, q in zip(m.parameters(), ref.parameters()):
+            self.assertTrue(torch.equal(p.data, q.data))
+        opt.close()
+        ref_opt.close()
+
     def test_closure_zero_grad_and_loss_scale(self):
         model = tiny_gpt()
         opt = strata.torch.ZeroOptimizer(model, base_config(1))
