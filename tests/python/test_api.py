@@ -196,7 +196,8 @@ class TorchContract(unittest.TestCase):
         cfg = base_config(2, optimizer={"overlap": "on"}, offload={"optimizer": {"tier": "cpu"}})
         m, ref = tiny_gpt(), tiny_gpt()
         opt = strata.torch.ZeroOptimizer(m, cfg)
-        ref_opt = strata.torch.ZeroOptimizer(ref, base_config(2, offload={"optimizer": {"tier": "cpu"}}))
+        ref_cfg = base_config(2, offload={"optimizer": {"tier": "cpu"}})
+        ref_opt = strata.torch.ZeroOptimizer(ref, ref_cfg)
         results = []
         for s in range(4):
             x, y = batch(s)

@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "../comm/comm_test_util.hpp"
-#include "ckpt_model.hpp"
 #include "checkpoint/format.hpp"
+#include "ckpt_model.hpp"
 #include "core/file_env.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
