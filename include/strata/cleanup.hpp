@@ -48,8 +48,12 @@ class CleanupRegistration {
 
 // Removes every registered entry: files first, then directories. Async-signal-safe; meant for a
 // signal handler that then ends the process (entries it removed stay claimed). Returns how many
-// entries were removed.
-int run_signal_cleanup() noexcept;
+// entries were removed. `process_ending` (the `strata` command's handler, which re-raises the
+// signal next): other threads keep running until the process is gone, and one may create a file
+// right after this pass; an owner that registers its file before creating it and then finds
+// signal_cleanup_ending() true removes it itself (checkpoint shards do).
+int run_signal_cleanup(bool process_ending = false) noexcept;
+bool signal_cleanup_ending() noexcept;
 
 // Entries registered now (for tests and diagnostics).
 std::size_t registered_cleanup_entries() noexcept;

@@ -260,6 +260,38 @@ void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
   behind.wait();
 }
 
+// A checkpoint file created for writing, registered for removal on a signal for as long as it is
+// open: a SIGTERM / SIGINT while it is written (the `strata` command's handler) removes it with
+// the swap files, so the save is abandoned and the previous checkpoint stays. Registered before
+// it exists, and removed here when the handler already ran (the process is ending: the handler's
+// pass may have come before the file did).
+class RegisteredFile final : public WritableFile {
+ public:
+  RegisteredFile(const SafeDir& dir, const std::string& name, const RankState& s)
+      : on_signal_(dir.fd(), name, false), file_(env_of(s).create_file(dir, name)) {
+    if (!signal_cleanup_ending()) return;
+    file_.reset();
+    dir.try_remove(name, false);
+    fail(ErrorCode::kCancelled, strcat("checkpoint save: ", dir.path(), "/", name,
+                                       " not written: the process is ending (signal)"));
+  }
+  const std::string& path() const override { return file_->path(); }
+  void write_at(const void* data, std::uint64_t n, std::uint64_t offset) override {
+    file_->write_at(data, n, offset);
+  }
+  void truncate(std::uint64_t size) override { file_->truncate(size); }
+  void sync() override { file_->sync(); }
+
+ private:
+  CleanupRegistration on_signal_;
+  std::unique_ptr<WritableFile> file_;
+};
+
+std::unique_ptr<WritableFile> create_registered(const SafeDir& dir, const std::string& name,
+                                                const RankState& s) {
+  return std::make_unique<RegisteredFile>(dir, name, s);
+}
+
 // Writes this rank's shard; returns the header's CRC32C.
 std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState& s) {
   const ShardEntry& e = m.shards[static_cast<std::size_t>(s.rank)];
@@ -268,10 +300,7 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
     fail(ErrorCode::kInternal,
          strcat("checkpoint: rank ", s.rank, " does not hold its shard's range"));
   dir.try_remove(e.file, false);  // a leftover of a killed save of this serial
-  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, e.file);
-  // A SIGTERM / SIGINT while the shard is written (the `strata` command's handler) removes the
-  // partial shard with the swap files: the save is abandoned, the previous checkpoint stays.
-  CleanupRegistration on_signal(dir.fd(), e.file, false);
+  const std::unique_ptr<WritableFile> file = create_registered(dir, e.file, s);
   BlockCrcs crcs(l, m.block_elems);
   write_pieces(l, e, s, m.block_elems, *file, crcs);
   const std::vector<unsigned char> header = encode_shard_header(m, s.rank, l, crcs.crcs());
@@ -285,7 +314,7 @@ std::uint32_t write_shard(const SafeDir& dir, const Manifest& m, const RankState
 void write_extra(const SafeDir& dir, const Manifest& m, const RankState& s) {
   if (m.extra_file.empty()) return;
   dir.try_remove(m.extra_file, false);  // a leftover of a killed save of this serial
-  const std::unique_ptr<WritableFile> file = env_of(s).create_file(dir, m.extra_file);
+  const std::unique_ptr<WritableFile> file = create_registered(dir, m.extra_file, s);
   for (std::size_t i = 0; i < m.extra.size(); ++i) {
     const auto& data = s.model->extra[i].data;
     for (std::uint64_t done = 0; done < data.size();) {

@@ -39,7 +39,7 @@ namespace {
 // SIGTERM, SIGINT, SIGHUP: remove the files registered with strata/cleanup.hpp (swap files,
 // benchmark files), then end the way the signal would have (status 128 + signal).
 extern "C" void on_terminating_signal(int sig) {
-  run_signal_cleanup();
+  run_signal_cleanup(true);
   ::signal(sig, SIG_DFL);
   sigset_t set;
   sigemptyset(&set);

@@ -29,6 +29,7 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs l
 
 Slot g_slots[kMaxCleanupEntries];
 std::atomic<std::size_t> g_count{0};
+std::atomic<bool> g_ending{false};  // run_signal_cleanup(true) began
 
 int remove_pass(bool directories) noexcept {
   int removed = 0;
@@ -99,13 +100,16 @@ void CleanupRegistration::reset() noexcept {
   s.state.store(kFree, std::memory_order_release);
 }
 
-int run_signal_cleanup() noexcept {
+int run_signal_cleanup(bool process_ending) noexcept {
+  if (process_ending) g_ending.store(true);  // (seq_cst: before the passes below)
   const int saved = errno;
   int removed = remove_pass(false);
   removed += remove_pass(true);
   errno = saved;
   return removed;
 }
+
+bool signal_cleanup_ending() noexcept { return g_ending.load(); }
 
 std::size_t registered_cleanup_entries() noexcept {
   return g_count.load(std::memory_order_relaxed);

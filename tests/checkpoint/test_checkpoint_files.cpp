@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "checkpoint/ckpt_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
 #include "checkpoint/format.hpp"
+#include "strata/cleanup.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
@@ -65,6 +67,41 @@ struct Shared {
     ::chmod(shared.c_str(), 01777);
   }
 };
+
+// Once the `strata` command's signal handler has run its cleanup (the process is ending, other
+// threads still run), a save that creates its files afterwards removes them itself and fails with
+// kCancelled: nothing it created outlives the process. In a child process (the flag is for
+// good).
+TEST(CheckpointFiles, NoFileCreatedAfterTheSignalCleanupOutlivesIt) {
+  TempDir dir("strata-ckpt-ending");
+  const std::string ckpt = dir.str() + "/c";
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int code = 0;
+    run_signal_cleanup(true);
+    if (!signal_cleanup_ending()) code = 3;
+    try {
+      save(ckpt, 1, 1);
+      code = 4;  // saved: refused nothing
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kCancelled) code = 5;
+    } catch (...) {
+      code = 6;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: flag not set, 4: saved, 5/6: another error";
+  std::vector<std::string> left;
+  if (fs::exists(ckpt))
+    for (const auto& f : fs::directory_iterator(ckpt))
+      if (f.path().filename().string().rfind("shard-", 0) == 0) left.push_back(f.path());
+  EXPECT_TRUE(left.empty()) << left.front();
+  EXPECT_FALSE(signal_cleanup_ending());  // this process: untouched
+}
 
 TEST(CheckpointFiles, UnsafeDirectoriesAreRefusedWithTheReason) {
   TempDir tmp("strata-ckpt-files");
