@@ -64,7 +64,7 @@ struct QuarantinedHost {
 struct Version {
   Tier where = Tier::kNvme;
   SwapExtent extent{};             // kNvme
-  std::vector<std::uint32_t> crc;  // kNvme: per piece, when checksums are on
+  std::vector<std::uint32_t> crc;  // kNvme: per check unit (crc_unit()), when checksums are on
   bool zero = false;               // kNvme: reads as zeros (never written)
   IoBuffer host;                   // kCpu
   DeviceMemory gpu;                // kGpu
@@ -95,7 +95,7 @@ struct Buf {
   bool allowed[3] = {false, false, false};
   Copy copy[3];
   bool nvme_zero = false;          // the NVMe copy is valid and all zero (never written)
-  std::vector<std::uint32_t> crc;  // per piece of the NVMe copy, when checksums are on
+  std::vector<std::uint32_t> crc;  // per check unit of the NVMe copy, when checksums are on
   std::uint32_t queued = 0;        // jobs queued or running
   bool running = false;
   // Storage an unfinished (timed-out) transfer may still touch, kept until the store shuts down;

@@ -1,7 +1,8 @@
 // The data paths of the tier store. NVMe I/O is cut into pieces of the pinned pool's buffer size;
-// each piece of an NVMe copy has its own CRC32C (when checksums are on), computed before the write
-// and verified after every read. GPU ⇄ NVMe goes through pinned pool buffers with a window of
-// pieces in flight, so the NVMe leg of one piece overlaps the PCIe leg of the next.
+// each check unit of an NVMe copy (crc_unit(): at most 1 MiB, a divisor of the piece size) has its
+// own CRC32C (when checksums are on), computed before the write and verified after every read. GPU
+// ⇄ NVMe goes through pinned pool buffers with a window of pieces in flight, so the NVMe leg of one
+// piece overlaps the PCIe leg of the next.
 #include <cstring>
 #include <deque>
 #include <utility>

@@ -47,9 +47,11 @@
 // changed): gpu copies ≤ gpu_budget; host copies + the pinned pool ≤ host_budget; NVMe extents ≤
 // the swap space reserved at construction. The engine passes per-rank budgets (DESIGN.md: every
 // budget is enforced once, here).
-// Checksums (checksum): CRC32C per piece of every NVMe write, verified on every read back; a
-// mismatch fails the transfer with Error(kChecksum) naming the buffer, the offset in the buffer
-// and the swap file and offset. The destination stays invalid, the source stays valid.
+// Checksums (checksum): CRC32C per check unit (the largest power of two up to 1 MiB that divides
+// the pool's buffer size) of every NVMe write, verified on every read back (a read of part of a
+// block reads and checks only the units it touches); a mismatch fails the transfer with
+// Error(kChecksum) naming the buffer, the offset in the buffer and the swap file and offset. The
+// destination stays invalid, the source stays valid.
 //
 // Failures of a transfer surface at its Transfer::wait(), never silently: I/O errors as IoError,
 // device errors as Error(kDevice). A failed transfer leaves the source copy valid and the
