@@ -102,9 +102,9 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
       if (e == cap) capped = true;
       if (opt_off) {
         p.largest_host_chunk = std::max(p.largest_host_chunk, e);
-        // A speculative update stages its pending state and parameters too, also where they
-        // live in host memory (zero/engine_layout.cpp, storage_needs).
-        const bool spec = stage >= 2 && c.optimizer.overlap != OptimizerOverlap::kOff;
+        // With overlap: on, a speculative update stages its pending state and parameters too,
+        // also where they live in host memory (zero/engine_layout.cpp, storage_needs).
+        const bool spec = stage >= 2 && c.optimizer.overlap == OptimizerOverlap::kOn;
         std::uint64_t slot = opt_nvme || spec ? round_up(12 * e, kAlign) : 0;
         if (!grads_cpu) slot += round_up(e * gb, kAlign);
         if (!params_cpu || spec) slot += round_up(e * pb, kAlign);

@@ -149,9 +149,11 @@ StorageNeeds EngineLayout::storage_needs(bool cuda) const {
     const bool grads_cpu = stage_ >= 2 && c.grad_tier == Tier::kCpu;
     const bool params_cpu = stage_ == 3 && c.param_tier == Tier::kCpu;
     if (c.opt_tier != Tier::kGpu) {  // the update computes on the host
-      // A speculative update stages its pending state and parameters too (OptimizerStep::
-      // can_speculate), also where they live in host memory.
-      const bool spec = stage_ >= 2 && cfg_.optimizer.overlap != OptimizerOverlap::kOff;
+      // With overlap: on, a speculative update stages its pending state and parameters too
+      // (OptimizerStep::can_speculate), also where they live in host memory. Not for auto: there
+      // the buffers stay sized to the serial step (a chunk of host-resident state whose pending
+      // copies would not fit is updated serially; docs/offload.md, "The speculative update").
+      const bool spec = stage_ >= 2 && cfg_.optimizer.overlap == OptimizerOverlap::kOn;
       std::uint64_t slot = c.opt_tier == Tier::kNvme || spec ? round_up(12 * e, kAlign) : 0;
       if (!grads_cpu) slot += round_up(e * grad_elem_, kAlign);
       if (!params_cpu || spec) slot += round_up(e * param_elem_, kAlign);
