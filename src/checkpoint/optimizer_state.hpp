@@ -38,7 +38,8 @@ class OptimizerStateStore {
   // caller still uses the range it holds (a checkpoint save writes one range out while the next
   // is read). The state must not change meanwhile except through this store (a dirty release()
   // drops the prefetch): a caller that will not acquire `r` next drops it (drop_prefetch()) before
-  // it lets go of the store. Default: nothing.
+  // it lets go of the store. drop_prefetch() also gives back the host memory held for the views
+  // of released ranges (REQUIRES: no range acquired). Default: nothing.
   virtual void prefetch(Range r) { (void)r; }
   virtual void drop_prefetch() noexcept {}
 };

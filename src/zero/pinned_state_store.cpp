@@ -60,6 +60,13 @@ void PinnedStateStore::prefetch(Range r) {
   start_reads(r);
 }
 
+void PinnedStateStore::drop_prefetch() noexcept {
+  next_.free();
+  if (acquired_) return;
+  current_.free();
+  for (auto& p : params_) std::vector<unsigned char>().swap(p);
+}
+
 const void* PinnedStateStore::read_block(BufferId id) {
   const std::uint64_t padded = store_.padded_bytes(id);
   if (block_.size() < padded) block_ = IoBuffer::allocate(padded, HugePageMode::kNone);

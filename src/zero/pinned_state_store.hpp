@@ -51,7 +51,7 @@ class PinnedStateStore final : public OptimizerStateStore {
   StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
   void prefetch(Range r) override;
-  void drop_prefetch() noexcept override { next_.settle(); }
+  void drop_prefetch() noexcept override;
 
  private:
   TierStore& store_;

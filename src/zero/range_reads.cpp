@@ -54,6 +54,11 @@ void RangeReads::settle() noexcept {
   started_ = false;
 }
 
+void RangeReads::free() noexcept {
+  settle();
+  std::vector<float>().swap(scratch_);
+}
+
 void RangeReads::swap(RangeReads& other) noexcept {
   std::swap(scratch_, other.scratch_);
   std::swap(reads_, other.reads_);

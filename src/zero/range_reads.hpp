@@ -39,6 +39,8 @@ class RangeReads {
   // Waits for what is in flight and forgets the range (errors dropped; a read not finished in
   // time leaves its scratch allocated, never freed under it).
   void settle() noexcept;
+  // settle(), then gives the scratch's memory back.
+  void free() noexcept;
   bool holds(Range r) const {
     return started_ && r.begin == range_.begin && r.count == range_.count;
   }

@@ -66,6 +66,11 @@ void TierStateStore::prefetch(Range r) {
   start_reads(next_, r);
 }
 
+void TierStateStore::drop_prefetch() noexcept {
+  next_.free();
+  if (!acquired_) current_.free();  // (the store lives as long as the engine)
+}
+
 void TierStateStore::release(Range r, bool dirty) {
   if (!acquired_ || r.begin != range_.begin || r.count != range_.count)
     fail(ErrorCode::kInvalidArgument, "optimizer state: release() of a range that is not acquired");

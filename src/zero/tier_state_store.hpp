@@ -29,7 +29,7 @@ class TierStateStore final : public OptimizerStateStore {
   StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
   void prefetch(Range r) override;
-  void drop_prefetch() noexcept override { next_.settle(); }
+  void drop_prefetch() noexcept override;
 
  private:
   // Chunk k's master | m | v into `out` (3 × count floats, padded room).
