@@ -2,10 +2,10 @@
 #include "zero/param_gatherer.hpp"
 
 #include <algorithm>
-#include <exception>
 
 #include "strata/device.hpp"
 #include "strata/error.hpp"
+#include "zero/engine_layout.hpp"
 
 namespace strata::zero {
 
@@ -67,15 +67,7 @@ void ParamGatherer::start_io(TensorId id) {
                                   g.send.data() + (pos - b) * pes, Tier::kGpu));
       pos = stop;
     }
-    std::exception_ptr error;  // every read lands (or fails) before the buffer may be reused
-    for (auto& t : reads) {
-      try {
-        t.wait(timeout_);
-      } catch (...) {
-        if (!error) error = std::current_exception();
-      }
-    }
-    if (error) std::rethrow_exception(error);
+    wait_all(reads, timeout_);  // every read lands (or fails) before the buffer may be reused
     send = g.send.data();
   }
   g.handle = comm_.all_gather_async(send, g.buf.data(), share.counts, layout_.param_dtype());
