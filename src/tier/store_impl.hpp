@@ -359,6 +359,11 @@ class TierStore::Impl {
                     std::uint64_t off, const void* data, std::uint64_t len,
                     const std::string& what);
   void verify_piece(tier::Buf& b, std::size_t piece, const void* data, std::uint64_t len);
+  // Bytes [lo, hi) of an NVMe slot (inside one piece) through a staging buffer, only the check
+  // units they touch read and verified (tier_stream.cpp). Returns the bytes read.
+  std::uint64_t read_staged(tier::Buf& b, const std::vector<std::uint32_t>& crc, std::uint64_t slot,
+                            std::uint64_t lo, std::uint64_t hi, std::uint8_t* dst, Tier memory,
+                            tier::WorkerContext& ctx, bool* unsafe, const std::string& what);
   // The CRCs of the units of bytes [off, off + len) into `crc` (when checksums are on).
   void checksum_units(std::vector<std::uint32_t>& crc, std::uint64_t off, const void* data,
                       std::uint64_t len) const;

@@ -63,6 +63,29 @@ void TierStore::Impl::copy_memory(void* dst, const void* src, std::size_t bytes,
   copy_device(dst, src, bytes, ctx, unsafe);
 }
 
+// Bytes [lo, hi) of `b`'s NVMe slot at `slot` (inside one piece) through a staging buffer: only
+// the check units they touch are read, each verified against `crc` (none when it is empty), then
+// the bytes are copied to `dst` in `memory`. Returns the bytes read. `what` names the slot in
+// messages ("buffer", "the pinned version (snapshot N) of buffer").
+std::uint64_t TierStore::Impl::read_staged(Buf& b, const std::vector<std::uint32_t>& crc,
+                                           std::uint64_t slot, std::uint64_t lo, std::uint64_t hi,
+                                           std::uint8_t* dst, Tier memory, WorkerContext& ctx,
+                                           bool* unsafe, const std::string& what) {
+  const auto [ulo, uhi] = unit_span(b, lo, hi);
+  tier::Staging pb = take_staging();
+  const IoTicket t =
+      engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, slot + ulo});
+  if (!engine_->wait(t, options_.timeout)) {
+    pb.detach();  // the kernel may still write into it
+    *unsafe = true;
+    fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of ", what, " '", b.spec.name,
+                                     "' not complete after ", options_.timeout.count(), " ms"));
+  }
+  verify_units(b, crc, slot, ulo, pb.data(), uhi - ulo, what);
+  copy_memory(dst, pb.bytes() + (lo - ulo), hi - lo, memory, Tier::kCpu, ctx, unsafe);
+  return uhi - ulo;
+}
+
 // A device destination takes the GPU ⇄ NVMe piece pipeline (stream-ordered copies, one wait at
 // the end). Host: pieces wholly inside the range whose destination is 4096-aligned are read
 // straight into it (all in flight at once); the others (the range's edges, the padded last piece)
@@ -116,22 +139,9 @@ void TierStore::Impl::read_nvme_range(Buf& b, std::uint64_t offset, std::uint64_
         read_bytes += len;
         continue;
       }
-      // Only the check units of the piece that the range touches.
       const std::uint64_t lo = std::max(offset, off), hi = std::min(offset + bytes, off + len);
-      const auto [ulo, uhi] = unit_span(b, lo, hi);
-      tier::Staging pb = take_staging();
-      const IoTicket t =
-          engine_->submit(IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, base + ulo});
-      if (!engine_->wait(t, options_.timeout)) {
-        pb.detach();  // the kernel may still write into it
-        *unsafe = true;
-        fail(ErrorCode::kTimeout, strcat("tier store: NVMe read of buffer '", b.spec.name,
-                                         "' not complete after ", options_.timeout.count(), " ms"));
-      }
-      if (options_.checksum) verify_units(b, b.crc, base, ulo, pb.data(), uhi - ulo, "buffer");
-      read_bytes += uhi - ulo;
-      copy_memory(out + (lo - offset), pb.bytes() + (lo - ulo), hi - lo, memory, Tier::kCpu, ctx,
-                  unsafe);
+      read_bytes +=
+          read_staged(b, b.crc, base, lo, hi, out + (lo - offset), memory, ctx, unsafe, "buffer");
     }
   } catch (...) {
     error = std::current_exception();

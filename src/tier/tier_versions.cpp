@@ -220,19 +220,8 @@ void TierStore::Impl::read_version_nvme(Buf& b, const tier::Version& v, Job& job
     const std::uint64_t off = p * piece, len = std::min<std::uint64_t>(piece, b.padded - off);
     const std::uint64_t lo = std::max(job.offset, off);
     const std::uint64_t hi = std::min(job.offset + job.bytes, off + len);
-    const auto [ulo, uhi] = unit_span(b, lo, hi);
-    tier::Staging pb = take_staging();
-    const IoTicket t = engine_->submit(
-        IoRequest{IoOp::kRead, swap_->file(), pb.data(), uhi - ulo, v.extent.offset + ulo});
-    if (!engine_->wait(t, options_.timeout)) {
-      pb.detach();  // the kernel may still write into it
-      fail(ErrorCode::kTimeout,
-           strcat("tier store: NVMe read of the pinned version of '", b.spec.name,
-                  "' not complete after ", options_.timeout.count(), " ms"));
-    }
-    verify_units(b, v.crc, v.extent.offset, ulo, pb.data(), uhi - ulo, what);
-    copy_memory(out + (lo - job.offset), pb.bytes() + (lo - ulo), hi - lo, job.tier, Tier::kCpu,
-                ctx, &unsafe);
+    read_staged(b, v.crc, v.extent.offset, lo, hi, out + (lo - job.offset), job.tier, ctx, &unsafe,
+                what);
   }
 }
 
