@@ -65,6 +65,8 @@ std::string binary_dir() {
   return d ? d : ".";
 }
 
+std::string strata_cli() { return binary_dir() + "/strata"; }
+
 int run_command(const std::string& command, std::string* output) {
   std::string cmd = command + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");

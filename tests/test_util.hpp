@@ -41,6 +41,7 @@ std::vector<std::uint8_t> random_bytes(std::size_t n, std::uint64_t seed);
 
 std::string source_dir();  // repository root ($STRATA_SOURCE_DIR set by CTest)
 std::string binary_dir();  // build root ($STRATA_BINARY_DIR set by CTest)
+std::string strata_cli();  // the build's `strata` command (binary_dir()/strata)
 
 // Runs a shell command, returns its exit status; stdout+stderr captured into *output.
 int run_command(const std::string& command, std::string* output);

@@ -11,6 +11,7 @@
 
 #include "checkpoint/format.hpp"
 #include "comm/rank_status.hpp"
+#include "core/checked_math.hpp"
 #include "core/crc32c.hpp"
 #include "core/numeric.hpp"
 #include "core/printable.hpp"
@@ -28,8 +29,6 @@ constexpr std::uint64_t kPiece = 1u << 20;  // elements per streamed piece (roun
 // Elements per piece of a save (rounded to blocks): two pieces' state (24 B per element) are in
 // host memory at a time, one written while the next is read.
 constexpr std::uint64_t kSavePiece = 2u << 20;
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 void check_state(const RankState& s, const char* what) {
   if (!s.store || !s.partition)

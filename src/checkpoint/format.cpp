@@ -16,6 +16,7 @@
 #include <set>
 
 #include "core/bounded_json.hpp"
+#include "core/checked_math.hpp"
 #include "core/crc32c.hpp"
 #include "core/printable.hpp"
 #include "strata/error.hpp"
@@ -52,8 +53,6 @@ JsonLimits manifest_limits() {
               e.line() ? strcat("line ", e.line(), ", column ", e.column(), ": ") : std::string(),
               e.key_path().empty() ? std::string() : strcat("'", e.key_path(), "': "), e.detail()));
 }
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 std::uint64_t dtype_code(DType t) {
   switch (t) {

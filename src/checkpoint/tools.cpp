@@ -21,7 +21,7 @@ namespace {
 
 using namespace ckpt;
 
-constexpr std::uint64_t kPiece = 1u << 20;  // elements converted and written at a time
+constexpr std::uint64_t kConvertPiece = 1u << 20;  // elements converted and written at a time
 
 const char* safetensors_dtype(DType t) {
   switch (t) {
@@ -143,7 +143,7 @@ std::uint64_t write_tensor(const SafeDir& dir, const Manifest& m, const TensorEn
     const std::uint64_t flat = t.offset + done;
     const auto shard = static_cast<int>(flat / m.partition_size);
     const std::uint64_t src = flat - static_cast<std::uint64_t>(shard) * m.partition_size;
-    const std::uint64_t n = std::min({t.numel - done, m.partition_size - src, kPiece});
+    const std::uint64_t n = std::min({t.numel - done, m.partition_size - src, kConvertPiece});
     auto& r = readers[static_cast<std::size_t>(shard)];
     if (shard != current) {
       if (current >= 0) readers[static_cast<std::size_t>(current)].reset();

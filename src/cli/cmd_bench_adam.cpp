@@ -13,6 +13,7 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_bench_adam {
 namespace {
 
 struct Options {
@@ -164,3 +165,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_bench_adam

@@ -24,6 +24,7 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_bench_checkpoint {
 namespace {
 
 using namespace strata;
@@ -158,3 +159,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_bench_checkpoint

@@ -32,6 +32,7 @@
 #include "strata/units.hpp"
 #include "tier/swap_space.hpp"
 
+namespace cmd_bench_io {
 namespace {
 
 struct Options {
@@ -355,3 +356,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_bench_io

@@ -35,6 +35,7 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_bench_step {
 namespace {
 
 using namespace strata;
@@ -420,3 +421,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_bench_step

@@ -19,6 +19,7 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_checkpoint {
 namespace {
 
 using namespace strata;
@@ -212,3 +213,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_checkpoint

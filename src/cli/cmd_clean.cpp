@@ -16,6 +16,7 @@
 #include "strata/units.hpp"
 #include "tier/swap_space.hpp"
 
+namespace cmd_clean {
 namespace {
 
 using namespace strata;
@@ -123,3 +124,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_clean

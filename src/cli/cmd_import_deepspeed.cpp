@@ -21,6 +21,7 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_import_deepspeed {
 namespace {
 
 using namespace strata;
@@ -141,3 +142,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_import_deepspeed

@@ -14,6 +14,7 @@
 #include "strata/plan.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_plan {
 namespace {
 
 using nlohmann::json;
@@ -368,3 +369,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_plan

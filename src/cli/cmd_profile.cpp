@@ -39,6 +39,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, 
                                    algbw_bytes_per_second, busbw_bytes_per_second)
 }  // namespace strata
 
+namespace cmd_profile {
 namespace {
 
 using nlohmann::json;
@@ -724,3 +725,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_profile

@@ -40,6 +40,7 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
+namespace cmd_train {
 namespace {
 
 using namespace strata;
@@ -685,3 +686,4 @@ const bool kRegistered = strata::cli::register_command(
      }});
 
 }  // namespace
+}  // namespace cmd_train

@@ -21,6 +21,7 @@
 #include "strata/io_engine.hpp"
 #include "strata/units.hpp"
 
+namespace cmd_version {
 namespace {
 
 struct Options {
@@ -173,3 +174,4 @@ const bool kRegistered = strata::cli::register_command(
        };
      }});
 }  // namespace
+}  // namespace cmd_version

@@ -1,6 +1,9 @@
 // The CLI's command registry. Each command lives in its own cmd_*.cpp file in this folder and
-// registers itself with a static initializer:
+// registers itself with a static initializer, everything of the file inside a namespace named for
+// the file and an unnamed one within it (so that the files' helpers, Options and kRegistered do not
+// meet in a unity build, which compiles several files as one):
 //
+//   namespace cmd_bench_io {
 //   namespace {
 //   const bool kRegistered = strata::cli::register_command(
 //       {"bench io", "Sequential O_DIRECT throughput of an I/O engine", [](CLI::App& cmd) {
@@ -8,7 +11,8 @@
 //          cmd.add_option("--dir", opts->dir, "...")->required();
 //          return [opts]() -> int { ...; return 0; };   // run after parsing; returns exit code
 //        }});
-//   }
+//   }  // namespace
+//   }  // namespace cmd_bench_io
 //
 // A name with a space ("bench io") becomes a subcommand of a group ("bench"). The run function
 // prints its result on stdout (with --json: one JSON document and nothing else there), progress

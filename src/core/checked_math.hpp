@@ -42,6 +42,9 @@ constexpr std::uint64_t sat_mul(std::uint64_t a, Rest... rest) {
   return detail::saturating_fold(detail::kMulOverflows, a, rest...);
 }
 
+// v rounded up to a multiple of a (a > 0; v + a - 1 must fit).
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+
 // a + b + ..., or kSaturated when the sum does not fit.
 template <typename... Rest>
 constexpr std::uint64_t sat_add(std::uint64_t a, Rest... rest) {

@@ -32,6 +32,10 @@ struct Op {
   std::vector<std::atomic<std::uint64_t>*> in_flight;
 };
 
+// How many times an engine resubmits a piece that made no progress (a write that wrote nothing,
+// -EAGAIN, -EINTR) before failing it.
+constexpr std::uint32_t kMaxRetries = 1000;
+
 // One block-size (or smaller) piece of a request, executed as one kernel I/O.
 struct Piece {
   Op* op = nullptr;  // kept alive by the ticket table until done

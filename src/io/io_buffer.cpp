@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "core/checked_math.hpp"
 #include "core/move_handle.hpp"
 #include "strata/error.hpp"
 #include "strata/io_file.hpp"
@@ -15,8 +16,6 @@ namespace strata {
 
 namespace {
 constexpr std::size_t kHuge = 2ULL << 20;
-
-std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
 // Free 2 MiB huge pages (HugePages_Free in /proc/meminfo), 0 if unknown.
 std::size_t free_huge_pages() {

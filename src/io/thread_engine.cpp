@@ -15,7 +15,6 @@ namespace strata::io {
 
 namespace {
 
-constexpr std::uint32_t kMaxRetries = 1000;
 constexpr std::uint32_t kMaxWorkers = 256;
 
 class ThreadEngine final : public EngineBase {

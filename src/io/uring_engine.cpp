@@ -26,7 +26,6 @@ namespace {
 constexpr std::uint64_t kWakeTag = 1;
 constexpr std::uint64_t kCancelTag = 2;
 constexpr unsigned kMaxFiles = 1024;
-constexpr std::uint32_t kMaxRetries = 1000;
 
 class UringEngine final : public EngineBase {
  public:

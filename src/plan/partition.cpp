@@ -3,12 +3,10 @@
 
 #include <algorithm>
 
+#include "core/checked_math.hpp"
 #include "strata/error.hpp"
 
 namespace strata {
-namespace {
-std::size_t round_up(std::size_t x, std::size_t a) { return (x + a - 1) / a * a; }
-}  // namespace
 
 Partition::Partition(std::vector<TensorSpec> tensors, int world, std::size_t sub_group_size,
                      std::size_t tensor_align, std::size_t partition_align)

@@ -16,14 +16,15 @@ constexpr std::uint64_t kAlign = 4096;            // a chunk's staging regions (
 constexpr std::uint64_t kPartitionAlign = 64;     // Partition::kDefaultPartitionAlign
 constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast piece (64 MiB)
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
+// v rounded up to a multiple of a, or kSaturated.
+std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
 
 std::uint64_t ranks_of(const Config& c) { return std::max<std::uint32_t>(c.world.ranks, 1); }
 
 // The rank's partition: ceil(parameters / ranks) rounded up to the partition alignment.
 std::uint64_t partition_elements(const Config& c) {
-  return round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
+  return sat_round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
 }
 
 // The engine's leading(): the first ceil(fraction x count) elements, rounded up to 1024, are on the
@@ -31,15 +32,15 @@ std::uint64_t partition_elements(const Config& c) {
 std::uint64_t leading(const OffloadTarget& t, std::uint64_t count) {
   if (t.tier == Tier::kGpu || t.fraction <= 0 || count == 0) return 0;
   const double want = std::ceil(std::min(1.0, t.fraction) * static_cast<double>(count));
-  return std::min(count, round_up(static_cast<std::uint64_t>(want), 1024));
+  return std::min(count, sat_round_up(static_cast<std::uint64_t>(want), 1024));
 }
 
 // The most elements one pool buffer stages: round_up(12n) + round_up(n x grad) + round_up(n x
 // param) <= buffer_size, cut to a multiple of 1024 (64 when small).
 std::uint64_t chunk_capacity(std::uint64_t buf, std::uint64_t gb, std::uint64_t pb) {
   auto fits = [&](std::uint64_t n) {
-    return sat_add(round_up(sat_mul(12, n), kAlign), round_up(sat_mul(n, gb), kAlign),
-                   round_up(sat_mul(n, pb), kAlign)) <= buf;
+    return sat_add(sat_round_up(sat_mul(12, n), kAlign), sat_round_up(sat_mul(n, gb), kAlign),
+                   sat_round_up(sat_mul(n, pb), kAlign)) <= buf;
   };
   std::uint64_t lo = 0, hi = buf;
   while (lo < hi) {
@@ -105,12 +106,12 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
         // With overlap: on, a speculative update stages its pending state and parameters too,
         // also where they live in host memory (zero/engine_layout.cpp, storage_needs).
         const bool spec = stage >= 2 && c.optimizer.overlap == OptimizerOverlap::kOn;
-        std::uint64_t slot = opt_nvme || spec ? round_up(12 * e, kAlign) : 0;
-        if (!grads_cpu) slot += round_up(e * gb, kAlign);
-        if (!params_cpu || spec) slot += round_up(e * pb, kAlign);
+        std::uint64_t slot = opt_nvme || spec ? sat_round_up(12 * e, kAlign) : 0;
+        if (!grads_cpu) slot += sat_round_up(e * gb, kAlign);
+        if (!params_cpu || spec) slot += sat_round_up(e * pb, kAlign);
         need = std::max(need, slot);
       }
-      if (!grads_cpu) need = std::max(need, round_up(e * gb, kAlign));  // the statistics pass
+      if (!grads_cpu) need = std::max(need, sat_round_up(e * gb, kAlign));  // the statistics pass
     };
     // [x, y) cut at the multiples of the sub-group size.
     const std::uint64_t first_end = std::min(y, sat_mul(x / sg + 1, sg));
@@ -171,7 +172,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   // through one scratch buffer sized to the largest (src/optim/device_adam.cpp).
   if (c.optimizer.update == OptimizerUpdate::kDevice) {
     const std::uint64_t e = plan_pool(c, stage, offload).largest_host_chunk;
-    auto pad = [](std::uint64_t b) { return round_up(b, 256); };
+    auto pad = [](std::uint64_t b) { return sat_round_up(b, 256); };
     if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * gb), pad(e * pb));
   }
   return r;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "core/numeric.hpp"
+#include "profile/profile_internal.hpp"
 #include "strata/error.hpp"
 
 namespace strata::profile {
@@ -29,12 +30,6 @@ Buffer alloc(std::size_t bytes, const char* what) {
     fail(ErrorCode::kOutOfMemory,
          strcat("bench adam: cannot allocate ", bytes, " bytes for ", what));
   return Buffer(p);
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t k = v.size();
-  return k % 2 ? v[k / 2] : 0.5 * (v[k / 2 - 1] + v[k / 2]);
 }
 
 double process_cpu_seconds() {

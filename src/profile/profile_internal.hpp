@@ -58,6 +58,7 @@ class Stopwatch {
   std::chrono::steady_clock::time_point t0_;
 };
 
+// The median of v (the mean of the two middle values for an even count; 0 for none).
 double median(std::vector<double> v);
 // The one rank's communicator of a measured engine: NCCL (device buffers) when the engine will run
 // on a CUDA device, else the in-process one (step_bench.cpp).

@@ -32,12 +32,6 @@ using zero::EngineAccess;
 using zero::Measure;
 using Clock = std::chrono::steady_clock;
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Resets the peak-RSS counter (VmHWM) of this process; false if the kernel refuses.
 bool reset_peak_rss() {
   std::ofstream f("/proc/self/clear_refs");

@@ -20,6 +20,7 @@
 #include "core/mutex.hpp"
 #include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
+#include "strata/error.hpp"
 #include "strata/io_engine.hpp"
 #include "strata/io_file.hpp"
 #include "tier/swap_space.hpp"
@@ -262,6 +263,11 @@ class TierStore::Impl {
   void read_version_nvme(tier::Buf& b, const tier::Version& v, tier::Job& job,
                          tier::WorkerContext& ctx);
   tier::SnapshotRec& snapshot_locked(SnapshotId s) REQUIRES(mutex_);
+  // Throws Error(kCancelled) once the store shuts down, and its failure (kIo) once it has one.
+  void check_usable_locked() const REQUIRES(mutex_) {
+    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
+    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+  }
   // ---- pending versions (tier_versions.cpp)
   std::vector<tier::Buf*> distinct_locked(std::span<const BufferId> ids, const char* what)
       REQUIRES(mutex_);

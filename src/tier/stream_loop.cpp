@@ -8,6 +8,7 @@
 #include <exception>
 #include <optional>
 
+#include "core/checked_math.hpp"
 #include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
@@ -21,7 +22,6 @@ double since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 constexpr std::uint64_t kAlign = 4096;
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 Tier compute_tier(Where w) { return w == Where::kHost ? Tier::kCpu : Tier::kGpu; }
 

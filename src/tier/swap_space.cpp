@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 
+#include "core/checked_math.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/cleanup.hpp"
 #include "strata/error.hpp"
@@ -18,8 +19,6 @@
 
 namespace strata {
 namespace {
-
-std::uint64_t round_up(std::uint64_t v, std::uint64_t unit) { return (v + unit - 1) / unit * unit; }
 
 std::string run_suffix() {
   std::random_device rd;
@@ -195,10 +194,10 @@ SwapExtent SwapSpace::allocate(std::uint64_t bytes, const std::string& what) {
   auto e = allocator_->allocate(bytes);
   if (!e) {
     fail(ErrorCode::kBudget,
-         strcat("NVMe swap space full: ", what, " needs ", round_up(bytes, alignment_),
-                " bytes but ", allocator_->used(), " of ", capacity_,
-                " bytes are used (largest free extent ", allocator_->largest_free(),
-                " bytes); raise the NVMe capacity"));
+         strcat("NVMe swap space full: ", what, " needs ",
+                round_up(bytes, std::uint64_t{alignment_}), " bytes but ", allocator_->used(),
+                " of ", capacity_, " bytes are used (largest free extent ",
+                allocator_->largest_free(), " bytes); raise the NVMe capacity"));
   }
   return SwapExtent{e->offset, e->length};
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "core/checked_math.hpp"
 #include "core/rethrow.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
@@ -31,7 +32,6 @@ const char* op_name(OpKind k) {
   }
   return "tier store:";
 }
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 // ---- Transfer
@@ -409,8 +409,7 @@ Transfer TierStore::Impl::submit(OpKind kind, BufferId id, Tier tier, Access acc
   auto state = std::make_shared<Transfer::State>();
   {
     UniqueLock lock(mutex_);
-    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    check_usable_locked();
     Buf& b = buf_locked(id);
     if (kind == OpKind::kAcquire && tier == Tier::kNvme) {
       fail(ErrorCode::kInvalidArgument,
@@ -434,8 +433,7 @@ Transfer TierStore::Impl::submit_stream(OpKind kind, BufferId id, std::uint64_t 
   auto state = std::make_shared<Transfer::State>();
   {
     UniqueLock lock(mutex_);
-    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    check_usable_locked();
     Buf& b = buf_locked(id);
     if (kind != OpKind::kZero) {
       const char* what = kind == OpKind::kRead ? "read" : "write";

@@ -49,8 +49,7 @@ void TierStore::Impl::wait_blocks_idle_locked(UniqueLock& lock, const std::vecto
 
 SnapshotId TierStore::Impl::pin_committed(std::span<const BufferId> ids) {
   UniqueLock lock(mutex_);
-  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-  if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+  check_usable_locked();
   const std::vector<Buf*> bufs = distinct_locked(ids, "pin_committed");
   wait_blocks_idle_locked(lock, bufs, "pin_committed");
   for (const Buf* b : bufs) {
@@ -381,8 +380,7 @@ void TierStore::Impl::free_pending_locked(Buf& b) {
 
 void TierStore::Impl::open_pending(std::span<const BufferId> ids) {
   MutexLock lock(mutex_);
-  if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-  if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+  check_usable_locked();
   const std::vector<Buf*> bufs = distinct_locked(ids, "open_pending");
   for (const Buf* b : bufs)
     if (b->pending)
@@ -411,8 +409,7 @@ Transfer TierStore::Impl::submit_write_pending(BufferId id, std::uint64_t offset
   auto state = std::make_shared<Transfer::State>();
   {
     MutexLock lock(mutex_);
-    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    check_usable_locked();
     Buf& b = buf_locked(id);
     if (!b.pending)
       fail(ErrorCode::kInvalidArgument,
@@ -481,8 +478,7 @@ void TierStore::Impl::commit(std::span<const BufferId> ids) {
   std::vector<Transfer> jobs;
   {
     UniqueLock lock(mutex_);
-    if (stop_) fail(ErrorCode::kCancelled, "tier store: shutting down");
-    if (!failure_.empty()) fail(ErrorCode::kIo, failure_);
+    check_usable_locked();
     const std::vector<Buf*> bufs = distinct_locked(ids, "commit");
     wait_blocks_idle_locked(lock, bufs, "commit");
     for (const Buf* b : bufs) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/checked_math.hpp"
 #include "core/numeric.hpp"
 #include "device/pinned_pool.hpp"
 #include "strata/device.hpp"
@@ -15,7 +16,6 @@ namespace strata::zero {
 namespace {
 
 constexpr std::uint64_t kAlign = 4096;
-std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 
 // The leading elements of `count` that a placement puts off the gpu (rounded up to 1024).
 std::size_t leading(const OffloadTarget& t, std::size_t count) {

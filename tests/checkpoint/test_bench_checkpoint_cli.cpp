@@ -13,10 +13,8 @@ namespace {
 
 using nlohmann::json;
 
-std::string strata() { return binary_dir() + "/strata"; }
-
-int run(const std::string& args, std::string* out) {
-  return run_command("{ " + strata() + " bench checkpoint " + args + " 2>/dev/null; }", out);
+int run_bench(const std::string& args, std::string* out) {
+  return run_command("{ " + strata_cli() + " bench checkpoint " + args + " 2>/dev/null; }", out);
 }
 
 }  // namespace
@@ -25,10 +23,10 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
   TempDir swap("strata-bench-ckpt-swap"), dir("strata-bench-ckpt");
   std::string out;
   const int rc =
-      run(source_dir() + "/configs/default.yaml --params 20000 --rounds 1 --steps 2" +
-              " --set tiers.nvme.paths=[" + swap.str() + "] --set runtime.cpu_threads=1" +
-              " --set tiers.host.buffer_size=64KiB --dir " + dir.str() + " --json",
-          &out);
+      run_bench(source_dir() + "/configs/default.yaml --params 20000 --rounds 1 --steps 2" +
+                    " --set tiers.nvme.paths=[" + swap.str() + "] --set runtime.cpu_threads=1" +
+                    " --set tiers.host.buffer_size=64KiB --dir " + dir.str() + " --json",
+                &out);
   ASSERT_EQ(rc, 0) << out;
   const json j = json::parse(out);
   ASSERT_EQ(j["results"].size(), 2u) << out;
@@ -56,13 +54,13 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
 
 TEST(BenchCheckpointCli, HelpAndRefusals) {
   std::string out;
-  ASSERT_EQ(run("--help", &out), 0);
+  ASSERT_EQ(run_bench("--help", &out), 0);
   for (const char* k : {"--params", "--state", "--dir", "--rounds", "--steps", "--json", "--set"})
     EXPECT_NE(out.find(k), std::string::npos) << k << "\n" << out;
   const std::string cfg = source_dir() + "/configs/default.yaml";
-  EXPECT_EQ(run(cfg + " --state nvme --params 1000", &out), 2) << out;  // no nvme paths
-  EXPECT_EQ(run(cfg + " --state disk --params 1000", &out), 2) << out;
-  EXPECT_EQ(run(cfg + " --state cpu --params 0", &out), 2) << out;
+  EXPECT_EQ(run_bench(cfg + " --state nvme --params 1000", &out), 2) << out;  // no nvme paths
+  EXPECT_EQ(run_bench(cfg + " --state disk --params 1000", &out), 2) << out;
+  EXPECT_EQ(run_bench(cfg + " --state cpu --params 0", &out), 2) << out;
 }
 
 }  // namespace strata::testing

@@ -21,13 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string strata() { return binary_dir() + "/strata"; }
-
 // Exit code; stdout only into *out (stderr to *err when given).
 int run(const std::string& args, std::string* out, std::string* err = nullptr) {
   TempDir tmp("strata-ckpt-cmd-err");
   const std::string errfile = tmp.str() + "/stderr";
-  const int rc = run_command("{ " + strata() + " " + args + " 2>" + errfile + "; }", out);
+  const int rc = run_command("{ " + strata_cli() + " " + args + " 2>" + errfile + "; }", out);
   if (err) *err = read_file(errfile);
   return rc;
 }

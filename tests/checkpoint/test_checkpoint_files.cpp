@@ -22,12 +22,12 @@ namespace strata::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::vector<std::size_t> kSizes{1000, 3, 257};
+const std::vector<std::size_t> kFileSizes{1000, 3, 257};
 
 void save(const std::string& dir, std::uint64_t seed, int world = 2) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, world, rank, 1, DType::kFp32, seed);
+    FakeRank f = make_fake_rank(kFileSizes, world, rank, 1, DType::kFp32, seed);
     zero::save_checkpoint(dir, f.state, comm);
   }));
 }
@@ -35,13 +35,13 @@ void save(const std::string& dir, std::uint64_t seed, int world = 2) {
 // Loads into one rank; returns the error message ("" when it loaded the values of `seed`).
 std::string load(const std::string& dir, std::uint64_t seed) {
   auto comms = make_inprocess_communicators(1, 30.0);
-  FakeRank f = make_fake_rank(kSizes, 1, 0, 3, DType::kFp32, 0);
+  FakeRank f = make_fake_rank(kFileSizes, 1, 0, 3, DType::kFp32, 0);
   try {
     zero::load_checkpoint(dir, f.state, *comms[0]);
   } catch (const Error& e) {
     return e.what();
   }
-  EXPECT_EQ(check_fake_rank(f, kSizes, seed, "load"), 0u);
+  EXPECT_EQ(check_fake_rank(f, kFileSizes, seed, "load"), 0u);
   return "";
 }
 

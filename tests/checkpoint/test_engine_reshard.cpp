@@ -16,7 +16,7 @@
 namespace strata::testing {
 namespace {
 
-const std::vector<std::size_t> kSizes{4000, 17, 0, 2345, 1, 700};
+const std::vector<std::size_t> kReshardSizes{4000, 17, 0, 2345, 1, 700};
 constexpr StateKind kKinds[3] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
 
 struct EngineCase {
@@ -30,7 +30,7 @@ void PrintTo(const EngineCase& c, std::ostream* os) {
       << dtype_name(c.params) << ", nvme " << c.nvme;
 }
 
-std::string case_name(const ::testing::TestParamInfo<EngineCase>& i) {
+std::string engine_case_name(const ::testing::TestParamInfo<EngineCase>& i) {
   const auto& c = i.param;
   return strcat("N", c.n, "s", c.s, "_to_M", c.m, "s", c.s2, "_", dtype_name(c.params),
                 c.nvme > 0 ? "_nvme" : "");
@@ -48,10 +48,10 @@ Config config(int stage, DType params, double nvme, const std::string& swap) {
 }
 
 void add_tensors(Engine& e) {
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
+  for (std::size_t t = 0; t < kReshardSizes.size(); ++t) {
     std::mt19937_64 rng(500 + t);
     std::uniform_real_distribution<float> d(-1, 1);
-    std::vector<float> init(kSizes[t]);
+    std::vector<float> init(kReshardSizes[t]);
     for (auto& x : init) x = d(rng);
     e.add_parameter("block" + std::to_string(t), init);
   }
@@ -59,11 +59,11 @@ void add_tensors(Engine& e) {
 }
 
 void train_step(Engine& e, int rank, int step) {
-  for (std::size_t t = kSizes.size(); t-- > 0;) {
+  for (std::size_t t = kReshardSizes.size(); t-- > 0;) {
     std::mt19937_64 rng(7 + 1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t +
                         31ull * static_cast<std::uint64_t>(rank));
     std::normal_distribution<float> d(0.0f, 1.0f);
-    std::vector<float> g(kSizes[t]);
+    std::vector<float> g(kReshardSizes[t]);
     for (auto& x : g) x = d(rng);
     e.set_gradient(t, g.data());
   }
@@ -74,8 +74,8 @@ void train_step(Engine& e, int rank, int step) {
 using State = std::vector<std::vector<std::uint32_t>>;
 State state_of(Engine& e) {
   State s;
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
-    std::vector<float> v(kSizes[t]);
+  for (std::size_t t = 0; t < kReshardSizes.size(); ++t) {
+    std::vector<float> v(kReshardSizes[t]);
     for (StateKind k : kKinds) {
       e.read_state(t, k, v);
       s.emplace_back();
@@ -125,7 +125,7 @@ TEST_P(EngineReshard, LoadsBitwiseAndTrainsOnLikeAFreshRunFromTheSameState) {
     const State loaded = state_of(a);
     ASSERT_EQ(loaded, saved) << "rank " << rank << ": the loaded state differs from the saved one";
     std::size_t row = 0;
-    for (std::size_t t = 0; t < kSizes.size(); ++t, ++row) {
+    for (std::size_t t = 0; t < kReshardSizes.size(); ++t, ++row) {
       for (StateKind k : kKinds) {
         const auto& bits = saved[row++];
         std::vector<float> v(bits.size());
@@ -150,7 +150,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoint, EngineReshard,
                                            EngineCase{1, 3, 4, 2, DType::kFp16, 1.0},
                                            EngineCase{5, 1, 1, 3, DType::kFp32, 0},
                                            EngineCase{2, 2, 3, 0, DType::kBf16, 0}),
-                         case_name);
+                         engine_case_name);
 
 }  // namespace
 }  // namespace strata::testing

@@ -19,13 +19,13 @@ namespace strata::testing {
 namespace {
 
 namespace fs = std::filesystem;
-const std::vector<std::size_t> kSizes{70000, 17, 0, 12345, 1, 3000};
+const std::vector<std::size_t> kExportSizes{70000, 17, 0, 12345, 1, 3000};
 constexpr std::uint64_t kSeed = 23;
 
-void save_fake(const std::string& dir, int world, int stage) {
+void save_export_fake(const std::string& dir, int world, int stage) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, world, rank, stage, DType::kFp16, kSeed);
+    FakeRank f = make_fake_rank(kExportSizes, world, rank, stage, DType::kFp16, kSeed);
     zero::SaveOptions o;
     o.block_elems = 4096;
     zero::save_checkpoint(dir, f.state, comm, o);
@@ -35,7 +35,7 @@ void save_fake(const std::string& dir, int world, int stage) {
 TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   TempDir dir("strata-export");
   const std::string ckpt = dir.str() + "/ckpt";
-  save_fake(ckpt, 3, 3);
+  save_export_fake(ckpt, 3, 3);
   const auto report = zero::verify_checkpoint(ckpt);
   EXPECT_TRUE(report.problems.empty());
   EXPECT_EQ(report.manifest.world, 3);
@@ -44,21 +44,21 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
     zero::ExportOptions o;
     o.dtype = dt;
     const auto res = zero::export_safetensors(ckpt, out, o);
-    EXPECT_EQ(res.tensors, kSizes.size());
+    EXPECT_EQ(res.tensors, kExportSizes.size());
     EXPECT_EQ(res.bytes, fs::file_size(out));
     const SafeTensorsFile f = parse_safetensors(read_file(out));
-    ASSERT_EQ(f.tensors.size(), kSizes.size());
+    ASSERT_EQ(f.tensors.size(), kExportSizes.size());
     EXPECT_EQ(f.metadata.at("format"), "pt");
     EXPECT_EQ(f.metadata.at("saved_world"), "3");
     const std::size_t es = dtype_size(dt);
-    for (std::size_t t = 0; t < kSizes.size(); ++t) {
+    for (std::size_t t = 0; t < kExportSizes.size(); ++t) {
       const std::string name = "layer" + std::to_string(t) + ".w";
       ASSERT_TRUE(f.tensors.count(name)) << name;
       const SafeTensor& st = f.tensors.at(name);
       EXPECT_EQ(st.dtype, dt == DType::kFp32 ? "F32" : dt == DType::kBf16 ? "BF16" : "F16");
-      EXPECT_EQ(st.shape, std::vector<std::uint64_t>{kSizes[t]});
-      std::string want(kSizes[t] * es, '\0');
-      for (std::size_t e = 0; e < kSizes[t]; ++e)
+      EXPECT_EQ(st.shape, std::vector<std::uint64_t>{kExportSizes[t]});
+      std::string want(kExportSizes[t] * es, '\0');
+      for (std::size_t e = 0; e < kExportSizes[t]; ++e)
         comm::store_elem(want.data(), e, dt, std::bit_cast<float>(value_bits(kSeed, 1, t, e)));
       EXPECT_TRUE(st.bytes == want) << name << " " << dtype_name(dt);
     }
@@ -77,7 +77,7 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   zero::ExportOptions ow;
   ow.overwrite = true;
   zero::export_safetensors(ckpt, out, ow);
-  EXPECT_EQ(parse_safetensors(read_file(out)).tensors.size(), kSizes.size());
+  EXPECT_EQ(parse_safetensors(read_file(out)).tensors.size(), kExportSizes.size());
   // A damaged checkpoint: the export fails naming the block and leaves no file.
   const auto shards = shard_files(ckpt);
   const auto man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(ckpt));

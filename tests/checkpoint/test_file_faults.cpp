@@ -16,7 +16,7 @@
 namespace strata::testing {
 namespace {
 
-const std::vector<std::size_t> kSizes{3000, 17, 1234, 640};
+const std::vector<std::size_t> kFaultSizes{3000, 17, 1234, 640};
 constexpr int kWorld = 3;
 constexpr std::uint64_t kFirst = 11, kSecond = 22, kOwn = 5;  // seeds
 
@@ -26,7 +26,7 @@ std::vector<int> save_all(const std::string& dir, std::uint64_t seed, int faulty
   std::vector<int> codes(kWorld, -2);
   auto comms = make_inprocess_communicators(kWorld, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, kWorld, rank, 2, DType::kFp32, seed);
+    FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, seed);
     if (rank == faulty) f.state.env = env;
     try {
       zero::save_checkpoint(dir, f.state, comm, {.block_elems = 256});
@@ -44,16 +44,16 @@ int load_all(const std::string& dir, std::uint64_t want, int faulty, FileEnv* en
   std::atomic<int> loaded{0};
   auto comms = make_inprocess_communicators(kWorld, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, kWorld, rank, 2, DType::kFp32, kOwn);
+    FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, kOwn);
     if (rank == faulty) f.state.env = env;
     try {
       zero::load_checkpoint(dir, f.state, comm);
       ++loaded;
-      EXPECT_EQ(check_fake_rank(f, kSizes, want, "after a load"), 0u);
+      EXPECT_EQ(check_fake_rank(f, kFaultSizes, want, "after a load"), 0u);
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
       EXPECT_FALSE(f.state.restore_started) << e.what();
-      EXPECT_EQ(check_fake_rank(f, kSizes, kOwn, "after a failed load"), 0u);
+      EXPECT_EQ(check_fake_rank(f, kFaultSizes, kOwn, "after a failed load"), 0u);
     }
   }));
   return loaded.load();
@@ -112,7 +112,7 @@ TEST(CheckpointFileFaults, EveryFileOfASaveGoesThroughTheSeam) {
     envs.push_back(std::make_unique<FaultInjectingFileEnv>(FileEnv::standard()));
   auto comms = make_inprocess_communicators(kWorld, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, kWorld, rank, 2, DType::kFp32, kFirst);
+    FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, kFirst);
     f.state.env = envs[static_cast<std::size_t>(rank)].get();
     zero::save_checkpoint(dir.str(), f.state, comm, {.block_elems = 256});
   }));

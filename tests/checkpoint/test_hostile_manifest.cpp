@@ -31,8 +31,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 namespace ckpt = zero::ckpt;
 
-std::string strata() { return binary_dir() + "/strata"; }
-
 struct CliRun {
   int rc = -1;
   std::string out, err;
@@ -40,8 +38,8 @@ struct CliRun {
 CliRun run(const std::string& args, const std::string& prefix = "") {
   TempDir tmp("strata-hostile-err");
   CliRun r;
-  r.rc =
-      run_command("{ " + prefix + strata() + " " + args + " 2>" + tmp.str() + "/stderr; }", &r.out);
+  r.rc = run_command("{ " + prefix + strata_cli() + " " + args + " 2>" + tmp.str() + "/stderr; }",
+                     &r.out);
   r.err = read_file(tmp.str() + "/stderr");
   return r;
 }

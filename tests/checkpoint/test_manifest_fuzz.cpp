@@ -19,7 +19,7 @@
 namespace strata::testing {
 namespace {
 
-const std::vector<std::size_t> kSizes{300, 17, 0, 129};
+const std::vector<std::size_t> kFuzzSizes{300, 17, 0, 129};
 
 Config small_config() {
   Config cfg = base_engine_config(2, 100, 64, 60.0);
@@ -28,11 +28,11 @@ Config small_config() {
 }
 
 void one_step(Engine& e, int rank, int step) {
-  for (std::size_t t = kSizes.size(); t-- > 0;) {
+  for (std::size_t t = kFuzzSizes.size(); t-- > 0;) {
     std::mt19937_64 rng(1000003ull * static_cast<std::uint64_t>(step) + 7919ull * t +
                         static_cast<std::uint64_t>(rank));
     std::normal_distribution<float> d(0.0f, 1.0f);
-    std::vector<float> g(kSizes[t]);
+    std::vector<float> g(kFuzzSizes[t]);
     for (auto& x : g) x = d(rng);
     e.set_gradient(t, g.data());
   }
@@ -42,8 +42,8 @@ void one_step(Engine& e, int rank, int step) {
 // Everything load_checkpoint may change, as bits.
 std::vector<std::uint64_t> snapshot(Engine& e) {
   std::vector<std::uint64_t> s;
-  for (std::size_t t = 0; t < kSizes.size(); ++t) {
-    std::vector<float> v(kSizes[t]);
+  for (std::size_t t = 0; t < kFuzzSizes.size(); ++t) {
+    std::vector<float> v(kFuzzSizes[t]);
     for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
       e.read_state(t, k, v);
       for (float x : v) s.push_back(std::bit_cast<std::uint32_t>(x));
@@ -71,8 +71,8 @@ void fuzz(int world, std::size_t stride) {
       loads(static_cast<std::size_t>(world), 0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(small_config(), comm);
-    for (std::size_t t = 0; t < kSizes.size(); ++t) {
-      std::vector<float> init(kSizes[t]);
+    for (std::size_t t = 0; t < kFuzzSizes.size(); ++t) {
+      std::vector<float> init(kFuzzSizes[t]);
       for (std::size_t i = 0; i < init.size(); ++i)
         init[i] = static_cast<float>((i * 37 + t * 11) % 101) / 50.0f - 1;
       e.add_parameter("t" + std::to_string(t), init);

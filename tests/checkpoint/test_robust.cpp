@@ -23,13 +23,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::vector<std::size_t> kSizes{3000, 17, 0, 1234, 1, 640};
+const std::vector<std::size_t> kRobustSizes{3000, 17, 0, 1234, 1, 640};
 constexpr std::uint64_t kSaved = 41, kBefore = 7;  // seeds: the checkpoint's values, the ranks' own
 
-void save_fake(const std::string& dir, int world, int stage, std::uint64_t block = 256) {
+void save_robust_fake(const std::string& dir, int world, int stage, std::uint64_t block = 256) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, world, rank, stage, DType::kBf16, kSaved);
+    FakeRank f = make_fake_rank(kRobustSizes, world, rank, stage, DType::kBf16, kSaved);
     zero::SaveOptions o;
     o.block_elems = block;
     zero::save_checkpoint(dir, f.state, comm, o);
@@ -51,7 +51,7 @@ LoadResult load_fake(const std::string& dir, int world, int stage) {
   auto comms = make_inprocess_communicators(world, 30.0);
   std::mutex mu;
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-    FakeRank f = make_fake_rank(kSizes, world, rank, stage, DType::kBf16, kBefore);
+    FakeRank f = make_fake_rank(kRobustSizes, world, rank, stage, DType::kBf16, kBefore);
     int& code = res.codes[static_cast<std::size_t>(rank)];
     try {
       zero::load_checkpoint(dir, f.state, comm);
@@ -65,11 +65,11 @@ LoadResult load_fake(const std::string& dir, int world, int stage) {
       ADD_FAILURE() << "rank " << rank << ": not a strata error: " << e.what();
     }
     if (code == -1) {
-      EXPECT_EQ(check_fake_rank(f, kSizes, kSaved, "after a load"), 0u);
+      EXPECT_EQ(check_fake_rank(f, kRobustSizes, kSaved, "after a load"), 0u);
     } else {
       EXPECT_FALSE(f.state.restore_started)
           << "rank " << rank << " failed after it began restoring";
-      EXPECT_EQ(check_fake_rank(f, kSizes, kBefore, "after a failed load"), 0u);
+      EXPECT_EQ(check_fake_rank(f, kRobustSizes, kBefore, "after a failed load"), 0u);
       EXPECT_EQ(f.state.steps, kBefore % 1000 + 9) << "scalars changed by a failed load";
     }
   }));
@@ -95,7 +95,7 @@ struct SavedManifest {
   std::string text;
   json parsed;
   SavedManifest() {
-    save_fake(dir.str(), 2, 2);
+    save_robust_fake(dir.str(), 2, 2);
     text = read_file(path);
     parsed = json::parse(text);
   }
@@ -138,7 +138,7 @@ TEST(CheckpointRobust, NewerOrForeignFormatIsRefused) {
 
 TEST(CheckpointRobust, MissingOrTruncatedShardIsRefused) {
   TempDir dir("strata-robust");
-  save_fake(dir.str(), 3, 3);
+  save_robust_fake(dir.str(), 3, 3);
   const auto shards = shard_files(dir.path());
   ASSERT_EQ(shards.size(), 3u);
   const std::string saved = read_file(shards[1]);
@@ -159,7 +159,7 @@ TEST(CheckpointRobust, MissingOrTruncatedShardIsRefused) {
   EXPECT_TRUE(load_fake(dir.str(), 4, 2).loaded);
   // A shard of another checkpoint under this name: its header does not match.
   TempDir other("strata-robust");
-  save_fake(other.str(), 3, 3, 128);
+  save_robust_fake(other.str(), 3, 3, 128);
   const auto other_shards = shard_files(other.path());
   fs::copy_file(other_shards[1], shards[1], fs::copy_options::overwrite_existing);
   const auto r = load_fake(dir.str(), 2, 3);
@@ -172,7 +172,7 @@ TEST(CheckpointRobust, MissingOrTruncatedShardIsRefused) {
 // and `verify_checkpoint` reports each.
 TEST(CheckpointRobust, FlippedBitsInShardsAreCaught) {
   TempDir dir("strata-robust");
-  save_fake(dir.str(), 2, 1, 200);
+  save_robust_fake(dir.str(), 2, 1, 200);
   const auto shards = shard_files(dir.path());
   ASSERT_EQ(shards.size(), 2u);
   std::mt19937_64 rng(test_seed("flipped bits in shards"));

@@ -21,8 +21,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string strata() { return binary_dir() + "/strata"; }
-
 // fp16 gradients with a loss scale that overflows, backs off and grows again every 3 steps: the
 // scale, its good-step count and the skipped steps must all survive a restart.
 std::vector<std::string> train_args(int ranks, int steps = 24) {
@@ -50,7 +48,7 @@ std::vector<std::string> plus(std::vector<std::string> args, const std::vector<s
 }
 
 std::string shell(const std::vector<std::string>& args) {
-  std::string s = strata();
+  std::string s = strata_cli();
   for (const auto& a : args) s += " '" + a + "'";
   return s;
 }

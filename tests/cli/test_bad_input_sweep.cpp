@@ -18,8 +18,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string cli() { return binary_dir() + "/strata"; }
-
 // A shell word: single-quoted ('' for the empty string).
 std::string quoted(const std::string& s) { return "'" + s + "'"; }
 
@@ -27,15 +25,15 @@ struct Outcome {
   int rc = 0;
   std::string out;  // stdout and stderr
 };
-Outcome run(const std::string& args) {
+Outcome run_sweep(const std::string& args) {
   Outcome r;
-  r.rc = run_command("timeout 120 " + cli() + " " + args + " </dev/null 2>&1", &r.out);
+  r.rc = run_command("timeout 120 " + strata_cli() + " " + args + " </dev/null 2>&1", &r.out);
   return r;
 }
 
 void expect_refused(const std::string& args, const std::string& needle) {
   SCOPED_TRACE(args);
-  const Outcome r = run(args);
+  const Outcome r = run_sweep(args);
   EXPECT_EQ(r.rc, 2) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << "message does not name '" << needle << "':\n"
                                                    << r.out;
@@ -102,7 +100,7 @@ std::string fill(const std::string& form, const std::string& operand) {
 std::set<std::string> listed_commands() {
   std::set<std::string> names;
   auto scan = [&](const std::string& group) {
-    const Outcome r = run(group + " --help");
+    const Outcome r = run_sweep(group + " --help");
     std::istringstream lines(r.out);
     bool in_list = false;
     for (std::string line; std::getline(lines, line);) {
@@ -126,7 +124,7 @@ std::set<std::string> listed_commands() {
 }
 
 TEST(BadInputSweep, CoversEveryCommand) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   const Inputs in;
   std::set<std::string> swept;
   for (const Command& c : commands(in)) swept.insert(c.name);
@@ -138,7 +136,7 @@ TEST(BadInputSweep, CoversEveryCommand) {
 
 // Every command, every nonsense operand: exit 2, and the message names the operand.
 TEST(BadInputSweep, NonsenseOperandsExitTwoNamingThem) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   const Inputs in;
   for (const Command& c : commands(in)) {
     SCOPED_TRACE(c.name);
@@ -154,7 +152,7 @@ TEST(BadInputSweep, NonsenseOperandsExitTwoNamingThem) {
 
 // `strata clean` on a directory that holds nothing of strata's said "nothing left" and exited 0.
 TEST(BadInputSweep, CleanRefusesAPathWithNothingOfStratasBeforeRemovingAnything) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   const Inputs in;
   for (const std::string flags : {"", "--dry-run ", "--json "}) {
     expect_refused("clean " + flags + "/etc", "/etc holds nothing of strata's");
@@ -167,18 +165,18 @@ TEST(BadInputSweep, CleanRefusesAPathWithNothingOfStratasBeforeRemovingAnything)
   EXPECT_TRUE(fs::exists(left));
   // An empty swap path has nothing to clean; one with a leftover is cleaned.
   fs::remove(left);
-  const Outcome empty = run("clean " + in.empty);
+  const Outcome empty = run_sweep("clean " + in.empty);
   EXPECT_EQ(empty.rc, 0) << empty.out;
   EXPECT_NE(empty.out.find("nothing left"), std::string::npos) << empty.out;
   fs::create_directory(left);
-  const Outcome cleaned = run("clean " + in.empty);
+  const Outcome cleaned = run_sweep("clean " + in.empty);
   EXPECT_EQ(cleaned.rc, 0) << cleaned.out;
   EXPECT_FALSE(fs::exists(left)) << cleaned.out;
 }
 
 // Options given an empty string, or given without the option they qualify, were ignored (exit 0).
 TEST(BadInputSweep, EmptyAndDanglingOptionsAreRefused) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   const Inputs in;
   const std::string io = "bench io --size 1MiB --dir " + in.empty;
   expect_refused("train " + in.config + " --steps 1 --checkpoint-dir ''", "--checkpoint-dir");

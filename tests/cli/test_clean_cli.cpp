@@ -19,8 +19,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string cli() { return binary_dir() + "/strata"; }
-
 long dead_pid() {
   pid_t pid = fork();
   if (pid == 0) _exit(0);
@@ -40,13 +38,14 @@ std::size_t count_entries(const std::string& dir) {
 }
 
 TEST(CleanCli, DryRunListsThenCleanRemoves) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-clean");
   const long dead = dead_pid();
   const std::string d = make_leftover(dir.str(), dead, 1 << 20);
   const std::string live = make_leftover(dir.str(), getpid(), 10);
   std::string out;
-  ASSERT_EQ(run_command(cli() + " clean --dry-run --json " + dir.str() + "/ 2>/dev/null", &out), 0)
+  ASSERT_EQ(
+      run_command(strata_cli() + " clean --dry-run --json " + dir.str() + "/ 2>/dev/null", &out), 0)
       << out;
   auto j = nlohmann::json::parse(out);
   EXPECT_TRUE(j["dry_run"].get<bool>());
@@ -65,24 +64,25 @@ TEST(CleanCli, DryRunListsThenCleanRemoves) {
   EXPECT_GE(would, 1u << 20);
   EXPECT_EQ(j["would_free_bytes"].get<std::uint64_t>(), would);
   EXPECT_TRUE(fs::exists(d + "/swap.bin"));
-  ASSERT_EQ(run_command(cli() + " clean " + dir.str(), &out), 0) << out;
+  ASSERT_EQ(run_command(strata_cli() + " clean " + dir.str(), &out), 0) << out;
   EXPECT_NE(out.find("removed: " + d), std::string::npos) << out;
   EXPECT_NE(out.find("freed 1 MiB"), std::string::npos) << out;
   EXPECT_FALSE(fs::exists(d));
   EXPECT_TRUE(fs::exists(live + "/swap.bin"));
-  ASSERT_EQ(run_command(cli() + " clean " + dir.str() + " --json 2>/dev/null", &out), 0) << out;
+  ASSERT_EQ(run_command(strata_cli() + " clean " + dir.str() + " --json 2>/dev/null", &out), 0)
+      << out;
   EXPECT_EQ(nlohmann::json::parse(out)["freed_bytes"].get<std::uint64_t>(), 0u);
 }
 
 TEST(CleanCli, RefusesUnsafePaths) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-clean");
   const std::string ww = dir.str() + "/ww";
   fs::create_directory(ww);
   chmod(ww.c_str(), 0777);
   make_leftover(ww, dead_pid(), 10);
   std::string out;
-  EXPECT_EQ(run_command(cli() + " clean " + ww, &out), 2) << out;
+  EXPECT_EQ(run_command(strata_cli() + " clean " + ww, &out), 2) << out;
   EXPECT_NE(out.find("writable by every user"), std::string::npos) << out;
   EXPECT_EQ(count_entries(ww), 1u);
 }
@@ -110,13 +110,13 @@ int run_and_signal(const std::vector<std::string>& args, const std::string& dir,
 
 // issue 15: SIGTERM and SIGINT left every swap directory behind.
 TEST(CleanShutdown, TrainRemovesItsSwapOnSigtermAndSigint) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   for (int sig : {SIGTERM, SIGINT}) {
     SCOPED_TRACE(sig);
     TempDir swap("strata-shutdown");
     const int status =
-        run_and_signal({cli(), "train", source_dir() + "/configs/nvme-offload.yaml", "--steps",
-                        "1000000", "--ranks", "2", "--hidden", "48", "--set",
+        run_and_signal({strata_cli(), "train", source_dir() + "/configs/nvme-offload.yaml",
+                        "--steps", "1000000", "--ranks", "2", "--hidden", "48", "--set",
                         "tiers.nvme.paths=[" + swap.str() + "]", "--set", "runtime.cpu_threads=1"},
                        swap.str(), sig);
     ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
@@ -129,12 +129,12 @@ TEST(CleanShutdown, TrainRemovesItsSwapOnSigtermAndSigint) {
 // `bench step` measures in a child process: a SIGTERM to the command reaches the child too
 // (PR_SET_PDEATHSIG), which removes its swap.
 TEST(CleanShutdown, BenchStepChildRemovesItsSwapWhenTheCommandIsKilled) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir swap("strata-shutdown");
   const int status = run_and_signal(
-      {cli(), "bench", "step", source_dir() + "/bench/step/step.yaml", "--params", "4M", "--rounds",
-       "1000", "--no-scaling", "--set", "tiers.nvme.paths=[" + swap.str() + "]", "--set",
-       "tiers.host.buffer_size=1MiB"},
+      {strata_cli(), "bench", "step", source_dir() + "/bench/step/step.yaml", "--params", "4M",
+       "--rounds", "1000", "--no-scaling", "--set", "tiers.nvme.paths=[" + swap.str() + "]",
+       "--set", "tiers.host.buffer_size=1MiB"},
       swap.str(), SIGTERM);
   ASSERT_TRUE(WIFSIGNALED(status)) << "status " << status;
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
@@ -146,9 +146,9 @@ TEST(CleanShutdown, BenchStepChildRemovesItsSwapWhenTheCommandIsKilled) {
 
 // A run killed with SIGKILL leaves its swap; the next run under the same path removes it.
 TEST(CleanShutdown, NextRunRemovesWhatAKilledRunLeft) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir swap("strata-shutdown");
-  const std::vector<std::string> args = {cli(),
+  const std::vector<std::string> args = {strata_cli(),
                                          "train",
                                          source_dir() + "/configs/nvme-offload.yaml",
                                          "--steps",
@@ -166,7 +166,7 @@ TEST(CleanShutdown, NextRunRemovesWhatAKilledRunLeft) {
   ASSERT_EQ(count_entries(swap.str()), 1u);
   const std::string left = fs::directory_iterator(swap.path())->path().string();
   std::string out;
-  ASSERT_EQ(run_command(cli() + " train " + source_dir() +
+  ASSERT_EQ(run_command(strata_cli() + " train " + source_dir() +
                             "/configs/nvme-offload.yaml --steps 1 --ranks 1 "
                             "--hidden 48 --set tiers.nvme.paths=[" +
                             swap.str() + "] --set runtime.cpu_threads=1",
@@ -180,7 +180,7 @@ TEST(CleanShutdown, NextRunRemovesWhatAKilledRunLeft) {
 // A killed `bench io` leaves its file (issue 25.6); the next `bench io` in that --dir removes it,
 // as a swap space removes what killed runs left. A file of a live process is kept.
 TEST(CleanShutdown, NextBenchIoRemovesWhatAKilledOneLeft) {
-  if (!fs::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!fs::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-bench-left");
   const std::string dead =
       dir.str() + "/.strata-bench-io-" + std::to_string(dead_pid()) + "-0123abcd";
@@ -189,7 +189,7 @@ TEST(CleanShutdown, NextBenchIoRemovesWhatAKilledOneLeft) {
   std::ofstream(dead) << std::string(1 << 20, 'x');
   std::ofstream(live) << "y";
   std::string out;
-  ASSERT_EQ(run_command(cli() + " bench io --dir " + dir.str() +
+  ASSERT_EQ(run_command(strata_cli() + " bench io --dir " + dir.str() +
                             " --size 1MiB --block-size 128KiB"
                             " --queue-depth 2 --rw write --engine threads --direct-io off",
                         &out),

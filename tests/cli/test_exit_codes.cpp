@@ -12,15 +12,13 @@
 namespace strata::testing {
 namespace {
 
-std::string cli() { return binary_dir() + "/strata"; }
-
 struct RunResult {
   int rc;
   std::string out;
 };
 RunResult run(const std::string& args) {
   RunResult r;
-  r.rc = run_command("timeout 60 " + cli() + " " + args + " </dev/null", &r.out);
+  r.rc = run_command("timeout 60 " + strata_cli() + " " + args + " </dev/null", &r.out);
   return r;
 }
 
@@ -49,7 +47,7 @@ void expect_bad_input(const std::string& args, const std::string& needle) {
 class ConfigCommand : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ConfigCommand, BadConfigPathsAndArgumentsExitTwo) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   const std::string cmd = GetParam();
   BadConfigs b;
   expect_bad_input(cmd + " " + b.missing, "no such file");
@@ -75,7 +73,7 @@ INSTANTIATE_TEST_SUITE_P(Commands, ConfigCommand,
                          });
 
 TEST(ExitCodes, BenchAdam) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   expect_bad_input("bench adam --params lots", "lots");
   expect_bad_input("bench adam --params 1M --grads fp8", "fp8");
   expect_bad_input("bench adam --params 1M --threads 5000", "1024");
@@ -84,7 +82,7 @@ TEST(ExitCodes, BenchAdam) {
 }
 
 TEST(ExitCodes, BenchIo) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-exit");
   expect_bad_input("bench io --dir " + dir.str() + "/missing --size 1MiB", "No such file");
   expect_bad_input("bench io --dir /proc --size 1MiB", "not on a disk");
@@ -96,7 +94,7 @@ TEST(ExitCodes, BenchIo) {
 }
 
 TEST(ExitCodes, Checkpoint) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-exit");
   for (const char* sub : {"info", "verify"}) {
     expect_bad_input(std::string("checkpoint ") + sub + " " + dir.str() + "/missing", "missing");
@@ -113,7 +111,7 @@ TEST(ExitCodes, Checkpoint) {
 }
 
 TEST(ExitCodes, ImportDeepspeed) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   TempDir dir("strata-exit");
   expect_bad_input("import-deepspeed " + dir.str() + "/missing.json", "missing.json");
   expect_bad_input("import-deepspeed " + dir.str(), dir.str());
@@ -124,7 +122,7 @@ TEST(ExitCodes, ImportDeepspeed) {
 }
 
 TEST(ExitCodes, InfoCleanAndTopLevel) {
-  if (!std::filesystem::exists(cli())) GTEST_SKIP() << "no strata CLI built";
+  if (!std::filesystem::exists(strata_cli())) GTEST_SKIP() << "no strata CLI built";
   expect_bad_input("info --bogus", "bogus");
   expect_bad_input("no-such-command", "unknown command 'no-such-command'");
   expect_bad_input("", "");

@@ -249,6 +249,7 @@ TEST(SafeFs, ReadOnlyOpensUnsafeDirectoriesAndRefusesEveryWrite) {
     EXPECT_EQ(std::string(buf), "data");
   }
   auto expect_internal = [](auto&& f, const std::string& what) {
+    SCOPED_TRACE(what);
     strata::testing::expect_error(ErrorCode::kInternal, "opened read-only", [&] { f(); });
   };
   expect_internal([&] { d.create_file("new", O_WRONLY); }, "create_file");

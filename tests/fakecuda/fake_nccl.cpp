@@ -51,13 +51,13 @@ struct CommState {
   std::uint64_t seq = 0;  // next collective
 };
 
-struct Registry {
+struct NcclRegistry {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Group>> groups;  // by id bytes
 };
 
-Registry& registry() {
-  static Registry* r = new Registry();
+NcclRegistry& nccl_registry() {
+  static NcclRegistry* r = new NcclRegistry();
   return *r;
 }
 
@@ -236,7 +236,7 @@ extern "C" {
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   if (!id) return ncclInvalidArgument;
   static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard<std::mutex> lock(registry().mu);
+  std::lock_guard<std::mutex> lock(nccl_registry().mu);
   std::memset(id->internal, 0, sizeof id->internal);
   std::memcpy(id->internal, "FAKENCCL", 8);
   for (int i = 8; i < 32; i += 8) {
@@ -244,7 +244,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
     std::memcpy(id->internal + i, &x, 8);
   }
   auto g = std::make_shared<Group>();
-  registry().groups[key(*id)] = g;
+  nccl_registry().groups[key(*id)] = g;
   return ncclSuccess;
 }
 
@@ -257,12 +257,12 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId i
   cs->rank = rank;
   cs->device = dev;
   {
-    std::lock_guard<std::mutex> lock(registry().mu);
-    auto it = registry().groups.find(key(id));
+    std::lock_guard<std::mutex> lock(nccl_registry().mu);
+    auto it = nccl_registry().groups.find(key(id));
     // An id nobody made here: the root is gone; the init never completes (state stays
     // ncclInProgress; a blocking init would hang).
-    cs->group = it != registry().groups.end() ? it->second : std::make_shared<Group>();
-    if (it == registry().groups.end()) cs->group->nranks = -1;
+    cs->group = it != nccl_registry().groups.end() ? it->second : std::make_shared<Group>();
+    if (it == nccl_registry().groups.end()) cs->group->nranks = -1;
   }
   Group& g = *cs->group;
   {

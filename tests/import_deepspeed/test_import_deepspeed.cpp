@@ -22,7 +22,6 @@
 namespace strata::testing {
 namespace {
 
-std::string strata() { return binary_dir() + "/strata"; }
 std::string config_dir() { return source_dir() + "/tests/import_deepspeed/configs/"; }
 
 std::string slurp(const std::string& p) {
@@ -39,7 +38,7 @@ struct CliRun {
 CliRun run(const std::string& args) {
   TempDir tmp("strata-import-err");
   CliRun r;
-  r.rc = run_command("{ " + strata() + " " + args + " 2>" + tmp.str() + "/err; }", &r.out);
+  r.rc = run_command("{ " + strata_cli() + " " + args + " 2>" + tmp.str() + "/err; }", &r.out);
   r.err = slurp(tmp.str() + "/err");
   return r;
 }

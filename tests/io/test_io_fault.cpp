@@ -49,7 +49,7 @@ class FaultTest : public ::testing::TestWithParam<IoEngineKind> {
   IoBuffer w_, r_;
 };
 
-std::string kind_name(const ::testing::TestParamInfo<IoEngineKind>& info) {
+std::string fault_kind_name(const ::testing::TestParamInfo<IoEngineKind>& info) {
   return info.param == IoEngineKind::kIoUring ? "io_uring" : "threads";
 }
 
@@ -169,7 +169,7 @@ TEST(FaultEngine, RefusesANullInnerEngine) {
 
 INSTANTIATE_TEST_SUITE_P(Engines, FaultTest,
                          ::testing::Values(IoEngineKind::kIoUring, IoEngineKind::kThreads),
-                         kind_name);
+                         fault_kind_name);
 
 }  // namespace
 }  // namespace strata

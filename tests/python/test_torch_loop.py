@@ -377,6 +377,18 @@ class AsyncCheckpoint(unittest.TestCase):
     shards are written; wait_checkpoint() commits. The checkpoint equals a blocking save of the
     same step, and the steps after it are those of a run that did not save."""
 
+    def resumed(self, *dirs):
+        """Two more steps of a fresh model (other initial values) resumed from each checkpoint
+        of step 3."""
+        got = []
+        for d in dirs:
+            model = A.tiny_gpt(seed=9)
+            opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+            self.assertEqual(opt.load_checkpoint(d)["step"], 3)
+            got.append(A.train(model, opt, 2, start=3))
+            opt.close()
+        return got
+
     def test_async_equals_blocking(self):
         with tempfile.TemporaryDirectory() as a_dir, tempfile.TemporaryDirectory() as b_dir:
             model = A.tiny_gpt()
@@ -397,13 +409,7 @@ class AsyncCheckpoint(unittest.TestCase):
             self.assertEqual(A.train(model, opt, 2, start=3), after)  # the save changed nothing
             opt.close()
 
-            got = []
-            for d in (a_dir, b_dir):
-                model = A.tiny_gpt(seed=9)
-                opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
-                self.assertEqual(opt.load_checkpoint(d)["step"], 3)
-                got.append(A.train(model, opt, 2, start=3))
-                opt.close()
+            got = self.resumed(a_dir, b_dir)
             self.assertEqual(got[0], got[1])
             self.assertEqual(got[0], after)
 
@@ -420,13 +426,7 @@ class AsyncCheckpoint(unittest.TestCase):
             self.assertTrue(opt.checkpoint_pending)
             opt.close()
             self.assertTrue(os.path.exists(os.path.join(a_dir, "manifest.json")))
-            got = []
-            for d in (a_dir, b_dir):
-                model = A.tiny_gpt(seed=9)
-                opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
-                self.assertEqual(opt.load_checkpoint(d)["step"], 3)
-                got.append(A.train(model, opt, 2, start=3))
-                opt.close()
+            got = self.resumed(a_dir, b_dir)
             self.assertEqual(got[0], got[1])
 
 

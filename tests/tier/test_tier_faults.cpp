@@ -21,7 +21,7 @@ namespace st = strata::testing;
 
 namespace {
 
-constexpr std::uint64_t kOdd = (250 << 10) + 77;  // 4 pieces of 64 KiB
+constexpr std::uint64_t kOddFaults = (250 << 10) + 77;  // 4 pieces of 64 KiB
 
 void flip_bit_in_swap(st::StoreRig& rig, BufferId id, std::uint64_t buffer_offset, int bit) {
   auto [ext, len] = rig.store->nvme_extent(id);
@@ -48,7 +48,7 @@ class MemoryTierFaults : public ::testing::TestWithParam<Tier> {
 
 TEST_P(MemoryTierFaults, ReadErrorMidMoveKeepsTheSource) {
   const Tier dst = GetParam();
-  auto data = st::random_bytes(kOdd, 5);
+  auto data = st::random_bytes(kOddFaults, 5);
   auto id = rig.add("m", Tier::kCpu, data);
   rig.store->move(id, Tier::kNvme).wait();
   auto f = rig.fault->add_fault(IoFault::fail_nth(3, EIO, IoOp::kRead));
@@ -61,24 +61,24 @@ TEST_P(MemoryTierFaults, ReadErrorMidMoveKeepsTheSource) {
   EXPECT_FALSE(i.allocated[int(dst)]);
   rig.fault->clear_faults();
   rig.store->move(id, dst).wait();
-  EXPECT_EQ(rig.read(id, dst, kOdd), data) << tier_name(dst);
+  EXPECT_EQ(rig.read(id, dst, kOddFaults), data) << tier_name(dst);
 }
 
 TEST_P(MemoryTierFaults, ShortReadMidMoveIsAnError) {
   const Tier dst = GetParam();
-  auto data = st::random_bytes(kOdd, 6);
+  auto data = st::random_bytes(kOddFaults, 6);
   auto id = rig.add("m", Tier::kCpu, data);
   rig.store->evict(id, Tier::kCpu).wait();
   rig.fault->add_fault(IoFault::short_nth(2, 4096, IoOp::kRead));
   EXPECT_THROW(rig.store->prefetch(id, dst).wait(), IoError);
   EXPECT_TRUE(rig.store->info(id).valid[int(Tier::kNvme)]);
   rig.fault->clear_faults();
-  EXPECT_EQ(rig.read(id, dst, kOdd), data);
+  EXPECT_EQ(rig.read(id, dst, kOddFaults), data);
 }
 
 TEST_P(MemoryTierFaults, WriteErrorKeepsTheMemoryCopy) {
   const Tier src = GetParam();
-  auto data = st::random_bytes(kOdd, 8);
+  auto data = st::random_bytes(kOddFaults, 8);
   auto id = rig.add("w", src, data);
   rig.fault->add_fault(IoFault::fail_nth(2, ENOSPC, IoOp::kWrite));
   // cpu: evict writes it down to NVMe; gpu: a move to NVMe (evicting a GPU copy goes to cpu).
@@ -89,16 +89,16 @@ TEST_P(MemoryTierFaults, WriteErrorKeepsTheMemoryCopy) {
   auto i = rig.store->info(id);
   EXPECT_TRUE(i.valid[int(src)]);
   EXPECT_FALSE(i.valid[int(Tier::kNvme)]);
-  EXPECT_EQ(rig.read(id, src, kOdd), data);
+  EXPECT_EQ(rig.read(id, src, kOddFaults), data);
   rig.fault->clear_faults();
   down().wait();
   EXPECT_FALSE(rig.store->info(id).allocated[int(src)]);
-  EXPECT_EQ(rig.read(id, src == Tier::kCpu ? Tier::kGpu : Tier::kCpu, kOdd), data);
+  EXPECT_EQ(rig.read(id, src == Tier::kCpu ? Tier::kGpu : Tier::kCpu, kOddFaults), data);
 }
 
 TEST_P(MemoryTierFaults, FlippedBitInTheSwapFileIsAChecksumError) {
   const Tier dst = GetParam();
-  auto data = st::random_bytes(kOdd, 12);
+  auto data = st::random_bytes(kOddFaults, 12);
   auto id = rig.add("moment1", Tier::kCpu, data);
   rig.store->move(id, Tier::kNvme).wait();
   flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // third piece
@@ -110,7 +110,7 @@ TEST_P(MemoryTierFaults, FlippedBitInTheSwapFileIsAChecksumError) {
   EXPECT_FALSE(rig.store->info(id).valid[int(dst)]);
   flip_bit_in_swap(rig, id, (128 << 10) + 999, 3);  // repaired
   rig.store->move(id, dst).wait();
-  EXPECT_EQ(rig.read(id, dst, kOdd), data);
+  EXPECT_EQ(rig.read(id, dst, kOddFaults), data);
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiers, MemoryTierFaults, ::testing::Values(Tier::kCpu, Tier::kGpu),
@@ -145,8 +145,8 @@ TEST(TierFaults, APartialReadChecksOnlyTheUnitsItReads) {
 TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
   {
     st::StoreRig rig;
-    auto id = rig.store->register_buffer({"c", kOdd, DType::kFp32, Tier::kCpu, {}});
-    rig.write(id, Tier::kCpu, st::random_bytes(kOdd, 13));
+    auto id = rig.store->register_buffer({"c", kOddFaults, DType::kFp32, Tier::kCpu, {}});
+    rig.write(id, Tier::kCpu, st::random_bytes(kOddFaults, 13));
     rig.store->evict(id, Tier::kCpu).wait();
     rig.fault->add_fault(IoFault::corrupt_nth_read(2));
     st::expect_error(ErrorCode::kChecksum, "", [&] { rig.store->prefetch(id, Tier::kGpu).wait(); });
@@ -154,12 +154,12 @@ TEST(TierFaults, CorruptedReadIsCaughtAndUncheckedWhenChecksumsAreOff) {
   st::RigOptions o;
   o.checksum = false;
   st::StoreRig rig(o);
-  auto data = st::random_bytes(kOdd, 14);
+  auto data = st::random_bytes(kOddFaults, 14);
   auto id = rig.add("c", Tier::kCpu, data);
   rig.store->evict(id, Tier::kCpu).wait();
   rig.fault->add_fault(IoFault::corrupt_nth_read(1, 100));
   rig.store->prefetch(id, Tier::kCpu).wait();  // nothing checks: the corruption goes through
-  EXPECT_NE(rig.read(id, Tier::kCpu, kOdd), data);
+  EXPECT_NE(rig.read(id, Tier::kCpu, kOddFaults), data);
 }
 
 // F10 (issue 27): a device->host copy into a pool buffer that timed out is still queued; its

@@ -18,7 +18,8 @@ namespace st = strata::testing;
 
 namespace {
 
-constexpr std::uint64_t kOdd = (200 << 10) + 13;  // 4 pieces of 64 KiB, the last one partial
+constexpr std::uint64_t kOddVersions =
+    (200 << 10) + 13;  // 4 pieces of 64 KiB, the last one partial
 
 enum class Rewrite { kAcquireWrite, kAcquireDiscard, kStreamWrite, kZero };
 const char* rewrite_name(Rewrite r) {
@@ -104,7 +105,7 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
   const Case c = GetParam();
   st::StoreRig rig;
   const std::uint64_t seed = st::test_seed("PinnedVersion");
-  const auto old_data = st::random_bytes(kOdd, seed);
+  const auto old_data = st::random_bytes(kOddVersions, seed);
   const BufferId id = add(rig, "opt.0", c.home, old_data);
   place(rig, id, c.home, c.placement);
   const std::uint64_t swap_before = rig.store->usage(Tier::kNvme).used;
@@ -118,9 +119,10 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
                                                                       : Tier::kGpu;
   const std::uint64_t padded = rig.store->padded_bytes(id);
   EXPECT_EQ(rig.store->rewrite_cost(s)[cost_tier], padded);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), old_data);  // before any change: the committed one
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions),
+            old_data);  // before any change: the committed one
 
-  auto new_data = st::random_bytes(kOdd, seed + 1);
+  auto new_data = st::random_bytes(kOddVersions, seed + 1);
   rewrite(rig, id, c.home, c.how, new_data);
   VersionUsage u = rig.store->version_usage();
   EXPECT_EQ(u.snapshots, 1u);
@@ -128,15 +130,15 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
   EXPECT_EQ(u.diverged_blocks, 1u);
   EXPECT_EQ(u.held[cost_tier], padded);
   EXPECT_EQ(rig.store->rewrite_cost(s)[cost_tier], 0u);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), new_data);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), old_data);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), new_data);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), old_data);
   EXPECT_EQ(read_pinned(rig, s, id, 70000, Tier::kGpu, 65531), slice(old_data, 65531, 70000));
 
-  auto newer = st::random_bytes(kOdd, seed + 2);  // a second rewrite copies nothing more
+  auto newer = st::random_bytes(kOddVersions, seed + 2);  // a second rewrite copies nothing more
   rewrite(rig, id, c.home, Rewrite::kStreamWrite, newer);
   EXPECT_EQ(rig.store->version_usage().held[cost_tier], padded);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd, Tier::kCpu), old_data);
-  EXPECT_EQ(rig.read(id, Tier::kGpu, kOdd), newer);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions, Tier::kCpu), old_data);
+  EXPECT_EQ(rig.read(id, Tier::kGpu, kOddVersions), newer);
 
   rig.store->unpin(s);
   u = rig.store->version_usage();
@@ -148,7 +150,7 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
   EXPECT_LE(rig.store->usage(Tier::kNvme).used, swap_before);  // the old slot went back
   EXPECT_LE(rig.store->usage(Tier::kCpu).used, host_before);
   EXPECT_LE(rig.store->usage(Tier::kGpu).used, gpu_before);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), newer);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), newer);
   st::expect_error(ErrorCode::kInvalidArgument, "no snapshot",
                    [&] { rig.store->read_pinned(s, id, 0, 0, nullptr).wait(); });
 }
@@ -184,7 +186,7 @@ TEST(PinnedVersions, MixedTiersOneSnapshot) {
   std::vector<BufferId> ids;
   std::vector<std::vector<std::uint8_t>> old;
   for (std::size_t k = 0; k < std::size(homes); ++k) {
-    old.push_back(st::random_bytes(kOdd - 977 * k, seed + k));
+    old.push_back(st::random_bytes(kOddVersions - 977 * k, seed + k));
     ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
   }
   const SnapshotId s = rig.store->pin_committed(ids);
@@ -207,17 +209,17 @@ TEST(PinnedVersions, MixedTiersOneSnapshot) {
 // Two snapshots of one committed version share its copy; it is freed with the last pin.
 TEST(PinnedVersions, TwoSnapshotsShareOneCopy) {
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOdd, 7);
+  const auto a = st::random_bytes(kOddVersions, 7);
   const BufferId id = add(rig, "opt.0", Tier::kCpu, a);
   const BufferId ids[] = {id};
   const SnapshotId s1 = rig.store->pin_committed(ids), s2 = rig.store->pin_committed(ids);
-  auto b = st::random_bytes(kOdd, 8);
+  auto b = st::random_bytes(kOddVersions, 8);
   rig.write(id, Tier::kCpu, b);
   const std::uint64_t padded = rig.store->padded_bytes(id);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], padded);
   rig.store->unpin(s1);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], padded);
-  EXPECT_EQ(read_pinned(rig, s2, id, kOdd), a);
+  EXPECT_EQ(read_pinned(rig, s2, id, kOddVersions), a);
   rig.store->unpin(s2);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], 0u);
 }
@@ -227,20 +229,20 @@ TEST(PinnedVersions, CopyOverBudgetRefusedNothingChanged) {
   st::RigOptions o;
   o.host_budget = (256 << 10) + 4 * (64 << 10) + (64 << 10);  // the pool, the block, not a copy
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOdd, 11);
+  const auto a = st::random_bytes(kOddVersions, 11);
   const BufferId id = add(rig, "opt.0", Tier::kCpu, a);
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
-  auto b = st::random_bytes(kOdd, 12);
+  auto b = st::random_bytes(kOddVersions, 12);
   st::expect_error(ErrorCode::kBudget, "pinned version of buffer 'opt.0'",
                    [&] { rig.write(id, Tier::kCpu, b); });
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
   EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kCpu], rig.store->padded_bytes(id));
   EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], 0u);
   rig.store->unpin(s);
   rig.write(id, Tier::kCpu, b);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
 }
 
 // A full swap space refuses the new slot: the write fails, both versions stay as they were.
@@ -248,15 +250,15 @@ TEST(PinnedVersions, NewSlotOverCapacityRefused) {
   st::RigOptions o;
   o.nvme_capacity = 256 << 10;  // one block's slot
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOdd, 21);
+  const auto a = st::random_bytes(kOddVersions, 21);
   const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
-  auto b = st::random_bytes(kOdd, 22);
+  auto b = st::random_bytes(kOddVersions, 22);
   st::expect_error(ErrorCode::kBudget, "snapshot",
                    [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
   EXPECT_TRUE(rig.store->failure().empty());
   rig.store->unpin(s);
 }
@@ -265,34 +267,35 @@ TEST(PinnedVersions, NewSlotOverCapacityRefused) {
 // version: each reported; the pinned version reads back unchanged afterwards.
 TEST(PinnedVersions, IoFaultsLeavePinnedVersionIntact) {
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOdd, 31);
+  const auto a = st::random_bytes(kOddVersions, 31);
   const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
   // Failed and corrupted reads of the pinned version (still the committed one, then a new one).
   for (int round = 0; round < 2; ++round) {
     rig.fault->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
-    st::expect_error<IoError>(ErrorCode::kIo, "", [&] { read_pinned(rig, s, id, kOdd); });
+    st::expect_error<IoError>(ErrorCode::kIo, "", [&] { read_pinned(rig, s, id, kOddVersions); });
     rig.fault->clear_faults();
     rig.fault->add_fault(IoFault::corrupt_nth_read(1));
     st::expect_error(ErrorCode::kChecksum, "buffer 'opt.0'",
-                     [&] { read_pinned(rig, s, id, kOdd); });
+                     [&] { read_pinned(rig, s, id, kOddVersions); });
     rig.fault->clear_faults();
-    EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+    EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
     EXPECT_TRUE(rig.store->failure().empty());
     if (round == 1) break;
-    auto fresh = st::random_bytes(kOdd, 33);
+    auto fresh = st::random_bytes(kOddVersions, 33);
     rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, fresh);
-    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), fresh);  // the committed version, untouched too
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions),
+              fresh);  // the committed version, untouched too
   }
   // A failed rewrite of the block (its write to the new slot).
   rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
-  auto b = st::random_bytes(kOdd, 32);
+  auto b = st::random_bytes(kOddVersions, 32);
   st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
                             [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
   rig.fault->clear_faults();
-  EXPECT_FALSE(rig.store->failure().empty());   // the block lost its committed contents...
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);  // ... not its pinned version
+  EXPECT_FALSE(rig.store->failure().empty());           // the block lost its committed contents...
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);  // ... not its pinned version
   rig.store->unpin(s);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kNvme], 0u);
 }
@@ -303,11 +306,11 @@ TEST(PinnedVersions, DeviceFaultDuringCopyChangesNothing) {
   st::RigOptions o;
   o.fault_device = true;
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOdd, 41);
+  const auto a = st::random_bytes(kOddVersions, 41);
   const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
   const BufferId ids[] = {id};
   const SnapshotId s = rig.store->pin_committed(ids);
-  auto b = st::random_bytes(kOdd, 42);
+  auto b = st::random_bytes(kOddVersions, 42);
   rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
   IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
   std::memcpy(src.data(), b.data(), b.size());
@@ -315,17 +318,17 @@ TEST(PinnedVersions, DeviceFaultDuringCopyChangesNothing) {
   rig.fdev->clear_faults();
   EXPECT_EQ(rig.store->version_usage().held[Tier::kGpu], 0u);
   EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kGpu], rig.store->padded_bytes(id));
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
   rig.store->write(id, 0, 0, src.data()).wait();
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
   rig.store->unpin(s);
 }
 
 TEST(PinnedVersions, Refusals) {
   st::StoreRig rig;
-  const BufferId id = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOdd, 51));
+  const BufferId id = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOddVersions, 51));
   rig.store->acquire(id, Tier::kCpu, Access::kWrite);
   const BufferId ids[] = {id};
   st::expect_error(ErrorCode::kInvalidArgument, "acquired for writing",
@@ -342,7 +345,7 @@ TEST(PinnedVersions, Refusals) {
   st::expect_error(ErrorCode::kInvalidArgument, "does not pin buffer 'opt.1'",
                    [&] { rig.store->read_pinned(s, other, 0, 0, out.data()); });
   st::expect_error(ErrorCode::kInvalidArgument, "of the pinned version of 'opt.0'",
-                   [&] { rig.store->read_pinned(s, id, kOdd, 1, out.data()); });
+                   [&] { rig.store->read_pinned(s, id, kOddVersions, 1, out.data()); });
   rig.store->unpin(s, id);
   st::expect_error(ErrorCode::kInvalidArgument, "does not pin",
                    [&] { rig.store->read_pinned(s, id, 0, 0, out.data()); });
@@ -359,7 +362,7 @@ TEST(PinnedVersions, ConcurrentReaderAndWriter) {
   std::vector<BufferId> ids;
   std::vector<std::vector<std::uint8_t>> old;
   for (std::size_t k = 0; k < 3; ++k) {
-    old.push_back(st::random_bytes(kOdd, 60 + k));
+    old.push_back(st::random_bytes(kOddVersions, 60 + k));
     ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
   }
   const SnapshotId s = rig.store->pin_committed(ids);
@@ -368,13 +371,14 @@ TEST(PinnedVersions, ConcurrentReaderAndWriter) {
     IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(ids[0]), HugePageMode::kNone);
     for (int round = 0; !stop && round < 50; ++round) {
       for (BufferId id : ids) {
-        std::memset(src.data(), round, kOdd);
+        std::memset(src.data(), round, kOddVersions);
         rig.store->write(id, 0, 0, src.data()).wait();
       }
     }
   });
   for (int i = 0; i < 6; ++i)
-    for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(read_pinned(rig, s, ids[k], kOdd), old[k]);
+    for (std::size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(read_pinned(rig, s, ids[k], kOddVersions), old[k]);
   stop = true;
   writer.join();
   rig.store->unpin(s);
@@ -408,7 +412,7 @@ std::string home_name(const ::testing::TestParamInfo<Tier>& i) { return tier_nam
 TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
   const Tier home = GetParam();
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOdd, 71), b = st::random_bytes(kOdd, 72);
+  const auto a = st::random_bytes(kOddVersions, 71), b = st::random_bytes(kOddVersions, 72);
   const BufferId id = add(rig, "opt.0", home, a);
   const BufferId ids[] = {id};
   for (const bool keep : {false, true}) {
@@ -416,7 +420,7 @@ TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
     EXPECT_TRUE(rig.store->has_pending(id));
     EXPECT_GE(pending_held(rig, home), rig.store->padded_bytes(id));
     write_pending(rig, id, b).wait();
-    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);  // the committed version, untouched
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);  // the committed version, untouched
     if (keep) {
       rig.store->commit(ids);
     } else {
@@ -424,7 +428,7 @@ TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
     }
     EXPECT_FALSE(rig.store->has_pending(id));
     EXPECT_EQ(pending_held(rig, home), 0u);
-    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), keep ? b : a);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), keep ? b : a);
   }
   EXPECT_EQ(rig.store->version_usage().pending_blocks, 0u);
   EXPECT_TRUE(rig.store->failure().empty());
@@ -436,7 +440,7 @@ TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
   for (const Tier home : {Tier::kGpu, Tier::kCpu}) {
     SCOPED_TRACE(tier_name(home));
     st::StoreRig rig;
-    const auto a = st::random_bytes(kOdd, 73), b = st::random_bytes(kOdd, 74);
+    const auto a = st::random_bytes(kOddVersions, 73), b = st::random_bytes(kOddVersions, 74);
     const BufferId id = add(rig, "opt.0", home, a);
     const BufferId ids[] = {id};
     rig.store->open_pending(ids);
@@ -446,7 +450,7 @@ TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
     auto want = a;
     std::memcpy(want.data() + 1000, b.data() + 1000, 5000);
     std::memcpy(want.data() + 90000, b.data() + 90000, 7);
-    EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), want);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), want);
   }
 }
 
@@ -455,19 +459,19 @@ TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
 TEST_P(PendingVersion, ComposesWithAPin) {
   const Tier home = GetParam();
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOdd, 75), b = st::random_bytes(kOdd, 76);
+  const auto a = st::random_bytes(kOddVersions, 75), b = st::random_bytes(kOddVersions, 76);
   const BufferId id = add(rig, "opt.0", home, a);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
   write_pending(rig, id, b).wait();
   const SnapshotId s = rig.store->pin_committed(ids);
   rig.store->commit(ids);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
-  EXPECT_EQ(read_pinned(rig, s, id, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
   EXPECT_GE(rig.store->version_usage().held[home], rig.store->padded_bytes(id));
   rig.store->unpin(s);
   EXPECT_EQ(rig.store->version_usage().held[home], 0u);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTier, PendingVersion,
@@ -477,7 +481,7 @@ INSTANTIATE_TEST_SUITE_P(EveryTier, PendingVersion,
 // commit) leaves the committed version and the store usable; commit is refused, discard works.
 TEST(PendingVersions, FailedWriteLeavesCommittedUntouched) {
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOdd, 81), b = st::random_bytes(kOdd, 82);
+  const auto a = st::random_bytes(kOddVersions, 81), b = st::random_bytes(kOddVersions, 82);
   const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
@@ -486,16 +490,16 @@ TEST(PendingVersions, FailedWriteLeavesCommittedUntouched) {
                             [&] { write_pending(rig, id, b).wait(); });
   rig.fault->clear_faults();
   EXPECT_TRUE(rig.store->failure().empty());
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
   st::expect_error(ErrorCode::kInvalidArgument, "whose write failed",
                    [&] { rig.store->commit(ids); });
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
   rig.store->discard(ids);
   EXPECT_EQ(pending_held(rig, Tier::kNvme), 0u);
   rig.store->open_pending(ids);
   write_pending(rig, id, b).wait();
   rig.store->commit(ids);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), b);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
 }
 
 // A device fault while a gpu block's pending version is written: the same.
@@ -503,18 +507,18 @@ TEST(PendingVersions, DeviceFaultLeavesCommittedUntouched) {
   st::RigOptions o;
   o.fault_device = true;
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOdd, 83), b = st::random_bytes(kOdd, 84);
+  const auto a = st::random_bytes(kOddVersions, 83), b = st::random_bytes(kOddVersions, 84);
   const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
   rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
   st::expect_error(ErrorCode::kDevice, "", [&] { write_pending(rig, id, b).wait(); });
   rig.fdev->clear_faults();
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
   st::expect_error(ErrorCode::kInvalidArgument, "whose write failed",
                    [&] { rig.store->commit(ids); });
   rig.store->discard(ids);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOdd), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
   EXPECT_TRUE(rig.store->failure().empty());
 }
 
@@ -525,8 +529,8 @@ TEST(PendingVersions, OverBudgetRefusedNothingOpened) {
   o.host_budget = (256 << 10) + 4 * (64 << 10) + (64 << 10);  // the pool and one block
   o.nvme_capacity = 256 << 10;                                // one block's slot
   st::StoreRig rig(o);
-  const BufferId cpu = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOdd, 85));
-  const BufferId nvme = add(rig, "opt.1", Tier::kNvme, st::random_bytes(kOdd, 86));
+  const BufferId cpu = add(rig, "opt.0", Tier::kCpu, st::random_bytes(kOddVersions, 85));
+  const BufferId nvme = add(rig, "opt.1", Tier::kNvme, st::random_bytes(kOddVersions, 86));
   for (BufferId id : {cpu, nvme}) {
     const BufferId ids[] = {id};
     st::expect_error(ErrorCode::kBudget, "", [&] { rig.store->open_pending(ids); });
@@ -538,9 +542,9 @@ TEST(PendingVersions, OverBudgetRefusedNothingOpened) {
 
 TEST(PendingVersions, Refusals) {
   st::StoreRig rig;
-  const BufferId id = add(rig, "opt.0", Tier::kNvme, st::random_bytes(kOdd, 87));
+  const BufferId id = add(rig, "opt.0", Tier::kNvme, st::random_bytes(kOddVersions, 87));
   const BufferId ids[] = {id};
-  std::vector<std::uint8_t> b = st::random_bytes(kOdd, 88);
+  std::vector<std::uint8_t> b = st::random_bytes(kOddVersions, 88);
   st::expect_error(ErrorCode::kInvalidArgument, "no pending version",
                    [&] { write_pending(rig, id, b); });
   st::expect_error(ErrorCode::kInvalidArgument, "no pending version",
@@ -566,7 +570,7 @@ TEST(PendingVersions, StreamWritesThePendingVersion) {
   std::vector<std::vector<std::uint8_t>> old;
   const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
   for (std::size_t k = 0; k < 3; ++k) {
-    old.push_back(st::random_bytes(kOdd, 90 + k));
+    old.push_back(st::random_bytes(kOddVersions, 90 + k));
     ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
   }
   rig.store->open_pending(ids);
@@ -578,15 +582,16 @@ TEST(PendingVersions, StreamWritesThePendingVersion) {
       *rig.store, items,
       [](std::size_t, std::span<void* const> v) {
         auto* p = static_cast<std::uint8_t*>(v[0]);
-        for (std::uint64_t i = 0; i < kOdd; ++i) p[i] = static_cast<std::uint8_t>(p[i] ^ 0x5a);
+        for (std::uint64_t i = 0; i < kOddVersions; ++i)
+          p[i] = static_cast<std::uint8_t>(p[i] ^ 0x5a);
       },
       so);
-  for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOdd), old[k]);
+  for (std::size_t k = 0; k < 3; ++k) EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), old[k]);
   rig.store->commit(ids);
   for (std::size_t k = 0; k < 3; ++k) {
     auto want = old[k];
     for (auto& x : want) x = static_cast<std::uint8_t>(x ^ 0x5a);
-    EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOdd), want);
+    EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), want);
   }
 }
 

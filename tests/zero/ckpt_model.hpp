@@ -14,6 +14,12 @@
 
 namespace strata::testing {
 
+// The tensor sizes the checkpoint tests of test_zero_offload train (uneven, one empty).
+inline const std::vector<std::size_t> kCkptSizes{5000, 17, 0, 12345};
+// The model of the SIGKILL-during-save test: the helper (ckpt_helper.cpp) trains it, the test
+// reloads it.
+inline const std::vector<std::size_t> kKillSizes{60000, 33, 90001};
+
 inline Config ckpt_config(int stage, double nvme_fraction, const std::string& swap_dir) {
   Config cfg = base_engine_config(stage, 50000, 70000, 30.0);
   cfg.optimizer.lr = 1e-3;

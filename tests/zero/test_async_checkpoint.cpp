@@ -21,8 +21,6 @@
 namespace strata::testing {
 namespace {
 
-const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
-
 // snapshot_room 1: a step never waits for the writer (every rewritten NVMe block takes a new slot).
 // `params`: the model dtype (precision.params).
 Config async_config(int stage, Tier state, const std::string& swap, double room = 1.0,
@@ -45,9 +43,9 @@ std::vector<std::vector<std::vector<float>>> with_engines(int world, int stage, 
   std::vector<std::vector<std::vector<float>>> out(static_cast<std::size_t>(world));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(async_config(stage, state, swap, room, params), comm);
-    ckpt_register(e, kSizes);
+    ckpt_register(e, kCkptSizes);
     fn(rank, e);
-    out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
+    out[static_cast<std::size_t>(rank)] = read_params(e, kCkptSizes);
   }));
   return out;
 }
@@ -61,10 +59,10 @@ std::vector<std::vector<float>> loaded(int world, int stage, Tier state, const s
       world, stage, state, swap,
       [&](int rank, Engine& e) {
         e.load_checkpoint(dir);
-        std::vector<std::vector<float>> mine = read_params(e, kSizes);
-        for (std::size_t t = 0; t < kSizes.size(); ++t)
+        std::vector<std::vector<float>> mine = read_params(e, kCkptSizes);
+        for (std::size_t t = 0; t < kCkptSizes.size(); ++t)
           for (StateKind k : {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq}) {
-            std::vector<float> v(kSizes[t]);
+            std::vector<float> v(kCkptSizes[t]);
             e.read_state(static_cast<TensorId>(t), k, v);
             mine.push_back(v);
           }
@@ -141,10 +139,10 @@ TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
     return with_engines(c.world, c.stage, c.state, swap.str(), fn, 1.0, c.params);
   };
   const auto want = engines([&](int rank, Engine& e) {
-    for (int s = 0; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 9; ++s) ckpt_step(e, kCkptSizes, rank, s);
   });
   engines([&](int rank, Engine& e) {
-    for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 5; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(blocking_dir.str(), SaveMode::kBlocking, "{\"at\":5}");
   });
   GatedFileEnv gate(FileEnv::standard(), c.world);
@@ -154,12 +152,12 @@ TEST_P(AsyncCheckpoint, EqualsBlockingSaveOfTheSameStep) {
   {
     ScopedFileEnv scoped(gate);
     got = engines([&](int rank, Engine& e) {
-      for (int s = 0; s < 5; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 0; s < 5; ++s) ckpt_step(e, kCkptSizes, rank, s);
       EXPECT_TRUE(zero::EngineAccess::params_follow_master(e));
       e.save_checkpoint(async_dir.str(), SaveMode::kAsync, "{\"at\":5}");
       EXPECT_TRUE(e.checkpoint_pending());
       copied[static_cast<std::size_t>(rank)] = zero::EngineAccess::checkpoint_param_copy_bytes(e);
-      for (int s = 5; s < 9; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 5; s < 9; ++s) ckpt_step(e, kCkptSizes, rank, s);
       diverged[static_cast<std::size_t>(rank)] =
           zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
       gate.arrive();
@@ -216,11 +214,11 @@ TEST(AsyncCheckpointSaves, ParametersNotTheMastersRoundingAreCopied) {
       Config cfg = async_config(stage, Tier::kCpu, swap.str(), 1.0, DType::kBf16);
       cfg.runtime.device = DeviceKind::kHost;  // param() is host memory
       Engine e(cfg, comm);
-      ckpt_register(e, kSizes);
+      ckpt_register(e, kCkptSizes);
       const Partition& part = e.partition();
       const std::size_t psize = part.partition_size(), elem = part.offset(0) + 7;
       if (rank == 0) owner = static_cast<int>(elem / psize);
-      for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
       e.save_checkpoint(clean.str());
       // Every rank's copy of parameter 7 of tensor 0 becomes 3.0 behind the engine's back.
       auto* p = static_cast<std::uint16_t*>(const_cast<void*>(e.param(0)));
@@ -267,9 +265,9 @@ TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
   TempDir swap("strata-async-swap"), first("strata-async-1"), second("strata-async-2"),
       ref1("strata-ref-1"), ref2("strata-ref-2");
   with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 4; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(ref1.str());
-    ckpt_step(e, kSizes, rank, 4);
+    ckpt_step(e, kCkptSizes, rank, 4);
     e.save_checkpoint(ref2.str());
   });
   FaultInjectingFileEnv slow(FileEnv::standard());
@@ -277,15 +275,15 @@ TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
   {
     ScopedFileEnv scoped(slow);
     with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
-      for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 0; s < 4; ++s) ckpt_step(e, kCkptSizes, rank, s);
       e.save_checkpoint(first.str(), SaveMode::kAsync);
       EXPECT_FALSE(std::filesystem::exists(first.path() / "manifest.json"));
-      ckpt_step(e, kSizes, rank, 4);
+      ckpt_step(e, kCkptSizes, rank, 4);
       e.save_checkpoint(second.str(), SaveMode::kAsync);
       // The first save was waited for and committed before the second began.
       EXPECT_TRUE(std::filesystem::exists(first.path() / "manifest.json"));
       EXPECT_TRUE(e.checkpoint_pending());
-      ckpt_step(e, kSizes, rank, 5);
+      ckpt_step(e, kCkptSizes, rank, 5);
       e.wait_checkpoint();
     });
   }
@@ -302,9 +300,9 @@ TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
 TEST(AsyncCheckpointSaves, WithoutSnapshotRoomTheStepWaitsForTheWriter) {
   TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
   const auto want = with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 4; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(ref.str());
-    for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 4; s < 7; ++s) ckpt_step(e, kCkptSizes, rank, s);
   });
   FaultInjectingFileEnv slow(FileEnv::standard());
   slow.add_fault(FileFault::delay_every(FileOp::kWrite, std::chrono::milliseconds(5)));
@@ -315,9 +313,9 @@ TEST(AsyncCheckpointSaves, WithoutSnapshotRoomTheStepWaitsForTheWriter) {
     got = with_engines(
         2, 2, Tier::kNvme, swap.str(),
         [&](int rank, Engine& e) {
-          for (int s = 0; s < 4; ++s) ckpt_step(e, kSizes, rank, s);
+          for (int s = 0; s < 4; ++s) ckpt_step(e, kCkptSizes, rank, s);
           e.save_checkpoint(dir.str(), SaveMode::kAsync);
-          for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+          for (int s = 4; s < 7; ++s) ckpt_step(e, kCkptSizes, rank, s);
           diverged[static_cast<std::size_t>(rank)] =
               zero::EngineAccess::storage(e).store().version_usage().diverged_blocks;
           e.wait_checkpoint();
@@ -339,7 +337,7 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
   for (FileOp op : {FileOp::kSync, FileOp::kWrite}) {
     TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
     const auto want = with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
-      for (int s = 0; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 0; s < 7; ++s) ckpt_step(e, kCkptSizes, rank, s);
     });
     FaultInjectingFileEnv faulty(FileEnv::standard());
     std::vector<std::string> errors(2);
@@ -347,19 +345,20 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
     {
       ScopedFileEnv scoped(faulty);
       got = with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
-        for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+        for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
         e.save_checkpoint(dir.str(), SaveMode::kAsync);  // committed by the next call
         e.save_checkpoint(ref.str());                    // the same step, blocking: the reference
-        ckpt_step(e, kSizes, rank, 2);
+        ckpt_step(e, kCkptSizes, rank, 2);
         if (rank == 0) {
           FileFault f = FileFault::fail_nth(op, 1, EIO);
           f.name = "shard-";
           f.count = 0;
           faulty.add_fault(f);
         }
-        ckpt_step(e, kSizes, rank, 3);  // (both ranks' faults are in place after this collective)
+        ckpt_step(e, kCkptSizes, rank,
+                  3);  // (both ranks' faults are in place after this collective)
         e.save_checkpoint(dir.str(), SaveMode::kAsync);
-        for (int s = 4; s < 7; ++s) ckpt_step(e, kSizes, rank, s);
+        for (int s = 4; s < 7; ++s) ckpt_step(e, kCkptSizes, rank, s);
         errors[static_cast<std::size_t>(rank)] =
             expect_error<IoError>(ErrorCode::kIo, errno_text(EIO), [&] { e.wait_checkpoint(); });
         EXPECT_FALSE(e.checkpoint_pending());
@@ -384,18 +383,18 @@ TEST(AsyncCheckpointSaves, WriterFailureReportedAtTheNextCall) {
 TEST(AsyncCheckpointSaves, CommittedByTheStepsAfterTheWritersFinish) {
   TempDir swap("strata-async-swap"), dir("strata-async"), ref("strata-ref");
   with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(ref.str());
   });
   std::vector<int> committed_after(2, -1), before(2, -1);
   with_engines(2, 2, Tier::kNvme, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(dir.str(), SaveMode::kAsync);
     zero::EngineAccess::wait_checkpoint_writer(e);  // this rank's shard is durable
     before[static_cast<std::size_t>(rank)] =
         std::filesystem::exists(dir.path() / "manifest.json") ? 1 : 0;
-    ckpt_step(e, kSizes, rank, 3);  // its agreement: every rank's shard durable
-    ckpt_step(e, kSizes, rank, 4);  // rank 0 commits at its start (before its collectives)
+    ckpt_step(e, kCkptSizes, rank, 3);  // its agreement: every rank's shard durable
+    ckpt_step(e, kCkptSizes, rank, 4);  // rank 0 commits at its start (before its collectives)
     committed_after[static_cast<std::size_t>(rank)] =
         std::filesystem::exists(dir.path() / "manifest.json") ? 1 : 0;
     EXPECT_TRUE(e.checkpoint_pending());  // until a call reports the commit on every rank
@@ -416,19 +415,19 @@ TEST(AsyncCheckpointSaves, CommittedByTheStepsAfterTheWritersFinish) {
 TEST(AsyncCheckpointSaves, DestructorCommitsWhatEveryRankMadeDurable) {
   TempDir swap("strata-async-swap"), dir("strata-async"), ref1("strata-ref1");
   with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(ref1.str());
   });
   with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 2; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(dir.str(), SaveMode::kAsync);
     zero::EngineAccess::wait_checkpoint_writer(e);
-    ckpt_step(e, kSizes, rank, 2);  // the agreement says durable everywhere; no commit yet
-  });                               // the destructors: rank 0 commits
+    ckpt_step(e, kCkptSizes, rank, 2);  // the agreement says durable everywhere; no commit yet
+  });                                   // the destructors: rank 0 commits
   expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
                        loaded(2, 1, Tier::kCpu, swap.str(), ref1.str()), "committed on drop");
   with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
-    for (int s = 0; s < 3; ++s) ckpt_step(e, kSizes, rank, s);
+    for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
     e.save_checkpoint(dir.str(), SaveMode::kAsync);  // no step after it: not known durable
   });
   expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),

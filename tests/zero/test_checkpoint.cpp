@@ -9,12 +9,9 @@
 #include <unistd.h>
 
 #include <bit>
-#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
-#include <thread>
 
 #include "../comm/comm_test_util.hpp"
 #include "ckpt_model.hpp"
@@ -23,8 +20,6 @@
 
 namespace strata::testing {
 namespace {
-
-const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
 
 // > 0: also gradients (stage >= 2) and parameters (stage 3) on NVMe, this fraction of each.
 double g_state_nvme = 0;
@@ -46,16 +41,16 @@ std::vector<std::vector<std::vector<float>>> run(
       cfg.offload.params = {Tier::kNvme, g_state_nvme, false};
     }
     Engine e(cfg, comm);
-    ckpt_register(e, kSizes);
+    ckpt_register(e, kCkptSizes);
     if (resume) {
       e.load_checkpoint(ckpt);
       if (steps_after_load) (*steps_after_load)[static_cast<std::size_t>(rank)] = e.stats().steps;
     } else {
-      for (int s = 0; s < first; ++s) ckpt_step(e, kSizes, rank, s);
+      for (int s = 0; s < first; ++s) ckpt_step(e, kCkptSizes, rank, s);
       if (!ckpt.empty()) e.save_checkpoint(ckpt);
     }
-    for (int s = first; s < first + then; ++s) ckpt_step(e, kSizes, rank, s);
-    out[static_cast<std::size_t>(rank)] = read_params(e, kSizes);
+    for (int s = first; s < first + then; ++s) ckpt_step(e, kCkptSizes, rank, s);
+    out[static_cast<std::size_t>(rank)] = read_params(e, kCkptSizes);
   }));
   return out;
 }
@@ -126,14 +121,14 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   std::vector<int> codes(2, -1);
   auto errs = run_ranks(comms, [&](int rank, Communicator& comm) {
     Engine e(ckpt_config(2, 0.5, swap.str()), comm);
-    ckpt_register(e, kSizes);
-    auto before = read_params(e, kSizes);
+    ckpt_register(e, kCkptSizes);
+    auto before = read_params(e, kCkptSizes);
     try {
       e.load_checkpoint(ckpt.str());
     } catch (const Error& err) {
       codes[static_cast<std::size_t>(rank)] = static_cast<int>(err.code());
     }
-    expect_bitwise_equal(read_params(e, kSizes), before, "after a failed load");
+    expect_bitwise_equal(read_params(e, kCkptSizes), before, "after a failed load");
     EXPECT_EQ(e.stats().steps, 0u);
   });
   rethrow_any(errs);
@@ -144,74 +139,79 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   EXPECT_THROW(run(2, 2, 0, swap.str(), ckpt.str(), 4, 0, true), Error);
 }
 
-// The helper (ckpt_helper.cpp: saves serials 1..3, then waits to be killed), its stdout on a pipe.
-Child start_helper(const std::string& ckpt, const std::string& swap) {
-  return start_child({STRATA_CKPT_HELPER, ckpt, swap, "3"}, true);
+// The helper (ckpt_helper.cpp: saves serials 1..3, stopping before file operation `pause_at` of
+// the third save), its stdout on a pipe.
+Child start_helper(const std::string& ckpt, const std::string& swap, std::uint64_t pause_at) {
+  return start_child({STRATA_CKPT_HELPER, ckpt, swap, "3", std::to_string(pause_at)}, true);
 }
 
-// Reads lines until one equals `want` (or EOF / 60 s).
-bool read_until(int fd, const std::string& want, std::string& log) {
+// Reads lines until one starts with `prefix` (or EOF / 60 s); that line in *line.
+bool read_until(int fd, const std::string& prefix, std::string& log, std::string* line = nullptr) {
   return read_line_until(
-      fd, [&](const std::string& line) { return line == want; }, &log);
+      fd,
+      [&](const std::string& l) {
+        if (l.rfind(prefix, 0) != 0) return false;
+        if (line) *line = l;
+        return true;
+      },
+      &log);
 }
 
+// The helper killed at file operation `pause_at` of its third save (before that operation): the
+// checkpoint loads, is step 2's while the save had not renamed its manifest into place and step
+// 3's after, bitwise; and training goes on from it identically. Returns whether the kill came
+// before the commit. `ops` > 0: the number of file operations a save makes (the second's).
+bool kill_at_and_resume(std::uint64_t pause_at, std::uint64_t* ops) {
+  const std::vector<std::size_t>& sizes = kKillSizes;
+  TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
+  auto [pid, fd] = start_helper(ckpt.str(), swap.str(), pause_at);
+  std::string log, saved2, paused;
+  const bool reached = read_until(fd, "saved 2 ops ", log, &saved2) &&
+                       read_until(fd, pause_at <= *ops ? "paused " : "saved 3 ", log, &paused);
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ::close(fd);
+  EXPECT_TRUE(reached) << "helper output:\n" << log;
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "helper output:\n" << log;
+  if (!reached) return false;
+  *ops = std::stoull(saved2.substr(std::string("saved 2 ops ").size()));
+  const bool committed = paused.rfind("saved 3 ", 0) == 0 || paused.ends_with(" committed 1");
+  // Load in this process.
+  auto comms = make_inprocess_communicators(1, 30.0);
+  Engine e(ckpt_config(1, 0.5, swap.str()), *comms[0]);
+  ckpt_register(e, sizes);
+  const std::string where = strcat("killed at '", paused, "'");
+  EXPECT_NO_THROW(e.load_checkpoint(ckpt.str())) << where;
+  const int steps = static_cast<int>(e.stats().steps);
+  EXPECT_EQ(steps, committed ? 3 : 2) << where;
+  auto got = read_params(e, sizes);
+  Engine ref(ckpt_config(1, 0, swap.str()), *comms[0]);
+  ckpt_register(ref, sizes);
+  for (int s = 0; s < steps; ++s) ckpt_step(ref, sizes, 0, s);
+  expect_bitwise_equal(got, read_params(ref, sizes), where);
+  // And training continues identically.
+  ckpt_step(e, sizes, 0, steps);
+  ckpt_step(ref, sizes, 0, steps);
+  expect_bitwise_equal(read_params(e, sizes), read_params(ref, sizes),
+                       where + ", one step after the resume");
+  return !committed;
+}
+
+// SIGKILL inside a save, at known points (no timing involved): before the save's first file
+// operation, a quarter, half and three quarters of the way through its operations, before its last
+// one, and after it completed. scripts/ckpt_kill_trials.sh kills at random times instead.
 TEST(Checkpoint, SigkillDuringSaveLeavesPreviousCheckpointLoadable) {
-  const std::vector<std::size_t> sizes{600000, 33, 900001};  // as in ckpt_helper.cpp
-  int mid_save = 0;
-  // Kill points: fractions of the duration of the previous save (which varies a lot between
-  // builds: sanitizers, load), so that most kills land inside the save of serial 3. On a loaded
-  // machine a kill can come late (the helper then waits after serial 3, so the checkpoint is still
-  // step 2's or step 3's); when none of the first five landed inside the save, up to five more try.
-  const double fracs[] = {0.05, 0.3, 0.55, 0.8, 0.95, 0.1, 0.4, 0.5, 0.6, 0.2};
-  for (std::size_t attempt = 0; attempt < std::size(fracs) && (attempt < 5 || mid_save == 0);
-       ++attempt) {
-    const double frac = fracs[attempt];
-    const int pct = static_cast<int>(frac * 100);
-    TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
-    auto [pid, fd] = start_helper(ckpt.str(), swap.str());
-    std::string log;
-    bool saved = read_until(fd, "saving 2", log);
-    const auto t0 = std::chrono::steady_clock::now();
-    saved = saved && read_until(fd, "saved 2", log);
-    const auto save_time = std::chrono::steady_clock::now() - t0;
-    saved = saved && read_until(fd, "saving 3", log);
-    std::this_thread::sleep_for(
-        std::chrono::duration_cast<std::chrono::microseconds>(save_time * frac));
-    ::kill(pid, SIGKILL);
-    int status = 0;
-    ::waitpid(pid, &status, 0);
-    ::close(fd);
-    ASSERT_TRUE(saved) << "helper output:\n" << log;
-    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
-        << "the helper was not killed mid-run";
-    // Was the helper inside the save of serial 3 (its shard begun, the manifest still serial 2)?
-    std::ifstream mf(ckpt.path() / "manifest.json");
-    std::string manifest((std::istreambuf_iterator<char>(mf)), std::istreambuf_iterator<char>());
-    bool shard3 = false;
-    for (auto& e : std::filesystem::directory_iterator(ckpt.path()))
-      shard3 = shard3 || e.path().filename().string().rfind("shard-3-", 0) == 0;
-    if (shard3 && manifest.find("\"serial\": 2") != std::string::npos) ++mid_save;
-    // Load in this process; the checkpoint is the one of step 2 or (the save completed) step 3.
-    auto comms = make_inprocess_communicators(1, 30.0);
-    Engine e(ckpt_config(1, 0.5, swap.str()), *comms[0]);
-    ckpt_register(e, sizes);
-    ASSERT_NO_THROW(e.load_checkpoint(ckpt.str())) << "kill at " << pct << "% of a save";
-    const auto steps = e.stats().steps;
-    EXPECT_TRUE(steps == 2 || steps == 3) << steps;
-    auto got = read_params(e, sizes);
-    Engine ref(ckpt_config(1, 0, swap.str()), *comms[0]);
-    ckpt_register(ref, sizes);
-    for (int s = 0; s < static_cast<int>(steps); ++s) ckpt_step(ref, sizes, 0, s);
-    expect_bitwise_equal(got, read_params(ref, sizes),
-                         strcat("after SIGKILL at ", pct, "% of a save"));
-    // And training continues identically.
-    ckpt_step(e, sizes, 0, static_cast<int>(steps));
-    ckpt_step(ref, sizes, 0, static_cast<int>(steps));
-    expect_bitwise_equal(read_params(e, sizes), read_params(ref, sizes),
-                         "one step after the resume");
-  }
-  // At least one kill landed inside a save (shard of serial 3 begun, not committed).
-  EXPECT_GT(mid_save, 0) << "no kill landed inside the save of serial 3";
+  std::uint64_t ops = ~std::uint64_t{0};
+  // The first run learns how many file operations a save makes (ops, from the second save) and
+  // kills before the first operation of the third.
+  EXPECT_TRUE(kill_at_and_resume(1, &ops)) << "killed before any file operation of the save";
+  ASSERT_GT(ops, 3u);
+  EXPECT_TRUE(kill_at_and_resume(ops / 4, &ops));
+  EXPECT_TRUE(kill_at_and_resume(ops / 2, &ops)) << "the middle of a save came after its commit";
+  kill_at_and_resume(3 * ops / 4, &ops);
+  kill_at_and_resume(ops, &ops);
+  EXPECT_FALSE(kill_at_and_resume(ops + 1, &ops)) << "the completed save is step 3's";
 }
 
 }  // namespace

@@ -24,8 +24,6 @@
 namespace strata::testing {
 namespace {
 
-const std::vector<std::size_t> kSizes{5000, 17, 0, 12345};
-
 struct DeviceCommCase {
   int stage;
   int world;
@@ -63,7 +61,7 @@ std::unique_ptr<Engine> make_engine(const Config& cfg, Communicator& comm,
     return std::make_unique<WatchedDevice>(make_host_device(), map);
   };
   zero::EngineAccess::set_storage_wrap(*e, std::move(w));
-  ckpt_register(*e, kSizes);
+  ckpt_register(*e, kCkptSizes);
   return e;
 }
 
@@ -81,13 +79,13 @@ TEST_P(DeviceComm, TheEngineAndItsCheckpointsHandItOnlyDeviceMemory) {
     World w(c.world);
     rethrow_any(run_ranks(w.comms, [&](int rank, Communicator& comm) {
       auto e = make_engine(cfg, comm, w.maps[static_cast<std::size_t>(rank)]);
-      for (int s = 0; s < 5; ++s) ckpt_step(*e, kSizes, rank, s);
+      for (int s = 0; s < 5; ++s) ckpt_step(*e, kCkptSizes, rank, s);
       e->save_checkpoint(ckpt.str());
-      std::vector<float> m(kSizes[0]);
+      std::vector<float> m(kCkptSizes[0]);
       e->read_state(0, StateKind::kExpAvg, m);
       e->write_state(0, StateKind::kExpAvg, m);
-      ckpt_step(*e, kSizes, rank, 5);
-      want[static_cast<std::size_t>(rank)] = read_params(*e, kSizes);
+      ckpt_step(*e, kCkptSizes, rank, 5);
+      want[static_cast<std::size_t>(rank)] = read_params(*e, kCkptSizes);
     }));
     for (int r = 0; r < c.world; ++r)
       EXPECT_EQ(w.watch[static_cast<std::size_t>(r)]->host_buffers(), 0u)
@@ -101,8 +99,8 @@ TEST_P(DeviceComm, TheEngineAndItsCheckpointsHandItOnlyDeviceMemory) {
       auto e = make_engine(cfg, comm, w.maps[static_cast<std::size_t>(rank)]);
       e->load_checkpoint(ckpt.str());
       EXPECT_EQ(e->stats().steps, 5u);
-      ckpt_step(*e, kSizes, rank, 5);
-      got[static_cast<std::size_t>(rank)] = read_params(*e, kSizes);
+      ckpt_step(*e, kCkptSizes, rank, 5);
+      got[static_cast<std::size_t>(rank)] = read_params(*e, kCkptSizes);
     }));
     for (int r = 0; r < c.world; ++r)
       EXPECT_EQ(w.watch[static_cast<std::size_t>(r)]->host_buffers(), 0u)

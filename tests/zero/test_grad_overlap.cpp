@@ -45,13 +45,13 @@ Config overlap_config(int stage, Tier grads, const std::string& dir) {
 }
 
 // One rank's engine (optionally on a WatchedDevice) and its gradients in device memory.
-struct Rank {
+struct OverlapRank {
   std::unique_ptr<Engine> e;
   WatchedDevice* dev = nullptr;
   std::size_t tensors;
   std::vector<DeviceMemory> grads;
 
-  Rank(const Config& cfg, Communicator& comm, std::size_t buckets, bool watched)
+  OverlapRank(const Config& cfg, Communicator& comm, std::size_t buckets, bool watched)
       : tensors(buckets * kTensorsPerBucket) {
     e = std::make_unique<Engine>(cfg, comm);
     if (watched) {
@@ -120,7 +120,7 @@ bool eventually(F cond) {
 // The unwatched engine's parameters after `steps` steps (one rank).
 std::vector<std::vector<float>> reference(const Config& cfg, std::size_t buckets, int steps) {
   auto comms = make_inprocess_communicators(1, 60.0);
-  Rank r(cfg, *comms[0], buckets, false);
+  OverlapRank r(cfg, *comms[0], buckets, false);
   for (int s = 0; s < steps; ++s) {
     r.make_grads(0, s);
     for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
@@ -149,7 +149,7 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   const Config cfg = overlap_config(c.stage, c.grads, dir.str());
   const auto want = reference(cfg, 4, 2);
   auto comms = make_inprocess_communicators(1, 60.0);
-  Rank r(cfg, *comms[0], 4, true);
+  OverlapRank r(cfg, *comms[0], 4, true);
   ASSERT_NE(r.dev, nullptr);
   r.make_grads(0, 0);
   r.dev->hold(1, 1, false);
@@ -190,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                          overlap_name);
 
 // A failed engine takes no other step.
-void expect_failed_for_good(Rank& r, std::source_location where = std::source_location::current()) {
+void expect_failed_for_good(OverlapRank& r,
+                            std::source_location where = std::source_location::current()) {
   expect_error(
       ErrorCode::kIo, "unusable after a failed step",
       [&] {
@@ -214,10 +215,10 @@ void expect_copy_error(Fn&& fn, std::source_location where = std::source_locatio
 class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
  protected:
   // The rank with `buckets` buckets and its gradients made; the copy held.
-  Rank& start(std::size_t buckets) {
+  OverlapRank& start(std::size_t buckets) {
     const OverlapCase c = GetParam();
-    rank_ = std::make_unique<Rank>(overlap_config(c.stage, c.grads, dir_.str()), *comms_[0],
-                                   buckets, true);
+    rank_ = std::make_unique<OverlapRank>(overlap_config(c.stage, c.grads, dir_.str()), *comms_[0],
+                                          buckets, true);
     rank_->make_grads(0, 0);
     rank_->dev->hold(1, 1, true);
     return *rank_;
@@ -225,13 +226,13 @@ class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
 
   TempDir dir_{"strata-overlap"};
   std::vector<std::unique_ptr<Communicator>> comms_ = make_inprocess_communicators(1, 60.0);
-  std::unique_ptr<Rank> rank_;
+  std::unique_ptr<OverlapRank> rank_;
 };
 
 // Three buckets: no set_gradient() needs the failing copy's receive buffer; the failure surfaces
 // at step().
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
-  Rank& r = start(3);
+  OverlapRank& r = start(3);
   for (std::size_t i = 0; i < r.tensors; ++i) ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
   r.dev->open();
@@ -243,7 +244,7 @@ TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
 // Four buckets: the call that completes the last bucket needs a receive buffer, waits for the
 // failed copy and reports it.
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtTheSetGradientThatWaitsForIt) {
-  Rank& r = start(4);
+  OverlapRank& r = start(4);
   for (std::size_t i = 0; i + 1 < r.tensors; ++i)
     ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
@@ -270,7 +271,7 @@ TEST_P(GradOverlap, DelayedCopiesNeverLoseAShare) {
     auto comms = make_inprocess_communicators(kWorld, 60.0);
     auto& out = delayed ? got : want;
     rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
-      Rank r(cfg, comm, kBuckets, delayed);
+      OverlapRank r(cfg, comm, kBuckets, delayed);
       if (delayed) r.dev->delay_every_d2h(3ms);
       for (int s = 0; s < kSteps; ++s) {
         r.make_grads(rank, s);
