@@ -32,10 +32,12 @@ function(strata_add_layer name)
   set_property(GLOBAL APPEND PROPERTY STRATA_LAYERS ${tgt})
 endfunction()
 
-# strata_add_test(NAME SOURCES ... [DEPS ...] [LABELS ...] [TIMEOUT s])
+# strata_add_test(NAME SOURCES ... [DEPS ...] [LABELS ...] [TIMEOUT s] [COST c])
 # A GoogleTest executable registered with CTest. Exit code 77 = SKIPPED (hardware missing).
+# COST: about its seconds, for a long test: CTest starts the costliest tests first when it has no
+# timings of its own (a fresh clone, CI), so that a long test does not start last and run alone.
 function(strata_add_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT;COST" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest strata_test_main strata_build_flags)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
@@ -48,6 +50,9 @@ function(strata_add_test name)
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${ARG_TIMEOUT}
                        LABELS "${ARG_LABELS}"
                        ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR}")
+  if(ARG_COST)
+    set_tests_properties(${name} PROPERTIES COST ${ARG_COST})
+  endif()
 endfunction()
 
 # strata_add_mpi_tests(NAME): test NAME (a strata_add_test binary) again under mpirun with 2 and 4
