@@ -249,6 +249,7 @@ class TierStore::Impl {
   void preserve_slot_locked(tier::Buf& b) REQUIRES(mutex_);
   void preserve_copy(tier::Buf& b, Tier src, tier::WorkerContext& ctx);
   void adopt_version_locked(tier::Buf& b, std::shared_ptr<tier::Version> v) REQUIRES(mutex_);
+  std::shared_ptr<tier::Version> nvme_version_locked(tier::Buf& b) REQUIRES(mutex_);
   void reserve_version_locked(const tier::Buf& b, Tier t) REQUIRES(mutex_);
   // tiers.gpu.budget or tiers.host.budget.
   std::uint64_t budget_of(Tier t) const {

@@ -115,17 +115,24 @@ void TierStore::Impl::preserve_slot_locked(Buf& b) {
   SwapExtent fresh =
       swap_->allocate(b.padded, strcat("a new version of buffer '", b.spec.name, "' (snapshot ",
                                        b.versions.front().snap, " pins the current one)"));
-  auto v = std::make_shared<tier::Version>();
-  v->where = Tier::kNvme;
-  v->extent = n.extent;
-  v->crc = std::move(b.crc);
-  v->zero = b.nvme_zero;
-  version_bytes_[ti(Tier::kNvme)] += v->extent.length;
+  std::shared_ptr<tier::Version> v = nvme_version_locked(b);
   n.extent = fresh;
   n.valid = false;
   b.nvme_zero = false;
   b.crc.assign(options_.checksum ? crc_units(b) : 0, 0);
   adopt_version_locked(b, std::move(v));
+}
+
+// The committed NVMe copy of `b` as a version: its slot, its checksums (moved out of `b`), counted
+// in the versions' NVMe bytes.
+std::shared_ptr<tier::Version> TierStore::Impl::nvme_version_locked(Buf& b) {
+  auto v = std::make_shared<tier::Version>();
+  v->where = Tier::kNvme;
+  v->extent = b.copy[ti(Tier::kNvme)].extent;
+  v->crc = std::move(b.crc);
+  v->zero = b.nvme_zero;
+  version_bytes_[ti(Tier::kNvme)] += v->extent.length;
+  return v;
 }
 
 // The committed contents live only in memory (`src`, gpu or cpu): a staging copy in that tier.
@@ -560,13 +567,7 @@ void TierStore::Impl::commit_slot(Buf& b, tier::Version& p, WorkerContext& ctx) 
   MutexLock lock(mutex_);
   tier::Copy& n = b.copy[ti(Tier::kNvme)];
   if (shares_committed(b)) {  // the NVMe copy is valid: the pins keep its slot
-    auto v = std::make_shared<tier::Version>();
-    v->where = Tier::kNvme;
-    v->extent = n.extent;
-    v->crc = std::move(b.crc);
-    v->zero = b.nvme_zero;
-    version_bytes_[ti(Tier::kNvme)] += v->extent.length;
-    adopt_version_locked(b, std::move(v));
+    adopt_version_locked(b, nvme_version_locked(b));
   } else if (n.extent.length) {
     swap_->free(n.extent);
   }

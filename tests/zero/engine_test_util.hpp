@@ -19,6 +19,15 @@
 
 namespace strata::testing {
 
+// A ZeRO stage and a world size: the parameter of the engine tests run over both.
+struct StageWorld {
+  int stage;
+  int world;
+};
+inline std::string stage_world_name(const ::testing::TestParamInfo<StageWorld>& info) {
+  return "stage" + std::to_string(info.param.stage) + "_world" + std::to_string(info.param.world);
+}
+
 struct EngineCase {
   int stage = 2;
   DType params = DType::kFp32;

@@ -17,6 +17,7 @@
 #include "checkpoint/fake_rank.hpp"
 #include "ckpt_model.hpp"
 #include "device_watch.hpp"
+#include "engine_test_util.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
@@ -24,14 +25,7 @@
 namespace strata::testing {
 namespace {
 
-struct DeviceCommCase {
-  int stage;
-  int world;
-};
-
-std::string case_name(const ::testing::TestParamInfo<DeviceCommCase>& i) {
-  return strcat("stage", i.param.stage, "_world", i.param.world);
-}
+using DeviceCommCase = StageWorld;
 
 // The ranks' communicators (device-only wrappers) and each rank's allocation map.
 struct World {
@@ -113,7 +107,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, DeviceComm,
                          ::testing::Values(DeviceCommCase{0, 2}, DeviceCommCase{1, 2},
                                            DeviceCommCase{2, 3}, DeviceCommCase{3, 2},
                                            DeviceCommCase{3, 3}),
-                         case_name);
+                         stage_world_name);
 
 // The seam replaces only the device's making: runtime.device host with a device-buffer
 // communicator is still refused, before anything is built.

@@ -16,13 +16,7 @@
 namespace strata::testing {
 namespace {
 
-struct StateParam {
-  int stage;
-  int world;
-};
-std::string state_param_name(const ::testing::TestParamInfo<StateParam>& info) {
-  return strcat("stage", info.param.stage, "_world", info.param.world);
-}
+using StateParam = StageWorld;
 
 // Tensors alternate between group 0 (config lr / decay / betas / eps) and group 1 (its own); the
 // lr of both and group 1's beta1 change after every step, as OneCycleLR would.
@@ -245,7 +239,7 @@ std::vector<StateParam> state_params() {
   return v;
 }
 INSTANTIATE_TEST_SUITE_P(Stages, EngineGroups, ::testing::ValuesIn(state_params()),
-                         state_param_name);
+                         stage_world_name);
 
 // A checkpoint keeps every group's lr / weight decay / betas / eps and the embedder's client state;
 // a new engine's load restores them (torch's load_state_dict does the same for its groups).
