@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, checks the formatting, the function length and
-# clang's thread-safety analysis, builds, runs every test under CTest, then the CUDA and NCCL code
-# against the fake CUDA runtime (label "fakecuda", tests/fakecuda), then again under
+# clang's thread-safety analysis, builds, runs every test under CTest (the CUDA and NCCL code
+# among them, against the fake CUDA runtime: label "fakecuda", tests/fakecuda), then again under
 # ASan+UBSan (every test not labelled "no_sanitizer"), then the concurrent layers (CTest label
 # "tsan") under ThreadSanitizer; each sanitizer build compiles only what its tests run.
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
@@ -72,18 +72,15 @@ phase "thread safety (clang -Wthread-safety)"
 phase "build (RelWithDebInfo)"
 "$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON \
   "${build_flags[@]}" || exit 1
-phase "tests"
-run_ctest "$root/build" -LE fakecuda || status=1
-
-# The gpu tests' binaries (CUDA device, CUDA Adam, NCCL, the placement matrix with 1, 2 and 4
-# fake GPUs) against the fake CUDA runtime + fake NCCL: built whenever the toolkit and NCCL's
-# headers are there (no GPU needed). Without them the label is empty, and that is said.
-phase "CUDA and NCCL code on the fake CUDA runtime (label fakecuda)"
-if [ -n "$(cd "$root/build" && ctest -N -L fakecuda | sed -n 's/^ *Test *#[0-9]*: //p')" ]; then
-  run_ctest "$root/build" -L fakecuda || status=1
-else
+# Every test, in one CTest run (one tail of a last long test, not two): the gpu tests' binaries
+# (CUDA device, CUDA Adam, NCCL, the placement matrix with 1, 2 and 4 fake GPUs) among them, against
+# the fake CUDA runtime + fake NCCL (label fakecuda): built whenever the toolkit and NCCL's headers
+# are there (no GPU needed). Without them the label is empty, and that is said.
+phase "tests (with the CUDA and NCCL code on the fake CUDA runtime, label fakecuda)"
+if [ -z "$(cd "$root/build" && ctest -N -L fakecuda | sed -n 's/^ *Test *#[0-9]*: //p')" ]; then
   echo "no fakecuda tests: this build has no CUDA toolkit with NCCL (STRATA_HAVE_CUDA/NCCL off)"
 fi
+run_ctest "$root/build" || status=1
 
 if [ "${STRATA_SANITIZERS:-1}" != "0" ]; then
   phase "build (ASan+UBSan, the executables its tests run)"
