@@ -72,6 +72,7 @@ class C10dHandle final : public CommHandle {
  private:
   void complete_stage();  // REQUIRES: work_ completed
   [[noreturn]] void failed(const std::string& why, bool timeout);
+  bool timed_out(const std::string& m) const;
 
   C10dCommunicator& comm_;
   std::string what_;
@@ -301,13 +302,25 @@ void C10dHandle::failed(const std::string& why, bool timeout) {
       true);
 }
 
+// Whether the work's failure `m` is its timeout: c10d's own deadline ("Operation timed out!"),
+// gloo's ("Timed out waiting ...", "Application timeout caused pair closure"), or any failure
+// after this handle's deadline. The work's own timeout equals runtime.collective_timeout_s and
+// starts after the deadline was set, so which of the two fires first (a matter of scheduling on
+// a loaded machine) does not change the error: a stalled peer is a timeout either way.
+bool C10dHandle::timed_out(const std::string& m) const {
+  const std::string l = lower(m);
+  return l.find("timed out") != std::string::npos || l.find("timeout") != std::string::npos ||
+         Clock::now() >= deadline_;
+}
+
 void C10dHandle::complete_stage() {
   std::exception_ptr err = work_->exception();
   if (err) {
     try {
       std::rethrow_exception(err);
     } catch (const std::exception& e) {
-      failed(message_of(e), false);
+      const std::string m = message_of(e);
+      failed(m, timed_out(m));
     }
   }
   stages_[stage_].finish();
@@ -341,8 +354,7 @@ void C10dHandle::wait() {
       completed = work_->wait(std::max(left, std::chrono::milliseconds(1)));
     } catch (const std::exception& e) {
       const std::string m = message_of(e);
-      // c10d's own deadline ("Operation timed out!") or gloo's ("Timed out waiting ...").
-      failed(m, lower(m).find("timed out") != std::string::npos);
+      failed(m, timed_out(m));
     }
     if (!completed) failed("the work was aborted", false);
     complete_stage();
