@@ -18,6 +18,7 @@
 #include "strata/build_info.hpp"
 #include "strata/cleanup.hpp"
 #include "strata/error.hpp"
+#include "strata/io_file.hpp"
 #include "strata/log.hpp"
 
 namespace strata::zero {
@@ -29,6 +30,8 @@ constexpr std::uint64_t kPiece = 1u << 20;  // elements per streamed piece (roun
 // Elements per piece of a save (rounded to blocks): two pieces' state (24 B per element) are in
 // host memory at a time, one written while the next is read.
 constexpr std::uint64_t kSavePiece = 2u << 20;
+// Bytes copied into a piece's staging at a time, then checksummed while still in the cache.
+constexpr std::uint64_t kCopyChunk = 256u << 10;
 
 void check_state(const RankState& s, const char* what) {
   if (!s.store || !s.partition)
@@ -164,10 +167,12 @@ Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_
   return m;
 }
 
-// The writes of one piece of a shard, done by a thread of their own while the caller checksums
-// the next piece and the store reads the one after (write_shard). One batch at a time: wait()
-// before the next submit() (and before the batch's buffers are reused); the destructor waits too
-// (dropping an error: the save is failing already).
+// The writes of one piece of a shard (a slice of each section), each on a thread of its own, all
+// in flight at once, while the caller checksums the next piece and the store reads the one after
+// (write_pieces). The shard file is direct (WriteMode::kDirect): each write goes to the disk as it
+// is made, without a copy into the page cache, and the disk has several to work on. One batch at
+// a time: wait() before the next submit() (and before the batch's buffers are reused); the
+// destructor waits too (dropping an error: the save is failing already).
 class WriteBehind {
  public:
   struct Write {
@@ -181,18 +186,27 @@ class WriteBehind {
     } catch (...) {
     }
   }
-  void submit(std::vector<Write> batch) {
-    pending_ = std::async(std::launch::async, [this, batch = std::move(batch)] {
-      for (const Write& w : batch) file_.write_at(w.data, w.n, w.offset);
-    });
+  void submit(const std::vector<Write>& batch) {
+    for (const Write& w : batch)
+      pending_.push_back(
+          std::async(std::launch::async, [this, w] { file_.write_at(w.data, w.n, w.offset); }));
   }
-  void wait() {  // rethrows the batch's failure
-    if (pending_.valid()) pending_.get();
+  void wait() {  // waits for every write of the batch; rethrows the first failure
+    std::exception_ptr first;
+    for (std::future<void>& f : pending_) {
+      try {
+        f.get();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    pending_.clear();
+    if (first) std::rethrow_exception(first);
   }
 
  private:
   WritableFile& file_;
-  std::future<void> pending_;
+  std::vector<std::future<void>> pending_;
 };
 
 // The CRC32C of each block of each section of a shard, in order; a section's last block's CRC
@@ -202,14 +216,25 @@ class BlockCrcs {
   BlockCrcs(const ShardLayout& l, std::uint64_t block_elems) : l_(l), be_(block_elems) {
     for (auto& c : crcs_) c.reserve(l.nblocks);
   }
-  void add(int sec, const unsigned char* p, std::uint64_t n) {
+  // Checksums the next `n` elements of section `sec`, at `p`; with `copy_to`, copies them there
+  // first, a chunk at a time (checksummed while in the cache). Returns where they are now.
+  const unsigned char* add(int sec, const unsigned char* p, std::uint64_t n,
+                           unsigned char* copy_to = nullptr) {
     const std::uint64_t eb = l_.elem_bytes[sec];
+    const unsigned char* from = copy_to ? copy_to : p;
     for (std::uint64_t b = 0; b < n; b += be_) {
-      std::uint32_t c = crc32c(p + b * eb, std::min(be_, n - b) * eb);
+      const std::uint64_t at = b * eb, bytes = std::min(be_, n - b) * eb;
+      std::uint32_t c = 0;
+      for (std::uint64_t o = 0; o < bytes; o += kCopyChunk) {
+        const std::uint64_t k = std::min(kCopyChunk, bytes - o);
+        if (copy_to) std::memcpy(copy_to + at + o, p + at + o, k);
+        c = crc32c(from + at + o, k, c);
+      }
       if (crcs_[sec].size() + 1 == l_.nblocks)
         c = crc32c(zeros_.data(), l_.padded[sec] - l_.bytes[sec], c);
       crcs_[sec].push_back(c);
     }
+    return from;
   }
   const std::vector<std::uint32_t> (&crcs() const)[kSections] { return crcs_; }
 
@@ -220,9 +245,48 @@ class BlockCrcs {
   std::vector<std::uint32_t> crcs_[kSections];
 };
 
+// Page-aligned copies of one piece of every section, two of them (piece k's in set k % 2: one
+// written while the next is filled), for the slices of a direct file that cannot go straight from
+// the views: O_DIRECT needs page-aligned memory and lengths. The store's views are page-aligned
+// (RangeReads); the parameters from the caller's span may not be, and a section's last slice is
+// padded. Allocated on first use: at most 2 x piece x (parameter bytes + 12), 56 MiB at 16-bit
+// parameters, for the length of a save.
+class PieceStaging {
+ public:
+  PieceStaging(const ShardLayout& l, std::uint64_t piece) {
+    for (int sec = 0; sec < kSections; ++sec) {
+      offset_[sec] = bytes_;
+      bytes_ += round_up(piece * l.elem_bytes[sec], kDirectAlignment);
+    }
+  }
+  unsigned char* at(std::uint64_t k, int sec) {
+    IoBuffer& set = sets_[k % 2];
+    if (!set) set = IoBuffer::allocate(bytes_);
+    return set.bytes() + offset_[sec];
+  }
+  // A section's last `bytes`, staged at `p`, written with the zero padding up to the alignment
+  // (the format's padding: sections are padded to kSectionAlign): the write stays direct.
+  static std::uint64_t pad_last(unsigned char* p, std::uint64_t bytes) {
+    static_assert(kSectionAlign % kDirectAlignment == 0);
+    const std::uint64_t padded = round_up(bytes, kDirectAlignment);
+    std::memset(p + bytes, 0, padded - bytes);
+    return padded;
+  }
+
+ private:
+  std::uint64_t bytes_ = 0;
+  std::uint64_t offset_[kSections] = {};
+  IoBuffer sets_[2];
+};
+
+bool page_aligned(const void* p, std::uint64_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % kDirectAlignment == 0 &&
+         bytes % kDirectAlignment == 0;
+}
+
 // The optimizer state streamed from the store (whatever tier it lives in) piece by piece, with
 // the parameters (straight from the span, or from the store's views): each piece checksummed
-// while the previous one is written and the next one read.
+// (and staged, for a direct file) while the previous one is written and the next one read.
 void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
                   std::uint64_t block_elems, WritableFile& file, BlockCrcs& crcs) {
   const std::uint64_t base = e.begin - s.opt_begin;  // the shard's first element in the store
@@ -231,25 +295,31 @@ void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
     OptimizerStateStore* store;
     ~DropPrefetch() { store->drop_prefetch(); }
   } drop_prefetch{s.store};
+  PieceStaging staging(l, piece);
   WriteBehind behind(file);  // (waits before the guard drops the prefetch)
-  for (std::uint64_t b = 0; b < e.count; b += piece) {
+  for (std::uint64_t b = 0, k = 0; b < e.count; b += piece, ++k) {
     const std::uint64_t n = std::min(piece, e.count - b);
+    // Section `sec`'s slice of this piece, checksummed (and staged where the write could not be
+    // direct from `data`): its write.
+    const auto slice = [&](int sec, const void* data) -> WriteBehind::Write {
+      const auto* p = static_cast<const unsigned char*>(data);
+      const std::uint64_t eb = l.elem_bytes[sec], bytes = n * eb, at = l.offset[sec] + b * eb;
+      if (!file.direct() || page_aligned(p, bytes)) return {crcs.add(sec, p, n), bytes, at};
+      unsigned char* copy = staging.at(k, sec);
+      crcs.add(sec, p, n, copy);
+      return {copy, b + n == e.count ? PieceStaging::pad_last(copy, bytes) : bytes, at};
+    };
     const Range r{base + b, n};
     StateView v = s.store->acquire(r);
     try {
       const unsigned char* p = s.params_in_store ? v.params : s.params.data() + (base + b) * pes;
       if (!p) fail(ErrorCode::kInternal, "checkpoint save: the store's views hold no parameters");
-      std::vector<WriteBehind::Write> batch{{p, n * pes, l.offset[kParams] + b * pes}};
-      crcs.add(kParams, p, n);
-      const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
-      for (int a = 0; a < 3; ++a) {
-        const auto* q = reinterpret_cast<const unsigned char*>(arrays[a]);
-        crcs.add(kMaster + a, q, n);
-        batch.push_back({q, n * 4, l.offset[kMaster + a] + b * 4});
-      }
+      const std::vector<WriteBehind::Write> batch{slice(kParams, p), slice(kMaster, v.master),
+                                                  slice(kExpAvg, v.exp_avg),
+                                                  slice(kExpAvgSq, v.exp_avg_sq)};
       behind.wait();  // the previous piece is written: the prefetch may reuse its buffers
       if (b + n < e.count) s.store->prefetch({base + b + n, std::min(piece, e.count - b - n)});
-      behind.submit(std::move(batch));
+      behind.submit(batch);
     } catch (...) {
       s.store->release(r, false);
       throw;
@@ -267,7 +337,8 @@ void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
 class RegisteredFile final : public WritableFile {
  public:
   RegisteredFile(const SafeDir& dir, const std::string& name, const RankState& s)
-      : on_signal_(dir.fd(), name, false), file_(env_of(s).create_file(dir, name)) {
+      : on_signal_(dir.fd(), name, false),
+        file_(env_of(s).create_file(dir, name, 0600, WriteMode::kDirect)) {
     if (!signal_cleanup_ending()) return;
     file_.reset();
     dir.try_remove(name, false);
@@ -280,6 +351,7 @@ class RegisteredFile final : public WritableFile {
   }
   void truncate(std::uint64_t size) override { file_->truncate(size); }
   void sync() override { file_->sync(); }
+  bool direct() const override { return file_->direct(); }
 
  private:
   CleanupRegistration on_signal_;

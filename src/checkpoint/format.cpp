@@ -29,7 +29,6 @@ using nlohmann::json;
 
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'C', 'K'};
 constexpr std::size_t kHeaderFixed = 128;  // fixed fields; the CRC tables follow
-constexpr std::uint64_t kAlign = 4096;
 constexpr std::string_view kTrailerHead = ",\n \"manifest_crc32c\": \"";
 constexpr std::string_view kTrailerTail = "\"\n}\n";
 constexpr std::size_t kTrailerBytes = kTrailerHead.size() + 8 + kTrailerTail.size();
@@ -744,14 +743,14 @@ ShardLayout shard_layout(std::uint64_t count, DType param_dtype, std::uint64_t b
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint: ", l.nblocks, " blocks per section need a header of ", table,
                 " bytes (at most ", kMaxHeaderBytes, ")"));
-  l.header_bytes = round_up(kHeaderFixed + table, kAlign);
+  l.header_bytes = round_up(kHeaderFixed + table, kSectionAlign);
   l.elem_bytes[kParams] = dtype_size(param_dtype);
   l.elem_bytes[kMaster] = l.elem_bytes[kExpAvg] = l.elem_bytes[kExpAvgSq] = 4;
   std::uint64_t off = l.header_bytes;
   for (int s = 0; s < kSections; ++s) {
     l.offset[s] = off;
     l.bytes[s] = count * l.elem_bytes[s];
-    off = round_up(off + l.bytes[s], kAlign);
+    off = round_up(off + l.bytes[s], kSectionAlign);
     l.padded[s] = off - l.offset[s];
   }
   l.total = off;

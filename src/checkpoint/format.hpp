@@ -191,6 +191,9 @@ inline constexpr std::uint64_t kExtraPiece = 1ull << 20;
 void read_extra_tensor(RandomAccessFile& file, const Manifest& m, std::size_t i,
                        const std::function<void(const unsigned char*, std::uint64_t)>& sink);
 
+// The header and each section of a shard start at a multiple of this, the gaps zero.
+inline constexpr std::uint64_t kSectionAlign = 4096;
+
 // Where a shard's parts lie.
 struct ShardLayout {
   std::uint64_t nblocks = 0;       // blocks per section: ceil(count / block_elems)

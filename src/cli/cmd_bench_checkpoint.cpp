@@ -69,10 +69,14 @@ json to_json(const profile::CheckpointBenchResult& r) {
           {"raw_write_s", r.raw_write_s},
           {"raw_write_bytes_per_s", r.raw_write_bytes_per_s},
           {"writer_vs_raw", r.writer_vs_raw},
+          {"state_read_bytes", r.state_read_bytes},
+          {"raw_move_s", r.raw_move_s},
+          {"writer_vs_move", r.writer_vs_move},
           {"idle_step_s", r.idle_step_s},
           {"busy_step_s", r.busy_step_s},
           {"busy_steps", r.busy_steps},
           {"busy_slowdown", r.busy_slowdown},
+          {"predicted_busy_slowdown", r.predicted_busy_slowdown},
           {"writer_busy_s", r.writer_busy_s},
           {"writer_paused_s", r.writer_paused_s},
           {"writer_pauses", r.writer_pauses}};
@@ -87,11 +91,17 @@ void print_human(const profile::CheckpointBenchResult& r) {
             << ms(r.async_blocked_s) << " ms (ratio " << r.blocked_ratio << ", target <= 0.05)\n"
             << "  writer on an idle loop " << rate(r.writer_bytes_per_s) << ", raw sequential "
             << "write " << rate(r.raw_write_bytes_per_s) << " (ratio " << r.writer_vs_raw
-            << ", target >= 0.85)\n"
-            << "  steps: idle " << ms(r.idle_step_s) << " ms, while writing " << ms(r.busy_step_s)
+            << ", target >= 0.85)\n";
+  if (r.state_read_bytes > 0)
+    std::cout << "  the writer also reads " << format_bytes(r.state_read_bytes, true)
+              << " of state from the disk it writes to: raw write with those reads beside it "
+              << ms(r.raw_move_s) << " ms, writer " << ms(r.writer_s) << " ms (ratio "
+              << r.writer_vs_move << ")\n";
+  std::cout << "  steps: idle " << ms(r.idle_step_s) << " ms, while writing " << ms(r.busy_step_s)
             << " ms over " << r.busy_steps << " step(s) (x" << r.busy_slowdown
-            << "); the writer took " << ms(r.writer_busy_s) << " ms, paused "
-            << ms(r.writer_paused_s) << " ms in " << r.writer_pauses << " pause(s) for the steps\n";
+            << "; the disk's share predicts x" << r.predicted_busy_slowdown << "); the writer took "
+            << ms(r.writer_busy_s) << " ms, paused " << ms(r.writer_paused_s) << " ms in "
+            << r.writer_pauses << " pause(s) for the steps\n";
 }
 
 std::string bench_dir(const Options& o, const Config& cfg) {

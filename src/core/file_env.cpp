@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "strata/error.hpp"
+#include "strata/log.hpp"
 
 namespace strata {
 
@@ -40,12 +42,36 @@ void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
 
 namespace {
 
+bool direct_aligned(const void* data, std::uint64_t n, std::uint64_t offset) {
+  return reinterpret_cast<std::uintptr_t>(data) % kDirectAlignment == 0 &&
+         n % kDirectAlignment == 0 && offset % kDirectAlignment == 0;
+}
+
+// A second descriptor of the open file `fd`, with O_DIRECT (reopened through /proc/self/fd, so
+// that it is the same file whatever happened to its name); none where the file system refuses
+// O_DIRECT (EINVAL: tmpfs) or /proc is not mounted.
+UniqueFd reopen_direct(int fd, const std::string& path) {
+  const std::string self = strcat("/proc/self/fd/", fd);
+  int d;
+  do {
+    d = ::open(self.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+  } while (d < 0 && errno == EINTR);
+  if (d < 0)
+    log_debug("file ", path, ": written through the page cache (O_DIRECT: ", std::strerror(errno),
+              ")");
+  return UniqueFd(d);
+}
+
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(UniqueFd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}
+  PosixWritableFile(UniqueFd fd, std::string path, WriteMode how)
+      : fd_(std::move(fd)),
+        path_(std::move(path)),
+        direct_fd_(how == WriteMode::kDirect ? reopen_direct(fd_.get(), path_) : UniqueFd()) {}
   const std::string& path() const override { return path_; }
   void write_at(const void* data, std::uint64_t n, std::uint64_t offset) override {
-    pwrite_full(fd_.get(), data, n, offset, path_);
+    const bool direct = direct_fd_ && direct_aligned(data, n, offset);
+    pwrite_full(direct ? direct_fd_.get() : fd_.get(), data, n, offset, path_);
   }
   void truncate(std::uint64_t size) override {
     if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0)
@@ -54,10 +80,12 @@ class PosixWritableFile final : public WritableFile {
   void sync() override {
     if (::fdatasync(fd_.get()) != 0) throw IoError("fdatasync", path_, 0, 0, errno);
   }
+  bool direct() const override { return static_cast<bool>(direct_fd_); }
 
  private:
   const UniqueFd fd_;
   const std::string path_;
+  const UniqueFd direct_fd_;
 };
 
 class PosixRandomAccessFile final : public RandomAccessFile {
@@ -81,10 +109,10 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 
 class PosixFileEnv final : public FileEnv {
  public:
-  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                            mode_t mode) override {
+  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name, mode_t mode,
+                                            WriteMode how) override {
     UniqueFd fd = dir.create_file(name, O_WRONLY, mode);
-    return std::make_unique<PosixWritableFile>(std::move(fd), dir.child_path(name));
+    return std::make_unique<PosixWritableFile>(std::move(fd), dir.child_path(name), how);
   }
   std::unique_ptr<RandomAccessFile> open_file(const SafeDir& dir, std::string_view name) override {
     UniqueFd fd = dir.open_file(name, O_RDONLY | O_NONBLOCK);
@@ -282,6 +310,7 @@ class FaultyWritableFile final : public FaultyFile<WritableFile> {
   }
   void truncate(std::uint64_t size) override { file().truncate(size); }
   void sync() override { ask(FileOp::kSync, 0, 0).sync(); }
+  bool direct() const override { return file().direct(); }
 };
 
 class FaultyRandomAccessFile final : public FaultyFile<RandomAccessFile> {
@@ -298,10 +327,10 @@ class FaultyRandomAccessFile final : public FaultyFile<RandomAccessFile> {
 }  // namespace
 
 std::unique_ptr<WritableFile> FaultInjectingFileEnv::create_file(const SafeDir& dir,
-                                                                 std::string_view name,
-                                                                 mode_t mode) {
-  return std::make_unique<FaultyWritableFile>(*this, FileEnvWrapper::create_file(dir, name, mode),
-                                              std::string(name));
+                                                                 std::string_view name, mode_t mode,
+                                                                 WriteMode how) {
+  return std::make_unique<FaultyWritableFile>(
+      *this, FileEnvWrapper::create_file(dir, name, mode, how), std::string(name));
 }
 
 std::unique_ptr<RandomAccessFile> FaultInjectingFileEnv::open_file(const SafeDir& dir,

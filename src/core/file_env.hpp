@@ -13,7 +13,8 @@
 // Failures: every call throws IoError naming the op, the path, offset, length and errno, as the
 // syscalls it stands for; a read that meets the end of the file throws Error(kChecksum)
 // "truncated". Thread-safety: standard() may be used from any thread; a file object from one thread
-// at a time.
+// at a time, except that a WritableFile's write_at may be called from several threads at once for
+// disjoint ranges (as pwrite), never concurrently with its truncate or sync.
 #pragma once
 
 #include <sys/stat.h>
@@ -38,6 +39,15 @@ void pread_full(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const 
 void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
                  const std::string& path);
 
+// How a created file is written. kBuffered: through the page cache. kDirect: a write_at whose
+// buffer address, offset and length are all multiples of kDirectAlignment bypasses the page cache
+// (O_DIRECT, through a second descriptor of the same open file), any other write goes through it;
+// sync() makes both durable. Where the file system refuses O_DIRECT (tmpfs) every write is
+// buffered (WritableFile::direct() says which). For large streamed writes: the data goes to the
+// disk as it is written, with no copy into the cache and no flush of gigabytes at sync().
+enum class WriteMode { kBuffered, kDirect };
+inline constexpr std::uint64_t kDirectAlignment = 4096;
+
 // A file being written at offsets (the whole range or an IoError).
 class WritableFile {
  public:
@@ -46,6 +56,8 @@ class WritableFile {
   virtual void write_at(const void* data, std::uint64_t n, std::uint64_t offset) = 0;
   virtual void truncate(std::uint64_t size) = 0;
   virtual void sync() = 0;  // the data and the size durable (fdatasync)
+  // Whether aligned writes bypass the page cache (created kDirect where O_DIRECT is allowed).
+  virtual bool direct() const = 0;
 };
 
 // A file read at offsets (the whole range, or an error: end of file is kChecksum "truncated").
@@ -65,7 +77,8 @@ class FileEnv {
 
   // SafeDir::create_file(name, O_WRONLY, mode): exclusive, no symbolic link followed.
   virtual std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                                    mode_t mode = 0600) = 0;
+                                                    mode_t mode = 0600,
+                                                    WriteMode how = WriteMode::kBuffered) = 0;
   // SafeDir::open_file(name, O_RDONLY | O_NONBLOCK): a symbolic link fails with ELOOP, a FIFO
   // does not block (the caller checks status()).
   virtual std::unique_ptr<RandomAccessFile> open_file(const SafeDir& dir,
@@ -80,8 +93,9 @@ class FileEnvWrapper : public FileEnv {
   explicit FileEnvWrapper(FileEnv& target) : target_(target) {}
   FileEnv& target() const { return target_; }
   std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                            mode_t mode = 0600) override {
-    return target_.create_file(dir, name, mode);
+                                            mode_t mode = 0600,
+                                            WriteMode how = WriteMode::kBuffered) override {
+    return target_.create_file(dir, name, mode, how);
   }
   std::unique_ptr<RandomAccessFile> open_file(const SafeDir& dir, std::string_view name) override {
     return target_.open_file(dir, name);
@@ -177,7 +191,8 @@ class FaultInjectingFileEnv : public FileEnvWrapper {
   std::uint64_t calls(FileOp op) const;             // calls of `op` seen (faulted or not)
 
   std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                            mode_t mode = 0600) override;
+                                            mode_t mode = 0600,
+                                            WriteMode how = WriteMode::kBuffered) override;
   std::unique_ptr<RandomAccessFile> open_file(const SafeDir& dir, std::string_view name) override;
   void rename(const SafeDir& dir, std::string_view from, std::string_view to) override;
   void sync_dir(const SafeDir& dir) override;

@@ -4,9 +4,11 @@
 //   - the time a blocking save blocks the caller, and the time an asynchronous save's call does
 //     (the snapshot), medians over rounds, and their ratio;
 //   - the background writer's throughput on an idle step loop (the shard's data bytes over the
-//     writer thread's time) against a raw sequential write of the same bytes through the same
-//     file seam (FileEnv::current(): the writer's, synchronous writes of the same piece size, one
-//     fdatasync), the two alternated round by round;
+//     writer thread's time) against a raw sequential write of the same bytes through the I/O
+//     engine (the NVMe tier's options: O_DIRECT, 4 MiB requests all in its queue, one fdatasync:
+//     the disk's sequential write bound), the two alternated round by round; with the state on
+//     NVMe, also against the same writes with the writer's reads (12 B per parameter) beside them
+//     (the disk's bound for what the writer moves: its reads and writes share the disk);
 //   - the step time of steps taken while the writer is at work against idle steps, and how often
 //     and how long the writer paused for the steps' own I/O (AsyncCheckpoint::set_step_running).
 // Nothing here checks a figure: it measures and reports.
@@ -44,12 +46,22 @@ struct CheckpointBenchResult {
   double raw_write_s = 0;
   double raw_write_bytes_per_s = 0;
   double writer_vs_raw = 0;  // writer_bytes_per_s / raw_write_bytes_per_s
+  // State on NVMe: the writer also reads state_read_bytes from the disk it writes to. raw_move_s:
+  // the raw write with those reads beside it (state on cpu: raw_write_s); writer_vs_move:
+  // raw_move_s / writer_s, the writer against the disk's bound for what it moves.
+  std::uint64_t state_read_bytes = 0;
+  double raw_move_s = 0;
+  double writer_vs_move = 0;
   double idle_step_s = 0;
   double busy_step_s = 0;        // steps taken while a writer was at work (0 if none was)
   std::uint64_t busy_steps = 0;  // how many, over all rounds
   double busy_slowdown = 0;      // busy_step_s / idle_step_s
-  double writer_busy_s = 0;      // the writer's time while steps ran
-  double writer_paused_s = 0;    // of it, paused for the steps' I/O (sum over rounds)
+  // What the steps' share of the disk predicts for busy_slowdown: state on NVMe, 1 + raw_move_s
+  // / (a round's busy steps x idle_step_s) (the disk does the steps' I/O and the writer's, one
+  // after the other at worst); state on cpu, 1 (the steps do no disk I/O).
+  double predicted_busy_slowdown = 0;
+  double writer_busy_s = 0;    // the writer's time while steps ran
+  double writer_paused_s = 0;  // of it, paused for the steps' I/O (sum over rounds)
   std::uint64_t writer_pauses = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/numeric.hpp"
+#include "strata/adam.hpp"
 #include "strata/error.hpp"
 #include "zero/engine_layout.hpp"
 
@@ -52,7 +53,7 @@ StateView PinnedStateStore::acquire(Range r) {
   acquired_ = true;
   range_ = r;
   return {current_.array(0), current_.array(1), current_.array(2), r.count,
-          pblocks_.in_snapshot() ? params().data() : nullptr};
+          pblocks_.in_snapshot() ? params_[params_current_].bytes() : nullptr};
 }
 
 void PinnedStateStore::prefetch(Range r) {
@@ -64,7 +65,7 @@ void PinnedStateStore::drop_prefetch() noexcept {
   next_.free();
   if (acquired_) return;
   current_.free();
-  for (auto& p : params_) std::vector<unsigned char>().swap(p);
+  for (IoBuffer& p : params_) p = IoBuffer();
 }
 
 const void* PinnedStateStore::read_block(BufferId id) {
@@ -74,26 +75,38 @@ const void* PinnedStateStore::read_block(BufferId id) {
   return block_.data();
 }
 
+unsigned char* PinnedStateStore::params(std::size_t bytes) {
+  IoBuffer& p = params_[params_current_];
+  if (p.size() < bytes) {
+    p = IoBuffer();
+    p = IoBuffer::allocate(bytes);
+  }
+  return p.bytes();
+}
+
 void PinnedStateStore::read_params(Range r) {
   const std::size_t pes = pblocks_.elem_bytes;
-  params().resize(r.count * pes);  // every element is copied below
+  unsigned char* out = params(r.count * pes);  // every element is copied below
   for (const Chunk& c : chunks_) {
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
     const auto* block = static_cast<const unsigned char*>(read_block(c.param));
-    std::memcpy(params().data() + (b - r.begin) * pes, block + (b - c.r.begin) * pes,
-                (e - b) * pes);
+    std::memcpy(out + (b - r.begin) * pes, block + (b - c.r.begin) * pes, (e - b) * pes);
   }
 }
 
-// The parameters as the update writes them from these master weights: the same conversion
-// (store_elem, core/numeric.hpp; the SIMD and CUDA kernels produce its bits, NaN included).
+// The parameters as the update writes them from these master weights: the kernels' conversion
+// (strata/adam.hpp; the same bits as store_elem, core/numeric.hpp, NaN included), vectorized.
 void PinnedStateStore::round_master(const float* master, std::size_t n) {
   if (dtype_size(pblocks_.dtype) != pblocks_.elem_bytes)
     fail(ErrorCode::kInternal, "checkpoint snapshot: parameter dtype and element size disagree");
-  std::vector<unsigned char>& out = params();
-  out.resize(n * pblocks_.elem_bytes);
-  for (std::size_t i = 0; i < n; ++i) store_elem(out.data(), i, pblocks_.dtype, master[i]);
+  unsigned char* out = params(n * pblocks_.elem_bytes);
+  auto* half = reinterpret_cast<std::uint16_t*>(out);
+  switch (pblocks_.dtype) {
+    case DType::kFp32: std::memcpy(out, master, n * sizeof(float)); break;
+    case DType::kFp16: convert_fp32_to_fp16(master, half, n); break;
+    case DType::kBf16: convert_fp32_to_bf16(master, half, n); break;
+  }
 }
 
 void PinnedStateStore::release(Range r, bool dirty) {

@@ -69,12 +69,13 @@ class PinnedStateStore final : public OptimizerStateStore {
   std::function<void()> before_read_;
   RangeReads current_;  // master | m | v of the acquired range
   RangeReads next_;     // the prefetched range
-  // The parameters of the acquired range and of the one before it.
-  std::vector<unsigned char> params_[2];
+  // The parameters of the acquired range and of the one before it (page-aligned, kept between
+  // ranges: a checkpoint's direct file is written straight from them).
+  IoBuffer params_[2];
   int params_current_ = 0;
-  std::vector<unsigned char>& params() { return params_[params_current_]; }
-  IoBuffer block_;              // a whole pinned block read back
-  std::vector<bool> unpinned_;  // per chunk
+  unsigned char* params(std::size_t bytes);  // the acquired range's, at least `bytes`
+  IoBuffer block_;                           // a whole pinned block read back
+  std::vector<bool> unpinned_;               // per chunk
   bool acquired_ = false;
   Range range_;
 };

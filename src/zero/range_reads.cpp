@@ -9,6 +9,9 @@
 #include "zero/engine_layout.hpp"
 
 namespace strata::zero {
+namespace {
+constexpr std::size_t kPage = 4096;
+}  // namespace
 
 void RangeReads::start(std::span<const Chunk> chunks, Range r, std::chrono::milliseconds timeout,
                        const ReadFn& read) {
@@ -16,7 +19,11 @@ void RangeReads::start(std::span<const Chunk> chunks, Range r, std::chrono::mill
   started_ = true;
   timeout_ = timeout;
   range_ = r;
-  scratch_.resize(3 * r.count);  // no zeroing: the chunks cover the range, every byte is read
+  stride_ = (r.count * sizeof(float) + kPage - 1) / kPage * kPage;
+  if (scratch_.size() < 3 * stride_) {  // kept for the next range (no zeroing: every byte is read)
+    scratch_ = IoBuffer();
+    scratch_ = IoBuffer::allocate(3 * stride_);
+  }
   // Only the range's elements of each array (master | m | v of a chunk lie one after the other):
   // reading the whole chunk for each piece of a save made a save of a chunk of C elements in
   // pieces of P read C * C / P elements (61.8 s for a 1.87 GB shard, against 5.2 s to write it).
@@ -47,8 +54,8 @@ void RangeReads::settle() noexcept {
   }
   if (running) {  // never freed under the kernel: leaked, said once
     log_error("optimizer state: a prefetched read did not finish in ", timeout_.count(),
-              " ms; its ", scratch_.size() * sizeof(float), "-byte buffer is left allocated");
-    new std::vector<float>(std::move(scratch_));
+              " ms; its ", scratch_.size(), "-byte buffer is left allocated");
+    new IoBuffer(std::move(scratch_));
   }
   reads_.clear();
   started_ = false;
@@ -56,11 +63,12 @@ void RangeReads::settle() noexcept {
 
 void RangeReads::free() noexcept {
   settle();
-  std::vector<float>().swap(scratch_);
+  scratch_ = IoBuffer();
 }
 
 void RangeReads::swap(RangeReads& other) noexcept {
   std::swap(scratch_, other.scratch_);
+  std::swap(stride_, other.stride_);
   std::swap(reads_, other.reads_);
   std::swap(range_, other.range_);
   std::swap(started_, other.started_);

@@ -1,8 +1,10 @@
 // The reads of one range of a rank's optimizer state (master | m | v of the elements [r.begin,
 // r.end()), whichever chunks they lie in) into host scratch of their own: started at once, waited
-// for later. The two host views of the state that checkpoints stream through (TierStateStore: the
-// committed state; PinnedStateStore: a snapshot) use two of them, so that the next range is read
-// while the caller writes out the current one (OptimizerStateStore::prefetch).
+// for later. Each array of the scratch starts on a page (an IoBuffer, kept between ranges): a
+// checkpoint's direct file is written straight from it. The two host views of the state that
+// checkpoints stream through (TierStateStore: the committed state; PinnedStateStore: a snapshot)
+// use two of them, so that the next range is read while the caller writes out the current one
+// (OptimizerStateStore::prefetch).
 //
 // Ownership: owns the scratch; the chunk list is the caller's. Thread-safety: one user at a time.
 // The destructor waits for reads still in flight (they write into the scratch) and drops their
@@ -14,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "strata/io_file.hpp"
 #include "strata/partition.hpp"
 #include "tier/tier_store.hpp"
 #include "zero/chunk.hpp"
@@ -45,11 +48,14 @@ class RangeReads {
     return started_ && r.begin == range_.begin && r.count == range_.count;
   }
   bool started() const { return started_; }
-  float* array(int a) { return scratch_.data() + static_cast<std::size_t>(a) * range_.count; }
+  float* array(int a) {
+    return reinterpret_cast<float*>(scratch_.bytes() + static_cast<std::size_t>(a) * stride_);
+  }
   void swap(RangeReads& other) noexcept;
 
  private:
-  std::vector<float> scratch_;  // master | m | v of range_
+  IoBuffer scratch_;        // master | m | v of range_, each at a multiple of stride_
+  std::size_t stride_ = 0;  // bytes: range_.count floats rounded up to a page
   std::vector<Transfer> reads_;
   Range range_;
   bool started_ = false;

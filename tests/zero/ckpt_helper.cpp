@@ -48,8 +48,8 @@ class PausingFileEnv final : public FileEnvWrapper {
     }
   }
 
-  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                            mode_t mode) override;
+  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name, mode_t mode,
+                                            WriteMode how) override;
   void rename(const SafeDir& dir, std::string_view from, std::string_view to) override {
     op("rename", to);
     FileEnvWrapper::rename(dir, from, to);
@@ -82,6 +82,7 @@ class CountedFile final : public WritableFile {
     env_.op("sync", name_);
     file_->sync();
   }
+  bool direct() const override { return file_->direct(); }
 
  private:
   PausingFileEnv& env_;
@@ -90,9 +91,9 @@ class CountedFile final : public WritableFile {
 };
 
 std::unique_ptr<WritableFile> PausingFileEnv::create_file(const SafeDir& dir, std::string_view name,
-                                                          mode_t mode) {
+                                                          mode_t mode, WriteMode how) {
   op("create", name);
-  return std::make_unique<CountedFile>(*this, FileEnvWrapper::create_file(dir, name, mode),
+  return std::make_unique<CountedFile>(*this, FileEnvWrapper::create_file(dir, name, mode, how),
                                        std::string(name));
 }
 

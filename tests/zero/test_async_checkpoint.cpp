@@ -87,12 +87,12 @@ class GatedFileEnv : public FileEnvWrapper {
   }
   // A shard's writer waits before it creates the file, so before it has read any of the
   // snapshot (it reads each piece before the previous one is written).
-  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name,
-                                            mode_t mode) override {
+  std::unique_ptr<WritableFile> create_file(const SafeDir& dir, std::string_view name, mode_t mode,
+                                            WriteMode how) override {
     std::uint64_t serial = 0;
     int rank = 0;
     if (zero::ckpt::parse_shard_file_name(name, &serial, &rank)) wait();
-    return std::make_unique<Gated>(FileEnvWrapper::create_file(dir, name, mode), *this);
+    return std::make_unique<Gated>(FileEnvWrapper::create_file(dir, name, mode, how), *this);
   }
 
  private:
@@ -105,6 +105,7 @@ class GatedFileEnv : public FileEnvWrapper {
     }
     void truncate(std::uint64_t size) override { f_->truncate(size); }
     void sync() override { f_->sync(); }
+    bool direct() const override { return f_->direct(); }
     std::unique_ptr<WritableFile> f_;
     GatedFileEnv& env_;
   };
