@@ -4,9 +4,10 @@
 // pinned host memory (profile/checkpoint_bench.hpp):
 //   - blocked time: a blocking save against an asynchronous save's call (the snapshot), ratio;
 //   - the background writer's throughput on an idle step loop against a raw sequential write of
-//     the same bytes through the same file seam, measured in the same run, alternated;
-//   - steps taken while the writer works against idle steps, and the writer's pauses for the
-//     steps' own I/O.
+//     the same bytes through the I/O engine (O_DIRECT, the disk's bound), and, state on NVMe,
+//     against the same writes with the writer's reads beside them, in the same run, alternated;
+//   - steps taken while the writer works against idle steps and against what the disk's share
+//     predicts, and the writer's pauses for the steps' own I/O.
 // The checkpoints go to DIR/.strata-bench-checkpoint-<pid> (DIR: --dir, default the first
 // tiers.nvme.paths entry, else $TMPDIR or /tmp), removed afterwards. Progress on stderr.
 #include <unistd.h>
@@ -147,7 +148,7 @@ int run(const Options& o) {
 const bool kRegistered = strata::cli::register_command(
     {"bench checkpoint",
      "What a checkpoint save costs training: blocked time (blocking vs asynchronous), the "
-     "background writer vs a raw write, steps while it writes",
+     "background writer vs the disk's raw write (and read || write), steps while it writes",
      [](CLI::App& cmd) {
        auto o = std::make_shared<Options>();
        cmd.add_option("CONFIG", o->config, "YAML config (precision.*, optimizer.*, tiers.*)")
@@ -159,7 +160,7 @@ const bool kRegistered = strata::cli::register_command(
                       "cpu (pinned host memory)")
            ->capture_default_str();
        cmd.add_option("--dir", o->dir,
-                      "Directory for the checkpoints and the raw write (default: the first "
+                      "Directory for the checkpoints and the raw writes (default: the first "
                       "tiers.nvme.paths entry, else $TMPDIR or /tmp)");
        cmd.add_option("--rounds", o->rounds, "Measured rounds (medians)")->capture_default_str();
        cmd.add_option("--steps", o->steps, "Idle steps timed per round")->capture_default_str();

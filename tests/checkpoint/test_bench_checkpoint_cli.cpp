@@ -43,6 +43,19 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
     EXPECT_DOUBLE_EQ(
         r["writer_vs_raw"].get<double>(),
         r["writer_bytes_per_s"].get<double>() / r["raw_write_bytes_per_s"].get<double>());
+    // State on NVMe: the writer's reads (12 B per parameter) are in the second reference.
+    const bool nvme = r["state"] == "nvme";
+    EXPECT_EQ(r["state_read_bytes"], nvme ? 20000u * 12 : 0u);
+    EXPECT_GT(r["raw_move_s"].get<double>(), 0);
+    if (!nvme) EXPECT_DOUBLE_EQ(r["raw_move_s"].get<double>(), r["raw_write_s"].get<double>());
+    EXPECT_DOUBLE_EQ(r["writer_vs_move"].get<double>(),
+                     r["raw_move_s"].get<double>() / r["writer_s"].get<double>());
+    // The disk's share: 1 without steps' disk I/O, above 1 with (steps ran while it wrote).
+    const double predicted = r["predicted_busy_slowdown"].get<double>();
+    if (r["busy_steps"].get<int>() > 0) {
+      if (nvme) EXPECT_GT(predicted, 1.0);
+      if (!nvme) EXPECT_DOUBLE_EQ(predicted, 1.0);
+    }
     for (const char* k : {"busy_step_s", "busy_slowdown", "writer_paused_s", "writer_busy_s"})
       EXPECT_GE(r[k].get<double>(), 0) << k;
     EXPECT_GE(r["busy_steps"].get<int>(), 0);
