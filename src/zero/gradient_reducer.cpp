@@ -64,11 +64,7 @@ std::size_t bucket_elems_of(const EngineLayout& l) {
 
 GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm, TierStore& store,
                                  ScratchArena& scratch)
-    : layout_(layout),
-      comm_(comm),
-      store_(store),
-      scratch_(scratch),
-      timeout_(layout.timeout()),
+    : RankResources(layout, comm, store, scratch),
       bucket_elems_(bucket_elems_of(layout)),
       nbuckets_(layout.stage() >= 2 ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_ : 0),
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),

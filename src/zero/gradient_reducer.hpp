@@ -35,6 +35,7 @@
 #include "tier/fill.hpp"
 #include "tier/scratch_arena.hpp"
 #include "zero/engine_layout.hpp"
+#include "zero/rank_resources.hpp"
 
 namespace strata::zero {
 
@@ -43,7 +44,7 @@ struct ReduceTimes {
   double grad_spill_s = 0;  // of which: filling the shares into the gradient chunks
 };
 
-class GradientReducer {
+class GradientReducer : private RankResources {
  public:
   struct Range {
     std::size_t begin = 0, count = 0;
@@ -129,11 +130,6 @@ class GradientReducer {
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems_; }
   std::size_t bucket_len(std::size_t b) const;
 
-  const EngineLayout& layout_;
-  Communicator& comm_;
-  TierStore& store_;
-  ScratchArena& scratch_;
-  const std::chrono::milliseconds timeout_;
   const std::size_t bucket_elems_, nbuckets_;
   const std::vector<std::size_t> bucket_expected_;     // elements of tensors per bucket
   const std::vector<std::vector<Range>> bucket_gaps_;  // per bucket: elements of no tensor

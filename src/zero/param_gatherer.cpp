@@ -11,11 +11,7 @@ namespace strata::zero {
 
 ParamGatherer::ParamGatherer(const EngineLayout& layout, Communicator& comm, TierStore& store,
                              ScratchArena& scratch)
-    : layout_(layout),
-      comm_(comm),
-      store_(store),
-      scratch_(scratch),
-      timeout_(layout.timeout()),
+    : RankResources(layout, comm, store, scratch),
       stream_(store.device().create_stream()),
       gathered_(layout.stage() == 3 ? layout.tensors() : 0) {}
 

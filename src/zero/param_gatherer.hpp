@@ -18,10 +18,11 @@
 #include "strata/communicator.hpp"
 #include "tier/scratch_arena.hpp"
 #include "zero/engine_layout.hpp"
+#include "zero/rank_resources.hpp"
 
 namespace strata::zero {
 
-class ParamGatherer {
+class ParamGatherer : private RankResources {
  public:
   ParamGatherer(const EngineLayout& layout, Communicator& comm, TierStore& store,
                 ScratchArena& scratch);
@@ -56,11 +57,6 @@ class ParamGatherer {
   void drop(TensorId id);
   void copy(void* dst, const void* src, std::size_t bytes);  // synchronous, on stream_
 
-  const EngineLayout& layout_;
-  Communicator& comm_;
-  TierStore& store_;
-  ScratchArena& scratch_;
-  const std::chrono::milliseconds timeout_;
   std::unique_ptr<Stream> stream_;
   std::vector<Gathered> gathered_;
   std::vector<std::vector<TensorId>> trace_prev_, trace_cur_;  // gather() calls of a step

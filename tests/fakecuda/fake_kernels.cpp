@@ -22,6 +22,7 @@
 #include <string>
 
 #include "fakecuda/fake_internal.hpp"
+#include "optim/adam_kernel_body.hpp"
 #include "optim/adam_kernels.hpp"
 
 using namespace fakecuda;
@@ -71,19 +72,10 @@ void store_copy(int ck, void* out, std::size_t i, float p) {
   if (ck == 2 || ck == 3) std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
 }
 
+// adam_cuda.cu's adam_elem computes, bitwise, the CPU kernels' element (the GPU and CPU updates
+// are equal bit for bit, tests/optim): the scalar lane, the one copy of that arithmetic.
 void adam_elem(const AdamConsts& c, float& p, float& m, float& v, float g) {
-  if (c.has_divisor) g = g / c.grad_divisor;
-  g = g * c.grad_scale;
-  if (c.has_weight_decay) {
-    if (c.adamw)
-      p = p * c.decay_mul;
-    else
-      g = std::fmaf(p, c.weight_decay, g);
-  }
-  m = std::fmaf(g, c.one_minus_beta1, m * c.beta1);
-  v = std::fmaf(c.one_minus_beta2 * g, g, v * c.beta2);
-  const float denom = std::sqrt(v) / c.bc2_sqrt + c.eps;
-  p = p + (c.neg_step_size * m) / denom;
+  s_adam_elem(c, p, m, v, g);
 }
 
 // ---- argument checks -------------------------------------------------------------------------

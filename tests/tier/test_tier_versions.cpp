@@ -94,6 +94,20 @@ struct Case {
   Placement placement;
 };
 
+// One block "opt.0" in `home` holding random bytes, its committed version pinned.
+struct PinnedBlock {
+  std::vector<std::uint8_t> data;
+  BufferId id;
+  SnapshotId snap;
+};
+PinnedBlock pin_one(st::StoreRig& rig, Tier home, std::uint64_t seed) {
+  PinnedBlock p{st::random_bytes(kOddVersions, seed), 0, 0};
+  p.id = add(rig, "opt.0", home, p.data);
+  const BufferId ids[] = {p.id};
+  p.snap = rig.store->pin_committed(ids);
+  return p;
+}
+
 class PinnedVersion : public ::testing::TestWithParam<Case> {};
 
 }  // namespace
@@ -229,20 +243,17 @@ TEST(PinnedVersions, CopyOverBudgetRefusedNothingChanged) {
   st::RigOptions o;
   o.host_budget = (256 << 10) + 4 * (64 << 10) + (64 << 10);  // the pool, the block, not a copy
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOddVersions, 11);
-  const BufferId id = add(rig, "opt.0", Tier::kCpu, a);
-  const BufferId ids[] = {id};
-  const SnapshotId s = rig.store->pin_committed(ids);
+  const PinnedBlock p = pin_one(rig, Tier::kCpu, 11);
   auto b = st::random_bytes(kOddVersions, 12);
   st::expect_error(ErrorCode::kBudget, "pinned version of buffer 'opt.0'",
-                   [&] { rig.write(id, Tier::kCpu, b); });
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
-  EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kCpu], rig.store->padded_bytes(id));
+                   [&] { rig.write(p.id, Tier::kCpu, b); });
+  EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions), p.data);
+  EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);
+  EXPECT_EQ(rig.store->rewrite_cost(p.snap)[Tier::kCpu], rig.store->padded_bytes(p.id));
   EXPECT_EQ(rig.store->version_usage().held[Tier::kCpu], 0u);
-  rig.store->unpin(s);
-  rig.write(id, Tier::kCpu, b);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
+  rig.store->unpin(p.snap);
+  rig.write(p.id, Tier::kCpu, b);
+  EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions), b);
 }
 
 // A full swap space refuses the new slot: the write fails, both versions stay as they were.
@@ -250,53 +261,48 @@ TEST(PinnedVersions, NewSlotOverCapacityRefused) {
   st::RigOptions o;
   o.nvme_capacity = 256 << 10;  // one block's slot
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOddVersions, 21);
-  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
-  const BufferId ids[] = {id};
-  const SnapshotId s = rig.store->pin_committed(ids);
+  const PinnedBlock p = pin_one(rig, Tier::kNvme, 21);
   auto b = st::random_bytes(kOddVersions, 22);
   st::expect_error(ErrorCode::kBudget, "snapshot",
-                   [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
+                   [&] { rewrite(rig, p.id, Tier::kNvme, Rewrite::kStreamWrite, b); });
+  EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions), p.data);
+  EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);
   EXPECT_TRUE(rig.store->failure().empty());
-  rig.store->unpin(s);
+  rig.store->unpin(p.snap);
 }
 
 // I/O faults: a failed rewrite of a pinned NVMe block, a failed and a corrupted read of the pinned
 // version: each reported; the pinned version reads back unchanged afterwards.
 TEST(PinnedVersions, IoFaultsLeavePinnedVersionIntact) {
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOddVersions, 31);
-  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
-  const BufferId ids[] = {id};
-  const SnapshotId s = rig.store->pin_committed(ids);
+  const PinnedBlock p = pin_one(rig, Tier::kNvme, 31);
   // Failed and corrupted reads of the pinned version (still the committed one, then a new one).
   for (int round = 0; round < 2; ++round) {
     rig.fault->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
-    st::expect_error<IoError>(ErrorCode::kIo, "", [&] { read_pinned(rig, s, id, kOddVersions); });
+    st::expect_error<IoError>(ErrorCode::kIo, "",
+                              [&] { read_pinned(rig, p.snap, p.id, kOddVersions); });
     rig.fault->clear_faults();
     rig.fault->add_fault(IoFault::corrupt_nth_read(1));
     st::expect_error(ErrorCode::kChecksum, "buffer 'opt.0'",
-                     [&] { read_pinned(rig, s, id, kOddVersions); });
+                     [&] { read_pinned(rig, p.snap, p.id, kOddVersions); });
     rig.fault->clear_faults();
-    EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
+    EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);
     EXPECT_TRUE(rig.store->failure().empty());
     if (round == 1) break;
     auto fresh = st::random_bytes(kOddVersions, 33);
-    rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, fresh);
-    EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions),
+    rewrite(rig, p.id, Tier::kNvme, Rewrite::kStreamWrite, fresh);
+    EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions),
               fresh);  // the committed version, untouched too
   }
   // A failed rewrite of the block (its write to the new slot).
   rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
   auto b = st::random_bytes(kOddVersions, 32);
   st::expect_error<IoError>(ErrorCode::kIo, st::errno_text(EIO),
-                            [&] { rewrite(rig, id, Tier::kNvme, Rewrite::kStreamWrite, b); });
+                            [&] { rewrite(rig, p.id, Tier::kNvme, Rewrite::kStreamWrite, b); });
   rig.fault->clear_faults();
-  EXPECT_FALSE(rig.store->failure().empty());           // the block lost its committed contents...
-  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);  // ... not its pinned version
-  rig.store->unpin(s);
+  EXPECT_FALSE(rig.store->failure().empty());  // the block lost its committed contents...
+  EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);  // ... not its pinned version
+  rig.store->unpin(p.snap);
   EXPECT_EQ(rig.store->version_usage().held[Tier::kNvme], 0u);
 }
 
@@ -306,24 +312,22 @@ TEST(PinnedVersions, DeviceFaultDuringCopyChangesNothing) {
   st::RigOptions o;
   o.fault_device = true;
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOddVersions, 41);
-  const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
-  const BufferId ids[] = {id};
-  const SnapshotId s = rig.store->pin_committed(ids);
+  const PinnedBlock p = pin_one(rig, Tier::kGpu, 41);
   auto b = st::random_bytes(kOddVersions, 42);
   rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
-  IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(id), HugePageMode::kNone);
+  IoBuffer src = IoBuffer::allocate(rig.store->padded_bytes(p.id), HugePageMode::kNone);
   std::memcpy(src.data(), b.data(), b.size());
-  st::expect_error(ErrorCode::kDevice, "", [&] { rig.store->write(id, 0, 0, src.data()).wait(); });
+  st::expect_error(ErrorCode::kDevice, "",
+                   [&] { rig.store->write(p.id, 0, 0, src.data()).wait(); });
   rig.fdev->clear_faults();
   EXPECT_EQ(rig.store->version_usage().held[Tier::kGpu], 0u);
-  EXPECT_EQ(rig.store->rewrite_cost(s)[Tier::kGpu], rig.store->padded_bytes(id));
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), a);
-  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
-  rig.store->write(id, 0, 0, src.data()).wait();
-  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), a);
-  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
-  rig.store->unpin(s);
+  EXPECT_EQ(rig.store->rewrite_cost(p.snap)[Tier::kGpu], rig.store->padded_bytes(p.id));
+  EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions), p.data);
+  EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);
+  rig.store->write(p.id, 0, 0, src.data()).wait();
+  EXPECT_EQ(read_pinned(rig, p.snap, p.id, kOddVersions), p.data);
+  EXPECT_EQ(rig.read(p.id, Tier::kCpu, kOddVersions), b);
+  rig.store->unpin(p.snap);
 }
 
 TEST(PinnedVersions, Refusals) {
