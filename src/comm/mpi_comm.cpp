@@ -135,16 +135,14 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    comm::count_per_rank(stats_, CollectiveKind::kReduceScatter, counts, rank_, size_, dtype);
-    auto h = start(CollectiveKind::kReduceScatter);
+    auto h = start_counted(CollectiveKind::kReduceScatter, counts, dtype);
     post_reduce_scatter(*h, send, recv, {counts.begin(), counts.end()}, dtype);
     return h;
   }
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    comm::count_per_rank(stats_, CollectiveKind::kAllGather, counts, rank_, size_, dtype);
-    auto h = start(CollectiveKind::kAllGather);
+    auto h = start_counted(CollectiveKind::kAllGather, counts, dtype);
     post_all_gather(*h, send, recv, {counts.begin(), counts.end()}, dtype, next_tag());
     return h;
   }
@@ -183,6 +181,12 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // start() of a collective over per-rank `counts`, its bytes counted in stats_.
+  std::unique_ptr<MpiHandle> start_counted(CollectiveKind kind, std::span<const std::size_t> counts,
+                                           DType dtype) {
+    comm::count_per_rank(stats_, kind, counts, rank_, size_, dtype);
+    return start(kind);
+  }
   std::unique_ptr<MpiHandle> start(CollectiveKind kind) {
     std::string what =
         strcat("mpi ", collective_name(kind), " #", seq_++, " (rank ", rank_, " of ", size_, ")");

@@ -106,10 +106,15 @@ std::size_t GradientReducer::bucket_len(std::size_t b) const {
 
 void GradientReducer::reset() {
   micro_ = 0;
-  n_arrived_ = 0;
-  std::fill(arrived_.begin(), arrived_.end(), false);
   std::fill(used_.begin(), used_.end(), false);
   n_used_ = 0;
+  reset_micro_batch();
+}
+
+// No tensor arrived, no bucket pending or issued, no chunk filled: a micro-batch's beginning.
+void GradientReducer::reset_micro_batch() {
+  std::fill(arrived_.begin(), arrived_.end(), false);
+  n_arrived_ = 0;
   bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
   bucket_issued_.assign(nbuckets_, false);
   next_issue_ = nbuckets_;
@@ -239,13 +244,7 @@ void GradientReducer::start_micro_batch() {
     finish_round();
     fill_->begin(tier::Filler::Mode::kAccumulate);
   }
-  std::fill(arrived_.begin(), arrived_.end(), false);
-  n_arrived_ = 0;
-  bucket_pending_.assign(bucket_expected_.begin(), bucket_expected_.end());
-  bucket_issued_.assign(nbuckets_, false);
-  next_issue_ = nbuckets_;
-  chunk_filled_.assign(layout_.chunks().size(), 0);
-  filled_.clear();
+  reset_micro_batch();
   ++micro_;
 }
 

@@ -118,6 +118,7 @@ class GradientReducer : private RankResources {
   void start_micro_batch();
   void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory);
   void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
+  void reset_micro_batch();
   void mark_arrived(TensorId id);
   void bucket_complete(std::size_t k);
   Scratch& bucket_buffer(std::size_t k);
