@@ -123,20 +123,8 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   return serial + 1;
 }
 
-// The training counters a checkpoint carries, saved from RankState into the Manifest and loaded
-// back (the same six fields in both): one list of them.
-template <typename From, typename To>
-void copy_counters(const From& from, To& to) {
-  to.adam_step = from.adam_step;
-  to.tensor_steps = from.tensor_steps;
-  to.loss_scale = from.loss_scale;
-  to.good_steps = from.good_steps;
-  to.steps = from.steps;
-  to.applied_steps = from.applied_steps;
-  to.skipped_steps = from.skipped_steps;
-  to.groups = from.groups;
-  to.client_state = from.client_state;
-}
+// The training counters a checkpoint carries, from RankState into the Manifest and back.
+void copy_counters(const TrainingCounters& from, TrainingCounters& to) { to = from; }
 
 Manifest skeleton(const RankState& s, std::uint64_t serial, std::uint64_t block_elems) {
   Manifest m;

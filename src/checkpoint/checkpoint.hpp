@@ -44,7 +44,8 @@
 
 namespace strata::zero {
 
-struct RankState {
+// The training counters (ckpt::TrainingCounters) are saved from / restored into.
+struct RankState : ckpt::TrainingCounters {
   int rank = 0, world = 1, stage = 0;
   DType param_dtype = DType::kFp32;
   std::size_t flat_size = 0, partition_size = 0;
@@ -57,16 +58,7 @@ struct RankState {
   // asynchronous save's snapshot, where copying them would make the save call's time grow with
   // the model.
   bool params_in_store = false;
-  // Scalars (saved from / restored into).
-  std::int64_t adam_step = 0;
-  std::vector<std::int64_t> tensor_steps;  // each tensor's own count; empty: all adam_step
-  double loss_scale = 1;
-  std::uint32_t good_steps = 0;
-  std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
-  std::vector<ckpt::GroupEntry> groups;  // the parameter groups' hyper-parameters (load: may be
-                                         // empty, from a checkpoint written before they were kept)
-  std::string client_state;              // the embedder's (rank 0's is saved)
   // Save: the embedder's model description (shapes, aliases, extra tensors; rank 0's extra
   // tensors are written, to extra-<serial>.bin); nullptr: none (strata/checkpoint_model.hpp).
   const CheckpointModel* model = nullptr;

@@ -115,7 +115,23 @@ inline constexpr std::size_t kMaxGroups = 1u << 16;
 // position, scheduler state).
 inline constexpr std::size_t kMaxClientStateBytes = 1u << 20;
 
-struct Manifest {
+// The training counters a checkpoint carries, saved from the rank (RankState) into the Manifest
+// and loaded back: both derive from this one list of them.
+struct TrainingCounters {
+  std::int64_t adam_step = 0;
+  // Each tensor's own Adam step count (its "step" in `tensors`), when they differ from adam_step
+  // (a tensor skipped by some update); empty: every tensor's is adam_step.
+  std::vector<std::int64_t> tensor_steps;
+  double loss_scale = 1;
+  std::uint32_t good_steps = 0;
+  std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
+  // Per parameter group, in group order (optional: absent from manifests written before them;
+  // a load may find it empty).
+  std::vector<GroupEntry> groups;
+  std::string client_state;  // the embedder's (rank 0's is saved)
+};
+
+struct Manifest : TrainingCounters {
   std::uint32_t format_version = kFormatVersion;
   std::string strata_version;
   std::uint64_t serial = 0;
@@ -126,17 +142,8 @@ struct Manifest {
   std::uint64_t partition_size = 0;
   std::uint64_t block_elems = kDefaultBlockElems;
   std::vector<TensorEntry> tensors;
-  std::int64_t adam_step = 0;
-  double loss_scale = 1;
-  std::uint32_t good_steps = 0;
-  std::uint64_t steps = 0, applied_steps = 0, skipped_steps = 0;
   std::string config_yaml;
   // Optional (absent from manifests written before them: empty).
-  std::vector<GroupEntry> groups;  // per parameter group, in group order
-  // Each tensor's own Adam step count (its "step" in `tensors`), when they differ from adam_step
-  // (a tensor skipped by some update); empty: every tensor's is adam_step.
-  std::vector<std::int64_t> tensor_steps;
-  std::string client_state;
   std::string extra_file;          // "" (none) or extra-<serial>.bin
   std::uint64_t extra_bytes = 0;   // its size
   std::vector<ExtraEntry> extra;   // its tensors, back to back from offset 0
