@@ -31,9 +31,7 @@ namespace {
 using namespace strata;
 using nlohmann::json;
 
-struct Options {
-  std::string config;
-  std::vector<std::string> overrides;
+struct Options : strata::cli::ConfigArgs {
   std::string params = "133.5M";
   std::string state = "nvme,cpu";
   std::string dir;

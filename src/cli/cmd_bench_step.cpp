@@ -41,9 +41,7 @@ namespace {
 using namespace strata;
 using nlohmann::json;
 
-struct Options {
-  std::string config;
-  std::vector<std::string> overrides;
+struct Options : strata::cli::ConfigArgs {
   std::string params;  // default: model.parameters / world.ranks
   int rounds = 5;
   bool no_scaling = false;

@@ -325,9 +325,7 @@ void print_human(std::ostream& o, const strata::Config& c, const strata::Plan& p
   print_recommendation(o, p);
 }
 
-struct Options {
-  std::string config;
-  std::vector<std::string> overrides;
+struct Options : strata::cli::ConfigArgs {
   bool json = false;
   bool check = false;
 };

@@ -104,9 +104,7 @@ class OutputFile {
   bool created_ = false, written_ = false;
 };
 
-struct Options {
-  std::string config;
-  std::vector<std::string> overrides;
+struct Options : strata::cli::ConfigArgs {
   bool quick = false, full = false, tiny = false, json = false;
   std::string write_config;
   std::string json_file;  // the JSON report also goes here (beside the human report on stdout)

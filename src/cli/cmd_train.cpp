@@ -45,9 +45,7 @@ namespace {
 
 using namespace strata;
 
-struct Options {
-  std::string config;
-  std::vector<std::string> overrides;
+struct Options : strata::cli::ConfigArgs {
   int steps = 50;
   int ranks = 0;  // 0 (not given): world.ranks in-process ranks, or the MPI world under mpirun
   int batch = 32;

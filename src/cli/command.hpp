@@ -23,6 +23,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace strata::cli {
 
@@ -38,5 +39,12 @@ bool register_command(CommandSpec spec);
 
 // Adds --set key.path=value (repeatable) to a command.
 void add_set_option(CLI::App& cmd, std::vector<std::string>& overrides);
+
+// What every command that reads a YAML config takes: its path (CONFIG) and its --set overrides
+// (load_config(config, overrides)). A command's Options derive from it.
+struct ConfigArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+};
 
 }  // namespace strata::cli
