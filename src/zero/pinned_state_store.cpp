@@ -2,6 +2,7 @@
 #include "zero/pinned_state_store.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/numeric.hpp"
@@ -95,8 +96,9 @@ void PinnedStateStore::read_params(Range r) {
   }
 }
 
-// The parameters as the update writes them from these master weights: the kernels' conversion
-// (strata/adam.hpp; the same bits as store_elem, core/numeric.hpp, NaN included), vectorized.
+// The parameters as the update writes them from these master weights: store_elem's rounding
+// (core/numeric.hpp), made with the kernels' vectorized conversion (strata/adam.hpp: the same bits,
+// except that an FP16 NaN keeps its payload there; those are set to store_elem's sign | 0x7E00).
 void PinnedStateStore::round_master(const float* master, std::size_t n) {
   if (dtype_size(pblocks_.dtype) != pblocks_.elem_bytes)
     fail(ErrorCode::kInternal, "checkpoint snapshot: parameter dtype and element size disagree");
@@ -104,8 +106,12 @@ void PinnedStateStore::round_master(const float* master, std::size_t n) {
   auto* half = reinterpret_cast<std::uint16_t*>(out);
   switch (pblocks_.dtype) {
     case DType::kFp32: std::memcpy(out, master, n * sizeof(float)); break;
-    case DType::kFp16: convert_fp32_to_fp16(master, half, n); break;
     case DType::kBf16: convert_fp32_to_bf16(master, half, n); break;
+    case DType::kFp16:
+      convert_fp32_to_fp16(master, half, n);
+      for (std::size_t i = 0; i < n; ++i)
+        if (std::isnan(master[i])) half[i] = float_to_half(master[i]);
+      break;
   }
 }
 

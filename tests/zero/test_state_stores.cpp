@@ -6,10 +6,12 @@
 // rewritten, a range prefetched before the rewrite included.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "../tier/tier_test_util.hpp"
+#include "core/numeric.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 #include "zero/pinned_state_store.hpp"
@@ -148,6 +150,42 @@ TEST(StateStores, SnapshotKeepsThePinnedContentsAPrefetchedRangeIncluded) {
   }
   EXPECT_EQ(reads_started, static_cast<int>(rs.size()));  // once per range: prefetch or acquire
   s.rig.store->unpin(snap);
+}
+
+// A snapshot's parameters made from its pinned master (stages 0-2): store_elem's rounding of every
+// element, bitwise, NaNs with random payloads included (the state is random bytes); the views
+// start on a page (the checkpoint writer's O_DIRECT writes go straight from them).
+TEST(StateStores, SnapshotParametersAreTheMastersRoundingBitwise) {
+  for (const DType dt : {DType::kFp16, DType::kBf16, DType::kFp32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    StateRig s;
+    std::vector<BufferId> ids;
+    for (const Chunk& c : s.chunks) ids.push_back(c.opt);
+    const SnapshotId snap = s.rig.store->pin_committed(ids);
+    const ParamBlocks params{ParamBlocks::Source::kFromMaster, dt, dtype_size(dt)};
+    PinnedStateStore store(*s.rig.store, s.chunks, params, s.size(), snap, kTimeout);
+    std::size_t nans = 0;
+    for (const Range r : ranges(s.size())) {
+      const StateView v = store.acquire(r);
+      const std::vector<float> master = expected(s.chunks, s.truth, r)[0];
+      std::vector<unsigned char> want(r.count * dtype_size(dt));
+      for (std::size_t i = 0; i < r.count; ++i) {
+        store_elem(want.data(), i, dt, master[i]);
+        nans += std::isnan(master[i]) ? 1 : 0;
+      }
+      ASSERT_NE(v.params, nullptr);
+      EXPECT_EQ(std::memcmp(v.params, want.data(), want.size()), 0)
+          << "[" << r.begin << ", " << r.end() << ")";
+      for (const void* p :
+           {static_cast<const void*>(v.master), static_cast<const void*>(v.exp_avg),
+            static_cast<const void*>(v.exp_avg_sq), static_cast<const void*>(v.params)})
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 4096, 0u);
+      store.release(r, false);
+    }
+    EXPECT_GT(nans, 0u) << "the random state should hold NaNs";
+    store.drop_prefetch();
+    s.rig.store->unpin(snap);
+  }
 }
 
 }  // namespace
