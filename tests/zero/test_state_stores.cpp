@@ -164,6 +164,9 @@ TEST(StateStores, SnapshotParametersAreTheMastersRoundingBitwise) {
     const SnapshotId snap = s.rig.store->pin_committed(ids);
     const ParamBlocks params{ParamBlocks::Source::kFromMaster, dt, dtype_size(dt)};
     PinnedStateStore store(*s.rig.store, s.chunks, params, s.size(), snap, kTimeout);
+    const StateView empty = store.acquire({5, 0});  // first, an empty range: nothing to allocate
+    EXPECT_EQ(empty.count, 0u);
+    store.release({5, 0}, false);
     std::size_t nans = 0;
     for (const Range r : ranges(s.size())) {
       const StateView v = store.acquire(r);
