@@ -52,8 +52,22 @@ class CleanupRegistration {
 // signal next): other threads keep running until the process is gone, and one may create a file
 // right after this pass; an owner that registers its file before creating it and then finds
 // signal_cleanup_ending() true removes it itself (checkpoint shards do).
+// With `process_ending`, it then waits (at most 2 s) for every CleanupCreation in progress: a
+// file created on another thread just after the pass is removed by its owner before the handler
+// returns and the process ends.
 int run_signal_cleanup(bool process_ending = false) noexcept;
 bool signal_cleanup_ending() noexcept;
+
+// Held by an owner from before it creates a registered file until it has checked
+// signal_cleanup_ending() (and, if set, removed the file): run_signal_cleanup(true) waits for it.
+// Hold it only for that (a create and a check), never while the file is written.
+class CleanupCreation {
+ public:
+  CleanupCreation() noexcept;
+  ~CleanupCreation();
+  CleanupCreation(const CleanupCreation&) = delete;
+  CleanupCreation& operator=(const CleanupCreation&) = delete;
+};
 
 // Entries registered now (for tests and diagnostics).
 std::size_t registered_cleanup_entries() noexcept;

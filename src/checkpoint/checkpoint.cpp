@@ -325,11 +325,17 @@ void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
 class RegisteredFile final : public WritableFile {
  public:
   RegisteredFile(const SafeDir& dir, const std::string& name, const RankState& s)
-      : on_signal_(dir.fd(), name, false),
-        file_(env_of(s).create_file(dir, name, 0600, WriteMode::kDirect)) {
-    if (!signal_cleanup_ending()) return;
-    file_.reset();
-    dir.try_remove(name, false);
+      : on_signal_(dir.fd(), name, false) {
+    // A signal's cleanup (run_signal_cleanup(true)) waits while this is held: it sets the ending
+    // flag, removes what exists, then waits; so either the check before the create sees the flag,
+    // or the one after does and this removes the file before the process ends.
+    const CleanupCreation creating;
+    if (!signal_cleanup_ending()) {
+      file_ = env_of(s).create_file(dir, name, 0600, WriteMode::kDirect);
+      if (!signal_cleanup_ending()) return;
+      file_.reset();
+      dir.try_remove(name, false);
+    }
     fail(ErrorCode::kCancelled, strcat("checkpoint save: ", dir.path(), "/", name,
                                        " not written: the process is ending (signal)"));
   }

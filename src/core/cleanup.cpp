@@ -1,6 +1,7 @@
 #include "strata/cleanup.hpp"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,6 +31,7 @@ static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs l
 Slot g_slots[kMaxCleanupEntries];
 std::atomic<std::size_t> g_count{0};
 std::atomic<bool> g_ending{false};  // run_signal_cleanup(true) began
+std::atomic<int> g_creating{0};     // CleanupCreation objects alive
 
 int remove_pass(bool directories) noexcept {
   int removed = 0;
@@ -105,9 +107,17 @@ int run_signal_cleanup(bool process_ending) noexcept {
   const int saved = errno;
   int removed = remove_pass(false);
   removed += remove_pass(true);
+  // Creations in progress on other threads: each finds g_ending set once its file exists and
+  // removes the file itself. Bounded: the handler may run on such a thread.
+  const timespec tick{0, 1000000};  // 1 ms; nanosleep is async-signal-safe
+  for (int i = 0; process_ending && i < 2000 && g_creating.load() > 0; ++i)
+    ::nanosleep(&tick, nullptr);
   errno = saved;
   return removed;
 }
+
+CleanupCreation::CleanupCreation() noexcept { g_creating.fetch_add(1); }
+CleanupCreation::~CleanupCreation() { g_creating.fetch_sub(1); }
 
 bool signal_cleanup_ending() noexcept { return g_ending.load(); }
 

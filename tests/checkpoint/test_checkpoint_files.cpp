@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
+#include <thread>
 
 #include "../comm/comm_test_util.hpp"
 #include "checkpoint/ckpt_test_util.hpp"
@@ -101,6 +103,35 @@ TEST(CheckpointFiles, NoFileCreatedAfterTheSignalCleanupOutlivesIt) {
       if (f.path().filename().string().rfind("shard-", 0) == 0) left.push_back(f.path());
   EXPECT_TRUE(left.empty()) << left.front();
   EXPECT_FALSE(signal_cleanup_ending());  // this process: untouched
+}
+
+// A creation in progress on another thread when the signal cleanup runs (a shard created just
+// after its removal pass, before its owner checks the flag): run_signal_cleanup(true) returns only
+// once the owner is done (CleanupCreation released), so the owner's removal comes before the
+// process ends. In a child process (the flag is for good).
+TEST(CheckpointFiles, SignalCleanupWaitsForACreationInProgress) {
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::atomic<bool> holding{false}, released{false};
+    std::thread owner([&] {
+      {
+        const CleanupCreation creating;
+        holding = true;
+        while (!signal_cleanup_ending()) std::this_thread::yield();  // the handler's pass began
+      }
+      released = true;
+    });
+    while (!holding) std::this_thread::yield();
+    run_signal_cleanup(true);
+    const int code = released ? 0 : 3;
+    owner.join();
+    _exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the cleanup returned while a creation was in progress";
 }
 
 TEST(CheckpointFiles, UnsafeDirectoriesAreRefusedWithTheReason) {
