@@ -102,6 +102,7 @@ void PinnedStateStore::read_params(Range r) {
 void PinnedStateStore::round_master(const float* master, std::size_t n) {
   if (dtype_size(pblocks_.dtype) != pblocks_.elem_bytes)
     fail(ErrorCode::kInternal, "checkpoint snapshot: parameter dtype and element size disagree");
+  if (n == 0) return;  // (an empty range: no buffer, nothing to convert)
   unsigned char* out = params(n * pblocks_.elem_bytes);
   auto* half = reinterpret_cast<std::uint16_t*>(out);
   switch (pblocks_.dtype) {
