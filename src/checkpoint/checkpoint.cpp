@@ -267,11 +267,6 @@ class PieceStaging {
   IoBuffer sets_[2];
 };
 
-bool page_aligned(const void* p, std::uint64_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % kDirectAlignment == 0 &&
-         bytes % kDirectAlignment == 0;
-}
-
 // The optimizer state streamed from the store (whatever tier it lives in) piece by piece, with
 // the parameters (straight from the span, or from the store's views): each piece checksummed
 // (and staged, for a direct file) while the previous one is written and the next one read.
@@ -292,7 +287,7 @@ void write_pieces(const ShardLayout& l, const ShardEntry& e, const RankState& s,
     const auto slice = [&](int sec, const void* data) -> WriteBehind::Write {
       const auto* p = static_cast<const unsigned char*>(data);
       const std::uint64_t eb = l.elem_bytes[sec], bytes = n * eb, at = l.offset[sec] + b * eb;
-      if (!file.direct() || page_aligned(p, bytes)) return {crcs.add(sec, p, n), bytes, at};
+      if (!file.direct() || direct_aligned(p, bytes, at)) return {crcs.add(sec, p, n), bytes, at};
       unsigned char* copy = staging.at(k, sec);
       crcs.add(sec, p, n, copy);
       return {copy, b + n == e.count ? PieceStaging::pad_last(copy, bytes) : bytes, at};

@@ -42,11 +42,6 @@ void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
 
 namespace {
 
-bool direct_aligned(const void* data, std::uint64_t n, std::uint64_t offset) {
-  return reinterpret_cast<std::uintptr_t>(data) % kDirectAlignment == 0 &&
-         n % kDirectAlignment == 0 && offset % kDirectAlignment == 0;
-}
-
 // A second descriptor of the open file `fd`, with O_DIRECT (reopened through /proc/self/fd, so
 // that it is the same file whatever happened to its name); none where the file system refuses
 // O_DIRECT (EINVAL: tmpfs) or /proc is not mounted.

@@ -47,6 +47,12 @@ void pwrite_full(int fd, const void* buf, std::uint64_t n, std::uint64_t offset,
 // disk as it is written, with no copy into the cache and no flush of gigabytes at sync().
 enum class WriteMode { kBuffered, kDirect };
 inline constexpr std::uint64_t kDirectAlignment = 4096;
+// Whether a write of `n` bytes from `data` at `offset` can bypass the page cache: all three are
+// multiples of kDirectAlignment.
+inline bool direct_aligned(const void* data, std::uint64_t n, std::uint64_t offset) {
+  return reinterpret_cast<std::uintptr_t>(data) % kDirectAlignment == 0 &&
+         n % kDirectAlignment == 0 && offset % kDirectAlignment == 0;
+}
 
 // A file being written at offsets (the whole range or an IoError).
 class WritableFile {
