@@ -76,6 +76,10 @@ json to_json(const profile::CheckpointBenchResult& r) {
           {"busy_steps", r.busy_steps},
           {"busy_slowdown", r.busy_slowdown},
           {"predicted_busy_slowdown", r.predicted_busy_slowdown},
+          {"busy_vs_predicted", r.busy_vs_predicted},
+          {"idle_step_spread", r.idle_step_spread},
+          {"idle_step_cpu_s", r.idle_step_cpu_s},
+          {"writer_cpu_s", r.writer_cpu_s},
           {"writer_busy_s", r.writer_busy_s},
           {"writer_paused_s", r.writer_paused_s},
           {"writer_pauses", r.writer_pauses}};
@@ -98,9 +102,12 @@ void print_human(const profile::CheckpointBenchResult& r) {
               << r.writer_vs_move << ")\n";
   std::cout << "  steps: idle " << ms(r.idle_step_s) << " ms, while writing " << ms(r.busy_step_s)
             << " ms over " << r.busy_steps << " step(s) (x" << r.busy_slowdown
-            << "; the disk's share predicts x" << r.predicted_busy_slowdown << "); the writer took "
-            << ms(r.writer_busy_s) << " ms, paused " << ms(r.writer_paused_s) << " ms in "
-            << r.writer_pauses << " pause(s) for the steps\n";
+            << "; the disk's share predicts x" << r.predicted_busy_slowdown << ", ratio "
+            << r.busy_vs_predicted << "; idle steps differ by " << r.idle_step_spread * 100
+            << "%); the writer took " << ms(r.writer_busy_s) << " ms, paused "
+            << ms(r.writer_paused_s) << " ms in " << r.writer_pauses << " pause(s) for the steps\n"
+            << "  CPU time: an idle step " << ms(r.idle_step_cpu_s) << " ms, the writer "
+            << ms(r.writer_cpu_s) << " ms a save\n";
 }
 
 std::string bench_dir(const Options& o, const Config& cfg) {

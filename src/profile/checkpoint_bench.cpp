@@ -1,6 +1,7 @@
 // Checkpoint saves measured (see checkpoint_bench.hpp).
 #include "profile/checkpoint_bench.hpp"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -44,6 +45,12 @@ Config bench_config(const CheckpointBenchOptions& o) {
   if (o.state == Tier::kNvme)
     cfg.tiers.nvme.snapshot_room = std::max(cfg.tiers.nvme.snapshot_room, 1.0);
   return cfg;
+}
+
+double cpu_now() {
+  timespec t{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
 }
 
 double time_of(const std::function<void()>& fn) {
@@ -114,6 +121,7 @@ double raw_transfer(IoEngine& engine, const SafeDir& dir, std::uint64_t write_by
 
 struct Samples {
   std::vector<double> blocking, async_call, writer, raw, copy, idle, busy, writer_busy;
+  std::vector<double> writer_cpu, idle_cpu;
   double paused = 0;
   std::uint64_t pauses = 0;
 };
@@ -123,10 +131,16 @@ struct Samples {
 void round(Engine& e, const CheckpointBenchOptions& o, const SafeDir& dir,
            const std::function<void()>& step, IoEngine& engine, const IoBuffer& buffer,
            const CheckpointBenchResult& r, Samples& s) {
-  for (int i = 0; i < o.steps; ++i) s.idle.push_back(time_of(step));
+  for (int i = 0; i < o.steps; ++i) {
+    const double c0 = cpu_now();
+    s.idle.push_back(time_of(step));
+    s.idle_cpu.push_back(cpu_now() - c0);
+  }
   s.blocking.push_back(time_of([&] { e.save_checkpoint(o.dir, SaveMode::kBlocking); }));
+  const double c0 = cpu_now();
   s.async_call.push_back(time_of([&] { e.save_checkpoint(o.dir, SaveMode::kAsync); }));
   s.writer.push_back(EngineAccess::wait_checkpoint_writer(e).write_s);
+  s.writer_cpu.push_back(cpu_now() - c0);
   e.wait_checkpoint();
   s.raw.push_back(raw_transfer(engine, dir, r.shard_bytes, 0, buffer));
   if (r.state_read_bytes > 0)
@@ -168,6 +182,12 @@ void summarize(const Samples& s, int rounds, CheckpointBenchResult& r) {
   const double shared = r.state_read_bytes > 0 ? r.raw_move_s : 0;
   r.predicted_busy_slowdown = busy_per_round > 0 ? 1 + shared / busy_per_round : 0;
   r.writer_paused_s = s.paused;
+  r.busy_vs_predicted =
+      r.predicted_busy_slowdown > 0 ? r.busy_slowdown / r.predicted_busy_slowdown : 0;
+  const auto [fastest, slowest] = std::minmax_element(s.idle.begin(), s.idle.end());
+  r.idle_step_spread = r.idle_step_s > 0 ? (*slowest - *fastest) / r.idle_step_s : 0;
+  r.idle_step_cpu_s = median(s.idle_cpu);
+  r.writer_cpu_s = median(s.writer_cpu);
   r.writer_pauses = s.pauses;
 }
 

@@ -60,6 +60,12 @@ struct CheckpointBenchResult {
   // / (a round's busy steps x idle_step_s) (the disk does the steps' I/O and the writer's, one
   // after the other at worst); state on cpu, 1 (the steps do no disk I/O).
   double predicted_busy_slowdown = 0;
+  double busy_vs_predicted = 0;  // busy_slowdown / predicted_busy_slowdown
+  // The run's own noise: (slowest - fastest) / median of the idle steps. A busy_vs_predicted
+  // above 1 by less than this is within what two idle steps differ by.
+  double idle_step_spread = 0;
+  double idle_step_cpu_s = 0;  // process CPU time of an idle step (median)
+  double writer_cpu_s = 0;     // process CPU time of the writer on an idle loop (median)
   double writer_busy_s = 0;    // the writer's time while steps ran
   double writer_paused_s = 0;  // of it, paused for the steps' I/O (sum over rounds)
   std::uint64_t writer_pauses = 0;

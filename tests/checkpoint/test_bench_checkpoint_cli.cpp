@@ -56,7 +56,11 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
       if (nvme) EXPECT_GT(predicted, 1.0);
       if (!nvme) EXPECT_DOUBLE_EQ(predicted, 1.0);
     }
-    for (const char* k : {"busy_step_s", "busy_slowdown", "writer_paused_s", "writer_busy_s"})
+    if (predicted > 0)
+      EXPECT_DOUBLE_EQ(r["busy_vs_predicted"].get<double>(),
+                       r["busy_slowdown"].get<double>() / predicted);
+    for (const char* k : {"busy_step_s", "busy_slowdown", "writer_paused_s", "writer_busy_s",
+                          "idle_step_spread", "idle_step_cpu_s", "writer_cpu_s"})
       EXPECT_GE(r[k].get<double>(), 0) << k;
     EXPECT_GE(r["busy_steps"].get<int>(), 0);
     EXPECT_GE(r["writer_pauses"].get<int>(), 0);
