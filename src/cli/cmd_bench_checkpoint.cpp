@@ -6,8 +6,9 @@
 //   - the background writer's throughput on an idle step loop against a raw sequential write of
 //     the same bytes through the I/O engine (O_DIRECT, the disk's bound), and, state on NVMe,
 //     against the same writes with the writer's reads beside them, in the same run, alternated;
-//   - steps taken while the writer works against idle steps and against what the disk's share
-//     predicts, and the writer's pauses for the steps' own I/O.
+//   - steps taken while the writer works against idle steps and against what their share of the
+//     disk and the CPUs predicts (the idle steps' spread: the run's noise), the writer's pauses for
+//     the steps' own I/O, and the CPU time of an idle step and of the writer.
 // The checkpoints go to DIR/.strata-bench-checkpoint-<pid> (DIR: --dir, default the first
 // tiers.nvme.paths entry, else $TMPDIR or /tmp), removed afterwards. Progress on stderr.
 #include <unistd.h>
@@ -102,10 +103,11 @@ void print_human(const profile::CheckpointBenchResult& r) {
               << r.writer_vs_move << ")\n";
   std::cout << "  steps: idle " << ms(r.idle_step_s) << " ms, while writing " << ms(r.busy_step_s)
             << " ms over " << r.busy_steps << " step(s) (x" << r.busy_slowdown
-            << "; the disk's share predicts x" << r.predicted_busy_slowdown << ", ratio "
-            << r.busy_vs_predicted << "; idle steps differ by " << r.idle_step_spread * 100
-            << "%); the writer took " << ms(r.writer_busy_s) << " ms, paused "
-            << ms(r.writer_paused_s) << " ms in " << r.writer_pauses << " pause(s) for the steps\n"
+            << "; their share of the disk and CPUs predicts x" << r.predicted_busy_slowdown
+            << ", ratio " << r.busy_vs_predicted << "; idle steps differ by "
+            << r.idle_step_spread * 100 << "%); the writer took " << ms(r.writer_busy_s)
+            << " ms, paused " << ms(r.writer_paused_s) << " ms in " << r.writer_pauses
+            << " pause(s) for the steps\n"
             << "  CPU time: an idle step " << ms(r.idle_step_cpu_s) << " ms, the writer "
             << ms(r.writer_cpu_s) << " ms a save\n";
 }

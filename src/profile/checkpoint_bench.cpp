@@ -174,12 +174,14 @@ void summarize(const Samples& s, int rounds, CheckpointBenchResult& r) {
   r.busy_steps = s.busy.size();
   r.busy_slowdown = r.idle_step_s > 0 && !s.busy.empty() ? r.busy_step_s / r.idle_step_s : 0;
   r.writer_busy_s = median(s.writer_busy);
-  // The disk's share: the steps of a round and the writer move their bytes through one disk. A
-  // step whose state is on NVMe keeps it busy, so the round's steps take at most their idle time
-  // plus the time the disk needs for what the writer moves (raw_move_s); a step whose state is in
-  // host memory leaves the disk to the writer (1: what is left is the writer's CPU).
+  // The steps' share: a round's busy steps and the writer share the disk and the CPUs. At worst
+  // the steps wait for every second the writer holds what they use, one after the other: the
+  // disk's time for what the writer moves (raw_move_s) when the steps' state is on NVMe (a step
+  // whose state is in host memory does no disk I/O), and the writer's CPU time (checksums, the
+  // copies out of the pinned versions; measured alone on the idle loop).
+  r.writer_cpu_s = median(s.writer_cpu);
   const double busy_per_round = static_cast<double>(r.busy_steps) / rounds * r.idle_step_s;
-  const double shared = r.state_read_bytes > 0 ? r.raw_move_s : 0;
+  const double shared = (r.state_read_bytes > 0 ? r.raw_move_s : 0) + r.writer_cpu_s;
   r.predicted_busy_slowdown = busy_per_round > 0 ? 1 + shared / busy_per_round : 0;
   r.writer_paused_s = s.paused;
   r.busy_vs_predicted =
@@ -187,7 +189,6 @@ void summarize(const Samples& s, int rounds, CheckpointBenchResult& r) {
   const auto [fastest, slowest] = std::minmax_element(s.idle.begin(), s.idle.end());
   r.idle_step_spread = r.idle_step_s > 0 ? (*slowest - *fastest) / r.idle_step_s : 0;
   r.idle_step_cpu_s = median(s.idle_cpu);
-  r.writer_cpu_s = median(s.writer_cpu);
   r.writer_pauses = s.pauses;
 }
 

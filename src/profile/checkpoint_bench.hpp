@@ -56,9 +56,9 @@ struct CheckpointBenchResult {
   double busy_step_s = 0;        // steps taken while a writer was at work (0 if none was)
   std::uint64_t busy_steps = 0;  // how many, over all rounds
   double busy_slowdown = 0;      // busy_step_s / idle_step_s
-  // What the steps' share of the disk predicts for busy_slowdown: state on NVMe, 1 + raw_move_s
-  // / (a round's busy steps x idle_step_s) (the disk does the steps' I/O and the writer's, one
-  // after the other at worst); state on cpu, 1 (the steps do no disk I/O).
+  // What the steps' share predicts for busy_slowdown, at worst: 1 + (the disk's time for what the
+  // writer moves, raw_move_s, if the state is on NVMe + writer_cpu_s) / (a round's busy steps x
+  // idle_step_s): the steps wait for every second the writer holds the disk or a CPU.
   double predicted_busy_slowdown = 0;
   double busy_vs_predicted = 0;  // busy_slowdown / predicted_busy_slowdown
   // The run's own noise: (slowest - fastest) / median of the idle steps. A busy_vs_predicted
