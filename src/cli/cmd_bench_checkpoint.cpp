@@ -106,8 +106,8 @@ void print_human(const profile::CheckpointBenchResult& r) {
             << "; their share of the disk and CPUs predicts x" << r.predicted_busy_slowdown
             << ", ratio " << r.busy_vs_predicted << "; idle steps differ by "
             << r.idle_step_spread * 100 << "%); the writer took " << ms(r.writer_busy_s)
-            << " ms, paused " << ms(r.writer_paused_s) << " ms in " << r.writer_pauses
-            << " pause(s) for the steps\n"
+            << " ms a round; over all rounds it paused " << ms(r.writer_paused_s) << " ms in "
+            << r.writer_pauses << " pause(s) for the steps\n"
             << "  CPU time: an idle step " << ms(r.idle_step_cpu_s) << " ms, the writer "
             << ms(r.writer_cpu_s) << " ms a save\n";
 }
