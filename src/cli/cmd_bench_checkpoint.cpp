@@ -26,6 +26,18 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace strata::profile {
+// --json: every member of a result under its own name.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CheckpointBenchResult, state, params, shard_bytes,
+                                   blocking_save_s, async_blocked_s, blocked_ratio, writer_s,
+                                   writer_bytes_per_s, raw_write_s, raw_write_bytes_per_s,
+                                   writer_vs_raw, state_read_bytes, raw_move_s, writer_vs_move,
+                                   idle_step_s, busy_step_s, busy_steps, busy_slowdown,
+                                   predicted_busy_slowdown, busy_vs_predicted, idle_step_spread,
+                                   idle_step_cpu_s, writer_cpu_s, writer_busy_s, writer_paused_s,
+                                   writer_pauses)
+}  // namespace strata::profile
+
 namespace cmd_bench_checkpoint {
 namespace {
 
@@ -57,39 +69,10 @@ std::vector<Tier> placements(const std::string& list) {
   return out;
 }
 
-json to_json(const profile::CheckpointBenchResult& r) {
-  return {{"state", r.state},
-          {"params", r.elements},
-          {"shard_bytes", r.shard_bytes},
-          {"blocking_save_s", r.blocking_save_s},
-          {"async_blocked_s", r.async_blocked_s},
-          {"blocked_ratio", r.blocked_ratio},
-          {"writer_s", r.writer_s},
-          {"writer_bytes_per_s", r.writer_bytes_per_s},
-          {"raw_write_s", r.raw_write_s},
-          {"raw_write_bytes_per_s", r.raw_write_bytes_per_s},
-          {"writer_vs_raw", r.writer_vs_raw},
-          {"state_read_bytes", r.state_read_bytes},
-          {"raw_move_s", r.raw_move_s},
-          {"writer_vs_move", r.writer_vs_move},
-          {"idle_step_s", r.idle_step_s},
-          {"busy_step_s", r.busy_step_s},
-          {"busy_steps", r.busy_steps},
-          {"busy_slowdown", r.busy_slowdown},
-          {"predicted_busy_slowdown", r.predicted_busy_slowdown},
-          {"busy_vs_predicted", r.busy_vs_predicted},
-          {"idle_step_spread", r.idle_step_spread},
-          {"idle_step_cpu_s", r.idle_step_cpu_s},
-          {"writer_cpu_s", r.writer_cpu_s},
-          {"writer_busy_s", r.writer_busy_s},
-          {"writer_paused_s", r.writer_paused_s},
-          {"writer_pauses", r.writer_pauses}};
-}
-
 void print_human(const profile::CheckpointBenchResult& r) {
   auto ms = [](double s) { return s * 1e3; };
   auto rate = [](double b) { return format_bytes(static_cast<std::uint64_t>(b), true) + "/s"; };
-  std::cout << "state on " << r.state << ": " << format_count(r.elements) << " parameters, shard "
+  std::cout << "state on " << r.state << ": " << format_count(r.params) << " parameters, shard "
             << format_bytes(r.shard_bytes, true) << "\n"
             << "  blocked: blocking save " << ms(r.blocking_save_s) << " ms, asynchronous save "
             << ms(r.async_blocked_s) << " ms (ratio " << r.blocked_ratio << ", target <= 0.05)\n"
@@ -145,7 +128,7 @@ int run(const Options& o) {
               << "on " << tier_name(t) << ", " << bo.rounds << " round(s), checkpoints in "
               << bo.dir << "..." << std::endl;
     const profile::CheckpointBenchResult r = profile::run_checkpoint_bench(bo);
-    all.push_back(to_json(r));
+    all.push_back(json(r));
     if (!o.json) print_human(r);
   }
   if (o.json) std::cout << json{{"command", "bench checkpoint"}, {"results", all}}.dump(2) << "\n";

@@ -35,6 +35,14 @@
 #include "strata/error.hpp"
 #include "strata/units.hpp"
 
+namespace strata::profile {
+// --json: every member of the overlap result under its own name.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapBenchResult, elements, backward_s, serial_step_s,
+                                   serial_total_s, overlapped_step_s, overlapped_total_s, exposed_s,
+                                   rollback_step_s, rollback_total_s, speculated_chunks,
+                                   committed_chunks, rolled_back_chunks)
+}  // namespace strata::profile
+
 namespace cmd_bench_step {
 namespace {
 
@@ -337,19 +345,8 @@ int run_overlap(const Options& o, const Config& cfg) {
            strcat("bench step: --backward '", o.backward, "': seconds >= 0, or auto"));
   }
   const profile::OverlapBenchResult r = profile::run_overlap_bench(b);
-  json j = {{"elements", r.elements},
-            {"backward_s", r.backward_s},
-            {"tensors", o.tensors},
-            {"serial_step_s", r.serial_step_s},
-            {"serial_total_s", r.serial_total_s},
-            {"overlapped_step_s", r.overlapped_step_s},
-            {"overlapped_total_s", r.overlapped_total_s},
-            {"exposed_s", r.exposed_s},
-            {"rollback_step_s", r.rollback_step_s},
-            {"rollback_total_s", r.rollback_total_s},
-            {"speculated_chunks", r.speculated_chunks},
-            {"committed_chunks", r.committed_chunks},
-            {"rolled_back_chunks", r.rolled_back_chunks}};
+  json j = r;
+  j["tensors"] = o.tensors;
   if (o.json) {
     std::cout << json{{"config", o.config}, {"overlap", j}}.dump(2) << "\n";
     return 0;

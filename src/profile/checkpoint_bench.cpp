@@ -207,7 +207,7 @@ CheckpointBenchResult run_checkpoint_bench(const CheckpointBenchOptions& o) {
   const SafeDir dir = SafeDir::open(o.dir, dopt);
   CheckpointBenchResult res;
   res.state = tier_name(o.state);
-  res.elements = o.elements;
+  res.params = o.elements;
   res.shard_bytes = o.elements * (dtype_size(cfg.precision.params) + 12);
   res.state_read_bytes = o.state == Tier::kNvme ? o.elements * 12 : 0;
   const std::unique_ptr<Communicator> comm = one_rank(cfg);

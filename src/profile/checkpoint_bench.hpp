@@ -34,8 +34,9 @@ struct CheckpointBenchOptions {
 };
 
 struct CheckpointBenchResult {
+  // Every member is a field of `strata bench checkpoint --json` under its own name.
   std::string state;  // "nvme" | "cpu"
-  std::uint64_t elements = 0;
+  std::uint64_t params = 0;
   std::uint64_t shard_bytes = 0;  // data bytes of the rank's shard: parameters + 3 FP32 arrays
   // Medians over rounds, seconds (rates in bytes/s).
   double blocking_save_s = 0;

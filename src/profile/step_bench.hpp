@@ -76,7 +76,7 @@ struct OverlapBenchOptions {
   int rounds = 3;
 };
 
-struct OverlapBenchResult {
+struct OverlapBenchResult {  // each member a field of `strata bench step --backward` --json
   std::uint64_t elements = 0;
   double backward_s = 0;  // T used
   // step() after the last gradient (the optimizer time not hidden by the backward), and the
