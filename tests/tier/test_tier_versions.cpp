@@ -108,6 +108,18 @@ PinnedBlock pin_one(st::StoreRig& rig, Tier home, std::uint64_t seed) {
   return p;
 }
 
+// One block "opt.0" in `home` holding random bytes `a`; `b`: other random bytes of its size (seed
+// + 1), for a pending version.
+struct TwoVersions {
+  std::vector<std::uint8_t> a, b;
+  BufferId id;
+};
+TwoVersions two_versions(st::StoreRig& rig, Tier home, std::uint64_t seed) {
+  TwoVersions v{st::random_bytes(kOddVersions, seed), st::random_bytes(kOddVersions, seed + 1), 0};
+  v.id = add(rig, "opt.0", home, v.a);
+  return v;
+}
+
 class PinnedVersion : public ::testing::TestWithParam<Case> {};
 
 }  // namespace
@@ -416,8 +428,7 @@ std::string home_name(const ::testing::TestParamInfo<Tier>& i) { return tier_nam
 TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
   const Tier home = GetParam();
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOddVersions, 71), b = st::random_bytes(kOddVersions, 72);
-  const BufferId id = add(rig, "opt.0", home, a);
+  const auto [a, b, id] = two_versions(rig, home, 71);
   const BufferId ids[] = {id};
   for (const bool keep : {false, true}) {
     rig.store->open_pending(ids);
@@ -444,8 +455,7 @@ TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
   for (const Tier home : {Tier::kGpu, Tier::kCpu}) {
     SCOPED_TRACE(tier_name(home));
     st::StoreRig rig;
-    const auto a = st::random_bytes(kOddVersions, 73), b = st::random_bytes(kOddVersions, 74);
-    const BufferId id = add(rig, "opt.0", home, a);
+    const auto [a, b, id] = two_versions(rig, home, 73);
     const BufferId ids[] = {id};
     rig.store->open_pending(ids);
     write_pending(rig, id, b, 1000, 5000).wait();
@@ -463,8 +473,7 @@ TEST(PendingVersions, RangesCommitOnlyWhatWasWritten) {
 TEST_P(PendingVersion, ComposesWithAPin) {
   const Tier home = GetParam();
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOddVersions, 75), b = st::random_bytes(kOddVersions, 76);
-  const BufferId id = add(rig, "opt.0", home, a);
+  const auto [a, b, id] = two_versions(rig, home, 75);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
   write_pending(rig, id, b).wait();
@@ -485,8 +494,7 @@ INSTANTIATE_TEST_SUITE_P(EveryTier, PendingVersion,
 // commit) leaves the committed version and the store usable; commit is refused, discard works.
 TEST(PendingVersions, FailedWriteLeavesCommittedUntouched) {
   st::StoreRig rig;
-  const auto a = st::random_bytes(kOddVersions, 81), b = st::random_bytes(kOddVersions, 82);
-  const BufferId id = add(rig, "opt.0", Tier::kNvme, a);
+  const auto [a, b, id] = two_versions(rig, Tier::kNvme, 81);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
   rig.fault->add_fault(IoFault::fail_nth(2, EIO, IoOp::kWrite));
@@ -511,8 +519,7 @@ TEST(PendingVersions, DeviceFaultLeavesCommittedUntouched) {
   st::RigOptions o;
   o.fault_device = true;
   st::StoreRig rig(o);
-  const auto a = st::random_bytes(kOddVersions, 83), b = st::random_bytes(kOddVersions, 84);
-  const BufferId id = add(rig, "opt.0", Tier::kGpu, a);
+  const auto [a, b, id] = two_versions(rig, Tier::kGpu, 83);
   const BufferId ids[] = {id};
   rig.store->open_pending(ids);
   rig.fdev->add_fault({DeviceFaultKind::kCopyFail, 1, 1});
