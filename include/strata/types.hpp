@@ -44,27 +44,20 @@ struct EnumNames {
   const EnumName<E>& operator[](std::size_t i) const { return rows[i]; }
 };
 
-// The name table of E, in the enum's order: defined (in src/core/types.cpp) for each enum above.
+// The name table of E, in the enum's order: defined (in src/core/types.cpp) for each enum that
+// STRATA_NAMED_ENUMS lists (an X-macro: STRATA_NAMED_ENUMS(F) expands F(E) for each).
 template <class E>
 EnumNames<E> enum_names();
-template <>
-EnumNames<DType> enum_names<DType>();
-template <>
-EnumNames<Tier> enum_names<Tier>();
-template <>
-EnumNames<OptimizerType> enum_names<OptimizerType>();
-template <>
-EnumNames<OptimizerUpdate> enum_names<OptimizerUpdate>();
-template <>
-EnumNames<OptimizerOverlap> enum_names<OptimizerOverlap>();
-template <>
-EnumNames<IoEngineKind> enum_names<IoEngineKind>();
-template <>
-EnumNames<DirectIoMode> enum_names<DirectIoMode>();
-template <>
-EnumNames<DeviceKind> enum_names<DeviceKind>();
-template <>
-EnumNames<CommBackend> enum_names<CommBackend>();
+// clang-format off
+#define STRATA_NAMED_ENUMS(F)                                             \
+  F(DType) F(Tier) F(OptimizerType) F(OptimizerUpdate) F(OptimizerOverlap) \
+  F(IoEngineKind) F(DirectIoMode) F(DeviceKind) F(CommBackend)
+// clang-format on
+#define STRATA_DECLARE_ENUM_NAMES(E) \
+  template <>                        \
+  EnumNames<E> enum_names<E>();
+STRATA_NAMED_ENUMS(STRATA_DECLARE_ENUM_NAMES)
+#undef STRATA_DECLARE_ENUM_NAMES
 
 // The name of `v` from its table; "?" for a value outside it (a cast from a bad integer).
 template <class E>

@@ -1,4 +1,5 @@
-// The name tables and the element-size table of include/strata/types.hpp: the only copies.
+// The name tables (k<Enum>Names) and the element-size table of include/strata/types.hpp: the only
+// copies.
 #include "strata/types.hpp"
 
 #include <iterator>
@@ -10,20 +11,20 @@ constexpr EnumName<DType> kDTypeNames[] = {
     {DType::kFp16, "fp16"}, {DType::kBf16, "bf16"}, {DType::kFp32, "fp32"}};
 constexpr EnumName<Tier> kTierNames[] = {
     {Tier::kGpu, "gpu"}, {Tier::kCpu, "cpu"}, {Tier::kNvme, "nvme"}};
-constexpr EnumName<OptimizerType> kOptimizerNames[] = {{OptimizerType::kAdam, "adam"},
-                                                       {OptimizerType::kAdamW, "adamw"}};
-constexpr EnumName<OptimizerUpdate> kUpdateNames[] = {{OptimizerUpdate::kCpu, "cpu"},
-                                                      {OptimizerUpdate::kDevice, "device"}};
-constexpr EnumName<OptimizerOverlap> kOverlapNames[] = {{OptimizerOverlap::kOff, "off"},
-                                                        {OptimizerOverlap::kOn, "on"},
-                                                        {OptimizerOverlap::kAuto, "auto"}};
-constexpr EnumName<IoEngineKind> kIoEngineNames[] = {{IoEngineKind::kAuto, "auto"},
-                                                     {IoEngineKind::kIoUring, "io_uring"},
-                                                     {IoEngineKind::kThreads, "threads"}};
-constexpr EnumName<DirectIoMode> kDirectIoNames[] = {{DirectIoMode::kAuto, "auto"},
-                                                     {DirectIoMode::kRequired, "required"},
-                                                     {DirectIoMode::kOff, "off"}};
-constexpr EnumName<DeviceKind> kDeviceNames[] = {
+constexpr EnumName<OptimizerType> kOptimizerTypeNames[] = {{OptimizerType::kAdam, "adam"},
+                                                           {OptimizerType::kAdamW, "adamw"}};
+constexpr EnumName<OptimizerUpdate> kOptimizerUpdateNames[] = {
+    {OptimizerUpdate::kCpu, "cpu"}, {OptimizerUpdate::kDevice, "device"}};
+constexpr EnumName<OptimizerOverlap> kOptimizerOverlapNames[] = {{OptimizerOverlap::kOff, "off"},
+                                                                 {OptimizerOverlap::kOn, "on"},
+                                                                 {OptimizerOverlap::kAuto, "auto"}};
+constexpr EnumName<IoEngineKind> kIoEngineKindNames[] = {{IoEngineKind::kAuto, "auto"},
+                                                         {IoEngineKind::kIoUring, "io_uring"},
+                                                         {IoEngineKind::kThreads, "threads"}};
+constexpr EnumName<DirectIoMode> kDirectIoModeNames[] = {{DirectIoMode::kAuto, "auto"},
+                                                         {DirectIoMode::kRequired, "required"},
+                                                         {DirectIoMode::kOff, "off"}};
+constexpr EnumName<DeviceKind> kDeviceKindNames[] = {
     {DeviceKind::kAuto, "auto"}, {DeviceKind::kCuda, "cuda"}, {DeviceKind::kHost, "host"}};
 constexpr EnumName<CommBackend> kCommBackendNames[] = {{CommBackend::kAuto, "auto"},
                                                        {CommBackend::kInProcess, "inprocess"},
@@ -37,42 +38,14 @@ static_assert(static_cast<int>(DType::kFp16) == 0 && static_cast<int>(DType::kBf
 
 }  // namespace
 
-template <>
-EnumNames<DType> enum_names<DType>() {
-  return {kDTypeNames, std::size(kDTypeNames)};
-}
-template <>
-EnumNames<Tier> enum_names<Tier>() {
-  return {kTierNames, std::size(kTierNames)};
-}
-template <>
-EnumNames<OptimizerType> enum_names<OptimizerType>() {
-  return {kOptimizerNames, std::size(kOptimizerNames)};
-}
-template <>
-EnumNames<OptimizerUpdate> enum_names<OptimizerUpdate>() {
-  return {kUpdateNames, std::size(kUpdateNames)};
-}
-template <>
-EnumNames<OptimizerOverlap> enum_names<OptimizerOverlap>() {
-  return {kOverlapNames, std::size(kOverlapNames)};
-}
-template <>
-EnumNames<IoEngineKind> enum_names<IoEngineKind>() {
-  return {kIoEngineNames, std::size(kIoEngineNames)};
-}
-template <>
-EnumNames<DirectIoMode> enum_names<DirectIoMode>() {
-  return {kDirectIoNames, std::size(kDirectIoNames)};
-}
-template <>
-EnumNames<DeviceKind> enum_names<DeviceKind>() {
-  return {kDeviceNames, std::size(kDeviceNames)};
-}
-template <>
-EnumNames<CommBackend> enum_names<CommBackend>() {
-  return {kCommBackendNames, std::size(kCommBackendNames)};
-}
+// enum_names<E>() for each named enum: the table k<E>Names above.
+#define STRATA_DEFINE_ENUM_NAMES(E)               \
+  template <>                                     \
+  EnumNames<E> enum_names<E>() {                  \
+    return {k##E##Names, std::size(k##E##Names)}; \
+  }
+STRATA_NAMED_ENUMS(STRATA_DEFINE_ENUM_NAMES)
+#undef STRATA_DEFINE_ENUM_NAMES
 
 std::size_t dtype_size(DType t) {
   const auto i = static_cast<std::size_t>(t);
