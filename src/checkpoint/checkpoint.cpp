@@ -21,10 +21,8 @@
 #include "strata/io_file.hpp"
 #include "strata/log.hpp"
 
-namespace strata::zero {
+namespace strata::checkpoint {
 namespace {
-
-using namespace ckpt;
 
 constexpr std::uint64_t kPiece = 1u << 20;  // elements per streamed piece (rounded to blocks)
 // Elements per piece of a save (rounded to blocks): two pieces' state (24 B per element) are in
@@ -739,4 +737,4 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
     log_debug(done);
 }
 
-}  // namespace strata::zero
+}  // namespace strata::checkpoint

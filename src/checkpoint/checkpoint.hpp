@@ -42,10 +42,10 @@
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
 
-namespace strata::zero {
+namespace strata::checkpoint {
 
-// The training counters (ckpt::TrainingCounters) are saved from / restored into.
-struct RankState : ckpt::TrainingCounters {
+// The training counters (TrainingCounters) are saved from / restored into.
+struct RankState : TrainingCounters {
   int rank = 0, world = 1, stage = 0;
   DType param_dtype = DType::kFp32;
   std::size_t flat_size = 0, partition_size = 0;
@@ -109,7 +109,7 @@ void save_checkpoint(const std::string& dir, const RankState& state, Communicato
 struct PendingSave {
   std::string path;  // the directory as given
   SafeDir dir;
-  ckpt::Manifest manifest;
+  Manifest manifest;
   std::exception_ptr extra_error;  // rank 0's write of the untrained tensors failed
 };
 PendingSave begin_save(const std::string& dir, const RankState& state, Communicator& comm,
@@ -123,4 +123,4 @@ void finish_committed_save(const PendingSave& save, const RankState& state, Comm
 // Fills params, the store and the scalars of `state`; layout fields must be set by the caller.
 void load_checkpoint(const std::string& dir, RankState& state, Communicator& comm);
 
-}  // namespace strata::zero
+}  // namespace strata::checkpoint

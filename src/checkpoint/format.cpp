@@ -22,7 +22,7 @@
 #include "strata/error.hpp"
 #include "strata/partition.hpp"
 
-namespace strata::zero::ckpt {
+namespace strata::checkpoint {
 namespace {
 
 using nlohmann::json;
@@ -936,4 +936,4 @@ void ShardReader::check_block_crc(Section s, std::uint64_t b, std::uint64_t offs
                 hex8(crc_[s][b])));
 }
 
-}  // namespace strata::zero::ckpt
+}  // namespace strata::checkpoint

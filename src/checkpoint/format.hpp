@@ -48,7 +48,7 @@
 #include "strata/checkpoint_model.hpp"
 #include "strata/config.hpp"
 
-namespace strata::zero::ckpt {
+namespace strata::checkpoint {
 
 using strata::SafeDir;
 using strata::SafeDirOptions;
@@ -264,4 +264,4 @@ class ShardReader {
   std::uint64_t bytes_read_ = 0;
 };
 
-}  // namespace strata::zero::ckpt
+}  // namespace strata::checkpoint

@@ -9,7 +9,7 @@
 
 #include "strata/partition.hpp"
 
-namespace strata::zero {
+namespace strata::checkpoint {
 
 struct StateView {
   float* master = nullptr;
@@ -44,4 +44,4 @@ class OptimizerStateStore {
   virtual void drop_prefetch() noexcept {}
 };
 
-}  // namespace strata::zero
+}  // namespace strata::checkpoint

@@ -16,10 +16,8 @@
 #include "strata/error.hpp"
 #include "strata/log.hpp"
 
-namespace strata::zero {
+namespace strata::checkpoint {
 namespace {
-
-using namespace ckpt;
 
 constexpr std::uint64_t kConvertPiece = 1u << 20;  // elements converted and written at a time
 
@@ -208,4 +206,4 @@ ExportResult export_safetensors(const std::string& dir_path, const std::string& 
   return {tensors, params, pos};
 }
 
-}  // namespace strata::zero
+}  // namespace strata::checkpoint

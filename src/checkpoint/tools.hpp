@@ -29,10 +29,10 @@
 #include "checkpoint/format.hpp"
 #include "strata/config.hpp"
 
-namespace strata::zero {
+namespace strata::checkpoint {
 
 struct VerifyReport {
-  ckpt::Manifest manifest;
+  Manifest manifest;
   std::vector<std::string> problems;  // empty: every checksum holds
   std::vector<std::string> notes;     // leftovers in the directory (not problems)
   std::uint64_t bytes_checked = 0;
@@ -52,4 +52,4 @@ struct ExportResult {
 ExportResult export_safetensors(const std::string& dir, const std::string& out,
                                 const ExportOptions& options);
 
-}  // namespace strata::zero
+}  // namespace strata::checkpoint

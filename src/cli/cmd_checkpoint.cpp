@@ -23,7 +23,7 @@ namespace cmd_checkpoint {
 namespace {
 
 using namespace strata;
-using namespace strata::zero;
+using namespace strata::checkpoint;
 using nlohmann::json;
 
 struct Options {
@@ -47,7 +47,7 @@ std::string human(std::uint64_t bytes) {
   return buf;
 }
 
-std::uint64_t parameters(const ckpt::Manifest& m) {
+std::uint64_t parameters(const checkpoint::Manifest& m) {
   std::uint64_t n = 0;
   for (const auto& t : m.tensors) n += t.numel;
   return n;
@@ -55,8 +55,8 @@ std::uint64_t parameters(const ckpt::Manifest& m) {
 
 // The manifest's fields (as manifest.json names them), where the directory is, the parameter
 // count, and whether each shard is there with its size.
-json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
-  json j = ckpt::manifest_fields(m);
+json manifest_json(const checkpoint::Manifest& m, const checkpoint::SafeDir& dir) {
+  json j = checkpoint::manifest_fields(m);
   j["dir"] = dir.path();
   j["optimizer_step"] = m.adam_step;  // the name `info --json` has always used
   j["parameters"] = parameters(m);
@@ -72,8 +72,8 @@ json manifest_json(const ckpt::Manifest& m, const ckpt::SafeDir& dir) {
 }
 
 int run_info(const Options& o) {
-  const ckpt::SafeDir dir = ckpt::SafeDir::open(o.dir, {.read_only = true});
-  const ckpt::Manifest m = ckpt::read_manifest(dir);
+  const checkpoint::SafeDir dir = checkpoint::SafeDir::open(o.dir, {.read_only = true});
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
   const json j = manifest_json(m, dir);
   if (o.json) {
     std::cout << j.dump(2) << "\n";

@@ -98,7 +98,7 @@ constexpr std::size_t kTrainOptionsMaxBytes = 64 * 1024;
 
 void write_train_options(const Options& o) {
   const SafeDir dir = SafeDir::open(o.checkpoint_dir, {});
-  const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
   const std::string text = nlohmann::json{{"hidden", o.hidden},
                                           {"batch", o.batch},
                                           {"accumulate", o.accumulate},
@@ -138,7 +138,7 @@ class TrainOptionsWriter {
 // another save is warned about and not checked. REQUIRES: DIR holds manifest.json.
 void check_resume_options(const Options& o) {
   const SafeDir dir = SafeDir::open(o.checkpoint_dir, {});
-  const zero::ckpt::Manifest m = zero::ckpt::read_manifest(dir);
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
   const std::string path = dir.child_path(kTrainOptionsFile);
   // Opened, then checked on the descriptor (as read_manifest does): not a FIFO, not huge.
   std::unique_ptr<RandomAccessFile> file;

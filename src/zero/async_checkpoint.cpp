@@ -8,8 +8,9 @@
 namespace strata::zero {
 
 AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks,
-                                 ParamBlocks params, PendingSave save, RankState state,
-                                 std::vector<unsigned char> copy, std::chrono::milliseconds timeout)
+                                 ParamBlocks params, checkpoint::PendingSave save,
+                                 checkpoint::RankState state, std::vector<unsigned char> copy,
+                                 std::chrono::milliseconds timeout)
     : store_(store), save_(std::move(save)), state_(std::move(state)), params_(std::move(copy)) {
   state_.params = {params_.data(), params_.size()};
   state_.params_in_store = params.in_snapshot();
@@ -57,7 +58,7 @@ AsyncCheckpoint::~AsyncCheckpoint() {
 void AsyncCheckpoint::run() noexcept {
   const auto t0 = Clock::now();
   try {
-    header_crc_ = write_shard(save_, state_);
+    header_crc_ = checkpoint::write_shard(save_, state_);
   } catch (...) {
     error_ = std::current_exception();
   }
@@ -121,7 +122,7 @@ bool AsyncCheckpoint::commit_if_durable() {
   if (committed_) return true;
   wait_local();  // (the writer has finished: durable everywhere)
   committed_ = true;
-  commit_error_ = commit_durable_save(save_, state_);
+  commit_error_ = checkpoint::commit_durable_save(save_, state_);
   return true;
 }
 
@@ -129,10 +130,10 @@ void AsyncCheckpoint::finish(Communicator& comm) {
   wait_local();
   finished_ = true;  // whatever the collective below throws, the destructor has nothing to do
   if (commit_if_durable()) {
-    finish_committed_save(save_, state_, comm, commit_error_);
+    checkpoint::finish_committed_save(save_, state_, comm, commit_error_);
     return;
   }
-  finish_save(save_, state_, comm, error_, header_crc_);
+  checkpoint::finish_save(save_, state_, comm, error_, header_crc_);
 }
 
 VersionBytes AsyncCheckpoint::rewrite_cost() const {

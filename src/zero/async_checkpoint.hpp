@@ -52,8 +52,8 @@ class AsyncCheckpoint {
   // `params.in_snapshot()`: the writer reads the parameters from the snapshot (pinned blocks or
   // the pinned master), else `copy` holds them (owned from now on).
   AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
-                  PendingSave save, RankState state, std::vector<unsigned char> copy,
-                  std::chrono::milliseconds timeout);
+                  checkpoint::PendingSave save, checkpoint::RankState state,
+                  std::vector<unsigned char> copy, std::chrono::milliseconds timeout);
   ~AsyncCheckpoint();
   AsyncCheckpoint(const AsyncCheckpoint&) = delete;
   AsyncCheckpoint& operator=(const AsyncCheckpoint&) = delete;
@@ -91,8 +91,8 @@ class AsyncCheckpoint {
   void unpin_all() noexcept;
 
   TierStore& store_;
-  PendingSave save_;
-  RankState state_;
+  checkpoint::PendingSave save_;
+  checkpoint::RankState state_;
   std::vector<unsigned char> params_;  // the parameters when the snapshot does not hold them
   std::unique_ptr<PinnedStateStore> pinned_;
   SnapshotId snap_ = 0;

@@ -213,9 +213,9 @@ void Engine::load_checkpoint(const std::string& dir) {
   m.finish_saving();
   m.cancel_speculation(false);
   m.gatherer->drop_all();
-  zero::RankState r = m.rank_state();
+  checkpoint::RankState r = m.rank_state();
   try {
-    zero::load_checkpoint(dir, r, m.comm);
+    checkpoint::load_checkpoint(dir, r, m.comm);
   } catch (const std::exception& e) {
     // Verification failures change nothing; a failure while restoring left partial state.
     if (r.restore_started)

@@ -11,11 +11,11 @@ namespace strata {
 
 void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view client_state,
                         const CheckpointModel* model) {
-  if (client_state.size() > zero::ckpt::kMaxClientStateBytes ||
-      !zero::ckpt::valid_utf8(client_state))
+  if (client_state.size() > checkpoint::kMaxClientStateBytes ||
+      !checkpoint::valid_utf8(client_state))
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: save_checkpoint: the client state (", client_state.size(),
-                " bytes) must be UTF-8 text of at most ", zero::ckpt::kMaxClientStateBytes,
+                " bytes) must be UTF-8 text of at most ", checkpoint::kMaxClientStateBytes,
                 " bytes; nothing was written"));
   const auto t0 = zero::Clock::now();
   struct Blocked {  // the caller's time in this call, however it ends
@@ -35,16 +35,16 @@ void Engine::Impl::save(const std::string& dir, SaveMode mode, std::string_view 
                         : params_follow_master ? Source::kFromMaster
                                                : Source::kNone;
   const zero::ParamBlocks params{source, layout->param_dtype(), layout->param_elem_bytes()};
-  zero::RankState r = rank_state(!params.in_snapshot());
+  checkpoint::RankState r = rank_state(!params.in_snapshot());
   r.params_in_store = params.in_snapshot();
   r.config_yaml = to_yaml(cfg);
   r.client_state = client_state;
   r.model = model;
   if (!async) {
-    zero::save_checkpoint(dir, r, comm);
+    checkpoint::save_checkpoint(dir, r, comm);
   } else {
     if (!r.env) r.env = &FileEnv::current();  // the writer thread uses the seam of this call
-    zero::PendingSave p = zero::begin_save(dir, r, comm);
+    checkpoint::PendingSave p = checkpoint::begin_save(dir, r, comm);
     r.model = nullptr;  // borrowed for the call: begin_save wrote what the manifest needs of it
     saving = std::make_unique<zero::AsyncCheckpoint>(store(), layout->chunks(), params,
                                                      std::move(p), std::move(r),

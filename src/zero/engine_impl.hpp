@@ -179,7 +179,7 @@ struct Engine::Impl {
   // Parameters [b, b + n) of the own partition (stage 3), model dtype, from / into the chunks.
   void read_own(std::size_t b, std::size_t n, unsigned char* host);
   void write_own(std::size_t b, std::size_t n, const unsigned char* host);
-  zero::RankState rank_state(bool copy_params = true);
+  checkpoint::RankState rank_state(bool copy_params = true);
 
   // ---- engine_checkpoint.cpp
   void save(const std::string& dir, SaveMode mode, std::string_view client_state,
@@ -191,8 +191,8 @@ struct Engine::Impl {
   // still pins would not fit in the tiers' budgets (local, no collective). `step`: a step begins
   // (the writer pauses until its outcome agreement).
   void make_room_for_update(bool step = false);
-  void after_load(const zero::RankState& r);
-  void restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved);
+  void after_load(const checkpoint::RankState& r);
+  void restore_groups(const std::vector<checkpoint::GroupEntry>& saved);
 };
 
 }  // namespace strata

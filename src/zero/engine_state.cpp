@@ -1,5 +1,6 @@
 // Parameters (param / read_param, stage 3's gathers), the optimizer state (read_state /
-// write_state) and the checkpoint seam (zero::RankState), over the layout and the collaborators.
+// write_state) and the checkpoint seam (checkpoint::RankState), over the layout and the
+// collaborators.
 #include <algorithm>
 #include <cstring>
 
@@ -107,7 +108,7 @@ void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* 
 // ---- optimizer state
 
 namespace {
-float* state_array(const zero::StateView& v, StateKind kind) {
+float* state_array(const checkpoint::StateView& v, StateKind kind) {
   return kind == StateKind::kMaster   ? v.master
          : kind == StateKind::kExpAvg ? v.exp_avg
                                       : v.exp_avg_sq;
@@ -136,7 +137,7 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
   const zero::TensorShare share = layout->share(id);
   std::vector<float> mine(share.local.count);
   if (share.local.count) {
-    const zero::StateView v = state->acquire(share.local);
+    const checkpoint::StateView v = state->acquire(share.local);
     std::memcpy(mine.data(), state_array(v, kind), share.local.count * sizeof(float));
     state->release(share.local, false);
   }
@@ -156,7 +157,7 @@ void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const floa
   const zero::TensorShare share = layout->share(id);
   try {
     if (share.local.count) {
-      const zero::StateView v = state->acquire(share.local);
+      const checkpoint::StateView v = state->acquire(share.local);
       std::memcpy(state_array(v, kind), in.data() + share.from, share.local.count * sizeof(float));
       state->release(share.local, true);
     }
@@ -215,10 +216,10 @@ void Engine::Impl::write_params(TensorId id, std::span<const float> in,
 // The rank's parameters (model dtype) materialized in host memory for the duration of the call
 // (unless !copy_params: an asynchronous save reads them from its snapshot), and the optimizer
 // state through host views of the TierStore.
-zero::RankState Engine::Impl::rank_state(bool copy_params) {
+checkpoint::RankState Engine::Impl::rank_state(bool copy_params) {
   const int stage = layout->stage();
   const std::size_t pes = layout->param_elem_bytes(), psize = layout->partition_size();
-  zero::RankState r;
+  checkpoint::RankState r;
   r.rank = rank;
   r.world = world;
   r.stage = stage;
@@ -251,8 +252,8 @@ zero::RankState Engine::Impl::rank_state(bool copy_params) {
   return r;
 }
 
-// After zero::load_checkpoint filled the seam: parameters back where they live, counters.
-void Engine::Impl::after_load(const zero::RankState& r) {
+// After checkpoint::load_checkpoint filled the seam: parameters back where they live, counters.
+void Engine::Impl::after_load(const checkpoint::RankState& r) {
   const int stage = layout->stage();
   const std::size_t pes = layout->param_elem_bytes();
   if (stage == 3) {
@@ -281,7 +282,7 @@ void Engine::Impl::after_load(const zero::RankState& r) {
 // The groups' hyper-parameters as saved (torch's optimizer.load_state_dict restores them too). A
 // checkpoint without them (written before they were kept) or with another number of groups (a
 // model regrouped since) leaves the current ones, said once.
-void Engine::Impl::restore_groups(const std::vector<zero::ckpt::GroupEntry>& saved) {
+void Engine::Impl::restore_groups(const std::vector<checkpoint::GroupEntry>& saved) {
   if (saved.size() == groups.size()) {
     for (std::size_t i = 0; i < saved.size(); ++i)
       groups[i] = {saved[i].lr, saved[i].weight_decay, saved[i].beta1, saved[i].beta2,

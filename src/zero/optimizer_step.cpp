@@ -197,7 +197,7 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
 // state and gets its parameters from its master. on_device: the arrays are device memory (state
 // placed on gpu). On the device every run's update is queued on DeviceAdam's stream and the chunk
 // waits once (F9).
-void OptimizerStep::adam_chunk(const Chunk& c, const StateView& v, const void* grad,
+void OptimizerStep::adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
                                void* param_copy, bool on_device, float grad_scale) {
   const auto* g = static_cast<const unsigned char*>(grad);
   auto* p = static_cast<unsigned char*>(param_copy);
@@ -389,7 +389,7 @@ bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, b
 void OptimizerStep::run_chunk(const Chunk& c, std::span<void* const> v, bool device,
                               float grad_scale) {
   auto* base = static_cast<float*>(v[0]);
-  const StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
+  const checkpoint::StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
   adam_chunk(c, sv, v[1], v[2], device, grad_scale);
 }
 
@@ -499,7 +499,8 @@ tier::StreamStats OptimizerStep::measure_adam(bool pipelined) {
   tier::StreamStats st;
   const auto t0 = Clock::now();
   for (const Chunk* c : of) {
-    const StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest, c->r.count};
+    const checkpoint::StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest,
+                                  c->r.count};
     adam_chunk(*c, v, grads.data(), params.data(), false, 1.0f);
   }
   st.t_compute = st.t_total = seconds_since(t0);

@@ -104,8 +104,8 @@ class OptimizerStep {
   bool run_loops(const std::vector<tier::StreamItem>& host_items, bool gate,
                  const std::function<bool()>& decided, const float& grad_scale);
   bool in_gate(const std::function<bool()>& decided);
-  void adam_chunk(const Chunk& c, const StateView& v, const void* grad, void* param_copy,
-                  bool on_device, float grad_scale);
+  void adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
+                  void* param_copy, bool on_device, float grad_scale);
   void adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step, float grad_scale,
                 bool on_device);
   void params_from_master(const AdamTensors& t, bool on_device);

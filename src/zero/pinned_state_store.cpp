@@ -40,7 +40,7 @@ void PinnedStateStore::start_reads(Range r) {
               });
 }
 
-StateView PinnedStateStore::acquire(Range r) {
+checkpoint::StateView PinnedStateStore::acquire(Range r) {
   if (acquired_)
     fail(ErrorCode::kInvalidArgument, "checkpoint snapshot: acquire() while a range is acquired");
   check_range(r);

@@ -40,7 +40,7 @@ struct ParamBlocks {
   bool in_snapshot() const { return source != Source::kNone; }
 };
 
-class PinnedStateStore final : public OptimizerStateStore {
+class PinnedStateStore final : public checkpoint::OptimizerStateStore {
  public:
   // `before_read`: called before each range's reads start (the writer's pause for steps: in
   // prefetch(), or in acquire() of a range not prefetched); may be empty.
@@ -48,7 +48,7 @@ class PinnedStateStore final : public OptimizerStateStore {
                    std::size_t size, SnapshotId snapshot, std::chrono::milliseconds timeout,
                    std::function<void()> before_read = {});
   std::size_t size() const override { return size_; }
-  StateView acquire(Range r) override;
+  checkpoint::StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
   void prefetch(Range r) override;
   void drop_prefetch() noexcept override;

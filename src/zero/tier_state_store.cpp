@@ -44,7 +44,7 @@ void TierStateStore::start_reads(RangeReads& reads, Range r) {
               });
 }
 
-StateView TierStateStore::acquire(Range r) {
+checkpoint::StateView TierStateStore::acquire(Range r) {
   if (acquired_)
     fail(ErrorCode::kInvalidArgument, "optimizer state: acquire() while a range is acquired");
   check_range(r);

@@ -21,12 +21,12 @@
 
 namespace strata::zero {
 
-class TierStateStore final : public OptimizerStateStore {
+class TierStateStore final : public checkpoint::OptimizerStateStore {
  public:
   TierStateStore(TierStore& store, std::span<const Chunk> chunks, std::size_t size,
                  std::chrono::milliseconds timeout);
   std::size_t size() const override { return size_; }
-  StateView acquire(Range r) override;
+  checkpoint::StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
   void prefetch(Range r) override;
   void drop_prefetch() noexcept override;

@@ -39,11 +39,11 @@ inline std::uint32_t value_bits(std::uint64_t seed, int a, std::size_t t, std::s
 
 // An optimizer state in plain host vectors (the engine keeps its state in the TierStore; these
 // engine-less ranks only need the checkpoint seam's host views).
-class HostStateStore final : public zero::OptimizerStateStore {
+class HostStateStore final : public checkpoint::OptimizerStateStore {
  public:
   explicit HostStateStore(std::size_t n) : m_(n, 0.0f), a_(n, 0.0f), v_(n, 0.0f) {}
   std::size_t size() const override { return m_.size(); }
-  zero::StateView acquire(Range r) override {
+  checkpoint::StateView acquire(Range r) override {
     return {m_.data() + r.begin, a_.data() + r.begin, v_.data() + r.begin, r.count};
   }
   void release(Range, bool) override {}
@@ -54,9 +54,9 @@ class HostStateStore final : public zero::OptimizerStateStore {
 
 struct FakeRank {
   std::unique_ptr<Partition> part;
-  std::unique_ptr<zero::OptimizerStateStore> store;
+  std::unique_ptr<checkpoint::OptimizerStateStore> store;
   std::vector<unsigned char> params;
-  zero::RankState state;
+  checkpoint::RankState state;
 };
 
 // Rank `rank` of `world` at `stage`, holding the values of `seed` (seed 0: zeros everywhere).
@@ -73,7 +73,7 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
   const std::size_t pes = dtype_size(dtype);
   f.params.assign(count * pes, 0);
   if (seed != 0) {
-    zero::StateView v = f.store->acquire({0, count});
+    checkpoint::StateView v = f.store->acquire({0, count});
     float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
     for (std::size_t t = 0; t < sizes.size(); ++t) {
       const std::size_t off = f.part->offset(t);
@@ -88,7 +88,7 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
     }
     f.store->release({0, count}, true);
   }
-  zero::RankState& s = f.state;
+  checkpoint::RankState& s = f.state;
   s.rank = rank;
   s.world = world;
   s.stage = stage;
@@ -112,7 +112,7 @@ inline FakeRank make_fake_rank(const std::vector<std::size_t>& sizes, int world,
 }
 
 // The training counters a checkpoint carries beside the tensors, as one comparable tuple.
-inline auto counters(const zero::RankState& s) {
+inline auto counters(const checkpoint::RankState& s) {
   return std::tie(s.adam_step, s.loss_scale, s.good_steps, s.steps, s.applied_steps,
                   s.skipped_steps);
 }
@@ -121,7 +121,7 @@ inline auto counters(const zero::RankState& s) {
 // mismatches (reporting the first few).
 inline std::size_t check_fake_rank(FakeRank& f, const std::vector<std::size_t>& sizes,
                                    std::uint64_t seed, const std::string& what) {
-  const zero::RankState& s = f.state;
+  const checkpoint::RankState& s = f.state;
   const std::size_t count = s.store->size(), pes = dtype_size(s.param_dtype);
   std::vector<std::uint32_t> want[4];
   for (auto& w : want) w.assign(count, 0);
@@ -133,7 +133,7 @@ inline std::size_t check_fake_rank(FakeRank& f, const std::vector<std::size_t>& 
     }
   }
   std::size_t bad = 0;
-  zero::StateView v = f.store->acquire({0, count});
+  checkpoint::StateView v = f.store->acquire({0, count});
   const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
   for (std::size_t x = 0; x < count; ++x) {
     std::uint32_t got[4] = {0, 0, 0, 0};

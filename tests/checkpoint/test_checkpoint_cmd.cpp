@@ -144,10 +144,10 @@ TEST(CheckpointCmd, DamagedForeignAndMissingCheckpoints) {
   std::string out, err;
   // A flipped bit: verify exits 1 naming the shard and section; export fails (1).
   const std::string saved = read_file(shards[2]);
-  const auto man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(ckpt));
+  const auto man = checkpoint::read_manifest(checkpoint::SafeDir::open(ckpt));
   const std::size_t at =
-      zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
-          .offset[zero::ckpt::kMaster] +
+      checkpoint::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
+          .offset[checkpoint::kMaster] +
       9;  // in the master weights
   std::string bad = saved;
   bad[at] = static_cast<char>(bad[at] ^ 0x01);

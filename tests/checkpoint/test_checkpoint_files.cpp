@@ -30,7 +30,7 @@ void save(const std::string& dir, std::uint64_t seed, int world = 2) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kFileSizes, world, rank, 1, DType::kFp32, seed);
-    zero::save_checkpoint(dir, f.state, comm);
+    checkpoint::save_checkpoint(dir, f.state, comm);
   }));
 }
 
@@ -39,7 +39,7 @@ std::string load(const std::string& dir, std::uint64_t seed) {
   auto comms = make_inprocess_communicators(1, 30.0);
   FakeRank f = make_fake_rank(kFileSizes, 1, 0, 3, DType::kFp32, 0);
   try {
-    zero::load_checkpoint(dir, f.state, *comms[0]);
+    checkpoint::load_checkpoint(dir, f.state, *comms[0]);
   } catch (const Error& e) {
     return e.what();
   }
@@ -195,8 +195,8 @@ TEST(CheckpointFiles, PlantedSymlinksRedirectNothing) {
               0);
   }
   ASSERT_EQ(::symlink(victim.c_str(), (dir + "/manifest.json.tmp").c_str()), 0);
-  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/" + zero::ckpt::shard_file_name(2, 0)).c_str()), 0);
-  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/" + zero::ckpt::shard_file_name(2, 1)).c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/" + checkpoint::shard_file_name(2, 0)).c_str()), 0);
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/" + checkpoint::shard_file_name(2, 1)).c_str()), 0);
   save(dir, 7);
   EXPECT_EQ(read_file(victim), "precious data");
   EXPECT_FALSE(fs::is_symlink(dir + "/manifest.json.tmp"));

@@ -26,9 +26,9 @@ void save_export_fake(const std::string& dir, int world, int stage) {
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kExportSizes, world, rank, stage, DType::kFp16, kSeed);
-    zero::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.block_elems = 4096;
-    zero::save_checkpoint(dir, f.state, comm, o);
+    checkpoint::save_checkpoint(dir, f.state, comm, o);
   }));
 }
 
@@ -36,14 +36,14 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   TempDir dir("strata-export");
   const std::string ckpt = dir.str() + "/ckpt";
   save_export_fake(ckpt, 3, 3);
-  const auto report = zero::verify_checkpoint(ckpt);
+  const auto report = checkpoint::verify_checkpoint(ckpt);
   EXPECT_TRUE(report.problems.empty());
   EXPECT_EQ(report.manifest.world, 3);
   for (DType dt : {DType::kFp32, DType::kBf16, DType::kFp16}) {
     const std::string out = strcat(dir.str(), "/model-", dtype_name(dt), ".safetensors");
-    zero::ExportOptions o;
+    checkpoint::ExportOptions o;
     o.dtype = dt;
-    const auto res = zero::export_safetensors(ckpt, out, o);
+    const auto res = checkpoint::export_safetensors(ckpt, out, o);
     EXPECT_EQ(res.tensors, kExportSizes.size());
     EXPECT_EQ(res.bytes, fs::file_size(out));
     const SafeTensorsFile f = parse_safetensors(read_file(out));
@@ -67,35 +67,35 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
   const std::string out = dir.str() + "/model-fp32.safetensors";
   write_file(out, "mine");
   try {
-    zero::export_safetensors(ckpt, out, {});
+    checkpoint::export_safetensors(ckpt, out, {});
     ADD_FAILURE() << "overwrote an existing file";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     EXPECT_NE(std::string(e.what()).find("--overwrite"), std::string::npos) << e.what();
   }
   EXPECT_EQ(read_file(out), "mine");
-  zero::ExportOptions ow;
+  checkpoint::ExportOptions ow;
   ow.overwrite = true;
-  zero::export_safetensors(ckpt, out, ow);
+  checkpoint::export_safetensors(ckpt, out, ow);
   EXPECT_EQ(parse_safetensors(read_file(out)).tensors.size(), kExportSizes.size());
   // A damaged checkpoint: the export fails naming the block and leaves no file.
   const auto shards = shard_files(ckpt);
-  const auto man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(ckpt));
+  const auto man = checkpoint::read_manifest(checkpoint::SafeDir::open(ckpt));
   const std::size_t at =
-      zero::ckpt::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
-          .offset[zero::ckpt::kMaster] +
+      checkpoint::shard_layout(man.partition_size, man.param_dtype, man.block_elems)
+          .offset[checkpoint::kMaster] +
       1000;  // in the master weights
   std::string s = read_file(shards[1]);
   s[at] = static_cast<char>(s[at] ^ 0x10);
   write_file(shards[1], s);
   const std::string bad = dir.str() + "/bad.safetensors";
-  EXPECT_THROW(zero::export_safetensors(ckpt, bad, {}), Error);
+  EXPECT_THROW(checkpoint::export_safetensors(ckpt, bad, {}), Error);
   EXPECT_FALSE(fs::exists(bad));
   std::size_t leftovers = 0;
   for (auto& e : fs::directory_iterator(dir.path()))
     leftovers += e.path().filename().string().find(".tmp-") != std::string::npos;
   EXPECT_EQ(leftovers, 0u);
-  EXPECT_EQ(zero::verify_checkpoint(ckpt).problems.size(), 1u);
+  EXPECT_EQ(checkpoint::verify_checkpoint(ckpt).problems.size(), 1u);
 }
 
 }  // namespace

@@ -37,7 +37,7 @@ std::vector<int> save_all(const std::string& dir, std::uint64_t seed, int faulty
     FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, seed);
     if (rank == faulty) f.state.env = env;
     try {
-      zero::save_checkpoint(dir, f.state, comm, {.block_elems = 256});
+      checkpoint::save_checkpoint(dir, f.state, comm, {.block_elems = 256});
       codes[static_cast<std::size_t>(rank)] = -1;
     } catch (const Error& e) {
       codes[static_cast<std::size_t>(rank)] = static_cast<int>(e.code());
@@ -55,7 +55,7 @@ int load_all(const std::string& dir, std::uint64_t want, int faulty, FileEnv* en
     FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, kOwn);
     if (rank == faulty) f.state.env = env;
     try {
-      zero::load_checkpoint(dir, f.state, comm);
+      checkpoint::load_checkpoint(dir, f.state, comm);
       ++loaded;
       EXPECT_EQ(check_fake_rank(f, kFaultSizes, want, "after a load"), 0u);
     } catch (const Error& e) {
@@ -136,7 +136,7 @@ TEST(CheckpointFileFaults, EveryFileOfASaveGoesThroughTheSeam) {
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kFaultSizes, kWorld, rank, 2, DType::kFp32, kFirst);
     f.state.env = envs[static_cast<std::size_t>(rank)].get();
-    zero::save_checkpoint(dir.str(), f.state, comm, {.block_elems = 256});
+    checkpoint::save_checkpoint(dir.str(), f.state, comm, {.block_elems = 256});
   }));
   for (int r = 0; r < kWorld; ++r) {
     const FaultInjectingFileEnv& e = *envs[static_cast<std::size_t>(r)];

@@ -29,7 +29,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-namespace ckpt = zero::ckpt;
 
 struct CliRun {
   int rc = -1;
@@ -162,7 +161,7 @@ TEST(HostileManifest, ControlCharactersInATensorName) {
 // written by hand: the manifest (sealed) and a sparse shard (zeros) with a valid header whose
 // block CRCs are those of zero blocks.
 void zero_checkpoint(const std::string& dir, std::uint64_t count, std::uint64_t block) {
-  ckpt::Manifest m;
+  checkpoint::Manifest m;
   m.strata_version = "test";
   m.serial = 1;
   m.world = 1;
@@ -172,8 +171,9 @@ void zero_checkpoint(const std::string& dir, std::uint64_t count, std::uint64_t 
   m.flat_size = m.partition_size = p.partition_size();
   m.block_elems = block;
   m.tensors.push_back({"w", count, 0});
-  const ckpt::ShardLayout l = ckpt::shard_layout(m.partition_size, m.param_dtype, block);
-  m.shards.push_back({0, ckpt::shard_file_name(1, 0), l.total, 0, m.partition_size, 0});
+  const checkpoint::ShardLayout l =
+      checkpoint::shard_layout(m.partition_size, m.param_dtype, block);
+  m.shards.push_back({0, checkpoint::shard_file_name(1, 0), l.total, 0, m.partition_size, 0});
   // CRC32C of a block of zeros (every block here is whole: no padding).
   ASSERT_EQ(m.partition_size % block, 0u);
   ASSERT_EQ(m.partition_size * 4 % 4096, 0u);
@@ -181,16 +181,16 @@ void zero_checkpoint(const std::string& dir, std::uint64_t count, std::uint64_t 
   std::uint32_t crc = 0;
   for (std::uint64_t done = 0; done < block * 4; done += zeros.size())
     crc = crc32c(zeros.data(), std::min<std::uint64_t>(zeros.size(), block * 4 - done), crc);
-  std::vector<std::uint32_t> crcs[ckpt::kSections];
+  std::vector<std::uint32_t> crcs[checkpoint::kSections];
   for (auto& c : crcs) c.assign(l.nblocks, crc);
-  const std::vector<unsigned char> h = ckpt::encode_shard_header(m, 0, l, crcs);
+  const std::vector<unsigned char> h = checkpoint::encode_shard_header(m, 0, l, crcs);
   m.shards[0].header_crc32c = crc32c(h.data(), h.size());
   const int fd = ::open((dir + "/" + m.shards[0].file).c_str(), O_CREAT | O_WRONLY | O_EXCL, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(l.total)), 0);
   ASSERT_EQ(::pwrite(fd, h.data(), h.size(), 0), static_cast<ssize_t>(h.size()));
   ::close(fd);
-  write_file(dir + "/manifest.json", ckpt::serialize_manifest(m));
+  write_file(dir + "/manifest.json", checkpoint::serialize_manifest(m));
 }
 
 const std::string kLimit = "prlimit --as=1073741824 ";
@@ -210,7 +210,8 @@ TEST(HostileManifest, VerifyOfA2To30ElementBlockIsRefusedInBoundedMemory) {
 
 TEST(HostileManifest, VerifyOfTheLargestBlockRunsInBoundedMemory) {
   TempDir tmp("strata-hostile-maxblock");
-  zero_checkpoint(tmp.str(), 1ull << 26, ckpt::kMaxBlockElems);  // 16 blocks of 16 MiB per section
+  zero_checkpoint(tmp.str(), 1ull << 26,
+                  checkpoint::kMaxBlockElems);  // 16 blocks of 16 MiB per section
   const CliRun r = run("checkpoint verify " + tmp.str() + " --json", kLimit);
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   const json v = json::parse(r.out);

@@ -18,7 +18,7 @@
 namespace strata::testing {
 namespace {
 
-using namespace strata::zero::ckpt;
+using namespace strata::checkpoint;
 
 // A one-rank manifest of tensors a (6 elements) and b (4), as a save lays it out.
 Manifest base_manifest() {

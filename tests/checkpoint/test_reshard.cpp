@@ -42,9 +42,9 @@ void save_fake(const std::string& dir, const std::vector<std::size_t>& sizes, in
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(sizes, world, rank, stage, dtype, seed);
-    zero::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.block_elems = block;
-    zero::save_checkpoint(dir, f.state, comm, o);
+    checkpoint::save_checkpoint(dir, f.state, comm, o);
   }));
 }
 
@@ -53,17 +53,17 @@ TEST_P(Reshard, EveryElementArrivesBitwise) {
   TempDir dir("strata-reshard");
   const std::uint64_t seed = 77 + static_cast<std::uint64_t>(c.n * 10 + c.m);
   save_fake(dir.str(), kSizes, c.n, c.s, c.dtype, seed, c.block);
-  const zero::ckpt::Manifest man = zero::ckpt::read_manifest(zero::ckpt::SafeDir::open(dir.str()));
+  const checkpoint::Manifest man = checkpoint::read_manifest(checkpoint::SafeDir::open(dir.str()));
   ASSERT_EQ(man.world, c.n);
   const std::uint64_t header =
-      zero::ckpt::shard_layout(man.partition_size, c.dtype, man.block_elems).header_bytes;
+      checkpoint::shard_layout(man.partition_size, c.dtype, man.block_elems).header_bytes;
 
   auto comms = make_inprocess_communicators(c.m, 30.0);
   std::vector<std::uint64_t> bytes(static_cast<std::size_t>(c.m)),
       elems(static_cast<std::size_t>(c.m));
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kSizes, c.m, rank, c.s2, c.dtype, 0);
-    zero::load_checkpoint(dir.str(), f.state, comm);
+    checkpoint::load_checkpoint(dir.str(), f.state, comm);
     EXPECT_EQ(check_fake_rank(f, kSizes, seed, case_name({c, 0})), 0u);
     FakeRank ref = make_fake_rank(kSizes, c.n, 0, c.s, c.dtype, seed);
     EXPECT_EQ(counters(f.state), counters(ref.state));
@@ -108,7 +108,7 @@ TEST(Checkpoint, EachRankReadsOnlyItsShare) {
   std::vector<std::uint64_t> bytes(m);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(sizes, m, rank, 3, DType::kFp32, 0);
-    zero::load_checkpoint(dir.str(), f.state, comm);
+    checkpoint::load_checkpoint(dir.str(), f.state, comm);
     EXPECT_EQ(check_fake_rank(f, sizes, 5, "1 -> 8"), 0u);
     bytes[static_cast<std::size_t>(rank)] = f.state.bytes_read;
   }));
@@ -132,7 +132,7 @@ TEST(Checkpoint, OtherModelIsRefused) {
     rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
       FakeRank f = make_fake_rank(sizes, 2, rank, 2, dtype, 3);
       try {
-        zero::load_checkpoint(dir.str(), f.state, comm);
+        checkpoint::load_checkpoint(dir.str(), f.state, comm);
         ADD_FAILURE() << "loaded into another model (" << want << ")";
       } catch (const Error& e) {
         EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();

@@ -30,9 +30,9 @@ void save_robust_fake(const std::string& dir, int world, int stage, std::uint64_
   auto comms = make_inprocess_communicators(world, 30.0);
   rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kRobustSizes, world, rank, stage, DType::kBf16, kSaved);
-    zero::SaveOptions o;
+    checkpoint::SaveOptions o;
     o.block_elems = block;
-    zero::save_checkpoint(dir, f.state, comm, o);
+    checkpoint::save_checkpoint(dir, f.state, comm, o);
   }));
 }
 
@@ -54,7 +54,7 @@ LoadResult load_fake(const std::string& dir, int world, int stage) {
     FakeRank f = make_fake_rank(kRobustSizes, world, rank, stage, DType::kBf16, kBefore);
     int& code = res.codes[static_cast<std::size_t>(rank)];
     try {
-      zero::load_checkpoint(dir, f.state, comm);
+      checkpoint::load_checkpoint(dir, f.state, comm);
       code = -1;
     } catch (const Error& e) {
       code = static_cast<int>(e.code());
@@ -186,7 +186,7 @@ TEST(CheckpointRobust, FlippedBitsInShardsAreCaught) {
     data[at] = static_cast<char>(data[at] ^ (1 << bit));
     write_file(p, data);
     const auto r = load_fake(dir.str(), 3, 3);
-    const auto report = zero::verify_checkpoint(dir.str());
+    const auto report = checkpoint::verify_checkpoint(dir.str());
     EXPECT_FALSE(report.problems.empty()) << "verify missed the flip at " << p << " byte " << at;
     EXPECT_FALSE(r.loaded) << "a flip at " << p << " byte " << at << " loaded";
     if (!r.loaded) {
@@ -198,7 +198,7 @@ TEST(CheckpointRobust, FlippedBitsInShardsAreCaught) {
     write_file(p, data);
   }
   EXPECT_EQ(caught, trials);
-  EXPECT_TRUE(zero::verify_checkpoint(dir.str()).problems.empty());
+  EXPECT_TRUE(checkpoint::verify_checkpoint(dir.str()).problems.empty());
 }
 
 // Every leaf of the manifest changed (a value of another type, out of range, off by one, removed)

@@ -19,7 +19,7 @@
 namespace {
 
 using namespace strata;
-using namespace strata::zero::ckpt;
+using namespace strata::checkpoint;
 
 void check_message(const Error& e) {
   const ErrorCode c = e.code();

@@ -91,7 +91,7 @@ class GatedFileEnv : public FileEnvWrapper {
                                             WriteMode how) override {
     std::uint64_t serial = 0;
     int rank = 0;
-    if (zero::ckpt::parse_shard_file_name(name, &serial, &rank)) wait();
+    if (checkpoint::parse_shard_file_name(name, &serial, &rank)) wait();
     return std::make_unique<Gated>(FileEnvWrapper::create_file(dir, name, mode, how), *this);
   }
 

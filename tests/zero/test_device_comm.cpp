@@ -132,7 +132,7 @@ TEST(DeviceCommCheckpoint, WithoutStagingEveryRankRefusesBeforeWriting) {
   rethrow_any(run_ranks(w.comms, [&](int rank, Communicator& comm) {
     FakeRank f = make_fake_rank(kFakeSizes, 2, rank, 1, DType::kFp32, 7);
     try {
-      zero::save_checkpoint(ckpt.str(), f.state, comm);
+      checkpoint::save_checkpoint(ckpt.str(), f.state, comm);
     } catch (const Error& e) {
       codes[static_cast<std::size_t>(rank)] = static_cast<int>(e.code());
       EXPECT_NE(std::string(e.what()).find("RankState::all_gather"), std::string::npos) << e.what();
@@ -162,10 +162,10 @@ TEST(DeviceCommCheckpoint, WithStagingEngineLessRanksSaveAndLoad) {
         std::memcpy(recv, b + 16, 2 * bytes);
       };
       if (load) {
-        zero::load_checkpoint(ckpt.str(), f.state, comm);
+        checkpoint::load_checkpoint(ckpt.str(), f.state, comm);
         EXPECT_EQ(check_fake_rank(f, kFakeSizes, 9, "load"), 0u);
       } else {
-        zero::save_checkpoint(ckpt.str(), f.state, comm);
+        checkpoint::save_checkpoint(ckpt.str(), f.state, comm);
       }
     }));
     for (int r = 0; r < 2; ++r)

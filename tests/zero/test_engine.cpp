@@ -225,7 +225,7 @@ TEST(EngineUnusedCheckpoint, EachTensorsCountSurvivesAndReshards) {
   const std::string manifest = dir.str() + "/manifest.json";
   std::ifstream in(manifest, std::ios::binary);
   const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  const auto saved = zero::ckpt::parse_manifest(text, manifest);
+  const auto saved = checkpoint::parse_manifest(text, manifest);
   EXPECT_EQ(saved.adam_step, 3);
   EXPECT_EQ(saved.tensor_steps, (std::vector<std::int64_t>{0, 0, 3, 1, 3, 3, 3, 3}));
   for (const auto& [world, stage] : {std::pair{1, 0}, {2, 3}, {4, 1}}) {
