@@ -17,7 +17,8 @@ every Debian machine (/usr/share/common-licenses; --data FILE for your own).
 
 Every step prints the loss, tokens/s and the step's time split: backward (forward excluded;
 including handing the gradients to the engine), reduce (gradient reduce + norm/overflow exchange
-left after the backward), optimizer (Adam over the rank's partition, NVMe streaming included),
+left after the backward), optimizer (Adam over the rank's partition, NVMe streaming included;
+"exposed": the part after the last gradient, what the backward did not hide: optimizer.overlap),
 transfers (parameter gathers, gradient spill to NVMe). --save-every N writes the engine's
 checkpoint to --checkpoint-dir; --resume continues from it bitwise. --compare-torch trains
 torch.optim.AdamW on the same global batches beside it (rank 0) and --plot writes both loss curves.
@@ -143,7 +144,8 @@ def main():
         rec = {"step": step + 1, "loss": float(loss), "lr": lr, "tokens_per_s": tokens / dt, "step_s": dt,
                "backward_s": d["backward_s"], "reduce_s": d["reduce_s"] + d["norm_s"],
                "optimizer_s": d["optimizer_s"], "transfers_s": d["gather_s"] + d["grad_spill_s"],
-               "applied": result.applied, "loss_scale": result.loss_scale, "grad_norm": result.grad_norm}
+               "applied": result.applied, "loss_scale": result.loss_scale, "grad_norm": result.grad_norm,
+               "exposed_s": result.exposed_s}
         if topt is not None:
             for g in topt.param_groups:
                 g["lr"] = lr
@@ -156,12 +158,12 @@ def main():
             rec["torch_loss"] = float(tl)
         records.append(rec)
         if rank == 0:
-            print("step %4d | loss %.4f%s | %7.0f tok/s | %.3f s: backward %.3f, reduce %.3f, optimizer %.3f, "
-                  "transfers %.3f%s" % (rec["step"], rec["loss"],
-                                        " (torch %.4f)" % rec["torch_loss"] if "torch_loss" in rec else "",
-                                        rec["tokens_per_s"], dt, rec["backward_s"], rec["reduce_s"],
-                                        rec["optimizer_s"], rec["transfers_s"],
-                                        "" if result.applied else " [overflow: skipped]"), flush=True)
+            print("step %4d | loss %.4f%s | %7.0f tok/s | %.3f s: backward %.3f, reduce %.3f, optimizer %.3f "
+                  "(exposed %.3f), transfers %.3f%s" % (
+                      rec["step"], rec["loss"], " (torch %.4f)" % rec["torch_loss"] if "torch_loss" in rec else "",
+                      rec["tokens_per_s"], dt, rec["backward_s"], rec["reduce_s"], rec["optimizer_s"],
+                      rec["exposed_s"], rec["transfers_s"], "" if result.applied else " [overflow: skipped]"),
+                  flush=True)
         if a.save_every and (step + 1) % a.save_every == 0:
             blocked = opt.save_checkpoint(a.checkpoint_dir, blocking=a.blocking_saves)
             if rank == 0:

@@ -34,10 +34,14 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         os.makedirs(tmp + "/nvme")
         out = run(tmp, "--compare-torch", "--plot", tmp + "/loss.png", "--log-json", tmp + "/a.json")
-        for word in ("optimizer state on nvme", "tok/s", "backward", "reduce", "optimizer", "transfers",
-                     "(torch "):
+        for word in ("optimizer state on nvme", "tok/s", "backward", "reduce", "optimizer", "(exposed ",
+                     "transfers", "(torch "):
             if word not in out:
                 bad.append("the output lacks %r" % word)
+        for r in json.load(open(tmp + "/a.json")):  # the optimizer time the backward did not hide
+            if not 0 <= r["exposed_s"] <= r["step_s"]:
+                bad.append("step %d: exposed_s %r outside [0, step_s %r]" % (r["step"], r["exposed_s"],
+                                                                            r["step_s"]))
         with open(tmp + "/loss.png", "rb") as f:
             if f.read(8) != b"\x89PNG\r\n\x1a\n":
                 bad.append("loss.png is not a PNG")
