@@ -192,6 +192,28 @@ StepPrediction predict_step(const Config& config, const Layout& layout, const Ba
 StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
                               std::uint64_t bytes_per_element_nvme, const Bandwidths& bw);
 
+// The optimizer step hidden behind a backward of `backward_s` seconds (optimizer.overlap: each
+// chunk's update runs once its gradient is final, during the backward; docs/offload.md). The model:
+// the gradients become final evenly over the backward, chunk by chunk (the step's sub_groups, n),
+// and the update works through them in that order at the step's pipelined pace (W = pipelined_s),
+// each chunk once its gradient is final and the one before it is done. The update then ends
+// max over j < n of ((j + 1) W - j T) / n after the last gradient: W / n (the last chunk alone)
+// when the backward is the longer (W <= T), W - T (n - 1) / n when the update is. A bound from
+// below: gradients that arrive in fewer, larger pieces (a model of few tensors, large reduce
+// buckets) expose more, and the hand-ins' copies and a clip or an overflow (a rollback: the serial
+// step again) are not counted.
+struct OverlapPrediction {
+  double backward_s = 0;           // T, given
+  std::uint64_t chunks = 0;        // n
+  double optimizer_s = 0;          // W, the serial optimizer step it hides (pipelined_s)
+  double exposed_s = 0;            // the update's time after the last gradient
+  double backward_and_step_s = 0;  // T + exposed_s
+  double serial_s = 0;             // T + W: backward, then the whole step
+};
+
+// Pure. Throws Error(kInvalidArgument) for a negative or non-finite backward_s.
+OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s);
+
 // ---- the sample step
 // -----------------------------------------------------------------------------
 struct SampleRun {

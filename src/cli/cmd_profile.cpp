@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -110,6 +111,7 @@ struct Options : strata::cli::ConfigArgs {
   std::string json_file;  // the JSON report also goes here (beside the human report on stdout)
   double target_overhead = 1.0;
   unsigned repeats = 0;
+  double backward = -1;  // --backward SECONDS: predict the overlapped step (< 0: not asked)
 };
 
 json null_if_empty(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
@@ -325,6 +327,17 @@ json engine_check_json(const strata::EngineCheck& ec) {
                               {"gather", ec.gather_s}};
   }
   return ecj;
+}
+
+// --backward: the configured step hidden behind a backward (strata::predict_overlap).
+json overlap_json(const strata::OverlapPrediction& v, const strata::Config& c) {
+  return {{"backward_s", v.backward_s},
+          {"chunks", v.chunks},
+          {"optimizer_s", v.optimizer_s},
+          {"exposed_s", v.exposed_s},
+          {"backward_and_step_s", v.backward_and_step_s},
+          {"serial_s", v.serial_s},
+          {"config_overlap", strata::optimizer_overlap_name(c.optimizer.overlap)}};
 }
 
 json report_json(const strata::ProfileReport& r) {
@@ -592,6 +605,17 @@ void print_recommendation(std::ostream& o, const strata::ProfileReport& r,
   if (!tuned_path.empty()) o << "  tuned config written to " << tuned_path << "\n";
 }
 
+void print_overlap(std::ostream& o, const strata::OverlapPrediction& v, const strata::Config& c) {
+  o << "\nWith a backward of " << secs(v.backward_s) << " (optimizer.overlap: the update runs "
+    << "during the backward, chunk by chunk, " << v.chunks << " chunk(s)):\n"
+    << "  optimizer step " << secs(v.optimizer_s) << ", exposed after the last gradient "
+    << secs(v.exposed_s) << " (at least: gradients arriving in fewer pieces expose more)\n"
+    << "  backward + step " << secs(v.backward_and_step_s) << ", serial (backward, then step) "
+    << secs(v.serial_s) << "\n";
+  if (c.optimizer.overlap == strata::OptimizerOverlap::kOff)
+    o << "  note: this config has optimizer.overlap: off; its steps are the serial ones\n";
+}
+
 void print_human(std::ostream& o, const strata::ProfileReport& r, const std::string& tuned_path) {
   print_machine(o, r);
   print_nvme(o, r);
@@ -629,6 +653,10 @@ const bool kRegistered = strata::cli::register_command(
            ->capture_default_str();
        cmd.add_option("--repeats", o->repeats, "Sample-step repeats (default: per mode)")
            ->check(CLI::Range(1u, 1000000u));
+       cmd.add_option("--backward", o->backward,
+                      "Also predict the step hidden behind a backward of this many seconds "
+                      "(optimizer.overlap): the optimizer time exposed after the last gradient")
+           ->check(CLI::NonNegativeNumber);
        return [o]() -> int {
          const strata::Config config = strata::load_config(o->config, o->overrides);
          if (config.model.parameters == 0)
@@ -708,6 +736,11 @@ const bool kRegistered = strata::cli::register_command(
            out.write(header + body);
          }
          json j = report_json(r);
+         std::optional<strata::OverlapPrediction> overlap;
+         if (o->backward >= 0) {
+           overlap = strata::predict_overlap(r.configured, o->backward);
+           j["model"]["overlap"] = overlap_json(*overlap, config);
+         }
          j["recommendation"]["tuned_config"] =
              o->write_config.empty() ? json(nullptr) : json(o->write_config);
          if (!note.empty()) j["recommendation"]["tuned_config_note"] = note;
@@ -717,6 +750,7 @@ const bool kRegistered = strata::cli::register_command(
          } else {
            print_human(std::cout, r, o->write_config);
            if (!note.empty()) std::cout << "  note: " << note << "\n";
+           if (overlap) print_overlap(std::cout, *overlap, config);
          }
          return 0;
        };

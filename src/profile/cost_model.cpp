@@ -198,4 +198,20 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
   return p;
 }
 
+OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s) {
+  if (!(backward_s >= 0) || !std::isfinite(backward_s))
+    fail(ErrorCode::kInvalidArgument,
+         strcat("profile: backward time ", backward_s, " s: must be a finite number >= 0"));
+  OverlapPrediction o;
+  o.backward_s = backward_s;
+  o.chunks = std::max<std::uint64_t>(step.sub_groups, 1);
+  o.optimizer_s = step.pipelined_s;
+  const double n = static_cast<double>(o.chunks), w = o.optimizer_s, t = backward_s;
+  // ((j + 1) W - j T) / n is linear in j: its maximum over [0, n - 1] is at an end.
+  o.exposed_s = std::max(w / n, (n * w - (n - 1) * t) / n);
+  o.backward_and_step_s = t + o.exposed_s;
+  o.serial_s = t + w;
+  return o;
+}
+
 }  // namespace strata

@@ -2,11 +2,14 @@
 // comments), and the I/O recommendation on synthetic sweep points.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "profile/profile_internal.hpp"
 #include "strata/config.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
 #include "strata/profile.hpp"
+#include "test_util.hpp"
 
 using namespace strata;
 
@@ -138,6 +141,37 @@ TEST(CostModel, NothingOffloaded) {
   EXPECT_NEAR(p.pipelined_s, 0.01, 1e-12);
   EXPECT_EQ(p.overhead_pipelined_s, 0.0);  // exactly: rounding residue is not an overhead
   EXPECT_EQ(p.overhead_serial_s, 0.0);
+}
+
+// The step hidden behind a backward of T: W = 8 s over n = 4 chunks (2 s each). The update ends
+// max over j < n of ((j + 1) W - j T) / n after the last gradient.
+TEST(CostModel, OverlapExposesTheLastChunkOrWhatTheBackwardCannotHide) {
+  StepPrediction p;
+  p.sub_groups = 4;
+  p.pipelined_s = 8;
+  // The backward is the longer: only the last chunk's update is left (W / n).
+  OverlapPrediction v = predict_overlap(p, 20);
+  EXPECT_EQ(v.chunks, 4u);
+  EXPECT_DOUBLE_EQ(v.optimizer_s, 8);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 2);
+  EXPECT_DOUBLE_EQ(v.backward_and_step_s, 22);
+  EXPECT_DOUBLE_EQ(v.serial_s, 28);
+  // The update is the longer: W - T (n - 1) / n = 8 - 4 x 3 / 4 = 5 (the chunks queue up).
+  v = predict_overlap(p, 4);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 5);
+  EXPECT_DOUBLE_EQ(v.backward_and_step_s, 9);
+  // Equal: W / n either way; no backward: the whole step; one chunk: the whole step.
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 8).exposed_s, 2);
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 0).exposed_s, 8);
+  p.sub_groups = 1;
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 100).exposed_s, 8);
+  p.sub_groups = 0;  // an empty partition counts as one chunk
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 1).exposed_s, 8);
+  strata::testing::expect_error(ErrorCode::kInvalidArgument, "backward time",
+                                [&] { predict_overlap(p, -1); });
+  strata::testing::expect_error(ErrorCode::kInvalidArgument, "finite", [&] {
+    predict_overlap(p, std::numeric_limits<double>::infinity());
+  });
 }
 
 TEST(CostModel, Sample) {

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -162,10 +163,20 @@ TEST_F(ProfileCli, TinyProfileOnAConfiguredPathGivesJsonAndATunedConfig) {
 
 TEST_F(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
   const std::string cfg = host_config();
-  CliRun r = profile(cfg + " --tiny --json");
+  CliRun r = profile(cfg + " --tiny --json --backward 0.25");
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
   json j = json::parse(r.out);
   expect_valid_report(j, strata::cuda_available());
+  // --backward: the configured step behind a backward of 0.25 s (strata::predict_overlap).
+  const json& ov = j["model"]["overlap"];
+  const json& step = j["model"]["configured"];
+  EXPECT_EQ(ov["backward_s"].get<double>(), 0.25);
+  EXPECT_EQ(ov["chunks"], step["sub_groups"]);
+  EXPECT_EQ(ov["optimizer_s"].get<double>(), step["optimizer_step_pipelined_s"].get<double>());
+  const double w = ov["optimizer_s"].get<double>(), n = ov["chunks"].get<double>();
+  EXPECT_DOUBLE_EQ(ov["exposed_s"].get<double>(), std::max(w / n, (n * w - (n - 1) * 0.25) / n));
+  EXPECT_DOUBLE_EQ(ov["serial_s"].get<double>(), 0.25 + w);
+  EXPECT_EQ(ov["config_overlap"], "off");
   const auto& p = j["environment"]["paths"][0];
   EXPECT_TRUE(p["temporary"].get<bool>());
   const std::string tmp = p["path"];
@@ -235,6 +246,12 @@ TEST_F(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
   EXPECT_EQ(read_file(existing), "precious\n");
 }
 
+TEST_F(ProfileCli, NegativeBackwardIsBadInput) {
+  CliRun r = profile(host_config() + " --tiny --backward -1");
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_NE(r.err.find("--backward"), std::string::npos) << r.err;
+}
+
 TEST_F(ProfileCli, ModelParametersAbsentIsBadInput) {
   // Until model.parameters is optional in the loader, the loader refuses the file; either way
   // the command exits 2 naming the key.
@@ -245,10 +262,12 @@ TEST_F(ProfileCli, ModelParametersAbsentIsBadInput) {
 
 TEST_F(ProfileCli, HumanReportHasTheTablesAndSaysWhatWasSkipped) {
   const std::string cfg = host_config();
-  CliRun r = profile(cfg + " --tiny");
+  CliRun r = profile(cfg + " --tiny --backward 2");
   ASSERT_EQ(r.rc, 0) << r.err << r.out;
-  for (const char* s : {"NVMe through the strata I/O engine", "CPU Adam", "triad", "Collectives",
-                        "Sample step", "predicted", "pipelined", "Recommendation", "block_size"})
+  for (const char* s :
+       {"NVMe through the strata I/O engine", "CPU Adam", "triad", "Collectives", "Sample step",
+        "predicted", "pipelined", "Recommendation", "block_size", "With a backward of 2",
+        "exposed after the last gradient", "optimizer.overlap: off"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
   if (!strata::cuda_available()) {
     EXPECT_NE(r.out.find("Host <-> device copies: skipped: no GPU"), std::string::npos) << r.out;
