@@ -66,7 +66,8 @@ def parse():
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--compare-torch", action="store_true",
-                    help="also train torch.optim.AdamW on the same global batches (rank 0)")
+                    help="also train torch.optim.AdamW on the same global batches (rank 0); the loss "
+                         "printed beside strata's is the copy's on rank 0's rows, as strata's is")
     ap.add_argument("--plot", default="", help="PNG with the loss curve(s) (default with "
                     "--compare-torch: gpt_loss.png)")
     ap.add_argument("--log-json", default="", help="write the per-step records to this JSON file (rank 0)")
@@ -150,12 +151,15 @@ def main():
             for g in topt.param_groups:
                 g["lr"] = lr
             topt.zero_grad(set_to_none=True)
-            tl = twin(x, y)
+            if world > 1:  # the loss printed is rank 0's: the twin's on the same rows, same weights
+                with torch.no_grad():
+                    rec["torch_loss"] = float(twin(xs, ys))
+            tl = twin(x, y)  # trained on the global batch, as the ranks together are
             tl.backward()
             if cfg["grad_clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(twin.parameters(), cfg["grad_clip"])
             topt.step()
-            rec["torch_loss"] = float(tl)
+            rec.setdefault("torch_loss", float(tl))
         records.append(rec)
         if rank == 0:
             print("step %4d | loss %.4f%s | %7.0f tok/s | %.3f s: backward %.3f, reduce %.3f, optimizer %.3f "
