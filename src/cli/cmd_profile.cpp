@@ -658,6 +658,10 @@ const bool kRegistered = strata::cli::register_command(
                       "(optimizer.overlap): the optimizer time exposed after the last gradient")
            ->check(CLI::NonNegativeNumber);
        return [o]() -> int {
+         if (!std::isfinite(o->backward))  // before minutes of measurements
+           strata::fail(strata::ErrorCode::kInvalidArgument,
+                        strata::strcat("profile: --backward ", o->backward,
+                                       ": seconds, a finite number >= 0"));
          const strata::Config config = strata::load_config(o->config, o->overrides);
          if (config.model.parameters == 0)
            strata::fail(strata::ErrorCode::kInvalidArgument,

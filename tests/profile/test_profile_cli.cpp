@@ -246,10 +246,13 @@ TEST_F(ProfileCli, WriteConfigThatCannotBeOpenedFailsBeforeMeasuring) {
   EXPECT_EQ(read_file(existing), "precious\n");
 }
 
-TEST_F(ProfileCli, NegativeBackwardIsBadInput) {
-  CliRun r = profile(host_config() + " --tiny --backward -1");
-  EXPECT_EQ(r.rc, 2) << r.err;
-  EXPECT_NE(r.err.find("--backward"), std::string::npos) << r.err;
+TEST_F(ProfileCli, BackwardThatIsNotASecondCountIsBadInput) {
+  for (const char* t : {"-1", "nan", "inf"}) {
+    CliRun r = profile(host_config() + " --tiny --backward " + t);
+    EXPECT_EQ(r.rc, 2) << t << ": " << r.err;
+    EXPECT_NE(r.err.find("--backward"), std::string::npos) << t << ": " << r.err;
+    EXPECT_EQ(r.err.find("== NVMe sweep"), std::string::npos) << t << ": measured first";
+  }
 }
 
 TEST_F(ProfileCli, ModelParametersAbsentIsBadInput) {
