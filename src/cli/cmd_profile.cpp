@@ -38,6 +38,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Environment, hostname, kernel, cpu_model, cor
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds, bytes_per_second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
                                    algbw_bytes_per_second, busbw_bytes_per_second)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, optimizer_s, exposed_s,
+                                   backward_and_step_s, serial_s)
 }  // namespace strata
 
 namespace cmd_profile {
@@ -329,15 +331,12 @@ json engine_check_json(const strata::EngineCheck& ec) {
   return ecj;
 }
 
-// --backward: the configured step hidden behind a backward (strata::predict_overlap).
+// --backward: the configured step hidden behind a backward (strata::predict_overlap), the
+// prediction's members under their own names and the config's optimizer.overlap.
 json overlap_json(const strata::OverlapPrediction& v, const strata::Config& c) {
-  return {{"backward_s", v.backward_s},
-          {"chunks", v.chunks},
-          {"optimizer_s", v.optimizer_s},
-          {"exposed_s", v.exposed_s},
-          {"backward_and_step_s", v.backward_and_step_s},
-          {"serial_s", v.serial_s},
-          {"config_overlap", strata::optimizer_overlap_name(c.optimizer.overlap)}};
+  json j = v;
+  j["config_overlap"] = strata::optimizer_overlap_name(c.optimizer.overlap);
+  return j;
 }
 
 json report_json(const strata::ProfileReport& r) {

@@ -72,8 +72,7 @@ struct StateRig {
   std::vector<std::vector<float>> truth;
 };
 
-void expect_view(const checkpoint::StateView& v, const std::vector<std::vector<float>>& want,
-                 Range r) {
+void expect_view(const StateView& v, const std::vector<std::vector<float>>& want, Range r) {
   ASSERT_EQ(v.count, r.count);
   const float* arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
   for (int a = 0; a < 3; ++a)
@@ -112,7 +111,7 @@ TEST(StateStores, CommittedRangesWithAndWithoutPrefetch) {
   const std::vector<Range> rs = ranges(s.size());
   for (int mode = 0; mode < 3; ++mode) {  // no prefetch; the next range; another range
     for (std::size_t i = 0; i < rs.size(); ++i) {
-      const checkpoint::StateView v = store.acquire(rs[i]);
+      const StateView v = store.acquire(rs[i]);
       if (mode == 1 && i + 1 < rs.size()) store.prefetch(rs[i + 1]);
       if (mode == 2) store.prefetch(rs[(i + 2) % rs.size()]);  // not what comes next
       expect_view(v, expected(s.chunks, s.truth, rs[i]), rs[i]);
@@ -124,7 +123,7 @@ TEST(StateStores, CommittedRangesWithAndWithoutPrefetch) {
   store.drop_prefetch();
   for (std::uint64_t round = 0; round < 3; ++round) {
     for (std::size_t k = 0; k < s.chunks.size(); ++k) s.rewrite(k, 500 + 10 * round + k);
-    const checkpoint::StateView v = store.acquire(rs[1]);
+    const StateView v = store.acquire(rs[1]);
     expect_view(v, expected(s.chunks, s.truth, rs[1]), rs[1]);
     store.release(rs[1], false);
   }
@@ -142,7 +141,7 @@ TEST(StateStores, SnapshotKeepsThePinnedContentsAPrefetchedRangeIncluded) {
                          [&] { ++reads_started; });
   const std::vector<Range> rs = ranges(s.size());
   for (std::size_t i = 0; i < rs.size(); ++i) {
-    const checkpoint::StateView v = store.acquire(rs[i]);
+    const StateView v = store.acquire(rs[i]);
     if (i + 1 < rs.size()) store.prefetch(rs[i + 1]);
     for (std::size_t k = 0; k < s.chunks.size(); ++k) s.rewrite(k, 1000 * (i + 1) + k);
     expect_view(v, expected(s.chunks, pinned_truth, rs[i]), rs[i]);
@@ -165,13 +164,12 @@ TEST(StateStores, SnapshotParametersAreTheMastersRoundingBitwise) {
     const SnapshotId snap = s.rig.store->pin_committed(ids);
     const ParamBlocks params{ParamBlocks::Source::kFromMaster, dt, dtype_size(dt)};
     PinnedStateStore store(*s.rig.store, s.chunks, params, s.size(), snap, kTimeout);
-    const checkpoint::StateView empty =
-        store.acquire({5, 0});  // first, an empty range: nothing to allocate
+    const StateView empty = store.acquire({5, 0});  // first, an empty range: nothing to allocate
     EXPECT_EQ(empty.count, 0u);
     store.release({5, 0}, false);
     std::size_t nans = 0;
     for (const Range r : ranges(s.size())) {
-      const checkpoint::StateView v = store.acquire(r);
+      const StateView v = store.acquire(r);
       const std::vector<float> master = expected(s.chunks, s.truth, r)[0];
       std::vector<unsigned char> want(r.count * dtype_size(dt));
       for (std::size_t i = 0; i < r.count; ++i) {
