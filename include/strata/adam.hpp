@@ -62,14 +62,20 @@ struct AdamParams {
 
 // The arrays one call updates (host pointers for CpuAdam, device pointers for adam_step_cuda).
 struct AdamTensors {
-  float* param = nullptr;       // FP32 master weights, updated in place
-  float* exp_avg = nullptr;     // first moment m, FP32, updated in place
-  float* exp_avg_sq = nullptr;  // second moment v, FP32, updated in place
+  float* param = nullptr;       // FP32 master weights, updated in place (unless param_out)
+  float* exp_avg = nullptr;     // first moment m, FP32, updated in place (unless exp_avg_out)
+  float* exp_avg_sq = nullptr;  // second moment v, FP32, updated in place (unless exp_avg_sq_out)
   const void* grad = nullptr;   // gradients, grad_dtype; read only
   DType grad_dtype = DType::kFp32;
   void* param_copy = nullptr;  // optional: the updated weights written as param_copy_dtype
   DType param_copy_dtype = DType::kBf16;  // kFp16 or kBf16 (kFp32 allowed: a plain copy)
   std::size_t n = 0;                      // elements
+  // Optional, all three or none (CpuAdam only): where the updated state goes, the three arrays
+  // above then read only (a new version beside the old one, as the speculative update writes). They
+  // overlap no other array. Bitwise the same values as the update in place.
+  float* param_out = nullptr;
+  float* exp_avg_out = nullptr;
+  float* exp_avg_sq_out = nullptr;
 };
 
 // CPU code path. kAuto = the best this CPU supports, unless $STRATA_ADAM_PATH

@@ -258,6 +258,9 @@ void accumulate_cuda(float* dst, const float* src, std::size_t n, void* stream) 
 void adam_step_cuda(const AdamParams& params, const AdamTensors& t, const AdamStepOptions& o,
                     void* stream, int* device_found_nonfinite) {
   optim::validate_adam_call(params, t, o, "adam_step_cuda");
+  if (t.param_out)
+    fail(ErrorCode::kUnsupported,
+         "adam_step_cuda: an update out of place (param_out) is CpuAdam's");
   if (o.check_finite && !device_found_nonfinite)
     fail(ErrorCode::kInvalidArgument,
          "adam_step_cuda: check_finite needs device_found_nonfinite (a zeroed device int)");

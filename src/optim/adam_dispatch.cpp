@@ -142,26 +142,32 @@ void validate_adam_call(const AdamParams& p, const AdamTensors& t, const AdamSte
   if (t.n == 0) return;
   if (!t.param || !t.exp_avg || !t.exp_avg_sq || !t.grad)
     bad(strcat("null param/exp_avg/exp_avg_sq/grad pointer with n=", t.n));
+  const int outs =
+      (t.param_out != nullptr) + (t.exp_avg_out != nullptr) + (t.exp_avg_sq_out != nullptr);
+  if (outs != 0 && outs != 3) bad("param_out, exp_avg_out, exp_avg_sq_out: all three or none");
   struct Arr {
     const char* name;
     std::uintptr_t begin;
     std::size_t elem;
   };
-  const Arr arrs[5] = {
-      {"param", reinterpret_cast<std::uintptr_t>(t.param), 4},
-      {"exp_avg", reinterpret_cast<std::uintptr_t>(t.exp_avg), 4},
-      {"exp_avg_sq", reinterpret_cast<std::uintptr_t>(t.exp_avg_sq), 4},
-      {"grad", reinterpret_cast<std::uintptr_t>(t.grad), dtype_size(t.grad_dtype)},
-      {"param_copy", reinterpret_cast<std::uintptr_t>(t.param_copy),
-       t.param_copy ? dtype_size(t.param_copy_dtype) : 0},
+  const auto at = [](const void* q) { return reinterpret_cast<std::uintptr_t>(q); };
+  const Arr arrs[8] = {
+      {"param", at(t.param), 4},
+      {"exp_avg", at(t.exp_avg), 4},
+      {"exp_avg_sq", at(t.exp_avg_sq), 4},
+      {"grad", at(t.grad), dtype_size(t.grad_dtype)},
+      {"param_copy", at(t.param_copy), t.param_copy ? dtype_size(t.param_copy_dtype) : 0},
+      {"param_out", at(t.param_out), 4},
+      {"exp_avg_out", at(t.exp_avg_out), 4},
+      {"exp_avg_sq_out", at(t.exp_avg_sq_out), 4},
   };
   for (const Arr& a : arrs) {
     if (a.begin && a.begin % a.elem != 0)
       bad(strcat(a.name, " pointer ", reinterpret_cast<const void*>(a.begin),
                  " is not aligned to its element size ", a.elem));
   }
-  for (int i = 0; i < 5; ++i) {
-    for (int j = i + 1; j < 5; ++j) {
+  for (int i = 0; i < 8; ++i) {
+    for (int j = i + 1; j < 8; ++j) {
       const Arr& a = arrs[i];
       const Arr& b = arrs[j];
       if (!a.begin || !b.begin) continue;

@@ -30,6 +30,7 @@
 namespace {
 
 using strata::DType;
+using strata::optim::AdamArrays;
 using strata::optim::AdamConsts;
 using strata::optim::CopyKind;
 
@@ -146,17 +147,21 @@ constexpr std::size_t kPrefetchAhead = 512;
 constexpr std::size_t kStatsPrefetchAhead = 1024;
 
 template <class V, DType GD, CopyKind CK, bool kWd, bool kAdamW, bool kDiv>
-void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
-            std::size_t n) {
+void v_adam(const AdamConsts& c, const AdamArrays& a, const void* g, void* out, std::size_t n) {
   using F = typename V::F;
   const F divisor = V::set1(c.grad_divisor);
   const F scale = V::set1(c.grad_scale), b1 = V::set1(c.beta1), omb1 = V::set1(c.one_minus_beta1),
           b2 = V::set1(c.beta2), omb2 = V::set1(c.one_minus_beta2), wd = V::set1(c.weight_decay),
           decay = V::set1(c.decay_mul), bc2s = V::set1(c.bc2_sqrt), eps = V::set1(c.eps),
           nstep = V::set1(c.neg_step_size);
+  const float *p = a.p, *m = a.m, *v = a.v;
+  float *po = a.p_out, *mo = a.m_out, *vo = a.v_out;
   std::size_t i = 0;
   const std::size_t nv = n - n % V::W;
   const bool nt = CK != CopyKind::kNone && v_copy_nt<V>(out, CK == CopyKind::kFp32 ? 4 : 2);
+  // Out of place (a pending version): the new state is not read again either (v_store_copy).
+  const bool nt_state =
+      p != po && v_copy_nt<V>(po, 4) && v_copy_nt<V>(mo, 4) && v_copy_nt<V>(vo, 4);
   constexpr std::size_t kGradBytes = GD == DType::kFp32 ? 4 : 2;
   for (; i < nv; i += V::W) {
     v_prefetch(p, m, v, g, kGradBytes, i, nv);
@@ -176,56 +181,65 @@ void v_adam(const AdamConsts& c, float* p, float* m, float* v, const void* g, vo
     vv = V::fmadd(V::mul(omb2, gv), gv, V::mul(vv, b2));
     const F denom = V::add(V::div(V::sqrt(vv), bc2s), eps);
     pv = V::add(pv, V::div(V::mul(nstep, mv), denom));
-    V::store(m + i, mv);
-    V::store(v + i, vv);
-    V::store(p + i, pv);
+    if (nt_state) {
+      V::store_nt(mo + i, mv);
+      V::store_nt(vo + i, vv);
+      V::store_nt(po + i, pv);
+    } else {
+      V::store(mo + i, mv);
+      V::store(vo + i, vv);
+      V::store(po + i, pv);
+    }
     v_store_copy<V, CK>(out, i, pv, nt);
   }
-  if (nt) V::fence();
+  if (nt || nt_state) V::fence();
   for (; i < n; ++i) {
-    s_adam_elem(c, p[i], m[i], v[i], s_load_grad(GD, g, i));
-    s_store_copy(CK, out, i, p[i]);
+    float pe = p[i], me = m[i], ve = v[i];
+    s_adam_elem(c, pe, me, ve, s_load_grad(GD, g, i));
+    po[i] = pe;
+    mo[i] = me;
+    vo[i] = ve;
+    s_store_copy(CK, out, i, pe);
   }
 }
 
 template <class V, DType GD, CopyKind CK, bool kDiv>
-void v_adam_wd_div(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
+void v_adam_wd_div(const AdamConsts& c, const AdamArrays& a, const void* g, void* out,
                    std::size_t n) {
   if (!c.has_weight_decay)
-    v_adam<V, GD, CK, false, false, kDiv>(c, p, m, v, g, out, n);
+    v_adam<V, GD, CK, false, false, kDiv>(c, a, g, out, n);
   else if (c.adamw)
-    v_adam<V, GD, CK, true, true, kDiv>(c, p, m, v, g, out, n);
+    v_adam<V, GD, CK, true, true, kDiv>(c, a, g, out, n);
   else
-    v_adam<V, GD, CK, true, false, kDiv>(c, p, m, v, g, out, n);
+    v_adam<V, GD, CK, true, false, kDiv>(c, a, g, out, n);
 }
 
 template <class V, DType GD, CopyKind CK>
-void v_adam_wd(const AdamConsts& c, float* p, float* m, float* v, const void* g, void* out,
-               std::size_t n) {
+void v_adam_wd(const AdamConsts& c, const AdamArrays& a, const void* g, void* out, std::size_t n) {
   if (c.has_divisor)
-    v_adam_wd_div<V, GD, CK, true>(c, p, m, v, g, out, n);
+    v_adam_wd_div<V, GD, CK, true>(c, a, g, out, n);
   else
-    v_adam_wd_div<V, GD, CK, false>(c, p, m, v, g, out, n);
+    v_adam_wd_div<V, GD, CK, false>(c, a, g, out, n);
 }
 
 template <class V, DType GD>
-void v_adam_copy(const AdamConsts& c, CopyKind ck, float* p, float* m, float* v, const void* g,
-                 void* out, std::size_t n) {
+void v_adam_copy(const AdamConsts& c, CopyKind ck, const AdamArrays& a, const void* g, void* out,
+                 std::size_t n) {
   switch (ck) {
-    case CopyKind::kNone: return v_adam_wd<V, GD, CopyKind::kNone>(c, p, m, v, g, out, n);
-    case CopyKind::kFp32: return v_adam_wd<V, GD, CopyKind::kFp32>(c, p, m, v, g, out, n);
-    case CopyKind::kFp16: return v_adam_wd<V, GD, CopyKind::kFp16>(c, p, m, v, g, out, n);
-    case CopyKind::kBf16: return v_adam_wd<V, GD, CopyKind::kBf16>(c, p, m, v, g, out, n);
+    case CopyKind::kNone: return v_adam_wd<V, GD, CopyKind::kNone>(c, a, g, out, n);
+    case CopyKind::kFp32: return v_adam_wd<V, GD, CopyKind::kFp32>(c, a, g, out, n);
+    case CopyKind::kFp16: return v_adam_wd<V, GD, CopyKind::kFp16>(c, a, g, out, n);
+    case CopyKind::kBf16: return v_adam_wd<V, GD, CopyKind::kBf16>(c, a, g, out, n);
   }
 }
 
 template <class V>
-void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, float* p, float* m, float* v,
-                  const void* g, void* out, std::size_t n) {
+void v_adam_entry(const AdamConsts& c, DType gd, CopyKind ck, const AdamArrays& a, const void* g,
+                  void* out, std::size_t n) {
   switch (gd) {
-    case DType::kFp32: return v_adam_copy<V, DType::kFp32>(c, ck, p, m, v, g, out, n);
-    case DType::kBf16: return v_adam_copy<V, DType::kBf16>(c, ck, p, m, v, g, out, n);
-    case DType::kFp16: return v_adam_copy<V, DType::kFp16>(c, ck, p, m, v, g, out, n);
+    case DType::kFp32: return v_adam_copy<V, DType::kFp32>(c, ck, a, g, out, n);
+    case DType::kBf16: return v_adam_copy<V, DType::kBf16>(c, ck, a, g, out, n);
+    case DType::kFp16: return v_adam_copy<V, DType::kFp16>(c, ck, a, g, out, n);
   }
 }
 

@@ -33,9 +33,17 @@ struct AdamConsts {
 // Grad dtype / copy dtype codes used by the kernel table.
 enum class CopyKind { kNone, kFp32, kFp16, kBf16 };
 
-// Updates elements [0, n) of the given arrays (already offset by the caller).
-using AdamRangeFn = void (*)(const AdamConsts& c, DType grad_dtype, CopyKind copy, float* p,
-                             float* m, float* v, const void* g, void* copy_out, std::size_t n);
+// The state arrays of one Adam call (already offset by the caller): read from p, m, v, the new
+// values written to p_out, m_out, v_out, which are either the same arrays (in place) or arrays
+// overlapping none of the inputs (a pending version: the committed state is left as it was).
+struct AdamArrays {
+  const float *p, *m, *v;
+  float *p_out, *m_out, *v_out;
+};
+
+// Updates elements [0, n).
+using AdamRangeFn = void (*)(const AdamConsts& c, DType grad_dtype, CopyKind copy,
+                             const AdamArrays& a, const void* g, void* copy_out, std::size_t n);
 // Finite check + sum of squares of (grad / divisor) * scale over [0, n) (no division when divisor
 // is 1): adds to *sum_sq, sets *finite=false when a non-finite value is seen.
 using GradStatsFn = void (*)(DType grad_dtype, const void* g, std::size_t n, float divisor,

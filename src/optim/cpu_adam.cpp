@@ -89,8 +89,14 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
-    k->adam(c, t.grad_dtype, ck, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
-            byte_ptr(t.grad) + off * gsz,
+    const bool in_place = t.param_out == nullptr;
+    const optim::AdamArrays a{t.param + off,
+                              t.exp_avg + off,
+                              t.exp_avg_sq + off,
+                              (in_place ? t.param : t.param_out) + off,
+                              (in_place ? t.exp_avg : t.exp_avg_out) + off,
+                              (in_place ? t.exp_avg_sq : t.exp_avg_sq_out) + off};
+    k->adam(c, t.grad_dtype, ck, a, byte_ptr(t.grad) + off * gsz,
             t.param_copy ? byte_ptr(t.param_copy) + off * csz : nullptr, len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
@@ -134,6 +140,8 @@ AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const vo
 void CpuAdam::stream_reference(const AdamTensors& t) {
   AdamStepOptions o;
   optim::validate_adam_call(AdamParams{}, t, o, "CpuAdam::stream_reference");
+  if (t.param_out)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::stream_reference: updates in place (no param_out)");
   if (t.n == 0) return;
   std::lock_guard<std::mutex> lk(impl_->mu);
   const std::size_t gsz = dtype_size(t.grad_dtype);

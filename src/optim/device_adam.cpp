@@ -78,6 +78,8 @@ void check_step_args(const AdamTensors& t, const AdamStepOptions& o) {
          "DeviceAdam: check_finite is not supported; check the gradients before the step");
   if (!t.param || !t.exp_avg || !t.exp_avg_sq || !t.grad)
     fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
+  if (t.param_out)
+    fail(ErrorCode::kUnsupported, "DeviceAdam: an update out of place (param_out) is CpuAdam's");
 }
 }  // namespace
 

@@ -61,13 +61,16 @@ struct QuarantinedHost {
 // A version that is not the block's committed contents. Pinned (copy-on-write preserved it): the
 // swap slot the block had (NVMe, with its CRCs, or known zero), or a staging copy in memory.
 // Pending (open_pending): a new swap slot (home nvme) or a second buffer in the home tier, written
-// by write_pending, until commit or discard.
+// by write_pending, until commit or discard. A memory home's pending buffer is kept after the
+// commit or discard as the block's spare (Buf::spare) for the next one.
 struct Version {
   Tier where = Tier::kNvme;
   SwapExtent extent{};             // kNvme
   std::vector<std::uint32_t> crc;  // kNvme: per check unit (crc_unit()), when checksums are on
   bool zero = false;               // kNvme: reads as zeros (never written)
   IoBuffer host;                   // kCpu
+  bool locked = false;             // kCpu: page-locked as the block's copies (BufferSpec::pinned)
+  bool locked_by_device = false;   // ... through Device::register_host (else mlock)
   DeviceMemory gpu;                // kGpu
   // Pending only: byte ranges written so far, in order (a commit takes these; the rest of the
   // block stays as committed); a write that failed (commit refused); a device copy that did not
@@ -105,6 +108,10 @@ struct Buf {
   std::vector<DeviceMemory> gpu_quarantine;
   std::vector<VersionRef> versions;  // pinned versions (tier_versions.cpp)
   std::shared_ptr<Version> pending;  // the pending version, if open (tier_versions.cpp)
+  // A memory home's storage for the next pending version: the last pending version's buffer, or
+  // the committed storage a commit swapped out (counted in the tier's use; dropped when the tier
+  // needs room, fits_locked).
+  std::shared_ptr<Version> spare;
 };
 
 enum class OpKind {
@@ -238,6 +245,7 @@ class TierStore::Impl {
   void commit(std::span<const BufferId> ids);
   void discard(std::span<const BufferId> ids);
   bool has_pending(BufferId id) const;
+  void* pending_view(BufferId id);
 
  private:
   // ---- versions (tier_versions.cpp)
@@ -279,6 +287,15 @@ class TierStore::Impl {
   void run_write_pending(tier::Job& job, tier::WorkerContext& ctx);
   void run_commit(tier::Buf& b, tier::WorkerContext& ctx);
   void commit_slot(tier::Buf& b, tier::Version& p, tier::WorkerContext& ctx);
+  // A memory home's commit without a copy: the pending buffer becomes the home copy when it was
+  // written whole and nothing holds the block; false (nothing changed) otherwise.
+  bool commit_swap_locked(tier::Buf& b) REQUIRES(mutex_);
+  // Page-locks a pending buffer of `b` as its copies are (pinned budget); false: not pinned.
+  void lock_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
+  // Frees a memory version's storage, unlocked first (its bytes stay counted by the caller).
+  void release_memory_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
+  // Frees b's spare (tier use and the spare count go down).
+  void drop_spare_locked(tier::Buf& b) REQUIRES(mutex_);
 
   // ---- scheduling (tier_store.cpp)
   void worker_loop(tier::WorkerContext& ctx);
@@ -421,6 +438,7 @@ class TierStore::Impl {
   std::uint64_t version_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};
   std::uint64_t pending_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};
   std::uint64_t pending_blocks_ GUARDED_BY(mutex_) = 0;
+  std::uint64_t spare_bytes_[3] GUARDED_BY(mutex_) = {0, 0, 0};  // Buf::spare, per tier
 
   Mutex admin_mutex_;
   std::unique_ptr<Stream> admin_stream_ GUARDED_BY(admin_mutex_);

@@ -28,6 +28,7 @@ Tier compute_tier(Where w) { return w == Where::kHost ? Tier::kCpu : Tier::kGpu;
 // How one part is seen by the compute.
 struct PartPlan {
   bool in_place = false;
+  bool pending_out = false;             // in place, written to the pending version (out views)
   Tier tier = Tier::kCpu;               // in place: the tier whose copy is acquired
   std::uint64_t offset = 0, bytes = 0;  // the range, resolved
   std::uint64_t slot_offset = 0;        // staged: where in the slot
@@ -54,8 +55,8 @@ bool device_is_host(const TierStore& store, const StreamOptions& o) {
   return !o.stage_device_memory && store.device().kind() == DeviceKind::kHost;
 }
 
-ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
-                   bool device_is_host) {
+ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where, bool device_is_host,
+                   bool out_views) {
   if (item.parts.size() > kMaxParts)
     fail(ErrorCode::kInvalidArgument,
          strcat("stream: an item has ", item.parts.size(), " parts (at most ", kMaxParts, ")"));
@@ -74,7 +75,8 @@ ItemPlan plan_item(const TierStore& store, const StreamItem& item, Where where,
            strcat("stream: part [", pp.offset, ", ", pp.offset + pp.bytes, ") of '", info.name,
                   "' beyond its ", info.bytes, " bytes"));
     pp.whole = pp.offset == 0 && pp.bytes == info.bytes;
-    pp.in_place = !sp.pending && views_in_place(info.home, where, device_is_host);
+    pp.in_place = (!sp.pending || out_views) && views_in_place(info.home, where, device_is_host);
+    pp.pending_out = sp.pending && pp.in_place;
     pp.tier = info.home;
     if (!pp.in_place) {
       if (info.home == Tier::kNvme && !pp.whole)
@@ -103,6 +105,7 @@ struct Pending {  // one item between its issue and the end of its writes
   std::vector<std::pair<Transfer, std::size_t>> reads;  // (transfer, part)
   std::vector<std::pair<Transfer, std::size_t>> acquires;
   std::array<void*, kMaxParts> views{};
+  std::array<void*, kMaxParts> outs{};   // pending_out parts: where the compute writes
   std::array<bool, kMaxParts> pinned{};  // in-place acquire held (release after compute)
   std::vector<std::pair<Transfer, std::size_t>> writes;
 };
@@ -120,7 +123,7 @@ class Runner {
     plans_.reserve(items_.size());
     std::uint64_t biggest = 0;
     for (const StreamItem& it : items_) {
-      plans_.push_back(plan_item(store_, it, o_.where, device_is_host(store_, o_)));
+      plans_.push_back(plan_item(store_, it, o_.where, device_is_host(store_, o_), o_.out_views));
       biggest = std::max(biggest, plans_.back().slot_bytes);
     }
     setup_slots(biggest);
@@ -307,9 +310,17 @@ class Runner {
       const StreamPart& sp = item.parts[k];
       const PartPlan& pp = plan.parts[k];
       phase_part_ = k;
+      if (pp.pending_out) {
+        p.outs[k] = static_cast<unsigned char*>(store_.pending_view(sp.id)) + pp.offset;
+        if (!sp.in) {  // nothing to read: the compute sees the pending bytes
+          p.views[k] = p.outs[k];
+          continue;
+        }
+      }
       if (pp.in_place) {
-        const Access a =
-            sp.out ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard) : Access::kRead;
+        const Access a = sp.out && !pp.pending_out
+                             ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard)
+                             : Access::kRead;
         p.acquires.emplace_back(store_.acquire_async(sp.id, pp.tier, a), k);
         continue;
       }
@@ -358,8 +369,14 @@ class Runner {
         memset_device(tail, pp.slot_bytes - pp.bytes);
       }
     }
+    const std::size_t n = item.parts.size();
+    std::array<void*, 2 * kMaxParts> views{};  // what it reads, then where it writes
+    for (std::size_t k = 0; k < n; ++k) {
+      views[k] = p.views[k];
+      views[n + k] = plan.parts[k].pending_out ? p.outs[k] : p.views[k];
+    }
     auto t = Clock::now();
-    fn_(p.item, std::span<void* const>(p.views.data(), item.parts.size()));
+    fn_(p.item, std::span<void* const>(views.data(), 2 * n));
     stats_.t_compute += since(t);
     ++computed_;
   }
@@ -388,6 +405,11 @@ class Runner {
     for (std::size_t k = 0; k < item.parts.size(); ++k) {
       const StreamPart& sp = item.parts[k];
       const PartPlan& pp = plan.parts[k];
+      if (pp.pending_out && sp.out) {  // written in place: the range is recorded, nothing copied
+        phase_part_ = k;
+        p.writes.emplace_back(store_.write_pending(sp.id, pp.offset, pp.bytes, p.outs[k], t_), k);
+        continue;
+      }
       if (pp.in_place || !sp.out) continue;
       phase_part_ = k;
       const std::uint64_t n = pp.whole ? 0 : pp.bytes;
@@ -519,12 +541,14 @@ class Runner {
 
 }  // namespace
 
-std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where) {
-  return plan_item(store, item, where, false).slot_bytes;
+std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where,
+                           bool out_views) {
+  return plan_item(store, item, where, false, out_views).slot_bytes;
 }
 
 bool in_place(const TierStore& store, const StreamItem& item, const StreamOptions& options) {
-  return plan_item(store, item, options.where, device_is_host(store, options)).slot_bytes == 0;
+  return plan_item(store, item, options.where, device_is_host(store, options), options.out_views)
+             .slot_bytes == 0;
 }
 
 StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, const StreamFn& fn,

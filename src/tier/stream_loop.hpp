@@ -19,6 +19,12 @@
 //
 // Versions: a part marked `pending` is read from the committed version and written to the
 // block's pending version (the speculative update, issue 26); the one loop serves both updates.
+// Staged, the slot holds the committed bytes, the compute changes them there and they are written
+// to the pending version (TierStore::write_pending). With options.out_views, a pending part whose
+// home the compute can view is not staged: the compute reads the committed copy in place (an
+// acquire for reading) and writes its result straight into the pending version's memory
+// (TierStore::pending_view; the range then recorded by write_pending, no copy) — an update out of
+// place, what CPU Adam does for a pending version of host state.
 //
 // Schedule: with a window of w slots, item i+1..i+w-1 are read while fn runs on item i and the
 // writes of i-1.. are still in flight; a slot is reused only after its writes completed (drain
@@ -72,8 +78,9 @@ struct StreamPart {
   bool out = false;          // the compute changes it: store it afterwards
   // The version selector (docs/versioned_state.md): false, the committed version is read and
   // written; true, the committed version is read and the result is written to the block's
-  // pending version (TierStore::write_pending; open_pending first). A pending part is always
-  // staged in the slot, never viewed in place (the committed bytes must not change).
+  // pending version (TierStore::write_pending; open_pending first). The committed bytes never
+  // change: a pending part is staged in the slot, or (options.out_views) read in place and
+  // written to the pending version's memory.
   bool pending = false;
 };
 
@@ -95,6 +102,9 @@ struct StreamOptions {
   // Called once before the first compute, after the first reads were issued (see "Gate" above);
   // empty: no gate.
   std::function<bool()> gate;
+  // The compute writes its results to the out views (StreamFn), never into the views it reads:
+  // pending parts of memory homes are then viewed in place (see "Versions" above).
+  bool out_views = false;
 };
 
 // Timings of one run, seconds, and bytes moved.
@@ -111,16 +121,21 @@ struct StreamStats {
   std::uint64_t slot_bytes = 0;
 };
 
-// fn(item index, one pointer per part, in the item's order).
+// fn(item index, views): 2n pointers for an item of n parts, in the item's order: views[k] is
+// what the compute reads of part k, views[n + k] where it writes part k's result. They are the
+// same pointer except for a pending part viewed in place (options.out_views): views[k] is then
+// the committed copy, read only, and views[n + k] the pending version's memory. A compute without
+// options.out_views may use views[k] for both.
 using StreamFn = std::function<void(std::size_t item, std::span<void* const> views)>;
 
 StreamStats run_stream(TierStore& store, std::span<const StreamItem> items, const StreamFn& fn,
                        const StreamOptions& options);
 
 // The bytes an item's staged parts take in a slot (each part padded to 4096) when `where` is the
-// compute location, gpu-home parts staged as on CUDA; 0 when every part is viewed in place.
-// Callers size their items with it.
-std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where);
+// compute location, gpu-home parts staged as on CUDA, pending parts as options.out_views says;
+// 0 when every part is viewed in place. Callers size their items with it.
+std::uint64_t staged_bytes(const TierStore& store, const StreamItem& item, Where where,
+                           bool out_views = false);
 // Whether run_stream(store, {item}, fn, options) views every part of the item in place (needs no
 // slot; moves nothing).
 bool in_place(const TierStore& store, const StreamItem& item, const StreamOptions& options);

@@ -149,6 +149,7 @@ TierStore::Impl::~Impl() {
   contexts_.clear();
   MutexLock lock(mutex_);
   for (auto& [id, b] : bufs_) {
+    drop_spare_locked(*b);
     for (Tier t : kTiers) drop_locked(*b, t);
     for (tier::QuarantinedHost& q : b->quarantine) {  // the streams are done: unlock, then unmap
       if (!q.locked) continue;
@@ -260,6 +261,7 @@ void TierStore::Impl::unregister_buffer(BufferId id) {
          strcat("tier store: cannot unregister buffer '", b.spec.name, "': snapshot ",
                 b.versions.front().snap, " pins it; unpin it first"));
   if (b.pending) free_pending_locked(b);
+  drop_spare_locked(b);
   for (Tier t : kTiers) drop_locked(b, t);
   bufs_.erase(id);
 }
@@ -943,6 +945,8 @@ bool TierStore::Impl::fits_locked(Tier t, std::uint64_t bytes) {
     host_cache_.clear();  // cached mappings are the first to go
     cached_ = 0;
   }
+  for (auto it = bufs_.begin(); it != bufs_.end() && used_[ti(t)] + bytes > budget; ++it)
+    if (it->second->spare && it->second->spare->where == t) drop_spare_locked(*it->second);
   return used_[ti(t)] + bytes <= budget;
 }
 
@@ -1071,5 +1075,6 @@ Transfer TierStore::write_pending(BufferId id, std::uint64_t offset, std::uint64
 void TierStore::commit(std::span<const BufferId> ids) { impl_->commit(ids); }
 void TierStore::discard(std::span<const BufferId> ids) { impl_->discard(ids); }
 bool TierStore::has_pending(BufferId id) const { return impl_->has_pending(id); }
+void* TierStore::pending_view(BufferId id) { return impl_->pending_view(id); }
 
 }  // namespace strata

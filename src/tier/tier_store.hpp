@@ -183,6 +183,9 @@ struct VersionUsage {
   std::uint64_t diverged_blocks = 0;  // of them, holding their own storage (rewritten since)
   VersionBytes pending;               // storage of open pending versions (open_pending)
   std::uint64_t pending_blocks = 0;   // blocks with an open pending version
+  // Memory kept from pending versions for the next ones (cpu / gpu homes; counted in the tier's
+  // use, freed first when the tier needs room).
+  VersionBytes spare;
 };
 
 class TierStore {
@@ -293,10 +296,18 @@ class TierStore {
   // Every other operation (read, acquire, pin_committed, read_pinned...) sees the committed
   // version: a pending one is never read before it is committed. A failed write_pending leaves
   // the committed version untouched and the store usable; the pending version is marked failed.
+  // pending_view(id): a memory home's pending version itself (cpu: host memory, page-locked as the
+  // block's copies when BufferSpec::pinned; gpu: device memory), valid until the commit or
+  // discard; the caller writes it directly and then declares each range with
+  // write_pending(id, offset, bytes, pending_view(id) + offset): nothing is copied then, the
+  // range is recorded. Home nvme or no pending version: Error(kInvalidArgument).
   // commit(ids): each block's pending version becomes its committed one, in the block's order
   // (after its queued operations): nvme: the pending slot becomes the block's NVMe copy (no data
   // copied; the old slot is freed, or kept by the snapshots that pin it), the memory copies
-  // dropped; cpu / gpu: the written ranges are copied into the home copy (copy-on-write first for
+  // dropped; cpu / gpu, written whole ([0, bytes)) and no copy of the block acquired: the pending
+  // buffer becomes the home copy (no data copied; the old buffer goes to the snapshots that pin
+  // it, else is kept for the block's next pending version), the other tiers' copies dropped;
+  // cpu / gpu otherwise: the written ranges are copied into the home copy (copy-on-write first for
   // a pinned block, as for write()), the rest of the block keeps its committed bytes. Refused,
   // nothing changed, when a block has no pending version, or one whose write failed, or (nvme)
   // one not wholly written (Error(kInvalidArgument)). A commit job that fails (I/O, budget of a
@@ -309,6 +320,7 @@ class TierStore {
   void commit(std::span<const BufferId> ids);
   void discard(std::span<const BufferId> ids);
   bool has_pending(BufferId id) const;
+  void* pending_view(BufferId id);
 
  private:
   class Impl;

@@ -1,7 +1,10 @@
 // The tier store's versioned state (docs/versioned_state.md; the contract is in tier_store.hpp,
 // "Versioned state"): pins of committed versions, copy-on-write before a change, reads of pinned
 // versions, unpin; pending versions, their writes, commit and discard.
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -103,8 +106,7 @@ void TierStore::Impl::free_version_locked(const Buf& b, tier::Version& v) {
   }
   used_[ti(v.where)] -= b.padded;
   version_bytes_[ti(v.where)] -= b.padded;
-  v.host = IoBuffer();
-  v.gpu.reset();
+  release_memory_version_locked(b, v);
 }
 
 // The block's valid NVMe copy becomes the pinned version (its slot, CRCs and zero flag); the block
@@ -305,6 +307,7 @@ VersionUsage TierStore::Impl::version_usage() const {
   VersionUsage u;
   for (Tier t : kTiers) u.held.bytes[ti(t)] = version_bytes_[ti(t)];
   for (Tier t : kTiers) u.pending.bytes[ti(t)] = pending_bytes_[ti(t)];
+  for (Tier t : kTiers) u.spare.bytes[ti(t)] = spare_bytes_[ti(t)];
   u.pending_blocks = pending_blocks_;
   u.snapshots = static_cast<std::uint32_t>(snapshots_.size());
   for (const auto& [s, rec] : snapshots_) {
@@ -339,8 +342,13 @@ VersionBytes TierStore::Impl::rewrite_cost(SnapshotId s) const {
 // ---- pending versions
 
 std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
-  auto p = std::make_shared<tier::Version>();
   const Tier t = b.spec.home;
+  if (t != Tier::kNvme && b.spare) {  // the last one's storage, still counted in the tier's use
+    spare_bytes_[ti(t)] -= b.padded;
+    pending_bytes_[ti(t)] += b.padded;
+    return std::exchange(b.spare, nullptr);
+  }
+  auto p = std::make_shared<tier::Version>();
   p->where = t;
   if (t == Tier::kNvme) {
     p->extent = swap_->allocate(b.padded, strcat("the pending version of buffer '", b.spec.name,
@@ -356,15 +364,62 @@ std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
                 " bytes) does not fit in the ", tier_name(t), " tier: ", used_[ti(t)], " of ",
                 budget, " bytes in use (tiers.", t == Tier::kGpu ? "gpu" : "host",
                 ".budget); nothing was opened"));
-  if (t == Tier::kCpu)
+  if (t == Tier::kCpu) {
     p->host = IoBuffer::allocate(b.padded, HugePageMode::kTransparent);
-  else
+    lock_version_locked(b, *p);  // once: the spare keeps its lock
+  } else {
     p->gpu = device_.allocate(b.padded);
+  }
   used_[ti(t)] += b.padded;
   pending_bytes_[ti(t)] += b.padded;
   return p;
 }
 
+void TierStore::Impl::lock_version_locked(const Buf& b, tier::Version& v) {
+  if (!b.spec.pinned || v.where != Tier::kCpu) return;
+  if (pinned_used_ + b.padded > options_.pinned_budget)
+    fail(ErrorCode::kBudget,
+         strcat("tier store: a pending version of buffer '", b.spec.name, "' (", b.padded,
+                " bytes, pin_memory) does not fit in the pinned host memory: ", pinned_used_,
+                " of ", options_.pinned_budget,
+                " bytes in use (tiers.host.pinned_budget); nothing was opened"));
+  v.locked_by_device = device_.register_host(v.host.data(), b.padded);
+  if (!v.locked_by_device && ::mlock(v.host.data(), b.padded) != 0) {
+    const int err = errno;
+    fail(ErrorCode::kOutOfMemory,
+         strcat("tier store: mlock of a pending version of buffer '", b.spec.name, "' (", b.padded,
+                " bytes, pin_memory) failed: ", std::strerror(err), " (errno ", err,
+                "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
+  }
+  v.locked = true;
+  pinned_used_ += b.padded;
+}
+
+void TierStore::Impl::release_memory_version_locked(const Buf& b, tier::Version& v) {
+  if (v.host && v.locked) {
+    if (v.locked_by_device) {
+      device_.unregister_host(v.host.data());
+    } else {
+      ::munlock(v.host.data(), v.host.size());
+    }
+    pinned_used_ -= b.padded;
+  }
+  v.locked = v.locked_by_device = false;
+  v.host = IoBuffer();
+  v.gpu.reset();
+}
+
+void TierStore::Impl::drop_spare_locked(Buf& b) {
+  if (!b.spare) return;
+  const Tier t = b.spare->where;
+  release_memory_version_locked(b, *b.spare);
+  used_[ti(t)] -= b.padded;
+  spare_bytes_[ti(t)] -= b.padded;
+  b.spare.reset();
+}
+
+// The pending version goes; a memory home's buffer stays as the block's spare, unless a device
+// copy may still touch it.
 void TierStore::Impl::free_pending_locked(Buf& b) {
   tier::Version& p = *b.pending;
   if (p.where == Tier::kNvme) {
@@ -375,10 +430,14 @@ void TierStore::Impl::free_pending_locked(Buf& b) {
   } else {
     pending_bytes_[ti(p.where)] -= b.padded;
     if (p.unsafe) {  // a device copy may still touch it: kept (and counted) until shutdown
-      if (p.host) b.quarantine.push_back({std::move(p.host), false, false});
+      if (p.host) b.quarantine.push_back({std::move(p.host), p.locked, p.locked_by_device});
       if (p.gpu) b.gpu_quarantine.push_back(std::move(p.gpu));
     } else {
-      used_[ti(p.where)] -= b.padded;
+      drop_spare_locked(b);  // none, unless a commit swapped one in since
+      p.written.clear();
+      p.failed = false;
+      spare_bytes_[ti(p.where)] += b.padded;
+      b.spare = b.pending;
     }
   }
   --pending_blocks_;
@@ -409,6 +468,18 @@ void TierStore::Impl::open_pending(std::span<const BufferId> ids) {
 bool TierStore::Impl::has_pending(BufferId id) const {
   MutexLock lock(mutex_);
   return buf_locked(id).pending != nullptr;
+}
+
+void* TierStore::Impl::pending_view(BufferId id) {
+  MutexLock lock(mutex_);
+  check_usable_locked();
+  Buf& b = buf_locked(id);
+  if (!b.pending || b.pending->where == Tier::kNvme)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("tier store: pending_view: buffer '", b.spec.name, "' ",
+                b.pending ? "lives on nvme (its pending version is a swap slot)"
+                          : "has no pending version"));
+  return b.pending->where == Tier::kGpu ? b.pending->gpu.get() : b.pending->host.data();
 }
 
 Transfer TierStore::Impl::submit_write_pending(BufferId id, std::uint64_t offset,
@@ -468,7 +539,8 @@ void TierStore::Impl::run_write_pending(Job& job, WorkerContext& ctx) {
     } else {
       auto* base =
           static_cast<std::uint8_t*>(p->where == Tier::kGpu ? p->gpu.get() : p->host.data());
-      copy_memory(base + job.offset, job.ptr, job.bytes, p->where, job.tier, ctx, &unsafe);
+      if (base + job.offset != job.ptr)  // else written in place (pending_view): recorded only
+        copy_memory(base + job.offset, job.ptr, job.bytes, p->where, job.tier, ctx, &unsafe);
     }
   } catch (...) {
     MutexLock lock(mutex_);
@@ -535,6 +607,10 @@ void TierStore::Impl::run_commit(Buf& b, WorkerContext& ctx) {
     if (p->where == Tier::kNvme) {
       commit_slot(b, *p, ctx);
     } else {
+      {
+        MutexLock lock(mutex_);
+        if (commit_swap_locked(b)) return;
+      }
       auto* base =
           static_cast<std::uint8_t*>(p->where == Tier::kGpu ? p->gpu.get() : p->host.data());
       for (const auto& [off, len] : p->written) {
@@ -549,6 +625,54 @@ void TierStore::Impl::run_commit(Buf& b, WorkerContext& ctx) {
   }
   MutexLock lock(mutex_);
   if (b.pending == p) free_pending_locked(b);
+}
+
+namespace {
+// Whether the ranges cover [0, bytes).
+bool covers(std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges, std::uint64_t bytes) {
+  std::sort(ranges.begin(), ranges.end());
+  std::uint64_t end = 0;
+  for (const auto& [off, len] : ranges) {
+    if (off > end) return false;
+    end = std::max(end, off + len);
+  }
+  return end >= bytes;
+}
+}  // namespace
+
+// The pending buffer becomes the home copy; the old one goes to the snapshots still sharing the
+// committed version (no data copied), else becomes the block's spare.
+bool TierStore::Impl::commit_swap_locked(Buf& b) {
+  tier::Version& p = *b.pending;
+  const Tier t = b.spec.home;
+  tier::Copy& c = b.copy[ti(t)];
+  if (p.where != t || !c.valid || !covers(p.written, b.spec.bytes)) return false;
+  for (Tier u : kTiers)
+    if (b.copy[ti(u)].pins || b.copy[ti(u)].write_pins) return false;
+  auto old = std::make_shared<tier::Version>();
+  old->where = t;
+  if (t == Tier::kCpu) {
+    old->host = std::exchange(c.host, std::move(p.host));
+    old->locked = std::exchange(c.locked, p.locked);
+    old->locked_by_device = std::exchange(c.locked_by_device, p.locked_by_device);
+  } else {
+    old->gpu = std::exchange(c.gpu, std::move(p.gpu));
+  }
+  for (Tier u : kTiers)
+    if (u != t) drop_locked(b, u);  // stale now
+  pending_bytes_[ti(t)] -= b.padded;
+  if (shares_committed(b)) {
+    version_bytes_[ti(t)] += b.padded;
+    adopt_version_locked(b, std::move(old));
+  } else {
+    drop_spare_locked(b);
+    spare_bytes_[ti(t)] += b.padded;
+    b.spare = std::move(old);
+  }
+  --pending_blocks_;
+  b.pending.reset();
+  ++stats_.writes;
+  return true;
 }
 
 // The pending slot becomes the block's NVMe copy; the old slot goes to the snapshots still sharing

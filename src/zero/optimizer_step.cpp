@@ -198,7 +198,8 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
 // placed on gpu). On the device every run's update is queued on DeviceAdam's stream and the chunk
 // waits once (F9).
 void OptimizerStep::adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
-                               void* param_copy, bool on_device, float grad_scale) {
+                               void* param_copy, bool on_device, float grad_scale,
+                               const checkpoint::StateView* out) {
   const auto* g = static_cast<const unsigned char*>(grad);
   auto* p = static_cast<unsigned char*>(param_copy);
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
@@ -221,6 +222,16 @@ void OptimizerStep::adam_chunk(const Chunk& c, const checkpoint::StateView& v, c
       t.param_copy = p + ro * pes;
       t.param_copy_dtype = layout_.param_dtype();
       t.n = rn;
+      if (out) {  // out of place (a pending version): a skipped run's state is copied over
+        t.param_out = out->master + ro;
+        t.exp_avg_out = out->exp_avg + ro;
+        t.exp_avg_sq_out = out->exp_avg_sq + ro;
+        if (step == 0) {
+          std::memcpy(t.param_out, t.param, rn * sizeof(float));
+          std::memcpy(t.exp_avg_out, t.exp_avg, rn * sizeof(float));
+          std::memcpy(t.exp_avg_sq_out, t.exp_avg_sq, rn * sizeof(float));
+        }
+      }
       if (step == 0)
         params_from_master(t, on_device);
       else
@@ -386,11 +397,17 @@ bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, b
   return true;
 }
 
+// v: the stream loop's views (reads, then writes: tier/stream_loop.hpp); the state is updated out
+// of place when its write view differs (a pending version viewed in place).
 void OptimizerStep::run_chunk(const Chunk& c, std::span<void* const> v, bool device,
                               float grad_scale) {
-  auto* base = static_cast<float*>(v[0]);
-  const checkpoint::StateView sv{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
-  adam_chunk(c, sv, v[1], v[2], device, grad_scale);
+  const std::size_t n = v.size() / 2;
+  auto view = [&](void* p) {
+    auto* base = static_cast<float*>(p);
+    return checkpoint::StateView{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
+  };
+  const checkpoint::StateView in = view(v[0]), out = view(v[n]);
+  adam_chunk(c, in, v[1], v[n + 2], device, grad_scale, v[n] != v[0] ? &out : nullptr);
 }
 
 // ---- the speculative update
@@ -403,7 +420,7 @@ bool OptimizerStep::can_speculate(std::size_t ci) const {
   if (layout_.stage() < 2 || grads_on_nvme_) return false;
   tier::StreamItem it = chunk_item(c);
   it.parts[0].pending = it.parts[2].pending = true;
-  return tier::staged_bytes(store_, it, tier::Where::kHost) <= store_.pool()->buffer_size();
+  return tier::staged_bytes(store_, it, tier::Where::kHost, true) <= store_.pool()->buffer_size();
 }
 
 void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_scale) {
@@ -421,13 +438,21 @@ void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_sc
     tier::run_stream(
         store_, items,
         [&](std::size_t i, std::span<void* const> v) { run_chunk(*of[i], v, false, grad_scale); },
-        stream_options(tier::Where::kHost, "speculative optimizer step"));
+        speculative_options());
   } catch (...) {
     ahead_ = 0;
     throw;
   }
   ahead_ = 0;
   optimizer_s_ += seconds_since(t0);
+}
+
+// Host state is updated out of place, from the committed copy straight into the pending version
+// (no staging, no copy at the commit: TierStore's commit swaps the buffers).
+tier::StreamOptions OptimizerStep::speculative_options() const {
+  tier::StreamOptions o = stream_options(tier::Where::kHost, "speculative optimizer step");
+  o.out_views = true;
+  return o;
 }
 
 // The gate: the decision runs with the statistics read in place (gated() checked they can be).
@@ -472,7 +497,7 @@ tier::StreamStats OptimizerStep::measure_adam(bool pipelined) {
   tier::run_stream(
       store_, std::span(items).first(1),
       [&](std::size_t, std::span<void* const> v) {
-        for (std::size_t k = 0; k < v.size(); ++k) {
+        for (std::size_t k = 0; k < items[0].parts.size(); ++k) {
           const auto& p = items[0].parts[k];
           const std::uint64_t n = p.bytes ? p.bytes : store_.info(p.id).bytes;
           const auto* b = static_cast<unsigned char*>(v[k]);

@@ -104,8 +104,10 @@ class OptimizerStep {
   bool run_loops(const std::vector<tier::StreamItem>& host_items, bool gate,
                  const std::function<bool()>& decided, const float& grad_scale);
   bool in_gate(const std::function<bool()>& decided);
+  // out: the new state's arrays (an update out of place), nullptr: in place.
   void adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
-                  void* param_copy, bool on_device, float grad_scale);
+                  void* param_copy, bool on_device, float grad_scale,
+                  const checkpoint::StateView* out = nullptr);
   void adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step, float grad_scale,
                 bool on_device);
   void params_from_master(const AdamTensors& t, bool on_device);
@@ -122,6 +124,7 @@ class OptimizerStep {
   void run_chunk(const Chunk& c, std::span<void* const> v, bool device, float grad_scale);
   std::vector<tier::StreamItem> stats_items() const;
   tier::StreamOptions stream_options(tier::Where where, const char* what) const;
+  tier::StreamOptions speculative_options() const;
 
   const EngineLayout& layout_;
   TierStore& store_;

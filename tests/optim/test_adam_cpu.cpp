@@ -120,8 +120,37 @@ TEST(AdamCpu, MatchesDoubleReferenceOnEveryPath) {
 }
 
 // Runs `steps` steps on fresh state with the given options; returns the final state.
+// One step out of place (AdamTensors::param_out...): the new state goes to fresh arrays (64-byte
+// aligned + misalign % 2 elements: the non-temporal stores' path, then plain stores), the inputs
+// must come back unchanged; the result is copied over them for the next step.
+void step_apart(CpuAdam& opt, const AdamParams& hp, AdamTensors t, const AdamStepOptions& o,
+                std::size_t misalign) {
+  const std::size_t n = t.n;
+  const std::vector<float> p0(t.param, t.param + n), m0(t.exp_avg, t.exp_avg + n),
+      v0(t.exp_avg_sq, t.exp_avg_sq + n);
+  std::vector<float> out[3];
+  float* at[3];
+  for (int k = 0; k < 3; ++k) {
+    out[k].assign(n + 32, -1.0f);
+    std::size_t off = 0;
+    while (reinterpret_cast<std::uintptr_t>(out[k].data() + off) % 64 != 0) ++off;
+    at[k] = out[k].data() + off + misalign % 2;
+  }
+  t.param_out = at[0];
+  t.exp_avg_out = at[1];
+  t.exp_avg_sq_out = at[2];
+  EXPECT_TRUE(opt.step(hp, t, o).applied);
+  ASSERT_TRUE(std::equal(p0.begin(), p0.end(), t.param)) << "param changed in place";
+  ASSERT_TRUE(std::equal(m0.begin(), m0.end(), t.exp_avg)) << "exp_avg changed in place";
+  ASSERT_TRUE(std::equal(v0.begin(), v0.end(), t.exp_avg_sq)) << "exp_avg_sq changed in place";
+  std::copy(at[0], at[0] + n, t.param);
+  std::copy(at[1], at[1] + n, t.exp_avg);
+  std::copy(at[2], at[2] + n, t.exp_avg_sq);
+}
+
 State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DType cd,
-                bool with_copy, std::uint64_t seed, int steps, std::size_t misalign) {
+                bool with_copy, std::uint64_t seed, int steps, std::size_t misalign,
+                bool apart = false) {
   std::mt19937_64 rng(seed);
   State s0 = random_state(rng, n + 3, true);
   // misalign: shift every array by a different number of elements (any alignment).
@@ -148,7 +177,11 @@ State run_steps(CpuAdam& opt, const AdamParams& hp, std::size_t n, DType gd, DTy
                               : static_cast<void*>(C16.data() + c16);
     AdamTensors t{P.data() + op, M.data() + om, V.data() + ov, gp, gd, cp, cd, n};
     AdamStepOptions o{step, 0.75f, step % 2 == 0};
-    EXPECT_TRUE(opt.step(hp, t, o).applied);
+    if (apart) {
+      step_apart(opt, hp, t, o, misalign);
+    } else {
+      EXPECT_TRUE(opt.step(hp, t, o).applied);
+    }
   }
   State out;
   out.p.assign(P.begin() + op, P.begin() + op + n);
@@ -204,6 +237,29 @@ TEST(AdamCpu, PathsAreBitIdenticalForAnyLengthAndAlignment) {
                 ASSERT_EQ(testing::bits_of(a.copy32[i]), testing::bits_of(a.p[i]));
             }
           }
+        }
+      }
+    }
+  }
+}
+
+// An update out of place (a pending version's, the speculative update) is bitwise the update in
+// place on every path, for any length (tails, several tiles) and alignment of the new arrays.
+TEST(AdamCpu, OutOfPlaceIsBitwiseTheUpdateInPlace) {
+  const std::uint64_t seed = testing::test_seed("AdamCpu.OutOfPlace");
+  const AdamParams hp{OptimizerType::kAdamW, 2e-3, 0.9, 0.99, 1e-7, 0.1};
+  for (AdamPath path : testing::supported_paths()) {
+    CpuAdam opt(2, path);
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{17}, std::size_t{1001},
+                          std::size_t{32768 * 2 + 17}}) {
+      for (DType gd : {DType::kFp32, DType::kBf16, DType::kFp16}) {
+        for (std::size_t mis = 0; mis < 2; ++mis) {
+          const std::string what = std::string(adam_path_name(path)) + " n=" + std::to_string(n) +
+                                   " grads " + testing::dt_name(gd) + " misalign " +
+                                   std::to_string(mis);
+          const State a = run_steps(opt, hp, n, gd, DType::kBf16, true, seed + n, 3, mis, true);
+          const State b = run_steps(opt, hp, n, gd, DType::kBf16, true, seed + n, 3, mis);
+          expect_same(a, b, what);
         }
       }
     }
@@ -519,6 +575,17 @@ TEST(AdamCpu, InvalidArgumentsThrowBeforeTouchingState) {
   t.param_copy = m.data();  // copy over a moment
   t.param_copy_dtype = DType::kFp32;
   expect_invalid(hp, t, {});
+  // Out of place: all three new arrays or none, overlapping nothing; not for the stream reference.
+  std::vector<float> po(64), mo(64), vo(64);
+  t = ok;
+  t.param_out = po.data();
+  expect_invalid(hp, t, {});
+  t.exp_avg_out = mo.data();
+  t.exp_avg_sq_out = p.data();  // over param
+  expect_invalid(hp, t, {});
+  t.exp_avg_sq_out = vo.data();
+  strata::testing::expect_error(ErrorCode::kInvalidArgument, "in place",
+                                [&] { opt.stream_reference(t); });
   // Allowed: the copy written over the 16-bit gradient buffer.
   std::vector<std::uint16_t> gh(64, 0x3DCD);  // bf16 0.1
   t = ok;

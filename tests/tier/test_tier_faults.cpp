@@ -265,3 +265,36 @@ TEST(TierFaults, TimedOutCopyIntoAPinnedHostCopyKeepsItsRegistrationUntilShutdow
   EXPECT_EQ(reg->unknown(), 0) << "unregistered a range that was never registered";
   EXPECT_EQ(reg->twice(), 0);
 }
+
+// A pinned (pin_memory) host block's pending version is page-locked as the block's copies are,
+// once: the commit swaps it in as the home copy, the old one is kept locked as the spare and
+// reused by the next pending version; every lock is undone once (unregister, shutdown).
+TEST(TierFaults, PendingVersionsOfAPinnedBlockAreLockedOnceAndUnlockedOnce) {
+  RegisteringDevice* reg = nullptr;
+  st::RigOptions o;
+  o.wrap_device = [&](std::unique_ptr<Device> d) {
+    auto r = std::make_unique<RegisteringDevice>(std::move(d));
+    reg = r.get();
+    return r;
+  };
+  st::StoreRig rig(o);
+  const std::size_t pool_ranges = reg->registered();
+  const BufferId id =
+      rig.store->register_buffer({"w", 64 << 10, DType::kFp32, Tier::kCpu, {}, /*pinned=*/true});
+  rig.write(id, Tier::kCpu, st::random_bytes(64 << 10, 5));
+  const BufferId ids[] = {id};
+  for (int round = 0; round < 3; ++round) {
+    rig.store->open_pending(ids);
+    const auto b = st::random_bytes(64 << 10, 6 + round);
+    std::memcpy(rig.store->pending_view(id), b.data(), b.size());
+    rig.store->write_pending(id, 0, 0, rig.store->pending_view(id)).wait();
+    rig.store->commit(ids);
+    EXPECT_EQ(rig.read(id, Tier::kCpu, 64 << 10), b) << "round " << round;
+    EXPECT_EQ(reg->registered(), pool_ranges + 2) << "round " << round << ": copy and spare";
+  }
+  rig.store->unregister_buffer(id);
+  EXPECT_EQ(reg->registered(), pool_ranges);
+  rig.store.reset();
+  EXPECT_EQ(reg->unknown(), 0);
+  EXPECT_EQ(reg->twice(), 0);
+}

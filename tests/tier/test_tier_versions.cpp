@@ -606,6 +606,79 @@ TEST(PendingVersions, StreamWritesThePendingVersion) {
   }
 }
 
+// With out_views the compute reads the committed copy in place and writes the pending version's
+// memory directly (memory homes; nvme stays staged): nothing is staged or copied, the commit swaps
+// the buffers and keeps the old one as the spare the next pending version reuses.
+TEST(PendingVersions, OutViewsUpdateOutOfPlaceAndCommitBySwap) {
+  st::RigOptions o;
+  o.pool_buffer_size = 256 << 10;
+  st::StoreRig rig(o);
+  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
+  std::vector<BufferId> ids;
+  std::vector<std::vector<std::uint8_t>> now;
+  for (std::size_t k = 0; k < 3; ++k) {
+    now.push_back(st::random_bytes(kOddVersions, 95 + k));
+    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], now.back()));
+  }
+  std::vector<tier::StreamItem> items;
+  for (BufferId id : ids) items.push_back({{{id, 0, 0, true, true, true}}});
+  tier::StreamOptions so;
+  so.out_views = true;
+  const std::uint64_t padded = rig.store->padded_bytes(ids[1]);
+  for (int round = 0; round < 2; ++round) {
+    SCOPED_TRACE(round);
+    rig.store->open_pending(ids);
+    EXPECT_EQ(rig.store->version_usage().spare[Tier::kCpu], 0u) << "the spare is reused";
+    const auto s = tier::run_stream(
+        *rig.store, items,
+        [&](std::size_t i, std::span<void* const> v) {
+          ASSERT_EQ(v.size(), 2u);
+          EXPECT_EQ(v[0] != v[1], homes[i] != Tier::kNvme) << tier_name(homes[i]);
+          const auto* in = static_cast<const std::uint8_t*>(v[0]);
+          auto* out = static_cast<std::uint8_t*>(v[1]);
+          for (std::uint64_t j = 0; j < kOddVersions; ++j)
+            out[j] = static_cast<std::uint8_t>(in[j] + 1 + round);
+        },
+        so);
+    EXPECT_EQ(s.bytes_in, kOddVersions) << "only the nvme block is staged";
+    for (std::size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), now[k]);
+    rig.store->commit(ids);
+    for (std::size_t k = 0; k < 3; ++k) {
+      for (auto& x : now[k]) x = static_cast<std::uint8_t>(x + 1 + round);
+      EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), now[k]) << tier_name(homes[k]);
+    }
+    const VersionUsage u = rig.store->version_usage();
+    EXPECT_EQ(u.spare[Tier::kCpu], padded);
+    EXPECT_EQ(u.spare[Tier::kGpu], padded);
+    EXPECT_EQ(u.pending[Tier::kCpu] + u.pending[Tier::kGpu] + u.pending[Tier::kNvme], 0u);
+  }
+}
+
+// The commit copies instead of swapping when the block is acquired (a view of the home copy must
+// stay valid) or written in part; pending_view is refused for nvme and without a pending version.
+TEST(PendingVersions, CommitCopiesWhenTheHomeCopyIsHeld) {
+  st::StoreRig rig;
+  const auto [a, b, id] = two_versions(rig, Tier::kCpu, 97);
+  const BufferId ids[] = {id};
+  st::expect_error(ErrorCode::kInvalidArgument, "has no pending version",
+                   [&] { rig.store->pending_view(id); });
+  rig.store->open_pending(ids);
+  std::memcpy(rig.store->pending_view(id), b.data(), b.size());
+  rig.store->write_pending(id, 0, 0, rig.store->pending_view(id)).wait();
+  auto* view = static_cast<std::uint8_t*>(rig.store->acquire(id, Tier::kCpu, Access::kRead));
+  rig.store->commit(ids);
+  EXPECT_EQ(std::vector<std::uint8_t>(view, view + kOddVersions), b) << "the held view";
+  rig.store->release(id, Tier::kCpu);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
+  const BufferId nv = add(rig, "opt.1", Tier::kNvme, st::random_bytes(kOddVersions, 99));
+  const BufferId nids[] = {nv};
+  rig.store->open_pending(nids);
+  st::expect_error(ErrorCode::kInvalidArgument, "lives on nvme",
+                   [&] { rig.store->pending_view(nv); });
+  rig.store->discard(nids);
+}
+
 // Pieces larger than a check unit (4 MiB pieces, 1 MiB units): a range of a pinned version in
 // another slot reads back exactly, wherever it starts and ends (inside a unit, on a unit's edge,
 // across units and pieces, up to the block's odd end).
