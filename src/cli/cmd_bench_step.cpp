@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -39,8 +40,9 @@ namespace strata::profile {
 // --json: every member of the overlap result under its own name.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapBenchResult, elements, backward_s, serial_step_s,
                                    serial_total_s, overlapped_step_s, overlapped_total_s, exposed_s,
-                                   rollback_step_s, rollback_total_s, speculated_chunks,
-                                   committed_chunks, rolled_back_chunks)
+                                   rollback_step_s, rollback_total_s, auto_clip_step_s,
+                                   auto_clip_total_s, auto_clip_rolled_back_steps,
+                                   speculated_chunks, committed_chunks, rolled_back_chunks)
 }  // namespace strata::profile
 
 namespace cmd_bench_step {
@@ -361,8 +363,15 @@ int run_overlap(const Options& o, const Config& cfg) {
             << ms(r.overlapped_total_s) << " ms; " << r.committed_chunks << " of "
             << r.speculated_chunks << " chunks committed\n"
             << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
-            << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks
-            << " chunks rolled back)\n";
+            << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n"
+            << "  clip forced, overlap auto: step " << ms(r.auto_clip_step_s)
+            << " ms, backward + step " << ms(r.auto_clip_total_s) << " ms ("
+            << r.auto_clip_rolled_back_steps << " of " << o.rounds + 1 << " steps rolled back)\n";
+  const double bound = std::max(r.backward_s, r.serial_step_s);
+  std::cout << "  ratios: exposed / serial step " << r.exposed_s / r.serial_step_s
+            << "; backward + step / max(T, serial step) " << r.overlapped_total_s / bound
+            << " (serial " << r.serial_total_s / bound << "); clip forced under auto / serial "
+            << r.auto_clip_total_s / r.serial_total_s << "\n";
   return 0;
 }
 

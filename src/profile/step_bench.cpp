@@ -215,6 +215,7 @@ namespace {
 
 struct OverlapRun {
   double step_s = 0, total_s = 0, exposed_s = 0;
+  std::uint64_t rolled_back_steps = 0;
   StepResult last;
 };
 
@@ -250,9 +251,10 @@ OverlapRun overlap_run(const OverlapBenchOptions& o, OptimizerOverlap overlap, b
     r.step_s = std::chrono::duration<double>(Clock::now() - t1).count();
     r.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     r.exposed_s = r.last.exposed_s;
+    if (r.last.rolled_back_chunks > 0) ++r.rolled_back_steps;
   };
-  OverlapRun warm, r;
-  one(warm);
+  OverlapRun r;
+  one(r);  // warm-up
   std::vector<double> step, total, exposed;
   for (int i = 0; i < std::max(1, o.rounds); ++i) {
     one(r);
@@ -278,6 +280,7 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
   const OverlapRun serial = overlap_run(o, OptimizerOverlap::kOff, false, t);
   const OverlapRun on = overlap_run(o, OptimizerOverlap::kOn, false, t);
   const OverlapRun clipped = overlap_run(o, OptimizerOverlap::kOn, true, t);
+  const OverlapRun auto_clipped = overlap_run(o, OptimizerOverlap::kAuto, true, t);
   res.serial_step_s = serial.step_s;
   res.serial_total_s = serial.total_s;
   res.overlapped_step_s = on.step_s;
@@ -288,6 +291,9 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
   res.speculated_chunks = on.last.speculated_chunks;
   res.committed_chunks = on.last.committed_chunks;
   res.rolled_back_chunks = clipped.last.rolled_back_chunks;
+  res.auto_clip_step_s = auto_clipped.step_s;
+  res.auto_clip_total_s = auto_clipped.total_s;
+  res.auto_clip_rolled_back_steps = auto_clipped.rolled_back_steps;
   return res;
 }
 

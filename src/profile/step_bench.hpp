@@ -65,9 +65,11 @@ StepBenchResult run_step_bench(const StepBenchOptions& options);
 // Engine at stage 2 (zero.stage 0-1 are raised to 2: only stages 2-3 speculate) holding
 // `elements` parameters in `tensors` tensors, whose simulated backward hands the gradients in one
 // tensor at a time, last first, sleeping backward_s / tensors after each (no CPU spent), then
-// calls step(). Three engines: optimizer.overlap off (the serial step), on, and on with clipping
-// forced every step (clip_grad_norm with a tiny max norm: every speculated chunk rolled back).
-// One warm-up step each, then the median of `rounds`.
+// calls step(). Four engines: optimizer.overlap off (the serial step), on, on with clipping
+// forced every step (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the
+// rollback's cost), and auto with clipping forced (auto stops speculating after two rollbacks in
+// four steps: what a run that clips every step pays). One warm-up step each, then the median of
+// `rounds`.
 struct OverlapBenchOptions {
   Config config;
   std::uint64_t elements = 0;
@@ -84,7 +86,9 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   double serial_step_s = 0, serial_total_s = 0;
   double overlapped_step_s = 0, overlapped_total_s = 0;
   double exposed_s = 0;                              // StepResult::exposed_s of the overlapped step
-  double rollback_step_s = 0, rollback_total_s = 0;  // clipping forced
+  double rollback_step_s = 0, rollback_total_s = 0;  // clipping forced, overlap on
+  double auto_clip_step_s = 0, auto_clip_total_s = 0;  // clipping forced, overlap auto
+  std::uint64_t auto_clip_rolled_back_steps = 0;       // of its warm-up step and rounds
   std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;  // per step
 };
 

@@ -57,6 +57,7 @@ void Engine::Impl::after_hand_in() {
     return;
   }
   if (micro + 1 != k || spec.off || spec_pause > 0) return;
+  if (reducer->all_arrived()) reducer->retire_all();  // the backward's last gradient
   speculate(reducer->take_filled_chunks());
 }
 

@@ -426,6 +426,12 @@ std::exception_ptr GradientReducer::reduce() {
   return local;
 }
 
+void GradientReducer::retire_all() {
+  const auto t0 = Clock::now();
+  while (!inflight_.empty()) retire_oldest();
+  times_.reduce_s += seconds_since(t0);
+}
+
 void GradientReducer::finish_round() {
   while (!inflight_.empty()) retire_oldest();
   collect_copies(true);

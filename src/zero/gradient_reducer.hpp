@@ -97,6 +97,11 @@ class GradientReducer : private RankResources {
   // hand-ins, the same on every step with the same hand-in order.
   std::size_t micro_batch() const { return micro_; }
   std::vector<std::size_t> take_filled_chunks();
+  // Every tensor of this micro-batch arrived: its last collectives are retired now (waited for;
+  // their shares' fills started), not at reduce(), so that the chunks they complete are known
+  // before step() (the speculative update starts them at once). Stages 2-3.
+  bool all_arrived() const { return n_arrived_ == arrived_.size(); }
+  void retire_all();
 
   const ReduceTimes& times() const { return times_; }
   std::size_t bucket_buffers() const { return buckets_made_; }  // made so far (tests, plan)

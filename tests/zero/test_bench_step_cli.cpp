@@ -70,14 +70,17 @@ TEST(BenchStepCli, BackwardOverlapFields) {
   const std::size_t start = out.rfind('{', 0) == 0 ? 0 : out.find("\n{") + 1;
   auto j = nlohmann::json::parse(out.substr(start, out.rfind("\n}") + 2 - start));
   const auto& o = j["overlap"];
-  for (const char* k : {"serial_step_s", "serial_total_s", "overlapped_step_s",
-                        "overlapped_total_s", "exposed_s", "rollback_step_s", "rollback_total_s"})
+  for (const char* k :
+       {"serial_step_s", "serial_total_s", "overlapped_step_s", "overlapped_total_s", "exposed_s",
+        "rollback_step_s", "rollback_total_s", "auto_clip_step_s", "auto_clip_total_s"})
     EXPECT_GE(o[k].get<double>(), 0.0) << k;
   EXPECT_DOUBLE_EQ(o["backward_s"].get<double>(), 0.02);
   EXPECT_EQ(o["elements"].get<std::uint64_t>(), 200000u);
   EXPECT_GT(o["speculated_chunks"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(o["committed_chunks"], o["speculated_chunks"]);
   EXPECT_EQ(o["rolled_back_chunks"], o["speculated_chunks"]);
+  // auto, clipping forced: the warm-up step and the round roll back; the next would not speculate.
+  EXPECT_EQ(o["auto_clip_rolled_back_steps"].get<std::uint64_t>(), 2u);
   std::string bad;
   EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
                             "/bench/step/step.yaml --backward soon 2>&1",
