@@ -40,9 +40,10 @@ namespace strata::profile {
 // --json: every member of the overlap result under its own name.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapBenchResult, elements, backward_s, serial_step_s,
                                    serial_total_s, overlapped_step_s, overlapped_total_s, exposed_s,
-                                   rollback_step_s, rollback_total_s, auto_clip_step_s,
-                                   auto_clip_total_s, auto_clip_rolled_back_steps,
-                                   speculated_chunks, committed_chunks, rolled_back_chunks)
+                                   serial_hand_in_s, overlapped_hand_in_s, rollback_step_s,
+                                   rollback_total_s, auto_clip_step_s, auto_clip_total_s,
+                                   auto_clip_rolled_back_steps, speculated_chunks, committed_chunks,
+                                   rolled_back_chunks)
 }  // namespace strata::profile
 
 namespace cmd_bench_step {
@@ -357,11 +358,13 @@ int run_overlap(const Options& o, const Config& cfg) {
   std::cout << "Speculative update: " << format_count(r.elements) << " params in " << o.tensors
             << " tensors, simulated backward " << ms(r.backward_s) << " ms (sleeping)\n"
             << "  serial:      step after the last gradient " << ms(r.serial_step_s)
-            << " ms, backward + step " << ms(r.serial_total_s) << " ms\n"
+            << " ms, backward + step " << ms(r.serial_total_s) << " ms (hand-ins "
+            << ms(r.serial_hand_in_s) << " ms)\n"
             << "  overlapped:  step after the last gradient " << ms(r.overlapped_step_s)
             << " ms (exposed " << ms(r.exposed_s) << " ms), backward + step "
-            << ms(r.overlapped_total_s) << " ms; " << r.committed_chunks << " of "
-            << r.speculated_chunks << " chunks committed\n"
+            << ms(r.overlapped_total_s) << " ms (hand-ins " << ms(r.overlapped_hand_in_s)
+            << " ms); " << r.committed_chunks << " of " << r.speculated_chunks
+            << " chunks committed\n"
             << "  clip forced: step " << ms(r.rollback_step_s) << " ms, backward + step "
             << ms(r.rollback_total_s) << " ms (" << r.rolled_back_chunks << " chunks rolled back)\n"
             << "  clip forced, overlap auto: step " << ms(r.auto_clip_step_s)

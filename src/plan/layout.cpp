@@ -83,7 +83,8 @@ TierBytes speculation_room(const Config& c, const Layout& l, std::uint64_t param
     return t;
   const std::uint64_t opt_off = l.on_host.optimizer + l.on_nvme.optimizer;
   if (opt_off == 0) return t;
-  t.pageable_host = l.on_host.optimizer;  // pending host copies are not page-locked
+  // Host pending copies are page-locked as the state they shadow (kept as spares between steps).
+  (c.offload.optimizer.pin_memory ? t.pinned_host : t.pageable_host) = l.on_host.optimizer;
   t.nvme = l.on_nvme.optimizer;
   if (l.stage < 3) {
     t.gpu = params_bytes;  // the flat parameters' pending version
@@ -95,7 +96,8 @@ TierBytes speculation_room(const Config& c, const Layout& l, std::uint64_t param
     (pt == Tier::kGpu ? t.gpu : pt == Tier::kCpu ? t.pageable_host : t.nvme) += p;
   }
   if (const std::uint64_t b = c.optimizer.speculation_budget; b > 0)
-    for (std::uint64_t* v : {&t.gpu, &t.pageable_host, &t.nvme}) *v = std::min(*v, b);
+    for (std::uint64_t* v : {&t.gpu, &t.pinned_host, &t.pageable_host, &t.nvme})
+      *v = std::min(*v, b);
   return t;
 }
 

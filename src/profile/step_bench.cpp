@@ -215,6 +215,7 @@ namespace {
 
 struct OverlapRun {
   double step_s = 0, total_s = 0, exposed_s = 0;
+  double hand_in_s = 0;  // in set_gradient_host, the caller's thread
   std::uint64_t rolled_back_steps = 0;
   StepResult last;
 };
@@ -241,9 +242,16 @@ OverlapRun overlap_run(const OverlapBenchOptions& o, OptimizerOverlap overlap, b
   const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt));
   auto one = [&](OverlapRun& r) {
     const auto t0 = Clock::now();
+    r.hand_in_s = 0;
+    // The k-th gradient (k = 1..nt) is handed in at k * T / nt: the hand-ins take their time
+    // inside the backward (a GPU's copies run beside its compute); one that runs late delays the
+    // next.
     for (std::size_t t = nt; t-- > 0;) {
+      std::this_thread::sleep_until(
+          t0 + std::chrono::duration_cast<Clock::duration>(pause * static_cast<double>(nt - t)));
+      const auto h = Clock::now();
       e.set_gradient_host(t, grads.data() + t * (n / nt) * es);
-      std::this_thread::sleep_for(pause);
+      r.hand_in_s += std::chrono::duration<double>(Clock::now() - h).count();
     }
     if (clip) e.clip_grad_norm(1e-12);
     const auto t1 = Clock::now();
@@ -255,16 +263,18 @@ OverlapRun overlap_run(const OverlapBenchOptions& o, OptimizerOverlap overlap, b
   };
   OverlapRun r;
   one(r);  // warm-up
-  std::vector<double> step, total, exposed;
+  std::vector<double> step, total, exposed, hand_in;
   for (int i = 0; i < std::max(1, o.rounds); ++i) {
     one(r);
     step.push_back(r.step_s);
     total.push_back(r.total_s);
     exposed.push_back(r.exposed_s);
+    hand_in.push_back(r.hand_in_s);
   }
   r.step_s = median(step);
   r.total_s = median(total);
   r.exposed_s = median(exposed);
+  r.hand_in_s = median(hand_in);
   return r;
 }
 
@@ -283,6 +293,8 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
   const OverlapRun auto_clipped = overlap_run(o, OptimizerOverlap::kAuto, true, t);
   res.serial_step_s = serial.step_s;
   res.serial_total_s = serial.total_s;
+  res.serial_hand_in_s = serial.hand_in_s;
+  res.overlapped_hand_in_s = on.hand_in_s;
   res.overlapped_step_s = on.step_s;
   res.overlapped_total_s = on.total_s;
   res.exposed_s = on.exposed_s;

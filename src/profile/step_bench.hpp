@@ -64,12 +64,12 @@ StepBenchResult run_step_bench(const StepBenchOptions& options);
 // The speculative update against the serial one (strata bench step --backward): a one-rank
 // Engine at stage 2 (zero.stage 0-1 are raised to 2: only stages 2-3 speculate) holding
 // `elements` parameters in `tensors` tensors, whose simulated backward hands the gradients in one
-// tensor at a time, last first, sleeping backward_s / tensors after each (no CPU spent), then
-// calls step(). Four engines: optimizer.overlap off (the serial step), on, on with clipping
-// forced every step (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the
-// rollback's cost), and auto with clipping forced (auto stops speculating after two rollbacks in
-// four steps: what a run that clips every step pays). One warm-up step each, then the median of
-// `rounds`.
+// tensor at a time, last first, the k-th at k * backward_s / tensors after it began (sleeping in
+// between: no CPU spent; a hand-in that runs late delays the next), then calls step(). Four
+// engines: optimizer.overlap off (the serial step), on, on with clipping forced every step
+// (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the rollback's cost),
+// and auto with clipping forced (auto stops speculating after two rollbacks in four steps: what a
+// run that clips every step pays). One warm-up step each, then the median of `rounds`.
 struct OverlapBenchOptions {
   Config config;
   std::uint64_t elements = 0;
@@ -85,8 +85,10 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   // whole backward + step().
   double serial_step_s = 0, serial_total_s = 0;
   double overlapped_step_s = 0, overlapped_total_s = 0;
-  double exposed_s = 0;                              // StepResult::exposed_s of the overlapped step
-  double rollback_step_s = 0, rollback_total_s = 0;  // clipping forced, overlap on
+  double exposed_s = 0;  // StepResult::exposed_s of the overlapped step
+  // The caller's time in the hand-ins (set_gradient_host) during the simulated backward.
+  double serial_hand_in_s = 0, overlapped_hand_in_s = 0;
+  double rollback_step_s = 0, rollback_total_s = 0;    // clipping forced, overlap on
   double auto_clip_step_s = 0, auto_clip_total_s = 0;  // clipping forced, overlap auto
   std::uint64_t auto_clip_rolled_back_steps = 0;       // of its warm-up step and rounds
   std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;  // per step

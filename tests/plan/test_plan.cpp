@@ -179,8 +179,9 @@ TEST(Plan, SnapshotRoomCountsInTheNvmeRow) {
 }
 
 // optimizer.overlap: the speculative update's pending versions, in the tiers of the state they
-// shadow (host copies pageable), the flat parameters' at stages 1-2 on the gpu; none where the
-// engine does not speculate (off, stage < 2, gradients on nvme); each tier cut to the budget.
+// shadow (host copies page-locked as the state is), the flat parameters' at stages 1-2 on the gpu;
+// none where the engine does not speculate (off, stage < 2, gradients on nvme); each tier cut to
+// the budget.
 TEST(Plan, SpeculationCountsThePendingVersions) {
   Config c = config(1'000'000'000ULL, 4, 2);
   c.offload.optimizer = {Tier::kNvme, 1.0, true};
@@ -199,10 +200,15 @@ TEST(Plan, SpeculationCountsThePendingVersions) {
   EXPECT_EQ(l.speculation.nvme, 1'000'000u);
   EXPECT_EQ(l.speculation.gpu, 1'000'000u);
   c.optimizer.speculation_budget = 0;
-  c.offload.optimizer.tier = Tier::kCpu;  // pinned state, pageable pending copies
+  c.offload.optimizer.tier = Tier::kCpu;  // pinned state, pinned pending copies
+  l = make_plan(c).configured;
+  EXPECT_EQ(l.speculation.pinned_host, l.on_host.optimizer);
+  EXPECT_EQ(l.speculation.pageable_host, 0u);
+  c.offload.optimizer.pin_memory = false;  // pageable state, pageable pending copies
   l = make_plan(c).configured;
   EXPECT_EQ(l.speculation.pageable_host, l.on_host.optimizer);
   EXPECT_EQ(l.speculation.pinned_host, 0u);
+  c.offload.optimizer.pin_memory = true;
   c.offload.gradients.tier = Tier::kNvme;  // not speculated
   EXPECT_EQ(make_plan(c).configured.speculation.total(), 0u);
   c.offload.gradients.tier = Tier::kCpu;
