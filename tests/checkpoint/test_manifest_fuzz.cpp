@@ -2,6 +2,10 @@
 // length: each variant either loads bitwise the checkpoint's state or fails on both ranks with a
 // strata error (kChecksum / kInvalidArgument) naming manifest.json, the engine unchanged (FP32
 // master, moments, parameters, optimizer step, step counters, loss scale).
+// The engine is compared after every load that succeeds, and after each run of up to
+// kFailuresPerSnapshot failed loads (and at the end): nothing but a load changes it between two
+// comparisons, so a failed load that changed anything fails the next comparison, which names the
+// variants it covers. (A comparison after every failed load was nine tenths of the test's time.)
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -20,6 +24,7 @@ namespace strata::testing {
 namespace {
 
 const std::vector<std::size_t> kFuzzSizes{300, 17, 0, 129};
+constexpr int kFailuresPerSnapshot = 64;
 
 Config small_config() {
   Config cfg = base_engine_config(2, 100, 64, 60.0);
@@ -87,6 +92,16 @@ void fuzz(int world, std::size_t stride) {
     if (rank == 0) manifest = read_file(mpath);
     if (world > 1) comm.barrier();
     const std::size_t n = manifest.size();
+    std::size_t unchecked_from = 0;  // the first variant since the engine was last compared
+    int unchecked = 0;               // failed loads since then
+    auto engine_unchanged = [&](std::size_t last) {
+      const bool same = snapshot(e) == current;
+      EXPECT_TRUE(same) << "a variant in " << unchecked_from << ".." << last
+                        << " failed but changed the engine";
+      unchecked_from = last + 1;
+      unchecked = 0;
+      return same;
+    };
     for (std::size_t v = 0; v < 2 * n; v += stride) {
       if (rank == 0) {
         std::string text = manifest;
@@ -102,17 +117,21 @@ void fuzz(int world, std::size_t stride) {
         e.load_checkpoint(dir.str());
         ++loads[static_cast<std::size_t>(rank)];
         ASSERT_EQ(snapshot(e), saved) << "variant " << v << " loaded another state";
+        // (The failed loads since the last comparison go unchecked: a load that succeeds fails
+        // the test anyway, below.)
         current = saved;
+        unchecked_from = v + 1;
+        unchecked = 0;
       } catch (const Error& err) {
         ++failures[static_cast<std::size_t>(rank)];
         const bool code_ok =
             err.code() == ErrorCode::kChecksum || err.code() == ErrorCode::kInvalidArgument;
         EXPECT_TRUE(code_ok) << "variant " << v << ": " << err.what();
         EXPECT_NE(std::string(err.what()).find("manifest.json"), std::string::npos) << err.what();
-        ASSERT_EQ(snapshot(e), current)
-            << "variant " << v << " failed but changed the engine: " << err.what();
+        if (++unchecked == kFailuresPerSnapshot && !engine_unchanged(v)) return;
       }
     }
+    if (unchecked > 0 && !engine_unchanged(2 * n - 1)) return;
     // The engine still trains, and the intact manifest loads.
     if (world > 1) comm.barrier();
     if (rank == 0) write_file(mpath, manifest);

@@ -1,6 +1,6 @@
 // Same numbers wherever the state lives: the Engine on the host-emulated device, for every
 // placement of {optimizer, gradients, params} x {gpu, cpu, nvme} that a stage allows, stages 0-3,
-// 1-4 in-process ranks, 22 steps of which two overflow (an inf, a NaN on the last rank: skipped
+// 1-4 in-process ranks, 10 steps of which two overflow (an inf, a NaN on the last rank: skipped
 // everywhere), bitwise identical to the unsharded single-rank CpuAdam reference (the rank-ordered
 // sum of the ranks' gradients, rounded to the gradient dtype as the collective does, grad_scale =
 // 1 / (loss_scale * world), the dynamic loss scale backed off on each overflow). Plus: mixed
@@ -75,7 +75,7 @@ TEST_P(Speculation, BitwiseIdenticalToTheSerialStepWithClipping) {
     }));
     for (const EngineStats& s : st) stats[run].speculated_chunks += s.speculated_chunks;
   }
-  // (Each rank checked its own counts in train(): five steps rolled back, 17 committed.)
+  // (Each rank checked its own counts in train(): five steps rolled back, 5 committed.)
   EXPECT_GT(stats[1].speculated_chunks, 0u);
   EXPECT_EQ(stats[0].speculated_chunks, 0u);
   for (int r = 0; r < on.world; ++r) {
