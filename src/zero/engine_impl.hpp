@@ -99,7 +99,9 @@ struct Engine::Impl {
     std::uint64_t bytes = 0;                // padded bytes of the pending versions
     double scale = 0;                       // the loss scale assumed
     std::vector<ParamGroupOptions> groups;  // the hyper-parameters assumed
-    bool off = false;  // this step runs serially (a failure, a micro-batch beyond K, a change)
+    bool off = false;      // this step runs serially (a failure, a micro-batch beyond K, a change)
+    bool started = false;  // scale and groups taken (the step's first speculated chunks)
+    bool refused = false;  // a pending version did not fit: nothing more this step (spec thread)
   };
   Speculation spec;
   std::deque<bool> spec_history;  // optimizer.overlap auto: the last speculated steps rolled back?
@@ -156,6 +158,8 @@ struct Engine::Impl {
   // After each gradient hand-in: speculate the chunks the last micro-batch completed.
   void after_hand_in();
   void speculate(const std::vector<std::size_t>& filled);
+  void speculate_job(const std::vector<std::size_t>& go, const std::vector<BufferId>& open,
+                     float grad_scale);
   bool chunk_used(std::size_t ci) const;  // every tensor of the chunk used on this rank
   // The step's decision is known: commit (returns the chunks done) or discard.
   std::vector<bool> settle_speculation(bool go, StepResult& res);

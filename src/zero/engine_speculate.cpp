@@ -98,24 +98,35 @@ void Engine::Impl::speculate(const std::vector<std::size_t>& filled) {
     go.push_back(ci);
   }
   if (go.empty()) return;
-  if (spec.chunks.empty()) {
+  if (!spec.started) {
+    spec.started = true;
     spec.scale = scaler.scale();
     spec.groups = groups;
   }
+  spec.params_open = params;
+  spec.bytes = bytes;
+  // On the speculation thread, while the backward goes on: the pending versions are opened there
+  // too (a block's first one is allocated and page-locked, which must not stall the hand-in). A
+  // failure is found by join_speculation (the step then runs serially).
+  const float grad_scale = static_cast<float>(1.0 / spec.scale);
+  spec_jobs->post([this, go, open, grad_scale] { speculate_job(go, open, grad_scale); });
+}
+
+// On the speculation thread. REQUIRES: spec.chunks, spec.pending and spec.refused are touched by
+// no other thread until the jobs are joined (settle_jobs).
+void Engine::Impl::speculate_job(const std::vector<std::size_t>& go,
+                                 const std::vector<BufferId>& open, float grad_scale) {
+  if (spec.refused) return;  // an earlier open did not fit: the flat parameters may not be open
   try {
     store().open_pending(open);  // all or none
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kBudget) throw;
-    return;  // no room for these: they wait for the decision
+    spec.refused = true;  // no room: these chunks and the later ones wait for the decision
+    return;
   }
   spec.pending.insert(spec.pending.end(), open.begin(), open.end());
-  spec.params_open = params;
-  spec.bytes = bytes;
-  // On the speculation thread, while the backward goes on; a failure is found by
-  // join_speculation (the step then runs serially).
-  const float grad_scale = static_cast<float>(1.0 / spec.scale);
-  spec_jobs->post([this, go, grad_scale] { optimizer->speculate(go, grad_scale); });
   spec.chunks.insert(spec.chunks.end(), go.begin(), go.end());
+  optimizer->speculate(go, grad_scale);
 }
 
 bool Engine::Impl::settle_jobs() noexcept {
