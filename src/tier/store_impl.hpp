@@ -294,6 +294,8 @@ class TierStore::Impl {
   void lock_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
   // Frees a memory version's storage, unlocked first (its bytes stay counted by the caller).
   void release_memory_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
+  // Undoes the page lock of host memory `mem` of block `b` (Device::register_host or mlock).
+  void unlock_host_locked(const tier::Buf& b, const IoBuffer& mem, bool by_device) REQUIRES(mutex_);
   // Frees b's spare (tier use and the spare count go down).
   void drop_spare_locked(tier::Buf& b) REQUIRES(mutex_);
 

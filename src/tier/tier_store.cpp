@@ -326,17 +326,21 @@ void TierStore::Impl::unreserve_locked(Buf& b, Tier t) {
   if (t != Tier::kNvme) used_[ti(t)] -= b.padded;
 }
 
+void TierStore::Impl::unlock_host_locked(const Buf& b, const IoBuffer& mem, bool by_device) {
+  if (by_device) {
+    device_.unregister_host(mem.data());
+  } else {
+    ::munlock(mem.data(), mem.size());
+  }
+  pinned_used_ -= b.padded;
+}
+
 // Frees the copy's storage (the quarantine keeps storage a timed-out transfer may still touch).
 void TierStore::Impl::drop_locked(Buf& b, Tier t) {
   tier::Copy& c = b.copy[ti(t)];
   c.valid = false;
   if (t == Tier::kCpu && c.host && c.locked) {
-    if (c.locked_by_device) {
-      device_.unregister_host(c.host.data());
-    } else {
-      ::munlock(c.host.data(), c.host.size());
-    }
-    pinned_used_ -= b.padded;
+    unlock_host_locked(b, c.host, c.locked_by_device);
     c.locked = c.locked_by_device = false;
   }
   if (t == Tier::kCpu && c.host) {

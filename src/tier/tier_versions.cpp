@@ -396,14 +396,7 @@ void TierStore::Impl::lock_version_locked(const Buf& b, tier::Version& v) {
 }
 
 void TierStore::Impl::release_memory_version_locked(const Buf& b, tier::Version& v) {
-  if (v.host && v.locked) {
-    if (v.locked_by_device) {
-      device_.unregister_host(v.host.data());
-    } else {
-      ::munlock(v.host.data(), v.host.size());
-    }
-    pinned_used_ -= b.padded;
-  }
+  if (v.host && v.locked) unlock_host_locked(b, v.host, v.locked_by_device);
   v.locked = v.locked_by_device = false;
   v.host = IoBuffer();
   v.gpu.reset();

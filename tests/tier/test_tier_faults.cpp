@@ -236,6 +236,15 @@ class RegisteringDevice final : public DeviceWrapper {
   int twice_ = 0, unknown_ = 0;
 };
 
+// The rig's device wrapped in a RegisteringDevice, *reg pointing at it once the rig is made.
+void watch_registrations(st::RigOptions& o, RegisteringDevice*& reg) {
+  o.wrap_device = [&reg](std::unique_ptr<Device> d) {
+    auto r = std::make_unique<RegisteringDevice>(std::move(d));
+    reg = r.get();
+    return r;
+  };
+}
+
 }  // namespace
 
 // F11 (issue 27): a pinned host copy whose device->host copy timed out is quarantined with its
@@ -247,11 +256,7 @@ TEST(TierFaults, TimedOutCopyIntoAPinnedHostCopyKeepsItsRegistrationUntilShutdow
   st::RigOptions o;
   o.fault_device = true;
   o.timeout = 200ms;
-  o.wrap_device = [&](std::unique_ptr<Device> d) {
-    auto r = std::make_unique<RegisteringDevice>(std::move(d));
-    reg = r.get();
-    return r;
-  };
+  watch_registrations(o, reg);
   st::StoreRig rig(o);
   const std::size_t pool_ranges = reg->registered();
   const BufferId id =
@@ -272,11 +277,7 @@ TEST(TierFaults, TimedOutCopyIntoAPinnedHostCopyKeepsItsRegistrationUntilShutdow
 TEST(TierFaults, PendingVersionsOfAPinnedBlockAreLockedOnceAndUnlockedOnce) {
   RegisteringDevice* reg = nullptr;
   st::RigOptions o;
-  o.wrap_device = [&](std::unique_ptr<Device> d) {
-    auto r = std::make_unique<RegisteringDevice>(std::move(d));
-    reg = r.get();
-    return r;
-  };
+  watch_registrations(o, reg);
   st::StoreRig rig(o);
   const std::size_t pool_ranges = reg->registered();
   const BufferId id =
