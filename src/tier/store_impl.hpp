@@ -296,6 +296,10 @@ class TierStore::Impl {
   void release_memory_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
   // Undoes the page lock of host memory `mem` of block `b` (Device::register_host or mlock).
   void unlock_host_locked(const tier::Buf& b, const IoBuffer& mem, bool by_device) REQUIRES(mutex_);
+  // Frees spares of tier t until `bytes` more fit in `budget` (or none is left).
+  void drop_spares_locked(Tier t, std::uint64_t bytes, std::uint64_t budget) REQUIRES(mutex_);
+  // Frees page-locked spares until `bytes` more fit in the pinned budget.
+  void drop_locked_spares_locked(std::uint64_t bytes) REQUIRES(mutex_);
   // Frees b's spare (tier use and the spare count go down).
   void drop_spare_locked(tier::Buf& b) REQUIRES(mutex_);
 

@@ -312,6 +312,7 @@ void TierStore::Impl::reserve_locked(Buf& b, Tier t, IoBuffer* reuse) {
       cached_ -= b.padded;
     }
   }
+  drop_spares_locked(t, b.padded, budget);
   if (used_[ti(t)] + b.padded > budget) {
     fail(ErrorCode::kBudget,
          strcat("tier store: buffer '", b.spec.name, "' (", b.padded,
@@ -371,6 +372,7 @@ void TierStore::Impl::lock_host(Buf& b) {
   if (!b.spec.pinned || c.locked || !c.host) return;
   {
     MutexLock lock(mutex_);
+    drop_locked_spares_locked(b.padded);
     if (pinned_used_ + b.padded > options_.pinned_budget)
       fail(ErrorCode::kBudget,
            strcat("tier store: buffer '", b.spec.name, "' (", b.padded,
@@ -949,9 +951,20 @@ bool TierStore::Impl::fits_locked(Tier t, std::uint64_t bytes) {
     host_cache_.clear();  // cached mappings are the first to go
     cached_ = 0;
   }
+  drop_spares_locked(t, bytes, budget);
+  return used_[ti(t)] + bytes <= budget;
+}
+
+// Spares (kept pending-version buffers) go before anything is refused for room.
+void TierStore::Impl::drop_spares_locked(Tier t, std::uint64_t bytes, std::uint64_t budget) {
   for (auto it = bufs_.begin(); it != bufs_.end() && used_[ti(t)] + bytes > budget; ++it)
     if (it->second->spare && it->second->spare->where == t) drop_spare_locked(*it->second);
-  return used_[ti(t)] + bytes <= budget;
+}
+
+void TierStore::Impl::drop_locked_spares_locked(std::uint64_t bytes) {
+  for (auto it = bufs_.begin(); it != bufs_.end() && pinned_used_ + bytes > options_.pinned_budget;
+       ++it)
+    if (it->second->spare && it->second->spare->locked) drop_spare_locked(*it->second);
 }
 
 void TierStore::Impl::reserve(Tier t, std::uint64_t bytes, const std::string& what) {

@@ -377,6 +377,7 @@ std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
 
 void TierStore::Impl::lock_version_locked(const Buf& b, tier::Version& v) {
   if (!b.spec.pinned || v.where != Tier::kCpu) return;
+  drop_locked_spares_locked(b.padded);
   if (pinned_used_ + b.padded > options_.pinned_budget)
     fail(ErrorCode::kBudget,
          strcat("tier store: a pending version of buffer '", b.spec.name, "' (", b.padded,

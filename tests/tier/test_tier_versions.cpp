@@ -655,6 +655,30 @@ TEST(PendingVersions, OutViewsUpdateOutOfPlaceAndCommitBySwap) {
   }
 }
 
+// A spare is memory held for the next pending version, never a reason to refuse: a copy that
+// needs the room gets it (the spare is freed). (The pinned budget frees page-locked spares the same
+// way: drop_locked_spares_locked, not exercised here.)
+TEST(PendingVersions, SparesGiveWayToCopies) {
+  st::RigOptions o;
+  const std::uint64_t block = (kOddVersions + 4095) / 4096 * 4096;  // padded
+  const std::uint64_t pool = 4 * (64 << 10);
+  o.host_budget = pool + 3 * block;  // two blocks and a spare
+  st::StoreRig rig(o);
+  const auto [a, b, id] = two_versions(rig, Tier::kCpu, 101);
+  const BufferId ids[] = {id};
+  rig.store->open_pending(ids);
+  write_pending(rig, id, b).wait();
+  rig.store->commit(ids);
+  ASSERT_EQ(rig.store->version_usage().spare[Tier::kCpu], block);
+  const BufferId other = add(rig, "opt.1", Tier::kCpu, a);  // fits beside the spare
+  EXPECT_EQ(rig.store->version_usage().spare[Tier::kCpu], block);
+  const BufferId third = add(rig, "opt.2", Tier::kCpu, a);  // only without it
+  EXPECT_EQ(rig.store->version_usage().spare[Tier::kCpu], 0u);
+  EXPECT_EQ(rig.read(third, Tier::kCpu, kOddVersions), a);
+  EXPECT_EQ(rig.read(id, Tier::kCpu, kOddVersions), b);
+  EXPECT_EQ(rig.read(other, Tier::kCpu, kOddVersions), a);
+}
+
 // The commit copies instead of swapping when the block is acquired (a view of the home copy must
 // stay valid) or written in part; pending_view is refused for nvme and without a pending version.
 TEST(PendingVersions, CommitCopiesWhenTheHomeCopyIsHeld) {
