@@ -290,7 +290,8 @@ class TierStore::Impl {
   // A memory home's commit without a copy: the pending buffer becomes the home copy when it was
   // written whole and nothing holds the block; false (nothing changed) otherwise.
   bool commit_swap_locked(tier::Buf& b) REQUIRES(mutex_);
-  // Page-locks a pending buffer of `b` as its copies are (pinned budget); false: not pinned.
+  // Page-locks a pending buffer of `b` as its copies are (lock_host), within the pinned budget;
+  // nothing when `b` is not pinned.
   void lock_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
   // Frees a memory version's storage, unlocked first (its bytes stay counted by the caller).
   void release_memory_version_locked(const tier::Buf& b, tier::Version& v) REQUIRES(mutex_);
@@ -337,6 +338,12 @@ class TierStore::Impl {
   void* copy_address(tier::Buf& b, Tier t);  // of a memory copy; takes mutex_
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
+  // The pinned budget's room for b's padded bytes, page-locked spares freed first, then counted;
+  // Error(kBudget) naming `what` when it does not fit.
+  void reserve_pinned_locked(const tier::Buf& b, const std::string& what) REQUIRES(mutex_);
+  // Page-locks b's padded bytes at `mem` (room reserved): Device::register_host, else mlock;
+  // true when the device took it. Error(kOutOfMemory) naming `what` when mlock fails.
+  bool lock_pages(const tier::Buf& b, const IoBuffer& mem, const std::string& what);
   // Streaming operations (read / write / zero), on a mover.
   void stream_read(tier::Job& job, tier::WorkerContext& ctx);
   void stream_write(tier::Job& job, tier::WorkerContext& ctx);

@@ -370,27 +370,14 @@ void TierStore::Impl::quarantine_host_locked(Buf& b) {
 void TierStore::Impl::lock_host(Buf& b) {
   tier::Copy& c = b.copy[ti(Tier::kCpu)];
   if (!b.spec.pinned || c.locked || !c.host) return;
+  const std::string what = strcat("buffer '", b.spec.name, "'");
   {
     MutexLock lock(mutex_);
-    drop_locked_spares_locked(b.padded);
-    if (pinned_used_ + b.padded > options_.pinned_budget)
-      fail(ErrorCode::kBudget,
-           strcat("tier store: buffer '", b.spec.name, "' (", b.padded,
-                  " bytes, pin_memory) does not fit in the ", "pinned host memory: ", pinned_used_,
-                  " of ", options_.pinned_budget,
-                  " bytes in use (tiers.host.pinned_budget, the pool included)"));
-    pinned_used_ += b.padded;
+    reserve_pinned_locked(b, what);
   }
   bool by_device = false;
   try {
-    by_device = device_.register_host(c.host.data(), b.padded);
-    if (!by_device && ::mlock(c.host.data(), b.padded) != 0) {
-      const int err = errno;
-      fail(ErrorCode::kOutOfMemory,
-           strcat("tier store: mlock of buffer '", b.spec.name, "' (", b.padded,
-                  " bytes, pin_memory) failed: ", std::strerror(err), " (errno ", err,
-                  "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
-    }
+    by_device = lock_pages(b, c.host, what);  // outside the store's lock: it may take a while
   } catch (...) {
     MutexLock lock(mutex_);
     pinned_used_ -= b.padded;
@@ -399,6 +386,28 @@ void TierStore::Impl::lock_host(Buf& b) {
   MutexLock lock(mutex_);
   c.locked = true;
   c.locked_by_device = by_device;
+}
+
+void TierStore::Impl::reserve_pinned_locked(const Buf& b, const std::string& what) {
+  drop_locked_spares_locked(b.padded);
+  if (pinned_used_ + b.padded > options_.pinned_budget)
+    fail(ErrorCode::kBudget, strcat("tier store: ", what, " (", b.padded,
+                                    " bytes, pin_memory) does not fit in the pinned host memory: ",
+                                    pinned_used_, " of ", options_.pinned_budget,
+                                    " bytes in use (tiers.host.pinned_budget, the pool included)"));
+  pinned_used_ += b.padded;
+}
+
+bool TierStore::Impl::lock_pages(const Buf& b, const IoBuffer& mem, const std::string& what) {
+  const bool by_device = device_.register_host(mem.data(), b.padded);
+  if (!by_device && ::mlock(mem.data(), b.padded) != 0) {
+    const int err = errno;
+    fail(ErrorCode::kOutOfMemory,
+         strcat("tier store: mlock of ", what, " (", b.padded,
+                " bytes, pin_memory) failed: ", std::strerror(err), " (errno ", err,
+                "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
+  }
+  return by_device;
 }
 
 std::string TierStore::Impl::where(const Buf& b) const {

@@ -1,10 +1,7 @@
 // The tier store's versioned state (docs/versioned_state.md; the contract is in tier_store.hpp,
 // "Versioned state"): pins of committed versions, copy-on-write before a change, reads of pinned
 // versions, unpin; pending versions, their writes, commit and discard.
-#include <sys/mman.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -377,23 +374,15 @@ std::shared_ptr<tier::Version> TierStore::Impl::make_pending_locked(Buf& b) {
 
 void TierStore::Impl::lock_version_locked(const Buf& b, tier::Version& v) {
   if (!b.spec.pinned || v.where != Tier::kCpu) return;
-  drop_locked_spares_locked(b.padded);
-  if (pinned_used_ + b.padded > options_.pinned_budget)
-    fail(ErrorCode::kBudget,
-         strcat("tier store: a pending version of buffer '", b.spec.name, "' (", b.padded,
-                " bytes, pin_memory) does not fit in the pinned host memory: ", pinned_used_,
-                " of ", options_.pinned_budget,
-                " bytes in use (tiers.host.pinned_budget); nothing was opened"));
-  v.locked_by_device = device_.register_host(v.host.data(), b.padded);
-  if (!v.locked_by_device && ::mlock(v.host.data(), b.padded) != 0) {
-    const int err = errno;
-    fail(ErrorCode::kOutOfMemory,
-         strcat("tier store: mlock of a pending version of buffer '", b.spec.name, "' (", b.padded,
-                " bytes, pin_memory) failed: ", std::strerror(err), " (errno ", err,
-                "); raise RLIMIT_MEMLOCK (ulimit -l) or set pin_memory: false"));
+  const std::string what = strcat("a pending version of buffer '", b.spec.name, "'");
+  reserve_pinned_locked(b, what);
+  try {
+    v.locked_by_device = lock_pages(b, v.host, what);
+  } catch (...) {
+    pinned_used_ -= b.padded;
+    throw;
   }
   v.locked = true;
-  pinned_used_ += b.padded;
 }
 
 void TierStore::Impl::release_memory_version_locked(const Buf& b, tier::Version& v) {
