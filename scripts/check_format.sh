@@ -16,20 +16,31 @@ if [ -z "$fmt" ]; then
   exit 1
 fi
 
-bad=0 checked=0
-while IFS= read -r f; do
-  checked=$((checked + 1))
-  if [ "$fix" = 1 ]; then
-    "$fmt" -i "$f"
-  elif ! "$fmt" --dry-run -Werror "$f" >/dev/null 2>&1; then
-    echo "not formatted: $f   (fix: $fmt -i $f)"
-    bad=$((bad + 1))
-  fi
-done < <(git ls-files -- 'src/*' 'include/*' 'tests/*' 'python/src/*' 'bench/*' 'examples/*' |
-         grep -E '\.(cpp|hpp|h|cc|cu|cuh)$')
-
-if [ "$bad" -gt 0 ]; then
-  echo "check_format: $bad of $checked files not formatted (scripts/check_format.sh --fix)"
+files=()
+while IFS= read -r f; do files+=("$f"); done < <(
+  git ls-files -- 'src/*' 'include/*' 'tests/*' 'python/src/*' 'bench/*' 'examples/*' |
+    grep -E '\.(cpp|hpp|h|cc|cu|cuh)$')
+checked=${#files[@]}
+if [ "$fix" = 1 ]; then
+  printf '%s\0' "${files[@]}" | xargs -0 -n 32 -P "$(nproc)" "$fmt" -i
+  echo "check_format: $checked files formatted in place"
+  exit 0
+fi
+# Batches of 32 files per clang-format, on every core (one process per file took 40 s on 2 cores);
+# each finding names its file ("path:line:col: error: code should be clang-formatted").
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+printf '%s\0' "${files[@]}" |
+  xargs -0 -n 32 -P "$(nproc)" "$fmt" --dry-run -Werror >/dev/null 2>"$log" || true
+mapfile -t bad_files < <(sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: .*/\1/p' "$log" | sort -u)
+if [ "${#bad_files[@]}" -eq 0 ] && [ -s "$log" ]; then
+  cat "$log" >&2  # clang-format failed without naming a file (not a formatting finding)
+  echo "check_format: clang-format failed" >&2
+  exit 1
+fi
+for f in "${bad_files[@]}"; do echo "not formatted: $f   (fix: $fmt -i $f)"; done
+if [ "${#bad_files[@]}" -gt 0 ]; then
+  echo "check_format: ${#bad_files[@]} of $checked files not formatted (scripts/check_format.sh --fix)"
   exit 1
 fi
 echo "check_format: $checked files formatted"

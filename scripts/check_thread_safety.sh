@@ -6,11 +6,11 @@
 # with the build's own compile commands, -fsyntax-only (the analysis needs no code generation).
 # Run by scripts/test.sh (what CI runs); exits 1 on any finding, naming file and line.
 # Usage: scripts/check_thread_safety.sh [BUILD_DIR]      (default: build-tsa)
-# Environment: STRATA_CLANG (default clang++), STRATA_JOBS (default: number of cores).
+# Environment: STRATA_CLANG (default clang++-16, else clang++), STRATA_JOBS (default: number of cores).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-$root/build-tsa}
-clangxx=${STRATA_CLANG:-clang++}
+clangxx=${STRATA_CLANG:-$(command -v clang++-16 || echo clang++)}
 jobs=${STRATA_JOBS:-$(nproc)}
 # The layers whose mutex-guarded state carries annotations. zero and checkpoint hold none: an
 # Engine is driven by one thread and its collaborators share state only through the store, the
@@ -18,7 +18,7 @@ jobs=${STRATA_JOBS:-$(nproc)}
 layers="core io tier comm"
 
 if ! command -v "$clangxx" >/dev/null; then
-  echo "check_thread_safety: $clangxx not found (apt-get install clang)" >&2
+  echo "check_thread_safety: $clangxx not found (apt-get install clang-16)" >&2
   exit 1
 fi
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER="$clangxx" -DCMAKE_BUILD_TYPE=Debug \

@@ -15,7 +15,7 @@ PACKAGES=(
   python3 python3-torch python3-yaml python3-matplotlib python3-numpy
   python3-dev pybind11-dev libtorch-dev libopenblas0-serial
   fio util-linux procps
-  clang libclang-rt-14-dev clang-format universal-ctags
+  clang-16 libclang-rt-16-dev clang-format universal-ctags
 )
 
 missing=()

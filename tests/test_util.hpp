@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <functional>
 #include <random>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,6 +80,18 @@ void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
 // expect_error<IoError>, it checks the error number.
 inline std::string errno_text(int errnum) { return "(errno " + std::to_string(errnum) + ")"; }
 
+// The caller's file and line, taken as a default argument (`CallSite where = CallSite::current()`),
+// as std::source_location::current() does; std::source_location needs clang >= 15's
+// __builtin_source_location, and the sanitizer builds use Debian 12's clang 14.
+struct CallSite {
+  const char* file;
+  int line;
+  static constexpr CallSite current(const char* file = __builtin_FILE(),
+                                    int line = __builtin_LINE()) {
+    return {file, line};
+  }
+};
+
 // Runs fn, which must throw E (strata::Error or a subclass: IoError, ConfigError) with `code`
 // and a message that contains `fragment` (an empty fragment: any message). Anything else (no
 // throw, another code or message, another exception type) is a test failure reported at the
@@ -89,9 +100,9 @@ inline std::string errno_text(int errnum) { return "(errno " + std::to_string(er
 //   expect_error<IoError>(ErrorCode::kIo, errno_text(ENOSPC), [&] { ... });
 template <class E = Error, class Fn>
 std::string expect_error(ErrorCode code, std::string_view fragment, Fn&& fn,
-                         std::source_location where = std::source_location::current()) {
+                         CallSite where = CallSite::current()) {
   const auto fail_here = [&](const std::string& what) {
-    ADD_FAILURE_AT(where.file_name(), static_cast<int>(where.line())) << what;
+    ADD_FAILURE_AT(where.file, where.line) << what;
   };
   try {
     fn();

@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "core/numeric.hpp"
 #include "optim/adam_kernels.hpp"
@@ -21,6 +24,15 @@ const char* adam_path_name(AdamPath p) {
   return "?";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C (CPUID leaf 1, ECX bit 29): clang's __builtin_cpu_supports does not know "f16c". The OS's
+// saving of the YMM state it needs is checked by __builtin_cpu_supports("avx2").
+static bool cpu_has_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+#endif
+
 bool adam_path_supported(AdamPath p) {
   switch (p) {
     case AdamPath::kAuto:
@@ -28,8 +40,7 @@ bool adam_path_supported(AdamPath p) {
 #if defined(__x86_64__) || defined(__i386__)
     // __builtin_cpu_supports checks CPUID and that the OS saves the register state (XCR0).
     case AdamPath::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c();
     case AdamPath::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && adam_path_supported(AdamPath::kAvx2);

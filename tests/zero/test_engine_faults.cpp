@@ -13,7 +13,6 @@
 #include <cstring>
 #include <fstream>
 #include <random>
-#include <source_location>
 
 #include "../comm/comm_test_util.hpp"
 #include "device/pinned_pool.hpp"
@@ -81,7 +80,7 @@ struct Rank {
     }
   }
   // A failed engine takes no other step and saves no checkpoint.
-  void expect_failed_for_good(std::source_location where = std::source_location::current()) {
+  void expect_failed_for_good(CallSite where = CallSite::current()) {
     expect_error(
         ErrorCode::kIo, "unusable after a failed step",
         [&] {
@@ -368,7 +367,9 @@ TEST_P(PeerFaults, AFailingRankStopsEveryRankInTheSameStep) {
     const auto k = static_cast<std::size_t>(r);
     EXPECT_EQ(failed_at[k], 1) << "rank " << r << ": " << errors[k];
     if (r == bad) continue;
-    EXPECT_EQ(codes[k], ErrorCode::kComm) << "rank " << r << ": " << errors[k];
+    EXPECT_EQ(codes[k], ErrorCode::kComm)
+        << "rank " << r << ": " << errors[k] << "\n(the failing rank " << bad << " at step "
+        << failed_at[b] << ": " << errors[b] << ")";
     EXPECT_NE(errors[k].find(strcat("rank ", bad, " failed in this step's ", c.phase)),
               std::string::npos)
         << "rank " << r << ": " << errors[k];

@@ -12,7 +12,6 @@
 
 #include <bit>
 #include <random>
-#include <source_location>
 #include <thread>
 
 #include "../comm/comm_test_util.hpp"
@@ -190,8 +189,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                          overlap_name);
 
 // A failed engine takes no other step.
-void expect_failed_for_good(OverlapRank& r,
-                            std::source_location where = std::source_location::current()) {
+void expect_failed_for_good(OverlapRank& r, CallSite where = CallSite::current()) {
   expect_error(
       ErrorCode::kIo, "unusable after a failed step",
       [&] {
@@ -204,7 +202,7 @@ void expect_failed_for_good(OverlapRank& r,
 
 // `fn` (step(), or the set_gradient() that waits for the copy) reports the failed share copy.
 template <class Fn>
-void expect_copy_error(Fn&& fn, std::source_location where = std::source_location::current()) {
+void expect_copy_error(Fn&& fn, CallSite where = CallSite::current()) {
   const std::string msg = expect_error(ErrorCode::kDevice, "injected by the test", fn, where);
   if (!msg.empty()) {
     EXPECT_NE(msg.find("'grad."), std::string::npos) << msg;
