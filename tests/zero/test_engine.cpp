@@ -508,6 +508,34 @@ TEST(EngineAccumulation, SixteenBitGradientsSumInGradAccum) {
     }
 }
 
+// Nothing saturates: two finite fp16 micro-batches whose sum exceeds fp16's range (2 x 40000 >
+// 65504) overflow to inf when held in fp16 — the step is skipped and the loss scale backs off, as
+// for an inf handed in — and stay finite held in fp32 (the step applies). Stages 0 and 2.
+TEST(EngineAccumulation, Fp16SumThatOverflowsSkipsTheStep) {
+  for (int stage : {0, 2})
+    for (bool fp32 : {false, true}) {
+      SCOPED_TRACE(strcat("stage ", stage, fp32 ? " grad_accum fp32" : " grad_accum fp16"));
+      auto comms = make_inprocess_communicators(1, 5.0);
+      EngineCase c;
+      c.stage = stage;
+      c.grads = DType::kFp16;
+      c.params = DType::kFp16;
+      Config cfg = engine_config(c);
+      if (fp32) cfg.precision.grad_accum = DType::kFp32;
+      if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
+      Engine e(cfg, *comms[0]);
+      auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
+      e.finalize();
+      const double scale = e.loss_scale();
+      const std::vector<std::uint16_t> big(10, 0x78e2);  // fp16 40000
+      e.set_gradient(id, big.data());
+      e.set_gradient(id, big.data());  // micro-batch 2
+      const StepResult r = e.step();
+      EXPECT_EQ(r.applied, fp32);
+      EXPECT_EQ(e.loss_scale(), fp32 ? scale : scale / 2);
+    }
+}
+
 // A rank that dies mid-training makes the others' step() fail (they return: nothing hangs past
 // the collective timeout), naming it. No elapsed-time assertion: the timeout is long enough that
 // a loaded machine does not time out a healthy collective first.
