@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,7 +77,12 @@ struct LossScaleConfig {
 struct PrecisionConfig {
   DType params = DType::kFp16;
   DType grads = DType::kFp16;
+  // The dtype the step's gradient is held (and accumulated over micro-batches) in: unset (`auto`)
+  // = grads; fp32 with 16-bit grads holds the rank's gradients in FP32 (4 bytes/element) while
+  // the hand-ins, buckets and stage 2-3 collectives stay 16-bit. Only grads or fp32 is valid.
+  std::optional<DType> grad_accum;
   LossScaleConfig loss_scale;
+  DType accum_dtype() const { return grad_accum.value_or(grads); }
   // Loss scaling in effect: loss_scale.enabled, with kAuto = (grads == fp16).
   bool loss_scaling() const {
     return loss_scale.enabled == LossScaling::kAuto ? grads == DType::kFp16

@@ -228,10 +228,10 @@ class Engine {
   // Hands in one tensor's gradient (grad_dtype, numel(id) elements, scaled by loss_scale()); the
   // data is copied (on the device) before return. Gradient accumulation: once every tensor's
   // gradient arrived, handing one in again starts the next micro-batch, and the step's gradient is
-  // the sum of the micro-batches' (FP32 gradients; a second micro-batch of 16-bit gradients throws
-  // Error(kUnsupported), nothing changed). A tensor handed in again before every tensor arrived
-  // throws Error(kInvalidArgument), nothing changed. Where and in which order the sum is formed:
-  // docs/offload.md, "Gradient accumulation". At stages 2–3 this may start a bucket's
+  // the sum of the micro-batches', held in precision.grad_accum (the gradients' own dtype unless
+  // fp32; each add one FP32 add rounded into it). A tensor handed in again before every tensor
+  // arrived throws Error(kInvalidArgument), nothing changed. Where and in which order the sum is
+  // formed: docs/offload.md, "Gradient accumulation". At stages 2–3 this may start a bucket's
   // reduce-scatter on the device, finish an earlier one and queue the copy of the rank's share of
   // it to where offload.gradients puts it (device→host on the storage's copy streams, then on to
   // NVMe) without waiting for it: a later set_gradient() or step() collects it, and a failure of

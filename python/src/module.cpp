@@ -283,6 +283,7 @@ py::dict config_dict(const Config& c) {
   d["stage"] = c.zero.stage;
   d["params_dtype"] = dtype_name(c.precision.params);
   d["grads_dtype"] = dtype_name(c.precision.grads);
+  d["grad_accum_dtype"] = dtype_name(c.precision.accum_dtype());
   d["optimizer"] = optimizer_name(c.optimizer.type);
   d["lr"] = c.optimizer.lr;
   d["betas"] = py::make_tuple(c.optimizer.beta1, c.optimizer.beta2);

@@ -385,12 +385,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     self._name(self._params[tid]), self._micro + 2, self._micro + 1,
                     ", ".join("'%s'" % n for n in missing[:4]),
                     " and %d more" % (len(missing) - 4) if len(missing) > 4 else ""))
-        if self._grad_dtype != torch.float32:
-            raise errors.UnsupportedError(
-                "strata: a second backward before step() with %s gradients: gradient accumulation "
-                "over micro-batches needs FP32 gradients (precision.grads: fp32) for now; with "
-                "16-bit gradients sum the micro-batches' losses and call backward once"
-                % self._cfg["grads_dtype"])
         if self._clip_norm is not None:
             raise errors.UsageError("strata: a backward after clip_grad_norm_() and before step()")
         self._arrived = [False] * len(self._params)
@@ -427,7 +421,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         the engine as autograd produces it (at stages 2-3 a full bucket starts its reduce-scatter
         while the rest of the backward runs). Gradient accumulation: call it once per micro-batch
         before step(); the step's gradient is the sum of the micro-batches' gradients, as torch's
-        p.grad accumulates (scale each micro-batch's loss by 1/K yourself, as in a torch loop).
+        p.grad accumulates (scale each micro-batch's loss by 1/K yourself, as in a torch loop),
+        held in precision.grad_accum (16-bit gradients: their own dtype, as p.grad, or fp32).
         Each backward must produce a gradient for every trained parameter."""
         self._check_usable()
         self._check_requires_grad()

@@ -98,7 +98,8 @@ struct Needs {
   std::uint64_t disk_per_path = 0;
 };
 Needs needs_for(const Config& c, std::uint64_t elements) {
-  const std::uint64_t per_elem = 4 + dtype_size(c.precision.grads) + dtype_size(c.precision.params);
+  const std::uint64_t per_elem =
+      4 + dtype_size(c.precision.accum_dtype()) + dtype_size(c.precision.params);
   const std::uint64_t pool = std::uint64_t{c.tiers.host.buffer_count} * c.tiers.host.buffer_size;
   const std::uint64_t paths = std::max<std::size_t>(1, c.tiers.nvme.paths.size());
   Needs n;

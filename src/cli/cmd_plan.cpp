@@ -125,7 +125,8 @@ json plan_json(const strata::Config& c, const strata::Plan& p) {
   j["ranks_per_node"] = p.ranks_per_node;
   j["nodes"] = p.nodes;
   j["precision"] = {{"params", strata::dtype_name(c.precision.params)},
-                    {"grads", strata::dtype_name(c.precision.grads)}};
+                    {"grads", strata::dtype_name(c.precision.grads)},
+                    {"grad_accum", strata::dtype_name(c.precision.accum_dtype())}};
   const auto& b = p.bytes_per_param;
   j["bytes_per_param"] = {{"params", b.params},
                           {"grads", b.grads},
@@ -175,8 +176,11 @@ void print_header(std::ostream& o, const strata::Config& c, const strata::Plan& 
   o << "strata plan: " << c.source << "\n"
     << "  model: " << strata::format_count(p.parameters) << " parameters, "
     << strata::dtype_name(c.precision.params) << " params, "
-    << strata::dtype_name(c.precision.grads) << " grads, "
-    << strata::optimizer_name(c.optimizer.type) << "\n"
+    << strata::dtype_name(c.precision.grads) << " grads"
+    << (c.precision.accum_dtype() != c.precision.grads
+            ? std::string(" (held in ") + strata::dtype_name(c.precision.accum_dtype()) + ")"
+            : std::string())
+    << ", " << strata::optimizer_name(c.optimizer.type) << "\n"
     << "  bytes per parameter: " << b.params << " params + " << b.grads << " grads + "
     << b.optimizer() << " optimizer (" << b.master << " master + " << b.moments
     << " moments) = " << b.total() << "\n"

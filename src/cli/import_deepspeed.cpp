@@ -95,6 +95,7 @@ class Importer {
       bad("", strcat("the top level is a JSON ", root_.type_name(), ", not an object"));
     model();
     precision();
+    grad_accum();
     optimizer();
     batches();
     zero();
@@ -339,6 +340,30 @@ class Importer {
       ignore(bptr + "/immediate_grad_update", "strata reduces and applies gradients at step()");
       ignore(bptr + "/check_grad_overflow", "strata checks every step for inf/NaN");
     }
+  }
+
+  // data_types.grad_accum_dtype -> precision.grad_accum (DeepSpeed's DtypeEnum names). strata holds
+  // 16-bit gradients in their own dtype or in fp32; another 16-bit dtype is refused.
+  void grad_accum() {
+    const std::string ptr = "/data_types/grad_accum_dtype";
+    (void)section("/data_types");
+    const json* v = find(ptr);
+    if (!v || v->is_null()) return;
+    const std::string name = string(ptr, *v);
+    static const std::map<std::string, std::string> names{
+        {"fp32", "fp32"}, {"float32", "fp32"},  {"float", "fp32"},  {"torch.float32", "fp32"},
+        {"fp16", "fp16"}, {"float16", "fp16"},  {"half", "fp16"},   {"torch.float16", "fp16"},
+        {"bf16", "bf16"}, {"bfloat16", "bf16"}, {"bfloat", "bf16"}, {"torch.bfloat16", "bf16"}};
+    const auto it = names.find(name);
+    if (it == names.end())
+      bad(ptr, strcat("'", name, "' is not a dtype strata accumulates in (fp32, fp16, bf16)"));
+    const std::string grads = entries_.at("precision.grads").value;
+    if (it->second != grads && it->second != "fp32")
+      bad(ptr,
+          strcat("gradients are ", grads, " (", entries_.at("precision.grads").comment,
+                 "): strata accumulates them in ",
+                 grads == "fp32" ? std::string("fp32") : grads + " or fp32", ", not ", it->second));
+    set("precision.grad_accum", it->second, src(ptr, *v));
   }
 
   void optimizer() {
@@ -816,7 +841,8 @@ class Importer {
         {"dump_state", "no strata meaning"},
         {"prescale_gradients", "strata averages gradients once, after the reduction"},
         {"gradient_predivide_factor", "strata averages gradients once, after the reduction"},
-        {"communication_data_type", "strata reduces in precision.grads and accumulates in FP32"},
+        {"communication_data_type",
+         "strata reduces in precision.grads and holds the sum in precision.grad_accum"},
         {"activation_checkpointing",
          "strata does not run the model (model.* shape keys drive the activation estimate)"},
         {"flops_profiler", "use `strata profile`"},
@@ -839,7 +865,6 @@ class Importer {
         {"data_efficiency", "strata does not load data"},
         {"curriculum_learning", "strata does not load data"},
         {"compression_training", "strata does not compress"},
-        {"data_types", "strata reduces in precision.grads and accumulates in FP32"},
         {"disable_allgather", "no strata meaning"},
         {"nebula", "strata checkpoints: `strata train --checkpoint-dir`"},
         {"load_universal_checkpoint",
@@ -852,7 +877,8 @@ class Importer {
         {"quantize_training", "strata does not quantize"},
         {"seq_parallel_communication_data_type", "strata is data parallel only"},
         {"fp16_master_weights_and_grads", "strata keeps FP32 master weights"},
-        {"gradient_accumulation_dtype", "gradients are accumulated by the training loop"},
+        {"gradient_accumulation_dtype",
+         "DeepSpeed reads data_types.grad_accum_dtype (mapped to precision.grad_accum)"},
     };
     ignore_known(root_, "/", reasons);
   }
@@ -877,6 +903,7 @@ class Importer {
                                          "model.micro_batch",
                                          "precision.params",
                                          "precision.grads",
+                                         "precision.grad_accum",
                                          "precision.loss_scale.dynamic",
                                          "precision.loss_scale.initial",
                                          "precision.loss_scale.growth_factor",

@@ -347,6 +347,7 @@ class Reader {
   void read_nvme_tier(const YAML::Node& root, Config& c);
   void read_runtime(const YAML::Node& root, Config& c);
   void validate(const Config& c);
+  void validate_grad_accum(const PrecisionConfig& p);
 
   std::string file_;
   std::map<std::string, std::string> overrides_;
@@ -426,6 +427,12 @@ void Reader::read_precision(const YAML::Node& root, Config& c) {
        [&](auto& v, auto& p) { c.precision.params = choice(v, p, kDTypes); });
   with(prec, "precision", "grads",
        [&](auto& v, auto& p) { c.precision.grads = choice(v, p, kDTypes); });
+  with(prec, "precision", "grad_accum", [&](auto& v, auto& p) {
+    if (v.IsScalar() && v.Scalar() == "auto")
+      c.precision.grad_accum.reset();
+    else
+      c.precision.grad_accum = choice(v, p, kDTypes);
+  });
   const YAML::Node ls = child(prec, "loss_scale");
   const std::string lsp = "precision.loss_scale";
   auto& L = c.precision.loss_scale;
@@ -593,6 +600,16 @@ Config Reader::read(const YAML::Node& root) {
   return c;
 }
 
+// precision.grad_accum: the gradients' own dtype or fp32 (a 16-bit sum of FP32 gradients would
+// round every micro-batch; one 16-bit format accumulated in the other loses range or precision).
+void Reader::validate_grad_accum(const PrecisionConfig& p) {
+  if (!p.grad_accum || *p.grad_accum == p.grads || *p.grad_accum == DType::kFp32) return;
+  const std::string a = dtype_name(*p.grad_accum), g = dtype_name(p.grads);
+  error("precision.grad_accum", "gradients of precision.grads " + g + " cannot be accumulated in " +
+                                    a + ": use precision.grad_accum " + g +
+                                    " (the gradients' own dtype, the default) or fp32");
+}
+
 void Reader::validate(const Config& c) {
   if (c.model.parameters != 0 && c.model.largest_layer > c.model.parameters)
     error("model.largest_layer", "is larger than model.parameters");
@@ -604,6 +621,7 @@ void Reader::validate(const Config& c) {
     error("model.heads", "model.hidden_size (" + std::to_string(c.model.hidden_size) +
                              ") must be a multiple of model.heads (" +
                              std::to_string(c.model.heads) + ")");
+  validate_grad_accum(c.precision);
   if (c.precision.loss_scale.min_scale > c.precision.loss_scale.initial)
     error("precision.loss_scale.min_scale", "must be <= precision.loss_scale.initial");
   if (c.world.ranks_per_node > c.world.ranks)

@@ -29,7 +29,7 @@ SchemaNode build() {
                leaf("heads"), leaf("sequence_length"), leaf("micro_batch")}},
           SchemaNode{
               "precision",
-              {leaf("params"), leaf("grads"),
+              {leaf("params"), leaf("grads"), leaf("grad_accum"),
                SchemaNode{"loss_scale",
                           {leaf("enabled"), leaf("dynamic"), leaf("initial"), leaf("growth_factor"),
                            leaf("backoff_factor"), leaf("growth_interval"), leaf("min_scale")}}}},

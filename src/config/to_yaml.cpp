@@ -68,6 +68,8 @@ std::string to_yaml(const Config& c) {
   o << "precision:\n"
     << "  params: " << dtype_name(c.precision.params) << "\n"
     << "  grads: " << dtype_name(c.precision.grads) << "\n"
+    << "  grad_accum: "
+    << (c.precision.grad_accum ? dtype_name(*c.precision.grad_accum) : std::string("auto")) << "\n"
     << "  loss_scale:\n"
     << "    enabled: "
     << (ls.enabled == LossScaling::kAuto ? "auto" : boolean(ls.enabled == LossScaling::kOn)) << "\n"

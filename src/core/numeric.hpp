@@ -110,5 +110,21 @@ inline void accumulate_fp32(float* dst, const float* src, std::size_t n) noexcep
   for (std::size_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+// Gradient accumulation in any pair of dtypes, element by element: with `add`,
+// dst[i] = round_dd(float(dst[i]) + float(src[i])) (one FP32 add, then round to nearest even
+// into dst's dtype, as torch adds 16-bit tensors); without, dst[i] = round_dd(float(src[i])) (a
+// conversion; exact into FP32). Non-finite values stay non-finite (no saturation).
+inline void accumulate_elems(void* dst, DType dd, const void* src, DType sd, std::size_t n,
+                             bool add) noexcept {
+  if (dd == DType::kFp32 && sd == DType::kFp32 && add) {
+    accumulate_fp32(static_cast<float*>(dst), static_cast<const float*>(src), n);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const float s = load_elem(src, i, sd);
+    store_elem(dst, i, dd, add ? load_elem(dst, i, dd) + s : s);
+  }
+}
+
 }  // namespace
 }  // namespace strata

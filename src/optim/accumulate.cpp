@@ -6,15 +6,15 @@
 
 namespace strata {
 
-void accumulate_on_device(Stream& stream, bool cuda, float* dst, const float* src, std::size_t n,
-                          std::chrono::milliseconds timeout) {
+void accumulate_on_device(Stream& stream, bool cuda, void* dst, DType dd, const void* src, DType sd,
+                          std::size_t n, bool add, std::chrono::milliseconds timeout) {
   if (n == 0) return;
   if (cuda) {
-    accumulate_cuda(dst, src, n, stream.native_handle());
+    accumulate_cuda(dst, dd, src, sd, n, add, stream.native_handle());
     return;
   }
   stream.synchronize(timeout);
-  accumulate_fp32(dst, src, n);
+  accumulate_elems(dst, dd, src, sd, n, add);
 }
 
 }  // namespace strata

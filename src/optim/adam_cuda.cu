@@ -174,11 +174,46 @@ __global__ void check_kernel(const void* g, std::size_t n, float divisor, float 
   if (__syncthreads_or(bad) && threadIdx.x == 0) *flag = 1;
 }
 
-// dst[i] += src[i] in fp32 (gradient accumulation over micro-batches; __fadd_rn: no contraction).
-__global__ void accumulate_kernel(float* dst, const float* src, std::size_t n) {
+// Gradient accumulation (accumulate.hpp): DD / SD the dtypes of dst / src (0 fp32, 1 bf16,
+// 2 fp16); ADD: dst = round_DD(dst + src) (one __fadd_rn, no contraction), else dst =
+// round_DD(src). 16-bit results round to nearest even with the CPU's NaN bits (bf16_bits /
+// fp16_bits).
+template <int DD>
+__device__ __forceinline__ void store_elem(void* out, std::size_t i, float x) {
+  if constexpr (DD == 0) static_cast<float*>(out)[i] = x;
+  if constexpr (DD == 1) static_cast<std::uint16_t*>(out)[i] = bf16_bits(x);
+  if constexpr (DD == 2) static_cast<std::uint16_t*>(out)[i] = fp16_bits(x);
+}
+
+template <int DD, int SD, bool ADD>
+__global__ void accumulate_kernel(void* dst, const void* src, std::size_t n) {
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
-  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    dst[i] = __fadd_rn(dst[i], src[i]);
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const float s = grad_at<SD>(src, i);
+    store_elem<DD>(dst, i, ADD ? __fadd_rn(grad_at<DD>(dst, i), s) : s);
+  }
+}
+
+int dtype_code(DType t) { return t == DType::kFp32 ? 0 : t == DType::kBf16 ? 1 : 2; }
+
+template <int DD, int SD>
+void launch_accumulate(void* dst, const void* src, std::size_t n, bool add, cudaStream_t s,
+                       int dev) {
+  if (add)
+    accumulate_kernel<DD, SD, true><<<grid_for(n, dev), kBlock, 0, s>>>(dst, src, n);
+  else
+    accumulate_kernel<DD, SD, false><<<grid_for(n, dev), kBlock, 0, s>>>(dst, src, n);
+}
+
+// The pairs the engine uses: a dtype into itself, a 16-bit dtype into fp32.
+void launch_accumulate(int dd, int sd, void* dst, const void* src, std::size_t n, bool add,
+                       cudaStream_t s, int dev) {
+  if (dd == 0 && sd == 0) return launch_accumulate<0, 0>(dst, src, n, add, s, dev);
+  if (dd == 1 && sd == 1) return launch_accumulate<1, 1>(dst, src, n, add, s, dev);
+  if (dd == 2 && sd == 2) return launch_accumulate<2, 2>(dst, src, n, add, s, dev);
+  if (dd == 0 && sd == 1) return launch_accumulate<0, 1>(dst, src, n, add, s, dev);
+  if (dd == 0 && sd == 2) return launch_accumulate<0, 2>(dst, src, n, add, s, dev);
+  fail(ErrorCode::kInvalidArgument, "accumulate_cuda: unsupported pair of dtypes");
 }
 
 template <int GD, int CK>
@@ -244,14 +279,15 @@ void adam_check_finite_cuda(const void* grad, DType dtype, std::size_t n, float 
   check_cuda(cudaGetLastError(), "adam_check_finite_cuda: kernel launch");
 }
 
-void accumulate_cuda(float* dst, const float* src, std::size_t n, void* stream) {
+void accumulate_cuda(void* dst, DType dd, const void* src, DType sd, std::size_t n, bool add,
+                     void* stream) {
   if (n == 0) return;
   if (!dst || !src) fail(ErrorCode::kInvalidArgument, "accumulate_cuda: null pointer");
   auto s = static_cast<cudaStream_t>(stream);
   const int dev = cuda::stream_device(stream);
   cuda::DeviceGuard guard(dev);
   clear_last_error("accumulate_cuda");
-  accumulate_kernel<<<grid_for(n, dev), kBlock, 0, s>>>(dst, src, n);
+  launch_accumulate(dtype_code(dd), dtype_code(sd), dst, src, n, add, s, dev);
   check_cuda(cudaGetLastError(), "accumulate_cuda: kernel launch");
 }
 

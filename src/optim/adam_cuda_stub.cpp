@@ -15,7 +15,7 @@ void adam_check_finite_cuda(const void*, DType, std::size_t, float, int*, void*,
   fail(ErrorCode::kUnsupported, "adam_check_finite_cuda: this build of strata has no CUDA support");
 }
 
-void accumulate_cuda(float*, const float*, std::size_t, void*) {
+void accumulate_cuda(void*, DType, const void*, DType, std::size_t, bool, void*) {
   fail(ErrorCode::kUnsupported, "accumulate_cuda: this build of strata has no CUDA support");
 }
 

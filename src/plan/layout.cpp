@@ -10,7 +10,7 @@ namespace strata {
 BytesPerParam bytes_per_param(const PrecisionConfig& p) {
   BytesPerParam b;
   b.params = dtype_size(p.params);
-  b.grads = dtype_size(p.grads);
+  b.grads = dtype_size(p.accum_dtype());  // held in precision.grad_accum (handed in as grads)
   b.master = 4;       // the engine's FP32 master copy, kept whatever precision.params is
   b.moments = 2 * 4;  // Adam/AdamW: exp_avg + exp_avg_sq in fp32
   return b;
@@ -120,6 +120,44 @@ std::string Layout::describe() const {
   return s;
 }
 
+namespace {
+
+// Traffic per rank per optimizer step (docs/config.md, "Bytes per step"), given the elements of
+// each kind that leave the gpu.
+LinkTraffic plan_traffic(const Config& c, int stage, const OffloadConfig& offload,
+                         std::uint64_t opt_off, std::uint64_t grad_off, std::uint64_t param_off) {
+  const BytesPerParam b = bytes_per_param(c.precision);
+  const std::uint64_t opt_nvme = offload.optimizer.tier == Tier::kNvme ? opt_off : 0;
+  const std::uint64_t grad_nvme = offload.gradients.tier == Tier::kNvme ? grad_off : 0;
+  const std::uint64_t param_nvme = offload.params.tier == Tier::kNvme ? param_off : 0;
+  LinkTraffic t;
+  // Offloaded gradients are read twice by the step: the norm/overflow pass and the update.
+  t.nvme_read = opt_nvme * b.optimizer() + 2 * grad_nvme * b.grads + 2 * param_nvme * b.params;
+  t.nvme_write = opt_nvme * b.optimizer() + grad_nvme * b.grads + param_nvme * b.params;
+  // Gradients leave the gpu for the off-gpu optimizer share or their own offload; updated
+  // parameters come back for the off-gpu optimizer share; offloaded stage-3 parameters are
+  // fetched for the forward and the backward pass.
+  // Stages 2-3 reduce and copy out in precision.grads (converted to grad_accum on arrival);
+  // stages 0-1 all-reduce / reduce-scatter the flat gradients in grad_accum.
+  const std::uint64_t wire = stage >= 2 ? dtype_size(c.precision.grads) : b.grads;
+  t.device_to_host = std::max(opt_off, grad_off) * wire +
+                     (param_off > opt_off ? (param_off - opt_off) * b.params : 0);
+  t.host_to_device =
+      2 * param_off * b.params + (opt_off > param_off ? (opt_off - param_off) * b.params : 0);
+  const std::uint64_t psi = c.model.parameters;
+  if (c.world.ranks > 1) {
+    if (stage == 0)
+      t.network = 2 * psi * wire;  // all-reduce of gradients
+    else if (stage < 3)
+      t.network = psi * wire + psi * b.params;  // reduce-scatter + all-gather
+    else
+      t.network = psi * wire + 2 * psi * b.params;  // + forward/backward gathers
+  }
+  return t;
+}
+
+}  // namespace
+
 Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const BytesPerParam b = bytes_per_param(c.precision);
   Layout l;
@@ -167,30 +205,7 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   l.per_node.pageable_host = sat_mul(l.per_rank.pageable_host, rpn);
   l.per_node.nvme = sat_mul(l.per_rank.nvme, rpn);
 
-  // Traffic per rank per optimizer step (docs/config.md, "Bytes per step").
-  const std::uint64_t opt_nvme = offload.optimizer.tier == Tier::kNvme ? opt_off : 0;
-  const std::uint64_t grad_nvme = offload.gradients.tier == Tier::kNvme ? grad_off : 0;
-  const std::uint64_t param_nvme = offload.params.tier == Tier::kNvme ? param_off : 0;
-  LinkTraffic& t = l.traffic;
-  // Offloaded gradients are read twice by the step: the norm/overflow pass and the update.
-  t.nvme_read = opt_nvme * b.optimizer() + 2 * grad_nvme * b.grads + 2 * param_nvme * b.params;
-  t.nvme_write = opt_nvme * b.optimizer() + grad_nvme * b.grads + param_nvme * b.params;
-  // Gradients leave the gpu for the off-gpu optimizer share or their own offload; updated
-  // parameters come back for the off-gpu optimizer share; offloaded stage-3 parameters are
-  // fetched for the forward and the backward pass.
-  t.device_to_host = std::max(opt_off, grad_off) * b.grads +
-                     (param_off > opt_off ? (param_off - opt_off) * b.params : 0);
-  t.host_to_device =
-      2 * param_off * b.params + (opt_off > param_off ? (opt_off - param_off) * b.params : 0);
-  const std::uint64_t psi = c.model.parameters;
-  if (c.world.ranks > 1) {
-    if (stage == 0)
-      t.network = 2 * psi * b.grads;  // all-reduce of gradients
-    else if (stage < 3)
-      t.network = psi * b.grads + psi * b.params;  // reduce-scatter + all-gather
-    else
-      t.network = psi * b.grads + 2 * psi * b.params;  // + forward/backward gathers
-  }
+  l.traffic = plan_traffic(c, stage, offload, opt_off, grad_off, param_off);
 
   l.verdicts.push_back({"gpu", "rank", l.per_rank.gpu, c.tiers.gpu.budget, true});
   l.verdicts.push_back({"host", "node", l.per_node.host(), c.tiers.host.budget, true});

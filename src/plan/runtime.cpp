@@ -80,7 +80,8 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
               : std::string("the device is a GPU (runtime.device ") +
                     device_name(c.runtime.device) +
                     "): copies between device and host are staged through it";
-  const std::uint64_t gb = dtype_size(c.precision.grads), pb = dtype_size(c.precision.params);
+  const std::uint64_t gb = dtype_size(c.precision.accum_dtype());  // the held gradients
+  const std::uint64_t pb = dtype_size(c.precision.params);
   const std::uint64_t buf = c.tiers.host.buffer_size;
   const std::uint64_t cap = std::max<std::uint64_t>(chunk_capacity(buf, gb, pb), 1);
   const std::uint64_t sg = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
@@ -137,7 +138,9 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   const std::uint64_t n = ranks_of(c);
   const std::uint64_t psize = partition_elements(c);
   const std::uint64_t flat = sat_mul(psize, n);
+  // Buckets and receive buffers in precision.grads; the held gradients in grad_accum.
   const std::uint64_t gb = dtype_size(c.precision.grads), pb = dtype_size(c.precision.params);
+  const std::uint64_t held = dtype_size(c.precision.accum_dtype());
   const std::uint64_t bucket = std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1);
   r.norm = 16 * (n + 1);
   if (c.model.largest_layer > 0) {
@@ -173,7 +176,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   if (c.optimizer.update == OptimizerUpdate::kDevice) {
     const std::uint64_t e = plan_pool(c, stage, offload).largest_host_chunk;
     auto pad = [](std::uint64_t b) { return sat_round_up(b, 256); };
-    if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * gb), pad(e * pb));
+    if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * held), pad(e * pb));
   }
   return r;
 }

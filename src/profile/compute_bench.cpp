@@ -74,7 +74,7 @@ void fill_values(void* data, DType dtype, std::size_t n, std::uint64_t seed, flo
 // Bytes of state one Adam update touches per element: p, m, v read + written (fp32), the
 // gradient read, the 16-bit parameter copy written.
 double adam_bytes_per_element(const Config& c) {
-  return 24.0 + static_cast<double>(dtype_size(c.precision.grads)) +
+  return 24.0 + static_cast<double>(dtype_size(c.precision.accum_dtype())) +
          (c.precision.params == DType::kFp32 ? 0.0
                                              : static_cast<double>(dtype_size(c.precision.params)));
 }
@@ -90,15 +90,16 @@ AdamMeasure measure_cpu_adam(const Config& c, std::uint64_t elements) {
   fill_values(ma.data(), DType::kFp32, n, 2, 0.01f);
   fill_values(va.data(), DType::kFp32, n, 3, 0.01f);
   for (auto& x : va) x = x * x;
-  std::vector<std::uint8_t> grad(n * dtype_size(c.precision.grads));
-  fill_values(grad.data(), c.precision.grads, n, 4, 0.1f);
+  const DType gd = c.precision.accum_dtype();  // the step's Adam reads the held gradients
+  std::vector<std::uint8_t> grad(n * dtype_size(gd));
+  fill_values(grad.data(), gd, n, 4, 0.1f);
   std::vector<std::uint8_t> copy(c.precision.params == DType::kFp32 ? 0 : n * 2);
   AdamTensors t;
   t.param = p.data();
   t.exp_avg = ma.data();
   t.exp_avg_sq = va.data();
   t.grad = grad.data();
-  t.grad_dtype = c.precision.grads;
+  t.grad_dtype = gd;
   t.param_copy = copy.empty() ? nullptr : copy.data();
   t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
   t.n = n;
@@ -129,7 +130,8 @@ AdamMeasure measure_gpu_adam(const Config& c, Device& device, std::uint64_t elem
     return m;
   }
   const std::size_t n = elements;
-  const std::size_t gb = dtype_size(c.precision.grads);
+  const DType gd = c.precision.accum_dtype();  // the step's Adam reads the held gradients
+  const std::size_t gb = dtype_size(gd);
   DeviceMemory p = device.allocate(n * 4), ma = device.allocate(n * 4), va = device.allocate(n * 4);
   DeviceMemory grad = device.allocate(n * gb);
   DeviceMemory copy = device.allocate(n * 2);
@@ -148,7 +150,7 @@ AdamMeasure measure_gpu_adam(const Config& c, Device& device, std::uint64_t elem
     for (std::size_t i = 0; i < n; ++i) f[i] = f[i] * f[i];
     stream->memcpy_async(va.get(), host.data(), n * 4);
     stream->synchronize(std::chrono::seconds(60));
-    fill_values(host.data(), c.precision.grads, n, 7, 0.1f);
+    fill_values(host.data(), gd, n, 7, 0.1f);
     stream->memcpy_async(grad.get(), host.data(), n * gb);
     stream->synchronize(std::chrono::seconds(60));
   }
@@ -157,7 +159,7 @@ AdamMeasure measure_gpu_adam(const Config& c, Device& device, std::uint64_t elem
   t.exp_avg = static_cast<float*>(ma.get());
   t.exp_avg_sq = static_cast<float*>(va.get());
   t.grad = grad.get();
-  t.grad_dtype = c.precision.grads;
+  t.grad_dtype = gd;
   t.param_copy = c.precision.params == DType::kFp32 ? nullptr : copy.get();
   t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
   t.n = n;

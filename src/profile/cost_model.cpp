@@ -125,15 +125,17 @@ void note_unmeasured(StepPrediction& p, const LinkTraffic& t, const Bandwidths& 
                       " elements) not counted");
 }
 
-// Collectives: reduce-scatter of the gradients (psi * grad bytes), the rest of the plan's
-// network bytes are parameter all-gathers (stage 0: the all-reduce's all-gather half). Time =
-// S * (n-1)/n / busbw (nccl-tests' definition of bus bandwidth).
+// Collectives: reduce-scatter of the gradients (psi * grad bytes: precision.grads at stages 2-3,
+// the held precision.grad_accum at 0-1), the rest of the plan's network bytes are parameter
+// all-gathers (stage 0: the all-reduce's all-gather half). Time = S * (n-1)/n / busbw
+// (nccl-tests' definition of bus bandwidth).
 void add_network(StepPrediction& p, const Config& c, const LinkTraffic& t, const Bandwidths& bw,
-                 const BytesPerParam& b) {
+                 const BytesPerParam& b, int stage) {
   const std::uint32_t n = c.world.ranks;
+  const std::uint64_t gb = stage >= 2 ? dtype_size(c.precision.grads) : b.grads;
   if (n > 1 && t.network > 0) {
     const double rs =
-        static_cast<double>(std::min<std::uint64_t>(t.network, c.model.parameters * b.grads));
+        static_cast<double>(std::min<std::uint64_t>(t.network, c.model.parameters * gb));
     const double ag = static_cast<double>(t.network) - rs;
     const double f = static_cast<double>(n - 1) / static_cast<double>(n);
     p.network_s = seconds(rs * f, bw.reduce_scatter_busbw) + seconds(ag * f, bw.all_gather_busbw);
@@ -167,7 +169,7 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
   p.pipelined_s = std::max(p.pipelined_s, gpu_adam);
 
   note_unmeasured(p, t, bw, on_gpu);
-  add_network(p, c, t, bw, b);
+  add_network(p, c, t, bw, b, layout.stage);
   p.overhead_serial_s = excess(p.serial_s, p.adam_s) + p.network_s;
   p.overhead_pipelined_s = excess(p.pipelined_s, p.adam_s) + p.network_s;
   return p;

@@ -13,8 +13,12 @@
 namespace strata::tier {
 
 Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
-               DeviceAdd add_on_device)
-    : store_(store), timeout_(timeout), add_on_device_(std::move(add_on_device)) {
+               DeviceOp on_device, DType piece_dtype, DType buffer_dtype)
+    : store_(store),
+      timeout_(timeout),
+      on_device_(std::move(on_device)),
+      piece_dtype_(piece_dtype),
+      buffer_dtype_(buffer_dtype) {
   for (BufferId id : buffers) {
     const BufferInfo info = store_.info(id);
     Buf b;
@@ -132,8 +136,8 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
   try {
     if (bytes == 0) {
       p.done = true;
-    } else if (mode_ == Mode::kAccumulate) {
-      accumulate_piece(b, k, offset, bytes, src, src_memory);
+    } else if (element_wise()) {
+      combine_piece(b, k, offset, bytes, src, src_memory);
       p.done = true;
     } else if (!b.nvme) {  // on the store's movers, in submission order per buffer
       if (!b.touched) p.zero = store_.zero(b.id);
@@ -178,49 +182,66 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
 }
 
 // A device piece in host memory (a synchronous copy on the filler's stream); a host one as it is.
-const float* Filler::host_floats(const void* src, std::uint64_t bytes, Tier src_memory) {
-  if (src_memory == Tier::kCpu) return static_cast<const float*>(src);
-  host_piece_.resize(bytes / sizeof(float));
+// n: elements of piece_dtype.
+const void* Filler::host_piece(const void* src, std::size_t n, Tier src_memory) {
+  if (src_memory == Tier::kCpu) return src;
+  const std::size_t bytes = n * dtype_size(piece_dtype_);
+  host_piece_.resize(bytes);
   if (!stream_) stream_ = store_.device().create_stream();
   stream_->memcpy_async(host_piece_.data(), src, bytes);
   stream_->synchronize(timeout_);
   return host_piece_.data();
 }
 
-// An accumulating piece, synchronously: added on the device (gpu home), on the host into the
-// host copy (cpu home), or into the buffer's pool buffer, read from NVMe first (nvme home).
-void Filler::accumulate_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
-                              const void* src, Tier src_memory) {
-  if (offset % sizeof(float) || bytes % sizeof(float))
-    fail(ErrorCode::kInvalidArgument, strcat("filler: accumulating piece [", offset, ", ",
-                                             offset + bytes, ") is not whole FP32 elements"));
-  const std::size_t n = bytes / sizeof(float);
-  b.touched = true;
+// An accumulating or converting piece, synchronously: on the device (gpu home), on the host into
+// the host copy (cpu home), or into the buffer's pool buffer (nvme home; read from NVMe first when
+// accumulating or written partially before, else zeroed).
+void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
+                           const void* src, Tier src_memory) {
+  const std::size_t es = dtype_size(buffer_dtype_);
+  if (offset % es || bytes % es)
+    fail(ErrorCode::kInvalidArgument,
+         strcat("filler: piece [", offset, ", ", offset + bytes, ") is not whole ",
+                dtype_name(buffer_dtype_), " elements"));
+  const std::size_t n = bytes / es;
+  const bool add = mode_ == Mode::kAccumulate;
   b.filled += bytes;
-  if (b.nvme) {
-    if (b.staged < 0) stage(k);
-    Staged& s = staged_[static_cast<std::size_t>(b.staged)];
-    auto* dst = reinterpret_cast<float*>(static_cast<unsigned char*>(s.buf.data()) + offset);
-    accumulate_fp32(dst, host_floats(src, bytes, src_memory), n);
-    if (b.filled == b.bytes) s.full = true;
-    if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
+  if (!b.nvme) {
+    combine_in_memory(b, offset, n, src, src_memory);
+    b.touched = true;
     return;
   }
+  b.touched = true;
+  if (b.staged < 0) stage(k);
+  Staged& s = staged_[static_cast<std::size_t>(b.staged)];
+  accumulate_elems(static_cast<unsigned char*>(s.buf.data()) + offset, buffer_dtype_,
+                   host_piece(src, n, src_memory), piece_dtype_, n, add);
+  if (b.filled == b.bytes) s.full = true;
+  if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
+}
+
+// combine_piece for a buffer in memory (gpu or cpu home). A converting (replacing) round zeroes
+// the buffer at its first piece, as a replacing copy does.
+void Filler::combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, const void* src,
+                               Tier src_memory) {
+  const bool add = mode_ == Mode::kAccumulate;
   const Tier home = store_.info(b.id).home;
   if (home == Tier::kGpu && src_memory != Tier::kGpu)
-    fail(ErrorCode::kInvalidArgument, "filler: accumulating into device memory from host memory");
-  if (home == Tier::kGpu && !add_on_device_)
-    fail(ErrorCode::kInvalidArgument, "filler: accumulating into device memory needs a DeviceAdd");
-  const float* host_src = home == Tier::kGpu ? nullptr : host_floats(src, bytes, src_memory);
+    fail(ErrorCode::kInvalidArgument,
+         "filler: adding or converting into device memory from host memory");
+  if (home == Tier::kGpu && !on_device_)
+    fail(ErrorCode::kInvalidArgument,
+         "filler: adding or converting into device memory needs a DeviceOp");
+  if (!add && !b.touched) store_.zero(b.id).wait(timeout_);
+  const void* host_src = home == Tier::kGpu ? nullptr : host_piece(src, n, src_memory);
   auto* base = static_cast<unsigned char*>(store_.acquire(b.id, home, Access::kWrite, timeout_));
   try {
-    auto* dst = reinterpret_cast<float*>(base + offset);
     if (home == Tier::kGpu) {
       if (!stream_) stream_ = store_.device().create_stream();
-      add_on_device_(*stream_, dst, static_cast<const float*>(src), n);
+      on_device_(*stream_, base + offset, src, n, add);
       stream_->synchronize(timeout_);
     } else {
-      accumulate_fp32(dst, host_src, n);
+      accumulate_elems(base + offset, buffer_dtype_, host_src, piece_dtype_, n, add);
     }
   } catch (...) {
     store_.release(b.id, home);

@@ -16,12 +16,17 @@
 //     pool buffer is needed before it is complete is written as it is (after its copies) and read
 //     back (CRC checked) when its next piece arrives. end() writes what is still partial, and
 //     marks the buffers that got no piece zero (no I/O).
+// Elements: the buffers hold `buffer_dtype`, the pieces arrive in `piece_dtype` (FP32 both by
+// default; offsets and lengths are the buffer's bytes, a piece's source holds the same elements in
+// piece_dtype). When the two differ, every piece is converted element by element (round to nearest
+// even), synchronously as below.
 // Accumulating rounds (begin(Mode::kAccumulate), gradient accumulation over micro-batches): every
-// piece is FP32 and is added element by element to the buffer's current contents instead of
-// replacing them; elements no piece reaches keep theirs, and end() zeroes nothing. Such a piece is
-// complete when fill_async returns (its source is copied to host memory first when the buffer's
-// home is cpu or nvme; a gpu home adds on the device through `add_on_device`); an nvme buffer is
-// read into its pool buffer when its first piece arrives and written back whole.
+// piece is added element by element to the buffer's current contents instead of replacing them
+// (accumulate_elems, core/numeric.hpp: one FP32 add rounded into buffer_dtype); elements no piece
+// reaches keep theirs, and end() zeroes nothing. Such a piece (and a converted one) is complete
+// when fill_async returns (its source is copied to host memory first when the buffer's home is cpu
+// or nvme; a gpu home adds or converts on the device through `on_device`); an nvme buffer is read
+// into its pool buffer when its first piece arrives (accumulating) and written back whole.
 // Completion is collected, never pushed: done(t) / poll() look at what finished without blocking
 // (and start the NVMe writes of buffers that became complete), wait(t) blocks. Tickets count up
 // from 1 per filler; done(t) is true when the pieces of tickets <= t have all completed, i.e. when
@@ -62,14 +67,17 @@ class Filler {
  public:
   using Ticket = std::uint64_t;
   enum class Mode { kReplace, kAccumulate };
-  // dst[i] += src[i] (FP32, n elements, both in device memory), in `stream`'s order (the filler's
-  // copy stream); may return before the sum is done on a CUDA device (the stream orders it).
-  using DeviceAdd =
-      std::function<void(Stream& stream, float* dst, const float* src, std::size_t n)>;
+  // add: dst[i] = round(dst[i] + src[i]), else dst[i] = round(src[i]) (n elements, dst in
+  // buffer_dtype, src in piece_dtype, both in device memory), in `stream`'s order (the filler's
+  // copy stream); may return before it is done on a CUDA device (the stream orders it).
+  using DeviceOp =
+      std::function<void(Stream& stream, void* dst, const void* src, std::size_t n, bool add)>;
 
-  // `add_on_device`: needed only for accumulating rounds into buffers whose home is gpu.
+  // `on_device`: needed only for accumulating (or converting) pieces into buffers whose home is
+  // gpu.
   Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
-         DeviceAdd add_on_device = nullptr);
+         DeviceOp on_device = nullptr, DType piece_dtype = DType::kFp32,
+         DType buffer_dtype = DType::kFp32);
   ~Filler();
   Filler(const Filler&) = delete;
   Filler& operator=(const Filler&) = delete;
@@ -78,7 +86,7 @@ class Filler {
   Mode mode() const { return mode_; }
   // src_memory: kCpu for host memory, kGpu for device memory of the store's Device.
   // REQUIRES: active(); the piece lies in buffer k and was not filled before this round;
-  // accumulating: offset and bytes are multiples of 4 (FP32 elements).
+  // accumulating or converting: offset and bytes are whole elements of buffer_dtype.
   Ticket fill_async(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
                     Tier src_memory);
   void fill(std::size_t k, std::uint64_t offset, std::uint64_t bytes, const void* src,
@@ -137,9 +145,12 @@ class Filler {
     bool done = false;
   };
   void stage(std::size_t k);
-  void accumulate_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
-                        const void* src, Tier src_memory);
-  const float* host_floats(const void* src, std::uint64_t bytes, Tier src_memory);
+  bool element_wise() const { return mode_ == Mode::kAccumulate || piece_dtype_ != buffer_dtype_; }
+  void combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
+                     const void* src, Tier src_memory);
+  void combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, const void* src,
+                         Tier src_memory);
+  const void* host_piece(const void* src, std::size_t n, Tier src_memory);
   void write_staged(std::size_t s, bool partial);
   PinnedBuffer take_buffer();
   void retire_oldest_write();
@@ -155,9 +166,10 @@ class Filler {
 
   TierStore& store_;
   std::chrono::milliseconds timeout_;
-  DeviceAdd add_on_device_;
+  DeviceOp on_device_;
+  const DType piece_dtype_, buffer_dtype_;
   Mode mode_ = Mode::kReplace;
-  std::vector<float> host_piece_;  // accumulating: a device piece copied to host memory
+  std::vector<unsigned char> host_piece_;  // element-wise: a device piece copied to host memory
   std::vector<Buf> bufs_;
   std::vector<Staged> staged_;   // buffers being assembled (nvme)
   std::deque<Writing> writing_;  // nvme writes in flight, oldest first

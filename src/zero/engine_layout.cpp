@@ -49,9 +49,11 @@ EngineLayout::EngineLayout(const Config& config, int rank, int world, std::vecto
       world_(world),
       stage_(config.zero.stage),
       param_dtype_(config.precision.params),
-      grad_dtype_(config.precision.grads),
+      grad_dtype_(config.precision.accum_dtype()),
+      hand_in_dtype_(config.precision.grads),
       param_elem_(elem_size(param_dtype_)),
       grad_elem_(elem_size(grad_dtype_)),
+      hand_in_elem_(elem_size(hand_in_dtype_)),
       timeout_(timeout_of(config)),
       partition_(
           std::make_unique<const Partition>(std::move(specs), world, config.zero.sub_group_size)),

@@ -5,10 +5,14 @@
 //
 // Storage (the engine owns no bytes of training state; every array is a TierStore buffer):
 //   opt.<k>    master | exp_avg | exp_avg_sq of chunk k (FP32), home per offload.optimizer
-//   grad.<k>   stage >= 2: the reduced gradients of chunk k (precision.grads), offload.gradients
+//   grad.<k>   stage >= 2: the reduced gradients of chunk k (grad_dtype()), offload.gradients
 //   param.<k>  stage 3: the own parameters of chunk k (precision.params), offload.params
 //   params     stages 0-2: every parameter (model dtype), gpu (Engine::param() points into it)
-//   grads      stages 0-1: every gradient, gpu (all-reduced / reduce-scattered in place)
+//   grads      stages 0-1: every gradient (grad_dtype()), gpu (all-reduced / reduce-scattered in
+//              place)
+// Gradients are handed in, bucketed and reduce-scattered (stages 2-3) in precision.grads
+// (hand_in_dtype()) and held, accumulated and read by the step in precision.grad_accum
+// (grad_dtype(): precision.grads unless grad_accum is fp32).
 // Runtime scratch (buckets, receive buffers, gathered tensors, exchanges) is not state: it comes
 // from the rank's ScratchArena (tier/scratch_arena.hpp). A placement's leading `fraction` of the
 // elements is on its tier, the rest on gpu (rounded up to 1024 elements). Chunks are cut at
@@ -67,9 +71,11 @@ class EngineLayout {
   int world() const { return world_; }
   int stage() const { return stage_; }
   DType param_dtype() const { return param_dtype_; }
-  DType grad_dtype() const { return grad_dtype_; }
+  DType grad_dtype() const { return grad_dtype_; }        // held and read: precision.accum_dtype()
+  DType hand_in_dtype() const { return hand_in_dtype_; }  // handed in, reduced: precision.grads
   std::size_t param_elem_bytes() const { return param_elem_; }
   std::size_t grad_elem_bytes() const { return grad_elem_; }
+  std::size_t hand_in_elem_bytes() const { return hand_in_elem_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   const Partition& partition() const { return *partition_; }
@@ -113,8 +119,8 @@ class EngineLayout {
 
   const Config cfg_;
   const int rank_, world_, stage_;
-  const DType param_dtype_, grad_dtype_;
-  const std::size_t param_elem_, grad_elem_;
+  const DType param_dtype_, grad_dtype_, hand_in_dtype_;
+  const std::size_t param_elem_, grad_elem_, hand_in_elem_;
   const std::chrono::milliseconds timeout_;
   const std::unique_ptr<const Partition> partition_;
   const std::size_t own_begin_, partition_size_, opt_begin_, opt_count_;

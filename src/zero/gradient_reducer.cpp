@@ -78,11 +78,14 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
     for (const Chunk& c : layout.chunks()) grad_ids.push_back(c.grad);
     const bool cuda = store.device().kind() == DeviceKind::kCuda;
     const auto timeout = timeout_;
+    const DType held = layout.grad_dtype(), reduced = layout.hand_in_dtype();
     fill_ = std::make_unique<tier::Filler>(
         store, std::move(grad_ids), timeout_,
-        [cuda, timeout](Stream& s, float* dst, const float* src, std::size_t n) {
-          accumulate_on_device(s, cuda, dst, src, n, timeout);
-        });
+        [cuda, timeout, held, reduced](Stream& s, void* dst, const void* src, std::size_t n,
+                                       bool add) {
+          accumulate_on_device(s, cuda, dst, held, src, reduced, n, add, timeout);
+        },
+        reduced, held);
   }
   reset();
 }
@@ -162,12 +165,6 @@ void GradientReducer::check_hand_in(TensorId id, const void* grad, bool zeros) c
                 layout_.tensor(missing).name, "' and ", arrived_.size() - n_arrived_ - 1,
                 " more missing)"));
   }
-  if (arrived_[id] && layout_.grad_dtype() != DType::kFp32)
-    fail(ErrorCode::kUnsupported,
-         strcat("engine: gradient of tensor '", t.name, "' handed in again: accumulating ",
-                dtype_name(layout_.grad_dtype()),
-                " gradients over micro-batches is not supported yet (FP32 gradients accumulate; "
-                "with 16-bit gradients take one backward per step)"));
   if (!zeros && t.numel > 0 && grad == nullptr)
     fail(ErrorCode::kInvalidArgument, strcat("engine: null gradient for '", t.name, "'"));
 }
@@ -187,8 +184,9 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
   const auto t0 = Clock::now();
   const auto* src = static_cast<const unsigned char*>(grad);
   const std::size_t ges = layout_.grad_elem_bytes();
-  if (layout_.stage() < 2 && micro_ > 0) {
-    accumulate_flat(off, n, src, memory);
+  const bool same = layout_.grad_dtype() == layout_.hand_in_dtype();
+  if (layout_.stage() < 2 && (micro_ > 0 || !same)) {
+    accumulate_flat(off, n, src, memory, micro_ > 0);
   } else if (layout_.stage() < 2) {
     copy(layout_.grads_device() + off * ges, src, n * ges);  // the caller's thread on a host device
   } else {
@@ -205,7 +203,8 @@ void GradientReducer::hand_in_zero(TensorId id) {
   const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
   if (n == 0) return;
   const auto t0 = Clock::now();
-  const std::size_t ges = layout_.grad_elem_bytes();
+  const std::size_t ges = layout_.stage() < 2 ? layout_.grad_elem_bytes()      // the flat gradients
+                                              : layout_.hand_in_elem_bytes();  // the buckets
   if (layout_.stage() < 2 && micro_ == 0) {
     stream_->fill(layout_.grads_device() + off * ges, 0, n * ges, timeout_);
   } else if (layout_.stage() >= 2) {
@@ -248,19 +247,22 @@ void GradientReducer::start_micro_batch() {
   ++micro_;
 }
 
-// Stages 0-1, a later micro-batch: the gradient is added into the flat gradients (FP32) on the
-// device; from host memory on a CUDA device through a staging buffer.
+// Stages 0-1: the gradient (hand-in dtype) is added into the flat gradients (grad dtype) on the
+// device (`add`: a later micro-batch), or converted into them (the first, when the dtypes
+// differ); from host memory on a CUDA device through a staging buffer.
 void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src,
-                                      Tier memory) {
+                                      Tier memory, bool add) {
   const bool cuda = store_.device().kind() == DeviceKind::kCuda;
+  const std::size_t hes = layout_.hand_in_elem_bytes();
   Scratch staged;
   if (memory == Tier::kCpu && cuda) {
-    staged = scratch_.take(n * sizeof(float), "gradient accumulation staging");
-    copy(staged.data(), src, n * sizeof(float));
+    staged = scratch_.take(n * hes, "gradient accumulation staging");
+    copy(staged.data(), src, n * hes);
     src = staged.data();
   }
-  auto* dst = reinterpret_cast<float*>(layout_.grads_device()) + off;
-  accumulate_on_device(*stream_, cuda, dst, reinterpret_cast<const float*>(src), n, timeout_);
+  unsigned char* dst = layout_.grads_device() + off * layout_.grad_elem_bytes();
+  accumulate_on_device(*stream_, cuda, dst, layout_.grad_dtype(), src, layout_.hand_in_dtype(), n,
+                       add, timeout_);
   stream_->synchronize(timeout_);
 }
 
@@ -269,7 +271,7 @@ void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsi
 // descending order, the order in which several ranks issue them (bucket_complete), so no complete
 // bucket waits for a higher one with its buffer held.
 void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src) {
-  const std::size_t ges = layout_.grad_elem_bytes();
+  const std::size_t ges = layout_.hand_in_elem_bytes();
   for (std::size_t stop = off + n; stop > off;) {
     const std::size_t k = (stop - 1) / bucket_elems_;
     const std::size_t pos = std::max(off, bucket_begin(k));
@@ -292,10 +294,10 @@ Scratch& GradientReducer::bucket_buffer(std::size_t k) {
   } else {
     // Sized for the longest bucket, the first: min(B, F) elements (a model smaller than
     // zero.reduce_bucket_size gets a buffer of its own size, not of B elements).
-    b = scratch_.take(bucket_len(0) * layout_.grad_elem_bytes(), "gradient bucket");
+    b = scratch_.take(bucket_len(0) * layout_.hand_in_elem_bytes(), "gradient bucket");
     ++buckets_made_;
   }
-  const std::size_t ges = layout_.grad_elem_bytes();
+  const std::size_t ges = layout_.hand_in_elem_bytes();
   for (const Range& g : bucket_gaps_[k])
     stream_->fill(b.data() + g.begin * ges, 0, g.count * ges, timeout_);
   return b;
@@ -328,8 +330,8 @@ void GradientReducer::issue_bucket(std::size_t k) {
   f.recv = take_recv();
   f.share_begin = mine ? std::max(b, layout_.own_begin()) - layout_.own_begin() : 0;
   f.share_count = mine;
-  f.handle =
-      comm_.reduce_scatter_async(bucket_of_[k].data(), f.recv.data(), counts, layout_.grad_dtype());
+  f.handle = comm_.reduce_scatter_async(bucket_of_[k].data(), f.recv.data(), counts,
+                                        layout_.hand_in_dtype());
   inflight_.push_back(std::move(f));
   bucket_issued_[k] = true;
 }
@@ -339,7 +341,7 @@ Scratch GradientReducer::take_recv() {
   if (free_recvs_.empty() && recvs_made_ < kMaxRecvBuffers) {
     ++recvs_made_;
     const std::size_t elems = std::min(bucket_elems_, layout_.partition_size());
-    return scratch_.take(elems * layout_.grad_elem_bytes(), "gradient receive buffer");
+    return scratch_.take(elems * layout_.hand_in_elem_bytes(), "gradient receive buffer");
   }
   if (free_recvs_.empty()) {  // every buffer is copying out: wait for the oldest
     const auto t0 = Clock::now();
@@ -365,14 +367,15 @@ void GradientReducer::retire_oldest() {
   }
   const auto t0 = Clock::now();
   if (!fill_->active()) fill_->begin();
-  const std::size_t ges = layout_.grad_elem_bytes();
+  // Offsets into the chunk in the held dtype, into the receive buffer in the reduced one.
+  const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
   tier::Filler::Ticket last = 0;
   for (std::size_t pos = f.share_begin; pos < f.share_begin + f.share_count;) {
     const std::size_t ci = layout_.chunk_index(pos);
     const Chunk& c = layout_.chunks()[ci];
     const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
     last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
-                             f.recv.data() + (pos - f.share_begin) * ges, Tier::kGpu);
+                             f.recv.data() + (pos - f.share_begin) * hes, Tier::kGpu);
     chunk_filled_[ci] += stop - pos;
     if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
     pos = stop;

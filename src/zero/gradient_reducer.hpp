@@ -10,12 +10,15 @@
 // Buckets are issued in descending order on several ranks (a bucket completed early waits for the
 // ones above it): the collectives match on every rank whatever order the hand-ins complete them.
 //
-// Accumulation over micro-batches (FP32 gradients): a tensor handed in again once every tensor
-// arrived starts the next micro-batch. Stages 0-1 add each later micro-batch's gradient into the
-// flat gradients on the device (reduced once, at step(): DDP's no_sync). Stages 2-3 reduce-scatter
-// every micro-batch's buckets; the first fills the rank's shares into the gradient chunks, each
-// later one adds to them wherever they live (an accumulating round of the filler: on the device,
-// in host memory, or read from NVMe and written back). docs/offload.md, "Gradient accumulation".
+// Accumulation over micro-batches: a tensor handed in again once every tensor arrived starts the
+// next micro-batch. Gradients are handed in, bucketed and reduce-scattered in precision.grads and
+// held in precision.grad_accum (the layout's grad_dtype(); converted where the two differ). Stages
+// 0-1 add each later micro-batch's gradient into the flat gradients on the device (reduced once,
+// at step(): DDP's no_sync). Stages 2-3 reduce-scatter every micro-batch's buckets; the first
+// fills the rank's shares into the gradient chunks, each later one adds to them wherever they
+// live (an accumulating round of the filler: on the device, in host memory, or read from NVMe and
+// written back). Each add is one FP32 add rounded into the held dtype. docs/offload.md, "Gradient
+// accumulation".
 //
 // Ownership: borrows the layout, the communicator, the store and the scratch arena; owns the
 // buckets, receive buffers, the filler of the gradient chunks and its copy stream.
@@ -57,8 +60,7 @@ class GradientReducer : private RankResources {
   GradientReducer& operator=(const GradientReducer&) = delete;
 
   // Argument checks (unknown id is the caller's): a gradient handed in again before every tensor
-  // arrived in this micro-batch, a null pointer (Error(kInvalidArgument)); a second micro-batch of
-  // 16-bit gradients (Error(kUnsupported)). Nothing changes.
+  // arrived in this micro-batch, a null pointer (Error(kInvalidArgument)). Nothing changes.
   // grad == nullptr with `zeros`: hand_in_zero's check.
   void check_hand_in(TensorId id, const void* grad, bool zeros = false) const;
   // Copies tensor `id`'s gradient (grad dtype; `memory` kGpu = device memory, kCpu = host) and
@@ -121,7 +123,8 @@ class GradientReducer : private RankResources {
 
   bool any_arrived() const { return micro_ > 0 || n_arrived_ > 0; }
   void start_micro_batch();
-  void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory);
+  void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory,
+                       bool add);
   void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
   void reset_micro_batch();
   void mark_arrived(TensorId id);

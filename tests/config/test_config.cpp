@@ -24,10 +24,10 @@ auto offload_fields(const OffloadTarget& o) { return std::tie(o.tier, o.fraction
 auto fields(const Config& c) {
   return std::tuple_cat(
       std::tie(c.model.parameters, c.model.largest_layer, c.model.layers, c.model.micro_batch,
-               c.precision.params, c.precision.grads, c.precision.loss_scale.initial,
-               c.precision.loss_scale.dynamic, c.optimizer.type, c.optimizer.lr, c.optimizer.beta1,
-               c.optimizer.beta2, c.optimizer.eps, c.world.ranks, c.world.ranks_per_node,
-               c.zero.stage, c.zero.sub_group_size),
+               c.precision.params, c.precision.grads, c.precision.grad_accum,
+               c.precision.loss_scale.initial, c.precision.loss_scale.dynamic, c.optimizer.type,
+               c.optimizer.lr, c.optimizer.beta1, c.optimizer.beta2, c.optimizer.eps, c.world.ranks,
+               c.world.ranks_per_node, c.zero.stage, c.zero.sub_group_size),
       offload_fields(c.offload.optimizer), offload_fields(c.offload.gradients),
       offload_fields(c.offload.params),
       std::tie(c.tiers.gpu.budget, c.tiers.host.pinned_budget, c.tiers.host.buffer_size,
@@ -40,6 +40,22 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(fields(a), fields(b));
 }
 }  // namespace
+
+// precision.grad_accum: auto (unset) holds the gradients in their own dtype; fp32 or the
+// gradients' dtype given; to_yaml writes it back.
+TEST(Config, GradAccum) {
+  Config c = parse("model: {parameters: 1B}\nprecision: {grads: bf16}\n");
+  EXPECT_FALSE(c.precision.grad_accum.has_value());
+  EXPECT_EQ(c.precision.accum_dtype(), DType::kBf16);
+  c = parse("model: {parameters: 1B}\nprecision: {grads: fp16, grad_accum: fp32}\n");
+  EXPECT_EQ(c.precision.accum_dtype(), DType::kFp32);
+  expect_same(c, parse_config(to_yaml(c), c.source));
+  c = parse("model: {parameters: 1B}\nprecision: {grads: bf16, grad_accum: bf16}\n");
+  EXPECT_EQ(c.precision.accum_dtype(), DType::kBf16);
+  c = parse("model: {parameters: 1B}\nprecision: {grads: fp32, grad_accum: auto}\n");
+  EXPECT_EQ(c.precision.accum_dtype(), DType::kFp32);
+  expect_same(c, parse_config(to_yaml(c), c.source));
+}
 
 TEST(Config, MinimalConfigGetsEveryDefault) {
   Config c = parse("model: {parameters: 7.5B}\n");

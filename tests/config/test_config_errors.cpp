@@ -121,6 +121,17 @@ TEST(ConfigErrors, MalformedUnits) {
 }
 
 TEST(ConfigErrors, ImpossibleCombinations) {
+  // precision.grad_accum: the gradients' own dtype or fp32, nothing else.
+  expect_config_error(
+      "model: {parameters: 1B}\nprecision:\n  grads: bf16\n  grad_accum: fp16\n",
+      {4,
+       15,
+       "precision.grad_accum",
+       {"bf16 cannot be accumulated in fp16", "use precision.grad_accum bf16", "or fp32"}});
+  expect_config_error("model: {parameters: 1B}\nprecision: {grads: fp32, grad_accum: bf16}\n",
+                      {2, 38, "precision.grad_accum", {"fp32 cannot be accumulated in bf16"}});
+  expect_config_error("model: {parameters: 1B}\nprecision: {grad_accum: fp8}\n",
+                      {2, 25, "precision.grad_accum", {"'fp8' is not one of"}});
   expect_config_error(
       "model: {parameters: 1B}\nzero: {stage: 2}\noffload:\n  params: {tier: cpu}\n",
       {4, 18, "offload.params.tier", {"only at zero.stage 3", "zero.stage is 2"}});

@@ -1,10 +1,10 @@
 // The fake runtime's launch ABI (what nvcc's host stubs call: __cudaRegisterFatBinary,
 // __cudaRegisterFunction, __cudaPush/PopCallConfiguration, __cudaGetKernel, __cudaLaunchKernel)
 // and CPU reference implementations of strata's kernels, chosen by the kernel's mangled name:
-// adam_kernel<GD, CK, vec4>, check_kernel<GD>, accumulate_kernel (src/optim/adam_cuda.cu) and
-// probe_kernel (src/cuda/device_query.cu). The references follow the device code's definition with
-// CUDA's own host-side conversions (cuda_bf16.h / cuda_fp16.h): they are an independent statement
-// of what the GPU computes, not a call into strata's CPU kernels.
+// adam_kernel<GD, CK, vec4>, check_kernel<GD>, accumulate_kernel<DD, SD, ADD>
+// (src/optim/adam_cuda.cu) and probe_kernel (src/cuda/device_query.cu). The references follow the
+// device code's definition with CUDA's own host-side conversions (cuda_bf16.h / cuda_fp16.h): they
+// are an independent statement of what the GPU computes, not a call into strata's CPU kernels.
 //
 // A kernel must be launched into a stream of the calling thread's current device (else
 // cudaErrorInvalidResourceHandle, as on a GPU). Its pointer arguments must address device memory
@@ -165,14 +165,20 @@ std::function<void()> check_task(int gd, void** args, int dev, Fault* f) {
   };
 }
 
-std::function<void()> accumulate_task(void** args, int dev, Fault* f) {
-  float* dst = *static_cast<float**>(args[0]);
-  const float* src = *static_cast<const float**>(args[1]);
+// accumulate_kernel<DD, SD, ADD>: dst = round_DD(dst + src) (ADD) or round_DD(src), one FP32 add,
+// CUDA's round-to-nearest-even conversions with the CPU's NaN bits (store_copy's).
+std::function<void()> accumulate_task(int dd, int sd, bool add, void** args, int dev, Fault* f) {
+  void* dst = *static_cast<void**>(args[0]);
+  const void* src = *static_cast<const void**>(args[1]);
   const std::size_t n = *static_cast<std::size_t*>(args[2]);
-  auto* sd = reinterpret_cast<float*>(dev_ptr(dst, n * 4, dev, "dst", f));
-  const auto* ss = reinterpret_cast<const float*>(dev_ptr(src, n * 4, dev, "src", f));
+  char* sdst = dev_ptr(dst, n * (dd == 0 ? 4 : 2), dev, "dst", f);
+  const char* ssrc = dev_ptr(src, n * (sd == 0 ? 4 : 2), dev, "src", f);
+  const int ck = dd == 0 ? 1 : dd == 1 ? 3 : 2;  // store_copy's kinds: fp32 1, fp16 2, bf16 3
   return [=] {
-    for (std::size_t i = 0; i < n; ++i) sd[i] += ss[i];
+    for (std::size_t i = 0; i < n; ++i) {
+      const float s = grad_at(sd, ssrc, i);
+      store_copy(ck, sdst, i, add ? grad_at(dd, sdst, i) + s : s);
+    }
   };
 }
 
@@ -186,7 +192,9 @@ std::function<void()> make_task(const std::string& name, void** args, int dev, F
     return adam_task(k, args, dev, f);
   }
   if (std::regex_search(name, mt, check)) return check_task(std::stoi(mt[1]), args, dev, f);
-  if (name.find("accumulate_kernel") != std::string::npos) return accumulate_task(args, dev, f);
+  static const std::regex accumulate("accumulate_kernelILi([0-2])ELi([0-2])ELb([01])E");
+  if (std::regex_search(name, mt, accumulate))
+    return accumulate_task(std::stoi(mt[1]), std::stoi(mt[2]), mt[3] == "1", args, dev, f);
   if (name.find("probe_kernel") != std::string::npos) {
     int* sp = reinterpret_cast<int*>(dev_ptr(*static_cast<int**>(args[0]), 4, dev, "out", f));
     return [sp] { *sp = 42; };

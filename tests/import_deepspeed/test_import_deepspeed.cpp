@@ -153,6 +153,7 @@ INSTANTIATE_TEST_SUITE_P(
                      EXPECT_EQ(c.optimizer.beta2, 0.95);
                      EXPECT_EQ(c.optimizer.weight_decay, 0.1);
                      EXPECT_EQ(c.train.accumulate, 16u);  // gradient_accumulation_steps
+                     EXPECT_EQ(c.precision.grad_accum, DType::kFp32);  // data_types
                    },
                    {"steps_per_print", "wall_clock_breakdown"}},
         // fp16 with dynamic loss scaling, classic Adam (adam_w_mode false), a scheduler.
@@ -263,6 +264,10 @@ TEST(ImportDeepSpeedErrors, MalformedJsonNamesThePosition) {
       {"{\"zero_optimization\": {\"stage\": 1, \"offload_param\": {\"device\": \"cpu\"}}}",
        "not valid for strata"},
       {"[1, 2]", "not an object"},
+      {"{\"bf16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"fp16\"}}",
+       "data_types.grad_accum_dtype: gradients are bf16"},
+      {"{\"data_types\": {\"grad_accum_dtype\": \"int8\"}}",
+       "'int8' is not a dtype strata accumulates in"},
   };
   for (const auto& b : bad) {
     const std::string f = write("trailing.json", b.text);

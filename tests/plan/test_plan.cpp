@@ -94,6 +94,29 @@ TEST(Plan, StagesWithBf16ParamsAndFp32Grads) {
   EXPECT_EQ(q.stages[3].bytes.total(), 5 * kGB);
 }
 
+// precision.grad_accum fp32 with fp16 gradients: the held gradients take 4 B per element in
+// every stage and tier; the buckets, receive buffers and stage 2-3 traffic stay 2 B; stage 0's
+// all-reduce runs over the FP32 flat gradients.
+TEST(Plan, GradAccumFp32HoldsGradientsInFp32) {
+  Config c = config(1'000'000'000ULL, 4, 2);
+  c.precision.grad_accum = DType::kFp32;
+  c.offload.gradients = {Tier::kCpu, 1.0, false};
+  EXPECT_EQ(bytes_per_param(c.precision).grads, 4u);
+  EXPECT_EQ(bytes_per_param(c.precision).total(), 18u);
+  Plan p = make_plan(c);
+  EXPECT_EQ(p.stages[0].bytes.grads, 4 * kGB);
+  EXPECT_EQ(p.stages[2].bytes.grads, kGB);  // 250M elements x 4 B
+  Layout l = p.configured;
+  EXPECT_EQ(l.on_host.grads, kGB);
+  EXPECT_EQ(l.runtime.buckets, 2 * kGB);  // 2 buckets of 500M fp16 elements
+  EXPECT_EQ(l.runtime.receive, 2 * 250'000'000ULL * 2);
+  EXPECT_EQ(l.traffic.network, 4 * kGB);  // fp16 reduce-scatter + fp16 all-gather
+  EXPECT_EQ(l.traffic.device_to_host, 250'000'000ULL * 2);
+  c.zero.stage = 0;
+  c.offload.gradients = {};
+  EXPECT_EQ(make_plan(c).configured.traffic.network, 2 * 4 * kGB);  // FP32 all-reduce
+}
+
 TEST(Plan, UnevenShardsRoundUp) {
   Plan p = make_plan(config(1'000'000'007ULL, 8));
   EXPECT_EQ(p.stages[3].param_elements, 125'000'001ULL);

@@ -320,6 +320,46 @@ class Accumulation(unittest.TestCase):
                                      "stage %d K %d" % (stage, k))
                     opt.close()
 
+    def test_bf16_bitwise_vs_adamw_on_fp32_master(self):
+        """bf16 parameters and gradients, K = 2 at stage 2 (one rank): the micro-batches' bf16
+        gradients summed as torch's p.grad sums them (grad_accum bf16: one FP32 add rounded to
+        bf16) or in FP32 (grad_accum fp32), then torch AdamW on FP32 master weights."""
+        for accum in ("bf16", "fp32"):
+            with self.subTest(grad_accum=accum):
+                master = A.tiny_gpt()
+                with torch.no_grad():  # strata's master starts from the bf16 model's values
+                    for p in master.parameters():
+                        p.copy_(p.to(torch.bfloat16).float())
+                model = copy.deepcopy(master).to(torch.bfloat16)
+                half = copy.deepcopy(model)  # the reference's bf16 model
+                prec = {"params": "bf16", "grads": "bf16", "grad_accum": accum}
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(2, precision=prec),
+                                                 param_groups=A.torch_groups(model))
+                topt = adamw(A.torch_groups(master))
+                for s in range(2):
+                    x, y = A.batch(s, rows=6)
+                    for j in range(2):
+                        opt.backward(model(x[j * 3:(j + 1) * 3], y[j * 3:(j + 1) * 3]) / 2)
+                    opt.step()
+                    sums = [None] * len(list(half.parameters()))
+                    for j in range(2):
+                        half.zero_grad(set_to_none=True)
+                        (half(x[j * 3:(j + 1) * 3], y[j * 3:(j + 1) * 3]) / 2).backward()
+                        for i, p in enumerate(half.parameters()):
+                            g = p.grad.float() if accum == "fp32" else p.grad
+                            sums[i] = g if sums[i] is None else (
+                                sums[i] + g if accum == "fp32"
+                                else (sums[i].float() + g.float()).to(torch.bfloat16))
+                    for pm, g in zip(master.parameters(), sums):
+                        pm.grad = g.float()
+                    topt.step()
+                    with torch.no_grad():
+                        for ph, pm in zip(half.parameters(), master.parameters()):
+                            ph.copy_(pm.to(torch.bfloat16))
+                A.assert_bitwise(self, A.master_of(opt, model), dict(master.named_parameters()),
+                                 "bf16 K 2 grad_accum " + accum)
+                opt.close()
+
     def test_a_micro_batch_missing_a_gradient_is_refused(self):
         model = A.tiny_gpt()
         opt = strata.torch.ZeroOptimizer(model, A.base_config(2), unused_parameters="error")

@@ -41,6 +41,10 @@ struct Placement {
   bool overlap = false;
   // clip_grad_norm(1e-3) before step() on steps 2, 5 and 8: clipping forced on chosen steps.
   bool force_clip = false;
+  // precision.grad_accum fp32 (16-bit gradients held and accumulated in FP32); else the
+  // gradients' own dtype.
+  bool accum_fp32 = false;
+  DType held() const { return accum_fp32 ? DType::kFp32 : gdt; }
 };
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
@@ -56,6 +60,7 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   if (p.accumulate > 1) s += strata::strcat("_accumulate", p.accumulate);
   if (p.overlap) s += "_overlap";
   if (p.force_clip) s += "_clip";
+  if (p.accum_fp32) s += "_accum_fp32";
   return s;
 }
 
@@ -77,6 +82,48 @@ inline std::vector<Placement> overlap_cases() {
   v.push_back({3, Tier::kCpu, Tier::kCpu, Tier::kCpu, 1.0, 2, DType::kFp32, DType::kFp32, true});
   v.back().overlap = true;
   v.push_back({2, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 3, DType::kBf16, DType::kFp16});
+  v.back().overlap = true;
+  return v;
+}
+
+// 16-bit gradients accumulated (issue 26): each stage, bf16 and fp16, held in their own dtype or
+// in FP32 (precision.grad_accum), gradients on gpu / cpu / nvme, K = 1-3 on 1-4 ranks, the
+// overflow in the middle micro-batch; a fraction, staged device memory, the speculative update.
+inline std::vector<Placement> accum16_cases() {
+  const DType bf = DType::kBf16, fp = DType::kFp16;
+  const Tier G = Tier::kGpu, C = Tier::kCpu, N = Tier::kNvme;
+  struct Case {
+    Placement p;
+    int k;
+    bool fp32;
+  };
+  std::vector<Placement> v;
+  for (const Case& c : std::initializer_list<Case>{{{0, G, G, G, 1.0, 2, bf, bf}, 3, false},
+                                                   {{0, G, G, G, 1.0, 1, fp, fp}, 2, true},
+                                                   {{1, N, G, G, 1.0, 2, bf, fp}, 3, true},
+                                                   {{1, C, G, G, 1.0, 1, bf, bf}, 2, false},
+                                                   {{1, C, G, G, 1.0, 2, bf, bf}, 1, true},
+                                                   {{2, C, C, G, 1.0, 2, bf, bf}, 3, false},
+                                                   {{2, N, N, G, 1.0, 2, fp, fp}, 2, true},
+                                                   {{2, C, G, G, 1.0, 4, bf, bf}, 2, true},
+                                                   {{2, C, C, G, 1.0, 2, fp, fp}, 1, true},
+                                                   {{3, N, N, N, 1.0, 2, fp, fp}, 3, false},
+                                                   {{3, G, G, G, 1.0, 2, fp, fp}, 2, false},
+                                                   {{3, C, G, C, 1.0, 1, bf, bf}, 3, true},
+                                                   {{3, N, C, N, 0.5, 3, bf, bf}, 2, true}}) {
+    v.push_back(c.p);
+    v.back().accumulate = c.k;
+    v.back().accum_fp32 = c.fp32;
+  }
+  v.push_back({2, N, C, G, 1.0, 2, bf, bf});  // staged as on CUDA
+  v.back().staged = true;
+  v.back().accumulate = 2;
+  v.back().accum_fp32 = true;
+  v.push_back({2, C, G, G, 1.0, 2, bf, bf});  // the speculative update over FP32-held gradients
+  v.back().accumulate = 2;
+  v.back().accum_fp32 = v.back().overlap = true;
+  v.push_back({3, N, C, N, 1.0, 2, fp, fp});
+  v.back().accumulate = 3;
   v.back().overlap = true;
   return v;
 }
@@ -147,6 +194,7 @@ inline std::vector<Placement> all_cases() {
   v.back().staged = true;
   v.back().accumulate = 2;
   for (const Placement& s : overlap_cases()) v.push_back(s);
+  for (const Placement& s : accum16_cases()) v.push_back(s);
   return v;
 }
 
@@ -165,6 +213,7 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.zero.sub_group_size = 2500;  // cut inside the chunks
   cfg.precision.params = p.pdt;
   cfg.precision.grads = p.gdt;
+  if (p.accum_fp32) cfg.precision.grad_accum = DType::kFp32;
   use_reference_adamw(cfg);
   cfg.runtime.cpu_threads = 1;
   cfg.runtime.collective_timeout_s = 30.0;
@@ -299,36 +348,40 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   return read_params(e, kSizes);
 }
 
-// Adds FP32 `b` into `a` (the accumulation order of docs/offload.md: micro-batch by micro-batch).
-inline void add_into(std::vector<unsigned char>& a, const std::vector<unsigned char>& b) {
-  for (std::size_t i = 0; i < a.size() / 4; ++i)
-    store_elem(a.data(), i, DType::kFp32,
-               load_elem(a.data(), i, DType::kFp32) + load_elem(b.data(), i, DType::kFp32));
+// The accumulation of docs/offload.md, element by element: `a` (dtype `held`) becomes
+// round_held(a + b) (b in dtype `in`: one FP32 add, rounded to nearest even), or round_held(b)
+// when `a` is empty (the first micro-batch).
+inline void add_into(std::vector<unsigned char>& a, DType held, const std::vector<unsigned char>& b,
+                     DType in) {
+  const std::size_t n = b.size() / elem_size(in);
+  const bool first = a.empty();
+  if (first) a.resize(n * elem_size(held));
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = load_elem(b.data(), i, in);
+    store_elem(a.data(), i, held, first ? x : load_elem(a.data(), i, held) + x);
+  }
 }
 
-// The step's gradient sum over ranks and micro-batches, in the engine's order: stages 0-1 sum
-// each rank's micro-batches first and reduce once; stages 2-3 reduce each micro-batch and sum the
-// reduced ones. The rank sum is the collective's (rank-ordered, rounded to the gradient dtype).
+// The step's gradient sum over ranks and micro-batches, in the engine's order, in the held dtype
+// (precision.grad_accum): stages 0-1 sum each rank's micro-batches first and reduce once (in the
+// held dtype); stages 2-3 reduce each micro-batch (in the gradient dtype) and sum the reduced
+// ones. The rank sum is the collective's (rank-ordered, rounded to its dtype).
 inline std::vector<unsigned char> accumulated_sum(const Placement& p, int step, std::size_t t) {
   const int k_over = p.accumulate / 2;
   auto grad = [&](int r, int k) { return gradient(r, p.world, step, t, p.gdt, k, k_over); };
   std::vector<std::vector<unsigned char>> per_rank;
   if (p.stage < 2) {
     for (int r = 0; r < p.world; ++r) {
-      per_rank.push_back(grad(r, 0));
-      for (int k = 1; k < p.accumulate; ++k) add_into(per_rank.back(), grad(r, k));
+      per_rank.emplace_back();
+      for (int k = 0; k < p.accumulate; ++k) add_into(per_rank.back(), p.held(), grad(r, k), p.gdt);
     }
-    return reference_sum(per_rank, 0, kSizes[t], p.gdt);
+    return reference_sum(per_rank, 0, kSizes[t], p.held());
   }
   std::vector<unsigned char> sum;
   for (int k = 0; k < p.accumulate; ++k) {
     per_rank.clear();
     for (int r = 0; r < p.world; ++r) per_rank.push_back(grad(r, k));
-    auto reduced = reference_sum(per_rank, 0, kSizes[t], p.gdt);
-    if (k == 0)
-      sum = std::move(reduced);
-    else
-      add_into(sum, reduced);
+    add_into(sum, p.held(), reference_sum(per_rank, 0, kSizes[t], p.gdt), p.gdt);
   }
   return sum;
 }
@@ -358,7 +411,7 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
       sums.push_back(accumulated_sum(p, s, t));
       for (std::size_t i = 0; i < kSizes[t]; ++i)
-        finite = finite && std::isfinite((load_elem(sums[t].data(), i, p.gdt) / p.world) * inv);
+        finite = finite && std::isfinite((load_elem(sums[t].data(), i, p.held()) / p.world) * inv);
     }
     if (!finite) {
       ++*skipped;
@@ -369,8 +422,8 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
     }
     ++step;
     for (std::size_t t = 0; t < kSizes.size(); ++t) {
-      AdamTensors at{master[t].data(), m[t].data(), v[t].data(), sums[t].data(), p.gdt,
-                     copy[t].data(),   p.pdt,       kSizes[t]};
+      AdamTensors at{master[t].data(), m[t].data(),    v[t].data(), sums[t].data(),
+                     p.held(),         copy[t].data(), p.pdt,       kSizes[t]};
       adam.step(hp, at, AdamStepOptions{step, inv, false, static_cast<float>(p.world)});
     }
   }

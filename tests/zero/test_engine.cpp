@@ -481,21 +481,59 @@ TEST(EngineMisuse, ClearErrors) {
   EXPECT_THROW(Engine(bad, *comms[0]), Error);
 }
 
-// Accumulating 16-bit gradients is not built: the second micro-batch is refused before anything
-// changes, and the step of the first goes on.
-TEST(EngineMisuse, SixteenBitGradientsDoNotAccumulateYet) {
-  auto comms = make_inprocess_communicators(1, 5.0);
-  EngineCase c;
-  c.grads = DType::kBf16;
-  c.params = DType::kBf16;
-  Engine e(engine_config(c), *comms[0]);
-  auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
-  e.finalize();
-  std::vector<std::uint16_t> g(10, 0x3f80);  // bf16 1.0
-  e.set_gradient(id, g.data());
-  expect_error(ErrorCode::kUnsupported, "accumulating bf16 gradients",
-               [&] { e.set_gradient(id, g.data()); });
-  EXPECT_TRUE(e.step().applied);
+// 16-bit gradients accumulate in precision.grad_accum: bf16 1 + 2^-8 is a tie that rounds to 1
+// in bf16 (the gradients' own dtype, the default) and stays 1 + 2^-8 in fp32, which the step's
+// norm reads — at stage 0 (the flat gradients) and stage 2 (the gradient chunks, on cpu).
+TEST(EngineAccumulation, SixteenBitGradientsSumInGradAccum) {
+  for (int stage : {0, 2})
+    for (bool fp32 : {false, true}) {
+      SCOPED_TRACE(strcat("stage ", stage, fp32 ? " grad_accum fp32" : " grad_accum bf16"));
+      auto comms = make_inprocess_communicators(1, 5.0);
+      EngineCase c;
+      c.stage = stage;
+      c.grads = DType::kBf16;
+      c.params = DType::kBf16;
+      Config cfg = engine_config(c);
+      if (fp32) cfg.precision.grad_accum = DType::kFp32;
+      if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
+      Engine e(cfg, *comms[0]);
+      auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
+      e.finalize();
+      const std::vector<std::uint16_t> one(10, 0x3f80), tiny(10, 0x3b80);  // bf16 1, 2^-8
+      e.set_gradient(id, one.data());
+      e.set_gradient(id, tiny.data());  // micro-batch 2
+      const StepResult r = e.step();
+      EXPECT_TRUE(r.applied);
+      EXPECT_NEAR(r.grad_norm, std::sqrt(10.0) * (fp32 ? 1.00390625 : 1.0), 1e-9);
+    }
+}
+
+// Nothing saturates: two finite fp16 micro-batches whose sum exceeds fp16's range (2 x 40000 >
+// 65504) overflow to inf when held in fp16 — the step is skipped and the loss scale backs off, as
+// for an inf handed in — and stay finite held in fp32 (the step applies). Stages 0 and 2.
+TEST(EngineAccumulation, Fp16SumThatOverflowsSkipsTheStep) {
+  for (int stage : {0, 2})
+    for (bool fp32 : {false, true}) {
+      SCOPED_TRACE(strcat("stage ", stage, fp32 ? " grad_accum fp32" : " grad_accum fp16"));
+      auto comms = make_inprocess_communicators(1, 5.0);
+      EngineCase c;
+      c.stage = stage;
+      c.grads = DType::kFp16;
+      c.params = DType::kFp16;
+      Config cfg = engine_config(c);
+      if (fp32) cfg.precision.grad_accum = DType::kFp32;
+      if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
+      Engine e(cfg, *comms[0]);
+      auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
+      e.finalize();
+      const double scale = e.loss_scale();
+      const std::vector<std::uint16_t> big(10, 0x78e2);  // fp16 40000
+      e.set_gradient(id, big.data());
+      e.set_gradient(id, big.data());  // micro-batch 2
+      const StepResult r = e.step();
+      EXPECT_EQ(r.applied, fp32);
+      EXPECT_EQ(e.loss_scale(), fp32 ? scale : scale / 2);
+    }
 }
 
 // A rank that dies mid-training makes the others' step() fail (they return: nothing hangs past

@@ -83,6 +83,7 @@ struct AgreeCase {
   bool update_on_device = false;   // optimizer.update: device
   bool equal_layers = false;       // stage 3: the fullest rank gathers between one and two layers
   std::uint64_t bucket = 0;        // zero.reduce_bucket_size; 0 = kBucket (several buckets)
+  bool accum_fp32 = false;         // precision.grad_accum fp32: 16-bit gradients held in FP32
 };
 
 std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.name; }
@@ -105,6 +106,7 @@ Config case_config(const AgreeCase& c, const std::string& swap_dir) {
   cfg.zero.reduce_bucket_size = c.bucket ? c.bucket : kBucket;
   cfg.precision.params = c.pdt;
   cfg.precision.grads = c.gdt;
+  if (c.accum_fp32) cfg.precision.grad_accum = DType::kFp32;
   cfg.offload.optimizer = c.opt;
   cfg.offload.gradients = c.grads;
   cfg.offload.params = c.params;
@@ -293,44 +295,52 @@ const std::vector<std::size_t> kEqual(12, 125'000);  // 12 layers, each below th
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanAgreement,
-    ::testing::Values(AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16,
-                                DType::kFp16, kUneven},
-                      AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu,
-                                DType::kBf16, DType::kFp32, kUneven},
-                      AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll,
-                                kCpuAll, kGpu, DType::kFp16, DType::kFp16, kUneven},
-                      AgreeCase{"stage2_world2_optimizer_cpu_half",
-                                2,
-                                2,
-                                {Tier::kCpu, 0.5, false},
-                                kGpu,
-                                kGpu,
-                                DType::kBf16,
-                                DType::kBf16,
-                                kUneven},
-                      AgreeCase{"stage2_world1_fp32_optimizer_cpu", 2, 1, kCpuAll, kGpu, kGpu,
-                                DType::kFp32, DType::kFp32, kUneven},
-                      AgreeCase{"stage2_world2_optimizer_cpu_update_on_device", 2, 2, kCpuAll, kGpu,
-                                kGpu, DType::kFp16, DType::kFp16, kUneven, false, true},
-                      AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll,
-                                DType::kBf16, DType::kBf16, kUneven, true},
-                      AgreeCase{"stage3_world4_mixed",
-                                3,
-                                4,
-                                {Tier::kNvme, 0.7, false},
-                                kCpuAll,
-                                {Tier::kNvme, 0.5, false},
-                                DType::kFp16,
-                                DType::kFp16,
-                                kUneven,
-                                true},
-                      AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu,
-                                kGpu, DType::kFp32, DType::kFp32, kEqual, true, false, true},
-                      // A bucket larger than the model (DeepSpeed's 500M for a small model): one
-                      // buffer of the flat gradients' size, not of 500M elements.
-                      AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu,
-                                DType::kFp16, DType::kFp16, kUneven, false, false, false,
-                                500'000'000}),
+    ::testing::Values(
+        AgreeCase{"stage0_world2_no_offload", 0, 2, kGpu, kGpu, kGpu, DType::kFp16, DType::kFp16,
+                  kUneven},
+        AgreeCase{"stage1_world3_optimizer_nvme", 1, 3, kNvmeAll, kGpu, kGpu, DType::kBf16,
+                  DType::kFp32, kUneven},
+        AgreeCase{"stage2_world4_optimizer_nvme_gradients_cpu", 2, 4, kNvmeAll, kCpuAll, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven},
+        AgreeCase{"stage2_world2_optimizer_cpu_half",
+                  2,
+                  2,
+                  {Tier::kCpu, 0.5, false},
+                  kGpu,
+                  kGpu,
+                  DType::kBf16,
+                  DType::kBf16,
+                  kUneven},
+        AgreeCase{"stage2_world1_fp32_optimizer_cpu", 2, 1, kCpuAll, kGpu, kGpu, DType::kFp32,
+                  DType::kFp32, kUneven},
+        AgreeCase{"stage2_world2_optimizer_cpu_update_on_device", 2, 2, kCpuAll, kGpu, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven, false, true},
+        AgreeCase{"stage3_world2_everything_nvme", 3, 2, kNvmeAll, kNvmeAll, kNvmeAll, DType::kBf16,
+                  DType::kBf16, kUneven, true},
+        AgreeCase{"stage3_world4_mixed",
+                  3,
+                  4,
+                  {Tier::kNvme, 0.7, false},
+                  kCpuAll,
+                  {Tier::kNvme, 0.5, false},
+                  DType::kFp16,
+                  DType::kFp16,
+                  kUneven,
+                  true},
+        AgreeCase{"stage3_world2_fp32_equal_layers_no_offload", 3, 2, kGpu, kGpu, kGpu,
+                  DType::kFp32, DType::kFp32, kEqual, true, false, true},
+        // A bucket larger than the model (DeepSpeed's 500M for a small model): one
+        // buffer of the flat gradients' size, not of 500M elements.
+        AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu, DType::kFp16,
+                  DType::kFp16, kUneven, false, false, false, 500'000'000},
+        // 16-bit gradients held in FP32 (precision.grad_accum): the flat gradients
+        // (stage 0), the gradient chunks on nvme (stage 2) and cpu (stage 3).
+        AgreeCase{"stage0_world2_fp16_accum_fp32", 0, 2, kGpu, kGpu, kGpu, DType::kFp16,
+                  DType::kFp16, kUneven, false, false, false, 0, true},
+        AgreeCase{"stage2_world2_bf16_gradients_nvme_accum_fp32", 2, 2, kNvmeAll, kNvmeAll,
+                  kGpu, DType::kBf16, DType::kBf16, kUneven, false, false, false, 0, true},
+        AgreeCase{"stage3_world2_fp16_gradients_cpu_accum_fp32", 3, 2, kCpuAll, kCpuAll, kGpu,
+                  DType::kFp16, DType::kFp16, kUneven, true, false, false, 0, true}),
     agree_name);
 
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
