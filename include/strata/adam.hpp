@@ -140,6 +140,15 @@ class CpuAdam {
                                     std::size_t n, float grad_scale = 1.0f,
                                     float grad_divisor = 1.0f);
 
+  // The same pass, tile by tile: tile t's sum of squares (over elements [t, t + 1) *
+  // kStatsTileElems of grad) into tile_sums[t] and its finite flag into tile_finite[t] (1 finite,
+  // 0 not), for tiles_of(n) tiles. Adding the tiles' sums in order to a running sum gives the bits
+  // grad_stats_continue gives (how the engine computes statistics ahead, during the backward).
+  static std::size_t tiles_of(std::size_t n) { return (n + kStatsTileElems - 1) / kStatsTileElems; }
+  void grad_stats_tiles(const void* grad, DType dtype, std::size_t n, double* tile_sums,
+                        std::uint8_t* tile_finite, float grad_scale = 1.0f,
+                        float grad_divisor = 1.0f);
+
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
   // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, when set, param_copy in its
   // dtype), on the same threads and tiles. Trivial arithmetic; it

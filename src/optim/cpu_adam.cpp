@@ -32,11 +32,9 @@ struct CpuAdam::Impl {
   std::mutex mu;
   Impl(AdamPath p, unsigned threads) : path(p), k(&optim::kernels_for(p)), pool(threads) {}
 
-  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float divisor, float scale,
-                      double start = 0.0) {
-    const std::size_t tiles = tiles_for(n);
-    std::vector<double> sums(tiles, 0.0);
-    std::atomic<bool> finite{true};
+  // Each tile's sum of squares and finite flag, on the pool's threads.
+  void tile_stats(const void* grad, DType dtype, std::size_t n, float divisor, float scale,
+                  double* sums, std::uint8_t* finite) {
     const std::size_t esz = dtype_size(dtype);
     auto task = [&](std::size_t t) {
       const std::size_t off = t * kTile, len = std::min(kTile, n - off);
@@ -44,13 +42,23 @@ struct CpuAdam::Impl {
       double s = 0.0;
       k->grad_stats(dtype, byte_ptr(grad) + off * esz, len, divisor, scale, &f, &s);
       sums[t] = s;
-      if (!f) finite.store(false, std::memory_order_relaxed);
+      finite[t] = f ? 1 : 0;
     };
-    pool.parallel_for(tiles, task);
+    pool.parallel_for(tiles_for(n), task);
+  }
+  // The tiles' sums added in order to `start`.
+  AdamGradStats stats(const void* grad, DType dtype, std::size_t n, float divisor, float scale,
+                      double start = 0.0) {
+    const std::size_t tiles = tiles_for(n);
+    std::vector<double> sums(tiles, 0.0);
+    std::vector<std::uint8_t> finite(tiles, 1);
+    tile_stats(grad, dtype, n, divisor, scale, sums.data(), finite.data());
     AdamGradStats r;
-    r.finite = finite.load();
     r.sum_sq = start;
-    for (double s : sums) r.sum_sq += s;
+    for (std::size_t t = 0; t < tiles; ++t) {
+      r.finite = r.finite && finite[t] != 0;
+      r.sum_sq += sums[t];
+    }
     return r;
   }
 };
@@ -135,6 +143,16 @@ AdamGradStats CpuAdam::grad_stats_continue(const AdamGradStats& so_far, const vo
   AdamGradStats r = impl_->stats(grad, dtype, n, grad_divisor, grad_scale, so_far.sum_sq);
   r.finite = r.finite && so_far.finite;
   return r;
+}
+
+void CpuAdam::grad_stats_tiles(const void* grad, DType dtype, std::size_t n, double* tile_sums,
+                               std::uint8_t* tile_finite, float grad_scale, float grad_divisor) {
+  if (n == 0) return;
+  check_grad_args("CpuAdam::grad_stats_tiles", grad, dtype, n, grad_divisor);
+  if (!tile_sums || !tile_finite)
+    fail(ErrorCode::kInvalidArgument, "CpuAdam::grad_stats_tiles: null output arrays");
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->tile_stats(grad, dtype, n, grad_divisor, grad_scale, tile_sums, tile_finite);
 }
 
 void CpuAdam::stream_reference(const AdamTensors& t) {

@@ -36,6 +36,11 @@ ScratchStats EngineAccess::scratch(const Engine& e) {
   return e.impl_->scratch->stats();
 }
 
+std::uint64_t EngineAccess::stats_tiles_known_ahead(const Engine& e) {
+  e.impl_->require_finalized("stats_tiles_known_ahead");
+  return e.impl_->optimizer->tiles_known_ahead();
+}
+
 tier::StreamStats EngineAccess::last_update(const Engine& e) {
   e.impl_->require_finalized("last_update");
   return e.impl_->optimizer->last_update();

@@ -36,6 +36,8 @@ struct EngineAccess {
   static ScratchStats scratch(const Engine& e);
   // The last step's update loop (the host-computed chunks): timings and bytes.
   static tier::StreamStats last_update(const Engine& e);
+  // Statistics tiles the decisions took from the speculative update's (AheadStats), so far.
+  static std::uint64_t stats_tiles_known_ahead(const Engine& e);
   static tier::StreamStats measure(Engine& e, Measure what, bool pipelined = true);
   // The step's loops pipelined (default) or serial: read, compute, write, one chunk at a time.
   static void set_pipelined(Engine& e, bool on);

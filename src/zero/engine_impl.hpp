@@ -159,7 +159,7 @@ struct Engine::Impl {
   void after_hand_in();
   void speculate(const std::vector<std::size_t>& filled);
   void speculate_job(const std::vector<std::size_t>& go, const std::vector<BufferId>& open,
-                     float grad_scale);
+                     float grad_scale, float stats_inv);
   bool chunk_used(std::size_t ci) const;  // every tensor of the chunk used on this rank
   // The step's decision is known: commit (returns the chunks done) or discard.
   std::vector<bool> settle_speculation(bool go, StepResult& res);

@@ -109,13 +109,17 @@ void Engine::Impl::speculate(const std::vector<std::size_t>& filled) {
   // too (a block's first one is allocated and page-locked, which must not stall the hand-in). A
   // failure is found by join_speculation (the step then runs serially).
   const float grad_scale = static_cast<float>(1.0 / spec.scale);
-  spec_jobs->post([this, go, open, grad_scale] { speculate_job(go, open, grad_scale); });
+  // The statistics' scale, as decide() will compute it if the loss scale stays spec.scale.
+  const float stats_inv = static_cast<float>(1.0 / (spec.scale * world));
+  spec_jobs->post(
+      [this, go, open, grad_scale, stats_inv] { speculate_job(go, open, grad_scale, stats_inv); });
 }
 
 // On the speculation thread. REQUIRES: spec.chunks, spec.pending and spec.refused are touched by
 // no other thread until the jobs are joined (settle_jobs).
 void Engine::Impl::speculate_job(const std::vector<std::size_t>& go,
-                                 const std::vector<BufferId>& open, float grad_scale) {
+                                 const std::vector<BufferId>& open, float grad_scale,
+                                 float stats_inv) {
   if (spec.refused) return;  // an earlier open did not fit: the flat parameters may not be open
   try {
     store().open_pending(open);  // all or none
@@ -126,7 +130,7 @@ void Engine::Impl::speculate_job(const std::vector<std::size_t>& go,
   }
   spec.pending.insert(spec.pending.end(), open.begin(), open.end());
   spec.chunks.insert(spec.chunks.end(), go.begin(), go.end());
-  optimizer->speculate(go, grad_scale);
+  optimizer->speculate(go, grad_scale, stats_inv);
 }
 
 bool Engine::Impl::settle_jobs() noexcept {
@@ -178,11 +182,13 @@ void Engine::Impl::cancel_speculation(bool off) noexcept {
       log_error("engine rank ", rank, ": discarding the speculative update: ", e.what());
     }
   }
+  optimizer->clear_ahead_stats();
   spec = Speculation{};
   spec.off = off;
 }
 
 void Engine::Impl::end_speculation_step(bool speculated, bool rolled_back) {
+  optimizer->clear_ahead_stats();
   spec = Speculation{};
   if (spec_pause > 0) {
     if (--spec_pause == 0) spec_history.clear();  // auto: try again

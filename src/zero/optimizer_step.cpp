@@ -2,6 +2,7 @@
 #include "zero/optimizer_step.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "core/numeric.hpp"
@@ -14,13 +15,25 @@ namespace strata::zero {
 
 // ---- gradient statistics over pieces
 
-StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale)
+bool AheadStats::covers(std::size_t begin, std::size_t n) const {
+  constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
+  if (n == 0) return true;
+  if (begin % kTile != 0 || begin + n > total) return false;
+  if ((begin + n) % kTile != 0 && begin + n != total) return false;
+  for (std::size_t t = begin / kTile; t < CpuAdam::tiles_of(begin + n); ++t)
+    if (known[t] == 0) return false;
+  return true;
+}
+
+StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale, const AheadStats* ahead)
     : adam_(adam),
       dtype_(dtype),
       elem_bytes_(elem_size(dtype)),
       scale_(scale),
+      ahead_(ahead),
       carry_(CpuAdam::kStatsTileElems * elem_size(dtype)) {}
 
+// pos_ % kStatsTileElems == carried_ throughout: whole tiles start at pos_ when nothing is carried.
 void StatsStream::feed(const void* grads, std::size_t n) {
   constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
   const auto* p = static_cast<const unsigned char*>(grads);
@@ -28,6 +41,7 @@ void StatsStream::feed(const void* grads, std::size_t n) {
     const std::size_t take = std::min(kTile - carried_, n);
     std::memcpy(carry_.data() + carried_ * elem_bytes_, p, take * elem_bytes_);
     carried_ += take;
+    pos_ += take;
     p += take * elem_bytes_;
     n -= take;
     if (carried_ < kTile) return;
@@ -35,11 +49,50 @@ void StatsStream::feed(const void* grads, std::size_t n) {
     carried_ = 0;
   }
   const std::size_t whole = n / kTile * kTile;
-  if (whole) acc_ = adam_.grad_stats_continue(acc_, p, dtype_, whole, scale_);
+  if (whole) feed_tiles(p, whole);
+  pos_ += whole;
   if (n > whole) {
     std::memcpy(carry_.data(), p + whole * elem_bytes_, (n - whole) * elem_bytes_);
     carried_ = n - whole;
+    pos_ += carried_;
   }
+}
+
+// n elements (whole tiles) at p, from pos_: runs of tiles not known ahead are computed, the known
+// ones added in their place.
+void StatsStream::feed_tiles(const unsigned char* p, std::size_t n) {
+  constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
+  if (!ahead_) {
+    acc_ = adam_.grad_stats_continue(acc_, p, dtype_, n, scale_);
+    return;
+  }
+  const std::size_t tiles = n / kTile, tile0 = pos_ / kTile;
+  std::size_t first = 0;  // the first tile of the run not known ahead
+  for (std::size_t t = 0; t <= tiles; ++t) {
+    const bool known = t < tiles && ahead_->known[tile0 + t] != 0;
+    if (t < tiles && !known) continue;
+    if (t > first)
+      acc_ = adam_.grad_stats_continue(acc_, p + first * kTile * elem_bytes_, dtype_,
+                                       (t - first) * kTile, scale_);
+    if (known) add_known(tile0 + t);
+    first = t + 1;
+  }
+}
+
+void StatsStream::add_known(std::size_t tile) {
+  acc_.finite = acc_.finite && ahead_->known[tile] == 1;
+  acc_.sum_sq += ahead_->sums[tile];
+  ++known_used_;
+}
+
+void StatsStream::skip(std::size_t n) {
+  if (n == 0) return;
+  if (!ahead_ || carried_ != 0 || !ahead_->covers(pos_, n))
+    fail(ErrorCode::kInternal,
+         strcat("engine: statistics skipped over [", pos_, ", ", pos_ + n, ") not known ahead"));
+  for (std::size_t t = pos_ / CpuAdam::kStatsTileElems; t < CpuAdam::tiles_of(pos_ + n); ++t)
+    add_known(t);
+  pos_ += n;
 }
 
 AdamGradStats StatsStream::finish() {
@@ -150,8 +203,22 @@ std::vector<tier::StreamItem> OptimizerStep::stats_items() const {
 // range gives. On the host-emulated device the device memory is read in place.
 AdamGradStats OptimizerStep::grad_stats(float inv) {
   if (gating_) return grad_stats_in_place(inv);
-  StatsStream stats(*adam_, layout_.grad_dtype(), inv);
-  const auto items = stats_items();
+  const AheadStats* ahead = usable_ahead(inv);
+  StatsStream stats(*adam_, layout_.grad_dtype(), inv, ahead);
+  const auto all = stats_items();
+  const std::vector<std::size_t> at = stats_offsets(all);
+  // The pieces every tile of which the speculation computed are not read at all: skipped in
+  // their place in the order (skip_before[j]: elements skipped before the j-th piece read).
+  std::vector<tier::StreamItem> items;
+  std::vector<std::size_t> skip_before{0};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    if (ahead && ahead->covers(at[i], at[i + 1] - at[i])) {
+      skip_before.back() += at[i + 1] - at[i];
+      continue;
+    }
+    items.push_back(all[i]);
+    skip_before.push_back(0);
+  }
   const tier::Where where = store_.pool() ? tier::Where::kHost : tier::Where::kDevice;
   if (where == tier::Where::kDevice && store_.device().kind() != DeviceKind::kHost)
     fail(ErrorCode::kInternal,
@@ -161,19 +228,30 @@ AdamGradStats OptimizerStep::grad_stats(float inv) {
       store_, items,
       [&](std::size_t i, std::span<void* const> v) {
         const tier::StreamPart& p = items[i].parts[0];
+        stats.skip(skip_before[i]);
         stats.feed(v[0], (p.bytes ? p.bytes : store_.info(p.id).bytes) / ges);
       },
       stream_options(where, "gradient statistics"));
-  return stats.finish();
+  stats.skip(skip_before.back());
+  const AdamGradStats r = stats.finish();
+  tiles_known_ahead_ += stats.known_used();
+  return r;
 }
 
 // The same over gradients that are viewed in place (gated(): no slot, nothing moves): each piece
 // is pinned where it lives for as long as it is read.
 AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
-  StatsStream stats(*adam_, layout_.grad_dtype(), inv);
+  const AheadStats* ahead = usable_ahead(inv);
+  StatsStream stats(*adam_, layout_.grad_dtype(), inv, ahead);
   const std::size_t ges = layout_.grad_elem_bytes();
-  for (const tier::StreamItem& it : stats_items()) {
-    const tier::StreamPart& p = it.parts[0];
+  const auto items = stats_items();
+  const std::vector<std::size_t> at = stats_offsets(items);
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (ahead && ahead->covers(at[i], at[i + 1] - at[i])) {
+      stats.skip(at[i + 1] - at[i]);
+      continue;
+    }
+    const tier::StreamPart& p = items[i].parts[0];
     const BufferInfo info = store_.info(p.id);
     const auto* base = static_cast<const unsigned char*>(
         store_.acquire(p.id, info.home, Access::kRead, layout_.timeout()));
@@ -185,7 +263,56 @@ AdamGradStats OptimizerStep::grad_stats_in_place(float inv) {
     }
     store_.release(p.id, info.home);
   }
-  return stats.finish();
+  const AdamGradStats r = stats.finish();
+  tiles_known_ahead_ += stats.known_used();
+  return r;
+}
+
+// Where each statistics piece begins in the rank's gradient range (elements), and the range's end
+// last.
+std::vector<std::size_t> OptimizerStep::stats_offsets(
+    const std::vector<tier::StreamItem>& items) const {
+  const std::size_t ges = layout_.grad_elem_bytes();
+  std::vector<std::size_t> at{0};
+  for (const tier::StreamItem& it : items) {
+    const tier::StreamPart& p = it.parts[0];
+    at.push_back(at.back() + (p.bytes ? p.bytes : store_.info(p.id).bytes - p.offset) / ges);
+  }
+  return at;
+}
+
+// The statistics computed ahead, if they were computed for this scale.
+const AheadStats* OptimizerStep::usable_ahead(float inv) const {
+  const AheadStats& a = ahead_stats_;
+  if (a.known.empty() || std::bit_cast<std::uint32_t>(a.inv) != std::bit_cast<std::uint32_t>(inv))
+    return nullptr;
+  return &a;
+}
+
+// On the speculation thread: the statistics of the tiles that lie whole inside chunk ci (its
+// gradient at `grad`, host memory), for `inv`. Stages 2-3: the statistics' pieces are the chunks.
+void OptimizerStep::compute_ahead(std::size_t ci, const void* grad, float inv) {
+  constexpr std::size_t kTile = CpuAdam::kStatsTileElems;
+  if (layout_.stage() < 2) return;
+  AheadStats& a = ahead_stats_;
+  if (a.known.empty() || std::bit_cast<std::uint32_t>(a.inv) != std::bit_cast<std::uint32_t>(inv)) {
+    a = AheadStats{};
+    a.inv = inv;
+    a.offsets = stats_offsets(stats_items());
+    a.total = a.offsets.back();
+    a.sums.assign(CpuAdam::tiles_of(a.total), 0.0);
+    a.known.assign(a.sums.size(), 0);
+  }
+  const std::size_t begin = a.offsets[ci], end = a.offsets[ci + 1];
+  const std::size_t first = (begin + kTile - 1) / kTile;
+  const std::size_t stop = end == a.total ? CpuAdam::tiles_of(end) : end / kTile;  // tiles
+  if (stop <= first) return;
+  const std::size_t n = std::min(stop * kTile, end) - first * kTile;
+  std::vector<std::uint8_t> finite(stop - first);
+  const auto* g =
+      static_cast<const unsigned char*>(grad) + (first * kTile - begin) * layout_.grad_elem_bytes();
+  adam_->grad_stats_tiles(g, layout_.grad_dtype(), n, a.sums.data() + first, finite.data(), inv);
+  for (std::size_t t = first; t < stop; ++t) a.known[t] = finite[t - first] ? 1 : 2;
 }
 
 // ---- the update
@@ -423,7 +550,8 @@ bool OptimizerStep::can_speculate(std::size_t ci) const {
   return tier::staged_bytes(store_, it, tier::Where::kHost, true) <= store_.pool()->buffer_size();
 }
 
-void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_scale) {
+void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_scale,
+                              float stats_inv) {
   if (chunks.empty()) return;
   const auto t0 = Clock::now();
   std::vector<tier::StreamItem> items;
@@ -437,7 +565,10 @@ void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_sc
   try {
     tier::run_stream(
         store_, items,
-        [&](std::size_t i, std::span<void* const> v) { run_chunk(*of[i], v, false, grad_scale); },
+        [&](std::size_t i, std::span<void* const> v) {
+          compute_ahead(chunks[i], v[1], stats_inv);  // v[1]: the gradient, read next by Adam
+          run_chunk(*of[i], v, false, grad_scale);
+        },
         speculative_options());
   } catch (...) {
     ahead_ = 0;

@@ -28,21 +28,44 @@
 
 namespace strata::zero {
 
+// Statistics of tiles (CpuAdam::kStatsTileElems elements of the rank's gradient range, in the
+// statistics' order) computed ahead, during the backward, by the speculative update: those of the
+// tiles that lie whole inside one speculated chunk, for one scale (`inv`).
+struct AheadStats {
+  float inv = 0;
+  std::size_t total = 0;             // elements of the gradient range
+  std::vector<std::size_t> offsets;  // where each chunk's gradient begins in it, `total` last
+  std::vector<double> sums;          // per tile
+  std::vector<std::uint8_t> known;   // per tile: 0 not computed, 1 finite, 2 not finite
+  bool covers(std::size_t begin, std::size_t n) const;  // every tile of [begin, begin + n) known
+};
+
 // Gradient statistics over a stream of pieces, bitwise equal to one CpuAdam::grad_stats over their
-// concatenation: pieces are cut at multiples of kStatsTileElems, a partial tile is carried.
+// concatenation: pieces are cut at multiples of kStatsTileElems, a partial tile is carried; the
+// tiles `ahead` knows are added from it (in their place in the order), not computed again.
 class StatsStream {
  public:
-  StatsStream(CpuAdam& adam, DType dtype, float scale);
+  StatsStream(CpuAdam& adam, DType dtype, float scale, const AheadStats* ahead = nullptr);
   void feed(const void* grads, std::size_t n);
+  // The next n elements, every tile of them known ahead (REQUIRES: ahead->covers them, and the
+  // stream is at a tile's start).
+  void skip(std::size_t n);
   AdamGradStats finish();
+  std::size_t known_used() const { return known_used_; }  // tiles added from `ahead`
 
  private:
+  void feed_tiles(const unsigned char* p, std::size_t n);  // from a tile's start
+  void add_known(std::size_t tile);
+
   CpuAdam& adam_;
   const DType dtype_;
   const std::size_t elem_bytes_;
   const float scale_;
+  const AheadStats* const ahead_;
   std::vector<unsigned char> carry_;
   std::size_t carried_ = 0;
+  std::size_t pos_ = 0;  // elements fed (carried ones included)
+  std::size_t known_used_ = 0;
   AdamGradStats acc_;
 };
 
@@ -70,7 +93,14 @@ class OptimizerStep {
   // Adam over `chunks` as the next update would run it with `grad_scale` (step counts one ahead;
   // no tensor skipped), the state and parameters written to the blocks' pending versions (the
   // caller opened them: opt, and the parameters). Throws what the loop throws.
-  void speculate(std::span<const std::size_t> chunks, float grad_scale);
+  // `stats_inv`: the statistics' scale the decision will use if the loss scale stays; the
+  // statistics of the chunks' whole tiles are computed too (AheadStats), so that the decision
+  // reads only what was not speculated.
+  void speculate(std::span<const std::size_t> chunks, float grad_scale, float stats_inv);
+  // Forgets the statistics computed ahead (the speculation was cancelled or settled).
+  void clear_ahead_stats() { ahead_stats_ = AheadStats{}; }
+  // Tiles the decisions took from the statistics computed ahead, so far (tests).
+  std::uint64_t tiles_known_ahead() const { return tiles_known_ahead_; }
 
   // Adam's step count: the updates applied (the global one), and each tensor's own — the global
   // one less the updates that skipped the tensor, or what set_step_count(id, ...) set.
@@ -123,6 +153,9 @@ class OptimizerStep {
   tier::StreamItem chunk_item(const Chunk& c) const;
   void run_chunk(const Chunk& c, std::span<void* const> v, bool device, float grad_scale);
   std::vector<tier::StreamItem> stats_items() const;
+  std::vector<std::size_t> stats_offsets(const std::vector<tier::StreamItem>& items) const;
+  const AheadStats* usable_ahead(float inv) const;
+  void compute_ahead(std::size_t ci, const void* grad, float inv);
   tier::StreamOptions stream_options(tier::Where where, const char* what) const;
   tier::StreamOptions speculative_options() const;
 
@@ -144,6 +177,10 @@ class OptimizerStep {
   bool gating_ = false;               // the decision runs as the host loop's gate
   std::int64_t ahead_ = 0;            // 1 while speculating: the counts the next update uses
   std::vector<bool> done_;            // run(): chunks already updated (committed speculation)
+  // Written by speculate() (the speculation thread), read by the decision after the engine joined
+  // it, cleared by the engine when the speculation ends.
+  AheadStats ahead_stats_;
+  std::uint64_t tiles_known_ahead_ = 0;
 };
 
 }  // namespace strata::zero

@@ -416,6 +416,15 @@ TEST(AdamCpu, GradStatsContinueIsBitwiseOnePass) {
       EXPECT_EQ(std::bit_cast<std::uint64_t>(r.sum_sq), std::bit_cast<std::uint64_t>(whole.sum_sq))
           << testing::dt_name(gd) << " parts of " << part_tiles << " tiles";
     }
+    // Tile by tile (the statistics computed ahead): the sums added in order, the same bits.
+    std::vector<double> sums(CpuAdam::tiles_of(n), -1.0);
+    std::vector<std::uint8_t> finite(sums.size(), 7);
+    part_adam.grad_stats_tiles(g.data(gd), gd, n, sums.data(), finite.data(), 0.25f);
+    double total = 0.0;
+    for (double s : sums) total += s;
+    EXPECT_EQ(std::bit_cast<std::uint64_t>(total), std::bit_cast<std::uint64_t>(whole.sum_sq))
+        << testing::dt_name(gd) << " tile by tile";
+    EXPECT_EQ(finite, std::vector<std::uint8_t>(sums.size(), 1));
   }
   std::vector<float> bad(2 * tile, 0.5f);
   bad[tile + 3] = std::numeric_limits<float>::infinity();
@@ -426,6 +435,10 @@ TEST(AdamCpu, GradStatsContinueIsBitwiseOnePass) {
   EXPECT_FALSE(r.finite);
   r = a.grad_stats_continue(r, bad.data(), DType::kFp32, tile);
   EXPECT_FALSE(r.finite) << "the flag is sticky";
+  std::vector<double> sums(2);
+  std::vector<std::uint8_t> finite(2);
+  a.grad_stats_tiles(bad.data(), DType::kFp32, 2 * tile, sums.data(), finite.data());
+  EXPECT_EQ(finite, (std::vector<std::uint8_t>{1, 0})) << "the inf is in the second tile";
 }
 
 // The bandwidth reference (`strata bench adam`'s bound) writes what step() writes: p, m, v and the
