@@ -81,8 +81,8 @@ void expect_bitwise_equal(const std::vector<std::vector<float>>& got,
 inline std::string errno_text(int errnum) { return "(errno " + std::to_string(errnum) + ")"; }
 
 // The caller's file and line, taken as a default argument (`CallSite where = CallSite::current()`),
-// as std::source_location::current() does; std::source_location needs clang >= 15's
-// __builtin_source_location, and the sanitizer builds use Debian 12's clang 14.
+// as std::source_location::current() does, with only __builtin_FILE / __builtin_LINE (which every
+// GCC and clang has; std::source_location needs clang >= 15).
 struct CallSite {
   const char* file;
   int line;
