@@ -89,6 +89,40 @@ fi
 phase "build (RelWithDebInfo)"
 "$root/scripts/build.sh" "$root/build" -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=ON \
   "${build_flags[@]}" || exit 1
+# The sanitizer builds run in the background of the test phase before them, at the lowest CPU
+# priority (nice 19): the tests leave about a sixth of the two cores idle (processes starting,
+# waits on the disk and on other ranks), which the compiler takes, and no test waits for it.
+# Each build's output goes to a log, printed when the build is waited for.
+bg_pid="" bg_log=""
+configure_san() {  # configure_san BUILD_DIR [cmake args...]
+  local dir=$1
+  shift
+  cmake -S "$root" -B "$dir" -G Ninja -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_BENCHMARKS=OFF \
+    "${san_cc[@]}" "${build_flags[@]}" "$@" >/dev/null
+}
+start_build() {  # start_build BUILD_DIR [ctest selection...]: build_tested, niced, in the background
+  bg_log=$(mktemp)
+  (renice -n 19 -p "$BASHPID" >/dev/null && build_tested "$@") >"$bg_log" 2>&1 &
+  bg_pid=$!
+}
+wait_build() {  # wait_build NAME: waits for the background build, prints its log; fails with it
+  local rc=0
+  wait "$bg_pid" || rc=$?
+  echo "== $1: built in the background (ended at ${SECONDS}s, rc $rc) =="
+  if [ "$rc" -ne 0 ]; then cat "$bg_log"; else tail -n 3 "$bg_log"; fi
+  rm -f "$bg_log"
+  return "$rc"
+}
+if [ "$sanitizers" != "0" ]; then
+  tsa=()
+  [ ${#san_cc[@]} -gt 0 ] && tsa=("-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety")
+  configure_san "$root/build-asan" -DSTRATA_SANITIZE=address,undefined -DSTRATA_BUILD_TESTS=ON \
+    -DCMAKE_BUILD_TYPE=Debug "${tsa[@]}" || exit 1
+  configure_san "$root/build-tsan" -DSTRATA_SANITIZE=thread -DSTRATA_BUILD_TESTS=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo || exit 1
+  start_build "$root/build-asan" -LE no_sanitizer
+  echo "(building ASan+UBSan${tsa:+ with the thread-safety analysis} in the background, nice 19)"
+fi
 # Every test, in one CTest run (one tail of a last long test, not two): the gpu tests' binaries
 # (CUDA device, CUDA Adam, NCCL, the placement matrix with 1, 2 and 4 fake GPUs) among them, against
 # the fake CUDA runtime + fake NCCL (label fakecuda): built whenever the toolkit and NCCL's headers
@@ -100,29 +134,21 @@ fi
 run_ctest "$root/build" || status=1
 
 if [ "$sanitizers" != "0" ]; then
-  tsa=()
-  [ ${#san_cc[@]} -gt 0 ] && tsa=("-DCMAKE_CXX_FLAGS=-Wthread-safety -Werror=thread-safety")
-  phase "build (ASan+UBSan${tsa:+ and the thread-safety analysis}, the executables its tests run)"
-  cmake -S "$root" -B "$root/build-asan" -G Ninja -DSTRATA_SANITIZE=address,undefined \
-    -DSTRATA_WITH_CUDA=OFF -DSTRATA_BUILD_TESTS=ON -DSTRATA_BUILD_BENCHMARKS=OFF \
-    -DCMAKE_BUILD_TYPE=Debug "${san_cc[@]}" "${tsa[@]}" "${build_flags[@]}" >/dev/null || exit 1
-  if build_tested "$root/build-asan" -LE no_sanitizer; then
-    phase "tests under ASan+UBSan"
+  asan_built=0
+  wait_build "ASan+UBSan build" && asan_built=1 || status=1
+  start_build "$root/build-tsan" -L tsan
+  if [ "$asan_built" = 1 ]; then
+    phase "tests under ASan+UBSan (the TSan build in the background)"
     # detect_stack_use_after_return=0: GCC's default, clang's since LLVM 15 is 1 (a fake stack
     # per frame: test_zero_offload 40 s -> 81 s); the suite ran without it under GCC before.
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:detect_stack_use_after_return=0 \
       UBSAN_OPTIONS=print_stacktrace=1 \
       run_ctest "$root/build-asan" -LE no_sanitizer || status=1
-  else
-    status=1
   fi
-  phase "build (TSan, concurrent layers)"
-  cmake -S "$root" -B "$root/build-tsan" -G Ninja -DSTRATA_SANITIZE=thread -DSTRATA_WITH_CUDA=OFF \
-    -DSTRATA_BUILD_BENCHMARKS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo "${san_cc[@]}" \
-    "${build_flags[@]}" >/dev/null || exit 1
-  if build_tested "$root/build-tsan" -L tsan; then
+  if wait_build "TSan build"; then
     phase "tests under TSan"
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 run_ctest "$root/build-tsan" -L tsan || status=1
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+      run_ctest "$root/build-tsan" -L tsan || status=1
   else
     status=1
   fi

@@ -127,7 +127,23 @@ class HostStream final : public HostStreamBase {
     });
   }
   void launch_host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
-  void defer(std::function<void()> fn) override { enqueue_always(std::move(fn)); }
+  // An idle stream (nothing queued, nothing running inline) has no work left that could use what
+  // `fn` releases: it runs here, without a round trip through the worker.
+  void defer(std::function<void()> fn) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_ != queued_ || inline_ != 0) {
+        tasks_.push_back(Task{std::move(fn), true});
+        ++queued_;
+        fn = nullptr;
+      }
+    }
+    if (fn) {
+      fn();
+    } else {
+      cv_.notify_one();
+    }
+  }
   void* native_handle() const noexcept override { return nullptr; }
   void synchronize(std::chrono::milliseconds timeout) override {
     std::unique_lock lock(mutex_);

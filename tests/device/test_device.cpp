@@ -151,9 +151,11 @@ TEST(DeviceFactory, LocalDeviceOrdinal) {
 }
 
 // Like cudaFree (which synchronises the device), freeing device memory never pulls it from under
-// work already queued on a stream: a copy queued before the free still reads the data.
+// work already queued on a stream: a copy queued before the free still reads the data. (An idle
+// stream beside it releases its share at once, without its worker: the busy one still holds it.)
 TEST(HostDevice, FreeWaitsForQueuedWork) {
   auto dev = make_host_device(1 << 24);
+  auto idle = dev->create_stream();
   auto s = dev->create_stream();
   const std::size_t n = 1 << 20;
   std::vector<std::uint8_t> want(n, 0x3C), back(n, 0);
