@@ -47,8 +47,10 @@ function(strata_add_test name)
     set(ARG_TIMEOUT 300)
   endif()
   add_test(NAME ${name} COMMAND ${name})
+  # One CPU of CTest's "cpus" resource (tests/CMakeLists.txt), which the binary pins itself to
+  # (tests/test_main.cpp); a test that starts processes of its own unsets it.
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT ${ARG_TIMEOUT}
-                       LABELS "${ARG_LABELS}"
+                       LABELS "${ARG_LABELS}" RESOURCE_GROUPS "cpus:1"
                        ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR}")
   if(ARG_COST)
     set_tests_properties(${name} PROPERTIES COST ${ARG_COST})

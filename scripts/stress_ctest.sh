@@ -17,7 +17,7 @@ trap 'kill $b1 $b2 2>/dev/null' EXIT
 failed=0
 for i in $(seq 1 "$n"); do
   start=$SECONDS
-  (cd "$dir" && ctest --timeout 900 -j 2) > "$logs/run$i.log" 2>&1
+  (cd "$dir" && ctest --timeout 900 -j 2 --resource-spec-file tests/cpus.json) > "$logs/run$i.log" 2>&1
   rc=$?
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
   cp "$dir/Testing/Temporary/LastTest.log" "$logs/LastTest$i.log" 2>/dev/null

@@ -22,7 +22,9 @@ run_ctest() {  # run_ctest BUILD_DIR [ctest args...]
   shift
   local log
   log=$(mktemp)
-  (cd "$dir" && ctest --timeout 900 -j "$jobs" "$@") 2>&1 | tee "$log"
+  # One CPU of the "cpus" resource per test binary, which pins itself to it (tests/test_main.cpp)
+  (cd "$dir" && ctest --timeout 900 -j "$jobs" --resource-spec-file tests/cpus.json "$@") 2>&1 |
+    tee "$log"
   local rc=${PIPESTATUS[0]}
   local ran failed skipped
   ran=$(sed -n 's/.*tests passed, \([0-9]*\) tests failed out of \([0-9]*\).*/\2/p' "$log" | tail -1)
