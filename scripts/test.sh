@@ -3,7 +3,9 @@
 # clang's thread-safety analysis, builds, runs every test under CTest (the CUDA and NCCL code
 # among them, against the fake CUDA runtime: label "fakecuda", tests/fakecuda), then again under
 # ASan+UBSan (every test not labelled "no_sanitizer"), then the concurrent layers (CTest label
-# "tsan") under ThreadSanitizer; each sanitizer build compiles only what its tests run.
+# "tsan") under ThreadSanitizer; each sanitizer build compiles only what its tests run, in the
+# background of the test phase before it. Each test process runs on one CPU (CTest's "cpus"
+# resource: docs/development.md).
 # Environment: STRATA_SANITIZERS=0 skips the sanitizer builds (quick local runs).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
