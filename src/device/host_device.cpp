@@ -129,19 +129,17 @@ class HostStream final : public HostStreamBase {
   void launch_host_func(std::function<void()> fn) override { enqueue(std::move(fn)); }
   // An idle stream (nothing queued, nothing running inline) has no work left that could use what
   // `fn` releases: it runs here, without a round trip through the worker.
+  // (Work queued after the check cannot use it: it was released before.)
   void defer(std::function<void()> fn) override {
+    bool idle;
     {
       std::lock_guard lock(mutex_);
-      if (done_ != queued_ || inline_ != 0) {
-        tasks_.push_back(Task{std::move(fn), true});
-        ++queued_;
-        fn = nullptr;
-      }
+      idle = done_ == queued_ && inline_ == 0;
     }
-    if (fn) {
+    if (idle) {
       fn();
     } else {
-      cv_.notify_one();
+      enqueue_always(std::move(fn));
     }
   }
   void* native_handle() const noexcept override { return nullptr; }
