@@ -83,6 +83,20 @@ BufferId add(st::StoreRig& rig, const std::string& name, Tier home,
   return id;
 }
 
+constexpr Tier kOneHomeEach[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
+
+// Blocks "opt.0" .. "opt.2" homed on kOneHomeEach, holding random bytes of seeds seed.. (into
+// `data`, in the blocks' order).
+std::vector<BufferId> add_one_per_home(st::StoreRig& rig, std::uint64_t seed,
+                                       std::vector<std::vector<std::uint8_t>>& data) {
+  std::vector<BufferId> ids;
+  for (std::size_t k = 0; k < 3; ++k) {
+    data.push_back(st::random_bytes(kOddVersions, seed + k));
+    ids.push_back(add(rig, "opt." + std::to_string(k), kOneHomeEach[k], data.back()));
+  }
+  return ids;
+}
+
 void place(st::StoreRig& rig, BufferId id, Tier home, Placement p) {
   if (p == Placement::kAlsoNvme && home != Tier::kNvme) rig.store->prefetch(id, Tier::kNvme).wait();
   if (p == Placement::kAlsoCpu && home != Tier::kCpu) rig.store->prefetch(id, Tier::kCpu).wait();
@@ -374,13 +388,8 @@ TEST(PinnedVersions, Refusals) {
 // every read is the pinned data (TSan: the copy-on-write against the reads).
 TEST(PinnedVersions, ConcurrentReaderAndWriter) {
   st::StoreRig rig;
-  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
-  std::vector<BufferId> ids;
   std::vector<std::vector<std::uint8_t>> old;
-  for (std::size_t k = 0; k < 3; ++k) {
-    old.push_back(st::random_bytes(kOddVersions, 60 + k));
-    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
-  }
+  const std::vector<BufferId> ids = add_one_per_home(rig, 60, old);
   const SnapshotId s = rig.store->pin_committed(ids);
   std::atomic<bool> stop{false};
   std::thread writer([&] {
@@ -577,13 +586,8 @@ TEST(PendingVersions, StreamWritesThePendingVersion) {
   st::RigOptions o;
   o.pool_buffer_size = 256 << 10;  // one block per slot
   st::StoreRig rig(o);
-  std::vector<BufferId> ids;
   std::vector<std::vector<std::uint8_t>> old;
-  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
-  for (std::size_t k = 0; k < 3; ++k) {
-    old.push_back(st::random_bytes(kOddVersions, 90 + k));
-    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], old.back()));
-  }
+  const std::vector<BufferId> ids = add_one_per_home(rig, 90, old);
   rig.store->open_pending(ids);
   std::vector<tier::StreamItem> items;
   for (BufferId id : ids) items.push_back({{{id, 0, 0, true, true, true}}});
@@ -613,13 +617,8 @@ TEST(PendingVersions, OutViewsUpdateOutOfPlaceAndCommitBySwap) {
   st::RigOptions o;
   o.pool_buffer_size = 256 << 10;
   st::StoreRig rig(o);
-  const Tier homes[] = {Tier::kNvme, Tier::kCpu, Tier::kGpu};
-  std::vector<BufferId> ids;
   std::vector<std::vector<std::uint8_t>> now;
-  for (std::size_t k = 0; k < 3; ++k) {
-    now.push_back(st::random_bytes(kOddVersions, 95 + k));
-    ids.push_back(add(rig, "opt." + std::to_string(k), homes[k], now.back()));
-  }
+  const std::vector<BufferId> ids = add_one_per_home(rig, 95, now);
   std::vector<tier::StreamItem> items;
   for (BufferId id : ids) items.push_back({{{id, 0, 0, true, true, true}}});
   tier::StreamOptions so;
@@ -633,7 +632,7 @@ TEST(PendingVersions, OutViewsUpdateOutOfPlaceAndCommitBySwap) {
         *rig.store, items,
         [&](std::size_t i, std::span<void* const> v) {
           ASSERT_EQ(v.size(), 2u);
-          EXPECT_EQ(v[0] != v[1], homes[i] != Tier::kNvme) << tier_name(homes[i]);
+          EXPECT_EQ(v[0] != v[1], kOneHomeEach[i] != Tier::kNvme) << tier_name(kOneHomeEach[i]);
           const auto* in = static_cast<const std::uint8_t*>(v[0]);
           auto* out = static_cast<std::uint8_t*>(v[1]);
           for (std::uint64_t j = 0; j < kOddVersions; ++j)
@@ -646,7 +645,7 @@ TEST(PendingVersions, OutViewsUpdateOutOfPlaceAndCommitBySwap) {
     rig.store->commit(ids);
     for (std::size_t k = 0; k < 3; ++k) {
       for (auto& x : now[k]) x = static_cast<std::uint8_t>(x + 1 + round);
-      EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), now[k]) << tier_name(homes[k]);
+      EXPECT_EQ(rig.read(ids[k], Tier::kCpu, kOddVersions), now[k]) << tier_name(kOneHomeEach[k]);
     }
     const VersionUsage u = rig.store->version_usage();
     EXPECT_EQ(u.spare[Tier::kCpu], padded);

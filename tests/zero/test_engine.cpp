@@ -481,6 +481,27 @@ TEST(EngineMisuse, ClearErrors) {
   EXPECT_THROW(Engine(bad, *comms[0]), Error);
 }
 
+// One rank, one 10-element parameter "w" (0.5), 16-bit gradients and parameters (`dtype`) held in
+// precision.grad_accum fp32 (`fp32`) or in their own dtype, at `stage` (2: gradient chunks on cpu).
+struct AccumulatingEngine {
+  AccumulatingEngine(int stage, DType dtype, bool fp32)
+      : comms(make_inprocess_communicators(1, 5.0)) {
+    EngineCase c;
+    c.stage = stage;
+    c.grads = dtype;
+    c.params = dtype;
+    Config cfg = engine_config(c);
+    if (fp32) cfg.precision.grad_accum = DType::kFp32;
+    if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
+    engine = std::make_unique<Engine>(cfg, *comms[0]);
+    id = engine->add_parameter("w", std::vector<float>(10, 0.5f));
+    engine->finalize();
+  }
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::unique_ptr<Engine> engine;
+  TensorId id = 0;
+};
+
 // 16-bit gradients accumulate in precision.grad_accum: bf16 1 + 2^-8 is a tie that rounds to 1
 // in bf16 (the gradients' own dtype, the default) and stays 1 + 2^-8 in fp32, which the step's
 // norm reads — at stage 0 (the flat gradients) and stage 2 (the gradient chunks, on cpu).
@@ -488,21 +509,11 @@ TEST(EngineAccumulation, SixteenBitGradientsSumInGradAccum) {
   for (int stage : {0, 2})
     for (bool fp32 : {false, true}) {
       SCOPED_TRACE(strcat("stage ", stage, fp32 ? " grad_accum fp32" : " grad_accum bf16"));
-      auto comms = make_inprocess_communicators(1, 5.0);
-      EngineCase c;
-      c.stage = stage;
-      c.grads = DType::kBf16;
-      c.params = DType::kBf16;
-      Config cfg = engine_config(c);
-      if (fp32) cfg.precision.grad_accum = DType::kFp32;
-      if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
-      Engine e(cfg, *comms[0]);
-      auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
-      e.finalize();
+      AccumulatingEngine a(stage, DType::kBf16, fp32);
       const std::vector<std::uint16_t> one(10, 0x3f80), tiny(10, 0x3b80);  // bf16 1, 2^-8
-      e.set_gradient(id, one.data());
-      e.set_gradient(id, tiny.data());  // micro-batch 2
-      const StepResult r = e.step();
+      a.engine->set_gradient(a.id, one.data());
+      a.engine->set_gradient(a.id, tiny.data());  // micro-batch 2
+      const StepResult r = a.engine->step();
       EXPECT_TRUE(r.applied);
       EXPECT_NEAR(r.grad_norm, std::sqrt(10.0) * (fp32 ? 1.00390625 : 1.0), 1e-9);
     }
@@ -515,24 +526,14 @@ TEST(EngineAccumulation, Fp16SumThatOverflowsSkipsTheStep) {
   for (int stage : {0, 2})
     for (bool fp32 : {false, true}) {
       SCOPED_TRACE(strcat("stage ", stage, fp32 ? " grad_accum fp32" : " grad_accum fp16"));
-      auto comms = make_inprocess_communicators(1, 5.0);
-      EngineCase c;
-      c.stage = stage;
-      c.grads = DType::kFp16;
-      c.params = DType::kFp16;
-      Config cfg = engine_config(c);
-      if (fp32) cfg.precision.grad_accum = DType::kFp32;
-      if (stage == 2) cfg.offload.gradients.tier = Tier::kCpu;
-      Engine e(cfg, *comms[0]);
-      auto id = e.add_parameter("w", std::vector<float>(10, 0.5f));
-      e.finalize();
-      const double scale = e.loss_scale();
+      AccumulatingEngine a(stage, DType::kFp16, fp32);
+      const double scale = a.engine->loss_scale();
       const std::vector<std::uint16_t> big(10, 0x78e2);  // fp16 40000
-      e.set_gradient(id, big.data());
-      e.set_gradient(id, big.data());  // micro-batch 2
-      const StepResult r = e.step();
+      a.engine->set_gradient(a.id, big.data());
+      a.engine->set_gradient(a.id, big.data());  // micro-batch 2
+      const StepResult r = a.engine->step();
       EXPECT_EQ(r.applied, fp32);
-      EXPECT_EQ(e.loss_scale(), fp32 ? scale : scale / 2);
+      EXPECT_EQ(a.engine->loss_scale(), fp32 ? scale : scale / 2);
     }
 }
 
