@@ -69,6 +69,8 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
       nbuckets_(layout.stage() >= 2 ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_ : 0),
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
       bucket_gaps_(gaps_per_bucket(layout, bucket_elems_, nbuckets_)),
+      retire_early_(std::none_of(layout.chunks().begin(), layout.chunks().end(),
+                                 [](const Chunk& c) { return c.grad_tier == Tier::kNvme; })),
       stream_(store.device().create_stream()),
       arrived_(layout.tensors(), false),
       used_(layout.tensors(), false),
@@ -191,6 +193,7 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
     copy(layout_.grads_device() + off * ges, src, n * ges);  // the caller's thread on a host device
   } else {
     hand_in_bucketed(off, n, src);
+    retire_done();
     collect_copies(false);  // progress: finished copies free their buffers, spills start
   }
   times_.reduce_s += seconds_since(t0);
@@ -218,6 +221,7 @@ void GradientReducer::hand_in_zero(TensorId id) {
       if (bucket_pending_[k] == 0) bucket_complete(k);
       stop = pos;
     }
+    retire_done();
     collect_copies(false);
   }
   times_.reduce_s += seconds_since(t0);
@@ -427,6 +431,19 @@ std::exception_ptr GradientReducer::reduce() {
   }
   times_.reduce_s += seconds_since(t0);
   return local;
+}
+
+// The collectives that already completed are retired, oldest first, without waiting: their shares'
+// fills start now, so a chunk's gradient is final (take_filled_chunks) as soon as its last bucket
+// is reduced — not only when a later bucket's issue needs the slot (two in flight) or at the
+// micro-batch's last hand-in, which left the last buckets' chunks (a sixth of the model in `strata
+// bench step`) to the speculative update after the backward.
+// Not with gradient chunks on NVMe: their shares are assembled in pool buffers, and a fill
+// started early would make the hand-in wait for one (fill.hpp) where the backward went on; nothing
+// is speculated there either.
+void GradientReducer::retire_done() {
+  if (!retire_early_) return;
+  while (!inflight_.empty() && inflight_.front().handle->done()) retire_oldest();
 }
 
 void GradientReducer::retire_all() {

@@ -2,8 +2,9 @@
 // in its tier. Stages 0-1: each gradient is copied into the flat gradients (device memory) and
 // reduced at step() (all-reduce / reduce-scatter in place). Stages 2-3: gradients are copied into
 // buckets of zero.reduce_bucket_size elements (runtime scratch); a complete bucket's
-// reduce-scatter starts at once (at most two in flight) and, when it completes, the rank's share
-// of it is filled into the gradient chunks wherever they live (device memory, or device→host on
+// reduce-scatter starts at once (at most two in flight) and, once it completed (looked at after
+// each hand-in, without waiting), the rank's share of it is filled into the gradient chunks
+// wherever they live (device memory, or device→host on
 // the store's copy streams, spilled on to NVMe) — queued, not waited for: the backward goes on
 // while the share is copied out, and its receive buffer is reused only once the copy completed.
 //
@@ -132,6 +133,7 @@ class GradientReducer : private RankResources {
   Scratch& bucket_buffer(std::size_t k);
   void issue_bucket(std::size_t k);
   void retire_oldest();
+  void retire_done();  // the completed collectives, oldest first, without waiting
   void collect_copies(bool all);
   Scratch take_recv();
   void finish_round();
@@ -142,6 +144,7 @@ class GradientReducer : private RankResources {
   const std::size_t bucket_elems_, nbuckets_;
   const std::vector<std::size_t> bucket_expected_;     // elements of tensors per bucket
   const std::vector<std::vector<Range>> bucket_gaps_;  // per bucket: elements of no tensor
+  const bool retire_early_;  // completed collectives retired at each hand-in (no grads on nvme)
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 

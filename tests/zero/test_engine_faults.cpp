@@ -278,9 +278,12 @@ TEST(EngineFaults, AFailedGatherReadCanBeRetried) {
 }
 
 TEST(EngineFaults, AFailedDeviceCopyFailsTheStep) {
-  // Optimizer on cpu, gradients on gpu: the update copies each chunk's gradients device→host.
+  // Optimizer on cpu, gradients on gpu: the update copies each chunk's gradients device→host
+  // (staged as on CUDA: the host device's memory could be viewed in place), so the step makes
+  // copies whatever the backward's share copies already did.
   auto comms = make_inprocess_communicators(1, 5.0);
   Rank r(fault_config(2, Tier::kCpu, Tier::kGpu, Tier::kGpu, "/tmp"), *comms[0]);
+  zero::EngineAccess::set_stage_device_memory(*r.e, true);
   r.backward(0);
   r.e->step();
   r.backward(1);

@@ -183,6 +183,30 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   expect_bitwise_equal(r.params(), want, "after the overlapped steps");
 }
 
+// A completed reduce-scatter is retired at the next hand-in, not only when a later bucket's issue
+// needs its slot: the first bucket (the last in flat order) handed in, its collective completed
+// (a barrier after it on the same communicator returned), the next call — one that completes no
+// bucket — starts its share's copy. The share's chunks are then final early, which is what the
+// speculative update starts from. (Retired lazily, the copy waited for the third bucket's issue:
+// the wait below would end unmet.)
+TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(strcat("stage ", stage));
+    TempDir dir("strata-overlap");
+    auto comms = make_inprocess_communicators(1, 60.0);
+    OverlapRank r(overlap_config(stage, Tier::kCpu, dir.str()), *comms[0], 4, true);
+    r.make_grads(0, 0);
+    const std::uint64_t before = r.dev->d2h_queued();
+    for (std::size_t i = 0; i < kTensorsPerBucket; ++i) r.backward_call(i);
+    comms[0]->barrier();  // in order after the reduce-scatter: that one completed
+    r.backward_call(kTensorsPerBucket);
+    EXPECT_TRUE(eventually([&] { return r.dev->d2h_queued() > before; }))
+        << "the first bucket's share was not copied out at the next hand-in";
+    for (std::size_t i = kTensorsPerBucket + 1; i < r.tensors; ++i) r.backward_call(i);
+    r.e->step();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                          ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
                                            OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme}),
