@@ -4,9 +4,9 @@
 // buckets of zero.reduce_bucket_size elements (runtime scratch); a complete bucket's
 // reduce-scatter starts at once (at most two in flight) and, once it completed (looked at after
 // each hand-in, without waiting), the rank's share of it is filled into the gradient chunks
-// wherever they live (device memory, or device→host on
-// the store's copy streams, spilled on to NVMe) — queued, not waited for: the backward goes on
-// while the share is copied out, and its receive buffer is reused only once the copy completed.
+// wherever they live (device memory, or device→host on the store's copy streams, spilled on to
+// NVMe) — queued, not waited for: the backward goes on while the share is copied out, and its
+// receive buffer is reused only once the copy completed.
 //
 // Buckets are issued in descending order on several ranks (a bucket completed early waits for the
 // ones above it): the collectives match on every rank whatever order the hand-ins complete them.
