@@ -1074,9 +1074,17 @@ def _config_sets(config, overrides, section, key):
     return isinstance(sec, dict) and key in sec
 
 
+# How long the ranks may take to meet when strata makes the process group (every rank's
+# interpreter, torch and the model starting up; on a loaded machine that is more than a collective
+# timeout of seconds). The collectives themselves run with runtime.collective_timeout_s each (the
+# c10d communicator passes it per operation), not with the group's timeout.
+_GROUP_CONNECT_TIMEOUT_S = 300.0
+
+
 def _launcher_group(timeout_s):
     """The process group to reduce over under torchrun (or after init_process_group): the default
     group if it is gloo, else a gloo group over the same ranks. None for a single process."""
+    connect = datetime.timedelta(seconds=max(timeout_s, _GROUP_CONNECT_TIMEOUT_S))
     if not dist.is_available():
         return None
     if not dist.is_initialized():
@@ -1086,10 +1094,10 @@ def _launcher_group(timeout_s):
             raise errors.UsageError(
                 "strata: WORLD_SIZE=%s but no MASTER_ADDR: start the ranks with torchrun (or call "
                 "torch.distributed.init_process_group first)" % os.environ["WORLD_SIZE"])
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group("gloo", timeout=connect)
     if dist.get_world_size() == 1:
         return None
     group = dist.distributed_c10d._get_default_group()
     if dist.get_backend() != "gloo":
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        group = dist.new_group(backend="gloo", timeout=connect)
     return group

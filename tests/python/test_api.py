@@ -276,6 +276,37 @@ class TorchContract(unittest.TestCase):
         opt.close()
 
 
+class LauncherGroup(unittest.TestCase):
+    def test_the_group_strata_makes_connects_within_minutes_not_the_collective_timeout(self):
+        """The ranks meet within a generous bound (interpreters and torch starting on a loaded
+        machine); each collective keeps runtime.collective_timeout_s (passed per operation). A
+        6 s connection timeout failed python_dead_rank once on a machine running two suites."""
+        import datetime
+        import torch.distributed as dist
+        import strata.torch as st
+        seen = []
+
+        def fake_init(backend, timeout):
+            seen.append((backend, timeout))
+            raise RuntimeError("stop here")
+
+        saved = dict(os.environ)
+        real_init = dist.init_process_group
+        try:
+            os.environ.update({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": "1"})
+            dist.init_process_group = fake_init
+            with self.assertRaisesRegex(RuntimeError, "stop here"):
+                st._launcher_group(6.0)
+        finally:
+            dist.init_process_group = real_init
+            os.environ.clear()
+            os.environ.update(saved)
+        self.assertEqual(len(seen), 1)
+        self.assertEqual(seen[0][0], "gloo")
+        self.assertGreaterEqual(seen[0][1], datetime.timedelta(seconds=300))
+
+
 class Errors(unittest.TestCase):
     def test_non_contiguous_parameter(self):
         m = nn.Linear(4, 3)
