@@ -282,6 +282,11 @@ bool EngineLayout::any_chunk_on(Tier opt_tier) const {
                      [&](const Chunk& c) { return c.opt_tier == opt_tier; });
 }
 
+bool EngineLayout::any_grad_chunk_on(Tier grad_tier) const {
+  return std::any_of(chunks_.begin(), chunks_.end(),
+                     [&](const Chunk& c) { return c.grad_tier == grad_tier; });
+}
+
 StorageReport EngineLayout::report(RankStorage& storage, const ScratchArena& scratch) const {
   StorageReport r;
   const TierStore& s = storage.store();

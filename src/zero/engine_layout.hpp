@@ -93,6 +93,7 @@ class EngineLayout {
   const Chunk& chunk_at(std::size_t element) const;     // chunk holding an optimizer element
   std::size_t chunk_index(std::size_t element) const { return &chunk_at(element) - chunks_.data(); }
   bool any_chunk_on(Tier opt_tier) const;
+  bool any_grad_chunk_on(Tier grad_tier) const;  // some chunk's gradients live there
 
   BufferId params_buffer() const { return params_id_; }  // stages 0-2
   BufferId grads_buffer() const { return grads_id_; }    // stages 0-1

@@ -121,9 +121,7 @@ OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
       update_on_device_(layout.config().optimizer.update == strata::OptimizerUpdate::kDevice),
       adam_(std::make_unique<CpuAdam>(layout.config().runtime.cpu_threads)),
       device_adam_(make_device_adam(layout, store, update_on_device_)),
-      grads_on_nvme_(layout.stage() >= 2 &&
-                     std::any_of(layout.chunks().begin(), layout.chunks().end(),
-                                 [&](const Chunk& c) { return c.grad_tier == Tier::kNvme; })) {}
+      grads_on_nvme_(layout.stage() >= 2 && layout.any_grad_chunk_on(Tier::kNvme)) {}
 
 OptimizerStep::~OptimizerStep() = default;
 

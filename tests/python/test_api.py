@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 import torch
 import torch.nn as nn
@@ -290,18 +291,11 @@ class LauncherGroup(unittest.TestCase):
             seen.append((backend, timeout))
             raise RuntimeError("stop here")
 
-        saved = dict(os.environ)
-        real_init = dist.init_process_group
-        try:
-            os.environ.update({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                               "MASTER_PORT": "1"})
-            dist.init_process_group = fake_init
-            with self.assertRaisesRegex(RuntimeError, "stop here"):
-                st._launcher_group(6.0)
-        finally:
-            dist.init_process_group = real_init
-            os.environ.clear()
-            os.environ.update(saved)
+        launcher = {"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+        with mock.patch.dict(os.environ, launcher), \
+                mock.patch.object(dist, "init_process_group", fake_init), \
+                self.assertRaisesRegex(RuntimeError, "stop here"):
+            st._launcher_group(6.0)
         self.assertEqual(len(seen), 1)
         self.assertEqual(seen[0][0], "gloo")
         self.assertGreaterEqual(seen[0][1], datetime.timedelta(seconds=300))
