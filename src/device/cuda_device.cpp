@@ -52,7 +52,7 @@ bool query_done(cudaError_t rc, const char* what) {
 }
 
 // Polls `query` until complete or the deadline passes (a bounded wait: cudaStreamSynchronize has
-// no deadline). Between polls a PollBackoff: a short spin of yields, then sleeps of 1 -> 64 us.
+// no deadline). Between polls a PollBackoff: a 10 us spin, then sleeps of 1 -> 64 us.
 template <typename Query>
 void poll_until(Query query, std::chrono::milliseconds timeout, const char* what) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -1,7 +1,7 @@
-// PollBackoff (core/poll_backoff.hpp): the waits of CUDA and NCCL polls (F9, issue 27) yield
-// within the spin and then sleep 1 µs doubling up to the cap — never a fixed sleep per poll. What
-// each pause does, not how long it takes (no assertion here depends on timing: the spins are 0 or
-// an hour).
+// PollBackoff (core/poll_backoff.hpp): the waits of CUDA and NCCL polls (F9, issue 27) spin (a
+// CPU pause, not a sched_yield) within the spin and then sleep 1 µs doubling up to the cap — never
+// a fixed sleep per poll. What each pause does, not how long it takes (no assertion here depends
+// on timing: the spins are 0 or an hour).
 #include <gtest/gtest.h>
 
 #include "core/poll_backoff.hpp"
@@ -11,7 +11,7 @@ namespace {
 
 using std::chrono::microseconds;
 
-TEST(PollBackoff, YieldsWithinTheSpin) {
+TEST(PollBackoff, SpinsWithoutSleepingWithinTheSpin) {
   PollBackoff b(microseconds(64), std::chrono::hours(1));
   for (int i = 0; i < 100; ++i) b.pause();
   EXPECT_FALSE(b.sleeping());
