@@ -193,18 +193,35 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
                               std::uint64_t bytes_per_element_nvme, const Bandwidths& bw);
 
 // The optimizer step hidden behind a backward of `backward_s` seconds (optimizer.overlap: each
-// chunk's update runs once its gradient is final, during the backward; docs/offload.md). The model:
-// the gradients become final evenly over the backward, chunk by chunk (the step's sub_groups, n),
-// and the update works through them in that order at the step's pipelined pace (W = pipelined_s),
-// each chunk once its gradient is final and the one before it is done. The update then ends
-// max over j < n of ((j + 1) W - j T) / n after the last gradient: W / n (the last chunk alone)
-// when the backward is the longer (W <= T), W - T (n - 1) / n when the update is. A bound from
-// below: gradients that arrive in fewer, larger pieces (a model of few tensors, large reduce
-// buckets) expose more, and the hand-ins' copies and a clip or an overflow (a rollback: the serial
-// step again) are not counted.
+// chunk's update runs once its gradient is final, during the backward; docs/offload.md).
+//
+// What of the engine's schedule the overlap depends on (overlap_shape: from the config). A rank's
+// gradients become final bucket by bucket: a reduce bucket (zero.reduce_bucket_size elements of
+// the flat space) is reduced once its last tensor is handed in, so the rank's range becomes final
+// in `pieces` = ceil(range / bucket) pieces (at most one per chunk) — a model smaller than the
+// bucket becomes final all at once, at the last gradient. And the backward hands the tensors in
+// last first, so the rank whose range is handed in last (rank 0, the first elements), which the
+// step waits for, gets its gradients only during the last range / flat of the backward (the
+// window, T' = T / ranks for equal ranges). Stages 0-1 reduce at step(): nothing is final before.
+struct OverlapShape {
+  int stage = 2;
+  std::uint64_t model_elements = 0;   // the flat space; 0: the rank's range (the whole backward)
+  std::uint64_t bucket_elements = 0;  // 0: one piece per chunk
+};
+OverlapShape overlap_shape(const Config& config);
+
+// The model: the pieces become final evenly over the window, and the update works through them in
+// that order at the step's pipelined pace (W = pipelined_s), each once it is final and the one
+// before it is done. The update then ends max over j < n of ((j + 1) W - j T') / n after the last
+// gradient: W / n (the last piece alone) when the window is the longer, W - T' (n - 1) / n when
+// the update is (stages 0-1: W). Not counted: the hand-ins' copies, the last bucket's reduction,
+// the decision and the commit after the backward, and a clip or an overflow (a rollback: the
+// serial step again); a bound from below.
 struct OverlapPrediction {
   double backward_s = 0;           // T, given
-  std::uint64_t chunks = 0;        // n
+  std::uint64_t chunks = 0;        // the step's sub-groups
+  std::uint64_t pieces = 0;        // n: the pieces in which the rank's gradients become final
+  double window_s = 0;             // T': the part of the backward that hands in the rank's range
   double optimizer_s = 0;          // W, the serial optimizer step it hides (pipelined_s)
   double exposed_s = 0;            // the update's time after the last gradient
   double backward_and_step_s = 0;  // T + exposed_s
@@ -212,7 +229,8 @@ struct OverlapPrediction {
 };
 
 // Pure. Throws Error(kInvalidArgument) for a negative or non-finite backward_s.
-OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s);
+OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
+                                  const OverlapShape& shape = {});
 
 // ---- the sample step
 // -----------------------------------------------------------------------------

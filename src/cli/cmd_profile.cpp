@@ -38,8 +38,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Environment, hostname, kernel, cpu_model, cor
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds, bytes_per_second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
                                    algbw_bytes_per_second, busbw_bytes_per_second)
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, optimizer_s, exposed_s,
-                                   backward_and_step_s, serial_s)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, pieces, window_s,
+                                   optimizer_s, exposed_s, backward_and_step_s, serial_s)
 }  // namespace strata
 
 namespace cmd_profile {
@@ -606,9 +606,22 @@ void print_recommendation(std::ostream& o, const strata::ProfileReport& r,
 
 void print_overlap(std::ostream& o, const strata::OverlapPrediction& v, const strata::Config& c) {
   o << "\nWith a backward of " << secs(v.backward_s) << " (optimizer.overlap: the update runs "
-    << "during the backward, chunk by chunk, " << v.chunks << " chunk(s)):\n"
-    << "  optimizer step " << secs(v.optimizer_s) << ", exposed after the last gradient "
-    << secs(v.exposed_s) << " (at least: gradients arriving in fewer pieces expose more)\n"
+    << "during the backward, as the gradients become final):\n";
+  if (c.zero.stage < 2) {
+    o << "  zero.stage " << c.zero.stage << " reduces the gradients at step(): nothing is final "
+      << "during the backward, the step is the serial one (optimizer.overlap needs stage 2-3)\n";
+  } else {
+    o << "  the gradients become final in " << v.pieces << " piece(s) (zero.reduce_bucket_size "
+      << c.zero.reduce_bucket_size << "; " << v.chunks << " chunk(s))";
+    if (v.window_s < v.backward_s)  // several ranks: rank 0's range is handed in last
+      o << " during the last " << secs(v.window_s) << " of the backward (rank 0's range, handed "
+        << "in last; the step waits for it)";
+    o << "\n";
+    if (v.pieces < v.chunks)
+      o << "  a smaller zero.reduce_bucket_size makes them final in more pieces: less exposed\n";
+  }
+  o << "  optimizer step " << secs(v.optimizer_s) << ", exposed after the last gradient "
+    << secs(v.exposed_s) << " (at least: the decision and the commit are not counted)\n"
     << "  backward + step " << secs(v.backward_and_step_s) << ", serial (backward, then step) "
     << secs(v.serial_s) << "\n";
   if (c.optimizer.overlap == strata::OptimizerOverlap::kOff)
@@ -741,7 +754,8 @@ const bool kRegistered = strata::cli::register_command(
          json j = report_json(r);
          std::optional<strata::OverlapPrediction> overlap;
          if (o->backward >= 0) {
-           overlap = strata::predict_overlap(r.configured, o->backward);
+           overlap =
+               strata::predict_overlap(r.configured, o->backward, strata::overlap_shape(config));
            j["model"]["overlap"] = overlap_json(*overlap, config);
          }
          j["recommendation"]["tuned_config"] =

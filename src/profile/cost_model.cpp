@@ -200,19 +200,36 @@ StepPrediction predict_sample(std::uint64_t elements, std::uint64_t sub_groups,
   return p;
 }
 
-OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s) {
+OverlapShape overlap_shape(const Config& config) {
+  OverlapShape s;
+  s.stage = config.zero.stage;
+  s.model_elements = config.model.parameters;
+  s.bucket_elements = config.zero.reduce_bucket_size;
+  return s;
+}
+
+OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
+                                  const OverlapShape& shape) {
   if (!(backward_s >= 0) || !std::isfinite(backward_s))
     fail(ErrorCode::kInvalidArgument,
          strcat("profile: backward time ", backward_s, " s: must be a finite number >= 0"));
   OverlapPrediction o;
   o.backward_s = backward_s;
   o.chunks = std::max<std::uint64_t>(step.sub_groups, 1);
+  o.pieces = o.chunks;
+  const std::uint64_t range = step.optimizer_elements;
+  if (shape.bucket_elements > 0 && range > 0)
+    o.pieces = std::clamp<std::uint64_t>((range - 1) / shape.bucket_elements + 1, 1, o.chunks);
+  o.window_s = backward_s;
+  if (shape.model_elements > range && range > 0)
+    o.window_s =
+        backward_s * static_cast<double>(range) / static_cast<double>(shape.model_elements);
   o.optimizer_s = step.pipelined_s;
-  const double n = static_cast<double>(o.chunks), w = o.optimizer_s, t = backward_s;
-  // ((j + 1) W - j T) / n is linear in j: its maximum over [0, n - 1] is at an end.
-  o.exposed_s = std::max(w / n, (n * w - (n - 1) * t) / n);
-  o.backward_and_step_s = t + o.exposed_s;
-  o.serial_s = t + w;
+  const double n = static_cast<double>(o.pieces), w = o.optimizer_s, t = o.window_s;
+  // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
+  o.exposed_s = shape.stage < 2 ? w : std::max(w / n, (n * w - (n - 1) * t) / n);
+  o.backward_and_step_s = backward_s + o.exposed_s;
+  o.serial_s = backward_s + w;
   return o;
 }
 

@@ -106,6 +106,7 @@ void Engine::Impl::finalize() {
   try {
     build_collaborators();
     check_overlap();
+    warn_one_bucket();
     if (cfg.optimizer.overlap != OptimizerOverlap::kOff && cfg.zero.stage >= 2)
       spec_jobs = std::make_unique<zero::SerialJobs>();
   } catch (...) {

@@ -155,6 +155,8 @@ struct Engine::Impl {
   // ---- engine_speculate.cpp (docs/offload.md, "The speculative update")
   // finalize(): Error(kUnsupported) for optimizer.overlap on where nothing can be speculated.
   void check_overlap() const;
+  // finalize(): a warning where overlap is asked for and the rank's range lies in one bucket.
+  void warn_one_bucket() const;
   // After each gradient hand-in: speculate the chunks the last micro-batch completed.
   void after_hand_in();
   void speculate(const std::vector<std::size_t>& filled);

@@ -47,6 +47,23 @@ void Engine::Impl::check_overlap() const {
                 "; use overlap: auto (serial where unsupported) or off"));
 }
 
+// A rank's gradients become final no finer than bucket by bucket: a range inside one bucket is
+// final all at once, at the last hand-in, and nothing is updated during the backward — what the
+// user asked overlap for. Said once, by each rank it concerns (rank 0's range is handed in last).
+void Engine::Impl::warn_one_bucket() const {
+  if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;
+  const std::size_t b = std::max<std::uint64_t>(cfg.zero.reduce_bucket_size, 1);
+  const std::size_t first = layout->own_begin(), count = layout->partition_size();
+  if (count == 0 || first / b != (first + count - 1) / b) return;
+  log_warn(
+      "engine rank ", rank, ": optimizer.overlap: ", optimizer_overlap_name(cfg.optimizer.overlap),
+      " with zero.reduce_bucket_size ", cfg.zero.reduce_bucket_size, ": this rank's ", count,
+      " elements lie in one bucket, so its gradients become final all at once at the last "
+      "hand-in and nothing is updated during the backward; a bucket a fraction of them "
+      "(e.g. ",
+      std::max<std::size_t>(count / 8, 1), ") lets the update start earlier (docs/offload.md)");
+}
+
 void Engine::Impl::after_hand_in() {
   last_grad = zero::Clock::now();
   if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;

@@ -562,3 +562,29 @@ TEST(Plan, AssumptionsSayWhatIsCounted) {
                         "CUDA context", "NCCL", "allocator", "backward order"})
     EXPECT_NE(all.find(s), std::string::npos) << s;
 }
+
+// optimizer.overlap where rank 0's range lies in one reduce bucket: every gradient is final at the
+// last hand-in and nothing is hidden; the plan says so (not with overlap off, not with smaller
+// buckets, not at stages 0-1 where overlap does nothing anyway).
+TEST(Plan, OverlapWithOneBucketPerRankIsNoted) {
+  auto noted = [](const Config& c) {
+    for (const auto& n : make_plan(c).notes)
+      if (n.find("lie in one zero.reduce_bucket_size bucket") != std::string::npos) return true;
+    return false;
+  };
+  Config c = config(20'000'000ULL, 2, 2);  // 10M per rank, the default bucket 500M
+  c.optimizer.overlap = OptimizerOverlap::kOn;
+  EXPECT_TRUE(noted(c));
+  c.optimizer.overlap = OptimizerOverlap::kAuto;
+  EXPECT_TRUE(noted(c));
+  c.zero.reduce_bucket_size = 10'000'000;  // exactly rank 0's range: still one bucket
+  EXPECT_TRUE(noted(c));
+  c.zero.reduce_bucket_size = 9'999'999;
+  EXPECT_FALSE(noted(c));
+  c.zero.reduce_bucket_size = 500'000'000;
+  c.optimizer.overlap = OptimizerOverlap::kOff;
+  EXPECT_FALSE(noted(c));
+  c.optimizer.overlap = OptimizerOverlap::kOn;
+  c.zero.stage = 1;
+  EXPECT_FALSE(noted(c));
+}

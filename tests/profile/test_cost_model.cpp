@@ -174,6 +174,50 @@ TEST(CostModel, OverlapExposesTheLastChunkOrWhatTheBackwardCannotHide) {
   });
 }
 
+// The engine's schedule (overlap_shape): a rank's gradients become final bucket by bucket, during
+// the part of the backward that hands its range in. W = 8 s over 8 chunks of a range of 8000.
+TEST(CostModel, OverlapCountsTheBucketsAndTheRanksWindow) {
+  StepPrediction p;
+  p.sub_groups = 8;
+  p.optimizer_elements = 8000;
+  p.pipelined_s = 8;
+  OverlapShape s;
+  s.bucket_elements = 4000;  // two pieces of four chunks: the last four after the last gradient
+  OverlapPrediction v = predict_overlap(p, 20, s);
+  EXPECT_EQ(v.chunks, 8u);
+  EXPECT_EQ(v.pieces, 2u);
+  EXPECT_DOUBLE_EQ(v.window_s, 20);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 4);
+  s.bucket_elements = 3000;  // ceil(8000 / 3000) = 3 pieces
+  EXPECT_EQ(predict_overlap(p, 20, s).pieces, 3u);
+  s.bucket_elements = 500'000'000;  // one bucket (the default's size): final at the last gradient
+  v = predict_overlap(p, 20, s);
+  EXPECT_EQ(v.pieces, 1u);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 8);
+  EXPECT_DOUBLE_EQ(v.backward_and_step_s, v.serial_s);
+  s.bucket_elements = 1;  // no finer than a chunk
+  EXPECT_EQ(predict_overlap(p, 20, s).pieces, 8u);
+  // Four ranks of equal ranges: rank 0's is handed in during the last 20 / 4 = 5 s, and its update
+  // needs W - T' (n - 1) / n = 8 - 5 x 7 / 8 after the last gradient.
+  s.bucket_elements = 0;
+  s.model_elements = 32000;
+  v = predict_overlap(p, 20, s);
+  EXPECT_DOUBLE_EQ(v.window_s, 5);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 8 - 5.0 * 7 / 8);
+  EXPECT_DOUBLE_EQ(v.backward_and_step_s, 20 + v.exposed_s);
+  s.stage = 1;  // reduced at step(): nothing is final during the backward
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s).exposed_s, 8);
+  // From the config.
+  Config c;
+  c.zero.stage = 3;
+  c.model.parameters = 123456;
+  c.zero.reduce_bucket_size = 789;
+  s = overlap_shape(c);
+  EXPECT_EQ(s.stage, 3);
+  EXPECT_EQ(s.model_elements, 123456u);
+  EXPECT_EQ(s.bucket_elements, 789u);
+}
+
 TEST(CostModel, Sample) {
   Bandwidths bw;
   bw.nvme_read_bps = 12e3;         // 1000 x 12 B: 1 s

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "placement_util.hpp"
+#include "strata/log.hpp"
 
 namespace strata::testing {
 namespace {
@@ -132,6 +133,39 @@ TEST(Speculation, OnRefusedWhereUnsupported) {
     const StepResult r = e.step();
     EXPECT_TRUE(r.applied);
     EXPECT_EQ(r.speculated_chunks, 0u);
+  }
+}
+
+// A rank's range inside one reduce bucket becomes final all at once, at the last hand-in: overlap
+// then hides nothing, and finalize() says so (on and auto, not off; not with smaller buckets).
+TEST(Speculation, ARangeInOneBucketIsSaid) {
+  TempDir dir("strata-speculation");
+  Placement p{2, Tier::kCpu, Tier::kCpu, Tier::kGpu, 1.0, 1};
+  p.overlap = true;
+  struct Case {
+    OptimizerOverlap overlap;
+    std::uint64_t bucket;
+    bool said;
+  };
+  for (const Case& c :
+       {Case{OptimizerOverlap::kOn, 1 << 20, true}, Case{OptimizerOverlap::kAuto, 1 << 20, true},
+        Case{OptimizerOverlap::kOff, 1 << 20, false}, Case{OptimizerOverlap::kOn, 1500, false}}) {
+    Config cfg = placement_config(p, dir.str());
+    cfg.optimizer.overlap = c.overlap;
+    cfg.zero.reduce_bucket_size = c.bucket;
+    auto comms = make_inprocess_communicators(1, 30.0);
+    std::string logs;
+    set_log_sink([&](LogLevel, std::string_view m) { logs += std::string(m) + "\n"; });
+    {
+      Engine e(cfg, *comms[0]);
+      for (std::size_t t = 0; t < kSizes.size(); ++t)
+        e.add_parameter("t" + std::to_string(t), initial(t));
+      e.finalize();
+    }
+    set_log_sink(nullptr);
+    const bool said = logs.find("lie in one bucket") != std::string::npos;
+    EXPECT_EQ(said, c.said) << optimizer_overlap_name(c.overlap) << ", bucket " << c.bucket << ":\n"
+                            << logs;
   }
 }
 
