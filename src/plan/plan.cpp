@@ -8,6 +8,28 @@
 
 namespace strata {
 
+namespace {
+
+// optimizer.overlap where rank 0's range (the first elements, handed in last: the step waits for
+// it) lies in one bucket: it becomes final at the last hand-in, nothing is hidden (the engine
+// warns too).
+void note_overlap_in_one_bucket(const Config& c, Plan& p) {
+  if (c.optimizer.overlap == OptimizerOverlap::kOff || c.zero.stage < 2 || c.model.parameters == 0)
+    return;
+  const std::uint64_t share = (c.model.parameters + p.ranks - 1) / p.ranks;
+  const std::uint64_t part = (share + 63) / 64 * 64;  // the engine's partition (aligned to 64)
+  if (part > std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1)) return;
+  p.notes.push_back(std::string("optimizer.overlap: ") +
+                    optimizer_overlap_name(c.optimizer.overlap) + ": rank 0's " +
+                    format_count(part) + " elements lie in one zero.reduce_bucket_size bucket (" +
+                    format_count(c.zero.reduce_bucket_size) +
+                    "): its gradients become final all at once at the last hand-in, and "
+                    "nothing is updated during the backward; a bucket a fraction of them "
+                    "lets the update start earlier");
+}
+
+}  // namespace
+
 Plan make_plan(const Config& c) {
   Plan p;
   p.parameters = c.model.parameters;
@@ -80,22 +102,7 @@ Plan make_plan(const Config& c) {
                       std::to_string(rt.bucket_count) + " + " + std::to_string(rt.receive_count) +
                       " buffers of zero.reduce_bucket_size elements); a smaller "
                       "zero.reduce_bucket_size shrinks them");
-  if (c.optimizer.overlap != OptimizerOverlap::kOff && c.zero.stage >= 2 &&
-      c.model.parameters > 0) {
-    // Rank 0's range (the first elements, handed in last: the step waits for it) inside one
-    // bucket becomes final at the last hand-in: nothing is hidden (the engine warns too).
-    const std::uint64_t share = (c.model.parameters + p.ranks - 1) / p.ranks;
-    const std::uint64_t part = (share + 63) / 64 * 64;  // the engine's partition (aligned to 64)
-    if (part <= std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1))
-      p.notes.push_back(std::string("optimizer.overlap: ") +
-                        optimizer_overlap_name(c.optimizer.overlap) + ": rank 0's " +
-                        format_count(part) +
-                        " elements lie in one zero.reduce_bucket_size bucket (" +
-                        format_count(c.zero.reduce_bucket_size) +
-                        "): its gradients become final all at once at the last hand-in, and "
-                        "nothing is updated during the backward; a bucket a fraction of them "
-                        "lets the update start earlier");
-  }
+  note_overlap_in_one_bucket(c, p);
   return p;
 }
 
