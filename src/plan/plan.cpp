@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/checked_math.hpp"
+#include "plan/plan_internal.hpp"
 #include "strata/units.hpp"
 
 namespace strata {
@@ -16,8 +17,7 @@ namespace {
 void note_overlap_in_one_bucket(const Config& c, Plan& p) {
   if (c.optimizer.overlap == OptimizerOverlap::kOff || c.zero.stage < 2 || c.model.parameters == 0)
     return;
-  const std::uint64_t share = (c.model.parameters + p.ranks - 1) / p.ranks;
-  const std::uint64_t part = (share + 63) / 64 * 64;  // the engine's partition (aligned to 64)
+  const std::uint64_t part = partition_elements(c);
   if (part > std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1)) return;
   p.notes.push_back(std::string("optimizer.overlap: ") +
                     optimizer_overlap_name(c.optimizer.overlap) + ": rank 0's " +

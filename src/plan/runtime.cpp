@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/checked_math.hpp"
+#include "plan/plan_internal.hpp"
 #include "strata/plan.hpp"
 
 namespace strata {
@@ -21,11 +22,6 @@ std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v
 std::uint64_t ceil_div(std::uint64_t a, std::uint64_t b) { return a / b + (a % b != 0); }
 
 std::uint64_t ranks_of(const Config& c) { return std::max<std::uint32_t>(c.world.ranks, 1); }
-
-// The rank's partition: ceil(parameters / ranks) rounded up to the partition alignment.
-std::uint64_t partition_elements(const Config& c) {
-  return sat_round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
-}
 
 // The engine's leading(): the first ceil(fraction x count) elements, rounded up to 1024, are on the
 // placement's tier.
@@ -54,6 +50,10 @@ std::uint64_t chunk_capacity(std::uint64_t buf, std::uint64_t gb, std::uint64_t 
 }
 
 }  // namespace
+
+std::uint64_t partition_elements(const Config& c) {
+  return sat_round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
+}
 
 std::uint64_t PoolPlan::bytes() const { return used ? sat_mul(buffers, buffer_size) : 0; }
 
