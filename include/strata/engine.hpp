@@ -145,6 +145,9 @@ struct EngineStats {
   std::uint64_t skipped_steps = 0;  // overflows
   double last_grad_norm = 0;
   CommStats comm;  // bytes sent and calls per collective kind, since construction
+  // Stages 2-3: gradient buckets reduced, since construction (a reduce-scatter issued; one rank
+  // issues none: its bucket is its own share).
+  std::uint64_t buckets_reduced = 0;
   // Seconds spent, summed over steps, per phase.
   double reduce_s = 0;  // gradient all-reduce / reduce-scatter (issue + waits)
   double grad_spill_s =

@@ -257,6 +257,7 @@ py::dict stats_dict(const EngineStats& s) {
   d["last_grad_norm"] = s.last_grad_norm;
   d["reduce_s"] = s.reduce_s;
   d["grad_spill_s"] = s.grad_spill_s;
+  d["buckets_reduced"] = s.buckets_reduced;
   d["norm_s"] = s.norm_s;
   d["optimizer_s"] = s.optimizer_s;
   d["gather_s"] = s.gather_s;

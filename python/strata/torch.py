@@ -893,7 +893,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Seconds per phase summed over the steps (backward_s: the loss.backward() calls,
         including handing the gradients in (handin_s) and, at stages 2-3, reduce-scatters that
         overlap it; reduce_s, norm_s, optimizer_s, gather_s, grad_spill_s, step_s: the engine's),
-        step counts, loss scale, bytes sent per collective."""
+        step counts, loss scale, bytes sent per collective, buckets_reduced (stages 2-3)."""
         s = self._engine.stats()
         s["backward_s"] = self._backward_s
         s["handin_s"] = self._handin_s

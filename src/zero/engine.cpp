@@ -178,6 +178,7 @@ EngineStats Engine::Impl::stats() const {
   if (reducer) {
     s.reduce_s = reducer->times().reduce_s;
     s.grad_spill_s = reducer->times().grad_spill_s;
+    s.buckets_reduced = reducer->buckets_reduced();
   }
   if (optimizer) s.optimizer_s = optimizer->seconds();
   return s;

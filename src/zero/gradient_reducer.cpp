@@ -16,6 +16,9 @@ constexpr std::size_t kMaxBucketsInFlight = 2;
 // Receive buffers: those of the collectives in flight, and one whose share is still being copied
 // out while the next buckets reduce.
 constexpr std::size_t kMaxRecvBuffers = kMaxBucketsInFlight + 1;
+// One rank: a bucket buffer is its own receive buffer (share_bucket), so as many as the buckets and
+// receive buffers above together (what strata plan counts).
+constexpr std::size_t kMaxOneRankBuckets = kMaxBucketsInFlight + 1 + kMaxRecvBuffers;
 
 std::vector<std::size_t> expected_per_bucket(const EngineLayout& l, std::size_t bucket_elems,
                                              std::size_t nbuckets) {
@@ -70,6 +73,7 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
       bucket_gaps_(gaps_per_bucket(layout, bucket_elems_, nbuckets_)),
       retire_early_(!layout.any_grad_chunk_on(Tier::kNvme)),
+      share_buckets_(retire_early_ && comm.size() == 1),
       stream_(store.device().create_stream()),
       arrived_(layout.tensors(), false),
       used_(layout.tensors(), false),
@@ -291,6 +295,9 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
 Scratch& GradientReducer::bucket_buffer(std::size_t k) {
   Scratch& b = bucket_of_[k];
   if (b) return b;
+  if (free_buckets_.empty() && share_buckets_ && buckets_made_ >= kMaxOneRankBuckets &&
+      !copying_.empty())
+    wait_oldest_copy();  // the buffers are copying their shares out
   if (!free_buckets_.empty()) {
     b = std::move(free_buckets_.back());
     free_buckets_.pop_back();
@@ -327,6 +334,11 @@ void GradientReducer::issue_bucket(std::size_t k) {
   const std::size_t b = bucket_begin(k), e = b + bucket_len(k);
   auto counts = layout_.partition().counts_in(b, e);
   const std::size_t mine = counts[static_cast<std::size_t>(layout_.rank())];
+  ++buckets_reduced_;
+  if (share_buckets_) {
+    bucket_issued_[k] = true;
+    return share_bucket(k, mine);
+  }
   while (inflight_.size() >= kMaxBucketsInFlight) retire_oldest();
   InFlight f;
   f.bucket = k;
@@ -339,6 +351,24 @@ void GradientReducer::issue_bucket(std::size_t k) {
   bucket_issued_[k] = true;
 }
 
+// One rank: the reduce-scatter of a bucket is the bucket itself (a sum over one rank is its own
+// values, bit for bit). Its share is filled into the chunks from the bucket buffer at once: no
+// collective, no copy into a receive buffer, and the chunks it completes are final at the hand-in
+// that completed it, not at a later one that finds its collective done (the speculative update's
+// tail: in `strata bench step --tensors 16` the last two buckets' chunks, 9 of 67, waited for the
+// last gradient). Not with gradients on NVMe (retire_early_).
+void GradientReducer::share_bucket(std::size_t k, std::size_t mine) {
+  const std::size_t b = bucket_begin(k);
+  start_share(std::move(bucket_of_[k]), mine ? b - layout_.own_begin() : 0, mine, true);
+}
+
+void GradientReducer::wait_oldest_copy() {
+  const auto t0 = Clock::now();
+  fill_->wait(copying_.front().ticket);
+  times_.grad_spill_s += seconds_since(t0);
+  collect_copies(false);
+}
+
 Scratch GradientReducer::take_recv() {
   collect_copies(false);
   if (free_recvs_.empty() && recvs_made_ < kMaxRecvBuffers) {
@@ -346,12 +376,7 @@ Scratch GradientReducer::take_recv() {
     const std::size_t elems = std::min(bucket_elems_, layout_.partition_size());
     return scratch_.take(elems * layout_.hand_in_elem_bytes(), "gradient receive buffer");
   }
-  if (free_recvs_.empty()) {  // every buffer is copying out: wait for the oldest
-    const auto t0 = Clock::now();
-    fill_->wait(copying_.front().ticket);
-    times_.grad_spill_s += seconds_since(t0);
-    collect_copies(false);
-  }
+  if (free_recvs_.empty()) wait_oldest_copy();  // every buffer is copying out
   Scratch b = std::move(free_recvs_.back());
   free_recvs_.pop_back();
   return b;
@@ -364,8 +389,15 @@ void GradientReducer::retire_oldest() {
   inflight_.pop_front();
   f.handle->wait();
   free_buckets_.push_back(std::move(bucket_of_[f.bucket]));
-  if (!f.share_count) {
-    free_recvs_.push_back(std::move(f.recv));
+  start_share(std::move(f.recv), f.share_begin, f.share_count, false);
+}
+
+// The share (`count` partition elements from `begin`, in `buf`) is filled into the gradient
+// chunks, queued; `buf` goes back to its pool (buckets when `bucket`, else receive buffers) once
+// the copy completed (collect_copies).
+void GradientReducer::start_share(Scratch buf, std::size_t begin, std::size_t count, bool bucket) {
+  if (!count) {
+    (bucket ? free_buckets_ : free_recvs_).push_back(std::move(buf));
     return;
   }
   const auto t0 = Clock::now();
@@ -373,17 +405,17 @@ void GradientReducer::retire_oldest() {
   // Offsets into the chunk in the held dtype, into the receive buffer in the reduced one.
   const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
   tier::Filler::Ticket last = 0;
-  for (std::size_t pos = f.share_begin; pos < f.share_begin + f.share_count;) {
+  for (std::size_t pos = begin; pos < begin + count;) {
     const std::size_t ci = layout_.chunk_index(pos);
     const Chunk& c = layout_.chunks()[ci];
-    const std::size_t stop = std::min(f.share_begin + f.share_count, c.r.end());
+    const std::size_t stop = std::min(begin + count, c.r.end());
     last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
-                             f.recv.data() + (pos - f.share_begin) * hes, Tier::kGpu);
+                             buf.data() + (pos - begin) * hes, Tier::kGpu);
     chunk_filled_[ci] += stop - pos;
     if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
     pos = stop;
   }
-  copying_.push_back({std::move(f.recv), last});
+  copying_.push_back({std::move(buf), last, bucket});
   times_.grad_spill_s += seconds_since(t0);
 }
 
@@ -400,7 +432,8 @@ void GradientReducer::collect_copies(bool all) {
     } else if (!fill_->done(copying_.front().ticket)) {
       break;
     }
-    free_recvs_.push_back(std::move(copying_.front().recv));
+    Copying& c = copying_.front();
+    (c.bucket ? free_buckets_ : free_recvs_).push_back(std::move(c.recv));
     copying_.pop_front();
   }
   times_.grad_spill_s += seconds_since(t0);

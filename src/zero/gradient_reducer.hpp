@@ -6,7 +6,8 @@
 // each hand-in, without waiting), the rank's share of it is filled into the gradient chunks
 // wherever they live (device memory, or device→host on the store's copy streams, spilled on to
 // NVMe) — queued, not waited for: the backward goes on while the share is copied out, and its
-// receive buffer is reused only once the copy completed.
+// receive buffer is reused only once the copy completed. One rank (gradients not on NVMe) issues
+// no collective: the bucket is its own share, filled from the bucket buffer at once.
 //
 // Buckets are issued in descending order on several ranks (a bucket completed early waits for the
 // ones above it): the collectives match on every rank whatever order the hand-ins complete them.
@@ -107,7 +108,8 @@ class GradientReducer : private RankResources {
   void retire_all();
 
   const ReduceTimes& times() const { return times_; }
-  std::size_t bucket_buffers() const { return buckets_made_; }  // made so far (tests, plan)
+  std::uint64_t buckets_reduced() const { return buckets_reduced_; }  // since construction
+  std::size_t bucket_buffers() const { return buckets_made_; }        // made so far (tests, plan)
   std::size_t receive_buffers() const { return recvs_made_; }
 
  private:
@@ -120,6 +122,7 @@ class GradientReducer : private RankResources {
   struct Copying {  // a receive buffer whose share is being filled into the chunks
     Scratch recv;
     tier::Filler::Ticket ticket = 0;
+    bool bucket = false;  // a bucket buffer (one rank: share_bucket), not a receive buffer
   };
 
   bool any_arrived() const { return micro_ > 0 || n_arrived_ > 0; }
@@ -132,7 +135,10 @@ class GradientReducer : private RankResources {
   void bucket_complete(std::size_t k);
   Scratch& bucket_buffer(std::size_t k);
   void issue_bucket(std::size_t k);
+  void share_bucket(std::size_t k, std::size_t mine);
   void retire_oldest();
+  void start_share(Scratch buf, std::size_t begin, std::size_t count, bool bucket);
+  void wait_oldest_copy();
   void retire_done();  // the completed collectives, oldest first, without waiting
   void collect_copies(bool all);
   Scratch take_recv();
@@ -144,7 +150,8 @@ class GradientReducer : private RankResources {
   const std::size_t bucket_elems_, nbuckets_;
   const std::vector<std::size_t> bucket_expected_;     // elements of tensors per bucket
   const std::vector<std::vector<Range>> bucket_gaps_;  // per bucket: elements of no tensor
-  const bool retire_early_;  // completed collectives retired at each hand-in (no grads on nvme)
+  const bool retire_early_;   // completed collectives retired at each hand-in (no grads on nvme)
+  const bool share_buckets_;  // one rank, retire_early_: no collective (share_bucket)
   std::unique_ptr<Stream> stream_;
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 
@@ -170,6 +177,7 @@ class GradientReducer : private RankResources {
   std::vector<std::size_t> chunk_filled_;
   std::deque<std::pair<std::size_t, tier::Filler::Ticket>> filled_;
   ReduceTimes times_;
+  std::uint64_t buckets_reduced_ = 0;
 };
 
 }  // namespace strata::zero

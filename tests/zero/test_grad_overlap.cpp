@@ -183,27 +183,56 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   expect_bitwise_equal(r.params(), want, "after the overlapped steps");
 }
 
-// A completed reduce-scatter is retired at the next hand-in, not only when a later bucket's issue
-// needs its slot: the first bucket (the last in flat order) handed in, its collective completed
-// (a barrier after it on the same communicator returned), the next call — one that completes no
-// bucket — starts its share's copy. The share's chunks are then final early, which is what the
-// speculative update starts from. (Retired lazily, the copy waited for the third bucket's issue:
-// the wait below would end unmet.)
+// A completed collective is retired (its share's copy started) at the next hand-in, not when a
+// later bucket needs its slot: two ranks (one has no collective), the first bucket (the last in
+// flat order, rank 1's) handed in,
+// its collective completed (a barrier after it on the same communicator returned), the next call
+// — one that completes no bucket — starts its share's copy. The share's chunks are then final
+// early, which is what the speculative update starts from. (Retired lazily, the copy waited for
+// the third bucket's issue: the wait below would end unmet.)
 TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE(strcat("stage ", stage));
     TempDir dir("strata-overlap");
+    const Config cfg = overlap_config(stage, Tier::kCpu, dir.str());
+    auto comms = make_inprocess_communicators(2, 60.0);
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      OverlapRank r(cfg, comm, 4, true);
+      r.make_grads(rank, 0);
+      const std::uint64_t before = r.dev->d2h_queued();
+      for (std::size_t i = 0; i < kTensorsPerBucket; ++i) r.backward_call(i);
+      comm.barrier();  // in order after the reduce-scatter: that one completed
+      r.backward_call(kTensorsPerBucket);
+      if (rank == 1)  // the last bucket in flat order lies in rank 1's half
+        EXPECT_TRUE(eventually([&] { return r.dev->d2h_queued() > before; }))
+            << "the first bucket's share was not copied out at the next hand-in";
+      for (std::size_t i = kTensorsPerBucket + 1; i < r.tensors; ++i) r.backward_call(i);
+      r.e->step();
+    }));
+  }
+}
+
+// One rank reduces without a collective: a bucket is its own reduce-scatter, and its share's copy
+// starts at the hand-in that completes it (no later call is made before the wait below; with a
+// collective it waited for the next hand-in). No reduce-scatter is issued. (That the values are
+// the reduction's: every one-rank bitwise test against torch, e.g. the placement matrices.)
+TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
+  for (int stage : {2, 3}) {
+    SCOPED_TRACE(strcat("stage ", stage));
+    TempDir dir("strata-overlap");
+    const Config cfg = overlap_config(stage, Tier::kCpu, dir.str());
     auto comms = make_inprocess_communicators(1, 60.0);
-    OverlapRank r(overlap_config(stage, Tier::kCpu, dir.str()), *comms[0], 4, true);
+    OverlapRank r(cfg, *comms[0], 4, true);
     r.make_grads(0, 0);
     const std::uint64_t before = r.dev->d2h_queued();
     for (std::size_t i = 0; i < kTensorsPerBucket; ++i) r.backward_call(i);
-    comms[0]->barrier();  // in order after the reduce-scatter: that one completed
-    r.backward_call(kTensorsPerBucket);
     EXPECT_TRUE(eventually([&] { return r.dev->d2h_queued() > before; }))
-        << "the first bucket's share was not copied out at the next hand-in";
-    for (std::size_t i = kTensorsPerBucket + 1; i < r.tensors; ++i) r.backward_call(i);
+        << "the first bucket's share was not copied out at the hand-in that completed it";
+    for (std::size_t i = kTensorsPerBucket; i < r.tensors; ++i) r.backward_call(i);
     r.e->step();
+    EXPECT_EQ(r.e->stats().buckets_reduced, 4u);
+    const CommStats st = comms[0]->stats();
+    EXPECT_EQ(st.calls[static_cast<std::size_t>(CollectiveKind::kReduceScatter)], 0u);
   }
 }
 
