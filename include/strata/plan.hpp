@@ -99,6 +99,9 @@ struct PoolPlan {
   std::uint64_t buffer_size = 0;
   std::string why;  // "state off the gpu", "the device is a GPU (runtime.device auto)", or why not
   std::uint64_t largest_host_chunk = 0;  // elements of the largest chunk updated on the host
+  // Bytes one slot of the device update loop stages: a chunk whose state is on the gpu while its
+  // gradients (stages 2-3) or parameters (stage 3) are not; each part padded to 4096. 0: none.
+  std::uint64_t device_slot = 0;
   std::uint64_t bytes() const;
 };
 PoolPlan plan_pool(const Config& config, int stage, const OffloadConfig& offload);
@@ -124,7 +127,11 @@ struct RuntimeBuffers {
   std::uint64_t adam_scratch = 0;   // optimizer.update device with state off the gpu: the
                                     // device update's copy of the largest host chunk C,
                                     // 3 x pad(4C) + pad(C x grad) + pad(C x param), pad = 256 B
+  std::uint64_t update_slots = 0;   // state on the gpu with its gradients or stage-3 parameters
+                                    // off it: the device update loop stages those parts in
+                                    // tiers.host.buffer_count slots of PoolPlan::device_slot
   std::uint64_t step() const;       // buckets + receive + gathered + send + norm + adam_scratch
+                                    // + update_slots
   std::uint64_t total() const;      // step() + staging: what the plan counts on the gpu
 };
 RuntimeBuffers runtime_buffers(const Config& config, int stage, const OffloadConfig& offload);

@@ -58,6 +58,7 @@ json runtime_json(const strata::RuntimeBuffers& r) {
           {"norm", r.norm},
           {"staging", r.staging},
           {"adam_scratch", r.adam_scratch},
+          {"update_slots", r.update_slots},
           {"step", r.step()},
           {"total", r.total()}};
 }
@@ -239,6 +240,9 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   part("norm", rt.norm, "norm and overflow exchange");
   part("staging", rt.staging, "collective staging of the initial values (finalize)");
   part("adam scratch", rt.adam_scratch, "optimizer.update device: one host chunk's copy");
+  part("update slots", rt.update_slots,
+       "gpu state's gradients or parameters staged for the device update (tiers.host.buffer_count"
+       " slots)");
 }
 
 // Bytes per step on each link, the verdict per tier, the activations.

@@ -113,6 +113,11 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
         need = std::max(need, slot);
       }
       if (!grads_cpu) need = std::max(need, sat_round_up(e * gb, kAlign));  // the statistics pass
+      if (!opt_off) {  // the device update loop stages what is not on the gpu (tier/stream_loop)
+        std::uint64_t slot = x < grad_on ? sat_round_up(e * gb, kAlign) : 0;
+        if (x < param_on) slot = sat_add(slot, sat_round_up(e * pb, kAlign));
+        p.device_slot = std::max(p.device_slot, slot);
+      }
     };
     // [x, y) cut at the multiples of the sub-group size.
     const std::uint64_t first_end = std::min(y, sat_mul(x / sg + 1, sg));
@@ -129,7 +134,7 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
 }
 
 std::uint64_t RuntimeBuffers::step() const {
-  return sat_add(buckets, receive, gathered, send, norm, adam_scratch);
+  return sat_add(sat_add(buckets, receive, gathered, send, norm, adam_scratch), update_slots);
 }
 std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
 
@@ -180,6 +185,9 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     auto pad = [](std::uint64_t b) { return sat_round_up(b, 256); };
     if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * held), pad(e * pb));
   }
+  // State on the gpu with its gradients or parameters elsewhere: the update loop's device slots
+  // (registered for the step, as many as tiers.host.buffer_count: its window).
+  r.update_slots = sat_mul(plan_pool(c, stage, offload).device_slot, c.tiers.host.buffer_count);
   return r;
 }
 

@@ -475,6 +475,22 @@ TEST(Plan, RuntimeBuffersFormulas) {
   r = runtime_buffers(c, 2, c.offload);
   EXPECT_EQ(r.adam_scratch, 3 * (333'376ULL * 4) + 333'376ULL * 4 + 666'880);  // 666752 -> 256 B
   EXPECT_EQ(runtime_buffers(c, 2, OffloadConfig{}).adam_scratch, 0u);  // nothing on the host
+  EXPECT_EQ(r.update_slots, 0u);                                       // no state on the gpu
+  // State on the gpu, its gradients in host memory: the device update stages the gradients of the
+  // largest chunk (the partition) in tiers.host.buffer_count slots, each padded to 4096 B
+  // (333376 x 4 = 1333504 -> 1335296); stage 3 with the parameters on the host too adds theirs
+  // (666752 -> 667648).
+  c.optimizer.update = OptimizerUpdate::kCpu;
+  c.offload.optimizer = {Tier::kGpu, 1.0, false};
+  c.offload.gradients = {Tier::kCpu, 1.0, false};
+  c.tiers.host.buffer_count = 3;
+  r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.update_slots, 3 * 1'335'296ULL);
+  EXPECT_EQ(r.step(), r.buckets + r.receive + r.norm + r.update_slots);
+  c.offload.params = {Tier::kCpu, 1.0, false};
+  EXPECT_EQ(runtime_buffers(c, 3, c.offload).update_slots, 3 * (1'335'296ULL + 667'648));
+  EXPECT_EQ(runtime_buffers(c, 1, c.offload).update_slots, 0u);  // stages 0-1: flat gradients
+  c.offload = OffloadConfig{};
   // Saturates rather than wrapping.
   Config big = config(100'000'000'000'000ULL, 1, 3);
   big.model.hidden_size = 1'000'000'000;
