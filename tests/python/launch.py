@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs a Python script on N ranks for strata's CTest tests, the way a user would:
 
-  launch.py --launcher torchrun --np 2 SCRIPT ARGS...   python3 -m strata.torchrun --standalone
+  launch.py --launcher torchrun --np 2 SCRIPT ARGS...   python3 -m strata.torchrun, one node, a c10d
+                                                         rendezvous on a free port
   launch.py --launcher mpirun --np 4 SCRIPT ARGS...     $STRATA_MPIEXEC --allow-run-as-root --oversubscribe -np 4
   launch.py --launcher none SCRIPT ARGS...              one plain process
 
@@ -13,10 +14,19 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import uuid
 
 PY = "/usr/bin/python3"
+
+
+def free_port():
+    """A TCP port nobody listens on now (the kernel's pick; released for torchrun to bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main():
@@ -37,7 +47,11 @@ def main():
         os.makedirs(a.fresh_dir)
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if a.launcher == "torchrun":
-        cmd = [PY, "-m", "strata.torchrun", "--standalone", "--nproc_per_node", str(a.np), a.script]
+        # Not --standalone: torch 1.13 puts its rendezvous on port 29400, so two suites on one
+        # machine would collide (or merge their jobs). A free port and a job id of our own.
+        cmd = [PY, "-m", "strata.torchrun", "--nnodes", "1", "--rdzv_backend", "c10d",
+               "--rdzv_endpoint", "localhost:%d" % free_port(), "--rdzv_id", uuid.uuid4().hex,
+               "--nproc_per_node", str(a.np), a.script]
     elif a.launcher == "mpirun":
         mpiexec = os.environ.get("STRATA_MPIEXEC") or shutil.which("mpiexec")
         if not mpiexec:
