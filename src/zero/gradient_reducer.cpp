@@ -405,15 +405,21 @@ void GradientReducer::start_share(Scratch buf, std::size_t begin, std::size_t co
   // Offsets into the chunk in the held dtype, into the receive buffer in the reduced one.
   const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
   tier::Filler::Ticket last = 0;
-  for (std::size_t pos = begin; pos < begin + count;) {
-    const std::size_t ci = layout_.chunk_index(pos);
-    const Chunk& c = layout_.chunks()[ci];
-    const std::size_t stop = std::min(begin + count, c.r.end());
-    last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
-                             buf.data() + (pos - begin) * hes, Tier::kGpu);
-    chunk_filled_[ci] += stop - pos;
-    if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
-    pos = stop;
+  try {
+    for (std::size_t pos = begin; pos < begin + count;) {
+      const std::size_t ci = layout_.chunk_index(pos);
+      const Chunk& c = layout_.chunks()[ci];
+      const std::size_t stop = std::min(begin + count, c.r.end());
+      last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
+                               buf.data() + (pos - begin) * hes, Tier::kGpu);
+      chunk_filled_[ci] += stop - pos;
+      if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
+      pos = stop;
+    }
+  } catch (...) {
+    // The fills queued so far still read `buf`: it stays with them (the round is broken).
+    if (last) copying_.push_back({std::move(buf), last, bucket});
+    throw;
   }
   copying_.push_back({std::move(buf), last, bucket});
   times_.grad_spill_s += seconds_since(t0);
