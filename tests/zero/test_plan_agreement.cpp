@@ -361,32 +361,39 @@ INSTANTIATE_TEST_SUITE_P(
     agree_name);
 
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
-// one gradient bucket less and the plan says "does not fit". One rank reduces without a collective
-// (a bucket buffer is its own receive buffer): as many buffers as its copies out keep busy, at
-// most the plan's buckets and receive buffers together, so there the engine either trains within
-// the smaller budget (it needed fewer) or fails with kBudget, nothing else.
+// one gradient bucket less and the plan says "does not fit" and the engine fails with kBudget.
+// With gradients in memory one rank reduces without a collective (a bucket buffer is its own
+// receive buffer): as many buffers as its copies out keep busy, at most the plan's buckets and
+// receive buffers together, so there the engine either trains within the smaller budget (it
+// needed fewer) or fails with kBudget, nothing else; with gradients on nvme it reduces through
+// receive buffers as several ranks do, and the plan's figure is tight.
 TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
-  TempDir dir("strata-agree");
-  const AgreeCase c{"budget", 2, 1, kGpu, kGpu, kGpu, DType::kFp16, DType::kFp16, kUneven};
-  Config cfg = case_config(c, dir.str());
-  const Plan p = make_plan(cfg);
-  const std::uint64_t slack = 16 * kPage;  // buffer padding and alignment
-  cfg.tiers.gpu.budget = p.configured.per_rank.gpu + slack;
-  ASSERT_TRUE(make_plan(cfg).configured_fits());
-  auto comms = make_inprocess_communicators(1, 30.0);
-  rethrow_any(
-      run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
-
-  cfg.tiers.gpu.budget = p.configured.per_rank.gpu - kBucket * 2;  // one fp16 bucket less
-  const Plan q = make_plan(cfg);
-  EXPECT_FALSE(q.configured_fits());
-  EXPECT_NE(q.configured_rung.verdict.find("runtime buffers"), std::string::npos)
-      << q.configured_rung.verdict;
-  try {
+  for (const OffloadTarget& grads : {kGpu, kNvmeAll}) {
+    const bool tight = grads.tier == Tier::kNvme;
+    SCOPED_TRACE(tight ? "gradients on nvme" : "gradients on the gpu");
+    TempDir dir("strata-agree");
+    const AgreeCase c{"budget", 2, 1, kGpu, grads, kGpu, DType::kFp16, DType::kFp16, kUneven};
+    Config cfg = case_config(c, dir.str());
+    const Plan p = make_plan(cfg);
+    const std::uint64_t slack = 16 * kPage;  // buffer padding and alignment
+    cfg.tiers.gpu.budget = p.configured.per_rank.gpu + slack;
+    ASSERT_TRUE(make_plan(cfg).configured_fits());
+    auto comms = make_inprocess_communicators(1, 30.0);
     rethrow_any(
         run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+
+    cfg.tiers.gpu.budget = p.configured.per_rank.gpu - kBucket * 2;  // one fp16 bucket less
+    const Plan q = make_plan(cfg);
+    EXPECT_FALSE(q.configured_fits());
+    EXPECT_NE(q.configured_rung.verdict.find("runtime buffers"), std::string::npos)
+        << q.configured_rung.verdict;
+    try {
+      rethrow_any(
+          run_ranks(comms, [&](int, Communicator& comm) { (void)run_rank(cfg, c.sizes, comm); }));
+      if (tight) ADD_FAILURE() << "the engine trained in a gpu budget the plan says is too small";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kBudget) << e.what();
+    }
   }
 }
 
