@@ -185,11 +185,10 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
 
 // A completed collective is retired (its share's copy started) at the next hand-in, not when a
 // later bucket needs its slot: two ranks (one has no collective), the first bucket (the last in
-// flat order, rank 1's) handed in,
-// its collective completed (a barrier after it on the same communicator returned), the next call
-// — one that completes no bucket — starts its share's copy. The share's chunks are then final
-// early, which is what the speculative update starts from. (Retired lazily, the copy waited for
-// the third bucket's issue: the wait below would end unmet.)
+// flat order, rank 1's) handed in, its collective completed (a barrier after it on the same
+// communicator returned), the next call — one that completes no bucket — starts its share's copy.
+// The share's chunks are then final early, which is what the speculative update starts from.
+// (Retired lazily, the copy waited for the third bucket's issue: the wait below would end unmet.)
 TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE(strcat("stage ", stage));
