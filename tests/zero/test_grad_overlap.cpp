@@ -189,12 +189,19 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
 // communicator returned), the next call — one that completes no bucket — starts its share's copy.
 // The share's chunks are then final early, which is what the speculative update starts from.
 // (Retired lazily, the copy waited for the third bucket's issue: the wait below would end unmet.)
-TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
+// fn(config, communicators) at stages 2 and 3: gradients on cpu, `world` in-process ranks.
+template <class Fn>
+void at_stages_2_and_3(int world, Fn&& fn) {
   for (int stage : {2, 3}) {
     SCOPED_TRACE(strcat("stage ", stage));
     TempDir dir("strata-overlap");
-    const Config cfg = overlap_config(stage, Tier::kCpu, dir.str());
-    auto comms = make_inprocess_communicators(2, 60.0);
+    auto comms = make_inprocess_communicators(world, 60.0);
+    fn(overlap_config(stage, Tier::kCpu, dir.str()), comms);
+  }
+}
+
+TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
+  at_stages_2_and_3(2, [](const Config& cfg, auto& comms) {
     rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
       OverlapRank r(cfg, comm, 4, true);
       r.make_grads(rank, 0);
@@ -208,7 +215,7 @@ TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
       for (std::size_t i = kTensorsPerBucket + 1; i < r.tensors; ++i) r.backward_call(i);
       r.e->step();
     }));
-  }
+  });
 }
 
 // One rank reduces without a collective: a bucket is its own reduce-scatter, and its share's copy
@@ -216,11 +223,7 @@ TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
 // collective it waited for the next hand-in). No reduce-scatter is issued. (That the values are
 // the reduction's: every one-rank bitwise test against torch, e.g. the placement matrices.)
 TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
-  for (int stage : {2, 3}) {
-    SCOPED_TRACE(strcat("stage ", stage));
-    TempDir dir("strata-overlap");
-    const Config cfg = overlap_config(stage, Tier::kCpu, dir.str());
-    auto comms = make_inprocess_communicators(1, 60.0);
+  at_stages_2_and_3(1, [](const Config& cfg, auto& comms) {
     OverlapRank r(cfg, *comms[0], 4, true);
     r.make_grads(0, 0);
     const std::uint64_t before = r.dev->d2h_queued();
@@ -232,7 +235,7 @@ TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
     EXPECT_EQ(r.e->stats().buckets_reduced, 4u);
     const CommStats st = comms[0]->stats();
     EXPECT_EQ(st.calls[static_cast<std::size_t>(CollectiveKind::kReduceScatter)], 0u);
-  }
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
