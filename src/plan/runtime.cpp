@@ -134,7 +134,7 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
 }
 
 std::uint64_t RuntimeBuffers::step() const {
-  return sat_add(sat_add(buckets, receive, gathered, send, norm, adam_scratch), update_slots);
+  return sat_add(buckets, receive, gathered, send, norm, adam_scratch, update_slots);
 }
 std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
 
@@ -178,16 +178,17 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   // 2^24 elements. (read_state / write_state of a tensor of T elements stage T + its share in
   // FP32 for the call: not counted, the plan does not know tensor sizes.)
   if (n > 1 && c.model.parameters > 0) r.staging = sat_mul(std::min(flat, kXferPiece), 4);
+  const PoolPlan pool = plan_pool(c, stage, offload);
   // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
   // through one scratch buffer sized to the largest (src/optim/device_adam.cpp).
   if (c.optimizer.update == OptimizerUpdate::kDevice) {
-    const std::uint64_t e = plan_pool(c, stage, offload).largest_host_chunk;
+    const std::uint64_t e = pool.largest_host_chunk;
     auto pad = [](std::uint64_t b) { return sat_round_up(b, 256); };
     if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * held), pad(e * pb));
   }
   // State on the gpu with its gradients or parameters elsewhere: the update loop's device slots
   // (registered for the step, as many as tiers.host.buffer_count: its window).
-  r.update_slots = sat_mul(plan_pool(c, stage, offload).device_slot, c.tiers.host.buffer_count);
+  r.update_slots = sat_mul(pool.device_slot, c.tiers.host.buffer_count);
   return r;
 }
 

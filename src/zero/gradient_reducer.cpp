@@ -439,7 +439,7 @@ void GradientReducer::collect_copies(bool all) {
       break;
     }
     Copying& c = copying_.front();
-    (c.bucket ? free_buckets_ : free_recvs_).push_back(std::move(c.recv));
+    (c.bucket ? free_buckets_ : free_recvs_).push_back(std::move(c.buf));
     copying_.pop_front();
   }
   times_.grad_spill_s += seconds_since(t0);

@@ -119,8 +119,8 @@ class GradientReducer : private RankResources {
     Scratch recv;
     std::size_t share_begin = 0, share_count = 0;  // the rank's share, partition elements
   };
-  struct Copying {  // a receive buffer whose share is being filled into the chunks
-    Scratch recv;
+  struct Copying {  // a buffer whose share is being filled into the chunks
+    Scratch buf;
     tier::Filler::Ticket ticket = 0;
     bool bucket = false;  // a bucket buffer (one rank: share_bucket), not a receive buffer
   };
