@@ -213,69 +213,132 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
 
 namespace {
 
-struct OverlapRun {
-  double step_s = 0, total_s = 0, exposed_s = 0;
+struct OverlapRun {  // one simulated backward + step()
+  double backward_s = 0, step_s = 0, total_s = 0, exposed_s = 0;
   double hand_in_s = 0;  // in set_gradient_host, the caller's thread
-  std::uint64_t rolled_back_steps = 0;
   StepResult last;
 };
 
-// One engine of the overlap bench: a warm-up step, then `rounds` simulated backwards + steps.
-OverlapRun overlap_run(const OverlapBenchOptions& o, OptimizerOverlap overlap, bool clip,
-                       double backward_s) {
-  Config cfg = o.config;
-  cfg.world.ranks = 1;
-  cfg.world.ranks_per_node = 1;
-  cfg.zero.stage = std::max(cfg.zero.stage, 2);
-  cfg.optimizer.overlap = overlap;
-  cfg.train.accumulate = 1;
-  const std::size_t nt = std::max<std::size_t>(1, o.tensors), n = o.elements;
-  cfg.zero.reduce_bucket_size = std::max<std::uint64_t>(1, n / nt);
-  std::unique_ptr<Communicator> comm = one_rank(cfg);
-  Engine e(cfg, *comm);
-  std::mt19937 rng(5);
-  for (std::size_t t = 0; t < nt; ++t)
-    add_random_parameter(e, strcat("t", t), n / nt + (t + 1 == nt ? n % nt : 0), 0.1f, rng);
-  e.finalize();
-  const std::vector<unsigned char> grads = make_grads(cfg.precision.grads, n);
-  const std::size_t es = dtype_size(cfg.precision.grads);
-  const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt));
-  auto one = [&](OverlapRun& r) {
+// One engine of the overlap bench (one rank, stage >= 2, `tensors` gradients) and its simulated
+// backward, handing in `grads` (precision.grads, o.elements; the engines share them).
+class OverlapEngine {
+ public:
+  OverlapEngine(const OverlapBenchOptions& o, const std::vector<unsigned char>& grads,
+                OptimizerOverlap overlap, bool clip)
+      : cfg_(bench_config(o, overlap)),
+        nt_(std::max<std::size_t>(1, o.tensors)),
+        n_(o.elements),
+        clip_(clip),
+        comm_(one_rank(cfg_)),
+        engine_(std::make_unique<Engine>(cfg_, *comm_)),
+        grads_(grads) {
+    std::mt19937 rng(5);
+    for (std::size_t t = 0; t < nt_; ++t)
+      add_random_parameter(*engine_, strcat("t", t), n_ / nt_ + (t + 1 == nt_ ? n_ % nt_ : 0), 0.1f,
+                           rng);
+    engine_->finalize();
+  }
+
+  // The k-th gradient (k = 1..tensors) is handed in at k * T / tensors: the hand-ins take their
+  // time inside the backward (a GPU's copies run beside its compute); one that runs late delays
+  // the next. Then step() (after clip_grad_norm with a norm every step clips, if clip).
+  OverlapRun round(double backward_s) {
+    OverlapRun r;
+    r.backward_s = backward_s;
+    const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt_));
+    const std::size_t es = dtype_size(cfg_.precision.grads);
     const auto t0 = Clock::now();
-    r.hand_in_s = 0;
-    // The k-th gradient (k = 1..nt) is handed in at k * T / nt: the hand-ins take their time
-    // inside the backward (a GPU's copies run beside its compute); one that runs late delays the
-    // next.
-    for (std::size_t t = nt; t-- > 0;) {
+    for (std::size_t t = nt_; t-- > 0;) {
       std::this_thread::sleep_until(
-          t0 + std::chrono::duration_cast<Clock::duration>(pause * static_cast<double>(nt - t)));
+          t0 + std::chrono::duration_cast<Clock::duration>(pause * static_cast<double>(nt_ - t)));
       const auto h = Clock::now();
-      e.set_gradient_host(t, grads.data() + t * (n / nt) * es);
+      engine_->set_gradient_host(t, grads_.data() + t * (n_ / nt_) * es);
       r.hand_in_s += std::chrono::duration<double>(Clock::now() - h).count();
     }
-    if (clip) e.clip_grad_norm(1e-12);
+    if (clip_) engine_->clip_grad_norm(1e-12);
     const auto t1 = Clock::now();
-    r.last = e.step();
+    r.last = engine_->step();
     r.step_s = std::chrono::duration<double>(Clock::now() - t1).count();
     r.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     r.exposed_s = r.last.exposed_s;
-    if (r.last.rolled_back_chunks > 0) ++r.rolled_back_steps;
-  };
-  OverlapRun r;
-  one(r);  // warm-up
-  std::vector<double> step, total, exposed, hand_in;
-  for (int i = 0; i < std::max(1, o.rounds); ++i) {
-    one(r);
-    step.push_back(r.step_s);
-    total.push_back(r.total_s);
-    exposed.push_back(r.exposed_s);
-    hand_in.push_back(r.hand_in_s);
+    return r;
   }
-  r.step_s = median(step);
-  r.total_s = median(total);
-  r.exposed_s = median(exposed);
-  r.hand_in_s = median(hand_in);
-  return r;
+
+ private:
+  static Config bench_config(const OverlapBenchOptions& o, OptimizerOverlap overlap) {
+    Config cfg = o.config;
+    cfg.world.ranks = 1;
+    cfg.world.ranks_per_node = 1;
+    cfg.zero.stage = std::max(cfg.zero.stage, 2);
+    cfg.optimizer.overlap = overlap;
+    cfg.train.accumulate = 1;
+    const std::size_t nt = std::max<std::size_t>(1, o.tensors);
+    cfg.zero.reduce_bucket_size = std::max<std::uint64_t>(1, o.elements / nt);
+    return cfg;
+  }
+
+  const Config cfg_;
+  const std::size_t nt_, n_;
+  const bool clip_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Engine> engine_;
+  const std::vector<unsigned char>& grads_;
+};
+
+// One variant's rounds, each with the serial round run just before it.
+struct Paired {
+  std::vector<OverlapRun> serial, runs;
+  std::uint64_t rolled_back_steps = 0;  // of the variant's warm-up step and rounds
+};
+
+// The variant (overlap, clip) alternating with the serial engine, round by round, both with the
+// same T. With o.backward_s < 0 (auto), T follows the serial step: each round's is the serial
+// step of the round before (t carries it from one variant to the next).
+Paired alternate(const OverlapBenchOptions& o, const std::vector<unsigned char>& grads,
+                 OverlapEngine& serial, double& t, OptimizerOverlap overlap, bool clip) {
+  Paired p;
+  OverlapEngine v(o, grads, overlap, clip);
+  if (v.round(t).last.rolled_back_chunks > 0) ++p.rolled_back_steps;  // warm-up
+  for (int i = 0; i < std::max(1, o.rounds); ++i) {
+    p.serial.push_back(serial.round(t));
+    p.runs.push_back(v.round(t));
+    if (o.backward_s < 0) t = p.serial.back().step_s;
+    if (p.runs.back().last.rolled_back_chunks > 0) ++p.rolled_back_steps;
+  }
+  return p;
+}
+
+template <class F>
+double median_of(const std::vector<OverlapRun>& runs, F f) {
+  std::vector<double> v;
+  for (const OverlapRun& r : runs) v.push_back(f(r));
+  return median(v);
+}
+
+// The median over the rounds of f(variant round, the serial round just before it).
+template <class F>
+double median_ratio(const Paired& p, F f) {
+  std::vector<double> v;
+  for (std::size_t i = 0; i < p.runs.size(); ++i) v.push_back(f(p.runs[i], p.serial[i]));
+  return median(v);
+}
+
+// The ratios of the result, each the median over the rounds of one against the serial round run
+// just before it.
+void ratios(const Paired& on, const Paired& clipped, const Paired& auto_clip,
+            OverlapBenchResult& res) {
+  auto bound = [](const OverlapRun& r, const OverlapRun& s) {
+    return std::max(r.backward_s, s.step_s);
+  };
+  res.exposed_ratio = median_ratio(
+      on, [](const OverlapRun& r, const OverlapRun& s) { return r.exposed_s / s.step_s; });
+  res.total_ratio = median_ratio(
+      on, [&](const OverlapRun& r, const OverlapRun& s) { return r.total_s / bound(r, s); });
+  res.serial_total_ratio = median_ratio(
+      on, [&](const OverlapRun& r, const OverlapRun& s) { return s.total_s / bound(r, s); });
+  auto of_serial = [](const OverlapRun& r, const OverlapRun& s) { return r.total_s / s.total_s; };
+  res.rollback_ratio = median_ratio(clipped, of_serial);
+  res.auto_clip_ratio = median_ratio(auto_clip, of_serial);
 }
 
 }  // namespace
@@ -284,28 +347,35 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
   if (o.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: no elements");
   OverlapBenchResult res;
   res.elements = o.elements;
-  double t = o.backward_s;
-  if (t < 0) t = overlap_run(o, OptimizerOverlap::kOff, false, 0).step_s;
-  res.backward_s = t;
-  const OverlapRun serial = overlap_run(o, OptimizerOverlap::kOff, false, t);
-  const OverlapRun on = overlap_run(o, OptimizerOverlap::kOn, false, t);
-  const OverlapRun clipped = overlap_run(o, OptimizerOverlap::kOn, true, t);
-  const OverlapRun auto_clipped = overlap_run(o, OptimizerOverlap::kAuto, true, t);
-  res.serial_step_s = serial.step_s;
-  res.serial_total_s = serial.total_s;
-  res.serial_hand_in_s = serial.hand_in_s;
-  res.overlapped_hand_in_s = on.hand_in_s;
-  res.overlapped_step_s = on.step_s;
-  res.overlapped_total_s = on.total_s;
-  res.exposed_s = on.exposed_s;
-  res.rollback_step_s = clipped.step_s;
-  res.rollback_total_s = clipped.total_s;
-  res.speculated_chunks = on.last.speculated_chunks;
-  res.committed_chunks = on.last.committed_chunks;
-  res.rolled_back_chunks = clipped.last.rolled_back_chunks;
-  res.auto_clip_step_s = auto_clipped.step_s;
-  res.auto_clip_total_s = auto_clipped.total_s;
-  res.auto_clip_rolled_back_steps = auto_clipped.rolled_back_steps;
+  res.rounds = std::max(1, o.rounds);
+  const std::vector<unsigned char> grads = make_grads(o.config.precision.grads, o.elements);
+  OverlapEngine serial(o, grads, OptimizerOverlap::kOff, false);
+  double t = std::max(o.backward_s, 0.0);
+  const double warm = serial.round(t).step_s;  // warm-up
+  if (o.backward_s < 0) t = warm;
+  const Paired on = alternate(o, grads, serial, t, OptimizerOverlap::kOn, false);
+  const Paired clipped = alternate(o, grads, serial, t, OptimizerOverlap::kOn, true);
+  const Paired auto_clip = alternate(o, grads, serial, t, OptimizerOverlap::kAuto, true);
+  std::vector<OverlapRun> all_serial = on.serial;
+  for (const Paired* p : {&clipped, &auto_clip})
+    all_serial.insert(all_serial.end(), p->serial.begin(), p->serial.end());
+  res.backward_s = median_of(on.runs, [](const OverlapRun& r) { return r.backward_s; });
+  res.serial_step_s = median_of(all_serial, [](const OverlapRun& r) { return r.step_s; });
+  res.serial_total_s = median_of(all_serial, [](const OverlapRun& r) { return r.total_s; });
+  res.serial_hand_in_s = median_of(all_serial, [](const OverlapRun& r) { return r.hand_in_s; });
+  res.overlapped_hand_in_s = median_of(on.runs, [](const OverlapRun& r) { return r.hand_in_s; });
+  res.overlapped_step_s = median_of(on.runs, [](const OverlapRun& r) { return r.step_s; });
+  res.overlapped_total_s = median_of(on.runs, [](const OverlapRun& r) { return r.total_s; });
+  res.exposed_s = median_of(on.runs, [](const OverlapRun& r) { return r.exposed_s; });
+  res.rollback_step_s = median_of(clipped.runs, [](const OverlapRun& r) { return r.step_s; });
+  res.rollback_total_s = median_of(clipped.runs, [](const OverlapRun& r) { return r.total_s; });
+  res.auto_clip_step_s = median_of(auto_clip.runs, [](const OverlapRun& r) { return r.step_s; });
+  res.auto_clip_total_s = median_of(auto_clip.runs, [](const OverlapRun& r) { return r.total_s; });
+  res.auto_clip_rolled_back_steps = auto_clip.rolled_back_steps;
+  res.speculated_chunks = on.runs.back().last.speculated_chunks;
+  res.committed_chunks = on.runs.back().last.committed_chunks;
+  res.rolled_back_chunks = clipped.runs.back().last.rolled_back_chunks;
+  ratios(on, clipped, auto_clip, res);
   return res;
 }
 

@@ -69,18 +69,23 @@ StepBenchResult run_step_bench(const StepBenchOptions& options);
 // engines: optimizer.overlap off (the serial step), on, on with clipping forced every step
 // (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the rollback's cost),
 // and auto with clipping forced (auto stops speculating after two rollbacks in four steps: what a
-// run that clips every step pays). One warm-up step each, then the median of `rounds`.
+// run that clips every step pays). The serial engine stays; each of the other three in turn runs
+// one warm-up step, then `rounds` rounds, each right after a round of the serial engine: every
+// ratio is the median of per-round ratios against the serial round beside it (a disk whose speed
+// drifts during the run moves both). Two engines are alive at once.
 struct OverlapBenchOptions {
   Config config;
   std::uint64_t elements = 0;
-  double backward_s = -1;  // T; < 0: the serial step's time after the backward, measured first
+  // T; < 0 (auto): the serial step after the backward, measured in the round before (the serial
+  // warm-up step's for the first).
+  double backward_s = -1;
   std::size_t tensors = 32;
   int rounds = 3;
 };
 
 struct OverlapBenchResult {  // each member a field of `strata bench step --backward` --json
   std::uint64_t elements = 0;
-  double backward_s = 0;  // T used
+  double backward_s = 0;  // T used (median over the overlapped rounds)
   // step() after the last gradient (the optimizer time not hidden by the backward), and the
   // whole backward + step().
   double serial_step_s = 0, serial_total_s = 0;
@@ -92,6 +97,12 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   double auto_clip_step_s = 0, auto_clip_total_s = 0;  // clipping forced, overlap auto
   std::uint64_t auto_clip_rolled_back_steps = 0;       // of its warm-up step and rounds
   std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;  // per step
+  int rounds = 0;  // of each variant, each alternating with a round of the serial step
+  // Medians over the rounds of each round's ratio to the serial round run just before it:
+  // exposed / serial step; backward + step / max(T, serial step) (and the serial round's own);
+  // backward + step with clipping forced under on, and under auto, / the serial backward + step.
+  double exposed_ratio = 0, total_ratio = 0, serial_total_ratio = 0;
+  double rollback_ratio = 0, auto_clip_ratio = 0;
 };
 
 OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& options);

@@ -74,6 +74,11 @@ TEST(BenchStepCli, BackwardOverlapFields) {
        {"serial_step_s", "serial_total_s", "overlapped_step_s", "overlapped_total_s", "exposed_s",
         "rollback_step_s", "rollback_total_s", "auto_clip_step_s", "auto_clip_total_s"})
     EXPECT_GE(o[k].get<double>(), 0.0) << k;
+  // Ratios of rounds against the serial round beside them: positive (a total is never 0).
+  for (const char* k : {"total_ratio", "serial_total_ratio", "rollback_ratio", "auto_clip_ratio"})
+    EXPECT_GT(o[k].get<double>(), 0.0) << k;
+  EXPECT_GE(o["exposed_ratio"].get<double>(), 0.0);
+  EXPECT_EQ(o["rounds"].get<int>(), 1);
   EXPECT_DOUBLE_EQ(o["backward_s"].get<double>(), 0.02);
   EXPECT_EQ(o["elements"].get<std::uint64_t>(), 200000u);
   EXPECT_GT(o["speculated_chunks"].get<std::uint64_t>(), 0u);
