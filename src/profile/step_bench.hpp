@@ -69,10 +69,11 @@ StepBenchResult run_step_bench(const StepBenchOptions& options);
 // engines: optimizer.overlap off (the serial step), on, on with clipping forced every step
 // (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the rollback's cost),
 // and auto with clipping forced (auto stops speculating after two rollbacks in four steps: what a
-// run that clips every step pays). The serial engine stays; each of the other three in turn runs
-// one warm-up step, then `rounds` rounds, each right after a round of the serial engine: every
-// ratio is the median of per-round ratios against the serial round beside it (a disk whose speed
-// drifts during the run moves both). Two engines are alive at once.
+// run that clips every step pays). Each of the last three runs one warm-up step, then `rounds`
+// rounds, each right after a round of a serial engine (overlap off; for the two that clip, one
+// that clips too: the same work): every ratio is the median of per-round ratios against the serial
+// round beside it (a disk whose speed drifts during the run moves both). Two engines are alive at
+// once.
 struct OverlapBenchOptions {
   Config config;
   std::uint64_t elements = 0;
@@ -93,6 +94,8 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   double exposed_s = 0;  // StepResult::exposed_s of the overlapped step
   // The caller's time in the hand-ins (set_gradient_host) during the simulated backward.
   double serial_hand_in_s = 0, overlapped_hand_in_s = 0;
+  // The serial step with clipping forced (the reference of the two below).
+  double serial_clip_step_s = 0, serial_clip_total_s = 0;
   double rollback_step_s = 0, rollback_total_s = 0;    // clipping forced, overlap on
   double auto_clip_step_s = 0, auto_clip_total_s = 0;  // clipping forced, overlap auto
   std::uint64_t auto_clip_rolled_back_steps = 0;       // of its warm-up step and rounds
@@ -100,7 +103,8 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   int rounds = 0;  // of each variant, each alternating with a round of the serial step
   // Medians over the rounds of each round's ratio to the serial round run just before it:
   // exposed / serial step; backward + step / max(T, serial step) (and the serial round's own);
-  // backward + step with clipping forced under on, and under auto, / the serial backward + step.
+  // backward + step with clipping forced under on, and under auto, / the serial backward + step
+  // with clipping forced.
   double exposed_ratio = 0, total_ratio = 0, serial_total_ratio = 0;
   double rollback_ratio = 0, auto_clip_ratio = 0;
 };

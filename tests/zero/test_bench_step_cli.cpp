@@ -72,7 +72,8 @@ TEST(BenchStepCli, BackwardOverlapFields) {
   const auto& o = j["overlap"];
   for (const char* k :
        {"serial_step_s", "serial_total_s", "overlapped_step_s", "overlapped_total_s", "exposed_s",
-        "rollback_step_s", "rollback_total_s", "auto_clip_step_s", "auto_clip_total_s"})
+        "serial_clip_step_s", "serial_clip_total_s", "rollback_step_s", "rollback_total_s",
+        "auto_clip_step_s", "auto_clip_total_s"})
     EXPECT_GE(o[k].get<double>(), 0.0) << k;
   // Ratios of rounds against the serial round beside them: positive (a total is never 0).
   for (const char* k : {"total_ratio", "serial_total_ratio", "rollback_ratio", "auto_clip_ratio"})
