@@ -130,9 +130,12 @@ struct RuntimeBuffers {
   std::uint64_t update_slots = 0;   // state on the gpu with its gradients or stage-3 parameters
                                     // off it: the device update loop stages those parts in
                                     // tiers.host.buffer_count slots of PoolPlan::device_slot
-  std::uint64_t step() const;       // buckets + receive + gathered + send + norm + adam_scratch
-                                    // + update_slots
-  std::uint64_t total() const;      // step() + staging: what the plan counts on the gpu
+  std::uint64_t hand_in_staging = 0;  // stages 0-1 on a GPU with train.accumulate > 1 or
+                                      // grad_accum != grads: a hand-in from host memory is
+                                      // staged in min(F, B, 64 MiB / grad bytes) x grad bytes
+  std::uint64_t step() const;         // buckets + receive + gathered + send + norm + adam_scratch
+                                      // + update_slots + hand_in_staging
+  std::uint64_t total() const;        // step() + staging: what the plan counts on the gpu
 };
 RuntimeBuffers runtime_buffers(const Config& config, int stage, const OffloadConfig& offload);
 

@@ -59,6 +59,7 @@ json runtime_json(const strata::RuntimeBuffers& r) {
           {"staging", r.staging},
           {"adam_scratch", r.adam_scratch},
           {"update_slots", r.update_slots},
+          {"hand_in_staging", r.hand_in_staging},
           {"step", r.step()},
           {"total", r.total()}};
 }
@@ -243,6 +244,8 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   part("update slots", rt.update_slots,
        "gpu state's gradients or parameters staged for the device update (tiers.host.buffer_count"
        " slots)");
+  part("hand-in stage", rt.hand_in_staging,
+       "stages 0-1: a gradient from host memory added or converted on the device, piece by piece");
 }
 
 // Bytes per step on each link, the verdict per tier, the activations.

@@ -16,6 +16,8 @@ namespace {
 constexpr std::uint64_t kAlign = 4096;            // a chunk's staging regions (engine_layout.cpp)
 constexpr std::uint64_t kPartitionAlign = 64;     // Partition::kDefaultPartitionAlign
 constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast piece (64 MiB)
+// Stages 0-1: the hand-in staging buffer's bound (src/zero/gradient_reducer.cpp).
+constexpr std::uint64_t kHandInStagingBytes = 64ULL << 20;
 
 // v rounded up to a multiple of a, or kSaturated.
 std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
@@ -134,7 +136,8 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
 }
 
 std::uint64_t RuntimeBuffers::step() const {
-  return sat_add(buckets, receive, gathered, send, norm, adam_scratch, update_slots);
+  return sat_add(buckets, receive, gathered, send, norm, adam_scratch, update_slots,
+                 hand_in_staging);
 }
 std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
 
@@ -178,6 +181,12 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   // 2^24 elements. (read_state / write_state of a tensor of T elements stage T + its share in
   // FP32 for the call: not counted, the plan does not know tensor sizes.)
   if (n > 1 && c.model.parameters > 0) r.staging = sat_mul(std::min(flat, kXferPiece), 4);
+  // Stages 0-1 on a GPU, a hand-in from host memory that is added (train.accumulate > 1) or
+  // converted (grad_accum differs from precision.grads) on the device goes through one staging
+  // buffer of min(F, B, 64 MiB / grad bytes) elements (the plan counts it when either holds).
+  if (stage < 2 && c.runtime.device != DeviceKind::kHost && c.model.parameters > 0 &&
+      (c.train.accumulate > 1 || c.precision.accum_dtype() != c.precision.grads))
+    r.hand_in_staging = sat_mul(std::min({flat, bucket, kHandInStagingBytes / gb}), gb);
   const PoolPlan pool = plan_pool(c, stage, offload);
   // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
   // through one scratch buffer sized to the largest (src/optim/device_adam.cpp).

@@ -59,6 +59,15 @@ std::vector<std::vector<GradientReducer::Range>> gaps_per_bucket(const EngineLay
   return gaps;
 }
 
+// Stages 0-1, host memory on a CUDA device: the hand-in staging buffer holds at most
+// min(zero.reduce_bucket_size, 64 MiB) of hand-in elements (src/plan/runtime.cpp counts it).
+constexpr std::size_t kHandInStagingBytes = std::size_t{64} << 20;
+std::size_t hand_in_staging_elems(const EngineLayout& l) {
+  const std::size_t hes = l.hand_in_elem_bytes();
+  return std::max<std::size_t>(
+      1, std::min<std::uint64_t>(l.config().zero.reduce_bucket_size, kHandInStagingBytes / hes));
+}
+
 std::size_t bucket_elems_of(const EngineLayout& l) {
   return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
 }
@@ -256,20 +265,29 @@ void GradientReducer::start_micro_batch() {
 
 // Stages 0-1: the gradient (hand-in dtype) is added into the flat gradients (grad dtype) on the
 // device (`add`: a later micro-batch), or converted into them (the first, when the dtypes
-// differ); from host memory on a CUDA device through a staging buffer.
+// differ); from host memory on a CUDA device through one staging buffer of at most
+// hand_in_staging_elems, piece by piece (strata plan: RuntimeBuffers::hand_in_staging).
+// The pieces' copies and kernels are ordered on the one stream: one wait at the end.
 void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src,
                                       Tier memory, bool add) {
   const bool cuda = store_.device().kind() == DeviceKind::kCuda;
   const std::size_t hes = layout_.hand_in_elem_bytes();
-  Scratch staged;
-  if (memory == Tier::kCpu && cuda) {
-    staged = scratch_.take(n * hes, "gradient accumulation staging");
-    copy(staged.data(), src, n * hes);
-    src = staged.data();
-  }
   unsigned char* dst = layout_.grads_device() + off * layout_.grad_elem_bytes();
-  accumulate_on_device(*stream_, cuda, dst, layout_.grad_dtype(), src, layout_.hand_in_dtype(), n,
-                       add, timeout_);
+  if (memory != Tier::kCpu || !cuda) {
+    accumulate_on_device(*stream_, cuda, dst, layout_.grad_dtype(), src, layout_.hand_in_dtype(), n,
+                         add, timeout_);
+    stream_->synchronize(timeout_);
+    return;
+  }
+  const std::size_t piece = std::min(n, hand_in_staging_elems(layout_));
+  Scratch staged = scratch_.take(piece * hes, "gradient accumulation staging");
+  for (std::size_t done = 0; done < n; done += piece) {
+    const std::size_t m = std::min(piece, n - done);
+    copy(staged.data(), src + done * hes, m * hes);
+    accumulate_on_device(*stream_, cuda, dst + done * layout_.grad_elem_bytes(),
+                         layout_.grad_dtype(), staged.data(), layout_.hand_in_dtype(), m, add,
+                         timeout_);
+  }
   stream_->synchronize(timeout_);
 }
 

@@ -467,6 +467,30 @@ TEST(Plan, RuntimeBuffersFormulas) {
   EXPECT_EQ(r.total(), 64 + 1'000'128ULL * 4);
   c.world.ranks = 1;
   EXPECT_EQ(runtime_buffers(c, 0, c.offload).total(), 32u);
+  // Stages 0-1 on a GPU, accumulating or converting: one hand-in staging buffer of
+  // min(F, B, 64 MiB / grad bytes) hand-in elements (F = 1000128 here; B = 500M).
+  EXPECT_EQ(r.hand_in_staging, 0u);  // accumulate 1, grad_accum = grads: copied in place
+  c.world.ranks = 3;
+  c.train.accumulate = 2;
+  EXPECT_EQ(runtime_buffers(c, 1, c.offload).hand_in_staging, 1'000'128ULL * 4);
+  EXPECT_EQ(runtime_buffers(c, 1, c.offload).step(), 64 + 1'000'128ULL * 4);
+  c.zero.reduce_bucket_size = 100'000;  // B bounds it
+  EXPECT_EQ(runtime_buffers(c, 0, c.offload).hand_in_staging, 100'000ULL * 4);
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).hand_in_staging, 0u);  // stages 2-3: buckets
+  c.runtime.device = DeviceKind::kHost;                             // added in place, no staging
+  EXPECT_EQ(runtime_buffers(c, 1, c.offload).hand_in_staging, 0u);
+  c.runtime.device = DeviceKind::kCuda;
+  c.train.accumulate = 1;
+  c.precision.grads = DType::kBf16;  // converted into FP32: 64 MiB / 2 bytes bounds it
+  c.precision.grad_accum = DType::kFp32;
+  c.zero.reduce_bucket_size = 500'000'000;
+  c.model.parameters = 100'000'000;
+  EXPECT_EQ(runtime_buffers(c, 1, c.offload).hand_in_staging, (64ULL << 20) / 2 * 2);
+  c = config(1'000'003ULL, 3, 2);
+  c.world.ranks = 1;
+  c.zero.reduce_bucket_size = 500'000'000;
+  c.precision.grads = DType::kFp32;
+  c.model.largest_layer = 99'999;
   // optimizer.update device with the optimizer on the host: the device copy of the largest host
   // chunk (the whole 333376-element partition, one sub-group, with a 256 MiB buffer).
   c.world.ranks = 3;
