@@ -45,7 +45,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapBenchResult, elements, backward_s, ser
                                    auto_clip_step_s, auto_clip_total_s, auto_clip_rolled_back_steps,
                                    speculated_chunks, committed_chunks, rolled_back_chunks, rounds,
                                    exposed_ratio, total_ratio, serial_total_ratio, rollback_ratio,
-                                   auto_clip_ratio)
+                                   auto_clip_ratio, backward_s_rounds, serial_step_s_rounds,
+                                   exposed_s_rounds, overlapped_total_s_rounds)
 }  // namespace strata::profile
 
 namespace cmd_bench_step {

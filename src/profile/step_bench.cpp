@@ -386,6 +386,12 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
   res.committed_chunks = on.runs.back().last.committed_chunks;
   res.rolled_back_chunks = clipped.runs.back().last.rolled_back_chunks;
   ratios(on, clipped, auto_clip, res);
+  for (std::size_t i = 0; i < on.runs.size(); ++i) {
+    res.backward_s_rounds.push_back(on.runs[i].backward_s);
+    res.serial_step_s_rounds.push_back(on.serial[i].step_s);
+    res.exposed_s_rounds.push_back(on.runs[i].exposed_s);
+    res.overlapped_total_s_rounds.push_back(on.runs[i].total_s);
+  }
   return res;
 }
 

@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+#include <vector>
 
 #include "strata/config.hpp"
 
@@ -107,6 +109,10 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   // with clipping forced.
   double exposed_ratio = 0, total_ratio = 0, serial_total_ratio = 0;
   double rollback_ratio = 0, auto_clip_ratio = 0;
+  // The overlap-on rounds one by one, in order (the spread the medians hide): T, the serial step
+  // of the round, the overlapped step's exposed time and its backward + step.
+  std::vector<double> backward_s_rounds, serial_step_s_rounds, exposed_s_rounds,
+      overlapped_total_s_rounds;
 };
 
 OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& options);

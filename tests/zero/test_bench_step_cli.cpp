@@ -80,6 +80,10 @@ TEST(BenchStepCli, BackwardOverlapFields) {
     EXPECT_GT(o[k].get<double>(), 0.0) << k;
   EXPECT_GE(o["exposed_ratio"].get<double>(), 0.0);
   EXPECT_EQ(o["rounds"].get<int>(), 1);
+  for (const char* k : {"backward_s_rounds", "serial_step_s_rounds", "exposed_s_rounds",
+                        "overlapped_total_s_rounds"})
+    EXPECT_EQ(o[k].size(), 1u) << k;
+  EXPECT_DOUBLE_EQ(o["backward_s_rounds"][0].get<double>(), 0.02);
   EXPECT_DOUBLE_EQ(o["backward_s"].get<double>(), 0.02);
   EXPECT_EQ(o["elements"].get<std::uint64_t>(), 200000u);
   EXPECT_GT(o["speculated_chunks"].get<std::uint64_t>(), 0u);
