@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <string>
 #include <vector>
-#include <vector>
 
 #include "strata/config.hpp"
 
