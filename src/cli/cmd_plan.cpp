@@ -244,8 +244,8 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   part("update slots", rt.update_slots,
        "gpu state's gradients or parameters staged for the device update (tiers.host.buffer_count"
        " slots)");
-  part("hand-in stage", rt.hand_in_staging,
-       "stages 0-1: a gradient from host memory added or converted on the device, piece by piece");
+  part("hand-in", rt.hand_in_staging,
+       "stages 0-1: staging for a gradient from host memory added or converted on the device");
 }
 
 // Bytes per step on each link, the verdict per tier, the activations.
