@@ -232,7 +232,8 @@ void Filler::combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, cons
   if (home == Tier::kGpu && !on_device_)
     fail(ErrorCode::kInvalidArgument,
          "filler: adding or converting into device memory needs a DeviceOp");
-  if (!add && !b.touched) store_.zero(b.id).wait(timeout_);
+  const bool first = !add && !b.touched;  // the rest of the buffer becomes zero
+  if (first && home == Tier::kGpu) store_.zero(b.id).wait(timeout_);
   const void* host_src = home == Tier::kGpu ? nullptr : host_piece(src, n, src_memory);
   auto* base = static_cast<unsigned char*>(store_.acquire(b.id, home, Access::kWrite, timeout_));
   try {
@@ -241,6 +242,13 @@ void Filler::combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, cons
       on_device_(*stream_, base + offset, src, n, add);
       stream_->synchronize(timeout_);
     } else {
+      // In host memory only the bytes around the piece are zeroed (the piece overwrites its own):
+      // a first piece that covers the buffer costs no pass over it.
+      const std::uint64_t end = offset + n * dtype_size(buffer_dtype_);
+      if (first) {
+        std::memset(base, 0, offset);
+        std::memset(base + end, 0, b.bytes - end);
+      }
       accumulate_elems(base + offset, buffer_dtype_, host_src, piece_dtype_, n, add);
     }
   } catch (...) {

@@ -13,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "core/numeric.hpp"
 #include "strata/device_fault.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
@@ -323,6 +324,62 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   }
   if (c.pool == 1) {
     EXPECT_GT(filler.partial_writes(), 0u);  // one buffer: chunks left half-done
+  }
+}
+
+// Converting rounds (bf16 pieces into FP32 buffers, precision.grad_accum fp32): every piece is
+// converted in place, in any order; what no piece reaches is zero at end() though the buffers held
+// random bytes — the bytes around a buffer's first piece included (in host memory only those are
+// zeroed, the piece writes its own).
+TEST_P(FillerModel, ConvertingPiecesInAnyOrderWithGaps) {
+  const FillCase c = GetParam();
+  const std::uint64_t seed = st::test_seed("filler converting");
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  st::StoreRig rig(pool_options());
+  Model m{rig};
+  // Homes cycle through the tiers; pieces from host memory are not converted into device memory
+  // (the filler refuses: the engine's are device memory), so those rounds use cpu and nvme.
+  std::vector<BufferId> bufs;
+  for (int k = 0; k < 9; ++k) {
+    const Tier home = c.device_source ? st::kAllTiers[k % 3] : (k % 2 ? Tier::kNvme : Tier::kCpu);
+    bufs.push_back(m.add("grad." + std::to_string(k), 4 * (1 + rng() % (15 << 10)), home, rng()));
+  }
+  // gpu homes: the host-emulated device's memory is host memory, converted there after the stream.
+  auto on_device = [](Stream& s, void* dst, const void* src, std::size_t n, bool add) {
+    s.synchronize(20s);
+    accumulate_elems(dst, DType::kFp32, src, DType::kBf16, n, add);
+  };
+  tier::Filler filler(*rig.store, bufs, 20s, on_device, DType::kBf16, DType::kFp32);
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Piece> pieces;
+    for (std::size_t k = 0; k < bufs.size(); ++k) {
+      if (k == static_cast<std::size_t>(round) + 3) continue;  // no piece: zero
+      const std::uint64_t elems = m.ref[k].size() / 4;
+      for (std::uint64_t at = 0; at < elems;) {
+        const std::uint64_t n = std::min<std::uint64_t>(elems - at, 1 + rng() % 2000);
+        pieces.push_back({k, at, n});
+        at += n;
+      }
+    }
+    std::shuffle(pieces.begin(), pieces.end(), rng);
+    pieces.resize(pieces.size() * 9 / 10);  // gaps, the first piece of a buffer among them
+    for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
+    filler.begin();
+    const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
+    std::normal_distribution<float> d(0, 3);
+    for (const Piece& p : pieces) {
+      std::vector<std::uint8_t> half(p.n * 2);
+      for (std::uint64_t i = 0; i < p.n; ++i) store_elem(half.data(), i, DType::kBf16, d(rng));
+      st::CallerMemory src(*rig.device, mem, half.size());
+      src.put(half);
+      filler.fill(p.k, p.at * 4, p.n * 4, src.data(), mem);
+      accumulate_elems(m.ref[p.k].data() + p.at * 4, DType::kFp32, half.data(), DType::kBf16, p.n,
+                       false);
+    }
+    filler.end();
+    ASSERT_NO_FATAL_FAILURE(m.check("round " + std::to_string(round)));
+    EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
   }
 }
 
