@@ -263,6 +263,16 @@ class FillerModel : public ::testing::TestWithParam<FillCase> {
     ro.pool_buffer_size = 64 << 10;
     return ro;
   }
+  // One test's store on the case's pool, its model and its seeded generator (the test traces the
+  // seed).
+  struct Run {
+    explicit Run(const char* what)
+        : seed(st::test_seed(what)), rng(seed), rig(pool_options()), m{rig} {}
+    std::uint64_t seed;
+    std::mt19937_64 rng;
+    st::StoreRig rig;
+    Model m;
+  };
 };
 
 // The filler model's gradient chunks: 9 buffers of random sizes up to 60 KiB, homes cycling
@@ -299,11 +309,9 @@ std::vector<Piece> random_pieces(const Model& m, int round, std::mt19937_64& rng
 
 TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   const FillCase c = GetParam();
-  const std::uint64_t seed = st::test_seed("filler model");
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  st::StoreRig rig(pool_options());
-  Model m{rig};
+  Run run("filler model");
+  SCOPED_TRACE(::testing::Message() << "seed " << run.seed);
+  auto& [seed, rng, rig, m] = run;
   const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
   for (int round = 0; round < 2; ++round) {
@@ -333,11 +341,9 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
 // zeroed, the piece writes its own).
 TEST_P(FillerModel, ConvertingPiecesInAnyOrderWithGaps) {
   const FillCase c = GetParam();
-  const std::uint64_t seed = st::test_seed("filler converting");
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  st::StoreRig rig(pool_options());
-  Model m{rig};
+  Run run("filler converting");
+  SCOPED_TRACE(::testing::Message() << "seed " << run.seed);
+  auto& [seed, rng, rig, m] = run;
   // Homes cycle through the tiers; pieces from host memory are not converted into device memory
   // (the filler refuses: the engine's are device memory), so those rounds use cpu and nvme.
   std::vector<BufferId> bufs;
