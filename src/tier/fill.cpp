@@ -221,7 +221,8 @@ void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uin
 }
 
 // combine_piece for a buffer in memory (gpu or cpu home). A converting (replacing) round zeroes
-// the buffer at its first piece, as a replacing copy does.
+// the buffer at its first piece, as a replacing copy does (in host memory all but the piece's own
+// bytes, which it writes).
 void Filler::combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, const void* src,
                                Tier src_memory) {
   const bool add = mode_ == Mode::kAccumulate;
