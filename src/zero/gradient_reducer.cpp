@@ -267,7 +267,8 @@ void GradientReducer::start_micro_batch() {
 // device (`add`: a later micro-batch), or converted into them (the first, when the dtypes
 // differ); from host memory on a CUDA device through one staging buffer of at most
 // hand_in_staging_elems, piece by piece (strata plan: RuntimeBuffers::hand_in_staging).
-// The pieces' copies and kernels are ordered on the one stream: one wait at the end.
+// Each piece's copy (synchronous) waits for the stream, the previous piece's kernel included,
+// before it overwrites the staging buffer; the last kernel is waited for at the end.
 void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src,
                                       Tier memory, bool add) {
   const bool cuda = store_.device().kind() == DeviceKind::kCuda;
