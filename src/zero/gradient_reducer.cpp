@@ -314,10 +314,13 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
 Scratch& GradientReducer::bucket_buffer(std::size_t k) {
   Scratch& b = bucket_of_[k];
   if (b) return b;
-  if (free_buckets_.empty() && share_buckets_ && buckets_made_ >= kMaxOneRankBuckets &&
-      !copying_.empty())
+  // One rank makes one buffer per bucket up to its cap before it reuses any: their number is
+  // then the same every step (a steady-state step allocates nothing), not a matter of how fast
+  // the shares' copies out ran.
+  const bool make = share_buckets_ && buckets_made_ < std::min(nbuckets_, kMaxOneRankBuckets);
+  if (!make && free_buckets_.empty() && share_buckets_ && !copying_.empty())
     wait_oldest_copy();  // the buffers are copying their shares out
-  if (!free_buckets_.empty()) {
+  if (!make && !free_buckets_.empty()) {
     b = std::move(free_buckets_.back());
     free_buckets_.pop_back();
   } else {

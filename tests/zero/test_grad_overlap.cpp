@@ -183,6 +183,32 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   expect_bitwise_equal(r.params(), want, "after the overlapped steps");
 }
 
+// One rank's bucket buffers are its receive buffers, as many as its shares' copies out keep busy:
+// it makes one per bucket (up to its cap) in the first backward, so a later step whose copies run
+// slower makes none (a steady-state step allocates no device memory: tests/zero/
+// test_steady_state_cuda.cpp found a cudaMalloc there when the count followed the copies' speed).
+TEST(GradOverlapSchedule, OneRankMakesItsBucketBuffersInTheFirstBackward) {
+  TempDir dir("strata-overlap");
+  const Config cfg = overlap_config(2, Tier::kGpu, dir.str());
+  auto comms = make_inprocess_communicators(1, 60.0);
+  OverlapRank r(cfg, *comms[0], 4, true);
+  ASSERT_NE(r.dev, nullptr);
+  r.make_grads(0, 0);
+  for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+  EXPECT_EQ(zero::EngineAccess::reducer_buffers(*r.e).buckets, 4u) << "one per bucket";
+  r.e->step();
+  // The second backward with the first share's copy held until its last gradient: every later
+  // bucket finds the earlier buffers still copying.
+  r.make_grads(0, 1);
+  r.dev->hold(1, 1, false);
+  for (std::size_t i = 0; i + 1 < r.tensors; ++i) r.backward_call(i);
+  r.dev->open();
+  r.backward_call(r.tensors - 1);
+  EXPECT_EQ(zero::EngineAccess::reducer_buffers(*r.e).buckets, 4u) << "none made in step 2";
+  r.e->step();
+  EXPECT_FALSE(r.dev->gate_timed_out());
+}
+
 // A completed collective is retired (its share's copy started) at the next hand-in, not when a
 // later bucket needs its slot: two ranks (one has no collective), the first bucket (the last in
 // flat order, rank 1's) handed in, its collective completed (a barrier after it on the same
