@@ -166,7 +166,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     // tensors (src/zero/gradient_reducer.cpp). Receive buffers: two reduce-scatters in flight plus
     // one whose share is still being copied out to the host (ZeRO-Offload overlap). One rank
     // (gradients not on nvme) has no collective: its bucket buffers are their own receive
-    // buffers, at most as many as both counts here together (an upper bound there).
+    // buffers, min(buckets, both counts here together) of them (an upper bound there).
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
     r.bucket_count = std::min<std::uint64_t>(nbuckets, 3);
     r.buckets = sat_mul(r.bucket_count, std::min(bucket, flat), gb);
