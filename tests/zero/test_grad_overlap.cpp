@@ -183,10 +183,10 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   expect_bitwise_equal(r.params(), want, "after the overlapped steps");
 }
 
-// One rank's bucket buffers are its receive buffers, as many as its shares' copies out keep busy:
-// it makes one per bucket (up to its cap) in the first backward, so a later step whose copies run
-// slower makes none (a steady-state step allocates no device memory: tests/zero/
-// test_steady_state_cuda.cpp found a cudaMalloc there when the count followed the copies' speed).
+// One rank's bucket buffers are its receive buffers: it makes one per bucket (up to its cap) in
+// the first backward, so a later step whose shares' copies out run slower makes none (a
+// steady-state step allocates no device memory: tests/zero/ test_steady_state_cuda.cpp found a
+// cudaMalloc there when the count followed the copies' speed).
 TEST(GradOverlapSchedule, OneRankMakesItsBucketBuffersInTheFirstBackward) {
   TempDir dir("strata-overlap");
   const Config cfg = overlap_config(2, Tier::kGpu, dir.str());

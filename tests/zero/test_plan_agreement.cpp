@@ -244,7 +244,8 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
     // third receive buffer exists only when a share's copy out was still running when the next
     // collective needed one (timing): the plan counts it (an upper bound), the engine may not.
     // One rank (gradients not on nvme) has no collective: a bucket buffer is its own receive
-    // buffer, as many as a share's copies out keep busy (timing), at most the plan's two counts.
+    // buffer, one per bucket up to a cap of six (made in the first backward), within the plan's
+    // two counts.
     const bool own_recv = c.world == 1 && c.stage >= 2 && c.grads.tier != Tier::kNvme;
     const std::uint64_t bucket_each = rt.bucket_count ? rt.buckets / rt.bucket_count : 0;
     const std::uint64_t recv_each = rt.receive_count ? rt.receive / rt.receive_count : 0;
@@ -363,10 +364,10 @@ INSTANTIATE_TEST_SUITE_P(
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
 // one gradient bucket less and the plan says "does not fit" and the engine fails with kBudget.
 // With gradients in memory one rank reduces without a collective (a bucket buffer is its own
-// receive buffer): as many buffers as its copies out keep busy, at most the plan's buckets and
-// receive buffers together, so there the engine either trains within the smaller budget (it
-// needed fewer) or fails with kBudget, nothing else; with gradients on nvme it reduces through
-// receive buffers as several ranks do, and the plan's figure is tight.
+// receive buffer): one buffer per bucket up to six, at most the plan's buckets and receive
+// buffers together (fewer when there are fewer buckets), so there the engine either trains within
+// the smaller budget (it needed fewer) or fails with kBudget, nothing else; with gradients on
+// nvme it reduces through receive buffers as several ranks do, and the plan's figure is tight.
 TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
   for (const OffloadTarget& grads : {kGpu, kNvmeAll}) {
     const bool tight = grads.tier == Tier::kNvme;
