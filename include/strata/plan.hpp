@@ -102,7 +102,11 @@ struct PoolPlan {
   // Bytes one slot of the device update loop stages: a chunk whose state is on the gpu while its
   // gradients (stages 2-3) or parameters (stage 3) are not; each part padded to 4096. 0: none.
   std::uint64_t device_slot = 0;
-  std::uint64_t bytes() const;
+  // Stages 2-3 on a GPU with gradients off it, train.accumulate > 1 or grad_accum != grads: the
+  // gradient shares pass a page-locked staging buffer on their way device -> host, min(B, P,
+  // 64 MiB / grad bytes) x grad bytes (B, P: RuntimeBuffers below). 0: none.
+  std::uint64_t share_staging = 0;
+  std::uint64_t bytes() const;  // buffers x buffer_size + share_staging (0 when !used)
 };
 PoolPlan plan_pool(const Config& config, int stage, const OffloadConfig& offload);
 

@@ -42,6 +42,7 @@ json pool_json(const strata::PoolPlan& p) {
   return {{"used", p.used},
           {"buffers", p.buffers},
           {"buffer_size_bytes", p.buffer_size},
+          {"share_staging_bytes", p.share_staging},
           {"bytes", p.bytes()},
           {"why", p.why}};
 }
@@ -222,6 +223,9 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
     << (l.pool.used
             ? format_bytes(l.pool.bytes()) + " per rank (" + std::to_string(l.pool.buffers) +
                   " x " + format_bytes(l.pool.buffer_size, true) +
+                  (l.pool.share_staging
+                       ? " + " + format_bytes(l.pool.share_staging) + " gradient share staging"
+                       : std::string()) +
                   "), in pinned host: " + l.pool.why
             : l.pool.why)
     << "\n";

@@ -18,6 +18,7 @@ constexpr std::uint64_t kPartitionAlign = 64;     // Partition::kDefaultPartitio
 constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast piece (64 MiB)
 // Stages 0-1: the hand-in staging buffer's bound (src/zero/gradient_reducer.cpp).
 constexpr std::uint64_t kHandInStagingBytes = 64ULL << 20;
+constexpr std::uint64_t kShareStagingBytes = 64ULL << 20;  // zero/gradient_reducer.cpp
 
 // v rounded up to a multiple of a, or kSaturated.
 std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
@@ -57,12 +58,29 @@ std::uint64_t partition_elements(const Config& c) {
   return sat_round_up(ceil_div(c.model.parameters, ranks_of(c)), kPartitionAlign);
 }
 
-std::uint64_t PoolPlan::bytes() const { return used ? sat_mul(buffers, buffer_size) : 0; }
+std::uint64_t PoolPlan::bytes() const {
+  return used ? sat_add(sat_mul(buffers, buffer_size), share_staging) : 0;
+}
 
 // The engine's chunk grid over the rank's optimizer range (sub-groups of zero.sub_group_size, cut
 // where a placement's share ends and at what one buffer stages) decides how many buffers the pool
 // gets and, when no chunk fills a buffer, how large they are. Regions between the placement cuts
 // are counted in closed form (no loop over chunks).
+namespace {
+// Stages 2-3 on a GPU with gradients off it, added (train.accumulate > 1) or converted (grad_accum
+// differs from precision.grads): the shares go device -> host through the gradient filler's
+// staging buffer, one share of min(B, P) hand-in elements, at most 64 MiB (kShareStagingBytes,
+// zero/gradient_reducer.cpp), page-locked. REQUIRES: the stage, device and gradients as said.
+std::uint64_t share_staging(const Config& c, std::uint64_t psize) {
+  if (c.model.parameters == 0 ||
+      (c.train.accumulate <= 1 && c.precision.accum_dtype() == c.precision.grads))
+    return 0;
+  const std::uint64_t hb = dtype_size(c.precision.grads);
+  const std::uint64_t bucket = std::max<std::uint64_t>(c.zero.reduce_bucket_size, 1);
+  return std::min(sat_mul(std::min(bucket, psize), hb), kShareStagingBytes);
+}
+}  // namespace
+
 PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
   PoolPlan p;
   const std::uint64_t n = ranks_of(c);
@@ -132,6 +150,7 @@ PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
   p.buffers = static_cast<std::uint32_t>(
       std::min<std::uint64_t>(c.tiers.host.buffer_count, std::max<std::uint64_t>(chunks, 1)));
   p.buffer_size = capped ? buf : std::min(buf, std::max(need, kAlign));
+  if (stage >= 2 && gpu && grad_on > 0) p.share_staging = share_staging(c, psize);
   return p;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "core/numeric.hpp"
@@ -13,12 +14,13 @@
 namespace strata::tier {
 
 Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
-               DeviceOp on_device, DType piece_dtype, DType buffer_dtype)
+               DeviceOp on_device, DType piece_dtype, DType buffer_dtype, std::size_t staging_bytes)
     : store_(store),
       timeout_(timeout),
       on_device_(std::move(on_device)),
       piece_dtype_(piece_dtype),
-      buffer_dtype_(buffer_dtype) {
+      buffer_dtype_(buffer_dtype),
+      staging_bytes_(std::max(staging_bytes, dtype_size(piece_dtype))) {
   for (BufferId id : buffers) {
     const BufferInfo info = store_.info(id);
     Buf b;
@@ -35,7 +37,10 @@ Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::mil
   }
 }
 
-Filler::~Filler() { drain(); }
+Filler::~Filler() {
+  drain();
+  if (staging_locked_) store_.device().unregister_host(staging_.data());
+}
 
 void Filler::begin(Mode mode) {
   drain();
@@ -137,8 +142,9 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
     if (bytes == 0) {
       p.done = true;
     } else if (element_wise()) {
-      combine_piece(b, k, offset, bytes, src, src_memory);
-      p.done = true;
+      combine_piece(b, k, offset, bytes, src, src_memory);  // queues its own pieces
+      collect();
+      return next_ticket_ - 1;
     } else if (!b.nvme) {  // on the store's movers, in submission order per buffer
       if (!b.touched) p.zero = store_.zero(b.id);
       p.write = store_.write(b.id, offset, bytes, src, src_memory);
@@ -154,12 +160,7 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
         p.done = true;
       } else {
         if (!stream_) stream_ = store_.device().create_stream();
-        if (free_events_.empty()) {
-          p.event = store_.device().create_event();
-        } else {
-          p.event = std::move(free_events_.back());
-          free_events_.pop_back();
-        }
+        p.event = take_event();
         stream_->memcpy_async(dst, src, bytes);
         stream_->record(*p.event);
         ++s.copies;
@@ -170,8 +171,7 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
     }
     // Numbered only now: what ran above (stage(), take_buffer()) may have collected pieces, and
     // tickets below next_ticket_ must all be queued.
-    p.ticket = next_ticket_++;
-    pieces_.push_back(std::move(p));
+    queue(std::move(p));
   } catch (const std::exception& e) {
     if (!active_) throw;  // failed() ran already (the round was drained, the error named)
     failed(e, k, "filling");
@@ -181,21 +181,22 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
   return ticket;
 }
 
-// A device piece in host memory (a synchronous copy on the filler's stream); a host one as it is.
-// n: elements of piece_dtype.
-const void* Filler::host_piece(const void* src, std::size_t n, Tier src_memory) {
-  if (src_memory == Tier::kCpu) return src;
-  const std::size_t bytes = n * dtype_size(piece_dtype_);
-  host_piece_.resize(bytes);
-  if (!stream_) stream_ = store_.device().create_stream();
-  stream_->memcpy_async(host_piece_.data(), src, bytes);
-  stream_->synchronize(timeout_);
-  return host_piece_.data();
+void Filler::queue(Piece p) {
+  p.ticket = next_ticket_++;
+  pieces_.push_back(std::move(p));
 }
 
-// An accumulating or converting piece, synchronously: on the device (gpu home), on the host into
-// the host copy (cpu home), or into the buffer's pool buffer (nvme home; read from NVMe first when
-// accumulating or written partially before, else zeroed).
+std::unique_ptr<Event> Filler::take_event() {
+  if (free_events_.empty()) return store_.device().create_event();
+  std::unique_ptr<Event> e = std::move(free_events_.back());
+  free_events_.pop_back();
+  return e;
+}
+
+// An accumulating or converting piece: on the device (gpu home), from device memory through the
+// staging buffer (cpu or nvme home, asynchronous), or from host memory in the caller. An nvme home
+// assembles in its pool buffer (read from NVMe first when accumulating or written partially
+// before, else zeroed). Queues the piece(s).
 void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
                            const void* src, Tier src_memory) {
   const std::size_t es = dtype_size(buffer_dtype_);
@@ -203,60 +204,164 @@ void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uin
     fail(ErrorCode::kInvalidArgument,
          strcat("filler: piece [", offset, ", ", offset + bytes, ") is not whole ",
                 dtype_name(buffer_dtype_), " elements"));
-  const std::size_t n = bytes / es;
-  const bool add = mode_ == Mode::kAccumulate;
-  b.filled += bytes;
-  if (!b.nvme) {
-    combine_in_memory(b, offset, n, src, src_memory);
-    b.touched = true;
-    return;
-  }
-  b.touched = true;
-  if (b.staged < 0) stage(k);
-  Staged& s = staged_[static_cast<std::size_t>(b.staged)];
-  accumulate_elems(static_cast<unsigned char*>(s.buf.data()) + offset, buffer_dtype_,
-                   host_piece(src, n, src_memory), piece_dtype_, n, add);
-  if (b.filled == b.bytes) s.full = true;
-  if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
-}
-
-// combine_piece for a buffer in memory (gpu or cpu home). A converting (replacing) round zeroes
-// the buffer at its first piece, as a replacing copy does (in host memory all but the piece's own
-// bytes, which it writes).
-void Filler::combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, const void* src,
-                               Tier src_memory) {
-  const bool add = mode_ == Mode::kAccumulate;
-  const Tier home = store_.info(b.id).home;
+  const Tier home = b.nvme ? Tier::kNvme : store_.info(b.id).home;
   if (home == Tier::kGpu && src_memory != Tier::kGpu)
     fail(ErrorCode::kInvalidArgument,
          "filler: adding or converting into device memory from host memory");
   if (home == Tier::kGpu && !on_device_)
     fail(ErrorCode::kInvalidArgument,
          "filler: adding or converting into device memory needs a DeviceOp");
-  const bool first = !add && !b.touched;  // the rest of the buffer becomes zero
-  if (first && home == Tier::kGpu) store_.zero(b.id).wait(timeout_);
-  const void* host_src = home == Tier::kGpu ? nullptr : host_piece(src, n, src_memory);
+  const std::size_t n = bytes / es;
+  const bool first = mode_ == Mode::kReplace && !b.touched;  // the rest becomes zero
+  b.filled += bytes;
+  b.touched = true;
+  if (b.nvme && b.staged < 0) stage(k);
+  if (first && !b.nvme) zero_around(b, offset, bytes);
+  if (!stream_ && src_memory == Tier::kGpu) stream_ = store_.device().create_stream();
+  if (home == Tier::kGpu)
+    combine_on_device(b, k, offset, n, src);
+  else if (src_memory == Tier::kGpu)
+    combine_from_device(b, k, offset, n, src);
+  else
+    combine_from_host(b, k, offset, n, src);
+  if (!b.nvme) return;
+  Staged& s = staged_[static_cast<std::size_t>(b.staged)];
+  if (b.filled == b.bytes) s.full = true;
+  if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
+}
+
+// A converting (replacing) round's first piece of a memory home: the rest of the buffer becomes
+// zero, as a replacing copy does (a gpu home whole, in the store's order, before the piece's op;
+// in host memory all but the piece's own bytes, which it writes: a first piece that covers the
+// buffer costs no pass over it).
+void Filler::zero_around(Buf& b, std::uint64_t offset, std::uint64_t bytes) {
+  const Tier home = store_.info(b.id).home;
+  if (home == Tier::kGpu) {
+    store_.zero(b.id).wait(timeout_);
+    return;
+  }
   auto* base = static_cast<unsigned char*>(store_.acquire(b.id, home, Access::kWrite, timeout_));
+  std::memset(base, 0, offset);
+  std::memset(base + offset + bytes, 0, b.bytes - offset - bytes);
+  store_.release(b.id, home);
+}
+
+// Into a gpu home on the filler's stream; the copy stays acquired until the piece completes.
+void Filler::combine_on_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                               const void* src) {
+  Piece p;
+  p.k = k;
+  auto* base =
+      static_cast<unsigned char*>(store_.acquire(b.id, Tier::kGpu, Access::kWrite, timeout_));
+  p.pinned = Tier::kGpu;
   try {
-    if (home == Tier::kGpu) {
-      if (!stream_) stream_ = store_.device().create_stream();
-      on_device_(*stream_, base + offset, src, n, add);
-      stream_->synchronize(timeout_);
-    } else {
-      // In host memory only the bytes around the piece are zeroed (the piece overwrites its own):
-      // a first piece that covers the buffer costs no pass over it.
-      const std::uint64_t end = offset + n * dtype_size(buffer_dtype_);
-      if (first) {
-        std::memset(base, 0, offset);
-        std::memset(base + end, 0, b.bytes - end);
-      }
-      accumulate_elems(base + offset, buffer_dtype_, host_src, piece_dtype_, n, add);
-    }
+    on_device_(*stream_, base + offset, src, n, mode_ == Mode::kAccumulate);
+    p.event = take_event();
+    stream_->record(*p.event);
   } catch (...) {
-    store_.release(b.id, home);
+    release_piece(p, false);
     throw;
   }
-  store_.release(b.id, home);
+  queue(std::move(p));
+}
+
+// From device memory into host memory (cpu or nvme home): each part (at most the staging buffer)
+// is copied into the staging buffer and added or converted by a host function behind it on the
+// filler's stream (the stream's order keeps the next copy out until it has run).
+void Filler::combine_from_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                                 const void* src) {
+  const std::size_t pes = dtype_size(piece_dtype_), bes = dtype_size(buffer_dtype_);
+  const std::size_t part = staging_bytes_ / pes;
+  const bool add = mode_ == Mode::kAccumulate;
+  const DType dd = buffer_dtype_, sd = piece_dtype_;
+  unsigned char* stage = staging();
+  for (std::size_t at = 0; at < n; at += part) {
+    const std::size_t m = std::min(part, n - at);
+    Piece p;
+    p.k = k;
+    p.staging = true;
+    try {
+      unsigned char* dst = host_target(b, offset + at * bes, p);
+      stream_->memcpy_async(stage, static_cast<const unsigned char*>(src) + at * pes, m * pes);
+      stream_->launch_host_func(
+          [dst, dd, stage, sd, m, add] { accumulate_elems(dst, dd, stage, sd, m, add); });
+      p.event = take_event();
+      stream_->record(*p.event);
+    } catch (...) {
+      release_piece(p, false);
+      throw;
+    }
+    if (b.nvme) ++staged_[static_cast<std::size_t>(b.staged)].copies;
+    queue(std::move(p));
+  }
+}
+
+// Where a part at `offset` of buffer b lands in host memory: its pool buffer (nvme), or its host
+// copy, acquired for the piece (cpu).
+unsigned char* Filler::host_target(Buf& b, std::uint64_t offset, Piece& p) {
+  if (b.nvme)
+    return static_cast<unsigned char*>(staged_[static_cast<std::size_t>(b.staged)].buf.data()) +
+           offset;
+  auto* base =
+      static_cast<unsigned char*>(store_.acquire(b.id, Tier::kCpu, Access::kWrite, timeout_));
+  p.pinned = Tier::kCpu;
+  return base + offset;
+}
+
+// From host memory, in the caller (complete when it returns).
+void Filler::combine_from_host(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                               const void* src) {
+  Piece p;
+  p.k = k;
+  p.done = true;
+  const bool add = mode_ == Mode::kAccumulate;
+  unsigned char* dst = host_target(b, offset, p);
+  accumulate_elems(dst, buffer_dtype_, src, piece_dtype_, n, add);
+  release_piece(p, false);
+  queue(std::move(p));
+}
+
+unsigned char* Filler::staging() {
+  if (!staging_) {
+    staging_ = IoBuffer::allocate(staging_bytes_);
+    staging_locked_ = store_.device().register_host(staging_.data(), staging_.size());
+  }
+  return staging_.bytes();
+}
+
+namespace {
+// Staging memory a copy may still write after a timeout: never unmapped (reachable, not a leak).
+void keep_for_ever(IoBuffer mem) {
+  static std::mutex mutex;
+  static auto* kept = new std::vector<IoBuffer>;
+  const std::lock_guard<std::mutex> lock(mutex);
+  kept->push_back(std::move(mem));
+}
+}  // namespace
+
+// A copy into the staging buffer did not finish: its memory is kept for ever (still page-locked:
+// unregistering memory a copy may still touch is not safe either); the next piece makes another.
+void Filler::abandon_staging() noexcept {
+  if (!staging_) return;
+  log_error("filler: a copy into the staging buffer did not finish; its memory is not reused");
+  try {
+    keep_for_ever(std::move(staging_));
+  } catch (...) {
+  }
+  staging_ = IoBuffer();
+  staging_locked_ = false;
+}
+
+// Gives back the copy a piece acquired (not when `stuck`: a host function may still write it).
+void Filler::release_piece(Piece& p, bool stuck) noexcept {
+  if (stuck) return;
+  if (p.pinned == Tier::kNvme) return;
+  try {
+    store_.release(bufs_[p.k].id, p.pinned);
+  } catch (const std::exception& e) {
+    log_error("filler: releasing buffer ", p.k, ": ", e.what());
+  }
+  p.pinned = Tier::kNvme;
 }
 
 bool Filler::finish(Piece& p, bool block) {
@@ -280,6 +385,7 @@ bool Filler::finish(Piece& p, bool block) {
 // all its bytes is written.
 void Filler::completed(Piece& p) {
   p.done = true;
+  release_piece(p, false);
   if (!p.event) return;
   free_events_.push_back(std::move(p.event));
   Buf& b = bufs_[p.k];
@@ -391,7 +497,6 @@ void Filler::drain() noexcept {
     } catch (...) {
     }
   }
-  pieces_.clear();
   done_through_ = next_ticket_ - 1;
   for (auto& w : writing_) {
     try {
@@ -418,6 +523,16 @@ void Filler::drain() noexcept {
     } catch (...) {
     }
   }
+  // What unfinished pieces hold, once nothing runs on the stream; after a timeout a copy or host
+  // function may still touch it: the acquires stay, the staging buffer is abandoned.
+  bool staging_used = false;
+  for (Piece& p : pieces_) {
+    if (p.done) continue;
+    staging_used = staging_used || p.staging;
+    release_piece(p, stuck);
+  }
+  pieces_.clear();
+  if (stuck && staging_used) abandon_staging();
   if (stuck) {
     log_error("filler: a device copy did not finish; its pool buffers are not reused");
     for (Staged& s : staged_) s.buf.detach();

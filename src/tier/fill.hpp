@@ -19,14 +19,22 @@
 // Elements: the buffers hold `buffer_dtype`, the pieces arrive in `piece_dtype` (FP32 both by
 // default; offsets and lengths are the buffer's bytes, a piece's source holds the same elements in
 // piece_dtype). When the two differ, every piece is converted element by element (round to nearest
-// even), synchronously as below.
+// even), as below.
 // Accumulating rounds (begin(Mode::kAccumulate), gradient accumulation over micro-batches): every
 // piece is added element by element to the buffer's current contents instead of replacing them
 // (accumulate_elems, core/numeric.hpp: one FP32 add rounded into buffer_dtype); elements no piece
-// reaches keep theirs, and end() zeroes nothing. Such a piece (and a converted one) is complete
-// when fill_async returns (its source is copied to host memory first when the buffer's home is cpu
-// or nvme; a gpu home adds or converts on the device through `on_device`); an nvme buffer is read
-// into its pool buffer when its first piece arrives (accumulating) and written back whole.
+// reaches keep theirs, and end() zeroes nothing. An nvme buffer is read into its pool buffer when
+// its first piece arrives (accumulating) and written back whole. Such a piece (and a converted
+// one) is asynchronous when its source is device memory (the caller does not wait for the device,
+// which a GPU's backward would otherwise idle on): into a gpu home it is added or converted on the
+// filler's stream through `on_device`; into a cpu or nvme home it is copied into the filler's
+// staging buffer (`staging_bytes` of host memory, page-locked through the device, allocated at the
+// first such piece; a larger piece goes in parts of that size), then added or converted by a host
+// function queued behind the copy on the same stream (the stream's worker; CUDA's callback thread)
+// straight into the buffer's host memory (pinned by an acquire until it completes) or its pool
+// buffer. The stream runs them in order, a host function before the next copy, so one staging
+// buffer serves every piece and fill_async never waits for it. A piece from host memory is added
+// or converted in the // caller (it is complete when fill_async returns).
 // Completion is collected, never pushed: done(t) / poll() look at what finished without blocking
 // (and start the NVMe writes of buffers that became complete), wait(t) blocks. Tickets count up
 // from 1 per filler; done(t) is true when the pieces of tickets <= t have all completed, i.e. when
@@ -54,6 +62,7 @@
 #include <vector>
 
 #include "device/pinned_pool.hpp"
+#include "strata/io_file.hpp"
 #include "tier/tier_store.hpp"
 
 namespace strata {
@@ -66,6 +75,9 @@ namespace strata::tier {
 class Filler {
  public:
   using Ticket = std::uint64_t;
+  // The staging buffer's bytes by default (the engine's: min(share, 64 MiB), counted by
+  // plan/runtime.cpp).
+  static constexpr std::size_t kStagingMax = std::size_t{64} << 20;
   enum class Mode { kReplace, kAccumulate };
   // add: dst[i] = round(dst[i] + src[i]), else dst[i] = round(src[i]) (n elements, dst in
   // buffer_dtype, src in piece_dtype, both in device memory), in `stream`'s order (the filler's
@@ -77,7 +89,7 @@ class Filler {
   // gpu.
   Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::milliseconds timeout,
          DeviceOp on_device = nullptr, DType piece_dtype = DType::kFp32,
-         DType buffer_dtype = DType::kFp32);
+         DType buffer_dtype = DType::kFp32, std::size_t staging_bytes = kStagingMax);
   ~Filler();
   Filler(const Filler&) = delete;
   Filler& operator=(const Filler&) = delete;
@@ -136,21 +148,34 @@ class Filler {
     PinnedBuffer buf;
     Transfer t;
   };
-  // One queued piece: store transfers (memory homes) or a device copy into a staged buffer.
+  // One queued piece: store transfers (memory homes), or work on stream_ (a device copy into a
+  // staged buffer; an element-wise piece from device memory).
   struct Piece {
     Ticket ticket = 0;
     std::size_t k = 0;
     Transfer zero, write;
-    std::unique_ptr<Event> event;  // recorded after the copy on stream_
+    std::unique_ptr<Event> event;  // recorded after the piece's work on stream_
+    bool staging = false;          // element-wise from device memory: its copy uses staging_
+    Tier pinned = Tier::kNvme;     // kCpu / kGpu: the buffer's copy there is acquired until done
     bool done = false;
   };
+  void queue(Piece p);  // numbers p with the next ticket
+  std::unique_ptr<Event> take_event();
   void stage(std::size_t k);
   bool element_wise() const { return mode_ == Mode::kAccumulate || piece_dtype_ != buffer_dtype_; }
   void combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
                      const void* src, Tier src_memory);
-  void combine_in_memory(Buf& b, std::uint64_t offset, std::size_t n, const void* src,
-                         Tier src_memory);
-  const void* host_piece(const void* src, std::size_t n, Tier src_memory);
+  void zero_around(Buf& b, std::uint64_t offset, std::uint64_t bytes);
+  void combine_on_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                         const void* src);
+  void combine_from_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                           const void* src);
+  void combine_from_host(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
+                         const void* src);
+  unsigned char* host_target(Buf& b, std::uint64_t offset, Piece& p);
+  unsigned char* staging();                           // made at the first call
+  void release_piece(Piece& p, bool stuck) noexcept;  // its pin
+  void abandon_staging() noexcept;
   void write_staged(std::size_t s, bool partial);
   PinnedBuffer take_buffer();
   void retire_oldest_write();
@@ -169,7 +194,9 @@ class Filler {
   DeviceOp on_device_;
   const DType piece_dtype_, buffer_dtype_;
   Mode mode_ = Mode::kReplace;
-  std::vector<unsigned char> host_piece_;  // element-wise: a device piece copied to host memory
+  const std::size_t staging_bytes_;
+  IoBuffer staging_;
+  bool staging_locked_ = false;  // page-locked by the device (register_host)
   std::vector<Buf> bufs_;
   std::vector<Staged> staged_;   // buffers being assembled (nvme)
   std::deque<Writing> writing_;  // nvme writes in flight, oldest first

@@ -74,8 +74,12 @@ void Engine::Impl::after_hand_in() {
     return;
   }
   if (micro + 1 != k || spec.off || spec_pause > 0) return;
-  if (reducer->all_arrived()) reducer->retire_all();  // the backward's last gradient
-  speculate(reducer->take_filled_chunks());
+  // At the backward's last gradient its last collectives are retired and every chunk is taken
+  // (waiting for their fills); before, only the chunks whose fills completed (a converting or
+  // accumulating fill completes on the filler's stream: the hand-in does not wait for it).
+  const bool last = reducer->all_arrived();
+  if (last) reducer->retire_all();
+  speculate(reducer->take_filled_chunks(last));
 }
 
 // Every tensor with elements in chunk ci was handed in on this rank (so no rank skips it: its step

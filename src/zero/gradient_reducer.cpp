@@ -68,6 +68,19 @@ std::size_t hand_in_staging_elems(const EngineLayout& l) {
       1, std::min<std::uint64_t>(l.config().zero.reduce_bucket_size, kHandInStagingBytes / hes));
 }
 
+// Stages 2-3: the filler's staging buffer, through which shares copied out of device memory are
+// added or converted into host memory: one share of min(B, P) hand-in elements, at most 64 MiB (a
+// larger share goes in parts; src/plan/runtime.cpp counts it; allocated only when such a share
+// comes).
+constexpr std::size_t kShareStagingBytes = std::size_t{64} << 20;
+std::size_t share_staging_bytes(const EngineLayout& l) {
+  const std::size_t share =
+      std::min<std::uint64_t>(std::max<std::uint64_t>(l.config().zero.reduce_bucket_size, 1),
+                              l.partition_size()) *
+      l.hand_in_elem_bytes();
+  return std::min(share, kShareStagingBytes);
+}
+
 std::size_t bucket_elems_of(const EngineLayout& l) {
   return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
 }
@@ -99,7 +112,7 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
                                        bool add) {
           accumulate_on_device(s, cuda, dst, held, src, reduced, n, add, timeout);
         },
-        reduced, held);
+        reduced, held, share_staging_bytes(layout));
   }
   reset();
 }
@@ -139,15 +152,17 @@ void GradientReducer::reset_micro_batch() {
   filled_.clear();
 }
 
-// Waits for the fills of the chunks it returns (the speculative update reads them next; a gpu
-// home's accumulating add runs on the filler's stream, outside the store's order).
-std::vector<std::size_t> GradientReducer::take_filled_chunks() {
+// The chunks it returns have their fills complete (the speculative update reads them next; an
+// accumulating or converting piece completes on the filler's stream, outside the store's order).
+std::vector<std::size_t> GradientReducer::take_filled_chunks(bool wait) {
   std::vector<std::size_t> out;
   if (filled_.empty()) return out;
   const auto t0 = Clock::now();
-  fill_->wait(filled_.back().second);
-  for (const auto& [ci, ticket] : filled_) out.push_back(ci);
-  filled_.clear();
+  if (wait) fill_->wait(filled_.back().second);
+  while (!filled_.empty() && fill_->done(filled_.front().second)) {
+    out.push_back(filled_.front().first);
+    filled_.pop_front();
+  }
   times_.grad_spill_s += seconds_since(t0);
   return out;
 }

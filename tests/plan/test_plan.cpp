@@ -435,6 +435,35 @@ TEST(Plan, Stage3CountsTheGatheredLayers) {
 }
 
 // The runtime buffers by the engine's formulas (docs/config.md "Runtime buffers").
+// Stages 2-3 on a GPU, gradients off it, accumulating or converting: the gradient filler's staging
+// buffer, min(B, P, 64 MiB / hand-in bytes) hand-in elements of page-locked host memory, in the
+// pool's pinned figure (hand-computed; P = 333376 for 1000003 parameters on 3 ranks).
+TEST(Plan, ShareStagingFormula) {
+  Config c = config(1'000'003ULL, 3, 2);
+  c.runtime.device = DeviceKind::kCuda;
+  c.offload.gradients.tier = Tier::kCpu;
+  c.precision.grads = DType::kFp32;
+  c.zero.reduce_bucket_size = 100'000;
+  EXPECT_EQ(plan_pool(c, 2, c.offload).share_staging, 0u);  // accumulate 1, grad_accum = grads
+  c.train.accumulate = 2;
+  const PoolPlan p = plan_pool(c, 2, c.offload);
+  EXPECT_EQ(p.share_staging, 100'000ULL * 4);  // B bounds it
+  EXPECT_EQ(p.bytes(), std::uint64_t{p.buffers} * p.buffer_size + p.share_staging);
+  c.zero.reduce_bucket_size = 500'000'000;  // P bounds it
+  EXPECT_EQ(plan_pool(c, 3, c.offload).share_staging, 333'376ULL * 4);
+  EXPECT_EQ(plan_pool(c, 1, c.offload).share_staging, 0u);  // stages 0-1: no shares
+  c.model.parameters = 300'000'000;                         // 64 MiB bounds it
+  c.train.accumulate = 1;
+  c.precision.grads = DType::kBf16;  // converted into FP32
+  c.precision.grad_accum = DType::kFp32;
+  EXPECT_EQ(plan_pool(c, 2, c.offload).share_staging, 64ULL << 20);
+  c.runtime.device = DeviceKind::kHost;  // pageable there: not in the pinned figure
+  EXPECT_EQ(plan_pool(c, 2, c.offload).share_staging, 0u);
+  c.runtime.device = DeviceKind::kCuda;
+  c.offload.gradients.tier = Tier::kGpu;  // converted on the device
+  EXPECT_EQ(plan_pool(c, 2, c.offload).share_staging, 0u);
+}
+
 TEST(Plan, RuntimeBuffersFormulas) {
   Config c = config(1'000'003ULL, 3, 2);
   c.zero.reduce_bucket_size = 100'000;

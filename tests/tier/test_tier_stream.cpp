@@ -264,10 +264,17 @@ class FillerModel : public ::testing::TestWithParam<FillCase> {
     return ro;
   }
   // One test's store on the case's pool, its model and its seeded generator (the test traces the
-  // seed).
+  // seed); with `copy_delay`, on a fault-injecting device that delays every device copy by it.
+  static st::RigOptions run_options(std::chrono::milliseconds copy_delay) {
+    st::RigOptions ro = pool_options();
+    ro.fault_device = copy_delay.count() > 0;
+    return ro;
+  }
   struct Run {
-    explicit Run(const char* what)
-        : seed(st::test_seed(what)), rng(seed), rig(pool_options()), m{rig} {}
+    explicit Run(const char* what, std::chrono::milliseconds copy_delay = 0ms)
+        : seed(st::test_seed(what)), rng(seed), rig(run_options(copy_delay)), m{rig} {
+      if (copy_delay.count() > 0) rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, copy_delay});
+    }
     std::uint64_t seed;
     std::mt19937_64 rng;
     st::StoreRig rig;
@@ -285,24 +292,32 @@ std::vector<BufferId> add_grad_buffers(Model& m, std::mt19937_64& rng) {
   return bufs;
 }
 
-// One round's pieces: every buffer cut at random points, in random order; buffer round + 3 gets
-// nothing (zero, no I/O) and a tenth of the pieces are left out (gaps).
 struct Piece {
   std::size_t k;
   std::uint64_t at, n;
 };
-std::vector<Piece> random_pieces(const Model& m, int round, std::mt19937_64& rng) {
+// Every buffer but `skip` cut at random points into pieces of 1 to max_n units of `unit` bytes
+// (offsets and lengths in units), in random order.
+std::vector<Piece> cut_pieces(const Model& m, std::size_t skip, std::uint64_t unit,
+                              std::uint64_t max_n, std::mt19937_64& rng) {
   std::vector<Piece> pieces;
   for (std::size_t k = 0; k < m.ref.size(); ++k) {
-    if (k == static_cast<std::size_t>(round) + 3) continue;
-    const std::uint64_t size = m.ref[k].size();
+    if (k == skip) continue;
+    const std::uint64_t size = m.ref[k].size() / unit;
     for (std::uint64_t at = 0; at < size;) {
-      const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % 9000);
+      const std::uint64_t n = std::min<std::uint64_t>(size - at, 1 + rng() % max_n);
       pieces.push_back({k, at, n});
       at += n;
     }
   }
   std::shuffle(pieces.begin(), pieces.end(), rng);
+  return pieces;
+}
+
+// One round's pieces of bytes: buffer round + 3 gets nothing (zero, no I/O) and a tenth of the
+// pieces are left out (gaps).
+std::vector<Piece> random_pieces(const Model& m, int round, std::mt19937_64& rng) {
+  std::vector<Piece> pieces = cut_pieces(m, static_cast<std::size_t>(round) + 3, 1, 9000, rng);
   pieces.resize(pieces.size() * 9 / 10);
   return pieces;
 }
@@ -335,6 +350,25 @@ TEST_P(FillerModel, PiecesInAnyOrderWithGaps) {
   }
 }
 
+// The converting tests' FP32 buffers: 9 of up to `max_elems` elements, random contents; homes
+// cycle through the tiers, or (pieces from host memory, which the filler does not convert into
+// device memory: the engine's are device memory) through cpu and nvme.
+std::vector<BufferId> add_fp32_buffers(Model& m, std::mt19937_64& rng, bool device_source,
+                                       std::uint64_t max_elems) {
+  std::vector<BufferId> bufs;
+  for (int k = 0; k < 9; ++k) {
+    const Tier home = device_source ? st::kAllTiers[k % 3] : (k % 2 ? Tier::kNvme : Tier::kCpu);
+    bufs.push_back(m.add("grad." + std::to_string(k), 4 * (1 + rng() % max_elems), home, rng()));
+  }
+  return bufs;
+}
+
+// gpu homes: the host-emulated device's memory is host memory, converted there after the stream.
+void convert_after_stream(Stream& s, void* dst, const void* src, std::size_t n, bool add) {
+  s.synchronize(20s);
+  accumulate_elems(dst, DType::kFp32, src, DType::kBf16, n, add);
+}
+
 // Converting rounds (bf16 pieces into FP32 buffers, precision.grad_accum fp32): every piece is
 // converted in place, in any order; what no piece reaches is zero at end() though the buffers held
 // random bytes — the bytes around a buffer's first piece included (in host memory only those are
@@ -344,32 +378,12 @@ TEST_P(FillerModel, ConvertingPiecesInAnyOrderWithGaps) {
   Run run("filler converting");
   SCOPED_TRACE(::testing::Message() << "seed " << run.seed);
   auto& [seed, rng, rig, m] = run;
-  // Homes cycle through the tiers; pieces from host memory are not converted into device memory
-  // (the filler refuses: the engine's are device memory), so those rounds use cpu and nvme.
-  std::vector<BufferId> bufs;
-  for (int k = 0; k < 9; ++k) {
-    const Tier home = c.device_source ? st::kAllTiers[k % 3] : (k % 2 ? Tier::kNvme : Tier::kCpu);
-    bufs.push_back(m.add("grad." + std::to_string(k), 4 * (1 + rng() % (15 << 10)), home, rng()));
-  }
-  // gpu homes: the host-emulated device's memory is host memory, converted there after the stream.
-  auto on_device = [](Stream& s, void* dst, const void* src, std::size_t n, bool add) {
-    s.synchronize(20s);
-    accumulate_elems(dst, DType::kFp32, src, DType::kBf16, n, add);
-  };
-  tier::Filler filler(*rig.store, bufs, 20s, on_device, DType::kBf16, DType::kFp32);
+  const std::vector<BufferId> bufs = add_fp32_buffers(m, rng, c.device_source, 15 << 10);
+  tier::Filler filler(*rig.store, bufs, 20s, convert_after_stream, DType::kBf16, DType::kFp32);
   for (int round = 0; round < 2; ++round) {
-    std::vector<Piece> pieces;
-    for (std::size_t k = 0; k < bufs.size(); ++k) {
-      if (k == static_cast<std::size_t>(round) + 3) continue;  // no piece: zero
-      const std::uint64_t elems = m.ref[k].size() / 4;
-      for (std::uint64_t at = 0; at < elems;) {
-        const std::uint64_t n = std::min<std::uint64_t>(elems - at, 1 + rng() % 2000);
-        pieces.push_back({k, at, n});
-        at += n;
-      }
-    }
-    std::shuffle(pieces.begin(), pieces.end(), rng);
-    pieces.resize(pieces.size() * 9 / 10);  // gaps, the first piece of a buffer among them
+    // Buffer round + 3 gets no piece (zero); gaps, the first piece of a buffer among them.
+    std::vector<Piece> pieces = cut_pieces(m, static_cast<std::size_t>(round) + 3, 4, 2000, rng);
+    pieces.resize(pieces.size() * 9 / 10);
     for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
     filler.begin();
     const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
@@ -394,6 +408,14 @@ INSTANTIATE_TEST_SUITE_P(Pools, FillerModel,
                                            FillCase{3, false}, FillCase{5, true}),
                          fill_name);
 
+// A queued piece's source, kept until its ticket is done, then scribbled over.
+struct PendingSource {
+  tier::Filler::Ticket t;
+  std::unique_ptr<st::CallerMemory> src;
+  std::uint64_t bytes;
+  void scribble() const { src->put(std::vector<std::uint8_t>(bytes, 0xEE)); }
+};
+
 // Asynchronous filling: every piece's source is kept until its ticket is done, then scribbled
 // over at once (a ticket reported done before its copy had read the source would show in the
 // buffers); device copies are delayed so that pieces stay in flight while later ones are queued,
@@ -402,24 +424,13 @@ INSTANTIATE_TEST_SUITE_P(Pools, FillerModel,
 // tests/zero/test_grad_overlap.cpp.)
 TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
   const FillCase c = GetParam();
-  const std::uint64_t seed = st::test_seed("filler async model");
-  SCOPED_TRACE(::testing::Message() << "seed " << seed);
-  std::mt19937_64 rng(seed);
-  st::RigOptions ro = pool_options();
-  ro.fault_device = true;
-  st::StoreRig rig(ro);
-  rig.fdev->add_fault({DeviceFaultKind::kDelay, 1, 0, 2ms});  // every device copy
-  Model m{rig};
+  Run run("filler async model", 2ms);  // every device copy delayed
+  SCOPED_TRACE(::testing::Message() << "seed " << run.seed);
+  auto& [seed, rng, rig, m] = run;
   const std::vector<BufferId> bufs = add_grad_buffers(m, rng);
   tier::Filler filler(*rig.store, bufs, 20s);
   const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
-  struct Pending {
-    tier::Filler::Ticket t;
-    std::unique_ptr<st::CallerMemory> src;
-    std::uint64_t n;
-  };
-  std::deque<Pending> pending;
-  auto scribble = [&](Pending& p) { p.src->put(std::vector<std::uint8_t>(p.n, 0xEE)); };
+  std::deque<PendingSource> pending;
   for (int round = 0; round < 2; ++round) {
     const std::vector<Piece> pieces = random_pieces(m, round, rng);
     for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
@@ -434,19 +445,69 @@ TEST_P(FillerModel, AsynchronousPiecesKeepTheirSourceUntilDone) {
       std::copy(data.begin(), data.end(), m.ref[k].begin() + static_cast<std::ptrdiff_t>(at));
       if (pending.size() > 6) filler.wait(pending.front().t);
       while (!pending.empty() && filler.done(pending.front().t)) {
-        scribble(pending.front());
+        pending.front().scribble();
         pending.pop_front();
       }
     }
     filler.end();
-    for (Pending& p : pending) {
+    for (const PendingSource& p : pending) {
       EXPECT_TRUE(filler.done(p.t));
-      scribble(p);
+      p.scribble();
     }
     pending.clear();
     EXPECT_EQ(filler.pending(), 0u);
     ASSERT_NO_FATAL_FAILURE(m.check("round " + std::to_string(round)));
     EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  }
+}
+
+// Asynchronous converting and adding (precision.grad_accum fp32; gradient accumulation): a
+// converting round, then an accumulating one, of bf16 pieces into FP32 buffers, every device copy
+// delayed; each piece's source is scribbled over as soon as its ticket is done. A staging buffer
+// of 2 KiB: a piece of more than 1024 elements goes in parts, each part's copy queued behind the
+// last one's add. Bitwise the element-wise reference; nothing left held: every
+// pool buffer back, no buffer's copy still acquired (a converted piece holds one until done).
+TEST_P(FillerModel, AsynchronousConvertingAndAddingKeepTheirSourceUntilDone) {
+  const FillCase c = GetParam();
+  Run run("filler async converting", 1ms);  // every device copy delayed
+  SCOPED_TRACE(::testing::Message() << "seed " << run.seed);
+  auto& [seed, rng, rig, m] = run;
+  const std::vector<BufferId> bufs = add_fp32_buffers(m, rng, c.device_source, 6 << 10);
+  tier::Filler filler(*rig.store, bufs, 20s, convert_after_stream, DType::kBf16, DType::kFp32,
+                      2048);
+  const Tier mem = c.device_source ? Tier::kGpu : Tier::kCpu;
+  std::deque<PendingSource> pending;
+  std::normal_distribution<float> d(0, 3);
+  for (int round = 0; round < 2; ++round) {
+    // The converting round leaves buffer 4 and gaps zero; the adding round reaches every byte.
+    std::vector<Piece> pieces = cut_pieces(m, round == 0 ? 4 : m.ref.size(), 4, 2000, rng);
+    if (round == 0) pieces.resize(pieces.size() * 9 / 10);
+    if (round == 0)
+      for (auto& r : m.ref) std::fill(r.begin(), r.end(), 0);
+    filler.begin(round == 0 ? tier::Filler::Mode::kReplace : tier::Filler::Mode::kAccumulate);
+    for (const Piece& p : pieces) {
+      std::vector<std::uint8_t> half(p.n * 2);
+      for (std::uint64_t i = 0; i < p.n; ++i) store_elem(half.data(), i, DType::kBf16, d(rng));
+      auto src = std::make_unique<st::CallerMemory>(*rig.device, mem, half.size());
+      src->put(half);
+      const auto t = filler.fill_async(p.k, p.at * 4, p.n * 4, src->data(), mem);
+      pending.push_back({t, std::move(src), half.size()});
+      accumulate_elems(m.ref[p.k].data() + p.at * 4, DType::kFp32, half.data(), DType::kBf16, p.n,
+                       round == 1);
+      while (!pending.empty() && filler.done(pending.front().t)) {
+        pending.front().scribble();
+        pending.pop_front();
+      }
+    }
+    filler.end();
+    EXPECT_EQ(filler.pending(), 0u);
+    pending.clear();
+    ASSERT_NO_FATAL_FAILURE(m.check("round " + std::to_string(round)));
+    EXPECT_EQ(rig.pool->available(), rig.pool->buffer_count());
+  }
+  for (BufferId id : bufs) {  // no copy left acquired
+    const BufferInfo info = rig.store->info(id);
+    EXPECT_EQ(info.pins[0] + info.pins[1] + info.pins[2], 0u) << info.name;
   }
 }
 

@@ -8,6 +8,9 @@
 //     naming the gradient chunk, and the engine is failed for good.
 //   - Every device→host copy delayed, 2 ranks, 2 steps: receive buffers are never reused while
 //     their copy is in flight (bitwise the undelayed run).
+// Each also with train.accumulate 2 (cases "_accumulate2"): the last micro-batch's shares are
+// added into the chunks through the filler's staging buffer and a host function on its stream
+// (tier/fill.hpp), held, failed and delayed the same way.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -116,11 +119,21 @@ bool eventually(F cond) {
   return true;
 }
 
+// With train.accumulate K > 1, the K - 1 micro-batches of `step` before its last (their own
+// gradients); the last one's are make_grads(rank, step).
+void micro_batches_before(OverlapRank& r, const Config& cfg, int rank, int step) {
+  for (std::uint32_t mb = 0; mb + 1 < cfg.train.accumulate; ++mb) {
+    r.make_grads(rank, 100 + 10 * step + static_cast<int>(mb));
+    for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+  }
+}
+
 // The unwatched engine's parameters after `steps` steps (one rank).
 std::vector<std::vector<float>> reference(const Config& cfg, std::size_t buckets, int steps) {
   auto comms = make_inprocess_communicators(1, 60.0);
   OverlapRank r(cfg, *comms[0], buckets, false);
   for (int s = 0; s < steps; ++s) {
+    micro_batches_before(r, cfg, 0, s);
     r.make_grads(0, s);
     for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
     r.e->step();
@@ -131,26 +144,37 @@ std::vector<std::vector<float>> reference(const Config& cfg, std::size_t buckets
 struct OverlapCase {
   int stage;
   Tier grads;
+  std::uint32_t accumulate = 1;  // > 1: the last micro-batch's shares are added (element-wise)
 };
 
 std::string overlap_name(const ::testing::TestParamInfo<OverlapCase>& i) {
-  return strcat("stage", i.param.stage, "_grads_", tier_name(i.param.grads));
+  return strcat("stage", i.param.stage, "_grads_", tier_name(i.param.grads),
+                i.param.accumulate > 1 ? strcat("_accumulate", i.param.accumulate) : "");
 }
 
 class GradOverlap : public ::testing::TestWithParam<OverlapCase> {};
 
 // Four buckets of eight tensors. The share copy of the first bucket retired (the last one in
 // flat order) is held: the calls of the next bucket return while it is held (the one that
-// completes that bucket would need its receive buffer: the gate opens before it).
+// completes that bucket would need its receive buffer: the gate opens before it). Accumulating,
+// the last micro-batch's shares are added into the chunks (through the filler's staging ring and
+// a host function on its stream): held the same way, in that micro-batch.
 TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   const OverlapCase c = GetParam();
   TempDir dir("strata-overlap");
-  const Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  cfg.train.accumulate = c.accumulate;
   const auto want = reference(cfg, 4, 2);
   auto comms = make_inprocess_communicators(1, 60.0);
   OverlapRank r(cfg, *comms[0], 4, true);
   ASSERT_NE(r.dev, nullptr);
+  micro_batches_before(r, cfg, 0, 0);
   r.make_grads(0, 0);
+  std::size_t from = 0;
+  if (c.accumulate > 1) {  // the micro-batch before finishes its round here (its last copies)
+    r.backward_call(0);
+    from = 1;
+  }
   r.dev->hold(1, 1, false);
   // The call that completes the third bucket retires the first (two collectives in flight at
   // most) and queues its share's copy: from then on the copy is held on its stream. Waiting for
@@ -158,7 +182,7 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   // late).
   const std::size_t retiring_call = 3 * kTensorsPerBucket - 1;
   std::size_t after_queued = 0;  // calls made (and returned) with the held copy on its stream
-  for (std::size_t i = 0; i + 1 < r.tensors; ++i) {
+  for (std::size_t i = from; i + 1 < r.tensors; ++i) {
     r.backward_call(i);
     if (i == retiring_call) {
       ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }))
@@ -176,6 +200,7 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   r.e->step();
   EXPECT_GT(r.dev->d2h_queued(), queued);  // the other shares
   // A second step, nothing held.
+  micro_batches_before(r, cfg, 0, 1);
   r.make_grads(0, 1);
   for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
   r.e->step();
@@ -266,7 +291,9 @@ TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                          ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
-                                           OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme}),
+                                           OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme},
+                                           OverlapCase{2, Tier::kCpu, 2},
+                                           OverlapCase{3, Tier::kNvme, 2}),
                          overlap_name);
 
 // A failed engine takes no other step.
@@ -293,16 +320,24 @@ void expect_copy_error(Fn&& fn, CallSite where = CallSite::current()) {
 // One rank over a watched device whose first device->host share copy is held, then fails.
 class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
  protected:
-  // The rank with `buckets` buckets and its gradients made; the copy held.
+  // The rank with `buckets` buckets and its gradients made; the copy held. Accumulating: in the
+  // last micro-batch, from its second call (`first_`) on, the first made here.
   OverlapRank& start(std::size_t buckets) {
     const OverlapCase c = GetParam();
-    rank_ = std::make_unique<OverlapRank>(overlap_config(c.stage, c.grads, dir_.str()), *comms_[0],
-                                          buckets, true);
+    Config cfg = overlap_config(c.stage, c.grads, dir_.str());
+    cfg.train.accumulate = c.accumulate;
+    rank_ = std::make_unique<OverlapRank>(cfg, *comms_[0], buckets, true);
+    micro_batches_before(*rank_, cfg, 0, 0);
     rank_->make_grads(0, 0);
+    if (c.accumulate > 1) {
+      rank_->backward_call(0);
+      first_ = 1;
+    }
     rank_->dev->hold(1, 1, true);
     return *rank_;
   }
 
+  std::size_t first_ = 0;  // the tests' first backward call
   TempDir dir_{"strata-overlap"};
   std::vector<std::unique_ptr<Communicator>> comms_ = make_inprocess_communicators(1, 60.0);
   std::unique_ptr<OverlapRank> rank_;
@@ -312,7 +347,8 @@ class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
 // at step().
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
   OverlapRank& r = start(3);
-  for (std::size_t i = 0; i < r.tensors; ++i) ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
+  for (std::size_t i = first_; i < r.tensors; ++i)
+    ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
   r.dev->open();
   expect_copy_error([&] { r.e->step(); });
@@ -326,7 +362,7 @@ TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtStep) {
 // observes the filler's failure, that last hand-in or step() — one of them, never neither.
 TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtTheSetGradientThatWaitsForIt) {
   OverlapRank& r = start(4);
-  for (std::size_t i = 0; i + 1 < r.tensors; ++i)
+  for (std::size_t i = first_; i + 1 < r.tensors; ++i)
     ASSERT_NO_THROW(r.backward_call(i)) << "call " << i;
   ASSERT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
   r.dev->open();
@@ -343,7 +379,9 @@ TEST_P(GradOverlapFaults, AFailedShareCopySurfacesAtTheSetGradientThatWaitsForIt
 
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlapFaults,
                          ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
-                                           OverlapCase{3, Tier::kNvme}),
+                                           OverlapCase{3, Tier::kNvme},
+                                           OverlapCase{2, Tier::kCpu, 2},
+                                           OverlapCase{3, Tier::kNvme, 2}),
                          overlap_name);
 
 // Two ranks, every device→host copy delayed, eight buckets: a receive buffer reused while its
@@ -351,7 +389,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradOverlapFaults,
 TEST_P(GradOverlap, DelayedCopiesNeverLoseAShare) {
   const OverlapCase c = GetParam();
   TempDir dir("strata-overlap");
-  const Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  cfg.train.accumulate = c.accumulate;
   constexpr int kWorld = 2, kSteps = 2;
   constexpr std::size_t kBuckets = 8;
   std::vector<std::vector<std::vector<float>>> got(kWorld), want(kWorld);
@@ -362,6 +401,7 @@ TEST_P(GradOverlap, DelayedCopiesNeverLoseAShare) {
       OverlapRank r(cfg, comm, kBuckets, delayed);
       if (delayed) r.dev->delay_every_d2h(3ms);
       for (int s = 0; s < kSteps; ++s) {
+        micro_batches_before(r, cfg, rank, s);
         r.make_grads(rank, s);
         for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
         r.e->step();
