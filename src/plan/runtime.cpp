@@ -62,10 +62,6 @@ std::uint64_t PoolPlan::bytes() const {
   return used ? sat_add(sat_mul(buffers, buffer_size), share_staging) : 0;
 }
 
-// The engine's chunk grid over the rank's optimizer range (sub-groups of zero.sub_group_size, cut
-// where a placement's share ends and at what one buffer stages) decides how many buffers the pool
-// gets and, when no chunk fills a buffer, how large they are. Regions between the placement cuts
-// are counted in closed form (no loop over chunks).
 namespace {
 // Stages 2-3 on a GPU with gradients off it, added (train.accumulate > 1) or converted (grad_accum
 // differs from precision.grads): the shares go device -> host through the gradient filler's
@@ -81,6 +77,10 @@ std::uint64_t share_staging(const Config& c, std::uint64_t psize) {
 }
 }  // namespace
 
+// The engine's chunk grid over the rank's optimizer range (sub-groups of zero.sub_group_size, cut
+// where a placement's share ends and at what one buffer stages) decides how many buffers the pool
+// gets and, when no chunk fills a buffer, how large they are. Regions between the placement cuts
+// are counted in closed form (no loop over chunks).
 PoolPlan plan_pool(const Config& c, int stage, const OffloadConfig& o) {
   PoolPlan p;
   const std::uint64_t n = ranks_of(c);

@@ -34,7 +34,7 @@
 // straight into the buffer's host memory (pinned by an acquire until it completes) or its pool
 // buffer. The stream runs them in order, a host function before the next copy, so one staging
 // buffer serves every piece and fill_async never waits for it. A piece from host memory is added
-// or converted in the // caller (it is complete when fill_async returns).
+// or converted in the caller (it is complete when fill_async returns).
 // Completion is collected, never pushed: done(t) / poll() look at what finished without blocking
 // (and start the NVMe writes of buffers that became complete), wait(t) blocks. Tickets count up
 // from 1 per filler; done(t) is true when the pieces of tickets <= t have all completed, i.e. when
