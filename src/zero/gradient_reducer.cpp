@@ -329,10 +329,13 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
 Scratch& GradientReducer::bucket_buffer(std::size_t k) {
   Scratch& b = bucket_of_[k];
   if (b) return b;
-  // One rank makes one buffer per bucket up to its cap before it reuses any: their number is
-  // then the same every step (a steady-state step allocates nothing), not a matter of how fast
-  // the shares' copies out ran.
-  const bool make = share_buckets_ && buckets_made_ < std::min(nbuckets_, kMaxOneRankBuckets);
+  // A rank makes one buffer per bucket up to its cap (what strata plan counts) before it reuses
+  // any: their number is then the same every step (a steady-state step allocates nothing), not a
+  // matter of how fast the collectives completed or the shares' copies out ran. Several ranks
+  // make more past the cap when none is free (a hand-in order that holds more buckets).
+  const std::size_t cap =
+      std::min(nbuckets_, share_buckets_ ? kMaxOneRankBuckets : kMaxBucketsInFlight + 1);
+  const bool make = buckets_made_ < cap;
   if (!make && free_buckets_.empty() && share_buckets_ && !copying_.empty())
     wait_oldest_copy();  // the buffers are copying their shares out
   if (!make && !free_buckets_.empty()) {
@@ -408,7 +411,8 @@ void GradientReducer::wait_oldest_copy() {
 
 Scratch GradientReducer::take_recv() {
   collect_copies(false);
-  if (free_recvs_.empty() && recvs_made_ < kMaxRecvBuffers) {
+  // Made up to the cap before any is reused, as the bucket buffers (bucket_buffer).
+  if (recvs_made_ < std::min(nbuckets_, kMaxRecvBuffers)) {
     ++recvs_made_;
     const std::size_t elems = std::min(bucket_elems_, layout_.partition_size());
     return scratch_.take(elems * layout_.hand_in_elem_bytes(), "gradient receive buffer");

@@ -289,6 +289,27 @@ TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
   });
 }
 
+// Several ranks make their bucket and receive buffers up to the caps strata plan counts (min(ceil(F
+// / B), 3) each: two collectives in flight and one bucket being filled; two in flight and one
+// share being copied out) in the first backward, and none after: how many a later step would
+// need otherwise follows how fast the collectives complete and the shares are copied out (a
+// steady-state step would allocate device memory). Two ranks, four buckets, two steps.
+TEST(GradOverlapSchedule, SeveralRanksMakeTheirBucketAndReceiveBuffersInTheFirstBackward) {
+  at_stages_2_and_3(2, [](const Config& cfg, auto& comms) {
+    rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+      OverlapRank r(cfg, comm, 4, false);
+      for (int s = 0; s < 2; ++s) {
+        r.make_grads(rank, s);
+        for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+        const zero::ReducerBuffers b = zero::EngineAccess::reducer_buffers(*r.e);
+        EXPECT_EQ(b.buckets, 3u) << "rank " << rank << " step " << s;
+        EXPECT_EQ(b.receives, 3u) << "rank " << rank << " step " << s;
+        r.e->step();
+      }
+    }));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
                          ::testing::Values(OverlapCase{2, Tier::kCpu}, OverlapCase{2, Tier::kNvme},
                                            OverlapCase{3, Tier::kCpu}, OverlapCase{3, Tier::kNvme},
