@@ -260,9 +260,10 @@ TEST(GradOverlapSchedule, ACompletedCollectiveIsRetiredAtTheNextHandIn) {
       for (std::size_t i = 0; i < kTensorsPerBucket; ++i) r.backward_call(i);
       comm.barrier();  // in order after the reduce-scatter: that one completed
       r.backward_call(kTensorsPerBucket);
-      if (rank == 1)  // the last bucket in flat order lies in rank 1's half
+      if (rank == 1) {  // the last bucket in flat order lies in rank 1's half
         EXPECT_TRUE(eventually([&] { return r.dev->d2h_queued() > before; }))
             << "the first bucket's share was not copied out at the next hand-in";
+      }
       for (std::size_t i = kTensorsPerBucket + 1; i < r.tensors; ++i) r.backward_call(i);
       r.e->step();
     }));
