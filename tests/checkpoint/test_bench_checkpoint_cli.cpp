@@ -47,7 +47,9 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
     const bool nvme = r["state"] == "nvme";
     EXPECT_EQ(r["state_read_bytes"], nvme ? 20000u * 12 : 0u);
     EXPECT_GT(r["raw_move_s"].get<double>(), 0);
-    if (!nvme) EXPECT_DOUBLE_EQ(r["raw_move_s"].get<double>(), r["raw_write_s"].get<double>());
+    if (!nvme) {
+      EXPECT_DOUBLE_EQ(r["raw_move_s"].get<double>(), r["raw_write_s"].get<double>());
+    }
     EXPECT_DOUBLE_EQ(r["writer_vs_move"].get<double>(),
                      r["raw_move_s"].get<double>() / r["writer_s"].get<double>());
     // The steps' share (one round): the disk's time for what the writer moves if the steps use
@@ -62,9 +64,10 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
     } else {
       EXPECT_EQ(predicted, 0);
     }
-    if (predicted > 0)
+    if (predicted > 0) {
       EXPECT_DOUBLE_EQ(r["busy_vs_predicted"].get<double>(),
                        r["busy_slowdown"].get<double>() / predicted);
+    }
     for (const char* k : {"busy_step_s", "busy_slowdown", "writer_paused_s", "writer_busy_s",
                           "idle_step_spread", "idle_step_cpu_s", "writer_cpu_s"})
       EXPECT_GE(r[k].get<double>(), 0) << k;
