@@ -40,7 +40,9 @@
 // from 1 per filler; done(t) is true when the pieces of tickets <= t have all completed, i.e. when
 // their sources may be reused. fill() is fill_async() + wait(). fill_async() itself blocks only
 // when it needs a pool buffer and none is free (it retires writes, or writes a partial buffer
-// after waiting for that buffer's copies) or when a buffer written partially is read back.
+// after waiting for that buffer's copies), when a buffer's contents are read back (written
+// partially before; an accumulating round's first piece of an nvme buffer), and for a converting
+// round's first piece of a memory home (the zeroing around it).
 // `src` must stay valid and unchanged until its ticket is done. Every byte must be filled at most
 // once per round.
 //
