@@ -157,8 +157,8 @@ class GradOverlap : public ::testing::TestWithParam<OverlapCase> {};
 // Four buckets of eight tensors. The share copy of the first bucket retired (the last one in
 // flat order) is held: the calls of the next bucket return while it is held (the one that
 // completes that bucket would need its receive buffer: the gate opens before it). Accumulating,
-// the last micro-batch's shares are added into the chunks (through the filler's staging ring and
-// a host function on its stream): held the same way, in that micro-batch.
+// the last micro-batch's shares are added into the chunks (through the filler's staging buffer
+// and a host function on its stream): held the same way, in that micro-batch.
 TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   const OverlapCase c = GetParam();
   TempDir dir("strata-overlap");
@@ -290,11 +290,11 @@ TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
   });
 }
 
-// Several ranks make their bucket and receive buffers up to the caps strata plan counts (min(ceil(F
-// / B), 3) each: two collectives in flight and one bucket being filled; two in flight and one
-// share being copied out) in the first backward, and none after: how many a later step would
-// need otherwise follows how fast the collectives complete and the shares are copied out (a
-// steady-state step would allocate device memory). Two ranks, four buckets, two steps.
+// Several ranks make their bucket and receive buffers up to the caps strata plan counts
+// (min(ceil(F / B), 3) each: two collectives in flight and one bucket being filled; two in flight
+// and one share being copied out) in the first backward, and none after: how many a later step
+// would need otherwise follows how fast the collectives complete and the shares are copied out
+// (a steady-state step would allocate device memory). Two ranks, four buckets, two steps.
 TEST(GradOverlapSchedule, SeveralRanksMakeTheirBucketAndReceiveBuffersInTheFirstBackward) {
   at_stages_2_and_3(2, [](const Config& cfg, auto& comms) {
     rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
