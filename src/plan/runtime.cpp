@@ -18,7 +18,7 @@ constexpr std::uint64_t kPartitionAlign = 64;     // Partition::kDefaultPartitio
 constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast piece (64 MiB)
 // Stages 0-1: the hand-in staging buffer's bound (src/zero/gradient_reducer.cpp).
 constexpr std::uint64_t kHandInStagingBytes = 64ULL << 20;
-constexpr std::uint64_t kShareStagingBytes = 64ULL << 20;  // zero/gradient_reducer.cpp
+constexpr std::uint64_t kShareStagingBytes = 64ULL << 20;  // tier::Filler::kStagingMax
 
 // v rounded up to a multiple of a, or kSaturated.
 std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
@@ -65,8 +65,9 @@ std::uint64_t PoolPlan::bytes() const {
 namespace {
 // Stages 2-3 on a GPU with gradients off it, added (train.accumulate > 1) or converted (grad_accum
 // differs from precision.grads): the shares go device -> host through the gradient filler's
-// staging buffer, one share of min(B, P) hand-in elements, at most 64 MiB (kShareStagingBytes,
-// zero/gradient_reducer.cpp), page-locked. REQUIRES: the stage, device and gradients as said.
+// staging buffer, one share of min(B, P) hand-in elements, at most 64 MiB (kShareStagingBytes;
+// zero/gradient_reducer.cpp, tier/fill.hpp), page-locked. REQUIRES: the stage, device and gradients
+// as said.
 std::uint64_t share_staging(const Config& c, std::uint64_t psize) {
   if (c.model.parameters == 0 ||
       (c.train.accumulate <= 1 && c.precision.accum_dtype() == c.precision.grads))

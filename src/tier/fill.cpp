@@ -27,8 +27,8 @@ Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::mil
     b.id = id;
     b.bytes = info.bytes;
     b.padded = store_.padded_bytes(id);
-    b.nvme = info.home == Tier::kNvme;
-    if (b.nvme && (!store_.pool() || store_.pool()->buffer_size() < b.padded))
+    b.home = info.home;
+    if (b.nvme() && (!store_.pool() || store_.pool()->buffer_size() < b.padded))
       fail(ErrorCode::kInvalidArgument,
            strcat("filler: buffer '", info.name, "' (", b.padded,
                   " bytes, on nvme) does not fit a pinned pool buffer (",
@@ -145,7 +145,7 @@ Filler::Ticket Filler::fill_async(std::size_t k, std::uint64_t offset, std::uint
       combine_piece(b, k, offset, bytes, src, src_memory);  // queues its own pieces
       collect();
       return next_ticket_ - 1;
-    } else if (!b.nvme) {  // on the store's movers, in submission order per buffer
+    } else if (!b.nvme()) {  // on the store's movers, in submission order per buffer
       if (!b.touched) p.zero = store_.zero(b.id);
       p.write = store_.write(b.id, offset, bytes, src, src_memory);
       b.touched = true;
@@ -204,27 +204,26 @@ void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uin
     fail(ErrorCode::kInvalidArgument,
          strcat("filler: piece [", offset, ", ", offset + bytes, ") is not whole ",
                 dtype_name(buffer_dtype_), " elements"));
-  const Tier home = b.nvme ? Tier::kNvme : store_.info(b.id).home;
-  if (home == Tier::kGpu && src_memory != Tier::kGpu)
+  if (b.home == Tier::kGpu && src_memory != Tier::kGpu)
     fail(ErrorCode::kInvalidArgument,
          "filler: adding or converting into device memory from host memory");
-  if (home == Tier::kGpu && !on_device_)
+  if (b.home == Tier::kGpu && !on_device_)
     fail(ErrorCode::kInvalidArgument,
          "filler: adding or converting into device memory needs a DeviceOp");
   const std::size_t n = bytes / es;
   const bool first = mode_ == Mode::kReplace && !b.touched;  // the rest becomes zero
   b.filled += bytes;
   b.touched = true;
-  if (b.nvme && b.staged < 0) stage(k);
-  if (first && !b.nvme) zero_around(b, offset, bytes);
+  if (b.nvme() && b.staged < 0) stage(k);
+  if (first && !b.nvme()) zero_around(b, offset, bytes);
   if (!stream_ && src_memory == Tier::kGpu) stream_ = store_.device().create_stream();
-  if (home == Tier::kGpu)
+  if (b.home == Tier::kGpu)
     combine_on_device(b, k, offset, n, src);
   else if (src_memory == Tier::kGpu)
     combine_from_device(b, k, offset, n, src);
   else
     combine_from_host(b, k, offset, n, src);
-  if (!b.nvme) return;
+  if (!b.nvme()) return;
   Staged& s = staged_[static_cast<std::size_t>(b.staged)];
   if (b.filled == b.bytes) s.full = true;
   if (s.full && s.copies == 0) write_staged(static_cast<std::size_t>(b.staged), false);
@@ -234,16 +233,15 @@ void Filler::combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uin
 // zero, as a replacing copy does (a gpu home whole, in the store's order, before the piece's op;
 // in host memory all but the piece's own bytes, which it writes: a first piece that covers the
 // buffer costs no pass over it).
-void Filler::zero_around(Buf& b, std::uint64_t offset, std::uint64_t bytes) {
-  const Tier home = store_.info(b.id).home;
-  if (home == Tier::kGpu) {
+void Filler::zero_around(const Buf& b, std::uint64_t offset, std::uint64_t bytes) {
+  if (b.home == Tier::kGpu) {
     store_.zero(b.id).wait(timeout_);
     return;
   }
-  auto* base = static_cast<unsigned char*>(store_.acquire(b.id, home, Access::kWrite, timeout_));
+  auto* base = static_cast<unsigned char*>(store_.acquire(b.id, b.home, Access::kWrite, timeout_));
   std::memset(base, 0, offset);
   std::memset(base + offset + bytes, 0, b.bytes - offset - bytes);
-  store_.release(b.id, home);
+  store_.release(b.id, b.home);
 }
 
 // Into a gpu home on the filler's stream; the copy stays acquired until the piece completes.
@@ -291,7 +289,7 @@ void Filler::combine_from_device(Buf& b, std::size_t k, std::uint64_t offset, st
       release_piece(p, false);
       throw;
     }
-    if (b.nvme) ++staged_[static_cast<std::size_t>(b.staged)].copies;
+    if (b.nvme()) ++staged_[static_cast<std::size_t>(b.staged)].copies;
     queue(std::move(p));
   }
 }
@@ -299,7 +297,7 @@ void Filler::combine_from_device(Buf& b, std::size_t k, std::uint64_t offset, st
 // Where a part at `offset` of buffer b lands in host memory: its pool buffer (nvme), or its host
 // copy, acquired for the piece (cpu).
 unsigned char* Filler::host_target(Buf& b, std::uint64_t offset, Piece& p) {
-  if (b.nvme)
+  if (b.nvme())
     return static_cast<unsigned char*>(staged_[static_cast<std::size_t>(b.staged)].buf.data()) +
            offset;
   auto* base =

@@ -77,8 +77,8 @@ namespace strata::tier {
 class Filler {
  public:
   using Ticket = std::uint64_t;
-  // The staging buffer's bytes by default (the engine's: min(share, 64 MiB), counted by
-  // plan/runtime.cpp).
+  // The staging buffer's bytes by default, and the most the engine gives it (min(share, this);
+  // plan/runtime.cpp counts it as kShareStagingBytes: the plan layer includes no engine source).
   static constexpr std::size_t kStagingMax = std::size_t{64} << 20;
   enum class Mode { kReplace, kAccumulate };
   // add: dst[i] = round(dst[i] + src[i]), else dst[i] = round(src[i]) (n elements, dst in
@@ -133,7 +133,8 @@ class Filler {
   struct Buf {
     BufferId id = 0;
     std::uint64_t bytes = 0, padded = 0;
-    bool nvme = false;
+    Tier home = Tier::kCpu;  // the store's home of the buffer (fixed)
+    bool nvme() const { return home == Tier::kNvme; }
     std::uint64_t filled = 0;  // bytes queued this round
     bool touched = false;      // got a piece this round
     bool on_disk = false;      // written partially this round: read back to continue
@@ -167,7 +168,7 @@ class Filler {
   bool element_wise() const { return mode_ == Mode::kAccumulate || piece_dtype_ != buffer_dtype_; }
   void combine_piece(Buf& b, std::size_t k, std::uint64_t offset, std::uint64_t bytes,
                      const void* src, Tier src_memory);
-  void zero_around(Buf& b, std::uint64_t offset, std::uint64_t bytes);
+  void zero_around(const Buf& b, std::uint64_t offset, std::uint64_t bytes);
   void combine_on_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
                          const void* src);
   void combine_from_device(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,

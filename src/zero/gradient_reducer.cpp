@@ -68,21 +68,17 @@ std::size_t hand_in_staging_elems(const EngineLayout& l) {
       1, std::min<std::uint64_t>(l.config().zero.reduce_bucket_size, kHandInStagingBytes / hes));
 }
 
-// Stages 2-3: the filler's staging buffer, through which shares copied out of device memory are
-// added or converted into host memory: one share of min(B, P) hand-in elements, at most 64 MiB (a
-// larger share goes in parts; src/plan/runtime.cpp counts it; allocated only when such a share
-// comes).
-constexpr std::size_t kShareStagingBytes = std::size_t{64} << 20;
-std::size_t share_staging_bytes(const EngineLayout& l) {
-  const std::size_t share =
-      std::min<std::uint64_t>(std::max<std::uint64_t>(l.config().zero.reduce_bucket_size, 1),
-                              l.partition_size()) *
-      l.hand_in_elem_bytes();
-  return std::min(share, kShareStagingBytes);
-}
-
 std::size_t bucket_elems_of(const EngineLayout& l) {
   return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
+}
+
+// Stages 2-3: the filler's staging buffer, through which shares copied out of device memory are
+// added or converted into host memory: one share (a receive buffer's min(B, P) hand-in elements),
+// at most tier::Filler::kStagingMax, 64 MiB (a larger share goes in parts; src/plan/runtime.cpp
+// counts it; allocated only when such a share comes).
+std::size_t share_staging_bytes(const EngineLayout& l) {
+  const std::size_t share = std::min<std::size_t>(bucket_elems_of(l), l.partition_size());
+  return std::min(share * l.hand_in_elem_bytes(), tier::Filler::kStagingMax);
 }
 
 }  // namespace
