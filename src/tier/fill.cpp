@@ -39,7 +39,9 @@ Filler::Filler(TierStore& store, std::vector<BufferId> buffers, std::chrono::mil
 
 Filler::~Filler() {
   drain();
-  if (staging_locked_) store_.device().unregister_host(staging_.data());
+  if (!staging_locked_) return;
+  store_.device().unregister_host(staging_.data());
+  store_.unreserve_pinned(staging_.size());
 }
 
 void Filler::begin(Mode mode) {
@@ -322,9 +324,30 @@ void Filler::combine_from_host(Buf& b, std::size_t k, std::uint64_t offset, std:
 unsigned char* Filler::staging() {
   if (!staging_) {
     staging_ = IoBuffer::allocate(staging_bytes_);
-    staging_locked_ = store_.device().register_host(staging_.data(), staging_.size());
+    lock_staging();
   }
   return staging_.bytes();
+}
+
+// Within the store's pinned budget: reserved, then registered (given back when the device does not
+// page-lock, as the host-emulated one). Without room it stays pageable: the copies stay correct
+// (on a GPU cudaMemcpyAsync into pageable memory goes through the driver's own staging, slower).
+void Filler::lock_staging() {
+  const std::size_t bytes = staging_.size();
+  if (!store_.try_reserve_pinned(bytes)) {
+    if (store_.device().kind() != DeviceKind::kHost)
+      log_warn("filler: the gradient share staging buffer (", bytes,
+               " bytes) does not fit in tiers.host.pinned_budget; it stays pageable (slower "
+               "device copies; strata plan counts it with the pinned pool)");
+    return;
+  }
+  try {
+    staging_locked_ = store_.device().register_host(staging_.data(), bytes);
+  } catch (...) {
+    store_.unreserve_pinned(bytes);
+    throw;
+  }
+  if (!staging_locked_) store_.unreserve_pinned(bytes);
 }
 
 namespace {
@@ -338,7 +361,8 @@ void keep_for_ever(IoBuffer mem) {
 }  // namespace
 
 // A copy into the staging buffer did not finish: its memory is kept for ever (still page-locked:
-// unregistering memory a copy may still touch is not safe either); the next piece makes another.
+// unregistering memory a copy may still touch is not safe either; its pinned reservation is kept
+// too); the next piece makes another.
 void Filler::abandon_staging() noexcept {
   if (!staging_) return;
   log_error("filler: a copy into the staging buffer did not finish; its memory is not reused");

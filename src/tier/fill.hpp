@@ -28,8 +28,9 @@
 // one) is asynchronous when its source is device memory (the caller does not wait for the device,
 // which a GPU's backward would otherwise idle on): into a gpu home it is added or converted on the
 // filler's stream through `on_device`; into a cpu or nvme home it is copied into the filler's
-// staging buffer (`staging_bytes` of host memory, page-locked through the device, allocated at the
-// first such piece; a larger piece goes in parts of that size), then added or converted by a host
+// staging buffer (`staging_bytes` of host memory, allocated at the first such piece, page-locked
+// through the device and counted against the store's pinned budget where it fits, pageable with a
+// warning where not; a larger piece goes in parts of that size), then added or converted by a host
 // function queued behind the copy on the same stream (the stream's worker; CUDA's callback thread)
 // straight into the buffer's host memory (pinned by an acquire until it completes) or its pool
 // buffer. The stream runs them in order, a host function before the next copy, so one staging
@@ -176,7 +177,8 @@ class Filler {
   void combine_from_host(Buf& b, std::size_t k, std::uint64_t offset, std::size_t n,
                          const void* src);
   unsigned char* host_target(Buf& b, std::uint64_t offset, Piece& p);
-  unsigned char* staging();                           // made at the first call
+  unsigned char* staging();  // made at the first call
+  void lock_staging();  // page-locks staging_ within the pinned budget, else leaves it pageable
   void release_piece(Piece& p, bool stuck) noexcept;  // its pin
   void abandon_staging() noexcept;
   void write_staged(std::size_t s, bool partial);
@@ -199,7 +201,7 @@ class Filler {
   Mode mode_ = Mode::kReplace;
   const std::size_t staging_bytes_;
   IoBuffer staging_;
-  bool staging_locked_ = false;  // page-locked by the device (register_host)
+  bool staging_locked_ = false;  // page-locked by the device (register_host), pinned bytes reserved
   std::vector<Buf> bufs_;
   std::vector<Staged> staged_;   // buffers being assembled (nvme)
   std::deque<Writing> writing_;  // nvme writes in flight, oldest first

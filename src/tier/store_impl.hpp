@@ -229,6 +229,8 @@ class TierStore::Impl {
   TierUsage usage(Tier tier) const;
   void reserve(Tier tier, std::uint64_t bytes, const std::string& what);
   void unreserve(Tier tier, std::uint64_t bytes) noexcept;
+  bool try_reserve_pinned(std::uint64_t bytes);
+  void unreserve_pinned(std::uint64_t bytes) noexcept;
   TierStoreStats stats() const;
   const SwapSpace* swap() const { return swap_.get(); }
   std::pair<std::uint64_t, std::uint64_t> nvme_extent(BufferId id) const;

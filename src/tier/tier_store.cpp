@@ -995,13 +995,29 @@ void TierStore::Impl::unreserve(Tier t, std::uint64_t bytes) noexcept {
   used_[ti(t)] -= std::min(bytes, used_[ti(t)]);
 }
 
+bool TierStore::Impl::try_reserve_pinned(std::uint64_t bytes) {
+  MutexLock lock(mutex_);
+  drop_locked_spares_locked(bytes);
+  if (pinned_used_ + bytes > options_.pinned_budget || !fits_locked(Tier::kCpu, bytes))
+    return false;
+  pinned_used_ += bytes;
+  used_[ti(Tier::kCpu)] += bytes;
+  return true;
+}
+
+void TierStore::Impl::unreserve_pinned(std::uint64_t bytes) noexcept {
+  MutexLock lock(mutex_);
+  pinned_used_ -= std::min(bytes, pinned_used_);
+  used_[ti(Tier::kCpu)] -= std::min(bytes, used_[ti(Tier::kCpu)]);
+}
+
 TierUsage TierStore::Impl::usage(Tier t) const {
   MutexLock lock(mutex_);
   if (t == Tier::kNvme) {
     return swap_ ? TierUsage{swap_->used(), swap_->capacity()} : TierUsage{};
   }
   if (t == Tier::kGpu) return TierUsage{used_[ti(t)], options_.gpu_budget, 0};
-  return TierUsage{used_[ti(t)], options_.host_budget, cached_};
+  return TierUsage{used_[ti(t)], options_.host_budget, cached_, pinned_used_};
 }
 
 std::uint64_t TierStore::Impl::padded_bytes(BufferId id) const {
@@ -1077,6 +1093,8 @@ void TierStore::reserve(Tier tier, std::uint64_t bytes, const std::string& what)
 void TierStore::unreserve(Tier tier, std::uint64_t bytes) noexcept {
   impl_->unreserve(tier, bytes);
 }
+bool TierStore::try_reserve_pinned(std::uint64_t bytes) { return impl_->try_reserve_pinned(bytes); }
+void TierStore::unreserve_pinned(std::uint64_t bytes) noexcept { impl_->unreserve_pinned(bytes); }
 TierStoreStats TierStore::stats() const { return impl_->stats(); }
 const SwapSpace* TierStore::swap_space() const { return impl_->swap(); }
 std::pair<std::uint64_t, std::uint64_t> TierStore::nvme_extent(BufferId id) const {

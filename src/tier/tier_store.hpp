@@ -159,6 +159,9 @@ struct TierUsage {
   // cpu only: freed host copies kept mapped for reuse (no page faults on the next copy of the
   // same size). They count against the budget and are unmapped first when room is needed.
   std::uint64_t cached = 0;
+  // cpu only: page-locked bytes counted against pinned_budget (the pool, pin_memory copies and
+  // their spares, reserve_pinned).
+  std::uint64_t pinned = 0;
 };
 
 struct TierStoreStats {
@@ -234,6 +237,12 @@ class TierStore {
   // `bytes` do not fit (nothing reserved); tier gpu or cpu. unreserve gives back what reserve took.
   void reserve(Tier tier, std::uint64_t bytes, const std::string& what);
   void unreserve(Tier tier, std::uint64_t bytes) noexcept;
+  // Page-locked host memory outside the store's buffers (tier/fill.hpp's staging buffer), counted
+  // against pinned_budget and the host tier's budget. try_reserve_pinned: false (nothing reserved)
+  // when `bytes` do not fit after page-locked spares are dropped. unreserve_pinned gives back what
+  // try_reserve_pinned took.
+  bool try_reserve_pinned(std::uint64_t bytes);
+  void unreserve_pinned(std::uint64_t bytes) noexcept;
   // Waits until no operation is queued or running.
   void wait_idle(std::chrono::milliseconds timeout = std::chrono::minutes(2));
 

@@ -4,13 +4,16 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <mutex>
+#include <random>
 #include <set>
 
 #include "strata/device.hpp"
 #include "strata/device_fault.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
+#include "tier/fill.hpp"
 #include "tier/swap_space.hpp"
 #include "tier/tier_store.hpp"
 #include "tier_test_util.hpp"
@@ -271,6 +274,56 @@ TEST(TierFaults, TimedOutCopyIntoAPinnedHostCopyKeepsItsRegistrationUntilShutdow
   EXPECT_EQ(reg->registered(), pool_ranges) << "a quarantined copy left registered at shutdown";
   EXPECT_EQ(reg->unknown(), 0) << "unregistered a range that was never registered";
   EXPECT_EQ(reg->twice(), 0);
+}
+
+// The filler's staging buffer (an adding piece from device memory into a cpu home goes through it,
+// here in three parts) is page-locked within the store's pinned budget and counted there until the
+// filler goes; one byte short of room, it stays pageable (not registered, nothing counted). The
+// sums are the same either way.
+TEST(TierFaults, TheFillersStagingBufferIsPageLockedOnlyWithinThePinnedBudget) {
+  constexpr std::uint64_t kStaging = 8 << 10;
+  constexpr std::size_t kN = 5000;  // floats: 20000 bytes
+  for (const bool room : {true, false}) {
+    SCOPED_TRACE(room ? "room" : "one byte short");
+    RegisteringDevice* reg = nullptr;
+    st::RigOptions o;
+    watch_registrations(o, reg);
+    const std::uint64_t pool = std::uint64_t{o.pool_buffers} * o.pool_buffer_size;
+    o.pinned_budget = pool + kStaging - (room ? 0 : 1);
+    st::StoreRig rig(o);
+    const std::size_t pool_ranges = reg->registered();
+    ASSERT_EQ(rig.store->usage(Tier::kCpu).pinned, pool);
+    std::vector<float> a(kN), b(kN), sum(kN);
+    std::mt19937 rng(room ? 3 : 4);
+    std::normal_distribution<float> d(0, 5);
+    for (std::size_t i = 0; i < kN; ++i) {
+      a[i] = d(rng);
+      b[i] = d(rng);
+      sum[i] = a[i] + b[i];
+    }
+    const auto bytes_of = [](const std::vector<float>& v) {
+      std::vector<std::uint8_t> out(v.size() * sizeof(float));
+      std::memcpy(out.data(), v.data(), out.size());
+      return out;
+    };
+    const BufferId id = rig.add("grad", Tier::kCpu, bytes_of(a));
+    {
+      tier::Filler filler(*rig.store, {id}, 20s, nullptr, DType::kFp32, DType::kFp32, kStaging);
+      st::CallerMemory src(*rig.device, Tier::kGpu, kN * sizeof(float));
+      src.put(bytes_of(b));
+      filler.begin(tier::Filler::Mode::kAccumulate);
+      filler.fill(0, 0, kN * sizeof(float), src.data(), Tier::kGpu);
+      filler.end();
+      EXPECT_EQ(reg->registered(), pool_ranges + (room ? 1 : 0));
+      EXPECT_EQ(rig.store->usage(Tier::kCpu).pinned, pool + (room ? kStaging : 0));
+    }
+    EXPECT_EQ(reg->registered(), pool_ranges) << "the filler left its staging buffer registered";
+    EXPECT_EQ(rig.store->usage(Tier::kCpu).pinned, pool) << "the filler kept its reservation";
+    EXPECT_EQ(rig.read(id, Tier::kCpu, kN * sizeof(float)), bytes_of(sum));
+    rig.store.reset();
+    EXPECT_EQ(reg->unknown(), 0);
+    EXPECT_EQ(reg->twice(), 0);
+  }
 }
 
 // A pinned (pin_memory) host block's pending version is page-locked as the block's copies are,

@@ -52,6 +52,7 @@ struct RigOptions {
   std::uint64_t gpu_budget = 64 << 20;
   std::uint64_t host_budget = 64 << 20;
   std::uint64_t nvme_capacity = 16 << 20;
+  std::uint64_t pinned_budget = ~0ULL;  // tiers.host.pinned_budget (the pool counts in it)
   bool checksum = true;
   DirectIoMode direct_io = DirectIoMode::kAuto;
   std::uint32_t movers = 2;
@@ -126,6 +127,7 @@ struct StoreRig {
     so.gpu_budget = o.gpu_budget;
     so.host_budget = o.host_budget;
     so.nvme_capacity = o.nvme_capacity;
+    so.pinned_budget = o.pinned_budget;
     so.nvme_paths = {dir.str()};
     so.block_size = 64 << 10;
     so.checksum = o.checksum;
