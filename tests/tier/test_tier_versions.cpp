@@ -136,8 +136,6 @@ TwoVersions two_versions(st::StoreRig& rig, Tier home, std::uint64_t seed) {
 
 class PinnedVersion : public ::testing::TestWithParam<Case> {};
 
-}  // namespace
-
 // The pinned version reads back unchanged after the block was rewritten (twice), from host and
 // device memory, whole and in a range; the committed version is the new data; copy-on-write holds
 // exactly one copy (NVMe: the old slot; memory: a staging copy in the block's tier) until unpin.
@@ -195,7 +193,6 @@ TEST_P(PinnedVersion, ReadsBackUnchangedAfterRewrites) {
                    [&] { rig.store->read_pinned(s, id, 0, 0, nullptr).wait(); });
 }
 
-namespace {
 std::vector<Case> all_cases() {
   std::vector<Case> out;
   for (Tier home : st::kAllTiers)
@@ -430,8 +427,6 @@ class PendingVersion : public ::testing::TestWithParam<Tier> {};
 
 std::string home_name(const ::testing::TestParamInfo<Tier>& i) { return tier_name(i.param); }
 
-}  // namespace
-
 // A pending version is written beside the committed one, never read before commit; commit makes
 // it the contents (its storage counted in the home tier until then), discard drops it.
 TEST_P(PendingVersion, CommitReplacesDiscardKeeps) {
@@ -498,6 +493,8 @@ TEST_P(PendingVersion, ComposesWithAPin) {
 
 INSTANTIATE_TEST_SUITE_P(EveryTier, PendingVersion,
                          ::testing::Values(Tier::kGpu, Tier::kCpu, Tier::kNvme), home_name);
+
+}  // namespace
 
 // A failed write of a pending version (I/O error, corrupted data is caught at the read after the
 // commit) leaves the committed version and the store usable; commit is refused, discard works.

@@ -126,8 +126,6 @@ struct Case {
 
 class AsyncCheckpoint : public ::testing::TestWithParam<Case> {};
 
-}  // namespace
-
 // Save asynchronously at step 5, train 4 more steps while the writer is held back (every state
 // block copy-on-write), commit: the checkpoint loads bitwise equal to a blocking save at step 5,
 // and the training went on bitwise as a run that never saved. The save call copies no parameter
@@ -193,6 +191,8 @@ INSTANTIATE_TEST_SUITE_P(StagesRanksTiers, AsyncCheckpoint, ::testing::ValuesIn(
                            return strcat("stage", i.param.stage, "_ranks", i.param.world, "_",
                                          tier_name(i.param.state), "_", dtype_name(i.param.params));
                          });
+
+}  // namespace
 
 // The fallback: a checkpoint whose parameters are not their master's rounding (saved blocking
 // after a write into the parameters' memory behind the engine's back, as a Python `.data` view
