@@ -111,6 +111,11 @@ class Filler {
   // True when every piece of ticket <= t has completed (non-blocking; collects what finished).
   bool done(Ticket t);
   void poll() { (void)done(0); }
+  // True when this round's pieces of buffer k are all the store's own operations (a plain copy
+  // into a memory home): an operation submitted on the buffer later (a read) runs after them
+  // without waiting for done(). False for an nvme home (assembled in a pool buffer, written once
+  // complete) and for adding or converting rounds (on the filler's stream, outside the store).
+  bool in_store_order(std::size_t k) const { return !element_wise() && !bufs_.at(k).nvme(); }
   // Blocks until done(t) (each wait bounded by the timeout).
   void wait(Ticket t);
   // Waits for every piece, writes the partial buffers, zeroes the untouched ones, waits for the

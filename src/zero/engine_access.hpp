@@ -38,6 +38,9 @@ struct EngineAccess {
   static tier::StreamStats last_update(const Engine& e);
   // Statistics tiles the decisions took from the speculative update's (AheadStats), so far.
   static std::uint64_t stats_tiles_known_ahead(const Engine& e);
+  // Padded bytes of the pending versions the speculative update was given so far this step (the
+  // caller's count, made when chunks are handed to it, before its thread runs them).
+  static std::uint64_t speculation_bytes(const Engine& e);
   static tier::StreamStats measure(Engine& e, Measure what, bool pipelined = true);
   // The step's loops pipelined (default) or serial: read, compute, write, one chunk at a time.
   static void set_pipelined(Engine& e, bool on);

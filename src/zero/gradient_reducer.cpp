@@ -148,14 +148,20 @@ void GradientReducer::reset_micro_batch() {
   filled_.clear();
 }
 
-// The chunks it returns have their fills complete (the speculative update reads them next; an
-// accumulating or converting piece completes on the filler's stream, outside the store's order).
+// The chunks it returns have their fills complete, or queued in the store ahead of any read (the
+// speculative update reads them next through the store; an accumulating or converting piece
+// completes on the filler's stream, outside the store's order, and is waited for).
 std::vector<std::size_t> GradientReducer::take_filled_chunks(bool wait) {
   std::vector<std::size_t> out;
   if (filled_.empty()) return out;
   const auto t0 = Clock::now();
-  if (wait) fill_->wait(filled_.back().second);
-  while (!filled_.empty() && fill_->done(filled_.front().second)) {
+  if (wait) {  // for the last chunk whose fills are not queued in the store (and all before it)
+    const auto it = std::find_if(filled_.rbegin(), filled_.rend(),
+                                 [&](const auto& f) { return !fill_->in_store_order(f.first); });
+    if (it != filled_.rend()) fill_->wait(it->second);
+  }
+  while (!filled_.empty() &&
+         (fill_->in_store_order(filled_.front().first) || fill_->done(filled_.front().second))) {
     out.push_back(filled_.front().first);
     filled_.pop_front();
   }

@@ -97,11 +97,13 @@ class GradientReducer : private RankResources {
   // Stages 2-3, the speculative update (issue 26): the micro-batch being handed in (0: the first),
   // and the chunks whose gradient this micro-batch completed since the last call (every element
   // of the chunk's range filled in this micro-batch: their buckets retired), once per chunk and
-  // micro-batch, in the order they were filled, each with its fills complete: with `wait` every
-  // such chunk (waiting for its fills), else those whose fills have completed, the rest kept for a
-  // later call. Which chunks over the micro-batch: those whose buckets retired during the
-  // hand-ins, in the same order on every step with the same hand-in order (how they are split
-  // between calls follows the fills' speed).
+  // micro-batch, in the order they were filled, each with its fills complete or queued in the
+  // store (a plain copy into a memory home: the store runs a later read of the chunk after it):
+  // with `wait` every such chunk (waiting for the fills that are neither), else those whose fills
+  // have completed or are queued in the store, the rest kept for a later call. Which chunks over
+  // the micro-batch: those whose buckets retired during the hand-ins, in the same order on every
+  // step with the same hand-in order (how they are split between calls follows the fills' speed
+  // when adding or converting).
   std::size_t micro_batch() const { return micro_; }
   std::vector<std::size_t> take_filled_chunks(bool wait);
   // Every tensor of this micro-batch arrived: its last collectives are retired now (waited for;

@@ -290,6 +290,36 @@ TEST(GradOverlapSchedule, OneRankSharesABucketAtTheHandInThatCompletesIt) {
   });
 }
 
+// A chunk whose gradient is a plain copy into a memory home goes to the speculative update at the
+// hand-in that queued its copy: the store runs the update's read of the chunk after the copy, so
+// nothing waits for it to complete (the update started a bucket late when it waited: the exposed
+// time of strata bench step --backward grew by one bucket's update). One rank, stage 2, gradients
+// on cpu: the first bucket (the last in flat order) completes the last chunk ([7500, 8192) in
+// chunks of 1500), and its share's first copy is held; the update has that chunk before the copy
+// is let go. (Waiting for completed fills, it had nothing: the held piece's ticket is below the
+// chunk's.) Bitwise the unwatched engine.
+TEST(GradOverlapSchedule, AChunkCopiedInTheStoresOrderIsSpeculatedBeforeTheCopyCompletes) {
+  TempDir dir("strata-overlap");
+  Config cfg = overlap_config(2, Tier::kCpu, dir.str());
+  cfg.optimizer.overlap = OptimizerOverlap::kOn;
+  const auto want = reference(cfg, 4, 1);
+  auto comms = make_inprocess_communicators(1, 60.0);
+  OverlapRank r(cfg, *comms[0], 4, true);
+  r.make_grads(0, 0);
+  r.dev->hold(1, 1, false);
+  for (std::size_t i = 0; i < kTensorsPerBucket; ++i) r.backward_call(i);
+  EXPECT_GT(zero::EngineAccess::speculation_bytes(*r.e), 0u)
+      << "the completed chunk waited for its copy";
+  EXPECT_TRUE(eventually([&] { return r.dev->held_entered() == 1; }));
+  for (std::size_t i = kTensorsPerBucket; i + 1 < r.tensors; ++i) r.backward_call(i);
+  r.dev->open();
+  r.backward_call(r.tensors - 1);
+  const StepResult res = r.e->step();
+  EXPECT_EQ(res.committed_chunks, zero::EngineAccess::chunks(*r.e).size());
+  EXPECT_FALSE(r.dev->gate_timed_out());
+  expect_bitwise_equal(r.params(), want, "after the overlapped step");
+}
+
 // Several ranks make their bucket and receive buffers up to the caps strata plan counts
 // (min(ceil(F / B), 3) each: two collectives in flight and one bucket being filled; two in flight
 // and one share being copied out) in the first backward, and none after: how many a later step
