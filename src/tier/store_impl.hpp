@@ -340,6 +340,8 @@ class TierStore::Impl {
   void* copy_address(tier::Buf& b, Tier t);  // of a memory copy; takes mutex_
   // Page-locks the host copy of a pinned buffer (mutex_ not held), within pinned_budget.
   void lock_host(tier::Buf& b);
+  // The pinned budget has room for `bytes` once page-locked spares are dropped (as many as needed).
+  bool pinned_room_locked(std::uint64_t bytes) REQUIRES(mutex_);
   // The pinned budget's room for b's padded bytes, page-locked spares freed first, then counted;
   // Error(kBudget) naming `what` when it does not fit.
   void reserve_pinned_locked(const tier::Buf& b, const std::string& what) REQUIRES(mutex_);

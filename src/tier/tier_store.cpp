@@ -388,9 +388,13 @@ void TierStore::Impl::lock_host(Buf& b) {
   c.locked_by_device = by_device;
 }
 
+bool TierStore::Impl::pinned_room_locked(std::uint64_t bytes) {
+  drop_locked_spares_locked(bytes);
+  return pinned_used_ + bytes <= options_.pinned_budget;
+}
+
 void TierStore::Impl::reserve_pinned_locked(const Buf& b, const std::string& what) {
-  drop_locked_spares_locked(b.padded);
-  if (pinned_used_ + b.padded > options_.pinned_budget)
+  if (!pinned_room_locked(b.padded))
     fail(ErrorCode::kBudget, strcat("tier store: ", what, " (", b.padded,
                                     " bytes, pin_memory) does not fit in the pinned host memory: ",
                                     pinned_used_, " of ", options_.pinned_budget,
@@ -997,9 +1001,7 @@ void TierStore::Impl::unreserve(Tier t, std::uint64_t bytes) noexcept {
 
 bool TierStore::Impl::try_reserve_pinned(std::uint64_t bytes) {
   MutexLock lock(mutex_);
-  drop_locked_spares_locked(bytes);
-  if (pinned_used_ + bytes > options_.pinned_budget || !fits_locked(Tier::kCpu, bytes))
-    return false;
+  if (!pinned_room_locked(bytes) || !fits_locked(Tier::kCpu, bytes)) return false;
   pinned_used_ += bytes;
   used_[ti(Tier::kCpu)] += bytes;
   return true;
