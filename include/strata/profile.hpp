@@ -111,6 +111,12 @@ struct AdamMeasure {
   double seconds = 0;  // per step (best of the repeats)
   double params_per_second = 0;
   double bytes_per_second = 0;  // state bytes touched per second (fp32 p, m, v rw + grads r)
+  // CPU only: the same update out of place (the new state written beside the old, as the
+  // speculative update writes a pending version), alternating with the in-place one: its time /
+  // the in-place time, median of the pairs (0 = not measured).
+  double out_of_place_factor = 0;
+  // CPU only: a memcpy of a state array (one thread, as a tier store's mover copies), bytes/s.
+  double host_copy_bytes_per_second = 0;
 };
 
 struct CollectivePoint {
@@ -137,6 +143,15 @@ struct Bandwidths {
   double h2d_bps = 0;  // pinned host -> GPU
   double d2h_bps = 0;
   double cpu_adam_params_per_s = 0;
+  // CPU Adam over state resident in host memory (optimizer state in the cpu tier): a working set
+  // beyond the caches, read from and written to memory; 0 = cpu_adam_params_per_s.
+  double cpu_adam_memory_params_per_s = 0;
+  // The speculative update of memory-resident state runs out of place: its time / the in-place
+  // update's (AdamMeasure::out_of_place_factor); 0 = 1.
+  double cpu_adam_out_of_place_factor = 0;
+  // The commit of speculatively updated parameters held in host memory (no GPU: the host-emulated
+  // device's memory) is a host copy at this rate; 0 = not counted (a GPU's device-to-device copy).
+  double host_copy_bps = 0;
   double gpu_adam_params_per_s = 0;
   double reduce_scatter_busbw = 0;
   double all_gather_busbw = 0;
@@ -172,10 +187,12 @@ struct StepPrediction {
   std::vector<SubGroupLegs> legs;  // distinct sub-group shapes: full ones, then the last partial
   std::vector<std::uint64_t> legs_count;  // how many sub-groups have legs[i]
   double nvme_read_s = 0, nvme_write_s = 0, h2d_s = 0, d2h_s = 0;
-  double adam_s = 0;       // optimizer compute over the whole partition (cpu + gpu share)
-  double network_s = 0;    // reduce-scatter of gradients + all-gather of parameters
-  double serial_s = 0;     // optimizer step, legs one after another: sum over sub-groups
-  double pipelined_s = 0;  // first sub-group's legs (fill/drain) + slot of each further one
+  double adam_s = 0;         // optimizer compute over the whole partition (cpu + gpu share)
+  double adam_memory_s = 0;  // of which over state resident in host memory (cpu tier)
+  double adam_gpu_s = 0;     // of which over state on the GPU
+  double network_s = 0;      // reduce-scatter of gradients + all-gather of parameters
+  double serial_s = 0;       // optimizer step, legs one after another: sum over sub-groups
+  double pipelined_s = 0;    // first sub-group's legs (fill/drain) + slot of each further one
   // What the tiers add to a step over an in-GPU optimizer: step - adam + network.
   double overhead_serial_s = 0;
   double overhead_pipelined_s = 0;
@@ -207,30 +224,40 @@ struct OverlapShape {
   int stage = 2;
   std::uint64_t model_elements = 0;   // the flat space; 0: the rank's range (the whole backward)
   std::uint64_t bucket_elements = 0;  // 0: one piece per chunk
+  // Stage 2: the rank's share of the flat parameters, which the model holds, so the commit copies
+  // the speculation's new parameters in (stage 3's parameter blocks are swapped, not copied).
+  std::uint64_t param_commit_bytes = 0;
 };
 OverlapShape overlap_shape(const Config& config);
 
 // The model: the pieces become final evenly over the window, and the update works through them in
-// that order at the step's pipelined pace (W = pipelined_s), each once it is final and the one
-// before it is done. The update then ends max over j < n of ((j + 1) W - j T') / n after the last
-// gradient: W / n (the last piece alone) when the window is the longer, W - T' (n - 1) / n when
-// the update is (stages 0-1: W). Not counted: the hand-ins' copies, the last bucket's reduction,
-// the decision and the commit after the backward, and a clip or an overflow (a rollback: the
-// serial step again); a bound from below.
+// that order at the speculative pace W_s, each once it is final and the one before it is done.
+// W_s is the step's pipelined time W (pipelined_s) with the Adam of memory-resident state out of
+// place (W + (f - 1) adam_memory_s, f = Bandwidths::cpu_adam_out_of_place_factor): the update
+// writes pending versions beside the committed state. The update then ends max over j < n of
+// ((j + 1) W_s - j T') / n after the last gradient: W_s / n (the last piece alone) when the window
+// is the longer, W_s - T' (n - 1) / n when the update is (stages 0-1: the serial W). State on the
+// GPU is not speculated: its update (adam_gpu_s) runs after the decision, beside the rest. Then
+// the commit copies the new parameters in (param_commit_bytes at host_copy_bps). Not counted:
+// the hand-ins' copies (which share the CPU and memory with the update during the backward), the
+// last bucket's reduction, the decision, and a clip or an overflow (a rollback: the serial step
+// again); a bound from below.
 struct OverlapPrediction {
   double backward_s = 0;           // T, given
   std::uint64_t chunks = 0;        // the step's sub-groups
   std::uint64_t pieces = 0;        // n: the pieces in which the rank's gradients become final
   double window_s = 0;             // T': the part of the backward that hands in the rank's range
   double optimizer_s = 0;          // W, the serial optimizer step it hides (pipelined_s)
-  double exposed_s = 0;            // the update's time after the last gradient
+  double speculative_s = 0;        // W_s: the same update into pending versions
+  double commit_s = 0;             // the parameters' commit copy after the decision (0: none)
+  double exposed_s = 0;            // the update's time after the last gradient, with the commit
   double backward_and_step_s = 0;  // T + exposed_s
   double serial_s = 0;             // T + W: backward, then the whole step
 };
 
 // Pure. Throws Error(kInvalidArgument) for a negative or non-finite backward_s.
 OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
-                                  const OverlapShape& shape = {});
+                                  const OverlapShape& shape = {}, const Bandwidths& bw = {});
 
 // ---- the sample step
 // -----------------------------------------------------------------------------

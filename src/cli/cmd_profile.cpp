@@ -39,7 +39,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds,
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
                                    algbw_bytes_per_second, busbw_bytes_per_second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, pieces, window_s,
-                                   optimizer_s, exposed_s, backward_and_step_s, serial_s)
+                                   optimizer_s, speculative_s, commit_s, exposed_s,
+                                   backward_and_step_s, serial_s)
 }  // namespace strata
 
 namespace cmd_profile {
@@ -141,6 +142,8 @@ json prediction_json(const strata::StepPrediction& p) {
           {"host_to_device_s", p.h2d_s},
           {"device_to_host_s", p.d2h_s},
           {"adam_s", p.adam_s},
+          {"adam_memory_s", p.adam_memory_s},
+          {"adam_gpu_s", p.adam_gpu_s},
           {"network_s", p.network_s},
           {"optimizer_step_serial_s", p.serial_s},
           {"optimizer_step_pipelined_s", p.pipelined_s},
@@ -165,7 +168,9 @@ json adam_json(const strata::AdamMeasure& a) {
           {"elements", a.elements},
           {"seconds", a.seconds},
           {"params_per_second", a.params_per_second},
-          {"bytes_per_second", a.bytes_per_second}};
+          {"bytes_per_second", a.bytes_per_second},
+          {"out_of_place_factor", a.out_of_place_factor},
+          {"host_copy_bytes_per_second", a.host_copy_bytes_per_second}};
 }
 
 json pool_json(const strata::PoolUse& p) {
@@ -386,6 +391,11 @@ std::string pct(double f) {
   std::snprintf(buf, sizeof buf, "%+.1f%%", f * 100.0);
   return buf;
 }
+std::string fixed2(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", f);
+  return buf;
+}
 std::string rate_params(double p) {
   return strata::format_count(static_cast<std::uint64_t>(p)) + " params/s";
 }
@@ -457,8 +467,11 @@ void print_compute(std::ostream& o, const strata::ProfileReport& r) {
   const auto& ca = r.cpu_adam;
   o << "  CPU Adam (" << ca.device << ", " << strata::format_count(ca.elements)
     << " elements): " << rate_params(ca.params_per_second) << ", "
-    << format_rate(ca.bytes_per_second) << " of state\n";
-  o << "  memory bandwidth (triad, " << r.triad_threads
+    << format_rate(ca.bytes_per_second) << " of state";
+  if (ca.out_of_place_factor > 0)
+    o << "; out of place (as the speculative update writes) x" << fixed2(ca.out_of_place_factor)
+      << " the time; a host copy " << format_rate(ca.host_copy_bytes_per_second) << " (1 thread)";
+  o << "\n  memory bandwidth (triad, " << r.triad_threads
     << " threads): " << format_rate(r.triad_bytes_per_second);
   if (r.triad_bytes_per_second > 0)
     o << "; CPU Adam reaches "
@@ -620,8 +633,15 @@ void print_overlap(std::ostream& o, const strata::OverlapPrediction& v, const st
     if (v.pieces < v.chunks)
       o << "  a smaller zero.reduce_bucket_size makes them final in more pieces: less exposed\n";
   }
-  o << "  optimizer step " << secs(v.optimizer_s) << ", exposed after the last gradient "
-    << secs(v.exposed_s) << " (at least: the decision and the commit are not counted)\n"
+  o << "  optimizer step " << secs(v.optimizer_s);
+  if (c.zero.stage >= 2 && v.speculative_s > v.optimizer_s)
+    o << " (" << secs(v.speculative_s) << " into pending versions: memory-resident state "
+      << "updated out of place)";
+  o << ", exposed after the last gradient " << secs(v.exposed_s);
+  if (v.commit_s > 0) o << " (of which the parameters' commit copy " << secs(v.commit_s) << ")";
+  o << "\n  at least: the hand-ins' copies during the backward, the last bucket's reduction and "
+       "the "
+    << "decision are not counted\n"
     << "  backward + step " << secs(v.backward_and_step_s) << ", serial (backward, then step) "
     << secs(v.serial_s) << "\n";
   if (c.optimizer.overlap == strata::OptimizerOverlap::kOff)
@@ -754,8 +774,8 @@ const bool kRegistered = strata::cli::register_command(
          json j = report_json(r);
          std::optional<strata::OverlapPrediction> overlap;
          if (o->backward >= 0) {
-           overlap =
-               strata::predict_overlap(r.configured, o->backward, strata::overlap_shape(config));
+           overlap = strata::predict_overlap(r.configured, o->backward,
+                                             strata::overlap_shape(config), r.bandwidths);
            j["model"]["overlap"] = overlap_json(*overlap, config);
          }
          j["recommendation"]["tuned_config"] =

@@ -35,6 +35,8 @@ Config bench_config(const CheckpointBenchOptions& o) {
   cfg.world.ranks = 1;
   cfg.world.ranks_per_node = 1;
   if (cfg.zero.stage < 1) cfg.zero.stage = 1;  // the optimizer state leaves the gpu at stage >= 1
+  if (cfg.zero.stage < 2 && cfg.optimizer.overlap == OptimizerOverlap::kOn)
+    cfg.optimizer.overlap = OptimizerOverlap::kAuto;  // serial at stage 1, as `auto` says
   cfg.offload.optimizer.tier = o.state;
   cfg.offload.optimizer.fraction = 1.0;
   cfg.offload.optimizer.pin_memory = o.state == Tier::kCpu;

@@ -79,6 +79,36 @@ double adam_bytes_per_element(const Config& c) {
                                              : static_cast<double>(dtype_size(c.precision.params)));
 }
 
+// n floats, page-aligned (std::vector's large blocks are not even 64-byte aligned), zeroed.
+struct AlignedFloats {
+  explicit AlignedFloats(std::size_t n)
+      : data(static_cast<float*>(std::aligned_alloc(kPage, round_up_page(n * sizeof(float))))) {
+    if (!data && n)
+      fail(ErrorCode::kOutOfMemory,
+           strcat("profile: CPU Adam's out-of-place arrays: cannot allocate ", n * 4, " bytes"));
+    if (data) std::memset(data, 0, n * sizeof(float));
+  }
+  ~AlignedFloats() { std::free(data); }
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  static constexpr std::size_t kPage = 4096;
+  static std::size_t round_up_page(std::size_t b) { return (b + kPage - 1) / kPage * kPage; }
+  float* data;
+};
+
+// One thread's memcpy of `bytes` (as a tier store's mover copies a host buffer), median of 5.
+double host_copy_rate(void* to, const void* from, std::size_t bytes) {
+  if (bytes == 0) return 0;
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    Stopwatch sw;
+    std::memcpy(to, from, bytes);
+    t.push_back(sw.seconds());
+  }
+  const double s = median(t);
+  return s > 0 ? static_cast<double>(bytes) / s : 0.0;
+}
+
 }  // namespace
 
 AdamMeasure measure_cpu_adam(const Config& c, std::uint64_t elements) {
@@ -104,11 +134,23 @@ AdamMeasure measure_cpu_adam(const Config& c, std::uint64_t elements) {
   t.param_copy_dtype = c.precision.params == DType::kFp32 ? DType::kBf16 : c.precision.params;
   t.n = n;
   const AdamParams hp = AdamParams::from_config(c.optimizer);
-  std::vector<double> times;
-  for (int i = 0; i < 6; ++i) {
+  // Out of place: into arrays aligned as the store's pending versions are (non-temporal stores).
+  const AlignedFloats po(n), mo(n), vo(n);
+  AdamTensors out = t;
+  out.param_out = po.data;
+  out.exp_avg_out = mo.data;
+  out.exp_avg_sq_out = vo.data;
+  std::vector<double> times, factors;
+  for (int i = 0; i < 6; ++i) {  // in place, then out of place, alternating
     Stopwatch sw;
     adam.step(hp, t, {i + 1, 1.0f, false});
-    if (i > 0) times.push_back(sw.seconds());  // the first touches the pages
+    const double in_place = sw.seconds();
+    Stopwatch so;
+    adam.step(hp, out, {i + 1, 1.0f, false});
+    const double out_of_place = so.seconds();
+    if (i == 0) continue;  // the first touches the pages
+    times.push_back(in_place);
+    factors.push_back(out_of_place / in_place);
   }
   m.measured = true;
   m.device = strcat("cpu ", adam_path_name(adam.path()), " x", adam.threads());
@@ -116,6 +158,8 @@ AdamMeasure measure_cpu_adam(const Config& c, std::uint64_t elements) {
   m.seconds = median(times);
   m.params_per_second = static_cast<double>(n) / m.seconds;
   m.bytes_per_second = m.params_per_second * adam_bytes_per_element(c);
+  m.out_of_place_factor = median(factors);
+  m.host_copy_bytes_per_second = host_copy_rate(po.data, p.data(), n * sizeof(float));
   return m;
 }
 

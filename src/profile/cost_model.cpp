@@ -40,6 +40,11 @@ double excess(double a, double b) {
 
 double seconds(double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; }
 
+double memory_rate(const Bandwidths& bw) {
+  return bw.cpu_adam_memory_params_per_s > 0 ? bw.cpu_adam_memory_params_per_s
+                                             : bw.cpu_adam_params_per_s;
+}
+
 // Wall time the CPU needs for a sub-group when the legs overlap: Adam's CPU-seconds and the I/O's,
 // over the cores. Adam's share is capped at its own wall time (it cannot need the cores for longer
 // than it runs; a noisy CPU-time sample must not invent overhead).
@@ -76,7 +81,7 @@ void finish_pipeline(StepPrediction& p, bool duplex) {
 // Every byte the plan moves over a tier link per step is spread over the optimizer's sub-groups
 // in proportion to their elements (the legs of a full sub-group, and of the remainder); with
 // nothing of the optimizer offloaded, the transfers form one group of their own.
-void spread_legs(StepPrediction& p, const LinkTraffic& t, const Bandwidths& bw) {
+void spread_legs(StepPrediction& p, const LinkTraffic& t, const Bandwidths& bw, double adam_rate) {
   const bool any_transfer = t.nvme_read || t.nvme_write || t.host_to_device || t.device_to_host;
   const std::uint64_t spread = p.offloaded_elements ? p.offloaded_elements : (any_transfer ? 1 : 0);
   if (spread) {
@@ -92,7 +97,7 @@ void spread_legs(StepPrediction& p, const LinkTraffic& t, const Bandwidths& bw) 
           seconds(share * static_cast<double>(t.nvme_read + t.nvme_write), bw.nvme_mixed_bps);
       l.h2d_s = seconds(share * static_cast<double>(t.host_to_device), bw.h2d_bps);
       l.d2h_s = seconds(share * static_cast<double>(t.device_to_host), bw.d2h_bps);
-      l.adam_s = seconds(static_cast<double>(l.elements), bw.cpu_adam_params_per_s);
+      l.adam_s = seconds(static_cast<double>(l.elements), adam_rate);
       if (bw.cores > 0)
         l.cpu_s = cpu_bound(share * static_cast<double>(t.nvme_read + t.nvme_write),
                             static_cast<double>(l.elements), l.adam_s, bw);
@@ -158,12 +163,16 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
       p.optimizer_elements - std::min(p.optimizer_elements, p.offloaded_elements);
   p.sub_group_elements = std::max<std::uint64_t>(c.zero.sub_group_size, 1);
   const LinkTraffic& t = layout.traffic;
-  spread_legs(p, t, bw);
+  // Memory-resident state at the memory rate, NVMe state (through the pool) at the staged one;
+  // the sub-groups mix them in proportion (the rate they average to).
+  const double cpu_adam = seconds(static_cast<double>(off_cpu), memory_rate(bw)) +
+                          seconds(static_cast<double>(off_nvme), bw.cpu_adam_params_per_s);
+  spread_legs(p, t, bw, cpu_adam > 0 ? static_cast<double>(p.offloaded_elements) / cpu_adam : 0.0);
   finish_pipeline(p, bw.nvme_duplex);
-  const double cpu_adam =
-      seconds(static_cast<double>(p.offloaded_elements), bw.cpu_adam_params_per_s);
   const double gpu_adam = seconds(static_cast<double>(on_gpu), bw.gpu_adam_params_per_s);
   p.adam_s = cpu_adam + gpu_adam;
+  p.adam_gpu_s = gpu_adam;
+  p.adam_memory_s = seconds(static_cast<double>(off_cpu), memory_rate(bw));
   // The GPU share of the optimizer runs beside the CPU pipeline.
   p.serial_s += gpu_adam;
   p.pipelined_s = std::max(p.pipelined_s, gpu_adam);
@@ -205,11 +214,15 @@ OverlapShape overlap_shape(const Config& config) {
   s.stage = config.zero.stage;
   s.model_elements = config.model.parameters;
   s.bucket_elements = config.zero.reduce_bucket_size;
+  if (s.stage == 2)
+    s.param_commit_bytes = config.model.parameters /
+                           std::max<std::uint32_t>(config.world.ranks, 1) *
+                           dtype_size(config.precision.params);
   return s;
 }
 
 OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
-                                  const OverlapShape& shape) {
+                                  const OverlapShape& shape, const Bandwidths& bw) {
   if (!(backward_s >= 0) || !std::isfinite(backward_s))
     fail(ErrorCode::kInvalidArgument,
          strcat("profile: backward time ", backward_s, " s: must be a finite number >= 0"));
@@ -225,11 +238,19 @@ OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
     o.window_s =
         backward_s * static_cast<double>(range) / static_cast<double>(shape.model_elements);
   o.optimizer_s = step.pipelined_s;
-  const double n = static_cast<double>(o.pieces), w = o.optimizer_s, t = o.window_s;
-  // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
-  o.exposed_s = shape.stage < 2 ? w : std::max(w / n, (n * w - (n - 1) * t) / n);
+  if (shape.stage < 2) {
+    o.speculative_s = o.exposed_s = o.optimizer_s;
+  } else {
+    const double f = bw.cpu_adam_out_of_place_factor > 0 ? bw.cpu_adam_out_of_place_factor : 1.0;
+    o.speculative_s = o.optimizer_s + (f - 1) * step.adam_memory_s;
+    const double n = static_cast<double>(o.pieces), w = o.speculative_s, t = o.window_s;
+    // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
+    o.exposed_s = std::max(std::max(w / n, (n * w - (n - 1) * t) / n), step.adam_gpu_s);
+    o.commit_s = seconds(static_cast<double>(shape.param_commit_bytes), bw.host_copy_bps);
+    o.exposed_s += o.commit_s;
+  }
   o.backward_and_step_s = backward_s + o.exposed_s;
-  o.serial_s = backward_s + w;
+  o.serial_s = backward_s + o.optimizer_s;
   return o;
 }
 

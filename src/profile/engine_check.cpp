@@ -174,6 +174,7 @@ Config check_config(const Config& c, const std::vector<std::string>& paths, int 
   cfg.model = ModelConfig{};
   cfg.model.parameters = elements;
   cfg.tiers.nvme.paths = paths;
+  cfg.optimizer.overlap = OptimizerOverlap::kOff;  // the serial step, which the model predicts
   const std::uint64_t per_rank =
       std::max<std::uint64_t>(elements / static_cast<std::uint64_t>(n), 1);
   cfg.zero.sub_group_size = std::max<std::uint64_t>(std::min(sub_group, per_rank), 1);
@@ -271,9 +272,11 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
 
   // The prediction from the profile's legs: the optimizer step from the sample step's rates (the
   // engine keeps its state in host memory, so its "gpu" optimizer share runs at the CPU Adam
-  // rate), + the step's collectives and the gradient passes measured alone above.
+  // rate over memory), + the step's collectives and the gradient passes measured alone above.
   Bandwidths b = bw;
-  if (b.gpu_adam_params_per_s <= 0) b.gpu_adam_params_per_s = b.cpu_adam_params_per_s;
+  if (b.gpu_adam_params_per_s <= 0)
+    b.gpu_adam_params_per_s = b.cpu_adam_memory_params_per_s > 0 ? b.cpu_adam_memory_params_per_s
+                                                                 : b.cpu_adam_params_per_s;
   ec.prediction = predict_step(cfg, layout, b);
   ec.prediction.network_s = network;
   double optimizer = std::max(ec.prediction.pipelined_s, 0.0);

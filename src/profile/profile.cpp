@@ -65,7 +65,7 @@ Sizes mode_sizes(ProfileMode mode) {
   s.io_passes = pick(1u, 2u, 2u, 3u);
   s.copy_sizes = pick(U64s{1 * M}, U64s{1 * M, 16 * M, 64 * M},
                       U64s{1 * M, 4 * M, 16 * M, 64 * M, 256 * M, 1 * G}, doubling(1 * M, 1 * G));
-  s.adam_elements = pick(256 * K, 4 * M, 16 * M, 64 * M);
+  s.adam_elements = pick(256 * K, 16 * M, 16 * M, 64 * M);  // quick: beyond the caches too
   s.gpu_adam_elements = pick(1 * M, 16 * M, 64 * M, 256 * M);
   s.triad_bytes = pick(24 * M, 96 * M, 192 * M, 1536 * M);
   s.collective_sizes = pick(U64s{256 * K}, U64s{1 * M, 16 * M}, U64s{1 * M, 16 * M},
@@ -481,6 +481,14 @@ class ProfileRun {
     bw.nvme_mixed_bps =
         r_.sample.tier_mixed_bps * std::min(sh.nvme_read_factor, sh.nvme_write_factor);
     bw.cpu_adam_params_per_s = r_.sample.adam_params_per_s * sh.cpu_factor;
+    // State in host memory: Adam over arrays beyond the caches (the sample's pool buffers are
+    // small and reused). The engine's rate, not a per-thread one: shared like the sample's.
+    if (r_.cpu_adam.measured) {
+      bw.cpu_adam_memory_params_per_s = r_.cpu_adam.params_per_second * sh.cpu_factor;
+      bw.cpu_adam_out_of_place_factor = r_.cpu_adam.out_of_place_factor;
+      const bool gpu = r_.environment.has_gpu && config_.runtime.device != DeviceKind::kHost;
+      if (!gpu) bw.host_copy_bps = r_.cpu_adam.host_copy_bytes_per_second;  // no GPU memory
+    }
     bw.cpu_s_per_nvme_byte = r_.sample.cpu_s_per_nvme_byte;
     bw.cpu_s_per_adam_element = r_.sample.cpu_s_per_adam_element;
     bw.cores = std::max(1.0, sh.cores_per_rank);

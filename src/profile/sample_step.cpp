@@ -83,6 +83,7 @@ class Sample {
     e.world.ranks = 1;
     e.world.ranks_per_node = 1;
     e.zero.stage = 1;
+    e.optimizer.overlap = OptimizerOverlap::kOff;  // the serial step (stage 1 has no overlap)
     e.zero.sub_group_size = elements;
     e.offload.optimizer = {Tier::kNvme, 1.0, false};
     e.offload.gradients = {Tier::kGpu, 1.0, false};

@@ -173,6 +173,7 @@ StepBenchResult run_step_bench(const StepBenchOptions& o) {
   Config cfg = o.config;
   cfg.world.ranks = 1;
   cfg.world.ranks_per_node = 1;
+  cfg.optimizer.overlap = OptimizerOverlap::kOff;  // the optimizer step alone: no backward
   const std::size_t n = o.elements;
   StepBenchResult res;
   res.elements = n;

@@ -78,6 +78,20 @@ TEST(BenchCheckpointCli, TinyRunReportsEveryField) {
   EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
 }
 
+// A config with optimizer.overlap: on at stage 1 (which cannot speculate) is benched as `auto`
+// says (serially there), not refused.
+TEST(BenchCheckpointCli, OverlapOnAtStageOneRunsSerially) {
+  TempDir swap("strata-bench-ckpt-swap"), dir("strata-bench-ckpt");
+  std::string out;
+  const int rc = run_bench(source_dir() + "/configs/default.yaml --params 20000 --rounds 1" +
+                               " --steps 2 --state cpu --set zero.stage=1" +
+                               " --set optimizer.overlap=on --set runtime.cpu_threads=1" +
+                               " --dir " + dir.str() + " --json",
+                           &out);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(json::parse(out)["results"].size(), 1u) << out;
+}
+
 TEST(BenchCheckpointCli, HelpAndRefusals) {
   std::string out;
   ASSERT_EQ(run_bench("--help", &out), 0);

@@ -38,6 +38,15 @@ Bandwidths synthetic() {
   return bw;
 }
 
+// A predicted step of `chunks` sub-groups whose pipelined time is w, over `elements`.
+StepPrediction step_of(std::uint64_t chunks, double w, std::uint64_t elements = 0) {
+  StepPrediction p;
+  p.sub_groups = chunks;
+  p.pipelined_s = w;
+  p.optimizer_elements = elements;
+  return p;
+}
+
 }  // namespace
 
 TEST(CostModel, PlanTrafficOverSubGroupsSerialAndPipelined) {
@@ -146,9 +155,7 @@ TEST(CostModel, NothingOffloaded) {
 // The step hidden behind a backward of T: W = 8 s over n = 4 chunks (2 s each). The update ends
 // max over j < n of ((j + 1) W - j T) / n after the last gradient.
 TEST(CostModel, OverlapExposesTheLastChunkOrWhatTheBackwardCannotHide) {
-  StepPrediction p;
-  p.sub_groups = 4;
-  p.pipelined_s = 8;
+  StepPrediction p = step_of(4, 8);
   // The backward is the longer: only the last chunk's update is left (W / n).
   OverlapPrediction v = predict_overlap(p, 20);
   EXPECT_EQ(v.chunks, 4u);
@@ -177,10 +184,7 @@ TEST(CostModel, OverlapExposesTheLastChunkOrWhatTheBackwardCannotHide) {
 // The engine's schedule (overlap_shape): a rank's gradients become final bucket by bucket, during
 // the part of the backward that hands its range in. W = 8 s over 8 chunks of a range of 8000.
 TEST(CostModel, OverlapCountsTheBucketsAndTheRanksWindow) {
-  StepPrediction p;
-  p.sub_groups = 8;
-  p.optimizer_elements = 8000;
-  p.pipelined_s = 8;
+  const StepPrediction p = step_of(8, 8, 8000);
   OverlapShape s;
   s.bucket_elements = 4000;  // two pieces of four chunks: the last four after the last gradient
   OverlapPrediction v = predict_overlap(p, 20, s);
@@ -216,6 +220,60 @@ TEST(CostModel, OverlapCountsTheBucketsAndTheRanksWindow) {
   EXPECT_EQ(s.stage, 3);
   EXPECT_EQ(s.model_elements, 123456u);
   EXPECT_EQ(s.bucket_elements, 789u);
+  EXPECT_EQ(s.param_commit_bytes, 0u);  // stage 3's parameter blocks are swapped at the commit
+  c.zero.stage = 2;  // the rank's share of the flat parameters (fp16 by default) is copied in
+  c.world.ranks = 4;
+  EXPECT_EQ(overlap_shape(c).param_commit_bytes, 123456u / 4 * 2);
+}
+
+// The speculation writes memory-resident state out of place: W_s = W + (f - 1) x its Adam time;
+// state on the GPU is not speculated (its update runs after the decision); the commit then copies
+// the new parameters in. W = 8 s over 4 chunks, of which 6 s Adam over host-memory state.
+TEST(CostModel, OverlapUpdatesMemoryStateOutOfPlaceAndCommitsTheParameters) {
+  StepPrediction p = step_of(4, 8);
+  p.adam_memory_s = 6;
+  Bandwidths bw;
+  bw.cpu_adam_out_of_place_factor = 1.5;
+  bw.host_copy_bps = 1e9;
+  OverlapShape s;
+  s.param_commit_bytes = 2'000'000'000;  // 2 s
+  OverlapPrediction v = predict_overlap(p, 20, s, bw);
+  EXPECT_DOUBLE_EQ(v.optimizer_s, 8);
+  EXPECT_DOUBLE_EQ(v.speculative_s, 8 + 0.5 * 6);
+  EXPECT_DOUBLE_EQ(v.commit_s, 2);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 11.0 / 4 + 2);  // the last chunk, then the commit
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 4, s, bw).exposed_s, (4 * 11.0 - 3 * 4) / 4 + 2);
+  EXPECT_DOUBLE_EQ(v.serial_s, 28);  // the serial step: in place, no commit
+  // State on the GPU: its 9 s update waits for the decision.
+  p.adam_gpu_s = 9;
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s, bw).exposed_s, 9 + 2);
+  p.adam_gpu_s = 0;
+  // Not measured: in place, nothing copied (a GPU's device-to-device commit is not counted).
+  v = predict_overlap(p, 20, s, Bandwidths{});
+  EXPECT_DOUBLE_EQ(v.speculative_s, 8);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 2);
+  // Stages 0-1: the serial step, as measured in place.
+  s.stage = 1;
+  v = predict_overlap(p, 20, s, bw);
+  EXPECT_DOUBLE_EQ(v.exposed_s, 8);
+  EXPECT_DOUBLE_EQ(v.commit_s, 0);
+}
+
+// Optimizer state in host memory runs at the memory rate (arrays beyond the caches), state on
+// NVMe at the staged rate of the sample step (its pool buffers).
+TEST(CostModel, MemoryResidentStateRunsAtTheMemoryRate) {
+  Config c = nvme_config(1, 0.5);  // half on NVMe; the rest to the cpu tier below
+  c.offload.optimizer.tier = Tier::kCpu;
+  Bandwidths bw = synthetic();
+  bw.cpu_adam_memory_params_per_s = 5e6;  // half the staged rate
+  StepPrediction p = predict_step(c, make_plan(c).configured, bw);
+  ASSERT_EQ(p.offloaded_elements, 500'000u);
+  EXPECT_NEAR(p.adam_memory_s, 0.1, 1e-12);  // 500K at 5M/s
+  EXPECT_NEAR(p.adam_s, 0.1 + p.adam_gpu_s, 1e-12);
+  EXPECT_NEAR(p.legs[0].adam_s, 0.06, 1e-12);  // 300K of them
+  bw.cpu_adam_memory_params_per_s = 0;         // not measured: the staged rate
+  p = predict_step(c, make_plan(c).configured, bw);
+  EXPECT_NEAR(p.adam_memory_s, 0.05, 1e-12);
 }
 
 TEST(CostModel, Sample) {

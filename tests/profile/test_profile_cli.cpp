@@ -180,7 +180,21 @@ TEST_F(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
   EXPECT_EQ(ov["pieces"], 1);
   EXPECT_DOUBLE_EQ(ov["window_s"].get<double>(),
                    0.25 * step["optimizer_elements"].get<double>() / 20e6);
-  EXPECT_DOUBLE_EQ(ov["exposed_s"].get<double>(), w);
+  // The state is in host memory: the speculative update runs out of place, at the measured
+  // factor; then the stage-2 commit copies the rank's new parameters (10M bf16) at the measured
+  // host copy rate (no GPU: the device's memory is host memory).
+  const json& adam = j["cpu_adam"];
+  const double f = adam["out_of_place_factor"].get<double>();
+  EXPECT_GT(f, 0.0);
+  const double mem = step["adam_memory_s"].get<double>();
+  EXPECT_GT(mem, 0.0);
+  EXPECT_DOUBLE_EQ(ov["speculative_s"].get<double>(), w + (f - 1) * mem);
+  if (!strata::cuda_available()) {
+    EXPECT_DOUBLE_EQ(ov["commit_s"].get<double>(),
+                     10e6 * 2 / adam["host_copy_bytes_per_second"].get<double>());
+  }
+  EXPECT_DOUBLE_EQ(ov["exposed_s"].get<double>(),
+                   ov["speculative_s"].get<double>() + ov["commit_s"].get<double>());
   EXPECT_DOUBLE_EQ(ov["serial_s"].get<double>(), 0.25 + w);
   EXPECT_EQ(ov["config_overlap"], "off");
   const auto& p = j["environment"]["paths"][0];
@@ -192,6 +206,19 @@ TEST_F(ProfileCli, NoPathUsesATemporaryDirectoryAndSaysSo) {
   // The placement is the plan's recommendation (the one recommender).
   EXPECT_EQ(j["recommendation"]["placement"]["choice"]["description"],
             "stage 0, no offload");  // 20M parameters fit any GPU
+}
+
+// A config that speculates (optimizer.overlap: on, stage 2) is profiled: the sample step (stage 1,
+// on NVMe) and the engine check measure the serial step, which the model predicts; they used to
+// refuse the config's overlap ("on is not supported here: zero.stage 0-1 ...").
+TEST_F(ProfileCli, AConfigWithOverlapOnIsProfiled) {
+  CliRun r = profile(host_config() + " --tiny --json --backward 0.25 --set optimizer.overlap=on");
+  ASSERT_EQ(r.rc, 0) << r.err << r.out;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["model"]["overlap"]["config_overlap"], "on");
+  const json& sample = j["sample_step"];
+  EXPECT_TRUE(sample["ran"].get<bool>());
+  EXPECT_GT(sample["pipelined"]["measured_median_s"].get<double>(), 0.0);
 }
 
 TEST_F(ProfileCli, NoPathWritesNoTemporarySettingsIntoTheTunedConfig) {

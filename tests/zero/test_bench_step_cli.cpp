@@ -56,6 +56,22 @@ TEST(BenchStepCli, DeviceUpdate) {
   EXPECT_GT(j["step"]["t_step_s"].get<double>(), 0.0);
 }
 
+// The optimizer step alone (no --backward) of a config that speculates at a stage that cannot
+// (step.yaml is stage 1): measured serially, as the step it is, not refused ("optimizer.overlap:
+// on is not supported here").
+TEST(BenchStepCli, AConfigWithOverlapOnIsMeasuredSerially) {
+  TempDir swap("strata-bench-step");
+  std::string out;
+  const std::string cmd = binary_dir() + "/strata bench step " + source_dir() +
+                          "/bench/step/step.yaml --params 200K --rounds 1 --no-scaling --json "
+                          "--set tiers.nvme.paths=[" +
+                          swap.str() +
+                          "] --set tiers.host.buffer_size=1MiB --set tiers.host.buffer_count=3" +
+                          " --set optimizer.overlap=on";
+  ASSERT_EQ(run_command(cmd, &out), 0) << out;
+  EXPECT_EQ(out.find("not supported"), std::string::npos) << out;
+}
+
 // --backward: the speculative update's figures, in one JSON document (values not checked: no
 // assertion on timing; the chunk counts are the engine's).
 TEST(BenchStepCli, BackwardOverlapFields) {
