@@ -238,7 +238,8 @@ OverlapShape overlap_shape(const Config& config);
 // ((j + 1) W_s - j T') / n after the last gradient: W_s / n (the last piece alone) when the window
 // is the longer, W_s - T' (n - 1) / n when the update is (stages 0-1: the serial W). State on the
 // GPU is not speculated: its update (adam_gpu_s) runs after the decision, beside the rest. Then
-// the commit copies the new parameters in (param_commit_bytes at host_copy_bps). Not counted:
+// the commit copies the new parameters of the state off the GPU in (that share of
+// param_commit_bytes, at host_copy_bps). Not counted:
 // the hand-ins' copies (which share the CPU and memory with the update during the backward), the
 // last bucket's reduction, the decision, and a clip or an overflow (a rollback: the serial step
 // again); a bound from below.

@@ -639,9 +639,8 @@ void print_overlap(std::ostream& o, const strata::OverlapPrediction& v, const st
       << "updated out of place)";
   o << ", exposed after the last gradient " << secs(v.exposed_s);
   if (v.commit_s > 0) o << " (of which the parameters' commit copy " << secs(v.commit_s) << ")";
-  o << "\n  at least: the hand-ins' copies during the backward, the last bucket's reduction and "
-       "the "
-    << "decision are not counted\n"
+  o << "\n  at least: not counted are the hand-ins' copies during the backward, the last bucket's "
+    << "reduction and the decision\n"
     << "  backward + step " << secs(v.backward_and_step_s) << ", serial (backward, then step) "
     << secs(v.serial_s) << "\n";
   if (c.optimizer.overlap == strata::OptimizerOverlap::kOff)

@@ -246,7 +246,13 @@ OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
     const double n = static_cast<double>(o.pieces), w = o.speculative_s, t = o.window_s;
     // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
     o.exposed_s = std::max(std::max(w / n, (n * w - (n - 1) * t) / n), step.adam_gpu_s);
-    o.commit_s = seconds(static_cast<double>(shape.param_commit_bytes), bw.host_copy_bps);
+    // The parameters of the speculated chunks: those of state off the GPU.
+    const double spec_share = step.optimizer_elements > 0
+                                  ? static_cast<double>(step.offloaded_elements) /
+                                        static_cast<double>(step.optimizer_elements)
+                                  : 1.0;
+    o.commit_s =
+        seconds(spec_share * static_cast<double>(shape.param_commit_bytes), bw.host_copy_bps);
     o.exposed_s += o.commit_s;
   }
   o.backward_and_step_s = backward_s + o.exposed_s;

@@ -244,10 +244,14 @@ TEST(CostModel, OverlapUpdatesMemoryStateOutOfPlaceAndCommitsTheParameters) {
   EXPECT_DOUBLE_EQ(v.exposed_s, 11.0 / 4 + 2);  // the last chunk, then the commit
   EXPECT_DOUBLE_EQ(predict_overlap(p, 4, s, bw).exposed_s, (4 * 11.0 - 3 * 4) / 4 + 2);
   EXPECT_DOUBLE_EQ(v.serial_s, 28);  // the serial step: in place, no commit
-  // State on the GPU: its 9 s update waits for the decision.
+  // State on the GPU: its 9 s update waits for the decision; the commit copies the parameters of
+  // the speculated (offloaded) half only.
   p.adam_gpu_s = 9;
-  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s, bw).exposed_s, 9 + 2);
+  p.optimizer_elements = 1000;
+  p.offloaded_elements = 500;
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s, bw).exposed_s, 9 + 1);
   p.adam_gpu_s = 0;
+  p.optimizer_elements = p.offloaded_elements = 0;
   // Not measured: in place, nothing copied (a GPU's device-to-device commit is not counted).
   v = predict_overlap(p, 20, s, Bandwidths{});
   EXPECT_DOUBLE_EQ(v.speculative_s, 8);
