@@ -70,10 +70,12 @@ struct Environment {
   std::string hostname, kernel, cpu_model;
   unsigned cores = 0;
   std::uint64_t memory_bytes = 0;
-  std::uint64_t memlock_limit_bytes = 0;  // RLIMIT_MEMLOCK soft limit (~0 = unlimited)
-  std::string gpu;                        // "cuda:0 NVIDIA H200 (...)" or "no GPU: <reason>"
-  bool has_gpu = false;                   // a CUDA device (never the host-emulated one)
-  std::string adam_path;                  // CPU Adam code path
+  // The page-lock limit that applies: RLIMIT_MEMLOCK's soft limit, ~0 when unlimited or when the
+  // process holds CAP_IPC_LOCK (which lifts it).
+  std::uint64_t memlock_limit_bytes = 0;
+  std::string gpu;        // "cuda:0 NVIDIA H200 (...)" or "no GPU: <reason>"
+  bool has_gpu = false;   // a CUDA device (never the host-emulated one)
+  std::string adam_path;  // CPU Adam code path
   double load_average_1m = 0;
   std::vector<PathInfo> paths;
   std::string timestamp_utc;
@@ -277,7 +279,7 @@ struct PoolUse {
   std::uint64_t configured_buffer_size = 0;
   std::uint32_t buffers = 0;
   std::uint64_t buffer_size = 0;
-  std::uint64_t memlock_limit = 0;  // RLIMIT_MEMLOCK soft limit; ~0 = unlimited
+  std::uint64_t memlock_limit = 0;  // the page-lock limit that applies; ~0 = none
   std::string reason;               // "as configured" or why it was cut
 };
 

@@ -1,7 +1,6 @@
 // `strata info [--json] [--dir DIR]`: what this build has (CUDA, NCCL, MPI, sanitizers) and what
 // this machine offers it (GPUs or why none, io_uring, the memlock limit, huge pages, the CPU's
 // Adam code path), as text or one JSON document — strata's `ds_report`.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +14,7 @@
 #include <string>
 
 #include "cli/command.hpp"
+#include "core/page_lock.hpp"
 #include "strata/adam.hpp"
 #include "strata/build_info.hpp"
 #include "strata/device_query.hpp"
@@ -66,6 +66,18 @@ HugePages huge_pages() {
 
 std::string count_text(long long v) { return v < 0 ? std::string("n/a") : std::to_string(v); }
 
+std::string memlock_text(const strata::PageLockLimit& l) {
+  if (l.rlimit == ~0ULL) return "unlimited";
+  const std::string limit = strata::format_bytes(l.rlimit, true);
+  if (l.cap_ipc_lock)
+    return limit +
+           " (RLIMIT_MEMLOCK), not applied: this process holds CAP_IPC_LOCK and may "
+           "page-lock past it";
+  return limit +
+         " (RLIMIT_MEMLOCK: the most pinned memory this process can page-lock; raise with "
+         "ulimit -l)";
+}
+
 }  // namespace
 
 namespace {
@@ -91,10 +103,9 @@ const bool kRegistered = strata::cli::register_command(
          strata::IoEngineOptions io;
          io.direct_io = strata::DirectIoMode::kOff;  // the ring, not the file system's O_DIRECT
          const strata::IoUringProbe uring = strata::probe_io_uring(io, dir);
-         struct rlimit rl {};
-         const bool have_rl = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0;
-         const bool unlimited = have_rl && rl.rlim_cur == RLIM_INFINITY;
-         const std::uint64_t memlock = have_rl && !unlimited ? rl.rlim_cur : 0;
+         const strata::PageLockLimit lock = strata::page_lock_limit();
+         const bool unlimited = lock.rlimit == ~0ULL;
+         const std::uint64_t memlock = unlimited ? 0 : lock.rlimit;
          const HugePages hp = huge_pages();
          std::string adam_path, adam_error;
          try {
@@ -132,6 +143,7 @@ const bool kRegistered = strata::cli::register_command(
                {"reason", uring.ok ? nlohmann::json(nullptr) : nlohmann::json(uring.reason)}};
            j["memlock_limit_bytes"] = unlimited ? nlohmann::json(nullptr) : nlohmann::json(memlock);
            j["memlock_unlimited"] = unlimited;
+           j["memlock_cap_ipc_lock"] = lock.cap_ipc_lock;  // the limit does not apply
            j["huge_pages"] = {{"2MiB_total", hp.page_2m_total},
                               {"2MiB_free", hp.page_2m_free},
                               {"1GiB_total", hp.page_1g_total},
@@ -158,12 +170,7 @@ const bool kRegistered = strata::cli::register_command(
                      << " MiB, sm_" << g.major << g.minor << "\n";
          std::cout << "  io_uring:   " << (uring.ok ? "available" : "unavailable: " + uring.reason)
                    << " (probed in " << dir << ")\n"
-                   << "  memlock:    "
-                   << (unlimited ? std::string("unlimited")
-                                 : strata::format_bytes(memlock, true) +
-                                       " (RLIMIT_MEMLOCK: the most pinned memory this process can "
-                                       "page-lock; raise with ulimit -l)")
-                   << "\n"
+                   << "  memlock:    " << memlock_text(lock) << "\n"
                    << "  huge pages: 2 MiB " << count_text(hp.page_2m_free) << " free of "
                    << count_text(hp.page_2m_total) << ", 1 GiB " << count_text(hp.page_1g_free)
                    << " free of " << count_text(hp.page_1g_total)

@@ -5,10 +5,10 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "core/move_handle.hpp"
+#include "core/page_lock.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_engine.hpp"
@@ -17,22 +17,6 @@
 
 namespace strata {
 namespace {
-
-// CAP_IPC_LOCK (bit 14) in the effective set: RLIMIT_MEMLOCK does not apply then.
-bool has_cap_ipc_lock() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("CapEff:", 0) == 0) {
-      try {
-        return (std::stoull(line.substr(7), nullptr, 16) >> 14) & 1;
-      } catch (...) {
-        return false;
-      }
-    }
-  }
-  return false;
-}
 
 std::string limit_text(rlim_t v) {
   return v == RLIM_INFINITY ? std::string("unlimited") : strcat(v, " bytes");
@@ -85,12 +69,11 @@ PinnedPool::PinnedPool(const PinnedPoolOptions& options, Device* device, IoEngin
   }
   device_locked_ = device_ && device_->kind() == DeviceKind::kCuda;
   if (!device_locked_) {
-    rlimit lim{};
-    if (getrlimit(RLIMIT_MEMLOCK, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
-        total > lim.rlim_cur && !has_cap_ipc_lock()) {
+    const PageLockLimit lim = page_lock_limit();  // CAP_IPC_LOCK lifts RLIMIT_MEMLOCK
+    if (lim.applies && total > lim.bytes) {
       fail(ErrorCode::kOutOfMemory,
            strcat("pinned pool: ", total, " bytes (", format_bytes(total, true),
-                  ") must be page-locked but RLIMIT_MEMLOCK is ", limit_text(lim.rlim_cur), ": ",
+                  ") must be page-locked but RLIMIT_MEMLOCK is ", limit_text(lim.bytes), ": ",
                   raise_hint()));
     }
   }

@@ -101,9 +101,7 @@ Environment collect_environment(const std::vector<std::string>& paths,
   e.cores = std::max(1u, std::thread::hardware_concurrency());
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   if (pages > 0 && page > 0) e.memory_bytes = static_cast<std::uint64_t>(pages) * page;
-  struct rlimit rl {};
-  if (::getrlimit(RLIMIT_MEMLOCK, &rl) == 0)
-    e.memlock_limit_bytes = rl.rlim_cur == RLIM_INFINITY ? ~0ULL : rl.rlim_cur;
+  e.memlock_limit_bytes = page_lock_limit().bytes;  // ~0: unlimited, or CAP_IPC_LOCK lifts it
   const GpuQuery q = query_cuda_devices();
   e.has_gpu = !q.devices.empty();
   if (e.has_gpu) {

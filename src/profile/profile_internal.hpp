@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/page_lock.hpp"
 #include "strata/communicator.hpp"
 #include "strata/profile.hpp"
 
@@ -111,8 +112,10 @@ EngineCheck run_engine_check(const Config& config, const std::vector<std::string
                              const Progress& progress);
 
 // The pinned pool a measurement can really page-lock: the configured tiers.host pool, at most
-// `max_buffers` buffers, cut to fit RLIMIT_MEMLOCK (at most `max_cut_buffers` buffers then).
-PoolUse choose_pool(const Config& config, std::uint32_t max_buffers, std::uint32_t max_cut_buffers);
+// `max_buffers` buffers, cut to fit RLIMIT_MEMLOCK where it applies (`lock`: not with
+// CAP_IPC_LOCK; at most `max_cut_buffers` buffers then).
+PoolUse choose_pool(const Config& config, std::uint32_t max_buffers, std::uint32_t max_cut_buffers,
+                    const PageLockLimit& lock = page_lock_limit());
 
 // Under a launch every rank runs the sample at once; `sync` (a barrier across the ranks, or empty
 // for one process) is called before each measurement — each leg, each step — so that the legs,

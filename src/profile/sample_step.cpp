@@ -33,18 +33,18 @@ using zero::Measure;
 }  // namespace
 
 // The pinned pool a measurement can really page-lock: the configured buffer_count x buffer_size,
-// unless RLIMIT_MEMLOCK is below it, when buffers are cut to a quarter of the limit each (whole
-// MiB, at least 1 MiB) and at most `max_cut_buffers` of them, so that all of them lock. The
-// reason says which, in words a user can act on.
-PoolUse choose_pool(const Config& c, std::uint32_t max_buffers, std::uint32_t max_cut_buffers) {
+// unless RLIMIT_MEMLOCK applies (no CAP_IPC_LOCK) and is below it, when buffers are cut to a
+// quarter of the limit each (whole MiB, at least 1 MiB) and at most `max_cut_buffers` of them, so
+// that all of them lock. The reason says which, in words a user can act on.
+PoolUse choose_pool(const Config& c, std::uint32_t max_buffers, std::uint32_t max_cut_buffers,
+                    const PageLockLimit& lock) {
   PoolUse u;
   u.configured_buffers = c.tiers.host.buffer_count;
   u.configured_buffer_size = c.tiers.host.buffer_size;
   u.buffers = std::min(u.configured_buffers, max_buffers);
   u.buffer_size = u.configured_buffer_size;
-  struct rlimit rl {};
-  const bool limited = ::getrlimit(RLIMIT_MEMLOCK, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
-  u.memlock_limit = limited ? rl.rlim_cur : ~0ULL;
+  const bool limited = lock.applies;  // not with CAP_IPC_LOCK: the pinned pool locks past it
+  u.memlock_limit = limited ? lock.bytes : ~0ULL;
   if (limited && static_cast<std::uint64_t>(u.buffers) * u.buffer_size > u.memlock_limit / 4 * 3) {
     u.buffer_size = std::min<std::uint64_t>(u.buffer_size, u.memlock_limit / 4);
     u.buffer_size = std::max<std::uint64_t>(u.buffer_size / (1 << 20) * (1 << 20), 1 << 20);

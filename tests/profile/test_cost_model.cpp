@@ -404,3 +404,30 @@ TEST(ProfileRecommend, PlacementIsThePlansRecommendation) {
   ASSERT_TRUE(rec.found);
   EXPECT_EQ(rec.choice.description, recommend(c).layout.describe());
 }
+
+// The sample's pinned pool: the configured one unless a page-lock limit that applies is below it;
+// CAP_IPC_LOCK lifts RLIMIT_MEMLOCK (root on a node usually holds it), so the pool is not cut then.
+TEST(ProfilePool, CutOnlyWhereThePageLockLimitApplies) {
+  Config c = nvme_config();
+  c.tiers.host.buffer_count = 4;
+  c.tiers.host.buffer_size = 64ull << 20;
+  PageLockLimit lock;
+  lock.rlimit = 8ull << 20;
+  lock.cap_ipc_lock = true;  // applies = false: lifted
+  PoolUse u = profile::choose_pool(c, 4, 3, lock);
+  EXPECT_EQ(u.buffers, 4u);
+  EXPECT_EQ(u.buffer_size, 64ull << 20);
+  EXPECT_EQ(u.reason, "as configured");
+  EXPECT_EQ(u.memlock_limit, ~0ULL);
+  lock.cap_ipc_lock = false;  // 8 MiB applies: three buffers of 2 MiB
+  lock.applies = true;
+  lock.bytes = lock.rlimit;
+  u = profile::choose_pool(c, 4, 3, lock);
+  EXPECT_EQ(u.buffers, 3u);
+  EXPECT_EQ(u.buffer_size, 2ull << 20);
+  EXPECT_NE(u.reason.find("RLIMIT_MEMLOCK"), std::string::npos) << u.reason;
+  lock.bytes = lock.rlimit = 1ull << 30;  // room for the configured 256 MiB
+  u = profile::choose_pool(c, 4, 3, lock);
+  EXPECT_EQ(u.buffers, 4u);
+  EXPECT_EQ(u.buffer_size, 64ull << 20);
+}

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/page_lock.hpp"
 #include "strata/config.hpp"
 #include "strata/device_query.hpp"
 #include "strata/io_file.hpp"
@@ -405,6 +406,9 @@ TEST(InfoCli, ReportsDriverIoUringMemlockHugePagesAndAdamPath) {
   json j = json::parse(out);
   EXPECT_TRUE(j["io_uring"]["available"].is_boolean());
   EXPECT_TRUE(j["memlock_limit_bytes"].is_null() || j["memlock_limit_bytes"].is_number());
+  // This process's own answer (core/page_lock): CAP_IPC_LOCK lifts the limit, and says so.
+  const strata::PageLockLimit lock = strata::page_lock_limit();
+  EXPECT_EQ(j["memlock_cap_ipc_lock"].get<bool>(), lock.cap_ipc_lock);
   EXPECT_TRUE(j["huge_pages"]["2MiB_total"].is_number());
   EXPECT_FALSE(j["huge_pages"]["transparent"].get<std::string>().empty());
   const std::string path = j["cpu_adam_path"];
@@ -427,4 +431,7 @@ TEST(InfoCli, ReportsDriverIoUringMemlockHugePagesAndAdamPath) {
   ASSERT_EQ(strata::testing::run_command("(" + bin + " 2>/dev/null)", &out), 0);
   for (const char* s : {"io_uring:", "memlock:", "huge pages:", "CPU Adam:", "GPUs:"})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
+  if (lock.cap_ipc_lock && lock.rlimit != ~0ULL) {
+    EXPECT_NE(out.find("not applied: this process holds CAP_IPC_LOCK"), std::string::npos) << out;
+  }
 }
