@@ -148,6 +148,9 @@ struct Bandwidths {
   // CPU Adam over state resident in host memory (optimizer state in the cpu tier): a working set
   // beyond the caches, read from and written to memory; 0 = cpu_adam_params_per_s.
   double cpu_adam_memory_params_per_s = 0;
+  double memory_adam_rate() const {  // the rate the model uses for host-memory state
+    return cpu_adam_memory_params_per_s > 0 ? cpu_adam_memory_params_per_s : cpu_adam_params_per_s;
+  }
   // The speculative update of memory-resident state runs out of place: its time / the in-place
   // update's (AdamMeasure::out_of_place_factor); 0 = 1.
   double cpu_adam_out_of_place_factor = 0;

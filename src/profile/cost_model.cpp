@@ -40,11 +40,6 @@ double excess(double a, double b) {
 
 double seconds(double bytes, double rate) { return rate > 0 ? bytes / rate : 0.0; }
 
-double memory_rate(const Bandwidths& bw) {
-  return bw.cpu_adam_memory_params_per_s > 0 ? bw.cpu_adam_memory_params_per_s
-                                             : bw.cpu_adam_params_per_s;
-}
-
 // Wall time the CPU needs for a sub-group when the legs overlap: Adam's CPU-seconds and the I/O's,
 // over the cores. Adam's share is capped at its own wall time (it cannot need the cores for longer
 // than it runs; a noisy CPU-time sample must not invent overhead).
@@ -165,14 +160,14 @@ StepPrediction predict_step(const Config& c, const Layout& layout, const Bandwid
   const LinkTraffic& t = layout.traffic;
   // Memory-resident state at the memory rate, NVMe state (through the pool) at the staged one;
   // the sub-groups mix them in proportion (the rate they average to).
-  const double cpu_adam = seconds(static_cast<double>(off_cpu), memory_rate(bw)) +
-                          seconds(static_cast<double>(off_nvme), bw.cpu_adam_params_per_s);
+  p.adam_memory_s = seconds(static_cast<double>(off_cpu), bw.memory_adam_rate());
+  const double cpu_adam =
+      p.adam_memory_s + seconds(static_cast<double>(off_nvme), bw.cpu_adam_params_per_s);
   spread_legs(p, t, bw, cpu_adam > 0 ? static_cast<double>(p.offloaded_elements) / cpu_adam : 0.0);
   finish_pipeline(p, bw.nvme_duplex);
   const double gpu_adam = seconds(static_cast<double>(on_gpu), bw.gpu_adam_params_per_s);
   p.adam_s = cpu_adam + gpu_adam;
   p.adam_gpu_s = gpu_adam;
-  p.adam_memory_s = seconds(static_cast<double>(off_cpu), memory_rate(bw));
   // The GPU share of the optimizer runs beside the CPU pipeline.
   p.serial_s += gpu_adam;
   p.pipelined_s = std::max(p.pipelined_s, gpu_adam);

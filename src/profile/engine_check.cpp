@@ -274,9 +274,7 @@ EngineCheck run_engine_check(const Config& c, const std::vector<std::string>& pa
   // engine keeps its state in host memory, so its "gpu" optimizer share runs at the CPU Adam
   // rate over memory), + the step's collectives and the gradient passes measured alone above.
   Bandwidths b = bw;
-  if (b.gpu_adam_params_per_s <= 0)
-    b.gpu_adam_params_per_s = b.cpu_adam_memory_params_per_s > 0 ? b.cpu_adam_memory_params_per_s
-                                                                 : b.cpu_adam_params_per_s;
+  if (b.gpu_adam_params_per_s <= 0) b.gpu_adam_params_per_s = b.memory_adam_rate();
   ec.prediction = predict_step(cfg, layout, b);
   ec.prediction.network_s = network;
   double optimizer = std::max(ec.prediction.pipelined_s, 0.0);

@@ -43,9 +43,9 @@ PoolUse choose_pool(const Config& c, std::uint32_t max_buffers, std::uint32_t ma
   u.configured_buffer_size = c.tiers.host.buffer_size;
   u.buffers = std::min(u.configured_buffers, max_buffers);
   u.buffer_size = u.configured_buffer_size;
-  const bool limited = lock.applies;  // not with CAP_IPC_LOCK: the pinned pool locks past it
-  u.memlock_limit = limited ? lock.bytes : ~0ULL;
-  if (limited && static_cast<std::uint64_t>(u.buffers) * u.buffer_size > u.memlock_limit / 4 * 3) {
+  u.memlock_limit = lock.bytes;  // ~0 with CAP_IPC_LOCK: the pinned pool locks past the limit
+  if (lock.applies &&
+      static_cast<std::uint64_t>(u.buffers) * u.buffer_size > u.memlock_limit / 4 * 3) {
     u.buffer_size = std::min<std::uint64_t>(u.buffer_size, u.memlock_limit / 4);
     u.buffer_size = std::max<std::uint64_t>(u.buffer_size / (1 << 20) * (1 << 20), 1 << 20);
     u.buffers = std::min(u.buffers, max_cut_buffers);
