@@ -77,6 +77,7 @@ void refuse_empty_values(CLI::App& cmd) {
 // Adds every registered command to `app` ("bench io" under a "bench" group), in name order.
 Runners add_commands(CLI::App& app) {
   std::map<std::string, CLI::App*> groups;
+  std::map<CLI::App*, int> groups_listed;  // commands named in each group's description so far
   Runners runners;
   auto specs = registry();
   std::stable_sort(specs.begin(), specs.end(),
@@ -89,12 +90,14 @@ Runners add_commands(CLI::App& app) {
       leaf = spec.name.substr(sp + 1);
       auto it = groups.find(group);
       if (it == groups.end()) {
-        CLI::App* g = app.add_subcommand(group, "Benchmarks: " + group + " io|adam|step");
+        CLI::App* g = app.add_subcommand(group, "Benchmarks: " + group);
         g->require_subcommand(1);
         it = groups.emplace(group, g).first;
       }
       parent = it->second;
     }
+    if (parent != &app)  // the group's description lists its commands: "bench adam|checkpoint|..."
+      parent->description(parent->get_description() + (groups_listed[parent]++ ? "|" : " ") + leaf);
     CLI::App* sub = parent->add_subcommand(leaf, spec.description);
     auto run = std::make_shared<RunFn>(spec.setup(*sub));
     refuse_empty_values(*sub);
