@@ -297,14 +297,16 @@ GroupId Engine::group_of(TensorId id) const {
 }
 void Engine::set_lr(double lr, GroupId group) {
   check_group_value(lr, "set_lr: lr");
-  impl_->join_speculation();  // the speculative jobs read the hyper-parameters
-  group_ref(impl_->groups, group, "set_lr").lr = lr;
+  ParamGroupOptions& g = group_ref(impl_->groups, group, "set_lr");
+  impl_->before_group_change(g.lr != lr);
+  g.lr = lr;
 }
 double Engine::lr(GroupId group) const { return group_ref(impl_->groups, group, "lr").lr; }
 void Engine::set_weight_decay(double weight_decay, GroupId group) {
   check_group_value(weight_decay, "set_weight_decay: weight_decay");
-  impl_->join_speculation();
-  group_ref(impl_->groups, group, "set_weight_decay").weight_decay = weight_decay;
+  ParamGroupOptions& g = group_ref(impl_->groups, group, "set_weight_decay");
+  impl_->before_group_change(g.weight_decay != weight_decay);
+  g.weight_decay = weight_decay;
 }
 double Engine::weight_decay(GroupId group) const {
   return group_ref(impl_->groups, group, "weight_decay").weight_decay;
@@ -312,8 +314,8 @@ double Engine::weight_decay(GroupId group) const {
 void Engine::set_betas(double beta1, double beta2, GroupId group) {
   check_beta(beta1, "set_betas: beta1");
   check_beta(beta2, "set_betas: beta2");
-  impl_->join_speculation();
   ParamGroupOptions& g = group_ref(impl_->groups, group, "set_betas");
+  impl_->before_group_change(g.beta1 != beta1 || g.beta2 != beta2);
   g.beta1 = beta1;
   g.beta2 = beta2;
 }
@@ -323,8 +325,9 @@ std::pair<double, double> Engine::betas(GroupId group) const {
 }
 void Engine::set_eps(double eps, GroupId group) {
   check_group_value(eps, "set_eps: eps");
-  impl_->join_speculation();
-  group_ref(impl_->groups, group, "set_eps").eps = eps;
+  ParamGroupOptions& g = group_ref(impl_->groups, group, "set_eps");
+  impl_->before_group_change(g.eps != eps);
+  g.eps = eps;
 }
 double Engine::eps(GroupId group) const { return *group_ref(impl_->groups, group, "eps").eps; }
 Device& Engine::device() {
@@ -336,8 +339,9 @@ void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
   impl_->read_state(id, kind, out);
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
-  if (impl_->finalized()) impl_->make_room_for_update();
-  impl_->cancel_speculation();  // the state the speculation read changes: this step is serial
+  impl_->require_finalized("write_state");
+  impl_->make_room_for_update();
+  impl_->before_state_change();
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const {
@@ -349,7 +353,7 @@ void Engine::set_optimizer_step(std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
-  impl_->cancel_speculation();
+  impl_->before_state_change();
   impl_->optimizer->set_step_count(step);
 }
 std::int64_t Engine::optimizer_step(TensorId id) const {
@@ -363,7 +367,7 @@ void Engine::set_optimizer_step(TensorId id, std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", id, ", ", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
-  impl_->cancel_speculation();
+  impl_->before_state_change();
   impl_->optimizer->set_step_count(id, step);
 }
 void Engine::finalize() { impl_->finalize(); }
@@ -423,6 +427,7 @@ void Engine::discard_gradients() {
     impl_->cancel_speculation(false);
     impl_->reducer->discard();
     impl_->early.reset();
+    impl_->optimizer->clear_skipped();  // decided by a clip_grad_norm for the dropped gradients
   } catch (const std::exception& e) {
     std::rethrow_exception(impl_->fail_call(e));
   }

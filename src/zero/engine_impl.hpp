@@ -167,6 +167,16 @@ struct Engine::Impl {
   std::vector<bool> settle_speculation(bool go, StepResult& res);
   // Drops this step's pending versions (errors logged); `off`: the step runs serially.
   void cancel_speculation(bool off = true) noexcept;
+  // A setter changes a group's hyper-parameters (`changes`: to another value). The jobs posted
+  // read them: joined first; chunks already speculated with the old values are discarded and the
+  // rest of the step runs serially (else a change and its undo inside one backward would commit
+  // chunks of the value in between).
+  void before_group_change(bool changes) noexcept;
+  // write_state / set_optimizer_step change what the speculation read: what it speculated is
+  // discarded, and a step whose speculation had started runs serially (between steps nothing had:
+  // the next step speculates as usual).
+  void before_state_change() noexcept;
+  void stop_speculation_before_next_micro_batch(TensorId id);
   // The speculative jobs posted so far finished; one that failed makes this step serial (its
   // pending versions discarded, the committed state untouched). REQUIRES: the engine's thread.
   void join_speculation() noexcept;

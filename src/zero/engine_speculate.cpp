@@ -64,6 +64,13 @@ void Engine::Impl::warn_one_bucket() const {
       std::max<std::size_t>(count / 8, 1), ") lets the update start earlier (docs/offload.md)");
 }
 
+// A micro-batch beyond train.accumulate begins: its hand-in adds into the gradient chunks the
+// speculation may still be reading, so the speculation is stopped (joined, discarded; the step
+// runs serially) first.
+void Engine::Impl::stop_speculation_before_next_micro_batch(TensorId id) {
+  if (spec.started && !spec.off && reducer->starts_micro_batch(id)) cancel_speculation();
+}
+
 void Engine::Impl::after_hand_in() {
   last_grad = zero::Clock::now();
   if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;
@@ -194,6 +201,13 @@ std::vector<bool> Engine::Impl::settle_speculation(bool go, StepResult& res) {
   return done;
 }
 
+void Engine::Impl::before_group_change(bool changes) noexcept {
+  join_speculation();
+  if (changes && spec.started) cancel_speculation();
+}
+
+void Engine::Impl::before_state_change() noexcept { cancel_speculation(spec.started); }
+
 void Engine::Impl::cancel_speculation(bool off) noexcept {
   settle_jobs();  // nothing writes the pending versions any more
   if (!spec.pending.empty()) {
@@ -203,7 +217,7 @@ void Engine::Impl::cancel_speculation(bool off) noexcept {
       log_error("engine rank ", rank, ": discarding the speculative update: ", e.what());
     }
   }
-  optimizer->clear_ahead_stats();
+  if (optimizer) optimizer->clear_ahead_stats();  // none before finalize() or after its failure
   spec = Speculation{};
   spec.off = off;
 }

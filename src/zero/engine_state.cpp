@@ -277,6 +277,7 @@ void Engine::Impl::after_load(const checkpoint::RankState& r) {
   loaded_client_state = r.client_state;
   reducer->reset();
   early.reset();
+  optimizer->clear_skipped();
 }
 
 // The groups' hyper-parameters as saved (torch's optimizer.load_state_dict restores them too). A

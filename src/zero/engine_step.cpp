@@ -19,6 +19,7 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
          "engine: set_gradient after clip_grad_norm() and before step(): this step's gradients "
          "are already reduced");
   reducer->check_hand_in(id, grad);  // argument errors change nothing
+  stop_speculation_before_next_micro_batch(id);
   // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half
   // done.
   try {
@@ -38,6 +39,7 @@ void Engine::Impl::skip_gradient(TensorId id) {
          "engine: skip_gradient after clip_grad_norm() and before step(): this step's gradients "
          "are already reduced");
   reducer->check_hand_in(id, nullptr, true);
+  stop_speculation_before_next_micro_batch(id);
   try {
     reducer->hand_in_zero(id);
     after_hand_in();
@@ -163,7 +165,11 @@ bool Engine::Impl::decide(std::exception_ptr& local, StepResult& res, float* gra
   if (!a.finite) {  // skipped on every rank; a dynamic scale backs off
     ++st.skipped_steps;
     const double now = scaler.on_overflow();
-    if (rank == 0) log_info("engine: gradient overflow, step skipped; loss scale now ", now);
+    if (rank == 0 && scaler.scaling())
+      log_info("engine: gradient overflow, step skipped; loss scale now ", now);
+    else if (rank == 0)  // no loss scale to back off: a NaN or Inf in the training itself
+      log_warn("engine: a gradient is not finite (NaN or Inf, on some rank) with no loss scaling: ",
+               "step skipped on every rank (torch's AdamW would have written it into the weights)");
     return false;
   }
   optimizer->set_skipped(a.any_skipped ? agree_skipped() : std::vector<bool>{});

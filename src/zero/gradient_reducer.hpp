@@ -105,6 +105,8 @@ class GradientReducer : private RankResources {
   // step with the same hand-in order (how they are split between calls follows the fills' speed
   // when adding or converting).
   std::size_t micro_batch() const { return micro_; }
+  // Whether handing in tensor `id` now starts the next micro-batch (it arrived in this one).
+  bool starts_micro_batch(TensorId id) const { return arrived_[id]; }
   std::vector<std::size_t> take_filled_chunks(bool wait);
   // Every tensor of this micro-batch arrived: its last collectives are retired now (waited for;
   // their shares' fills started), not at reduce(), so that the chunks they complete are known

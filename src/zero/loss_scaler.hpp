@@ -22,6 +22,7 @@ class LossScaler {
   explicit LossScaler(const PrecisionConfig& precision);
 
   double scale() const { return state_.scale; }
+  bool scaling() const { return scaling_; }  // the loss is scaled (fp16, or enabled)
   // An overflow: the step is skipped; a dynamic scale backs off. Returns the new scale.
   double on_overflow();
   // An applied step: a dynamic scale grows after growth_interval of them in a row.

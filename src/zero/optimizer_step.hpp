@@ -118,6 +118,8 @@ class OptimizerStep {
   void set_step_counts(std::int64_t global, std::vector<std::int64_t> counts);
   // The tensors the next update skips (no rank used them; empty: none), set by the decision.
   void set_skipped(std::vector<bool> skipped) { skipped_ = std::move(skipped); }
+  // The gradients were dropped (discard_gradients, a load): their decision with them.
+  void clear_skipped() { skipped_.clear(); }
   double seconds() const { return optimizer_s_; }  // in Adam's loops, decision excluded
   const tier::StreamStats& last_update() const { return last_update_; }
   void set_pipelined(bool on) { pipelined_ = on; }
