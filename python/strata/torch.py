@@ -177,6 +177,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._engine = None
         self._backward_s = 0.0
         self._handin_s = 0.0
+        self._synced = {}  # group index -> the hyper-parameters last given to the engine
+        self._in_backward = False  # inside opt.backward(): the loss is scaled
         # Every parameter is checked before anything else happens (no process group, no engine).
         self._params, self._shapes, self._ids = [], [], {}
         for group in self.param_groups:
@@ -228,6 +230,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if self.stage < 3:
             for tid, p in enumerate(self._params):
                 p.data = self._engine_tensor(tid)
+            # torch's version counters: a write into a parameter (load_state_dict, nn.init, an
+            # in-place op under no_grad) is seen at the next step's first gradient (_begin_step).
+            self._versions = [p._version for p in self._params]
+            self._buffers = [p.data_ptr() for p in self._params]
         else:
             self._empty = torch.empty(0, dtype=self._param_dtype, device=self._device)
             for p in self._params:
@@ -360,6 +366,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if g.dtype != self._grad_dtype:
             g = g.to(self._grad_dtype)
         g = g.contiguous()
+        if self._n_arrived == 0 and self._micro == 0:
+            self._begin_step()
         if self._arrived[tid]:
             self._next_micro_batch(tid)
         t0 = time.perf_counter()
@@ -370,6 +378,62 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._handin_s += time.perf_counter() - t0
         self._arrived[tid] = True
         self._n_arrived += 1
+
+    def _begin_step(self):
+        """At the step's first gradient, before the engine sees it (nothing of this step handed in
+        yet): what the loop changed since the last step reaches the engine now, so that an update
+        during the backward (optimizer.overlap) uses it — a scheduler's lr, and parameters written
+        into the model. A loss scale in force needs opt.backward (else the gradients would be
+        loss-scale times too small, silently)."""
+        scale = self._engine.loss_scale()
+        if scale != 1.0 and not self._in_backward:
+            raise errors.UsageError(
+                "strata: a gradient arrived from a backward that did not go through "
+                "opt.backward(loss), while the loss scale is %g (fp16 gradients, or "
+                "precision.loss_scale.enabled): strata divides every gradient by the scale, "
+                "so these would be %g times too small. Call opt.backward(loss) (it multiplies "
+                "the loss by opt.loss_scale), or train without loss scaling (bf16 / fp32). "
+                "Nothing of this step was handed in; opt.zero_grad() and go on" % (scale, scale))
+        self._sync_groups()
+        if self.stage < 3:
+            self._reseed_written()
+
+    def _written_params(self):
+        """The parameters (stages 0-2) written since the engine last saw them: torch's version
+        counter moved. Writes through p.data bypass it (torch's own escape hatch; docs/python.md).
+        """
+        return [tid for tid, p in enumerate(self._params) if p._version != self._versions[tid]]
+
+    def _reseed_written(self):
+        """Parameters written into the model between steps become the FP32 master (this rank's
+        part; no collective at stages 0-2), as torch.optim.AdamW steps from what p holds; the
+        moments and step counts are kept, as AdamW keeps its state."""
+        for tid in self._written_params():
+            p = self._params[tid]
+            if p.data_ptr() != self._buffers[tid] or p.dtype != self._param_dtype:
+                raise self._moved_error()
+            v = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
+            if v.numel():
+                self._engine.write_state(tid, "master", v.data_ptr())
+            self._versions[tid] = p._version
+
+    def _engine_wrote_params(self):
+        """The engine wrote the parameters itself (a load): what the model holds is its own."""
+        if self.stage < 3:
+            self._versions = [p._version for p in self._params]
+
+    def _moved_error(self):
+        return errors.UsageError(
+            "strata: the model's parameters were moved or converted after ZeroOptimizer was built "
+            "(model.to(), .double()/.half(), accelerate's prepare(model) onto a device): they are "
+            "no longer strata's memory, so its gradient hooks and in-place updates cannot reach "
+            "them. Move or convert the model first, then build the optimizer")
+
+    def _check_not_moved(self):
+        if self.stage < 3 and any(
+                p.data_ptr() != b or p.dtype != self._param_dtype or p.device != self._device
+                for p, b in zip(self._params, self._buffers) if p.numel()):
+            raise self._moved_error()
 
     def _next_micro_batch(self, tid):
         """A gradient arrives again: the next micro-batch, once the current one handed in every
@@ -428,7 +492,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._check_requires_grad()
         scale = self._engine.loss_scale()
         t0 = time.perf_counter()
-        (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        self._in_backward = True
+        try:
+            (loss * scale if scale != 1.0 else loss).backward(retain_graph=retain_graph)
+        finally:
+            self._in_backward = False
         self._backward_s += time.perf_counter() - t0
 
     def zero_grad(self, set_to_none=True):
@@ -458,10 +526,26 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if len(betas) != 2:
                 raise errors.InvalidArgumentError("strata: param_groups[%d]['betas'] = %s: two values "
                                                   "(beta1, beta2)" % (gi, group["betas"]))
-            self._engine.set_lr(float(group["lr"]), gi)
-            self._engine.set_weight_decay(float(group["weight_decay"]), gi)
-            self._engine.set_betas(float(betas[0]), float(betas[1]), gi)
-            self._engine.set_eps(float(group["eps"]), gi)
+            for key in ("maximize", "amsgrad"):
+                if group.get(key):
+                    raise errors.UnsupportedError(
+                        "strata: param_groups[%d]['%s'] = True: strata's Adam(W) minimizes, "
+                        "without AMSGrad; it would be ignored, so it is refused (set it False)"
+                        % (gi, key))
+            hp = (float(group["lr"]), float(group["weight_decay"]), float(betas[0]),
+                  float(betas[1]), float(group["eps"]))
+            old = self._synced.get(gi)
+            if old == hp:
+                continue  # a setter joins the speculative update: only what changed is set
+            if old is None or old[0] != hp[0]:
+                self._engine.set_lr(hp[0], gi)
+            if old is None or old[1] != hp[1]:
+                self._engine.set_weight_decay(hp[1], gi)
+            if old is None or old[2:4] != hp[2:4]:
+                self._engine.set_betas(hp[2], hp[3], gi)
+            if old is None or old[4] != hp[4]:
+                self._engine.set_eps(hp[4], gi)
+            self._synced[gi] = hp
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -475,9 +559,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 loss = closure()
         self._check_requires_grad()
         if self._n_arrived == 0:
+            self._check_not_moved()
             raise errors.UsageError(
                 "strata: step() before backward(): no gradient arrived in this step; call "
                 "opt.backward(loss) (or loss.backward()) first")
+        written = self._written_params() if self.stage < 3 else []
+        if written:
+            raise errors.UsageError(
+                "strata: step(): parameter '%s' was written after this step's backward began "
+                "(strata takes the model's weights at the step's first gradient, so the update may "
+                "already have started from the old ones): write parameters between step() and the "
+                "next backward. opt.zero_grad() drops this step's gradients and the loop can go "
+                "on" % self._name(self._params[written[0]]))
         if self._n_arrived < len(self._params) and self._unused != "error":
             self._skip_unused()
         if self._n_arrived < len(self._params):
@@ -518,6 +611,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "strata: clip_grad_norm_(norm_type=%s): strata computes the global L2 norm across "
                 "ranks; use norm_type=2" % norm_type)
         if self._n_arrived == 0 or (self._n_arrived < len(self._params) and self._unused == "error"):
+            self._check_not_moved()
             raise errors.UsageError(
                 "strata: clip_grad_norm_() before the backward handed in every gradient (%d of %d): "
                 "call it after backward() and before step()" % (self._n_arrived, len(self._params)))
@@ -776,6 +870,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     self._engine.write_state(tid, kind, v.data_ptr())
         top = max([s for s in steps if s is not None] or [0])
         self._engine.set_optimizer_step(top)  # a state without 'step' (not torch's) takes it
+        self._engine_wrote_params()
         for tid, s in enumerate(steps):
             if s is not None and s != top:
                 self._engine.set_tensor_step(tid, s)
@@ -867,6 +962,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         saved with it, or None. Collective."""
         self._check_usable()
         self._engine.load_checkpoint(os.fspath(directory))
+        self._engine_wrote_params()
+        self._synced = {}  # the engine's groups are the checkpoint's now
         for gi, g in enumerate(self.param_groups):
             g["lr"] = self._engine.lr(gi)
             g["weight_decay"] = self._engine.weight_decay(gi)

@@ -740,6 +740,110 @@ class TrainerSequence(unittest.TestCase):
                 opt.close()
 
 
+class WhatTheLoopChanges(unittest.TestCase):
+    """What a loop changes between steps reaches the engine before the next update (a review
+    found: weights loaded into the model after building the optimizer were thrown away at the next
+    step; a scheduler's lr reached the engine only at step(), after the speculative update had run
+    with the old one, so every overlapped step rolled back), and what strata cannot honour is
+    refused (maximize, amsgrad; a plain loss.backward() under a loss scale)."""
+
+    def test_weights_loaded_after_building_the_optimizer_train_from_there(self):
+        pretrained = A.tiny_gpt(seed=9).state_dict()
+        for stage in (0, 1, 2):
+            with self.subTest(stage=stage):
+                model = A.tiny_gpt()
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
+                                                 param_groups=A.torch_groups(model))
+                model.load_state_dict(pretrained)  # after the optimizer: what fine-tuning does
+                ref = A.tiny_gpt()
+                ref.load_state_dict(pretrained)
+                topt = adamw(A.torch_groups(ref))
+                la = A.train(model, opt, 3)
+                lb = A.train(ref, topt, 3, strata_opt=False)
+                self.assertEqual(la, lb)
+                A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                                 "stage %d" % stage)
+                with torch.no_grad():  # an in-place write between steps: nn.init, a clamp
+                    for p, q in zip(model.parameters(), ref.parameters()):
+                        p.clamp_(-0.05, 0.05)
+                        q.clamp_(-0.05, 0.05)
+                self.assertEqual(A.train(model, opt, 2, start=3),
+                                 A.train(ref, topt, 2, start=3, strata_opt=False))
+                A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                                 "stage %d after the clamp" % stage)
+                opt.close()
+
+    def test_a_write_between_backward_and_step_is_refused(self):
+        model = A.tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        x, y = A.batch(0)
+        opt.backward(model(x, y))
+        with torch.no_grad():
+            model.head.weight.mul_(0.5)
+        with self.assertRaisesRegex(errors.UsageError, "written after this step's backward"):
+            opt.step()
+        opt.zero_grad()
+        A.train(model, opt, 1)  # the loop goes on, from the halved weights
+        opt.close()
+
+    def test_a_scheduler_keeps_the_update_overlapped(self):
+        cfg = A.base_config(2, optimizer={"overlap": "on"}, offload={"optimizer": {"tier": "cpu"}})
+        model, ref = A.tiny_gpt(), A.tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, cfg, param_groups=A.torch_groups(model))
+        topt = adamw(A.torch_groups(ref))
+        lam = lambda s: (s + 1) / 10  # noqa: E731  (a warm-up: lr changes every step)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
+        tsched = torch.optim.lr_scheduler.LambdaLR(topt, lam)
+        la = A.train(model, opt, 4, sched=sched)
+        lb = A.train(ref, topt, 4, sched=tsched, strata_opt=False)
+        self.assertEqual(la, lb)
+        st = opt.stats()
+        self.assertGreater(st["committed_chunks"], 0)
+        self.assertEqual(st["rolled_back_chunks"], 0)
+        A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()), "overlap")
+        opt.close()
+
+    def test_maximize_and_amsgrad_are_refused(self):
+        for key in ("maximize", "amsgrad"):
+            with self.subTest(key=key):
+                model = A.tiny_gpt()
+                groups = [{"params": list(model.parameters()), key: True}]
+                with self.assertRaisesRegex(errors.UnsupportedError, key):
+                    strata.torch.ZeroOptimizer(model, A.base_config(2), param_groups=groups)
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+                opt.param_groups[0][key] = True  # set later: refused at the step
+                x, y = A.batch(0)
+                with self.assertRaisesRegex(errors.UnsupportedError, key):
+                    opt.backward(model(x, y))
+                opt.param_groups[0][key] = False
+                opt.zero_grad()
+                A.train(model, opt, 1)
+                opt.close()
+
+    def test_a_plain_backward_under_a_loss_scale_is_refused(self):
+        model = A.tiny_gpt().to(torch.bfloat16)
+        cfg = A.base_config(2, precision={"loss_scale": {"enabled": True}})
+        opt = strata.torch.ZeroOptimizer(model, cfg)
+        self.assertGreater(opt.loss_scale, 1.0)
+        x, y = A.batch(0)
+        with self.assertRaisesRegex(errors.UsageError, "opt.backward"):
+            model(x, y).backward()
+        opt.zero_grad()
+        opt.backward(model(x, y))
+        self.assertTrue(opt.step().applied)
+        opt.close()
+
+    def test_a_model_converted_after_building_the_optimizer_is_named(self):
+        model = A.tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        model.double()
+        x, y = A.batch(0)
+        model(x, y).backward()
+        with self.assertRaisesRegex(errors.UsageError, "moved or converted"):
+            opt.step()
+        opt.close()
+
+
 def unused_worker(out):
     """One rank of UnusedParameters.test_two_ranks_a_head_used_on_one: writes "ok" or the failure."""
     rank, world = int(os.environ["RANK"]), 2
