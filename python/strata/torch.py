@@ -206,6 +206,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._sync_groups()
         self._engine.finalize()
         self._arrived = [False] * len(self._params)  # in the current micro-batch
+        # zero_grad(set_to_none=False): torch keeps a zero p.grad for every parameter that had a
+        # gradient, so AdamW steps one the next loss does not use (on zeros): strata hands it zeros.
+        self._had_grad = [False] * len(self._params)
+        self._zeros_kept = False
         self._n_arrived = 0
         self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None  # this step's global norm, once clip_grad_norm_ asked for it
@@ -377,6 +381,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._call(self._engine.set_gradient, tid, g.data_ptr())
         self._handin_s += time.perf_counter() - t0
         self._arrived[tid] = True
+        self._had_grad[tid] = True
         self._n_arrived += 1
 
     def _begin_step(self):
@@ -462,6 +467,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         for tid, a in enumerate(self._arrived):
             if a:
                 continue
+            if self._zeros_kept and self._had_grad[tid]:  # torch's p.grad: zeros, not None
+                self._hand_in(tid, torch.zeros(self._shapes[tid], dtype=self._grad_dtype,
+                                               device=self._device))
+                continue
             self._call(self._engine.skip_gradient, tid)
             self._arrived[tid] = True
             self._n_arrived += 1
@@ -503,8 +512,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Gradients live in the engine and are consumed by step(): between steps nothing to
         zero. Between backward() and step() — or after step() refused a missing gradient — it
         drops this step's gradients, as torch's does (every rank alike: each rank drops its own;
-        the reductions already started finish first)."""
+        the reductions already started finish first). set_to_none=False keeps torch's zeros: from
+        then on a parameter that had a gradient and gets none from a later loss is stepped on a
+        zero gradient (moments decay, weight decay applies), as torch.optim.AdamW steps its zero
+        p.grad; with True (the default) it is skipped, as AdamW skips p.grad None."""
         self._check_usable()
+        self._zeros_kept = not set_to_none
         if self._n_arrived or self._micro:
             self._call(self._engine.discard_gradients)
             self._arrived = [False] * len(self._params)

@@ -587,6 +587,32 @@ class UnusedParameters(unittest.TestCase):
                             self.assertEqual(sum("'%s'" % n in m for m in said), 1, (n, said))
                         opt.close()
 
+    def test_zero_grad_keeping_zeros_steps_them_as_adamw(self):
+        """zero_grad(set_to_none=False) (torch 1.13's default): AdamW steps a parameter on its
+        zero p.grad once it had a gradient ('alt' on even steps after step 1); one that never had
+        one ('unused') stays skipped. It was skipped either way."""
+        for stage in (0, 2, 3):
+            with self.subTest(stage=stage):
+                ref = WithHeads()
+                model = copy.deepcopy(ref)
+                opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
+                                                 unused_parameters="ignore",
+                                                 param_groups=A.torch_groups(model))
+                topt = adamw(A.torch_groups(ref))
+                for m, o, mine in ((model, opt, True), (ref, topt, False)):
+                    for s in range(5):
+                        x, y = A.batch(s)
+                        o.zero_grad(set_to_none=False)
+                        m(x, y, s).backward()
+                        o.step()
+                self.check(opt, model, ref, topt, "stage %d" % stage)
+                sd = opt.state_dict()["state"]
+                names = {id(p): n for n, p in model.named_parameters()}
+                steps = {names[id(p)]: float(sd[i]["step"]) for i, p in enumerate(opt._params)}
+                self.assertEqual(steps["alt.weight"], 4.0)  # steps 1-4: used, zeros, used, zeros
+                self.assertEqual(steps["unused.weight"], 0.0)
+                opt.close()
+
     def test_checkpoint_and_state_dict_keep_each_parameters_step(self):
         with tempfile.TemporaryDirectory() as tmp:
             ref = WithHeads()
