@@ -106,6 +106,10 @@ struct Engine::Impl {
   Speculation spec;
   std::deque<bool> spec_history;  // optimizer.overlap auto: the last speculated steps rolled back?
   int spec_pause = 0;             // ... steps left without speculating
+  // The micro-batches the loop ran in its last step (0: no step yet, train.accumulate assumed):
+  // the speculation starts in the last of them.
+  std::size_t micro_batches = 0;
+  bool said_micro_batches = false;
   zero::Clock::time_point last_grad{};     // the last gradient handed in
   std::string loaded_client_state;         // of the checkpoint last loaded
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
@@ -177,6 +181,8 @@ struct Engine::Impl {
   // the next step speculates as usual).
   void before_state_change() noexcept;
   void stop_speculation_before_next_micro_batch(TensorId id);
+  std::size_t expected_micro_batches() const;
+  void note_micro_batches(std::size_t ran);
   // The speculative jobs posted so far finished; one that failed makes this step serial (its
   // pending versions discarded, the committed state untouched). REQUIRES: the engine's thread.
   void join_speculation() noexcept;

@@ -74,7 +74,7 @@ void Engine::Impl::stop_speculation_before_next_micro_batch(TensorId id) {
 void Engine::Impl::after_hand_in() {
   last_grad = zero::Clock::now();
   if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;
-  const std::size_t k = std::max<std::uint32_t>(1, cfg.train.accumulate);
+  const std::size_t k = expected_micro_batches();
   const std::size_t micro = reducer->micro_batch();
   if (micro + 1 > k) {  // more micro-batches than train.accumulate: the gradients change again
     if (!spec.off) cancel_speculation();
@@ -87,6 +87,26 @@ void Engine::Impl::after_hand_in() {
   const bool last = reducer->all_arrived();
   if (last) reducer->retire_all();
   speculate(reducer->take_filled_chunks(last));
+}
+
+std::size_t Engine::Impl::expected_micro_batches() const {
+  return micro_batches ? micro_batches : std::max<std::uint32_t>(1, cfg.train.accumulate);
+}
+
+// At step(): the loop ran `ran` micro-batches. A count other than the expected one (a loop that
+// accumulates without saying so in train.accumulate) becomes the expectation, so that the next
+// step's speculation starts in its last micro-batch instead of being discarded at the next one
+// (or never starting); said once.
+void Engine::Impl::note_micro_batches(std::size_t ran) {
+  if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout->stage() < 2) return;
+  if (ran != expected_micro_batches() && !said_micro_batches && rank == 0) {
+    said_micro_batches = true;
+    log_info("engine: the loop ran ", ran, " micro-batch(es) in a step where ",
+             micro_batches ? "the last step ran " : "train.accumulate says ",
+             expected_micro_batches(), ": the speculative update now starts in micro-batch ", ran,
+             " (train.accumulate: ", ran, " says so from the start)");
+  }
+  micro_batches = ran;
 }
 
 // Every tensor with elements in chunk ci was handed in on this rank (so no rank skips it: its step

@@ -108,6 +108,7 @@ StepResult Engine::Impl::step() {
   }
   if (const int peer = agreement->agree_outcome(true); peer >= 0)
     agreement->fail_for_peer(peer, "update");
+  note_micro_batches(reducer->micro_batch() + 1);
   end_step(applied, res);
   end_speculation_step(speculated, res.rolled_back_chunks > 0);
   st.speculated_chunks += res.speculated_chunks;

@@ -42,9 +42,10 @@ std::vector<float> values(std::uint64_t seed, float scale) {
 struct SeqRun {
   std::unique_ptr<Communicator> comm;
   std::unique_ptr<Engine> e;
-  explicit SeqRun(bool overlap) {
+  bool overlap;
+  explicit SeqRun(bool on) : overlap(on) {
     comm = std::move(make_inprocess_communicators(1, 30.0)[0]);
-    e = std::make_unique<Engine>(sequence_config(overlap), *comm);
+    e = std::make_unique<Engine>(sequence_config(on), *comm);
     for (std::size_t t = 0; t < kTensors; ++t)
       e->add_parameter("t" + std::to_string(t), values(100 + t, 0.5f));
   }
@@ -163,6 +164,25 @@ TEST(SpeculationSequences, AMicroBatchBeyondAccumulateStopsTheSpeculation) {
     const StepResult s = r.e->step();
     EXPECT_TRUE(s.applied);
     EXPECT_EQ(s.committed_chunks, 0u);
+  });
+}
+
+// A loop that accumulates 3 micro-batches while train.accumulate says 1: the first step's
+// speculation (in micro-batch 1) is discarded; from the next step on the engine expects 3 and
+// speculates in the third, committed. Bitwise the serial steps throughout.
+TEST(SpeculationSequences, TheLoopsMicroBatchCountIsLearned) {
+  compare([](SeqRun& r) {
+    for (int step = 0; step < 3; ++step) {
+      for (int micro = 0; micro < 3; ++micro) r.backward(10 * step + micro);
+      const StepResult s = r.e->step();
+      EXPECT_TRUE(s.applied);
+      if (!r.overlap) continue;
+      if (step == 0) {
+        EXPECT_EQ(s.committed_chunks, 0u);
+      } else {
+        EXPECT_GT(s.committed_chunks, 0u) << "step " << step;
+      }
+    }
   });
 }
 
