@@ -130,8 +130,9 @@ struct StepResult {
   double loss_scale = 1;  // the scale for the next step
   // The speculative update (optimizer.overlap, docs/offload.md): chunks of the rank's state
   // updated during the backward into pending versions, of which committed (no clip, no overflow)
-  // or rolled back (discarded; the serial update ran instead). speculated = committed +
-  // rolled_back.
+  // or rolled back (discarded: at step(), or before it by a change of the state or the
+  // hyper-parameters, a micro-batch beyond the expected ones, dropped gradients; the serial update
+  // ran instead). speculated = committed + rolled_back.
   std::uint32_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;
   // Seconds from the last gradient handed in (or from step()'s start, if later) to the end of
   // step(): the optimizer time the backward did not hide.

@@ -109,6 +109,10 @@ struct Engine::Impl {
   // The micro-batches the loop ran in its last step (0: no step yet, train.accumulate assumed):
   // the speculation starts in the last of them.
   std::size_t micro_batches = 0;
+  // Chunks speculated in this step and discarded before step() (a change of the state or the
+  // hyper-parameters, a micro-batch beyond, dropped gradients, a failed job): step() reports them
+  // rolled back.
+  std::uint32_t spec_discarded = 0;
   bool said_micro_batches = false;
   zero::Clock::time_point last_grad{};     // the last gradient handed in
   std::string loaded_client_state;         // of the checkpoint last loaded

@@ -217,6 +217,7 @@ std::vector<bool> Engine::Impl::settle_speculation(bool go, StepResult& res) {
   } else {
     res.rolled_back_chunks = n;
   }
+  spec.chunks.clear();        // counted above
   cancel_speculation(false);  // discard (what was not committed), clear
   return done;
 }
@@ -230,6 +231,7 @@ void Engine::Impl::before_state_change() noexcept { cancel_speculation(spec.star
 
 void Engine::Impl::cancel_speculation(bool off) noexcept {
   settle_jobs();  // nothing writes the pending versions any more
+  spec_discarded += static_cast<std::uint32_t>(spec.chunks.size());
   if (!spec.pending.empty()) {
     try {
       store().discard(spec.pending);

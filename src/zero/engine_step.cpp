@@ -92,6 +92,7 @@ StepResult Engine::Impl::step() {
     }
   } catch (...) {
     cancel_speculation(false);
+    spec_discarded = 0;
     const std::exception_ptr error = std::current_exception();
     if (!decided) {
       // The update failed before its gate ran the agreement (the loop's first reads could not be
@@ -110,7 +111,10 @@ StepResult Engine::Impl::step() {
     agreement->fail_for_peer(peer, "update");
   note_micro_batches(reducer->micro_batch() + 1);
   end_step(applied, res);
-  end_speculation_step(speculated, res.rolled_back_chunks > 0);
+  res.speculated_chunks += spec_discarded;  // discarded before step(): rolled back too
+  res.rolled_back_chunks += spec_discarded;
+  end_speculation_step(speculated || spec_discarded > 0, res.rolled_back_chunks > 0);
+  spec_discarded = 0;
   st.speculated_chunks += res.speculated_chunks;
   st.committed_chunks += res.committed_chunks;
   st.rolled_back_chunks += res.rolled_back_chunks;
