@@ -13,6 +13,7 @@ module's backward), with the engine's prefetch. docs/python.md has the whole con
 """
 import contextlib
 import datetime
+import itertools
 import json
 import math
 import os
@@ -192,6 +193,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.rank = self._engine.rank
         self.world = self._engine.world
         self.stage = self._engine.stage
+        self._uid = next(_OPTIMIZERS)  # the same on every rank: they build in the same order
+        self._entries = 0  # collective methods entered (_enter_collective)
+        self._store = _default_store() if self.world > 1 and "c10d" in self.backend else None
 
         # Register them (group order, then parameter order: the same on every rank).
         tid = 0
@@ -641,6 +645,31 @@ class ZeroOptimizer(torch.optim.Optimizer):
                                "skipped on every rank)")
         return torch.tensor(norm, dtype=torch.float32, device=self._device)
 
+    def _enter_collective(self, what):
+        """Every rank enters the collective method `what` (its `n`-th such call) before its
+        collectives start, agreed through the process group's store, not a collective: a rank
+        that calls it alone (HF Trainer saves the optimizer on the main process only) would pair
+        its gathers with the other ranks' step collectives, which gloo answers by aborting the
+        process. UsageError after runtime.collective_timeout_s instead (the others then time out
+        in their next collective)."""
+        if self._store is None:
+            return
+        self._entries += 1
+        key = "strata/optimizer%d/%d/%s" % (self._uid, self._entries, what)
+        if self._store.add(key, 1) == self.world:
+            self._store.set(key + "/all", "1")
+        timeout = float(self._cfg["collective_timeout_s"])
+        try:
+            self._store.wait([key + "/all"], datetime.timedelta(seconds=timeout))
+        except RuntimeError:
+            raise errors.UsageError(
+                "strata: %s() is collective (each rank holds a shard): rank %d entered it and not "
+                "every rank of %d did within runtime.collective_timeout_s = %g s. Call it on every "
+                "rank, in the same order as the other collective calls; HF Trainer saves the "
+                "optimizer on the main process only: save with opt.save_checkpoint(dir) from a "
+                "callback every rank runs (docs/python.md)" % (what, self.rank, self.world, timeout)
+            ) from None
+
     def _check_requires_grad(self):
         """A parameter's requires_grad that changed since construction is refused: strata's
         partition (and so what trains) is fixed when the optimizer is built."""
@@ -791,6 +820,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             return
         if self._n_arrived:
             raise errors.UsageError("strata: full_parameters() between backward() and step()")
+        self._enter_collective("full_parameters")
         self._fetch(tuple(range(len(self._params))))
         self._gathered_all = True
         try:
@@ -828,6 +858,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         own them) and 'master' (the FP32 master weights; equal to the parameters in fp32).
         Collective: every rank calls it and gets the whole state."""
         self._check_usable()
+        self._enter_collective("state_dict")
         state = {}
         for tid in range(len(self._params)):
             step = torch.tensor(float(self._engine.tensor_step(tid)))  # its own, as torch's
@@ -847,6 +878,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         model's current parameters (so load the model's state_dict first). Collective: every rank
         passes the same state_dict."""
         self._check_usable()
+        self._enter_collective("load_state_dict")
         groups = state_dict["param_groups"]
         if len(groups) != len(self.param_groups) or any(
                 len(a["params"]) != len(b["params"]) for a, b in zip(groups, self.param_groups)):
@@ -913,6 +945,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         checkpoint stays loadable until then. close() (or wait_checkpoint()) before the optimizer
         is dropped: a dropped engine only logs a failure. Returns the seconds the call blocked."""
         self._check_usable()
+        self._enter_collective("save_checkpoint")
         text = ""
         if client_state is not None:
             try:
@@ -974,6 +1007,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         betas and eps as saved (as torch's load_state_dict restores them). Returns the client_state
         saved with it, or None. Collective."""
         self._check_usable()
+        self._enter_collective("load_checkpoint")
         self._engine.load_checkpoint(os.fspath(directory))
         self._engine_wrote_params()
         self._synced = {}  # the engine's groups are the checkpoint's now
@@ -1189,6 +1223,17 @@ def _config_sets(config, overrides, section, key):
 # timeout of seconds). The collectives themselves run with runtime.collective_timeout_s each (the
 # c10d communicator passes it per operation), not with the group's timeout.
 _GROUP_CONNECT_TIMEOUT_S = 300.0
+
+
+_OPTIMIZERS = itertools.count()  # ZeroOptimizers built in this process (_enter_collective's keys)
+
+
+def _default_store():
+    """The default process group's store (torchrun's TCPStore), or None."""
+    try:
+        return dist.distributed_c10d._get_default_store() if dist.is_initialized() else None
+    except (RuntimeError, AttributeError, ValueError):
+        return None
 
 
 def _launcher_group(timeout_s):

@@ -14,6 +14,10 @@ kill:  rank 1 SIGKILLs itself in the middle of step 3's backward (a stage-2 buck
 stall: rank 1 stops taking part (sleeps) before step 3; rank 0 must raise TimeoutError after
        about the timeout (not before: a slow peer is not dead), naming the collective.
 Then rank 0's next call must raise EngineFailedError saying "load_checkpoint".
+alone: rank 0 calls opt.state_dict() (collective) alone before step 3, as HF Trainer saves the
+       optimizer on the main process only, while rank 1 goes on into step 3's collectives: rank 0
+       must raise UsageError naming the collective call (it once paired its gathers with rank 1's
+       reduce-scatter, and gloo aborted both processes), rank 1 a strata error; no process aborts.
 """
 import json
 import os
@@ -50,7 +54,10 @@ def worker(mode, out):
         for step in range(6):
             x, y = G.global_batch(data, step, 4, 16)
             x, y = x[rank * 2:rank * 2 + 2], y[rank * 2:rank * 2 + 2]
-            if step == 3 and rank == 1:
+            if step == 3 and rank == 0 and mode == "alone":
+                t0 = time.monotonic()
+                opt.state_dict()  # the main process's save, alone
+            if step == 3 and rank == 1 and mode != "alone":
                 if mode == "stall":
                     time.sleep(5 * TIMEOUT_S)
                     os._exit(0)
@@ -88,14 +95,20 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(mode, tmp):
+def spawn(mode, tmp):
+    """Two worker ranks in MODE, started the way torchrun does; their report paths and processes."""
     port = free_port()
-    procs = []
     outs = [os.path.join(tmp, "%s.rank%d.json" % (mode, r)) for r in range(2)]
+    procs = []
     for r in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), LOCAL_RANK=str(r),
-                   WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r),
+                   LOCAL_RANK=str(r), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, __file__, "worker", mode, outs[r]], env=env))
+    return outs, procs
+
+
+def run(mode, tmp):
+    outs, procs = spawn(mode, tmp)
     deadline = time.monotonic() + 120
     rc0 = None
     while time.monotonic() < deadline:
@@ -141,6 +154,32 @@ def run(mode, tmp):
     return bad
 
 
+def run_alone(tmp):
+    """Both ranks must report (no abort): rank 0 UsageError naming state_dict, rank 1 a strata
+    error (its step collective timed out or lost its peer)."""
+    outs, procs = spawn("alone", tmp)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.2)
+    bad = []
+    for r, p in enumerate(procs):
+        if p.poll() is None:
+            p.kill()
+            bad.append("alone: rank %d hung (killed after 120 s)" % r)
+        p.wait()
+        if p.returncode != 0:
+            bad.append("alone: rank %d exited with %d (an abort is -6)" % (r, p.returncode))
+    reps = [json.load(open(o)) if os.path.exists(o) else {} for o in outs]
+    print("alone: reports: %s" % json.dumps(reps, indent=1))
+    if reps[0].get("error") != "UsageError" or "state_dict() is collective" not in reps[0].get(
+            "message", ""):
+        bad.append("alone: rank 0 raised %s, want UsageError naming state_dict() as collective"
+                   % reps[0].get("error"))
+    if "StrataError" not in reps[1].get("mro", []):
+        bad.append("alone: rank 1 raised %s, want a strata error" % reps[1].get("error"))
+    return bad
+
+
 def main():
     import tempfile
 
@@ -151,6 +190,7 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("kill", "stall"):
             bad += run(mode, tmp)
+        bad += run_alone(tmp)
     return verdict(bad)
 
 
