@@ -587,19 +587,22 @@ class UnusedParameters(unittest.TestCase):
                             self.assertEqual(sum("'%s'" % n in m for m in said), 1, (n, said))
                         opt.close()
 
+    def pair(self, stage):
+        """WithHeads and its copy; strata (unused parameters skipped silently) and AdamW on them."""
+        ref = WithHeads()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(stage), unused_parameters="ignore",
+                                         param_groups=A.torch_groups(model))
+        return ref, model, opt, adamw(A.torch_groups(ref))
+
     def test_zero_grad_keeping_zeros_steps_them_as_adamw(self):
         """zero_grad(set_to_none=False) (torch 1.13's default): AdamW steps a parameter on its
         zero p.grad once it had a gradient ('alt' on even steps after step 1); one that never had
         one ('unused') stays skipped. It was skipped either way."""
         for stage in (0, 2, 3):
             with self.subTest(stage=stage):
-                ref = WithHeads()
-                model = copy.deepcopy(ref)
-                opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
-                                                 unused_parameters="ignore",
-                                                 param_groups=A.torch_groups(model))
-                topt = adamw(A.torch_groups(ref))
-                for m, o, mine in ((model, opt, True), (ref, topt, False)):
+                ref, model, opt, topt = self.pair(stage)
+                for m, o in ((model, opt), (ref, topt)):
                     for s in range(5):
                         x, y = A.batch(s)
                         o.zero_grad(set_to_none=False)
@@ -659,12 +662,7 @@ class UnusedParameters(unittest.TestCase):
         # the second adds nothing), on even steps in none (skipped).
         for stage in (1, 2):
             with self.subTest(stage=stage):
-                ref = WithHeads()
-                model = copy.deepcopy(ref)
-                opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
-                                                 unused_parameters="ignore",
-                                                 param_groups=A.torch_groups(model))
-                topt = adamw(A.torch_groups(ref))
+                ref, model, opt, topt = self.pair(stage)
                 for m, o, strata_opt in ((model, opt, True), (ref, topt, False)):
                     for s in range(4):
                         x, y = A.batch(s, rows=4)
