@@ -195,7 +195,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.stage = self._engine.stage
         self._uid = next(_OPTIMIZERS)  # the same on every rank: they build in the same order
         self._entries = 0  # collective methods entered (_enter_collective)
-        self._store = _default_store() if self.world > 1 and "c10d" in self.backend else None
+        # The default group's store: keyed by this optimizer's number, the ranks of one group only.
+        self._store = (_default_store() if self.world > 1 and "c10d" in self.backend
+                       and dist.is_initialized() and dist.get_world_size() == self.world else None)
 
         # Register them (group order, then parameter order: the same on every rank).
         tid = 0
@@ -580,14 +582,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.UsageError(
                 "strata: step() before backward(): no gradient arrived in this step; call "
                 "opt.backward(loss) (or loss.backward()) first")
-        written = self._written_params() if self.stage < 3 else []
-        if written:
-            raise errors.UsageError(
-                "strata: step(): parameter '%s' was written after this step's backward began "
-                "(strata takes the model's weights at the step's first gradient, so the update may "
-                "already have started from the old ones): write parameters between step() and the "
-                "next backward. opt.zero_grad() drops this step's gradients and the loop can go "
-                "on" % self._name(self._params[written[0]]))
+        if self.stage < 3:  # written since the first gradient (between micro-batches, or now):
+            self._reseed_written()  # an update speculated from the old ones is discarded
         if self._n_arrived < len(self._params) and self._unused != "error":
             self._skip_unused()
         if self._n_arrived < len(self._params):
