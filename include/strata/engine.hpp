@@ -304,7 +304,9 @@ class Engine {
 
   EngineStats stats() const;
 
-  // The optimizer state of one tensor, between steps (after finalize(), not inside a backward).
+  // The optimizer state of one tensor, between steps (after finalize(), not inside a backward;
+  // at stages 0-2 write_state also between a step's last gradient and step(): a speculative
+  // update started from the old state is discarded, the step runs serially from the new one).
   // Both are collective: every rank calls them for the same tensors in the same order.
   // read_state: `out` (numel(id) elements) receives the tensor's FP32 master weights or moments,
   // gathered from the ranks that own them; every rank gets the whole tensor.
