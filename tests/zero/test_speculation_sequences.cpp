@@ -154,6 +154,22 @@ TEST(SpeculationSequences, StateWrittenBetweenStepsKeepsTheNextStepOverlapped) {
   expect_same_state(*on.e, *off.e);
 }
 
+// The master written after the last gradient and before step() (strata.torch: weights the loop
+// wrote then): what was speculated from the old master is discarded (rolled back) and the step
+// runs from the new one, as the serial engine does.
+TEST(SpeculationSequences, StateWrittenAfterTheGradientsIsSteppedFrom) {
+  compare([](SeqRun& r) {
+    r.backward(0);
+    r.e->step();
+    r.backward(1);
+    r.e->write_state(2, StateKind::kMaster, values(9, 0.2f));
+    const StepResult s = r.e->step();
+    EXPECT_TRUE(s.applied);
+    EXPECT_EQ(s.rolled_back_chunks > 0, r.overlap);
+    EXPECT_EQ(s.committed_chunks, 0u);
+  });
+}
+
 // More micro-batches than train.accumulate (1): the second one's hand-ins add into the gradients
 // the speculation of the first may still be reading; it is stopped before them (it was stopped
 // after the first of them), nothing speculated is committed, and the step is the serial one. (The
