@@ -421,7 +421,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         moments and step counts are kept, as AdamW keeps its state."""
         for tid in self._written_params():
             p = self._params[tid]
-            if p.data_ptr() != self._buffers[tid] or p.dtype != self._param_dtype:
+            if self._moved(tid):
                 raise self._moved_error()
             v = p.detach().to(device="cpu", dtype=torch.float32).contiguous()
             if v.numel():
@@ -440,10 +440,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
             "no longer strata's memory, so its gradient hooks and in-place updates cannot reach "
             "them. Move or convert the model first, then build the optimizer")
 
+    def _moved(self, tid):
+        """Stages 0-2: parameter tid is no longer a view of the engine's memory."""
+        p = self._params[tid]
+        return p.numel() > 0 and (p.data_ptr() != self._buffers[tid] or
+                                  p.dtype != self._param_dtype or p.device != self._device)
+
     def _check_not_moved(self):
-        if self.stage < 3 and any(
-                p.data_ptr() != b or p.dtype != self._param_dtype or p.device != self._device
-                for p, b in zip(self._params, self._buffers) if p.numel()):
+        if self.stage < 3 and any(self._moved(tid) for tid in range(len(self._params))):
             raise self._moved_error()
 
     def _next_micro_batch(self, tid):
@@ -553,17 +557,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
                         % (gi, key))
             hp = (float(group["lr"]), float(group["weight_decay"]), float(betas[0]),
                   float(betas[1]), float(group["eps"]))
-            old = self._synced.get(gi)
-            if old == hp:
-                continue  # a setter joins the speculative update: only what changed is set
-            if old is None or old[0] != hp[0]:
-                self._engine.set_lr(hp[0], gi)
-            if old is None or old[1] != hp[1]:
-                self._engine.set_weight_decay(hp[1], gi)
-            if old is None or old[2:4] != hp[2:4]:
-                self._engine.set_betas(hp[2], hp[3], gi)
-            if old is None or old[4] != hp[4]:
-                self._engine.set_eps(hp[4], gi)
+            if self._synced.get(gi) == hp:
+                continue  # a setter joins the speculative update: a group unchanged is not set
+            self._engine.set_lr(hp[0], gi)  # (a value set again unchanged discards nothing)
+            self._engine.set_weight_decay(hp[1], gi)
+            self._engine.set_betas(hp[2], hp[3], gi)
+            self._engine.set_eps(hp[4], gi)
             self._synced[gi] = hp
 
     @torch.no_grad()
