@@ -109,6 +109,8 @@ class Device {
   virtual std::string name() const = 0;
   // Memory the device has (for the host device: the value it was created with).
   virtual std::uint64_t total_memory() const = 0;
+  // The CUDA ordinal of a GPU (what query_pointer reports for its memory); -1 for the host device.
+  virtual int ordinal() const { return -1; }
 
   // Device memory of `bytes` bytes (256-byte aligned at least). Throws Error(kOutOfMemory).
   DeviceMemory allocate(std::size_t bytes) { return DeviceMemory(this, alloc(bytes), bytes); }
@@ -160,6 +162,7 @@ class DeviceWrapper : public Device {
   DeviceKind kind() const override { return inner_->kind(); }
   std::string name() const override { return inner_->name(); }
   std::uint64_t total_memory() const override { return inner_->total_memory(); }
+  int ordinal() const override { return inner_->ordinal(); }
   void* alloc(std::size_t bytes) override { return inner_->alloc(bytes); }
   void free(void* ptr) noexcept override { inner_->free(ptr); }
   std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }

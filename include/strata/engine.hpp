@@ -16,6 +16,19 @@
 // MPI). runtime.device cuda with a host-buffer communicator, or host with NCCL, is refused at
 // construction with Error(kUnsupported).
 //
+// Which memory each call's pointers may be (a GPU engine: device() is CUDA). The engine checks
+// what the CUDA runtime can tell (cudaPointerGetAttributes, strata/device_query.hpp) and throws
+// Error(kInvalidArgument) naming the call, the tensor and the memory instead of touching memory it
+// cannot (host code reading device memory dies with SIGSEGV; a kernel reading pageable host memory
+// faults the device):
+//   host memory only (host code copies it): add_parameter's initial values, read_state's `out`,
+//     write_state's `in`, read_param's `out`, the checkpoint model's extra tensors;
+//   device memory of device(), or host memory (staged through a bounded buffer, synchronous):
+//     set_gradient (all overloads), set_gradients, set_gradient_host; device memory of another
+//     GPU is refused;
+//   device memory of device() (read by torch's kernels, written by the engine's): param(id).
+// On the host-emulated device every pointer is host memory and nothing is checked.
+//
 // Life cycle, on every rank in the same order:
 //   Engine e(config, comm);
 //   auto w = e.add_parameter("w1", initial_values);  ... (all tensors)
@@ -256,6 +269,21 @@ class Engine {
   // producer's device failed, a timeout after runtime.collective_timeout_s, a stream of another
   // device: Error(kDevice / kTimeout / kInvalidArgument)) changes nothing.
   void set_gradient(TensorId id, const void* grad, StreamHandle producer);
+  // The same without waiting for the GPU (a GPU backward's hand-in: the thread that queues the
+  // backward's kernels returns at once). strata's gradient stream waits for the work queued on
+  // `producer` so far (an event, no host wait) and the copy (or the accumulation) is queued after
+  // it; the hand-in waits on the host only where the gradient completes a bucket (stages 2-3: its
+  // collective reads it) — never per tensor otherwise — and step() / clip_grad_norm() /
+  // discard_gradients() wait for the rest. `grad` (device memory of device()) must stay valid and
+  // unchanged until the work queued on gradient_stream() by this call completes: torch:
+  // g.record_stream(torch.cuda.ExternalStream(engine.gradient_stream())), which keeps the caching
+  // allocator from handing g's memory out before. A copy that fails is thrown by the wait that
+  // observes it and leaves the engine failed, as for set_gradient. Host memory, or the
+  // host-emulated device: set_gradient(id, grad, producer) (copied before return).
+  void set_gradient_async(TensorId id, const void* grad, StreamHandle producer);
+  // The stream set_gradient_async's copies run on (a cudaStream_t of device()); nullptr on the
+  // host-emulated device. After finalize().
+  StreamHandle gradient_stream();
   // The same from host memory, whatever the device (a convenience: one host-to-device copy on a
   // GPU, synchronous).
   void set_gradient_host(TensorId id, const void* grad);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "c10d_communicator.hpp"
+#include "dlpack.hpp"
 #include "errors.hpp"
 #include "strata/build_info.hpp"
 #include "strata/cleanup.hpp"
@@ -59,6 +60,7 @@ struct ParamBuffer {
   std::shared_ptr<EngineBox> box;
   void* data = nullptr;
   std::size_t bytes = 0;
+  int ordinal = -1;  // the GPU of a DeviceParamBuffer
 };
 struct DeviceParamBuffer : ParamBuffer {};
 
@@ -103,6 +105,7 @@ class PyEngine {
   // (strata's NCCL on GPU `device`; make_nccl).
   PyEngine(const Config& config, const std::string& comm, py::handle process_group, int device) {
     box_ = std::make_shared<EngineBox>();
+    cuda_ = config.runtime.device != DeviceKind::kHost;
     const double timeout = config.runtime.collective_timeout_s;
     if (comm == "single") {
       box_->comm = std::move(make_inprocess_communicators(1, timeout)[0]);
@@ -153,13 +156,28 @@ class PyEngine {
   const Engine& e() const { return *box_->engine; }
   Communicator& comm() { return *box_->comm; }
 
+  // Initial values in host memory, or in device memory (a CUDA model's tensor: copied to the host
+  // first through the CUDA runtime, after the work queued on the legacy default stream; torch.py
+  // synchronizes its current stream before).
   TensorId add_parameter(const std::string& name, Address values, std::size_t numel,
                          GroupId group) {
-    std::span<const float> init(reinterpret_cast<const float*>(values), numel);
-    return e().add_parameter(name, init, group);
+    const auto* p = reinterpret_cast<const float*>(values);
+    if (numel == 0 || !is_device_memory(p)) return e().add_parameter(name, {p, numel}, group);
+    std::vector<float> host(numel);
+    copy_any_memory(host.data(), p, numel * sizeof(float));
+    return e().add_parameter(name, host, group);
   }
 
   bool on_device() { return e().device().kind() == DeviceKind::kCuda; }
+
+  // Host code reads it: device memory is an error naming `what`, not a SIGSEGV.
+  void require_host(Address a, const std::string& what) const {
+    if (is_device_memory(reinterpret_cast<const void*>(a)))
+      fail(ErrorCode::kInvalidArgument,
+           strcat(what, ": the buffer is ",
+                  describe_memory(query_pointer(reinterpret_cast<const void*>(a))),
+                  "; pass host memory (a CPU tensor)"));
+  }
 
   py::object param_buffer(TensorId id) {
     if (e().stage() == 3)
@@ -169,6 +187,7 @@ class PyEngine {
     b.box = box_;
     b.data = const_cast<void*>(e().param(id));
     b.bytes = e().numel(id) * dtype_size(e().param_dtype());
+    b.ordinal = e().device().ordinal();
     if (on_device()) return py::cast(DeviceParamBuffer{std::move(b)});
     return py::cast(std::move(b));
   }
@@ -191,13 +210,44 @@ class PyEngine {
     copy_stream_->synchronize(timeout());
   }
 
+  // The stage-3 gathers' copies, batched: every tensor of `ids` into its `dsts` entry, the copies
+  // queued after `stream`'s work and waited for once (one host wait per module, not per tensor).
+  void copy_params(const std::vector<TensorId>& ids, const std::vector<Address>& dsts,
+                   py::object stream) {
+    if (ids.size() != dsts.size())
+      fail(ErrorCode::kInvalidArgument,
+           strcat("copy_params: ", ids.size(), " ids and ", dsts.size(), " destinations"));
+    if (!on_device()) {
+      for (std::size_t i = 0; i < ids.size(); ++i) copy_param(ids[i], dsts[i], py::none());
+      return;
+    }
+    const StreamHandle caller = stream_handle(stream);
+    py::gil_scoped_release nogil;
+    if (!copy_stream_) copy_stream_ = e().device().create_stream();
+    copy_stream_->wait_external(caller);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      copy_stream_->memcpy_async(reinterpret_cast<void*>(dsts[i]), e().param(ids[i]),
+                                 e().numel(ids[i]) * dtype_size(e().param_dtype()));
+    copy_stream_->synchronize(timeout());
+  }
+
+  // State reads and writes take host memory or device memory (a CUDA tensor: staged through host
+  // memory with a copy through the CUDA runtime).
   void read_state(TensorId id, const std::string& kind, Address out) {
-    std::span<float> s(reinterpret_cast<float*>(out), e().numel(id));
-    e().read_state(id, state_kind(kind), s);
+    const std::size_t n = e().numel(id);
+    auto* p = reinterpret_cast<float*>(out);
+    if (n == 0 || !is_device_memory(p)) return e().read_state(id, state_kind(kind), {p, n});
+    std::vector<float> host(n);
+    e().read_state(id, state_kind(kind), host);
+    copy_any_memory(p, host.data(), n * sizeof(float));
   }
   void write_state(TensorId id, const std::string& kind, Address in) {
-    std::span<const float> s(reinterpret_cast<const float*>(in), e().numel(id));
-    e().write_state(id, state_kind(kind), s);
+    const std::size_t n = e().numel(id);
+    const auto* p = reinterpret_cast<const float*>(in);
+    if (n == 0 || !is_device_memory(p)) return e().write_state(id, state_kind(kind), {p, n});
+    std::vector<float> host(n);
+    copy_any_memory(host.data(), p, n * sizeof(float));
+    e().write_state(id, state_kind(kind), host);
   }
 
  private:
@@ -206,7 +256,13 @@ class PyEngine {
                                      1);
   }
 
+  // Device memory: only where a GPU may be the engine's (the query needs the CUDA runtime).
+  bool is_device_memory(const void* p) const {
+    return cuda_ && query_pointer(p).kind == MemoryKind::kDevice;
+  }
+
   std::shared_ptr<EngineBox> box_;
+  bool cuda_ = false;                    // runtime.device is not host: a GPU may be the engine's
   std::unique_ptr<Stream> copy_stream_;  // copy_param on a GPU (destroyed before the engine)
 };
 
@@ -347,8 +403,28 @@ PYBIND11_MODULE(_strata, m) {
       })
       .def_property_readonly("address",
                              [](const ParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
-      .def_property_readonly("nbytes", [](const ParamBuffer& b) { return b.bytes; });
+      .def_property_readonly("nbytes", [](const ParamBuffer& b) { return b.bytes; })
+      .def("__dlpack_device__",
+           [](const ParamBuffer&) { return py::make_tuple(static_cast<int>(DlDevice::kCpu), 0); })
+      .def(
+          "__dlpack__",
+          [](const ParamBuffer& b, const py::object&) {
+            return dlpack_capsule(b.box, b.data, b.bytes, DlDevice::kCpu, 0);
+          },
+          py::arg("stream") = py::none());
+  // torch.from_dlpack: the engine wrote the parameters on its own streams and synchronized them
+  // before returning (step, load, write_state), so a consumer's stream has nothing to wait for.
   py::class_<DeviceParamBuffer>(m, "DeviceParamBuffer")
+      .def("__dlpack_device__",
+           [](const DeviceParamBuffer& b) {
+             return py::make_tuple(static_cast<int>(DlDevice::kCuda), b.ordinal);
+           })
+      .def(
+          "__dlpack__",
+          [](const DeviceParamBuffer& b, const py::object&) {
+            return dlpack_capsule(b.box, b.data, b.bytes, DlDevice::kCuda, b.ordinal);
+          },
+          py::arg("stream") = py::none())
       .def_property_readonly(
           "address", [](const DeviceParamBuffer& b) { return reinterpret_cast<Address>(b.data); })
       .def_property_readonly("nbytes", [](const DeviceParamBuffer& b) { return b.bytes; })
@@ -453,6 +529,8 @@ PYBIND11_MODULE(_strata, m) {
       .def("param_buffer", &PyEngine::param_buffer)
       .def("copy_param", &PyEngine::copy_param, py::arg("id"), py::arg("dst"),
            py::arg("stream") = py::none())
+      .def("copy_params", &PyEngine::copy_params, py::arg("ids"), py::arg("dsts"),
+           py::arg("stream") = py::none())
       .def(
           "gather", [](PyEngine& s, std::vector<TensorId> ids) { s.e().gather(ids); }, G())
       .def(
@@ -471,13 +549,19 @@ PYBIND11_MODULE(_strata, m) {
       .def(
           "skip_gradient", [](PyEngine& s, TensorId id) { s.e().skip_gradient(id); }, G())
       // A gradient in device memory of the engine's GPU, written by work queued on `stream`
-      // (torch.cuda.current_stream().cuda_stream): the engine's copy waits for it.
+      // (torch.cuda.current_stream().cuda_stream): the engine's copy waits for it on the GPU and
+      // the call returns without waiting (Engine::set_gradient_async): the caller keeps `grad`
+      // until the work queued on gradient_stream completes (g.record_stream).
       .def("set_gradient_device",
            [](PyEngine& s, TensorId id, Address grad, py::object stream) {
              const StreamHandle producer = stream_handle(stream);
              py::gil_scoped_release nogil;
-             s.e().set_gradient(id, reinterpret_cast<const void*>(grad), producer);
+             s.e().set_gradient_async(id, reinterpret_cast<const void*>(grad), producer);
            })
+      // The stream set_gradient_device's copies run on (an int cudaStream_t; 0 on the host).
+      .def_property_readonly(
+          "gradient_stream",
+          [](PyEngine& s) { return reinterpret_cast<Address>(s.e().gradient_stream()); })
       // stream: the caller's (None: no hand-off), waited for before the parameters change.
       .def(
           "step",
@@ -536,9 +620,11 @@ PYBIND11_MODULE(_strata, m) {
             // extra: (name, safetensors dtype, shape, address, bytes) of host tensors the caller
             // keeps alive for the call (written during it, also by an asynchronous save).
             CheckpointModel model{std::move(shapes), std::move(aliases), {}};
-            for (const auto& [name, dtype, shape, address, bytes] : extra)
+            for (const auto& [name, dtype, shape, address, bytes] : extra) {
+              s.require_host(address, strcat("save_checkpoint: extra tensor '", name, "'"));
               model.extra.push_back(
                   {name, dtype, shape, {reinterpret_cast<const unsigned char*>(address), bytes}});
+            }
             s.e().save_checkpoint(d, blocking ? SaveMode::kBlocking : SaveMode::kAsync,
                                   client_state, model);
           },

@@ -192,6 +192,7 @@ class CudaDevice final : public Device {
     total_ = prop.totalGlobalMem;
   }
   DeviceKind kind() const override { return DeviceKind::kCuda; }
+  int ordinal() const override { return ordinal_; }
   std::string name() const override { return name_; }
   std::uint64_t total_memory() const override { return total_; }
   void* alloc(std::size_t bytes) override {

@@ -10,6 +10,7 @@
 #include "strata/log.hpp"
 #include "zero/clock.hpp"
 #include "zero/engine_impl.hpp"
+#include "zero/memory_checks.hpp"
 
 namespace strata {
 
@@ -279,6 +280,10 @@ TensorId Engine::add_parameter(std::string name, std::span<const float> initial,
   if (group >= impl_->groups.size())
     fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "'): unknown group ",
                                              group, " (", impl_->groups.size(), " groups)"));
+  // Copied by host code below: device memory is an error, not a SIGSEGV (only where a GPU may be
+  // the engine's: the query needs the CUDA runtime).
+  if (impl_->cfg.runtime.device != DeviceKind::kHost && !initial.empty())
+    zero::require_host_memory(initial.data(), "add_parameter", name);
   impl_->tensor_group.push_back(group);
   impl_->specs.push_back({std::move(name), initial.size()});
   impl_->initial.emplace_back(initial.begin(), initial.end());
@@ -396,6 +401,16 @@ void Engine::set_gradient(TensorId id, const void* grad, StreamHandle producer) 
   impl_->require_usable("set_gradient");
   impl_->wait_for_caller(producer, "set_gradient");
   impl_->set_gradient(id, grad, Tier::kGpu);
+}
+void Engine::set_gradient_async(TensorId id, const void* grad, StreamHandle producer) {
+  impl_->require_finalized("set_gradient_async");
+  if (impl_->storage->device().kind() != DeviceKind::kCuda)
+    return set_gradient(id, grad, producer);  // host memory: copied before return
+  impl_->set_gradient(id, grad, Tier::kGpu, &producer);
+}
+StreamHandle Engine::gradient_stream() {
+  impl_->require_finalized("gradient_stream");
+  return impl_->reducer->stream().native_handle();
 }
 void Engine::set_gradient_host(TensorId id, const void* grad) {
   impl_->set_gradient(id, grad, Tier::kCpu);

@@ -145,7 +145,12 @@ struct Engine::Impl {
   EngineStats stats() const;
 
   // ---- engine_step.cpp
-  void set_gradient(TensorId id, const void* grad, Tier memory);
+  // `memory`: what the caller says it is; on a GPU the memory is checked (memory_checks.hpp) and
+  // host memory takes the host path whatever was said. `producer` (device memory on a GPU): the
+  // asynchronous hand-in (Engine::set_gradient_async).
+  void set_gradient(TensorId id, const void* grad, Tier memory,
+                    const StreamHandle* producer = nullptr);
+  Tier gradient_memory(TensorId id, const void* grad, Tier said) const;
   void skip_gradient(TensorId id);
   // Some rank skipped a tensor's gradient: which tensors every rank skipped (one exchange).
   std::vector<bool> agree_skipped();

@@ -5,9 +5,11 @@
 #include <cstring>
 
 #include "core/numeric.hpp"
+#include "strata/device.hpp"
 #include "strata/log.hpp"
 #include "zero/clock.hpp"
 #include "zero/engine_impl.hpp"
+#include "zero/memory_checks.hpp"
 
 namespace strata {
 
@@ -123,16 +125,19 @@ void check_size(const TensorSpec& t, std::size_t given, const char* what) {
 // What read_state and write_state check first: a finalized, usable engine, a registered tensor,
 // and `given` elements, the tensor's size.
 template <typename EngineImpl>  // Engine::Impl, private to Engine: deduced, not named
-void check_state_call(EngineImpl& impl, TensorId id, std::size_t given, const char* what) {
+void check_state_call(EngineImpl& impl, TensorId id, const float* p, std::size_t given,
+                      const char* what) {
   impl.require_finalized(what);
   impl.require_usable(what);
   impl.check_id(id, what);
   check_size(impl.specs[id], given, what);
+  if (given && impl.storage->device().kind() == DeviceKind::kCuda)  // host code reads / writes it
+    zero::require_host_memory(p, what, impl.specs[id].name);
 }
 }  // namespace
 
 void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out) {
-  check_state_call(*this, id, out.size(), "read_state");
+  check_state_call(*this, id, out.data(), out.size(), "read_state");
   if (out.empty()) return;
   const zero::TensorShare share = layout->share(id);
   std::vector<float> mine(share.local.count);
@@ -152,7 +157,7 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
 // from the same values with the same conversion. A failure part-way (the master written, the
 // parameters not, or either in part) breaks it for the rank: an asynchronous save copies them.
 void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const float> in) {
-  check_state_call(*this, id, in.size(), "write_state");
+  check_state_call(*this, id, in.data(), in.size(), "write_state");
   if (in.empty()) return;
   const zero::TensorShare share = layout->share(id);
   try {

@@ -4,13 +4,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include "strata/device.hpp"
+#include "strata/device_query.hpp"
 #include "strata/log.hpp"
 #include "zero/clock.hpp"
 #include "zero/engine_impl.hpp"
+#include "zero/memory_checks.hpp"
 
 namespace strata {
 
-void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
+void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory,
+                                const StreamHandle* producer) {
   require_finalized("set_gradient");
   require_usable("set_gradient");
   check_id(id, "set_gradient");
@@ -19,15 +23,32 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory) {
          "engine: set_gradient after clip_grad_norm() and before step(): this step's gradients "
          "are already reduced");
   reducer->check_hand_in(id, grad);  // argument errors change nothing
+  memory = gradient_memory(id, grad, memory);
+  if (producer && memory == Tier::kCpu) {  // host memory: copied before return, after `producer`
+    wait_for_caller(*producer, "set_gradient");
+    producer = nullptr;
+  }
   stop_speculation_before_next_micro_batch(id);
   // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half
   // done.
   try {
-    reducer->hand_in(id, grad, memory);
+    reducer->hand_in(id, grad, memory, producer);
     after_hand_in();
   } catch (const std::exception& e) {
     std::rethrow_exception(fail_call(e));
   }
+}
+
+// Where a gradient handed in really is. On a GPU: device memory of the engine's GPU (kGpu),
+// host memory (kCpu: staged, whatever the caller said), or Error(kInvalidArgument) for another
+// GPU's memory; on the host-emulated device all memory is host memory, as the caller said.
+Tier Engine::Impl::gradient_memory(TensorId id, const void* grad, Tier said) const {
+  const Device& d = storage->device();
+  if (d.kind() != DeviceKind::kCuda || grad == nullptr) return said;
+  const PointerInfo info = query_pointer(grad);
+  if (info.kind != MemoryKind::kDevice && info.kind != MemoryKind::kManaged) return Tier::kCpu;
+  zero::require_device_memory(d, grad, "set_gradient", specs[id].name);
+  return Tier::kGpu;
 }
 
 void Engine::Impl::skip_gradient(TensorId id) {

@@ -170,6 +170,7 @@ std::vector<std::size_t> GradientReducer::take_filled_chunks(bool wait) {
 }
 
 void GradientReducer::discard() {
+  sync_hand_ins();  // copies still writing the gradients (stages 0-1) or the buckets
   while (!inflight_.empty()) {
     InFlight f = std::move(inflight_.front());
     inflight_.pop_front();
@@ -206,7 +207,14 @@ void GradientReducer::mark_arrived(TensorId id) {
   ++n_arrived_;
 }
 
-void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory) {
+void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory,
+                              const void* const* producer) {
+  if (producer) stream_->wait_external(const_cast<void*>(*producer));  // fails: nothing changed
+  async_ = producer != nullptr;
+  struct Sync {
+    bool& async;
+    ~Sync() { async = false; }
+  } back_to_sync{async_};
   mark_arrived(id);
   if (!used_[id]) ++n_used_;
   used_[id] = true;
@@ -259,6 +267,7 @@ void GradientReducer::hand_in_zero(TensorId id) {
 // Bucket k holds every gradient: issued now on one rank; on several, with every complete bucket
 // below the ones already issued, in descending order.
 void GradientReducer::bucket_complete(std::size_t k) {
+  sync_hand_ins();  // its collective or copy out reads what the hand-ins' copies wrote
   if (comm_.size() == 1) {
     issue_bucket(k);
     return;
@@ -294,7 +303,11 @@ void GradientReducer::accumulate_flat(std::size_t off, std::size_t n, const unsi
   if (memory != Tier::kCpu || !cuda) {
     accumulate_on_device(*stream_, cuda, dst, layout_.grad_dtype(), src, layout_.hand_in_dtype(), n,
                          add, timeout_);
-    stream_->synchronize(timeout_);
+    if (async_) {
+      unsynced_ = true;  // the caller keeps `src` until reduce() waits for the stream
+    } else {
+      stream_->synchronize(timeout_);
+    }
     return;
   }
   const std::size_t piece = std::min(n, hand_in_staging_elems(layout_));
@@ -350,13 +363,28 @@ Scratch& GradientReducer::bucket_buffer(std::size_t k) {
     ++buckets_made_;
   }
   const std::size_t ges = layout_.hand_in_elem_bytes();
-  for (const Range& g : bucket_gaps_[k])
-    stream_->fill(b.data() + g.begin * ges, 0, g.count * ges, timeout_);
+  for (const Range& g : bucket_gaps_[k]) fill(b.data() + g.begin * ges, g.count * ges);
   return b;
 }
 
 void GradientReducer::copy(void* dst, const void* src, std::size_t bytes) {
-  stream_->copy(dst, src, bytes, timeout_);
+  if (!async_) return stream_->copy(dst, src, bytes, timeout_);
+  stream_->memcpy_async(dst, src, bytes);
+  unsynced_ = true;
+}
+
+void GradientReducer::fill(void* dst, std::size_t bytes) {
+  if (!async_) return stream_->fill(dst, 0, bytes, timeout_);
+  stream_->memset_async(dst, 0, bytes);
+  unsynced_ = true;
+}
+
+// One host wait for every copy queued since the last: where a bucket completes and at reduce(),
+// never per hand-in. A failed copy throws here (the engine then fails, as for a synchronous one).
+void GradientReducer::sync_hand_ins() {
+  if (!unsynced_) return;
+  stream_->synchronize(timeout_);
+  unsynced_ = false;
 }
 
 void GradientReducer::check_all_arrived() const {
@@ -491,6 +519,7 @@ void GradientReducer::collect_copies(bool all) {
 std::exception_ptr GradientReducer::reduce() {
   const auto t0 = Clock::now();
   std::exception_ptr local;
+  if (layout_.stage() < 2) sync_hand_ins();  // (stages 2-3: every bucket completed waited)
   const int world = comm_.size();
   const std::size_t ges = layout_.grad_elem_bytes();
   unsigned char* grads = layout_.grads_device();

@@ -67,7 +67,13 @@ class GradientReducer : private RankResources {
   void check_hand_in(TensorId id, const void* grad, bool zeros = false) const;
   // Copies tensor `id`'s gradient (grad dtype; `memory` kGpu = device memory, kCpu = host) and
   // starts the reductions it completes. REQUIRES: check_hand_in passed.
-  void hand_in(TensorId id, const void* grad, Tier memory);
+  // With `producer` (device memory on a GPU: Engine::set_gradient_async) the copy is queued on
+  // stream() after the producer's queued work and not waited for: the hand-in waits for the GPU
+  // only where a bucket completes (its collective or copy out reads what the copies wrote) and
+  // reduce() waits for the rest; `grad` must stay valid until then (the caller's contract).
+  void hand_in(TensorId id, const void* grad, Tier memory, const void* const* producer = nullptr);
+  // The stream the hand-in copies run on (Engine::gradient_stream()).
+  Stream& stream() { return *stream_; }
   // Tensor `id` has no gradient on this rank in this micro-batch (the loss did not use it): it
   // arrives as zeros (nothing is added in a later micro-batch). REQUIRES: check_hand_in passed.
   void hand_in_zero(TensorId id);
@@ -150,7 +156,10 @@ class GradientReducer : private RankResources {
   void collect_copies(bool all);
   Scratch take_recv();
   void finish_round();
-  void copy(void* dst, const void* src, std::size_t bytes);  // synchronous, on stream_
+  // On stream_: synchronous, or queued in an asynchronous hand-in (async_).
+  void copy(void* dst, const void* src, std::size_t bytes);
+  void fill(void* dst, std::size_t bytes);  // zeros, as copy()
+  void sync_hand_ins();  // waits for the copies asynchronous hand-ins queued (unsynced_)
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems_; }
   std::size_t bucket_len(std::size_t b) const;
 
@@ -160,6 +169,8 @@ class GradientReducer : private RankResources {
   const bool retire_early_;   // completed collectives retired at each hand-in (no grads on nvme)
   const bool share_buckets_;  // one rank, retire_early_: no collective (share_bucket)
   std::unique_ptr<Stream> stream_;
+  bool async_ = false;     // inside an asynchronous hand-in: copy() queues without waiting
+  bool unsynced_ = false;  // stream_ holds copies nobody waited for yet
   std::unique_ptr<tier::Filler> fill_;  // stage >= 2: into the grad.<k> chunks
 
   std::vector<bool> arrived_;  // in the current micro-batch

@@ -184,8 +184,11 @@ std::vector<tier::StreamItem> OptimizerStep::stats_items() const {
     for (const Chunk& c : layout_.chunks()) items.push_back({{{c.grad, 0, 0, true, false}}});
     return items;
   }
-  const std::size_t ges = layout_.grad_elem_bytes(), cap = layout_.chunk_cap();
-  const std::size_t psize = layout_.partition_size();
+  // Pieces no longer than the longest chunk: what the pool's buffers were sized to stage (the
+  // chunk capacity, or less when sub-groups cut every chunk shorter and the pool fits the need).
+  std::size_t cap = 1;
+  for (const Chunk& c : layout_.chunks()) cap = std::max(cap, c.r.count);
+  const std::size_t ges = layout_.grad_elem_bytes(), psize = layout_.partition_size();
   for (std::size_t b = 0; b < psize; b += cap) {
     const std::size_t n = std::min(cap, psize - b);
     items.push_back(

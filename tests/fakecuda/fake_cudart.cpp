@@ -361,6 +361,30 @@ cudaError_t cudaHostUnregister(void* p) {
   return ret(Runtime::get().host_unregister(p));
 }
 
+// As CUDA >= 11: device memory (within a live allocation's requested bytes) of its device, a
+// registered host range as host memory (UVA: both pointers the address), anything else
+// (pageable, freed, null) unregistered, with cudaSuccess and no last error.
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  FAKE_ENTER(-1);
+  if (!a) return ret(cudaErrorInvalidValue);
+  Runtime& rt = Runtime::get();
+  rt.count("pointer_attributes");
+  *a = cudaPointerAttributes{};
+  a->type = cudaMemoryTypeUnregistered;
+  a->device = current();
+  if (!p) return cudaSuccess;
+  const int dev = rt.device_of(p);
+  if (dev >= 0) {
+    a->type = cudaMemoryTypeDevice;
+    a->device = dev;
+    a->devicePointer = const_cast<void*>(p);
+  } else if (rt.is_pinned(p, 1)) {
+    a->type = cudaMemoryTypeHost;
+    a->devicePointer = a->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind) {
   return memcpy_impl(dst, src, n, nullptr, true);
 }

@@ -82,8 +82,9 @@ struct EventState {
 };
 
 struct Alloc {
-  std::uintptr_t dev = 0;  // the PROT_NONE view
-  std::size_t size = 0;
+  std::uintptr_t dev = 0;     // the PROT_NONE view
+  std::size_t size = 0;       // mapped: the request rounded up to 4 KiB
+  std::size_t requested = 0;  // what cudaMalloc was asked for
   char* shadow = nullptr;
   int device = 0;
 };
@@ -125,6 +126,9 @@ class Runtime {
   // starts in an allocation but runs past its end.
   const Alloc* find(const void* p, std::size_t n, bool* bad);
   char* shadow_of(const void* p, std::size_t n, int* dev);  // null: not (all) device memory
+  // cudaPointerGetAttributes: the device of a live allocation's requested bytes holding p (-1:
+  // none); else whether p lies in a registered host range.
+  int device_of(const void* p);
 
   // Pinned host ranges.
   cudaError_t host_register(void* p, std::size_t n);

@@ -185,7 +185,7 @@ cudaError_t Runtime::malloc(int dev, std::size_t bytes, void** out) {
   std::memset(shadow, 0xA5, std::min<std::size_t>(size, 1 << 20));  // cudaMalloc is not zeroed
   std::lock_guard<std::mutex> lock(mu_);
   auto a = reinterpret_cast<std::uintptr_t>(view);
-  allocs_[a] = Alloc{a, size, static_cast<char*>(shadow), dev};
+  allocs_[a] = Alloc{a, size, bytes, static_cast<char*>(shadow), dev};
   *out = view;
   return cudaSuccess;
 }
@@ -222,8 +222,18 @@ const Alloc* Runtime::find(const void* p, std::size_t n, bool* bad) {
   if (it == allocs_.begin()) return nullptr;
   --it;
   if (x >= it->first + it->second.size) return nullptr;
-  if (x + n > it->first + it->second.size) *bad = true;
+  // Past the requested bytes is out of bounds, as on a GPU (the page rounding is the fake's).
+  if (x + n > it->first + it->second.requested) *bad = true;
   return &it->second;
+}
+
+int Runtime::device_of(const void* p) {
+  const auto x = reinterpret_cast<std::uintptr_t>(p);
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = allocs_.upper_bound(x);
+  if (it == allocs_.begin()) return -1;
+  --it;
+  return x < it->first + it->second.requested ? it->second.device : -1;
 }
 
 char* Runtime::shadow_of(const void* p, std::size_t n, int* dev) {

@@ -156,6 +156,67 @@ def run(stage):
     print("ok: stage %d: device pointers and the caller's stream through the binding" % stage)
 
 
+def device_copy_of(t):
+    d = ctypes.c_void_p()
+    check(cuda.cudaMalloc(ctypes.byref(d), t.numel() * FLOAT), "cudaMalloc")
+    check(cuda.cudaMemcpy(d, ctypes.c_void_p(t.data_ptr()), t.numel() * FLOAT, DEFAULT),
+          "cudaMemcpy")
+    return d
+
+
+def from_device(d, n=N):
+    out = torch.empty(n)
+    check(cuda.cudaMemcpy(ctypes.c_void_p(out.data_ptr()), d, n * FLOAT, DEFAULT), "cudaMemcpy")
+    return out
+
+
+def refused(fn, *words):
+    try:
+        fn()
+    except errors.InvalidArgumentError as e:
+        assert all(w in str(e) for w in words), (words, e)
+        return
+    raise AssertionError("accepted; expected InvalidArgumentError naming %s" % (words,))
+
+
+def every_entry_with_device_memory(stage):
+    """Each binding entry torch.py may call with a CUDA tensor's memory, with fake device memory
+    (which host code cannot read: an entry that read it on the host would die with SIGSEGV):
+    taken (staged through the CUDA runtime) or refused with an error naming the memory."""
+    w, m = values(1, 1.0), values(3, 0.01)
+    e = _strata.Engine(config(stage, "cuda"), "nccl", None, 1)
+    dw = device_copy_of(w)
+    e.add_parameter("w", dw.value, N)  # initial values in device memory (ad1d2e5: SIGSEGV)
+    e.finalize()
+    dm, out = device_copy_of(m), ctypes.c_void_p()
+    check(cuda.cudaMalloc(ctypes.byref(out), N * FLOAT), "cudaMalloc")
+    e.read_state(0, "master", out.value)
+    assert torch.equal(from_device(out), w), "read_state into device memory"
+    e.write_state(0, "exp_avg", dm.value)
+    e.read_state(0, "exp_avg", out.value)
+    assert torch.equal(from_device(out), m), "write_state from device memory"
+    assert e.gradient_stream != 0
+    buf = e.param_buffer(0)
+    assert buf.__dlpack_device__() == (2, 1), buf.__dlpack_device__()
+    capsule = buf.__dlpack__()
+    del capsule, buf  # a capsule nobody consumed: its deleter drops the engine reference
+    e.copy_params([0], [out.value], None)
+    assert torch.equal(from_device(out), w), "copy_params into device memory"
+    check(cuda.cudaSetDevice(0), "cudaSetDevice")
+    other = device_copy_of(values(2, 0.5))  # device memory of GPU 0, the engine is on GPU 1
+    refused(lambda: e.set_gradient_device(0, other.value, None), "cuda:0", "cuda:1")
+    refused(lambda: e.save_checkpoint("/nonexistent", "", [[N]], [[]],
+                                      [("x", "F32", [N], dw.value, N * FLOAT)]),
+            "device memory of cuda:1", "extra tensor 'x'")
+    check(cuda.cudaSetDevice(1), "cudaSetDevice")
+    e.set_gradient(0, dm.value)  # the host entry, given device memory: copied on the device
+    assert e.step()["applied"]
+    for d in (dw, dm, out, other):
+        check(cuda.cudaFree(d), "cudaFree")
+    print("ok: stage %d: every entry with device memory" % stage)
+
+
 if __name__ == "__main__":
     for stage in (0, 1, 2):
         run(stage)
+        every_entry_with_device_memory(stage)

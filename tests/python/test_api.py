@@ -432,5 +432,34 @@ class Errors(unittest.TestCase):
             del opt
 
 
+class TensorMemorySeam(unittest.TestCase):
+    """strata.torch reaches tensor memory only through its seam (strata/_memory.py), which the
+    fake CUDA runtime's test replaces (tests/fakecuda/torch_stand_in.py): an address taken around
+    it would reach the engine unchecked on a GPU and never run in CI (issue 47, review C1/C2/R6)."""
+
+    SOURCE = os.path.join(os.path.dirname(strata.__file__), "torch.py")
+
+    def lines(self):
+        with open(self.SOURCE) as f:
+            return [(i + 1, line.split("#", 1)[0]) for i, line in enumerate(f)]
+
+    def test_no_address_reaches_the_engine_around_the_seam(self):
+        bad = [n for n, line in self.lines() if ".data_ptr()" in line and "_buffers" not in line
+               and "!= self._buffers" not in line]
+        self.assertEqual(bad, [], "torch.py lines taking data_ptr() outside the seam: %s" % bad)
+
+    def test_every_factory_names_its_device(self):
+        import re
+        factory = re.compile(r"torch\.(empty|zeros|ones|full|tensor|as_tensor)\(")
+        bad = [n for n, line in self.lines() if factory.search(line) and "device=" not in line]
+        self.assertEqual(bad, [], "torch.py factory calls without device= (a default device of "
+                                  "cuda would put them on the GPU): lines %s" % bad)
+
+    def test_cuda_streams_only_through_the_seam(self):
+        bad = [n for n, line in self.lines()
+               if "torch.cuda." in line and "current_device" not in line]
+        self.assertEqual(bad, [], "torch.cuda used outside the seam: lines %s" % bad)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
