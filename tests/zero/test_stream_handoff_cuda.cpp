@@ -203,5 +203,92 @@ TEST(StreamHandOffRefusal, AStreamOfAnotherDeviceChangesNothing) {
   EXPECT_TRUE(e.step(nullptr).applied);
 }
 
+// R2 (issue 47): set_gradient_async returns without waiting for the producer's stream (a GPU
+// backward's autograd thread must not wait for the GPU per gradient): the call returns while the
+// gradient is still held back behind the gate (a fallback opens it after 60 s, so a hand-in that
+// waited fails instead of hanging); the step after it is the reference's, bit for bit. Stages 0-1
+// (no bucket: stages 2-3 wait where a gradient completes a bucket, as engine.hpp says).
+class AsyncHandIn : public ::testing::TestWithParam<int> {};
+
+TEST_P(AsyncHandIn, ReturnsBeforeTheProducerRan) {
+  if (const std::string why = nccl_gpus_missing(1); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
+  const int stage = GetParam();
+  TempDir dir("strata-handoff");
+  const auto want = reference(stage, dir.str());
+  NcclBootstrap boot;
+  boot.file = dir.str() + "/nccl-id";
+  auto comm = make_nccl_communicator(boot, 0, 90.0);
+  Engine e(handoff_config(stage, DeviceKind::kCuda, dir.str()), *comm);
+  const TensorId id = e.add_parameter("w", values(1, 1.0f));
+  e.finalize();
+  ASSERT_NE(e.gradient_stream(), nullptr);
+  auto grad = e.device().allocate(kN * sizeof(float));
+  std::vector<float> g = values(2, 0.5f), after(kN, 0.0f);
+  Registered pin_g(e.device(), g), pin_after(e.device(), after);
+  GatedStream user(0);
+  user.close();
+  ASSERT_EQ(
+      cudaMemcpyAsync(grad.get(), g.data(), kN * sizeof(float), cudaMemcpyDefault, user.get()),
+      cudaSuccess);
+  std::atomic<bool> fallback{false};
+  std::thread opener([&] {  // only if the hand-in waits for the gate (then the test fails)
+    for (int i = 0; i < 600 && !fallback.load(); ++i) std::this_thread::sleep_for(100ms);
+    user.open();
+  });
+  e.set_gradient_async(id, grad.get(), user.get());
+  const bool waited = fallback.exchange(true);  // (true: the opener gave up waiting for us)
+  opener.join();
+  EXPECT_FALSE(waited);
+  user.open();
+  EXPECT_TRUE(e.step(user.get()).applied) << "the gradient was copied before it was written";
+  ASSERT_EQ(
+      cudaMemcpyAsync(after.data(), e.param(id), kN * sizeof(float), cudaMemcpyDefault, user.get()),
+      cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(user.get()), cudaSuccess);
+  for (std::size_t i = 0; i < kN; ++i)
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(after[i]), std::bit_cast<std::uint32_t>(want[i]))
+        << "element " << i << ": " << after[i] << " vs the reference " << want[i];
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, AsyncHandIn, ::testing::Values(0, 1),
+                         [](const auto& i) { return strata::strcat("stage", i.param); });
+
+// The memory each call takes (engine.hpp): device memory where host code would read or write it,
+// and another GPU's memory where the engine's GPU reads, are refused naming the call, the tensor
+// and the memory (on the fake runtime a host read of device memory is a SIGSEGV, as on a GPU);
+// host memory handed to set_gradient is staged.
+TEST(MemoryChecks, WrongMemoryIsRefusedByName) {
+  if (const std::string why = nccl_gpus_missing(2); !why.empty()) GTEST_SKIP() << why;
+  forget_launcher_local_rank();
+  TempDir dir("strata-memory");
+  NcclBootstrap boot;
+  boot.file = dir.str() + "/nccl-id";
+  auto comm = make_nccl_communicator(boot, 0, 30.0);
+  Engine e(handoff_config(0, DeviceKind::kCuda, dir.str()), *comm);
+  auto probe = make_device(DeviceKind::kCuda, 0);
+  auto dev0 = probe->allocate(kN * sizeof(float));
+  const std::span<const float> on_device(static_cast<const float*>(dev0.get()), kN);
+  expect_error(ErrorCode::kInvalidArgument, "add_parameter('w'): the buffer is device memory of",
+               [&] { e.add_parameter("w", on_device); });
+  const TensorId id = e.add_parameter("w", values(1, 1.0f));
+  e.finalize();
+  std::span<float> out(static_cast<float*>(dev0.get()), kN);
+  expect_error(ErrorCode::kInvalidArgument, "read_state('w')",
+               [&] { e.read_state(id, StateKind::kMaster, out); });
+  expect_error(ErrorCode::kInvalidArgument, "write_state('w')",
+               [&] { e.write_state(id, StateKind::kExpAvg, on_device); });
+  auto probe1 = make_device(DeviceKind::kCuda, 1);
+  auto other = probe1->allocate(kN * sizeof(float));
+  expect_error(ErrorCode::kInvalidArgument, "device memory of cuda:1",
+               [&] { e.set_gradient(id, other.get()); });
+  const auto g = values(2, 0.5f);
+  e.set_gradient(id, g.data());  // host memory where device memory was said: staged
+  EXPECT_TRUE(e.step().applied);
+  std::vector<float> got(kN);
+  e.read_param(id, got);
+  EXPECT_EQ(got, reference(0, dir.str()));
+}
+
 }  // namespace
 }  // namespace strata::testing
