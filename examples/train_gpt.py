@@ -62,6 +62,8 @@ def parse():
                     help="micro-batches per step (gradient accumulation): --rows / K sequences each, "
                          "one backward per micro-batch, the loss scaled by 1/K")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--grad-clip", type=float, default=1.0,
+                    help="clip_grad_norm_(model.parameters(), G) every step (0: no clipping)")
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     ap.add_argument("--seed", type=int, default=1)
@@ -136,6 +138,8 @@ def main():
             part = model(xs[k * m:(k + 1) * m], ys[k * m:(k + 1) * m]) / a.accumulate
             opt.backward(part)
             loss += float(part)
+        if a.grad_clip > 0:  # strata's global norm across ranks, torch's coefficient
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.grad_clip)
         result = opt.step()
         dt = time.perf_counter() - t0
         s = opt.stats()
@@ -156,8 +160,8 @@ def main():
                     rec["torch_loss"] = float(twin(xs, ys))
             tl = twin(x, y)  # trained on the global batch, as the ranks together are
             tl.backward()
-            if cfg["grad_clip"] > 0:
-                torch.nn.utils.clip_grad_norm_(twin.parameters(), cfg["grad_clip"])
+            if a.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(twin.parameters(), a.grad_clip)
             topt.step()
             rec.setdefault("torch_loss", float(tl))
         records.append(rec)

@@ -63,3 +63,4 @@ def set_log_level(level):
 
 
 from . import torch  # noqa: E402,F401  (strata.torch.ZeroOptimizer)
+from . import safetensors  # noqa: E402,F401  (strata.safetensors.load_file, no import of its own)

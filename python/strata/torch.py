@@ -110,6 +110,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         keeps its state on that GPU (runtime.device cuda) where offload.* says gpu, reduces
         through strata's NCCL, and hands gradients and the update over on torch's current stream.
       config: a YAML path, a dict, or None (defaults, with the model's dtype as precision).
+      lr, betas, eps, weight_decay: torch.optim.AdamW's, with AdamW's defaults where neither these
+        nor the config give a value (lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2);
+        given, they win over the config's optimizer.*. The config's optimizer.grad_clip is refused:
+        the loop clips (torch.nn.utils.clip_grad_norm_), never the config behind its back.
       overrides: ``{"zero.stage": 3}`` or ``["zero.stage=3"]``, applied after the config.
       param_groups: torch-style groups (``[{"params": [...], "lr": ..., "weight_decay": ...,
         "betas": ..., "eps": ...}]``); default: :func:`no_decay_param_groups` (no weight decay for
@@ -132,8 +136,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     load_state_dict(), save_checkpoint(), load_checkpoint().
     """
 
-    def __init__(self, model, config=None, *, overrides=None, param_groups=None, process_group=None,
-                 stage3_units=None, unused_parameters="warn"):
+    def __init__(self, model, config=None, *, lr=None, betas=None, eps=None, weight_decay=None,
+                 overrides=None, param_groups=None, process_group=None, stage3_units=None,
+                 unused_parameters="warn"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
                             % type(model).__name__)
@@ -152,6 +157,12 @@ class ZeroOptimizer(torch.optim.Optimizer):
         if not trainable:
             raise errors.InvalidArgumentError("strata: the model has no parameter that requires grad")
         defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in trainable))]
+        # torch.optim.AdamW's keyword arguments win over the config; what neither gives is
+        # AdamW's default (strata's own optimizer.lr default, 1e-4, is the CLI trainer's).
+        overrides = _with_adamw_arguments(overrides, lr=lr, betas=betas, eps=eps,
+                                          weight_decay=weight_decay)
+        if not _config_sets(config, overrides, "optimizer", "lr"):
+            defaults.append("optimizer.lr=%r" % _ADAMW_LR)
         # A CUDA model: the engine's state on its GPU, the collectives on strata's NCCL. Every
         # address and every tensor on the model's device goes through self._mem (_memory.py).
         self._mem = _memory_factory(trainable[0])
@@ -173,6 +184,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._config = load_config(config, overrides, defaults=defaults)
         cfg = self._config.summary()
         self._cfg = cfg
+        if cfg["grad_clip"] > 0:
+            raise errors.InvalidArgumentError(
+                "strata: optimizer.grad_clip is %g (%s): in a torch loop the loop clips, so a "
+                "config value would clip every step behind its back; call "
+                "torch.nn.utils.clip_grad_norm_(model.parameters(), %g) between backward and step "
+                "(strata's global norm across ranks; HF Trainer: max_grad_norm) and remove "
+                "optimizer.grad_clip (it is for `strata train` and imported DeepSpeed configs)"
+                % (cfg["grad_clip"], cfg["source"], cfg["grad_clip"]))
         opt_defaults = dict(lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
                             weight_decay=cfg["weight_decay"], amsgrad=False, maximize=False,
                             foreach=None, capturable=False)
@@ -1272,6 +1291,29 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
 torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
 _install_ddp_guard()
+
+
+_ADAMW_LR = 1e-3  # torch.optim.AdamW's default lr
+
+
+def _with_adamw_arguments(overrides, **given):
+    """The overrides with AdamW's keyword arguments that were given appended (they win)."""
+    extra = []
+    for key, v in given.items():
+        if v is None:
+            continue
+        if key == "betas":
+            b = tuple(v)
+            if len(b) != 2:
+                raise errors.InvalidArgumentError("strata: betas=%r: two values (beta1, beta2)"
+                                                  % (v,))
+            extra.append("optimizer.betas=[%r, %r]" % (float(b[0]), float(b[1])))
+        else:
+            extra.append("optimizer.%s=%r" % (key, float(v)))
+    if not extra:
+        return overrides
+    from .config import _override_list
+    return _override_list(overrides) + extra
 
 
 def _config_gives(config, overrides, section, key, value):

@@ -246,15 +246,49 @@ class TorchContract(unittest.TestCase):
         self.assertEqual(opt.stats()["applied_steps"], 1)
         opt.close()
 
-    def test_grad_clip_from_config(self):
+    def test_grad_clip_in_the_config_is_refused(self):
+        """Issue 48: a config that clips would clip a loop that never asked for it (the README's
+        example did): refused, naming what to call instead; nothing is built."""
+        model = tiny_gpt()
+        with self.assertRaisesRegex(strata.InvalidArgumentError,
+                                    r"optimizer.grad_clip is 0.05.*clip_grad_norm_\(model"):
+            strata.torch.ZeroOptimizer(model, base_config(2, optimizer={"grad_clip": 0.05}))
+        with self.assertRaisesRegex(strata.InvalidArgumentError, "optimizer.grad_clip is 1"):
+            strata.torch.ZeroOptimizer(model, overrides={"optimizer.grad_clip": 1.0})
+
+    def test_adamw_keyword_arguments_and_defaults(self):
+        """Issue 48: AdamW's keyword arguments, AdamW's defaults where neither they nor the config
+        give a value: bitwise AdamW(model.parameters()) with its defaults, and with arguments."""
+        for kwargs in ({}, {"lr": 2e-3, "betas": (0.8, 0.95), "eps": 1e-6, "weight_decay": 0.3}):
+            ref = tiny_gpt()
+            model = copy.deepcopy(ref)
+            opt = strata.torch.ZeroOptimizer(model, {"runtime": {"cpu_threads": 1}},
+                                             param_groups=[{"params": list(model.parameters())}],
+                                             **kwargs)
+            self.assertEqual(opt.param_groups[0]["lr"], kwargs.get("lr", 1e-3))
+            topt = torch.optim.AdamW(ref.parameters(), foreach=False, **kwargs)
+            for s in range(3):
+                x, y = batch(s)
+                opt.backward(model(x, y))
+                opt.step()
+                topt.zero_grad()
+                ref(x, y).backward()
+                topt.step()
+            for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+                self.assertTrue(torch.equal(p.detach(), q.detach()), (kwargs, n))
+            opt.close()
+        with self.assertRaisesRegex(strata.InvalidArgumentError, "betas"):
+            strata.torch.ZeroOptimizer(tiny_gpt(), betas=(0.9,))
+
+    def test_grad_clip_in_the_loop(self):
         ref = tiny_gpt()
         model = copy.deepcopy(ref)
-        opt = strata.torch.ZeroOptimizer(model, base_config(2, optimizer={"grad_clip": 0.05}),
-                                         param_groups=torch_groups(model))
+        opt = strata.torch.ZeroOptimizer(model, base_config(2), param_groups=torch_groups(model))
         topt = torch.optim.AdamW(torch_groups(ref), lr=3e-3, betas=(0.9, 0.95), foreach=False)
         for s in range(4):
             x, y = batch(s)
             opt.backward(model(x, y))
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05)
             r = opt.step()
             topt.zero_grad()
             ref(x, y).backward()
@@ -430,6 +464,16 @@ class Errors(unittest.TestCase):
             self.assertIn("create a new ZeroOptimizer", str(cm.exception))
             self.assertIn("load_checkpoint", str(cm.exception))
             del opt
+
+
+class Imports(unittest.TestCase):
+    def test_safetensors_needs_no_import_of_its_own(self):
+        """Issue 48, point 8: `import strata` is enough for strata.safetensors.load_file."""
+        import subprocess
+        r = subprocess.run([sys.executable, "-c", "import strata; print(strata.safetensors.load_file"
+                            ".__module__)"], capture_output=True, text=True, env=os.environ)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("strata.safetensors", r.stdout)
 
 
 class TensorMemorySeam(unittest.TestCase):
