@@ -222,7 +222,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self.world = self._engine.world
         self.stage = self._engine.stage
         self._uid = next(_OPTIMIZERS)  # the same on every rank: they build in the same order
-        self._entries = 0  # collective methods entered (_enter_collective)
+        self._phase_no = 0  # collective phases announced (_announce)
+        self._phase_open = False  # a step's collectives began (its first gather or hand-in)
         # The default group's store: keyed by this optimizer's number, the ranks of one group only.
         self._store = (_default_store() if self.world > 1 and "c10d" in self.backend
                        and dist.is_initialized() and dist.get_world_size() == self.world else None)
@@ -442,6 +443,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "so these would be %g times too small. Call opt.backward(loss) (it multiplies "
                 "the loss by opt.loss_scale), or train without loss scaling (bf16 / fp32). "
                 "Nothing of this step was handed in; opt.zero_grad() and go on" % (scale, scale))
+        self._open_step_phase("a step's backward")
         self._sync_groups()
         if self.stage < 3:
             self._reseed_written()
@@ -575,6 +577,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._n_arrived = 0
             self._micro = 0
             self._clip_norm = None
+            self._phase_open = False
             if self.stage == 3:
                 for tid in self._held:
                     self._params[tid].data = self._empty
@@ -650,6 +653,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._n_arrived = 0
         self._micro = 0  # micro-batches of this step before the current one
         self._clip_norm = None
+        self._phase_open = False
         return StepResult(loss=loss, **r)
 
     def clip_grad_norm_(self, max_norm, norm_type=2.0, error_if_nonfinite=False):
@@ -684,29 +688,86 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self._mem.scalar(norm)
 
     def _enter_collective(self, what):
-        """Every rank enters the collective method `what` (its `n`-th such call) before its
-        collectives start, agreed through the process group's store, not a collective: a rank
-        that calls it alone (HF Trainer saves the optimizer on the main process only) would pair
-        its gathers with the other ranks' step collectives, which gloo answers by aborting the
-        process. UsageError after runtime.collective_timeout_s instead (the others then time out
-        in their next collective)."""
+        """Every rank enters the collective method `what` before its collectives start (see
+        _announce)."""
+        self._announce("%s()" % what)
+
+    def _open_step_phase(self, what):
+        """The step's first collective work on this rank (a stage-3 forward's gather, or the first
+        gradient handed in): announced once per step (step() closes it)."""
+        if not self._phase_open:
+            self._announce(what)
+            self._phase_open = True
+
+    def _announce(self, what):
+        """Each rank's collective work is a sequence of phases — a collective method, or a step's
+        collectives — the same on every rank. Under torchrun each phase is announced in the
+        process group's store (not a collective) and checked against every other rank's phase of
+        the same number before its collectives start. A rank that does something else (calls
+        state_dict() alone, as HF Trainer saves the optimizer on the main process only; evaluates
+        a stage-3 model under `if rank == 0`) raises UsageError naming both calls as soon as the
+        other rank's announcement is there, instead of pairing its gathers with the other's
+        collectives (gloo aborts the processes) or waiting out a collective timeout; the other
+        rank raises too. A rank that announces nothing: UsageError after
+        runtime.collective_timeout_s."""
         if self._store is None:
             return
-        self._entries += 1
-        key = "strata/optimizer%d/%d/%s" % (self._uid, self._entries, what)
-        if self._store.add(key, 1) == self.world:
-            self._store.set(key + "/all", "1")
+        self._phase_no += 1
+        n, key = self._phase_no, "strata/optimizer%d/phase%%d/rank%%d" % self._uid
+        # The label as a number (store.add: atomic and never blocks; a Store.wait with a timeout
+        # leaves its late answer in the socket, desynchronizing the next call, in torch 1.13).
+        self._store.add(key % (n, self.rank), _PHASES.index(what) + 1)
+        if n > 2:
+            # This rank saw every rank's n - 1, and each announced n - 1 only after reading every
+            # rank's n - 2: nobody reads this rank's n - 2 any more (n - 1 may still be read).
+            try:
+                self._store.delete_key(key % (n - 2, self.rank))
+            except (RuntimeError, AttributeError):
+                pass
         timeout = float(self._cfg["collective_timeout_s"])
-        try:
-            self._store.wait([key + "/all"], datetime.timedelta(seconds=timeout))
-        except RuntimeError:
-            raise errors.UsageError(
-                "strata: %s() is collective (each rank holds a shard): rank %d entered it and not "
-                "every rank of %d did within runtime.collective_timeout_s = %g s. Call it on every "
-                "rank, in the same order as the other collective calls; HF Trainer saves the "
-                "optimizer on the main process only: save with opt.save_checkpoint(dir) from a "
-                "callback every rank runs (docs/python.md)" % (what, self.rank, self.world, timeout)
-            ) from None
+        deadline = time.monotonic() + timeout
+        waiting = [r for r in range(self.world) if r != self.rank]
+        while waiting:
+            for r in list(waiting):
+                try:
+                    code = self._store.add(key % (n, r), 0)  # 0: not announced yet
+                except RuntimeError as e:
+                    raise errors.CommError(
+                        "strata: %s: the process group's store failed while rank %d waited for "
+                        "rank %d's next collective call (%s): did rank %d exit?"
+                        % (what, self.rank, r, e, r)) from None
+                if code == 0:
+                    continue
+                theirs = _PHASES[code - 1] if 0 < code <= len(_PHASES) else "call #%d" % code
+                if theirs != what:  # (the phase stays used on both: their numbers stay equal)
+                    raise errors.UsageError(
+                        "strata: rank %d is in %s where rank %d is in %s: the ranks must make the "
+                        "same collective calls in the same order (state_dict, load_state_dict, "
+                        "save/load_checkpoint, full_parameters, wait_checkpoint and each step's "
+                        "forward / backward / step). HF Trainer saves the optimizer on the main "
+                        "process only: save with opt.save_checkpoint(dir) from a callback every "
+                        "rank runs; evaluate a stage-3 model on every rank, or inside "
+                        "opt.full_parameters() entered by every rank (docs/python.md)"
+                        % (self.rank, what, r, theirs)) from None
+                waiting.remove(r)
+            if waiting:
+                time.sleep(0.002)
+            if waiting and time.monotonic() > deadline and not what.endswith("()"):
+                # A step's collectives: the other rank is dead or stalled, as a collective that
+                # timed out would say; the job cannot go on without it.
+                self._failed = "rank(s) %s never began %s" % (", ".join(map(str, waiting)), what)
+                raise errors.TimeoutError(
+                    "strata: %s: rank %d waited runtime.collective_timeout_s = %g s for rank(s) %s "
+                    "to begin it (dead, stalled, or in another call).\n%s"
+                    % (what, self.rank, timeout, ", ".join(map(str, waiting)), _RECOVERY))
+            if waiting and time.monotonic() > deadline:
+                raise errors.UsageError(
+                    "strata: %s is collective (each rank holds a shard): rank %d entered it and "
+                    "rank(s) %s did not within runtime.collective_timeout_s = %g s. Call it on "
+                    "every rank, in the same order as the other collective calls; HF Trainer saves "
+                    "the optimizer on the main process only: save with opt.save_checkpoint(dir) "
+                    "from a callback every rank runs (docs/python.md)"
+                    % (what, self.rank, ", ".join(map(str, waiting)), timeout))
 
     def _check_not_replaced(self):
         """A Parameter object the model no longer holds (model.load_state_dict(sd, assign=True),
@@ -807,6 +868,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _pre_forward(self, ids):
         def hook(module, inputs):
             self._check_usable()
+            if not self._gathered_all:
+                self._open_step_phase("a forward with gradients" if torch.is_grad_enabled()
+                                      else "a forward under no_grad (evaluation)")
             self._fetch(ids)
         return hook
 
@@ -1028,6 +1092,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
         (collective; nothing to do without one). Raises what failed it, on every rank. Returns
         the seconds it blocked."""
         t0 = time.perf_counter()
+        if self._engine.checkpoint_pending():  # (the same on every rank: saves are collective)
+            self._enter_collective("wait_checkpoint")
         self._engine.wait_checkpoint()
         return time.perf_counter() - t0
 
@@ -1114,6 +1180,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         every rank closes alike) and its failure raised once the optimizer is closed."""
         pending = None
         if self._engine is not None and self._failed is None and self._engine.checkpoint_pending():
+            self._enter_collective("wait_checkpoint")  # as wait_checkpoint(): every rank alike
             try:
                 self._engine.wait_checkpoint()
             except Exception as e:  # raised below, after the engine is dropped
@@ -1294,6 +1361,10 @@ _install_ddp_guard()
 
 
 _ADAMW_LR = 1e-3  # torch.optim.AdamW's default lr
+# What a rank announces (_announce): every collective call and each step's first collective work.
+_PHASES = ("state_dict()", "load_state_dict()", "save_checkpoint()", "load_checkpoint()",
+           "full_parameters()", "wait_checkpoint()", "a step's backward",
+           "a forward with gradients", "a forward under no_grad (evaluation)")
 
 
 def _with_adamw_arguments(overrides, **given):

@@ -18,6 +18,11 @@ alone: rank 0 calls opt.state_dict() (collective) alone before step 3, as HF Tra
        optimizer on the main process only, while rank 1 goes on into step 3's collectives: rank 0
        must raise UsageError naming the collective call (it once paired its gathers with rank 1's
        reduce-scatter, and gloo aborted both processes), rank 1 a strata error; no process aborts.
+       Both name what the other rank does (issue 48, point 4: announced in the store, not found by
+       a collective timeout).
+eval_alone: stage 3, rank 0 evaluates (a forward under no_grad: gathers) alone before step 3, as
+       nanoGPT's `if master_process: estimate_loss()`: the same, naming the forward (it once died
+       in gloo, SIGABRT).
 """
 import json
 import os
@@ -45,7 +50,8 @@ def worker(mode, out):
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     model = G.GPT(d_model=64, layers=2, heads=2, seq_len=16)
-    cfg = {"zero": {"stage": 2, "reduce_bucket_size": 4000}, "runtime": {"collective_timeout_s": TIMEOUT_S}}
+    cfg = {"zero": {"stage": 3 if mode == "eval_alone" else 2, "reduce_bucket_size": 4000},
+           "runtime": {"collective_timeout_s": TIMEOUT_S}}
     opt = strata.torch.ZeroOptimizer(model, cfg)
     data = G.load_corpus()
     report = {"rank": rank, "backend": opt.backend, "world": opt.world}
@@ -57,7 +63,11 @@ def worker(mode, out):
             if step == 3 and rank == 0 and mode == "alone":
                 t0 = time.monotonic()
                 opt.state_dict()  # the main process's save, alone
-            if step == 3 and rank == 1 and mode != "alone":
+            if step == 3 and rank == 0 and mode == "eval_alone":
+                t0 = time.monotonic()
+                with torch.no_grad():
+                    model(x, y)  # the main process's evaluation, alone
+            if step == 3 and rank == 1 and mode not in ("alone", "eval_alone"):
                 if mode == "stall":
                     time.sleep(5 * TIMEOUT_S)
                     os._exit(0)
@@ -86,6 +96,12 @@ def worker(mode, out):
     with open(out, "w") as f:
         json.dump(report, f)
     sys.stdout.flush()
+    if rank == 0 and mode in ("alone", "eval_alone"):  # the store lives here: until rank 1 read it
+        other = out.replace(".rank0.", ".rank1.")
+        for _ in range(1200):
+            if os.path.exists(other):
+                break
+            time.sleep(0.05)
     os._exit(0)  # (no torch.distributed teardown with a dead peer)
 
 
@@ -154,10 +170,10 @@ def run(mode, tmp):
     return bad
 
 
-def run_alone(tmp):
-    """Both ranks must report (no abort): rank 0 UsageError naming state_dict, rank 1 a strata
-    error (its step collective timed out or lost its peer)."""
-    outs, procs = spawn("alone", tmp)
+def run_alone(tmp, mode="alone", call="state_dict()"):
+    """Both ranks must report (no abort): rank 0 UsageError naming its call and what rank 1 does,
+    rank 1 a strata error naming the call."""
+    outs, procs = spawn(mode, tmp)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(0.2)
@@ -165,18 +181,19 @@ def run_alone(tmp):
     for r, p in enumerate(procs):
         if p.poll() is None:
             p.kill()
-            bad.append("alone: rank %d hung (killed after 120 s)" % r)
+            bad.append("%s: rank %d hung (killed after 120 s)" % (mode, r))
         p.wait()
         if p.returncode != 0:
-            bad.append("alone: rank %d exited with %d (an abort is -6)" % (r, p.returncode))
+            bad.append("%s: rank %d exited with %d (an abort is -6)" % (mode, r, p.returncode))
     reps = [json.load(open(o)) if os.path.exists(o) else {} for o in outs]
-    print("alone: reports: %s" % json.dumps(reps, indent=1))
-    if reps[0].get("error") != "UsageError" or "state_dict() is collective" not in reps[0].get(
-            "message", ""):
-        bad.append("alone: rank 0 raised %s, want UsageError naming state_dict() as collective"
-                   % reps[0].get("error"))
-    if "StrataError" not in reps[1].get("mro", []):
-        bad.append("alone: rank 1 raised %s, want a strata error" % reps[1].get("error"))
+    print("%s: reports: %s" % (mode, json.dumps(reps, indent=1)))
+    want0 = "rank 0 is in %s where rank 1 is in" % call
+    if reps[0].get("error") != "UsageError" or want0 not in reps[0].get("message", ""):
+        bad.append("%s: rank 0 raised %s, want UsageError saying '%s'"
+                   % (mode, reps[0].get("error"), want0))
+    if "StrataError" not in reps[1].get("mro", []) or call not in reps[1].get("message", ""):
+        bad.append("%s: rank 1 raised %s, want a strata error naming %s"
+                   % (mode, reps[1].get("error"), call))
     return bad
 
 
@@ -191,6 +208,7 @@ def main():
         for mode in ("kill", "stall"):
             bad += run(mode, tmp)
         bad += run_alone(tmp)
+        bad += run_alone(tmp, "eval_alone", "a forward under no_grad (evaluation)")
     return verdict(bad)
 
 
