@@ -1,6 +1,8 @@
 // CUDA Adam/AdamW: the same update as the CPU kernels (adam_kernel_body.hpp), element by element,
 // in torch's operation order with explicitly rounded intrinsics (no FMA contraction beyond the
-// ones torch's CPU kernels use), bf16/fp16 conversions with round to nearest even.
+// ones torch's CPU kernels use), bf16/fp16 conversions with round to nearest even. A NaN result
+// carries the CPU kernels' bits, not the GPU's canonical NaN (optim/adam_nan.hpp): an element
+// whose update is NaN is evaluated again with x86's NaN rules, out of line.
 // Non-finite handling is asynchronous: a check kernel sets a device flag, the update kernel
 // returns immediately when the flag is set.
 #include <cuda_bf16.h>
@@ -15,6 +17,7 @@
 #include "cuda/device_guard.hpp"
 #include "optim/accumulate.hpp"
 #include "optim/adam_kernels.hpp"
+#include "optim/adam_nan.hpp"
 #include "strata/error.hpp"
 
 namespace strata {
@@ -60,9 +63,22 @@ __device__ __forceinline__ float grad_at(const void* g, std::size_t i) {
   return 0.0f;
 }
 
+// A stored value as the CPU kernels read it (core/numeric.hpp load_elem): as grad_at<D>, except
+// an fp16 NaN, which the CPU widens with its sign and payload and CUDA's __half2float to the
+// canonical NaN. For the NaN paths only (cpu_nan_elem, cpu_nan_accumulate).
+template <int D>
+__device__ __forceinline__ float cpu_load(const void* a, std::size_t i) {
+  if constexpr (D == 2) {
+    const std::uint16_t h = static_cast<const std::uint16_t*>(a)[i];
+    if (optim::fp16_is_nan(h)) return optim::fp16_nan_as_cpu(h);
+  }
+  return grad_at<D>(a, i);
+}
+
 // The 16-bit copies, NaN included, exactly as the CPU kernels (core/numeric.hpp, torch's CPU
 // conversions): CUDA's conversions canonicalise NaN to 0x7fff, the CPU's give bf16 0x7fc0 and
-// fp16 sign|0x7e00. Finite and infinite values round the same way on both.
+// fp16 sign|0x7e00 (the sign of the NaN they are given: the CPU's, see cpu_nan_elem). Finite and
+// infinite values round the same way on both.
 __device__ __forceinline__ std::uint16_t bf16_bits(float p) {
   if (isnan(p)) return 0x7fc0;
   return __bfloat16_as_ushort(__float2bfloat16_rn(p));
@@ -79,27 +95,62 @@ __device__ __forceinline__ void store_copy(void* out, std::size_t i, float p) {
   if constexpr (CK == int(CopyKind::kFp16)) static_cast<std::uint16_t*>(out)[i] = fp16_bits(p);
 }
 
+// The correctly rounded intrinsics, no contraction (optim::adam_update's Ops).
+struct RnOps {
+  static __device__ __forceinline__ float add(float a, float b) { return __fadd_rn(a, b); }
+  static __device__ __forceinline__ float mul(float a, float b) { return __fmul_rn(a, b); }
+  static __device__ __forceinline__ float div(float a, float b) { return __fdiv_rn(a, b); }
+  static __device__ __forceinline__ float fma(float a, float b, float c) {
+    return __fmaf_rn(a, b, c);
+  }
+  static __device__ __forceinline__ float sqrt(float a) { return __fsqrt_rn(a); }
+};
+
 __device__ __forceinline__ void adam_elem(const AdamConsts& c, float& p, float& m, float& v,
                                           float g) {
-  if (c.has_divisor) g = __fdiv_rn(g, c.grad_divisor);
-  g = __fmul_rn(g, c.grad_scale);
-  if (c.has_weight_decay) {
-    if (c.adamw)
-      p = __fmul_rn(p, c.decay_mul);
-    else
-      g = __fmaf_rn(p, c.weight_decay, g);
-  }
-  m = __fmaf_rn(g, c.one_minus_beta1, __fmul_rn(m, c.beta1));
-  v = __fmaf_rn(__fmul_rn(c.one_minus_beta2, g), g, __fmul_rn(v, c.beta2));
-  const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(v), c.bc2_sqrt), c.eps);
-  p = __fadd_rn(p, __fdiv_rn(__fmul_rn(c.neg_step_size, m), denom));
+  optim::adam_update<RnOps>(c, p, m, v, g);
 }
+
+// Element j, updated and stored with the CPU kernels' NaN (optim/adam_nan.hpp: X86NanOps gives
+// the same finite and infinite results as RnOps), from its inputs, still in memory: for an
+// iteration whose update made a NaN p, as it does wherever m or v came out NaN, and which stored
+// nothing.
+template <int GD, int CK>
+__device__ __forceinline__ void cpu_nan_elem(const AdamConsts& c, float* p, float* m, float* v,
+                                             const void* g, void* out, std::size_t j) {
+  float pj = p[j], mj = m[j], vj = v[j];
+  optim::adam_update<optim::X86NanOps>(c, pj, mj, vj, cpu_load<GD>(g, j));
+  p[j] = pj;
+  m[j] = mj;
+  v[j] = vj;
+  store_copy<CK>(out, j, pj);
+}
+
+// Elements [i, i + k) so, out of line: the vec4 loop pays one test per element for it and holds
+// no registers for it; `c` is the kernel's parameter itself (__grid_constant__), not a copy in
+// local memory. (The element-wise loop takes cpu_nan_elem inline: fewer registers there.)
+template <int GD, int CK>
+__device__ __noinline__ void cpu_nan_elems(const AdamConsts& c, float* p, float* m, float* v,
+                                           const void* g, void* out, std::size_t i, std::size_t k) {
+  for (std::size_t j = i; j < i + k; ++j) cpu_nan_elem<GD, CK>(c, p, m, v, g, out, j);
+}
+
+// The registers of the kernels before the NaN paths (sm_80 / sm_90, ptxas -v): at most 40 with
+// vec4 and 32 without (6 and 8 blocks of 256 threads per SM); the NaN paths must not lower that
+// occupancy (without the cap the element-wise variant without a copy takes 33). __maxnreg__:
+// CUDA 12.4.
+#if __CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4)
+#define STRATA_ADAM_MAXNREG(vec4) __maxnreg__((vec4) ? 40 : 32)
+#else
+#define STRATA_ADAM_MAXNREG(vec4)
+#endif
 
 // vec4: p, m, v (and a 4-byte copy / grad) are 16-byte aligned, 16-bit arrays 8-byte aligned;
 // then 4 elements per thread per iteration with vector loads; the tail (n % 4) element-wise.
 template <int GD, int CK, bool kVec4>
-__global__ void adam_kernel(AdamConsts c, float* p, float* m, float* v, const void* g, void* out,
-                            std::size_t n, const int* skip_flag) {
+__global__ void STRATA_ADAM_MAXNREG(kVec4)
+    adam_kernel(const __grid_constant__ AdamConsts c, float* p, float* m, float* v, const void* g,
+                void* out, std::size_t n, const int* skip_flag) {
   if (skip_flag && *static_cast<const volatile int*>(skip_flag) != 0) return;
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
   const std::size_t tid = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -130,6 +181,10 @@ __global__ void adam_kernel(AdamConsts c, float* p, float* m, float* v, const vo
       adam_elem(c, pv.y, mv.y, vv.y, gv[1]);
       adam_elem(c, pv.z, mv.z, vv.z, gv[2]);
       adam_elem(c, pv.w, mv.w, vv.w, gv[3]);
+      if (isnan(pv.x) || isnan(pv.y) || isnan(pv.z) || isnan(pv.w)) {
+        cpu_nan_elems<GD, CK>(c, p, m, v, g, out, q * 4, 4);
+        continue;
+      }
       reinterpret_cast<float4*>(p)[q] = pv;
       reinterpret_cast<float4*>(m)[q] = mv;
       reinterpret_cast<float4*>(v)[q] = vv;
@@ -155,6 +210,10 @@ __global__ void adam_kernel(AdamConsts c, float* p, float* m, float* v, const vo
   for (std::size_t i = done + tid; i < n; i += stride) {
     float pi = p[i], mi = m[i], vi = v[i];
     adam_elem(c, pi, mi, vi, grad_at<GD>(g, i));
+    if (isnan(pi)) {
+      cpu_nan_elem<GD, CK>(c, p, m, v, g, out, i);
+      continue;
+    }
     p[i] = pi;
     m[i] = mi;
     v[i] = vi;
@@ -176,8 +235,9 @@ __global__ void check_kernel(const void* g, std::size_t n, float divisor, float 
 
 // Gradient accumulation (accumulate.hpp): DD / SD the dtypes of dst / src (0 fp32, 1 bf16,
 // 2 fp16); ADD: dst = round_DD(dst + src) (one __fadd_rn, no contraction), else dst =
-// round_DD(src). 16-bit results round to nearest even with the CPU's NaN bits (bf16_bits /
-// fp16_bits).
+// round_DD(src). A NaN result is the CPU's (accumulate_elems: dst + src with x86's NaN, from the
+// CPU's widening; cpu_nan_accumulate), 16-bit results round to nearest even with the CPU's NaN
+// bits (bf16_bits / fp16_bits).
 template <int DD>
 __device__ __forceinline__ void store_elem(void* out, std::size_t i, float x) {
   if constexpr (DD == 0) static_cast<float*>(out)[i] = x;
@@ -186,11 +246,19 @@ __device__ __forceinline__ void store_elem(void* out, std::size_t i, float x) {
 }
 
 template <int DD, int SD, bool ADD>
+__device__ __noinline__ float cpu_nan_accumulate(const void* dst, const void* src, std::size_t i) {
+  const float s = cpu_load<SD>(src, i);
+  return ADD ? optim::X86NanOps::add(cpu_load<DD>(dst, i), s) : s;
+}
+
+template <int DD, int SD, bool ADD>
 __global__ void accumulate_kernel(void* dst, const void* src, std::size_t n) {
   const std::size_t stride = std::size_t(blockDim.x) * gridDim.x;
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const float s = grad_at<SD>(src, i);
-    store_elem<DD>(dst, i, ADD ? __fadd_rn(grad_at<DD>(dst, i), s) : s);
+    float x = ADD ? __fadd_rn(grad_at<DD>(dst, i), s) : s;
+    if (isnan(x)) x = cpu_nan_accumulate<DD, SD, ADD>(dst, src, i);
+    store_elem<DD>(dst, i, x);
   }
 }
 

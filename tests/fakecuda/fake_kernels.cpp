@@ -24,9 +24,11 @@
 #include "fakecuda/fake_internal.hpp"
 #include "optim/adam_kernel_body.hpp"
 #include "optim/adam_kernels.hpp"
+#include "optim/adam_nan.hpp"
 
 using namespace fakecuda;
 using strata::optim::AdamConsts;
+using strata::optim::X86NanOps;
 
 namespace {
 
@@ -72,10 +74,56 @@ void store_copy(int ck, void* out, std::size_t i, float p) {
   if (ck == 2 || ck == 3) std::memcpy(static_cast<char*>(out) + 2 * i, &h, 2);
 }
 
-// adam_cuda.cu's adam_elem computes, bitwise, the CPU kernels' element (the GPU and CPU updates
-// are equal bit for bit, tests/optim): the scalar lane, the one copy of that arithmetic.
+// The GPU's single-precision arithmetic (add, mul, div, fma, sqrt: __fadd_rn ... __fsqrt_rn)
+// returns one canonical NaN, 0x7fffffff, whatever NaN went in or however it arose: no sign, no
+// payload (CUDA keeps no NaN payload in single precision; cuda_fp16.hpp / cuda_bf16.hpp state the
+// same for the conversions, whose host paths above give 0x7fff / 0x7fffffff). An x86 CPU instead
+// passes the first NaN operand on, quieted, and makes 0xffc00000 (negative) for an invalid
+// operation. `x` is a result of such an operation as the CPU computed it.
+float gpu_arith(float x) {
+  if (!std::isnan(x)) return x;
+  const std::uint32_t canonical = 0x7fffffffu;
+  std::memcpy(&x, &canonical, 4);
+  return x;
+}
+
+// adam_cuda.cu's adam_elem computes, bitwise, the CPU kernels' element for every finite or
+// infinite result (the GPU and CPU updates are equal bit for bit, tests/optim): the scalar lane,
+// the one copy of that arithmetic. p, m and v each come out of an arithmetic operation, and a NaN
+// never turns back into a number on the way (no min, max or comparison), so a NaN among them is
+// the GPU's canonical one.
 void adam_elem(const AdamConsts& c, float& p, float& m, float& v, float g) {
   s_adam_elem(c, p, m, v, g);
+  p = gpu_arith(p), m = gpu_arith(m), v = gpu_arith(v);
+}
+
+// ---- the kernels' NaN paths (adam_cuda.cu cpu_nan_elem, cpu_nan_accumulate) --------------------
+// Where the GPU's result is NaN, the kernels compute the element again from its inputs with the
+// CPU's NaN (optim/adam_nan.hpp, shared with the device code): x86's NaN rules operation by
+// operation, from the gradient as the CPU widens it. (The vec4 kernel takes all four elements of
+// its iteration through that path when one is NaN; X86NanOps gives the other three the same bits
+// as the common path, so element by element here is the same.)
+
+// adam_cuda.cu cpu_load: an fp16 NaN with its sign and payload, else as grad_at.
+float cpu_load(int dt, const void* a, std::size_t i) {
+  if (dt == 2) {
+    std::uint16_t raw;
+    std::memcpy(&raw, static_cast<const char*>(a) + 2 * i, 2);
+    if (strata::optim::fp16_is_nan(raw)) return strata::optim::fp16_nan_as_cpu(raw);
+  }
+  return grad_at(dt, a, i);
+}
+
+// adam_kernel's element i: the GPU's arithmetic, then the NaN path where p came out NaN.
+void adam_elem_at(const AdamConsts& c, int gd, float* p, float* m, float* v, const void* g,
+                  std::size_t i) {
+  float pi = p[i], mi = m[i], vi = v[i];
+  adam_elem(c, pi, mi, vi, grad_at(gd, g, i));
+  if (std::isnan(pi)) {
+    pi = p[i], mi = m[i], vi = v[i];
+    strata::optim::adam_update<X86NanOps>(c, pi, mi, vi, cpu_load(gd, g, i));
+  }
+  p[i] = pi, m[i] = mi, v[i] = vi;
 }
 
 // ---- argument checks -------------------------------------------------------------------------
@@ -137,10 +185,8 @@ std::function<void()> adam_task(const AdamLaunch& k, void** args, int dev, Fault
   return [=] {
     if (sf && *sf != 0) return;  // read at execution, in stream order, like the kernel
     for (std::size_t i = 0; i < n; ++i) {
-      float pi = sp[i], mi = sm[i], vi = sv[i];
-      adam_elem(c, pi, mi, vi, grad_at(gd, sg, i));
-      sp[i] = pi, sm[i] = mi, sv[i] = vi;
-      if (ck) store_copy(ck, so, i, pi);
+      adam_elem_at(c, gd, sp, sm, sv, sg, i);
+      if (ck) store_copy(ck, so, i, sp[i]);
     }
   };
 }
@@ -165,8 +211,9 @@ std::function<void()> check_task(int gd, void** args, int dev, Fault* f) {
   };
 }
 
-// accumulate_kernel<DD, SD, ADD>: dst = round_DD(dst + src) (ADD) or round_DD(src), one FP32 add,
-// CUDA's round-to-nearest-even conversions with the CPU's NaN bits (store_copy's).
+// accumulate_kernel<DD, SD, ADD>: dst = round_DD(dst + src) (ADD) or round_DD(src), one FP32 add
+// (the GPU's), a NaN result again with the CPU's NaN (cpu_nan_accumulate), CUDA's
+// round-to-nearest-even conversions with the CPU's NaN bits (store_copy's).
 std::function<void()> accumulate_task(int dd, int sd, bool add, void** args, int dev, Fault* f) {
   void* dst = *static_cast<void**>(args[0]);
   const void* src = *static_cast<const void**>(args[1]);
@@ -177,7 +224,12 @@ std::function<void()> accumulate_task(int dd, int sd, bool add, void** args, int
   return [=] {
     for (std::size_t i = 0; i < n; ++i) {
       const float s = grad_at(sd, ssrc, i);
-      store_copy(ck, sdst, i, add ? grad_at(dd, sdst, i) + s : s);
+      float x = add ? gpu_arith(grad_at(dd, sdst, i) + s) : s;
+      if (std::isnan(x)) {
+        const float sc = cpu_load(sd, ssrc, i);
+        x = add ? X86NanOps::add(cpu_load(dd, sdst, i), sc) : sc;
+      }
+      store_copy(ck, sdst, i, x);
     }
   };
 }
