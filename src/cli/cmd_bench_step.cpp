@@ -13,7 +13,9 @@
 // Missing swap directories are created (SwapSpace); progress goes to stderr, one line per run.
 // --backward T|auto [--tensors N] measures the speculative update instead
 // (profile::run_overlap_bench): the serial step, the overlapped one, the exposed optimizer time
-// after the last gradient and the rollback cost (clipping forced), behind a simulated backward.
+// after the last gradient and the rollback cost (clipping forced), behind a simulated backward;
+// on a GPU its gradients are device memory handed in on a producer stream, and the hand-in time
+// is shown against the device -> host bandwidth measured in the same run.
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
@@ -22,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -38,15 +41,15 @@
 
 namespace strata::profile {
 // --json: every member of the overlap result under its own name.
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapBenchResult, elements, backward_s, serial_step_s,
-                                   serial_total_s, overlapped_step_s, overlapped_total_s, exposed_s,
-                                   serial_hand_in_s, overlapped_hand_in_s, serial_clip_step_s,
-                                   serial_clip_total_s, rollback_step_s, rollback_total_s,
-                                   auto_clip_step_s, auto_clip_total_s, auto_clip_rolled_back_steps,
-                                   speculated_chunks, committed_chunks, rolled_back_chunks, rounds,
-                                   exposed_ratio, total_ratio, serial_total_ratio, rollback_ratio,
-                                   auto_clip_ratio, backward_s_rounds, serial_step_s_rounds,
-                                   exposed_s_rounds, overlapped_total_s_rounds)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(
+    OverlapBenchResult, elements, backward_s, serial_step_s, serial_total_s, overlapped_step_s,
+    overlapped_total_s, exposed_s, serial_hand_in_s, overlapped_hand_in_s, gradients, hand_in_bytes,
+    serial_hand_in_bytes_per_second, overlapped_hand_in_bytes_per_second, d2h_copy_bytes,
+    d2h_bytes_per_second, overlapped_equals_serial, serial_master_crc32c, serial_clip_step_s,
+    serial_clip_total_s, rollback_step_s, rollback_total_s, auto_clip_step_s, auto_clip_total_s,
+    auto_clip_rolled_back_steps, speculated_chunks, committed_chunks, rolled_back_chunks, rounds,
+    exposed_ratio, total_ratio, serial_total_ratio, rollback_ratio, auto_clip_ratio,
+    backward_s_rounds, serial_step_s_rounds, exposed_s_rounds, overlapped_total_s_rounds)
 }  // namespace strata::profile
 
 namespace cmd_bench_step {
@@ -338,6 +341,27 @@ json measured(const Config& cfg, const profile::StepBenchOptions& b, const char*
   return j;
 }
 
+// The hand-ins against the device -> host link, and the results' check (--backward).
+void print_hand_ins(const profile::OverlapBenchResult& r) {
+  auto ms = [](double s) { return s * 1e3; };
+  const bool dev = r.gradients == "device";
+  std::cout << "  hand-ins: " << format_bytes(r.hand_in_bytes) << " of gradients per round "
+            << (dev ? "in device memory (set_gradient on the bench's producer stream)"
+                    : "from host memory (set_gradient_host; the host-emulated device)")
+            << ": serial " << ms(r.serial_hand_in_s) << " ms ("
+            << format_rate(r.serial_hand_in_bytes_per_second) << "), overlapped "
+            << ms(r.overlapped_hand_in_s) << " ms ("
+            << format_rate(r.overlapped_hand_in_bytes_per_second) << ")";
+  if (dev)
+    std::cout << "; device -> host measured " << format_rate(r.d2h_bytes_per_second) << " ("
+              << format_bytes(r.d2h_copy_bytes, true) << " copies to pinned memory)";
+  char crc[16];
+  std::snprintf(crc, sizeof(crc), "%08x", r.serial_master_crc32c);
+  std::cout << "\n  results: the overlapped engine's master weights "
+            << (r.overlapped_equals_serial ? "are bitwise" : "DIFFER from")
+            << " the serial engine's (CRC32C " << crc << ")\n";
+}
+
 // --backward: the serial step, the overlapped one, the exposed time and the rollback cost, in
 // this process (one size; profile::run_overlap_bench).
 int run_overlap(const Options& o, const Config& cfg) {
@@ -382,6 +406,7 @@ int run_overlap(const Options& o, const Config& cfg) {
             << "  clip forced, overlap auto: step " << ms(r.auto_clip_step_s)
             << " ms, backward + step " << ms(r.auto_clip_total_s) << " ms ("
             << r.auto_clip_rolled_back_steps << " of " << o.rounds + 1 << " steps rolled back)\n";
+  print_hand_ins(r);
   std::cout << "  ratios (median of " << r.rounds
             << " rounds, each against the serial round beside it): exposed / serial step "
             << r.exposed_ratio << "; backward + step / max(T, serial step) " << r.total_ratio

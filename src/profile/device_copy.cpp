@@ -1,5 +1,6 @@
 // Host <-> device copy bandwidth through the Device interface: pinned (IoBuffer page-locked with
-// Device::register_host) and pageable host memory, both directions.
+// Device::register_host) and pageable host memory, both directions; device -> pinned host alone
+// (the step bench's reference for its gradient hand-ins).
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -72,6 +73,14 @@ std::vector<CopyPoint> measure_copies(Device& device, const Sizes& sizes,
     }
   }
   return out;
+}
+
+double measure_d2h_pinned(Device& device, Stream& stream, const void* src, std::size_t bytes) {
+  if (bytes == 0) return 0;
+  IoBuffer pinned = IoBuffer::allocate(bytes);
+  HostRegistration reg{device, pinned.data(), device.register_host(pinned.data(), bytes)};
+  const double s = time_copy(stream, pinned.data(), src, bytes, 3);
+  return s > 0 ? static_cast<double>(bytes) / s : 0;
 }
 
 }  // namespace strata::profile

@@ -16,6 +16,7 @@
 
 namespace strata {
 class Device;
+class Stream;
 class Communicator;
 class Engine;
 }  // namespace strata
@@ -89,6 +90,10 @@ StreamRates measure_streams(const Config& config, const std::string& dir, std::u
 
 // Host <-> device copies through the Device interface (CUDA only).
 std::vector<CopyPoint> measure_copies(Device& device, const Sizes& sizes, const Progress& progress);
+// Device -> pinned host: `bytes` of `device` memory at `src` copied on `stream` (in its order,
+// after what is queued there) into page-locked host memory, the best of 3 after a warm-up; bytes
+// per second. The bandwidth a gradient's share crosses from a GPU to host memory.
+double measure_d2h_pinned(Device& device, Stream& stream, const void* src, std::size_t bytes);
 
 AdamMeasure measure_cpu_adam(const Config& config, std::uint64_t elements);
 AdamMeasure measure_gpu_adam(const Config& config, Device& device, std::uint64_t elements);

@@ -10,10 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#include "core/crc32c.hpp"
 #include "core/numeric.hpp"
 #include "profile/profile_internal.hpp"
 #include "strata/communicator.hpp"
@@ -216,23 +219,67 @@ namespace {
 
 struct OverlapRun {  // one simulated backward + step()
   double backward_s = 0, step_s = 0, total_s = 0, exposed_s = 0;
-  double hand_in_s = 0;  // in set_gradient_host, the caller's thread
+  double hand_in_s = 0;  // in the hand-ins (GradientSource::hand_in), the caller's thread
   StepResult last;
 };
 
+// The gradients every engine of the overlap bench hands in (precision.grads, o.elements, from
+// make_grads). With a CUDA engine they are device memory of its GPU, as a GPU backward leaves
+// them: allocated once and filled once by a copy on `producer_`, a stream of the bench's own
+// Device on that GPU (the simulated backward "produces" every gradient there), and each is handed
+// in with set_gradient_async(id, grad, producer), as strata.torch hands in a GPU backward's: the
+// engine's copy is ordered after the fill through the stream, and the hand-in does not wait for
+// it (the gradients stay allocated for the bench's life, as the call requires). With the
+// host-emulated device: host memory, set_gradient_host, as before. The same bits either way.
+class GradientSource {
+ public:
+  // `engine`: one of the bench's engines (finalized), whose device says where the gradients go.
+  GradientSource(Engine& engine, std::vector<unsigned char> host) : host_(std::move(host)) {
+    if (engine.device().kind() != DeviceKind::kCuda) return;
+    device_ = make_device(DeviceKind::kCuda, engine.device().ordinal());
+    producer_ = device_->create_stream();
+    mem_ = device_->allocate(host_.size());
+    producer_->memcpy_async(mem_.get(), host_.data(), host_.size());
+  }
+
+  bool on_device() const { return device_ != nullptr; }
+  std::uint64_t bytes() const { return host_.size(); }
+
+  // Tensor `id`'s gradient, `offset` bytes into the gradients.
+  void hand_in(Engine& e, TensorId id, std::size_t offset) const {
+    if (on_device())
+      e.set_gradient_async(id, static_cast<const unsigned char*>(mem_.get()) + offset,
+                           producer_->native_handle());
+    else
+      e.set_gradient_host(id, host_.data() + offset);
+  }
+
+  // Device -> pinned host bandwidth of the GPU (after the fill, on the producer stream), copies of
+  // min(bytes, 256 MiB); {0, 0} on the host-emulated device. {copy bytes, bytes per second}.
+  std::pair<std::uint64_t, double> measure_d2h() const {
+    if (!on_device()) return {0, 0.0};
+    const std::size_t b = std::min<std::size_t>(host_.size(), std::size_t{256} << 20);
+    return {b, measure_d2h_pinned(*device_, *producer_, mem_.get(), b)};
+  }
+
+ private:
+  std::vector<unsigned char> host_;  // the values; the fill's source stays valid until the end
+  std::unique_ptr<Device> device_;   // CUDA only: this GPU, for the bench's own memory and stream
+  std::unique_ptr<Stream> producer_;
+  DeviceMemory mem_;
+};
+
 // One engine of the overlap bench (one rank, stage >= 2, `tensors` gradients) and its simulated
-// backward, handing in `grads` (precision.grads, o.elements; the engines share them).
+// backward, handing in the gradients of a GradientSource (the engines share it).
 class OverlapEngine {
  public:
-  OverlapEngine(const OverlapBenchOptions& o, const std::vector<unsigned char>& grads,
-                OptimizerOverlap overlap, bool clip)
+  OverlapEngine(const OverlapBenchOptions& o, OptimizerOverlap overlap, bool clip)
       : cfg_(bench_config(o, overlap)),
         nt_(std::max<std::size_t>(1, o.tensors)),
         n_(o.elements),
         clip_(clip),
         comm_(one_rank(cfg_)),
-        engine_(std::make_unique<Engine>(cfg_, *comm_)),
-        grads_(grads) {
+        engine_(std::make_unique<Engine>(cfg_, *comm_)) {
     std::mt19937 rng(5);
     for (std::size_t t = 0; t < nt_; ++t)
       add_random_parameter(*engine_, strcat("t", t), n_ / nt_ + (t + 1 == nt_ ? n_ % nt_ : 0), 0.1f,
@@ -243,7 +290,7 @@ class OverlapEngine {
   // The k-th gradient (k = 1..tensors) is handed in at k * T / tensors: the hand-ins take their
   // time inside the backward (a GPU's copies run beside its compute); one that runs late delays
   // the next. Then step() (after clip_grad_norm with a norm every step clips, if clip).
-  OverlapRun round(double backward_s) {
+  OverlapRun round(double backward_s, const GradientSource& grads) {
     OverlapRun r;
     r.backward_s = backward_s;
     const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt_));
@@ -253,7 +300,7 @@ class OverlapEngine {
       std::this_thread::sleep_until(
           t0 + std::chrono::duration_cast<Clock::duration>(pause * static_cast<double>(nt_ - t)));
       const auto h = Clock::now();
-      engine_->set_gradient_host(t, grads_.data() + t * (n_ / nt_) * es);
+      grads.hand_in(*engine_, t, t * (n_ / nt_) * es);
       r.hand_in_s += std::chrono::duration<double>(Clock::now() - h).count();
     }
     if (clip_) engine_->clip_grad_norm(1e-12);
@@ -263,6 +310,20 @@ class OverlapEngine {
     r.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     r.exposed_s = r.last.exposed_s;
     return r;
+  }
+
+  Engine& engine() { return *engine_; }
+
+  // CRC32C of the FP32 master weights, tensor by tensor in order.
+  std::uint32_t master_crc32c() {
+    std::uint32_t crc = 0;
+    std::vector<float> buf;
+    for (TensorId t = 0; t < nt_; ++t) {
+      buf.resize(engine_->numel(t));
+      engine_->read_state(t, StateKind::kMaster, buf);
+      crc = crc32c(buf.data(), buf.size() * sizeof(float), crc);
+    }
+    return crc;
   }
 
  private:
@@ -283,29 +344,30 @@ class OverlapEngine {
   const bool clip_;
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Engine> engine_;
-  const std::vector<unsigned char>& grads_;
 };
 
 // One variant's rounds, each with the serial round run just before it.
 struct Paired {
   std::vector<OverlapRun> serial, runs;
   std::uint64_t rolled_back_steps = 0;  // of the variant's warm-up step and rounds
+  std::uint32_t master_crc32c = 0;      // the variant's, after its steps
 };
 
 // The variant (overlap, clip) alternating with the serial engine, round by round, both with the
 // same T. With o.backward_s < 0 (auto), T follows the serial step: each round's is the serial
 // step of the round before (t carries it from one variant to the next).
-Paired alternate(const OverlapBenchOptions& o, const std::vector<unsigned char>& grads,
-                 OverlapEngine& serial, double& t, OptimizerOverlap overlap, bool clip) {
+Paired alternate(const OverlapBenchOptions& o, const GradientSource& grads, OverlapEngine& serial,
+                 double& t, OptimizerOverlap overlap, bool clip) {
   Paired p;
-  OverlapEngine v(o, grads, overlap, clip);
-  if (v.round(t).last.rolled_back_chunks > 0) ++p.rolled_back_steps;  // warm-up
+  OverlapEngine v(o, overlap, clip);
+  if (v.round(t, grads).last.rolled_back_chunks > 0) ++p.rolled_back_steps;  // warm-up
   for (int i = 0; i < std::max(1, o.rounds); ++i) {
-    p.serial.push_back(serial.round(t));
-    p.runs.push_back(v.round(t));
+    p.serial.push_back(serial.round(t, grads));
+    p.runs.push_back(v.round(t, grads));
     if (o.backward_s < 0) t = p.serial.back().step_s;
     if (p.runs.back().last.rolled_back_chunks > 0) ++p.rolled_back_steps;
   }
+  p.master_crc32c = v.master_crc32c();
   return p;
 }
 
@@ -342,29 +404,10 @@ void ratios(const Paired& on, const Paired& clipped, const Paired& auto_clip,
   res.auto_clip_ratio = median_ratio(auto_clip, of_serial);
 }
 
-}  // namespace
-
-OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
-  if (o.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: no elements");
-  OverlapBenchResult res;
-  res.elements = o.elements;
-  res.rounds = std::max(1, o.rounds);
-  const std::vector<unsigned char> grads = make_grads(o.config.precision.grads, o.elements);
-  double t = std::max(o.backward_s, 0.0);
-  Paired on, clipped, auto_clip;
-  {
-    OverlapEngine serial(o, grads, OptimizerOverlap::kOff, false);
-    const double warm = serial.round(t).step_s;  // warm-up
-    if (o.backward_s < 0) t = warm;
-    on = alternate(o, grads, serial, t, OptimizerOverlap::kOn, false);
-  }
-  {
-    // Clipping forced: against the serial step that clips too (the same work, overlap off).
-    OverlapEngine serial(o, grads, OptimizerOverlap::kOff, true);
-    serial.round(t);  // warm-up
-    clipped = alternate(o, grads, serial, t, OptimizerOverlap::kOn, true);
-    auto_clip = alternate(o, grads, serial, t, OptimizerOverlap::kAuto, true);
-  }
+// The medians of the result: each variant's times, the chunk counts, the ratios, the rounds of
+// overlap on one by one.
+void summarize_overlap(const Paired& on, const Paired& clipped, const Paired& auto_clip,
+                       OverlapBenchResult& res) {
   std::vector<OverlapRun> clip_serial = clipped.serial;
   clip_serial.insert(clip_serial.end(), auto_clip.serial.begin(), auto_clip.serial.end());
   res.serial_clip_step_s = median_of(clip_serial, [](const OverlapRun& r) { return r.step_s; });
@@ -393,6 +436,50 @@ OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
     res.exposed_s_rounds.push_back(on.runs[i].exposed_s);
     res.overlapped_total_s_rounds.push_back(on.runs[i].total_s);
   }
+}
+
+// The hand-ins against the link: where the gradients live, the bytes per round and their rates
+// (after summarize_overlap), and the device -> host bandwidth, measured now (after every round).
+void hand_in_figures(const GradientSource& grads, OverlapBenchResult& res) {
+  res.gradients = grads.on_device() ? "device" : "host";
+  res.hand_in_bytes = grads.bytes();
+  const auto rate = [&](double s) {
+    return s > 0 ? static_cast<double>(res.hand_in_bytes) / s : 0;
+  };
+  res.serial_hand_in_bytes_per_second = rate(res.serial_hand_in_s);
+  res.overlapped_hand_in_bytes_per_second = rate(res.overlapped_hand_in_s);
+  std::tie(res.d2h_copy_bytes, res.d2h_bytes_per_second) = grads.measure_d2h();
+}
+
+}  // namespace
+
+OverlapBenchResult run_overlap_bench(const OverlapBenchOptions& o) {
+  if (o.elements == 0) fail(ErrorCode::kInvalidArgument, "bench step: no elements");
+  OverlapBenchResult res;
+  res.elements = o.elements;
+  res.rounds = std::max(1, o.rounds);
+  std::optional<GradientSource> grads;  // outlives every engine
+  double t = std::max(o.backward_s, 0.0);
+  Paired on, clipped, auto_clip;
+  {
+    OverlapEngine serial(o, OptimizerOverlap::kOff, false);
+    grads.emplace(serial.engine(), make_grads(o.config.precision.grads, o.elements));
+    const double warm = serial.round(t, *grads).step_s;  // warm-up
+    if (o.backward_s < 0) t = warm;
+    on = alternate(o, *grads, serial, t, OptimizerOverlap::kOn, false);
+    // Both engines took the warm-up step and o.rounds more, from the same gradients.
+    res.serial_master_crc32c = serial.master_crc32c();
+    res.overlapped_equals_serial = on.master_crc32c == res.serial_master_crc32c;
+  }
+  {
+    // Clipping forced: against the serial step that clips too (the same work, overlap off).
+    OverlapEngine serial(o, OptimizerOverlap::kOff, true);
+    serial.round(t, *grads);  // warm-up
+    clipped = alternate(o, *grads, serial, t, OptimizerOverlap::kOn, true);
+    auto_clip = alternate(o, *grads, serial, t, OptimizerOverlap::kAuto, true);
+  }
+  summarize_overlap(on, clipped, auto_clip, res);
+  hand_in_figures(*grads, res);
   return res;
 }
 

@@ -66,7 +66,12 @@ StepBenchResult run_step_bench(const StepBenchOptions& options);
 // Engine at stage 2 (zero.stage 0-1 are raised to 2: only stages 2-3 speculate) holding
 // `elements` parameters in `tensors` tensors, whose simulated backward hands the gradients in one
 // tensor at a time, last first, the k-th at k * backward_s / tensors after it began (sleeping in
-// between: no CPU spent; a hand-in that runs late delays the next), then calls step(). Four
+// between: no CPU spent; a hand-in that runs late delays the next), then calls step(). On a CUDA
+// device the gradients are device memory, as a GPU backward leaves them: allocated and filled
+// once (a copy on the bench's producer stream, not waited for), each handed in with
+// set_gradient(id, grad, producer) on that stream; on the host-emulated device host memory,
+// set_gradient_host. The device -> host bandwidth is measured in the same run, after the rounds
+// (profile_internal.hpp measure_d2h_pinned), as the hand-ins' reference. Four
 // engines: optimizer.overlap off (the serial step), on, on with clipping forced every step
 // (clip_grad_norm with a tiny max norm: every speculated chunk rolled back: the rollback's cost),
 // and auto with clipping forced (auto stops speculating after two rollbacks in four steps: what a
@@ -93,8 +98,25 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   double serial_step_s = 0, serial_total_s = 0;
   double overlapped_step_s = 0, overlapped_total_s = 0;
   double exposed_s = 0;  // StepResult::exposed_s of the overlapped step
-  // The caller's time in the hand-ins (set_gradient_host) during the simulated backward.
+  // The caller's time in the hand-ins (set_gradient with the producer stream, or
+  // set_gradient_host) during the simulated backward, per round.
   double serial_hand_in_s = 0, overlapped_hand_in_s = 0;
+  // Where the handed-in gradients live: "device" (a CUDA engine) or "host" (the host-emulated
+  // device); the bytes handed in per round (every tensor's gradient once, precision.grads), and
+  // those bytes over the hand-in times above.
+  std::string gradients;
+  std::uint64_t hand_in_bytes = 0;
+  double serial_hand_in_bytes_per_second = 0, overlapped_hand_in_bytes_per_second = 0;
+  // The device -> pinned host copy bandwidth of the engines' GPU measured in this run
+  // (d2h_copy_bytes per copy, min(hand_in_bytes, 256 MiB)); 0 on the host-emulated device.
+  std::uint64_t d2h_copy_bytes = 0;
+  double d2h_bytes_per_second = 0;
+  // The results: the overlapped engine's FP32 master weights after its steps against the serial
+  // engine's (the same steps from the same gradients): the speculative update is bitwise the
+  // serial one; and the CRC32C of the serial engine's (every tensor in order), which is the same
+  // for the same config and size whatever the device and wherever the gradients live.
+  bool overlapped_equals_serial = false;
+  std::uint32_t serial_master_crc32c = 0;
   // The serial step with clipping forced (the reference of the two below).
   double serial_clip_step_s = 0, serial_clip_total_s = 0;
   double rollback_step_s = 0, rollback_total_s = 0;    // clipping forced, overlap on

@@ -107,6 +107,17 @@ TEST(BenchStepCli, BackwardOverlapFields) {
   EXPECT_EQ(o["rolled_back_chunks"], o["speculated_chunks"]);
   // auto, clipping forced: the warm-up step and the round roll back; the next would not speculate.
   EXPECT_EQ(o["auto_clip_rolled_back_steps"].get<std::uint64_t>(), 2u);
+  // The hand-ins: every bf16 gradient once per round, from host memory on the host-emulated
+  // device, from device memory with a device -> host bandwidth beside them on a GPU
+  // (tests/fakecuda/bench_step_device_grads.sh); the speculative update bitwise the serial one.
+  EXPECT_EQ(o["hand_in_bytes"].get<std::uint64_t>(), 400000u);
+  if (o["gradients"] == "host") {
+    EXPECT_EQ(o["d2h_bytes_per_second"].get<double>(), 0.0);
+  } else {
+    EXPECT_EQ(o["gradients"], "device");
+    EXPECT_GT(o["d2h_bytes_per_second"].get<double>(), 0.0);
+  }
+  EXPECT_TRUE(o["overlapped_equals_serial"].get<bool>());
   std::string bad;
   EXPECT_EQ(run_command(binary_dir() + "/strata bench step " + source_dir() +
                             "/bench/step/step.yaml --backward soon 2>&1",
