@@ -353,7 +353,9 @@ class Engine {
   std::int64_t optimizer_step(TensorId id) const;
   void set_optimizer_step(TensorId id, std::int64_t step);
 
-  // Checkpoints (after finalize(), between steps, called by every rank in the same order).
+  // Checkpoints (after finalize(), between steps, called by every rank in the same order; a load
+  // between a step's gradients and step() is Error(kInvalidArgument), nothing changed:
+  // discard_gradients() first).
   // save_checkpoint: each rank writes its shard (its parameters in the model dtype, FP32 master and
   // Adam moments wherever offload.* keeps them, step counts, loss scale) into `dir` through the
   // I/O engine; rank 0 then commits DIR/manifest.json (sizes, CRC32C per section, the config) by an

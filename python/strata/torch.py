@@ -64,17 +64,35 @@ class StepResult:
 
 def no_decay_param_groups(model, weight_decay=None):
     """torch-style parameter groups: matrices and embeddings (>= 2 dimensions) decay, biases and
-    norm weights (< 2 dimensions) do not. Parameters without requires_grad are left out.
+    norm weights (< 2 dimensions) do not. Every floating-point parameter is in them, frozen ones
+    too (as torch.optim.AdamW(model.parameters()): a frozen parameter is skipped by each step
+    while it gets no gradient, and trains once unfrozen; it holds its Adam state in strata's tiers
+    all along: leave out the ones that never train to save that memory).
     weight_decay=None keeps the config's optimizer.weight_decay for the first group."""
     decay, no_decay = [], []
     for p in _unique_params(model):
-        if p.requires_grad:
+        if p.is_floating_point():
             (decay if p.dim() >= 2 else no_decay).append(p)
     first = {"params": decay}
     if weight_decay is not None:
         first["weight_decay"] = weight_decay
     groups = [first, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+def _materialized(param_groups):
+    """torch's param_groups argument (parameters, or dicts of them; any iterables) as a list of
+    dicts with a list of parameters each."""
+    groups = list(param_groups)
+    if not groups or not isinstance(groups[0], dict):
+        return [{"params": groups}]
+    out = []
+    for g in groups:
+        g = dict(g)
+        ps = g["params"]
+        g["params"] = [ps] if isinstance(ps, torch.Tensor) else list(ps)
+        out.append(g)
+    return out
 
 
 def _unique_params(model):
@@ -153,10 +171,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._names = {}
         for n, p in model.named_parameters():
             self._names.setdefault(id(p), n)
-        trainable = [p for p in _unique_params(model) if p.requires_grad]
-        if not trainable:
-            raise errors.InvalidArgumentError("strata: the model has no parameter that requires grad")
-        defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in trainable))]
+        if param_groups is None:
+            param_groups = no_decay_param_groups(model)
+        param_groups = _materialized(param_groups)
+        given = [p for g in param_groups for p in g["params"]]
+        if not given:
+            raise errors.InvalidArgumentError("strata: no parameter to train (the model has none, "
+                                              "or param_groups are empty)")
+        floats = [p for p in given if isinstance(p, torch.Tensor) and p.is_floating_point()]
+        trainable = floats or given  # (the first decides device and precision; checked below)
+        defaults = ["model.parameters=%d" % max(1, sum(p.numel() for p in given))]
         # torch.optim.AdamW's keyword arguments win over the config; what neither gives is
         # AdamW's default (strata's own optimizer.lr default, 1e-4, is the CLI trainer's).
         overrides = _with_adamw_arguments(overrides, lr=lr, betas=betas, eps=eps,
@@ -195,8 +219,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
         opt_defaults = dict(lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
                             weight_decay=cfg["weight_decay"], amsgrad=False, maximize=False,
                             foreach=None, capturable=False)
-        if param_groups is None:
-            param_groups = no_decay_param_groups(model)
         super().__init__(param_groups, opt_defaults)
 
         self._model = model
@@ -264,11 +286,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._constructing = False
 
         # Gradient hooks: on the AccumulateGrad node, created now (while every parameter still has
-        # its full shape: autograd checks gradients against the shape it records here).
+        # its full shape: autograd checks gradients against the shape it records here), for frozen
+        # parameters too (requires_grad on for the moment it takes): held here, the same node
+        # takes their gradients once they are unfrozen.
         self._grad_accs, self._hook_handles = [], []
         with torch.enable_grad():
             for tid, p in enumerate(self._params):
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                frozen = not p.requires_grad
+                p.requires_grad_(True)
+                try:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                finally:
+                    p.requires_grad_(not frozen)
                 self._hook_handles.append(acc.register_hook(self._grad_hook(tid)))
                 self._grad_accs.append(acc)
 
@@ -314,10 +343,6 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.ParameterTypeError(
                 "strata: parameter '%s' is %s, not floating point: strata trains float parameters "
                 "(precision.params: fp32 | bf16 | fp16); leave it out of param_groups" % (name, p.dtype))
-        if not p.requires_grad:
-            raise errors.InvalidArgumentError(
-                "strata: parameter '%s' does not require grad: no gradient would ever arrive for it; "
-                "leave it out of param_groups" % name)
         if self._mem.device_of(p) != self._device:
             raise errors.UnsupportedError(
                 "strata: parameter '%s' is on %s, the first one on %s: strata trains a model on one "
@@ -497,6 +522,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _next_micro_batch(self, tid):
         """A gradient arrives again: the next micro-batch, once the current one handed in every
         gradient (else UsageError; nothing changes)."""
+        self._skip_unused(only_frozen=True)
         if self._n_arrived < len(self._params) and self._unused != "error":
             self._skip_unused()  # the missing ones had no gradient in the micro-batch that ended
         if self._n_arrived < len(self._params):
@@ -514,12 +540,15 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._n_arrived = 0
         self._micro += 1
 
-    def _skip_unused(self):
+    def _skip_unused(self, only_frozen=False):
         """The parameters whose gradient did not arrive in this micro-batch (the loss did not use
-        them): handed to the engine as skipped — zeros from this rank; the update skips the ones no
-        rank used, as torch.optim.AdamW skips p.grad None. Warned once per parameter."""
+        them, or they are frozen): handed to the engine as skipped — zeros from this rank; the
+        update skips the ones no rank used, as torch.optim.AdamW skips p.grad None. Warned once
+        per parameter, except frozen ones (requires_grad False: expected to get none).
+        only_frozen: the frozen ones only (whatever unused_parameters says)."""
         for tid, a in enumerate(self._arrived):
-            if a:
+            frozen = not self._params[tid].requires_grad
+            if a or (only_frozen and not frozen):
                 continue
             if self._zeros_kept and self._had_grad[tid]:  # torch's p.grad: zeros, not None
                 self._hand_in(tid, self._mem.zeros(self._shapes[tid], self._grad_dtype))
@@ -527,7 +556,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._call(self._engine.skip_gradient, tid)
             self._arrived[tid] = True
             self._n_arrived += 1
-            if self._unused == "warn" and tid not in self._warned_unused:
+            if self._unused == "warn" and not frozen and tid not in self._warned_unused:
                 self._warned_unused.add(tid)
                 warnings.warn(
                     "strata: parameter '%s' got no gradient in this step (the loss did not use "
@@ -571,19 +600,24 @@ class ZeroOptimizer(torch.optim.Optimizer):
         p.grad; with True (the default) it is skipped, as AdamW skips p.grad None."""
         self._check_usable()
         self._zeros_kept = not set_to_none
-        if self._n_arrived or self._micro:
-            self._call(self._engine.discard_gradients)
-            self._arrived = [False] * len(self._params)
-            self._n_arrived = 0
-            self._micro = 0
-            self._clip_norm = None
-            self._phase_open = False
-            if self.stage == 3:
-                for tid in self._held:
-                    self._params[tid].data = self._empty
-                self._held.clear()
+        self._drop_step_gradients()
         for p in self._params:
             p.grad = None
+
+    def _drop_step_gradients(self):
+        """The gradients handed in since the last step() are dropped (every rank alike)."""
+        if not (self._n_arrived or self._micro):
+            return
+        self._call(self._engine.discard_gradients)
+        self._arrived = [False] * len(self._params)
+        self._n_arrived = 0
+        self._micro = 0
+        self._clip_norm = None
+        self._phase_open = False
+        if self.stage == 3:
+            for tid in self._held:
+                self._params[tid].data = self._empty
+            self._held.clear()
 
     # ---- the step ----
     def _sync_groups(self):
@@ -627,6 +661,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "opt.backward(loss) (or loss.backward()) first")
         if self.stage < 3:  # written since the first gradient (between micro-batches, or now):
             self._reseed_written()  # an update speculated from the old ones is discarded
+        self._skip_unused(only_frozen=True)
         if self._n_arrived < len(self._params) and self._unused != "error":
             self._skip_unused()
         if self._n_arrived < len(self._params):
@@ -669,6 +704,8 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise errors.UnsupportedError(
                 "strata: clip_grad_norm_(norm_type=%s): strata computes the global L2 norm across "
                 "ranks; use norm_type=2" % norm_type)
+        if self._n_arrived:
+            self._skip_unused(only_frozen=True)
         if self._n_arrived == 0 or (self._n_arrived < len(self._params) and self._unused == "error"):
             self._check_not_moved()
             raise errors.UsageError(
@@ -785,23 +822,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "p.data.copy_(...)), or load first and build the optimizer after" % n)
 
     def _check_requires_grad(self):
-        """A parameter's requires_grad that changed since construction is refused: strata's
-        partition (and so what trains) is fixed when the optimizer is built."""
+        """Freezing and unfreezing a parameter the optimizer holds is AdamW's (a frozen one is
+        skipped by the step); one the optimizer does not hold that becomes trainable is refused:
+        strata's partition is fixed when the optimizer is built, it would never train."""
         self._check_not_replaced()
         for name, p in self._frozen:
             if p.requires_grad:
                 raise errors.UsageError(
-                    "strata: parameter '%s' was frozen (requires_grad=False) when ZeroOptimizer was "
-                    "built and now requires grad: strata would never train it. Build the optimizer "
-                    "with it trainable (e.g. with lr=0 in its own group until it should train), or "
-                    "freeze it again" % name)
-        for p in self._params:
-            if not p.requires_grad:
-                raise errors.UsageError(
-                    "strata: parameter '%s' no longer requires grad, but strata trains it (it was "
-                    "trainable when ZeroOptimizer was built): it would get no gradient. Leave it out "
-                    "of param_groups when building the optimizer, or set its group's lr to 0"
-                    % self._name(p))
+                    "strata: parameter '%s' is not in the optimizer's param_groups (it was left out "
+                    "when ZeroOptimizer was built) and now requires grad: strata would never train "
+                    "it. Build the optimizer with it in param_groups (frozen parameters may be: "
+                    "they train once unfrozen), or freeze it again" % name)
 
     # ---- failures ----
     def _call(self, fn, *args):
@@ -1133,8 +1164,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Restores a checkpoint written by save_checkpoint (verified before anything changes; the
         world size and stage may differ: the load reshards), with every group's lr, weight_decay,
         betas and eps as saved (as torch's load_state_dict restores them). Returns the client_state
-        saved with it, or None. Collective."""
+        saved with it, or None. Collective. Between a step's backward and step() (micro-batches
+        of an accumulation) the step's gradients are dropped first, as zero_grad() drops them,
+        with a warning: they were computed from the weights the load replaces."""
         self._check_usable()
+        if self._n_arrived or self._micro:
+            warnings.warn("strata: load_checkpoint() between backward() and step(): this step's "
+                          "gradients (%d micro-batch(es)) are dropped, as zero_grad() drops them; "
+                          "the next backward starts the step afresh" % (self._micro + 1),
+                          UserWarning, stacklevel=2)
+            self._drop_step_gradients()
         self._enter_collective("load_checkpoint")
         self._mem.synchronize()  # kernels queued earlier may still read the parameters (R12)
         self._engine.load_checkpoint(os.fspath(directory))

@@ -213,6 +213,10 @@ void Engine::load_checkpoint(const std::string& dir) {
   Impl& m = *impl_;
   m.require_finalized("load_checkpoint");
   m.require_usable("load_checkpoint");
+  if (m.reducer->in_step() || m.early)
+    fail(ErrorCode::kInvalidArgument,
+         "engine: load_checkpoint() between a step's gradients and step(): they were computed "
+         "from the state the load replaces; discard_gradients() first (nothing changed)");
   m.finish_saving();
   m.cancel_speculation(false);
   m.gatherer->drop_all();

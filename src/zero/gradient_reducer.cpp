@@ -59,6 +59,18 @@ std::vector<std::vector<GradientReducer::Range>> gaps_per_bucket(const EngineLay
   return gaps;
 }
 
+// Sets the reducer's asynchronous flag for one hand-in; clears it however the hand-in ends.
+class AsyncScope {
+ public:
+  AsyncScope(bool& flag, bool on) : flag_(flag) { flag_ = on; }
+  ~AsyncScope() { flag_ = false; }
+  AsyncScope(const AsyncScope&) = delete;
+  AsyncScope& operator=(const AsyncScope&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 // Stages 0-1, host memory on a CUDA device: the hand-in staging buffer holds at most
 // min(zero.reduce_bucket_size, 64 MiB) of hand-in elements (src/plan/runtime.cpp counts it).
 constexpr std::size_t kHandInStagingBytes = std::size_t{64} << 20;
@@ -210,11 +222,7 @@ void GradientReducer::mark_arrived(TensorId id) {
 void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory,
                               const void* const* producer) {
   if (producer) stream_->wait_external(const_cast<void*>(*producer));  // fails: nothing changed
-  async_ = producer != nullptr;
-  struct Sync {
-    bool& async;
-    ~Sync() { async = false; }
-  } back_to_sync{async_};
+  const AsyncScope scope(async_, producer != nullptr);
   mark_arrived(id);
   if (!used_[id]) ++n_used_;
   used_[id] = true;
@@ -239,6 +247,8 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory,
 // Zeros: stages 0-1 clear the tensor's flat gradients in the first micro-batch (a later one adds
 // nothing); stages 2-3 write zeros into its elements of their buckets.
 void GradientReducer::hand_in_zero(TensorId id) {
+  // Zeros read no caller memory: queued without a wait on a GPU (as an asynchronous hand-in).
+  const AsyncScope scope(async_, store_.device().kind() == DeviceKind::kCuda);
   mark_arrived(id);
   const std::size_t n = layout_.tensor(id).numel, off = layout_.partition().offset(id);
   if (n == 0) return;
@@ -246,14 +256,13 @@ void GradientReducer::hand_in_zero(TensorId id) {
   const std::size_t ges = layout_.stage() < 2 ? layout_.grad_elem_bytes()      // the flat gradients
                                               : layout_.hand_in_elem_bytes();  // the buckets
   if (layout_.stage() < 2 && micro_ == 0) {
-    stream_->fill(layout_.grads_device() + off * ges, 0, n * ges, timeout_);
+    fill(layout_.grads_device() + off * ges, n * ges);
   } else if (layout_.stage() >= 2) {
     // Last bucket first, as hand_in_bucketed.
     for (std::size_t stop = off + n; stop > off;) {
       const std::size_t k = (stop - 1) / bucket_elems_;
       const std::size_t pos = std::max(off, bucket_begin(k));
-      stream_->fill(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, 0, (stop - pos) * ges,
-                    timeout_);
+      fill(bucket_buffer(k).data() + (pos - bucket_begin(k)) * ges, (stop - pos) * ges);
       bucket_pending_[k] -= stop - pos;
       if (bucket_pending_[k] == 0) bucket_complete(k);
       stop = pos;

@@ -139,6 +139,32 @@ TEST(Checkpoint, VerificationFailuresChangeNothing) {
   EXPECT_THROW(run(2, 2, 0, swap.str(), ckpt.str(), 4, 0, true), Error);
 }
 
+// Issue 48, 9A: a load between a step's gradients and step() (a micro-batch handed in) is refused
+// with Error(kInvalidArgument), nothing changed (it once made the next micro-batch fail, "filled
+// twice", and left the engine failed); after discard_gradients() it loads, and the run then equals
+// one that loaded between steps, bit for bit. Stages 1-3, one rank.
+TEST(Checkpoint, ALoadBetweenAStepsGradientsIsRefusedUntilTheyAreDiscarded) {
+  for (int stage : {1, 2, 3}) {
+    TempDir swap("strata-ckpt-swap"), ckpt("strata-ckpt");
+    run(1, stage, 0.5, swap.str(), ckpt.str(), 2, 0, false);
+    const auto want = run(1, stage, 0.5, swap.str(), ckpt.str(), 2, 2, true);
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Engine e(ckpt_config(stage, 0.5, swap.str()), *comms[0]);
+    ckpt_register(e, kCkptSizes);
+    ckpt_step(e, kCkptSizes, 0, 7);
+    const std::vector<float> g(kCkptSizes.back(), 0.25f);
+    e.set_gradient(kCkptSizes.size() - 1, g.data());  // a micro-batch begun
+    const auto before = read_params(e, kCkptSizes);
+    expect_error(ErrorCode::kInvalidArgument, "discard_gradients() first",
+                 [&] { e.load_checkpoint(ckpt.str()); });
+    expect_bitwise_equal(read_params(e, kCkptSizes), before, "after a refused load");
+    e.discard_gradients();
+    e.load_checkpoint(ckpt.str());
+    for (int s = 2; s < 4; ++s) ckpt_step(e, kCkptSizes, 0, s);
+    expect_bitwise_equal(read_params(e, kCkptSizes), want[0], strcat("stage ", stage));
+  }
+}
+
 // The helper (ckpt_helper.cpp: saves serials 1..3, stopping before file operation `pause_at` of
 // the third save), its stdout on a pipe.
 Child start_helper(const std::string& ckpt, const std::string& swap, std::uint64_t pause_at) {
