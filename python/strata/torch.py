@@ -12,6 +12,7 @@ gathered by a forward pre-hook and dropped by a forward post-hook (and gathered 
 module's backward), with the engine's prefetch. docs/python.md has the whole contract.
 """
 import atexit
+import collections.abc
 import contextlib
 import datetime
 import itertools
@@ -19,6 +20,7 @@ import json
 import math
 import os
 import time
+import types
 import warnings
 import weakref
 from dataclasses import dataclass
@@ -78,6 +80,40 @@ def no_decay_param_groups(model, weight_decay=None):
         first["weight_decay"] = weight_decay
     groups = [first, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
+
+
+class _LazyState(collections.abc.Mapping):
+    """ZeroOptimizer.state: AdamW's per-parameter state, read from the engine on access."""
+
+    def __init__(self, opt):
+        self._opt = opt
+
+    def _stepped(self):
+        opt = self._opt
+        if opt._engine is None:
+            return []
+        return [p for tid, p in enumerate(opt._params) if opt._engine.tensor_step(tid) > 0]
+
+    def __getitem__(self, p):
+        opt = self._opt
+        tid = opt._ids.get(id(p)) if opt._engine is not None else None
+        if tid is None or opt._params[tid] is not p or opt._engine.tensor_step(tid) == 0:
+            return {}  # (AdamW's defaultdict(dict) answers {} for a parameter without state)
+        opt._check_usable()
+        if opt.world > 1 and opt.stage > 0:
+            opt._enter_collective("optimizer.state[p]")
+        step = torch.tensor(float(opt._engine.tensor_step(tid)), device="cpu")
+        return {"step": step, "exp_avg": opt._read(tid, "exp_avg"),
+                "exp_avg_sq": opt._read(tid, "exp_avg_sq")}
+
+    def __iter__(self):
+        return iter(self._stepped())
+
+    def __len__(self):
+        return len(self._stepped())
+
+    def __contains__(self, p):
+        return any(q is p for q in self._stepped())
 
 
 def _materialized(param_groups):
@@ -316,6 +352,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
             self._held = set()  # gathered again for a backward whose gradient has not arrived
             self._install_stage3_hooks(model, stage3_units)
             self._install_state_dict_hooks(model)
+
+    @property
+    def state(self):
+        """torch's optimizer.state: parameter -> {"step", "exp_avg", "exp_avg_sq"} as AdamW's,
+        read from the engine when asked (CPU tensors; a parameter never stepped: {}). With
+        several ranks at stages 1-3 each read gathers the parameter's shards: collective, every
+        rank reads the same parameters in the same order (opt.state_dict() reads them all)."""
+        return _LazyState(self)
+
+    @state.setter
+    def state(self, value):  # torch.optim.Optimizer.__init__ assigns its own dict: not used
+        pass
 
     def add_param_group(self, param_group):
         """Parameter groups are fixed when the optimizer is built (strata partitions the parameters
@@ -1360,7 +1408,30 @@ def _install_ddp_guard():
     cls.__init__ = __init__
 
 
-_TORCH_CLIP = torch.nn.utils.clip_grad_norm_
+def _redirect(func, name, dispatch):
+    """Makes torch's function `func` call `dispatch` instead, also where a script bound it before
+    `import strata` (`from torch.nn.utils import clip_grad_norm_`): the function object's code is
+    replaced by a call of `dispatch` (published as `name` in its module). Returns a copy of the
+    original that runs torch's code. A function with a closure (not torch's plain functions) is
+    left alone: only the module attribute then leads to strata."""
+    inner = func
+    while hasattr(inner, "__wrapped__"):  # torch 2.x: a _no_grad wrapper around the function
+        inner = inner.__wrapped__
+    original = getattr(inner, "_strata_original", None)
+    if original is not None:
+        return original
+    original = types.FunctionType(inner.__code__, inner.__globals__, inner.__name__,
+                                  inner.__defaults__, inner.__closure__)
+    original.__kwdefaults__ = inner.__kwdefaults__
+    original.__doc__ = inner.__doc__
+    if not inner.__code__.co_freevars:
+        inner.__globals__[name] = dispatch
+        scope = {}
+        exec("def stub(*args, **kwargs):\n    return %s(*args, **kwargs)\n" % name, {}, scope)
+        inner.__code__ = scope["stub"].__code__
+        inner.__defaults__ = inner.__kwdefaults__ = None
+    inner._strata_original = original
+    return original
 
 
 def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, **kwargs):
@@ -1376,7 +1447,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         else:
             owners.setdefault(id(opt), (opt, set()))[1].add(id(p))
     if not owners:
-        return _TORCH_CLIP(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
+        return _TORCH_CLIP_NORM(params, max_norm, norm_type, error_if_nonfinite, **kwargs)
     if len(owners) > 1:
         raise errors.UnsupportedError("strata: clip_grad_norm_ over the parameters of %d "
                                       "ZeroOptimizers at once; clip each optimizer's" % len(owners))
@@ -1394,15 +1465,38 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     return opt.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
 
 
+def clip_grad_value_(parameters, clip_value, *args, **kwargs):
+    """torch.nn.utils.clip_grad_value_, which strata.torch redirects here: over parameters a
+    ZeroOptimizer trains it would do nothing (their p.grad is None: the gradients are in the
+    engine), so it raises UnsupportedError instead; any other parameters: torch's."""
+    params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+    mine = [p for p in params if _owner_of(p) is not None]
+    if mine:
+        raise errors.UnsupportedError(
+            "strata: clip_grad_value_ over %d parameter(s) a ZeroOptimizer trains: their gradients "
+            "are in strata's engine (p.grad is None), so it would clip nothing; strata clips by the "
+            "global L2 norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)"
+            % len(mine))
+    return _TORCH_CLIP_VALUE(params, clip_value, *args, **kwargs)
+
+
+# torch's clipping functions lead here, whatever the import order (their code is redirected);
+# torch's own code still runs for parameters no ZeroOptimizer trains.
+_TORCH_CLIP_NORM = _redirect(torch.nn.utils.clip_grad.clip_grad_norm_, "_strata_clip_grad_norm_",
+                             clip_grad_norm_)
+_TORCH_CLIP_VALUE = _redirect(torch.nn.utils.clip_grad.clip_grad_value_,
+                              "_strata_clip_grad_value_", clip_grad_value_)
 torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
 torch.nn.utils.clip_grad.clip_grad_norm_ = clip_grad_norm_
+torch.nn.utils.clip_grad_value_ = clip_grad_value_
+torch.nn.utils.clip_grad.clip_grad_value_ = clip_grad_value_
 _install_ddp_guard()
 
 
 _ADAMW_LR = 1e-3  # torch.optim.AdamW's default lr
 # What a rank announces (_announce): every collective call and each step's first collective work.
 _PHASES = ("state_dict()", "load_state_dict()", "save_checkpoint()", "load_checkpoint()",
-           "full_parameters()", "wait_checkpoint()", "a step's backward",
+           "full_parameters()", "wait_checkpoint()", "optimizer.state[p]()", "a step's backward",
            "a forward with gradients", "a forward under no_grad (evaluation)")
 
 

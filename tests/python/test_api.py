@@ -271,6 +271,60 @@ class TorchContract(unittest.TestCase):
                 assert_bitwise(self, got, master_of(ropt, ref), "stage %d" % stage)
                 ropt.close()
 
+    def test_torch_code_that_reads_gradients_and_state(self):
+        """Issue 48, point 2: opt.state[p] answers what AdamW's does (bitwise, read from the
+        engine); clip_grad_value_ over strata's parameters raises instead of clipping nothing
+        (and is torch's for other parameters)."""
+        ref = tiny_gpt()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, base_config(1),
+                                         param_groups=[{"params": list(model.parameters())}])
+        topt = torch.optim.AdamW(ref.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                                 foreach=False)
+        self.assertEqual(len(opt.state), 0)
+        self.assertEqual(opt.state[next(model.parameters())], {})
+        train(model, opt, 2)
+        train(ref, topt, 2, strata_opt=False)
+        self.assertEqual(len(opt.state), len(topt.state))
+        for p, q in zip(model.parameters(), ref.parameters()):
+            mine, want = opt.state[p], topt.state[q]
+            self.assertEqual(sorted(mine), sorted(want))
+            for k in ("exp_avg", "exp_avg_sq"):
+                self.assertTrue(torch.equal(mine[k], want[k]), k)
+            self.assertEqual(float(mine["step"]), float(want["step"]))
+        x, y = batch(9)
+        opt.backward(model(x, y))
+        with self.assertRaisesRegex(strata.UnsupportedError, "clip_grad_value_ .*clip nothing"):
+            torch.nn.utils.clip_grad_value_(model.parameters(), 0.1)
+        other = nn.Linear(3, 3)
+        other(torch.ones(1, 3)).sum().backward()
+        torch.nn.utils.clip_grad_value_(other.parameters(), 0.1)  # torch's, for other parameters
+        self.assertLessEqual(float(other.weight.grad.abs().max()), 0.10001)  # (fp32 0.1)
+        opt.close()
+
+    def test_clip_grad_norm_bound_before_import_strata(self):
+        """`from torch.nn.utils import clip_grad_norm_` before `import strata` (as many scripts
+        do) holds torch's own function object: it now reaches strata's global norm (it returned
+        0.0 and clipped nothing)."""
+        import subprocess
+        script = (
+            "from torch.nn.utils import clip_grad_norm_\n"
+            "import sys; sys.path.insert(0, %r)\n"
+            "import test_api as A, strata\n"
+            "model = A.tiny_gpt()\n"
+            "opt = strata.torch.ZeroOptimizer(model, A.base_config(2))\n"
+            "x, y = A.batch(0)\n"
+            "opt.backward(model(x, y))\n"
+            "norm = float(clip_grad_norm_(model.parameters(), 0.05))\n"
+            "print('norm', norm, 'coef', opt.step().clip_coef)\n" % HERE)
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env=os.environ)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        words = r.stdout.split()
+        norm, coef = float(words[words.index("norm") + 1]), float(words[words.index("coef") + 1])
+        self.assertGreater(norm, 0.05)
+        self.assertLess(coef, 1.0)
+
     def test_grad_clip_in_the_config_is_refused(self):
         """Issue 48: a config that clips would clip a loop that never asked for it (the README's
         example did): refused, naming what to call instead; nothing is built."""
