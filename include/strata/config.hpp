@@ -139,7 +139,11 @@ struct GpuTierConfig {
 };
 
 struct HostTierConfig {
+  // Per node. Not given in the config (budget_set false): the default, 512 GiB, is what the engine
+  // counts against, while `strata plan` checks against the machine's memory (make_plan with a
+  // MachineMemory, strata/plan.hpp).
   std::uint64_t budget = 512ULL << 30;
+  bool budget_set = false;  // tiers.host.budget was given (parse_config/load_config set it)
   std::uint64_t pinned_budget = 8ULL << 30;
   std::uint32_t buffer_count = 4;            // >= 1
   std::uint64_t buffer_size = 256ULL << 20;  // multiple of 4096

@@ -217,7 +217,31 @@ struct Recommendation {
 // fits. Pure; never throws for a validated Config.
 Recommendation recommend(const Config& config);
 
+// The machine's memory, for a plan whose config does not set tiers.host.budget. MemTotal, not
+// MemAvailable: the budget is what the node can hold (as tiers.gpu.budget is the GPU's size), and
+// the same config plans the same on the same machine whatever else runs or sits in the page cache
+// right now; a config leaves room for the OS and other processes by setting tiers.host.budget.
+struct MachineMemory {
+  bool known = false;
+  std::uint64_t total = 0;  // bytes (MemTotal)
+  std::string source;       // "MemTotal in /proc/meminfo", or why it could not be read
+};
+// Reads MemTotal from `meminfo` (the /proc/meminfo format). The planner's only I/O; never throws.
+MachineMemory read_machine_memory(const std::string& meminfo = "/proc/meminfo");
+
+// The host budget a plan checks against, and where it came from.
+struct HostBudget {
+  enum class Source { kConfig, kMachine, kDefault };
+  Source source = Source::kConfig;
+  std::uint64_t bytes = 0;
+  // "1 TiB (tiers.host.budget)", "the machine's 23.4 GiB (25.1 GB; MemTotal in /proc/meminfo;
+  // tiers.host.budget not set)", or "the default 512 GiB (tiers.host.budget not set; ...)".
+  std::string text;
+};
+const char* host_budget_source_name(HostBudget::Source s);  // "config" | "machine" | "default"
+
 struct Plan {
+  HostBudget host_budget;  // what the host verdicts are against
   std::uint64_t parameters = 0;
   std::uint32_t ranks = 1;
   std::uint32_t ranks_per_node = 1;  // ranks on the fullest node
@@ -235,6 +259,11 @@ struct Plan {
   std::vector<std::string> assumptions;
   std::vector<std::string> notes;  // e.g. activations, not model state, do not fit
 };
+// Pure: the config's host budget as it stands (its default 512 GiB when tiers.host.budget is not
+// set; host_budget says so).
 Plan make_plan(const Config& config);
+// `strata plan`: tiers.host.budget not set, the machine's memory is the host budget (every verdict
+// and rung of the ladder); not known, the default, and host_budget says the memory was not read.
+Plan make_plan(const Config& config, const MachineMemory& machine);
 
 }  // namespace strata

@@ -1,8 +1,13 @@
 // Checkpoints of the engine's sharded state: save, and load with resharding (see checkpoint.hpp).
 #include "checkpoint/checkpoint.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <future>
@@ -101,6 +106,15 @@ std::vector<std::uint64_t> agree(Communicator& comm, const RankState& s, const O
 // ---- save
 // ------------------------------------------------------------------------------------------
 
+// A `manifest.json` that is not a checkpoint strata wrote (unparsable, failing its seal, of another
+// format, a link) is never replaced: the save is refused (exit code 2) before anything changes.
+[[noreturn]] void refuse_foreign_manifest(const SafeDir& dir, const std::exception& e) {
+  fail(ErrorCode::kInvalidArgument,
+       strcat("checkpoint save into ", dir.path(), ": ", dir.child_path(kManifestName),
+              " is not a checkpoint strata wrote (", e.what(),
+              "); it is not replaced and nothing was changed: move it away or save elsewhere"));
+}
+
 // The next serial: above the committed manifest's and above every shard file present (leftovers of
 // killed saves), so that a new shard never meets an old file of its name.
 std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
@@ -109,9 +123,11 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
   if (dir.stat_entry(kManifestName, &st)) {
     try {
       serial = read_manifest(dir, env).serial;
+    } catch (const IoError& e) {
+      if (!e.bad_path()) throw e.with_context(strcat("checkpoint save into ", dir.path()));
+      refuse_foreign_manifest(dir, e);
     } catch (const std::exception& e) {
-      log_warn("checkpoint: the existing manifest in ", dir.path(), " is unreadable (", e.what(),
-               "); it will be replaced");
+      refuse_foreign_manifest(dir, e);
     }
   }
   for (const std::string& name : dir.entries()) {
@@ -119,6 +135,61 @@ std::uint64_t next_serial(const SafeDir& dir, FileEnv& env) {
     if (checkpoint_file_serial(name, &s)) serial = std::max(serial, s);
   }
   return serial + 1;
+}
+
+// The directory's save lock (rank 0 of a run): an exclusive flock on a descriptor of the
+// directory of its own, and the owner's pid in kOwnerName while it is held. Held from begin_save
+// until the PendingSave goes (committed, failed or abandoned); the kernel releases it when the
+// process dies. Written with plain calls (not the FileEnv seam: no file operation of the save).
+constexpr const char* kOwnerName = "writer.pid";
+
+class SaveLock {
+ public:
+  explicit SaveLock(SafeDir dir) : dir_(std::move(dir)) {}
+  SaveLock(const SaveLock&) = delete;
+  SaveLock& operator=(const SaveLock&) = delete;
+  ~SaveLock() { dir_.try_remove(kOwnerName, false); }  // then the descriptor closes: unlocked
+
+ private:
+  SafeDir dir_;
+};
+
+// The pid kOwnerName names, or 0 (absent, unreadable, not a pid).
+long owner_pid(const SafeDir& dir) {
+  try {
+    const UniqueFd fd = dir.open_file(kOwnerName, O_RDONLY);
+    char buf[32] = {};
+    const ssize_t n = ::read(fd.get(), buf, sizeof buf - 1);
+    if (n <= 4 || std::strncmp(buf, "pid ", 4) != 0) return 0;
+    return std::strtol(buf + 4, nullptr, 10);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+std::shared_ptr<void> lock_for_saving(const SafeDir& dir) {
+  SafeDirOptions opt;
+  opt.role = "checkpoint directory";
+  SafeDir own = SafeDir::open(dir.path(), opt);
+  if (::flock(own.fd(), LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err != EWOULDBLOCK)
+      throw IoError("flock", dir.path(), 0, 0, err, "checkpoint save: locking the directory");
+    const long pid = owner_pid(dir);
+    fail(ErrorCode::kInvalidArgument,
+         strcat("checkpoint save into ", dir.path(),
+                ": the directory is in use by another run saving into it (",
+                pid > 0 ? strcat("pid ", pid, pid == ::getpid() ? ", this process" : "")
+                        : std::string("its pid unknown"),
+                ", per ", dir.child_path(kOwnerName),
+                "); nothing was changed: save elsewhere or wait for that run to end"));
+  }
+  own.try_remove(kOwnerName, false);  // a leftover of a killed owner
+  const UniqueFd fd = own.create_file(kOwnerName, O_WRONLY);
+  const std::string text = strcat("pid ", ::getpid(), "\n");
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    throw IoError("write", own.child_path(kOwnerName), 0, text.size(), errno ? errno : EIO);
+  return std::make_shared<SaveLock>(std::move(own));
 }
 
 // The training counters a checkpoint carries, from RankState into the Manifest and back.
@@ -508,6 +579,7 @@ PendingSave begin_save(const std::string& dir_path, const RankState& s, Communic
     opt.role = "checkpoint directory";
     if (s.rank == 0) {
       p.dir = SafeDir::open(dir_path, opt);
+      p.lock = lock_for_saving(p.dir);
       o.extra = next_serial(p.dir, env_of(s));
     }
   } catch (...) {
@@ -680,7 +752,7 @@ void restore_piece(RankState& s, Range range, const std::vector<Segment>& segs, 
 void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& comm) {
   check_state(s, "load");
   s.restore_started = false;
-  s.bytes_read = 0;
+  s.bytes_read = s.bytes_verified = s.bytes_restored = 0;
   s.params_follow_master = true;
   const std::string what = strcat("checkpoint load from ", dir_path);
   SafeDir dir;
@@ -709,6 +781,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   } catch (...) {
     o.capture();
   }
+  if (shards) s.bytes_read = s.bytes_verified = shards->bytes_read();
   const std::vector<std::uint64_t> crcs = agree(comm, s, o, what);
   for (int r = 1; r < s.world; ++r)
     if (crcs[static_cast<std::size_t>(r)] != crcs[0])
@@ -724,13 +797,19 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
       restore_piece(s, {p, std::min(piece, total - p)}, segs, &k, *shards);
   } catch (...) {
     s.bytes_read = shards->bytes_read();
+    s.bytes_restored = s.bytes_read - s.bytes_verified;
     throw;
   }
   s.bytes_read = shards->bytes_read();
+  s.bytes_restored = s.bytes_read - s.bytes_verified;
   copy_counters(m, s);
+  std::uint64_t shard_bytes = 0;
+  for (const auto& e : m.shards) shard_bytes += e.bytes;
   const std::string done =
       strcat("checkpoint: rank ", s.rank, " loaded serial ", m.serial, " (saved by ", m.world,
-             " ranks at stage ", m.stage, ") from ", dir.path(), ", ", s.bytes_read, " bytes read");
+             " ranks at stage ", m.stage, ") from ", dir.path(), ": read ", s.bytes_read,
+             " bytes (", s.bytes_verified, " verified before any change + ", s.bytes_restored,
+             " restored) of shards totalling ", shard_bytes, " bytes");
   if (s.rank == 0)
     log_info(done);
   else

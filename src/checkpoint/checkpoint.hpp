@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -75,7 +76,13 @@ struct RankState : TrainingCounters {
   FileEnv* env = nullptr;
   // Set by load_checkpoint.
   bool restore_started = false;  // pass 2 began: a failure from here on left partial state
-  std::uint64_t bytes_read = 0;  // checkpoint bytes this rank read (both passes)
+  // Checkpoint bytes this rank read: pass 1 (bytes_verified: the manifest's shards' headers and
+  // every block holding the rank's elements, each block once, CRC-checked before anything
+  // changes) + pass 2 (bytes_restored: the same blocks read again into the store, checked again).
+  // A whole-checkpoint load reads about twice the shards' size: once per pass.
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_verified = 0;
+  std::uint64_t bytes_restored = 0;
   // Every loaded parameter is bitwise its loaded master rounded to param_dtype (store_elem, what
   // the update writes): an asynchronous save may then make them from the master (the engine).
   bool params_follow_master = true;
@@ -111,6 +118,9 @@ struct PendingSave {
   SafeDir dir;
   Manifest manifest;
   std::exception_ptr extra_error;  // rank 0's write of the untrained tensors failed
+  // Rank 0: the directory's save lock (flock, owner pid in DIR/writer.pid), released when this
+  // goes; another run's save into the directory meanwhile is refused naming this pid.
+  std::shared_ptr<void> lock;
 };
 PendingSave begin_save(const std::string& dir, const RankState& state, Communicator& comm,
                        const SaveOptions& options = {});

@@ -848,6 +848,7 @@ ShardReader::ShardReader(const SafeDir& dir, const Manifest& m, int shard, FileE
                   ", the manifest ", m.path, " implies ", want[i]));
   for (int s = 0; s < kSections; ++s) {
     crc_[s].resize(layout_.nblocks);
+    verified_[s].assign(layout_.nblocks, false);
     std::memcpy(crc_[s].data(),
                 h.data() + kHeaderFixed + 4 * layout_.nblocks * static_cast<std::uint64_t>(s),
                 4 * layout_.nblocks);
@@ -910,6 +911,7 @@ void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
   for (std::uint64_t b = first / be; b <= (first + n - 1) / be; ++b) {
     const Cache& c = cache_[s];
     if (b >= c.b0 && b < c.b1) continue;  // verified when it was loaded
+    if (verified_[s][b]) continue;        // a tensor before this one shares the block
     // The block in pieces of at most kVerifyPiece bytes, its CRC32C continued over them.
     const std::uint64_t e0 = b * be, e1 = std::min(count, e0 + be);
     const std::uint64_t pad = b + 1 == layout_.nblocks ? layout_.padded[s] - layout_.bytes[s] : 0;
@@ -924,6 +926,7 @@ void ShardReader::verify(Section s, std::uint64_t first, std::uint64_t n) {
     }
     bytes_read_ += len;
     check_block_crc(s, b, off, len, crc);
+    verified_[s][b] = true;
   }
 }
 

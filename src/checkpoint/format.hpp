@@ -239,7 +239,8 @@ class ShardReader {
   const std::string& path() const { return path_; }
   // Elements [first, first + n) of `section` (relative to the shard's begin) into dst.
   void read(Section section, std::uint64_t first, std::uint64_t n, void* dst);
-  // Verifies the blocks holding elements [first, first + n) of `section` (no copy).
+  // Verifies the blocks holding elements [first, first + n) of `section` (no copy); a block
+  // verify() already checked is not read again (many small tensors share a block).
   void verify(Section section, std::uint64_t first, std::uint64_t n);
   std::uint64_t bytes_read() const { return bytes_read_; }
   void drop_cache() {
@@ -257,6 +258,7 @@ class ShardReader {
   std::unique_ptr<RandomAccessFile> file_;
   ShardLayout layout_;
   std::vector<std::uint32_t> crc_[kSections];
+  std::vector<bool> verified_[kSections];  // blocks verify() read and checked
   struct Cache {
     std::vector<unsigned char> buf;
     std::uint64_t b0 = 0, b1 = 0;  // blocks [b0, b1) in buf

@@ -123,6 +123,9 @@ json rung_json(const strata::Rung& r) {
 json plan_json(const strata::Config& c, const strata::Plan& p) {
   json j;
   j["config"] = c.source;
+  j["host_budget"] = {{"bytes", p.host_budget.bytes},
+                      {"source", strata::host_budget_source_name(p.host_budget.source)},
+                      {"text", p.host_budget.text}};
   j["parameters"] = p.parameters;
   j["ranks"] = p.ranks;
   j["ranks_per_node"] = p.ranks_per_node;
@@ -188,7 +191,8 @@ void print_header(std::ostream& o, const strata::Config& c, const strata::Plan& 
     << b.optimizer() << " optimizer (" << b.master << " master + " << b.moments
     << " moments) = " << b.total() << "\n"
     << "  world: " << p.ranks << " ranks, " << p.ranks_per_node << " per node, " << p.nodes
-    << " node(s)\n\n";
+    << " node(s)\n"
+    << "  host budget: " << p.host_budget.text << "\n\n";
 }
 
 // Model state per rank for every stage.
@@ -365,7 +369,8 @@ const bool kRegistered = strata::cli::register_command(
                         c.source +
                             ": model.parameters: strata plan needs the model's parameter "
                             "count (e.g. model: {parameters: 7.5B})");
-         strata::Plan p = strata::make_plan(c);
+         // tiers.host.budget not set: this machine's memory (strata/plan.hpp, docs/config.md).
+         strata::Plan p = strata::make_plan(c, strata::read_machine_memory());
          if (opts->json) {
            std::cout << plan_json(c, p).dump(2) << "\n";
          } else {

@@ -31,6 +31,7 @@
 #include "comm/numeric.hpp"
 #include "core/bounded_json.hpp"
 #include "core/file_env.hpp"
+#include "core/printable.hpp"
 #include "core/safe_fs.hpp"
 #include "strata/communicator.hpp"
 #include "strata/config.hpp"
@@ -429,8 +430,51 @@ int inprocess_world(const Config& cfg, const Options& o) {
   return world;
 }
 
-// Runs rank(r) for r < world, one thread each; returns rank 0's outcome, throws the first failure
-// (in rank order) once every thread ended.
+// One rank's error, its message prefixed with the rank; the exit code of the error it stands for
+// (or 2 when any failed rank's error was bad input).
+class RankError : public Error {
+ public:
+  RankError(ErrorCode code, const std::string& message, bool bad_input) : Error(code, message) {
+    bad_input_ = bad_input;
+  }
+};
+
+// Several in-process ranks: every failed rank's own error reaches the user, each once, as
+// "rank R: ..." (a rank's error often only points at another's: "rank 1 failed (io; see that
+// rank's error)"). The first failed rank's is thrown (main prints it, last); the others are printed
+// here. Returns when no rank failed.
+void throw_rank_failures(const std::vector<std::exception_ptr>& errors) {
+  int first = -1;
+  bool bad_input = false;
+  std::vector<std::pair<ErrorCode, std::string>> failed(errors.size());
+  for (std::size_t r = 0; r < errors.size(); ++r) {
+    if (!errors[r]) continue;
+    ErrorCode code = ErrorCode::kInternal;
+    std::string what;
+    try {
+      std::rethrow_exception(errors[r]);
+    } catch (const Error& e) {
+      code = e.code();
+      what = e.what();
+      bad_input = bad_input || e.exit_code() == 2;
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    failed[r] = {code, strcat("rank ", r, ": ", what)};
+    if (first < 0) {
+      first = static_cast<int>(r);
+    } else {
+      std::cout.flush();
+      std::cerr << "strata: error: " << printable_lines(failed[r].second) << "\n";
+    }
+  }
+  if (first < 0) return;
+  const auto& [code, what] = failed[static_cast<std::size_t>(first)];
+  throw RankError(code, what, bad_input);
+}
+
+// Runs rank(r) for r < world, one thread each; returns rank 0's outcome; once every thread ended,
+// throws the first failure in rank order (with several ranks: see throw_rank_failures).
 RankOutcome run_rank_threads(int world, const std::function<RankOutcome(int)>& rank) {
   RankOutcome outcome;
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(world));
@@ -447,8 +491,8 @@ RankOutcome run_rank_threads(int world, const std::function<RankOutcome(int)>& r
       }
     });
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  if (world == 1 && errors[0]) std::rethrow_exception(errors[0]);
+  throw_rank_failures(errors);
   return outcome;
 }
 

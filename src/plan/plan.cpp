@@ -2,6 +2,8 @@
 #include "strata/plan.hpp"
 
 #include <algorithm>
+#include <fstream>
+#include <sstream>
 
 #include "core/checked_math.hpp"
 #include "plan/plan_internal.hpp"
@@ -28,10 +30,76 @@ void note_overlap_in_one_bucket(const Config& c, Plan& p) {
                     "lets the update start earlier");
 }
 
+// The host budget as the config has it: set, or the 512 GiB default.
+HostBudget configured_host_budget(const Config& c) {
+  const std::uint64_t hb = c.tiers.host.budget;
+  if (c.tiers.host.budget_set)
+    return {HostBudget::Source::kConfig, hb, format_bytes(hb) + " (tiers.host.budget)"};
+  return {HostBudget::Source::kDefault, hb,
+          "the default " + format_bytes(hb) +
+              " (tiers.host.budget not set; the machine's memory was not consulted)"};
+}
+
 }  // namespace
+
+MachineMemory read_machine_memory(const std::string& meminfo) {
+  MachineMemory m;
+  std::ifstream in(meminfo);
+  if (!in) {
+    m.source = "cannot open " + meminfo;
+    return m;
+  }
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemTotal:", 0) != 0) continue;
+    std::istringstream fields(line.substr(9));
+    std::uint64_t kib = 0;
+    std::string unit;
+    if (fields >> kib >> unit && unit == "kB" && kib > 0 && kib < (std::uint64_t{1} << 54)) {
+      m.known = true;
+      m.total = kib * 1024;
+      m.source = "MemTotal in " + meminfo;
+    } else {
+      m.source = "unreadable MemTotal line in " + meminfo + ": '" + line + "'";
+    }
+    return m;
+  }
+  m.source = "no MemTotal line in " + meminfo;
+  return m;
+}
+
+const char* host_budget_source_name(HostBudget::Source s) {
+  switch (s) {
+    case HostBudget::Source::kConfig: return "config";
+    case HostBudget::Source::kMachine: return "machine";
+    case HostBudget::Source::kDefault: break;
+  }
+  return "default";
+}
+
+Plan make_plan(const Config& c, const MachineMemory& machine) {
+  if (c.tiers.host.budget_set) return make_plan(c);
+  if (!machine.known) {
+    Plan p = make_plan(c);
+    p.host_budget.text = "the default " + format_bytes(c.tiers.host.budget) +
+                         " (tiers.host.budget not set, and the machine's memory could not be "
+                         "read: " +
+                         machine.source + ")";
+    return p;
+  }
+  Config resolved = c;
+  resolved.tiers.host.budget = machine.total;
+  Plan p = make_plan(resolved);
+  p.host_budget = {HostBudget::Source::kMachine, machine.total,
+                   "the machine's " + format_bytes(machine.total, true) + " (" +
+                       format_bytes(machine.total) + "; " + machine.source +
+                       "; tiers.host.budget not set)"};
+  return p;
+}
 
 Plan make_plan(const Config& c) {
   Plan p;
+  p.host_budget = configured_host_budget(c);
   p.parameters = c.model.parameters;
   p.ranks = std::max<std::uint32_t>(c.world.ranks, 1);
   p.ranks_per_node = std::min(c.ranks_per_node(), p.ranks);

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -87,13 +88,26 @@ void every_reader(const std::string& dir, int rc, const std::string& want) {
   EXPECT_FALSE(fs::exists(out.path() / "m.safetensors"));
 }
 
-// A plain `train --checkpoint-dir` into a directory holding such a manifest: warns (bounded,
-// escaped), saves, and leaves a valid checkpoint.
-void train_saves_over(const std::string& dir) {
+// A plain `train --checkpoint-dir` into a directory holding such a manifest (issue 48 point 9 E:
+// it used to warn and replace it): the save is refused with exit code 2, naming the manifest and
+// why (bounded, escaped), and the directory is left as it was — the manifest byte for byte, no
+// file added.
+void train_refuses_to_save_over(const std::string& dir) {
+  const std::string before = read_file(dir + "/manifest.json");
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
   const CliRun r = run(train_args(dir));
   expect_safe_output(r, "train --checkpoint-dir");
-  EXPECT_EQ(r.rc, 0) << r.err.substr(0, 400);
-  EXPECT_EQ(run("checkpoint verify " + dir).rc, 0);
+  EXPECT_EQ(r.rc, 2) << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find(dir + "/manifest.json is not a checkpoint strata wrote"), std::string::npos)
+      << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find("it is not replaced"), std::string::npos) << r.err.substr(0, 400);
+  EXPECT_TRUE(read_file(dir + "/manifest.json") == before);
+  std::vector<std::string> after;
+  for (const auto& e : fs::directory_iterator(dir)) after.push_back(e.path().filename().string());
+  std::sort(after.begin(), after.end());
+  EXPECT_EQ(after, names);
 }
 
 TEST(HostileManifest, DepthBomb) {
@@ -102,7 +116,7 @@ TEST(HostileManifest, DepthBomb) {
   write_file(tmp.path() / "manifest.json",
              "{\"format\": " + std::string(d, '[') + std::string(d, ']') + "}");
   every_reader(tmp.str(), 2, "nested deeper than 16 levels");
-  train_saves_over(tmp.str());
+  train_refuses_to_save_over(tmp.str());
 }
 
 TEST(HostileManifest, SizeBomb) {
@@ -113,7 +127,7 @@ TEST(HostileManifest, SizeBomb) {
   text += "]}";
   write_file(tmp.path() / "manifest.json", text);
   every_reader(tmp.str(), 2, "more than 4194304 values");
-  train_saves_over(tmp.str());
+  train_refuses_to_save_over(tmp.str());
 }
 
 // A checkpoint of `strata train` whose manifest is then edited and sealed again.
@@ -133,7 +147,7 @@ TEST(HostileManifest, ControlCharactersInAField) {
       "31m";
   write_file(dir + "/manifest.json", seal(j));
   every_reader(dir, 2, "'fp32\\x1b[2J\\x1b]0;owned\\x07\\xc2\\x9b31m' is not fp16, bf16 or fp32");
-  train_saves_over(dir);
+  train_refuses_to_save_over(dir);
 }
 
 TEST(HostileManifest, ControlCharactersInATensorName) {
@@ -155,6 +169,20 @@ TEST(HostileManifest, ControlCharactersInATensorName) {
   expect_safe_output(r, "train --resume");
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("saved '" + name + "\\x1b[31m\\x0d'"), std::string::npos) << r.err;
+}
+
+// A manifest strata wrote, then damaged (one byte changed: it fails its own checksum): a save into
+// its directory is refused the same way (exit 2, the manifest named with its CRCs), not replaced.
+TEST(HostileManifest, DamagedManifestIsNotReplaced) {
+  TempDir tmp("strata-hostile-crc");
+  const std::string dir = trained(tmp);
+  std::string text = read_file(dir + "/manifest.json");
+  const std::size_t at = text.find("\"serial\"");
+  ASSERT_NE(at, std::string::npos);
+  text[at + 1] = 'S';
+  write_file(dir + "/manifest.json", text);
+  train_refuses_to_save_over(dir);
+  EXPECT_NE(run(train_args(dir)).err.find("manifest_crc32c"), std::string::npos);
 }
 
 // A world-1 fp32 checkpoint of one tensor of `count` elements in blocks of `block` elements,

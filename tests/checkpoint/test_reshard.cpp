@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "../comm/comm_test_util.hpp"
+#include "checkpoint/ckpt_test_util.hpp"
 #include "checkpoint/fake_rank.hpp"
 #include "checkpoint/format.hpp"
 #include "strata/error.hpp"
@@ -120,6 +121,30 @@ TEST(Checkpoint, EachRankReadsOnlyItsShare) {
     EXPECT_GT(static_cast<double>(bytes[static_cast<std::size_t>(r)]), shard_bytes * (1.0 / m))
         << "rank " << r;
   }
+}
+
+// A model of many small tensors (several to a checksummed block): the load reports what it read,
+// each pass once over the shard: pass 1 reads the header and every block once (it read a block
+// again for each tensor in it, 4-5x the checkpoint), pass 2 the blocks again into the store.
+TEST(Checkpoint, LoadReportsEachPassOnceOverTheShard) {
+  TempDir dir("strata-reshard");
+  const std::vector<std::size_t> sizes(120, 1000);  // 120k elements, 1000 to a tensor
+  save_fake(dir.str(), sizes, 1, 1, DType::kFp32, 11, 16384);
+  const auto files = shard_files(dir.path());
+  ASSERT_EQ(files.size(), 1u);
+  const std::uint64_t shard = std::filesystem::file_size(files[0]);
+  const checkpoint::Manifest man = checkpoint::read_manifest(checkpoint::SafeDir::open(dir.str()));
+  const std::uint64_t header =
+      checkpoint::shard_layout(man.partition_size, DType::kFp32, man.block_elems).header_bytes;
+  auto comms = make_inprocess_communicators(1, 30.0);
+  FakeRank f = make_fake_rank(sizes, 1, 0, 1, DType::kFp32, 0);
+  checkpoint::load_checkpoint(dir.str(), f.state, *comms[0]);
+  EXPECT_EQ(check_fake_rank(f, sizes, 11, "small tensors"), 0u);
+  const auto& st = f.state;
+  EXPECT_EQ(st.bytes_verified, shard) << "pass 1: the header and every block, once";
+  EXPECT_EQ(st.bytes_restored, shard - header) << "pass 2: every block, once";
+  EXPECT_EQ(st.bytes_read, st.bytes_verified + st.bytes_restored);
+  EXPECT_LE(st.bytes_read, 2 * shard);
 }
 
 // A model with other tensors (names, sizes) or another parameter dtype is refused before anything

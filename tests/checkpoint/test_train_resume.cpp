@@ -258,5 +258,36 @@ TEST(TrainCliArgs, WorldRanksTimingAndBadArguments) {
   }
 }
 
+// Issue 48 point 9 (C): with several in-process ranks, a failure of rank 1 alone (its disk full in
+// the background write of its shard) reached the user only as rank 0's "rank 1 failed (io; see
+// that rank's error)", rank 1's own error printed nowhere. Every failing rank's own error is
+// printed, once, prefixed with its rank; the exit code is the I/O failure's (1).
+TEST(TrainCliArgs, EveryFailingRanksOwnErrorIsPrinted) {
+  TempDir tmp("strata-rank1-full");
+  const std::string ckpt = tmp.str() + "/ckpt";
+  std::string cmd = STRATA_RANK1_DISK_FULL;
+  for (const auto& a : plus(train_args(2, 6), {"--checkpoint-dir", ckpt, "--save-every", "2"}))
+    cmd += " '" + a + "'";
+  std::string out;
+  const int rc = run_command("{ " + cmd + " >/dev/null 2>" + tmp.str() + "/stderr; }", &out);
+  const std::string err = read_file(tmp.str() + "/stderr");
+  EXPECT_EQ(rc, 1) << err;
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = err.find(what); at != std::string::npos; at = err.find(what, at + 1)) ++n;
+    return n;
+  };
+  // Rank 1's own error: the write of its shard, ENOSPC, naming the file; once.
+  EXPECT_EQ(count("No space left on device"), 1u) << err;
+  const std::size_t own = err.find("strata: error: rank 1: ");
+  ASSERT_NE(own, std::string::npos) << err;
+  const std::string line = err.substr(own, err.find('\n', own) - own);
+  EXPECT_NE(line.find("-r1.bin"), std::string::npos) << line;
+  EXPECT_NE(line.find("No space left on device"), std::string::npos) << line;
+  // Rank 0's, which points at it; once.
+  EXPECT_EQ(count("strata: error: rank 0: "), 1u) << err;
+  EXPECT_EQ(count("strata: error: rank 1: "), 1u) << err;
+}
+
 }  // namespace
 }  // namespace strata::testing

@@ -1,6 +1,10 @@
 // The planner's figures, checked against hand-computed values (docs/config.md "The plan"). What the
 // engine really holds for the same configs is checked in tests/zero/test_plan_agreement.cpp.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "strata/config.hpp"
 #include "strata/plan.hpp"
@@ -656,4 +660,74 @@ TEST(Plan, OverlapWithOneBucketPerRankIsNoted) {
   c.optimizer.overlap = OptimizerOverlap::kOn;
   c.zero.stage = 1;
   EXPECT_FALSE(noted(c));
+}
+
+namespace {
+// A /proc/meminfo-format file saying MemTotal is `kib` kB (the machine the plan sees).
+std::string fake_meminfo(const std::string& name, const std::string& total_line) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("strata-meminfo-" + std::to_string(::getpid()) + "-" + name))
+                               .string();
+  std::ofstream(path) << "MemFree:         1000 kB\n" << total_line << "\nMemAvailable: 2 kB\n";
+  return path;
+}
+const char* const kOffloadedYaml =
+    "model: {parameters: 1B}\nzero: {stage: 2}\noffload: {optimizer: {tier: cpu}}\n";
+}  // namespace
+
+// tiers.host.budget not set: `strata plan` checks host memory against the machine's (MemTotal),
+// not the default 512 GiB, and says so; set, the configured value is used whatever the machine.
+TEST(Plan, HostBudgetIsTheMachinesMemoryWhenNotSet) {
+  const std::string small = fake_meminfo("8g", "MemTotal:        8388608 kB");
+  const std::string large = fake_meminfo("64g", "MemTotal:       67108864 kB");
+  const MachineMemory m8 = read_machine_memory(small), m64 = read_machine_memory(large);
+  ASSERT_TRUE(m8.known) << m8.source;
+  EXPECT_EQ(m8.total, 8ULL << 30);
+  EXPECT_EQ(m64.total, 64ULL << 30);
+
+  const Config unset = parse_config(kOffloadedYaml);
+  EXPECT_FALSE(unset.tiers.host.budget_set);
+  // 12 GB of optimizer state + the pinned pool in host memory: over 8 GiB, within 64 GiB.
+  const Plan on8 = make_plan(unset, m8);
+  EXPECT_EQ(on8.host_budget.source, HostBudget::Source::kMachine);
+  EXPECT_EQ(on8.host_budget.bytes, 8ULL << 30);
+  EXPECT_NE(on8.host_budget.text.find("the machine's 8 GiB"), std::string::npos)
+      << on8.host_budget.text;
+  EXPECT_NE(on8.host_budget.text.find("tiers.host.budget not set"), std::string::npos);
+  EXPECT_FALSE(on8.configured_fits());
+  EXPECT_NE(on8.configured_rung.verdict.find("host"), std::string::npos)
+      << on8.configured_rung.verdict;
+  const TierVerdict& host = on8.configured.verdicts[1];
+  ASSERT_EQ(host.tier, "host");
+  EXPECT_EQ(host.budget, 8ULL << 30);
+  EXPECT_FALSE(host.fits());
+  // The ladder's rungs are checked against the same budget.
+  for (const Rung& r : on8.recommendation.ladder)
+    EXPECT_EQ(r.layout.verdicts[1].budget, 8ULL << 30);
+
+  const Plan on64 = make_plan(unset, m64);
+  EXPECT_TRUE(on64.configured_fits()) << on64.configured_rung.verdict;
+  EXPECT_EQ(on64.configured.verdicts[1].budget, 64ULL << 30);
+
+  // Set in the config: the configured value, on either machine.
+  const Config set = parse_config(std::string(kOffloadedYaml) + "tiers: {host: {budget: 64GiB}}\n");
+  EXPECT_TRUE(set.tiers.host.budget_set);
+  const Plan cfg = make_plan(set, m8);
+  EXPECT_EQ(cfg.host_budget.source, HostBudget::Source::kConfig);
+  EXPECT_EQ(cfg.configured.verdicts[1].budget, 64ULL << 30);
+  EXPECT_TRUE(cfg.configured_fits()) << cfg.configured_rung.verdict;
+
+  // The machine's memory unknown: the default, and the plan says it could not read it.
+  const MachineMemory none = read_machine_memory(small + ".missing");
+  EXPECT_FALSE(none.known);
+  const std::string bad = fake_meminfo("bad", "MemTotal: lots");
+  EXPECT_FALSE(read_machine_memory(bad).known);
+  const Plan unknown = make_plan(unset, none);
+  EXPECT_EQ(unknown.host_budget.source, HostBudget::Source::kDefault);
+  EXPECT_EQ(unknown.configured.verdicts[1].budget, 512ULL << 30);
+  EXPECT_NE(unknown.host_budget.text.find("could not be read"), std::string::npos)
+      << unknown.host_budget.text;
+  std::filesystem::remove(small);
+  std::filesystem::remove(large);
+  std::filesystem::remove(bad);
 }

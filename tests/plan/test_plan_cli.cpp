@@ -35,7 +35,17 @@ std::string write(const strata::testing::TempDir& dir, const std::string& name,
 // The 13B case on 8 x 80 GB, sequence 4096, micro-batch 4.
 const char* k13B =
     "model: {parameters: 13B, layers: 40, hidden_size: 5120, heads: 40, sequence_length: 4096, "
-    "micro_batch: 4}\nworld: {ranks: 8}\ntiers: {gpu: {budget: 80GB}}\n";
+    "micro_batch: 4}\nworld: {ranks: 8}\ntiers: {gpu: {budget: 80GB}, host: {budget: 512GiB}}\n";
+
+// This machine's MemTotal in bytes (0: unreadable).
+std::uint64_t mem_total() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  std::uint64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
+}
 
 }  // namespace
 
@@ -120,4 +130,35 @@ TEST(PlanCli, PlanWithoutModelParametersIsBadInput) {
   EXPECT_EQ(r.rc, 2) << r.err;
   EXPECT_NE(r.err.find("model.parameters"), std::string::npos) << r.err;
   EXPECT_TRUE(r.out.empty()) << r.out;
+}
+
+// tiers.host.budget not set: `strata plan` checks host memory against this machine's MemTotal (not
+// the 512 GiB default) and says so; set, the configured value.
+TEST(PlanCli, HostBudgetIsTheMachinesMemoryWhenNotSet) {
+  strata::testing::TempDir dir;
+  const std::uint64_t total = mem_total();
+  ASSERT_GT(total, 0u);
+  // 30B parameters, the optimizer state in host memory: 360 GB, within the 512 GiB default.
+  const std::string cfg = write(dir, "c.yaml",
+                                "model: {parameters: 30B}\nzero: {stage: 2}\n"
+                                "offload: {optimizer: {tier: cpu}}\ntiers: {gpu: {budget: 1TB}}\n");
+  CliRun r = plan(cfg + " --json", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["host_budget"]["source"], "machine");
+  EXPECT_EQ(j["host_budget"]["bytes"].get<std::uint64_t>(), total);
+  const auto& host = j["configured"]["verdicts"][1];
+  ASSERT_EQ(host["tier"], "host");
+  EXPECT_EQ(host["budget_bytes"].get<std::uint64_t>(), total);
+  EXPECT_EQ(j["configured_fits"].get<bool>(), host["used_bytes"].get<std::uint64_t>() <= total);
+  r = plan(cfg, dir);
+  EXPECT_NE(r.out.find("host budget: the machine's "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("MemTotal in /proc/meminfo; tiers.host.budget not set)"), std::string::npos)
+      << r.out;
+  r = plan(cfg + " --json --set tiers.host.budget=512GiB", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["host_budget"]["source"], "config");
+  EXPECT_EQ(j["configured"]["verdicts"][1]["budget_bytes"].get<std::uint64_t>(), 512ULL << 30);
+  EXPECT_TRUE(j["configured_fits"].get<bool>()) << j["configured_verdict"].dump();
 }

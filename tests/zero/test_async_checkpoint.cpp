@@ -5,9 +5,12 @@
 // failure of the background writer is reported at the next call and leaves the previous
 // checkpoint loadable and the training state untouched.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <filesystem>
+#include <latch>
 #include <mutex>
 
 #include "../comm/comm_test_util.hpp"
@@ -433,6 +436,68 @@ TEST(AsyncCheckpointSaves, DestructorCommitsWhatEveryRankMadeDurable) {
   });
   expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
                        loaded(2, 1, Tier::kCpu, swap.str(), ref1.str()), "uncommitted on drop");
+}
+
+// The names and sizes of the files in `dir`.
+std::vector<std::pair<std::string, std::uintmax_t>> listing(const std::filesystem::path& dir) {
+  std::vector<std::pair<std::string, std::uintmax_t>> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    out.emplace_back(e.path().filename().string(), e.file_size());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Issue 48 point 9 (F): two runs saving into one directory. Run A's asynchronous save is pending
+// (its shards written, not yet committed); run B (2 ranks of its own) saves into the same
+// directory, blocking and then asynchronously: each is refused on every rank of B, rank 0 naming
+// the directory as in use by another run and A's pid (here this process), and nothing in the
+// directory changes (B used to go on, and one run's commit removed the other's shards: the loser
+// saw a ChecksumError). A then commits, and its checkpoint loads as A's blocking save of that step.
+TEST(AsyncCheckpointSaves, ADirectoryInUseByAnotherRunIsRefused) {
+  TempDir swap("strata-async-swap"), swap_b("strata-async-swap-b"), dir("strata-async"),
+      ref("strata-ref");
+  with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
+    e.save_checkpoint(ref.str());
+  });
+  std::vector<std::string> refusals;
+  std::latch written(2);
+  with_engines(2, 1, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+    for (int s = 0; s < 2; ++s) ckpt_step(e, kCkptSizes, rank, s);
+    e.save_checkpoint(dir.str(), SaveMode::kAsync);
+    zero::EngineAccess::wait_checkpoint_writer(e);  // this rank's shard is written
+    written.count_down();
+    if (rank == 0) {
+      written.wait();  // every shard of A is written: the directory no longer changes
+      const auto before = listing(dir.path());
+      for (SaveMode mode : {SaveMode::kBlocking, SaveMode::kAsync}) {
+        std::vector<std::string> got(2);
+        with_engines(2, 1, Tier::kCpu, swap_b.str(), [&](int r, Engine& b) {
+          ckpt_step(b, kCkptSizes, r, 0);
+          try {
+            b.save_checkpoint(dir.str(), mode);
+            got[static_cast<std::size_t>(r)] = "saved";
+          } catch (const Error& err) {
+            EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument) << err.what();
+            got[static_cast<std::size_t>(r)] = err.what();
+          }
+        });
+        refusals.push_back(got[0]);
+        EXPECT_NE(got[1], "saved");
+      }
+      EXPECT_EQ(listing(dir.path()), before);
+    }
+    e.wait_checkpoint();
+  });
+  ASSERT_EQ(refusals.size(), 2u);
+  const std::string in_use = "checkpoint save into " +
+                             std::filesystem::canonical(dir.path()).string() +
+                             ": the directory is in use by another run saving into it (pid " +
+                             std::to_string(::getpid()) + ", this process";
+  for (const std::string& r : refusals) EXPECT_NE(r.find(in_use), std::string::npos) << r;
+  expect_bitwise_equal(loaded(2, 1, Tier::kCpu, swap.str(), dir.str()),
+                       loaded(2, 1, Tier::kCpu, swap.str(), ref.str()), "A's checkpoint");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() / "writer.pid"));  // released with the save
 }
 
 }  // namespace strata::testing
