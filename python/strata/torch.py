@@ -1520,17 +1520,22 @@ def _with_adamw_arguments(overrides, **given):
     return _override_list(overrides) + extra
 
 
-def _config_gives(config, overrides, section, key, value):
-    """Whether the config or the overrides set section.key to `value` (a string's comparison)."""
+_UNREADABLE = object()  # _config_value: a config this module cannot read (strata's loader will)
+
+
+def _config_value(config, overrides, section, key):
+    """What the overrides or the config (a YAML path or a dict) give section.key, as text; None
+    when neither gives it; _UNREADABLE for a config read only by strata's loader (a loaded
+    Config, a file yaml cannot read: the loader reports it properly)."""
     path = "%s.%s" % (section, key)
     if isinstance(overrides, dict) and path in overrides:
-        return str(overrides[path]).strip() == value
+        return str(overrides[path]).strip()
     if isinstance(overrides, (list, tuple, str)):
-        items = [overrides] if isinstance(overrides, str) else overrides
-        for o in items:
+        items = [overrides] if isinstance(overrides, str) else list(overrides)
+        for o in reversed(items):  # (the last one wins)
             k, _, v = str(o).partition("=")
             if k.strip() == path:
-                return v.strip() == value
+                return v.strip()
     doc = config
     if isinstance(config, (str, os.PathLike)):
         try:
@@ -1538,34 +1543,22 @@ def _config_gives(config, overrides, section, key, value):
 
             with open(config) as f:
                 doc = yaml.safe_load(f)
-        except Exception:  # unreadable or malformed: strata's loader reports it properly
-            return False
+        except Exception:  # noqa: BLE001 (unreadable or malformed)
+            return _UNREADABLE
+    elif not isinstance(config, dict):
+        return None if config is None else _UNREADABLE  # a loaded Config has every key
     sec = doc.get(section) if isinstance(doc, dict) else None
-    return isinstance(sec, dict) and str(sec.get(key, "")).strip() == value
+    return str(sec[key]).strip() if isinstance(sec, dict) and key in sec else None
+
+
+def _config_gives(config, overrides, section, key, value):
+    """Whether the config or the overrides set section.key to `value` (compared as text)."""
+    return _config_value(config, overrides, section, key) == value
 
 
 def _config_sets(config, overrides, section, key):
     """Whether the config (a YAML path or a dict) or the overrides give section.key."""
-    path = "%s.%s" % (section, key)
-    if isinstance(overrides, dict) and path in overrides:
-        return True
-    if isinstance(overrides, (list, tuple, str)):
-        items = [overrides] if isinstance(overrides, str) else overrides
-        if any(str(o).split("=", 1)[0].strip() == path for o in items):
-            return True
-    doc = config
-    if isinstance(config, (str, os.PathLike)):
-        try:
-            import yaml
-
-            with open(config) as f:
-                doc = yaml.safe_load(f)
-        except Exception:  # unreadable or malformed: strata's loader reports it properly
-            return True
-    elif not isinstance(config, dict):
-        return config is not None  # a loaded Config has every key
-    sec = doc.get(section) if isinstance(doc, dict) else None
-    return isinstance(sec, dict) and key in sec
+    return _config_value(config, overrides, section, key) is not None
 
 
 # How long the ranks may take to meet when strata makes the process group (every rank's
