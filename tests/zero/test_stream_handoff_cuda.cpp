@@ -15,6 +15,7 @@
 #include <bit>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "fakecuda/gpu_test_env.hpp"
@@ -120,6 +121,23 @@ class Registered {
   void* p_;
 };
 
+// A one-rank engine on GPU 0 (strata's NCCL) with tensor "w" = values(1), finalized.
+struct GpuEngine {
+  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Engine> e;
+  TensorId id = 0;
+};
+GpuEngine gpu_engine(int stage, const std::string& dir, double timeout_s) {
+  GpuEngine g;
+  NcclBootstrap boot;
+  boot.file = dir + "/nccl-id";
+  g.comm = make_nccl_communicator(boot, 0, timeout_s);
+  g.e = std::make_unique<Engine>(handoff_config(stage, DeviceKind::kCuda, dir), *g.comm);
+  g.id = g.e->add_parameter("w", values(1, 1.0f));
+  g.e->finalize();
+  return g;
+}
+
 // The ZeRO stage, and which hand-off is exercised: the producer's (the gradient written behind the
 // gate) or the consumer's (param() read behind the gate; the gradient written before the call).
 class StreamHandOff : public ::testing::TestWithParam<std::tuple<int, bool>> {};
@@ -130,12 +148,9 @@ TEST_P(StreamHandOff, TheEngineWaitsForTheCallersStream) {
   const auto [stage, producer] = GetParam();
   TempDir dir("strata-handoff");
   const auto want = reference(stage, dir.str());
-  NcclBootstrap boot;
-  boot.file = dir.str() + "/nccl-id";
-  auto comm = make_nccl_communicator(boot, 0, 30.0);
-  Engine e(handoff_config(stage, DeviceKind::kCuda, dir.str()), *comm);
-  const TensorId id = e.add_parameter("w", values(1, 1.0f));
-  e.finalize();
+  GpuEngine ge = gpu_engine(stage, dir.str(), 30.0);
+  Engine& e = *ge.e;
+  const TensorId id = ge.id;
   Device& dev = e.device();
   auto grad = dev.allocate(kN * sizeof(float));
   std::vector<float> g = values(2, 0.5f), before(kN), seen(kN, 0.0f), after(kN, 0.0f);
@@ -216,12 +231,9 @@ TEST_P(AsyncHandIn, ReturnsBeforeTheProducerRan) {
   const int stage = GetParam();
   TempDir dir("strata-handoff");
   const auto want = reference(stage, dir.str());
-  NcclBootstrap boot;
-  boot.file = dir.str() + "/nccl-id";
-  auto comm = make_nccl_communicator(boot, 0, 90.0);
-  Engine e(handoff_config(stage, DeviceKind::kCuda, dir.str()), *comm);
-  const TensorId id = e.add_parameter("w", values(1, 1.0f));
-  e.finalize();
+  GpuEngine ge = gpu_engine(stage, dir.str(), 90.0);
+  Engine& e = *ge.e;
+  const TensorId id = ge.id;
   ASSERT_NE(e.gradient_stream(), nullptr);
   auto grad = e.device().allocate(kN * sizeof(float));
   std::vector<float> g = values(2, 0.5f), after(kN, 0.0f);
