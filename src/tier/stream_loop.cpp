@@ -137,6 +137,7 @@ class Runner {
     try {
       std::size_t next = 0;  // next item to issue
       for (std::size_t i = 0; i < items_.size(); ++i) {
+        current_ = i;
         issue_ahead(i, next);
         if (i == 0 && o_.gate) {
           try {
@@ -301,7 +302,6 @@ class Runner {
     p.item = i;
     const ItemPlan& plan = plans_[i];
     if (plan.slot_bytes) {
-      current_ = i;
       p.slot = take_slot(true);
       p.has_slot = true;
     }
@@ -530,6 +530,10 @@ class Runner {
   std::vector<BufferId> scratch_;  // kDevice slots
   std::vector<std::uint32_t> free_device_;
   std::unique_ptr<Stream> stream_;
+  // The item being computed: the ones before it were computed and written back, so a slot held
+  // only by their writes may be reclaimed (take_slot). Not the item being issued: a read ahead
+  // that finds the pool taken by another user of it (can_issue saw a free buffer) must not retire
+  // an item not yet computed (it did: "item 0 was not issued", 0 computed, 1 stored).
   std::size_t current_ = 0;
   std::size_t computed_ = 0, written_ = 0;
   // Where the loop is (named in the error of a step that fails): set by enter(), the part by
