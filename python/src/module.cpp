@@ -1,10 +1,12 @@
 // strata._strata: the extension behind `import strata`. A thin binding of the C++ API the Python
 // package needs (config loading, the Engine, communicators); python/strata/torch.py builds the
 // torch optimizer on top of it. No torch header here: tensors cross as (address, element count)
-// pairs that the Python side checks (contiguous, dtype, device) before passing them, and
-// parameters come back without a copy as writable buffers (host memory: torch.frombuffer) or
-// __cuda_array_interface__ objects (a CUDA engine's device memory: torch.as_tensor). CUDA
-// streams cross as torch's integer handles (Stream.cuda_stream) for the engine's hand-offs.
+// pairs that the Python side checks (contiguous, dtype, device) before passing them, and that the
+// binding classifies where CUDA can tell (device memory is staged where host code reads it, or
+// refused by name); parameters come back without a copy as DLPack capsules (host memory, or a
+// CUDA engine's device memory: torch.utils.dlpack.from_dlpack; the buffer protocol and
+// __cuda_array_interface__ too, for other consumers). CUDA streams cross as torch's integer
+// handles (Stream.cuda_stream) for the engine's hand-offs.
 //
 // Lifetime: an Engine object owns its communicator and the strata::Engine; every ParamBuffer
 // (and so every torch tensor aliasing the engine's parameters) keeps them alive.
@@ -53,9 +55,10 @@ struct EngineBox {
 };
 
 // A writable byte buffer over one tensor's parameters inside the engine (stages 0-2: stable for
-// the engine's lifetime), keeping the engine alive. ParamBuffer (host memory) has the buffer
-// protocol (torch.frombuffer); DeviceParamBuffer (a CUDA engine's device memory, which host code
-// cannot read) only __cuda_array_interface__ (torch.as_tensor(b, device="cuda")).
+// the engine's lifetime), keeping the engine alive; both export DLPack (dlpack.hpp: what
+// strata.torch uses, no numpy needed). ParamBuffer (host memory) also has the buffer protocol;
+// DeviceParamBuffer (a CUDA engine's device memory, which host code cannot read) instead
+// __cuda_array_interface__.
 struct ParamBuffer {
   std::shared_ptr<EngineBox> box;
   void* data = nullptr;

@@ -5,13 +5,19 @@ from the fake runtime through ctypes, as torch's would (a device pointer, a stre
 Run by CTest (label fakecuda) with LD_PRELOAD=libstrata_fakecuda.so, STRATA_FAKECUDA_DEVICES=2,
 LOCAL_RANK=1: the engine must take GPU 1. For stages 0-2:
   - a model "on cuda:0" is refused naming cuda:1 (the rank's GPU);
-  - param_buffer is device memory: __cuda_array_interface__, no buffer protocol;
+  - param_buffer is device memory: DLPack (cuda, ordinal 1) and __cuda_array_interface__, no
+    buffer protocol;
   - set_gradient_device(id, ptr, stream): the gradient is written on the caller's stream behind a
-    gate a timer opens after the call was made; the engine's copy must wait for it;
+    gate a timer opens after the call was made; the engine's copy must wait for it (on the GPU:
+    the call itself returns without waiting);
   - step(stream): a copy of the parameters queued on the caller's stream behind the gate must
     still read the old parameters; afterwards the stream reads the new ones, bitwise those of the
     same step on the host device;
-  - copy_param(id, device_ptr, stream) (the stage-3 gather path) copies on the GPU.
+  - copy_param(id, device_ptr, stream) (the stage-3 gather path) copies on the GPU;
+  - every entry strata.torch may call with a CUDA tensor's memory, called with fake device memory:
+    add_parameter, read_state, write_state, set_gradient (staged), copy_params; another GPU's
+    memory to set_gradient_device and device memory as a checkpoint's extra tensor are refused
+    naming the memory (every_entry_with_device_memory).
 """
 import ctypes
 import os
