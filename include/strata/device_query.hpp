@@ -49,8 +49,7 @@ std::string describe_memory(const PointerInfo& info);
 // cudaMemcpyDefault on the legacy default stream of the device memory's GPU: ordered after the
 // work queued there, not after non-blocking streams; synchronous). For the few calls that take
 // a caller's device memory outside a step (initial values, state reads and writes). Throws
-// Error(kDevice) naming the copy; Error(kUnsupported) in a build without CUDA when either side
-// is not host memory.
+// Error(kDevice) naming the copy. Host to host (every copy in a build without CUDA): a memcpy.
 void copy_any_memory(void* dst, const void* src, std::size_t bytes);
 
 }  // namespace strata

@@ -175,11 +175,11 @@ class PyEngine {
 
   // Host code reads it: device memory is an error naming `what`, not a SIGSEGV.
   void require_host(Address a, const std::string& what) const {
-    if (is_device_memory(reinterpret_cast<const void*>(a)))
-      fail(ErrorCode::kInvalidArgument,
-           strcat(what, ": the buffer is ",
-                  describe_memory(query_pointer(reinterpret_cast<const void*>(a))),
-                  "; pass host memory (a CPU tensor)"));
+    if (!cuda_) return;
+    const PointerInfo info = query_pointer(reinterpret_cast<const void*>(a));
+    if (info.kind == MemoryKind::kDevice)
+      fail(ErrorCode::kInvalidArgument, strcat(what, ": the buffer is ", describe_memory(info),
+                                               "; pass host memory (a CPU tensor)"));
   }
 
   py::object param_buffer(TensorId id) {
@@ -199,18 +199,7 @@ class PyEngine {
   // after the work queued on `stream` so far: torch's allocator may hand out memory its stream
   // still uses).
   void copy_param(TensorId id, Address dst, py::object stream) {
-    const void* src = e().param(id);
-    const std::size_t bytes = e().numel(id) * dtype_size(e().param_dtype());
-    if (!on_device()) {
-      std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
-      return;
-    }
-    const StreamHandle caller = stream_handle(stream);
-    py::gil_scoped_release nogil;
-    if (!copy_stream_) copy_stream_ = e().device().create_stream();
-    copy_stream_->wait_external(caller);
-    copy_stream_->memcpy_async(reinterpret_cast<void*>(dst), src, bytes);
-    copy_stream_->synchronize(timeout());
+    copy_params({id}, {dst}, std::move(stream));
   }
 
   // The stage-3 gathers' copies, batched: every tensor of `ids` into its `dsts` entry, the copies
@@ -220,8 +209,10 @@ class PyEngine {
     if (ids.size() != dsts.size())
       fail(ErrorCode::kInvalidArgument,
            strcat("copy_params: ", ids.size(), " ids and ", dsts.size(), " destinations"));
+    auto bytes = [&](std::size_t i) { return e().numel(ids[i]) * dtype_size(e().param_dtype()); };
     if (!on_device()) {
-      for (std::size_t i = 0; i < ids.size(); ++i) copy_param(ids[i], dsts[i], py::none());
+      for (std::size_t i = 0; i < ids.size(); ++i)
+        std::memcpy(reinterpret_cast<void*>(dsts[i]), e().param(ids[i]), bytes(i));
       return;
     }
     const StreamHandle caller = stream_handle(stream);
@@ -229,8 +220,7 @@ class PyEngine {
     if (!copy_stream_) copy_stream_ = e().device().create_stream();
     copy_stream_->wait_external(caller);
     for (std::size_t i = 0; i < ids.size(); ++i)
-      copy_stream_->memcpy_async(reinterpret_cast<void*>(dsts[i]), e().param(ids[i]),
-                                 e().numel(ids[i]) * dtype_size(e().param_dtype()));
+      copy_stream_->memcpy_async(reinterpret_cast<void*>(dsts[i]), e().param(ids[i]), bytes(i));
     copy_stream_->synchronize(timeout());
   }
 

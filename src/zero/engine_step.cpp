@@ -47,7 +47,7 @@ Tier Engine::Impl::gradient_memory(TensorId id, const void* grad, Tier said) con
   if (d.kind() != DeviceKind::kCuda || grad == nullptr) return said;
   const PointerInfo info = query_pointer(grad);
   if (info.kind != MemoryKind::kDevice && info.kind != MemoryKind::kManaged) return Tier::kCpu;
-  zero::require_device_memory(d, grad, "set_gradient", specs[id].name);
+  zero::require_device_memory(d, info, "set_gradient", specs[id].name);
   return Tier::kGpu;
 }
 

@@ -16,19 +16,13 @@ void require_host_memory(const void* p, const char* call, std::string_view tenso
               "t.cpu())"));
 }
 
-void require_device_memory(const Device& device, const void* p, const char* call,
+void require_device_memory(const Device& device, const PointerInfo& info, const char* call,
                            std::string_view tensor) {
-  if (device.kind() != DeviceKind::kCuda) return require_host_memory(p, call, tensor);
-  const PointerInfo info = query_pointer(p);
-  const bool ours = (info.kind == MemoryKind::kDevice || info.kind == MemoryKind::kManaged) &&
-                    info.device == device.ordinal();
-  if (ours) return;
+  if (info.device == device.ordinal()) return;
   fail(ErrorCode::kInvalidArgument,
        strcat("engine: ", call, "('", tensor, "'): the buffer is ", describe_memory(info),
               " but the engine's kernels and copies read device memory of cuda:", device.ordinal(),
-              " (", device.name(), ")",
-              info.kind == MemoryKind::kDevice ? "; move the tensor to that GPU"
-                                               : "; hand host memory in with set_gradient_host"));
+              " (", device.name(), "); move the tensor to that GPU"));
 }
 
 }  // namespace strata::zero

@@ -7,6 +7,8 @@
 
 #include <string_view>
 
+#include "strata/device_query.hpp"
+
 namespace strata {
 class Device;
 }
@@ -16,9 +18,9 @@ namespace strata::zero {
 // `p` is read or written by host code (initial values, read_state / write_state, host gradients).
 void require_host_memory(const void* p, const char* call, std::string_view tensor);
 
-// `p` is read by `device`'s kernels and copies (set_gradient's device memory): on a GPU it must
-// be device memory of that GPU; on the host-emulated device it is host memory, checked as above.
-void require_device_memory(const Device& device, const void* p, const char* call,
+// Device (or managed) memory `info` (query_pointer's answer, asked once by the caller) is read by
+// a GPU `device`'s kernels and copies (set_gradient's): it must be that GPU's.
+void require_device_memory(const Device& device, const PointerInfo& info, const char* call,
                            std::string_view tensor);
 
 }  // namespace strata::zero
