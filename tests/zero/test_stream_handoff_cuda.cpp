@@ -203,12 +203,9 @@ TEST(StreamHandOffRefusal, AStreamOfAnotherDeviceChangesNothing) {
   if (const std::string why = nccl_gpus_missing(2); !why.empty()) GTEST_SKIP() << why;
   forget_launcher_local_rank();
   TempDir dir("strata-handoff");
-  NcclBootstrap boot;
-  boot.file = dir.str() + "/nccl-id";
-  auto comm = make_nccl_communicator(boot, 0, 30.0);
-  Engine e(handoff_config(0, DeviceKind::kCuda, dir.str()), *comm);
-  const TensorId id = e.add_parameter("w", values(1, 1.0f));
-  e.finalize();
+  GpuEngine ge = gpu_engine(0, dir.str(), 30.0);
+  Engine& e = *ge.e;
+  const TensorId id = ge.id;
   auto grad = e.device().allocate(kN * sizeof(float));
   e.device().create_stream()->memset_async(grad.get(), 0, kN * sizeof(float));
   GatedStream other(1);
