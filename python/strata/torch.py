@@ -1281,22 +1281,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         memory), without a collective (ranks exit at different times; a rank leaving after an
         exception must not wait for the others); the parameters are emptied: no engine memory is
         left aliased for the interpreter's teardown to free on some thread later."""
-        for h in self._hook_handles + getattr(self, "_stage3_handles", []):
-            h.remove()
-        self._hook_handles, self._stage3_handles, self._grad_accs = [], [], []
-        for p in self._params:
-            p.data = self._mem.empty((0,), self._param_dtype)
-            _OWNER.pop(id(p), None)
-        _LIVE.discard(self)
-        self._engine = None
-        self._mem.close()
-        self._failed = "closed at interpreter exit"
+        self._close(keep_values=False)
 
-    def _close(self):
+    def _close(self, keep_values=True):
+        """Detaches the model and drops the engine. keep_values: the parameters get the current
+        values (stage 3: read from every rank, collective); else they are emptied."""
         for h in self._hook_handles + getattr(self, "_stage3_handles", []):
             h.remove()
         self._hook_handles, self._stage3_handles, self._grad_accs = [], [], []
-        if self._engine is not None and self._failed is None:
+        if not keep_values:
+            for p in self._params:
+                p.data = self._mem.empty((0,), self._param_dtype)
+        elif self._engine is not None and self._failed is None:
             for tid, p in enumerate(self._params):
                 p.data = (self._engine_tensor(tid).clone() if self.stage < 3
                           else self._mem.to_device(self._read(tid, "master"), self._param_dtype))
@@ -1306,7 +1302,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
         _LIVE.discard(self)
         self._engine = None
         self._mem.close()
-        self._failed = "closed"
+        self._failed = "closed" if keep_values else "closed at interpreter exit"
 
 
 # torch modules whose forward reads parameters of their children without calling them (stage 3
