@@ -193,6 +193,11 @@ class Engine {
   // Before finalize(): registers a tensor with its initial FP32 values (copied), in parameter
   // group `group` (0, or an id from add_param_group). Unknown group: Error(kInvalidArgument).
   TensorId add_parameter(std::string name, std::span<const float> initial, GroupId group = 0);
+  // The same without the copy: `initial` is the caller's memory, read by finalize() and required to
+  // stay valid and unchanged until finalize() returns (a training loop whose model already holds
+  // the values: start-up holds no second copy of the model). Host memory, as add_parameter's.
+  TensorId add_parameter_borrowed(std::string name, std::span<const float> initial,
+                                  GroupId group = 0);
   // Before finalize(): a new parameter group; returns its id (1, 2, ...). lr >= 0 and
   // weight_decay >= 0, else Error(kInvalidArgument).
   GroupId add_param_group(const ParamGroupOptions& options);
@@ -232,6 +237,13 @@ class Engine {
   const void* param(TensorId id) const;
   // The same, converted to FP32 into `out` (numel(id) elements).
   void read_param(TensorId id, std::span<float> out) const;
+  // Stages 0-1: the tensor's gradient as this rank holds it in the current step — what its
+  // hand-ins put there (the micro-batches' sum, this rank's own: step() reduces it across the ranks
+  // in place), numel(id) elements in precision.grad_accum, in device() memory, at the same address
+  // for the engine's lifetime. Its contents are defined from the tensor's hand-in in a step until
+  // step() or discard_gradients(); a write into it then changes what step() uses. Stages 2-3:
+  // nullptr (the gradients are bucketed and reduce-scattered, no per-tensor copy is kept).
+  const void* gradient(TensorId id) const;
 
   // Stage 3: make full tensors available (blocking) / start doing so / drop them. No-ops at
   // stages 0–2. Gathering a gathered tensor is a no-op; releasing a released one too.

@@ -109,6 +109,7 @@ class PyEngine {
   PyEngine(const Config& config, const std::string& comm, py::handle process_group, int device) {
     box_ = std::make_shared<EngineBox>();
     cuda_ = config.runtime.device != DeviceKind::kHost;
+    accum_ = config.precision.accum_dtype();
     const double timeout = config.runtime.collective_timeout_s;
     if (comm == "single") {
       box_->comm = std::move(make_inprocess_communicators(1, timeout)[0]);
@@ -162,10 +163,13 @@ class PyEngine {
   // Initial values in host memory, or in device memory (a CUDA model's tensor: copied to the host
   // first through the CUDA runtime, after the work queued on the legacy default stream; torch.py
   // synchronizes its current stream before).
-  TensorId add_parameter(const std::string& name, Address values, std::size_t numel,
-                         GroupId group) {
+  // borrow: host memory the caller keeps valid and unchanged until finalize() (no copy).
+  TensorId add_parameter(const std::string& name, Address values, std::size_t numel, GroupId group,
+                         bool borrow) {
     const auto* p = reinterpret_cast<const float*>(values);
-    if (numel == 0 || !is_device_memory(p)) return e().add_parameter(name, {p, numel}, group);
+    if (numel == 0 || !is_device_memory(p))
+      return borrow ? e().add_parameter_borrowed(name, {p, numel}, group)
+                    : e().add_parameter(name, {p, numel}, group);
     std::vector<float> host(numel);
     copy_any_memory(host.data(), p, numel * sizeof(float));
     return e().add_parameter(name, host, group);
@@ -186,10 +190,23 @@ class PyEngine {
     if (e().stage() == 3)
       fail(ErrorCode::kInvalidArgument,
            "param_buffer: stage 3 parameters move; use gather + copy_param");
+    return engine_memory(const_cast<void*>(e().param(id)), e().param_dtype(), id);
+  }
+
+  // Stages 0-1: the tensor's held gradient (Engine::gradient; precision.grad_accum).
+  py::object grad_buffer(TensorId id) {
+    if (e().stage() >= 2)
+      fail(ErrorCode::kInvalidArgument,
+           "grad_buffer: stages 2-3 keep no per-tensor gradient (bucketed, reduce-scattered)");
+    return engine_memory(const_cast<void*>(e().gradient(id)), accum_, id);
+  }
+
+  // Engine memory of tensor `id` (numel elements of `dtype`), kept alive by the engine's box.
+  py::object engine_memory(void* data, DType dtype, TensorId id) {
     ParamBuffer b;
     b.box = box_;
-    b.data = const_cast<void*>(e().param(id));
-    b.bytes = e().numel(id) * dtype_size(e().param_dtype());
+    b.data = data;
+    b.bytes = e().numel(id) * dtype_size(dtype);
     b.ordinal = e().device().ordinal();
     if (on_device()) return py::cast(DeviceParamBuffer{std::move(b)});
     return py::cast(std::move(b));
@@ -256,6 +273,7 @@ class PyEngine {
 
   std::shared_ptr<EngineBox> box_;
   bool cuda_ = false;                    // runtime.device is not host: a GPU may be the engine's
+  DType accum_ = DType::kFp32;           // precision.grad_accum: the held gradients' dtype
   std::unique_ptr<Stream> copy_stream_;  // copy_param on a GPU (destroyed before the engine)
 };
 
@@ -497,7 +515,7 @@ PYBIND11_MODULE(_strata, m) {
              return s.e().add_param_group({lr, wd});
            })
       .def("add_parameter", &PyEngine::add_parameter, G(), py::arg("name"), py::arg("values"),
-           py::arg("numel"), py::arg("group") = 0)
+           py::arg("numel"), py::arg("group") = 0, py::arg("borrow") = false)
       .def("num_groups", [](const PyEngine& s) { return s.e().num_groups(); })
       .def("set_lr", [](PyEngine& s, double lr, GroupId g) { s.e().set_lr(lr, g); })
       .def("lr", [](const PyEngine& s, GroupId g) { return s.e().lr(g); })
@@ -520,6 +538,7 @@ PYBIND11_MODULE(_strata, m) {
           "finalize", [](PyEngine& s) { s.e().finalize(); }, G())
       .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })
       .def("param_buffer", &PyEngine::param_buffer)
+      .def("grad_buffer", &PyEngine::grad_buffer)
       .def("copy_param", &PyEngine::copy_param, py::arg("id"), py::arg("dst"),
            py::arg("stream") = py::none())
       .def("copy_params", &PyEngine::copy_params, py::arg("ids"), py::arg("dsts"),

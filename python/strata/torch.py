@@ -185,6 +185,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
         no weight decay, its own step count stays), with a warning once per parameter; on several
         ranks one that some rank used gets zeros from the others (DDP's find_unused_parameters);
         "ignore": the same without the warning; "error": step() raises UsageError.
+      keep_grads: p.grad after a backward where it is not a view of the engine's gradient (stage 2,
+        a CUDA model, fp32 accumulation of 16-bit gradients): True keeps autograd's gradients as
+        p.grad (summed over the micro-batches, the memory torch's p.grad takes); False (default):
+        None there. Stages 0-1 on the CPU show a view whatever this says (docs/python.md, "p.grad").
 
     Collective calls (every rank, same order): the constructor, backward(), step(), state_dict(),
     load_state_dict(), save_checkpoint(), load_checkpoint().
@@ -192,7 +196,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __init__(self, model, config=None, *, lr=None, betas=None, eps=None, weight_decay=None,
                  overrides=None, param_groups=None, process_group=None, stage3_units=None,
-                 unused_parameters="warn"):
+                 unused_parameters="warn", keep_grads=False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError("strata: ZeroOptimizer(model, ...) needs a torch.nn.Module, not %s"
                             % type(model).__name__)
@@ -252,6 +256,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "(strata's global norm across ranks; HF Trainer: max_grad_norm) and remove "
                 "optimizer.grad_clip (it is for `strata train` and imported DeepSpeed configs)"
                 % (cfg["grad_clip"], cfg["source"], cfg["grad_clip"]))
+        if keep_grads and cfg["stage"] == 3:
+            raise errors.InvalidArgumentError(
+                "strata: ZeroOptimizer(keep_grads=True) at zero.stage 3: a parameter's p.data is "
+                "empty outside its module's forward and backward, so no p.grad can sit beside it; "
+                "read the global norm from clip_grad_norm_() instead, or use stage 2")
         opt_defaults = dict(lr=cfg["lr"], betas=tuple(cfg["betas"]), eps=cfg["eps"],
                             weight_decay=cfg["weight_decay"], amsgrad=False, maximize=False,
                             foreach=None, capturable=False)
@@ -291,17 +300,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
         # to the host through the CUDA runtime, after torch's queued work).
         self._mem.synchronize()
         tid = 0
+        inits = []  # borrowed by the engine until finalize(): no second copy of the model
         for gi, group in enumerate(self.param_groups):
             if gi > 0:
                 self._engine.add_param_group(float(group["lr"]), float(group["weight_decay"]))
             for p in group["params"]:
-                init = p.detach().to(torch.float32).contiguous()
-                got = self._engine.add_parameter(self._name(p), self._mem.address(init),
-                                                 init.numel(), gi)
+                inits.append(p.detach().to(torch.float32).contiguous())
+                got = self._engine.add_parameter(self._name(p), self._mem.address(inits[-1]),
+                                                 inits[-1].numel(), gi, borrow=True)
                 assert got == tid, (got, tid)
                 tid += 1
         self._sync_groups()
         self._engine.finalize()
+        del inits
         self._arrived = [False] * len(self._params)  # in the current micro-batch
         # zero_grad(set_to_none=False): torch keeps a zero p.grad for every parameter that had a
         # gradient, so AdamW steps one the next loss does not use (on zeros): strata hands it zeros.
@@ -332,11 +343,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 p.requires_grad_(True)
                 try:
                     acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    self._hook_handles.append(p.register_hook(self._grad_pre_hook(tid)))
                 finally:
                     p.requires_grad_(not frozen)
                 self._hook_handles.append(acc.register_hook(self._grad_hook(tid)))
                 self._grad_accs.append(acc)
 
+        self._install_grad_views(keep_grads)
         if self.stage < 3:
             for tid, p in enumerate(self._params):
                 p.data = self._engine_tensor(tid)
@@ -475,7 +488,56 @@ class ZeroOptimizer(torch.optim.Optimizer):
             if self.stage == 3:
                 self._held.discard(tid)
                 p.data = self._empty
+            else:
+                self._show_grad(tid, g)
         return hook
+
+    def _install_grad_views(self, keep_grads):
+        """p.grad after a backward (docs/python.md, "p.grad"): stages 0-1 with gradients held in the
+        parameters' dtype — a view of the engine's gradient of this step (no memory); otherwise,
+        with keep_grads, a copy accumulated as torch's p.grad (the memory torch's would take);
+        else None. Shown from a parameter's hand-in until step() or zero_grad()."""
+        accum = _DTYPES[self._cfg["grad_accum_dtype"]]
+        self._grad_views = None
+        # (A CUDA model's engine copies on its own stream, unordered with torch's: no view there.)
+        if self.stage < 2 and accum == self._param_dtype and not self._cuda:
+            self._grad_views = [self._mem.alias(self._engine.grad_buffer(tid), accum, shape)
+                                if self._params[tid].numel() else None
+                                for tid, shape in enumerate(self._shapes)]
+        self._show = keep_grads or self._grad_views is not None
+        self._shown = [None] * len(self._params)  # the p.grad each parameter shows now
+
+    def _show_grad(self, tid, g):
+        """After tid's hand-in: p.grad shows the step's gradient so far (_install_grad_views)."""
+        if not self._show:
+            return
+        if self._grad_views is not None:
+            shown = self._grad_views[tid] if g.numel() else g
+        elif self._shown[tid] is None or self._micro == 0:
+            shown = g  # autograd's tensor, no longer the engine's business (copied or queued)
+        else:
+            shown = self._shown[tid].add_(g)  # a later micro-batch: summed as torch's p.grad
+        self._params[tid].grad = shown
+        self._shown[tid] = shown
+
+    def _grad_pre_hook(self, tid):
+        """Before autograd accumulates into p.grad: the gradient shown (_show_grad) is taken away
+        first, so that autograd hands over a fresh one (an accumulation into the engine's own
+        memory would add a micro-batch twice). A p.grad the loop set itself stays."""
+        def hook(_):
+            p = self._params[tid]
+            if self._shown[tid] is not None and p.grad is self._shown[tid]:
+                p.grad = None
+        return hook
+
+    def _hide_grads(self):
+        """step() consumed the gradients (or zero_grad dropped them): p.grad None again."""
+        for tid, shown in enumerate(self._shown):
+            if shown is not None:
+                p = self._params[tid]
+                if p.grad is shown:
+                    p.grad = None
+                self._shown[tid] = None
 
     def _hand_in(self, tid, g):
         self._check_usable()
@@ -654,6 +716,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def _drop_step_gradients(self):
         """The gradients handed in since the last step() are dropped (every rank alike)."""
+        self._hide_grads()
         if not (self._n_arrived or self._micro):
             return
         self._call(self._engine.discard_gradients)
@@ -726,6 +789,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
                    self._n_arrived, len(self._params)))
         self._sync_groups()
         r = self._call(self._engine.step, self._stream())  # waits for torch's queued reads
+        self._hide_grads()
         if self.stage < 3:
             self._mem.after_engine_wrote()
         if self.stage == 3:

@@ -151,17 +151,34 @@ void Engine::Impl::build_collaborators() {
                                                  layout->timeout());
 }
 
-// Rank 0's initial values win everywhere; the staging of their broadcast is given back after.
+// Rank 0's initial values win everywhere; the staging of their broadcast is given back after. One
+// rank reads them where they are, a piece at a time (no flat copy of the model).
 void Engine::Impl::initialize_state() {
-  std::vector<float> init(layout->flat_size(), 0.0f);
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    std::copy(initial[i].begin(), initial[i].end(),
-              init.begin() + static_cast<std::ptrdiff_t>(layout->partition().offset(i)));
+  const zero::FlatValues from_tensors = [this](std::size_t begin, std::span<float> out) {
+    std::fill(out.begin(), out.end(), 0.0f);  // the padding between tensors
+    const Partition& p = layout->partition();
+    for (std::size_t i = 0; i < specs.size(); ++i) {
+      const std::size_t b = std::max(begin, p.offset(i));
+      const std::size_t e = std::min(begin + out.size(), p.offset(i) + specs[i].numel);
+      if (b < e)
+        std::copy_n(initial[i].data() + (b - p.offset(i)), e - b, out.data() + (b - begin));
+    }
+  };
+  std::vector<float> flat;
+  if (world > 1) {
+    flat.resize(layout->flat_size());
+    from_tensors(0, flat);
+    host_comm->broadcast(flat.data(), flat.size(), DType::kFp32, 0);
+  }
+  layout->initialize(world > 1 ? zero::FlatValues([&](std::size_t begin, std::span<float> out) {
+    std::copy_n(flat.data() + begin, out.size(), out.data());
+  })
+                               : from_tensors);
   initial.clear();
   initial.shrink_to_fit();
-  if (world > 1) host_comm->broadcast(init.data(), init.size(), DType::kFp32, 0);
+  initial_copies.clear();
+  initial_copies.shrink_to_fit();
   scratch->trim();
-  layout->initialize(init);
 }
 
 zero::StorageReport Engine::Impl::report() const {
@@ -278,19 +295,27 @@ ParamGroupOptions& group_ref(std::vector<ParamGroupOptions>& groups, GroupId g, 
 }  // namespace
 
 TensorId Engine::add_parameter(std::string name, std::span<const float> initial, GroupId group) {
+  const TensorId id = add_parameter_borrowed(std::move(name), initial, group);
+  auto& copy = impl_->initial_copies.emplace_back(initial.begin(), initial.end());
+  impl_->initial[id] = copy;  // (a moved vector keeps its elements where they are)
+  return id;
+}
+
+TensorId Engine::add_parameter_borrowed(std::string name, std::span<const float> initial,
+                                        GroupId group) {
   if (impl_->finalized())
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: add_parameter('", name, "') after finalize()"));
   if (group >= impl_->groups.size())
     fail(ErrorCode::kInvalidArgument, strcat("engine: add_parameter('", name, "'): unknown group ",
                                              group, " (", impl_->groups.size(), " groups)"));
-  // Copied by host code below: device memory is an error, not a SIGSEGV (only where a GPU may be
-  // the engine's: the query needs the CUDA runtime).
+  // Read by host code: device memory is an error, not a SIGSEGV (only where a GPU may be the
+  // engine's: the query needs the CUDA runtime).
   if (impl_->cfg.runtime.device != DeviceKind::kHost && !initial.empty())
     zero::require_host_memory(initial.data(), "add_parameter", name);
   impl_->tensor_group.push_back(group);
   impl_->specs.push_back({std::move(name), initial.size()});
-  impl_->initial.emplace_back(initial.begin(), initial.end());
+  impl_->initial.push_back(initial);
   return impl_->specs.size() - 1;
 }
 GroupId Engine::add_param_group(const ParamGroupOptions& options) {
@@ -392,6 +417,7 @@ std::size_t Engine::numel(TensorId id) const {
   return impl_->specs[id].numel;
 }
 const void* Engine::param(TensorId id) const { return impl_->param(id); }
+const void* Engine::gradient(TensorId id) const { return impl_->gradient(id); }
 void Engine::read_param(TensorId id, std::span<float> out) const { impl_->read_param(id, out); }
 void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }

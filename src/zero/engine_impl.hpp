@@ -21,6 +21,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -54,7 +55,10 @@ struct Engine::Impl {
 
   // ---- registered before finalize()
   std::vector<TensorSpec> specs;
-  std::vector<std::vector<float>> initial;  // dropped by finalize()
+  // The initial values finalize() reads: the copies add_parameter made, or the caller's memory
+  // (add_parameter_borrowed). Both dropped by finalize().
+  std::vector<std::span<const float>> initial;
+  std::vector<std::vector<float>> initial_copies;
   std::vector<GroupId> tensor_group;
   std::vector<ParamGroupOptions> groups;  // [0]: optimizer.lr / weight_decay; set_lr any time
   zero::StorageWrap wrap;                 // tests: per-rank fault injection (engine_access.hpp)
@@ -200,6 +204,7 @@ struct Engine::Impl {
 
   // ---- engine_state.cpp
   const void* param(TensorId id) const;
+  const void* gradient(TensorId id) const;
   void read_param(TensorId id, std::span<float> out);
   void gather(std::span<const TensorId> ids);
   void prefetch(std::span<const TensorId> ids);

@@ -124,7 +124,7 @@ std::size_t EngineLayout::staged_chunk_cap(std::uint64_t buf) const {
   return static_cast<std::size_t>(cap);
 }
 
-// The NVMe slots of the speculative update's pending versions (engine_speculate.cpp): the
+// The NVMe slots of the speculative update's pending versions (speculator.cpp): the
 // optimizer state on NVMe and, at stage 3, the parameters on NVMe, where the update can be
 // speculated (stages 2-3, host-updated state, no gradients on NVMe), within
 // optimizer.speculation_budget. strata plan counts the same (plan/layout.cpp speculation_room).
@@ -230,30 +230,35 @@ BufferId EngineLayout::add_buffer(const std::string& name, std::uint64_t bytes, 
   return id;
 }
 
-void EngineLayout::initialize(std::span<const float> init) const {
-  constexpr std::size_t kPiece = 1 << 20;
-  std::vector<unsigned char> tmp;
-  const std::size_t pes = param_elem_;
-  if (stage_ < 3) {
-    for (std::size_t b = 0; b < flat_size(); b += kPiece) {
-      const std::size_t n = std::min(kPiece, flat_size() - b);
-      tmp.resize(n * pes);
-      for (std::size_t i = 0; i < n; ++i) store_elem(tmp.data(), i, param_dtype_, init[b + i]);
-      put_bytes(store(), params_id_, b * pes, n * pes, tmp.data(), timeout_);
-    }
-  }
+void EngineLayout::initialize(const FlatValues& values) const {
+  if (stage_ < 3) write_initial(params_id_, 0, flat_size(), param_dtype_, values);
   for (const Chunk& c : chunks_) {
-    const std::size_t n = c.r.count;
-    if (stage_ == 3) {
-      tmp.resize(n * pes);
-      for (std::size_t i = 0; i < n; ++i)
-        store_elem(tmp.data(), i, param_dtype_, init[own_begin_ + c.r.begin + i]);
-      put_bytes(store(), c.param, 0, n * pes, tmp.data(), timeout_);
-    }
-    tmp.assign(12 * n, 0);  // FP32 master from the initial values, moments zero
-    std::memcpy(tmp.data(), init.data() + opt_begin_ + c.r.begin, n * sizeof(float));
-    put_bytes(store(), c.opt, 0, 12 * n, tmp.data(), timeout_);
+    if (stage_ == 3)
+      write_initial(c.param, own_begin_ + c.r.begin, c.r.count, param_dtype_, values);
+    write_initial(c.opt, opt_begin_ + c.r.begin, c.r.count, DType::kFp32, values);  // the master
   }
+}
+
+// Flat elements [first, first + count) into the first count elements of buffer `id` (`dtype`).
+void EngineLayout::write_initial(BufferId id, std::size_t first, std::size_t count, DType dtype,
+                                 const FlatValues& values) const {
+  constexpr std::size_t kPiece = 1 << 20;
+  const std::size_t es = dtype_size(dtype);
+  const bool nvme = store().info(id).home == Tier::kNvme;
+  IoBuffer whole;  // nvme: written whole, once (the rest of it stays zero)
+  if (nvme && count) whole = IoBuffer::allocate(store().padded_bytes(id), HugePageMode::kNone);
+  std::vector<float> vals;
+  std::vector<unsigned char> tmp;
+  for (std::size_t b = 0; b < count; b += kPiece) {
+    const std::size_t n = std::min(kPiece, count - b);
+    vals.resize(n);
+    values(first + b, vals);
+    if (!nvme) tmp.resize(n * es);
+    unsigned char* dst = nvme ? whole.bytes() + b * es : tmp.data();
+    for (std::size_t i = 0; i < n; ++i) store_elem(dst, i, dtype, vals[i]);
+    if (!nvme) store().write(id, b * es, n * es, dst, Tier::kCpu).wait(timeout_);
+  }
+  if (nvme && count) store().write(id, 0, 0, whole.data(), Tier::kCpu).wait(timeout_);
 }
 
 TensorShare EngineLayout::share(TensorId id) const {

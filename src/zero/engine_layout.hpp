@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -45,6 +46,9 @@ class ScratchArena;
 
 namespace strata::zero {
 
+// Elements [begin, begin + out.size()) of the flat space (FP32) into `out`.
+using FlatValues = std::function<void(std::size_t begin, std::span<float> out)>;
+
 // Where one tensor meets this rank's optimizer range (stage 0: the whole tensor).
 struct TensorShare {
   std::vector<std::size_t> counts;  // per rank (stages 1-3), for the all-gather
@@ -62,9 +66,11 @@ class EngineLayout {
   EngineLayout(const EngineLayout&) = delete;
   EngineLayout& operator=(const EngineLayout&) = delete;
 
-  // Writes the initial values (the flat space, FP32): the parameters in the model dtype, the FP32
-  // master; the moments stay zero. Once, right after construction.
-  void initialize(std::span<const float> flat_values) const;
+  // Writes the initial values (the flat space, FP32, read a piece at a time from `values`): the
+  // parameters in the model dtype, the FP32 master; the moments stay zero (as registered). Once,
+  // right after construction. Memory homes are written piece by piece, an NVMe home through one
+  // bounce buffer of its size (a chunk: at most what a pinned buffer stages).
+  void initialize(const FlatValues& values) const;
 
   const Config& config() const { return cfg_; }
   int rank() const { return rank_; }
@@ -114,6 +120,8 @@ class EngineLayout {
   StorageNeeds storage_needs(bool cuda) const;
   std::uint64_t speculation_nvme_bytes(std::uint64_t nvme_opt_bytes) const;
   void register_buffers();
+  void write_initial(BufferId id, std::size_t first, std::size_t count, DType dtype,
+                     const FlatValues& values) const;
   BufferId add_buffer(const std::string& name, std::uint64_t bytes, Tier home, BufferKind kind,
                       bool pinned = false);
   TierStore& store() const { return store_; }

@@ -38,6 +38,13 @@ const void* Engine::Impl::param(TensorId id) const {
   return gatherer->data(id);
 }
 
+const void* Engine::Impl::gradient(TensorId id) const {
+  require_finalized("gradient");
+  check_id(id, "gradient");
+  unsigned char* g = layout->stage() < 2 ? layout->grads_device() : nullptr;
+  return g ? g + layout->partition().offset(id) * layout->grad_elem_bytes() : nullptr;
+}
+
 void Engine::Impl::read_param(TensorId id, std::span<float> out) {
   require_finalized("read_param");
   check_id(id, "read_param");

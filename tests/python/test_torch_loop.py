@@ -507,6 +507,72 @@ class AsyncCheckpoint(unittest.TestCase):
             self.assertEqual(got[0], got[1])
 
 
+class GradientsReadable(unittest.TestCase):
+    """p.grad after a backward (issue 48, point 2): it was None after every backward, so gradient
+    logging read nothing. Stages 0-1: a view of the engine's gradient (a write reaches the step);
+    stage 2 with keep_grads=True: torch's own accumulated tensor; None again after step()."""
+
+    def run_case(self, stage, keep, k=2):
+        ref = A.tiny_gpt()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(stage),
+                                         param_groups=A.torch_groups(model), keep_grads=keep)
+        topt = adamw(A.torch_groups(ref))
+        for s in range(3):
+            topt.zero_grad(set_to_none=True)
+            x, y = A.batch(s, rows=4)
+            for j in range(k):
+                for m in (model, ref):
+                    (m(x[2 * j:2 * j + 2], y[2 * j:2 * j + 2]) / k).backward()
+            for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+                self.assertIsNotNone(p.grad, "stage %d step %d: %s" % (stage, s, n))
+                self.assertTrue(torch.equal(p.grad, q.grad), "stage %d step %d: %s's p.grad"
+                                % (stage, s, n))
+            opt.step()
+            topt.step()
+            self.assertTrue(all(p.grad is None for p in model.parameters()))
+        A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                         "stage %d" % stage)
+        opt.close()
+
+    def test_views_at_stages_0_and_1(self):
+        for stage in (0, 1):
+            with self.subTest(stage=stage):
+                self.run_case(stage, keep=False)
+
+    def test_kept_at_stage_2_on_request(self):
+        self.run_case(2, keep=True)
+        model = A.tiny_gpt()
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2))
+        x, y = A.batch(0)
+        model(x, y).backward()
+        self.assertTrue(all(p.grad is None for p in model.parameters()))  # the default: no memory
+        opt.close()
+
+    def test_a_write_into_the_view_is_stepped(self):
+        """Scaling p.grad in place (a loop's own unscaling) changes the update as torch's does."""
+        ref = A.tiny_gpt()
+        model = copy.deepcopy(ref)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(1),
+                                         param_groups=A.torch_groups(model))
+        topt = adamw(A.torch_groups(ref))
+        for s in range(2):
+            topt.zero_grad(set_to_none=True)
+            x, y = A.batch(s)
+            for m in (model, ref):
+                m(x, y).backward()
+                for p in m.parameters():
+                    p.grad.mul_(0.25 + s)
+            opt.step()
+            topt.step()
+        A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()), "scaled")
+        opt.close()
+
+    def test_keep_grads_at_stage_3_is_refused(self):
+        with self.assertRaisesRegex(errors.InvalidArgumentError, r"keep_grads=True\) at zero.stage 3"):
+            strata.torch.ZeroOptimizer(A.tiny_gpt(), A.base_config(3), keep_grads=True)
+
+
 class ZeroGrad(unittest.TestCase):
     """zero_grad() between backward and step drops the gradients, as torch's does (it used to
     raise), and after step() refused a missing gradient it lets the loop go on (it used to leave

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/numeric.hpp"
@@ -151,6 +152,52 @@ TEST_P(EngineGroups, WriteThenReadStateRoundTrips) {
       ADD_FAILURE() << "a wrong size was accepted";
     } catch (const Error& err) {
       EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+    }
+  }));
+}
+
+// add_parameter_borrowed reads the caller's memory at finalize() (no copy of the model at
+// start-up: what the values say then is what the engine starts from, rank 0's on every rank);
+// add_parameter copies at the call. gradient(id): stages 0-1 the held gradient, as handed in;
+// stages 2-3 nullptr.
+TEST_P(EngineGroups, BorrowedInitialValuesAndHeldGradients) {
+  const StateParam p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  const auto seed = test_seed("engine-borrowed");
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(engine_config(c), comm);
+    std::vector<std::vector<float>> values;
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      values.push_back(initial_values(seed + static_cast<std::uint64_t>(rank), t, c.sizes[t]));
+    for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+      const std::string name = "t" + std::to_string(t);
+      if (t % 2) {
+        e.add_parameter_borrowed(name, values[t]);
+      } else {
+        e.add_parameter(name, values[t]);
+      }
+    }
+    for (auto& v : values)  // changed after the calls: only the borrowed ones see it
+      for (float& x : v) x = x * 2.0f + 1.0f;
+    e.finalize();
+    for (TensorId id = 0; id < c.sizes.size(); ++id) {
+      std::vector<float> want = initial_values(seed, id, c.sizes[id]);  // rank 0's
+      if (id % 2)
+        for (float& x : want) x = x * 2.0f + 1.0f;
+      std::vector<float> got(c.sizes[id]);
+      e.read_state(id, StateKind::kMaster, got);
+      expect_bitwise_equal({got}, {want}, strcat("rank ", rank, " master of t", id));
+      const auto g = grad_of(seed, rank, 0, id, c.sizes[id], c.grads);
+      e.set_gradient(id, g.data());
+      const void* held = e.gradient(id);
+      if (c.stage >= 2) {
+        EXPECT_EQ(held, nullptr);
+      } else {
+        ASSERT_NE(held, nullptr);
+        EXPECT_EQ(std::memcmp(held, g.data(), g.size()), 0) << "rank " << rank << " t" << id;
+      }
     }
   }));
 }
