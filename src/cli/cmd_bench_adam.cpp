@@ -1,6 +1,8 @@
 // `strata bench adam`: parameters per second of the CPU Adam kernel, measured alternately with a
 // plain stream kernel of the same memory access pattern on the same threads (the bound), and the
-// fraction of that bound reached (median over rounds of the per-round ratio).
+// fraction of that bound reached (median over rounds of the per-round ratio); and in the same
+// rounds the step out of place (as the speculative update writes a pending version, committed by
+// a swap), with its ratio to the step in place.
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -123,6 +125,16 @@ int run(const Options& o) {
     j["fraction_of_bound_cpu_time"] = r.fraction_of_bound_cpu_time;
     j["adam"]["cpu_seconds"] = r.adam_cpu_seconds;
     j["stream_bound"]["cpu_seconds"] = r.stream_cpu_seconds;
+    j["out_of_place"] = {{"params_per_second", r.out_of_place_params_per_second},
+                         {"bytes_per_second", r.out_of_place_bytes_per_second},
+                         {"seconds_median", r.out_of_place_seconds_median},
+                         {"seconds", r.out_of_place_seconds},
+                         {"cpu_seconds", r.out_of_place_cpu_seconds},
+                         {"ratio", r.out_of_place_ratio},
+                         {"ratio_min", r.out_of_place_ratio_min},
+                         {"ratio_max", r.out_of_place_ratio_max},
+                         {"ratio_cpu_time", r.out_of_place_ratio_cpu_time}};
+    j["out_of_place_ratio"] = r.out_of_place_ratio;
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -138,6 +150,13 @@ int run(const Options& o) {
   std::cout << "  fraction of bound: " << r.fraction_of_bound << " (rounds: " << r.fraction_min
             << " .. " << r.fraction_max << ")\n";
   std::cout << "  fraction of bound by process CPU time: " << r.fraction_of_bound_cpu_time << "\n";
+  std::cout << "  out of place:  " << r.out_of_place_params_per_second / 1e6 << " Mparams/s ("
+            << format_rate(r.out_of_place_bytes_per_second) << ", "
+            << r.out_of_place_seconds_median * 1e3
+            << " ms/step; new state into a second set of arrays, swapped in)\n";
+  std::cout << "  out of place / in place: " << r.out_of_place_ratio
+            << " (rounds: " << r.out_of_place_ratio_min << " .. " << r.out_of_place_ratio_max
+            << "; by process CPU time " << r.out_of_place_ratio_cpu_time << "; target <= 1.10)\n";
   return 0;
 }
 
@@ -155,7 +174,8 @@ const bool kRegistered = strata::cli::register_command(
            ->capture_default_str();
        cmd.add_option("--path", o->path, "Kernel path: auto, avx512, avx2, scalar")
            ->capture_default_str();
-       cmd.add_option("--rounds", o->rounds, "Alternating rounds (Adam step + stream pass)")
+       cmd.add_option("--rounds", o->rounds,
+                      "Alternating rounds (Adam step in place, out of place, stream pass)")
            ->capture_default_str();
        cmd.add_flag("--check-finite", o->check_finite, "Include the inf/NaN pre-pass");
        cmd.add_option("--device", o->device, "cpu, or cuda (GPU kernel vs device-to-device copy)")

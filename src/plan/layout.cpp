@@ -74,7 +74,7 @@ std::uint64_t snapshot_room(const Config& c, const Layout& l) {
   return room;
 }
 
-// The pending versions the speculative update may hold per rank (engine_speculate.cpp): stages
+// The pending versions the speculative update may hold per rank (zero/speculator.cpp): stages
 // 2-3, host-updated state, no gradients on nvme; each tier at most optimizer.speculation_budget.
 TierBytes speculation_room(const Config& c, const Layout& l, std::uint64_t params_bytes) {
   TierBytes t;

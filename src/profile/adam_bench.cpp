@@ -23,9 +23,9 @@ struct FreeDeleter {
 };
 using Buffer = std::unique_ptr<void, FreeDeleter>;
 
-Buffer alloc(std::size_t bytes, const char* what) {
-  const std::size_t rounded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+Buffer alloc(std::size_t bytes, const char* what, std::size_t align = 64) {
+  const std::size_t rounded = (bytes + align - 1) / align * align;
+  void* p = std::aligned_alloc(align, rounded == 0 ? align : rounded);
   if (!p)
     fail(ErrorCode::kOutOfMemory,
          strcat("bench adam: cannot allocate ", bytes, " bytes for ", what));
@@ -78,31 +78,72 @@ void fill_initial(const AdamBenchOptions& o, std::size_t n, Buffer& p, Buffer& m
   if (c) std::fill_n(static_cast<std::uint8_t*>(c.get()), n * csz, std::uint8_t(0));
 }
 
-// The ABBA rounds: Adam and the stream reference timed alternately first, so drift favours
-// neither. Appends each round's seconds to r; returns the stream / Adam time ratios (wall, CPU).
-template <class RunAdam, class RunStream>
-std::pair<std::vector<double>, std::vector<double>> time_rounds(int rounds, RunAdam&& run_adam,
-                                                                RunStream&& run_stream,
-                                                                AdamBenchResult& r) {
-  std::vector<double> fractions, cpu_fractions;
+// Per-round ratios of two timings (wall, process CPU).
+struct Ratios {
+  std::vector<double> wall, cpu;
+  void add(std::pair<double, double> num, std::pair<double, double> den) {
+    wall.push_back(num.first / den.first);
+    if (den.second > 0) cpu.push_back(num.second / den.second);
+  }
+};
+
+// The rounds: Adam in place, Adam out of place and the stream reference, the order reversed every
+// other round (ABC, CBA) so that drift favours none. Appends each round's seconds to r; returns
+// the stream / Adam and out-of-place / in-place time ratios.
+template <class RunAdam, class RunOut, class RunStream>
+std::pair<Ratios, Ratios> time_rounds(int rounds, RunAdam&& run_adam, RunOut&& run_out,
+                                      RunStream&& run_stream, AdamBenchResult& r) {
+  Ratios fractions, out_ratios;
   for (int round = 0; round < rounds; ++round) {
-    // Alternate the order inside each round too (ABBA) so drift does not favour either.
-    std::pair<double, double> ta, tsr;
+    std::pair<double, double> ta, to, tsr;
     if (round % 2 == 0) {
       ta = timed(run_adam);
+      to = timed(run_out);
       tsr = timed(run_stream);
     } else {
       tsr = timed(run_stream);
+      to = timed(run_out);
       ta = timed(run_adam);
     }
     r.adam_seconds.push_back(ta.first);
     r.stream_seconds.push_back(tsr.first);
+    r.out_of_place_seconds.push_back(to.first);
     r.adam_cpu_seconds.push_back(ta.second);
     r.stream_cpu_seconds.push_back(tsr.second);
-    fractions.push_back(tsr.first / ta.first);
-    if (ta.second > 0) cpu_fractions.push_back(tsr.second / ta.second);
+    r.out_of_place_cpu_seconds.push_back(to.second);
+    fractions.add(tsr, ta);
+    out_ratios.add(to, ta);
   }
-  return {fractions, cpu_fractions};
+  return {fractions, out_ratios};
+}
+
+// The second set of state arrays the out-of-place step writes (page-aligned, as the store's
+// pending versions are), touched once so that no round pays for the first faults.
+struct OutArrays {
+  Buffer p, m, v;
+  float* next[3];  // where the next out-of-place step writes: these, or the first set
+  explicit OutArrays(std::size_t n)
+      : p(alloc(n * 4, "param (out of place)", 4096)),
+        m(alloc(n * 4, "exp_avg (out of place)", 4096)),
+        v(alloc(n * 4, "exp_avg_sq (out of place)", 4096)),
+        next{static_cast<float*>(p.get()), static_cast<float*>(m.get()),
+             static_cast<float*>(v.get())} {
+    for (float* a : next) std::fill_n(a, n, 0.0f);
+  }
+};
+
+// One step out of place from the committed arrays of `t` into out.next, then the commit's swap:
+// the new arrays become t's (committed), the old ones the next destination.
+void out_of_place_step(CpuAdam& adam, const AdamParams& hp, AdamTensors& t, OutArrays& out,
+                       const AdamStepOptions& so) {
+  AdamTensors o = t;
+  o.param_out = out.next[0];
+  o.exp_avg_out = out.next[1];
+  o.exp_avg_sq_out = out.next[2];
+  adam.step(hp, o, so);
+  std::swap(t.param, out.next[0]);
+  std::swap(t.exp_avg, out.next[1]);
+  std::swap(t.exp_avg_sq, out.next[2]);
 }
 
 }  // namespace
@@ -138,14 +179,18 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
   r.path = adam.path();
   r.bytes_per_param = 12.0 + 12.0 + double(gsz) + (o.param_copy ? double(csz) : 0.0) +
                       (o.check_finite ? double(gsz) : 0.0);
+  OutArrays out(n);
   std::int64_t step = 1;
-  // Warm-up: one of each (first-touch effects, thread wake-up paths).
-  adam.step(hp, t, {step++, 1.0f, o.check_finite});
-  adam.stream_reference(ts);
   auto run_adam = [&] { adam.step(hp, t, {step++, 1.0f, o.check_finite}); };
+  auto run_out = [&] { out_of_place_step(adam, hp, t, out, {step++, 1.0f, o.check_finite}); };
   auto run_stream = [&] { adam.stream_reference(ts); };
-  const auto [fractions, cpu_fractions] = time_rounds(o.rounds, run_adam, run_stream, r);
-  if (!cpu_fractions.empty()) r.fraction_of_bound_cpu_time = median(cpu_fractions);
+  // Warm-up: one of each (first-touch effects, thread wake-up paths).
+  run_adam();
+  run_out();
+  run_stream();
+  const auto [fractions, out_ratios] = time_rounds(o.rounds, run_adam, run_out, run_stream, r);
+  if (!fractions.cpu.empty()) r.fraction_of_bound_cpu_time = median(fractions.cpu);
+  if (!out_ratios.cpu.empty()) r.out_of_place_ratio_cpu_time = median(out_ratios.cpu);
   // The stream reference moves the same bytes as one step without the finite pre-pass.
   const double stream_bytes = r.bytes_per_param - (o.check_finite ? double(gsz) : 0.0);
   r.adam_seconds_median = median(r.adam_seconds);
@@ -154,9 +199,15 @@ AdamBenchResult run_adam_bench(const AdamBenchOptions& o) {
   r.stream_params_per_second = double(n) / r.stream_seconds_median;
   r.adam_bytes_per_second = r.adam_params_per_second * r.bytes_per_param;
   r.stream_bytes_per_second = r.stream_params_per_second * stream_bytes;
-  r.fraction_of_bound = median(fractions);
-  r.fraction_min = *std::min_element(fractions.begin(), fractions.end());
-  r.fraction_max = *std::max_element(fractions.begin(), fractions.end());
+  r.fraction_of_bound = median(fractions.wall);
+  r.fraction_min = *std::min_element(fractions.wall.begin(), fractions.wall.end());
+  r.fraction_max = *std::max_element(fractions.wall.begin(), fractions.wall.end());
+  r.out_of_place_seconds_median = median(r.out_of_place_seconds);
+  r.out_of_place_params_per_second = double(n) / r.out_of_place_seconds_median;
+  r.out_of_place_bytes_per_second = r.out_of_place_params_per_second * r.bytes_per_param;
+  r.out_of_place_ratio = median(out_ratios.wall);
+  r.out_of_place_ratio_min = *std::min_element(out_ratios.wall.begin(), out_ratios.wall.end());
+  r.out_of_place_ratio_max = *std::max_element(out_ratios.wall.begin(), out_ratios.wall.end());
   return r;
 }
 

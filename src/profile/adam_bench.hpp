@@ -5,6 +5,13 @@
 // plain stream kernel with the same access pattern (CpuAdam::stream_reference). Memory bandwidth
 // on shared machines drifts between runs, so the figure of merit is the per-round ratio
 // stream_time / adam_time ("fraction of the bound"), reported as the median over rounds.
+//
+// In the same rounds, alternating with those two: the same Adam step OUT OF PLACE, as the
+// speculative update runs it (docs/offload.md): the committed master and moments and the gradients
+// read, the new state written into a second set of page-aligned arrays (non-temporal stores), which
+// then become the committed ones (the commit's swap: the old set is the next step's destination).
+// The in-place step runs on whichever set is committed. The figure: the per-round ratio
+// out_of_place_time / in_place_time, median over rounds (the target is <= 1.10, issue 49).
 #pragma once
 
 #include <cstddef>
@@ -42,6 +49,13 @@ struct AdamBenchResult {
   // scheduler on a loaded machine (time slices lost to other processes do not count).
   std::vector<double> adam_cpu_seconds, stream_cpu_seconds;
   double fraction_of_bound_cpu_time = 0;
+  // The out-of-place step (same bytes per parameter as the step in place).
+  std::vector<double> out_of_place_seconds, out_of_place_cpu_seconds;  // one entry per round
+  double out_of_place_seconds_median = 0;
+  double out_of_place_params_per_second = 0, out_of_place_bytes_per_second = 0;
+  double out_of_place_ratio = 0;  // median over rounds of out_of_place_time / adam_time (wall)
+  double out_of_place_ratio_min = 0, out_of_place_ratio_max = 0;
+  double out_of_place_ratio_cpu_time = 0;  // the same from process CPU time
 };
 
 // Throws Error(kInvalidArgument) for params == 0, threads == 0, rounds < 1; Error(kOutOfMemory)

@@ -24,9 +24,9 @@ Engine::Impl::Impl(const Config& c, Communicator& cm)
                     c.optimizer.eps});
 }
 
-// The speculative jobs first (they use the optimizer and the store), then the collaborators (they
-// wait for their work), storage last.
-Engine::Impl::~Impl() { spec_jobs.reset(); }
+// The speculator first (its jobs use the optimizer and the store; it borrows the scaler and the
+// groups), then the collaborators (they wait for their work), storage last.
+Engine::Impl::~Impl() { speculator.reset(); }
 
 void Engine::Impl::require_finalized(const char* what) const {
   if (!finalized())
@@ -106,10 +106,8 @@ void Engine::Impl::finalize() {
   std::exception_ptr failure;
   try {
     build_collaborators();
-    check_overlap();
-    warn_one_bucket();
-    if (cfg.optimizer.overlap != OptimizerOverlap::kOff && cfg.zero.stage >= 2)
-      spec_jobs = std::make_unique<zero::SerialJobs>();
+    speculator = std::make_unique<zero::Speculator>(cfg, rank, world, *layout, *reducer, *optimizer,
+                                                    store(), scaler, groups);
   } catch (...) {
     failure = std::current_exception();
   }
@@ -119,6 +117,7 @@ void Engine::Impl::finalize() {
     if (!failure) failure = std::current_exception();
   }
   if (failure) {
+    speculator.reset();
     state.reset();
     optimizer.reset();
     gatherer.reset();
@@ -189,7 +188,7 @@ zero::StorageReport Engine::Impl::report() const {
 }
 
 EngineStats Engine::Impl::stats() const {
-  if (spec_jobs) spec_jobs->wait();  // the optimizer's timings: the speculative jobs finished
+  if (speculator) speculator->wait();  // the optimizer's timings: the speculative jobs finished
   EngineStats s = st;
   s.loss_scale = scaler.scale();
   s.comm = comm.stats();
@@ -215,7 +214,7 @@ void Engine::save_checkpoint(const std::string& dir, SaveMode mode, std::string_
   Impl& m = *impl_;
   m.require_finalized("save_checkpoint");
   m.require_usable("save_checkpoint");
-  m.join_speculation();  // the snapshot pins blocks the speculative jobs may be writing
+  m.speculator->join();  // the snapshot pins blocks the speculative jobs may be writing
   m.save(dir, mode, client_state, model.empty() ? nullptr : &model);
 }
 
@@ -235,7 +234,7 @@ void Engine::load_checkpoint(const std::string& dir) {
          "engine: load_checkpoint() between a step's gradients and step(): they were computed "
          "from the state the load replaces; discard_gradients() first (nothing changed)");
   m.finish_saving();
-  m.cancel_speculation(false);
+  m.speculator->cancel(false);
   m.gatherer->drop_all();
   checkpoint::RankState r = m.rank_state();
   try {
@@ -369,17 +368,17 @@ Device& Engine::device() {
   return impl_->storage->device();
 }
 void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
-  impl_->join_speculation();
+  if (impl_->speculator) impl_->speculator->join();
   impl_->read_state(id, kind, out);
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
   impl_->require_finalized("write_state");
   impl_->make_room_for_update();
-  impl_->before_state_change();
+  impl_->speculator->before_state_change();
   impl_->write_state(id, kind, in);
 }
 std::int64_t Engine::optimizer_step() const {
-  if (impl_->spec_jobs) impl_->spec_jobs->wait();  // a speculative job counts one step ahead
+  if (impl_->speculator) impl_->speculator->wait();  // a speculative job counts one step ahead
   return impl_->optimizer ? impl_->optimizer->step_count() : 0;
 }
 void Engine::set_optimizer_step(std::int64_t step) {
@@ -387,12 +386,12 @@ void Engine::set_optimizer_step(std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
-  impl_->before_state_change();
+  impl_->speculator->before_state_change();
   impl_->optimizer->set_step_count(step);
 }
 std::int64_t Engine::optimizer_step(TensorId id) const {
   impl_->check_id(id, "optimizer_step");
-  if (impl_->spec_jobs) impl_->spec_jobs->wait();
+  if (impl_->speculator) impl_->speculator->wait();
   return impl_->optimizer ? impl_->optimizer->step_count(id) : 0;
 }
 void Engine::set_optimizer_step(TensorId id, std::int64_t step) {
@@ -401,7 +400,7 @@ void Engine::set_optimizer_step(TensorId id, std::int64_t step) {
     fail(ErrorCode::kInvalidArgument,
          strcat("engine: set_optimizer_step(", id, ", ", step, "): must be >= 0"));
   impl_->require_finalized("set_optimizer_step");
-  impl_->before_state_change();
+  impl_->speculator->before_state_change();
   impl_->optimizer->set_step_count(id, step);
 }
 void Engine::finalize() { impl_->finalize(); }
@@ -469,7 +468,7 @@ void Engine::discard_gradients() {
   impl_->require_finalized("discard_gradients");
   impl_->require_usable("discard_gradients");
   try {
-    impl_->cancel_speculation(false);
+    impl_->speculator->cancel(false);
     impl_->reducer->discard();
     impl_->early.reset();
     impl_->optimizer->clear_skipped();  // decided by a clip_grad_norm for the dropped gradients

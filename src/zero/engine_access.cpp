@@ -41,7 +41,9 @@ std::uint64_t EngineAccess::stats_tiles_known_ahead(const Engine& e) {
   return e.impl_->optimizer->tiles_known_ahead();
 }
 
-std::uint64_t EngineAccess::speculation_bytes(const Engine& e) { return e.impl_->spec.bytes; }
+std::uint64_t EngineAccess::speculation_bytes(const Engine& e) {
+  return e.impl_->speculator ? e.impl_->speculator->bytes() : 0;
+}
 
 tier::StreamStats EngineAccess::last_update(const Engine& e) {
   e.impl_->require_finalized("last_update");

@@ -5,6 +5,7 @@
 //   GradientReducer  (gradient_reducer.hpp)  hand-in, buckets, reductions, the gradient chunks
 //   ParamGatherer    (param_gatherer.hpp)    stage 3's gathers, release, replayed prefetch
 //   OptimizerStep    (optimizer_step.hpp)    the statistics pass and Adam over the chunk grid
+//   Speculator       (speculator.hpp)        the speculative update during the backward
 //   RankAgreement    (rank_agreement.hpp)    norm, overflow, outcome, start-up: all ranks alike
 //   LossScaler       (loss_scaler.hpp)       the loss scale
 //   HostCollectives  (host_collectives.hpp)  collectives on host arrays, staged
@@ -14,10 +15,11 @@
 // the checkpoint seam).
 //
 // Thread-safety: one thread drives an Engine (engine.hpp); no member is shared with another
-// thread except through the store, the filler and the communicator, which synchronize themselves.
+// thread except through the store, the filler and the communicator, which synchronize themselves,
+// and the Speculator's jobs (speculator.hpp), joined before the engine's thread touches what they
+// use.
 #pragma once
 
-#include <deque>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -39,7 +41,7 @@
 #include "zero/param_gatherer.hpp"
 #include "zero/rank_agreement.hpp"
 #include "zero/rank_storage.hpp"
-#include "zero/serial_jobs.hpp"
+#include "zero/speculator.hpp"
 #include "zero/tier_state_store.hpp"
 
 namespace strata {
@@ -76,12 +78,11 @@ struct Engine::Impl {
   std::unique_ptr<Stream> caller_handoff;       // waits for callers' streams (made on first use)
   // An asynchronous checkpoint save in flight (destroyed first: it waits for its writer).
   std::unique_ptr<zero::AsyncCheckpoint> saving;
-  // The speculative update's thread (engine_speculate.cpp): Adam of the chunks whose gradients
-  // are final runs there while the backward goes on. Only `optimizer->speculate` runs on it; the
-  // engine's thread joins it (join_speculation) before anything else touches the optimizer or
-  // the blocks it writes. Made by finalize() when optimizer.overlap is not off; ~Impl joins it
-  // first.
-  std::unique_ptr<zero::SerialJobs> spec_jobs;
+  // The speculative update (speculator.hpp): Adam of the chunks whose gradients are final runs
+  // on its thread while the backward goes on; the engine's thread joins it before anything else
+  // touches the optimizer or the blocks it writes. Borrows the scaler and groups below: ~Impl
+  // destroys it first.
+  std::unique_ptr<zero::Speculator> speculator;
 
   // ---- changed by steps
   zero::LossScaler scaler;
@@ -94,30 +95,6 @@ struct Engine::Impl {
     double loss_scale = 1;  // the scale the gradients carry
   };
   std::optional<EarlyDecision> early;
-  // The speculative update of this step (engine_speculate.cpp): chunks updated into pending
-  // versions during the backward, on the assumptions it made (loss scale, hyper-parameters).
-  struct Speculation {
-    std::vector<std::size_t> chunks;        // speculated, in order
-    std::vector<BufferId> pending;          // blocks with a pending version (opt, parameters)
-    bool params_open = false;               // stages 1-2: the flat parameters' pending version
-    std::uint64_t bytes = 0;                // padded bytes of the pending versions
-    double scale = 0;                       // the loss scale assumed
-    std::vector<ParamGroupOptions> groups;  // the hyper-parameters assumed
-    bool off = false;      // this step runs serially (a failure, a micro-batch beyond K, a change)
-    bool started = false;  // scale and groups taken (the step's first speculated chunks)
-    bool refused = false;  // a pending version did not fit: nothing more this step (spec thread)
-  };
-  Speculation spec;
-  std::deque<bool> spec_history;  // optimizer.overlap auto: the last speculated steps rolled back?
-  int spec_pause = 0;             // ... steps left without speculating
-  // The micro-batches the loop ran in its last step (0: no step yet, train.accumulate assumed):
-  // the speculation starts in the last of them.
-  std::size_t micro_batches = 0;
-  // Chunks speculated in this step and discarded before step() (a change of the state or the
-  // hyper-parameters, a micro-batch beyond, dropped gradients, a failed job): step() reports them
-  // rolled back.
-  std::uint32_t spec_discarded = 0;
-  bool said_micro_batches = false;
   zero::Clock::time_point last_grad{};     // the last gradient handed in
   std::string loaded_client_state;         // of the checkpoint last loaded
   std::vector<unsigned char> ckpt_params;  // the checkpoint seam's parameters, during a call
@@ -147,6 +124,11 @@ struct Engine::Impl {
   // the work queued on `caller` so far is complete. Changes nothing; throws what the wait threw.
   void wait_for_caller(StreamHandle caller, const char* what);
   EngineStats stats() const;
+  // A setter changes a group's hyper-parameters (Speculator::before_group_change; nothing is
+  // speculated before finalize()).
+  void before_group_change(bool changes) noexcept {
+    if (speculator) speculator->before_group_change(changes);
+  }
 
   // ---- engine_step.cpp
   // `memory`: what the caller says it is; on a GPU the memory is checked (memory_checks.hpp) and
@@ -168,39 +150,6 @@ struct Engine::Impl {
   void publish_params();             // stages 1-2: the all-gather of the updated parameters
   void all_gather_params();          // every rank's partition of the flat parameters
   void end_step(bool applied, StepResult& res);
-
-  // ---- engine_speculate.cpp (docs/offload.md, "The speculative update")
-  // finalize(): Error(kUnsupported) for optimizer.overlap on where nothing can be speculated.
-  void check_overlap() const;
-  // finalize(): a warning where overlap is asked for and the rank's range lies in one bucket.
-  void warn_one_bucket() const;
-  // After each gradient hand-in: speculate the chunks the last micro-batch completed.
-  void after_hand_in();
-  void speculate(const std::vector<std::size_t>& filled);
-  void speculate_job(const std::vector<std::size_t>& go, const std::vector<BufferId>& open,
-                     float grad_scale, float stats_inv);
-  bool chunk_used(std::size_t ci) const;  // every tensor of the chunk used on this rank
-  // The step's decision is known: commit (returns the chunks done) or discard.
-  std::vector<bool> settle_speculation(bool go, StepResult& res);
-  // Drops this step's pending versions (errors logged); `off`: the step runs serially.
-  void cancel_speculation(bool off = true) noexcept;
-  // A setter changes a group's hyper-parameters (`changes`: to another value). The jobs posted
-  // read them: joined first; chunks already speculated with the old values are discarded and the
-  // rest of the step runs serially (else a change and its undo inside one backward would commit
-  // chunks of the value in between).
-  void before_group_change(bool changes) noexcept;
-  // write_state / set_optimizer_step change what the speculation read: what it speculated is
-  // discarded, and a step whose speculation had started runs serially (between steps nothing had:
-  // the next step speculates as usual).
-  void before_state_change() noexcept;
-  void stop_speculation_before_next_micro_batch(TensorId id);
-  std::size_t expected_micro_batches() const;
-  void note_micro_batches(std::size_t ran);
-  // The speculative jobs posted so far finished; one that failed makes this step serial (its
-  // pending versions discarded, the committed state untouched). REQUIRES: the engine's thread.
-  void join_speculation() noexcept;
-  bool settle_jobs() noexcept;  // waits for the jobs; whether one failed (logged)
-  void end_speculation_step(bool speculated, bool rolled_back);
 
   // ---- engine_state.cpp
   const void* param(TensorId id) const;

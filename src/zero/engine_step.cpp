@@ -28,12 +28,13 @@ void Engine::Impl::set_gradient(TensorId id, const void* grad, Tier memory,
     wait_for_caller(*producer, "set_gradient");
     producer = nullptr;
   }
-  stop_speculation_before_next_micro_batch(id);
+  speculator->before_hand_in(id);
   // From here on a failure (a copy, a collective, the gradient spill) leaves the backward half
   // done.
   try {
     reducer->hand_in(id, grad, memory, producer);
-    after_hand_in();
+    last_grad = zero::Clock::now();
+    speculator->after_hand_in();
   } catch (const std::exception& e) {
     std::rethrow_exception(fail_call(e));
   }
@@ -60,10 +61,11 @@ void Engine::Impl::skip_gradient(TensorId id) {
          "engine: skip_gradient after clip_grad_norm() and before step(): this step's gradients "
          "are already reduced");
   reducer->check_hand_in(id, nullptr, true);
-  stop_speculation_before_next_micro_batch(id);
+  speculator->before_hand_in(id);
   try {
     reducer->hand_in_zero(id);
-    after_hand_in();
+    last_grad = zero::Clock::now();
+    speculator->after_hand_in();
   } catch (const std::exception& e) {
     std::rethrow_exception(fail_call(e));
   }
@@ -84,7 +86,7 @@ std::vector<bool> Engine::Impl::agree_skipped() {
 // next collective.
 StepResult Engine::Impl::step() {
   const auto t_step = zero::Clock::now();
-  join_speculation();
+  speculator->join();
   ++st.steps;
   gatherer->begin_step();  // prefetches in flight read the parameters Adam is about to change
   std::exception_ptr local = early ? nullptr : reducer->reduce();
@@ -101,19 +103,18 @@ StepResult Engine::Impl::step() {
     return early->go;
   };
   bool applied = false;
-  const bool speculated = !spec.chunks.empty();
+  const bool speculated = speculator->speculated();
   try {
     if (local) decide_once();  // joins the agreement with its failed flag, then throws `local`
     if (speculated) {          // the decision first: commit or roll back, then the rest
       const bool go = decide_once();
-      const std::vector<bool> done = settle_speculation(go, res);
+      const std::vector<bool> done = speculator->settle(go, res);
       applied = optimizer->run([go] { return go; }, grad_scale, done);
     } else {
       applied = optimizer->run(decide_once, grad_scale);
     }
   } catch (...) {
-    cancel_speculation(false);
-    spec_discarded = 0;
+    speculator->abandon_step();
     const std::exception_ptr error = std::current_exception();
     if (!decided) {
       // The update failed before its gate ran the agreement (the loop's first reads could not be
@@ -130,12 +131,9 @@ StepResult Engine::Impl::step() {
   }
   if (const int peer = agreement->agree_outcome(true); peer >= 0)
     agreement->fail_for_peer(peer, "update");
-  note_micro_batches(reducer->micro_batch() + 1);
+  speculator->note_micro_batches(reducer->micro_batch() + 1);
   end_step(applied, res);
-  res.speculated_chunks += spec_discarded;  // discarded before step(): rolled back too
-  res.rolled_back_chunks += spec_discarded;
-  end_speculation_step(speculated || spec_discarded > 0, res.rolled_back_chunks > 0);
-  spec_discarded = 0;
+  speculator->end_step(speculated, res);  // and the chunks discarded before step()
   st.speculated_chunks += res.speculated_chunks;
   st.committed_chunks += res.committed_chunks;
   st.rolled_back_chunks += res.rolled_back_chunks;
@@ -149,7 +147,7 @@ StepResult Engine::Impl::step() {
 // max_norm with the global norm (torch.nn.utils.clip_grad_norm_'s coefficient, computed in fp32 as
 // torch does).
 double Engine::Impl::clip_grad_norm(double max_norm) {
-  join_speculation();
+  speculator->join();
   if (!early) {
     std::exception_ptr local = reducer->reduce();
     EarlyDecision d;

@@ -1,6 +1,6 @@
 // SerialJobs: one background thread that runs posted jobs in the order they were posted. The
 // speculative update posts each batch of chunks whose gradients are final, so that their Adam runs
-// while the loop's backward goes on (engine_speculate.cpp).
+// while the loop's backward goes on (speculator.hpp).
 //
 // Ownership: owns its thread; a job borrows what it captures (its poster keeps that alive until
 // wait() returned). Thread-safety: post / wait / take_error are called from one thread (the

@@ -38,6 +38,11 @@ TEST_P(AdamBenchBytes, RatesFollowTheBytesEachPassMoves) {
   EXPECT_DOUBLE_EQ(r.adam_bytes_per_second / r.adam_params_per_second, c.bytes);
   const double stream = c.bytes - (c.check_finite ? (c.grads == DType::kFp32 ? 4.0 : 2.0) : 0.0);
   EXPECT_DOUBLE_EQ(r.stream_bytes_per_second / r.stream_params_per_second, stream);
+  // The out-of-place step in the same rounds moves what the step in place moves.
+  ASSERT_EQ(r.out_of_place_seconds.size(), 1u);
+  ASSERT_GT(r.out_of_place_params_per_second, 0);
+  EXPECT_DOUBLE_EQ(r.out_of_place_bytes_per_second / r.out_of_place_params_per_second, c.bytes);
+  EXPECT_DOUBLE_EQ(r.out_of_place_ratio, r.out_of_place_seconds[0] / r.adam_seconds[0]);
 }
 
 INSTANTIATE_TEST_SUITE_P(

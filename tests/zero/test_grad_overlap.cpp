@@ -24,6 +24,7 @@
 #include "strata/error.hpp"
 #include "test_util.hpp"
 #include "zero/engine_access.hpp"
+#include "zero/rank_storage.hpp"
 
 namespace strata::testing {
 namespace {
@@ -318,6 +319,51 @@ TEST(GradOverlapSchedule, AChunkCopiedInTheStoresOrderIsSpeculatedBeforeTheCopyC
   EXPECT_EQ(res.committed_chunks, zero::EngineAccess::chunks(*r.e).size());
   EXPECT_FALSE(r.dev->gate_timed_out());
   expect_bitwise_equal(r.params(), want, "after the overlapped step");
+}
+
+// A committed speculative step writes each element of the state once (issue 49): the update
+// writes a chunk's new state into its pending buffer, and the commit swaps that buffer in as the
+// chunk's home copy (no copy back); the old home buffer is kept as the spare the next step's
+// pending version reuses. One rank, stage 2, state on cpu, two steps: after each commit every
+// chunk's home copy is the buffer its pending version was, and the second step's pending buffers
+// are the first step's former home copies. Bitwise the serial engine.
+TEST(GradOverlapSchedule, ACommitSwapsThePendingStateInWithoutACopy) {
+  TempDir dir("strata-overlap");
+  Config cfg = overlap_config(2, Tier::kCpu, dir.str());
+  Config serial = cfg;
+  serial.optimizer.overlap = OptimizerOverlap::kOff;
+  const auto want = reference(serial, 4, 2);
+  cfg.optimizer.overlap = OptimizerOverlap::kOn;
+  auto comms = make_inprocess_communicators(1, 60.0);
+  OverlapRank r(cfg, *comms[0], 4, false);
+  TierStore& store = zero::EngineAccess::storage(*r.e).store();
+  const std::vector<zero::Chunk>& chunks = zero::EngineAccess::chunks(*r.e);
+  auto home = [&](BufferId id) {
+    void* p = store.acquire(id, Tier::kCpu, Access::kRead);
+    store.release(id, Tier::kCpu);
+    return p;
+  };
+  std::vector<void*> last_home;  // the home copies before the last commit
+  for (int s = 0; s < 2; ++s) {
+    SCOPED_TRACE(s);
+    std::vector<void*> before, pending;
+    for (const zero::Chunk& c : chunks) before.push_back(home(c.opt));
+    r.make_grads(0, s);
+    for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
+    (void)r.e->optimizer_step();  // waits for the speculative jobs
+    for (std::size_t ci = 0; ci < chunks.size(); ++ci) {
+      ASSERT_TRUE(store.has_pending(chunks[ci].opt)) << "chunk " << ci;
+      pending.push_back(store.pending_view(chunks[ci].opt));
+      EXPECT_NE(pending[ci], before[ci]) << "chunk " << ci << ": out of place";
+      if (s > 0) EXPECT_EQ(pending[ci], last_home[ci]) << "chunk " << ci << ": the spare reused";
+    }
+    const StepResult res = r.e->step();
+    ASSERT_EQ(res.committed_chunks, chunks.size());
+    for (std::size_t ci = 0; ci < chunks.size(); ++ci)
+      EXPECT_EQ(home(chunks[ci].opt), pending[ci]) << "chunk " << ci << ": swapped in, not copied";
+    last_home = before;
+  }
+  expect_bitwise_equal(r.params(), want, "after the committed steps");
 }
 
 // Several ranks make their bucket and receive buffers up to the caps strata plan counts
