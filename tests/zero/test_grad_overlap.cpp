@@ -355,7 +355,9 @@ TEST(GradOverlapSchedule, ACommitSwapsThePendingStateInWithoutACopy) {
       ASSERT_TRUE(store.has_pending(chunks[ci].opt)) << "chunk " << ci;
       pending.push_back(store.pending_view(chunks[ci].opt));
       EXPECT_NE(pending[ci], before[ci]) << "chunk " << ci << ": out of place";
-      if (s > 0) EXPECT_EQ(pending[ci], last_home[ci]) << "chunk " << ci << ": the spare reused";
+      if (s > 0) {
+        EXPECT_EQ(pending[ci], last_home[ci]) << "chunk " << ci << ": the spare reused";
+      }
     }
     const StepResult res = r.e->step();
     ASSERT_EQ(res.committed_chunks, chunks.size());
