@@ -12,12 +12,22 @@ default), FP32 on the CPU, one process, one rank.
    host memory <= 1.05, state on NVMe <= 0.6). The variants: AdamW for-loop and foreach; strata
    with the state in host memory at zero.stage 1 and at the default stage 2; with the state and
    the gradients on NVMe (--nvme DIR) at stage 2, 4M-element buckets, 32 MiB staging buffers.
+   Also the memory each optimizer holds after the iterations (RSS after the last step less RSS
+   before building it; strata's engine took over the model's parameters, so their bytes are
+   added back) and, for strata, that over `strata plan`'s host-resident bytes per rank for its
+   config (held / planned). Part of what is held is not the optimizer's: torch and glibc keep
+   freed activation memory. AdamW for-loop's state is exactly gradients + exp_avg + exp_avg_sq =
+   3 x the model's bytes, so torch's retained memory is taken as AdamW for-loop's held less that,
+   and the corrected ratio is (held - retained) / planned (`corrected_over_planned`; target
+   0.90-1.10, issue 48 point 5).
 2. Iteration: one process holds a strata model and an AdamW model (the same initial values) and
    alternates one iteration of each per round after a warm-up round: the forward+backward of
    each (strata's includes the gradient hand-in; AdamW's with set_to_none zero_grad: autograd's own
    gradients, no copy) and the step. Prints medians, the hand-in's cost (strata forward+backward /
    AdamW's; target <= 1.10) and the iteration ratios (AdamW for-loop / strata >= 1.3, foreach /
-   strata >= 1.5). On a 2-core machine the backward and CPU Adam share the cores: no overlap.
+   strata >= 1.5), also for strata at stage 2 with optimizer.overlap on (the update speculated
+   during the backward). On a 2-core machine the backward and CPU Adam share the cores: the
+   overlap cannot hide the step there.
 
 Run it on a quiet machine (figures taken under load are not results):
   PYTHONPATH=build/python /usr/bin/python3 bench/python/bench_torch_loop.py --nvme /var/tmp/sb
@@ -44,6 +54,10 @@ VARIANTS = {
     "adamw_foreach": None,
     "strata_host_stage1": {"zero.stage": 1},
     "strata_host_stage2": {"zero.stage": 2},
+    # The update speculated during the backward (iteration part only; speculated state lives off
+    # the device: offload.optimizer cpu).
+    "strata_host_stage2_overlap": {"zero.stage": 2, "offload.optimizer.tier": "cpu",
+                                   "optimizer.overlap": "on"},
     # The state and the gradients on NVMe: stage 2 (gradients off host memory), small buckets
     # (one rank keeps up to 6 bucket buffers) and 32 MiB staging buffers (pools sized to the model).
     "strata_nvme_stage2": {"zero.stage": 2, "offload.optimizer.tier": "nvme",
@@ -107,7 +121,7 @@ def child(args):
             opt.step()
         held = status("VmRSS") - before
         row = {"variant": args.child, "construction_peak": built,
-               "training_peak": status("VmHWM")}
+               "training_peak": status("VmHWM"), "model_bytes": model_bytes}
         if hasattr(opt, "close"):
             row["held"] = held + model_bytes
             row["planned"] = planned_bytes(args, opt.config_yaml())
@@ -131,7 +145,7 @@ def planned_bytes(args, config_yaml):
 def memory_part(args):
     rows = {}
     for name in VARIANTS:
-        if "nvme" in name and not args.nvme:
+        if ("nvme" in name and not args.nvme) or "overlap" in name:
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--child", name] + child_args(args)
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
@@ -139,7 +153,12 @@ def memory_part(args):
     ref = max(rows["adamw_for_loop"]["construction_peak"], rows["adamw_for_loop"]["training_peak"])
     result = {"part": "memory", "parameters": n_params(args), "iters": args.iters,
               "peak_bytes": {}, "over_adamw_for_loop": {}, "held_bytes": {},
-              "held_over_planned": {}}
+              "held_over_planned": {}, "torch_retained_bytes": None,
+              "corrected_over_planned": {}}
+    # torch's (and glibc's) retained memory: what AdamW for-loop holds beyond its exact state.
+    a = rows["adamw_for_loop"]
+    retained = max(0, a["held"] - 3 * a["model_bytes"])
+    result["torch_retained_bytes"] = retained
     for name, r in rows.items():
         peak = max(r["construction_peak"], r["training_peak"])
         result["peak_bytes"][name] = {"construction": r["construction_peak"],
@@ -148,6 +167,7 @@ def memory_part(args):
         result["held_bytes"][name] = r["held"]
         if "planned" in r:
             result["held_over_planned"][name] = round(r["held"] / r["planned"], 3)
+            result["corrected_over_planned"][name] = round((r["held"] - retained) / r["planned"], 3)
     return result
 
 
@@ -173,7 +193,8 @@ def timed_iteration(model, opt, x):
 
 def iteration_part(args):
     torch.set_num_threads(args.threads)
-    names = ["strata_host_stage1", "adamw_for_loop", "adamw_foreach"]
+    names = ["strata_host_stage1", "strata_host_stage2_overlap", "adamw_for_loop",
+             "adamw_foreach"]
     runs = {}
     for name in names:
         model = build_model(args)
@@ -196,7 +217,11 @@ def iteration_part(args):
                          for n in names},
             "handin_cost": round(med[s]["fb"] / med["adamw_for_loop"]["fb"], 3),
             "speedup_vs_for_loop": round(it["adamw_for_loop"] / it[s], 3),
-            "speedup_vs_foreach": round(it["adamw_foreach"] / it[s], 3)}
+            "speedup_vs_foreach": round(it["adamw_foreach"] / it[s], 3),
+            "overlap_speedup_vs_for_loop": round(
+                it["adamw_for_loop"] / it["strata_host_stage2_overlap"], 3),
+            "overlap_speedup_vs_foreach": round(
+                it["adamw_foreach"] / it["strata_host_stage2_overlap"], 3)}
 
 
 def main():
@@ -236,15 +261,20 @@ def report(r):
             print("  %-20s %6.2f / %6.2f GB   %.3f x AdamW for-loop; holds %.2f GB%s"
                   % (name, b["construction"] / 1e9, b["training"] / 1e9,
                      r["over_adamw_for_loop"][name], r["held_bytes"][name] / 1e9,
-                     "" if planned is None else ", %.3f x strata plan's" % planned))
+                     "" if planned is None else ", %.3f x strata plan's (%.3f less torch's "
+                     "retained)" % (planned, r["corrected_over_planned"][name])))
+        print("  torch's retained memory (AdamW for-loop holds less 3 x model bytes): %.2f GB; "
+              "corrected target 0.90-1.10" % (r["torch_retained_bytes"] / 1e9))
     else:
         for name, m in r["median_s"].items():
             print("  %-20s forward+backward %.3f s, step %.3f s, iteration %.3f s"
                   % (name, m["forward_backward"], m["step"], m["iteration"]))
         print("  hand-in: strata forward+backward / AdamW's = %.3f (target <= 1.10)"
               % r["handin_cost"])
-        print("  iteration speedup: vs for-loop %.3f (>= 1.3), vs foreach %.3f (>= 1.5)"
-              % (r["speedup_vs_for_loop"], r["speedup_vs_foreach"]))
+        print("  iteration speedup: vs for-loop %.3f (>= 1.3), vs foreach %.3f (>= 1.5); with "
+              "optimizer.overlap on (stage 2): %.3f, %.3f"
+              % (r["speedup_vs_for_loop"], r["speedup_vs_foreach"],
+                 r["overlap_speedup_vs_for_loop"], r["overlap_speedup_vs_foreach"]))
 
 
 if __name__ == "__main__":

@@ -116,6 +116,9 @@ class Device {
   DeviceMemory allocate(std::size_t bytes) { return DeviceMemory(this, alloc(bytes), bytes); }
   virtual void* alloc(std::size_t bytes) = 0;
   virtual void free(void* ptr) noexcept = 0;
+  // Whether alloc() returns zero-filled memory (the host device: fresh anonymous pages), so that
+  // a caller that needs zeros need not write them. False for a GPU.
+  virtual bool alloc_zeroed() const { return false; }
 
   virtual std::unique_ptr<Stream> create_stream() = 0;
   virtual std::unique_ptr<Event> create_event() = 0;
@@ -165,6 +168,7 @@ class DeviceWrapper : public Device {
   int ordinal() const override { return inner_->ordinal(); }
   void* alloc(std::size_t bytes) override { return inner_->alloc(bytes); }
   void free(void* ptr) noexcept override { inner_->free(ptr); }
+  bool alloc_zeroed() const override { return inner_->alloc_zeroed(); }
   std::unique_ptr<Stream> create_stream() override { return inner_->create_stream(); }
   std::unique_ptr<Event> create_event() override { return inner_->create_event(); }
   bool register_host(void* ptr, std::size_t bytes) override {

@@ -1,6 +1,9 @@
 #include "device/host_device.hpp"
 
+#include <sys/mman.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -14,6 +17,33 @@ namespace {
 constexpr std::size_t kAlign = 4096;
 // How long a stream's worker waits on another stream's event before declaring the stream failed.
 constexpr auto kCrossStreamWait = std::chrono::minutes(10);
+
+// Zero-filled memory (alloc_zeroed()). From this size on, anonymous pages of their own (what glibc
+// gives such sizes anyway, its mmap threshold being 32 MiB at most): zero, and resident only once
+// written, so that state the run has not touched yet costs no memory (as torch's lazy state).
+// Smaller: the heap, cleared here.
+constexpr std::size_t kOwnPages = std::size_t{32} << 20;
+
+void* zeroed_pages(std::size_t bytes) {
+  if (bytes < kOwnPages) {
+    void* p = std::aligned_alloc(kAlign, bytes);
+    if (!p) fail(ErrorCode::kOutOfMemory, strcat("host device: aligned_alloc(", bytes, ") failed"));
+    return std::memset(p, 0, bytes);
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    fail(ErrorCode::kOutOfMemory,
+         strcat("host device: mmap of ", bytes, " bytes failed: ", std::strerror(errno)));
+  return p;
+}
+
+void release_pages(void* p, std::size_t bytes) {
+  if (bytes < kOwnPages) {
+    std::free(p);
+  } else {
+    munmap(p, bytes);
+  }
+}
 
 // memcpy/memset with an empty range: the pointers of an empty span may be null, which the C
 // library may not be handed (UBSan: "null pointer passed as argument").
@@ -252,7 +282,7 @@ HostDevice::~HostDevice() {
   std::lock_guard lock(mutex_);
   if (!allocations_.empty()) {
     log_warn("host device: ", allocations_.size(), " allocation(s) still live at destruction");
-    for (auto& [p, n] : allocations_) std::free(p);
+    for (auto& [p, n] : allocations_) release_pages(p, n);
   }
 }
 
@@ -263,8 +293,7 @@ void* HostDevice::alloc(std::size_t bytes) {
     fail(ErrorCode::kOutOfMemory, strcat("host device: cannot allocate ", bytes,
                                          " bytes: ", allocated_, " of ", total_, " bytes in use"));
   }
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) fail(ErrorCode::kOutOfMemory, strcat("host device: aligned_alloc(", rounded, ") failed"));
+  void* p = zeroed_pages(rounded);
   allocations_.emplace(p, rounded);
   allocated_ += rounded;
   return p;
@@ -278,7 +307,8 @@ void HostDevice::free(void* ptr) noexcept {
     log_error("host device: free of unknown pointer ", ptr);
     return;
   }
-  allocated_ -= it->second;
+  const std::size_t bytes = it->second;
+  allocated_ -= bytes;
   allocations_.erase(it);
   // Like cudaFree, which waits for the device: work already queued that uses this memory still
   // finds it. The release is queued behind every live stream's work (no wait here: a stream
@@ -286,10 +316,10 @@ void HostDevice::free(void* ptr) noexcept {
   std::lock_guard slock(streams_->mutex);
   auto pending = std::make_shared<std::atomic<std::size_t>>(streams_->streams.size() + 1);
   for (HostStreamBase* s : streams_->streams)
-    s->defer([pending, ptr] {
-      if (--*pending == 0) std::free(ptr);
+    s->defer([pending, ptr, bytes] {
+      if (--*pending == 0) release_pages(ptr, bytes);
     });
-  if (--*pending == 0) std::free(ptr);
+  if (--*pending == 0) release_pages(ptr, bytes);
 }
 
 std::uint64_t HostDevice::allocated() const {

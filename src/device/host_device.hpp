@@ -30,7 +30,8 @@ class HostDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::kHost; }
   std::string name() const override { return "host-emulated"; }
   std::uint64_t total_memory() const override { return total_; }
-  void* alloc(std::size_t bytes) override;
+  void* alloc(std::size_t bytes) override;  // zero-filled
+  bool alloc_zeroed() const override { return true; }
   void free(void* ptr) noexcept override;
   std::unique_ptr<Stream> create_stream() override;
   std::unique_ptr<Event> create_event() override;

@@ -402,6 +402,13 @@ void ratios(const Paired& on, const Paired& clipped, const Paired& auto_clip,
   auto of_serial = [](const OverlapRun& r, const OverlapRun& s) { return r.total_s / s.total_s; };
   res.rollback_ratio = median_ratio(clipped, of_serial);
   res.auto_clip_ratio = median_ratio(auto_clip, of_serial);
+  std::vector<double> serial, overlapped;
+  for (std::size_t i = 0; i < std::min(on.runs.size(), auto_clip.runs.size()); ++i) {
+    serial.push_back(clipped.serial[i].step_s / on.serial[i].step_s);
+    overlapped.push_back(auto_clip.runs[i].total_s / on.runs[i].total_s);
+  }
+  res.clip_serial_ratio = median(serial);
+  res.clip_overlapped_ratio = median(overlapped);
 }
 
 // The medians of the result: each variant's times, the chunk counts, the ratios, the rounds of

@@ -130,6 +130,11 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   // with clipping forced.
   double exposed_ratio = 0, total_ratio = 0, serial_total_ratio = 0;
   double rollback_ratio = 0, auto_clip_ratio = 0;
+  // What clipping costs (issue 49, point 4): the step after the last gradient of the serial engine
+  // that clips / the serial engine that does not, and backward + step under auto with clipping
+  // forced / under on without it — each the median over the rounds of round i of one against round
+  // i of the other (the same run, not side by side: they belong to different variants' rounds).
+  double clip_serial_ratio = 0, clip_overlapped_ratio = 0;
   // The overlap-on rounds one by one, in order (the spread the medians hide): T, the serial step
   // of the round, the overlapped step's exposed time and its backward + step.
   std::vector<double> backward_s_rounds, serial_step_s_rounds, exposed_s_rounds,

@@ -208,9 +208,11 @@ BufferId TierStore::Impl::register_buffer(const BufferSpec& spec) {
       lock_host(*b);
     } else if (home == Tier::kGpu) {
       b->copy[ti(home)].gpu = device_.allocate(b->padded);
-      MutexLock lock(admin_mutex_);
-      admin_stream_->memset_async(b->copy[ti(home)].gpu.get(), 0, b->padded);
-      admin_stream_->synchronize(options_.timeout);
+      if (!device_.alloc_zeroed()) {  // (the host device's untouched pages stay untouched)
+        MutexLock lock(admin_mutex_);
+        admin_stream_->memset_async(b->copy[ti(home)].gpu.get(), 0, b->padded);
+        admin_stream_->synchronize(options_.timeout);
+      }
     } else {
       b->nvme_zero = true;
     }
