@@ -174,11 +174,12 @@ class Stream;
 
 // Adam on a Device for arrays that live in host memory (pinned buffers of the offloaded step, or
 // host-resident state): each step() copies master, moments and gradients to device memory, runs the
-// update there and copies master, moments and the param copy back, on one stream, returning when
-// it is done. On a CUDA device the update is adam_step_cuda; on the host-emulated device it is
-// CpuAdam run on the stream's worker, so that the same code path is tested without a GPU (and is
-// bitwise identical to CpuAdam). Device buffers grow to the largest n seen and are kept.
-// Failure: Error(kOutOfMemory) for device memory, Error(kDevice) for a failed copy or kernel,
+// update there and copies master, moments and the param copy back (into param_out, exp_avg_out,
+// exp_avg_sq_out when given: an update out of place, the inputs unchanged), on one stream,
+// returning when it is done. On a CUDA device the update is adam_step_cuda; on the host-emulated
+// device it is CpuAdam run on the stream's worker, so that the same code path is tested without a
+// GPU (and is bitwise identical to CpuAdam). Device buffers grow to the largest n seen and are
+// kept. Failure: Error(kOutOfMemory) for device memory, Error(kDevice) for a failed copy or kernel,
 // Error(kTimeout) past `timeout`; the host arrays are then in an unknown state (partly copied
 // back) and the caller must treat its step as failed. o.check_finite must be false (check the
 // gradients first, as the engine does): Error(kInvalidArgument) otherwise.
@@ -208,6 +209,9 @@ class DeviceAdam {
   void enqueue_resident(const AdamParams& params, const AdamTensors& device,
                         const AdamStepOptions& o);
   void wait();
+  // After wait(): when the last update enqueue() queued finished on the device (its copies back
+  // included): how long the device side took, for a caller that splits work with the CPU.
+  std::chrono::steady_clock::time_point completed_at() const;
   std::uint64_t device_bytes() const;  // device memory held
   const Device& device() const;
 

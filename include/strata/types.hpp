@@ -16,7 +16,7 @@ enum class DType { kFp16, kBf16, kFp32 };
 enum class OptimizerType { kAdam, kAdamW };
 // Where the optimizer update runs: the CPU kernel on host memory, or the runtime.device's kernel
 // after a host-to-device copy (DeviceAdam).
-enum class OptimizerUpdate { kCpu, kDevice };
+enum class OptimizerUpdate { kCpu, kDevice, kAuto };
 // Whether the update runs speculatively during the backward (optimizer.overlap, docs/offload.md).
 enum class OptimizerOverlap { kOff, kOn, kAuto };
 // Where a piece of state lives. kCpu is host memory (pinned or pageable, see OffloadTarget).
@@ -82,7 +82,7 @@ std::size_t dtype_size(DType t);
 const char* dtype_name(DType t);                         // "fp16" | "bf16" | "fp32"
 const char* tier_name(Tier t);                           // "gpu" | "cpu" | "nvme"
 const char* optimizer_name(OptimizerType t);             // "adam" | "adamw"
-const char* optimizer_update_name(OptimizerUpdate u);    // "cpu" | "device"
+const char* optimizer_update_name(OptimizerUpdate u);    // "cpu" | "device" | "auto"
 const char* optimizer_overlap_name(OptimizerOverlap o);  // "off" | "on" | "auto"
 const char* io_engine_name(IoEngineKind k);              // "auto" | "io_uring" | "threads"
 const char* direct_io_name(DirectIoMode m);              // "auto" | "required" | "off"

@@ -47,10 +47,10 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(
     serial_hand_in_bytes_per_second, overlapped_hand_in_bytes_per_second, d2h_copy_bytes,
     d2h_bytes_per_second, overlapped_equals_serial, serial_master_crc32c, serial_clip_step_s,
     serial_clip_total_s, rollback_step_s, rollback_total_s, auto_clip_step_s, auto_clip_total_s,
-    auto_clip_rolled_back_steps, speculated_chunks, committed_chunks, rolled_back_chunks, rounds,
-    exposed_ratio, total_ratio, serial_total_ratio, rollback_ratio, auto_clip_ratio,
-    clip_serial_ratio, clip_overlapped_ratio, backward_s_rounds, serial_step_s_rounds,
-    exposed_s_rounds, overlapped_total_s_rounds)
+    auto_clip_rolled_back_steps, speculated_chunks, committed_chunks, rolled_back_chunks,
+    update_cpu_elements, update_device_elements, rounds, exposed_ratio, total_ratio,
+    serial_total_ratio, rollback_ratio, auto_clip_ratio, clip_serial_ratio, clip_overlapped_ratio,
+    backward_s_rounds, serial_step_s_rounds, exposed_s_rounds, overlapped_total_s_rounds)
 }  // namespace strata::profile
 
 namespace cmd_bench_step {
@@ -408,6 +408,11 @@ int run_overlap(const Options& o, const Config& cfg) {
             << " ms, backward + step " << ms(r.auto_clip_total_s) << " ms ("
             << r.auto_clip_rolled_back_steps << " of " << o.rounds + 1 << " steps rolled back)\n";
   print_hand_ins(r);
+  std::cout << "  update placement (last overlapped step): CPU " << r.update_cpu_elements
+            << " elements, device " << r.update_device_elements << " elements"
+            << (r.update_device_elements || r.update_cpu_elements
+                    ? "\n"
+                    : " (no split: optimizer.update auto shares the update with a GPU only)\n");
   std::cout << "  ratios (median of " << r.rounds
             << " rounds, each against the serial round beside it): exposed / serial step "
             << r.exposed_ratio << "; backward + step / max(T, serial step) " << r.total_ratio

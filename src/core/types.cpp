@@ -13,8 +13,9 @@ constexpr EnumName<Tier> kTierNames[] = {
     {Tier::kGpu, "gpu"}, {Tier::kCpu, "cpu"}, {Tier::kNvme, "nvme"}};
 constexpr EnumName<OptimizerType> kOptimizerTypeNames[] = {{OptimizerType::kAdam, "adam"},
                                                            {OptimizerType::kAdamW, "adamw"}};
-constexpr EnumName<OptimizerUpdate> kOptimizerUpdateNames[] = {
-    {OptimizerUpdate::kCpu, "cpu"}, {OptimizerUpdate::kDevice, "device"}};
+constexpr EnumName<OptimizerUpdate> kOptimizerUpdateNames[] = {{OptimizerUpdate::kCpu, "cpu"},
+                                                               {OptimizerUpdate::kDevice, "device"},
+                                                               {OptimizerUpdate::kAuto, "auto"}};
 constexpr EnumName<OptimizerOverlap> kOptimizerOverlapNames[] = {{OptimizerOverlap::kOff, "off"},
                                                                  {OptimizerOverlap::kOn, "on"},
                                                                  {OptimizerOverlap::kAuto, "auto"}};

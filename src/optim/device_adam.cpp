@@ -15,7 +15,8 @@ struct DeviceAdam::Impl {
   DeviceMemory mem;              // master | m | v | grad | param copy, each 256-byte aligned
   std::size_t capacity = 0;      // elements the layout was made for
   std::size_t grad_size = 0, copy_size = 0;
-  bool pending = false;            // work queued since the last wait
+  bool pending = false;                           // work queued since the last wait
+  std::chrono::steady_clock::time_point done_at;  // when the last queued host-array update ended
   std::unique_ptr<Stream> stream;  // last: destroyed (drained) before the memory and the kernel
 
   Impl(Device& d, unsigned threads, std::chrono::milliseconds t) : device(d), timeout(t) {
@@ -78,8 +79,6 @@ void check_step_args(const AdamTensors& t, const AdamStepOptions& o) {
          "DeviceAdam: check_finite is not supported; check the gradients before the step");
   if (!t.param || !t.exp_avg || !t.exp_avg_sq || !t.grad)
     fail(ErrorCode::kInvalidArgument, "DeviceAdam: null array");
-  if (t.param_out)
-    fail(ErrorCode::kUnsupported, "DeviceAdam: an update out of place (param_out) is CpuAdam's");
 }
 }  // namespace
 
@@ -112,6 +111,7 @@ void DeviceAdam::step_resident(const AdamParams& params, const AdamTensors& d,
 }
 
 void DeviceAdam::wait() { impl_->wait(); }
+std::chrono::steady_clock::time_point DeviceAdam::completed_at() const { return impl_->done_at; }
 
 void DeviceAdam::enqueue(const AdamParams& params, const AdamTensors& host,
                          const AdamStepOptions& o) {
@@ -130,6 +130,7 @@ void DeviceAdam::enqueue(const AdamParams& params, const AdamTensors& host,
   d.exp_avg_sq = reinterpret_cast<float*>(base + 2 * fb);
   d.grad = base + 3 * fb;
   d.param_copy = host.param_copy ? base + 3 * fb + Impl::pad(m.capacity * m.grad_size) : nullptr;
+  d.param_out = d.exp_avg_out = d.exp_avg_sq_out = nullptr;  // in place in the device's copy
 
   Stream& s = *m.stream;
   m.queue([&] {
@@ -137,17 +138,21 @@ void DeviceAdam::enqueue(const AdamParams& params, const AdamTensors& host,
     s.memcpy_async(d.exp_avg, host.exp_avg, n * sizeof(float));
     s.memcpy_async(d.exp_avg_sq, host.exp_avg_sq, n * sizeof(float));
     s.memcpy_async(const_cast<void*>(d.grad), host.grad, n * gs);
-    m.launch(params, d, o);
-    s.memcpy_async(host.param, d.param, n * sizeof(float));
-    s.memcpy_async(host.exp_avg, d.exp_avg, n * sizeof(float));
-    s.memcpy_async(host.exp_avg_sq, d.exp_avg_sq, n * sizeof(float));
+    m.launch(params, d, o);  // in place in the device's copy; back to the out arrays if given
+    const bool out = host.param_out != nullptr;
+    s.memcpy_async(out ? host.param_out : host.param, d.param, n * sizeof(float));
+    s.memcpy_async(out ? host.exp_avg_out : host.exp_avg, d.exp_avg, n * sizeof(float));
+    s.memcpy_async(out ? host.exp_avg_sq_out : host.exp_avg_sq, d.exp_avg_sq, n * sizeof(float));
     if (host.param_copy) s.memcpy_async(host.param_copy, d.param_copy, n * cs);
+    s.launch_host_func([&m] { m.done_at = std::chrono::steady_clock::now(); });
   });
 }
 
 void DeviceAdam::enqueue_resident(const AdamParams& params, const AdamTensors& d,
                                   const AdamStepOptions& o) {
   check_step_args(d, o);
+  if (d.param_out)
+    fail(ErrorCode::kUnsupported, "DeviceAdam: an update of resident arrays out of place");
   if (d.n == 0) return;
   impl_->queue([&] { impl_->launch(params, d, o); });
 }

@@ -221,6 +221,8 @@ struct OverlapRun {  // one simulated backward + step()
   double backward_s = 0, step_s = 0, total_s = 0, exposed_s = 0;
   double hand_in_s = 0;  // in the hand-ins (GradientSource::hand_in), the caller's thread
   StepResult last;
+  // Elements of the round's updates each side took (optimizer.update auto on a GPU: the split).
+  std::uint64_t cpu_elements = 0, device_elements = 0;
 };
 
 // The gradients every engine of the overlap bench hands in (precision.grads, o.elements, from
@@ -295,6 +297,7 @@ class OverlapEngine {
     r.backward_s = backward_s;
     const auto pause = std::chrono::duration<double>(backward_s / static_cast<double>(nt_));
     const std::size_t es = dtype_size(cfg_.precision.grads);
+    const auto before = EngineAccess::update_split_elements(*engine_);
     const auto t0 = Clock::now();
     for (std::size_t t = nt_; t-- > 0;) {
       std::this_thread::sleep_until(
@@ -309,6 +312,9 @@ class OverlapEngine {
     r.step_s = std::chrono::duration<double>(Clock::now() - t1).count();
     r.total_s = std::chrono::duration<double>(Clock::now() - t0).count();
     r.exposed_s = r.last.exposed_s;
+    const auto after = EngineAccess::update_split_elements(*engine_);
+    r.cpu_elements = after.first - before.first;
+    r.device_elements = after.second - before.second;
     return r;
   }
 
@@ -436,6 +442,8 @@ void summarize_overlap(const Paired& on, const Paired& clipped, const Paired& au
   res.speculated_chunks = on.runs.back().last.speculated_chunks;
   res.committed_chunks = on.runs.back().last.committed_chunks;
   res.rolled_back_chunks = clipped.runs.back().last.rolled_back_chunks;
+  res.update_cpu_elements = on.runs.back().cpu_elements;
+  res.update_device_elements = on.runs.back().device_elements;
   ratios(on, clipped, auto_clip, res);
   for (std::size_t i = 0; i < on.runs.size(); ++i) {
     res.backward_s_rounds.push_back(on.runs[i].backward_s);

@@ -123,6 +123,10 @@ struct OverlapBenchResult {  // each member a field of `strata bench step --back
   double auto_clip_step_s = 0, auto_clip_total_s = 0;  // clipping forced, overlap auto
   std::uint64_t auto_clip_rolled_back_steps = 0;       // of its warm-up step and rounds
   std::uint64_t speculated_chunks = 0, committed_chunks = 0, rolled_back_chunks = 0;  // per step
+  // Where the overlapped engine's last step updated its elements (optimizer.update auto on a GPU
+  // splits each host-state chunk between the CPU and the device: zero/update_split.hpp); the CPU
+  // alone otherwise (device 0).
+  std::uint64_t update_cpu_elements = 0, update_device_elements = 0;
   int rounds = 0;  // of each variant, each alternating with a round of the serial step
   // Medians over the rounds of each round's ratio to the serial round run just before it:
   // exposed / serial step; backward + step / max(T, serial step) (and the serial round's own);

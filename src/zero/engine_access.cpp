@@ -60,6 +60,17 @@ void EngineAccess::set_stage_device_memory(Engine& e, bool on) {
   e.impl_->optimizer->set_stage_device_memory(on);
 }
 
+void EngineAccess::force_update_split(Engine& e, std::function<double(std::size_t)> share) {
+  e.impl_->require_finalized("force_update_split");
+  if (e.impl_->speculator) e.impl_->speculator->join();  // its jobs use the optimizer
+  e.impl_->optimizer->force_update_split(std::move(share));
+}
+
+std::pair<std::uint64_t, std::uint64_t> EngineAccess::update_split_elements(const Engine& e) {
+  e.impl_->require_finalized("update_split_elements");
+  return {e.impl_->optimizer->cpu_elements(), e.impl_->optimizer->device_elements()};
+}
+
 tier::StreamStats EngineAccess::measure(Engine& e, Measure what, bool pipelined) {
   Engine::Impl& m = *e.impl_;
   m.require_finalized("measure");

@@ -5,6 +5,10 @@
 // Not part of the public API.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <utility>
+
 #include "strata/engine.hpp"
 #include "tier/scratch_arena.hpp"
 #include "tier/stream_loop.hpp"
@@ -47,6 +51,10 @@ struct EngineAccess {
   // On the host-emulated device: the host-computed loops stage gpu-home parts through the pinned
   // pool as on CUDA (on), or view them in place (off, the default): tests cover both paths.
   static void set_stage_device_memory(Engine& e, bool on);
+  // Host-state chunks updated partly by the device's Adam (zero/update_split.hpp): `share(i)` is
+  // the device's share of chunk i; empty: the CPU alone. The elements each side took so far.
+  static void force_update_split(Engine& e, std::function<double(std::size_t)> share);
+  static std::pair<std::uint64_t, std::uint64_t> update_split_elements(const Engine& e);
   // Waits for this rank's asynchronous checkpoint writer, if one is at work (local, no collective;
   // the save stays uncommitted until a step agreement or wait_checkpoint()); returns its figures
   // (zero without an asynchronous save pending).

@@ -111,6 +111,12 @@ std::unique_ptr<DeviceAdam> make_device_adam(const EngineLayout& l, TierStore& s
     log_info("engine: optimizer update on ", store.device().name());
   return std::make_unique<DeviceAdam>(store.device(), l.config().runtime.cpu_threads, l.timeout());
 }
+
+std::size_t largest_chunk(const EngineLayout& l) {
+  std::size_t m = 0;
+  for (const Chunk& c : l.chunks()) m = std::max(m, c.r.count);
+  return m;
+}
 }  // namespace
 
 OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
@@ -121,9 +127,23 @@ OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
       update_on_device_(layout.config().optimizer.update == strata::OptimizerUpdate::kDevice),
       adam_(std::make_unique<CpuAdam>(layout.config().runtime.cpu_threads)),
       device_adam_(make_device_adam(layout, store, update_on_device_)),
-      grads_on_nvme_(layout.stage() >= 2 && layout.any_grad_chunk_on(Tier::kNvme)) {}
+      grads_on_nvme_(layout.stage() >= 2 && layout.any_grad_chunk_on(Tier::kNvme)) {
+  // optimizer.update auto: host-state chunks shared with a GPU (the host device: the CPU alone).
+  if (layout.config().optimizer.update == strata::OptimizerUpdate::kAuto &&
+      store.device().kind() == DeviceKind::kCuda && !layout.chunks().empty())
+    split_ = std::make_unique<UpdateSplit>(store.device(), layout.config().runtime.cpu_threads,
+                                           layout.timeout(), largest_chunk(layout));
+}
 
 OptimizerStep::~OptimizerStep() = default;
+
+void OptimizerStep::force_update_split(std::function<double(std::size_t)> share) {
+  split_.reset();
+  if (share)
+    split_ =
+        std::make_unique<UpdateSplit>(store_.device(), layout_.config().runtime.cpu_threads,
+                                      layout_.timeout(), largest_chunk(layout_), std::move(share));
+}
 
 // ---- the loops' items
 
@@ -328,50 +348,39 @@ void OptimizerStep::compute_ahead(std::size_t ci, const void* grad, float inv) {
 void OptimizerStep::adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
                                void* param_copy, bool on_device, float grad_scale,
                                const checkpoint::StateView* out) {
-  const auto* g = static_cast<const unsigned char*>(grad);
-  auto* p = static_cast<unsigned char*>(param_copy);
-  const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
+  const ChunkArrays a{v, static_cast<const unsigned char*>(grad),
+                      static_cast<unsigned char*>(param_copy), out};
   const std::size_t flat_b = layout_.opt_begin() + c.r.begin;
   const bool queued = on_device || update_on_device_;
-  auto group = [&](std::size_t o, std::size_t n, GroupId gid) {
-    AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
-    hp.lr = groups_[gid].lr;
-    hp.weight_decay = groups_[gid].weight_decay;
-    hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
-    hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
-    hp.eps = groups_[gid].eps.value_or(hp.eps);
-    auto run = [&](std::size_t ro, std::size_t rn, std::int64_t step) {
-      AdamTensors t;
-      t.param = v.master + ro;
-      t.exp_avg = v.exp_avg + ro;
-      t.exp_avg_sq = v.exp_avg_sq + ro;
-      t.grad = g + ro * ges;
-      t.grad_dtype = layout_.grad_dtype();
-      t.param_copy = p + ro * pes;
-      t.param_copy_dtype = layout_.param_dtype();
-      t.n = rn;
-      if (out) {  // out of place (a pending version): a skipped run's state is copied over
-        t.param_out = out->master + ro;
-        t.exp_avg_out = out->exp_avg + ro;
-        t.exp_avg_sq_out = out->exp_avg_sq + ro;
-        if (step == 0) {
-          std::memcpy(t.param_out, t.param, rn * sizeof(float));
-          std::memcpy(t.exp_avg_out, t.exp_avg, rn * sizeof(float));
-          std::memcpy(t.exp_avg_sq_out, t.exp_avg_sq, rn * sizeof(float));
+  // The elements [0, dev_n) the device's Adam updates beside the CPU (host state: UpdateSplit).
+  const std::size_t dev_n = split_ && !queued ? split_->device_share(chunk_index(c), c.r.count) : 0;
+  auto pass = [&](bool device_part) {
+    auto group = [&](std::size_t o, std::size_t n, GroupId gid) {
+      const AdamParams hp = group_params(gid);
+      auto run = [&](std::size_t ro, std::size_t rn, std::int64_t step) {
+        // [ro, cut) on the device, the rest on the CPU (a skipped run: all on the CPU).
+        const std::size_t cut = step == 0 ? ro : std::clamp(dev_n, ro, ro + rn);
+        if (device_part) {
+          if (cut > ro)
+            split_->device().enqueue(hp, chunk_tensors(a, ro, cut - ro), options(step, grad_scale));
+        } else if (cut < ro + rn) {
+          run_part(hp, a, cut, ro + rn - cut, step, grad_scale, on_device);
         }
-      }
-      if (step == 0)
-        params_from_master(t, on_device);
-      else
-        adam_run(hp, t, step, grad_scale, on_device);
+      };
+      if (counts_.empty()) return run(o, n, adam_step_ + ahead_);  // the common case: one count
+      for_each_count_run(flat_b + o, n, [&](std::size_t ro, std::size_t rn, std::int64_t step) {
+        run(o + ro, rn, step);
+      });
     };
-    if (counts_.empty()) return run(o, n, adam_step_ + ahead_);  // the common case: one count
-    for_each_count_run(flat_b + o, n, [&](std::size_t ro, std::size_t rn, std::int64_t step) {
-      run(o + ro, rn, step);
-    });
+    layout_.for_each_group_run(flat_b, c.r.count, group);
   };
   try {
-    layout_.for_each_group_run(flat_b, c.r.count, group);
+    if (split_ && !queued) {
+      split_->run(
+          dev_n, c.r.count, [&] { pass(true); }, [&] { pass(false); });
+    } else {
+      pass(false);
+    }
   } catch (...) {
     if (queued) device_adam_->wait();  // the runs queued so far still use the chunk's arrays
     throw;
@@ -379,10 +388,57 @@ void OptimizerStep::adam_chunk(const Chunk& c, const checkpoint::StateView& v, c
   if (queued) device_adam_->wait();
 }
 
+AdamParams OptimizerStep::group_params(GroupId gid) const {
+  AdamParams hp = AdamParams::from_config(layout_.config().optimizer);
+  hp.lr = groups_[gid].lr;
+  hp.weight_decay = groups_[gid].weight_decay;
+  hp.beta1 = groups_[gid].beta1.value_or(hp.beta1);
+  hp.beta2 = groups_[gid].beta2.value_or(hp.beta2);
+  hp.eps = groups_[gid].eps.value_or(hp.eps);
+  return hp;
+}
+
+// Elements [ro, ro + rn) of a chunk's arrays (out of place where a.out is given).
+AdamTensors OptimizerStep::chunk_tensors(const ChunkArrays& a, std::size_t ro,
+                                         std::size_t rn) const {
+  AdamTensors t;
+  t.param = a.v.master + ro;
+  t.exp_avg = a.v.exp_avg + ro;
+  t.exp_avg_sq = a.v.exp_avg_sq + ro;
+  t.grad = a.grad + ro * layout_.grad_elem_bytes();
+  t.grad_dtype = layout_.grad_dtype();
+  t.param_copy = a.param_copy + ro * layout_.param_elem_bytes();
+  t.param_copy_dtype = layout_.param_dtype();
+  t.n = rn;
+  if (a.out) {
+    t.param_out = a.out->master + ro;
+    t.exp_avg_out = a.out->exp_avg + ro;
+    t.exp_avg_sq_out = a.out->exp_avg_sq + ro;
+  }
+  return t;
+}
+
+// A run of one step count on the CPU (or queued on the device for gpu-placed state / update:
+// device); step 0: skipped (out of place: its state copied over to the pending version).
+void OptimizerStep::run_part(const AdamParams& hp, const ChunkArrays& a, std::size_t ro,
+                             std::size_t rn, std::int64_t step, float grad_scale, bool on_device) {
+  const AdamTensors t = chunk_tensors(a, ro, rn);
+  if (step != 0) return adam_run(hp, t, step, grad_scale, on_device);
+  if (a.out) {
+    std::memcpy(t.param_out, t.param, rn * sizeof(float));
+    std::memcpy(t.exp_avg_out, t.exp_avg, rn * sizeof(float));
+    std::memcpy(t.exp_avg_sq_out, t.exp_avg_sq, rn * sizeof(float));
+  }
+  params_from_master(t, on_device);
+}
+
+AdamStepOptions OptimizerStep::options(std::int64_t step, float grad_scale) const {
+  return AdamStepOptions{step, grad_scale, false, static_cast<float>(layout_.world())};
+}
+
 void OptimizerStep::adam_run(const AdamParams& hp, const AdamTensors& t, std::int64_t step,
                              float grad_scale, bool on_device) {
-  const AdamStepOptions so{step, grad_scale, false,
-                           static_cast<float>(layout_.world())};  // g / N, as torch
+  const AdamStepOptions so = options(step, grad_scale);  // g / N, as torch
   if (on_device)
     device_adam_->enqueue_resident(hp, t, so);  // adam_chunk waits once for the whole chunk
   else if (update_on_device_)

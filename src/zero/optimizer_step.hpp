@@ -25,6 +25,7 @@
 #include "strata/engine.hpp"
 #include "tier/stream_loop.hpp"
 #include "zero/engine_layout.hpp"
+#include "zero/update_split.hpp"
 
 namespace strata::zero {
 
@@ -97,6 +98,11 @@ class OptimizerStep {
   // statistics of the chunks' whole tiles are computed too (AheadStats), so that the decision
   // reads only what was not speculated.
   void speculate(std::span<const std::size_t> chunks, float grad_scale, float stats_inv);
+  // Where host-state chunks are updated (update_split.hpp): tests force the device's share per
+  // chunk (`share` empty: the CPU alone again). The split's counts: elements per side so far.
+  void force_update_split(std::function<double(std::size_t)> share);
+  std::uint64_t cpu_elements() const { return split_ ? split_->cpu_elements() : 0; }
+  std::uint64_t device_elements() const { return split_ ? split_->device_elements() : 0; }
   // Forgets the statistics computed ahead (the speculation was cancelled or settled).
   void clear_ahead_stats() { ahead_stats_ = AheadStats{}; }
   // Tiles the decisions took from the statistics computed ahead, so far (tests).
@@ -137,6 +143,20 @@ class OptimizerStep {
                  const std::function<bool()>& decided, const float& grad_scale);
   bool in_gate(const std::function<bool()>& decided);
   // out: the new state's arrays (an update out of place), nullptr: in place.
+  // One chunk's arrays for Adam: the state (read; written where `out` is null), its gradients,
+  // its parameters in the model dtype (written), the pending state (out of place) or null.
+  struct ChunkArrays {
+    checkpoint::StateView v;
+    const unsigned char* grad;
+    unsigned char* param_copy;
+    const checkpoint::StateView* out;
+  };
+  AdamParams group_params(GroupId gid) const;
+  AdamTensors chunk_tensors(const ChunkArrays& a, std::size_t ro, std::size_t rn) const;
+  void run_part(const AdamParams& hp, const ChunkArrays& a, std::size_t ro, std::size_t rn,
+                std::int64_t step, float grad_scale, bool on_device);
+  AdamStepOptions options(std::int64_t step, float grad_scale) const;
+  std::size_t chunk_index(const Chunk& c) const { return &c - layout_.chunks().data(); }
   void adam_chunk(const Chunk& c, const checkpoint::StateView& v, const void* grad,
                   void* param_copy, bool on_device, float grad_scale,
                   const checkpoint::StateView* out = nullptr);
@@ -167,7 +187,8 @@ class OptimizerStep {
   const bool update_on_device_;  // optimizer.update: device (for host-placed state)
   const std::unique_ptr<CpuAdam> adam_;
   const std::unique_ptr<DeviceAdam> device_adam_;  // state on gpu, or update_on_device_
-  const bool grads_on_nvme_;                       // stages 2-3: some gradient chunk lives on nvme
+  std::unique_ptr<UpdateSplit> split_;  // host-state chunks shared with the device (or null)
+  const bool grads_on_nvme_;            // stages 2-3: some gradient chunk lives on nvme
   std::int64_t adam_step_ = 0;
   std::vector<std::int64_t> counts_;     // per tensor; empty: every tensor's is adam_step_
   std::vector<bool> skipped_;            // this step's skipped tensors; empty: none

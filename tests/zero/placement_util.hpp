@@ -9,6 +9,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -44,8 +45,24 @@ struct Placement {
   // precision.grad_accum fp32 (16-bit gradients held and accumulated in FP32); else the
   // gradients' own dtype.
   bool accum_fp32 = false;
+  // Host-state chunks' Adam shared with the device's (zero/update_split.hpp), forced per chunk:
+  // 0 the CPU alone (no split), 1 all on the CPU through the split, 2 all on the device,
+  // 3 alternating chunks, 4 the device takes the chunks final last (the lowest two), 5 a share
+  // inside every chunk.
+  int split = 0;
   DType held() const { return accum_fp32 ? DType::kFp32 : gdt; }
 };
+
+inline std::function<double(std::size_t)> split_share(int mode) {
+  switch (mode) {
+    case 1: return [](std::size_t) { return 0.0; };
+    case 2: return [](std::size_t) { return 1.0; };
+    case 3: return [](std::size_t i) { return i % 2 ? 1.0 : 0.0; };
+    case 4: return [](std::size_t i) { return i < 2 ? 1.0 : 0.0; };
+    case 5: return [](std::size_t i) { return 0.3 + 0.1 * static_cast<double>(i % 5); };
+    default: return {};
+  }
+}
 
 inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   const Placement& p = i.param;
@@ -61,6 +78,7 @@ inline std::string case_name(const ::testing::TestParamInfo<Placement>& i) {
   if (p.overlap) s += "_overlap";
   if (p.force_clip) s += "_clip";
   if (p.accum_fp32) s += "_accum_fp32";
+  if (p.split) s += strata::strcat("_split", p.split);
   return s;
 }
 
@@ -290,6 +308,22 @@ inline void check_speculation(const EngineStats& st, const Placement& p) {
       << "two overflow steps" << (p.force_clip ? " and three clipped ones" : "");
 }
 
+// Each side took what the forced split gives it (elements counted by the split: updated runs).
+inline void check_split(const Engine& e, const Placement& p) {
+  const auto [cpu, device] = zero::EngineAccess::update_split_elements(e);
+  if (p.split == 1 || p.split == 5) {
+    EXPECT_GT(cpu, 0u) << "split " << p.split << ": nothing on the CPU";
+  }
+  if (p.split == 1) {
+    EXPECT_EQ(device, 0u);
+  } else {
+    EXPECT_GT(device, 0u) << "split " << p.split << ": nothing on the device";
+  }
+  if (p.split == 2) {
+    EXPECT_EQ(cpu, 0u);
+  }
+}
+
 // One rank's loop. Gradients are handed in from device memory of the engine's device (a copy on a
 // stream: on the host-emulated device that is host memory too).
 inline std::vector<std::vector<float>> train(Communicator& comm, const Placement& p,
@@ -304,6 +338,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
     ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
   e.finalize();
   zero::EngineAccess::set_stage_device_memory(e, p.staged);
+  if (p.split) zero::EngineAccess::force_update_split(e, split_share(p.split));
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
   int gated = 0, cancelled = 0;
   for (int s = 0; s < kSteps; ++s) {
@@ -324,6 +359,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
   // pool slot: gradients on NVMe, or some in device memory that is staged (CUDA, or `staged`).
   if (stats) *stats = e.stats();
   if (p.overlap) check_speculation(e.stats(), p);
+  if (p.split) check_split(e, p);
   const bool some_grads_on_device = p.grads == Tier::kGpu || p.fraction < 1;
   const bool stats_staged =
       p.grads == Tier::kNvme || (some_grads_on_device && (device == DeviceKind::kCuda || p.staged));

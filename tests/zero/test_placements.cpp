@@ -61,6 +61,7 @@ TEST_P(Speculation, BitwiseIdenticalToTheSerialStepWithClipping) {
   const Placement on = GetParam();
   Placement off = on;
   off.overlap = false;
+  off.split = 0;  // the serial step on the CPU alone
   TempDir dir("strata-speculation");
   std::vector<std::vector<std::vector<float>>> got[2];
   EngineStats stats[2];
@@ -105,6 +106,41 @@ std::vector<Placement> clip_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Clip, Speculation, ::testing::ValuesIn(clip_cases()), case_name);
+
+// The update shared between the CPU and the device (zero/update_split.hpp; optimizer.update auto
+// on a GPU): every forced assignment — all CPU, all device, alternating chunks, the chunks final
+// last on the device, a share inside every chunk — speculated or serial, bitwise the serial CPU
+// step (stages 2-3, 1-4 ranks, accumulation, clipping forced, the overflow steps, state on cpu and
+// nvme). The device here is the host-emulated one (its Adam: CpuAdam on the stream's worker).
+std::vector<Placement> split_cases() {
+  std::vector<Placement> v;
+  for (const Placement& c : clip_cases())
+    for (int split = 1; split <= 5; ++split) {
+      v.push_back(c);
+      v.back().split = split;
+    }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Split, Speculation, ::testing::ValuesIn(split_cases()), case_name);
+
+// The serial step alone with the update shared (overlap off), against the unsharded reference.
+std::vector<Placement> serial_split_cases() {
+  std::vector<Placement> v;
+  for (const Placement& s :
+       std::initializer_list<Placement>{{1, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 1},
+                                        {1, Tier::kNvme, Tier::kGpu, Tier::kGpu, 1.0, 2},
+                                        {2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 1.0, 3},
+                                        {3, Tier::kCpu, Tier::kCpu, Tier::kNvme, 1.0, 2}})
+    for (int split : {2, 3, 5}) {
+      v.push_back(s);
+      v.back().split = split;
+    }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(SerialSplit, Placements, ::testing::ValuesIn(serial_split_cases()),
+                         case_name);
 
 // optimizer.overlap: on where nothing can be speculated is refused at finalize(), naming why;
 // auto there trains serially.
