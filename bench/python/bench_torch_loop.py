@@ -15,11 +15,15 @@ default), FP32 on the CPU, one process, one rank.
    Also the memory each optimizer holds after the iterations (RSS after the last step less RSS
    before building it; strata's engine took over the model's parameters, so their bytes are
    added back) and, for strata, that over `strata plan`'s host-resident bytes per rank for its
-   config (held / planned). Part of what is held is not the optimizer's: torch and glibc keep
-   freed activation memory. AdamW for-loop's state is exactly gradients + exp_avg + exp_avg_sq =
-   3 x the model's bytes, so torch's retained memory is taken as AdamW for-loop's held less that,
-   and the corrected ratio is (held - retained) / planned (`corrected_over_planned`; target
-   0.90-1.10, issue 48 point 5).
+   config (held / planned). Part of what is held is not the optimizer's: glibc keeps the heap
+   memory torch freed (activations, autograd's gradients: 0.3-0.4 GB here, varying by +-0.05 GB
+   from one process to the next), and the interpreter and torch hold some of their own. So each
+   child also measures what it holds after malloc_trim(0) (glibc returns its free pages; both RSS
+   figures taken after a trim): `held_trimmed_bytes`. AdamW for-loop's state is exactly gradients
+   + exp_avg + exp_avg_sq = 3 x the model's bytes, so what it holds beyond that (after the trim)
+   is taken as torch's retained memory, present in every variant (`torch_retained_bytes`), and
+   the corrected ratio is (held after the trim - retained) / planned (`corrected_over_planned`;
+   target 0.90-1.10, issue 48 point 5).
 2. Iteration: one process holds a strata model and an AdamW model (the same initial values) and
    alternates one iteration of each per round after a warm-up round: the forward+backward of
    each (strata's includes the gradient hand-in; AdamW's with set_to_none zero_grad: autograd's own
@@ -34,6 +38,7 @@ Run it on a quiet machine (figures taken under load are not results):
 Prints one JSON line per part (--json: only those lines).
 """
 import argparse
+import ctypes
 import json
 import os
 import statistics
@@ -102,6 +107,11 @@ def forward_backward(model, opt, x):
     loss.backward()
 
 
+def trim_heap():
+    """glibc gives the free pages of its heaps back to the system (what torch freed)."""
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def child(args):
     """One variant's peak RSS: construction, then the iterations; and the memory the optimizer
     holds after them (RSS after the last step less the RSS before building the optimizer; strata's
@@ -111,6 +121,8 @@ def child(args):
     model = build_model(args)
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     before = status("VmRSS")
+    trim_heap()
+    before_trimmed = status("VmRSS")
     with tempfile.TemporaryDirectory(dir=args.nvme or None) as d:
         opt = build_optimizer(args.child, model, args, d)
         built = status("VmHWM")
@@ -120,10 +132,14 @@ def child(args):
             forward_backward(model, opt, batch(args, i))
             opt.step()
         held = status("VmRSS") - before
+        trim_heap()
+        held_trimmed = status("VmRSS") - before_trimmed
         row = {"variant": args.child, "construction_peak": built,
-               "training_peak": status("VmHWM"), "model_bytes": model_bytes}
+               "training_peak": status("VmHWM"), "model_bytes": model_bytes,
+               "held_trimmed": held_trimmed}
         if hasattr(opt, "close"):
             row["held"] = held + model_bytes
+            row["held_trimmed"] = held_trimmed + model_bytes
             row["planned"] = planned_bytes(args, opt.config_yaml())
             opt.close()
         else:
@@ -153,11 +169,12 @@ def memory_part(args):
     ref = max(rows["adamw_for_loop"]["construction_peak"], rows["adamw_for_loop"]["training_peak"])
     result = {"part": "memory", "parameters": n_params(args), "iters": args.iters,
               "peak_bytes": {}, "over_adamw_for_loop": {}, "held_bytes": {},
+              "held_trimmed_bytes": {},
               "held_over_planned": {}, "torch_retained_bytes": None,
               "corrected_over_planned": {}}
-    # torch's (and glibc's) retained memory: what AdamW for-loop holds beyond its exact state.
+    # torch's retained memory: what AdamW for-loop holds (after the trim) beyond its exact state.
     a = rows["adamw_for_loop"]
-    retained = max(0, a["held"] - 3 * a["model_bytes"])
+    retained = max(0, a["held_trimmed"] - 3 * a["model_bytes"])
     result["torch_retained_bytes"] = retained
     for name, r in rows.items():
         peak = max(r["construction_peak"], r["training_peak"])
@@ -165,9 +182,11 @@ def memory_part(args):
                                       "training": r["training_peak"], "peak": peak}
         result["over_adamw_for_loop"][name] = round(peak / ref, 3)
         result["held_bytes"][name] = r["held"]
+        result["held_trimmed_bytes"][name] = r["held_trimmed"]
         if "planned" in r:
             result["held_over_planned"][name] = round(r["held"] / r["planned"], 3)
-            result["corrected_over_planned"][name] = round((r["held"] - retained) / r["planned"], 3)
+            result["corrected_over_planned"][name] = round(
+                (r["held_trimmed"] - retained) / r["planned"], 3)
     return result
 
 
@@ -258,13 +277,15 @@ def report(r):
               % (r["parameters"], r["iters"]))
         for name, b in r["peak_bytes"].items():
             planned = r["held_over_planned"].get(name)
-            print("  %-20s %6.2f / %6.2f GB   %.3f x AdamW for-loop; holds %.2f GB%s"
+            print("  %-20s %6.2f / %6.2f GB   %.3f x AdamW for-loop; holds %.2f GB (%.2f GB "
+                  "trimmed)%s"
                   % (name, b["construction"] / 1e9, b["training"] / 1e9,
                      r["over_adamw_for_loop"][name], r["held_bytes"][name] / 1e9,
-                     "" if planned is None else ", %.3f x strata plan's (%.3f less torch's "
-                     "retained)" % (planned, r["corrected_over_planned"][name])))
-        print("  torch's retained memory (AdamW for-loop holds less 3 x model bytes): %.2f GB; "
-              "corrected target 0.90-1.10" % (r["torch_retained_bytes"] / 1e9))
+                     r["held_trimmed_bytes"][name] / 1e9,
+                     "" if planned is None else ", %.3f x strata plan's (%.3f trimmed, less "
+                     "torch's retained)" % (planned, r["corrected_over_planned"][name])))
+        print("  torch's retained memory (AdamW for-loop holds trimmed less 3 x model bytes): "
+              "%.3f GB; corrected target 0.90-1.10" % (r["torch_retained_bytes"] / 1e9))
     else:
         for name, m in r["median_s"].items():
             print("  %-20s forward+backward %.3f s, step %.3f s, iteration %.3f s"

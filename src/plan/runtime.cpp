@@ -19,6 +19,10 @@ constexpr std::uint64_t kXferPiece = 1ULL << 24;  // FP32 elements per broadcast
 // Stages 0-1: the hand-in staging buffer's bound (src/zero/gradient_reducer.cpp).
 constexpr std::uint64_t kHandInStagingBytes = 64ULL << 20;
 constexpr std::uint64_t kShareStagingBytes = 64ULL << 20;  // tier::Filler::kStagingMax
+// Stages 2-3: reduce-scatters in flight, and receive buffers (those in flight and one whose share
+// is still being copied out) (src/zero/gradient_reducer.cpp, kMaxBucketsInFlight, kMaxRecvBuffers).
+constexpr std::uint64_t kBucketsInFlight = 2;
+constexpr std::uint64_t kReceiveBuffers = kBucketsInFlight + 1;
 
 // v rounded up to a multiple of a, or kSaturated.
 std::uint64_t sat_round_up(std::uint64_t v, std::uint64_t a) { return sat_mul((v + a - 1) / a, a); }
@@ -184,13 +188,19 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     // tensor by tensor in backward order (a tensor spanning buckets fills its last one first), at
     // most two buckets are in flight and one is being filled, which also waits for its earlier
     // tensors (src/zero/gradient_reducer.cpp). Receive buffers: two reduce-scatters in flight plus
-    // one whose share is still being copied out to the host (ZeRO-Offload overlap). One rank
-    // (gradients not on nvme) has no collective: its bucket buffers are their own receive
-    // buffers, min(buckets, both counts here together) of them (an upper bound there).
+    // one whose share is still being copied out to the host (ZeRO-Offload overlap). Each kind is
+    // made one per bucket up to its count before any is reused (the same number every step).
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
-    r.bucket_count = std::min<std::uint64_t>(nbuckets, 3);
+    if (n == 1 && !(offload.gradients.tier == Tier::kNvme && leading(offload.gradients, psize))) {
+      // One rank, no gradient on nvme: no collective, a bucket buffer is its own receive buffer
+      // (its share is filled into the gradients from it); it makes one per bucket up to both
+      // counts together (kMaxOneRankBuckets) and no receive buffer.
+      r.bucket_count = std::min(nbuckets, kBucketsInFlight + 1 + kReceiveBuffers);
+    } else {
+      r.bucket_count = std::min(nbuckets, kBucketsInFlight + 1);
+      r.receive_count = std::min(nbuckets, kReceiveBuffers);
+    }
     r.buckets = sat_mul(r.bucket_count, std::min(bucket, flat), gb);
-    r.receive_count = std::min<std::uint64_t>(nbuckets, 3);
     r.receive = sat_mul(r.receive_count, std::min(bucket, psize), gb);
   }
   if (stage == 3 && r.layer > 0) {

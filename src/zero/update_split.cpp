@@ -44,7 +44,8 @@ std::size_t UpdateSplit::device_share(std::size_t chunk, std::size_t n) const {
   return std::min({d, n, window_});
 }
 
-void UpdateSplit::run(std::size_t device_n, std::size_t n, const std::function<void()>& queue_device,
+void UpdateSplit::run(std::size_t device_n, std::size_t n,
+                      const std::function<void()>& queue_device,
                       const std::function<void()>& run_cpu) {
   const auto t0 = std::chrono::steady_clock::now();
   queue_device();

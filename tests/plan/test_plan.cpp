@@ -557,6 +557,40 @@ TEST(Plan, RuntimeBuffersFormulas) {
   EXPECT_FALSE(make_plan(big).configured_fits());
 }
 
+// One rank with no gradient on nvme reduces without a collective: a bucket buffer is its own
+// receive buffer. It makes one per bucket up to six (two in flight, one being filled, three
+// receive buffers' worth) and no receive buffer: with one bucket larger than the model, one buffer
+// of the flat gradients, not that and a receive buffer of the same size (strata_host_stage2 in
+// bench/python/bench_torch_loop.py: 0.45 GB counted twice).
+TEST(Plan, RuntimeBuffersOneRank) {
+  Config c = config(1'000'003ULL, 1, 2);
+  c.precision.grads = DType::kFp32;
+  c.zero.reduce_bucket_size = 500'000'000;  // F = 1000064: one bucket
+  RuntimeBuffers r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.bucket_count, 1u);
+  EXPECT_EQ(r.buckets, 1'000'064ULL * 4);
+  EXPECT_EQ(r.receive_count, 0u);
+  EXPECT_EQ(r.receive, 0u);
+  EXPECT_EQ(r.step(), r.buckets + r.norm);
+  c.zero.reduce_bucket_size = 250'000;  // 5 buckets: 5 buffers
+  r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.bucket_count, 5u);
+  EXPECT_EQ(r.buckets, 5 * 250'000ULL * 4);
+  EXPECT_EQ(r.receive_count, 0u);
+  c.zero.reduce_bucket_size = 100'000;  // 11 buckets: six
+  EXPECT_EQ(runtime_buffers(c, 3, c.offload).bucket_count, 6u);
+  EXPECT_EQ(runtime_buffers(c, 3, c.offload).receive, 0u);
+  // Gradients on nvme (any share): filled from receive buffers, as on several ranks.
+  c.offload.gradients = {Tier::kNvme, 0.25, false};
+  r = runtime_buffers(c, 2, c.offload);
+  EXPECT_EQ(r.bucket_count, 3u);
+  EXPECT_EQ(r.receive_count, 3u);
+  EXPECT_EQ(r.receive, 3 * 100'000ULL * 4);
+  c.offload.gradients = {Tier::kCpu, 1.0, false};  // off the gpu, not on nvme: still six
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).bucket_count, 6u);
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).receive_count, 0u);
+}
+
 // The pinned pool is there whenever the engine makes one: state off the gpu, or a GPU device
 // (runtime.device auto or cuda) even with nothing offloaded; not with everything on the
 // host-emulated device's memory.
