@@ -10,6 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "placement_util.hpp"
+#include "strata/device.hpp"
+#include "zero/update_split.hpp"
 #include "strata/log.hpp"
 
 namespace strata::testing {
@@ -203,6 +205,31 @@ TEST(Speculation, ARangeInOneBucketIsSaid) {
     EXPECT_EQ(said, c.said) << optimizer_overlap_name(c.overlap) << ", bucket " << c.bucket << ":\n"
                             << logs;
   }
+}
+
+// The split's share before and after measuring both sides (the rates decide: only bounds are
+// timing-free), the window bound, the counts per side, and a forced share out of [0, 1] refused.
+TEST(UpdateSplitUnit, SharesAreBoundedAndCounted) {
+  auto device = make_host_device();
+  zero::UpdateSplit auto_split(*device, 1, std::chrono::seconds(30), 600);
+  EXPECT_EQ(auto_split.device_share(0, 1000), 250u) << "the first chunk: a quarter";
+  EXPECT_EQ(auto_split.device_share(0, 4000), 600u) << "the window bounds the device's part";
+  int device_runs = 0, cpu_runs = 0;
+  auto_split.run(
+      250, 1000, [&] { ++device_runs; }, [&] { ++cpu_runs; });
+  EXPECT_EQ(device_runs, 1);
+  EXPECT_EQ(cpu_runs, 1);
+  EXPECT_EQ(auto_split.cpu_elements(), 750u);
+  EXPECT_EQ(auto_split.device_elements(), 250u);
+  EXPECT_LE(auto_split.device_share(1, 1000), 600u);
+  zero::UpdateSplit forced(*device, 1, std::chrono::seconds(30), 1000,
+                           [](std::size_t i) { return i == 0 ? 1.0 : 1.5; });
+  EXPECT_EQ(forced.device_share(0, 1000), 1000u);
+  expect_error(ErrorCode::kInternal, "share 1.5 of chunk 1", [&] { forced.device_share(1, 10); });
+  // A CPU side that throws: the device's queued part is waited for, the error propagates.
+  EXPECT_THROW(forced.run(
+                   1, 2, [] {}, [] { fail(ErrorCode::kIo, "cpu side"); }),
+               Error);
 }
 
 }  // namespace
