@@ -11,8 +11,8 @@
 
 #include "placement_util.hpp"
 #include "strata/device.hpp"
-#include "zero/update_split.hpp"
 #include "strata/log.hpp"
+#include "zero/update_split.hpp"
 
 namespace strata::testing {
 namespace {
