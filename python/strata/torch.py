@@ -282,13 +282,27 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._synced = {}  # group index -> the hyper-parameters last given to the engine
         self._in_backward = False  # inside opt.backward(): the loss is scaled
         # Every parameter is checked before anything else happens (no process group, no engine).
-        self._params, self._shapes, self._ids = [], [], {}
-        for group in self.param_groups:
-            for p in group["params"]:
-                self._check_param(p)
-                self._ids[id(p)] = len(self._params)
-                self._params.append(p)
-                self._shapes.append(p.shape)
+        # The engine's tensors (tid) are the parameters in the model's order, whatever their
+        # groups: the backward hands gradients in about the reverse of it, so each gradient bucket
+        # completes while the backward goes on (in group order, the no-decay group's biases and
+        # norms of every layer share the top bucket, which several ranks must reduce first: it
+        # would complete only at the last hand-in, holding every bucket until then).
+        # self._tid_of[k]: the tid of torch's parameter index k (group order, state_dict's).
+        in_groups = [(gi, p) for gi, group in enumerate(self.param_groups) for p in group["params"]]
+        self._ids = {}
+        for _, p in in_groups:
+            self._check_param(p)  # (a parameter given twice: refused here)
+            self._ids[id(p)] = None
+        where = {id(p): i for i, p in enumerate(_unique_params(model))}
+        order = sorted(range(len(in_groups)),
+                       key=lambda k: (where.get(id(in_groups[k][1]), len(where)), k))
+        self._params = [in_groups[k][1] for k in order]
+        self._group_of = [in_groups[k][0] for k in order]
+        self._shapes = [p.shape for p in self._params]
+        self._ids = {id(p): tid for tid, p in enumerate(self._params)}
+        self._tid_of = [0] * len(order)
+        for tid, k in enumerate(order):
+            self._tid_of[k] = tid
         _cleanup.install_signal_cleanup()  # swap removed on SIGTERM/SIGINT/SIGHUP (chained)
         self._engine = self._make_engine(process_group)
         self.rank = self._engine.rank
@@ -301,21 +315,18 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._store = (_default_store() if self.world > 1 and "c10d" in self.backend
                        and dist.is_initialized() and dist.get_world_size() == self.world else None)
 
-        # Register them (group order, then parameter order: the same on every rank). The initial
-        # values stay where the model is (device memory of a CUDA model: the binding copies them
-        # to the host through the CUDA runtime, after torch's queued work).
+        # Register them (the groups, then the parameters in tid order: the same on every rank).
+        # The initial values stay where the model is (device memory of a CUDA model: the binding
+        # copies them to the host through the CUDA runtime, after torch's queued work).
         self._mem.synchronize()
-        tid = 0
+        for group in self.param_groups[1:]:
+            self._engine.add_param_group(float(group["lr"]), float(group["weight_decay"]))
         inits = []  # borrowed by the engine until finalize(): no second copy of the model
-        for gi, group in enumerate(self.param_groups):
-            if gi > 0:
-                self._engine.add_param_group(float(group["lr"]), float(group["weight_decay"]))
-            for p in group["params"]:
-                inits.append(p.detach().to(torch.float32).contiguous())
-                got = self._engine.add_parameter(self._name(p), self._mem.address(inits[-1]),
-                                                 inits[-1].numel(), gi, borrow=True)
-                assert got == tid, (got, tid)
-                tid += 1
+        for tid, p in enumerate(self._params):
+            inits.append(p.detach().to(torch.float32).contiguous())
+            got = self._engine.add_parameter(self._name(p), self._mem.address(inits[-1]),
+                                             inits[-1].numel(), self._group_of[tid], borrow=True)
+            assert got == tid, (got, tid)
         self._sync_groups()
         self._engine.finalize()
         del inits
@@ -397,7 +408,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     # ---- construction helpers ----
     def _name(self, p):
-        return self._names.get(id(p), "<parameter %d>" % len(self._params))
+        return self._names.get(id(p), "<parameter %d>" % self._ids.get(id(p), len(self._ids)))
 
     def _check_param(self, p):
         name = self._name(p)
@@ -1131,10 +1142,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._check_usable()
         self._enter_collective("state_dict")
         state = {}
-        for tid in range(len(self._params)):
+        for tid in range(len(self._params)):  # (collective reads: every rank in tid order)
             step = torch.tensor(float(self._engine.tensor_step(tid)), device="cpu")  # its own
             state[tid] = {"step": step, "exp_avg": self._read(tid, "exp_avg"),
                           "exp_avg_sq": self._read(tid, "exp_avg_sq"), "master": self._read(tid, "master")}
+        state = {k: state[tid] for k, tid in enumerate(self._tid_of)}  # torch's indices
         groups, i = [], 0
         for g in self.param_groups:
             d = {k: v for k, v in g.items() if k != "params"}
@@ -1162,8 +1174,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                     "strata: load_state_dict: param_groups[%d] has betas %s (two values expected); "
                     "nothing was loaded" % (gi, g["betas"]))
         index = [i for g in groups for i in g["params"]]
+        by_tid = sorted(range(len(index)), key=lambda k: self._tid_of[k])
         steps, values = [], []
-        for tid, idx in enumerate(index):  # everything is checked before anything is written
+        for tid, idx in ((self._tid_of[k], index[k]) for k in by_tid):  # all checked first
             # Each parameter's own step (torch's); a parameter without state never stepped: 0.
             st = state_dict["state"].get(idx)
             steps.append(int(float(st["step"])) if st is not None and "step" in st else

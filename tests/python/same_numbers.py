@@ -245,8 +245,9 @@ def run_case(strata, case, data, steps, tmp, shared):
     sd = opt.state_dict()
     state = {n: sd["state"][i] for i, n in enumerate(names)}
     params = {}
+    in_groups = [p for g in opt.param_groups for p in g["params"]]  # state_dict's order
     for i, n in enumerate(names):
-        p = opt._params[i]
+        p = in_groups[i]
         params[n] = p.detach().clone() if opt.stage < 3 else state[n]["master"].to(p.dtype)
     rec["optimizer_step"] = int(float(state[names[0]]["step"]))
     opt.close()

@@ -65,10 +65,11 @@ def train(model, opt, steps, start=0, sched=None, strata_opt=True):
 
 
 def master_of(opt, model):
-    """name -> FP32 master (gathered), in the optimizer's own order."""
+    """name -> FP32 master (gathered); state_dict's indices are torch's (param_groups order)."""
     sd = opt.state_dict()
     names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: sd["state"][i]["master"] for i, p in enumerate(opt._params)}
+    in_groups = [p for g in opt.param_groups for p in g["params"]]
+    return {names[id(p)]: sd["state"][i]["master"] for i, p in enumerate(in_groups)}
 
 
 def assert_bitwise(tc, got, want, what):

@@ -169,7 +169,7 @@ def masters(opt, model):
     sd = opt.state_dict()
     names = {id(p): n for n, p in model.named_parameters()}
     return {names[id(p)]: sd["state"][i]["master"].detach().to("cpu").reshape(-1)
-            for i, p in enumerate(opt._params)}
+            for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
 
 
 def compare(got, ref):

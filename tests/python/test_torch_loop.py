@@ -573,6 +573,32 @@ class GradientsReadable(unittest.TestCase):
             strata.torch.ZeroOptimizer(A.tiny_gpt(), A.base_config(3), keep_grads=True)
 
 
+class TensorOrder(unittest.TestCase):
+    """The engine holds the parameters in the model's order whatever their groups (its
+    checkpoint's tensor list says so), so that the backward completes gradient buckets as it goes:
+    registered group by group, the no-decay group's biases and norms of every layer shared the
+    top bucket, which several ranks reduce first and which completed only at the last hand-in.
+    torch's indices (state_dict, param_groups) stay the groups' order."""
+
+    def test_model_order_in_the_engine_group_order_in_state_dict(self):
+        import json
+        model = A.tiny_gpt()
+        groups = A.torch_groups(model)
+        opt = strata.torch.ZeroOptimizer(model, A.base_config(2), param_groups=groups)
+        with tempfile.TemporaryDirectory() as d:
+            opt.save_checkpoint(d)
+            with open(os.path.join(d, "manifest.json")) as f:
+                tensors = json.load(f)["tensors"]
+        names = [t["name"] if isinstance(t, dict) else t for t in tensors]
+        self.assertEqual(names, [n for n, _ in model.named_parameters()])
+        in_groups = [p for g in groups for p in g["params"]]
+        self.assertNotEqual([id(p) for p in in_groups], [id(p) for p in model.parameters()])
+        sd = opt.state_dict()
+        for i, p in enumerate(in_groups):
+            self.assertEqual(tuple(sd["state"][i]["master"].shape), tuple(p.shape), i)
+        opt.close()
+
+
 class ZeroGrad(unittest.TestCase):
     """zero_grad() between backward and step drops the gradients, as torch's does (it used to
     raise), and after step() refused a missing gradient it lets the loop go on (it used to leave
@@ -714,7 +740,8 @@ class UnusedParameters(unittest.TestCase):
                 self.check(opt, model, ref, topt, "stage %d" % stage)
                 sd = opt.state_dict()["state"]
                 names = {id(p): n for n, p in model.named_parameters()}
-                steps = {names[id(p)]: float(sd[i]["step"]) for i, p in enumerate(opt._params)}
+                in_groups = [p for g in opt.param_groups for p in g["params"]]
+                steps = {names[id(p)]: float(sd[i]["step"]) for i, p in enumerate(in_groups)}
                 self.assertEqual(steps["alt.weight"], 4.0)  # steps 1-4: used, zeros, used, zeros
                 self.assertEqual(steps["unused.weight"], 0.0)
                 opt.close()
