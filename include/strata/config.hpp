@@ -136,6 +136,9 @@ struct OffloadConfig {
 
 struct GpuTierConfig {
   std::uint64_t budget = 80'000'000'000ULL;
+  // optimizer.update auto on a GPU: the device memory the update's split stages its share of a
+  // chunk in (master, moments, gradients, parameter copy); 0 = a whole chunk's.
+  std::uint64_t update_window = 0;
 };
 
 struct HostTierConfig {

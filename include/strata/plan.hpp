@@ -129,7 +129,8 @@ struct RuntimeBuffers {
   std::uint64_t staging = 0;        // ranks > 1: finalize()'s broadcast staging (rt.xfer),
                                     // min(F, 2^24) x 4
   std::uint64_t adam_scratch = 0;   // optimizer.update device with state off the gpu: the
-                                    // device update's copy of the largest host chunk C,
+                                    // device update's copy of the largest host chunk C (auto
+                                    // on a GPU: C = min(it, update_window_elements)),
                                     // 3 x pad(4C) + pad(C x grad) + pad(C x param), pad = 256 B
   std::uint64_t update_slots = 0;   // state on the gpu with its gradients or stage-3 parameters
                                     // off it: the device update loop stages those parts in
@@ -142,6 +143,13 @@ struct RuntimeBuffers {
   std::uint64_t total() const;        // step() + staging: what the plan counts on the gpu
 };
 RuntimeBuffers runtime_buffers(const Config& config, int stage, const OffloadConfig& offload);
+
+// optimizer.update auto on a GPU: the elements of one chunk (`whole`) the device side of the split
+// may take within tiers.gpu.update_window bytes (`window`; 0: the whole chunk) — DeviceAdam's
+// staging of master and moments (FP32), gradients (`grad_bytes` each) and the parameter copy
+// (`param_bytes` each), each array padded to 256 B. At least 1 when `whole` is not 0.
+std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_bytes,
+                                     std::uint64_t param_bytes, std::uint64_t whole);
 
 // A stage + offload choice worked out in full.
 struct Layout {

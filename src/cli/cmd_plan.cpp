@@ -248,7 +248,8 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   part("send", rt.send, "the rank's slices of those layers");
   part("norm", rt.norm, "norm and overflow exchange");
   part("staging", rt.staging, "collective staging of the initial values (finalize)");
-  part("adam scratch", rt.adam_scratch, "optimizer.update device: one host chunk's copy");
+  part("adam scratch", rt.adam_scratch,
+       "optimizer.update device: one host chunk's copy; auto on a GPU: the split's window");
   part("update slots", rt.update_slots,
        "gpu state's gradients or parameters staged for the device update (tiers.host.buffer_count"
        " slots)");

@@ -524,6 +524,8 @@ void Reader::read_host_tiers(const YAML::Node& root, Config& c) {
   const YAML::Node host = child(tiers, "host");
   auto& T = c.tiers;
   with(gpu, "tiers.gpu", "budget", [&](auto& v, auto& p) { T.gpu.budget = bytes(v, p, 1); });
+  with(gpu, "tiers.gpu", "update_window",
+       [&](auto& v, auto& p) { T.gpu.update_window = bytes(v, p, 0); });
   with(host, "tiers.host", "budget", [&](auto& v, auto& p) {
     T.host.budget = bytes(v, p, 1);
     T.host.budget_set = true;

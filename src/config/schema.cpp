@@ -44,7 +44,7 @@ SchemaNode build() {
               {offload_target("optimizer"), offload_target("gradients"), offload_target("params")}},
           SchemaNode{
               "tiers",
-              {SchemaNode{"gpu", {leaf("budget")}},
+              {SchemaNode{"gpu", {leaf("budget"), leaf("update_window")}},
                SchemaNode{"host",
                           {leaf("budget"), leaf("pinned_budget"), leaf("buffer_count"),
                            leaf("buffer_size")}},

@@ -105,6 +105,7 @@ std::string to_yaml(const Config& c) {
   o << "tiers:\n"
     << "  gpu:\n"
     << "    budget: " << bytes_text(t.gpu.budget) << "\n"
+    << "    update_window: " << bytes_text(t.gpu.update_window) << "\n"
     << "  host:\n"
     << "    budget: " << bytes_text(t.host.budget) << "\n"
     << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"

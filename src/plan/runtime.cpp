@@ -165,6 +165,14 @@ std::uint64_t RuntimeBuffers::step() const {
 }
 std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
 
+std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_bytes,
+                                     std::uint64_t param_bytes, std::uint64_t whole) {
+  if (window == 0 || whole == 0) return whole;
+  constexpr std::uint64_t kPads = 5 * 256;  // one pad per array at most
+  const std::uint64_t per = 12 + grad_bytes + param_bytes;
+  return std::clamp<std::uint64_t>(window > kPads ? (window - kPads) / per : 0, 1, whole);
+}
+
 RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& offload) {
   RuntimeBuffers r;
   const std::uint64_t n = ranks_of(c);
@@ -219,9 +227,13 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     r.hand_in_staging = sat_mul(std::min({flat, bucket, kHandInStagingBytes / gb}), gb);
   const PoolPlan pool = plan_pool(c, stage, offload);
   // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
-  // through one scratch buffer sized to the largest (src/optim/device_adam.cpp).
-  if (c.optimizer.update == OptimizerUpdate::kDevice) {
-    const std::uint64_t e = pool.largest_host_chunk;
+  // through one scratch buffer sized to the largest (src/optim/device_adam.cpp); auto on a GPU:
+  // the split's share of one, at most tiers.gpu.update_window (src/zero/update_split.hpp).
+  const bool split = c.optimizer.update == OptimizerUpdate::kAuto &&
+                     c.runtime.device != DeviceKind::kHost;
+  if (c.optimizer.update == OptimizerUpdate::kDevice || split) {
+    std::uint64_t e = pool.largest_host_chunk;
+    if (split) e = std::min(e, update_window_elements(c.tiers.gpu.update_window, held, pb, e));
     auto pad = [](std::uint64_t b) { return sat_round_up(b, 256); };
     if (e) r.adam_scratch = sat_add(sat_mul(3, pad(4 * e)), pad(e * held), pad(e * pb));
   }

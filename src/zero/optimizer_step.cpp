@@ -9,6 +9,7 @@
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/log.hpp"
+#include "strata/plan.hpp"
 #include "zero/clock.hpp"
 
 namespace strata::zero {
@@ -131,8 +132,10 @@ OptimizerStep::OptimizerStep(const EngineLayout& layout, TierStore& store,
   // optimizer.update auto: host-state chunks shared with a GPU (the host device: the CPU alone).
   if (layout.config().optimizer.update == strata::OptimizerUpdate::kAuto &&
       store.device().kind() == DeviceKind::kCuda && !layout.chunks().empty())
-    split_ = std::make_unique<UpdateSplit>(store.device(), layout.config().runtime.cpu_threads,
-                                           layout.timeout(), largest_chunk(layout));
+    split_ = std::make_unique<UpdateSplit>(
+        store.device(), layout.config().runtime.cpu_threads, layout.timeout(),
+        update_window_elements(layout.config().tiers.gpu.update_window, layout.grad_elem_bytes(),
+                               layout.param_elem_bytes(), largest_chunk(layout)));
 }
 
 OptimizerStep::~OptimizerStep() = default;

@@ -533,6 +533,21 @@ TEST(Plan, RuntimeBuffersFormulas) {
   EXPECT_EQ(r.adam_scratch, 3 * (333'376ULL * 4) + 333'376ULL * 4 + 666'880);  // 666752 -> 256 B
   EXPECT_EQ(runtime_buffers(c, 2, OffloadConfig{}).adam_scratch, 0u);  // nothing on the host
   EXPECT_EQ(r.update_slots, 0u);                                       // no state on the gpu
+  // optimizer.update auto: on a GPU the split's device side stages at most a chunk (window 0),
+  // or what tiers.gpu.update_window holds; on the host-emulated device there is no split.
+  c.optimizer.update = OptimizerUpdate::kAuto;
+  c.runtime.device = DeviceKind::kCuda;
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).adam_scratch, r.adam_scratch);
+  c.tiers.gpu.update_window = 1 << 20;  // (1 MiB - 1280) / (12 + 4 + 2) = 58183 elements
+  EXPECT_EQ(update_window_elements(1 << 20, 4, 2, 333'376), 58'183u);
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).adam_scratch,
+            3 * 232'960ULL + 232'960ULL + 116'480ULL);  // 58183 x 4 -> 232960, x 2 -> 116480
+  EXPECT_LE(runtime_buffers(c, 2, c.offload).adam_scratch, c.tiers.gpu.update_window);
+  EXPECT_EQ(update_window_elements(1, 4, 2, 10), 1u);  // never less than one element
+  EXPECT_EQ(update_window_elements(0, 4, 2, 10), 10u);
+  c.runtime.device = DeviceKind::kHost;
+  EXPECT_EQ(runtime_buffers(c, 2, c.offload).adam_scratch, 0u);
+  c.tiers.gpu.update_window = 0;
   // State on the gpu, its gradients in host memory: the device update stages the gradients of the
   // largest chunk (the partition) in tiers.host.buffer_count slots, each padded to 4096 B
   // (333376 x 4 = 1333504 -> 1335296); stage 3 with the parameters on the host too adds theirs
