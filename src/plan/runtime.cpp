@@ -229,8 +229,8 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
   // through one scratch buffer sized to the largest (src/optim/device_adam.cpp); auto on a GPU:
   // the split's share of one, at most tiers.gpu.update_window (src/zero/update_split.hpp).
-  const bool split = c.optimizer.update == OptimizerUpdate::kAuto &&
-                     c.runtime.device != DeviceKind::kHost;
+  const bool split =
+      c.optimizer.update == OptimizerUpdate::kAuto && c.runtime.device != DeviceKind::kHost;
   if (c.optimizer.update == OptimizerUpdate::kDevice || split) {
     std::uint64_t e = pool.largest_host_chunk;
     if (split) e = std::min(e, update_window_elements(c.tiers.gpu.update_window, held, pb, e));
