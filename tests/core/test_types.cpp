@@ -48,7 +48,7 @@ TEST(Types, EveryEnumHasOneCompleteNameTable) {
   expect_table<DType>("fp16 bf16 fp32");
   expect_table<Tier>("gpu cpu nvme");
   expect_table<OptimizerType>("adam adamw");
-  expect_table<OptimizerUpdate>("cpu device");
+  expect_table<OptimizerUpdate>("cpu device auto");
   expect_table<OptimizerOverlap>("off on auto");
   expect_table<IoEngineKind>("auto io_uring threads");
   expect_table<DirectIoMode>("auto required off");
@@ -69,7 +69,7 @@ TEST(Types, NamedAccessorsReadTheTables) {
   expect_accessor(dtype_name, 3);
   expect_accessor(tier_name, 3);
   expect_accessor(optimizer_name, 2);
-  expect_accessor(optimizer_update_name, 2);
+  expect_accessor(optimizer_update_name, 3);
   expect_accessor(optimizer_overlap_name, 3);
   expect_accessor(io_engine_name, 3);
   expect_accessor(direct_io_name, 3);

@@ -196,7 +196,9 @@ TEST_P(EngineGroups, BorrowedInitialValuesAndHeldGradients) {
         EXPECT_EQ(held, nullptr);
       } else {
         ASSERT_NE(held, nullptr);
-        EXPECT_EQ(std::memcmp(held, g.data(), g.size()), 0) << "rank " << rank << " t" << id;
+        if (!g.empty()) {
+          EXPECT_EQ(std::memcmp(held, g.data(), g.size()), 0) << "rank " << rank << " t" << id;
+        }
       }
     }
   }));
