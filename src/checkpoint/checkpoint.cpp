@@ -11,6 +11,7 @@
 #include <cstring>
 #include <exception>
 #include <future>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -477,7 +478,11 @@ struct Segment {
   std::uint64_t src = 0;
 };
 
-void check_model(const Manifest& m, const RankState& s) {
+// Which saved tensor each of this model's tensors is (checked: the same name and size): the one
+// at its position, or — the same tensors registered in another order (strata.torch registered
+// them group by group before 2026-12-05, in the model's order since) — the one of its name, where
+// the saved names are unique. Anything else is another model: refused naming the first mismatch.
+std::vector<std::size_t> check_model(const Manifest& m, const RankState& s) {
   const Partition& p = *s.partition;
   if (m.param_dtype != s.param_dtype)
     fail(ErrorCode::kInvalidArgument,
@@ -488,16 +493,31 @@ void check_model(const Manifest& m, const RankState& s) {
     fail(ErrorCode::kInvalidArgument,
          strcat("checkpoint ", m.path, ": field 'tensors': ", m.tensors.size(),
                 " tensors saved, this model registers ", p.num_tensors()));
-  for (std::size_t i = 0; i < m.tensors.size(); ++i)
-    if (m.tensors[i].name != p.tensor(i).name || m.tensors[i].numel != p.tensor(i).numel)
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t j = 0; j < m.tensors.size(); ++j) by_name.emplace(m.tensors[j].name, j);
+  const bool unique = by_name.size() == m.tensors.size();
+  std::vector<std::size_t> saved(m.tensors.size());
+  std::vector<bool> taken(m.tensors.size(), false);
+  for (std::size_t i = 0; i < m.tensors.size(); ++i) {
+    std::size_t j = i;
+    if (m.tensors[i].name != p.tensor(i).name && unique) {
+      const auto it = by_name.find(p.tensor(i).name);
+      if (it != by_name.end() && !taken[it->second]) j = it->second;
+    }
+    taken[j] = true;
+    if (m.tensors[j].name != p.tensor(i).name || m.tensors[j].numel != p.tensor(i).numel)
       fail(ErrorCode::kInvalidArgument,
-           strcat("checkpoint ", m.path, ": field 'tensors[", i, "]': saved '",
-                  printable(m.tensors[i].name, 200), "' (", m.tensors[i].numel,
+           strcat("checkpoint ", m.path, ": field 'tensors[", j, "]': saved '",
+                  printable(m.tensors[j].name, 200), "' (", m.tensors[j].numel,
                   " elements), this model registers '", p.tensor(i).name, "' (", p.tensor(i).numel,
                   " elements) there"));
+    saved[i] = j;
+  }
+  return saved;
 }
 
-std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
+std::vector<Segment> plan_segments(const Manifest& m, const RankState& s,
+                                   const std::vector<std::size_t>& saved) {
   const Partition& p = *s.partition;
   const std::uint64_t begin = s.opt_begin, end = begin + s.store->size();
   std::vector<Segment> out;
@@ -507,7 +527,7 @@ std::vector<Segment> plan_segments(const Manifest& m, const RankState& s) {
     const std::uint64_t x1 = std::min<std::uint64_t>(end, off + p.tensor(i).numel);
     if (x0 >= x1) continue;
     if (pos < x0) out.push_back({pos - begin, x0 - pos, -1, 0});
-    std::uint64_t old = m.tensors[i].offset + (x0 - off);
+    std::uint64_t old = m.tensors[saved[i]].offset + (x0 - off);
     for (std::uint64_t x = x0; x < x1;) {
       const auto shard = static_cast<int>(old / m.partition_size);
       const std::uint64_t take =
@@ -758,6 +778,7 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   SafeDir dir;
   Manifest m;
   std::vector<Segment> segs;
+  std::vector<std::size_t> saved;  // this model's tensor i is the saved tensor saved[i]
   std::unique_ptr<Shards> shards;
   // Pass 1: the manifest, the model, and every block this rank needs; nothing changes.
   Outcome o;
@@ -765,8 +786,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
     dir = SafeDir::open(dir_path, {});
     m = read_manifest(dir, env_of(s));
     o.extra = m.crc32c;
-    check_model(m, s);
-    segs = plan_segments(m, s);
+    saved = check_model(m, s);
+    segs = plan_segments(m, s, saved);
     shards = std::make_unique<Shards>(dir, m, env_of(s));
     for (const Segment& g : segs) {
       if (g.shard < 0) continue;
@@ -803,6 +824,8 @@ void load_checkpoint(const std::string& dir_path, RankState& s, Communicator& co
   s.bytes_read = shards->bytes_read();
   s.bytes_restored = s.bytes_read - s.bytes_verified;
   copy_counters(m, s);
+  for (std::size_t i = 0; i < s.tensor_steps.size(); ++i)
+    s.tensor_steps[i] = m.tensor_steps[saved[i]];
   std::uint64_t shard_bytes = 0;
   for (const auto& e : m.shards) shard_bytes += e.bytes;
   const std::string done =

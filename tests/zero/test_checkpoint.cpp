@@ -15,6 +15,7 @@
 
 #include "../comm/comm_test_util.hpp"
 #include "ckpt_model.hpp"
+#include "engine_test_util.hpp"
 #include "strata/error.hpp"
 #include "test_util.hpp"
 
@@ -96,6 +97,74 @@ TEST(Checkpoint, ResumeWithParamsAndGradientsOnNvme) {
   got = run(2, 3, 0, swap.str(), ckpt.str(), 10, 6, true);
   for (int r = 0; r < 2; ++r)
     expect_bitwise_equal(got[r], want[r], strcat("resident resume rank ", r));
+}
+
+// A model that registers the same tensors in another order (strata.torch registered them group
+// by group, and in the model's order since) loads each tensor by its name: master, moments and
+// its own step count, on 2 ranks at stage 2 (a tensor straddles the ranks' partitions). A tensor
+// renamed is another model: refused, nothing loaded.
+TEST(Checkpoint, TheSameTensorsInAnotherOrderLoadByName) {
+  const std::vector<std::size_t> sizes{700, 33, 1500, 7};
+  const std::vector<std::size_t> order{2, 0, 3, 1};  // the loading model's tensors, by saved index
+  TempDir ckpt("strata-ckpt");
+  const StateKind kinds[] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+  std::vector<std::vector<std::vector<float>>> want(sizes.size());  // [tensor][kind]
+  std::vector<std::int64_t> want_steps(sizes.size());
+  auto register_as = [&](Engine& e, const std::vector<std::size_t>& which, const char* prefix) {
+    for (std::size_t t : which) e.add_parameter(strcat(prefix, t), initial_values(31, t, sizes[t]));
+    e.finalize();
+  };
+  auto comms = make_inprocess_communicators(2, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(ckpt_config(2, 0, ""), comm);
+    register_as(e, {0, 1, 2, 3}, "t");
+    for (int s = 0; s < 3; ++s) {
+      for (std::size_t t = sizes.size(); t-- > 0;) {
+        if (s == 1 && t == 1) {
+          e.skip_gradient(t);  // tensor 1 misses a step: its own count differs
+          continue;
+        }
+        const auto g = grad_of(77, rank, s, t, sizes[t], DType::kFp32);
+        e.set_gradient_host(t, g.data());
+      }
+      e.step();
+    }
+    e.save_checkpoint(ckpt.str());
+    for (TensorId t = 0; t < sizes.size() && rank == 0; ++t) {
+      want_steps[t] = e.optimizer_step(t);
+      for (StateKind k : kinds) {
+        want[t].emplace_back(sizes[t]);
+        e.read_state(t, k, want[t].back());
+      }
+    }
+    if (rank != 0)
+      for (TensorId t = 0; t < sizes.size(); ++t)
+        for (StateKind k : kinds) {
+          std::vector<float> v(sizes[t]);
+          e.read_state(t, k, v);  // collective at stage 2: both ranks read
+        }
+  }));
+  EXPECT_EQ(want_steps[1] + 1, want_steps[0]);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(ckpt_config(2, 0, ""), comm);
+    register_as(e, order, "t");
+    e.load_checkpoint(ckpt.str());
+    for (TensorId i = 0; i < order.size(); ++i) {
+      const std::size_t t = order[i];
+      EXPECT_EQ(e.optimizer_step(i), want_steps[t]) << "t" << t;
+      for (int k = 0; k < 3; ++k) {
+        std::vector<float> v(sizes[t]);
+        e.read_state(i, kinds[k], v);
+        if (rank == 0) expect_bitwise_equal({v}, {want[t][k]}, strcat("t", t, " kind ", k));
+      }
+    }
+  }));
+  rethrow_any(run_ranks(comms, [&](int, Communicator& comm) {
+    Engine e(ckpt_config(2, 0, ""), comm);
+    register_as(e, order, "u");
+    expect_error(ErrorCode::kInvalidArgument, "this model registers 'u2'",
+                 [&] { e.load_checkpoint(ckpt.str()); });
+  }));
 }
 
 TEST(Checkpoint, VerificationFailuresChangeNothing) {
