@@ -232,6 +232,11 @@ struct OverlapShape {
   // Stage 2: the rank's share of the flat parameters, which the model holds, so the commit copies
   // the speculation's new parameters in (stage 3's parameter blocks are swapped, not copied).
   std::uint64_t param_commit_bytes = 0;
+  // optimizer.update auto on a GPU (docs/offload.md, "Where the update runs"): the update of the
+  // memory-resident state is shared with the device, which moves split_in_bytes per element to it
+  // (master, moments, gradient) and split_out_bytes back (master, moments, parameter copy).
+  bool split = false;
+  std::uint64_t split_in_bytes = 0, split_out_bytes = 0;
 };
 OverlapShape overlap_shape(const Config& config);
 
@@ -247,7 +252,11 @@ OverlapShape overlap_shape(const Config& config);
 // param_commit_bytes, at host_copy_bps). Not counted:
 // the hand-ins' copies (which share the CPU and memory with the update during the backward), the
 // last bucket's reduction, the decision, and a clip or an overflow (a rollback: the serial step
-// again); a bound from below.
+// again); a bound from below. With shape.split (and the GPU's rates measured: h2d_bps, d2h_bps,
+// gpu_adam_params_per_s), the Adam of memory-resident state in W_s runs on both sides at once,
+// each element on the device taking in / h2d + 1 / gpu rate + out / d2h (one stream), shared so
+// both finish together (the engine's split); NVMe state's Adam is under its I/O in the pipeline
+// and is not split in the model.
 struct OverlapPrediction {
   double backward_s = 0;           // T, given
   std::uint64_t chunks = 0;        // the step's sub-groups
@@ -256,6 +265,7 @@ struct OverlapPrediction {
   double optimizer_s = 0;          // W, the serial optimizer step it hides (pipelined_s)
   double speculative_s = 0;        // W_s: the same update into pending versions
   double commit_s = 0;             // the parameters' commit copy after the decision (0: none)
+  double device_share = 0;         // split: the memory-resident elements the device updates
   double exposed_s = 0;            // the update's time after the last gradient, with the commit
   double backward_and_step_s = 0;  // T + exposed_s
   double serial_s = 0;             // T + W: backward, then the whole step

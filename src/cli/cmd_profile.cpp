@@ -39,8 +39,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds,
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
                                    algbw_bytes_per_second, busbw_bytes_per_second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, pieces, window_s,
-                                   optimizer_s, speculative_s, commit_s, exposed_s,
-                                   backward_and_step_s, serial_s)
+                                   optimizer_s, speculative_s, commit_s, device_share,
+                                   exposed_s, backward_and_step_s, serial_s)
 }  // namespace strata
 
 namespace cmd_profile {
@@ -637,6 +637,9 @@ void print_overlap(std::ostream& o, const strata::OverlapPrediction& v, const st
   if (c.zero.stage >= 2 && v.speculative_s > v.optimizer_s)
     o << " (" << secs(v.speculative_s) << " into pending versions: memory-resident state "
       << "updated out of place)";
+  if (v.device_share > 0)
+    o << " (optimizer.update auto: the GPU takes " << static_cast<int>(100 * v.device_share + 0.5)
+      << " % of the memory-resident elements beside the CPU)";
   o << ", exposed after the last gradient " << secs(v.exposed_s);
   if (v.commit_s > 0) o << " (of which the parameters' commit copy " << secs(v.commit_s) << ")";
   o << "\n  at least: not counted are the hand-ins' copies during the backward, the last bucket's "

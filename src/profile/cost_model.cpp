@@ -213,8 +213,30 @@ OverlapShape overlap_shape(const Config& config) {
     s.param_commit_bytes = config.model.parameters /
                            std::max<std::uint32_t>(config.world.ranks, 1) *
                            dtype_size(config.precision.params);
+  s.split = config.optimizer.update == OptimizerUpdate::kAuto &&
+            config.runtime.device != DeviceKind::kHost;
+  s.split_in_bytes = 12 + dtype_size(config.precision.accum_dtype());
+  s.split_out_bytes = 12 + dtype_size(config.precision.params);
   return s;
 }
+
+namespace {
+// The speculative update's time with the Adam of memory-resident state (its out-of-place time
+// `adam_s`, of `elements`) shared with the device at the shape's bytes per element; sets
+// o.device_share. Without a split, or the GPU's rates: unchanged.
+double split_update(double w, double adam_s, std::uint64_t elements, const OverlapShape& shape,
+                    const Bandwidths& bw, OverlapPrediction& o) {
+  if (!shape.split || adam_s <= 0 || elements == 0 || bw.h2d_bps <= 0 || bw.d2h_bps <= 0 ||
+      bw.gpu_adam_params_per_s <= 0)
+    return w;
+  const double per = static_cast<double>(shape.split_in_bytes) / bw.h2d_bps +
+                     1.0 / bw.gpu_adam_params_per_s +
+                     static_cast<double>(shape.split_out_bytes) / bw.d2h_bps;
+  const double r_dev = 1.0 / per, r_cpu = static_cast<double>(elements) / adam_s;
+  o.device_share = r_dev / (r_dev + r_cpu);
+  return w - adam_s + static_cast<double>(elements) / (r_dev + r_cpu);
+}
+}  // namespace
 
 OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
                                   const OverlapShape& shape, const Bandwidths& bw) {
@@ -238,6 +260,10 @@ OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
   } else {
     const double f = bw.cpu_adam_out_of_place_factor > 0 ? bw.cpu_adam_out_of_place_factor : 1.0;
     o.speculative_s = o.optimizer_s + (f - 1) * step.adam_memory_s;
+    const double memory_elements = step.adam_memory_s * bw.memory_adam_rate();  // off_cpu
+    o.speculative_s = split_update(o.speculative_s, f * step.adam_memory_s,
+                                   static_cast<std::uint64_t>(std::llround(memory_elements)), shape,
+                                   bw, o);
     const double n = static_cast<double>(o.pieces), w = o.speculative_s, t = o.window_s;
     // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
     o.exposed_s = std::max(std::max(w / n, (n * w - (n - 1) * t) / n), step.adam_gpu_s);

@@ -263,6 +263,47 @@ TEST(CostModel, OverlapUpdatesMemoryStateOutOfPlaceAndCommitsTheParameters) {
   EXPECT_DOUBLE_EQ(v.commit_s, 0);
 }
 
+// optimizer.update auto on a GPU: the out-of-place Adam of memory-resident state (here 6 x 1.5 =
+// 9 s for 900 elements: 100 elements/s) shared with the device at in / h2d + 1 / rate + out / d2h
+// per element (28 / 280 + 1 / 1000 + 14 / 1400 = 0.111 s: 9 elements/s): both finish together.
+TEST(CostModel, OverlapSharesTheMemoryStateUpdateWithTheDevice) {
+  StepPrediction p = step_of(4, 8);
+  p.adam_memory_s = 6;
+  Bandwidths bw;
+  bw.cpu_adam_out_of_place_factor = 1.5;
+  bw.cpu_adam_memory_params_per_s = 150;  // 900 elements in 6 s (in place)
+  bw.h2d_bps = 280;
+  bw.d2h_bps = 1400;
+  bw.gpu_adam_params_per_s = 1000;
+  OverlapShape s;
+  s.split = true;
+  s.split_in_bytes = 28;
+  s.split_out_bytes = 14;
+  const OverlapPrediction v = predict_overlap(p, 20, s, bw);
+  const double r_dev = 1 / (0.1 + 0.001 + 0.01), r_cpu = 100;
+  EXPECT_NEAR(v.device_share, r_dev / (r_dev + r_cpu), 1e-12);
+  EXPECT_NEAR(v.speculative_s, 8 + 3 - 9 + 900 / (r_dev + r_cpu), 1e-9);
+  EXPECT_LT(v.speculative_s, predict_overlap(p, 20, OverlapShape{}, bw).speculative_s);
+  // The GPU's rates not measured (a host without one): no split.
+  bw.gpu_adam_params_per_s = 0;
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s, bw).device_share, 0);
+  EXPECT_DOUBLE_EQ(predict_overlap(p, 20, s, bw).speculative_s, 11);
+  // overlap_shape: auto on a GPU splits; cpu, or the host device, does not.
+  Config c;
+  c.optimizer.update = OptimizerUpdate::kAuto;
+  c.runtime.device = DeviceKind::kCuda;
+  c.precision.params = DType::kBf16;
+  c.precision.grads = DType::kBf16;
+  EXPECT_TRUE(overlap_shape(c).split);
+  EXPECT_EQ(overlap_shape(c).split_in_bytes, 14u);
+  EXPECT_EQ(overlap_shape(c).split_out_bytes, 14u);
+  c.runtime.device = DeviceKind::kHost;
+  EXPECT_FALSE(overlap_shape(c).split);
+  c.runtime.device = DeviceKind::kCuda;
+  c.optimizer.update = OptimizerUpdate::kCpu;
+  EXPECT_FALSE(overlap_shape(c).split);
+}
+
 // Optimizer state in host memory runs at the memory rate (arrays beyond the caches), state on
 // NVMe at the staged rate of the sample step (its pool buffers).
 TEST(CostModel, MemoryResidentStateRunsAtTheMemoryRate) {
