@@ -116,10 +116,12 @@ PoolPlan plan_pool(const Config& config, int stage, const OffloadConfig& offload
 // 12h^2 + 13h; 0 when neither is given), P = the rank's partition (ceil(parameters / ranks)
 // rounded up to 64), F = ranks x P.
 struct RuntimeBuffers {
-  std::uint64_t bucket_count =
-      0;                      // stages 2-3: min(ceil(F / B), 5; 4 when model.largest_layer < B)
-  std::uint64_t buckets = 0;  // bucket_count x B x grad bytes (rt.bucket.<n>)
-  std::uint64_t receive_count = 0;  // stages 2-3: min(ceil(F / B), 2): the buckets in flight
+  // Stages 2-3: min(ceil(F / B), 3) buckets (two in flight, one being filled) and as many
+  // receive buffers (two in flight, one copying its share out); one rank without gradients on
+  // nvme: min(ceil(F / B), 6) buckets, each its own receive buffer, and none of those.
+  std::uint64_t bucket_count = 0;
+  std::uint64_t buckets = 0;        // bucket_count x min(B, F) x grad bytes (rt.bucket.<n>)
+  std::uint64_t receive_count = 0;  // see bucket_count
   std::uint64_t receive = 0;        // receive_count x min(B, P) x grad bytes (rt.recv.<n>)
   std::uint64_t layer = 0;          // L
   bool layer_estimated = false;     // L from hidden_size, not model.largest_layer
