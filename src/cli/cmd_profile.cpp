@@ -39,8 +39,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CopyPoint, direction, pinned, bytes, seconds,
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CollectivePoint, collective, backend, ranks, bytes, seconds,
                                    algbw_bytes_per_second, busbw_bytes_per_second)
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(OverlapPrediction, backward_s, chunks, pieces, window_s,
-                                   optimizer_s, speculative_s, commit_s, device_share,
-                                   exposed_s, backward_and_step_s, serial_s)
+                                   optimizer_s, speculative_s, commit_s, device_share, exposed_s,
+                                   backward_and_step_s, serial_s)
 }  // namespace strata
 
 namespace cmd_profile {

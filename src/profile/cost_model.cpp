@@ -261,9 +261,9 @@ OverlapPrediction predict_overlap(const StepPrediction& step, double backward_s,
     const double f = bw.cpu_adam_out_of_place_factor > 0 ? bw.cpu_adam_out_of_place_factor : 1.0;
     o.speculative_s = o.optimizer_s + (f - 1) * step.adam_memory_s;
     const double memory_elements = step.adam_memory_s * bw.memory_adam_rate();  // off_cpu
-    o.speculative_s = split_update(o.speculative_s, f * step.adam_memory_s,
-                                   static_cast<std::uint64_t>(std::llround(memory_elements)), shape,
-                                   bw, o);
+    o.speculative_s =
+        split_update(o.speculative_s, f * step.adam_memory_s,
+                     static_cast<std::uint64_t>(std::llround(memory_elements)), shape, bw, o);
     const double n = static_cast<double>(o.pieces), w = o.speculative_s, t = o.window_s;
     // ((j + 1) W - j T') / n is linear in j: its maximum over [0, n - 1] is at an end.
     o.exposed_s = std::max(std::max(w / n, (n * w - (n - 1) * t) / n), step.adam_gpu_s);

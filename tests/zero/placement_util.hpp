@@ -48,7 +48,7 @@ struct Placement {
   // Host-state chunks' Adam shared with the device's (zero/update_split.hpp), forced per chunk:
   // 0 the CPU alone (no split), 1 all on the CPU through the split, 2 all on the device,
   // 3 alternating chunks, 4 the device takes the chunks final last (the lowest two), 5 a share
-  // inside every chunk.
+  // inside every chunk, 6 optimizer.update auto (not forced: the rates choose; on a CUDA engine).
   int split = 0;
   DType held() const { return accum_fp32 ? DType::kFp32 : gdt; }
 };
@@ -243,6 +243,7 @@ inline Config placement_config(const Placement& p, const std::string& dir) {
   cfg.tiers.nvme.queue_depth = 4;
   cfg.train.accumulate = static_cast<std::uint32_t>(p.accumulate);
   cfg.optimizer.overlap = p.overlap ? OptimizerOverlap::kOn : OptimizerOverlap::kOff;
+  if (p.split == 6) cfg.optimizer.update = OptimizerUpdate::kAuto;
   return cfg;
 }
 
@@ -338,7 +339,7 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
     ids.push_back(e.add_parameter(strata::strcat("t", t), initial(t)));
   e.finalize();
   zero::EngineAccess::set_stage_device_memory(e, p.staged);
-  if (p.split) zero::EngineAccess::force_update_split(e, split_share(p.split));
+  if (p.split && p.split != 6) zero::EngineAccess::force_update_split(e, split_share(p.split));
   auto stream = e.device().create_stream();  // the "backward"'s: gradients into device memory
   int gated = 0, cancelled = 0;
   for (int s = 0; s < kSteps; ++s) {
