@@ -532,8 +532,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
             shown = self._grad_views[tid] if g.numel() else g
         elif self._shown[tid] is None or self._micro == 0:
             shown = g  # autograd's tensor, no longer the engine's business (copied or queued)
+        elif self._cuda:  # (the engine's copy of the earlier one may still read it, on its stream)
+            shown = self._shown[tid] + g  # a later micro-batch: summed as torch's p.grad
         else:
-            shown = self._shown[tid].add_(g)  # a later micro-batch: summed as torch's p.grad
+            shown = self._shown[tid].add_(g)
         self._params[tid].grad = shown
         self._shown[tid] = shown
 
