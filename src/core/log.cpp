@@ -122,14 +122,19 @@ std::vector<std::string> tokenize(std::string_view m) {
   return out;
 }
 
-// What two ranks' versions of one warning share: the words with digits are wildcards.
+// What two ranks' versions of one warning share: the words with digits are wildcards, and so are
+// hexadecimal words of 6 or more letters (a swap directory's random suffix: "cfbcaadb" has no
+// digit by chance, about once in 2600 names, and its rank's warning stood apart).
 std::string shape_of(const std::vector<std::string>& tokens) {
   std::string key;
   for (const std::string& t : tokens) {
     const bool digits = std::any_of(t.begin(), t.end(), [](char c) {
       return std::isdigit(static_cast<unsigned char>(c)) != 0;
     });
-    key += digits ? std::string("\x01") : t;
+    const bool hex = t.size() >= 6 && std::all_of(t.begin(), t.end(), [](char c) {
+                       return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+                     });
+    key += digits || hex ? std::string("\x01") : t;
     key += '\0';
   }
   return key;

@@ -62,6 +62,23 @@ TEST(RankWarnings, EveryRanksWarningIsOneLineNamingTheRanks) {
             "I/O; using buffered I/O");
 }
 
+// A swap directory's random hexadecimal suffix may have no digit ("cfbcaadb"): still the same
+// warning (CI once printed rank 7's apart from ranks 0-6 for that).
+TEST(RankWarnings, AHexSuffixWithoutDigitsIsStillTheSameWarning) {
+  Captured log;
+  RankLogGroup group(3, 3);
+  const char* suffix[] = {"9a015978", "cfbcaadb", "0718288d"};
+  on_ranks(group, 3, [&](int r) {
+    log_warn("io: /dev/shm/strata-swap-32278-r", r, "-", suffix[r],
+             "/swap.bin: tmpfs has no direct I/O; using buffered I/O");
+  });
+  const std::vector<std::string> lines = log.lines();
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0],
+            "warning: (ranks 0-2) io: /dev/shm/strata-swap-32278-*-*/swap.bin: tmpfs has no "
+            "direct I/O; using buffered I/O");
+}
+
 TEST(RankWarnings, SomeRanksWarningIsNamedWithThemAtFlush) {
   Captured log;
   {
