@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""bench/python/bench_optimizer_step.py on a tiny model, one round: the benchmark runs and prints
-its three parts' JSON with every figure present (a smoke test: no speed is asserted here; the speed
+"""bench/python/bench_optimizer_step.py and bench/python/bench_torch_loop.py on tiny models, one
+round: each benchmark runs and prints its parts' JSON with every figure present (a smoke test: no speed is asserted here; the speed
 figures are taken by running the benchmark on a quiet machine, docs/performance.md).
 
 Usage: bench_smoke.py SOURCE_DIR BUILD_DIR"""
@@ -43,5 +43,28 @@ for k in ("strata_step_s", "device_bound_s", "step_over_bound", "in_process_boun
 assert nvme["step_loop_gate_s"] >= 0, nvme
 assert len(nvme["step_over_bound_rounds"]) == 2
 assert nvme["io_engine"] in ("io_uring", "threads"), nvme
-print("bench smoke: ok (%d parameters; host speedup %.2f, nvme step / bound %.2f: not results)"
-      % (n, host["speedup"], nvme["step_over_bound"]))
+
+# bench_torch_loop.py: each variant's memory in its own process (strata plan beside it), then the
+# iteration alternating.
+with tempfile.TemporaryDirectory(prefix="strata-bench-smoke-") as tmp:
+    out = subprocess.run(
+        ["/usr/bin/python3", os.path.join(src, "bench", "python", "bench_torch_loop.py"),
+         "--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "16", "--rows", "2",
+         "--threads", "1", "--iters", "1", "--rounds", "1", "--nvme", tmp,
+         "--strata", os.path.join(build, "strata"), "--json"],
+        check=True, capture_output=True, text=True).stdout
+loop = {l["part"]: l for l in (json.loads(x) for x in out.splitlines() if x.strip())}
+assert set(loop) == {"memory", "iteration"}, out
+mem, its = loop["memory"], loop["iteration"]
+variants = {"adamw_for_loop", "adamw_foreach", "strata_host_stage1", "strata_host_stage2",
+            "strata_nvme_stage2"}
+assert set(mem["peak_bytes"]) == variants, mem
+for name in variants:
+    assert mem["peak_bytes"][name]["peak"] > 0 and name in mem["held_bytes"], (name, mem)
+    if name.startswith("strata"):
+        assert math.isfinite(mem["corrected_over_planned"][name]), (name, mem)
+for k in ("handin_cost", "speedup_vs_for_loop", "speedup_vs_foreach", "overlap_speedup_vs_for_loop"):
+    assert its[k] > 0 and math.isfinite(its[k]), (k, its)
+print("bench smoke: ok (%d parameters; host speedup %.2f, nvme step / bound %.2f; torch loop "
+      "hand-in %.2f: not results)" % (n, host["speedup"], nvme["step_over_bound"],
+                                      its["handin_cost"]))
