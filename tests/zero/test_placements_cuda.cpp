@@ -84,9 +84,10 @@ TEST_P(PlacementsCuda, MatchTheUnshardedReference) {
 INSTANTIATE_TEST_SUITE_P(Matrix, PlacementsCuda, ::testing::ValuesIn(cuda_cases()), case_name);
 
 // The update shared between the CPU and the GPU's Adam kernel (zero/update_split.hpp), on a CUDA
-// engine: forced all device, alternating, a share inside every chunk, and optimizer.update auto
-// (the split the rates choose), speculated (K = 2) and serial, state in host memory (pinned or
-// not) and on NVMe: bitwise the unsharded reference on one and two GPUs.
+// engine: forced all CPU, all device, alternating, the chunks final last on the device, a share
+// inside every chunk, and optimizer.update auto (the split the rates choose), speculated (K = 2)
+// and serial, state in host memory (pinned or not) and on NVMe: bitwise the unsharded reference
+// on one and two GPUs.
 std::vector<Placement> split_cuda_cases() {
   std::vector<Placement> v;
   for (const Placement& s :
@@ -94,7 +95,7 @@ std::vector<Placement> split_cuda_cases() {
                                         {2, Tier::kNvme, Tier::kCpu, Tier::kGpu, 1.0, 2},
                                         {3, Tier::kCpu, Tier::kGpu, Tier::kCpu, 1.0, 2},
                                         {1, Tier::kCpu, Tier::kGpu, Tier::kGpu, 1.0, 1}})
-    for (int split : {2, 3, 5, 6}) {
+    for (int split : {1, 2, 3, 4, 5, 6}) {
       v.push_back(s);
       v.back().split = split;
       v.back().overlap = s.stage >= 2;
