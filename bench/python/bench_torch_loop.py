@@ -52,6 +52,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "examples"))
 
 import torch  # noqa: E402
 
+import strata.torch as st  # noqa: E402
+
 from gpt_model import GPT, VOCAB  # noqa: E402
 
 VARIANTS = {
@@ -86,9 +88,7 @@ def build_model(args):
 
 def build_optimizer(name, model, args, nvme_dir):
     if name.startswith("adamw"):
-        import strata.torch as st
         return torch.optim.AdamW(st.no_decay_param_groups(model), foreach=name == "adamw_foreach")
-    import strata.torch as st
     overrides = dict(VARIANTS[name], **{"runtime.cpu_threads": args.threads})
     if "nvme" in name:
         overrides["tiers.nvme.paths"] = [nvme_dir]
@@ -136,6 +136,7 @@ def child(args):
         held_trimmed = status("VmRSS") - before_trimmed
         row = {"variant": args.child, "construction_peak": built,
                "training_peak": status("VmHWM"), "model_bytes": model_bytes,
+               "parameters": sum(p.numel() for p in model.parameters()),
                "held_trimmed": held_trimmed}
         if hasattr(opt, "close"):
             row["held"] = held + model_bytes
@@ -167,7 +168,8 @@ def memory_part(args):
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         rows[name] = json.loads(out.strip().splitlines()[-1])
     ref = max(rows["adamw_for_loop"]["construction_peak"], rows["adamw_for_loop"]["training_peak"])
-    result = {"part": "memory", "parameters": n_params(args), "iters": args.iters,
+    result = {"part": "memory", "parameters": rows["adamw_for_loop"]["parameters"],
+              "iters": args.iters,
               "peak_bytes": {}, "over_adamw_for_loop": {}, "held_bytes": {},
               "held_trimmed_bytes": {},
               "held_over_planned": {}, "torch_retained_bytes": None,
@@ -198,10 +200,6 @@ def child_args(args):
         ["--nvme", args.nvme] if args.nvme else [])
 
 
-def n_params(args):
-    return sum(p.numel() for p in build_model(args).parameters())
-
-
 def timed_iteration(model, opt, x):
     t0 = time.perf_counter()
     forward_backward(model, opt, x)
@@ -229,7 +227,8 @@ def iteration_part(args):
     med = {n: {k: statistics.median(v) for k, v in runs[n][2].items()} for n in names}
     it = {n: med[n]["fb"] + med[n]["step"] for n in names}
     s = "strata_host_stage1"
-    return {"part": "iteration", "parameters": n_params(args), "rounds": args.rounds,
+    n = sum(p.numel() for p in runs["adamw_for_loop"][0].parameters())
+    return {"part": "iteration", "parameters": n, "rounds": args.rounds,
             "threads": args.threads,
             "median_s": {n: {"forward_backward": round(med[n]["fb"], 4),
                              "step": round(med[n]["step"], 4), "iteration": round(it[n], 4)}

@@ -146,6 +146,10 @@ struct RuntimeBuffers {
 };
 RuntimeBuffers runtime_buffers(const Config& config, int stage, const OffloadConfig& offload);
 
+// Whether `config`'s host-state updates are shared with a GPU's Adam (optimizer.update auto with a
+// runtime.device that may be a GPU: cuda or auto; docs/offload.md "Where the update runs").
+bool update_split(const Config& config);
+
 // optimizer.update auto on a GPU: the elements of one chunk (`whole`) the device side of the split
 // may take within tiers.gpu.update_window bytes (`window`; 0: the whole chunk) — DeviceAdam's
 // staging of master and moments (FP32), gradients (`grad_bytes` each) and the parameter copy

@@ -165,6 +165,10 @@ std::uint64_t RuntimeBuffers::step() const {
 }
 std::uint64_t RuntimeBuffers::total() const { return sat_add(step(), staging); }
 
+bool update_split(const Config& c) {
+  return c.optimizer.update == OptimizerUpdate::kAuto && c.runtime.device != DeviceKind::kHost;
+}
+
 std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_bytes,
                                      std::uint64_t param_bytes, std::uint64_t whole) {
   if (window == 0 || whole == 0) return whole;
@@ -229,8 +233,7 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
   // optimizer.update device: DeviceAdam copies each host-updated chunk to the device and back
   // through one scratch buffer sized to the largest (src/optim/device_adam.cpp); auto on a GPU:
   // the split's share of one, at most tiers.gpu.update_window (src/zero/update_split.hpp).
-  const bool split =
-      c.optimizer.update == OptimizerUpdate::kAuto && c.runtime.device != DeviceKind::kHost;
+  const bool split = update_split(c);
   if (c.optimizer.update == OptimizerUpdate::kDevice || split) {
     std::uint64_t e = pool.largest_host_chunk;
     if (split) e = std::min(e, update_window_elements(c.tiers.gpu.update_window, held, pb, e));

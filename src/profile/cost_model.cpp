@@ -213,8 +213,7 @@ OverlapShape overlap_shape(const Config& config) {
     s.param_commit_bytes = config.model.parameters /
                            std::max<std::uint32_t>(config.world.ranks, 1) *
                            dtype_size(config.precision.params);
-  s.split = config.optimizer.update == OptimizerUpdate::kAuto &&
-            config.runtime.device != DeviceKind::kHost;
+  s.split = update_split(config);
   s.split_in_bytes = 12 + dtype_size(config.precision.accum_dtype());
   s.split_out_bytes = 12 + dtype_size(config.precision.params);
   return s;

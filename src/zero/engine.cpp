@@ -163,16 +163,17 @@ void Engine::Impl::initialize_state() {
         std::copy_n(initial[i].data() + (b - p.offset(i)), e - b, out.data() + (b - begin));
     }
   };
-  std::vector<float> flat;
+  std::vector<float> flat;  // several ranks: rank 0's values, broadcast
+  zero::FlatValues values = from_tensors;
   if (world > 1) {
     flat.resize(layout->flat_size());
     from_tensors(0, flat);
     host_comm->broadcast(flat.data(), flat.size(), DType::kFp32, 0);
+    values = [&flat](std::size_t begin, std::span<float> out) {
+      std::copy_n(flat.data() + begin, out.size(), out.data());
+    };
   }
-  layout->initialize(world > 1 ? zero::FlatValues([&](std::size_t begin, std::span<float> out) {
-    std::copy_n(flat.data() + begin, out.size(), out.data());
-  })
-                               : from_tensors);
+  layout->initialize(values);
   initial.clear();
   initial.shrink_to_fit();
   initial_copies.clear();

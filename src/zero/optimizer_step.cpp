@@ -209,8 +209,7 @@ std::vector<tier::StreamItem> OptimizerStep::stats_items() const {
   }
   // Pieces no longer than the longest chunk: what the pool's buffers were sized to stage (the
   // chunk capacity, or less when sub-groups cut every chunk shorter and the pool fits the need).
-  std::size_t cap = 1;
-  for (const Chunk& c : layout_.chunks()) cap = std::max(cap, c.r.count);
+  const std::size_t cap = std::max<std::size_t>(1, largest_chunk(layout_));
   const std::size_t ges = layout_.grad_elem_bytes(), psize = layout_.partition_size();
   for (std::size_t b = 0; b < psize; b += cap) {
     const std::size_t n = std::min(cap, psize - b);
