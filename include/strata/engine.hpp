@@ -237,6 +237,11 @@ class Engine {
   const void* param(TensorId id) const;
   // The same, converted to FP32 into `out` (numel(id) elements).
   void read_param(TensorId id, std::span<float> out) const;
+  // Whether the parameters are the FP32 master weights themselves for every element this rank
+  // updates (stages 0-1, precision.params fp32, the host-emulated device, state on cpu:
+  // docs/offload.md, "One copy of the weights"): the update runs on param()'s memory, and a write
+  // into it is a write of the master (write_state(kMaster) need not follow). After finalize().
+  bool params_are_master() const;
   // Stages 0-1: the tensor's gradient as this rank holds it in the current step — what its
   // hand-ins put there (the micro-batches' sum, this rank's own: step() reduces it across the ranks
   // in place), numel(id) elements in precision.grad_accum, in device() memory, at the same address

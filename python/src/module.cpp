@@ -539,6 +539,7 @@ PYBIND11_MODULE(_strata, m) {
       .def("numel", [](const PyEngine& s, TensorId id) { return s.e().numel(id); })
       .def("param_buffer", &PyEngine::param_buffer)
       .def("grad_buffer", &PyEngine::grad_buffer)
+      .def("params_are_master", [](const PyEngine& s) { return s.e().params_are_master(); })
       .def("copy_param", &PyEngine::copy_param, py::arg("id"), py::arg("dst"),
            py::arg("stream") = py::none())
       .def("copy_params", &PyEngine::copy_params, py::arg("ids"), py::arg("dsts"),

@@ -237,8 +237,10 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "strata: the model is on %s but runtime.device is host: a CUDA model's gradients "
                 "and parameters are device memory; use runtime.device: cuda (or auto), or move "
                 "the model to the CPU" % self._device)
-        if self._cuda and not _config_sets(config, overrides, "runtime", "device"):
-            defaults.append("runtime.device=cuda")
+        if not _config_sets(config, overrides, "runtime", "device"):
+            # (a CPU model: said, so that the config's plan is this engine's — at stages 0-1 the
+            # FP32 master weights are then the parameters themselves, docs/offload.md)
+            defaults.append("runtime.device=%s" % ("cuda" if self._cuda else "host"))
         # precision.params / precision.grads the config leaves out follow the model's dtype.
         dt = {v: k for k, v in _DTYPES.items()}.get(trainable[0].dtype)
         if dt is not None:
@@ -329,6 +331,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
             assert got == tid, (got, tid)
         self._sync_groups()
         self._engine.finalize()
+        self._params_are_master = self._engine.params_are_master()
         del inits
         self._arrived = [False] * len(self._params)  # in the current micro-batch
         # zero_grad(set_to_none=False): torch keeps a zero p.grad for every parameter that had a
@@ -611,19 +614,21 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def _reseed_written(self):
         """Parameters written into the model between steps become the FP32 master (this rank's
         part; no collective at stages 0-2), as torch.optim.AdamW steps from what p holds; the
-        moments and step counts are kept, as AdamW keeps its state."""
+        moments and step counts are kept, as AdamW keeps its state. Where the parameters are the
+        master (engine.params_are_master(), docs/offload.md) the write was the master's already."""
         written = self._written_params()
-        if written:
+        copy = written and not self._params_are_master
+        if copy:
             self._mem.synchronize()  # the binding copies device memory on the legacy stream
         for tid in written:
             p = self._params[tid]
             if self._moved(tid):
                 raise self._moved_error()
-            v = p.detach().to(torch.float32).contiguous()  # on the model's device
-            if v.numel():
+            v = p.detach().to(torch.float32).contiguous() if copy else None  # on the model's device
+            if copy and v.numel():
                 self._engine.write_state(tid, "master", self._mem.address(v))
             self._versions[tid] = p._version
-        if written:
+        if copy:
             self._mem.after_engine_wrote()
 
     def _engine_wrote_params(self):

@@ -158,6 +158,10 @@ LinkTraffic plan_traffic(const Config& c, int stage, const OffloadConfig& offloa
 
 }  // namespace
 
+bool master_in_params(const Config& c, int stage, DeviceKind device) {
+  return stage < 2 && c.precision.params == DType::kFp32 && device == DeviceKind::kHost;
+}
+
 Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const BytesPerParam b = bytes_per_param(c.precision);
   Layout l;
@@ -171,10 +175,13 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const std::uint64_t grad_off = share(f.grad_elements, offload.gradients);
   const std::uint64_t param_off = share(f.param_elements, offload.params);
 
+  // moved_bpe: bytes per element of the share off the gpu (the moments alone where the master
+  // weights of a cpu share are the parameters).
   auto place = [&](std::uint64_t elements, std::uint64_t off, std::uint64_t bpe,
-                   const OffloadTarget& t, std::uint64_t StateBytes::*kind) {
+                   const OffloadTarget& t, std::uint64_t StateBytes::*kind,
+                   std::uint64_t moved_bpe) {
     l.on_gpu.*kind = (elements - off) * bpe;
-    const std::uint64_t moved = off * bpe;
+    const std::uint64_t moved = off * moved_bpe;
     if (t.tier == Tier::kCpu) {
       l.on_host.*kind = moved;
       (t.pin_memory ? l.per_rank.pinned_host : l.per_rank.pageable_host) += moved;
@@ -184,9 +191,12 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
     }
     l.per_rank.gpu += (elements - off) * bpe;
   };
-  place(f.param_elements, param_off, b.params, offload.params, &StateBytes::params);
-  place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads);
-  place(f.optimizer_elements, opt_off, b.optimizer(), offload.optimizer, &StateBytes::optimizer);
+  place(f.param_elements, param_off, b.params, offload.params, &StateBytes::params, b.params);
+  place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads, b.grads);
+  l.master_in_params = opt_off > 0 && offload.optimizer.tier == Tier::kCpu &&
+                       master_in_params(c, stage, c.runtime.device);
+  place(f.optimizer_elements, opt_off, b.optimizer(), offload.optimizer, &StateBytes::optimizer,
+        l.master_in_params ? b.moments : b.optimizer());
 
   // What the engine holds besides the model state (runtime.cpp): the pinned staging pool in host
   // memory, the runtime buffers in device memory.

@@ -243,7 +243,7 @@ void Filler::zero_around(const Buf& b, std::uint64_t offset, std::uint64_t bytes
   auto* base = static_cast<unsigned char*>(store_.acquire(b.id, b.home, Access::kWrite, timeout_));
   std::memset(base, 0, offset);
   std::memset(base + offset + bytes, 0, b.bytes - offset - bytes);
-  store_.release(b.id, b.home);
+  store_.release(b.id, b.home, Access::kWrite);
 }
 
 // Into a gpu home on the filler's stream; the copy stays acquired until the piece completes.
@@ -379,7 +379,7 @@ void Filler::release_piece(Piece& p, bool stuck) noexcept {
   if (stuck) return;
   if (p.pinned == Tier::kNvme) return;
   try {
-    store_.release(bufs_[p.k].id, p.pinned);
+    store_.release(bufs_[p.k].id, p.pinned, Access::kWrite);  // (every piece's acquire writes)
   } catch (const std::exception& e) {
     log_error("filler: releasing buffer ", p.k, ": ", e.what());
   }

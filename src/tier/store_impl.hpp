@@ -223,7 +223,7 @@ class TierStore::Impl {
   PinnedPool* pool() const { return pool_; }
   Device& device() const { return device_; }
   std::string failure() const;
-  void release(BufferId id, Tier tier);
+  void release(BufferId id, Tier tier, Access access);
   void wait_idle(std::chrono::milliseconds timeout);
   BufferInfo info(BufferId id) const;
   TierUsage usage(Tier tier) const;

@@ -105,8 +105,9 @@ struct Pending {  // one item between its issue and the end of its writes
   std::vector<std::pair<Transfer, std::size_t>> reads;  // (transfer, part)
   std::vector<std::pair<Transfer, std::size_t>> acquires;
   std::array<void*, kMaxParts> views{};
-  std::array<void*, kMaxParts> outs{};   // pending_out parts: where the compute writes
-  std::array<bool, kMaxParts> pinned{};  // in-place acquire held (release after compute)
+  std::array<void*, kMaxParts> outs{};     // pending_out parts: where the compute writes
+  std::array<bool, kMaxParts> pinned{};    // in-place acquire held (release after compute)
+  std::array<Access, kMaxParts> access{};  // ... asked for this access
   std::vector<std::pair<Transfer, std::size_t>> writes;
 };
 
@@ -322,6 +323,7 @@ class Runner {
                              ? (sp.in || !pp.whole ? Access::kWrite : Access::kDiscard)
                              : Access::kRead;
         p.acquires.emplace_back(store_.acquire_async(sp.id, pp.tier, a), k);
+        p.access[k] = a;
         continue;
       }
       auto* at = static_cast<unsigned char*>(p.slot.base) + pp.slot_offset;
@@ -398,7 +400,7 @@ class Runner {
     const ItemPlan& plan = plans_[p.item];
     for (std::size_t k = 0; k < item.parts.size(); ++k) {
       if (p.pinned[k]) {
-        store_.release(item.parts[k].id, plan.parts[k].tier);
+        store_.release(item.parts[k].id, plan.parts[k].tier, p.access[k]);
         p.pinned[k] = false;
       }
     }
@@ -466,7 +468,7 @@ class Runner {
       for (std::size_t k = 0; k < item.parts.size(); ++k) {
         if (!p.pinned[k]) continue;
         try {
-          store_.release(item.parts[k].id, plans_[p.item].parts[k].tier);
+          store_.release(item.parts[k].id, plans_[p.item].parts[k].tier, p.access[k]);
         } catch (...) {
         }
         p.pinned[k] = false;

@@ -745,7 +745,7 @@ bool TierStore::Impl::try_inline_locked(Job& job) {
   return true;
 }
 
-void TierStore::Impl::release(BufferId id, Tier tier) {
+void TierStore::Impl::release(BufferId id, Tier tier, Access access) {
   MutexLock lock(mutex_);
   Buf& b = buf_locked(id);
   tier::Copy& c = b.copy[ti(tier)];
@@ -754,6 +754,7 @@ void TierStore::Impl::release(BufferId id, Tier tier) {
                                              "' on ", tier_name(tier), " which is not acquired"));
   }
   --c.pins;
+  if (access != Access::kRead && c.write_pins > 0) --c.write_pins;
   if (c.write_pins > c.pins) c.write_pins = c.pins;  // a writer's release ends the write
 }
 
@@ -1072,7 +1073,7 @@ void* TierStore::acquire(BufferId id, Tier tier, Access access, std::chrono::mil
   t.wait(timeout);
   return t.pointer();
 }
-void TierStore::release(BufferId id, Tier tier) { impl_->release(id, tier); }
+void TierStore::release(BufferId id, Tier tier, Access access) { impl_->release(id, tier, access); }
 Transfer TierStore::read(BufferId id, std::uint64_t offset, std::uint64_t bytes, void* dst,
                          Tier memory, bool padded) {
   return impl_->submit_stream(OpKind::kRead, id, offset, bytes, dst, memory, padded);

@@ -216,7 +216,10 @@ class TierStore {
   // acquire_async + wait: the address of the pinned copy.
   void* acquire(BufferId id, Tier tier, Access access,
                 std::chrono::milliseconds timeout = std::chrono::minutes(2));
-  void release(BufferId id, Tier tier);
+  // `access`: what the acquire being ended asked for. A writer's release ends its write (the block
+  // may be pinned by a snapshot again while readers still hold it); kRead, also when the caller
+  // does not know: the write of the last holder ends with it.
+  void release(BufferId id, Tier tier, Access access = Access::kRead);
 
   // Streaming (see the model above). `offset`/`bytes` select a byte range of the contents (bytes
   // 0 = to the end); `memory` says whether the caller's pointer is host memory (kCpu) or device

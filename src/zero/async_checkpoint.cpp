@@ -18,9 +18,12 @@ AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks
     if (params.in_snapshot() && !params_.empty())
       fail(ErrorCode::kInternal, "checkpoint: the parameters both copied and in the snapshot");
     std::vector<BufferId> ids;
+    bool master_params = false;  // the parameters, pinned once where they are master weights
     for (const Chunk& c : chunks) {
       ids.push_back(c.opt);
       if (params.source == ParamBlocks::Source::kBlocks) ids.push_back(c.param);
+      if (c.master_in_params && !master_params) ids.push_back(c.params);
+      master_params = master_params || c.master_in_params;
     }
     snap_ = store_.pin_committed(ids);
     pinned_ok_ = true;

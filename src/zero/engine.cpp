@@ -419,6 +419,10 @@ std::size_t Engine::numel(TensorId id) const {
 const void* Engine::param(TensorId id) const { return impl_->param(id); }
 const void* Engine::gradient(TensorId id) const { return impl_->gradient(id); }
 void Engine::read_param(TensorId id, std::span<float> out) const { impl_->read_param(id, out); }
+bool Engine::params_are_master() const {
+  impl_->require_finalized("params_are_master");
+  return impl_->layout->params_are_master();
+}
 void Engine::gather(std::span<const TensorId> ids) { impl_->gather(ids); }
 void Engine::prefetch(std::span<const TensorId> ids) { impl_->prefetch(ids); }
 void Engine::release(std::span<const TensorId> ids) { impl_->release(ids); }

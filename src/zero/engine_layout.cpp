@@ -10,6 +10,7 @@
 #include "strata/device.hpp"
 #include "strata/error.hpp"
 #include "strata/io_file.hpp"
+#include "strata/plan.hpp"
 #include "tier/scratch_arena.hpp"
 
 namespace strata::zero {
@@ -201,10 +202,17 @@ void EngineLayout::register_buffers() {
     grads_dev_ = static_cast<unsigned char*>(
         store().acquire(grads_id_, Tier::kGpu, Access::kRead, timeout_));
   }
+  // State on cpu whose master weights are the parameters: opt holds the moments only.
+  const bool alias = flat && master_in_params(cfg_, stage_, store().device().kind());
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     Chunk& c = chunks_[k];
-    c.opt = add_buffer(strcat("opt.", k), 12 * c.r.count, c.opt_tier, BufferKind::kOptimizer,
-                       cfg_.offload.optimizer.pin_memory);
+    if (alias && c.opt_tier == Tier::kCpu) {
+      c.master_in_params = true;
+      c.params = params_id_;
+      c.master_at = (opt_begin_ + c.r.begin) * sizeof(float);
+    }
+    c.opt = add_buffer(strcat("opt.", k), (c.master_in_params ? 8 : 12) * c.r.count, c.opt_tier,
+                       BufferKind::kOptimizer, cfg_.offload.optimizer.pin_memory);
     if (stage_ >= 2)
       c.grad = add_buffer(strcat("grad.", k), c.r.count * grad_elem_, c.grad_tier,
                           BufferKind::kGrads, cfg_.offload.gradients.pin_memory);
@@ -235,7 +243,8 @@ void EngineLayout::initialize(const FlatValues& values) const {
   for (const Chunk& c : chunks_) {
     if (stage_ == 3)
       write_initial(c.param, own_begin_ + c.r.begin, c.r.count, param_dtype_, values);
-    write_initial(c.opt, opt_begin_ + c.r.begin, c.r.count, DType::kFp32, values);  // the master
+    if (!c.master_in_params)  // (else the parameters written above: FP32, the same values)
+      write_initial(c.opt, opt_begin_ + c.r.begin, c.r.count, DType::kFp32, values);  // the master
   }
 }
 
@@ -285,6 +294,11 @@ const Chunk& EngineLayout::chunk_at(std::size_t element) const {
 bool EngineLayout::any_chunk_on(Tier opt_tier) const {
   return std::any_of(chunks_.begin(), chunks_.end(),
                      [&](const Chunk& c) { return c.opt_tier == opt_tier; });
+}
+
+bool EngineLayout::params_are_master() const {
+  return !chunks_.empty() && std::all_of(chunks_.begin(), chunks_.end(),
+                                         [](const Chunk& c) { return c.master_in_params; });
 }
 
 bool EngineLayout::any_grad_chunk_on(Tier grad_tier) const {

@@ -4,7 +4,10 @@
 // parameters and flat gradients of stages 0-2, and the parameter groups' runs over the flat space.
 //
 // Storage (the engine owns no bytes of training state; every array is a TierStore buffer):
-//   opt.<k>    master | exp_avg | exp_avg_sq of chunk k (FP32), home per offload.optimizer
+//   opt.<k>    master | exp_avg | exp_avg_sq of chunk k (FP32), home per offload.optimizer; a
+//              chunk on cpu whose master weights are the parameters (plan's master_in_params:
+//              stages 0-1, FP32 parameters, the host device) holds exp_avg | exp_avg_sq only, its
+//              master being its elements of `params` (Chunk::master_in_params, state_place)
 //   grad.<k>   stage >= 2: the reduced gradients of chunk k (grad_dtype()), offload.gradients
 //   param.<k>  stage 3: the own parameters of chunk k (precision.params), offload.params
 //   params     stages 0-2: every parameter (model dtype), gpu (Engine::param() points into it)
@@ -100,6 +103,7 @@ class EngineLayout {
   std::size_t chunk_index(std::size_t element) const { return &chunk_at(element) - chunks_.data(); }
   bool any_chunk_on(Tier opt_tier) const;
   bool any_grad_chunk_on(Tier grad_tier) const;  // some chunk's gradients live there
+  bool params_are_master() const;  // every chunk's master is the parameters (master_in_params)
 
   BufferId params_buffer() const { return params_id_; }  // stages 0-2
   BufferId grads_buffer() const { return grads_id_; }    // stages 0-1

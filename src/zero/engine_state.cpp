@@ -223,7 +223,9 @@ void Engine::Impl::write_params(TensorId id, std::span<const float> in,
 // What it cannot see: a write into the parameters' memory behind the engine's back (Engine::
 // param() is const; the Python binding's `.data` views are writable): the next applied step
 // overwrites it from the master; a blocking save writes it, an asynchronous one the master's
-// rounding (docs/offload.md).
+// rounding (docs/offload.md). Where the parameters are the master (Chunk::master_in_params) such
+// a write is the master's, as it is AdamW's, and a load leaves the checkpoint's parameters as the
+// master (the state written first, then the parameters over it): they follow it trivially.
 
 // The rank's parameters (model dtype) materialized in host memory for the duration of the call
 // (unless !copy_params: an asynchronous save reads them from its snapshot), and the optimizer
@@ -278,7 +280,7 @@ void Engine::Impl::after_load(const checkpoint::RankState& r) {
   }
   ckpt_params.clear();
   ckpt_params.shrink_to_fit();
-  params_follow_master = r.params_follow_master;
+  params_follow_master = r.params_follow_master || layout->params_are_master();
   optimizer->set_step_counts(r.adam_step, r.tensor_steps);
   scaler.restore({r.loss_scale, r.good_steps});
   st.steps = r.steps;

@@ -162,7 +162,8 @@ tier::StreamOptions OptimizerStep::stream_options(tier::Where where, const char*
 }
 
 // One item per chunk whose Adam runs on the host (device = false) or on the device (true):
-// master | m | v (read and written), the chunk's gradients (read), its parameters (written).
+// master | m | v (read and written), the chunk's gradients (read), its parameters (written; read
+// too where they are the master: m | v in the first part then).
 tier::StreamItem OptimizerStep::chunk_item(const Chunk& c) const {
   const std::size_t ges = layout_.grad_elem_bytes(), pes = layout_.param_elem_bytes();
   const std::size_t opt_begin = layout_.opt_begin();
@@ -174,8 +175,8 @@ tier::StreamItem OptimizerStep::chunk_item(const Chunk& c) const {
   else
     it.parts.push_back({c.grad, 0, 0, true, false});
   if (layout_.stage() < 3)
-    it.parts.push_back(
-        {layout_.params_buffer(), (opt_begin + c.r.begin) * pes, c.r.count * pes, false, true});
+    it.parts.push_back({layout_.params_buffer(), (opt_begin + c.r.begin) * pes, c.r.count * pes,
+                        c.master_in_params, true});
   else
     it.parts.push_back({c.param, 0, 0, false, true});
   return it;
@@ -409,7 +410,7 @@ AdamTensors OptimizerStep::chunk_tensors(const ChunkArrays& a, std::size_t ro,
   t.exp_avg_sq = a.v.exp_avg_sq + ro;
   t.grad = a.grad + ro * layout_.grad_elem_bytes();
   t.grad_dtype = layout_.grad_dtype();
-  t.param_copy = a.param_copy + ro * layout_.param_elem_bytes();
+  t.param_copy = a.param_copy ? a.param_copy + ro * layout_.param_elem_bytes() : nullptr;
   t.param_copy_dtype = layout_.param_dtype();
   t.n = rn;
   if (a.out) {
@@ -453,6 +454,7 @@ void OptimizerStep::adam_run(const AdamParams& hp, const AdamTensors& t, std::in
 // to the model dtype (what they already were). Device memory of a CUDA device goes through the
 // host.
 void OptimizerStep::params_from_master(const AdamTensors& t, bool on_device) {
+  if (!t.param_copy) return;  // the parameters are the master
   const DType dt = t.param_copy_dtype;
   if (!on_device || store_.device().kind() == DeviceKind::kHost) {
     for (std::size_t i = 0; i < t.n; ++i) store_elem(t.param_copy, i, dt, t.param[i]);
@@ -584,16 +586,22 @@ bool OptimizerStep::run_loops(const std::vector<tier::StreamItem>& host_items, b
 }
 
 // v: the stream loop's views (reads, then writes: tier/stream_loop.hpp); the state is updated out
-// of place when its write view differs (a pending version viewed in place).
+// of place when its write view differs (a pending version viewed in place). Where the master is
+// the parameters (chunk_item) the update writes no parameter copy.
 void OptimizerStep::run_chunk(const Chunk& c, std::span<void* const> v, bool device,
                               float grad_scale) {
   const std::size_t n = v.size() / 2;
-  auto view = [&](void* p) {
-    auto* base = static_cast<float*>(p);
-    return checkpoint::StateView{base, base + c.r.count, base + 2 * c.r.count, c.r.count};
-  };
-  const checkpoint::StateView in = view(v[0]), out = view(v[n]);
-  adam_chunk(c, in, v[1], v[n + 2], device, grad_scale, v[n] != v[0] ? &out : nullptr);
+  const checkpoint::StateView in = state_view(c, v[0], v[2]), out = state_view(c, v[n], v[n + 2]);
+  adam_chunk(c, in, v[1], c.master_in_params ? nullptr : v[n + 2], device, grad_scale,
+             v[n] != v[0] ? &out : nullptr);
+}
+
+// A chunk's state arrays from the stream loop's view of its opt part and of its parameters.
+checkpoint::StateView OptimizerStep::state_view(const Chunk& c, void* opt, void* params) {
+  auto* base = static_cast<float*>(opt);
+  const std::size_t n = c.r.count;
+  if (c.master_in_params) return {static_cast<float*>(params), base, base + n, n};
+  return {base, base + n, base + 2 * n, n};
 }
 
 // ---- the speculative update
@@ -703,12 +711,12 @@ tier::StreamStats OptimizerStep::measure_adam(bool pipelined) {
   const std::size_t ges = layout_.grad_elem_bytes(), first = of[0]->r.count;
   std::vector<float> state(3 * biggest);
   std::vector<unsigned char> grads(biggest * ges), params(biggest * layout_.param_elem_bytes());
-  const auto* s = reinterpret_cast<const float*>(held[0].data());
+  const checkpoint::StateView s = state_view(*of[0], held[0].data(), held[2].data());
   for (std::size_t i = 0; i < biggest; ++i) {
     const std::size_t j = i % first;
-    state[i] = s[j];
-    state[biggest + i] = s[first + j];
-    state[2 * biggest + i] = s[2 * first + j];
+    state[i] = s.master[j];
+    state[biggest + i] = s.exp_avg[j];
+    state[2 * biggest + i] = s.exp_avg_sq[j];
     std::memcpy(grads.data() + i * ges, held[1].data() + j * ges, ges);
   }
   tier::StreamStats st;
@@ -716,7 +724,7 @@ tier::StreamStats OptimizerStep::measure_adam(bool pipelined) {
   for (const Chunk* c : of) {
     const checkpoint::StateView v{state.data(), state.data() + biggest, state.data() + 2 * biggest,
                                   c->r.count};
-    adam_chunk(*c, v, grads.data(), params.data(), false, 1.0f);
+    adam_chunk(*c, v, grads.data(), c->master_in_params ? nullptr : params.data(), false, 1.0f);
   }
   st.t_compute = st.t_total = seconds_since(t0);
   st.items = of.size();

@@ -174,6 +174,7 @@ class OptimizerStep {
   std::vector<const Chunk*> update_chunks(bool device, const std::vector<bool>& done) const;
   tier::StreamItem chunk_item(const Chunk& c) const;
   void run_chunk(const Chunk& c, std::span<void* const> v, bool device, float grad_scale);
+  static checkpoint::StateView state_view(const Chunk& c, void* opt, void* params);
   std::vector<tier::StreamItem> stats_items() const;
   std::vector<std::size_t> stats_offsets(const std::vector<tier::StreamItem>& items) const;
   const AheadStats* usable_ahead(float inv) const;

@@ -35,8 +35,8 @@ void PinnedStateStore::start_reads(Range r) {
   next_.settle();
   if (before_read_) before_read_();
   next_.start(chunks_, r, timeout_,
-              [this](const Chunk& c, std::uint64_t offset, std::uint64_t bytes, float* dst) {
-                return store_.read_pinned(snap_, c.opt, offset, bytes, dst, Tier::kCpu, false);
+              [this](BufferId id, std::uint64_t offset, std::uint64_t bytes, float* dst) {
+                return store_.read_pinned(snap_, id, offset, bytes, dst, Tier::kCpu, false);
               });
 }
 
@@ -124,11 +124,21 @@ void PinnedStateStore::release(Range r, bool dirty) {
   if (dirty)
     fail(ErrorCode::kInvalidArgument, "checkpoint snapshot: the pinned state is read-only");
   // The writer visits ranges in ascending order: chunks that end here are done with.
+  // The parameters that are master weights go once the last chunk whose master they hold does.
+  bool masters_left = false;
+  const Chunk* master_of = nullptr;
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
-    if (unpinned_[k] || chunks_[k].r.end() > r.end()) continue;
-    store_.unpin(snap_, chunks_[k].opt);
-    if (pblocks_.source == ParamBlocks::Source::kBlocks) store_.unpin(snap_, chunks_[k].param);
+    const Chunk& c = chunks_[k];
+    if (c.master_in_params) master_of = &c;
+    if (!unpinned_[k] && c.r.end() > r.end()) masters_left = masters_left || c.master_in_params;
+    if (unpinned_[k] || c.r.end() > r.end()) continue;
+    store_.unpin(snap_, c.opt);
+    if (pblocks_.source == ParamBlocks::Source::kBlocks) store_.unpin(snap_, c.param);
     unpinned_[k] = true;
+  }
+  if (master_of && !masters_left && !params_unpinned_) {
+    store_.unpin(snap_, master_of->params);
+    params_unpinned_ = true;
   }
 }
 

@@ -4,8 +4,9 @@
 // parameters of r (model dtype, StateView::params) from the pinned parameter blocks (stage 3, each
 // chunk's param block) or made from the pinned master weights (stages 0-2: the model-dtype rounding
 // the update writes, store_elem); release(r, false) frees nothing but lets the blocks the writer
-// has passed go (unpinned: ranges are visited in ascending order). Read-only: a dirty release is
-// refused (Error(kInvalidArgument)).
+// has passed go (unpinned: ranges are visited in ascending order; the parameters, where they are
+// master weights (Chunk::master_in_params), with the last chunk they hold). Read-only: a dirty
+// release is refused (Error(kInvalidArgument)).
 //
 // Ownership: borrows the store and the chunk list (must outlive it); the snapshot is the caller's
 // (unpin(s) of what is left is the caller's). Thread-safety: one user at a time.
@@ -76,6 +77,7 @@ class PinnedStateStore final : public checkpoint::OptimizerStateStore {
   unsigned char* params(std::size_t bytes);  // the acquired range's, at least `bytes`
   IoBuffer block_;                           // a whole pinned block read back
   std::vector<bool> unpinned_;               // per chunk
+  bool params_unpinned_ = false;             // the parameters that are master weights
   bool acquired_ = false;
   Range range_;
 };

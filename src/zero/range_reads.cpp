@@ -24,15 +24,18 @@ void RangeReads::start(std::span<const Chunk> chunks, Range r, std::chrono::mill
     scratch_ = IoBuffer();
     scratch_ = IoBuffer::allocate(3 * stride_);
   }
-  // Only the range's elements of each array (master | m | v of a chunk lie one after the other):
-  // reading the whole chunk for each piece of a save made a save of a chunk of C elements in
-  // pieces of P read C * C / P elements (61.8 s for a 1.87 GB shard, against 5.2 s to write it).
+  // Only the range's elements of each array (state_place: master | m | v of a chunk lie one after
+  // the other, or the master in the parameters): reading the whole chunk for each piece of a save
+  // made a save of a chunk of C elements in pieces of P read C * C / P elements (61.8 s for a
+  // 1.87 GB shard, against 5.2 s to write it).
   for (const Chunk& c : chunks) {
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
-    for (int a = 0; a < 3; ++a)
-      reads_.push_back(read(c, (a * c.r.count + (b - c.r.begin)) * sizeof(float),
+    for (int a = 0; a < 3; ++a) {
+      const StatePlace at = state_place(c, a);
+      reads_.push_back(read(at.id, at.offset + (b - c.r.begin) * sizeof(float),
                             (e - b) * sizeof(float), array(a) + (b - r.begin)));
+    }
   }
 }
 

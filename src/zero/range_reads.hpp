@@ -25,9 +25,10 @@ namespace strata::zero {
 
 class RangeReads {
  public:
-  // Issues one read: bytes [offset, offset + bytes) of chunk `c`'s state block into `dst`.
-  using ReadFn = std::function<Transfer(const Chunk& c, std::uint64_t offset, std::uint64_t bytes,
-                                        float* dst)>;
+  // Issues one read: bytes [offset, offset + bytes) of buffer `id` (a chunk's state block, or the
+  // parameters that are its master: state_place) into `dst`.
+  using ReadFn =
+      std::function<Transfer(BufferId id, std::uint64_t offset, std::uint64_t bytes, float* dst)>;
   RangeReads() = default;
   ~RangeReads() { settle(); }
   RangeReads(const RangeReads&) = delete;

@@ -14,21 +14,28 @@ TierStateStore::TierStateStore(TierStore& store, std::span<const Chunk> chunks, 
                                std::chrono::milliseconds timeout)
     : store_(store), chunks_(chunks), size_(size), timeout_(timeout) {}
 
+// A chunk's master | m | v into / from `out` / `in` (3 x r.count): its state block whole (padded:
+// an NVMe home reads and writes aligned), and the master from / into the parameters where they
+// are its master (state_place; the block then holds m | v).
 void TierStateStore::load(std::size_t k, std::vector<float>& out) {
   const Chunk& c = chunks_[k];
+  const std::size_t lead = c.master_in_params ? c.r.count : 0, n = 3 * c.r.count - lead;
   const std::uint64_t padded = store_.padded_bytes(c.opt);
   IoBuffer buf = IoBuffer::allocate(padded, HugePageMode::kNone);
   store_.read(c.opt, 0, 0, buf.data(), Tier::kCpu, true).wait(timeout_);
   out.resize(3 * c.r.count);
-  std::memcpy(out.data(), buf.data(), 3 * c.r.count * sizeof(float));
+  std::memcpy(out.data() + lead, buf.data(), n * sizeof(float));
+  if (lead) get_bytes(store_, c.params, c.master_at, lead * sizeof(float), out.data(), timeout_);
 }
 
 void TierStateStore::store_chunk(std::size_t k, const std::vector<float>& in) {
   const Chunk& c = chunks_[k];
+  const std::size_t lead = c.master_in_params ? c.r.count : 0, n = 3 * c.r.count - lead;
   const std::uint64_t padded = store_.padded_bytes(c.opt);
   IoBuffer buf = IoBuffer::allocate(padded, HugePageMode::kNone);  // zero padding
-  std::memcpy(buf.data(), in.data(), 3 * c.r.count * sizeof(float));
+  std::memcpy(buf.data(), in.data() + lead, n * sizeof(float));
   store_.write(c.opt, 0, 0, buf.data(), Tier::kCpu).wait(timeout_);
+  if (lead) put_bytes(store_, c.params, c.master_at, lead * sizeof(float), in.data(), timeout_);
 }
 
 void TierStateStore::check_range(Range r) const {
@@ -39,8 +46,8 @@ void TierStateStore::check_range(Range r) const {
 
 void TierStateStore::start_reads(RangeReads& reads, Range r) {
   reads.start(chunks_, r, timeout_,
-              [this](const Chunk& c, std::uint64_t offset, std::uint64_t bytes, float* dst) {
-                return store_.read(c.opt, offset, bytes, dst, Tier::kCpu);
+              [this](BufferId id, std::uint64_t offset, std::uint64_t bytes, float* dst) {
+                return store_.read(id, offset, bytes, dst, Tier::kCpu);
               });
 }
 

@@ -381,6 +381,35 @@ TEST(PinnedVersions, Refusals) {
   rig.store->unregister_buffer(id);
 }
 
+// A block held for reading for a long time (the engine's flat parameters, Engine::param) and
+// written in between by acquires that end: once the writer released saying its access, the block
+// can be pinned, and the next write preserves the pinned version. A writer still holding it keeps
+// the pin refused; one whose release does not say it wrote, until the last holder lets go.
+TEST(PinnedVersions, AWritersReleaseEndsItsWriteWhileAReaderHoldsTheBlock) {
+  st::StoreRig rig;
+  const auto data = st::random_bytes(kOddVersions, 53);
+  const BufferId id = add(rig, "params", Tier::kCpu, data);
+  rig.store->acquire(id, Tier::kCpu, Access::kRead);  // held throughout
+  const BufferId ids[] = {id};
+  rig.store->acquire(id, Tier::kCpu, Access::kWrite);
+  st::expect_error(ErrorCode::kInvalidArgument, "acquired for writing",
+                   [&] { rig.store->pin_committed(ids); });
+  rig.store->release(id, Tier::kCpu, Access::kWrite);
+  const SnapshotId s = rig.store->pin_committed(ids);
+  auto* p = static_cast<std::uint8_t*>(rig.store->acquire(id, Tier::kCpu, Access::kWrite));
+  p[0] ^= 0xFF;
+  rig.store->release(id, Tier::kCpu, Access::kWrite);
+  EXPECT_EQ(read_pinned(rig, s, id, kOddVersions), data);
+  rig.store->unpin(s);
+  rig.store->acquire(id, Tier::kCpu, Access::kWrite);
+  rig.store->release(id, Tier::kCpu);  // not said: the write lasts while the reader holds on
+  st::expect_error(ErrorCode::kInvalidArgument, "acquired for writing",
+                   [&] { rig.store->pin_committed(ids); });
+  rig.store->release(id, Tier::kCpu);
+  rig.store->unpin(rig.store->pin_committed(ids));
+  rig.store->unregister_buffer(id);
+}
+
 // A reader of the pinned versions runs while another thread rewrites the blocks over and over:
 // every read is the pinned data (TSan: the copy-on-write against the reads).
 TEST(PinnedVersions, ConcurrentReaderAndWriter) {

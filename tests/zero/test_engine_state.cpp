@@ -12,6 +12,7 @@
 #include "core/numeric.hpp"
 #include "engine_test_util.hpp"
 #include "strata/error.hpp"
+#include "strata/plan.hpp"
 #include "test_util.hpp"
 
 namespace strata::testing {
@@ -202,6 +203,104 @@ TEST_P(EngineGroups, BorrowedInitialValuesAndHeldGradients) {
       }
     }
   }));
+}
+
+// Stages 0-1, FP32 parameters, state on cpu, the host device: the parameters are the FP32 master
+// (one copy of the weights, docs/offload.md). A write into param()'s memory is the master's, as
+// AdamW's parameters are: read_state sees it and the next step updates from it (the reference from
+// the written values, bitwise). Stages 2-3 keep a master of their own.
+TEST_P(EngineGroups, TheParametersAreTheMasterAtStagesZeroAndOne) {
+  const StateParam p = GetParam();
+  EngineCase c;
+  c.stage = p.stage;
+  c.configure = [](Config& cfg) {
+    cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
+    cfg.runtime.device = DeviceKind::kHost;
+  };
+  const Config cfg = engine_config(c);
+  const auto seed = test_seed("engine-params-master");
+  // The written values (the same on every rank) and the reference's step from them.
+  std::vector<std::vector<float>> written, want;
+  for (std::size_t t = 0; t < c.sizes.size(); ++t) {
+    written.push_back(initial_values(seed + 5, t, c.sizes[t]));
+    std::vector<std::vector<unsigned char>> per_rank;
+    for (int r = 0; r < p.world; ++r)
+      per_rank.push_back(grad_of(seed, r, 0, t, c.sizes[t], c.grads));
+    auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
+    std::vector<float> w = written[t], m(c.sizes[t]), v(c.sizes[t]);
+    AdamTensors at{w.data(), m.data(), v.data(),     sum.data(),
+                   c.grads,  nullptr,  DType::kFp32, c.sizes[t]};
+    CpuAdam(1).step(AdamParams::from_config(cfg.optimizer), at,
+                    AdamStepOptions{1, 1.0f, false, static_cast<float>(p.world)});
+    want.push_back(w);
+  }
+  auto comms = make_inprocess_communicators(p.world, 30.0);
+  rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+    Engine e(cfg, comm);
+    for (std::size_t t = 0; t < c.sizes.size(); ++t)
+      e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]));
+    e.finalize();
+    ASSERT_EQ(e.params_are_master(), p.stage < 2);
+    if (p.stage >= 2) return;
+    for (TensorId id = 0; id < c.sizes.size(); ++id) {
+      if (c.sizes[id])
+        std::memcpy(const_cast<void*>(e.param(id)), written[id].data(), 4 * c.sizes[id]);
+    }
+    for (TensorId id = 0; id < c.sizes.size(); ++id) {
+      std::vector<float> master(c.sizes[id]);
+      e.read_state(id, StateKind::kMaster, master);
+      expect_bitwise_equal({master}, {written[id]}, strcat("rank ", rank, " master of t", id));
+      e.set_gradient(id, grad_of(seed, rank, 0, id, c.sizes[id], c.grads).data());
+    }
+    ASSERT_TRUE(e.step().applied);
+    for (TensorId id = 0; id < c.sizes.size(); ++id) {
+      std::vector<float> master(c.sizes[id]), param(c.sizes[id]);
+      e.read_state(id, StateKind::kMaster, master);
+      e.read_param(id, param);
+      expect_bitwise_equal({master}, {want[id]}, strcat("rank ", rank, " master of t", id));
+      expect_bitwise_equal({param}, {want[id]}, strcat("rank ", rank, " params of t", id));
+    }
+  }));
+}
+
+// 16-bit parameters, state on nvme or on the gpu, and a CUDA-less runtime.device auto (the plan's
+// GPU) keep a master of their own; the plan says so too.
+TEST(EngineParamsMaster, OnlyFp32ParametersOnTheHostDeviceWithStateOnCpu) {
+  TempDir dir("strata-params-master");
+  struct Case {
+    DType params;
+    OffloadTarget opt;
+    bool want;
+  };
+  const Case cases[] = {{DType::kFp32, {Tier::kCpu, 1.0, false}, true},
+                        {DType::kBf16, {Tier::kCpu, 1.0, false}, false},
+                        {DType::kFp32, {Tier::kNvme, 1.0, false}, false},
+                        {DType::kFp32, {Tier::kGpu, 1.0, false}, false}};
+  for (const Case& k : cases) {
+    EngineCase c;
+    c.stage = 1;
+    c.params = k.params;
+    c.grads = k.params;
+    c.configure = [&](Config& cfg) {
+      cfg.offload.optimizer = k.opt;
+      cfg.runtime.device = DeviceKind::kHost;
+      use_test_swap(cfg, dir.str(), 1, 1 << 20);
+    };
+    Config cfg = engine_config(c);
+    cfg.model.parameters = 1000;
+    SCOPED_TRACE(strcat(dtype_name(k.params), " state on ", tier_name(k.opt.tier)));
+    EXPECT_EQ(make_plan(cfg).configured.master_in_params, k.want);
+    auto comms = make_inprocess_communicators(1, 30.0);
+    Engine e(cfg, *comms[0]);
+    e.add_parameter("t", initial_values(1, 0, 1000));
+    e.finalize();
+    EXPECT_EQ(e.params_are_master(), k.want);
+  }
+  Config cfg;  // runtime.device auto: the plan is for a GPU's machine
+  cfg.zero.stage = 1;
+  cfg.model.parameters = 1000;
+  cfg.offload.optimizer = {Tier::kCpu, 1.0, false};
+  EXPECT_FALSE(make_plan(cfg).configured.master_in_params);
 }
 
 // The loop clips to its own max_norm (torch.nn.utils.clip_grad_norm_ between backward and step):

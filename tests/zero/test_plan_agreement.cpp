@@ -17,6 +17,7 @@
 //     engine as the plan says (Error(kBudget)), while the plan's figure itself suffices.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -90,6 +91,11 @@ std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.
 
 constexpr std::uint64_t kPage = 4096;
 constexpr std::uint64_t kBucket = 200'000;  // zero.reduce_bucket_size: several buckets
+
+// The elements a placement puts off the gpu, as the plan rounds them.
+std::uint64_t share_of(std::uint64_t elements, const OffloadTarget& t) {
+  return static_cast<std::uint64_t>(std::llround(static_cast<double>(elements) * t.fraction));
+}
 
 std::vector<std::size_t> uneven(std::size_t total) {
   return {total / 2 + 3, total / 3, total - (total / 2 + 3) - total / 3};
@@ -195,6 +201,12 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
 
   const BytesPerParam b = bytes_per_param(cfg.precision);
   EXPECT_EQ(b.optimizer(), 12u) << "the engine keeps master | m | v in FP32 for every dtype";
+  // ... except a cpu share whose master weights are the FP32 parameters (stages 0-1, host device).
+  const bool aliased = c.stage < 2 && c.pdt == DType::kFp32 && c.opt.tier == Tier::kCpu;
+  EXPECT_EQ(l.master_in_params, aliased);
+  if (aliased) {
+    EXPECT_EQ(l.on_host.optimizer, share_of(l.footprint.optimizer_elements, c.opt) * b.moments);
+  }
   const StateBytes* plan_tier[3] = {&l.on_gpu, &l.on_host, &l.on_nvme};
   // Padding: the flat space's alignment (tensor and partition alignment), each placement's
   // 1024-element rounding.
@@ -361,7 +373,21 @@ INSTANTIATE_TEST_SUITE_P(
         AgreeCase{"stage2_world2_bf16_gradients_nvme_accum_fp32", 2, 2, kNvmeAll, kNvmeAll, kGpu,
                   DType::kBf16, DType::kBf16, kUneven, false, false, false, 0, true},
         AgreeCase{"stage3_world2_fp16_gradients_cpu_accum_fp32", 3, 2, kCpuAll, kCpuAll, kGpu,
-                  DType::kFp16, DType::kFp16, kUneven, true, false, false, 0, true}),
+                  DType::kFp16, DType::kFp16, kUneven, true, false, false, 0, true},
+        // FP32 parameters on the host device at stages 0-1: the cpu share's master weights are
+        // the parameters (8 bytes a parameter on cpu, not 12); half on cpu, the rest on the gpu
+        // keeping its master.
+        AgreeCase{"stage1_world2_fp32_optimizer_cpu_master_in_params", 1, 2, kCpuAll, kGpu, kGpu,
+                  DType::kFp32, DType::kFp32, kUneven},
+        AgreeCase{"stage0_world1_fp32_optimizer_cpu_half_master_in_params",
+                  0,
+                  1,
+                  {Tier::kCpu, 0.5, false},
+                  kGpu,
+                  kGpu,
+                  DType::kFp32,
+                  DType::kFp32,
+                  kUneven}),
     agree_name);
 
 // The gpu verdict is the engine's: with tiers.gpu.budget at the plan's figure the engine trains;
