@@ -238,7 +238,7 @@ class Engine {
   // The same, converted to FP32 into `out` (numel(id) elements).
   void read_param(TensorId id, std::span<float> out) const;
   // Whether the parameters are the FP32 master weights themselves for every element this rank
-  // updates (stages 0-1, precision.params fp32, the host-emulated device, state on cpu:
+  // updates (stages 0-1, precision.params fp32, the host-emulated device, state not on nvme:
   // docs/offload.md, "One copy of the weights"): the update runs on param()'s memory, and a write
   // into it is a write of the master (write_state(kMaster) need not follow). After finalize().
   bool params_are_master() const;

@@ -157,12 +157,14 @@ bool update_split(const Config& config);
 std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_bytes,
                                      std::uint64_t param_bytes, std::uint64_t whole);
 
-// Whether the FP32 master weights of the optimizer state placed on cpu are the parameters
-// themselves (docs/offload.md, "One copy of the weights"): stages 0-1, precision.params fp32, on
-// the host-emulated device (`device`: runtime.device as the engine resolved it; the plan passes
-// the configured one, where auto may be a GPU). There the parameters are host memory holding
-// exactly the master's values, so the engine keeps one copy: the update runs on the parameters and
-// the cpu share of the state holds Adam's two moments only (8 bytes a parameter, not 12).
+// Whether the FP32 master weights of the optimizer state in memory (placed on gpu or cpu, not
+// nvme) are the parameters themselves (docs/offload.md, "One copy of the weights"): stages 0-1,
+// and stage 2 where nothing can be speculated (optimizer.overlap off, optimizer.update device, or
+// no state off the gpu), precision.params fp32, on the host-emulated device (`device`:
+// runtime.device as the engine resolved it; the plan passes the configured one, where auto may be a
+// GPU). There the parameters are host memory holding exactly the master's values, so the engine
+// keeps one copy: the update runs on the parameters and the state holds Adam's two moments only (8
+// bytes a parameter, not 12).
 bool master_in_params(const Config& config, int stage, DeviceKind device);
 
 // A stage + offload choice worked out in full.
@@ -171,8 +173,8 @@ struct Layout {
   OffloadConfig offload;
   StageFootprint footprint;
   StateBytes on_gpu, on_host, on_nvme;  // per rank, by kind of state
-  // The master weights of the cpu share are the parameters (master_in_params): on_host.optimizer
-  // counts the moments only.
+  // The master weights of the state in memory are the parameters (master_in_params):
+  // on_gpu.optimizer and, for a cpu share, on_host.optimizer count the moments only.
   bool master_in_params = false;
   PoolPlan pool;           // the pinned staging pool (in pinned_host)
   RuntimeBuffers runtime;  // the engine's runtime buffers (in gpu)

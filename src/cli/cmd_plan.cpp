@@ -76,6 +76,7 @@ json layout_json(const strata::Layout& l) {
   j["by_kind_per_rank_bytes"] = {{"gpu", state_json(l.on_gpu)},
                                  {"host", state_json(l.on_host)},
                                  {"nvme", state_json(l.on_nvme)}};
+  j["master_in_params"] = l.master_in_params;
   j["pinned_pool_per_rank"] = pool_json(l.pool);
   j["runtime_buffers_per_rank_bytes"] = runtime_json(l.runtime);
   j["speculation_per_rank_bytes"] = {{"gpu", l.speculation.gpu},
@@ -223,6 +224,10 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   row("pinned host", l.per_rank.pinned_host, l.per_node.pinned_host);
   row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
   row("nvme", l.per_rank.nvme, l.per_node.nvme);
+  if (l.master_in_params)
+    o << "  master weights = the parameters: FP32 on the host device, the optimizer state in "
+         "memory "
+         "holds the moments only (8 B a parameter)\n";
   o << "  pinned staging pool: "
     << (l.pool.used
             ? format_bytes(l.pool.bytes()) + " per rank (" + std::to_string(l.pool.buffers) +

@@ -159,7 +159,12 @@ LinkTraffic plan_traffic(const Config& c, int stage, const OffloadConfig& offloa
 }  // namespace
 
 bool master_in_params(const Config& c, int stage, DeviceKind device) {
-  return stage < 2 && c.precision.params == DType::kFp32 && device == DeviceKind::kHost;
+  if (stage > 2 || c.precision.params != DType::kFp32 || device != DeviceKind::kHost) return false;
+  // Stage 2: not where the speculative update may run (it writes the state's pending versions and
+  // commits them by swapping the buffers): the state's share off the gpu never is.
+  const OffloadTarget& o = c.offload.optimizer;
+  return stage < 2 || c.optimizer.overlap == OptimizerOverlap::kOff ||
+         c.optimizer.update == OptimizerUpdate::kDevice || o.tier == Tier::kGpu || o.fraction <= 0;
 }
 
 Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
@@ -175,12 +180,13 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const std::uint64_t grad_off = share(f.grad_elements, offload.gradients);
   const std::uint64_t param_off = share(f.param_elements, offload.params);
 
-  // moved_bpe: bytes per element of the share off the gpu (the moments alone where the master
-  // weights of a cpu share are the parameters).
-  auto place = [&](std::uint64_t elements, std::uint64_t off, std::uint64_t bpe,
+  // moved_bpe: bytes per element of the share off the gpu (gpu_bpe: of the rest). The optimizer
+  // state's master weights are the parameters in memory (the moments alone) where
+  // master_in_params says so.
+  auto place = [&](std::uint64_t elements, std::uint64_t off, std::uint64_t gpu_bpe,
                    const OffloadTarget& t, std::uint64_t StateBytes::*kind,
                    std::uint64_t moved_bpe) {
-    l.on_gpu.*kind = (elements - off) * bpe;
+    l.on_gpu.*kind = (elements - off) * gpu_bpe;
     const std::uint64_t moved = off * moved_bpe;
     if (t.tier == Tier::kCpu) {
       l.on_host.*kind = moved;
@@ -189,14 +195,15 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
       l.on_nvme.*kind = moved;
       l.per_rank.nvme += moved;
     }
-    l.per_rank.gpu += (elements - off) * bpe;
+    l.per_rank.gpu += (elements - off) * gpu_bpe;
   };
   place(f.param_elements, param_off, b.params, offload.params, &StateBytes::params, b.params);
   place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads, b.grads);
-  l.master_in_params = opt_off > 0 && offload.optimizer.tier == Tier::kCpu &&
-                       master_in_params(c, stage, c.runtime.device);
-  place(f.optimizer_elements, opt_off, b.optimizer(), offload.optimizer, &StateBytes::optimizer,
-        l.master_in_params ? b.moments : b.optimizer());
+  const bool alias = master_in_params(c, stage, c.runtime.device);
+  const bool alias_off = alias && offload.optimizer.tier == Tier::kCpu;
+  l.master_in_params = alias && (opt_off < f.optimizer_elements || (alias_off && opt_off > 0));
+  place(f.optimizer_elements, opt_off, alias ? b.moments : b.optimizer(), offload.optimizer,
+        &StateBytes::optimizer, alias_off ? b.moments : b.optimizer());
 
   // What the engine holds besides the model state (runtime.cpp): the pinned staging pool in host
   // memory, the runtime buffers in device memory.

@@ -17,7 +17,7 @@ struct Chunk {
   Range r;  // elements of the rank's optimizer range ([0, opt_count))
   Tier opt_tier = Tier::kGpu, grad_tier = Tier::kGpu, param_tier = Tier::kGpu;
   BufferId opt = 0, grad = 0, param = 0;  // grad: stage >= 2; param: stage 3
-  // The master weights are the parameters (plan's master_in_params, state on cpu): elements
+  // The master weights are the parameters (plan's master_in_params, state not on nvme): elements
   // [opt_begin + r.begin, + r.count) of the flat parameters, buffer `params` from byte master_at;
   // `opt` holds exp_avg | exp_avg_sq. Otherwise `opt` holds master | exp_avg | exp_avg_sq.
   bool master_in_params = false;

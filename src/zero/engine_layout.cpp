@@ -202,11 +202,11 @@ void EngineLayout::register_buffers() {
     grads_dev_ = static_cast<unsigned char*>(
         store().acquire(grads_id_, Tier::kGpu, Access::kRead, timeout_));
   }
-  // State on cpu whose master weights are the parameters: opt holds the moments only.
+  // State in memory whose master weights are the parameters: opt holds the moments only.
   const bool alias = flat && master_in_params(cfg_, stage_, store().device().kind());
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     Chunk& c = chunks_[k];
-    if (alias && c.opt_tier == Tier::kCpu) {
+    if (alias && c.opt_tier != Tier::kNvme) {
       c.master_in_params = true;
       c.params = params_id_;
       c.master_at = (opt_begin_ + c.r.begin) * sizeof(float);

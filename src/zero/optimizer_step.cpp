@@ -610,7 +610,8 @@ checkpoint::StateView OptimizerStep::state_view(const Chunk& c, void* opt, void*
 // backward, which the speculative loop on the same thread would wait for.
 bool OptimizerStep::can_speculate(std::size_t ci) const {
   const Chunk& c = layout_.chunks()[ci];
-  if (c.opt_tier == Tier::kGpu || update_on_device_ || !store_.pool()) return false;
+  if (c.opt_tier == Tier::kGpu || c.master_in_params || update_on_device_ || !store_.pool())
+    return false;
   if (layout_.stage() < 2 || grads_on_nvme_) return false;
   tier::StreamItem it = chunk_item(c);
   it.parts[0].pending = it.parts[2].pending = true;

@@ -162,3 +162,33 @@ TEST(PlanCli, HostBudgetIsTheMachinesMemoryWhenNotSet) {
   EXPECT_EQ(j["configured"]["verdicts"][1]["budget_bytes"].get<std::uint64_t>(), 512ULL << 30);
   EXPECT_TRUE(j["configured_fits"].get<bool>()) << j["configured_verdict"].dump();
 }
+
+// A CPU model's config (runtime.device host, FP32 parameters) at stage 1: the master weights are
+// the parameters, said in the text and the JSON, and the host state is the moments only (8 B a
+// parameter); with bf16 parameters (or auto's GPU) the master is the state's own (12 B).
+TEST(PlanCli, TheMasterWeightsAreTheParametersOfAnFp32ModelOnTheHost) {
+  strata::testing::TempDir dir;
+  const std::string base =
+      "model: {parameters: 1000000}\nzero: {stage: 1}\noffload: {optimizer: {tier: cpu}}\n"
+      "precision: {params: fp32, grads: fp32}\n"
+      "tiers: {host: {budget: 64GiB}}\n";
+  const std::string host = write(dir, "h.yaml", base + "runtime: {device: host}\n");
+  CliRun r = plan(host + " --json", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["configured"]["master_in_params"].get<bool>());
+  EXPECT_EQ(j["configured"]["by_kind_per_rank_bytes"]["host"]["optimizer"].get<std::uint64_t>(),
+            8'000'000u);
+  r = plan(host, dir);
+  EXPECT_NE(r.out.find("master weights = the parameters"), std::string::npos) << r.out;
+  for (const std::string& other :
+       {host + " --set precision.params=bf16", write(dir, "a.yaml", base)}) {
+    r = plan(other + " --json", dir);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    j = nlohmann::json::parse(r.out);
+    EXPECT_FALSE(j["configured"]["master_in_params"].get<bool>()) << other;
+    EXPECT_EQ(j["configured"]["by_kind_per_rank_bytes"]["host"]["optimizer"].get<std::uint64_t>(),
+              12'000'000u)
+        << other;
+  }
+}
