@@ -951,6 +951,27 @@ class WhatTheLoopChanges(unittest.TestCase):
                                  "overlap %s" % overlap)
                 opt.close()
 
+    def test_a_write_through_p_data_is_the_masters_where_the_parameters_are_the_master(self):
+        """A CPU model with FP32 parameters at stages 0-2 without speculation: the engine's master
+        weights are the parameters (docs/offload.md, "One copy of the weights"), so even a write
+        that torch's version counter does not see (through p.data) is stepped from, as AdamW's
+        (with a master of its own the engine would overwrite it at the next step)."""
+        for stage, tier in ((0, "gpu"), (1, "cpu"), (2, "gpu"), (2, "cpu")):
+            with self.subTest(stage=stage, tier=tier):
+                cfg = A.base_config(stage, offload={"optimizer": {"tier": tier}})
+                model, ref = A.tiny_gpt(), A.tiny_gpt()
+                opt = strata.torch.ZeroOptimizer(model, cfg, param_groups=A.torch_groups(model))
+                topt = adamw(A.torch_groups(ref))
+                self.assertEqual(A.train(model, opt, 2), A.train(ref, topt, 2, strata_opt=False))
+                for m in (model, ref):
+                    m.head.weight.data.mul_(0.5)  # not seen by the version counter
+                    m.blocks[0].attn.qkv.weight.data[:, :3] = 0.25
+                self.assertEqual(A.train(model, opt, 2, start=2),
+                                 A.train(ref, topt, 2, start=2, strata_opt=False))
+                A.assert_bitwise(self, A.master_of(opt, model), dict(ref.named_parameters()),
+                                 "stage %d, state on %s" % (stage, tier))
+                opt.close()
+
     def test_a_scheduler_keeps_the_update_overlapped(self):
         cfg = A.base_config(2, optimizer={"overlap": "on"}, offload={"optimizer": {"tier": "cpu"}})
         model, ref = A.tiny_gpt(), A.tiny_gpt()
