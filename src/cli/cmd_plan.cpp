@@ -225,9 +225,8 @@ void print_configured(std::ostream& o, const strata::Config& c, const strata::Pl
   row("pageable host", l.per_rank.pageable_host, l.per_node.pageable_host);
   row("nvme", l.per_rank.nvme, l.per_node.nvme);
   if (l.master_in_params)
-    o << "  master weights = the parameters: FP32 on the host device, the optimizer state in "
-         "memory "
-         "holds the moments only (8 B a parameter)\n";
+    o << "  master weights = the parameters (FP32 on the host device): the optimizer state in\n"
+         "    memory holds the moments only, 8 B a parameter\n";
   o << "  pinned staging pool: "
     << (l.pool.used
             ? format_bytes(l.pool.bytes()) + " per rank (" + std::to_string(l.pool.buffers) +

@@ -6,8 +6,9 @@
 // Storage (the engine owns no bytes of training state; every array is a TierStore buffer):
 //   opt.<k>    master | exp_avg | exp_avg_sq of chunk k (FP32), home per offload.optimizer; a
 //              chunk in memory whose master weights are the parameters (plan's
-//              master_in_params: stages 0-1, FP32 parameters, the host device) holds exp_avg |
-//              exp_avg_sq only, its master being its elements of `params` (state_place)
+//              master_in_params: stages 0-1 and stage 2 without speculation, FP32 parameters, the
+//              host device) holds exp_avg | exp_avg_sq only, its master being its elements of
+//              `params` (state_place)
 //   grad.<k>   stage >= 2: the reduced gradients of chunk k (grad_dtype()), offload.gradients
 //   param.<k>  stage 3: the own parameters of chunk k (precision.params), offload.params
 //   params     stages 0-2: every parameter (model dtype), gpu (Engine::param() points into it)

@@ -263,6 +263,39 @@ TEST(AsyncCheckpointSaves, ParametersNotTheMastersRoundingAreCopied) {
   }
 }
 
+// Where the master weights are the parameters (FP32, the host device, state in memory, stages
+// 0-2): a write into the parameters' memory after an asynchronous save was called and before the
+// next step (a torch loop's load_state_dict or an EMA swap for an eval) is not in the checkpoint:
+// the call copies them (copy-on-write at once), so the checkpoint loads bitwise as a blocking save
+// of the same step, though its writer ran after the write.
+TEST(AsyncCheckpointSaves, AWriteIntoMasterParametersAfterTheCallIsNotSaved) {
+  for (int stage = 0; stage <= 2; ++stage) {
+    SCOPED_TRACE(strcat("stage ", stage));
+    TempDir swap("strata-async-swap"), async_dir("strata-async"), blocking_dir("strata-blocking");
+    const int world = 2;
+    with_engines(world, stage, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+      for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
+      e.save_checkpoint(blocking_dir.str());
+    });
+    GatedFileEnv gate(FileEnv::standard(), world);
+    {
+      ScopedFileEnv scoped(gate);
+      with_engines(world, stage, Tier::kCpu, swap.str(), [&](int rank, Engine& e) {
+        ASSERT_TRUE(e.params_are_master());
+        for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
+        e.save_checkpoint(async_dir.str(), SaveMode::kAsync);
+        auto* p = static_cast<float*>(const_cast<void*>(e.param(0)));
+        for (std::size_t i = 0; i < kCkptSizes[0]; ++i) p[i] = 0.5f + static_cast<float>(i);
+        gate.arrive();
+        e.wait_checkpoint();
+      });
+    }
+    expect_bitwise_equal(loaded(world, stage, Tier::kCpu, swap.str(), async_dir.str()),
+                         loaded(world, stage, Tier::kCpu, swap.str(), blocking_dir.str()),
+                         "asynchronous save, parameters written after the call");
+  }
+}
+
 // A second save while the first one's writer is still at work (every shard write delayed) waits
 // for it and commits it before it begins: both checkpoints load as blocking saves of their steps.
 TEST(AsyncCheckpointSaves, SaveWhileThePreviousIsWritingWaitsForIt) {
