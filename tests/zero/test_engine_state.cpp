@@ -205,19 +205,21 @@ TEST_P(EngineGroups, BorrowedInitialValuesAndHeldGradients) {
   }));
 }
 
-// Stages 0-1, FP32 parameters, state in memory (on cpu with optimizer.overlap auto with an odd
-// number of ranks, on the gpu with an even one), the host device: the parameters are the FP32
-// master (one copy of the weights, docs/offload.md). A write into param()'s memory is the master's,
-// as AdamW's parameters are: read_state sees it and the next step updates from it (the reference
-// from the written values, bitwise). Stage 2 too with the state on the gpu (nothing to speculate);
-// with it on cpu (optimizer.overlap auto) and at stage 3 the master is the state's own.
+// Stages 0-1, FP32 parameters, state in memory (on the gpu with an even number of ranks; on cpu
+// with one rank, optimizer.overlap auto, and with three, optimizer.update device), the host
+// device: the parameters are the FP32 master (one copy of the weights, docs/offload.md). A write
+// into param()'s memory is the master's, as AdamW's parameters are: read_state sees it and the
+// next step updates from it (the reference from the written values, bitwise). Stage 2 too where
+// nothing can be speculated (the state on the gpu, or updated by the device); with it on cpu under
+// optimizer.overlap auto, and at stage 3, the master is the state's own.
 TEST_P(EngineGroups, TheParametersAreTheMasterAtStagesZeroAndOne) {
   const StateParam p = GetParam();
   EngineCase c;
   c.stage = p.stage;
   c.configure = [&](Config& cfg) {
     cfg.offload.optimizer = {p.world % 2 ? Tier::kCpu : Tier::kGpu, 1.0, false};
-    if (p.world % 2) cfg.optimizer.overlap = OptimizerOverlap::kAuto;
+    if (p.world == 1) cfg.optimizer.overlap = OptimizerOverlap::kAuto;
+    if (p.world == 3) cfg.optimizer.update = OptimizerUpdate::kDevice;
     cfg.runtime.device = DeviceKind::kHost;
   };
   const Config cfg = engine_config(c);
@@ -243,7 +245,7 @@ TEST_P(EngineGroups, TheParametersAreTheMasterAtStagesZeroAndOne) {
     for (std::size_t t = 0; t < c.sizes.size(); ++t)
       e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]));
     e.finalize();
-    const bool aliased = p.stage < 2 || (p.stage == 2 && p.world % 2 == 0);
+    const bool aliased = p.stage < 2 || (p.stage == 2 && p.world != 1);
     ASSERT_EQ(e.params_are_master(), aliased);
     if (!aliased) return;
     for (TensorId id = 0; id < c.sizes.size(); ++id) {
