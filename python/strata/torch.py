@@ -7,7 +7,8 @@
         result = opt.step()      # reduce, clip, overflow check, Adam(W), parameters back in place
 
 The model's parameters are aliased to the engine's parameter memory (stages 0-2), so the update
-lands in the model's own tensors without a copy; at stage 3 each module's parameters are
+lands in the model's own tensors without a copy (an FP32 CPU model's are the engine's FP32 master
+weights themselves at stages 0-1, and 2 without speculation); at stage 3 each module's parameters are
 gathered by a forward pre-hook and dropped by a forward post-hook (and gathered again for the
 module's backward), with the engine's prefetch. docs/python.md has the whole contract.
 """
@@ -238,8 +239,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "and parameters are device memory; use runtime.device: cuda (or auto), or move "
                 "the model to the CPU" % self._device)
         if not _config_sets(config, overrides, "runtime", "device"):
-            # (a CPU model: said, so that the config's plan is this engine's — at stages 0-1 the
-            # FP32 master weights are then the parameters themselves, docs/offload.md)
+            # (a CPU model: said, so that the config's plan is this engine's — at stages 0-1, and
+            # 2 without speculation, its FP32 master weights are the parameters themselves:
+            # docs/offload.md, "One copy of the weights")
             defaults.append("runtime.device=%s" % ("cuda" if self._cuda else "host"))
         # precision.params / precision.grads the config leaves out follow the model's dtype.
         dt = {v: k for k, v in _DTYPES.items()}.get(trainable[0].dtype)
