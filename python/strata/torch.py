@@ -8,9 +8,10 @@
 
 The model's parameters are aliased to the engine's parameter memory (stages 0-2), so the update
 lands in the model's own tensors without a copy (an FP32 CPU model's are the engine's FP32
-master weights themselves at stages 0-1, and 2 without speculation); at stage 3 each module's parameters are
-gathered by a forward pre-hook and dropped by a forward post-hook (and gathered again for the
-module's backward), with the engine's prefetch. docs/python.md has the whole contract.
+master weights themselves at stages 0-1, and 2 without speculation); at stage 3 each module's
+parameters are gathered by a forward pre-hook and dropped by a forward post-hook (and gathered
+again for the module's backward), with the engine's prefetch. docs/python.md has the whole
+contract.
 """
 import atexit
 import collections.abc
