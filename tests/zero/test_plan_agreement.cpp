@@ -391,6 +391,16 @@ INSTANTIATE_TEST_SUITE_P(
                   kGpu,
                   DType::kFp32,
                   DType::kFp32,
+                  kUneven},
+        // Half on nvme: that half keeps its master (12 bytes a parameter there), the rest not.
+        AgreeCase{"stage1_world2_fp32_optimizer_nvme_half_master_in_params",
+                  1,
+                  2,
+                  {Tier::kNvme, 0.5, false},
+                  kGpu,
+                  kGpu,
+                  DType::kFp32,
+                  DType::kFp32,
                   kUneven}),
     agree_name);
 
