@@ -160,12 +160,14 @@ std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_by
 // Whether the FP32 master weights of the optimizer state in memory (placed on gpu or cpu, not
 // nvme) are the parameters themselves (docs/offload.md, "One copy of the weights"): stages 0-1,
 // and stage 2 where nothing can be speculated (optimizer.overlap off, optimizer.update device, or
-// no state off the gpu), precision.params fp32, on the host-emulated device (`device`:
+// no state off the gpu: `optimizer`, the placement of the state — the config's for the engine, a
+// ladder rung's for the plan), precision.params fp32, on the host-emulated device (`device`:
 // runtime.device as the engine resolved it; the plan passes the configured one, where auto may be a
 // GPU). There the parameters are host memory holding exactly the master's values, so the engine
 // keeps one copy: the update runs on the parameters and the state holds Adam's two moments only (8
 // bytes a parameter, not 12).
-bool master_in_params(const Config& config, int stage, DeviceKind device);
+bool master_in_params(const Config& config, int stage, const OffloadTarget& optimizer,
+                      DeviceKind device);
 
 // A stage + offload choice worked out in full.
 struct Layout {

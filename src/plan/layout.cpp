@@ -158,11 +158,10 @@ LinkTraffic plan_traffic(const Config& c, int stage, const OffloadConfig& offloa
 
 }  // namespace
 
-bool master_in_params(const Config& c, int stage, DeviceKind device) {
+bool master_in_params(const Config& c, int stage, const OffloadTarget& o, DeviceKind device) {
   if (stage > 2 || c.precision.params != DType::kFp32 || device != DeviceKind::kHost) return false;
   // Stage 2: not where the speculative update may run (it writes the state's pending versions and
   // commits them by swapping the buffers): the state's share off the gpu never is.
-  const OffloadTarget& o = c.offload.optimizer;
   return stage < 2 || c.optimizer.overlap == OptimizerOverlap::kOff ||
          c.optimizer.update == OptimizerUpdate::kDevice || o.tier == Tier::kGpu || o.fraction <= 0;
 }
@@ -199,7 +198,7 @@ Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   };
   place(f.param_elements, param_off, b.params, offload.params, &StateBytes::params, b.params);
   place(f.grad_elements, grad_off, b.grads, offload.gradients, &StateBytes::grads, b.grads);
-  const bool alias = master_in_params(c, stage, c.runtime.device);
+  const bool alias = master_in_params(c, stage, offload.optimizer, c.runtime.device);
   const bool alias_off = alias && offload.optimizer.tier == Tier::kCpu;
   l.master_in_params = alias && (opt_off < f.optimizer_elements || (alias_off && opt_off > 0));
   place(f.optimizer_elements, opt_off, alias ? b.moments : b.optimizer(), offload.optimizer,

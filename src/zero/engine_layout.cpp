@@ -203,7 +203,8 @@ void EngineLayout::register_buffers() {
         store().acquire(grads_id_, Tier::kGpu, Access::kRead, timeout_));
   }
   // State in memory whose master weights are the parameters: opt holds the moments only.
-  const bool alias = flat && master_in_params(cfg_, stage_, store().device().kind());
+  const bool alias =
+      flat && master_in_params(cfg_, stage_, cfg_.offload.optimizer, store().device().kind());
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     Chunk& c = chunks_[k];
     if (alias && c.opt_tier != Tier::kNvme) {

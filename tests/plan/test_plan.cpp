@@ -572,6 +572,28 @@ TEST(Plan, RuntimeBuffersFormulas) {
   EXPECT_FALSE(make_plan(big).configured_fits());
 }
 
+// Where the master weights are the FP32 parameters (host device), the placement laid out decides
+// at stage 2, not the config's: a rung that moves the state to cpu under optimizer.overlap on keeps
+// a master of its own (the speculative update may run there), the config's own (state on the gpu)
+// does not.
+TEST(Plan, MasterInParamsFollowsTheLayoutsPlacement) {
+  Config c = config(1'000'000ULL, 1, 2);
+  c.precision.params = c.precision.grads = DType::kFp32;
+  c.runtime.device = DeviceKind::kHost;
+  c.optimizer.overlap = OptimizerOverlap::kOn;
+  const Layout own = plan_layout(c, 2, c.offload);
+  EXPECT_TRUE(own.master_in_params);
+  EXPECT_EQ(own.on_gpu.optimizer, 8'000'000u);
+  OffloadConfig cpu = c.offload;
+  cpu.optimizer = {Tier::kCpu, 1.0, false};
+  const Layout rung = plan_layout(c, 2, cpu);
+  EXPECT_FALSE(rung.master_in_params);
+  EXPECT_EQ(rung.on_host.optimizer, 12'000'000u);
+  c.optimizer.overlap = OptimizerOverlap::kOff;  // nothing speculated: one copy again
+  EXPECT_EQ(plan_layout(c, 2, cpu).on_host.optimizer, 8'000'000u);
+  EXPECT_FALSE(plan_layout(c, 3, c.offload).master_in_params);  // stage 3: never
+}
+
 // One rank with no gradient on nvme reduces without a collective: a bucket buffer is its own
 // receive buffer. It makes one per bucket up to six (two in flight, one being filled, three
 // receive buffers' worth) and no receive buffer: with one bucket larger than the model, one buffer
