@@ -169,6 +169,16 @@ std::uint64_t update_window_elements(std::uint64_t window, std::uint64_t grad_by
 bool master_in_params(const Config& config, int stage, const OffloadTarget& optimizer,
                       DeviceKind device);
 
+// Whether each gradient handed in goes straight into the gradient chunks, with no bucket buffers
+// (docs/offload.md, "Gradient buckets"): stages 2-3 on one rank (`ranks`; a sum over one rank is
+// its own values, so there is nothing to reduce), no gradient on nvme (`grads_on_nvme`: those are
+// assembled in pool buffers), optimizer.overlap off (nothing is speculated, so the backward need
+// not go on while a copy out runs: the hand-in waits for its copy), on the host-emulated device
+// (`device` as for master_in_params: a GPU's hand-in does not wait for the device). The engine and
+// strata plan then count no bucket buffer: the gradients' only copy is the chunks.
+bool hand_in_to_chunks(const Config& config, int stage, int ranks, bool grads_on_nvme,
+                       DeviceKind device);
+
 // A stage + offload choice worked out in full.
 struct Layout {
   int stage = 0;

@@ -250,9 +250,11 @@ class ZeroOptimizer(torch.optim.Optimizer):
             for key in ("params", "grads"):
                 if not _config_sets(config, overrides, "precision", key):
                     defaults.append("precision.%s=%s" % (key, dt))
-        # Gradient buckets of DDP's size (bucket_cap_mb 25), not the engine's 500M elements: on
-        # one rank, stage 2 keeps up to six bucket buffers (a model-sized one otherwise, beside
-        # the gradients), and a finer bucket lets optimizer.overlap start earlier.
+        # Gradient buckets of DDP's size (bucket_cap_mb 25), not the engine's 500M elements: a
+        # rank keeps up to three to six bucket buffers (a model-sized one otherwise, beside the
+        # gradients), and a finer bucket lets optimizer.overlap start earlier. (One rank with
+        # optimizer.overlap off on a CPU model keeps none: its hand-ins go straight into the
+        # gradients.)
         if not _config_sets(config, overrides, "zero", "reduce_bucket_size"):
             defaults.append("zero.reduce_bucket_size=%d"
                             % (_DDP_BUCKET_BYTES // max(1, trainable[0].element_size())))

@@ -166,6 +166,12 @@ bool master_in_params(const Config& c, int stage, const OffloadTarget& o, Device
          c.optimizer.update == OptimizerUpdate::kDevice || o.tier == Tier::kGpu || o.fraction <= 0;
 }
 
+bool hand_in_to_chunks(const Config& c, int stage, int ranks, bool grads_on_nvme,
+                       DeviceKind device) {
+  return stage >= 2 && ranks == 1 && !grads_on_nvme && device == DeviceKind::kHost &&
+         c.optimizer.overlap == OptimizerOverlap::kOff;
+}
+
 Layout plan_layout(const Config& c, int stage, const OffloadConfig& offload) {
   const BytesPerParam b = bytes_per_param(c.precision);
   Layout l;

@@ -203,7 +203,11 @@ RuntimeBuffers runtime_buffers(const Config& c, int stage, const OffloadConfig& 
     // one whose share is still being copied out to the host (ZeRO-Offload overlap). Each kind is
     // made one per bucket up to its count before any is reused (the same number every step).
     const std::uint64_t nbuckets = ceil_div(flat, bucket);
-    if (n == 1 && !(offload.gradients.tier == Tier::kNvme && leading(offload.gradients, psize))) {
+    const bool grads_nvme =
+        offload.gradients.tier == Tier::kNvme && leading(offload.gradients, psize) > 0;
+    if (hand_in_to_chunks(c, stage, static_cast<int>(n), grads_nvme, c.runtime.device)) {
+      // Straight into the gradient chunks: no bucket buffer.
+    } else if (n == 1 && !grads_nvme) {
       // One rank, no gradient on nvme: no collective, a bucket buffer is its own receive buffer
       // (its share is filled into the gradients from it); it makes one per bucket up to both
       // counts together (kMaxOneRankBuckets) and no receive buffer.

@@ -6,6 +6,7 @@
 #include "optim/accumulate.hpp"
 #include "strata/device.hpp"
 #include "strata/error.hpp"
+#include "strata/plan.hpp"
 #include "strata/types.hpp"
 #include "zero/clock.hpp"
 
@@ -80,6 +81,27 @@ std::size_t hand_in_staging_elems(const EngineLayout& l) {
       1, std::min<std::uint64_t>(l.config().zero.reduce_bucket_size, kHandInStagingBytes / hes));
 }
 
+bool direct_of(const EngineLayout& l, const Communicator& comm, TierStore& store) {
+  return hand_in_to_chunks(l.config(), l.stage(), comm.size(), l.any_grad_chunk_on(Tier::kNvme),
+                           store.device().kind());
+}
+
+// Per gradient chunk (one rank: partition = flat), the elements of tensors in it: what the hand-ins
+// fill (the rest is alignment padding, zeroed by the filler's round).
+std::vector<std::size_t> expected_per_chunk(const EngineLayout& l, bool direct) {
+  std::vector<std::size_t> expected(direct ? l.chunks().size() : 0, 0);
+  for (std::size_t i = 0; direct && i < l.tensors(); ++i) {
+    const std::size_t b = l.partition().offset(i) - l.own_begin(), e = b + l.tensor(i).numel;
+    for (std::size_t pos = b; pos < e;) {
+      const std::size_t ci = l.chunk_index(pos);
+      const std::size_t stop = std::min(e, l.chunks()[ci].r.end());
+      expected[ci] += stop - pos;
+      pos = stop;
+    }
+  }
+  return expected;
+}
+
 std::size_t bucket_elems_of(const EngineLayout& l) {
   return l.stage() >= 2 ? std::max<std::uint64_t>(1, l.config().zero.reduce_bucket_size) : 1;
 }
@@ -98,8 +120,11 @@ std::size_t share_staging_bytes(const EngineLayout& l) {
 GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm, TierStore& store,
                                  ScratchArena& scratch)
     : RankResources(layout, comm, store, scratch),
+      direct_(direct_of(layout, comm, store)),
       bucket_elems_(bucket_elems_of(layout)),
-      nbuckets_(layout.stage() >= 2 ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_ : 0),
+      nbuckets_(layout.stage() >= 2 && !direct_
+                    ? (layout.flat_size() + bucket_elems_ - 1) / bucket_elems_
+                    : 0),
       bucket_expected_(expected_per_bucket(layout, bucket_elems_, nbuckets_)),
       bucket_gaps_(gaps_per_bucket(layout, bucket_elems_, nbuckets_)),
       retire_early_(!layout.any_grad_chunk_on(Tier::kNvme)),
@@ -107,7 +132,8 @@ GradientReducer::GradientReducer(const EngineLayout& layout, Communicator& comm,
       stream_(store.device().create_stream()),
       arrived_(layout.tensors(), false),
       used_(layout.tensors(), false),
-      bucket_of_(nbuckets_) {
+      bucket_of_(nbuckets_),
+      chunk_expected_(expected_per_chunk(layout, direct_)) {
   if (layout.stage() >= 2) {
     std::vector<BufferId> grad_ids;
     for (const Chunk& c : layout.chunks()) grad_ids.push_back(c.grad);
@@ -236,6 +262,8 @@ void GradientReducer::hand_in(TensorId id, const void* grad, Tier memory,
     accumulate_flat(off, n, src, memory, micro_ > 0);
   } else if (layout_.stage() < 2) {
     copy(layout_.grads_device() + off * ges, src, n * ges);  // the caller's thread on a host device
+  } else if (direct_) {
+    hand_in_direct(off, n, src);
   } else {
     hand_in_bucketed(off, n, src);
     retire_done();
@@ -257,6 +285,14 @@ void GradientReducer::hand_in_zero(TensorId id) {
                                               : layout_.hand_in_elem_bytes();  // the buckets
   if (layout_.stage() < 2 && micro_ == 0) {
     fill(layout_.grads_device() + off * ges, n * ges);
+  } else if (direct_) {
+    // The filler's round zeroes what no piece fills (replacing), or keeps it (adding zeros).
+    for (std::size_t pos = off - layout_.own_begin(), e = pos + n; pos < e;) {
+      const std::size_t ci = layout_.chunk_index(pos);
+      const std::size_t stop = std::min(e, layout_.chunks()[ci].r.end());
+      count_filled(ci, stop - pos, 0);
+      pos = stop;
+    }
   } else if (layout_.stage() >= 2) {
     // Last bucket first, as hand_in_bucketed.
     for (std::size_t stop = off + n; stop > off;) {
@@ -346,6 +382,40 @@ void GradientReducer::hand_in_bucketed(std::size_t off, std::size_t n, const uns
     if (bucket_pending_[k] == 0) bucket_complete(k);
     stop = pos;
   }
+}
+
+// One rank, nothing speculated (direct_): the hand-in is filled straight into the gradient chunks
+// it lies in (a copy, or an add in a later micro-batch, converted where the dtypes differ) and
+// waited for: the caller may reuse `src` when hand_in returns. The chunks are then the gradients'
+// only copy (no bucket buffer: the least host memory).
+void GradientReducer::hand_in_direct(std::size_t off, std::size_t n, const unsigned char* src) {
+  if (!fill_->active()) fill_->begin();
+  const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
+  const std::size_t begin = off - layout_.own_begin();
+  tier::Filler::Ticket last = 0;
+  for (std::size_t pos = begin; pos < begin + n;) {
+    const std::size_t ci = layout_.chunk_index(pos);
+    const Chunk& c = layout_.chunks()[ci];
+    const std::size_t stop = std::min(begin + n, c.r.end());
+    // The host-emulated device's memory is host memory: the piece is named as in the chunk's
+    // home, so that an add or conversion runs straight into it (the filler adds into a gpu home
+    // from device memory, into a cpu home from host memory in the caller).
+    const Tier in = c.grad_tier == Tier::kCpu ? Tier::kCpu : Tier::kGpu;
+    last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
+                             src + (pos - begin) * hes, in);
+    count_filled(ci, stop - pos, last);
+    pos = stop;
+  }
+  const auto t0 = Clock::now();
+  fill_->wait(last);
+  times_.grad_spill_s += seconds_since(t0);
+}
+
+// `n` more elements of chunk ci filled (its pieces up to ticket `last`): a chunk whose tensors'
+// elements all arrived is final (take_filled_chunks).
+void GradientReducer::count_filled(std::size_t ci, std::size_t n, tier::Filler::Ticket last) {
+  chunk_filled_[ci] += n;
+  if (chunk_filled_[ci] == chunk_expected_[ci]) filled_.emplace_back(ci, last);
 }
 
 // Bucket k's buffer, its padding (elements of no tensor) zeroed when it is taken: every other

@@ -7,7 +7,10 @@
 // wherever they live (device memory, or device→host on the store's copy streams, spilled on to
 // NVMe) — queued, not waited for: the backward goes on while the share is copied out, and its
 // receive buffer is reused only once the copy completed. One rank (gradients not on NVMe) issues
-// no collective: the bucket is its own share, filled from the bucket buffer at once.
+// no collective: the bucket is its own share, filled from the bucket buffer at once. One rank with
+// nothing speculated on the host-emulated device (plan's hand_in_to_chunks) has no bucket at all:
+// each hand-in is filled straight into the gradient chunks and waited for (one copy, not two, and
+// no bucket buffer beside the gradients).
 //
 // Buckets are issued in descending order on several ranks (a bucket completed early waits for the
 // ones above it): the collectives match on every rank whatever order the hand-ins complete them.
@@ -145,6 +148,8 @@ class GradientReducer : private RankResources {
   void accumulate_flat(std::size_t off, std::size_t n, const unsigned char* src, Tier memory,
                        bool add);
   void hand_in_bucketed(std::size_t off, std::size_t n, const unsigned char* src);
+  void hand_in_direct(std::size_t off, std::size_t n, const unsigned char* src);
+  void count_filled(std::size_t ci, std::size_t n, tier::Filler::Ticket last);
   void reset_micro_batch();
   void mark_arrived(TensorId id);
   void bucket_complete(std::size_t k);
@@ -165,6 +170,9 @@ class GradientReducer : private RankResources {
   std::size_t bucket_begin(std::size_t b) const { return b * bucket_elems_; }
   std::size_t bucket_len(std::size_t b) const;
 
+  // One rank, nothing speculated, the host-emulated device (plan's hand_in_to_chunks): each
+  // hand-in is filled straight into the gradient chunks and waited for; no bucket.
+  const bool direct_;
   const std::size_t bucket_elems_, nbuckets_;
   const std::vector<std::size_t> bucket_expected_;     // elements of tensors per bucket
   const std::vector<std::vector<Range>> bucket_gaps_;  // per bucket: elements of no tensor
@@ -195,6 +203,7 @@ class GradientReducer : private RankResources {
   // take_filled_chunks(): elements filled per chunk in this micro-batch; chunks filled whole, with
   // the ticket of their last piece, not yet taken.
   std::vector<std::size_t> chunk_filled_;
+  const std::vector<std::size_t> chunk_expected_;  // direct_: elements of tensors per chunk
   std::deque<std::pair<std::size_t, tier::Filler::Ticket>> filled_;
   ReduceTimes times_;
   std::uint64_t buckets_reduced_ = 0;

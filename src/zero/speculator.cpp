@@ -29,8 +29,14 @@ bool same_groups(const std::vector<ParamGroupOptions>& a, const std::vector<Para
   return true;
 }
 
-bool overlap_enabled(const Config& cfg, const EngineLayout& layout) {
-  return cfg.optimizer.overlap != OptimizerOverlap::kOff && layout.stage() >= 2;
+// optimizer.overlap not off, stages 2-3, and some chunk of the rank's state can be speculated:
+// where none can (overlap auto with the state on the gpu, say), nothing follows the hand-ins (the
+// last one does not wait for the fills a speculation would read).
+bool overlap_enabled(const Config& cfg, const EngineLayout& layout, const OptimizerStep& opt) {
+  if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout.stage() < 2) return false;
+  for (std::size_t ci = 0; ci < layout.chunks().size(); ++ci)
+    if (opt.can_speculate(ci)) return true;
+  return false;
 }
 }  // namespace
 
@@ -46,7 +52,7 @@ Speculator::Speculator(const Config& cfg, int rank, int world, const EngineLayou
       store_(store),
       scaler_(scaler),
       groups_(groups),
-      enabled_(overlap_enabled(cfg, layout)) {
+      enabled_(overlap_enabled(cfg, layout, optimizer)) {
   check_overlap();
   warn_one_bucket();
   if (enabled_) jobs_ = std::make_unique<SerialJobs>();

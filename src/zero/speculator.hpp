@@ -124,7 +124,7 @@ class Speculator {
   TierStore& store_;
   const LossScaler& scaler_;
   const std::vector<ParamGroupOptions>& groups_;
-  const bool enabled_;  // optimizer.overlap not off, stages 2-3
+  const bool enabled_;  // optimizer.overlap not off, stages 2-3, a chunk can be speculated
 
   // ---- this step's speculation (the engine's thread)
   JobState job_;

@@ -179,7 +179,9 @@ class TorchContract(unittest.TestCase):
 
     def test_stage2_reduce_scatters_overlap_the_backward(self):
         m = tiny_gpt()
-        opt = strata.torch.ZeroOptimizer(m, base_config(2))  # 5000-element buckets: several
+        # 5000-element buckets: several. (One rank with optimizer.overlap off fills its gradients
+        # straight from the hand-ins, no bucket: test_one_rank_keeps_no_gradient_bucket.)
+        opt = strata.torch.ZeroOptimizer(m, base_config(2, optimizer={"overlap": "auto"}))
         seen = []
         for p in m.parameters():  # tensor hooks run as autograd produces each gradient
             p.register_hook(lambda g: seen.append(opt.stats()["buckets_reduced"]) or g)
@@ -192,6 +194,24 @@ class TorchContract(unittest.TestCase):
         self.assertEqual(opt.stats()["comm_calls"]["reduce_scatter"], 0)
         opt.step()
         opt.close()
+
+    def test_one_rank_keeps_no_gradient_bucket(self):
+        """One rank at stages 2-3 with optimizer.overlap off (the default) copies each gradient
+        straight into the engine's gradients: no bucket buffer (issue 48, point 5's memory), and
+        the step is AdamW's, bitwise."""
+        for stage in (2, 3):
+            with self.subTest(stage=stage):
+                ref = tiny_gpt()
+                model = copy.deepcopy(ref)
+                opt = strata.torch.ZeroOptimizer(model, base_config(stage),
+                                                 param_groups=torch_groups(model))
+                topt = torch.optim.AdamW(torch_groups(ref), lr=3e-3, betas=(0.9, 0.95),
+                                         foreach=False)
+                self.assertEqual(train(model, opt, 3), train(ref, topt, 3, strata_opt=False))
+                self.assertEqual(opt.stats()["buckets_reduced"], 0)
+                assert_bitwise(self, master_of(opt, model), dict(ref.named_parameters()),
+                               "stage %d" % stage)
+                opt.close()
 
     def test_speculative_update_is_reported(self):
         # optimizer.overlap on (stage 2, Adam on the host): chunks are updated during the backward;

@@ -47,6 +47,17 @@ Config overlap_config(int stage, Tier grads, const std::string& dir) {
   return cfg;
 }
 
+// One rank with optimizer.overlap off on this device fills its gradient chunks straight from the
+// hand-ins (plan's hand_in_to_chunks; test_zero.cpp, EngineGradientsInPlace); it takes the buckets
+// tested here — a bucket its own share, copied out while the backward goes on — under overlap
+// auto (and on a GPU). The state on the gpu then keeps the step serial (nothing to speculate):
+// these tests are about the gradients' way.
+Config one_rank_buckets(Config cfg) {
+  cfg.optimizer.overlap = OptimizerOverlap::kAuto;
+  cfg.offload.optimizer = {Tier::kGpu, 1.0, false};
+  return cfg;
+}
+
 // One rank's engine (optionally on a WatchedDevice) and its gradients in device memory.
 struct OverlapRank {
   std::unique_ptr<Engine> e;
@@ -163,7 +174,7 @@ class GradOverlap : public ::testing::TestWithParam<OverlapCase> {};
 TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
   const OverlapCase c = GetParam();
   TempDir dir("strata-overlap");
-  Config cfg = overlap_config(c.stage, c.grads, dir.str());
+  Config cfg = one_rank_buckets(overlap_config(c.stage, c.grads, dir.str()));
   cfg.train.accumulate = c.accumulate;
   const auto want = reference(cfg, 4, 2);
   auto comms = make_inprocess_communicators(1, 60.0);
@@ -215,7 +226,7 @@ TEST_P(GradOverlap, TheBackwardGoesOnWhileAShareIsCopiedOut) {
 // cudaMalloc there when the count followed the copies' speed).
 TEST(GradOverlapSchedule, OneRankMakesItsBucketBuffersInTheFirstBackward) {
   TempDir dir("strata-overlap");
-  const Config cfg = overlap_config(2, Tier::kGpu, dir.str());
+  const Config cfg = one_rank_buckets(overlap_config(2, Tier::kGpu, dir.str()));
   auto comms = make_inprocess_communicators(1, 60.0);
   OverlapRank r(cfg, *comms[0], 4, true);
   ASSERT_NE(r.dev, nullptr);
@@ -248,7 +259,8 @@ void at_stages_2_and_3(int world, Fn&& fn) {
     SCOPED_TRACE(strcat("stage ", stage));
     TempDir dir("strata-overlap");
     auto comms = make_inprocess_communicators(world, 60.0);
-    fn(overlap_config(stage, Tier::kCpu, dir.str()), comms);
+    const Config cfg = overlap_config(stage, Tier::kCpu, dir.str());
+    fn(world == 1 ? one_rank_buckets(cfg) : cfg, comms);
   }
 }
 
@@ -424,7 +436,7 @@ class GradOverlapFaults : public ::testing::TestWithParam<OverlapCase> {
   // last micro-batch, from its second call (`first_`) on, the first made here.
   OverlapRank& start(std::size_t buckets) {
     const OverlapCase c = GetParam();
-    Config cfg = overlap_config(c.stage, c.grads, dir_.str());
+    Config cfg = one_rank_buckets(overlap_config(c.stage, c.grads, dir_.str()));
     cfg.train.accumulate = c.accumulate;
     rank_ = std::make_unique<OverlapRank>(cfg, *comms_[0], buckets, true);
     micro_batches_before(*rank_, cfg, 0, 0);

@@ -85,6 +85,10 @@ struct AgreeCase {
   bool equal_layers = false;       // stage 3: the fullest rank gathers between one and two layers
   std::uint64_t bucket = 0;        // zero.reduce_bucket_size; 0 = kBucket (several buckets)
   bool accum_fp32 = false;         // precision.grad_accum fp32: 16-bit gradients held in FP32
+  // optimizer.overlap: off (the default) on one rank fills the gradient chunks straight from the
+  // hand-ins (no bucket buffer: plan's hand_in_to_chunks); auto keeps the buckets (the state on
+  // the gpu: nothing is speculated).
+  OptimizerOverlap overlap = OptimizerOverlap::kOff;
 };
 
 std::string agree_name(const ::testing::TestParamInfo<AgreeCase>& i) { return i.param.name; }
@@ -117,6 +121,7 @@ Config case_config(const AgreeCase& c, const std::string& swap_dir) {
   cfg.offload.gradients = c.grads;
   cfg.offload.params = c.params;
   if (c.update_on_device) cfg.optimizer.update = OptimizerUpdate::kDevice;
+  cfg.optimizer.overlap = c.overlap;
   cfg.tiers.gpu.budget = 256ULL << 20;
   cfg.tiers.host.budget = 512ULL << 20;
   cfg.tiers.host.pinned_budget = 64ULL << 20;
@@ -203,13 +208,16 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
   EXPECT_EQ(b.optimizer(), 12u) << "the engine keeps master | m | v in FP32 for every dtype";
   // ... except state in memory whose master weights are the FP32 parameters (stages 0-2 with
   // optimizer.overlap off, as here; the host device): the moments only.
-  const std::uint64_t off = share_of(l.footprint.optimizer_elements, c.opt);
+  const std::uint64_t off =
+      c.opt.tier == Tier::kGpu ? 0 : share_of(l.footprint.optimizer_elements, c.opt);
   const bool aliased = c.stage <= 2 && c.pdt == DType::kFp32 &&
                        (c.opt.tier != Tier::kNvme || off < l.footprint.optimizer_elements);
   EXPECT_EQ(l.master_in_params, aliased);
   if (aliased) {
     EXPECT_EQ(l.on_gpu.optimizer, (l.footprint.optimizer_elements - off) * b.moments);
-    if (c.opt.tier == Tier::kCpu) EXPECT_EQ(l.on_host.optimizer, off * b.moments);
+    if (c.opt.tier == Tier::kCpu) {
+      EXPECT_EQ(l.on_host.optimizer, off * b.moments);
+    }
   }
   const StateBytes* plan_tier[3] = {&l.on_gpu, &l.on_host, &l.on_nvme};
   // Padding: the flat space's alignment (tensor and partition alignment), each placement's
@@ -262,10 +270,17 @@ TEST_P(PlanAgreement, EngineHoldsWhatThePlanSays) {
     // One rank (gradients not on nvme) has no collective: a bucket buffer is its own receive
     // buffer, one per bucket up to a cap of six (made in the first backward), as many as the plan
     // counts, and no receive buffer.
+    // One rank with optimizer.overlap off fills the chunks straight from the hand-ins: neither.
     const bool own_recv = c.world == 1 && c.stage >= 2 && c.grads.tier != Tier::kNvme;
+    const bool direct = own_recv && c.overlap == OptimizerOverlap::kOff;
     const std::uint64_t recv_each = rt.receive_count ? rt.receive / rt.receive_count : 0;
     const std::uint64_t buffers = rt.buckets + s.recv_buffers * recv_each;
-    if (own_recv) {
+    if (direct) {
+      EXPECT_EQ(s.bucket_buffers, 0u) << "one rank, nothing speculated: no bucket buffer";
+      EXPECT_EQ(s.recv_buffers, 0u);
+      EXPECT_EQ(rt.bucket_count, 0u);
+      EXPECT_EQ(rt.buckets + rt.receive, 0u);
+    } else if (own_recv) {
       EXPECT_EQ(s.recv_buffers, 0u);
       EXPECT_EQ(rt.receive_count, 0u);
       EXPECT_EQ(s.bucket_buffers, rt.bucket_count);
@@ -361,12 +376,21 @@ INSTANTIATE_TEST_SUITE_P(
         // buffer of the flat gradients' size, not of 500M elements.
         AgreeCase{"stage2_world3_bucket_larger_than_model", 2, 3, kCpuAll, kGpu, kGpu, DType::kFp16,
                   DType::kFp16, kUneven, false, false, false, 500'000'000},
-        // The same on one rank: one bucket buffer, its own receive buffer (not a second one).
-        AgreeCase{"stage2_world1_bucket_larger_than_model", 2, 1, kCpuAll, kGpu, kGpu, DType::kFp32,
-                  DType::kFp32, kUneven, false, false, false, 500'000'000},
+        // The same on one rank (under optimizer.overlap auto, where one rank keeps its buckets):
+        // one bucket buffer, its own receive buffer (not a second one).
+        AgreeCase{"stage2_world1_bucket_larger_than_model", 2, 1, kGpu, kGpu, kGpu, DType::kFp32,
+                  DType::kFp32, kUneven, false, false, false, 500'000'000, false,
+                  OptimizerOverlap::kAuto},
         // One rank, five buckets: five buffers (below the cap of six).
-        AgreeCase{"stage2_world1_five_buckets", 2, 1, kGpu, kCpuAll, kGpu, DType::kBf16,
-                  DType::kBf16, kUneven, false, false, false, 320'000},
+        AgreeCase{"stage2_world1_five_buckets", 2, 1, kGpu, kCpuAll,
+                  kGpu, DType::kBf16, DType::kBf16, kUneven, false, false, false, 320'000, false,
+                  OptimizerOverlap::kAuto},
+        // One rank, overlap off: the hand-ins go straight into the gradient chunks (on cpu,
+        // converted and held in FP32; stage 3 on the gpu): no bucket buffer on either side.
+        AgreeCase{"stage2_world1_bf16_hand_in_to_chunks_cpu", 2, 1, kCpuAll, kCpuAll, kGpu,
+                  DType::kBf16, DType::kBf16, kUneven, false, false, false, 320'000, true},
+        AgreeCase{"stage3_world1_fp32_hand_in_to_chunks", 3, 1, kCpuAll, kGpu, kCpuAll,
+                  DType::kFp32, DType::kFp32, kUneven, true},
         // 16-bit gradients held in FP32 (precision.grad_accum): the flat gradients
         // (stage 0), the gradient chunks on nvme (stage 2) and cpu (stage 3).
         AgreeCase{"stage0_world2_fp16_accum_fp32", 0, 2, kGpu, kGpu, kGpu, DType::kFp16,
@@ -413,7 +437,8 @@ TEST(PlanAgreementBudget, GpuBudgetAtThePlansFigure) {
   for (const OffloadTarget& grads : {kGpu, kNvmeAll}) {
     SCOPED_TRACE(grads.tier == Tier::kNvme ? "gradients on nvme" : "gradients on the gpu");
     TempDir dir("strata-agree");
-    const AgreeCase c{"budget", 2, 1, kGpu, grads, kGpu, DType::kFp16, DType::kFp16, kUneven};
+    AgreeCase c{"budget", 2, 1, kGpu, grads, kGpu, DType::kFp16, DType::kFp16, kUneven};
+    c.overlap = OptimizerOverlap::kAuto;  // one rank's buckets (overlap off: none to take away)
     Config cfg = case_config(c, dir.str());
     const Plan p = make_plan(cfg);
     const std::uint64_t slack = 16 * kPage;  // buffer padding and alignment
