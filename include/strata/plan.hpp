@@ -260,13 +260,23 @@ Recommendation recommend(const Config& config);
 // MemAvailable: the budget is what the node can hold (as tiers.gpu.budget is the GPU's size), and
 // the same config plans the same on the same machine whatever else runs or sits in the page cache
 // right now; a config leaves room for the OS and other processes by setting tiers.host.budget.
+// Where the process runs in a cgroup with a memory limit below MemTotal (a container, a Slurm job,
+// a systemd unit), the limit: the kernel stops the process there whatever the node holds.
 struct MachineMemory {
   bool known = false;
-  std::uint64_t total = 0;  // bytes (MemTotal)
-  std::string source;       // "MemTotal in /proc/meminfo", or why it could not be read
+  std::uint64_t total = 0;  // bytes (MemTotal, or the cgroup's limit where lower)
+  // "MemTotal in /proc/meminfo", "the memory limit of this process's cgroup, <file>, below
+  // MemTotal's 64 GiB", or why it could not be read.
+  std::string source;
 };
-// Reads MemTotal from `meminfo` (the /proc/meminfo format). The planner's only I/O; never throws.
-MachineMemory read_machine_memory(const std::string& meminfo = "/proc/meminfo");
+// Reads MemTotal from `meminfo` (the /proc/meminfo format) and the memory limit of the process's
+// cgroup: its line in `proc_cgroup` (/proc/self/cgroup: "0::/path" for cgroup v2, "N:memory:/path"
+// for v1), found under the hierarchy's mount in `mountinfo` (/proc/self/mountinfo); the lowest of
+// memory.max (v2) / memory.limit_in_bytes (v1) from that cgroup up to the mount. The planner's
+// only I/O; never throws; bounded reads.
+MachineMemory read_machine_memory(const std::string& meminfo = "/proc/meminfo",
+                                  const std::string& proc_cgroup = "/proc/self/cgroup",
+                                  const std::string& mountinfo = "/proc/self/mountinfo");
 
 // The host budget a plan checks against, and where it came from.
 struct HostBudget {

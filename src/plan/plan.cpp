@@ -2,8 +2,6 @@
 #include "strata/plan.hpp"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include "core/checked_math.hpp"
 #include "plan/plan_internal.hpp"
@@ -41,32 +39,6 @@ HostBudget configured_host_budget(const Config& c) {
 }
 
 }  // namespace
-
-MachineMemory read_machine_memory(const std::string& meminfo) {
-  MachineMemory m;
-  std::ifstream in(meminfo);
-  if (!in) {
-    m.source = "cannot open " + meminfo;
-    return m;
-  }
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemTotal:", 0) != 0) continue;
-    std::istringstream fields(line.substr(9));
-    std::uint64_t kib = 0;
-    std::string unit;
-    if (fields >> kib >> unit && unit == "kB" && kib > 0 && kib < (std::uint64_t{1} << 54)) {
-      m.known = true;
-      m.total = kib * 1024;
-      m.source = "MemTotal in " + meminfo;
-    } else {
-      m.source = "unreadable MemTotal line in " + meminfo + ": '" + line + "'";
-    }
-    return m;
-  }
-  m.source = "no MemTotal line in " + meminfo;
-  return m;
-}
 
 const char* host_budget_source_name(HostBudget::Source s) {
   switch (s) {

@@ -505,7 +505,7 @@ class ProfileRun {
       bw.reduce_scatter_busbw = bw.all_gather_busbw =
           static_cast<double>(config_.world.network_bandwidth);
     }
-    r_.plan = make_plan(config_);
+    r_.plan = make_plan(config_, read_machine_memory());  // as strata plan on this machine
     r_.configured = predict_step(config_, r_.plan.configured, bw);
     if (!bw.network_source.empty() && r_.configured.network_s > 0)
       r_.configured.notes.push_back("network leg: " + bw.network_source);

@@ -742,6 +742,10 @@ std::string fake_meminfo(const std::string& name, const std::string& total_line)
   std::ofstream(path) << "MemFree:         1000 kB\n" << total_line << "\nMemAvailable: 2 kB\n";
   return path;
 }
+// MemTotal alone: no cgroup (the machine running the test may have one).
+MachineMemory meminfo_only(const std::string& meminfo) {
+  return read_machine_memory(meminfo, meminfo + ".no-cgroup", meminfo + ".no-mountinfo");
+}
 const char* const kOffloadedYaml =
     "model: {parameters: 1B}\nzero: {stage: 2}\noffload: {optimizer: {tier: cpu}}\n";
 }  // namespace
@@ -751,7 +755,7 @@ const char* const kOffloadedYaml =
 TEST(Plan, HostBudgetIsTheMachinesMemoryWhenNotSet) {
   const std::string small = fake_meminfo("8g", "MemTotal:        8388608 kB");
   const std::string large = fake_meminfo("64g", "MemTotal:       67108864 kB");
-  const MachineMemory m8 = read_machine_memory(small), m64 = read_machine_memory(large);
+  const MachineMemory m8 = meminfo_only(small), m64 = meminfo_only(large);
   ASSERT_TRUE(m8.known) << m8.source;
   EXPECT_EQ(m8.total, 8ULL << 30);
   EXPECT_EQ(m64.total, 64ULL << 30);
@@ -789,10 +793,10 @@ TEST(Plan, HostBudgetIsTheMachinesMemoryWhenNotSet) {
   EXPECT_TRUE(cfg.configured_fits()) << cfg.configured_rung.verdict;
 
   // The machine's memory unknown: the default, and the plan says it could not read it.
-  const MachineMemory none = read_machine_memory(small + ".missing");
+  const MachineMemory none = meminfo_only(small + ".missing");
   EXPECT_FALSE(none.known);
   const std::string bad = fake_meminfo("bad", "MemTotal: lots");
-  EXPECT_FALSE(read_machine_memory(bad).known);
+  EXPECT_FALSE(meminfo_only(bad).known);
   const Plan unknown = make_plan(unset, none);
   EXPECT_EQ(unknown.host_budget.source, HostBudget::Source::kDefault);
   EXPECT_EQ(unknown.configured.verdicts[1].budget, 512ULL << 30);
@@ -801,4 +805,95 @@ TEST(Plan, HostBudgetIsTheMachinesMemoryWhenNotSet) {
   std::filesystem::remove(small);
   std::filesystem::remove(large);
   std::filesystem::remove(bad);
+}
+
+namespace {
+// A fake /proc/self/cgroup, /proc/self/mountinfo and cgroup hierarchies under a temporary
+// directory: cgroup v2 mounted at <dir>/v2 (from the hierarchy's root, or from `v2_root`), v1's
+// memory controller at <dir>/v1.
+struct FakeCgroups {
+  std::filesystem::path dir;
+  explicit FakeCgroups(const std::string& name, const std::string& v2_root = "/")
+      : dir(std::filesystem::temp_directory_path() /
+            ("strata-cgroup-" + std::to_string(::getpid()) + "-" + name)) {
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    std::ofstream(dir / "mountinfo")
+        << "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
+        << "30 22 0:26 " << v2_root << " " << (dir / "v2").string()
+        << " rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+        << "31 22 0:27 / " << (dir / "v1").string() << " rw - cgroup cgroup rw,memory\n";
+  }
+  ~FakeCgroups() { std::filesystem::remove_all(dir); }
+  void cgroup_file(const std::string& lines) { std::ofstream(dir / "cgroup") << lines; }
+  void limit(const std::string& rel, const std::string& file, const std::string& value) {
+    std::filesystem::create_directories(dir / rel);
+    std::ofstream(dir / rel / file) << value << "\n";
+  }
+  MachineMemory read(const std::string& meminfo) const {
+    return read_machine_memory(meminfo, (dir / "cgroup").string(), (dir / "mountinfo").string());
+  }
+};
+}  // namespace
+
+// A cgroup memory limit below MemTotal (a container, a Slurm job) is what the plan checks host
+// memory against: the lowest limit from the process's cgroup up to the hierarchy's root, cgroup
+// v2 (memory.max) or v1 (memory.limit_in_bytes); "max" and v1's unlimited value are no limit, an
+// unreadable limit leaves MemTotal and is named.
+TEST(Plan, HostBudgetIsTheCgroupsMemoryLimitWhereLower) {
+  const std::string node = fake_meminfo("64g-cgroup", "MemTotal:       67108864 kB");
+  {
+    SCOPED_TRACE("v2: the parent's limit binds the job's step");
+    FakeCgroups cg("v2");
+    cg.cgroup_file("0::/job/step\n");
+    cg.limit("v2/job", "memory.max", "8589934592");
+    cg.limit("v2/job/step", "memory.max", "max");
+    const MachineMemory m = cg.read(node);
+    ASSERT_TRUE(m.known) << m.source;
+    EXPECT_EQ(m.total, 8ULL << 30);
+    EXPECT_NE(m.source.find("v2/job/memory.max"), std::string::npos) << m.source;
+    EXPECT_NE(m.source.find("below MemTotal's 64 GiB"), std::string::npos) << m.source;
+    const Plan p = make_plan(parse_config(kOffloadedYaml), m);  // 12 GB of state on cpu
+    EXPECT_EQ(p.host_budget.bytes, 8ULL << 30);
+    EXPECT_NE(p.host_budget.text.find("cgroup"), std::string::npos) << p.host_budget.text;
+    EXPECT_FALSE(p.configured_fits());
+  }
+  {
+    SCOPED_TRACE("v1 memory controller, the lowest on the way up");
+    FakeCgroups cg("v1");
+    cg.cgroup_file("4:memory:/slurm/uid_1/job_2\n3:cpu,cpuacct:/slurm\n0::/\n");
+    cg.limit("v1/slurm", "memory.limit_in_bytes", "9223372036854771712");
+    cg.limit("v1/slurm/uid_1", "memory.limit_in_bytes", "6442450944");
+    cg.limit("v1/slurm/uid_1/job_2", "memory.limit_in_bytes", "4294967296");
+    const MachineMemory m = cg.read(node);
+    EXPECT_EQ(m.total, 4ULL << 30) << m.source;
+    EXPECT_NE(m.source.find("job_2/memory.limit_in_bytes"), std::string::npos) << m.source;
+  }
+  {
+    SCOPED_TRACE("a container's namespace: the mount shows its own cgroup");
+    FakeCgroups cg("ns", "/docker/abc");
+    cg.cgroup_file("0::/docker/abc\n");
+    cg.limit("v2", "memory.max", "2147483648");
+    EXPECT_EQ(cg.read(node).total, 2ULL << 30);
+  }
+  {
+    SCOPED_TRACE("no limit, or one above MemTotal: MemTotal");
+    FakeCgroups cg("none");
+    cg.cgroup_file("0::/user.slice\n4:memory:/user.slice\n");
+    cg.limit("v2/user.slice", "memory.max", "max");
+    cg.limit("v1/user.slice", "memory.limit_in_bytes", "137438953472");  // 128 GiB
+    const MachineMemory m = cg.read(node);
+    EXPECT_EQ(m.total, 64ULL << 30);
+    EXPECT_EQ(m.source, "MemTotal in " + node);
+  }
+  {
+    SCOPED_TRACE("an unreadable limit: MemTotal, and said");
+    FakeCgroups cg("bad");
+    cg.cgroup_file("0::/job\n");
+    cg.limit("v2/job", "memory.max", "lots");
+    const MachineMemory m = cg.read(node);
+    EXPECT_EQ(m.total, 64ULL << 30);
+    EXPECT_NE(m.source.find("could not be read"), std::string::npos) << m.source;
+  }
+  std::filesystem::remove(node);
 }
