@@ -10,6 +10,7 @@
 
 #include "cli/command.hpp"
 #include "strata/config.hpp"
+#include "strata/device_query.hpp"
 #include "strata/error.hpp"
 #include "strata/plan.hpp"
 #include "strata/units.hpp"
@@ -121,9 +122,40 @@ json rung_json(const strata::Rung& r) {
           {"verdict", r.verdict}};
 }
 
+// What the plan counts runtime.device as. auto is planned as a GPU (the gpu tier device memory, a
+// staging pool, the master weights of their own); where no GPU answers the engine runs on the host
+// device instead, so the line says what this machine would resolve (strata plan is run on a node
+// like the training ones, as for the host budget).
+struct PlannedDevice {
+  std::string configured, planned_as, here, text;
+};
+PlannedDevice planned_device(const strata::Config& c) {
+  PlannedDevice d;
+  d.configured = strata::device_name(c.runtime.device);
+  d.planned_as = c.runtime.device == strata::DeviceKind::kHost ? "host" : "gpu";
+  if (c.runtime.device == strata::DeviceKind::kHost) {
+    d.text = "host-emulated (runtime.device host): the gpu tier is host memory";
+  } else if (c.runtime.device == strata::DeviceKind::kCuda) {
+    d.text = "a GPU (runtime.device cuda)";
+  } else {
+    const strata::GpuQuery q = strata::query_cuda_devices();
+    d.here = q.status;
+    d.text = "runtime.device auto, planned as a GPU; this machine: " + q.status;
+    if (q.devices.empty())
+      d.text += " — the engine would run on the host device here (--set runtime.device=host "
+                "plans that; the gpu tier is then host memory)";
+  }
+  return d;
+}
+
 json plan_json(const strata::Config& c, const strata::Plan& p) {
   json j;
   j["config"] = c.source;
+  const PlannedDevice d = planned_device(c);
+  j["device"] = {{"configured", d.configured},
+                 {"planned_as", d.planned_as},
+                 {"this_machine", d.here},
+                 {"text", d.text}};
   j["host_budget"] = {{"bytes", p.host_budget.bytes},
                       {"source", strata::host_budget_source_name(p.host_budget.source)},
                       {"text", p.host_budget.text}};
@@ -193,6 +225,7 @@ void print_header(std::ostream& o, const strata::Config& c, const strata::Plan& 
     << " moments) = " << b.total() << "\n"
     << "  world: " << p.ranks << " ranks, " << p.ranks_per_node << " per node, " << p.nodes
     << " node(s)\n"
+    << "  device: " << planned_device(c).text << "\n"
     << "  host budget: " << p.host_budget.text << "\n\n";
 }
 

@@ -166,6 +166,39 @@ TEST(PlanCli, HostBudgetIsTheMachinesMemoryWhenNotSet) {
 // A CPU model's config (runtime.device host, FP32 parameters) at stage 1: the master weights are
 // the parameters, said in the text and the JSON, and the host state is the moments only (8 B a
 // parameter); with bf16 parameters (or auto's GPU) the master is the state's own (12 B).
+// The plan says what it counted runtime.device as: auto is planned as a GPU, with what this
+// machine would resolve it to (a GPU count, or why none answers: then the engine would run on the
+// host device, which --set runtime.device=host plans); host and cuda need no probe.
+TEST(PlanCli, SaysWhatTheDeviceIsPlannedAs) {
+  strata::testing::TempDir dir;
+  const std::string cfg = write(dir, "d.yaml", "model: {parameters: 1000000}\n");
+  CliRun r = plan(cfg + " --json", dir);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["device"]["configured"], "auto");
+  EXPECT_EQ(j["device"]["planned_as"], "gpu");
+  const std::string here = j["device"]["this_machine"].get<std::string>();
+  EXPECT_FALSE(here.empty());
+  r = plan(cfg, dir);
+  EXPECT_NE(r.out.find("device: runtime.device auto, planned as a GPU; this machine: " + here),
+            std::string::npos)
+      << r.out;
+  if (here.rfind("no GPU", 0) == 0) {
+    EXPECT_NE(r.out.find("the engine would run on the host device here"), std::string::npos);
+  }
+  for (const char* kind : {"host", "cuda"}) {
+    r = plan(cfg + " --json --set runtime.device=" + kind, dir);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["device"]["configured"], kind);
+    EXPECT_EQ(j["device"]["planned_as"], std::string(kind) == "host" ? "host" : "gpu");
+    EXPECT_EQ(j["device"]["this_machine"], "");
+  }
+  r = plan(cfg + " --set runtime.device=host", dir);
+  EXPECT_NE(r.out.find("device: host-emulated (runtime.device host)"), std::string::npos)
+      << r.out;
+}
+
 TEST(PlanCli, TheMasterWeightsAreTheParametersOfAnFp32ModelOnTheHost) {
   strata::testing::TempDir dir;
   const std::string base =
