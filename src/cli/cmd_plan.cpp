@@ -142,8 +142,9 @@ PlannedDevice planned_device(const strata::Config& c) {
     d.here = q.status;
     d.text = "runtime.device auto, planned as a GPU; this machine: " + q.status;
     if (q.devices.empty())
-      d.text += " — the engine would run on the host device here (--set runtime.device=host "
-                "plans that; the gpu tier is then host memory)";
+      d.text +=
+          " — the engine would run on the host device here (--set runtime.device=host "
+          "plans that; the gpu tier is then host memory)";
   }
   return d;
 }

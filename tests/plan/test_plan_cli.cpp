@@ -195,8 +195,7 @@ TEST(PlanCli, SaysWhatTheDeviceIsPlannedAs) {
     EXPECT_EQ(j["device"]["this_machine"], "");
   }
   r = plan(cfg + " --set runtime.device=host", dir);
-  EXPECT_NE(r.out.find("device: host-emulated (runtime.device host)"), std::string::npos)
-      << r.out;
+  EXPECT_NE(r.out.find("device: host-emulated (runtime.device host)"), std::string::npos) << r.out;
 }
 
 TEST(PlanCli, TheMasterWeightsAreTheParametersOfAnFp32ModelOnTheHost) {
