@@ -106,9 +106,16 @@ std::string to_yaml(const Config& c) {
     << "  gpu:\n"
     << "    budget: " << bytes_text(t.gpu.budget) << "\n"
     << "    update_window: " << bytes_text(t.gpu.update_window) << "\n"
-    << "  host:\n"
-    << "    budget: " << bytes_text(t.host.budget) << "\n"
-    << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"
+    << "  host:\n";
+  // Not set: left out, so that strata plan on this YAML checks the machine's memory as it would on
+  // the config it came from (the engine's figure is the same default either way).
+  if (t.host.budget_set) {
+    o << "    budget: " << bytes_text(t.host.budget) << "\n";
+  } else {
+    o << "    # budget: not set (strata plan: this machine's memory; the engine: "
+      << bytes_text(t.host.budget) << ")\n";
+  }
+  o << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"
     << "    buffer_count: " << t.host.buffer_count << "\n"
     << "    buffer_size: " << bytes_text(t.host.buffer_size) << "\n"
     << "  nvme:\n"

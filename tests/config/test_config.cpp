@@ -30,7 +30,8 @@ auto fields(const Config& c) {
                c.world.ranks_per_node, c.zero.stage, c.zero.sub_group_size),
       offload_fields(c.offload.optimizer), offload_fields(c.offload.gradients),
       offload_fields(c.offload.params),
-      std::tie(c.tiers.gpu.budget, c.tiers.host.pinned_budget, c.tiers.host.buffer_size,
+      std::tie(c.tiers.gpu.budget, c.tiers.host.budget, c.tiers.host.budget_set,
+               c.tiers.host.pinned_budget, c.tiers.host.buffer_size,
                c.tiers.nvme.paths, c.tiers.nvme.engine, c.tiers.nvme.block_size,
                c.tiers.nvme.direct_io, c.tiers.nvme.budget, c.runtime.device,
                c.runtime.communicator, c.runtime.collective_timeout_s, c.train.accumulate));
@@ -55,6 +56,23 @@ TEST(Config, GradAccum) {
   c = parse("model: {parameters: 1B}\nprecision: {grads: fp32, grad_accum: auto}\n");
   EXPECT_EQ(c.precision.accum_dtype(), DType::kFp32);
   expect_same(c, parse_config(to_yaml(c), c.source));
+}
+
+// tiers.host.budget not given stays not given through to_yaml (strata plan checks the machine's
+// memory for it, not the 512 GiB default: ZeroOptimizer.config_yaml() planned as its config).
+TEST(Config, AHostBudgetNotSetStaysNotSetThroughToYaml) {
+  Config c = parse("model: {parameters: 1B}\n");
+  ASSERT_FALSE(c.tiers.host.budget_set);
+  const std::string y = to_yaml(c);
+  EXPECT_NE(y.find("# budget: not set"), std::string::npos) << y;
+  Config back = parse_config(y, c.source);
+  EXPECT_FALSE(back.tiers.host.budget_set);
+  expect_same(c, back);
+  c = parse("model: {parameters: 1B}\ntiers: {host: {budget: 64GiB}}\n");
+  back = parse_config(to_yaml(c), c.source);
+  EXPECT_TRUE(back.tiers.host.budget_set);
+  EXPECT_EQ(back.tiers.host.budget, 64ULL << 30);
+  expect_same(c, back);
 }
 
 TEST(Config, MinimalConfigGetsEveryDefault) {
@@ -250,6 +268,7 @@ TEST(Config, Issue15ActivationEstimateNeverWraps) {
 TEST(Config, ToYamlWritesSizesWithUnits) {
   Config c;
   c.tiers.host.budget = 512ULL << 30;
+  c.tiers.host.budget_set = true;
   c.tiers.gpu.budget = 80'000'000'000ULL;
   c.tiers.nvme.budget = 4097;
   const std::string y = to_yaml(c);
