@@ -31,10 +31,10 @@ auto fields(const Config& c) {
       offload_fields(c.offload.optimizer), offload_fields(c.offload.gradients),
       offload_fields(c.offload.params),
       std::tie(c.tiers.gpu.budget, c.tiers.host.budget, c.tiers.host.budget_set,
-               c.tiers.host.pinned_budget, c.tiers.host.buffer_size,
-               c.tiers.nvme.paths, c.tiers.nvme.engine, c.tiers.nvme.block_size,
-               c.tiers.nvme.direct_io, c.tiers.nvme.budget, c.runtime.device,
-               c.runtime.communicator, c.runtime.collective_timeout_s, c.train.accumulate));
+               c.tiers.host.pinned_budget, c.tiers.host.buffer_size, c.tiers.nvme.paths,
+               c.tiers.nvme.engine, c.tiers.nvme.block_size, c.tiers.nvme.direct_io,
+               c.tiers.nvme.budget, c.runtime.device, c.runtime.communicator,
+               c.runtime.collective_timeout_s, c.train.accumulate));
 }
 void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(to_yaml(a), to_yaml(b));
