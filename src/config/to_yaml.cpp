@@ -52,6 +52,39 @@ void target(std::ostringstream& o, const char* name, const OffloadTarget& t) {
     << ", pin_memory: " << boolean(t.pin_memory) << "}\n";
 }
 
+void tiers(std::ostringstream& o, const TiersConfig& t) {
+  o << "tiers:\n"
+    << "  gpu:\n"
+    << "    budget: " << bytes_text(t.gpu.budget) << "\n"
+    << "    update_window: " << bytes_text(t.gpu.update_window) << "\n"
+    << "  host:\n";
+  // Not set: left out, so that strata plan on this YAML checks the machine's memory as it would on
+  // the config it came from (the engine's figure is the same default either way).
+  if (t.host.budget_set) {
+    o << "    budget: " << bytes_text(t.host.budget) << "\n";
+  } else {
+    o << "    # budget: not set (strata plan: this machine's memory; the engine: "
+      << bytes_text(t.host.budget) << ")\n";
+  }
+  o << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"
+    << "    buffer_count: " << t.host.buffer_count << "\n"
+    << "    buffer_size: " << bytes_text(t.host.buffer_size) << "\n"
+    << "  nvme:\n"
+    << "    paths: [";
+  for (std::size_t i = 0; i < t.nvme.paths.size(); ++i)
+    o << (i ? ", " : "") << quoted(t.nvme.paths[i]);
+  o << "]\n"
+    << "    engine: " << io_engine_name(t.nvme.engine) << "\n"
+    << "    block_size: " << bytes_text(t.nvme.block_size) << "\n"
+    << "    queue_depth: " << t.nvme.queue_depth << "\n"
+    << "    io_threads: " << t.nvme.io_threads << "\n"
+    << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
+    << "    checksum: " << boolean(t.nvme.checksum) << "\n"
+    << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
+    << "    budget: " << bytes_text(t.nvme.budget) << "\n"
+    << "    snapshot_room: " << num(t.nvme.snapshot_room) << "\n";
+}
+
 }  // namespace
 
 std::string to_yaml(const Config& c) {
@@ -101,37 +134,7 @@ std::string to_yaml(const Config& c) {
   target(o, "optimizer", c.offload.optimizer);
   target(o, "gradients", c.offload.gradients);
   target(o, "params", c.offload.params);
-  const auto& t = c.tiers;
-  o << "tiers:\n"
-    << "  gpu:\n"
-    << "    budget: " << bytes_text(t.gpu.budget) << "\n"
-    << "    update_window: " << bytes_text(t.gpu.update_window) << "\n"
-    << "  host:\n";
-  // Not set: left out, so that strata plan on this YAML checks the machine's memory as it would on
-  // the config it came from (the engine's figure is the same default either way).
-  if (t.host.budget_set) {
-    o << "    budget: " << bytes_text(t.host.budget) << "\n";
-  } else {
-    o << "    # budget: not set (strata plan: this machine's memory; the engine: "
-      << bytes_text(t.host.budget) << ")\n";
-  }
-  o << "    pinned_budget: " << bytes_text(t.host.pinned_budget) << "\n"
-    << "    buffer_count: " << t.host.buffer_count << "\n"
-    << "    buffer_size: " << bytes_text(t.host.buffer_size) << "\n"
-    << "  nvme:\n"
-    << "    paths: [";
-  for (std::size_t i = 0; i < t.nvme.paths.size(); ++i)
-    o << (i ? ", " : "") << quoted(t.nvme.paths[i]);
-  o << "]\n"
-    << "    engine: " << io_engine_name(t.nvme.engine) << "\n"
-    << "    block_size: " << bytes_text(t.nvme.block_size) << "\n"
-    << "    queue_depth: " << t.nvme.queue_depth << "\n"
-    << "    io_threads: " << t.nvme.io_threads << "\n"
-    << "    direct_io: " << direct_io_name(t.nvme.direct_io) << "\n"
-    << "    checksum: " << boolean(t.nvme.checksum) << "\n"
-    << "    sqpoll: " << boolean(t.nvme.sqpoll) << "\n"
-    << "    budget: " << bytes_text(t.nvme.budget) << "\n"
-    << "    snapshot_room: " << num(t.nvme.snapshot_room) << "\n";
+  tiers(o, c.tiers);
   o << "runtime:\n"
     << "  device: " << device_name(c.runtime.device) << "\n"
     << "  communicator: " << comm_backend_name(c.runtime.communicator) << "\n"
