@@ -258,14 +258,16 @@ OverlapShape overlap_shape(const Config& config);
 // both finish together (the engine's split); NVMe state's Adam is under its I/O in the pipeline
 // and is not split in the model.
 struct OverlapPrediction {
-  double backward_s = 0;           // T, given
-  std::uint64_t chunks = 0;        // the step's sub-groups
-  std::uint64_t pieces = 0;        // n: the pieces in which the rank's gradients become final
-  double window_s = 0;             // T': the part of the backward that hands in the rank's range
-  double optimizer_s = 0;          // W, the serial optimizer step it hides (pipelined_s)
-  double speculative_s = 0;        // W_s: the same update into pending versions
-  double commit_s = 0;             // the parameters' commit copy after the decision (0: none)
-  double device_share = 0;         // split: the memory-resident elements the device updates
+  double backward_s = 0;     // T, given
+  std::uint64_t chunks = 0;  // the step's sub-groups
+  std::uint64_t pieces = 0;  // n: the pieces in which the rank's gradients become final
+  double window_s = 0;       // T': the part of the backward that hands in the rank's range
+  double optimizer_s = 0;    // W, the serial optimizer step it hides (pipelined_s)
+  double speculative_s = 0;  // W_s: the same update into pending versions
+  double commit_s = 0;       // the parameters' commit copy after the decision (0: none)
+  // split: the memory-resident elements the device updates (during the backward only what the
+  // CPU cannot update in the window; the last piece shared so that both finish together)
+  double device_share = 0;
   double exposed_s = 0;            // the update's time after the last gradient, with the commit
   double backward_and_step_s = 0;  // T + exposed_s
   double serial_s = 0;             // T + W: backward, then the whole step

@@ -232,8 +232,17 @@ double split_update(double w, double adam_s, std::uint64_t elements, const Overl
                      1.0 / bw.gpu_adam_params_per_s +
                      static_cast<double>(shape.split_out_bytes) / bw.d2h_bps;
   const double r_dev = 1.0 / per, r_cpu = static_cast<double>(elements) / adam_s;
-  o.device_share = r_dev / (r_dev + r_cpu);
-  return w - adam_s + static_cast<double>(elements) / (r_dev + r_cpu);
+  const double both = r_dev / (r_dev + r_cpu);  // both sides finish together
+  // The device's share as UpdateSplit chooses it (zero/update_split.hpp): of the pieces final
+  // during the backward (all but the last), only what the CPU cannot update within its window
+  // (at most the share with which both finish together); the last piece, after it, shared so
+  // that both finish together. The update's time is the same either way (the device helps
+  // exactly where the CPU falls behind).
+  const double e = static_cast<double>(elements), n = static_cast<double>(o.pieces);
+  const double during = e * (n - 1) / n;
+  const double excess = std::max(0.0, during - o.window_s * r_cpu);
+  o.device_share = (std::min(excess, both * during) + both * e / n) / e;
+  return w - adam_s + e / (r_dev + r_cpu);
 }
 }  // namespace
 

@@ -121,6 +121,7 @@ class GradientReducer : private RankResources {
   // their shares' fills started), not at reduce(), so that the chunks they complete are known
   // before step() (the speculative update starts them at once). Stages 2-3.
   bool all_arrived() const { return n_arrived_ == arrived_.size(); }
+  std::size_t arrived() const { return n_arrived_; }  // tensors of this micro-batch so far
   // Some gradient of the step was handed in (a step's backward began).
   bool in_step() const { return any_arrived(); }
   void retire_all();

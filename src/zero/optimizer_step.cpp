@@ -636,6 +636,7 @@ void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_sc
         [&](std::size_t i, std::span<void* const> v) {
           compute_ahead(chunks[i], v[1], stats_inv);  // v[1]: the gradient, read next by Adam
           run_chunk(*of[i], v, false, grad_scale);
+          if (split_) split_->queue(-static_cast<std::int64_t>(of[i]->r.count));
         },
         speculative_options());
   } catch (...) {
@@ -644,6 +645,13 @@ void OptimizerStep::speculate(std::span<const std::size_t> chunks, float grad_sc
   }
   ahead_ = 0;
   optimizer_s_ += seconds_since(t0);
+}
+
+void OptimizerStep::queue_speculation(std::span<const std::size_t> chunks) {
+  if (!split_) return;
+  std::int64_t n = 0;
+  for (std::size_t ci : chunks) n += static_cast<std::int64_t>(layout_.chunks()[ci].r.count);
+  split_->queue(n);
 }
 
 // Host state is updated out of place, from the committed copy straight into the pending version

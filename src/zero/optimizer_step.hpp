@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -103,6 +104,16 @@ class OptimizerStep {
   void force_update_split(std::function<double(std::size_t)> share);
   std::uint64_t cpu_elements() const { return split_ ? split_->cpu_elements() : 0; }
   std::uint64_t device_elements() const { return split_ ? split_->device_elements() : 0; }
+  // The split's view of the backward (update_split.hpp; no split: nothing): when it is expected
+  // to end (none: after it), and the chunks posted to the speculation (their elements queued for
+  // the CPU until speculate() updated them; cleared once the jobs were joined).
+  void set_backward_end(std::optional<std::chrono::steady_clock::time_point> end) {
+    if (split_) split_->set_backward_end(end);
+  }
+  void queue_speculation(std::span<const std::size_t> chunks);
+  void clear_speculation_queue() {
+    if (split_) split_->clear_queue();
+  }
   // Forgets the statistics computed ahead (the speculation was cancelled or settled).
   void clear_ahead_stats() { ahead_stats_ = AheadStats{}; }
   // Tiles the decisions took from the statistics computed ahead, so far (tests).

@@ -113,13 +113,32 @@ void Speculator::after_hand_in() {
     if (!off_) cancel();
     return;
   }
-  if (micro + 1 != k || off_ || pause_ > 0) return;
+  if (micro + 1 != k) return;
+  time_backward();
+  if (off_ || pause_ > 0) return;
   // At the backward's last gradient its last collectives are retired and every chunk is taken
   // (waiting for their fills); before, only the chunks whose fills completed (a converting or
   // accumulating fill completes on the filler's stream: the hand-in does not wait for it).
   const bool last = reducer_.all_arrived();
   if (last) reducer_.retire_all();
   speculate(reducer_.take_filled_chunks(last));
+}
+
+// The update split's time left in the backward (update_split.hpp): at the speculated
+// micro-batch's first hand-in, its end expected as far as the last step's backward lasted; at its
+// last, over (and this one's length kept for the next step).
+void Speculator::time_backward() {
+  const Clock::time_point now = Clock::now();
+  if (reducer_.arrived() == 1) {
+    backward_begin_ = now;
+    if (last_backward_s_ > 0)
+      optimizer_.set_backward_end(now + std::chrono::duration_cast<Clock::duration>(
+                                            std::chrono::duration<double>(last_backward_s_)));
+  }
+  if (reducer_.all_arrived()) {
+    last_backward_s_ = std::chrono::duration<double>(now - backward_begin_).count();
+    optimizer_.set_backward_end(std::nullopt);
+  }
 }
 
 std::size_t Speculator::expected_micro_batches() const {
@@ -192,6 +211,7 @@ void Speculator::speculate(const std::vector<std::size_t>& filled) {
   const float grad_scale = static_cast<float>(1.0 / scale_);
   // The statistics' scale, as the decision will compute it if the loss scale stays scale_.
   const float stats_inv = static_cast<float>(1.0 / (scale_ * world_));
+  optimizer_.queue_speculation(go);  // for the update split's choice (until updated)
   jobs_->post(
       [this, go, open, grad_scale, stats_inv] { run_job(go, open, grad_scale, stats_inv); });
 }
@@ -286,6 +306,8 @@ void Speculator::cancel(bool off) noexcept {
 // Forgets this step's speculation (its pending versions committed or discarded by the caller).
 void Speculator::reset_step(bool off) noexcept {
   optimizer_.clear_ahead_stats();
+  optimizer_.clear_speculation_queue();  // the jobs were joined (or nothing was posted)
+  optimizer_.set_backward_end(std::nullopt);
   job_ = JobState{};
   params_open_ = false;
   bytes_ = 0;

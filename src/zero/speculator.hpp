@@ -35,6 +35,7 @@
 #include "strata/config.hpp"
 #include "strata/engine.hpp"
 #include "tier/tier_store.hpp"
+#include "zero/clock.hpp"
 #include "zero/engine_layout.hpp"
 #include "zero/gradient_reducer.hpp"
 #include "zero/loss_scaler.hpp"
@@ -114,6 +115,7 @@ class Speculator {
   void run_job(const std::vector<std::size_t>& go, const std::vector<BufferId>& open,
                float grad_scale, float stats_inv);
   bool settle_jobs() noexcept;  // waits for the jobs; whether one failed (logged)
+  void time_backward();         // at each hand-in of the speculated micro-batch
   void reset_step(bool off) noexcept;
 
   const Config& cfg_;
@@ -134,6 +136,7 @@ class Speculator {
   std::vector<ParamGroupOptions> assumed_;  // the hyper-parameters assumed
   bool off_ = false;      // this step runs serially (a failure, a micro-batch beyond K, a change)
   bool started_ = false;  // scale and groups taken (the step's first speculated chunks)
+  Clock::time_point backward_begin_{};  // the speculated micro-batch's first hand-in
   // Chunks speculated in this step and discarded before step() (a change of the state or the
   // hyper-parameters, a micro-batch beyond, dropped gradients, a failed job): step() reports them
   // rolled back.
@@ -145,6 +148,10 @@ class Speculator {
   // The micro-batches the loop ran in its last step (0: no step yet, train.accumulate assumed).
   std::size_t micro_batches_ = 0;
   bool said_micro_batches_ = false;
+  // The last step's speculated backward, first hand-in to last (0: none yet): with this step's
+  // first hand-in, when the update split expects the backward to end (OptimizerStep's
+  // set_backward_end).
+  double last_backward_s_ = 0;
 
   // Last: destroyed first, it waits for the jobs (which use the members above). Null when
   // disabled.

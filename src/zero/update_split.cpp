@@ -31,16 +31,48 @@ UpdateSplit::UpdateSplit(Device& device, unsigned cpu_threads, std::chrono::mill
       window_(window_elements),
       device_(std::make_unique<DeviceAdam>(device, cpu_threads, timeout)) {}
 
-std::size_t UpdateSplit::device_share(std::size_t chunk, std::size_t n) const {
-  double share = kFirstShare;
-  if (forced_) {
-    share = forced_(chunk);
-  } else if (cpu_rate_ > 0 && device_rate_ > 0) {
-    share = device_rate_ / (device_rate_ + cpu_rate_);  // both sides finish together
+std::size_t split_elements(std::size_t n, double cpu_rate, double device_rate, double left_s,
+                           std::size_t queued) {
+  const double both = double(n) * device_rate / (device_rate + cpu_rate);  // finish together
+  const double budget = left_s - double(queued) / cpu_rate;  // the chunk's time before the end
+  double d = both;
+  if (budget > 0) {
+    const double cpu_can = budget * cpu_rate;
+    if (cpu_can >= double(n)) {
+      d = 0;  // the CPU alone finishes it in time
+    } else if (double(n) - cpu_can <= budget * device_rate) {
+      d = double(n) - cpu_can;  // the device takes only what the CPU cannot do in time
+    }
   }
-  if (!(share >= 0 && share <= 1))
-    fail(ErrorCode::kInternal, strcat("update split: share ", share, " of chunk ", chunk));
-  const auto d = static_cast<std::size_t>(std::llround(share * double(n)));
+  return std::min(n, static_cast<std::size_t>(std::llround(std::max(d, 0.0))));
+}
+
+void UpdateSplit::set_backward_end(std::optional<std::chrono::steady_clock::time_point> end) {
+  end_ns_ =
+      end ? std::max<std::int64_t>(
+                1, std::chrono::duration_cast<std::chrono::nanoseconds>(end->time_since_epoch())
+                       .count())
+          : 0;
+}
+
+std::size_t UpdateSplit::device_share(std::size_t chunk, std::size_t n) const {
+  std::size_t d = 0;
+  if (forced_ || !(cpu_rate_ > 0 && device_rate_ > 0)) {
+    const double share = forced_ ? forced_(chunk) : kFirstShare;
+    if (!(share >= 0 && share <= 1))
+      fail(ErrorCode::kInternal, strcat("update split: share ", share, " of chunk ", chunk));
+    d = static_cast<std::size_t>(std::llround(share * double(n)));
+  } else {
+    const std::int64_t end = end_ns_.load();
+    const std::int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count();
+    const double left = end ? 1e-9 * double(end - now) : 0.0;
+    // The queue counts this chunk while the speculation has it posted.
+    const std::int64_t behind = queued_.load() - static_cast<std::int64_t>(n);
+    d = split_elements(n, cpu_rate_, device_rate_, left,
+                       static_cast<std::size_t>(std::max<std::int64_t>(behind, 0)));
+  }
   return std::min({d, n, window_});
 }
 

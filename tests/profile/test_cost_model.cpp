@@ -281,7 +281,16 @@ TEST(CostModel, OverlapSharesTheMemoryStateUpdateWithTheDevice) {
   s.split_out_bytes = 14;
   const OverlapPrediction v = predict_overlap(p, 20, s, bw);
   const double r_dev = 1 / (0.1 + 0.001 + 0.01), r_cpu = 100;
-  EXPECT_NEAR(v.device_share, r_dev / (r_dev + r_cpu), 1e-12);
+  const double both = r_dev / (r_dev + r_cpu);
+  // Four pieces: the CPU updates the three final during the 20 s backward (675 elements) in 6.75
+  // s, so the device shares only the last piece's (after the backward: both finish together).
+  ASSERT_EQ(v.pieces, 4u);
+  EXPECT_NEAR(v.device_share, both / 4, 1e-12);
+  // A 6.5 s backward: the CPU does 650 of the 675 in it; the device the other 25, and its share
+  // of the last piece.
+  EXPECT_NEAR(predict_overlap(p, 6.5, s, bw).device_share, (25 + both * 225) / 900, 1e-12);
+  // A 2 s backward: the CPU falls far behind; the device takes its together-share throughout.
+  EXPECT_NEAR(predict_overlap(p, 2, s, bw).device_share, both, 1e-12);
   EXPECT_NEAR(v.speculative_s, 8 + 3 - 9 + 900 / (r_dev + r_cpu), 1e-9);
   EXPECT_LT(v.speculative_s, predict_overlap(p, 20, OverlapShape{}, bw).speculative_s);
   // The GPU's rates not measured (a host without one): no split.

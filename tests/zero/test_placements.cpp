@@ -232,5 +232,25 @@ TEST(UpdateSplitUnit, SharesAreBoundedAndCounted) {
                Error);
 }
 
+// The time left in the backward (issue 49, point 1): the device takes a chunk's work only where
+// the CPU would not finish it, and what is queued behind it, before the backward ends — the least
+// that lets both finish in time — and with no time left (or too little for both) the share with
+// which both finish together. 1000 elements, CPU 100/s, device 300/s: together 750 on the device.
+TEST(UpdateSplitUnit, TheDeviceTakesOnlyWhatTheCpuCannotFinishBeforeTheBackwardEnds) {
+  using zero::split_elements;
+  EXPECT_EQ(split_elements(1000, 100, 300, 0, 0), 750u) << "after the backward: together";
+  EXPECT_EQ(split_elements(1000, 100, 300, -1, 0), 750u);
+  EXPECT_EQ(split_elements(1000, 100, 300, 20, 0), 0u) << "the CPU alone has 20 s";
+  EXPECT_EQ(split_elements(1000, 100, 300, 10, 0), 0u) << "exactly in time";
+  EXPECT_EQ(split_elements(1000, 100, 300, 5, 0), 500u) << "the CPU does 500 in 5 s";
+  EXPECT_EQ(split_elements(1000, 100, 300, 3, 0), 700u) << "700 on the device: 2.33 s";
+  EXPECT_EQ(split_elements(1000, 100, 300, 2, 0), 750u) << "not even both in 2 s: together";
+  // 300 elements queued behind take 3 of the 5 s: 2 s for this chunk, too little for both.
+  EXPECT_EQ(split_elements(1000, 100, 300, 5, 300), 750u);
+  EXPECT_EQ(split_elements(1000, 100, 300, 8, 300), 500u) << "5 s for this chunk";
+  EXPECT_EQ(split_elements(1000, 100, 300, 5, 600), 750u) << "the queue outlasts the backward";
+  EXPECT_EQ(split_elements(0, 100, 300, 5, 0), 0u);
+}
+
 }  // namespace
 }  // namespace strata::testing
