@@ -2,6 +2,7 @@
 // or the memory limit of this process's cgroup where one is set below it (a container, a Slurm
 // job, a systemd unit: the kernel kills the process past that limit, whatever MemTotal says).
 #include <algorithm>
+#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -69,9 +70,13 @@ bool read_limit(const std::string& file, std::uint64_t* bytes) {
     *bytes = kNoLimit;
     return true;
   }
-  if (word.empty() || word.size() > 20 || word.find_first_not_of("0123456789") != word.npos)
-    return false;
-  const unsigned long long v = std::stoull(word);
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), v);
+  if (ec == std::errc::result_out_of_range && end == word.data() + word.size()) {
+    *bytes = kNoLimit;  // digits beyond 64 bits: no limit
+    return true;
+  }
+  if (ec != std::errc() || end != word.data() + word.size()) return false;
   *bytes = v >= kNoLimit ? kNoLimit : v;
   return true;
 }

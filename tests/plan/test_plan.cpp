@@ -880,7 +880,8 @@ TEST(Plan, HostBudgetIsTheCgroupsMemoryLimitWhereLower) {
     SCOPED_TRACE("no limit, or one above MemTotal: MemTotal");
     FakeCgroups cg("none");
     cg.cgroup_file("0::/user.slice\n4:memory:/user.slice\n");
-    cg.limit("v2/user.slice", "memory.max", "max");
+    cg.limit("v2/user.slice", "memory.max", "99999999999999999999999");  // beyond 64 bits
+    cg.limit("v2", "memory.max", "max");
     cg.limit("v1/user.slice", "memory.limit_in_bytes", "137438953472");  // 128 GiB
     const MachineMemory m = cg.read(node);
     EXPECT_EQ(m.total, 64ULL << 30);
