@@ -18,29 +18,20 @@ AsyncCheckpoint::AsyncCheckpoint(TierStore& store, std::span<const Chunk> chunks
     if (params.in_snapshot() && !params_.empty())
       fail(ErrorCode::kInternal, "checkpoint: the parameters both copied and in the snapshot");
     std::vector<BufferId> ids;
-    // The parameters, pinned once where they are master weights (Chunk::master_in_params).
-    const Chunk* master_params = nullptr;
     for (const Chunk& c : chunks) {
       ids.push_back(c.opt);
       if (params.source == ParamBlocks::Source::kBlocks) ids.push_back(c.param);
-      if (c.master_in_params && !master_params) {
-        ids.push_back(c.params);
-        master_params = &c;
-      }
     }
+    // The parameters that are master weights (Chunk::master_in_params) change without the store
+    // (the next step updates them in place; the loop writes them: load_state_dict, an EMA swap):
+    // the rank's range of them is copied now, not pinned (a pinned version of `params` would copy
+    // every rank's share at stages 1-2).
+    MasterCopy master = MasterCopy::of(store_, chunks, timeout);
     snap_ = store_.pin_committed(ids);
     pinned_ok_ = true;
-    // The parameters that are master weights may change without the engine before the next step
-    // rewrites them through the store (the loop writes them: load_state_dict, an EMA swap): their
-    // pinned version is copied now (the copy-on-write at once), not at the next step's update.
-    if (master_params) {
-      const BufferId p = master_params->params;
-      const Tier home = store_.info(p).home;
-      store_.acquire(p, home, Access::kWrite, timeout);
-      store_.release(p, home, Access::kWrite);
-    }
-    pinned_ = std::make_unique<PinnedStateStore>(store_, chunks, params, state_.store->size(),
-                                                 snap_, timeout, [this] { yield_to_step(); });
+    pinned_ = std::make_unique<PinnedStateStore>(
+        store_, chunks, params, state_.store->size(), snap_, timeout, [this] { yield_to_step(); },
+        std::move(master));
     state_.store = pinned_.get();
   } catch (...) {  // reported by finish() on every rank: the others have begun the save too
     error_ = std::current_exception();

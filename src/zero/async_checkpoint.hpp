@@ -12,7 +12,9 @@
 // "params_follow_master"), so the writer makes them from the pinned master (ParamBlocks::
 // kFromMaster). Only where the engine knows that they may differ (a checkpoint whose parameters
 // were not its master's rounding was loaded; a write_state of the master failed part-way) does
-// the caller copy the rank's slice into host memory (`copy`: 2-4 bytes per parameter).
+// the caller copy the rank's slice into host memory (`copy`: 2-4 bytes per parameter). Where the
+// FP32 master weights are the parameters (Chunk::master_in_params) the call copies the rank's
+// range of them (MasterCopy, 4 bytes per element): the update and the loop write them in place.
 //
 // The step's own I/O goes first: the engine marks the time a step runs (set_step_running: from
 // the step's start to its outcome agreement — the gradients' and the update's streams); the writer

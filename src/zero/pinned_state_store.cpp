@@ -12,10 +12,32 @@
 
 namespace strata::zero {
 
+MasterCopy MasterCopy::of(TierStore& store, std::span<const Chunk> chunks,
+                          std::chrono::milliseconds timeout) {
+  MasterCopy m;
+  const Chunk *first = nullptr, *last = nullptr;
+  for (const Chunk& c : chunks) {
+    if (!c.master_in_params) continue;
+    if (!first) first = &c;
+    last = &c;
+  }
+  if (!first) return m;
+  m.params = first->params;
+  m.offset = first->master_at;
+  m.bytes = last->master_at + 4 * std::uint64_t{last->r.count} - first->master_at;
+  m.data = IoBuffer::allocate(std::max<std::uint64_t>(m.bytes, 1), HugePageMode::kNone);
+  const Tier home = store.info(m.params).home;
+  const auto* p =
+      static_cast<const unsigned char*>(store.acquire(m.params, home, Access::kRead, timeout));
+  std::memcpy(m.data.bytes(), p + m.offset, m.bytes);
+  store.release(m.params, home);
+  return m;
+}
+
 PinnedStateStore::PinnedStateStore(TierStore& store, std::span<const Chunk> chunks,
                                    ParamBlocks params, std::size_t size, SnapshotId snapshot,
                                    std::chrono::milliseconds timeout,
-                                   std::function<void()> before_read)
+                                   std::function<void()> before_read, MasterCopy master)
     : store_(store),
       chunks_(chunks),
       pblocks_(params),
@@ -23,7 +45,8 @@ PinnedStateStore::PinnedStateStore(TierStore& store, std::span<const Chunk> chun
       snap_(snapshot),
       timeout_(timeout),
       before_read_(std::move(before_read)),
-      unpinned_(chunks.size(), false) {}
+      unpinned_(chunks.size(), false),
+      master_(std::move(master)) {}
 
 void PinnedStateStore::check_range(Range r) const {
   if (r.end() > size_)
@@ -36,7 +59,16 @@ void PinnedStateStore::start_reads(Range r) {
   if (before_read_) before_read_();
   next_.start(chunks_, r, timeout_,
               [this](BufferId id, std::uint64_t offset, std::uint64_t bytes, float* dst) {
-                return store_.read_pinned(snap_, id, offset, bytes, dst, Tier::kCpu, false);
+                if (master_.bytes == 0 || id != master_.params)
+                  return store_.read_pinned(snap_, id, offset, bytes, dst, Tier::kCpu, false);
+                if (offset < master_.offset || offset - master_.offset + bytes > master_.bytes ||
+                    master_.data.size() == 0)
+                  fail(ErrorCode::kInternal,
+                       strcat("checkpoint snapshot: master bytes [", offset, ", ", offset + bytes,
+                              ") outside the copy of [", master_.offset, ", ",
+                              master_.offset + master_.bytes, ")"));
+                std::memcpy(dst, master_.data.bytes() + (offset - master_.offset), bytes);
+                return Transfer();  // complete
               });
 }
 
@@ -124,22 +156,18 @@ void PinnedStateStore::release(Range r, bool dirty) {
   if (dirty)
     fail(ErrorCode::kInvalidArgument, "checkpoint snapshot: the pinned state is read-only");
   // The writer visits ranges in ascending order: chunks that end here are done with.
-  // The parameters that are master weights go once the last chunk whose master they hold does.
+  // The copy of the masters that are the parameters goes once the last chunk it holds does (a
+  // range prefetched after this one read from it already: a memcpy, done at the read's start).
   bool masters_left = false;
-  const Chunk* master_of = nullptr;
   for (std::size_t k = 0; k < chunks_.size(); ++k) {
     const Chunk& c = chunks_[k];
-    if (c.master_in_params) master_of = &c;
     if (!unpinned_[k] && c.r.end() > r.end()) masters_left = masters_left || c.master_in_params;
     if (unpinned_[k] || c.r.end() > r.end()) continue;
     store_.unpin(snap_, c.opt);
     if (pblocks_.source == ParamBlocks::Source::kBlocks) store_.unpin(snap_, c.param);
     unpinned_[k] = true;
   }
-  if (master_of && !masters_left && !params_unpinned_) {
-    store_.unpin(snap_, master_of->params);
-    params_unpinned_ = true;
-  }
+  if (!masters_left && master_.data.size() > 0) master_.data = IoBuffer();
 }
 
 }  // namespace strata::zero

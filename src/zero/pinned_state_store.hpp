@@ -5,7 +5,8 @@
 // chunk's param block) or made from the pinned master weights (stages 0-2: the model-dtype rounding
 // the update writes, store_elem); release(r, false) frees nothing but lets the blocks the writer
 // has passed go (unpinned: ranges are visited in ascending order; the parameters, where they are
-// master weights (Chunk::master_in_params), with the last chunk they hold). Read-only: a dirty
+// master weights (Chunk::master_in_params), are not in the snapshot: the save's call copied the
+// rank's range of them, MasterCopy, freed after the last chunk they hold). Read-only: a dirty
 // release is refused (Error(kInvalidArgument)).
 //
 // Ownership: borrows the store and the chunk list (must outlive it); the snapshot is the caller's
@@ -41,13 +42,28 @@ struct ParamBlocks {
   bool in_snapshot() const { return source != Source::kNone; }
 };
 
+// The master weights that are the parameters (Chunk::master_in_params), copied at the save's call:
+// bytes [offset, offset + bytes) of buffer `params` (the rank's aliased chunks: their masters lie
+// one after the other there). Only the rank's own range, not the whole flat parameters (which the
+// store's copy-on-write of `params` would have copied: every rank's share at stages 1-2).
+struct MasterCopy {
+  BufferId params = 0;
+  std::uint64_t offset = 0, bytes = 0;
+  IoBuffer data;
+  // The copy of the chunks' masters, made now (acquire kRead of `params`; none aliased: empty).
+  static MasterCopy of(TierStore& store, std::span<const Chunk> chunks,
+                       std::chrono::milliseconds timeout);
+};
+
 class PinnedStateStore final : public checkpoint::OptimizerStateStore {
  public:
   // `before_read`: called before each range's reads start (the writer's pause for steps: in
-  // prefetch(), or in acquire() of a range not prefetched); may be empty.
+  // prefetch(), or in acquire() of a range not prefetched); may be empty. `master`: the aliased
+  // chunks' master weights (read from it, not from the snapshot; freed once the writer passed
+  // the last such chunk).
   PinnedStateStore(TierStore& store, std::span<const Chunk> chunks, ParamBlocks params,
                    std::size_t size, SnapshotId snapshot, std::chrono::milliseconds timeout,
-                   std::function<void()> before_read = {});
+                   std::function<void()> before_read = {}, MasterCopy master = {});
   std::size_t size() const override { return size_; }
   checkpoint::StateView acquire(Range r) override;
   void release(Range r, bool dirty) override;
@@ -77,7 +93,7 @@ class PinnedStateStore final : public checkpoint::OptimizerStateStore {
   unsigned char* params(std::size_t bytes);  // the acquired range's, at least `bytes`
   IoBuffer block_;                           // a whole pinned block read back
   std::vector<bool> unpinned_;               // per chunk
-  bool params_unpinned_ = false;             // the parameters that are master weights
+  MasterCopy master_;                        // the aliased chunks' masters (freed when passed)
   bool acquired_ = false;
   Range range_;
 };

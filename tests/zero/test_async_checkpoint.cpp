@@ -266,8 +266,10 @@ TEST(AsyncCheckpointSaves, ParametersNotTheMastersRoundingAreCopied) {
 // Where the master weights are the parameters (FP32, the host device, state in memory, stages
 // 0-2): a write into the parameters' memory after an asynchronous save was called and before the
 // next step (a torch loop's load_state_dict or an EMA swap for an eval) is not in the checkpoint:
-// the call copies them (copy-on-write at once), so the checkpoint loads bitwise as a blocking save
-// of the same step, though its writer ran after the write.
+// the call copies them, so the checkpoint loads bitwise as a blocking save of the same step, though
+// its writer ran after the write. The call copies the rank's own range of them, not the store's
+// whole `params` buffer (every rank's share at stages 1-2): no version of it is held in the store,
+// and the call's copy is the rank's aliased chunks' elements.
 TEST(AsyncCheckpointSaves, AWriteIntoMasterParametersAfterTheCallIsNotSaved) {
   for (int stage = 0; stage <= 2; ++stage) {
     SCOPED_TRACE(strcat("stage ", stage));
@@ -284,6 +286,8 @@ TEST(AsyncCheckpointSaves, AWriteIntoMasterParametersAfterTheCallIsNotSaved) {
         ASSERT_TRUE(e.params_are_master());
         for (int s = 0; s < 3; ++s) ckpt_step(e, kCkptSizes, rank, s);
         e.save_checkpoint(async_dir.str(), SaveMode::kAsync);
+        const VersionUsage u = zero::EngineAccess::storage(e).store().version_usage();
+        EXPECT_EQ(u.held[Tier::kGpu] + u.held[Tier::kCpu], 0u) << "a copy of the flat parameters";
         auto* p = static_cast<float*>(const_cast<void*>(e.param(0)));
         for (std::size_t i = 0; i < kCkptSizes[0]; ++i) p[i] = 0.5f + static_cast<float>(i);
         gate.arrive();
