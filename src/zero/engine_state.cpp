@@ -143,16 +143,43 @@ void check_state_call(EngineImpl& impl, TensorId id, const float* p, std::size_t
 }
 }  // namespace
 
+namespace {
+// One array of the rank's state over `r` (optimizer-range elements) into `out`: each chunk's part
+// read from where it lives (state_place), not the three arrays a StateView holds (a torch
+// state_dict() reads each array of each tensor once: 3x the bytes through a StateView).
+void read_state_array(const zero::EngineLayout& l, TierStore& store, StateKind kind, Range r,
+                      float* out) {
+  const int a = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
+  std::vector<Transfer> reads;
+  try {
+    for (const zero::Chunk& c : l.chunks()) {
+      const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
+      if (b >= e) continue;
+      const zero::StatePlace at = zero::state_place(c, a);
+      reads.push_back(store.read(at.id, at.offset + (b - c.r.begin) * sizeof(float),
+                                 (e - b) * sizeof(float), out + (b - r.begin), Tier::kCpu));
+    }
+  } catch (...) {
+    try {
+      zero::wait_all(reads, l.timeout());  // the reads issued write into `out`
+    } catch (...) {
+    }
+    throw;
+  }
+  zero::wait_all(reads, l.timeout());
+}
+}  // namespace
+
 void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out) {
   check_state_call(*this, id, out.data(), out.size(), "read_state");
   if (out.empty()) return;
   const zero::TensorShare share = layout->share(id);
-  std::vector<float> mine(share.local.count);
-  if (share.local.count) {
-    const checkpoint::StateView v = state->acquire(share.local);
-    std::memcpy(mine.data(), state_array(v, kind), share.local.count * sizeof(float));
-    state->release(share.local, false);
+  if ((layout->stage() == 0 || world == 1) && share.local.count == out.size()) {
+    read_state_array(*layout, store(), kind, share.local, out.data());  // the whole tensor
+    return;
   }
+  std::vector<float> mine(share.local.count);
+  if (share.local.count) read_state_array(*layout, store(), kind, share.local, mine.data());
   if (layout->stage() == 0 || world == 1) {
     std::copy(mine.begin(), mine.end(), out.begin());
     return;

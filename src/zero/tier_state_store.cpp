@@ -90,6 +90,17 @@ void TierStateStore::release(Range r, bool dirty) {
     const Chunk& c = chunks_[k];
     const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
     if (b >= e) continue;
+    if (c.opt_tier != Tier::kNvme) {
+      // In memory: only the range's elements of each array (state_place), written in place. The
+      // whole chunk read and rewritten for each range made a torch-style load_state_dict of a
+      // 113.6M-parameter model (588 write_state calls into one chunk) take over ten minutes.
+      for (int a = 0; a < 3; ++a) {
+        const StatePlace at = state_place(c, a);
+        put_bytes(store_, at.id, at.offset + (b - c.r.begin) * sizeof(float),
+                  (e - b) * sizeof(float), in[a] + (b - r.begin), timeout_);
+      }
+      continue;
+    }
     if (b != c.r.begin || e != c.r.end()) {
       load(k, chunk);
     } else {
