@@ -115,6 +115,10 @@ class EngineLayout {
   // elements [flat_b, flat_b + n).
   template <typename F>
   void for_each_group_run(std::size_t flat_b, std::size_t n, F&& fn) const;
+  // Calls fn(chunk index, first, end) for each chunk's piece of the optimizer-range elements
+  // [b, b + n), in order.
+  template <typename F>
+  void for_each_chunk_piece(std::size_t b, std::size_t n, F&& fn) const;
 
   // Bytes of each kind in each tier, the pool, and the store's usage (against `strata plan`).
   StorageReport report(RankStorage& storage, const ScratchArena& scratch) const;
@@ -162,6 +166,16 @@ void EngineLayout::for_each_group_run(std::size_t flat_b, std::size_t n, F&& fn)
                                  : std::min(flat_b + n, std::next(it)->first);
     if (stop > pos) fn(pos - flat_b, stop - pos, it->second);
     pos = std::max(pos, stop);
+  }
+}
+
+template <typename F>
+void EngineLayout::for_each_chunk_piece(std::size_t b, std::size_t n, F&& fn) const {
+  for (std::size_t pos = b; pos < b + n;) {
+    const std::size_t ci = chunk_index(pos);
+    const std::size_t stop = std::min(b + n, chunks_[ci].r.end());
+    fn(ci, pos, stop);
+    pos = stop;
   }
 }
 

@@ -90,12 +90,10 @@ namespace {
 template <typename Move>
 void for_each_own_run(const zero::EngineLayout& layout, std::size_t b, std::size_t n, Move move) {
   const std::size_t pes = layout.param_elem_bytes();
-  for (std::size_t pos = b; pos < b + n;) {
-    const zero::Chunk& c = layout.chunk_at(pos);
-    const std::size_t stop = std::min(b + n, c.r.end());
+  layout.for_each_chunk_piece(b, n, [&](std::size_t ci, std::size_t pos, std::size_t stop) {
+    const zero::Chunk& c = layout.chunks()[ci];
     move(c, (pos - c.r.begin) * pes, (stop - pos) * pes, (pos - b) * pes);
-    pos = stop;
-  }
+  });
 }
 }  // namespace
 
@@ -117,10 +115,14 @@ void Engine::Impl::write_own(std::size_t b, std::size_t n, const unsigned char* 
 // ---- optimizer state
 
 namespace {
+// The array a kind is: 0 master, 1 exp_avg, 2 exp_avg_sq (a StateView's order, state_place's).
+int state_index(StateKind kind) {
+  return kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
+}
+
 float* state_array(const checkpoint::StateView& v, StateKind kind) {
-  return kind == StateKind::kMaster   ? v.master
-         : kind == StateKind::kExpAvg ? v.exp_avg
-                                      : v.exp_avg_sq;
+  float* const arrays[3] = {v.master, v.exp_avg, v.exp_avg_sq};
+  return arrays[state_index(kind)];
 }
 
 void check_size(const TensorSpec& t, std::size_t given, const char* what) {
@@ -141,24 +143,20 @@ void check_state_call(EngineImpl& impl, TensorId id, const float* p, std::size_t
   if (given && impl.storage->device().kind() == DeviceKind::kCuda)  // host code reads / writes it
     zero::require_host_memory(p, what, impl.specs[id].name);
 }
-}  // namespace
 
-namespace {
 // One array of the rank's state over `r` (optimizer-range elements) into `out`: each chunk's part
 // read from where it lives (state_place), not the three arrays a StateView holds (a torch
 // state_dict() reads each array of each tensor once: 3x the bytes through a StateView).
 void read_state_array(const zero::EngineLayout& l, TierStore& store, StateKind kind, Range r,
                       float* out) {
-  const int a = kind == StateKind::kMaster ? 0 : kind == StateKind::kExpAvg ? 1 : 2;
   std::vector<Transfer> reads;
   try {
-    for (const zero::Chunk& c : l.chunks()) {
-      const std::size_t b = std::max(c.r.begin, r.begin), e = std::min(c.r.end(), r.end());
-      if (b >= e) continue;
-      const zero::StatePlace at = zero::state_place(c, a);
+    l.for_each_chunk_piece(r.begin, r.count, [&](std::size_t ci, std::size_t b, std::size_t e) {
+      const zero::Chunk& c = l.chunks()[ci];
+      const zero::StatePlace at = zero::state_place(c, state_index(kind));
       reads.push_back(store.read(at.id, at.offset + (b - c.r.begin) * sizeof(float),
                                  (e - b) * sizeof(float), out + (b - r.begin), Tier::kCpu));
-    }
+    });
   } catch (...) {
     try {
       zero::wait_all(reads, l.timeout());  // the reads issued write into `out`

@@ -90,15 +90,10 @@ bool direct_of(const EngineLayout& l, const Communicator& comm, TierStore& store
 // fill (the rest is alignment padding, zeroed by the filler's round).
 std::vector<std::size_t> expected_per_chunk(const EngineLayout& l, bool direct) {
   std::vector<std::size_t> expected(direct ? l.chunks().size() : 0, 0);
-  for (std::size_t i = 0; direct && i < l.tensors(); ++i) {
-    const std::size_t b = l.partition().offset(i) - l.own_begin(), e = b + l.tensor(i).numel;
-    for (std::size_t pos = b; pos < e;) {
-      const std::size_t ci = l.chunk_index(pos);
-      const std::size_t stop = std::min(e, l.chunks()[ci].r.end());
-      expected[ci] += stop - pos;
-      pos = stop;
-    }
-  }
+  for (std::size_t i = 0; direct && i < l.tensors(); ++i)
+    l.for_each_chunk_piece(
+        l.partition().offset(i) - l.own_begin(), l.tensor(i).numel,
+        [&](std::size_t ci, std::size_t pos, std::size_t stop) { expected[ci] += stop - pos; });
   return expected;
 }
 
@@ -287,12 +282,10 @@ void GradientReducer::hand_in_zero(TensorId id) {
     fill(layout_.grads_device() + off * ges, n * ges);
   } else if (direct_) {
     // The filler's round zeroes what no piece fills (replacing), or keeps it (adding zeros).
-    for (std::size_t pos = off - layout_.own_begin(), e = pos + n; pos < e;) {
-      const std::size_t ci = layout_.chunk_index(pos);
-      const std::size_t stop = std::min(e, layout_.chunks()[ci].r.end());
-      count_filled(ci, stop - pos, 0);
-      pos = stop;
-    }
+    layout_.for_each_chunk_piece(off - layout_.own_begin(), n,
+                                 [&](std::size_t ci, std::size_t pos, std::size_t stop) {
+                                   count_filled(ci, stop - pos, 0);
+                                 });
   } else if (layout_.stage() >= 2) {
     // Last bucket first, as hand_in_bucketed.
     for (std::size_t stop = off + n; stop > off;) {
@@ -393,10 +386,8 @@ void GradientReducer::hand_in_direct(std::size_t off, std::size_t n, const unsig
   const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
   const std::size_t begin = off - layout_.own_begin();
   tier::Filler::Ticket last = 0;
-  for (std::size_t pos = begin; pos < begin + n;) {
-    const std::size_t ci = layout_.chunk_index(pos);
+  layout_.for_each_chunk_piece(begin, n, [&](std::size_t ci, std::size_t pos, std::size_t stop) {
     const Chunk& c = layout_.chunks()[ci];
-    const std::size_t stop = std::min(begin + n, c.r.end());
     // The host-emulated device's memory is host memory: the piece is named as in the chunk's
     // home, so that an add or conversion runs straight into it (the filler adds into a gpu home
     // from device memory, into a cpu home from host memory in the caller).
@@ -404,18 +395,19 @@ void GradientReducer::hand_in_direct(std::size_t off, std::size_t n, const unsig
     last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
                              src + (pos - begin) * hes, in);
     count_filled(ci, stop - pos, last);
-    pos = stop;
-  }
+  });
   const auto t0 = Clock::now();
   fill_->wait(last);
   times_.grad_spill_s += seconds_since(t0);
 }
 
-// `n` more elements of chunk ci filled (its pieces up to ticket `last`): a chunk whose tensors'
-// elements all arrived is final (take_filled_chunks).
+// `n` more elements of chunk ci filled (its pieces up to ticket `last`): a chunk whose elements
+// all arrived is final (take_filled_chunks) — every element from the buckets (their padding
+// included), its tensors' elements straight from the hand-ins (direct_).
 void GradientReducer::count_filled(std::size_t ci, std::size_t n, tier::Filler::Ticket last) {
   chunk_filled_[ci] += n;
-  if (chunk_filled_[ci] == chunk_expected_[ci]) filled_.emplace_back(ci, last);
+  const std::size_t whole = direct_ ? chunk_expected_[ci] : layout_.chunks()[ci].r.count;
+  if (chunk_filled_[ci] == whole) filled_.emplace_back(ci, last);
 }
 
 // Bucket k's buffer, its padding (elements of no tensor) zeroed when it is taken: every other
@@ -556,16 +548,13 @@ void GradientReducer::start_share(Scratch buf, std::size_t begin, std::size_t co
   const std::size_t ges = layout_.grad_elem_bytes(), hes = layout_.hand_in_elem_bytes();
   tier::Filler::Ticket last = 0;
   try {
-    for (std::size_t pos = begin; pos < begin + count;) {
-      const std::size_t ci = layout_.chunk_index(pos);
-      const Chunk& c = layout_.chunks()[ci];
-      const std::size_t stop = std::min(begin + count, c.r.end());
-      last = fill_->fill_async(ci, (pos - c.r.begin) * ges, (stop - pos) * ges,
-                               buf.data() + (pos - begin) * hes, Tier::kGpu);
-      chunk_filled_[ci] += stop - pos;
-      if (chunk_filled_[ci] == c.r.count) filled_.emplace_back(ci, last);
-      pos = stop;
-    }
+    layout_.for_each_chunk_piece(
+        begin, count, [&](std::size_t ci, std::size_t pos, std::size_t stop) {
+          const std::size_t at = layout_.chunks()[ci].r.begin;
+          last = fill_->fill_async(ci, (pos - at) * ges, (stop - pos) * ges,
+                                   buf.data() + (pos - begin) * hes, Tier::kGpu);
+          count_filled(ci, stop - pos, last);
+        });
   } catch (...) {
     // The fills queued so far still read `buf`: it stays with them (the round is broken).
     if (last) copying_.push_back({std::move(buf), last, bucket});

@@ -56,13 +56,11 @@ void ParamGatherer::start_io(TensorId id) {
     const std::size_t b = share.local.begin;
     g.send = scratch_.take(mine * pes, "gather send slice", true);
     std::vector<Transfer> reads;
-    for (std::size_t pos = b; pos < b + mine;) {
-      const Chunk& c = layout_.chunk_at(pos);
-      const std::size_t stop = std::min(b + mine, c.r.end());
+    layout_.for_each_chunk_piece(b, mine, [&](std::size_t ci, std::size_t pos, std::size_t stop) {
+      const Chunk& c = layout_.chunks()[ci];
       reads.push_back(store_.read(c.param, (pos - c.r.begin) * pes, (stop - pos) * pes,
                                   g.send.data() + (pos - b) * pes, Tier::kGpu));
-      pos = stop;
-    }
+    });
     wait_all(reads, timeout_);  // every read lands (or fails) before the buffer may be reused
     send = g.send.data();
   }

@@ -26,11 +26,7 @@ MasterCopy MasterCopy::of(TierStore& store, std::span<const Chunk> chunks,
   m.offset = first->master_at;
   m.bytes = last->master_at + 4 * std::uint64_t{last->r.count} - first->master_at;
   m.data = IoBuffer::allocate(std::max<std::uint64_t>(m.bytes, 1), HugePageMode::kNone);
-  const Tier home = store.info(m.params).home;
-  const auto* p =
-      static_cast<const unsigned char*>(store.acquire(m.params, home, Access::kRead, timeout));
-  std::memcpy(m.data.bytes(), p + m.offset, m.bytes);
-  store.release(m.params, home);
+  get_bytes(store, m.params, m.offset, m.bytes, m.data.data(), timeout);
   return m;
 }
 

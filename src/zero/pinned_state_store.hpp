@@ -50,7 +50,7 @@ struct MasterCopy {
   BufferId params = 0;
   std::uint64_t offset = 0, bytes = 0;
   IoBuffer data;
-  // The copy of the chunks' masters, made now (acquire kRead of `params`; none aliased: empty).
+  // The copy of the chunks' masters, made now (a read of `params`; none aliased: empty).
   static MasterCopy of(TierStore& store, std::span<const Chunk> chunks,
                        std::chrono::milliseconds timeout);
 };

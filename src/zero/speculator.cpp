@@ -32,11 +32,15 @@ bool same_groups(const std::vector<ParamGroupOptions>& a, const std::vector<Para
 // optimizer.overlap not off, stages 2-3, and some chunk of the rank's state can be speculated:
 // where none can (overlap auto with the state on the gpu, say), nothing follows the hand-ins (the
 // last one does not wait for the fills a speculation would read).
-bool overlap_enabled(const Config& cfg, const EngineLayout& layout, const OptimizerStep& opt) {
-  if (cfg.optimizer.overlap == OptimizerOverlap::kOff || layout.stage() < 2) return false;
+bool any_speculable(const EngineLayout& layout, const OptimizerStep& opt) {
   for (std::size_t ci = 0; ci < layout.chunks().size(); ++ci)
     if (opt.can_speculate(ci)) return true;
   return false;
+}
+
+bool overlap_enabled(const Config& cfg, const EngineLayout& layout, const OptimizerStep& opt) {
+  return cfg.optimizer.overlap != OptimizerOverlap::kOff && layout.stage() >= 2 &&
+         any_speculable(layout, opt);
 }
 }  // namespace
 
@@ -67,10 +71,7 @@ void Speculator::check_overlap() const {
     why = "zero.stage 0-1 reduce the gradients at step(): no gradient is final during the backward";
   else if (cfg_.optimizer.update == OptimizerUpdate::kDevice)
     why = "optimizer.update: device is not speculated";
-  bool any = false;
-  for (std::size_t ci = 0; ci < layout_.chunks().size() && !why && !any; ++ci)
-    any = optimizer_.can_speculate(ci);
-  if (!why && !any)
+  if (!why && !any_speculable(layout_, optimizer_))
     why =
         "no chunk of this rank's state can be speculated (state on gpu, gradients on nvme, or "
         "a chunk larger than a pinned buffer with every part staged)";
