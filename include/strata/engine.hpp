@@ -135,6 +135,13 @@ struct ParamGroupOptions {
 enum class StateKind { kMaster, kExpAvg, kExpAvgSq };
 const char* state_kind_name(StateKind kind);  // "master" | "exp_avg" | "exp_avg_sq"
 
+// One write of Engine::write_states: tensor `id`'s array `kind` from `in` (numel(id) elements).
+struct StateWrite {
+  TensorId id = 0;
+  StateKind kind = StateKind::kMaster;
+  std::span<const float> in;
+};
+
 struct StepResult {
   bool applied = false;  // false: skipped for an overflow
   bool overflow = false;
@@ -360,6 +367,12 @@ class Engine {
   // Wrong sizes: Error(kInvalidArgument), nothing changed. A failed engine refuses (Error(kIo)).
   void read_state(TensorId id, StateKind kind, std::span<float> out);
   void write_state(TensorId id, StateKind kind, std::span<const float> in);
+  // Several write_state calls as one, in order (a later write of the same array wins): every
+  // write is checked before any is made (a wrong size: Error(kInvalidArgument), nothing changed),
+  // and each chunk of state on NVMe that the writes touch is read and written once, where a
+  // write_state of each tensor reads and rewrites the chunk it lies in (a torch-style
+  // load_state_dict of every tensor: 3 writes per tensor). Collective, as write_state.
+  void write_states(std::span<const StateWrite> writes);
   // Adam's step count (torch's state["step"]): applied updates since the start or the checkpoint.
   std::int64_t optimizer_step() const;
   // Between steps, on every rank alike (load_state_dict); >= 0. Sets every tensor's count.

@@ -259,6 +259,21 @@ class PyEngine {
     copy_any_memory(host.data(), p, n * sizeof(float));
     e().write_state(id, state_kind(kind), host);
   }
+  // (id, kind, address) each: one Engine::write_states (each NVMe chunk read and written once).
+  void write_states(const std::vector<std::tuple<TensorId, std::string, Address>>& writes) {
+    std::vector<StateWrite> w;
+    std::vector<std::vector<float>> staged;  // device memory's host copies
+    for (const auto& [id, kind, in] : writes) {
+      const std::size_t n = e().numel(id);
+      const auto* p = reinterpret_cast<const float*>(in);
+      if (n && is_device_memory(p)) {
+        copy_any_memory(staged.emplace_back(n).data(), p, n * sizeof(float));
+        p = staged.back().data();  // (a vector's buffer stays put when `staged` grows)
+      }
+      w.push_back({id, state_kind(kind), {p, n}});
+    }
+    e().write_states(w);
+  }
 
  private:
   std::chrono::milliseconds timeout() const {
@@ -616,6 +631,7 @@ PYBIND11_MODULE(_strata, m) {
            })
       .def("read_state", &PyEngine::read_state, G())
       .def("write_state", &PyEngine::write_state, G())
+      .def("write_states", &PyEngine::write_states, G())
       .def("optimizer_step", [](const PyEngine& s) { return s.e().optimizer_step(); })
       .def("set_optimizer_step", [](PyEngine& s, std::int64_t v) { s.e().set_optimizer_step(v); })
       // One parameter's own step count (torch's per-parameter state["step"]).

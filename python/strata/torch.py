@@ -1207,10 +1207,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
                 "strata: load_state_dict: a negative step count %s; nothing was loaded"
                 % min(s for s in steps if s is not None))
         self._mem.synchronize()  # kernels queued earlier may still read the parameters (R12)
-        for tid, kinds in enumerate(values):
-            for kind, v in kinds:
-                if v.numel():
-                    self._engine.write_state(tid, kind, self._mem.host_address(v))
+        self._engine.write_states([(tid, kind, self._mem.host_address(v))  # NVMe: each chunk once
+                                   for tid, kinds in enumerate(values) for kind, v in kinds
+                                   if v.numel()])
         self._mem.after_engine_wrote()
         top = max([s for s in steps if s is not None] or [0])
         self._engine.set_optimizer_step(top)  # a state without 'step' (not torch's) takes it

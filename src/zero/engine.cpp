@@ -373,10 +373,17 @@ void Engine::read_state(TensorId id, StateKind kind, std::span<float> out) {
   impl_->read_state(id, kind, out);
 }
 void Engine::write_state(TensorId id, StateKind kind, std::span<const float> in) {
+  const StateWrite w{id, kind, in};
   impl_->require_finalized("write_state");
   impl_->make_room_for_update();
   impl_->speculator->before_state_change();
-  impl_->write_state(id, kind, in);
+  impl_->write_states({&w, 1}, "write_state");
+}
+void Engine::write_states(std::span<const StateWrite> writes) {
+  impl_->require_finalized("write_states");
+  impl_->make_room_for_update();
+  impl_->speculator->before_state_change();
+  impl_->write_states(writes, "write_states");
 }
 std::int64_t Engine::optimizer_step() const {
   if (impl_->speculator) impl_->speculator->wait();  // a speculative job counts one step ahead

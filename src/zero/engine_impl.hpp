@@ -159,7 +159,7 @@ struct Engine::Impl {
   void prefetch(std::span<const TensorId> ids);
   void release(std::span<const TensorId> ids);
   void read_state(TensorId id, StateKind kind, std::span<float> out);
-  void write_state(TensorId id, StateKind kind, std::span<const float> in);
+  void write_states(std::span<const StateWrite> writes, const char* what);
   void write_params(TensorId id, std::span<const float> in, const zero::TensorShare& share);
   // Parameters [b, b + n) of the own partition (stage 3), model dtype, from / into the chunks.
   void read_own(std::size_t b, std::size_t n, unsigned char* host);

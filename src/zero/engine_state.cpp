@@ -166,6 +166,51 @@ void read_state_array(const zero::EngineLayout& l, TierStore& store, StateKind k
   }
   zero::wait_all(reads, l.timeout());
 }
+
+// A write's part in one chunk: the rank's elements [begin, end) (optimizer range) of array `kind`.
+struct StatePiece {
+  std::size_t chunk, begin, end;
+  StateKind kind;
+  const float* from;
+};
+
+void write_pieces(zero::TierStateStore& state, Range r, std::span<const StatePiece> pieces) {
+  const checkpoint::StateView v = state.acquire(r);
+  for (const StatePiece& p : pieces)
+    std::memcpy(state_array(v, p.kind) + (p.begin - r.begin), p.from,
+                (p.end - p.begin) * sizeof(float));
+  state.release(r, true);
+}
+
+// The rank's part of each write into the state arrays, chunk by chunk: a chunk on NVMe (one
+// checksummed block, written whole) read and written once for all the pieces in it, a chunk in
+// memory piece by piece, in place (tier_state_store.cpp).
+void write_state_arrays(const zero::EngineLayout& l, zero::TierStateStore& state,
+                        std::span<const StateWrite> writes) {
+  std::vector<StatePiece> pieces;
+  for (const StateWrite& w : writes) {
+    if (w.in.empty()) continue;
+    const zero::TensorShare share = l.share(w.id);
+    l.for_each_chunk_piece(share.local.begin, share.local.count,
+                           [&](std::size_t ci, std::size_t b, std::size_t e) {
+                             const float* from = w.in.data() + share.from + (b - share.local.begin);
+                             pieces.push_back({ci, b, e, w.kind, from});
+                           });
+  }
+  std::stable_sort(pieces.begin(), pieces.end(),
+                   [](const StatePiece& a, const StatePiece& b) { return a.chunk < b.chunk; });
+  for (auto it = pieces.begin(); it != pieces.end();) {
+    const zero::Chunk& c = l.chunks()[it->chunk];
+    const auto stop =
+        std::find_if(it, pieces.end(), [&](const StatePiece& p) { return p.chunk != it->chunk; });
+    if (c.opt_tier == Tier::kNvme) {
+      write_pieces(state, c.r, {it, stop});
+    } else {
+      for (auto p = it; p != stop; ++p) write_pieces(state, {p->begin, p->end - p->begin}, {p, 1});
+    }
+    it = stop;
+  }
+}
 }  // namespace
 
 void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out) {
@@ -188,19 +233,18 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
 // The master keeps params == round(master) (params_follow_master): the parameters are written
 // from the same values with the same conversion. A failure part-way (the master written, the
 // parameters not, or either in part) breaks it for the rank: an asynchronous save copies them.
-void Engine::Impl::write_state(TensorId id, StateKind kind, std::span<const float> in) {
-  check_state_call(*this, id, in.data(), in.size(), "write_state");
-  if (in.empty()) return;
-  const zero::TensorShare share = layout->share(id);
+void Engine::Impl::write_states(std::span<const StateWrite> writes, const char* what) {
+  for (const StateWrite& w : writes) check_state_call(*this, w.id, w.in.data(), w.in.size(), what);
+  const bool master = std::any_of(writes.begin(), writes.end(), [](const StateWrite& w) {
+    return w.kind == StateKind::kMaster && !w.in.empty();
+  });
   try {
-    if (share.local.count) {
-      const checkpoint::StateView v = state->acquire(share.local);
-      std::memcpy(state_array(v, kind), in.data() + share.from, share.local.count * sizeof(float));
-      state->release(share.local, true);
-    }
-    if (kind == StateKind::kMaster) write_params(id, in, share);  // the parameters follow
+    write_state_arrays(*layout, *state, writes);
+    for (const StateWrite& w : writes)  // the parameters follow
+      if (w.kind == StateKind::kMaster && !w.in.empty())
+        write_params(w.id, w.in, layout->share(w.id));
   } catch (...) {
-    if (kind == StateKind::kMaster) params_follow_master = false;
+    if (master) params_follow_master = false;
     throw;
   }
 }

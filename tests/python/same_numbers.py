@@ -20,6 +20,7 @@ reference and fails (exit 1) on any difference. Cases:
                       and optimizer at stage 3 (1 if S is 3) load_checkpoint and run the other
                       15: bitwise equal
   sdict<S>            the same through state_dict() / load_state_dict()
+  nvmesdict<S>        sdict<S> with offload.optimizer on NVMe (load_state_dict: Engine.write_states)
   bf16<S>             stage S, bf16 parameters and gradients, dynamic loss scaling switched on
                       (precision.loss_scale.enabled: true; bf16 is not scaled by default) (initial 1024,
                       growth every 10 steps); at step 25 the last rank's loss is made inf: every
@@ -202,7 +203,7 @@ def run_case(strata, case, data, steps, tmp, shared):
     and continue in a new model and optimizer with another stage (and other initial values).
     tmp: this rank's scratch directory (NVMe swap); shared: the ranks' common one (checkpoints)."""
     bf16 = case.startswith("bf16")
-    resume = case.startswith(("ckpt", "sdict"))
+    resume = case.startswith(("ckpt", "sdict", "nvmesdict"))
     stage = int(case[-1])
     model = build_model(torch.bfloat16 if bf16 else torch.float32)
     names = names_in_group_order(model)  # (at stage 3 the parameters are empty once registered)

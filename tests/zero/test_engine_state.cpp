@@ -208,6 +208,88 @@ TEST(EngineState, WriteStateOfATensorMovesItsElementsNotItsChunk) {
   }
 }
 
+// write_states of every tensor's three arrays with the state on NVMe (several chunks, tensors
+// sharing a chunk and one across chunks): each chunk the rank holds is read once and written once
+// (a write_state per array reads and rewrites its chunk: a torch-style load_state_dict of a
+// 113.6M-parameter model took 222 s that way), a later write of the same array wins, every rank
+// reads back what was written, bitwise, and the bf16 parameters follow the master. A batch with
+// one wrong size is refused whole: nothing changed. Stages 1-3, 1 and 2 ranks.
+TEST(EngineState, WriteStatesReadAndWriteEachNvmeChunkOnce) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    for (int world : {1, 2}) {
+      SCOPED_TRACE(strcat("stage ", stage, ", ", world, " ranks"));
+      TempDir dir("strata-write-states");
+      EngineCase c;
+      c.stage = stage;
+      c.params = DType::kBf16;
+      c.sizes = {30000, 37, 25000, 9001};
+      c.sub_group = 16000;
+      c.configure = [&](Config& cfg) {
+        cfg.offload.optimizer = {Tier::kNvme, 1.0, false};
+        cfg.runtime.device = DeviceKind::kHost;
+        use_test_swap(cfg, dir.str(), 4, 1 << 20);
+      };
+      const auto seed = test_seed("engine-write-states");
+      const StateKind kinds[] = {StateKind::kMaster, StateKind::kExpAvg, StateKind::kExpAvgSq};
+      auto value = [&](std::size_t t, int k) {
+        return initial_values(seed + 31 * k, t, c.sizes[t]);
+      };
+      auto comms = make_inprocess_communicators(world, 30.0);
+      rethrow_any(run_ranks(comms, [&](int rank, Communicator& comm) {
+        Engine e(engine_config(c), comm);
+        for (std::size_t t = 0; t < c.sizes.size(); ++t)
+          e.add_parameter("t" + std::to_string(t), initial_values(seed, t, c.sizes[t]));
+        e.finalize();
+        std::vector<std::vector<float>> values;  // 3 per tensor, then t0's exp_avg again
+        std::vector<StateWrite> writes;
+        for (std::size_t t = 0; t < c.sizes.size(); ++t)
+          for (int k = 0; k < 3; ++k) values.push_back(value(t, k + 1));
+        values.push_back(value(0, 9));
+        for (std::size_t i = 0; i < values.size(); ++i)
+          writes.push_back({i < 12 ? i / 3 : 0, kinds[i < 12 ? i % 3 : 1], values[i]});
+        std::uint64_t chunk_bytes = 0;
+        zero::RankStorage& storage = zero::EngineAccess::storage(e);
+        for (const zero::Chunk& ch : zero::EngineAccess::chunks(e))
+          chunk_bytes += storage.store().padded_bytes(ch.opt);
+        ASSERT_GE(zero::EngineAccess::chunks(e).size(), 2u);
+        const TierStoreStats s0 = storage.store().stats();
+        e.write_states(writes);
+        const TierStoreStats s1 = storage.store().stats();
+        // (each array's read rounded out to 4 KiB units at both ends: 6 units a chunk at most)
+        const std::uint64_t slack = 6 * 4096 * zero::EngineAccess::chunks(e).size();
+        EXPECT_LE(s1.bytes_from_nvme - s0.bytes_from_nvme, chunk_bytes + slack)
+            << "a chunk read twice";
+        EXPECT_LE(s1.bytes_to_nvme - s0.bytes_to_nvme, chunk_bytes) << "a chunk written twice";
+        const std::vector<float> t1_master = value(1, 1);
+        std::vector<StateWrite> refused = {{1, StateKind::kMaster, value(1, 5)},
+                                           {2, StateKind::kExpAvg, t1_master}};  // wrong size
+        try {
+          e.write_states(refused);
+          ADD_FAILURE() << "a batch with a wrong size was accepted";
+        } catch (const Error& err) {
+          EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+        }
+        for (TensorId t = 0; t < c.sizes.size(); ++t) {
+          for (int k = 0; k < 3; ++k) {
+            std::vector<float> got(c.sizes[t]);
+            e.read_state(t, kinds[k], got);
+            expect_bitwise_equal({got}, {value(t, t == 0 && k == 1 ? 9 : k + 1)},
+                                 strcat("rank ", rank, " ", state_kind_name(kinds[k]), " of t", t));
+          }
+          std::vector<float> param(c.sizes[t]);
+          e.gather({&t, 1});
+          e.read_param(t, param);
+          e.release({&t, 1});
+          const std::vector<float> master = value(t, 1);
+          for (std::size_t i = 0; i < param.size(); ++i)
+            ASSERT_EQ(param[i], bf16_to_float(float_to_bf16(master[i])))
+                << "rank " << rank << " t" << t << " element " << i;
+        }
+      }));
+    }
+  }
+}
+
 // add_parameter_borrowed reads the caller's memory at finalize() (no copy of the model at
 // start-up: what the values say then is what the engine starts from, rank 0's on every rank);
 // add_parameter copies at the call. gradient(id): stages 0-1 the held gradient, as handed in;
