@@ -150,10 +150,10 @@ class CpuAdam {
                         float grad_divisor = 1.0f);
 
   // For benchmarks: a plain stream kernel with step()'s memory access pattern (reads param,
-  // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq and, when set, param_copy in its
-  // dtype), on the same threads and tiles. Trivial arithmetic; it
-  // overwrites the arrays' contents. The bandwidth it reaches is the bound step() is measured
-  // against.
+  // exp_avg, exp_avg_sq, grad; writes param, exp_avg, exp_avg_sq — or, out of place, param_out,
+  // exp_avg_out, exp_avg_sq_out with the stores step() uses there — and, when set, param_copy in
+  // its dtype), on the same threads and tiles. Trivial arithmetic; it overwrites the written
+  // arrays' contents. The bandwidth it reaches is the bound step() is measured against.
   void stream_reference(const AdamTensors& t);
 
  private:

@@ -80,6 +80,85 @@ int run_cuda(const Options& o) {
   return 0;
 }
 
+void print_json(const strata::profile::AdamBenchOptions& bo,
+                const strata::profile::AdamBenchResult& r) {
+  using namespace strata;
+  const char* copy = bo.param_copy ? name(bo.copy_dtype) : "none";
+  nlohmann::json j;
+  j["params"] = bo.params;
+  j["threads"] = bo.threads;
+  j["path"] = adam_path_name(r.path);
+  j["grads"] = name(bo.grads);
+  j["param_copy"] = copy;
+  j["check_finite"] = bo.check_finite;
+  j["rounds"] = bo.rounds;
+  j["bytes_per_param"] = r.bytes_per_param;
+  j["adam"] = {{"params_per_second", r.adam_params_per_second},
+               {"bytes_per_second", r.adam_bytes_per_second},
+               {"seconds_median", r.adam_seconds_median},
+               {"seconds", r.adam_seconds}};
+  j["stream_bound"] = {{"params_per_second", r.stream_params_per_second},
+                       {"bytes_per_second", r.stream_bytes_per_second},
+                       {"seconds_median", r.stream_seconds_median},
+                       {"seconds", r.stream_seconds}};
+  j["fraction_of_bound"] = r.fraction_of_bound;
+  j["fraction_of_bound_min"] = r.fraction_min;
+  j["fraction_of_bound_max"] = r.fraction_max;
+  j["fraction_of_bound_cpu_time"] = r.fraction_of_bound_cpu_time;
+  j["adam"]["cpu_seconds"] = r.adam_cpu_seconds;
+  j["stream_bound"]["cpu_seconds"] = r.stream_cpu_seconds;
+  j["out_of_place"] = {{"params_per_second", r.out_of_place_params_per_second},
+                       {"bytes_per_second", r.out_of_place_bytes_per_second},
+                       {"seconds_median", r.out_of_place_seconds_median},
+                       {"seconds", r.out_of_place_seconds},
+                       {"cpu_seconds", r.out_of_place_cpu_seconds},
+                       {"ratio", r.out_of_place_ratio},
+                       {"ratio_min", r.out_of_place_ratio_min},
+                       {"ratio_max", r.out_of_place_ratio_max},
+                       {"ratio_cpu_time", r.out_of_place_ratio_cpu_time},
+                       {"fraction_of_bound", r.out_of_place_fraction_of_bound}};
+  j["out_of_place_stream_bound"] = {{"seconds_median", r.out_of_place_stream_seconds_median},
+                                    {"seconds", r.out_of_place_stream_seconds},
+                                    {"cpu_seconds", r.out_of_place_stream_cpu_seconds},
+                                    {"pattern_ratio", r.out_of_place_pattern_ratio},
+                                    {"pattern_ratio_min", r.out_of_place_pattern_ratio_min},
+                                    {"pattern_ratio_max", r.out_of_place_pattern_ratio_max}};
+  j["out_of_place_ratio"] = r.out_of_place_ratio;
+  std::cout << j.dump(2) << "\n";
+}
+
+void print_text(const strata::profile::AdamBenchOptions& bo,
+                const strata::profile::AdamBenchResult& r) {
+  using namespace strata;
+  const char* copy = bo.param_copy ? name(bo.copy_dtype) : "none";
+  std::cout << "Adam step, " << format_count(bo.params) << " params, " << bo.threads
+            << " threads, path " << adam_path_name(r.path) << ", grads " << name(bo.grads)
+            << ", param copy " << copy << (bo.check_finite ? ", with finite check" : "") << ", "
+            << r.bytes_per_param << " B/param\n";
+  std::cout << "  adam:          " << r.adam_params_per_second / 1e6 << " Mparams/s ("
+            << format_rate(r.adam_bytes_per_second) << ", " << r.adam_seconds_median * 1e3
+            << " ms/step, median of " << bo.rounds << ")\n";
+  std::cout << "  stream bound:  " << r.stream_params_per_second / 1e6 << " Mparams/s ("
+            << format_rate(r.stream_bytes_per_second) << ", same access pattern, same threads)\n";
+  std::cout << "  fraction of bound: " << r.fraction_of_bound << " (rounds: " << r.fraction_min
+            << " .. " << r.fraction_max << ")\n";
+  std::cout << "  fraction of bound by process CPU time: " << r.fraction_of_bound_cpu_time << "\n";
+  std::cout << "  out of place:  " << r.out_of_place_params_per_second / 1e6 << " Mparams/s ("
+            << format_rate(r.out_of_place_bytes_per_second) << ", "
+            << r.out_of_place_seconds_median * 1e3
+            << " ms/step; new state into a second set of arrays, swapped in)\n";
+  std::cout << "  out of place / in place: " << r.out_of_place_ratio
+            << " (rounds: " << r.out_of_place_ratio_min << " .. " << r.out_of_place_ratio_max
+            << "; by process CPU time " << r.out_of_place_ratio_cpu_time << "; target <= 1.10)\n";
+  std::cout << "  out-of-place stream / in-place stream: " << r.out_of_place_pattern_ratio
+            << " (rounds: " << r.out_of_place_pattern_ratio_min << " .. "
+            << r.out_of_place_pattern_ratio_max
+            << "; what writing a new version costs this machine's memory, the floor of the ratio "
+               "above)\n";
+  std::cout << "  out of place, fraction of its own bound: " << r.out_of_place_fraction_of_bound
+            << "\n";
+}
+
 int run(const Options& o) {
   using namespace strata;
   if (o.device == "cuda") return run_cuda(o);
@@ -100,63 +179,11 @@ int run(const Options& o) {
   bo.rounds = o.rounds;
   bo.check_finite = o.check_finite;
   const profile::AdamBenchResult r = profile::run_adam_bench(bo);
-  const char* copy = bo.param_copy ? name(bo.copy_dtype) : "none";
   if (o.json) {
-    nlohmann::json j;
-    j["params"] = bo.params;
-    j["threads"] = bo.threads;
-    j["path"] = adam_path_name(r.path);
-    j["grads"] = name(bo.grads);
-    j["param_copy"] = copy;
-    j["check_finite"] = bo.check_finite;
-    j["rounds"] = bo.rounds;
-    j["bytes_per_param"] = r.bytes_per_param;
-    j["adam"] = {{"params_per_second", r.adam_params_per_second},
-                 {"bytes_per_second", r.adam_bytes_per_second},
-                 {"seconds_median", r.adam_seconds_median},
-                 {"seconds", r.adam_seconds}};
-    j["stream_bound"] = {{"params_per_second", r.stream_params_per_second},
-                         {"bytes_per_second", r.stream_bytes_per_second},
-                         {"seconds_median", r.stream_seconds_median},
-                         {"seconds", r.stream_seconds}};
-    j["fraction_of_bound"] = r.fraction_of_bound;
-    j["fraction_of_bound_min"] = r.fraction_min;
-    j["fraction_of_bound_max"] = r.fraction_max;
-    j["fraction_of_bound_cpu_time"] = r.fraction_of_bound_cpu_time;
-    j["adam"]["cpu_seconds"] = r.adam_cpu_seconds;
-    j["stream_bound"]["cpu_seconds"] = r.stream_cpu_seconds;
-    j["out_of_place"] = {{"params_per_second", r.out_of_place_params_per_second},
-                         {"bytes_per_second", r.out_of_place_bytes_per_second},
-                         {"seconds_median", r.out_of_place_seconds_median},
-                         {"seconds", r.out_of_place_seconds},
-                         {"cpu_seconds", r.out_of_place_cpu_seconds},
-                         {"ratio", r.out_of_place_ratio},
-                         {"ratio_min", r.out_of_place_ratio_min},
-                         {"ratio_max", r.out_of_place_ratio_max},
-                         {"ratio_cpu_time", r.out_of_place_ratio_cpu_time}};
-    j["out_of_place_ratio"] = r.out_of_place_ratio;
-    std::cout << j.dump(2) << "\n";
-    return 0;
+    print_json(bo, r);
+  } else {
+    print_text(bo, r);
   }
-  std::cout << "Adam step, " << format_count(bo.params) << " params, " << bo.threads
-            << " threads, path " << adam_path_name(r.path) << ", grads " << name(bo.grads)
-            << ", param copy " << copy << (bo.check_finite ? ", with finite check" : "") << ", "
-            << r.bytes_per_param << " B/param\n";
-  std::cout << "  adam:          " << r.adam_params_per_second / 1e6 << " Mparams/s ("
-            << format_rate(r.adam_bytes_per_second) << ", " << r.adam_seconds_median * 1e3
-            << " ms/step, median of " << bo.rounds << ")\n";
-  std::cout << "  stream bound:  " << r.stream_params_per_second / 1e6 << " Mparams/s ("
-            << format_rate(r.stream_bytes_per_second) << ", same access pattern, same threads)\n";
-  std::cout << "  fraction of bound: " << r.fraction_of_bound << " (rounds: " << r.fraction_min
-            << " .. " << r.fraction_max << ")\n";
-  std::cout << "  fraction of bound by process CPU time: " << r.fraction_of_bound_cpu_time << "\n";
-  std::cout << "  out of place:  " << r.out_of_place_params_per_second / 1e6 << " Mparams/s ("
-            << format_rate(r.out_of_place_bytes_per_second) << ", "
-            << r.out_of_place_seconds_median * 1e3
-            << " ms/step; new state into a second set of arrays, swapped in)\n";
-  std::cout << "  out of place / in place: " << r.out_of_place_ratio
-            << " (rounds: " << r.out_of_place_ratio_min << " .. " << r.out_of_place_ratio_max
-            << "; by process CPU time " << r.out_of_place_ratio_cpu_time << "; target <= 1.10)\n";
   return 0;
 }
 

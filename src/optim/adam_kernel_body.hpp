@@ -303,63 +303,69 @@ void v_stats_entry(DType gd, const void* g, std::size_t n, float divisor, float 
 
 // The bandwidth reference: the same arrays, the same directions, trivial arithmetic. copy_bytes
 // (0, 2 or 4): the updated-parameter copy Adam writes, of that element size: 4 — p's new value;
-// 2 — g's bits for 16-bit grads, p's new value as bf16 for fp32 grads.
-template <class V>
-void v_stream(DType gd, float* p, float* m, float* v, const void* g, void* out,
-              std::size_t copy_bytes, std::size_t n) {
+// 2 — g's bits for 16-bit grads, p's new value as bf16 for fp32 grads. Out of place (a.p_out !=
+// a.p) the new p, m, v go to the out arrays with the stores Adam uses there (v_adam's nt_state).
+template <class V, bool f32>
+void v_stream_g(const AdamArrays& a, const void* g, void* out, std::size_t copy_bytes,
+                std::size_t n) {
   using F = typename V::F;
+  const float *p = a.p, *m = a.m, *v = a.v;
+  float *po = a.p_out, *mo = a.m_out, *vo = a.v_out;
   std::size_t i = 0;
   const std::size_t nv = n - n % V::W;
   float* of = copy_bytes == 4 ? static_cast<float*>(out) : nullptr;
   std::uint16_t* oh = copy_bytes == 2 ? static_cast<std::uint16_t*>(out) : nullptr;
   // The copy with the stores Adam uses for it (v_store_copy).
   const bool nt = copy_bytes && v_copy_nt<V>(out, copy_bytes);
+  const bool nt_state =
+      p != po && v_copy_nt<V>(po, 4) && v_copy_nt<V>(mo, 4) && v_copy_nt<V>(vo, 4);
   auto put = [&](std::size_t at, F x) { nt ? V::store_nt(of + at, x) : V::store(of + at, x); };
   auto put16 = [&](std::size_t at, typename V::H x) {
     nt ? V::store16_nt(oh + at, x) : V::store16(oh + at, x);
   };
-  if (gd == DType::kFp32) {
-    const float* gf = static_cast<const float*>(g);
-    for (; i < nv; i += V::W) {
-      v_prefetch(p, m, v, gf, 4, i, nv);
-      const F gv = V::load(gf + i);
-      const F pv = V::add(V::load(p + i), gv);
-      V::store(p + i, pv);
-      V::store(m + i, V::add(V::load(m + i), gv));
-      V::store(v + i, V::add(V::load(v + i), gv));
-      if (of) put(i, pv);
-      if (oh) put16(i, V::f_to_bf16(pv));
+  auto state = [&](std::size_t at, F pv, F mv, F vv) {
+    if (nt_state) {
+      V::store_nt(po + at, pv);
+      V::store_nt(mo + at, mv);
+      V::store_nt(vo + at, vv);
+    } else {
+      V::store(po + at, pv);
+      V::store(mo + at, mv);
+      V::store(vo + at, vv);
     }
-    if (nt) V::fence();
-    for (; i < n; ++i) {
-      p[i] += gf[i];
-      m[i] += gf[i];
-      v[i] += gf[i];
-      if (of) of[i] = p[i];
-      if (oh) oh[i] = s_f_to_bf16(p[i]);
-    }
-    return;
-  }
+  };
+  const float* gf = static_cast<const float*>(g);
   const std::uint16_t* gh = static_cast<const std::uint16_t*>(g);
   for (; i < nv; i += V::W) {
-    v_prefetch(p, m, v, gh, 2, i, nv);
-    const auto hv = V::load16(gh + i);
-    const F gv = V::bf16_to_f(hv);
-    V::store(p + i, V::add(V::load(p + i), gv));
-    V::store(m + i, V::add(V::load(m + i), gv));
-    V::store(v + i, V::add(V::load(v + i), gv));
-    if (oh) put16(i, hv);
-    if (of) put(i, gv);
+    v_prefetch(p, m, v, g, f32 ? 4 : 2, i, nv);
+    typename V::H hv{};
+    F gv;
+    if constexpr (f32) {
+      gv = V::load(gf + i);
+    } else {
+      hv = V::load16(gh + i);
+      gv = V::bf16_to_f(hv);
+    }
+    const F pv = V::add(V::load(p + i), gv);
+    state(i, pv, V::add(V::load(m + i), gv), V::add(V::load(v + i), gv));
+    if (of) put(i, f32 ? pv : gv);
+    if (oh) put16(i, f32 ? V::f_to_bf16(pv) : hv);
   }
-  if (nt) V::fence();
+  if (nt || nt_state) V::fence();
   for (; i < n; ++i) {
-    const float gv = s_bf16_to_f(gh[i]);
-    p[i] += gv;
-    m[i] += gv;
-    v[i] += gv;
-    if (oh) oh[i] = gh[i];
-    if (of) of[i] = gv;
+    const float gv = f32 ? gf[i] : s_bf16_to_f(gh[i]);
+    po[i] = p[i] + gv;
+    mo[i] = m[i] + gv;
+    vo[i] = v[i] + gv;
+    if (of) of[i] = f32 ? po[i] : gv;
+    if (oh) oh[i] = f32 ? s_f_to_bf16(po[i]) : gh[i];
   }
+}
+template <class V>
+void v_stream(DType gd, const AdamArrays& a, const void* g, void* out, std::size_t copy_bytes,
+              std::size_t n) {
+  if (gd == DType::kFp32) return v_stream_g<V, true>(a, g, out, copy_bytes, n);
+  v_stream_g<V, false>(a, g, out, copy_bytes, n);
 }
 
 // FP32 -> a 16-bit type: W lanes at a time through `vec`, the tail through `one` (the same bits).

@@ -49,11 +49,11 @@ using AdamRangeFn = void (*)(const AdamConsts& c, DType grad_dtype, CopyKind cop
 using GradStatsFn = void (*)(DType grad_dtype, const void* g, std::size_t n, float divisor,
                              float scale, bool* finite, double* sum_sq);
 // The same-pattern stream kernel used as the bandwidth bound: reads p, m, v, g and writes p, m, v
-// and, when copy_bytes is 2 or 4, copy_out with elements of that size (Adam's updated-parameter
-// copy: 4 — p's new value; 2 — g's bits for 16-bit grads, p's new value as bf16 for fp32 grads).
-// Trivial arithmetic.
-using StreamRangeFn = void (*)(DType grad_dtype, float* p, float* m, float* v, const void* g,
-                               void* copy_out, std::size_t copy_bytes, std::size_t n);
+// (their out arrays: in place where they are the same) and, when copy_bytes is 2 or 4, copy_out
+// with elements of that size (Adam's updated-parameter copy: 4 — p's new value; 2 — g's bits for
+// 16-bit grads, p's new value as bf16 for fp32 grads). Trivial arithmetic.
+using StreamRangeFn = void (*)(DType grad_dtype, const AdamArrays& a, const void* g, void* copy_out,
+                               std::size_t copy_bytes, std::size_t n);
 using ConvertFn = void (*)(const void* src, void* dst, std::size_t n);
 
 struct KernelTable {

@@ -23,6 +23,17 @@ std::size_t tiles_for(std::size_t n) { return (n + kTile - 1) / kTile; }
 
 const std::uint8_t* byte_ptr(const void* p) { return static_cast<const std::uint8_t*>(p); }
 std::uint8_t* byte_ptr(void* p) { return static_cast<std::uint8_t*>(p); }
+
+// The arrays of the tile at element `off`: read from t's, written in place or to its out arrays.
+optim::AdamArrays tile_arrays(const AdamTensors& t, std::size_t off) {
+  const bool in_place = t.param_out == nullptr;
+  return {t.param + off,
+          t.exp_avg + off,
+          t.exp_avg_sq + off,
+          (in_place ? t.param : t.param_out) + off,
+          (in_place ? t.exp_avg : t.exp_avg_out) + off,
+          (in_place ? t.exp_avg_sq : t.exp_avg_sq_out) + off};
+}
 }  // namespace
 
 struct CpuAdam::Impl {
@@ -97,14 +108,7 @@ AdamStepResult CpuAdam::step(const AdamParams& params, const AdamTensors& t,
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
-    const bool in_place = t.param_out == nullptr;
-    const optim::AdamArrays a{t.param + off,
-                              t.exp_avg + off,
-                              t.exp_avg_sq + off,
-                              (in_place ? t.param : t.param_out) + off,
-                              (in_place ? t.exp_avg : t.exp_avg_out) + off,
-                              (in_place ? t.exp_avg_sq : t.exp_avg_sq_out) + off};
-    k->adam(c, t.grad_dtype, ck, a, byte_ptr(t.grad) + off * gsz,
+    k->adam(c, t.grad_dtype, ck, tile_arrays(t, off), byte_ptr(t.grad) + off * gsz,
             t.param_copy ? byte_ptr(t.param_copy) + off * csz : nullptr, len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
@@ -158,8 +162,6 @@ void CpuAdam::grad_stats_tiles(const void* grad, DType dtype, std::size_t n, dou
 void CpuAdam::stream_reference(const AdamTensors& t) {
   AdamStepOptions o;
   optim::validate_adam_call(AdamParams{}, t, o, "CpuAdam::stream_reference");
-  if (t.param_out)
-    fail(ErrorCode::kInvalidArgument, "CpuAdam::stream_reference: updates in place (no param_out)");
   if (t.n == 0) return;
   std::lock_guard<std::mutex> lk(impl_->mu);
   const std::size_t gsz = dtype_size(t.grad_dtype);
@@ -167,9 +169,8 @@ void CpuAdam::stream_reference(const AdamTensors& t) {
   const optim::KernelTable* k = impl_->k;
   auto task = [&](std::size_t tile) {
     const std::size_t off = tile * kTile, len = std::min(kTile, t.n - off);
-    k->stream(t.grad_dtype, t.param + off, t.exp_avg + off, t.exp_avg_sq + off,
-              byte_ptr(t.grad) + off * gsz, csz ? byte_ptr(t.param_copy) + off * csz : nullptr, csz,
-              len);
+    k->stream(t.grad_dtype, tile_arrays(t, off), byte_ptr(t.grad) + off * gsz,
+              csz ? byte_ptr(t.param_copy) + off * csz : nullptr, csz, len);
   };
   impl_->pool.parallel_for(tiles_for(t.n), task);
 }

@@ -43,6 +43,28 @@ TEST_P(AdamBenchBytes, RatesFollowTheBytesEachPassMoves) {
   ASSERT_GT(r.out_of_place_params_per_second, 0);
   EXPECT_DOUBLE_EQ(r.out_of_place_bytes_per_second / r.out_of_place_params_per_second, c.bytes);
   EXPECT_DOUBLE_EQ(r.out_of_place_ratio, r.out_of_place_seconds[0] / r.adam_seconds[0]);
+  // Its floor, the stream reference out of place, in the same rounds: against the out-of-place
+  // step (its fraction of bound) and the stream in place (the pattern's cost).
+  ASSERT_EQ(r.out_of_place_stream_seconds.size(), 1u);
+  EXPECT_DOUBLE_EQ(r.out_of_place_fraction_of_bound,
+                   r.out_of_place_stream_seconds[0] / r.out_of_place_seconds[0]);
+  EXPECT_DOUBLE_EQ(r.out_of_place_pattern_ratio,
+                   r.out_of_place_stream_seconds[0] / r.stream_seconds[0]);
+}
+
+// Every pass runs once per round, alternating (ABCD, DCBA): each has one time per round.
+TEST(AdamBench, EveryPassTimedEachRound) {
+  AdamBenchOptions o;
+  o.params = 4099;
+  o.threads = 2;
+  o.rounds = 4;
+  const AdamBenchResult r = run_adam_bench(o);
+  for (const auto* v : {&r.adam_seconds, &r.out_of_place_seconds, &r.stream_seconds,
+                        &r.out_of_place_stream_seconds, &r.adam_cpu_seconds,
+                        &r.out_of_place_stream_cpu_seconds})
+    EXPECT_EQ(v->size(), 4u);
+  EXPECT_LE(r.out_of_place_pattern_ratio_min, r.out_of_place_pattern_ratio);
+  EXPECT_GE(r.out_of_place_pattern_ratio_max, r.out_of_place_pattern_ratio);
 }
 
 INSTANTIATE_TEST_SUITE_P(
