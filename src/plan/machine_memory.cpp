@@ -35,6 +35,24 @@ bool has_item(const std::string& list, const std::string& item) {
   return std::find(items.begin(), items.end(), item) != items.end();
 }
 
+// A mountinfo path field as a path: the kernel writes space, tab, newline and backslash as
+// three-digit octal escapes ("/mnt/my\040disk").
+std::string unescape_mount_field(const std::string& f) {
+  std::string out;
+  for (std::size_t i = 0; i < f.size(); ++i) {
+    const bool octal = f[i] == '\\' && i + 3 < f.size() &&
+                       std::all_of(f.begin() + i + 1, f.begin() + i + 4,
+                                   [](char c) { return c >= '0' && c <= '7'; });
+    if (!octal) {
+      out += f[i];
+      continue;
+    }
+    out += static_cast<char>((f[i + 1] - '0') * 64 + (f[i + 2] - '0') * 8 + (f[i + 3] - '0'));
+    i += 3;
+  }
+  return out;
+}
+
 // The cgroup2 mount and the cgroup (v1) mount holding the memory controller, from mountinfo
 // ("36 35 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw").
 void find_mounts(const std::string& mountinfo, CgroupMount* v1, CgroupMount* v2) {
@@ -46,10 +64,11 @@ void find_mounts(const std::string& mountinfo, CgroupMount* v1, CgroupMount* v2)
     const auto pre = split(line.substr(0, dash), ' ');
     const auto post = split(line.substr(dash + 3), ' ');
     if (pre.size() < 5 || post.size() < 3) continue;
+    const std::string root = unescape_mount_field(pre[3]), point = unescape_mount_field(pre[4]);
     if (post[0] == "cgroup2" && v2->point.empty()) {
-      *v2 = {pre[3], pre[4], true};
+      *v2 = {root, point, true};
     } else if (post[0] == "cgroup" && has_item(post[2], "memory") && v1->point.empty()) {
-      *v1 = {pre[3], pre[4], false};
+      *v1 = {root, point, false};
     }
   }
 }

@@ -808,9 +808,26 @@ TEST(Plan, HostBudgetIsTheMachinesMemoryWhenNotSet) {
 }
 
 namespace {
+// A path as mountinfo writes it: space, tab, newline and backslash as octal escapes.
+std::string mount_escaped(const std::string& path) {
+  std::string out;
+  for (char c : path) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\\') {
+      const int v = static_cast<unsigned char>(c);
+      out += '\\';
+      out += static_cast<char>('0' + v / 64);
+      out += static_cast<char>('0' + v / 8 % 8);
+      out += static_cast<char>('0' + v % 8);
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 // A fake /proc/self/cgroup, /proc/self/mountinfo and cgroup hierarchies under a temporary
 // directory: cgroup v2 mounted at <dir>/v2 (from the hierarchy's root, or from `v2_root`), v1's
-// memory controller at <dir>/v1.
+// memory controller at <dir>/v1; the paths in mountinfo escaped as the kernel writes them.
 struct FakeCgroups {
   std::filesystem::path dir;
   explicit FakeCgroups(const std::string& name, const std::string& v2_root = "/")
@@ -820,9 +837,10 @@ struct FakeCgroups {
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "mountinfo")
         << "22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw\n"
-        << "30 22 0:26 " << v2_root << " " << (dir / "v2").string()
+        << "30 22 0:26 " << mount_escaped(v2_root) << " " << mount_escaped((dir / "v2").string())
         << " rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
-        << "31 22 0:27 / " << (dir / "v1").string() << " rw - cgroup cgroup rw,memory\n";
+        << "31 22 0:27 / " << mount_escaped((dir / "v1").string())
+        << " rw - cgroup cgroup rw,memory\n";
   }
   ~FakeCgroups() { std::filesystem::remove_all(dir); }
   void cgroup_file(const std::string& lines) { std::ofstream(dir / "cgroup") << lines; }
@@ -868,6 +886,15 @@ TEST(Plan, HostBudgetIsTheCgroupsMemoryLimitWhereLower) {
     const MachineMemory m = cg.read(node);
     EXPECT_EQ(m.total, 4ULL << 30) << m.source;
     EXPECT_NE(m.source.find("job_2/memory.limit_in_bytes"), std::string::npos) << m.source;
+  }
+  {
+    SCOPED_TRACE("mount points with a space and a backslash (escaped in mountinfo)");
+    FakeCgroups cg("a dir\\with space", "/my job");
+    cg.cgroup_file("0::/my job/step\n");
+    cg.limit("v2/step", "memory.max", "3221225472");
+    const MachineMemory m = cg.read(node);
+    EXPECT_EQ(m.total, 3ULL << 30) << m.source;
+    EXPECT_NE(m.source.find("a dir\\with space/v2/step/memory.max"), std::string::npos) << m.source;
   }
   {
     SCOPED_TRACE("a container's namespace: the mount shows its own cgroup");

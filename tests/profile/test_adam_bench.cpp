@@ -59,9 +59,9 @@ TEST(AdamBench, EveryPassTimedEachRound) {
   o.threads = 2;
   o.rounds = 4;
   const AdamBenchResult r = run_adam_bench(o);
-  for (const auto* v : {&r.adam_seconds, &r.out_of_place_seconds, &r.stream_seconds,
-                        &r.out_of_place_stream_seconds, &r.adam_cpu_seconds,
-                        &r.out_of_place_stream_cpu_seconds})
+  for (const auto* v :
+       {&r.adam_seconds, &r.out_of_place_seconds, &r.stream_seconds, &r.out_of_place_stream_seconds,
+        &r.adam_cpu_seconds, &r.out_of_place_stream_cpu_seconds})
     EXPECT_EQ(v->size(), 4u);
   EXPECT_LE(r.out_of_place_pattern_ratio_min, r.out_of_place_pattern_ratio);
   EXPECT_GE(r.out_of_place_pattern_ratio_max, r.out_of_place_pattern_ratio);
