@@ -103,6 +103,23 @@ inline void v_store_copy(void* out, std::size_t i, typename V::F p, bool nt) {
   }
 }
 
+// The new p, m, v of lanes [i, i + W): out of place (a pending version, not read again before
+// the commit) with non-temporal stores where nt, else plain stores.
+template <class V>
+[[gnu::always_inline]] inline void v_store_state(float* po, float* mo, float* vo, std::size_t i,
+                                                 typename V::F pv, typename V::F mv,
+                                                 typename V::F vv, bool nt) {
+  if (nt) {
+    V::store_nt(mo + i, mv);
+    V::store_nt(vo + i, vv);
+    V::store_nt(po + i, pv);
+  } else {
+    V::store(mo + i, mv);
+    V::store(vo + i, vv);
+    V::store(po + i, pv);
+  }
+}
+
 // Whether a copy of element size `bytes` at `out` can take non-temporal stores: every vector of
 // it aligned (the kernel steps W elements from `out`).
 template <class V>
@@ -181,15 +198,7 @@ void v_adam(const AdamConsts& c, const AdamArrays& a, const void* g, void* out, 
     vv = V::fmadd(V::mul(omb2, gv), gv, V::mul(vv, b2));
     const F denom = V::add(V::div(V::sqrt(vv), bc2s), eps);
     pv = V::add(pv, V::div(V::mul(nstep, mv), denom));
-    if (nt_state) {
-      V::store_nt(mo + i, mv);
-      V::store_nt(vo + i, vv);
-      V::store_nt(po + i, pv);
-    } else {
-      V::store(mo + i, mv);
-      V::store(vo + i, vv);
-      V::store(po + i, pv);
-    }
+    v_store_state<V>(po, mo, vo, i, pv, mv, vv, nt_state);
     v_store_copy<V, CK>(out, i, pv, nt);
   }
   if (nt || nt_state) V::fence();
@@ -323,17 +332,6 @@ void v_stream_g(const AdamArrays& a, const void* g, void* out, std::size_t copy_
   auto put16 = [&](std::size_t at, typename V::H x) {
     nt ? V::store16_nt(oh + at, x) : V::store16(oh + at, x);
   };
-  auto state = [&](std::size_t at, F pv, F mv, F vv) {
-    if (nt_state) {
-      V::store_nt(po + at, pv);
-      V::store_nt(mo + at, mv);
-      V::store_nt(vo + at, vv);
-    } else {
-      V::store(po + at, pv);
-      V::store(mo + at, mv);
-      V::store(vo + at, vv);
-    }
-  };
   const float* gf = static_cast<const float*>(g);
   const std::uint16_t* gh = static_cast<const std::uint16_t*>(g);
   for (; i < nv; i += V::W) {
@@ -347,7 +345,8 @@ void v_stream_g(const AdamArrays& a, const void* g, void* out, std::size_t copy_
       gv = V::bf16_to_f(hv);
     }
     const F pv = V::add(V::load(p + i), gv);
-    state(i, pv, V::add(V::load(m + i), gv), V::add(V::load(v + i), gv));
+    v_store_state<V>(po, mo, vo, i, pv, V::add(V::load(m + i), gv), V::add(V::load(v + i), gv),
+                     nt_state);
     if (of) put(i, f32 ? pv : gv);
     if (oh) put16(i, f32 ? V::f_to_bf16(pv) : hv);
   }
