@@ -153,7 +153,7 @@ std::uint64_t write_tensor(const SafeDir& dir, const Manifest& m, const TensorEn
     const void* bytes = in.data();
     if (dtype != DType::kFp32) {
       conv.resize(n * es);
-      for (std::uint64_t i = 0; i < n; ++i) comm::store_elem(conv.data(), i, dtype, in[i]);
+      for (std::uint64_t i = 0; i < n; ++i) store_elem(conv.data(), i, dtype, in[i]);
       bytes = conv.data();
     }
     out.write_at(bytes, n * es, pos);

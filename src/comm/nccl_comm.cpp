@@ -205,7 +205,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> reduce_scatter_async(const void* send, void* recv,
                                                    std::span<const std::size_t> counts,
                                                    DType dtype) override {
-    const std::size_t es = comm::elem_size(dtype);
+    const std::size_t es = dtype_size(dtype);
     const auto* in = static_cast<const unsigned char*>(send);
     return shares_collective(
         CollectiveKind::kReduceScatter, counts, dtype,
@@ -220,7 +220,7 @@ class NcclCommunicator final : public Communicator {
   std::unique_ptr<CommHandle> all_gather_async(const void* send, void* recv,
                                                std::span<const std::size_t> counts,
                                                DType dtype) override {
-    const std::size_t es = comm::elem_size(dtype);
+    const std::size_t es = dtype_size(dtype);
     auto* out = static_cast<unsigned char*>(recv);
     return shares_collective(
         CollectiveKind::kAllGather, counts, dtype,
@@ -234,7 +234,7 @@ class NcclCommunicator final : public Communicator {
     if (root < 0 || root >= size_)
       fail(ErrorCode::kInvalidArgument, strcat("broadcast: root ", root, " out of range"));
     stats_.add(CollectiveKind::kBroadcast,
-               rank_ == root ? count * comm::elem_size(dtype) * (size_ - 1) : 0);
+               rank_ == root ? count * dtype_size(dtype) * (size_ - 1) : 0);
     std::string what = begin(CollectiveKind::kBroadcast);
     enqueue(what, [&] {
       return ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_);

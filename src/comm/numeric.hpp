@@ -11,14 +11,6 @@
 
 namespace strata::comm {
 
-// Compatibility only: the conversions live in core (core/numeric.hpp), sizes in strata/types.hpp.
-// These three names stay for the callers that still spell them comm:: and are owned by others
-// while issue 22 is open (src/comm/nccl_comm.cpp, src/zero, tests/zero, tests/checkpoint). TODO:
-// remove once they call strata::dtype_size / load_elem / store_elem.
-using strata::elem_size;
-using strata::load_elem;
-using strata::store_elem;
-
 // out[i] = round(sum_{r=0}^{n-1} float(srcs[r][i])) for i < count, summing in rank order in FP32.
 // `out` may alias any source (each element is read before it is written). One rank's sum is its
 // own values, copied as they are (a 16-bit value converts to FP32 and back exactly; a NaN keeps

@@ -22,11 +22,6 @@
 namespace strata {
 namespace {  // NOLINT(google-build-namespaces,cert-dcl59-cpp): see above
 
-// Compatibility only, for src/zero, tests/zero and src/comm/nccl_comm.cpp (owned by others while
-// issue 22 is open): the size is dtype_size()'s (strata/types.hpp), the one size table. TODO:
-// remove once those call dtype_size().
-inline std::size_t elem_size(DType t) { return dtype_size(t); }
-
 inline float half_to_float(std::uint16_t h) {
   const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1f;

@@ -52,9 +52,9 @@ EngineLayout::EngineLayout(const Config& config, int rank, int world, std::vecto
       param_dtype_(config.precision.params),
       grad_dtype_(config.precision.accum_dtype()),
       hand_in_dtype_(config.precision.grads),
-      param_elem_(elem_size(param_dtype_)),
-      grad_elem_(elem_size(grad_dtype_)),
-      hand_in_elem_(elem_size(hand_in_dtype_)),
+      param_elem_(dtype_size(param_dtype_)),
+      grad_elem_(dtype_size(grad_dtype_)),
+      hand_in_elem_(dtype_size(hand_in_dtype_)),
       timeout_(timeout_of(config)),
       partition_(
           std::make_unique<const Partition>(std::move(specs), world, config.zero.sub_group_size)),

@@ -17,7 +17,7 @@ void HostCollectives::copy(void* dst, const void* src, std::size_t bytes) {
 }
 
 void HostCollectives::broadcast(void* data, std::size_t count, DType dt, int root) {
-  const std::size_t es = elem_size(dt);
+  const std::size_t es = dtype_size(dt);
   const std::size_t piece = std::min<std::size_t>(count, (64u << 20) / es);
   if (piece == 0) return;
   Scratch x = scratch_.take(piece * es, "broadcast staging");
@@ -32,7 +32,7 @@ void HostCollectives::broadcast(void* data, std::size_t count, DType dt, int roo
 
 void HostCollectives::all_gather(const void* send, void* recv, std::span<const std::size_t> counts,
                                  DType dt) {
-  const std::size_t es = elem_size(dt);
+  const std::size_t es = dtype_size(dt);
   std::size_t total = 0;
   for (auto c : counts) total += c;
   const std::size_t mine = counts[static_cast<std::size_t>(comm_.rank())];

@@ -29,10 +29,10 @@ bool AheadStats::covers(std::size_t begin, std::size_t n) const {
 StatsStream::StatsStream(CpuAdam& adam, DType dtype, float scale, const AheadStats* ahead)
     : adam_(adam),
       dtype_(dtype),
-      elem_bytes_(elem_size(dtype)),
+      elem_bytes_(dtype_size(dtype)),
       scale_(scale),
       ahead_(ahead),
-      carry_(CpuAdam::kStatsTileElems * elem_size(dtype)) {}
+      carry_(CpuAdam::kStatsTileElems * dtype_size(dtype)) {}
 
 // pos_ % kStatsTileElems == carried_ throughout: whole tiles start at pos_ when nothing is carried.
 void StatsStream::feed(const void* grads, std::size_t n) {
@@ -462,7 +462,7 @@ void OptimizerStep::params_from_master(const AdamTensors& t, bool on_device) {
   }
   if (!copy_stream_) copy_stream_ = store_.device().create_stream();
   std::vector<float> master(t.n);
-  std::vector<unsigned char> params(t.n * elem_size(dt));
+  std::vector<unsigned char> params(t.n * dtype_size(dt));
   copy_sync(*copy_stream_, master.data(), t.param, t.n * sizeof(float), layout_.timeout());
   for (std::size_t i = 0; i < t.n; ++i) store_elem(params.data(), i, dt, master[i]);
   copy_sync(*copy_stream_, t.param_copy, params.data(), params.size(), layout_.timeout());

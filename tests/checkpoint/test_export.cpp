@@ -59,7 +59,7 @@ TEST(CheckpointExport, SafetensorsHoldTheMasterWeights) {
       EXPECT_EQ(st.shape, std::vector<std::uint64_t>{kExportSizes[t]});
       std::string want(kExportSizes[t] * es, '\0');
       for (std::size_t e = 0; e < kExportSizes[t]; ++e)
-        comm::store_elem(want.data(), e, dt, std::bit_cast<float>(value_bits(kSeed, 1, t, e)));
+        store_elem(want.data(), e, dt, std::bit_cast<float>(value_bits(kSeed, 1, t, e)));
       EXPECT_TRUE(st.bytes == want) << name << " " << dtype_name(dt);
     }
   }

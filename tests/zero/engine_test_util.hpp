@@ -174,7 +174,7 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
     v.emplace_back(c.sizes[t], 0.0f);
     out.emplace_back(c.sizes[t], 0.0f);
   }
-  const std::size_t pes = comm::elem_size(c.params);
+  const std::size_t pes = dtype_size(c.params);
   std::vector<std::int64_t> count(c.sizes.size(), 0);  // per tensor, as torch's state["step"]
   for (int s = 0; s < c.steps; ++s) {
     for (std::size_t t = 0; t < c.sizes.size(); ++t) {
@@ -197,8 +197,8 @@ inline std::vector<std::vector<float>> reference_params(const EngineCase& c, int
   for (std::size_t t = 0; t < c.sizes.size(); ++t) {  // the model dtype's rounding of the master
     std::vector<unsigned char> copy(c.sizes[t] * pes);
     for (std::size_t i = 0; i < c.sizes[t]; ++i) {
-      comm::store_elem(copy.data(), i, c.params, master[t][i]);
-      out[t][i] = comm::load_elem(copy.data(), i, c.params);
+      store_elem(copy.data(), i, c.params, master[t][i]);
+      out[t][i] = load_elem(copy.data(), i, c.params);
     }
   }
   return out;

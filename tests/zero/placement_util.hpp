@@ -263,7 +263,7 @@ inline std::vector<unsigned char> gradient(int rank, int world, int step, std::s
                       (static_cast<std::uint64_t>(step) << 20) ^
                       (static_cast<std::uint64_t>(micro) << 12) ^ t);
   std::normal_distribution<float> d(0.0f, 0.5f);
-  std::vector<unsigned char> g(kSizes[t] * elem_size(dt));
+  std::vector<unsigned char> g(kSizes[t] * dtype_size(dt));
   for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(g.data(), i, dt, d(rng));
   if (kSizes[t] > 3 && rank == world - 1 && (step == 3 || step == 7) && t == 3 &&
       micro == overflow_micro)
@@ -390,9 +390,9 @@ inline std::vector<std::vector<float>> train(Communicator& comm, const Placement
 // when `a` is empty (the first micro-batch).
 inline void add_into(std::vector<unsigned char>& a, DType held, const std::vector<unsigned char>& b,
                      DType in) {
-  const std::size_t n = b.size() / elem_size(in);
+  const std::size_t n = b.size() / dtype_size(in);
   const bool first = a.empty();
-  if (first) a.resize(n * elem_size(held));
+  if (first) a.resize(n * dtype_size(held));
   for (std::size_t i = 0; i < n; ++i) {
     const float x = load_elem(b.data(), i, in);
     store_elem(a.data(), i, held, first ? x : load_elem(a.data(), i, held) + x);
@@ -436,7 +436,7 @@ inline std::vector<std::vector<float>> reference(const Placement& p, int* skippe
     master.push_back(initial(t));
     m.emplace_back(kSizes[t], 0.0f);
     v.emplace_back(kSizes[t], 0.0f);
-    copy.emplace_back(kSizes[t] * elem_size(p.pdt));
+    copy.emplace_back(kSizes[t] * dtype_size(p.pdt));
     for (std::size_t i = 0; i < kSizes[t]; ++i) store_elem(copy[t].data(), i, p.pdt, master[t][i]);
   }
   std::int64_t step = 0;

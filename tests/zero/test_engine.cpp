@@ -356,7 +356,7 @@ TEST(EngineOverflow, SkipsAgreeAcrossRanks) {
         }
         for (auto id : ids) {
           auto g = grad_of(7, rank, s, id, c.sizes[id], c.grads);
-          if (s == 1 && rank == 2 && id == 6) comm::store_elem(g.data(), 17, c.grads, INFINITY);
+          if (s == 1 && rank == 2 && id == 6) store_elem(g.data(), 17, c.grads, INFINITY);
           e.set_gradient(id, g.data());
         }
         e.release(ids);
@@ -404,7 +404,7 @@ TEST(EngineClip, ClipsToGlobalNorm) {
     for (int r = 0; r < world; ++r) per.push_back(grad_of(seed, r, 0, t, c.sizes[t], c.grads));
     auto s = reference_sum(per, 0, c.sizes[t], c.grads);
     for (std::size_t i = 0; i < c.sizes[t]; ++i) {
-      double g = comm::load_elem(s.data(), i, c.grads) * 0.5;
+      double g = load_elem(s.data(), i, c.grads) * 0.5;
       sum_sq += g * g;
     }
   }

@@ -465,7 +465,7 @@ TEST_P(EngineGroups, ClipGradNormClipsWithTheGlobalNorm) {
         per_rank.push_back(grad_of(seed, r, s, t, c.sizes[t], c.grads));
       const auto sum = reference_sum(per_rank, 0, c.sizes[t], c.grads);
       for (std::size_t i = 0; i < c.sizes[t]; ++i) {
-        const double g = comm::load_elem(sum.data(), i, c.grads) / static_cast<float>(p.world);
+        const double g = load_elem(sum.data(), i, c.grads) / static_cast<float>(p.world);
         sq += g * g;
       }
     }

@@ -52,7 +52,7 @@ TEST(ZeroMpi, OverflowSkipAgreed) {
       auto g = grad_of(9, comm.rank(), s, id, c.sizes[id], c.grads);
       // the last rank overflows at step 0
       if (s == 0 && comm.rank() == comm.size() - 1 && id == 3)
-        comm::store_elem(g.data(), 5, c.grads, NAN);
+        store_elem(g.data(), 5, c.grads, NAN);
       e.set_gradient(id, g.data());
     }
     auto r = e.step();
