@@ -365,6 +365,8 @@ class Engine {
   // write_state: every rank passes the same whole tensor; each keeps the part it owns. Writing
   // kMaster also sets the model-dtype parameters (rounded to precision.params) on every rank.
   // Wrong sizes: Error(kInvalidArgument), nothing changed. A failed engine refuses (Error(kIo)).
+  // A write that fails once it began writing (an I/O or checksum error in a later chunk) may leave
+  // the state part written: it throws that error and the engine is failed from then on.
   void read_state(TensorId id, StateKind kind, std::span<float> out);
   void write_state(TensorId id, StateKind kind, std::span<const float> in);
   // Several write_state calls as one, in order (a later write of the same array wins): every

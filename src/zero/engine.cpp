@@ -50,7 +50,7 @@ void Engine::Impl::require_usable(const char* what) {
   if (!broken.empty())
     fail(
         ErrorCode::kIo,
-        strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed step (", broken,
+        strcat("engine rank ", rank, ": ", what, " refused: unusable after a failed call (", broken,
                "); build a new engine and load_checkpoint() the last checkpoint, or restart"));
 }
 

@@ -105,7 +105,7 @@ struct Engine::Impl {
   // ---- engine.cpp
   bool finalized() const { return layout != nullptr; }
   void require_finalized(const char* what) const;
-  // Throws Error(kIo) "unusable after a failed step" once the engine failed; the first call to
+  // Throws Error(kIo) "unusable after a failed call" once the engine failed; the first call to
   // find the store failed (by a share's copy that ran on its own) throws that failure instead.
   void require_usable(const char* what);
   // The engine failed (its state may mix two steps): remembered, the filler's pool buffers let go.

@@ -174,11 +174,15 @@ struct StatePiece {
   const float* from;
 };
 
-void write_pieces(zero::TierStateStore& state, Range r, std::span<const StatePiece> pieces) {
+// *began: set before the first write into the state (a failure from there on may leave it part
+// written).
+void write_pieces(zero::TierStateStore& state, Range r, std::span<const StatePiece> pieces,
+                  bool* began) {
   const checkpoint::StateView v = state.acquire(r);
   for (const StatePiece& p : pieces)
     std::memcpy(state_array(v, p.kind) + (p.begin - r.begin), p.from,
                 (p.end - p.begin) * sizeof(float));
+  *began = true;
   state.release(r, true);
 }
 
@@ -186,7 +190,7 @@ void write_pieces(zero::TierStateStore& state, Range r, std::span<const StatePie
 // checksummed block, written whole) read and written once for all the pieces in it, a chunk in
 // memory piece by piece, in place (tier_state_store.cpp).
 void write_state_arrays(const zero::EngineLayout& l, zero::TierStateStore& state,
-                        std::span<const StateWrite> writes) {
+                        std::span<const StateWrite> writes, bool* began) {
   std::vector<StatePiece> pieces;
   for (const StateWrite& w : writes) {
     if (w.in.empty()) continue;
@@ -204,9 +208,10 @@ void write_state_arrays(const zero::EngineLayout& l, zero::TierStateStore& state
     const auto stop =
         std::find_if(it, pieces.end(), [&](const StatePiece& p) { return p.chunk != it->chunk; });
     if (c.opt_tier == Tier::kNvme) {
-      write_pieces(state, c.r, {it, stop});
+      write_pieces(state, c.r, {it, stop}, began);
     } else {
-      for (auto p = it; p != stop; ++p) write_pieces(state, {p->begin, p->end - p->begin}, {p, 1});
+      for (auto p = it; p != stop; ++p)
+        write_pieces(state, {p->begin, p->end - p->begin}, {p, 1}, began);
     }
     it = stop;
   }
@@ -231,20 +236,25 @@ void Engine::Impl::read_state(TensorId id, StateKind kind, std::span<float> out)
 }
 
 // The master keeps params == round(master) (params_follow_master): the parameters are written
-// from the same values with the same conversion. A failure part-way (the master written, the
-// parameters not, or either in part) breaks it for the rank: an asynchronous save copies them.
+// from the same values with the same conversion. A failure once the writing began (an I/O error,
+// a checksum error reading a later chunk) may leave the rank's state part old, part new, and the
+// parameters not following the master: the engine marks itself failed (docs/errors.md, rule 4);
+// a failure before it (the checks, the first read) changes nothing.
 void Engine::Impl::write_states(std::span<const StateWrite> writes, const char* what) {
   for (const StateWrite& w : writes) check_state_call(*this, w.id, w.in.data(), w.in.size(), what);
-  const bool master = std::any_of(writes.begin(), writes.end(), [](const StateWrite& w) {
-    return w.kind == StateKind::kMaster && !w.in.empty();
-  });
+  bool began = false;
   try {
-    write_state_arrays(*layout, *state, writes);
+    write_state_arrays(*layout, *state, writes, &began);
     for (const StateWrite& w : writes)  // the parameters follow
-      if (w.kind == StateKind::kMaster && !w.in.empty())
+      if (w.kind == StateKind::kMaster && !w.in.empty()) {
+        began = true;
         write_params(w.id, w.in, layout->share(w.id));
-  } catch (...) {
-    if (master) params_follow_master = false;
+      }
+  } catch (const std::exception& e) {
+    if (began) {
+      params_follow_master = false;
+      mark_broken(strcat(what, " failed part-way: ", e.what()));
+    }
     throw;
   }
 }

@@ -3,7 +3,7 @@
 // rank). A refused budget at finalize() names the tier and the buffer; an I/O error (EIO, ENOSPC,
 // a short read) at the step, a failed device copy, a flipped bit in a swap file each fail the call
 // that observes them with an error naming the tier or buffer, the path and errno, and leave the
-// engine failed (every later call: Error(kIo) "unusable after a failed step"); a failed gradient
+// engine failed (every later call: Error(kIo) "unusable after a failed call"); a failed gradient
 // spill fails the backward; nothing is left in flight (the pool is whole again).
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -82,7 +82,7 @@ struct Rank {
   // A failed engine takes no other step and saves no checkpoint.
   void expect_failed_for_good(CallSite where = CallSite::current()) {
     expect_error(
-        ErrorCode::kIo, "unusable after a failed step",
+        ErrorCode::kIo, "unusable after a failed call",
         [&] {
           backward(99);
           e->step();
@@ -275,6 +275,49 @@ TEST(EngineFaults, AFailedGatherReadCanBeRetried) {
   r.backward(0);
   EXPECT_TRUE(r.e->step().applied);
   r.expect_pool_whole();
+}
+
+// write_states into state on NVMe (several chunks), as a torch load_state_dict makes it: a read
+// that fails before anything was written (the first chunk's) changes nothing and the engine goes
+// on; a write that fails after the first chunk was rewritten leaves the state part old, part new:
+// the call throws naming the swap path, and the engine is failed for good (docs/errors.md, rule 4).
+TEST(EngineFaults, AStateWriteThatFailsPartWayLeavesTheEngineFailed) {
+  TempDir dir("strata-faults");
+  auto comms = make_inprocess_communicators(1, 5.0);
+  Rank r(fault_config(2, Tier::kNvme, Tier::kGpu, Tier::kGpu, dir.str()), *comms[0]);
+  ASSERT_GE(EngineAccess::chunks(*r.e).size(), 3u);
+  std::vector<std::vector<float>> values;
+  std::vector<StateWrite> writes;
+  for (TensorId t = 0; t < kSizes.size(); ++t) values.emplace_back(kSizes[t], 0.5f + t);
+  for (TensorId t = 0; t < kSizes.size(); ++t) writes.push_back({t, StateKind::kExpAvg, values[t]});
+  std::vector<float> before(kSizes[2]), after(kSizes[2]);
+  r.e->read_state(2, StateKind::kExpAvg, before);
+  r.io->add_fault(IoFault::fail_nth(1, EIO, IoOp::kRead));
+  const std::string msg =
+      expect_error<IoError>(ErrorCode::kIo, dir.str(), [&] { r.e->write_states(writes); });
+  EXPECT_NE(msg.find(errno_text(EIO)), std::string::npos) << msg;
+  r.io->clear_faults();
+  r.e->read_state(2, StateKind::kExpAvg, after);
+  EXPECT_EQ(after, before) << "a write_states that failed before writing changed the state";
+  r.backward(0);
+  EXPECT_TRUE(r.e->step().applied) << "the engine is usable after a failure that changed nothing";
+  const std::size_t id = r.io->add_fault(IoFault::fail_nth(2, ENOSPC, IoOp::kWrite));
+  try {
+    r.e->write_states(writes);
+    FAIL() << "the write did not fail";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.str()), std::string::npos) << e.what();
+    EXPECT_EQ(e.errnum(), ENOSPC) << e.what();
+  } catch (const Error& e) {  // the write lost a chunk's only copy: the store failed first
+    EXPECT_EQ(e.code(), ErrorCode::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("lost its contents"), std::string::npos) << e.what();
+  }
+  EXPECT_GE(r.io->fired(id), 1u);
+  r.io->clear_faults();
+  r.expect_pool_whole();
+  r.expect_failed_for_good();
+  expect_error(ErrorCode::kIo, "write_states failed part-way",
+               [&] { r.e->write_state(0, StateKind::kExpAvg, values[0]); });
 }
 
 TEST(EngineFaults, AFailedDeviceCopyFailsTheStep) {

@@ -411,7 +411,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, GradOverlap,
 // A failed engine takes no other step.
 void expect_failed_for_good(OverlapRank& r, CallSite where = CallSite::current()) {
   expect_error(
-      ErrorCode::kIo, "unusable after a failed step",
+      ErrorCode::kIo, "unusable after a failed call",
       [&] {
         r.make_grads(0, 5);
         for (std::size_t i = 0; i < r.tensors; ++i) r.backward_call(i);
