@@ -166,13 +166,10 @@ class PyEngine {
   // borrow: host memory the caller keeps valid and unchanged until finalize() (no copy).
   TensorId add_parameter(const std::string& name, Address values, std::size_t numel, GroupId group,
                          bool borrow) {
-    const auto* p = reinterpret_cast<const float*>(values);
-    if (numel == 0 || !is_device_memory(p))
-      return borrow ? e().add_parameter_borrowed(name, {p, numel}, group)
-                    : e().add_parameter(name, {p, numel}, group);
-    std::vector<float> host(numel);
-    copy_any_memory(host.data(), p, numel * sizeof(float));
-    return e().add_parameter(name, host, group);
+    std::vector<float> staged;  // device memory: copied now, never borrowed
+    const float* p = host_floats(values, numel, staged);
+    return borrow && staged.empty() ? e().add_parameter_borrowed(name, {p, numel}, group)
+                                    : e().add_parameter(name, {p, numel}, group);
   }
 
   bool on_device() { return e().device().kind() == DeviceKind::kCuda; }
@@ -253,24 +250,16 @@ class PyEngine {
   }
   void write_state(TensorId id, const std::string& kind, Address in) {
     const std::size_t n = e().numel(id);
-    const auto* p = reinterpret_cast<const float*>(in);
-    if (n == 0 || !is_device_memory(p)) return e().write_state(id, state_kind(kind), {p, n});
-    std::vector<float> host(n);
-    copy_any_memory(host.data(), p, n * sizeof(float));
-    e().write_state(id, state_kind(kind), host);
+    std::vector<float> staged;
+    e().write_state(id, state_kind(kind), {host_floats(in, n, staged), n});
   }
   // (id, kind, address) each: one Engine::write_states (each NVMe chunk read and written once).
   void write_states(const std::vector<std::tuple<TensorId, std::string, Address>>& writes) {
     std::vector<StateWrite> w;
-    std::vector<std::vector<float>> staged;  // device memory's host copies
+    std::vector<std::vector<float>> staged;  // (a vector's buffer stays put when `staged` grows)
     for (const auto& [id, kind, in] : writes) {
       const std::size_t n = e().numel(id);
-      const auto* p = reinterpret_cast<const float*>(in);
-      if (n && is_device_memory(p)) {
-        copy_any_memory(staged.emplace_back(n).data(), p, n * sizeof(float));
-        p = staged.back().data();  // (a vector's buffer stays put when `staged` grows)
-      }
-      w.push_back({id, state_kind(kind), {p, n}});
+      w.push_back({id, state_kind(kind), {host_floats(in, n, staged.emplace_back()), n}});
     }
     e().write_states(w);
   }
@@ -284,6 +273,15 @@ class PyEngine {
   // Device memory: only where a GPU may be the engine's (the query needs the CUDA runtime).
   bool is_device_memory(const void* p) const {
     return cuda_ && query_pointer(p).kind == MemoryKind::kDevice;
+  }
+  // `n` floats at `in` as host memory: device memory copied into `staged` (the caller keeps it
+  // while the engine reads), host memory as it is.
+  const float* host_floats(Address in, std::size_t n, std::vector<float>& staged) const {
+    const auto* p = reinterpret_cast<const float*>(in);
+    if (n == 0 || !is_device_memory(p)) return p;
+    staged.resize(n);
+    copy_any_memory(staged.data(), p, n * sizeof(float));
+    return staged.data();
   }
 
   std::shared_ptr<EngineBox> box_;
